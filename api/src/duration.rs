@@ -1,0 +1,154 @@
+//! Kubernetes-style duration strings ("30s", "5m", "1h30m", "250ms").
+//!
+//! Parsing is humantime's; this module only adds the typed error and the
+//! schema so that a bad value is reported with what was wrong.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::time::Duration;
+
+use schemars::{JsonSchema, Schema, SchemaGenerator};
+use serde::{Deserialize, Serialize};
+
+/// Why a duration string was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid duration {input:?}: {reason} (expected e.g. \"30s\", \"5m\", \"1h30m\", \"250ms\")")]
+pub struct DurationError {
+    /// The text that was given.
+    pub input: String,
+    /// What the parser objected to.
+    pub reason: String,
+}
+
+/// Parses a duration such as `"30s"`, `"5m"`, `"1h30m"` or `"250ms"`.
+pub fn parse_duration(input: &str) -> Result<Duration, DurationError> {
+    let trimmed = input.trim();
+    if trimmed.is_empty() {
+        return Err(DurationError {
+            input: input.to_owned(),
+            reason: "empty".to_owned(),
+        });
+    }
+    // A bare number is ambiguous (seconds? milliseconds?); Kubernetes and Go
+    // both refuse it, so do we.
+    if trimmed.chars().all(|c| c.is_ascii_digit()) && trimmed != "0" {
+        return Err(DurationError {
+            input: input.to_owned(),
+            reason: "a unit is required".to_owned(),
+        });
+    }
+    if trimmed == "0" {
+        return Ok(Duration::ZERO);
+    }
+    humantime::parse_duration(trimmed).map_err(|e| DurationError {
+        input: input.to_owned(),
+        reason: e.to_string(),
+    })
+}
+
+/// Formats a duration the way the parser reads it back ("1h30m", "250ms").
+pub fn format_duration(duration: Duration) -> String {
+    if duration.is_zero() {
+        return "0s".to_owned();
+    }
+    humantime::format_duration(duration).to_string().replace(' ', "")
+}
+
+/// A duration as written in a spec: the text is kept as the user wrote it so
+/// that a round trip through the API server is lossless, and parsed on use.
+#[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct DurationString(pub String);
+
+impl DurationString {
+    /// Wraps a duration, formatted as text.
+    pub fn from_duration(duration: Duration) -> Self {
+        Self(format_duration(duration))
+    }
+
+    /// The parsed value.
+    pub fn parse(&self) -> Result<Duration, DurationError> {
+        parse_duration(&self.0)
+    }
+
+    /// The text as written.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<&str> for DurationString {
+    fn from(value: &str) -> Self {
+        Self(value.to_owned())
+    }
+}
+
+impl From<Duration> for DurationString {
+    fn from(value: Duration) -> Self {
+        Self::from_duration(value)
+    }
+}
+
+impl fmt::Debug for DurationString {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.0)
+    }
+}
+
+impl fmt::Display for DurationString {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl JsonSchema for DurationString {
+    fn schema_name() -> Cow<'static, str> {
+        "Duration".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        schemars::json_schema!({
+            "type": "string",
+            "description": "A duration such as \"30s\", \"5m\" or \"1h30m\"."
+        })
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_kubernetes_style_durations() {
+        assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
+        assert_eq!(parse_duration("1h30m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
+    }
+
+    #[test]
+    fn refuses_bad_durations_with_the_input_in_the_message() {
+        for bad in ["", "30", "5x", "-1s", "abc"] {
+            let err = parse_duration(bad).unwrap_err();
+            assert_eq!(err.input, bad);
+            assert!(err.to_string().contains("invalid duration"), "{err}");
+        }
+    }
+
+    #[test]
+    fn formats_round_trip() {
+        for d in [
+            Duration::from_secs(30),
+            Duration::from_millis(1500),
+            Duration::from_secs(5400),
+        ] {
+            assert_eq!(parse_duration(&format_duration(d)).unwrap(), d);
+        }
+        assert_eq!(format_duration(Duration::from_secs(5400)), "1h30m");
+    }
+}
