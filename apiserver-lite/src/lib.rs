@@ -1,0 +1,33 @@
+//! An embedded, Kubernetes-compatible API server.
+//!
+//! It serves the subset of the Kubernetes API that kube-rs and kubectl rely
+//! on, for a few built-in kinds and for any kind registered at run time by
+//! creating a CustomResourceDefinition. See the README for what differs from
+//! a real API server.
+//!
+//! ```no_run
+//! # async fn demo() -> apiserver_lite::Result<()> {
+//! let server = apiserver_lite::Config::for_tests().start().await?;
+//! let client = server.client().await?;
+//! # drop(client);
+//! server.shutdown().await
+//! # }
+//! ```
+
+pub mod bench;
+pub mod cli;
+pub mod error;
+pub mod fields;
+pub mod http;
+pub mod openapi;
+pub mod ops;
+pub mod persist;
+pub mod resources;
+pub mod schema;
+pub mod selectors;
+pub mod server;
+pub mod store;
+pub mod table;
+
+pub use error::{ApiError, Error, Result};
+pub use server::{kubeconfig_yaml, start, write_kubeconfig, Config, RunningServer};

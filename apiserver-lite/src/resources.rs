@@ -1,0 +1,386 @@
+//! The resource types the server serves: a few built-ins, and whatever a
+//! CustomResourceDefinition registers at run time.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use crate::error::FieldError;
+
+/// A column of `kubectl get` output, as in a CRD's `additionalPrinterColumns`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PrinterColumn {
+    pub name: String,
+    pub type_: String,
+    pub format: String,
+    pub description: String,
+    pub priority: i64,
+    pub json_path: String,
+}
+
+/// One served group/version/resource.
+#[derive(Debug, Clone)]
+pub struct ResourceType {
+    pub group: String,
+    pub version: String,
+    pub plural: String,
+    pub singular: String,
+    pub kind: String,
+    pub list_kind: String,
+    pub namespaced: bool,
+    pub short_names: Vec<String>,
+    pub categories: Vec<String>,
+    pub status_subresource: bool,
+    pub columns: Vec<PrinterColumn>,
+    /// The openAPIV3Schema of a custom resource; `None` for built-ins.
+    pub schema: Option<Value>,
+    /// Whether this is a custom resource (strategic merge patch is refused, schema applies).
+    pub custom: bool,
+    /// Whether the version is the storage version (discovery's preferred one).
+    pub storage: bool,
+}
+
+impl ResourceType {
+    /// Storage key shared by all versions of a resource: `plural.group`.
+    pub fn group_resource(&self) -> String {
+        if self.group.is_empty() {
+            self.plural.clone()
+        } else {
+            format!("{}.{}", self.plural, self.group)
+        }
+    }
+
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.clone()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+
+    pub fn is_crd(&self) -> bool {
+        self.group == "apiextensions.k8s.io" && self.plural == "customresourcedefinitions"
+    }
+
+    pub fn is_namespace(&self) -> bool {
+        self.group.is_empty() && self.plural == "namespaces"
+    }
+
+    /// Verbs as discovery lists them.
+    pub fn verbs(&self) -> Vec<&'static str> {
+        vec![
+            "create",
+            "delete",
+            "deletecollection",
+            "get",
+            "list",
+            "patch",
+            "update",
+            "watch",
+        ]
+    }
+
+    pub fn discovery_entries(&self) -> Vec<Value> {
+        let mut main = json!({
+            "name": self.plural,
+            "singularName": self.singular,
+            "namespaced": self.namespaced,
+            "kind": self.kind,
+            "verbs": self.verbs(),
+        });
+        if !self.short_names.is_empty() {
+            main["shortNames"] = json!(self.short_names);
+        }
+        if !self.categories.is_empty() {
+            main["categories"] = json!(self.categories);
+        }
+        let mut out = vec![main];
+        if self.status_subresource {
+            out.push(json!({
+                "name": format!("{}/status", self.plural),
+                "singularName": "",
+                "namespaced": self.namespaced,
+                "kind": self.kind,
+                "verbs": ["get", "patch", "update"],
+            }));
+        }
+        out
+    }
+}
+
+fn age_column() -> PrinterColumn {
+    PrinterColumn {
+        name: "Age".into(),
+        type_: "date".into(),
+        format: String::new(),
+        description: "CreationTimestamp is a timestamp representing the server time when this object was created.".into(),
+        priority: 0,
+        json_path: ".metadata.creationTimestamp".into(),
+    }
+}
+
+fn column(name: &str, type_: &str, path: &str) -> PrinterColumn {
+    PrinterColumn {
+        name: name.into(),
+        type_: type_.into(),
+        format: String::new(),
+        description: String::new(),
+        priority: 0,
+        json_path: path.into(),
+    }
+}
+
+struct Builtin {
+    group: &'static str,
+    version: &'static str,
+    plural: &'static str,
+    singular: &'static str,
+    kind: &'static str,
+    namespaced: bool,
+    short_names: &'static [&'static str],
+    status: bool,
+}
+
+const BUILTINS: &[Builtin] = &[
+    Builtin { group: "", version: "v1", plural: "namespaces", singular: "namespace", kind: "Namespace", namespaced: false, short_names: &["ns"], status: true },
+    Builtin { group: "", version: "v1", plural: "configmaps", singular: "configmap", kind: "ConfigMap", namespaced: true, short_names: &["cm"], status: false },
+    Builtin { group: "", version: "v1", plural: "secrets", singular: "secret", kind: "Secret", namespaced: true, short_names: &[], status: false },
+    Builtin { group: "", version: "v1", plural: "events", singular: "event", kind: "Event", namespaced: true, short_names: &["ev"], status: false },
+    Builtin { group: "", version: "v1", plural: "serviceaccounts", singular: "serviceaccount", kind: "ServiceAccount", namespaced: true, short_names: &["sa"], status: false },
+    Builtin { group: "events.k8s.io", version: "v1", plural: "events", singular: "event", kind: "Event", namespaced: true, short_names: &["ev"], status: false },
+    Builtin { group: "coordination.k8s.io", version: "v1", plural: "leases", singular: "lease", kind: "Lease", namespaced: true, short_names: &[], status: false },
+    Builtin { group: "apiextensions.k8s.io", version: "v1", plural: "customresourcedefinitions", singular: "customresourcedefinition", kind: "CustomResourceDefinition", namespaced: false, short_names: &["crd", "crds"], status: true },
+];
+
+pub fn builtins() -> Vec<ResourceType> {
+    BUILTINS
+        .iter()
+        .map(|b| {
+            let columns = match (b.group, b.plural) {
+                ("", "namespaces") => vec![column("Status", "string", ".status.phase"), age_column()],
+                ("", "secrets") => vec![column("Type", "string", ".type"), age_column()],
+                ("", "events") => vec![
+                    column("Type", "string", ".type"),
+                    column("Reason", "string", ".reason"),
+                    column("Object", "string", ".involvedObject.name"),
+                    column("Message", "string", ".message"),
+                ],
+                ("coordination.k8s.io", "leases") => vec![column("Holder", "string", ".spec.holderIdentity"), age_column()],
+                ("apiextensions.k8s.io", _) => vec![column("Created At", "date", ".metadata.creationTimestamp")],
+                _ => vec![age_column()],
+            };
+            ResourceType {
+                group: b.group.into(),
+                version: b.version.into(),
+                plural: b.plural.into(),
+                singular: b.singular.into(),
+                kind: b.kind.into(),
+                list_kind: format!("{}List", b.kind),
+                namespaced: b.namespaced,
+                short_names: b.short_names.iter().map(|s| s.to_string()).collect(),
+                categories: Vec::new(),
+                status_subresource: b.status,
+                columns,
+                schema: None,
+                custom: false,
+                storage: true,
+            }
+        })
+        .collect()
+}
+
+/// Reads the resource types a CRD object declares, or the field errors that make it invalid.
+pub fn from_crd(crd: &Value) -> Result<Vec<ResourceType>, Vec<FieldError>> {
+    let mut errors = Vec::new();
+    let spec = &crd["spec"];
+    let group = spec["group"].as_str().unwrap_or_default().to_string();
+    let names = &spec["names"];
+    let plural = names["plural"].as_str().unwrap_or_default().to_string();
+    let kind = names["kind"].as_str().unwrap_or_default().to_string();
+    if group.is_empty() {
+        errors.push(FieldError::required("spec.group"));
+    }
+    if plural.is_empty() {
+        errors.push(FieldError::required("spec.names.plural"));
+    }
+    if kind.is_empty() {
+        errors.push(FieldError::required("spec.names.kind"));
+    }
+    let name = crd["metadata"]["name"].as_str().unwrap_or_default();
+    let expected = format!("{plural}.{group}");
+    if !plural.is_empty() && !group.is_empty() && name != expected {
+        errors.push(FieldError::invalid(
+            "metadata.name",
+            &json!(name),
+            format!("must be spec.names.plural+\".\"+spec.group"),
+        ));
+    }
+    let scope = spec["scope"].as_str().unwrap_or_default();
+    if scope != "Namespaced" && scope != "Cluster" {
+        errors.push(FieldError::not_supported(
+            "spec.scope",
+            &json!(scope),
+            &[json!("Cluster"), json!("Namespaced")],
+        ));
+    }
+    let versions = spec["versions"].as_array().cloned().unwrap_or_default();
+    if versions.is_empty() {
+        errors.push(FieldError::required("spec.versions"));
+    }
+    let strings = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .map(|a| a.iter().filter_map(|s| s.as_str().map(String::from)).collect())
+            .unwrap_or_default()
+    };
+    let mut out = Vec::new();
+    for (i, v) in versions.iter().enumerate() {
+        let vname = v["name"].as_str().unwrap_or_default();
+        if vname.is_empty() {
+            errors.push(FieldError::required(&format!("spec.versions[{i}].name")));
+            continue;
+        }
+        if !v["served"].as_bool().unwrap_or(false) {
+            continue;
+        }
+        let columns = match v["additionalPrinterColumns"].as_array() {
+            Some(cols) => cols
+                .iter()
+                .map(|c| PrinterColumn {
+                    name: c["name"].as_str().unwrap_or_default().into(),
+                    type_: c["type"].as_str().unwrap_or("string").into(),
+                    format: c["format"].as_str().unwrap_or_default().into(),
+                    description: c["description"].as_str().unwrap_or_default().into(),
+                    priority: c["priority"].as_i64().unwrap_or(0),
+                    json_path: c["jsonPath"].as_str().unwrap_or_default().into(),
+                })
+                .collect(),
+            None => vec![age_column()],
+        };
+        let schema = v["schema"]["openAPIV3Schema"].clone();
+        out.push(ResourceType {
+            group: group.clone(),
+            version: vname.into(),
+            plural: plural.clone(),
+            singular: names["singular"]
+                .as_str()
+                .map(String::from)
+                .unwrap_or_else(|| kind.to_lowercase()),
+            kind: kind.clone(),
+            list_kind: names["listKind"]
+                .as_str()
+                .map(String::from)
+                .unwrap_or_else(|| format!("{kind}List")),
+            namespaced: scope == "Namespaced",
+            short_names: strings(&names["shortNames"]),
+            categories: strings(&names["categories"]),
+            status_subresource: v["subresources"]["status"].is_object(),
+            columns,
+            schema: if schema.is_object() { Some(schema) } else { None },
+            custom: true,
+            storage: v["storage"].as_bool().unwrap_or(false),
+        });
+    }
+    if errors.is_empty() {
+        Ok(out)
+    } else {
+        Err(errors)
+    }
+}
+
+/// The set of served resource types, looked up by group/version/plural.
+#[derive(Debug, Clone, Default)]
+pub struct Registry {
+    by_gvr: HashMap<(String, String, String), Arc<ResourceType>>,
+    /// Which CRD (by name) registered which group-resource.
+    crd_of: HashMap<String, String>,
+}
+
+impl Registry {
+    pub fn with_builtins() -> Self {
+        let mut reg = Registry::default();
+        for rt in builtins() {
+            reg.insert(rt);
+        }
+        reg
+    }
+
+    fn insert(&mut self, rt: ResourceType) {
+        self.by_gvr.insert(
+            (rt.group.clone(), rt.version.clone(), rt.plural.clone()),
+            Arc::new(rt),
+        );
+    }
+
+    pub fn get(&self, group: &str, version: &str, plural: &str) -> Option<Arc<ResourceType>> {
+        self.by_gvr
+            .get(&(group.to_string(), version.to_string(), plural.to_string()))
+            .cloned()
+    }
+
+    /// Any served version of a group-resource (`plural.group`), storage version first.
+    pub fn by_group_resource(&self, gr: &str) -> Option<Arc<ResourceType>> {
+        let mut best: Option<Arc<ResourceType>> = None;
+        for rt in self.by_gvr.values() {
+            if rt.group_resource() == gr && (best.is_none() || rt.storage) {
+                best = Some(rt.clone());
+            }
+        }
+        best
+    }
+
+    /// Replaces whatever the CRD named `crd_name` registered before.
+    pub fn register_crd(&mut self, crd_name: &str, types: Vec<ResourceType>) {
+        self.unregister_crd(crd_name);
+        if let Some(first) = types.first() {
+            self.crd_of.insert(crd_name.to_string(), first.group_resource());
+        }
+        for rt in types {
+            self.insert(rt);
+        }
+    }
+
+    /// Returns the group-resource the CRD had registered.
+    pub fn unregister_crd(&mut self, crd_name: &str) -> Option<String> {
+        let gr = self.crd_of.remove(crd_name)?;
+        self.by_gvr.retain(|_, rt| !(rt.custom && rt.group_resource() == gr));
+        Some(gr)
+    }
+
+    /// Groups and their versions, in a stable order, preferred (storage) version first.
+    pub fn groups(&self) -> BTreeMap<String, Vec<String>> {
+        let mut groups: BTreeMap<String, Vec<(bool, String)>> = BTreeMap::new();
+        for rt in self.by_gvr.values() {
+            if rt.group.is_empty() {
+                continue;
+            }
+            let vs = groups.entry(rt.group.clone()).or_default();
+            if !vs.iter().any(|(_, v)| v == &rt.version) {
+                vs.push((rt.storage, rt.version.clone()));
+            }
+        }
+        groups
+            .into_iter()
+            .map(|(g, mut vs)| {
+                vs.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+                (g, vs.into_iter().map(|(_, v)| v).collect())
+            })
+            .collect()
+    }
+
+    /// Resource types served under one group/version, sorted by plural.
+    pub fn resources_of(&self, group: &str, version: &str) -> Vec<Arc<ResourceType>> {
+        let mut out: Vec<_> = self
+            .by_gvr
+            .values()
+            .filter(|rt| rt.group == group && rt.version == version)
+            .cloned()
+            .collect();
+        out.sort_by(|a, b| a.plural.cmp(&b.plural));
+        out
+    }
+
+    pub fn all(&self) -> Vec<Arc<ResourceType>> {
+        self.by_gvr.values().cloned().collect()
+    }
+}

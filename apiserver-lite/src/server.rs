@@ -1,0 +1,313 @@
+//! Starting and stopping the server: configuration, storage, the HTTP
+//! listener, the garbage collector, and what a client needs to connect.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{Error, Result};
+use crate::http::{self, App};
+use crate::ops::{self, FieldValidation, WriteOpts};
+use crate::persist::Persistence;
+use crate::store::Store;
+
+/// The file the server keeps its objects in, inside the data directory.
+pub const DATA_FILE: &str = "apiserver.redb";
+
+/// How to run the server; `Config::default()` binds 127.0.0.1:6443 in memory.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub bind: SocketAddr,
+    /// Where the redb file lives; `None` keeps everything in memory only.
+    pub data_dir: Option<PathBuf>,
+    /// The bearer token clients must present; generated when `None`.
+    pub token: Option<String>,
+    pub max_body_bytes: usize,
+    /// How many events are kept for watches to resume from.
+    pub history: usize,
+    pub bookmark_interval: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            bind: SocketAddr::from(([127, 0, 0, 1], 6443)),
+            data_dir: None,
+            token: None,
+            // The real API server's limit.
+            max_body_bytes: 3 * 1024 * 1024,
+            history: 50_000,
+            bookmark_interval: Duration::from_secs(5),
+        }
+    }
+}
+
+impl Config {
+    /// In memory, on a free loopback port: what tests want.
+    pub fn for_tests() -> Self {
+        Config {
+            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+            ..Config::default()
+        }
+    }
+
+    pub fn bind(mut self, addr: SocketAddr) -> Self {
+        self.bind = addr;
+        self
+    }
+
+    pub fn data_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.data_dir = Some(dir.into());
+        self
+    }
+
+    pub fn in_memory(mut self) -> Self {
+        self.data_dir = None;
+        self
+    }
+
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    pub fn max_body_bytes(mut self, n: usize) -> Self {
+        self.max_body_bytes = n;
+        self
+    }
+
+    pub fn history(mut self, events: usize) -> Self {
+        self.history = events;
+        self
+    }
+
+    pub fn bookmark_interval(mut self, every: Duration) -> Self {
+        self.bookmark_interval = every;
+        self
+    }
+
+    pub async fn start(self) -> Result<RunningServer> {
+        start(self).await
+    }
+}
+
+/// A server that is serving; dropping it without `shutdown` aborts it.
+pub struct RunningServer {
+    addr: SocketAddr,
+    token: String,
+    store: Arc<Store>,
+    cancel: CancellationToken,
+    serve: Option<JoinHandle<std::io::Result<()>>>,
+    persist: Option<JoinHandle<()>>,
+    gc: Option<JoinHandle<()>>,
+}
+
+fn generate_token() -> String {
+    format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple())
+}
+
+/// Starts serving: loads storage, ensures the standard namespaces, binds.
+pub async fn start(config: Config) -> Result<RunningServer> {
+    let store = Arc::new(Store::new(config.history));
+    let mut persist_task = None;
+    if let Some(dir) = &config.data_dir {
+        let path = dir.join(DATA_FILE);
+        let (db, loaded) = tokio::task::spawn_blocking({
+            let path = path.clone();
+            move || Persistence::open(&path)
+        })
+        .await
+        .map_err(|e| Error::Storage { path: path.display().to_string(), message: e.to_string() })??;
+        let crds: Vec<serde_json::Value> = loaded
+            .objects
+            .iter()
+            .filter(|(gr, _)| gr == "customresourcedefinitions.apiextensions.k8s.io")
+            .map(|(_, o)| o.clone())
+            .collect();
+        store.load(loaded.rv, loaded.objects);
+        store.write(|txn| {
+            for crd in &crds {
+                if let Ok(types) = crate::resources::from_crd(crd) {
+                    let name = crd["metadata"]["name"].as_str().unwrap_or_default();
+                    txn.state.registry.register_crd(name, types);
+                }
+            }
+            Ok::<_, ()>(())
+        })
+        .ok();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        store.set_persist(Some(tx));
+        persist_task = Some(tokio::spawn(db.run(rx)));
+    }
+    ensure_namespaces(&store);
+    let token = config.token.clone().unwrap_or_else(generate_token);
+    let listener = tokio::net::TcpListener::bind(config.bind)
+        .await
+        .map_err(|source| Error::Bind { addr: config.bind, source })?;
+    let addr = listener.local_addr()?;
+    let cancel = CancellationToken::new();
+    let app = App {
+        store: store.clone(),
+        token: Some(token.clone()),
+        max_body: config.max_body_bytes,
+        bookmark_interval: config.bookmark_interval,
+        shutdown: cancel.clone(),
+    };
+    let router = http::router(app);
+    let serve = tokio::spawn({
+        let cancel = cancel.clone();
+        async move {
+            axum::serve(listener, router)
+                .with_graceful_shutdown(cancel.cancelled_owned())
+                .await
+        }
+    });
+    let gc = tokio::spawn(collector(store.clone(), cancel.clone()));
+    tracing::info!(%addr, persistent = config.data_dir.is_some(), "apiserver-lite serving");
+    Ok(RunningServer {
+        addr,
+        token,
+        store,
+        cancel,
+        serve: Some(serve),
+        persist: persist_task,
+        gc: Some(gc),
+    })
+}
+
+fn ensure_namespaces(store: &Store) {
+    let opts = WriteOpts {
+        manager: "apiserver-lite".into(),
+        dry_run: false,
+        field_validation: FieldValidation::Ignore,
+    };
+    let _ = store.write(|txn| {
+        let rt = txn
+            .state
+            .registry
+            .get("", "v1", "namespaces")
+            .expect("namespaces are built in");
+        for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
+            if txn.state.get("namespaces", "", ns).is_none() {
+                let obj = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
+                ops::create(txn, &rt, "", obj, &opts, None)?;
+            }
+        }
+        Ok::<_, crate::error::ApiError>(())
+    });
+}
+
+/// The garbage collector: after deletions (and now and then), deletes
+/// dependents whose owners are gone and carries out orphan and foreground
+/// deletions.
+async fn collector(store: Arc<Store>, cancel: CancellationToken) {
+    let mut tick = tokio::time::interval(Duration::from_secs(5));
+    loop {
+        tokio::select! {
+            _ = store.gc.notified() => {}
+            _ = tick.tick() => {}
+            _ = cancel.cancelled() => return,
+        }
+        let _ = store.write(|txn| {
+            for _ in 0..16 {
+                if !ops::collect_garbage(txn) {
+                    break;
+                }
+            }
+            Ok::<_, ()>(())
+        });
+    }
+}
+
+impl RunningServer {
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The number of stored objects (all kinds).
+    pub fn object_count(&self) -> usize {
+        self.store.read(|s| s.count())
+    }
+
+    /// A kubeconfig for kubectl and kube-rs: plain HTTP and the bearer token.
+    pub fn kubeconfig_yaml(&self) -> String {
+        kubeconfig_yaml(&self.url(), &self.token)
+    }
+
+    pub fn write_kubeconfig(&self, path: &Path) -> Result<()> {
+        write_kubeconfig(path, &self.kubeconfig_yaml())
+    }
+
+    pub async fn client(&self) -> Result<kube::Client> {
+        client_for(&self.kubeconfig_yaml()).await
+    }
+
+    /// Stops serving, ends watches and waits for storage to be flushed.
+    pub async fn shutdown(mut self) -> Result<()> {
+        self.cancel.cancel();
+        if let Some(serve) = self.serve.take() {
+            // Connections still open after a grace period are dropped.
+            match tokio::time::timeout(Duration::from_secs(5), serve).await {
+                Ok(Ok(Err(e))) => return Err(Error::Io(e)),
+                Ok(_) => {}
+                Err(_) => tracing::warn!("connections still open at shutdown"),
+            }
+        }
+        if let Some(gc) = self.gc.take() {
+            let _ = gc.await;
+        }
+        self.store.set_persist(None);
+        if let Some(p) = self.persist.take() {
+            let _ = p.await;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for RunningServer {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+pub fn kubeconfig_yaml(server: &str, token: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: k8s4r\n  cluster:\n    server: {server}\ncontexts:\n- name: k8s4r\n  context:\n    cluster: k8s4r\n    user: k8s4r\n    namespace: default\ncurrent-context: k8s4r\nusers:\n- name: k8s4r\n  user:\n    token: {token}\npreferences: {{}}\n"
+    )
+}
+
+/// Writes a kubeconfig readable by its owner only (it holds the token).
+pub fn write_kubeconfig(path: &Path, yaml: &str) -> Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(path, yaml)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    }
+    Ok(())
+}
+
+pub async fn client_for(kubeconfig: &str) -> Result<kube::Client> {
+    let kc = kube::config::Kubeconfig::from_yaml(kubeconfig)
+        .map_err(|e| Error::Kubeconfig(e.to_string()))?;
+    let config = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+        .await
+        .map_err(|e| Error::Kubeconfig(e.to_string()))?;
+    Ok(kube::Client::try_from(config)?)
+}
