@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Installs what the tests and the ARM cross build need on a fresh Debian 12
+# machine with Rust (via rustup). Idempotent: does nothing that is already done.
+#
+#   scripts/setup.sh            Mosquitto, systemd-analyze
+#   scripts/setup.sh --cross    the above plus the aarch64/armv7 cross toolchain
+#
+# The cross toolchain is Debian's rustc 1.85 (rustc-web) plus Debian's
+# standard library for the target, because the agent must also build with
+# 1.85 and rustup cannot download targets here.
+set -euo pipefail
+
+RUST_WEB_VERSION="1.85.0+dfsg3-1~deb12u3"
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+
+apt_updated=""
+apt_install() {
+    local missing=()
+    for pkg in "$@"; do
+        dpkg-query -W -f='${Status}' "${pkg%%=*}" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    if [ -z "$apt_updated" ]; then
+        # A mirror caught mid-sync fails one index; the others still serve.
+        $SUDO apt-get update -qq || echo "setup: warning: apt-get update reported errors; trying with the lists it has"
+        apt_updated=1
+    fi
+    echo "setup: installing ${missing[*]}"
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+base() {
+    apt_install mosquitto systemd
+    # Tests start their own broker on a free port; the packaged service is
+    # not needed and would hold port 1883.
+    if command -v systemctl >/dev/null && systemctl is-active --quiet mosquitto 2>/dev/null; then
+        $SUDO systemctl stop mosquitto || true
+    fi
+}
+
+# Debian's libstd for a foreign architecture cannot be apt-installed beside
+# the native one (multiarch version clash), so its rustlib is unpacked by hand.
+install_target_std() {
+    local deb_arch=$1 triple=$2
+    [ -d "/usr/lib/rustlib/$triple/lib" ] && return 0
+    if ! dpkg --print-foreign-architectures | grep -qx "$deb_arch"; then
+        $SUDO dpkg --add-architecture "$deb_arch"
+        apt_updated=""
+    fi
+    if [ -z "$apt_updated" ]; then
+        $SUDO apt-get update -qq || return 1
+        apt_updated=1
+    fi
+    local tmp
+    tmp=$(mktemp -d)
+    (cd "$tmp" && apt-get download -qq "libstd-rust-web-dev:$deb_arch=$RUST_WEB_VERSION" "libstd-rust-web-1.85:$deb_arch=$RUST_WEB_VERSION")
+    for deb in "$tmp"/*.deb; do dpkg -x "$deb" "$tmp/root"; done
+    $SUDO mkdir -p /usr/lib/rustlib
+    $SUDO cp -a "$tmp/root/usr/lib/rustlib/$triple" /usr/lib/rustlib/
+    rm -rf "$tmp"
+    echo "setup: installed Debian's Rust standard library for $triple"
+}
+
+cross() {
+    apt_install "rustc-web=$RUST_WEB_VERSION" "cargo-web=$RUST_WEB_VERSION" \
+        "libstd-rust-web-dev=$RUST_WEB_VERSION" "libstd-rust-web-1.85=$RUST_WEB_VERSION" \
+        gcc-aarch64-linux-gnu libc6-dev-arm64-cross gcc-arm-linux-gnueabihf libc6-dev-armhf-cross \
+        qemu-user-static file binutils-aarch64-linux-gnu binutils-arm-linux-gnueabihf
+    install_target_std arm64 aarch64-unknown-linux-gnu
+    # armv7 is best effort: the agent's supported ARM target is aarch64.
+    install_target_std armhf armv7-unknown-linux-gnueabihf ||
+        echo "setup: warning: Debian's armhf Rust standard library could not be installed; armv7 builds are skipped"
+    /usr/bin/rustc --version
+}
+
+base
+if [ "${1:-}" = "--cross" ]; then
+    cross
+fi

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The project's test command: everything CI checks, on a fresh Debian machine
+# with Rust. Installs what the tests need first (scripts/setup.sh).
+#
+#   scripts/test.sh           setup, format, lints, CRD drift, tests, unit file, ARM build
+#   scripts/test.sh --quick   skip the ARM cross build
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+quick=0
+[ "${1:-}" = "--quick" ] && quick=1
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "setup"
+if [ "$quick" -eq 1 ]; then scripts/setup.sh; else scripts/setup.sh --cross; fi
+
+step "format"
+cargo fmt --all --check
+
+step "lints"
+cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
+
+step "CRDs in deploy/crds match the Rust types"
+cargo run --quiet --locked -p k8s4r-api --features kube --bin crdgen -- --check
+
+step "systemd unit"
+# verify insists that ExecStart exists; check a copy that points at a real binary.
+unit_dir=$(mktemp -d)
+sed "s#/usr/local/bin/k8s4r-agent#$(command -v true)#" systemd/k8s4r-agent.service > "$unit_dir/k8s4r-agent.service"
+verify_out=$(systemd-analyze verify "$unit_dir/k8s4r-agent.service" 2>&1) || { echo "$verify_out"; exit 1; }
+rm -rf "$unit_dir"
+if [ -n "$verify_out" ]; then echo "$verify_out"; echo "systemd-analyze verify reported problems" >&2; exit 1; fi
+echo "systemd-analyze verify: clean"
+
+step "tests"
+cargo test --workspace --all-features --locked
+
+if [ "$quick" -eq 0 ]; then
+    step "ARM cross build of the agent (rustc 1.85) and a task under qemu"
+    cross/build.sh
+fi
+echo
+echo "all checks passed"

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Installs the k8s4r agent as a systemd service on a robot.
+#
+#   systemd/install.sh [--binary PATH] [--config PATH] [--no-start]
+#
+# --binary  the agent binary (default: target/release/k8s4r-agent, else
+#           the aarch64 build under target/cross)
+# --config  a config file to install as /etc/k8s4r/agent.toml (default: the
+#           example next to this script, only when none is installed yet)
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+binary=""
+config=""
+start=1
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --binary) binary=$2; shift 2 ;;
+        --config) config=$2; shift 2 ;;
+        --no-start) start=0; shift ;;
+        -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+        *) echo "install.sh: unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+if [ -z "$binary" ]; then
+    for candidate in "$root/target/release/k8s4r-agent" "$root/target/cross/aarch64-unknown-linux-gnu/release/k8s4r-agent"; do
+        [ -x "$candidate" ] && binary=$candidate && break
+    done
+fi
+[ -n "$binary" ] && [ -x "$binary" ] || { echo "install.sh: no agent binary; build one (cargo build --release -p k8s4r-agent or cross/build.sh) or pass --binary" >&2; exit 1; }
+[ "$(id -u)" -eq 0 ] || { echo "install.sh: run as root" >&2; exit 1; }
+
+install -m 0755 "$binary" /usr/local/bin/k8s4r-agent
+install -d -m 0750 /etc/k8s4r /var/lib/k8s4r
+if [ -n "$config" ]; then
+    install -m 0600 "$config" /etc/k8s4r/agent.toml
+elif [ ! -e /etc/k8s4r/agent.toml ]; then
+    install -m 0600 "$here/agent.toml.example" /etc/k8s4r/agent.toml
+    echo "install.sh: wrote /etc/k8s4r/agent.toml from the example: set the broker and the bootstrap token"
+fi
+# Refuse a config the agent cannot read before systemd starts it in a loop.
+/usr/local/bin/k8s4r-agent --config /etc/k8s4r/agent.toml --check-config
+install -m 0644 "$here/k8s4r-agent.service" /etc/systemd/system/k8s4r-agent.service
+systemctl daemon-reload
+if [ "$start" -eq 1 ]; then
+    systemctl enable --now k8s4r-agent
+    systemctl --no-pager status k8s4r-agent || true
+else
+    systemctl enable k8s4r-agent
+fi
