@@ -233,6 +233,8 @@ pub enum Error {
     },
     #[error("storage {path}: {message}")]
     Storage { path: String, message: String },
+    #[error("TLS: {0}")]
+    Tls(String),
     #[error("kubeconfig: {0}")]
     Kubeconfig(String),
     #[error("kube client: {0}")]

@@ -273,7 +273,9 @@ pub fn record_update(
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApplyConflict {
     pub manager: String,
+    /// As the real server prints it: `.spec.size`.
     pub field: String,
+    pub path: Path,
 }
 
 fn deep_merge(target: &mut Value, patch: &Value, path: &mut Path) {
@@ -328,6 +330,7 @@ pub fn apply(
                 conflicts.push(ApplyConflict {
                     manager: e.manager.clone(),
                     field: format!(".{}", p.join(".")),
+                    path: p.clone(),
                 });
             }
         }
@@ -400,7 +403,8 @@ mod tests {
         let a = apply(&live, &json!({"spec": {"x": 1, "y": 2}}), "alice", "v1", MAIN, false, "t").unwrap();
         // bob disagrees about x: conflict, unless forced
         let err = apply(&a, &json!({"spec": {"x": 5}}), "bob", "v1", MAIN, false, "t").unwrap_err();
-        assert_eq!(err, vec![ApplyConflict { manager: "alice".into(), field: ".spec.x".into() }]);
+        assert_eq!(err.len(), 1);
+        assert_eq!((err[0].manager.as_str(), err[0].field.as_str()), ("alice", ".spec.x"));
         // agreeing on a value shares it
         let b = apply(&a, &json!({"spec": {"y": 2}}), "bob", "v1", MAIN, false, "t").unwrap();
         let c = apply(&b, &json!({"spec": {"x": 5}}), "bob", "v1", MAIN, true, "t").unwrap();

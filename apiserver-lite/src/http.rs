@@ -129,7 +129,18 @@ async fn route(
         ["api", v] => return get_only(resource_list(app, "", v)?),
         ["apis", g] => return get_only(group_doc(app, g)?),
         ["apis", g, v] => return get_only(resource_list(app, g, v)?),
-        ["openapi", "v2"] => return get_only(json_response(StatusCode::OK, &app.store.read(|s| openapi::v2(&s.registry)))),
+        ["openapi", "v2"] => {
+            let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or_default();
+            if accept.contains("protobuf") && !accept.contains("json") {
+                // Older kubectl (1.27) only reads the protobuf form. A document
+                // holding just `swagger: "2.0"` tells it nothing about our kinds,
+                // so it validates nothing client-side and leaves it to us.
+                return get_only(
+                    (StatusCode::OK, [(header::CONTENT_TYPE, "application/com.github.proto-openapi.spec.v2.v1.0+protobuf")], openapi::V2_PROTOBUF_MINIMAL.to_vec()).into_response(),
+                );
+            }
+            return get_only(json_response(StatusCode::OK, &app.store.read(|s| openapi::v2(&s.registry))));
+        }
         ["openapi", "v3"] => return get_only(json_response(StatusCode::OK, &app.store.read(|s| openapi::v3_root(&s.registry)))),
         ["openapi", "v3", rest @ ..] => {
             let doc = app.store.read(|s| openapi::v3_doc(&s.registry, &rest.join("/")));

@@ -28,6 +28,7 @@ pub mod selectors;
 pub mod server;
 pub mod store;
 pub mod table;
+pub mod tls;
 
 pub use error::{ApiError, Error, Result};
 pub use server::{kubeconfig_yaml, start, write_kubeconfig, Config, RunningServer};

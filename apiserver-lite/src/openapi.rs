@@ -7,6 +7,9 @@ use serde_json::{json, Map, Value};
 
 use crate::resources::{Registry, ResourceType};
 
+/// gnostic's `openapi_v2.Document` with field 1 (`swagger`) set to "2.0".
+pub const V2_PROTOBUF_MINIMAL: &[u8] = &[0x0a, 0x03, b'2', b'.', b'0'];
+
 fn definition_name(rt: &ResourceType) -> String {
     let group: Vec<&str> = if rt.group.is_empty() {
         vec!["io", "k8s", "api", "core"]

@@ -534,8 +534,14 @@ pub fn patch(
             let scope = scope_of(rt, status);
             let empty = json!({"metadata": {}});
             let base = live.as_deref().unwrap_or(&empty);
-            let merged = fields::apply(base, &config, &opts.manager, &rt.api_version(), scope, force, &t)
-                .map_err(|conflicts| apply_conflict(conflicts))?;
+            let merged = match fields::apply(base, &config, &opts.manager, &rt.api_version(), scope, force, &t) {
+                Ok(m) => m,
+                Err(conflicts) if conflicts_only_with_last_applied(base, &conflicts, scope) => {
+                    fields::apply(base, &config, &opts.manager, &rt.api_version(), scope, true, &t)
+                        .map_err(apply_conflict)?
+                }
+                Err(conflicts) => return Err(apply_conflict(conflicts)),
+            };
             match live {
                 None => {
                     if status {
@@ -598,6 +604,20 @@ fn strip_directives(v: &mut Value) {
             strip_directives(child);
         }
     }
+}
+
+/// Moving from client-side to server-side apply: like the real server, an
+/// apply may take over fields that the object's last-applied-configuration
+/// annotation says the previous (client-side) apply set.
+fn conflicts_only_with_last_applied(live: &Value, conflicts: &[fields::ApplyConflict], scope: Scope) -> bool {
+    let Some(last) = live["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"].as_str() else {
+        return false;
+    };
+    let Ok(last) = serde_json::from_str::<Value>(last) else {
+        return false;
+    };
+    let owned = fields::fields_of(&last, scope);
+    conflicts.iter().all(|c| owned.contains(&c.path))
 }
 
 fn apply_conflict(conflicts: Vec<fields::ApplyConflict>) -> ApiError {
@@ -766,8 +786,14 @@ pub fn collect_garbage(txn: &mut Txn<'_>) -> bool {
     }
     // Dependents whose owners are all gone.
     for (gr, dep) in &objects {
-        let owners = owner_uids(dep);
-        if owners.is_empty() || !dep["metadata"]["deletionTimestamp"].is_null() {
+        if owner_uids(dep).is_empty() {
+            continue;
+        }
+        // Earlier steps of this pass may have changed it (orphaning drops references).
+        let (dns, dname) = (meta_str(dep, "namespace").to_string(), meta_str(dep, "name").to_string());
+        let Some(current) = txn.state.get(gr, &dns, &dname) else { continue };
+        let owners = owner_uids(&current);
+        if owners.is_empty() || !current["metadata"]["deletionTimestamp"].is_null() {
             continue;
         }
         let alive: Vec<&String> = owners.iter().filter(|u| txn.state.uid_exists(u)).collect();
@@ -775,8 +801,6 @@ pub fn collect_garbage(txn: &mut Txn<'_>) -> bool {
             continue;
         }
         let Some(drt) = rt_of(txn, gr) else { continue };
-        let (dns, dname) = (meta_str(dep, "namespace").to_string(), meta_str(dep, "name").to_string());
-        let Some(current) = txn.state.get(gr, &dns, &dname) else { continue };
         if alive.is_empty() {
             let _ = delete(txn, &drt, &dns, &dname, Propagation::Background, None, None, false);
         } else {

@@ -167,7 +167,7 @@ pub fn builtins() -> Vec<ResourceType> {
                     column("Message", "string", ".message"),
                 ],
                 ("coordination.k8s.io", "leases") => vec![column("Holder", "string", ".spec.holderIdentity"), age_column()],
-                ("apiextensions.k8s.io", _) => vec![column("Created At", "date", ".metadata.creationTimestamp")],
+                ("apiextensions.k8s.io", _) => vec![column("Created At", "string", ".metadata.creationTimestamp")],
                 _ => vec![age_column()],
             };
             ResourceType {

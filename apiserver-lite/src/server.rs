@@ -31,6 +31,10 @@ pub struct Config {
     /// How many events are kept for watches to resume from.
     pub history: usize,
     pub bookmark_interval: Duration,
+    /// Serve HTTPS with a self-signed certificate (kept in the data
+    /// directory). kubectl only sends the token over TLS; plain HTTP is for
+    /// kube-rs-only setups.
+    pub tls: bool,
 }
 
 impl Default for Config {
@@ -43,6 +47,7 @@ impl Default for Config {
             max_body_bytes: 3 * 1024 * 1024,
             history: 50_000,
             bookmark_interval: Duration::from_secs(5),
+            tls: true,
         }
     }
 }
@@ -91,6 +96,11 @@ impl Config {
         self
     }
 
+    pub fn tls(mut self, on: bool) -> Self {
+        self.tls = on;
+        self
+    }
+
     pub async fn start(self) -> Result<RunningServer> {
         start(self).await
     }
@@ -100,6 +110,7 @@ impl Config {
 pub struct RunningServer {
     addr: SocketAddr,
     token: String,
+    ca_pem: Option<String>,
     store: Arc<Store>,
     cancel: CancellationToken,
     serve: Option<JoinHandle<std::io::Result<()>>>,
@@ -151,6 +162,16 @@ pub async fn start(config: Config) -> Result<RunningServer> {
         .map_err(|source| Error::Bind { addr: config.bind, source })?;
     let addr = listener.local_addr()?;
     let cancel = CancellationToken::new();
+    let tls = if config.tls {
+        let dir = config.data_dir.clone();
+        let ip = config.bind.ip();
+        let material = tokio::task::spawn_blocking(move || crate::tls::load_or_generate(dir.as_deref(), ip))
+            .await
+            .map_err(|e| Error::Tls(e.to_string()))??;
+        Some((crate::tls::acceptor(&material)?, material.cert_pem))
+    } else {
+        None
+    };
     let app = App {
         store: store.clone(),
         token: Some(token.clone()),
@@ -159,19 +180,33 @@ pub async fn start(config: Config) -> Result<RunningServer> {
         shutdown: cancel.clone(),
     };
     let router = http::router(app);
-    let serve = tokio::spawn({
-        let cancel = cancel.clone();
-        async move {
-            axum::serve(listener, router)
-                .with_graceful_shutdown(cancel.cancelled_owned())
-                .await
+    let (serve, ca_pem) = match tls {
+        Some((acceptor, ca_pem)) => {
+            let listener = crate::tls::TlsListener::new(listener, acceptor, cancel.clone())?;
+            let cancel = cancel.clone();
+            let serve = tokio::spawn(async move {
+                axum::serve(listener, router)
+                    .with_graceful_shutdown(cancel.cancelled_owned())
+                    .await
+            });
+            (serve, Some(ca_pem))
         }
-    });
+        None => {
+            let cancel = cancel.clone();
+            let serve = tokio::spawn(async move {
+                axum::serve(listener, router)
+                    .with_graceful_shutdown(cancel.cancelled_owned())
+                    .await
+            });
+            (serve, None)
+        }
+    };
     let gc = tokio::spawn(collector(store.clone(), cancel.clone()));
     tracing::info!(%addr, persistent = config.data_dir.is_some(), "apiserver-lite serving");
     Ok(RunningServer {
         addr,
         token,
+        ca_pem,
         store,
         cancel,
         serve: Some(serve),
@@ -233,8 +268,19 @@ impl RunningServer {
         &self.token
     }
 
+    /// The URL clients use: loopback when bound to all addresses.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let mut addr = self.addr;
+        if addr.ip().is_unspecified() {
+            addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+        }
+        let scheme = if self.ca_pem.is_some() { "https" } else { "http" };
+        format!("{scheme}://{addr}")
+    }
+
+    /// The server's certificate (PEM), which clients trust as their CA; `None` without TLS.
+    pub fn ca_pem(&self) -> Option<&str> {
+        self.ca_pem.as_deref()
     }
 
     /// The number of stored objects (all kinds).
@@ -242,9 +288,9 @@ impl RunningServer {
         self.store.read(|s| s.count())
     }
 
-    /// A kubeconfig for kubectl and kube-rs: plain HTTP and the bearer token.
+    /// A kubeconfig for kubectl and kube-rs: the URL, the CA and the bearer token.
     pub fn kubeconfig_yaml(&self) -> String {
-        kubeconfig_yaml(&self.url(), &self.token)
+        kubeconfig_yaml(&self.url(), &self.token, self.ca_pem.as_deref())
     }
 
     pub fn write_kubeconfig(&self, path: &Path) -> Result<()> {
@@ -283,9 +329,17 @@ impl Drop for RunningServer {
     }
 }
 
-pub fn kubeconfig_yaml(server: &str, token: &str) -> String {
+pub fn kubeconfig_yaml(server: &str, token: &str, ca_pem: Option<&str>) -> String {
+    use base64::Engine;
+    let ca = match ca_pem {
+        Some(pem) => format!(
+            "\n    certificate-authority-data: {}",
+            base64::engine::general_purpose::STANDARD.encode(pem)
+        ),
+        None => String::new(),
+    };
     format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: k8s4r\n  cluster:\n    server: {server}\ncontexts:\n- name: k8s4r\n  context:\n    cluster: k8s4r\n    user: k8s4r\n    namespace: default\ncurrent-context: k8s4r\nusers:\n- name: k8s4r\n  user:\n    token: {token}\npreferences: {{}}\n"
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: k8s4r\n  cluster:\n    server: {server}{ca}\ncontexts:\n- name: k8s4r\n  context:\n    cluster: k8s4r\n    user: k8s4r\n    namespace: default\ncurrent-context: k8s4r\nusers:\n- name: k8s4r\n  user:\n    token: {token}\npreferences: {{}}\n"
     )
 }
 
@@ -294,7 +348,12 @@ pub fn write_kubeconfig(path: &Path, yaml: &str) -> Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)?;
     }
-    std::fs::write(path, yaml)?;
+    write_private(path, yaml)
+}
+
+/// Writes a file only its owner can read.
+pub fn write_private(path: &Path, contents: &str) -> Result<()> {
+    std::fs::write(path, contents)?;
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;

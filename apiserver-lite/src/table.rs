@@ -119,6 +119,7 @@ pub fn row(rt: &ResourceType, obj: &Value, include: IncludeObject) -> Value {
                 a.iter().map(|x| x.as_str().map(String::from).unwrap_or_else(|| x.to_string())).collect::<Vec<_>>().join(","),
             ),
             (Some(Value::Object(_)), _) => Value::String(obj.to_string()),
+            (Some(Value::String(t)), "date") => Value::String(age(&t)),
             (Some(v), _) => v,
         });
     }
@@ -133,6 +134,45 @@ pub fn row(rt: &ResourceType, obj: &Value, include: IncludeObject) -> Value {
         }
     }
     row
+}
+
+/// Like the real server, date columns are sent as a human-readable age ("5m", "3d").
+fn age(timestamp: &str) -> String {
+    match timestamp.parse::<jiff::Timestamp>() {
+        Ok(t) => human_duration(jiff::Timestamp::now().as_second() - t.as_second()),
+        Err(_) => "<unknown>".to_string(),
+    }
+}
+
+/// apimachinery's `duration.HumanDuration`.
+pub fn human_duration(secs: i64) -> String {
+    if secs < -1 {
+        return "<invalid>".into();
+    }
+    let s = secs.max(0);
+    let (m, h, d) = (s / 60, s / 3600, s / 86400);
+    let with = |a: i64, ua: &str, b: i64, ub: &str| {
+        if b == 0 { format!("{a}{ua}") } else { format!("{a}{ua}{b}{ub}") }
+    };
+    if s < 120 {
+        format!("{s}s")
+    } else if m < 10 {
+        with(m, "m", s % 60, "s")
+    } else if m < 180 {
+        format!("{m}m")
+    } else if h < 8 {
+        with(h, "h", m % 60, "m")
+    } else if h < 48 {
+        format!("{h}h")
+    } else if h < 24 * 8 {
+        with(d, "d", h % 24, "h")
+    } else if h < 24 * 365 * 2 {
+        format!("{d}d")
+    } else if h < 24 * 365 * 8 {
+        with(d / 365, "y", d % 365, "d")
+    } else {
+        format!("{}y", d / 365)
+    }
 }
 
 pub fn partial_metadata(obj: &Value) -> Value {
@@ -172,5 +212,8 @@ mod tests {
         assert_eq!(eval(&o, ".status.conditions[1].type"), Some(json!("Synced")));
         assert_eq!(eval(&o, ".spec.list[*]"), Some(json!("a,b")));
         assert_eq!(eval(&o, ".spec.missing"), None);
+        assert_eq!(human_duration(5), "5s");
+        assert_eq!(human_duration(190), "3m10s");
+        assert_eq!(human_duration(3 * 86400 + 3600), "3d1h");
     }
 }
