@@ -1,0 +1,824 @@
+//! The agent's configuration: a TOML file, clap flags and `K8S4R_*`
+//! environment variables, in rising order of precedence.
+//!
+//! One struct, [`Settings`], is both the flag set and the file's schema, so
+//! every flag `--foo-bar` is the file key `foo_bar` and the two cannot drift
+//! apart. Every field is optional there; defaults are applied once, in
+//! [`Config::resolve`].
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use k8s4r_api::parse_duration;
+use k8s4r_api::validation::{validate_label_key, validate_label_value, validate_robot_id};
+use serde::{Deserialize, Deserializer};
+
+/// Where the config file is read from when `--config` is not given.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/k8s4r/agent.toml";
+/// Where the agent keeps its outbox and task state by default.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/k8s4r";
+/// The broker when none is configured.
+pub const DEFAULT_BROKER_URL: &str = "mqtt://localhost:1883";
+
+/// Why the configuration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML or has a bad key or value; the reason
+    /// carries the line and column.
+    #[error("invalid config file {path}: {reason}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message, with line, column and the offending text.
+        reason: String,
+    },
+    /// A setting has a value the agent cannot use.
+    #[error("invalid setting {key}: {reason}")]
+    Invalid {
+        /// The file key (the flag is the same with '-' for '_').
+        key: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line (for the journal or a log shipper).
+    Json,
+}
+
+/// The k8s4r robot agent: registers the robot with the fleet over MQTT,
+/// heartbeats, runs the tasks it is sent and reports their status, keeping
+/// status updates in an on-disk outbox while the broker is unreachable.
+///
+/// Every setting can come from the TOML config file (key `foo_bar` for flag
+/// `--foo-bar`), from an environment variable `K8S4R_FOO_BAR`, or from the
+/// flag; the flag wins over the variable, which wins over the file.
+#[derive(Debug, Parser)]
+#[command(name = "k8s4r-agent", version, about, long_about)]
+pub struct Args {
+    /// The TOML config file. When not given, /etc/k8s4r/agent.toml is read
+    /// if it exists.
+    #[arg(long, env = "K8S4R_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// The settings, also accepted in the config file.
+    #[command(flatten)]
+    pub settings: Settings,
+}
+
+impl Args {
+    /// Reads the config file and merges it under the flags.
+    pub fn load(self) -> Result<Config, ConfigError> {
+        let file = match &self.config {
+            Some(path) => Some(read_file(path)?),
+            None => {
+                let path = Path::new(DEFAULT_CONFIG_PATH);
+                if path.exists() {
+                    Some(read_file(path)?)
+                } else {
+                    None
+                }
+            }
+        };
+        let settings = match file {
+            Some(file) => self.settings.over(file),
+            None => self.settings,
+        };
+        Config::resolve(settings)
+    }
+}
+
+fn read_file(path: &Path) -> Result<Settings, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    parse_file(path, &text)
+}
+
+/// Parses the text of a config file; `path` is only for the error.
+pub fn parse_file(path: &Path, text: &str) -> Result<Settings, ConfigError> {
+    toml::from_str(text).map_err(|e| ConfigError::Parse {
+        path: path.to_owned(),
+        reason: e.to_string().trim_end().to_owned(),
+    })
+}
+
+/// Every setting, each optional: the flags and the config file's keys.
+#[derive(Debug, Clone, Default, clap::Args, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    /// The robot's id: its Robot name and its MQTT topic level (lower-case
+    /// letters, digits, '-' and '.'). Default: derived from /etc/machine-id
+    /// (`robot-` and its first 12 hex digits), else the host name.
+    #[arg(long, env = "K8S4R_ROBOT_ID", value_name = "ID")]
+    pub robot_id: Option<String>,
+
+    /// The bootstrap token sent with every registration.
+    #[arg(long, env = "K8S4R_TOKEN", value_name = "TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+
+    /// The broker: `mqtt://host[:port]` (default port 1883) or
+    /// `mqtts://host[:port]` (TLS, default port 8883). Default:
+    /// mqtt://localhost:1883.
+    #[arg(long, env = "K8S4R_BROKER_URL", value_name = "URL")]
+    pub broker_url: Option<String>,
+
+    /// PEM file of the CA certificate(s) the broker's certificate must chain
+    /// to. Required with mqtts://.
+    #[arg(long, env = "K8S4R_CA_FILE", value_name = "FILE")]
+    pub ca_file: Option<PathBuf>,
+
+    /// PEM client certificate for mutual TLS (with --client-key).
+    #[arg(long, env = "K8S4R_CLIENT_CERT", value_name = "FILE")]
+    pub client_cert: Option<PathBuf>,
+
+    /// PEM private key of the client certificate.
+    #[arg(long, env = "K8S4R_CLIENT_KEY", value_name = "FILE")]
+    pub client_key: Option<PathBuf>,
+
+    /// MQTT user name.
+    #[arg(long, env = "K8S4R_USERNAME", value_name = "NAME")]
+    pub username: Option<String>,
+
+    /// MQTT password (with --username).
+    #[arg(long, env = "K8S4R_PASSWORD", value_name = "PASSWORD", hide_env_values = true)]
+    pub password: Option<String>,
+
+    /// MQTT keep-alive interval. Default: 30s.
+    #[arg(long, env = "K8S4R_KEEP_ALIVE", value_name = "DURATION", value_parser = parse_duration)]
+    #[serde(default, deserialize_with = "de_duration")]
+    pub keep_alive: Option<Duration>,
+
+    /// The first level of every MQTT topic. Default: k8s4r.
+    #[arg(long, env = "K8S4R_TOPIC_PREFIX", value_name = "PREFIX")]
+    pub topic_prefix: Option<String>,
+
+    /// Directory of the status outbox and the tasks' state. Default:
+    /// /var/lib/k8s4r.
+    #[arg(long, env = "K8S4R_STATE_DIR", value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+
+    /// Time between heartbeats (each one jittered by ±10%). Default: 30s.
+    #[arg(long, env = "K8S4R_HEARTBEAT_INTERVAL", value_name = "DURATION", value_parser = parse_duration)]
+    #[serde(default, deserialize_with = "de_duration")]
+    pub heartbeat_interval: Option<Duration>,
+
+    /// First delay before reconnecting to the broker; doubles per failure,
+    /// with jitter. Default: 1s.
+    #[arg(long, env = "K8S4R_RECONNECT_MIN", value_name = "DURATION", value_parser = parse_duration)]
+    #[serde(default, deserialize_with = "de_duration")]
+    pub reconnect_min: Option<Duration>,
+
+    /// Cap of the reconnect delay. Default: 60s.
+    #[arg(long, env = "K8S4R_RECONNECT_MAX", value_name = "DURATION", value_parser = parse_duration)]
+    #[serde(default, deserialize_with = "de_duration")]
+    pub reconnect_max: Option<Duration>,
+
+    /// How long to wait for the registration's response before registering
+    /// again; doubles per retry, with jitter. Default: 5s.
+    #[arg(long, env = "K8S4R_REGISTER_RETRY_MIN", value_name = "DURATION", value_parser = parse_duration)]
+    #[serde(default, deserialize_with = "de_duration")]
+    pub register_retry_min: Option<Duration>,
+
+    /// Cap of the registration retry delay. Default: 2m.
+    #[arg(long, env = "K8S4R_REGISTER_RETRY_MAX", value_name = "DURATION", value_parser = parse_duration)]
+    #[serde(default, deserialize_with = "de_duration")]
+    pub register_retry_max: Option<Duration>,
+
+    /// Status updates kept in the outbox before superseded non-terminal
+    /// ones are compacted away (terminal ones are never dropped). Default:
+    /// 1000.
+    #[arg(long, env = "K8S4R_OUTBOX_MAX_ENTRIES", value_name = "N")]
+    pub outbox_max_entries: Option<usize>,
+
+    /// On SIGTERM, how long to keep trying to deliver the outbox after the
+    /// tasks have stopped. Default: 5s.
+    #[arg(long, env = "K8S4R_SHUTDOWN_FLUSH_TIMEOUT", value_name = "DURATION", value_parser = parse_duration)]
+    #[serde(default, deserialize_with = "de_duration")]
+    pub shutdown_flush_timeout: Option<Duration>,
+
+    /// A label the robot reports about itself, `key=value`; repeat the flag
+    /// or separate with commas in K8S4R_LABELS. In the file: a table,
+    /// `labels = { site = "lab" }`. Flags win per key.
+    #[arg(
+        long = "label",
+        env = "K8S4R_LABELS",
+        value_name = "KEY=VALUE",
+        value_delimiter = ','
+    )]
+    #[serde(default, deserialize_with = "de_labels")]
+    pub labels: Vec<String>,
+
+    /// Largest size of one task's log file before it is rotated. Default:
+    /// the supervisor's.
+    #[arg(long, env = "K8S4R_LOG_MAX_BYTES", value_name = "BYTES")]
+    pub log_max_bytes: Option<u64>,
+
+    /// Rotated log files kept per task. Default: the supervisor's.
+    #[arg(long, env = "K8S4R_LOG_MAX_FILES", value_name = "N")]
+    pub log_max_files: Option<u32>,
+
+    /// Bytes of a task's output sent back in its final status. Default: the
+    /// supervisor's.
+    #[arg(long, env = "K8S4R_OUTPUT_TAIL_BYTES", value_name = "BYTES")]
+    pub output_tail_bytes: Option<usize>,
+
+    /// Largest artifact a task may download. Default: the supervisor's.
+    #[arg(long, env = "K8S4R_ARTIFACT_MAX_BYTES", value_name = "BYTES")]
+    pub artifact_max_bytes: Option<u64>,
+
+    /// Time limit of one artifact download. Default: the supervisor's.
+    #[arg(long, env = "K8S4R_ARTIFACT_TIMEOUT", value_name = "DURATION", value_parser = parse_duration)]
+    #[serde(default, deserialize_with = "de_duration")]
+    pub artifact_timeout: Option<Duration>,
+
+    /// Retries of a failed artifact download. Default: the supervisor's.
+    #[arg(long, env = "K8S4R_ARTIFACT_RETRIES", value_name = "N")]
+    pub artifact_retries: Option<u32>,
+
+    /// The user exec-driver tasks run as when they name none. Default: the
+    /// supervisor's (nobody).
+    #[arg(long, env = "K8S4R_EXEC_DEFAULT_USER", value_name = "USER")]
+    pub exec_default_user: Option<String>,
+
+    /// The cgroup v2 directory under which task cgroups are made (the
+    /// agent's delegated subtree). Default: none, no cgroup limits.
+    #[arg(long, env = "K8S4R_CGROUP_ROOT", value_name = "DIR")]
+    pub cgroup_root: Option<PathBuf>,
+
+    /// Log format. Default: text.
+    #[arg(long, env = "K8S4R_LOG_FORMAT", value_name = "FORMAT")]
+    pub log_format: Option<LogFormat>,
+
+    /// Log filter, e.g. `info` or `k8s4r_agent=debug`. Default: RUST_LOG,
+    /// else info.
+    #[arg(long, env = "K8S4R_LOG_LEVEL", value_name = "FILTER")]
+    pub log_level: Option<String>,
+}
+
+impl Settings {
+    /// These settings, with `file`'s filling what is unset here.
+    pub fn over(self, file: Settings) -> Settings {
+        // Per-key label merge: the file's keys first, then ours replace them.
+        let mut labels = file.labels;
+        labels.extend(self.labels);
+        Settings {
+            robot_id: self.robot_id.or(file.robot_id),
+            token: self.token.or(file.token),
+            broker_url: self.broker_url.or(file.broker_url),
+            ca_file: self.ca_file.or(file.ca_file),
+            client_cert: self.client_cert.or(file.client_cert),
+            client_key: self.client_key.or(file.client_key),
+            username: self.username.or(file.username),
+            password: self.password.or(file.password),
+            keep_alive: self.keep_alive.or(file.keep_alive),
+            topic_prefix: self.topic_prefix.or(file.topic_prefix),
+            state_dir: self.state_dir.or(file.state_dir),
+            heartbeat_interval: self.heartbeat_interval.or(file.heartbeat_interval),
+            reconnect_min: self.reconnect_min.or(file.reconnect_min),
+            reconnect_max: self.reconnect_max.or(file.reconnect_max),
+            register_retry_min: self.register_retry_min.or(file.register_retry_min),
+            register_retry_max: self.register_retry_max.or(file.register_retry_max),
+            outbox_max_entries: self.outbox_max_entries.or(file.outbox_max_entries),
+            shutdown_flush_timeout: self.shutdown_flush_timeout.or(file.shutdown_flush_timeout),
+            labels,
+            log_max_bytes: self.log_max_bytes.or(file.log_max_bytes),
+            log_max_files: self.log_max_files.or(file.log_max_files),
+            output_tail_bytes: self.output_tail_bytes.or(file.output_tail_bytes),
+            artifact_max_bytes: self.artifact_max_bytes.or(file.artifact_max_bytes),
+            artifact_timeout: self.artifact_timeout.or(file.artifact_timeout),
+            artifact_retries: self.artifact_retries.or(file.artifact_retries),
+            exec_default_user: self.exec_default_user.or(file.exec_default_user),
+            cgroup_root: self.cgroup_root.or(file.cgroup_root),
+            log_format: self.log_format.or(file.log_format),
+            log_level: self.log_level.or(file.log_level),
+        }
+    }
+}
+
+fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    let text = String::deserialize(d)?;
+    parse_duration(&text).map(Some).map_err(serde::de::Error::custom)
+}
+
+fn de_labels<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    let map = BTreeMap::<String, String>::deserialize(d)?;
+    Ok(map.into_iter().map(|(k, v)| format!("{k}={v}")).collect())
+}
+
+/// How to reach the broker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrokerConfig {
+    /// Host name or address.
+    pub host: String,
+    /// TCP port.
+    pub port: u16,
+    /// TLS settings, for mqtts://.
+    pub tls: Option<TlsFiles>,
+    /// User name and password.
+    pub credentials: Option<(String, String)>,
+    /// MQTT keep-alive.
+    pub keep_alive: Duration,
+}
+
+/// The PEM files of a TLS connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The CA bundle.
+    pub ca_file: PathBuf,
+    /// Client certificate and key, for mutual TLS.
+    pub client_auth: Option<(PathBuf, PathBuf)>,
+}
+
+/// Overrides of the supervisor's defaults.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SupervisorSettings {
+    /// See [`Settings::log_max_bytes`].
+    pub log_max_bytes: Option<u64>,
+    /// See [`Settings::log_max_files`].
+    pub log_max_files: Option<u32>,
+    /// See [`Settings::output_tail_bytes`].
+    pub output_tail_bytes: Option<usize>,
+    /// See [`Settings::artifact_max_bytes`].
+    pub artifact_max_bytes: Option<u64>,
+    /// See [`Settings::artifact_timeout`].
+    pub artifact_timeout: Option<Duration>,
+    /// See [`Settings::artifact_retries`].
+    pub artifact_retries: Option<u32>,
+    /// See [`Settings::exec_default_user`].
+    pub exec_default_user: Option<String>,
+    /// See [`Settings::cgroup_root`].
+    pub cgroup_root: Option<PathBuf>,
+}
+
+/// The resolved configuration, defaults applied and checked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// The robot's id.
+    pub robot_id: String,
+    /// The bootstrap token.
+    pub token: Option<String>,
+    /// The broker.
+    pub broker: BrokerConfig,
+    /// The topic prefix.
+    pub topic_prefix: String,
+    /// The state directory.
+    pub state_dir: PathBuf,
+    /// Heartbeat period (before jitter).
+    pub heartbeat_interval: Duration,
+    /// First reconnect delay.
+    pub reconnect_min: Duration,
+    /// Reconnect delay cap.
+    pub reconnect_max: Duration,
+    /// First registration retry delay.
+    pub register_retry_min: Duration,
+    /// Registration retry delay cap.
+    pub register_retry_max: Duration,
+    /// Outbox size that triggers compaction.
+    pub outbox_max_entries: usize,
+    /// Outbox flush bound at shutdown.
+    pub shutdown_flush_timeout: Duration,
+    /// Labels reported at registration.
+    pub labels: BTreeMap<String, String>,
+    /// Supervisor overrides.
+    pub supervisor: SupervisorSettings,
+    /// Log format.
+    pub log_format: LogFormat,
+    /// Log filter, if set.
+    pub log_level: Option<String>,
+}
+
+impl Config {
+    /// Applies defaults and checks every value.
+    pub fn resolve(s: Settings) -> Result<Config, ConfigError> {
+        let robot_id = match s.robot_id {
+            Some(id) => id,
+            None => default_robot_id().ok_or(ConfigError::Invalid {
+                key: "robot_id",
+                reason: "not set, and neither /etc/machine-id nor the host name gives a usable id".into(),
+            })?,
+        };
+        validate_robot_id(&robot_id).map_err(|reason| ConfigError::Invalid {
+            key: "robot_id",
+            reason,
+        })?;
+
+        let url = s.broker_url.as_deref().unwrap_or(DEFAULT_BROKER_URL);
+        let (tls, host, port) = parse_broker_url(url).map_err(|reason| ConfigError::Invalid {
+            key: "broker_url",
+            reason,
+        })?;
+        let client_auth = match (s.client_cert, s.client_key) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            _ => {
+                return Err(ConfigError::Invalid {
+                    key: "client_cert",
+                    reason: "client_cert and client_key must be given together".into(),
+                })
+            }
+        };
+        let tls = match (tls, s.ca_file) {
+            (true, Some(ca_file)) => Some(TlsFiles { ca_file, client_auth }),
+            (true, None) => {
+                return Err(ConfigError::Invalid {
+                    key: "ca_file",
+                    reason: format!("{url} uses TLS and needs the broker's CA file"),
+                })
+            }
+            (false, ca) => {
+                if ca.is_some() || client_auth.is_some() {
+                    return Err(ConfigError::Invalid {
+                        key: "broker_url",
+                        reason: format!("TLS files are set but {url} is plain mqtt://; use mqtts:// for TLS"),
+                    });
+                }
+                None
+            }
+        };
+        let credentials = match (s.username, s.password) {
+            (Some(u), p) => Some((u, p.unwrap_or_default())),
+            (None, Some(_)) => {
+                return Err(ConfigError::Invalid {
+                    key: "password",
+                    reason: "a password needs a username".into(),
+                })
+            }
+            (None, None) => None,
+        };
+        let keep_alive = positive("keep_alive", s.keep_alive, Duration::from_secs(30))?;
+        if keep_alive < Duration::from_secs(1) {
+            return Err(ConfigError::Invalid {
+                key: "keep_alive",
+                reason: "must be at least 1s (MQTT counts it in seconds)".into(),
+            });
+        }
+
+        let topic_prefix = s
+            .topic_prefix
+            .unwrap_or_else(|| k8s4r_api::protocol::DEFAULT_PREFIX.to_owned());
+        if topic_prefix.is_empty() || topic_prefix.contains(['+', '#']) {
+            return Err(ConfigError::Invalid {
+                key: "topic_prefix",
+                reason: format!("{topic_prefix:?} must be non-empty and free of MQTT wildcards"),
+            });
+        }
+
+        let mut labels = BTreeMap::new();
+        for item in s.labels {
+            let (k, v) = item.split_once('=').ok_or_else(|| ConfigError::Invalid {
+                key: "labels",
+                reason: format!("{item:?} is not key=value"),
+            })?;
+            validate_label_key(k).map_err(|reason| ConfigError::Invalid {
+                key: "labels",
+                reason,
+            })?;
+            validate_label_value(v).map_err(|reason| ConfigError::Invalid {
+                key: "labels",
+                reason,
+            })?;
+            labels.insert(k.to_owned(), v.to_owned());
+        }
+
+        let reconnect_min = positive("reconnect_min", s.reconnect_min, Duration::from_secs(1))?;
+        let reconnect_max = positive("reconnect_max", s.reconnect_max, Duration::from_secs(60))?;
+        let register_retry_min =
+            positive("register_retry_min", s.register_retry_min, Duration::from_secs(5))?;
+        let register_retry_max = positive(
+            "register_retry_max",
+            s.register_retry_max,
+            Duration::from_secs(120),
+        )?;
+        let outbox_max_entries = s.outbox_max_entries.unwrap_or(1000);
+        if outbox_max_entries == 0 {
+            return Err(ConfigError::Invalid {
+                key: "outbox_max_entries",
+                reason: "must be > 0".into(),
+            });
+        }
+
+        Ok(Config {
+            robot_id,
+            token: s.token,
+            broker: BrokerConfig {
+                host,
+                port,
+                tls,
+                credentials,
+                keep_alive,
+            },
+            topic_prefix,
+            state_dir: s.state_dir.unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR)),
+            heartbeat_interval: positive(
+                "heartbeat_interval",
+                s.heartbeat_interval,
+                Duration::from_secs(30),
+            )?,
+            reconnect_min,
+            reconnect_max: reconnect_max.max(reconnect_min),
+            register_retry_min,
+            register_retry_max: register_retry_max.max(register_retry_min),
+            outbox_max_entries,
+            shutdown_flush_timeout: s.shutdown_flush_timeout.unwrap_or(Duration::from_secs(5)),
+            labels,
+            supervisor: SupervisorSettings {
+                log_max_bytes: s.log_max_bytes,
+                log_max_files: s.log_max_files,
+                output_tail_bytes: s.output_tail_bytes,
+                artifact_max_bytes: s.artifact_max_bytes,
+                artifact_timeout: s.artifact_timeout,
+                artifact_retries: s.artifact_retries,
+                exec_default_user: s.exec_default_user,
+                cgroup_root: s.cgroup_root,
+            },
+            log_format: s.log_format.unwrap_or_default(),
+            log_level: s.log_level,
+        })
+    }
+}
+
+fn positive(key: &'static str, value: Option<Duration>, default: Duration) -> Result<Duration, ConfigError> {
+    match value {
+        Some(d) if d.is_zero() => Err(ConfigError::Invalid {
+            key,
+            reason: "must be > 0".into(),
+        }),
+        Some(d) => Ok(d),
+        None => Ok(default),
+    }
+}
+
+/// Splits `mqtt://host[:port]` or `mqtts://host[:port]` into (tls, host, port).
+pub fn parse_broker_url(url: &str) -> Result<(bool, String, u16), String> {
+    let (tls, rest) = if let Some(rest) = url.strip_prefix("mqtt://") {
+        (false, rest)
+    } else if let Some(rest) = url.strip_prefix("mqtts://") {
+        (true, rest)
+    } else {
+        return Err(format!("{url:?} must start with mqtt:// or mqtts://"));
+    };
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    if rest.contains(['/', '@', '?']) {
+        return Err(format!(
+            "{url:?} must be scheme://host[:port] (credentials go in username/password)"
+        ));
+    }
+    let default_port = if tls { 8883 } else { 1883 };
+    let (host, port) = if let Some(v6) = rest.strip_prefix('[') {
+        let (host, after) = v6
+            .split_once(']')
+            .ok_or_else(|| format!("{url:?} has an unclosed '['"))?;
+        match after.strip_prefix(':') {
+            Some(p) => (host, Some(p)),
+            None if after.is_empty() => (host, None),
+            None => return Err(format!("{url:?} has junk after the address")),
+        }
+    } else {
+        match rest.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (rest, None),
+        }
+    };
+    if host.is_empty() {
+        return Err(format!("{url:?} has no host"));
+    }
+    let port = match port {
+        Some(p) => p
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| format!("{url:?} has an invalid port {p:?}"))?,
+        None => default_port,
+    };
+    Ok((tls, host.to_owned(), port))
+}
+
+/// `robot-` and the first 12 hex digits of /etc/machine-id, else the host
+/// name made into a valid id.
+pub fn default_robot_id() -> Option<String> {
+    let from_machine_id = std::fs::read_to_string("/etc/machine-id")
+        .ok()
+        .and_then(|id| robot_id_from_machine_id(&id));
+    from_machine_id.or_else(|| sysinfo::System::host_name().and_then(|h| robot_id_from_hostname(&h)))
+}
+
+/// `robot-<first 12 hex digits>` of a machine id, if it looks like one.
+pub fn robot_id_from_machine_id(machine_id: &str) -> Option<String> {
+    let id = machine_id.trim().to_ascii_lowercase();
+    if id.len() < 12 || !id.chars().all(|c| c.is_ascii_hexdigit()) {
+        return None;
+    }
+    Some(format!("robot-{}", &id[..12]))
+}
+
+/// A host name lower-cased with every other character made '-'.
+pub fn robot_id_from_hostname(host: &str) -> Option<String> {
+    let mapped: String = host
+        .trim()
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let id = mapped
+        .split('.')
+        .map(|part| part.trim_matches('-'))
+        .filter(|part| !part.is_empty())
+        .collect::<Vec<_>>()
+        .join(".");
+    validate_robot_id(&id).ok().map(|()| id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn args_are_consistent() {
+        Args::command().debug_assert();
+    }
+
+    fn settings(robot_id: &str) -> Settings {
+        Settings {
+            robot_id: Some(robot_id.into()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn defaults_apply() {
+        let c = Config::resolve(settings("rb1")).unwrap();
+        assert_eq!(c.broker.host, "localhost");
+        assert_eq!(c.broker.port, 1883);
+        assert_eq!(c.broker.tls, None);
+        assert_eq!(c.heartbeat_interval, Duration::from_secs(30));
+        assert_eq!(c.state_dir, PathBuf::from("/var/lib/k8s4r"));
+        assert_eq!(c.topic_prefix, "k8s4r");
+    }
+
+    #[test]
+    fn file_keys_parse_and_flags_win() {
+        let file = parse_file(
+            Path::new("agent.toml"),
+            r#"
+robot_id = "from-file"
+broker_url = "mqtts://broker.example:9883"
+ca_file = "/etc/k8s4r/ca.pem"
+heartbeat_interval = "10s"
+labels = { site = "lab", arm = "ur5" }
+"#,
+        )
+        .unwrap();
+        let flags = Settings {
+            robot_id: Some("from-flag".into()),
+            labels: vec!["site=field".into()],
+            ..Default::default()
+        };
+        let c = Config::resolve(flags.over(file)).unwrap();
+        assert_eq!(c.robot_id, "from-flag");
+        assert_eq!(c.broker.port, 9883);
+        assert_eq!(
+            c.broker.tls.as_ref().unwrap().ca_file,
+            PathBuf::from("/etc/k8s4r/ca.pem")
+        );
+        assert_eq!(c.heartbeat_interval, Duration::from_secs(10));
+        assert_eq!(c.labels["site"], "field");
+        assert_eq!(c.labels["arm"], "ur5");
+    }
+
+    #[test]
+    fn env_is_read_and_flags_beat_env() {
+        // clap resolves flag > env itself; check both paths through the parser.
+        let args = Args::try_parse_from([
+            "k8s4r-agent",
+            "--robot-id",
+            "rb2",
+            "--heartbeat-interval",
+            "200ms",
+        ])
+        .unwrap();
+        assert_eq!(args.settings.robot_id.as_deref(), Some("rb2"));
+        assert_eq!(args.settings.heartbeat_interval, Some(Duration::from_millis(200)));
+        assert!(Args::try_parse_from(["k8s4r-agent", "--heartbeat-interval", "5"]).is_err());
+    }
+
+    #[test]
+    fn bad_files_name_the_line() {
+        let err = parse_file(
+            Path::new("/etc/k8s4r/agent.toml"),
+            "robot_id = \"rb1\"\nheartbeat_intervall = \"1s\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("/etc/k8s4r/agent.toml"), "{err}");
+        assert!(err.contains("line 2"), "{err}");
+        assert!(err.contains("heartbeat_intervall"), "{err}");
+        let err = parse_file(Path::new("a.toml"), "keep_alive = \"soon\"")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("line 1") && err.contains("soon"), "{err}");
+        let err = parse_file(Path::new("a.toml"), "robot_id = ")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("line 1"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        for (s, key) in [
+            (settings("Robot_1"), "robot_id"),
+            (
+                Settings {
+                    broker_url: Some("http://x".into()),
+                    ..settings("rb1")
+                },
+                "broker_url",
+            ),
+            (
+                Settings {
+                    broker_url: Some("mqtts://x".into()),
+                    ..settings("rb1")
+                },
+                "ca_file",
+            ),
+            (
+                Settings {
+                    client_cert: Some("c.pem".into()),
+                    ..settings("rb1")
+                },
+                "client_cert",
+            ),
+            (
+                Settings {
+                    heartbeat_interval: Some(Duration::ZERO),
+                    ..settings("rb1")
+                },
+                "heartbeat_interval",
+            ),
+            (
+                Settings {
+                    labels: vec!["novalue".into()],
+                    ..settings("rb1")
+                },
+                "labels",
+            ),
+        ] {
+            match Config::resolve(s) {
+                Err(ConfigError::Invalid { key: k, .. }) => assert_eq!(k, key),
+                other => panic!("{key}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn broker_urls_parse() {
+        assert_eq!(parse_broker_url("mqtt://h").unwrap(), (false, "h".into(), 1883));
+        assert_eq!(parse_broker_url("mqtts://h:1").unwrap(), (true, "h".into(), 1));
+        assert_eq!(
+            parse_broker_url("mqtt://[::1]:99").unwrap(),
+            (false, "::1".into(), 99)
+        );
+        assert!(parse_broker_url("mqtt://h:0").is_err());
+        assert!(parse_broker_url("mqtt://u:p@h").is_err());
+        assert!(parse_broker_url("mqtt://").is_err());
+    }
+
+    #[test]
+    fn robot_ids_are_derived() {
+        assert_eq!(
+            robot_id_from_machine_id("0123456789abcdef0123456789abcdef\n").as_deref(),
+            Some("robot-0123456789ab")
+        );
+        assert_eq!(robot_id_from_machine_id("short"), None);
+        assert_eq!(
+            robot_id_from_hostname("My_Robot.local").as_deref(),
+            Some("my-robot.local")
+        );
+        assert_eq!(robot_id_from_hostname("___"), None);
+    }
+}
