@@ -33,11 +33,17 @@ pub struct Report {
 impl Report {
     pub fn lines(&self) -> Vec<String> {
         vec![
-            format!("# create p50 {:.3} ms, status patch p50 {:.3} ms p99 {:.3} ms", self.create_p50_ms, self.status_p50_ms, self.status_p99_ms),
+            format!(
+                "# create p50 {:.3} ms, status patch p50 {:.3} ms p99 {:.3} ms",
+                self.create_p50_ms, self.status_p50_ms, self.status_p99_ms
+            ),
             format!("BENCH apiserver_write_p99_ms {:.3} ms", self.write_p99_ms),
             format!("BENCH apiserver_watch_p99_ms {:.3} ms", self.watch_p99_ms),
             format!("BENCH apiserver_writes_per_s {:.0} writes/s", self.writes_per_s),
-            format!("BENCH apiserver_mib_per_10k_tasks {:.1} MiB", self.mib_per_10k_tasks),
+            format!(
+                "BENCH apiserver_mib_per_10k_tasks {:.1} MiB",
+                self.mib_per_10k_tasks
+            ),
         ]
     }
 }
@@ -115,8 +121,14 @@ pub async fn run(cfg: BenchConfig) -> anyhow::Result<Report> {
     let dir = tempfile::tempdir()?;
     let server = Config::for_tests().data_dir(dir.path()).start().await?;
     let client = server.client().await?;
-    let crds: Api<DynamicObject> = Api::all_with(client.clone(), &ApiResource::erase::<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>(&()));
-    crds.create(&PostParams::default(), &serde_json::from_value(task_crd())?).await?;
+    let crds: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &ApiResource::erase::<
+            k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+        >(&()),
+    );
+    crds.create(&PostParams::default(), &serde_json::from_value(task_crd())?)
+        .await?;
     let ar = ApiResource {
         group: "bench.k8s4r.io".into(),
         version: "v1alpha1".into(),
@@ -133,7 +145,9 @@ pub async fn run(cfg: BenchConfig) -> anyhow::Result<Report> {
         let api = api.clone();
         let received = received.clone();
         watchers.push(tokio::spawn(async move {
-            let Ok(stream) = api.watch(&WatchParams::default().timeout(290), "0").await else { return };
+            let Ok(stream) = api.watch(&WatchParams::default().timeout(290), "0").await else {
+                return;
+            };
             let mut stream = std::pin::pin!(stream);
             while let Ok(Some(ev)) = stream.try_next().await {
                 let now = Instant::now();
@@ -155,21 +169,31 @@ pub async fn run(cfg: BenchConfig) -> anyhow::Result<Report> {
     let mut ops = Vec::new();
     for i in 0..cfg.objects {
         tick.tick().await;
-        let (api, acked, create_ms, status_ms) = (api.clone(), acked.clone(), create_ms.clone(), status_ms.clone());
+        let (api, acked, create_ms, status_ms) =
+            (api.clone(), acked.clone(), create_ms.clone(), status_ms.clone());
         ops.push(tokio::spawn(async move {
             let name = format!("lat-{i}");
             let t0 = Instant::now();
             let created = api.create(&PostParams::default(), &task(&name)).await?;
             let t1 = Instant::now();
-            create_ms.lock().unwrap_or_else(|e| e.into_inner()).push((t1 - t0).as_secs_f64() * 1e3);
+            create_ms
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((t1 - t0).as_secs_f64() * 1e3);
             if let Some(rv) = created.metadata.resource_version {
                 acked.lock().unwrap_or_else(|e| e.into_inner()).insert(rv, t1);
             }
-            let patch = json!({"status": {"state": "running", "attempt": 1, "startTime": "2026-01-01T00:00:00Z"}});
+            let patch =
+                json!({"status": {"state": "running", "attempt": 1, "startTime": "2026-01-01T00:00:00Z"}});
             let t2 = Instant::now();
-            let patched = api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+            let patched = api
+                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
             let t3 = Instant::now();
-            status_ms.lock().unwrap_or_else(|e| e.into_inner()).push((t3 - t2).as_secs_f64() * 1e3);
+            status_ms
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((t3 - t2).as_secs_f64() * 1e3);
             if let Some(rv) = patched.metadata.resource_version {
                 acked.lock().unwrap_or_else(|e| e.into_inner()).insert(rv, t3);
             }
@@ -191,7 +215,11 @@ pub async fn run(cfg: BenchConfig) -> anyhow::Result<Report> {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .iter()
-            .filter_map(|(rv, at)| acked.get(rv).map(|ack| at.saturating_duration_since(*ack).as_secs_f64() * 1e3))
+            .filter_map(|(rv, at)| {
+                acked
+                    .get(rv)
+                    .map(|ack| at.saturating_duration_since(*ack).as_secs_f64() * 1e3)
+            })
             .collect()
     };
     let mut create = create_ms.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -210,7 +238,8 @@ pub async fn run(cfg: BenchConfig) -> anyhow::Result<Report> {
                 let name = format!("tp-{w}-{i}");
                 api.create(&PostParams::default(), &task(&name)).await?;
                 let patch = json!({"status": {"state": "completed", "exitCode": 0}});
-                api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+                api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await?;
             }
             Ok::<_, kube::Error>(())
         }));
@@ -227,14 +256,24 @@ pub async fn run(cfg: BenchConfig) -> anyhow::Result<Report> {
     // Memory: RSS growth of an in-memory server while 10,000 Tasks are stored.
     let server = Config::for_tests().start().await?;
     let client = server.client().await?;
-    let crds: Api<DynamicObject> = Api::all_with(client.clone(), &ApiResource::erase::<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>(&()));
-    crds.create(&PostParams::default(), &serde_json::from_value(task_crd())?).await?;
+    let crds: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &ApiResource::erase::<
+            k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+        >(&()),
+    );
+    crds.create(&PostParams::default(), &serde_json::from_value(task_crd())?)
+        .await?;
     let api: Api<DynamicObject> = Api::namespaced_with(client, "default", &ar);
     let before = rss_bytes();
     futures::stream::iter(0..10_000)
         .map(|i| {
             let api = api.clone();
-            async move { api.create(&PostParams::default(), &task(&format!("mem-{i}"))).await.map(|_| ()) }
+            async move {
+                api.create(&PostParams::default(), &task(&format!("mem-{i}")))
+                    .await
+                    .map(|_| ())
+            }
         })
         .buffer_unordered(16)
         .try_collect::<Vec<_>>()

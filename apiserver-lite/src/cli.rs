@@ -19,7 +19,12 @@ pub struct Args {
     #[arg(long, env = "K8S4R_APISERVER_BIND", default_value = "127.0.0.1:6443")]
     pub bind: SocketAddr,
     /// Directory of the redb file objects are kept in.
-    #[arg(long, env = "K8S4R_APISERVER_DATA_DIR", default_value = "./apiserver-data", conflicts_with = "in_memory")]
+    #[arg(
+        long,
+        env = "K8S4R_APISERVER_DATA_DIR",
+        default_value = "./apiserver-data",
+        conflicts_with = "in_memory"
+    )]
     pub data_dir: PathBuf,
     /// Keep everything in memory only; nothing survives a restart.
     #[arg(long, env = "K8S4R_APISERVER_IN_MEMORY")]
@@ -74,7 +79,9 @@ impl Args {
             None => tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         };
-        let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+        let builder = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr);
         let _ = match self.log_format {
             LogFormat::Json => builder.json().try_init(),
             LogFormat::Text => builder.try_init(),
@@ -98,8 +105,19 @@ impl Args {
     pub async fn run(self) -> anyhow::Result<()> {
         self.init_logging();
         match self.command {
-            Some(Command::Bench { objects, rate, writes, watchers }) => {
-                let report = crate::bench::run(crate::bench::BenchConfig { objects, rate, writes, watchers }).await?;
+            Some(Command::Bench {
+                objects,
+                rate,
+                writes,
+                watchers,
+            }) => {
+                let report = crate::bench::run(crate::bench::BenchConfig {
+                    objects,
+                    rate,
+                    writes,
+                    watchers,
+                })
+                .await?;
                 for line in report.lines() {
                     println!("{line}");
                 }

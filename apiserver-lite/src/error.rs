@@ -104,11 +104,7 @@ impl ApiError {
     }
 
     pub fn internal(message: impl Into<String>) -> Self {
-        Self::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "InternalError",
-            message,
-        )
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", message)
     }
 
     /// 422 Invalid with one cause per offending field, as the real server lists them.

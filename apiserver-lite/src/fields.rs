@@ -14,7 +14,9 @@ pub type FieldSet = BTreeSet<Path>;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope {
     /// The main resource; `status` is excluded when it is a subresource.
-    Main { status_is_subresource: bool },
+    Main {
+        status_is_subresource: bool,
+    },
     Status,
 }
 
@@ -66,7 +68,12 @@ pub fn fields_of(obj: &Value, scope: Scope) -> FieldSet {
                 false
             }
             ("metadata", Scope::Status) => false,
-            ("status", Scope::Main { status_is_subresource }) => !status_is_subresource,
+            (
+                "status",
+                Scope::Main {
+                    status_is_subresource,
+                },
+            ) => !status_is_subresource,
             (_, Scope::Main { .. }) => true,
             ("status", Scope::Status) => true,
             (_, Scope::Status) => false,
@@ -400,11 +407,23 @@ mod tests {
     #[test]
     fn apply_conflicts_forces_and_removes() {
         let live = json!({"metadata": {"name": "a"}});
-        let a = apply(&live, &json!({"spec": {"x": 1, "y": 2}}), "alice", "v1", MAIN, false, "t").unwrap();
+        let a = apply(
+            &live,
+            &json!({"spec": {"x": 1, "y": 2}}),
+            "alice",
+            "v1",
+            MAIN,
+            false,
+            "t",
+        )
+        .unwrap();
         // bob disagrees about x: conflict, unless forced
         let err = apply(&a, &json!({"spec": {"x": 5}}), "bob", "v1", MAIN, false, "t").unwrap_err();
         assert_eq!(err.len(), 1);
-        assert_eq!((err[0].manager.as_str(), err[0].field.as_str()), ("alice", ".spec.x"));
+        assert_eq!(
+            (err[0].manager.as_str(), err[0].field.as_str()),
+            ("alice", ".spec.x")
+        );
         // agreeing on a value shares it
         let b = apply(&a, &json!({"spec": {"y": 2}}), "bob", "v1", MAIN, false, "t").unwrap();
         let c = apply(&b, &json!({"spec": {"x": 5}}), "bob", "v1", MAIN, true, "t").unwrap();
@@ -417,7 +436,16 @@ mod tests {
 
     #[test]
     fn update_takes_ownership_of_changed_fields() {
-        let live = apply(&json!({"metadata": {}}), &json!({"spec": {"x": 1}}), "alice", "v1", MAIN, false, "t").unwrap();
+        let live = apply(
+            &json!({"metadata": {}}),
+            &json!({"spec": {"x": 1}}),
+            "alice",
+            "v1",
+            MAIN,
+            false,
+            "t",
+        )
+        .unwrap();
         let mut new = live.clone();
         new["spec"]["x"] = json!(2);
         record_update(Some(&live), &mut new, "kubectl-edit", "v1", MAIN, "t");

@@ -14,12 +14,12 @@ use serde_json::{json, Value};
 use tokio::sync::broadcast::error::RecvError;
 
 use crate::error::ApiError;
+use crate::openapi;
 use crate::ops::{self, Deleted, FieldValidation, PatchType, Propagation, WriteOpts};
 use crate::resources::ResourceType;
 use crate::selectors::{FieldSelector, LabelSelector};
 use crate::store::{EventType, Store};
 use crate::table::{self, IncludeObject};
-use crate::openapi;
 
 /// Shared state of every request.
 #[derive(Clone)]
@@ -62,8 +62,16 @@ fn shape(headers: &HeaderMap) -> Shape {
     // The first acceptable media type wins; we serve JSON Table and partial metadata.
     for part in accept.split(',') {
         let p = part.replace(' ', "");
-        if p.contains("as=Table") && p.contains("g=meta.k8s.io") && p.contains("v=v1") && !p.contains("v=v1beta1") {
-            return if p.starts_with("application/json") { Shape::Table } else { continue };
+        if p.contains("as=Table")
+            && p.contains("g=meta.k8s.io")
+            && p.contains("v=v1")
+            && !p.contains("v=v1beta1")
+        {
+            return if p.starts_with("application/json") {
+                Shape::Table
+            } else {
+                continue;
+            };
         }
         if p.contains("as=PartialObjectMetadata") && p.starts_with("application/json") {
             return Shape::Metadata;
@@ -113,7 +121,11 @@ async fn route(
     headers: &HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let segs: Vec<&str> = path.trim_matches('/').split('/').filter(|s| !s.is_empty()).collect();
+    let segs: Vec<&str> = path
+        .trim_matches('/')
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .collect();
     let get_only = |r: Response| {
         if method == Method::GET {
             Ok(r)
@@ -122,29 +134,66 @@ async fn route(
         }
     };
     match segs.as_slice() {
-        [] => return get_only(json_response(StatusCode::OK, &json!({"paths": ["/api", "/api/v1", "/apis", "/healthz", "/openapi/v2", "/openapi/v3", "/version"]}))),
+        [] => {
+            return get_only(json_response(
+                StatusCode::OK,
+                &json!({"paths": ["/api", "/api/v1", "/apis", "/healthz", "/openapi/v2", "/openapi/v3", "/version"]}),
+            ))
+        }
         ["version"] => return get_only(json_response(StatusCode::OK, &version())),
-        ["api"] => return get_only(json_response(StatusCode::OK, &json!({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": ""}]}))),
-        ["apis"] => return get_only(json_response(StatusCode::OK, &app.store.read(|s| group_list(&s.registry)))),
+        ["api"] => {
+            return get_only(json_response(
+                StatusCode::OK,
+                &json!({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": ""}]}),
+            ))
+        }
+        ["apis"] => {
+            return get_only(json_response(
+                StatusCode::OK,
+                &app.store.read(|s| group_list(&s.registry)),
+            ))
+        }
         ["api", v] => return get_only(resource_list(app, "", v)?),
         ["apis", g] => return get_only(group_doc(app, g)?),
         ["apis", g, v] => return get_only(resource_list(app, g, v)?),
         ["openapi", "v2"] => {
-            let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or_default();
+            let accept = headers
+                .get(header::ACCEPT)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default();
             if accept.contains("protobuf") && !accept.contains("json") {
                 // Older kubectl (1.27) only reads the protobuf form. A document
                 // holding just `swagger: "2.0"` tells it nothing about our kinds,
                 // so it validates nothing client-side and leaves it to us.
                 return get_only(
-                    (StatusCode::OK, [(header::CONTENT_TYPE, "application/com.github.proto-openapi.spec.v2.v1.0+protobuf")], openapi::V2_PROTOBUF_MINIMAL.to_vec()).into_response(),
+                    (
+                        StatusCode::OK,
+                        [(
+                            header::CONTENT_TYPE,
+                            "application/com.github.proto-openapi.spec.v2.v1.0+protobuf",
+                        )],
+                        openapi::V2_PROTOBUF_MINIMAL.to_vec(),
+                    )
+                        .into_response(),
                 );
             }
-            return get_only(json_response(StatusCode::OK, &app.store.read(|s| openapi::v2(&s.registry))));
+            return get_only(json_response(
+                StatusCode::OK,
+                &app.store.read(|s| openapi::v2(&s.registry)),
+            ));
         }
-        ["openapi", "v3"] => return get_only(json_response(StatusCode::OK, &app.store.read(|s| openapi::v3_root(&s.registry)))),
+        ["openapi", "v3"] => {
+            return get_only(json_response(
+                StatusCode::OK,
+                &app.store.read(|s| openapi::v3_root(&s.registry)),
+            ))
+        }
         ["openapi", "v3", rest @ ..] => {
             let doc = app.store.read(|s| openapi::v3_doc(&s.registry, &rest.join("/")));
-            return get_only(json_response(StatusCode::OK, &doc.ok_or_else(ApiError::no_route)?));
+            return get_only(json_response(
+                StatusCode::OK,
+                &doc.ok_or_else(ApiError::no_route)?,
+            ));
         }
         _ => {}
     }
@@ -158,7 +207,9 @@ async fn route(
         r => (false, r),
     };
     let (ns, plural, name, sub): (Option<&str>, &str, Option<&str>, Option<&str>) = match rest {
-        ["namespaces", n, s @ ("status" | "finalize")] if group.is_empty() => (None, "namespaces", Some(*n), Some(*s)),
+        ["namespaces", n, s @ ("status" | "finalize")] if group.is_empty() => {
+            (None, "namespaces", Some(*n), Some(*s))
+        }
         ["namespaces", ns, plural] => (Some(*ns), *plural, None, None),
         ["namespaces", ns, plural, name] => (Some(*ns), *plural, Some(*name), None),
         ["namespaces", ns, plural, name, sub] => (Some(*ns), *plural, Some(*name), Some(*sub)),
@@ -193,7 +244,9 @@ async fn route(
             let ns = namespace_for_write(&rt, ns)?;
             let obj = decode(&body, headers)?;
             let opts = write_opts(query, headers)?;
-            let w = app.store.write(|txn| ops::create(txn, &rt, ns, obj, &opts, None))?;
+            let w = app
+                .store
+                .write(|txn| ops::create(txn, &rt, ns, obj, &opts, None))?;
             Ok(written(&rt, StatusCode::CREATED, w, shape))
         }
         (Method::DELETE, None) => delete_collection(app, &rt, ns, query, &body),
@@ -211,40 +264,66 @@ async fn route(
             let opts = write_opts(query, headers)?;
             let gr = rt.group_resource();
             let w = app.store.write(|txn| {
-                let old = txn.state.get(&gr, nsv, n).ok_or_else(|| ApiError::not_found(&gr, n))?;
+                let old = txn
+                    .state
+                    .get(&gr, nsv, n)
+                    .ok_or_else(|| ApiError::not_found(&gr, n))?;
                 ops::commit_update(txn, &rt, &old, obj, status, &opts, ops::Precondition::Put, false)
             })?;
             Ok(written(&rt, StatusCode::OK, w, shape))
         }
         (Method::PATCH, Some(n)) => {
             let nsv = namespace_for_write(&rt, ns)?;
-            let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
+            let ct = headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default();
             let kind = PatchType::from_content_type(ct).ok_or_else(|| {
                 ApiError::unsupported_media_type(format!("the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json (content type {ct:?})"))
             })?;
             let mut opts = write_opts(query, headers)?;
             if kind == PatchType::Apply && !query.contains_key("fieldManager") {
-                return Err(ApiError::bad_request("PATCH requests with apply content type require fieldManager"));
+                return Err(ApiError::bad_request(
+                    "PATCH requests with apply content type require fieldManager",
+                ));
             }
             if kind == PatchType::Apply {
                 opts.manager = query.get("fieldManager").cloned().unwrap_or_default();
             }
             let force = query.get("force").is_some_and(|f| f == "true");
-            let w = app.store.write(|txn| ops::patch(txn, &rt, nsv, n, kind, &body, status, force, &opts))?;
-            let code = if w.created { StatusCode::CREATED } else { StatusCode::OK };
+            let w = app
+                .store
+                .write(|txn| ops::patch(txn, &rt, nsv, n, kind, &body, status, force, &opts))?;
+            let code = if w.created {
+                StatusCode::CREATED
+            } else {
+                StatusCode::OK
+            };
             Ok(written(&rt, code, w, shape))
         }
         (Method::DELETE, Some(n)) => {
             let nsv = namespace_for_write(&rt, ns)?;
             let opts = delete_opts(query, &body)?;
             let res = app.store.write(|txn| {
-                ops::delete(txn, &rt, nsv, n, opts.propagation, opts.uid.as_deref(), opts.rv.as_deref(), opts.dry_run)
+                ops::delete(
+                    txn,
+                    &rt,
+                    nsv,
+                    n,
+                    opts.propagation,
+                    opts.uid.as_deref(),
+                    opts.rv.as_deref(),
+                    opts.dry_run,
+                )
             })?;
             Ok(match res {
-                Deleted::Gone(obj) => json_response(StatusCode::OK, &json!({
-                    "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-                    "details": {"name": n, "group": rt.group, "kind": rt.plural, "uid": obj["metadata"]["uid"]},
-                })),
+                Deleted::Gone(obj) => json_response(
+                    StatusCode::OK,
+                    &json!({
+                        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                        "details": {"name": n, "group": rt.group, "kind": rt.plural, "uid": obj["metadata"]["uid"]},
+                    }),
+                ),
                 Deleted::Pending(obj) => object_response(&rt, StatusCode::OK, &obj, Shape::Full),
             })
         }
@@ -261,17 +340,27 @@ fn version() -> Value {
 }
 
 fn group_list(reg: &crate::resources::Registry) -> Value {
-    let groups: Vec<Value> = reg.groups().into_iter().map(|(g, vs)| group_value(&g, &vs)).collect();
+    let groups: Vec<Value> = reg
+        .groups()
+        .into_iter()
+        .map(|(g, vs)| group_value(&g, &vs))
+        .collect();
     json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
 }
 
 fn group_value(g: &str, versions: &[String]) -> Value {
-    let vs: Vec<Value> = versions.iter().map(|v| json!({"groupVersion": format!("{g}/{v}"), "version": v})).collect();
+    let vs: Vec<Value> = versions
+        .iter()
+        .map(|v| json!({"groupVersion": format!("{g}/{v}"), "version": v}))
+        .collect();
     json!({"name": g, "versions": vs, "preferredVersion": vs.first().cloned().unwrap_or(Value::Null)})
 }
 
 fn group_doc(app: &App, g: &str) -> Result<Response, ApiError> {
-    let versions = app.store.read(|s| s.registry.groups().get(g).cloned()).ok_or_else(ApiError::no_route)?;
+    let versions = app
+        .store
+        .read(|s| s.registry.groups().get(g).cloned())
+        .ok_or_else(ApiError::no_route)?;
     let mut doc = group_value(g, &versions);
     doc["kind"] = json!("APIGroup");
     doc["apiVersion"] = json!("v1");
@@ -283,9 +372,16 @@ fn resource_list(app: &App, g: &str, v: &str) -> Result<Response, ApiError> {
     if rts.is_empty() {
         return Err(ApiError::no_route());
     }
-    let gv = if g.is_empty() { v.to_string() } else { format!("{g}/{v}") };
+    let gv = if g.is_empty() {
+        v.to_string()
+    } else {
+        format!("{g}/{v}")
+    };
     let resources: Vec<Value> = rts.iter().flat_map(|rt| rt.discovery_entries()).collect();
-    Ok(json_response(StatusCode::OK, &json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources})))
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}),
+    ))
 }
 
 fn namespace_for_write<'a>(rt: &ResourceType, ns: Option<&'a str>) -> Result<&'a str, ApiError> {
@@ -297,19 +393,27 @@ fn namespace_for_write<'a>(rt: &ResourceType, ns: Option<&'a str>) -> Result<&'a
 }
 
 fn decode(body: &[u8], headers: &HeaderMap) -> Result<Value, ApiError> {
-    let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("application/json");
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/json");
     if ct.contains("protobuf") {
         return Err(ApiError::unsupported_media_type(format!("the body of the request was in an unknown format - accepted media types include: application/json, application/yaml (content type {ct:?})")));
     }
     let v: Value = if ct.contains("yaml") {
-        serde_yaml::from_slice(body).map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?
+        serde_yaml::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?
     } else {
         serde_json::from_slice(body).map_err(|e| {
-            ApiError::bad_request(format!("the body of the request could not be decoded as JSON: {e}"))
+            ApiError::bad_request(format!(
+                "the body of the request could not be decoded as JSON: {e}"
+            ))
         })?
     };
     if !v.is_object() {
-        return Err(ApiError::bad_request("the body of the request must be a JSON object"));
+        return Err(ApiError::bad_request(
+            "the body of the request must be a JSON object",
+        ));
     }
     Ok(v)
 }
@@ -329,9 +433,17 @@ fn write_opts(query: &Query, headers: &HeaderMap) -> Result<WriteOpts, ApiError>
         None | Some("") | Some("Warn") => FieldValidation::Warn,
         Some("Strict") => FieldValidation::Strict,
         Some("Ignore") => FieldValidation::Ignore,
-        Some(other) => return Err(ApiError::bad_request(format!("fieldValidation must be one of Ignore, Warn or Strict, not {other:?}"))),
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "fieldValidation must be one of Ignore, Warn or Strict, not {other:?}"
+            )))
+        }
     };
-    Ok(WriteOpts { manager, dry_run: query.get("dryRun").is_some_and(|d| d == "All"), field_validation })
+    Ok(WriteOpts {
+        manager,
+        dry_run: query.get("dryRun").is_some_and(|d| d == "All"),
+        field_validation,
+    })
 }
 
 struct DeleteOpts {
@@ -345,17 +457,33 @@ fn delete_opts(query: &Query, body: &[u8]) -> Result<DeleteOpts, ApiError> {
     let b: Value = if body.iter().all(|c| c.is_ascii_whitespace()) {
         json!({})
     } else {
-        serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("the body of the request could not be decoded as DeleteOptions: {e}")))?
+        serde_json::from_slice(body).map_err(|e| {
+            ApiError::bad_request(format!(
+                "the body of the request could not be decoded as DeleteOptions: {e}"
+            ))
+        })?
     };
-    let policy = b["propagationPolicy"].as_str().map(String::from).or_else(|| query.get("propagationPolicy").cloned());
-    let orphan = b["orphanDependents"].as_bool().or_else(|| query.get("orphanDependents").map(|o| o == "true"));
+    let policy = b["propagationPolicy"]
+        .as_str()
+        .map(String::from)
+        .or_else(|| query.get("propagationPolicy").cloned());
+    let orphan = b["orphanDependents"]
+        .as_bool()
+        .or_else(|| query.get("orphanDependents").map(|o| o == "true"));
     let propagation = match (policy.as_deref(), orphan) {
         (Some("Foreground"), _) => Propagation::Foreground,
         (Some("Orphan"), _) | (None, Some(true)) => Propagation::Orphan,
         (Some("Background") | None, _) => Propagation::Background,
-        (Some(other), _) => return Err(ApiError::bad_request(format!("unknown propagationPolicy {other:?}"))),
+        (Some(other), _) => {
+            return Err(ApiError::bad_request(format!(
+                "unknown propagationPolicy {other:?}"
+            )))
+        }
     };
-    let dry_run = b["dryRun"].as_array().is_some_and(|a| a.iter().any(|d| d == "All")) || query.get("dryRun").is_some_and(|d| d == "All");
+    let dry_run = b["dryRun"]
+        .as_array()
+        .is_some_and(|a| a.iter().any(|d| d == "All"))
+        || query.get("dryRun").is_some_and(|d| d == "All");
     Ok(DeleteOpts {
         propagation,
         uid: b["preconditions"]["uid"].as_str().map(String::from),
@@ -381,8 +509,14 @@ fn object_response(rt: &ResourceType, code: StatusCode, obj: &Value, shape: Shap
         }
         Shape::Metadata => json_response(code, &table::partial_metadata(obj)),
         Shape::Table => {
-            let rv = obj["metadata"]["resourceVersion"].as_str().and_then(|r| r.parse().ok()).unwrap_or(0);
-            json_response(code, &table::table(rt, vec![table::row(rt, obj, IncludeObject::Metadata)], rv, None))
+            let rv = obj["metadata"]["resourceVersion"]
+                .as_str()
+                .and_then(|r| r.parse().ok())
+                .unwrap_or(0);
+            json_response(
+                code,
+                &table::table(rt, vec![table::row(rt, obj, IncludeObject::Metadata)], rv, None),
+            )
         }
     }
 }
@@ -402,9 +536,10 @@ fn selectors(query: &Query) -> Result<(LabelSelector, FieldSelector), ApiError> 
         .map_err(ApiError::bad_request)?;
     // metadata.name and metadata.namespace everywhere, as the real server; for
     // other dotted paths see KNOWN_DIFFERENCES.
-    let fields = FieldSelector::parse(query.get("fieldSelector").map(String::as_str).unwrap_or_default(), |p| {
-        !p.is_empty() && p.split('.').all(|s| !s.is_empty())
-    })
+    let fields = FieldSelector::parse(
+        query.get("fieldSelector").map(String::as_str).unwrap_or_default(),
+        |p| !p.is_empty() && p.split('.').all(|s| !s.is_empty()),
+    )
     .map_err(ApiError::bad_request)?;
     Ok((labels, fields))
 }
@@ -417,9 +552,19 @@ fn include_object(query: &Query) -> IncludeObject {
     }
 }
 
-fn list(app: &App, rt: &ResourceType, ns: Option<&str>, query: &Query, shape: Shape) -> Result<Response, ApiError> {
+fn list(
+    app: &App,
+    rt: &ResourceType,
+    ns: Option<&str>,
+    query: &Query,
+    shape: Shape,
+) -> Result<Response, ApiError> {
     let (labels, fields) = selectors(query)?;
-    let limit: usize = query.get("limit").and_then(|l| l.parse().ok()).filter(|l| *l > 0).unwrap_or(usize::MAX);
+    let limit: usize = query
+        .get("limit")
+        .and_then(|l| l.parse().ok())
+        .filter(|l| *l > 0)
+        .unwrap_or(usize::MAX);
     let start_after: Option<(String, String)> = match query.get("continue").filter(|c| !c.is_empty()) {
         Some(c) => Some(decode_continue(c)?),
         None => None,
@@ -443,7 +588,11 @@ fn list(app: &App, rt: &ResourceType, ns: Option<&str>, query: &Query, shape: Sh
             last_key = Some(key.clone());
             items.push(obj.clone());
         }
-        let cont = if more > 0 { last_key.map(|k| encode_continue(&k)) } else { None };
+        let cont = if more > 0 {
+            last_key.map(|k| encode_continue(&k))
+        } else {
+            None
+        };
         (items, s.rv, cont, more)
     });
     match shape {
@@ -458,7 +607,10 @@ fn list(app: &App, rt: &ResourceType, ns: Option<&str>, query: &Query, shape: Sh
             if let Some(c) = cont {
                 meta["continue"] = json!(c);
             }
-            Ok(json_response(StatusCode::OK, &json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": meta, "items": items})))
+            Ok(json_response(
+                StatusCode::OK,
+                &json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": meta, "items": items}),
+            ))
         }
         Shape::Full => {
             let mut meta = json!({"resourceVersion": rv.to_string()});
@@ -468,7 +620,15 @@ fn list(app: &App, rt: &ResourceType, ns: Option<&str>, query: &Query, shape: Sh
             }
             // Written by hand so the items are serialized once, not cloned into a new tree.
             let mut out = Vec::with_capacity(256 + items.len() * 512);
-            out.extend_from_slice(format!("{{\"kind\":{},\"apiVersion\":{},\"metadata\":{},\"items\":[", json!(rt.list_kind), json!(rt.api_version()), meta).as_bytes());
+            out.extend_from_slice(
+                format!(
+                    "{{\"kind\":{},\"apiVersion\":{},\"metadata\":{},\"items\":[",
+                    json!(rt.list_kind),
+                    json!(rt.api_version()),
+                    meta
+                )
+                .as_bytes(),
+            );
             let av = rt.api_version();
             for (i, o) in items.iter().enumerate() {
                 if i > 0 {
@@ -477,7 +637,8 @@ fn list(app: &App, rt: &ResourceType, ns: Option<&str>, query: &Query, shape: Sh
                 if o["apiVersion"].as_str() == Some(&av) {
                     serde_json::to_writer(&mut out, &**o).map_err(|e| ApiError::internal(e.to_string()))?;
                 } else {
-                    serde_json::to_writer(&mut out, &with_version(rt, o)).map_err(|e| ApiError::internal(e.to_string()))?;
+                    serde_json::to_writer(&mut out, &with_version(rt, o))
+                        .map_err(|e| ApiError::internal(e.to_string()))?;
                 }
             }
             out.extend_from_slice(b"]}");
@@ -493,10 +654,13 @@ fn encode_continue(key: &(String, String)) -> String {
 
 fn decode_continue(c: &str) -> Result<(String, String), ApiError> {
     let bad = || ApiError::bad_request("continue key is not valid");
-    if c.len() % 2 != 0 {
+    if !c.len().is_multiple_of(2) {
         return Err(bad());
     }
-    let bytes: Result<Vec<u8>, _> = (0..c.len()).step_by(2).map(|i| u8::from_str_radix(&c[i..i + 2], 16)).collect();
+    let bytes: Result<Vec<u8>, _> = (0..c.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&c[i..i + 2], 16))
+        .collect();
     let v: Value = serde_json::from_slice(&bytes.map_err(|_| bad())?).map_err(|_| bad())?;
     match (v[0].as_str(), v[1].as_str()) {
         (Some(a), Some(b)) => Ok((a.to_string(), b.to_string())),
@@ -504,7 +668,13 @@ fn decode_continue(c: &str) -> Result<(String, String), ApiError> {
     }
 }
 
-fn delete_collection(app: &App, rt: &ResourceType, ns: Option<&str>, query: &Query, body: &[u8]) -> Result<Response, ApiError> {
+fn delete_collection(
+    app: &App,
+    rt: &ResourceType,
+    ns: Option<&str>,
+    query: &Query,
+    body: &[u8],
+) -> Result<Response, ApiError> {
     let (labels, fields) = selectors(query)?;
     let opts = delete_opts(query, body)?;
     let gr = rt.group_resource();
@@ -524,7 +694,10 @@ fn delete_collection(app: &App, rt: &ResourceType, ns: Option<&str>, query: &Que
         Ok::<_, ApiError>(out)
     })?;
     let items: Vec<Value> = deleted.iter().map(|o| with_version(rt, o)).collect();
-    Ok(json_response(StatusCode::OK, &json!({"kind": rt.list_kind, "apiVersion": rt.api_version(), "metadata": {}, "items": items})))
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({"kind": rt.list_kind, "apiVersion": rt.api_version(), "metadata": {}, "items": items}),
+    ))
 }
 
 fn event_line(type_: &str, object: &Value) -> Bytes {
@@ -547,11 +720,16 @@ struct WatchView {
 impl WatchView {
     fn render(&mut self, type_: &str, obj: &Value) -> Bytes {
         match self.shape {
-            Shape::Full if obj["apiVersion"].as_str() == Some(&self.rt.api_version()) => event_line(type_, obj),
+            Shape::Full if obj["apiVersion"].as_str() == Some(&self.rt.api_version()) => {
+                event_line(type_, obj)
+            }
             Shape::Full => event_line(type_, &with_version(&self.rt, obj)),
             Shape::Metadata => event_line(type_, &table::partial_metadata(obj)),
             Shape::Table => {
-                let rv = obj["metadata"]["resourceVersion"].as_str().and_then(|r| r.parse().ok()).unwrap_or(0);
+                let rv = obj["metadata"]["resourceVersion"]
+                    .as_str()
+                    .and_then(|r| r.parse().ok())
+                    .unwrap_or(0);
                 let mut t = table::table(&self.rt, vec![table::row(&self.rt, obj, self.include)], rv, None);
                 // Like the real server, column definitions come with the first event only.
                 if !self.first_table {
@@ -569,15 +747,27 @@ impl WatchView {
             meta["annotations"] = json!({"k8s.io/initial-events-end": "true"});
         }
         let obj = match self.shape {
-            Shape::Full => json!({"kind": self.rt.kind, "apiVersion": self.rt.api_version(), "metadata": meta}),
-            Shape::Metadata => json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": meta}),
-            Shape::Table => json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": meta, "columnDefinitions": [], "rows": []}),
+            Shape::Full => {
+                json!({"kind": self.rt.kind, "apiVersion": self.rt.api_version(), "metadata": meta})
+            }
+            Shape::Metadata => {
+                json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": meta})
+            }
+            Shape::Table => {
+                json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": meta, "columnDefinitions": [], "rows": []})
+            }
         };
         event_line("BOOKMARK", &obj)
     }
 }
 
-async fn watch_handler(app: &App, rt: Arc<ResourceType>, ns: Option<&str>, query: &Query, shape: Shape) -> Result<Response, ApiError> {
+async fn watch_handler(
+    app: &App,
+    rt: Arc<ResourceType>,
+    ns: Option<&str>,
+    query: &Query,
+    shape: Shape,
+) -> Result<Response, ApiError> {
     let (labels, fields) = selectors(query)?;
     let gr = rt.group_resource();
     let ns = ns.map(String::from);
@@ -592,14 +782,21 @@ async fn watch_handler(app: &App, rt: Arc<ResourceType>, ns: Option<&str>, query
     let from: Option<u64> = if rv_param.is_empty() || rv_param == "0" {
         None
     } else {
-        Some(rv_param.parse().map_err(|_| ApiError::bad_request(format!("invalid resource version {rv_param:?}")))?)
+        Some(
+            rv_param
+                .parse()
+                .map_err(|_| ApiError::bad_request(format!("invalid resource version {rv_param:?}")))?,
+        )
     };
     let initial_wanted = send_initial.unwrap_or(from.is_none());
     let matches = {
         let gr = gr.clone();
         let ns = ns.clone();
         move |obj: &Value| {
-            obj["metadata"]["namespace"].as_str().unwrap_or_default() == ns.as_deref().unwrap_or(obj["metadata"]["namespace"].as_str().unwrap_or_default())
+            obj["metadata"]["namespace"].as_str().unwrap_or_default()
+                == ns
+                    .as_deref()
+                    .unwrap_or(obj["metadata"]["namespace"].as_str().unwrap_or_default())
                 && labels.matches(obj)
                 && fields.matches(obj)
                 && !gr.is_empty()
@@ -623,7 +820,12 @@ async fn watch_handler(app: &App, rt: Arc<ResourceType>, ns: Option<&str>, query
         }
     });
     let (tx, body_rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(256);
-    let mut view = WatchView { rt: rt.clone(), shape, include: include_object(query), first_table: true };
+    let mut view = WatchView {
+        rt: rt.clone(),
+        shape,
+        include: include_object(query),
+        first_table: true,
+    };
     let interval = app.bookmark_interval;
     let shutdown = app.shutdown.clone();
     tokio::spawn(async move {
@@ -689,7 +891,10 @@ async fn watch_handler(app: &App, rt: Arc<ResourceType>, ns: Option<&str>, query
             }
         }
     });
-    let stream = futures::stream::unfold(body_rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) });
+    let stream = futures::stream::unfold(
+        body_rx,
+        |mut rx| async move { rx.recv().await.map(|item| (item, rx)) },
+    );
     Ok(Response::builder()
         .status(StatusCode::OK)
         .header(header::CONTENT_TYPE, "application/json")
@@ -698,7 +903,12 @@ async fn watch_handler(app: &App, rt: Arc<ResourceType>, ns: Option<&str>, query
         .unwrap_or_else(|_| ApiError::internal("cannot build watch response").into_response()))
 }
 
-fn render_event(view: &mut WatchView, gr: &str, matches: &impl Fn(&Value) -> bool, ev: &crate::store::Event) -> Option<Bytes> {
+fn render_event(
+    view: &mut WatchView,
+    gr: &str,
+    matches: &impl Fn(&Value) -> bool,
+    ev: &crate::store::Event,
+) -> Option<Bytes> {
     if ev.gr != gr {
         return None;
     }

@@ -64,18 +64,24 @@ fn paths(rts: &[std::sync::Arc<ResourceType>], v3: bool) -> Value {
             "post": op(rt, "post", &write, v3),
             "delete": op(rt, "deletecollection", &["labelSelector", "fieldSelector"], v3),
         }));
-        paths.insert(format!("{base}/{{name}}"), json!({
-            "get": op(rt, "get", &[], v3),
-            "put": op(rt, "put", &write, v3),
-            "patch": op(rt, "patch", &["dryRun", "fieldManager", "fieldValidation", "force"], v3),
-            "delete": op(rt, "delete", &["dryRun", "gracePeriodSeconds", "propagationPolicy"], v3),
-        }));
-        if rt.status_subresource {
-            paths.insert(format!("{base}/{{name}}/status"), json!({
+        paths.insert(
+            format!("{base}/{{name}}"),
+            json!({
                 "get": op(rt, "get", &[], v3),
                 "put": op(rt, "put", &write, v3),
                 "patch": op(rt, "patch", &["dryRun", "fieldManager", "fieldValidation", "force"], v3),
-            }));
+                "delete": op(rt, "delete", &["dryRun", "gracePeriodSeconds", "propagationPolicy"], v3),
+            }),
+        );
+        if rt.status_subresource {
+            paths.insert(
+                format!("{base}/{{name}}/status"),
+                json!({
+                    "get": op(rt, "get", &[], v3),
+                    "put": op(rt, "put", &write, v3),
+                    "patch": op(rt, "patch", &["dryRun", "fieldManager", "fieldValidation", "force"], v3),
+                }),
+            );
         }
     }
     Value::Object(paths)
@@ -91,7 +97,10 @@ fn schema_of(rt: &ResourceType, v3: bool) -> Value {
         if let Some(props) = s.get_mut("properties").and_then(|p| p.as_object_mut()) {
             props.insert("apiVersion".into(), json!({"type": "string", "description": "APIVersion defines the versioned schema of this representation of an object."}));
             props.insert("kind".into(), json!({"type": "string", "description": "Kind is a string value representing the REST resource this object represents."}));
-            props.insert("metadata".into(), json!({"type": "object", "description": "Standard object's metadata."}));
+            props.insert(
+                "metadata".into(),
+                json!({"type": "object", "description": "Standard object's metadata."}),
+            );
         }
     } else if let Some(m) = s.as_object_mut() {
         // Swagger 2.0 has no such extension; kubectl's client-side
@@ -123,7 +132,10 @@ pub fn v3_root(reg: &Registry) -> Value {
     let mut paths = Map::new();
     for rt in reg.all() {
         let p = gv_path(&rt);
-        paths.insert(p.clone(), json!({"serverRelativeURL": format!("/openapi/v3/{p}")}));
+        paths.insert(
+            p.clone(),
+            json!({"serverRelativeURL": format!("/openapi/v3/{p}")}),
+        );
     }
     json!({"paths": paths})
 }

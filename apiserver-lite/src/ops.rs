@@ -83,7 +83,9 @@ fn scope_of(rt: &ResourceType, status: bool) -> Scope {
 /// Checks apiVersion and kind of a body against the URL's resource.
 fn check_type(rt: &ResourceType, obj: &Value) -> Result<(), ApiError> {
     if !obj.is_object() {
-        return Err(ApiError::bad_request("the body of the request must be a JSON object"));
+        return Err(ApiError::bad_request(
+            "the body of the request must be a JSON object",
+        ));
     }
     if let Some(av) = obj["apiVersion"].as_str() {
         let group = av.rsplit_once('/').map(|(g, _)| g).unwrap_or("");
@@ -107,11 +109,7 @@ fn check_type(rt: &ResourceType, obj: &Value) -> Result<(), ApiError> {
 }
 
 /// Prunes and validates a custom resource; returns the warnings of pruning.
-fn prune_and_validate(
-    rt: &ResourceType,
-    obj: &mut Value,
-    opts: &WriteOpts,
-) -> Result<Vec<String>, ApiError> {
+fn prune_and_validate(rt: &ResourceType, obj: &mut Value, opts: &WriteOpts) -> Result<Vec<String>, ApiError> {
     let mut warnings = Vec::new();
     let name = meta_str(obj, "name").to_string();
     if rt.is_crd() {
@@ -127,10 +125,7 @@ fn prune_and_validate(
     if !removed.is_empty() {
         match opts.field_validation {
             FieldValidation::Strict => {
-                let list: Vec<String> = removed
-                    .iter()
-                    .map(|f| format!("unknown field \"{f}\""))
-                    .collect();
+                let list: Vec<String> = removed.iter().map(|f| format!("unknown field \"{f}\"")).collect();
                 return Err(ApiError::bad_request(format!(
                     "strict decoding error: {}",
                     list.join(", ")
@@ -172,9 +167,7 @@ fn validate_metadata(rt: &ResourceType, obj: &Value) -> Result<(), ApiError> {
     }
     for key in ["labels", "annotations"] {
         if let Some(m) = obj["metadata"].get(key) {
-            let ok = m.is_null()
-                || m.as_object()
-                    .is_some_and(|m| m.values().all(|v| v.is_string()));
+            let ok = m.is_null() || m.as_object().is_some_and(|m| m.values().all(|v| v.is_string()));
             if !ok {
                 return Err(ApiError::invalid(
                     &rt.kind,
@@ -264,7 +257,11 @@ pub fn create(
     let warnings = prune_and_validate(rt, &mut obj, opts)?;
     let name = meta_str(&obj, "name").to_string();
     let gr = rt.group_resource();
-    if txn.state.get(&gr, if rt.namespaced { ns } else { "" }, &name).is_some() {
+    if txn
+        .state
+        .get(&gr, if rt.namespaced { ns } else { "" }, &name)
+        .is_some()
+    {
         return Err(ApiError::already_exists(&qualified(rt), &name));
     }
     let now = now();
@@ -273,13 +270,26 @@ pub fn create(
         meta.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
         meta.insert("creationTimestamp".into(), json!(now));
         meta.insert("generation".into(), json!(1));
-        for k in ["deletionTimestamp", "deletionGracePeriodSeconds", "resourceVersion", "selfLink", "managedFields"] {
+        for k in [
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "resourceVersion",
+            "selfLink",
+            "managedFields",
+        ] {
             meta.remove(k);
         }
     }
     match managed {
         Some(m) => obj["metadata"]["managedFields"] = m,
-        None => fields::record_update(None, &mut obj, &opts.manager, &rt.api_version(), scope_of(rt, false), &now),
+        None => fields::record_update(
+            None,
+            &mut obj,
+            &opts.manager,
+            &rt.api_version(),
+            scope_of(rt, false),
+            &now,
+        ),
     }
     if rt.is_namespace() {
         obj["status"] = json!({"phase": "Active"});
@@ -289,13 +299,21 @@ pub fn create(
         crd_accepted(&mut obj);
     }
     if opts.dry_run {
-        return Ok(Written { object: Arc::new(obj), created: true, warnings });
+        return Ok(Written {
+            object: Arc::new(obj),
+            created: true,
+            warnings,
+        });
     }
     if rt.is_crd() {
         register_crd(txn, &obj);
     }
     let object = txn.put(&gr, obj);
-    Ok(Written { object, created: true, warnings })
+    Ok(Written {
+        object,
+        created: true,
+        warnings,
+    })
 }
 
 fn crd_accepted(obj: &mut Value) {
@@ -420,7 +438,15 @@ pub fn commit_update(
             }
         }
         let meta = new["metadata"].as_object_mut().expect("metadata is an object");
-        for k in ["name", "namespace", "uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation"] {
+        for k in [
+            "name",
+            "namespace",
+            "uid",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "generation",
+        ] {
             match old["metadata"].get(k) {
                 Some(v) => {
                     meta.insert(k.into(), v.clone());
@@ -448,14 +474,29 @@ pub fn commit_update(
     }
     let t = now();
     if !applied {
-        fields::record_update(Some(old), &mut new, &opts.manager, &rt.api_version(), scope_of(rt, status), &t);
+        fields::record_update(
+            Some(old),
+            &mut new,
+            &opts.manager,
+            &rt.api_version(),
+            scope_of(rt, status),
+            &t,
+        );
     }
     // Nothing changed: no new resourceVersion, no event (controllers rely on this).
     if comparable(old) == comparable(&new) {
-        return Ok(Written { object: old.clone(), created: false, warnings });
+        return Ok(Written {
+            object: old.clone(),
+            created: false,
+            warnings,
+        });
     }
     if opts.dry_run {
-        return Ok(Written { object: Arc::new(new), created: false, warnings });
+        return Ok(Written {
+            object: Arc::new(new),
+            created: false,
+            warnings,
+        });
     }
     let gr = rt.group_resource();
     let ns = meta_str(old, "namespace").to_string();
@@ -466,13 +507,21 @@ pub fn commit_update(
         txn.put(&gr, new);
         let gone = txn.remove(&gr, &ns, &name).expect("just stored");
         after_remove(txn, rt, &gone);
-        return Ok(Written { object: gone, created: false, warnings });
+        return Ok(Written {
+            object: gone,
+            created: false,
+            warnings,
+        });
     }
     if rt.is_crd() {
         register_crd(txn, &new);
     }
     let object = txn.put(&gr, new);
-    Ok(Written { object, created: false, warnings })
+    Ok(Written {
+        object,
+        created: false,
+        warnings,
+    })
 }
 
 fn after_remove(txn: &mut Txn<'_>, rt: &ResourceType, gone: &Value) {
@@ -510,9 +559,7 @@ pub fn patch(
 ) -> Result<Written, ApiError> {
     let gr = rt.group_resource();
     let live = txn.state.get(&gr, ns, name);
-    let decode_err = |e: &dyn std::fmt::Display| {
-        ApiError::bad_request(format!("error decoding patch: {e}"))
-    };
+    let decode_err = |e: &dyn std::fmt::Display| ApiError::bad_request(format!("error decoding patch: {e}"));
     match kind {
         PatchType::Apply => {
             let config: Value = match serde_json::from_slice(body) {
@@ -520,28 +567,35 @@ pub fn patch(
                 Err(_) => serde_yaml::from_slice(body).map_err(|e| decode_err(&e))?,
             };
             if !config.is_object() {
-                return Err(ApiError::bad_request("error decoding patch: apply patches must be objects"));
+                return Err(ApiError::bad_request(
+                    "error decoding patch: apply patches must be objects",
+                ));
             }
             check_type(rt, &config)?;
             if config["apiVersion"].is_null() || config["kind"].is_null() {
-                return Err(ApiError::bad_request("apiVersion and kind must be set in an apply patch"));
+                return Err(ApiError::bad_request(
+                    "apiVersion and kind must be set in an apply patch",
+                ));
             }
             let cname = meta_str(&config, "name");
             if !cname.is_empty() && cname != name {
-                return Err(ApiError::bad_request("the name of the object does not match the name on the URL"));
+                return Err(ApiError::bad_request(
+                    "the name of the object does not match the name on the URL",
+                ));
             }
             let t = now();
             let scope = scope_of(rt, status);
             let empty = json!({"metadata": {}});
             let base = live.as_deref().unwrap_or(&empty);
-            let merged = match fields::apply(base, &config, &opts.manager, &rt.api_version(), scope, force, &t) {
-                Ok(m) => m,
-                Err(conflicts) if conflicts_only_with_last_applied(base, &conflicts, scope) => {
-                    fields::apply(base, &config, &opts.manager, &rt.api_version(), scope, true, &t)
-                        .map_err(apply_conflict)?
-                }
-                Err(conflicts) => return Err(apply_conflict(conflicts)),
-            };
+            let merged =
+                match fields::apply(base, &config, &opts.manager, &rt.api_version(), scope, force, &t) {
+                    Ok(m) => m,
+                    Err(conflicts) if conflicts_only_with_last_applied(base, &conflicts, scope) => {
+                        fields::apply(base, &config, &opts.manager, &rt.api_version(), scope, true, &t)
+                            .map_err(apply_conflict)?
+                    }
+                    Err(conflicts) => return Err(apply_conflict(conflicts)),
+                };
             match live {
                 None => {
                     if status {
@@ -574,7 +628,9 @@ pub fn patch(
                     }
                     let mut p: Value = serde_json::from_slice(body).map_err(|e| decode_err(&e))?;
                     if !p.is_object() {
-                        return Err(ApiError::bad_request("error decoding patch: a merge patch must be a JSON object"));
+                        return Err(ApiError::bad_request(
+                            "error decoding patch: a merge patch must be a JSON object",
+                        ));
                     }
                     if kind == PatchType::Strategic {
                         strip_directives(&mut p);
@@ -584,7 +640,11 @@ pub fn patch(
                 PatchType::Json => {
                     let p: json_patch::Patch = serde_json::from_slice(body).map_err(|e| decode_err(&e))?;
                     json_patch::patch(&mut doc, &p).map_err(|e| {
-                        ApiError::new(axum::http::StatusCode::UNPROCESSABLE_ENTITY, "Invalid", format!("the server rejected our request due to an error in our request: {e}"))
+                        ApiError::new(
+                            axum::http::StatusCode::UNPROCESSABLE_ENTITY,
+                            "Invalid",
+                            format!("the server rejected our request due to an error in our request: {e}"),
+                        )
                     })?;
                 }
                 PatchType::Apply => unreachable!("handled above"),
@@ -610,14 +670,32 @@ fn strip_directives(v: &mut Value) {
 /// apply may take over fields that the object's last-applied-configuration
 /// annotation says the previous (client-side) apply set.
 fn conflicts_only_with_last_applied(live: &Value, conflicts: &[fields::ApplyConflict], scope: Scope) -> bool {
-    let Some(last) = live["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"].as_str() else {
+    let Some(last) =
+        live["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"].as_str()
+    else {
         return false;
     };
     let Ok(last) = serde_json::from_str::<Value>(last) else {
         return false;
     };
     let owned = fields::fields_of(&last, scope);
-    conflicts.iter().all(|c| owned.contains(&c.path))
+    // Only the manager that wrote the annotation (the client-side apply) yields.
+    let annotation: Vec<String> = [
+        "metadata",
+        "annotations",
+        "kubectl.kubernetes.io/last-applied-configuration",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let writers: Vec<String> = fields::read_managed(live)
+        .into_iter()
+        .filter(|m| m.fields.contains(&annotation))
+        .map(|m| m.manager)
+        .collect();
+    conflicts
+        .iter()
+        .all(|c| owned.contains(&c.path) && writers.contains(&c.manager))
 }
 
 fn apply_conflict(conflicts: Vec<fields::ApplyConflict>) -> ApiError {
@@ -635,7 +713,8 @@ fn apply_conflict(conflicts: Vec<fields::ApplyConflict>) -> ApiError {
         .iter()
         .map(|c| json!({"reason": "FieldManagerConflict", "message": format!("conflict with \"{}\"", c.manager), "field": c.field}))
         .collect();
-    ApiError::new(axum::http::StatusCode::CONFLICT, "Conflict", message).with_details(json!({"causes": causes}))
+    ApiError::new(axum::http::StatusCode::CONFLICT, "Conflict", message)
+        .with_details(json!({"causes": causes}))
 }
 
 /// Deletion propagation policies.
@@ -653,6 +732,7 @@ pub enum Deleted {
     Pending(Arc<Value>),
 }
 
+#[allow(clippy::too_many_arguments)]
 pub fn delete(
     txn: &mut Txn<'_>,
     rt: &ResourceType,
@@ -674,7 +754,10 @@ pub fn delete(
     if precondition_rv.is_some_and(|r| r != meta_str(&live, "resourceVersion")) {
         return Err(ApiError::conflict(&qualified(rt), name));
     }
-    let mut finalizers: Vec<Value> = live["metadata"]["finalizers"].as_array().cloned().unwrap_or_default();
+    let mut finalizers: Vec<Value> = live["metadata"]["finalizers"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     let extra = match propagation {
         Propagation::Foreground => Some("foregroundDeletion"),
         Propagation::Orphan => Some("orphan"),
@@ -713,7 +796,11 @@ pub fn delete(
 fn owner_uids(obj: &Value) -> Vec<String> {
     obj["metadata"]["ownerReferences"]
         .as_array()
-        .map(|a| a.iter().filter_map(|r| r["uid"].as_str().map(String::from)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|r| r["uid"].as_str().map(String::from))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -755,31 +842,66 @@ pub fn collect_garbage(txn: &mut Txn<'_>) -> bool {
                 continue;
             }
             let Some(drt) = rt_of(txn, dgr) else { continue };
-            let (dns, dname) = (meta_str(dep, "namespace").to_string(), meta_str(dep, "name").to_string());
-            let Some(current) = txn.state.get(dgr, &dns, &dname) else { continue };
+            let (dns, dname) = (
+                meta_str(dep, "namespace").to_string(),
+                meta_str(dep, "name").to_string(),
+            );
+            let Some(current) = txn.state.get(dgr, &dns, &dname) else {
+                continue;
+            };
             if orphan {
                 let mut next = (*current).clone();
                 if let Some(refs) = next["metadata"]["ownerReferences"].as_array_mut() {
                     refs.retain(|r| r["uid"] != json!(uid));
                 }
-                let _ = commit_update(txn, &drt, &current, next, false, &gc_opts, Precondition::Patch, false);
+                let _ = commit_update(
+                    txn,
+                    &drt,
+                    &current,
+                    next,
+                    false,
+                    &gc_opts,
+                    Precondition::Patch,
+                    false,
+                );
             } else {
                 dependents_left = true;
                 if current["metadata"]["deletionTimestamp"].is_null() {
-                    let _ = delete(txn, &drt, &dns, &dname, Propagation::Foreground, None, None, false);
+                    let _ = delete(
+                        txn,
+                        &drt,
+                        &dns,
+                        &dname,
+                        Propagation::Foreground,
+                        None,
+                        None,
+                        false,
+                    );
                 }
             }
             changed = true;
         }
         if orphan || !dependents_left {
             let Some(ort) = rt_of(txn, gr) else { continue };
-            let (ons, oname) = (meta_str(owner, "namespace").to_string(), meta_str(owner, "name").to_string());
+            let (ons, oname) = (
+                meta_str(owner, "namespace").to_string(),
+                meta_str(owner, "name").to_string(),
+            );
             if let Some(current) = txn.state.get(gr, &ons, &oname) {
                 let mut next = (*current).clone();
                 if let Some(f) = next["metadata"]["finalizers"].as_array_mut() {
                     f.retain(|x| x != "orphan" && x != "foregroundDeletion");
                 }
-                let _ = commit_update(txn, &ort, &current, next, false, &gc_opts, Precondition::Patch, false);
+                let _ = commit_update(
+                    txn,
+                    &ort,
+                    &current,
+                    next,
+                    false,
+                    &gc_opts,
+                    Precondition::Patch,
+                    false,
+                );
                 changed = true;
             }
         }
@@ -790,8 +912,13 @@ pub fn collect_garbage(txn: &mut Txn<'_>) -> bool {
             continue;
         }
         // Earlier steps of this pass may have changed it (orphaning drops references).
-        let (dns, dname) = (meta_str(dep, "namespace").to_string(), meta_str(dep, "name").to_string());
-        let Some(current) = txn.state.get(gr, &dns, &dname) else { continue };
+        let (dns, dname) = (
+            meta_str(dep, "namespace").to_string(),
+            meta_str(dep, "name").to_string(),
+        );
+        let Some(current) = txn.state.get(gr, &dns, &dname) else {
+            continue;
+        };
         let owners = owner_uids(&current);
         if owners.is_empty() || !current["metadata"]["deletionTimestamp"].is_null() {
             continue;
@@ -802,13 +929,31 @@ pub fn collect_garbage(txn: &mut Txn<'_>) -> bool {
         }
         let Some(drt) = rt_of(txn, gr) else { continue };
         if alive.is_empty() {
-            let _ = delete(txn, &drt, &dns, &dname, Propagation::Background, None, None, false);
+            let _ = delete(
+                txn,
+                &drt,
+                &dns,
+                &dname,
+                Propagation::Background,
+                None,
+                None,
+                false,
+            );
         } else {
             let mut next = (*current).clone();
             if let Some(refs) = next["metadata"]["ownerReferences"].as_array_mut() {
                 refs.retain(|r| r["uid"].as_str().is_some_and(|u| txn.state.uid_exists(u)));
             }
-            let _ = commit_update(txn, &drt, &current, next, false, &gc_opts, Precondition::Patch, false);
+            let _ = commit_update(
+                txn,
+                &drt,
+                &current,
+                next,
+                false,
+                &gc_opts,
+                Precondition::Patch,
+                false,
+            );
         }
         changed = true;
     }

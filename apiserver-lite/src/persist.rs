@@ -84,7 +84,9 @@ impl Persistence {
             for op in ops {
                 match op {
                     PersistOp::Put { key, value, rv } => {
-                        table.insert(key.as_str(), value.as_slice()).map_err(|e| storage_err(path, e))?;
+                        table
+                            .insert(key.as_str(), value.as_slice())
+                            .map_err(|e| storage_err(path, e))?;
                         last_rv = last_rv.max(*rv);
                     }
                     PersistOp::Delete { key, rv } => {

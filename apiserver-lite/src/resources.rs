@@ -114,7 +114,9 @@ fn age_column() -> PrinterColumn {
         name: "Age".into(),
         type_: "date".into(),
         format: String::new(),
-        description: "CreationTimestamp is a timestamp representing the server time when this object was created.".into(),
+        description:
+            "CreationTimestamp is a timestamp representing the server time when this object was created."
+                .into(),
         priority: 0,
         json_path: ".metadata.creationTimestamp".into(),
     }
@@ -143,14 +145,86 @@ struct Builtin {
 }
 
 const BUILTINS: &[Builtin] = &[
-    Builtin { group: "", version: "v1", plural: "namespaces", singular: "namespace", kind: "Namespace", namespaced: false, short_names: &["ns"], status: true },
-    Builtin { group: "", version: "v1", plural: "configmaps", singular: "configmap", kind: "ConfigMap", namespaced: true, short_names: &["cm"], status: false },
-    Builtin { group: "", version: "v1", plural: "secrets", singular: "secret", kind: "Secret", namespaced: true, short_names: &[], status: false },
-    Builtin { group: "", version: "v1", plural: "events", singular: "event", kind: "Event", namespaced: true, short_names: &["ev"], status: false },
-    Builtin { group: "", version: "v1", plural: "serviceaccounts", singular: "serviceaccount", kind: "ServiceAccount", namespaced: true, short_names: &["sa"], status: false },
-    Builtin { group: "events.k8s.io", version: "v1", plural: "events", singular: "event", kind: "Event", namespaced: true, short_names: &["ev"], status: false },
-    Builtin { group: "coordination.k8s.io", version: "v1", plural: "leases", singular: "lease", kind: "Lease", namespaced: true, short_names: &[], status: false },
-    Builtin { group: "apiextensions.k8s.io", version: "v1", plural: "customresourcedefinitions", singular: "customresourcedefinition", kind: "CustomResourceDefinition", namespaced: false, short_names: &["crd", "crds"], status: true },
+    Builtin {
+        group: "",
+        version: "v1",
+        plural: "namespaces",
+        singular: "namespace",
+        kind: "Namespace",
+        namespaced: false,
+        short_names: &["ns"],
+        status: true,
+    },
+    Builtin {
+        group: "",
+        version: "v1",
+        plural: "configmaps",
+        singular: "configmap",
+        kind: "ConfigMap",
+        namespaced: true,
+        short_names: &["cm"],
+        status: false,
+    },
+    Builtin {
+        group: "",
+        version: "v1",
+        plural: "secrets",
+        singular: "secret",
+        kind: "Secret",
+        namespaced: true,
+        short_names: &[],
+        status: false,
+    },
+    Builtin {
+        group: "",
+        version: "v1",
+        plural: "events",
+        singular: "event",
+        kind: "Event",
+        namespaced: true,
+        short_names: &["ev"],
+        status: false,
+    },
+    Builtin {
+        group: "",
+        version: "v1",
+        plural: "serviceaccounts",
+        singular: "serviceaccount",
+        kind: "ServiceAccount",
+        namespaced: true,
+        short_names: &["sa"],
+        status: false,
+    },
+    Builtin {
+        group: "events.k8s.io",
+        version: "v1",
+        plural: "events",
+        singular: "event",
+        kind: "Event",
+        namespaced: true,
+        short_names: &["ev"],
+        status: false,
+    },
+    Builtin {
+        group: "coordination.k8s.io",
+        version: "v1",
+        plural: "leases",
+        singular: "lease",
+        kind: "Lease",
+        namespaced: true,
+        short_names: &[],
+        status: false,
+    },
+    Builtin {
+        group: "apiextensions.k8s.io",
+        version: "v1",
+        plural: "customresourcedefinitions",
+        singular: "customresourcedefinition",
+        kind: "CustomResourceDefinition",
+        namespaced: false,
+        short_names: &["crd", "crds"],
+        status: true,
+    },
 ];
 
 pub fn builtins() -> Vec<ResourceType> {
@@ -166,8 +240,12 @@ pub fn builtins() -> Vec<ResourceType> {
                     column("Object", "string", ".involvedObject.name"),
                     column("Message", "string", ".message"),
                 ],
-                ("coordination.k8s.io", "leases") => vec![column("Holder", "string", ".spec.holderIdentity"), age_column()],
-                ("apiextensions.k8s.io", _) => vec![column("Created At", "string", ".metadata.creationTimestamp")],
+                ("coordination.k8s.io", "leases") => {
+                    vec![column("Holder", "string", ".spec.holderIdentity"), age_column()]
+                }
+                ("apiextensions.k8s.io", _) => {
+                    vec![column("Created At", "string", ".metadata.creationTimestamp")]
+                }
                 _ => vec![age_column()],
             };
             ResourceType {
@@ -213,7 +291,7 @@ pub fn from_crd(crd: &Value) -> Result<Vec<ResourceType>, Vec<FieldError>> {
         errors.push(FieldError::invalid(
             "metadata.name",
             &json!(name),
-            format!("must be spec.names.plural+\".\"+spec.group"),
+            "must be spec.names.plural+\".\"+spec.group",
         ));
     }
     let scope = spec["scope"].as_str().unwrap_or_default();
@@ -343,7 +421,8 @@ impl Registry {
     /// Returns the group-resource the CRD had registered.
     pub fn unregister_crd(&mut self, crd_name: &str) -> Option<String> {
         let gr = self.crd_of.remove(crd_name)?;
-        self.by_gvr.retain(|_, rt| !(rt.custom && rt.group_resource() == gr));
+        self.by_gvr
+            .retain(|_, rt| !(rt.custom && rt.group_resource() == gr));
         Some(gr)
     }
 

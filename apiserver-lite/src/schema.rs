@@ -33,8 +33,8 @@ pub fn prune(obj: &mut Value, schema: &Value) -> Vec<String> {
         if !preserves(schema) {
             let declared = &schema["properties"];
             map.retain(|k, _| {
-                let keep = matches!(k.as_str(), "apiVersion" | "kind" | "metadata")
-                    || declared.get(k).is_some();
+                let keep =
+                    matches!(k.as_str(), "apiVersion" | "kind" | "metadata") || declared.get(k).is_some();
                 if !keep {
                     removed.push(k.clone());
                 }
@@ -138,14 +138,25 @@ fn type_matches(ty: &str, v: &Value) -> bool {
 fn validate_value(v: &Value, schema: &Value, path: &str, errors: &mut Vec<FieldError>) {
     if v.is_null() {
         if schema["nullable"].as_bool() != Some(true) {
-            errors.push(FieldError::invalid(path, v, format!("{path} in body must be of type {}: \"null\"", schema["type"].as_str().unwrap_or("object"))));
+            errors.push(FieldError::invalid(
+                path,
+                v,
+                format!(
+                    "{path} in body must be of type {}: \"null\"",
+                    schema["type"].as_str().unwrap_or("object")
+                ),
+            ));
         }
         return;
     }
     let int_or_string = schema["x-kubernetes-int-or-string"].as_bool() == Some(true);
     if int_or_string {
         if !(v.is_string() || v.is_i64() || v.is_u64()) {
-            errors.push(FieldError::invalid(path, v, format!("{path} in body must be of type integer,string: {}", type_name(v))));
+            errors.push(FieldError::invalid(
+                path,
+                v,
+                format!("{path} in body must be of type integer,string: {}", type_name(v)),
+            ));
             return;
         }
     } else if let Some(ty) = schema["type"].as_str() {
@@ -169,47 +180,87 @@ fn validate_value(v: &Value, schema: &Value, path: &str, errors: &mut Vec<FieldE
             if let Some(min) = schema["minimum"].as_f64() {
                 let excl = schema["exclusiveMinimum"].as_bool() == Some(true);
                 if x < min || (excl && x == min) {
-                    let op = if excl { "greater than" } else { "greater than or equal to" };
-                    errors.push(FieldError::invalid(path, v, format!("{path} in body should be {op} {min}")));
+                    let op = if excl {
+                        "greater than"
+                    } else {
+                        "greater than or equal to"
+                    };
+                    errors.push(FieldError::invalid(
+                        path,
+                        v,
+                        format!("{path} in body should be {op} {min}"),
+                    ));
                 }
             }
             if let Some(max) = schema["maximum"].as_f64() {
                 let excl = schema["exclusiveMaximum"].as_bool() == Some(true);
                 if x > max || (excl && x == max) {
-                    let op = if excl { "less than" } else { "less than or equal to" };
-                    errors.push(FieldError::invalid(path, v, format!("{path} in body should be {op} {max}")));
+                    let op = if excl {
+                        "less than"
+                    } else {
+                        "less than or equal to"
+                    };
+                    errors.push(FieldError::invalid(
+                        path,
+                        v,
+                        format!("{path} in body should be {op} {max}"),
+                    ));
                 }
             }
             if schema["format"] == "int32" && (x < i32::MIN as f64 || x > i32::MAX as f64) {
-                errors.push(FieldError::invalid(path, v, format!("{path} in body must be of type int32")));
+                errors.push(FieldError::invalid(
+                    path,
+                    v,
+                    format!("{path} in body must be of type int32"),
+                ));
             }
         }
         Value::String(s) => {
             let len = s.chars().count() as u64;
             if let Some(min) = schema["minLength"].as_u64() {
                 if len < min {
-                    errors.push(FieldError::invalid(path, v, format!("{path} in body should be at least {min} chars long")));
+                    errors.push(FieldError::invalid(
+                        path,
+                        v,
+                        format!("{path} in body should be at least {min} chars long"),
+                    ));
                 }
             }
             if let Some(max) = schema["maxLength"].as_u64() {
                 if len > max {
-                    errors.push(FieldError::invalid(path, v, format!("{path} in body may not be more than {max} chars long")));
+                    errors.push(FieldError::invalid(
+                        path,
+                        v,
+                        format!("{path} in body may not be more than {max} chars long"),
+                    ));
                 }
             }
             if schema["format"] == "date-time" && s.parse::<jiff::Timestamp>().is_err() {
-                errors.push(FieldError::invalid(path, v, format!("{path} in body must be of type date-time: {v}")));
+                errors.push(FieldError::invalid(
+                    path,
+                    v,
+                    format!("{path} in body must be of type date-time: {v}"),
+                ));
             }
         }
         Value::Array(items) => {
             let n = items.len() as u64;
             if let Some(min) = schema["minItems"].as_u64() {
                 if n < min {
-                    errors.push(FieldError::invalid(path, v, format!("{path} in body should have at least {min} items")));
+                    errors.push(FieldError::invalid(
+                        path,
+                        v,
+                        format!("{path} in body should have at least {min} items"),
+                    ));
                 }
             }
             if let Some(max) = schema["maxItems"].as_u64() {
                 if n > max {
-                    errors.push(FieldError::invalid(path, v, format!("{path} in body should have at most {max} items")));
+                    errors.push(FieldError::invalid(
+                        path,
+                        v,
+                        format!("{path} in body should have at most {max} items"),
+                    ));
                 }
             }
             if let Some(sub) = schema.get("items").filter(|s| s.is_object()) {
@@ -305,7 +356,9 @@ mod tests {
         assert_eq!(fields, vec!["spec.count", "spec.mode"]);
         assert!(errs[0].to_string().contains("must be of type integer"));
         let o = json!({"spec": {"count": -1}});
-        assert!(validate(&o, &schema())[0].to_string().contains("greater than or equal to 0"));
+        assert!(validate(&o, &schema())[0]
+            .to_string()
+            .contains("greater than or equal to 0"));
         let o = json!({"spec": {}});
         assert_eq!(validate(&o, &schema())[0].reason, "FieldValueRequired");
         assert!(validate(&json!({"spec": {"count": 2, "mode": "a"}}), &schema()).is_empty());

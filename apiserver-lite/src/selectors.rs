@@ -182,9 +182,15 @@ mod tests {
     fn field_selector_on_metadata() {
         let allowed = |p: &str| p == "metadata.name" || p == "metadata.namespace";
         let o = obj(json!({}));
-        assert!(FieldSelector::parse("metadata.name=a", allowed).unwrap().matches(&o));
-        assert!(FieldSelector::parse("metadata.namespace!=x", allowed).unwrap().matches(&o));
-        assert!(!FieldSelector::parse("metadata.name==b", allowed).unwrap().matches(&o));
+        assert!(FieldSelector::parse("metadata.name=a", allowed)
+            .unwrap()
+            .matches(&o));
+        assert!(FieldSelector::parse("metadata.namespace!=x", allowed)
+            .unwrap()
+            .matches(&o));
+        assert!(!FieldSelector::parse("metadata.name==b", allowed)
+            .unwrap()
+            .matches(&o));
         assert!(FieldSelector::parse("spec.x=1", allowed).is_err());
     }
 }

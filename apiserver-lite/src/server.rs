@@ -119,7 +119,11 @@ pub struct RunningServer {
 }
 
 fn generate_token() -> String {
-    format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple())
+    format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    )
 }
 
 /// Starts serving: loads storage, ensures the standard namespaces, binds.
@@ -133,7 +137,10 @@ pub async fn start(config: Config) -> Result<RunningServer> {
             move || Persistence::open(&path)
         })
         .await
-        .map_err(|e| Error::Storage { path: path.display().to_string(), message: e.to_string() })??;
+        .map_err(|e| Error::Storage {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })??;
         let crds: Vec<serde_json::Value> = loaded
             .objects
             .iter()
@@ -141,16 +148,17 @@ pub async fn start(config: Config) -> Result<RunningServer> {
             .map(|(_, o)| o.clone())
             .collect();
         store.load(loaded.rv, loaded.objects);
-        store.write(|txn| {
-            for crd in &crds {
-                if let Ok(types) = crate::resources::from_crd(crd) {
-                    let name = crd["metadata"]["name"].as_str().unwrap_or_default();
-                    txn.state.registry.register_crd(name, types);
+        store
+            .write(|txn| {
+                for crd in &crds {
+                    if let Ok(types) = crate::resources::from_crd(crd) {
+                        let name = crd["metadata"]["name"].as_str().unwrap_or_default();
+                        txn.state.registry.register_crd(name, types);
+                    }
                 }
-            }
-            Ok::<_, ()>(())
-        })
-        .ok();
+                Ok::<_, ()>(())
+            })
+            .ok();
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         store.set_persist(Some(tx));
         persist_task = Some(tokio::spawn(db.run(rx)));
@@ -159,7 +167,10 @@ pub async fn start(config: Config) -> Result<RunningServer> {
     let token = config.token.clone().unwrap_or_else(generate_token);
     let listener = tokio::net::TcpListener::bind(config.bind)
         .await
-        .map_err(|source| Error::Bind { addr: config.bind, source })?;
+        .map_err(|source| Error::Bind {
+            addr: config.bind,
+            source,
+        })?;
     let addr = listener.local_addr()?;
     let cancel = CancellationToken::new();
     let tls = if config.tls {
@@ -363,8 +374,7 @@ pub fn write_private(path: &Path, contents: &str) -> Result<()> {
 }
 
 pub async fn client_for(kubeconfig: &str) -> Result<kube::Client> {
-    let kc = kube::config::Kubeconfig::from_yaml(kubeconfig)
-        .map_err(|e| Error::Kubeconfig(e.to_string()))?;
+    let kc = kube::config::Kubeconfig::from_yaml(kubeconfig).map_err(|e| Error::Kubeconfig(e.to_string()))?;
     let config = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
         .await
         .map_err(|e| Error::Kubeconfig(e.to_string()))?;

@@ -80,10 +80,10 @@ impl State {
         gr: &str,
         ns: Option<&'a str>,
     ) -> impl Iterator<Item = (&'a (String, String), &'a Arc<Value>)> + 'a {
-        self.objects.get(gr).into_iter().flat_map(move |m| {
-            m.iter()
-                .filter(move |((ons, _), _)| ns.is_none_or(|n| n == ons))
-        })
+        self.objects
+            .get(gr)
+            .into_iter()
+            .flat_map(move |m| m.iter().filter(move |((ons, _), _)| ns.is_none_or(|n| n == ons)))
     }
 
     pub fn count(&self) -> usize {
@@ -131,7 +131,10 @@ impl Txn<'_> {
     pub fn put(&mut self, gr: &str, mut obj: Value) -> Arc<Value> {
         let rv = self.next_rv();
         obj["metadata"]["resourceVersion"] = Value::String(rv.to_string());
-        let ns = obj["metadata"]["namespace"].as_str().unwrap_or_default().to_string();
+        let ns = obj["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
         let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
         let uid = obj["metadata"]["uid"].as_str().unwrap_or_default().to_string();
         let value = serde_json::to_vec(&obj).unwrap_or_default();
@@ -236,12 +239,19 @@ impl Store {
     pub fn load(&self, rv: u64, objects: Vec<(String, Value)>) {
         let mut st = self.lock();
         for (gr, obj) in objects {
-            let ns = obj["metadata"]["namespace"].as_str().unwrap_or_default().to_string();
+            let ns = obj["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
             let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
             if let Some(uid) = obj["metadata"]["uid"].as_str() {
-                st.uids.insert(uid.to_string(), (gr.clone(), ns.clone(), name.clone()));
+                st.uids
+                    .insert(uid.to_string(), (gr.clone(), ns.clone(), name.clone()));
             }
-            st.objects.entry(gr).or_default().insert((ns, name), Arc::new(obj));
+            st.objects
+                .entry(gr)
+                .or_default()
+                .insert((ns, name), Arc::new(obj));
         }
         st.rv = st.rv.max(rv);
         st.oldest = st.rv;
@@ -295,10 +305,7 @@ impl Store {
 
     /// Subscribes to live events; under the lock, so `snapshot` and the
     /// subscription meet without a gap.
-    pub fn subscribe<R>(
-        &self,
-        snapshot: impl FnOnce(&State) -> R,
-    ) -> (R, broadcast::Receiver<Arc<Event>>) {
+    pub fn subscribe<R>(&self, snapshot: impl FnOnce(&State) -> R) -> (R, broadcast::Receiver<Arc<Event>>) {
         let st = self.lock();
         let rx = self.events.subscribe();
         (snapshot(&st), rx)

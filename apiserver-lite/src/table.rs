@@ -61,13 +61,21 @@ pub fn eval(obj: &Value, path: &str) -> Option<Value> {
                 Step::Field(f) => next.extend(v.get(f)),
                 Step::Index(i) => next.extend(v.get(*i)),
                 Step::All => next.extend(v.as_array().into_iter().flatten()),
-                Step::Filter(k, want) => next.extend(v.as_array().into_iter().flatten().filter(|item| {
-                    match item.get(k) {
-                        Some(Value::String(s)) => s == want,
-                        Some(other) => other.to_string() == *want,
-                        None => false,
-                    }
-                })),
+                Step::Filter(k, want) => {
+                    next.extend(
+                        v.as_array()
+                            .into_iter()
+                            .flatten()
+                            .filter(|item| match item.get(k) {
+                                Some(Value::String(s)) => s == want,
+                                Some(other) => {
+                                    let rendered = other.to_string();
+                                    rendered == *want
+                                }
+                                None => false,
+                            }),
+                    )
+                }
             }
         }
         cur = next;
@@ -116,7 +124,10 @@ pub fn row(rt: &ResourceType, obj: &Value, include: IncludeObject) -> Value {
         cells.push(match (v, c.type_.as_str()) {
             (None, _) => Value::Null,
             (Some(Value::Array(a)), _) => Value::String(
-                a.iter().map(|x| x.as_str().map(String::from).unwrap_or_else(|| x.to_string())).collect::<Vec<_>>().join(","),
+                a.iter()
+                    .map(|x| x.as_str().map(String::from).unwrap_or_else(|| x.to_string()))
+                    .collect::<Vec<_>>()
+                    .join(","),
             ),
             (Some(Value::Object(_)), _) => Value::String(obj.to_string()),
             (Some(Value::String(t)), "date") => Value::String(age(&t)),
@@ -152,7 +163,11 @@ pub fn human_duration(secs: i64) -> String {
     let s = secs.max(0);
     let (m, h, d) = (s / 60, s / 3600, s / 86400);
     let with = |a: i64, ua: &str, b: i64, ub: &str| {
-        if b == 0 { format!("{a}{ua}") } else { format!("{a}{ua}{b}{ub}") }
+        if b == 0 {
+            format!("{a}{ua}")
+        } else {
+            format!("{a}{ua}{b}{ub}")
+        }
     };
     if s < 120 {
         format!("{s}s")
@@ -208,7 +223,10 @@ mod tests {
             "spec": {"list": ["a", "b"]}});
         assert_eq!(eval(&o, ".status.phase"), Some(json!("Running")));
         assert_eq!(eval(&o, "{.status.phase}"), Some(json!("Running")));
-        assert_eq!(eval(&o, ".status.conditions[?(@.type==\"Ready\")].status"), Some(json!("True")));
+        assert_eq!(
+            eval(&o, ".status.conditions[?(@.type==\"Ready\")].status"),
+            Some(json!("True"))
+        );
         assert_eq!(eval(&o, ".status.conditions[1].type"), Some(json!("Synced")));
         assert_eq!(eval(&o, ".spec.list[*]"), Some(json!("a,b")));
         assert_eq!(eval(&o, ".spec.missing"), None);

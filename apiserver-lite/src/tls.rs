@@ -43,7 +43,11 @@ pub fn load_or_generate(dir: Option<&Path>, bind: IpAddr) -> Result<TlsMaterial,
             });
         }
     }
-    let mut names = vec!["127.0.0.1".to_string(), "::1".to_string(), "localhost".to_string()];
+    let mut names = vec![
+        "127.0.0.1".to_string(),
+        "::1".to_string(),
+        "localhost".to_string(),
+    ];
     if !bind.is_unspecified() && !bind.is_loopback() {
         names.push(bind.to_string());
     }
@@ -65,12 +69,13 @@ pub fn acceptor(m: &TlsMaterial) -> Result<TlsAcceptor, Error> {
         .collect::<Result<_, _>>()
         .map_err(tls_err)?;
     let key = PrivateKeyDer::from_pem_slice(m.key_pem.as_bytes()).map_err(tls_err)?;
-    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .map_err(tls_err)?
-        .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .map_err(tls_err)?;
+    let mut config =
+        rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .map_err(tls_err)?
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .map_err(tls_err)?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(TlsAcceptor::from(Arc::new(config)))
 }

@@ -38,8 +38,15 @@ async fn crd_registers_kinds_for_discovery() {
         .expect("Widget discovered");
     assert_eq!(ar.plural, "widgets");
     assert_eq!(caps.scope, kube::discovery::Scope::Namespaced);
-    assert!(caps.subresources.iter().any(|(s, _)| s.plural == "widgets/status" || s.plural == "status"));
-    let gadget = discovery.groups().flat_map(|g| g.recommended_resources()).find(|(ar, _)| ar.kind == "Gadget").unwrap();
+    assert!(caps
+        .subresources
+        .iter()
+        .any(|(s, _)| s.plural == "widgets/status" || s.plural == "status"));
+    let gadget = discovery
+        .groups()
+        .flat_map(|g| g.recommended_resources())
+        .find(|(ar, _)| ar.kind == "Gadget")
+        .unwrap();
     assert_eq!(gadget.1.scope, kube::discovery::Scope::Cluster);
     let ns: Api<Namespace> = Api::all(client.clone());
     assert!(ns.get("default").await.is_ok());
@@ -52,16 +59,29 @@ async fn crud_status_generation_and_conflicts() {
     install_crds(&client).await;
     let api: Api<Widget> = Api::namespaced(client.clone(), "default");
     let mut w = widget("w1", 1);
-    w.status = Some(WidgetStatus { phase: Some("ignored".into()), observed: None });
+    w.status = Some(WidgetStatus {
+        phase: Some("ignored".into()),
+        observed: None,
+    });
     let created = api.create(&PostParams::default(), &w).await.unwrap();
     assert_eq!(created.metadata.generation, Some(1));
-    assert!(created.status.is_none(), "create ignores status when it is a subresource");
+    assert!(
+        created.status.is_none(),
+        "create ignores status when it is a subresource"
+    );
     assert!(created.uid().is_some() && created.creation_timestamp().is_some());
-    assert_eq!(api_code(api.create(&PostParams::default(), &w).await.unwrap_err()), 409);
+    assert_eq!(
+        api_code(api.create(&PostParams::default(), &w).await.unwrap_err()),
+        409
+    );
 
     // A status write changes status only, and not the generation.
     let s = api
-        .patch_status("w1", &PatchParams::default(), &Patch::Merge(json!({"status": {"phase": "Ready"}, "spec": {"size": 99}})))
+        .patch_status(
+            "w1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Ready"}, "spec": {"size": 99}})),
+        )
         .await
         .unwrap();
     assert_eq!(s.status.as_ref().unwrap().phase.as_deref(), Some("Ready"));
@@ -80,15 +100,32 @@ async fn crud_status_generation_and_conflicts() {
     assert!(rv2 > rv1);
 
     // A stale resourceVersion is a conflict.
-    let err = api.replace("w1", &PostParams::default(), &next).await.unwrap_err();
+    let err = api
+        .replace("w1", &PostParams::default(), &next)
+        .await
+        .unwrap_err();
     let e = api_err(err);
     assert_eq!((e.code, e.reason.as_str()), (409, "Conflict"));
 
     // A label-only change keeps the generation.
-    let l = api.patch("w1", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}}))).await.unwrap();
+    let l = api
+        .patch(
+            "w1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}})),
+        )
+        .await
+        .unwrap();
     assert_eq!(l.metadata.generation, Some(2));
     // A no-op write changes nothing, not even the resourceVersion.
-    let same = api.patch("w1", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}}))).await.unwrap();
+    let same = api
+        .patch(
+            "w1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}})),
+        )
+        .await
+        .unwrap();
     assert_eq!(same.resource_version(), l.resource_version());
 
     let list = api.list(&ListParams::default()).await.unwrap();
@@ -99,8 +136,21 @@ async fn crud_status_generation_and_conflicts() {
 
     // Cluster-scoped kinds work without a namespace.
     let gadgets: Api<Gadget> = Api::all(client.clone());
-    gadgets.create(&PostParams::default(), &Gadget::new("g1", GadgetSpec { arch: "arm64".into() })).await.unwrap();
-    let g = gadgets.patch_status("g1", &PatchParams::default(), &Patch::Merge(json!({"status": {"online": true}}))).await.unwrap();
+    gadgets
+        .create(
+            &PostParams::default(),
+            &Gadget::new("g1", GadgetSpec { arch: "arm64".into() }),
+        )
+        .await
+        .unwrap();
+    let g = gadgets
+        .patch_status(
+            "g1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"online": true}})),
+        )
+        .await
+        .unwrap();
     assert!(g.status.unwrap().online);
     server.shutdown().await.unwrap();
 }
@@ -117,13 +167,33 @@ async fn json_merge_and_apply_patches() {
         .unwrap();
     assert_eq!((j.spec.size, j.spec.color.as_deref()), (5, Some("red")));
     let failed = api
-        .patch("p", &PatchParams::default(), &Patch::<()>::Json(serde_json::from_value(json!([{"op": "test", "path": "/spec/size", "value": 6}])).unwrap()))
+        .patch(
+            "p",
+            &PatchParams::default(),
+            &Patch::<()>::Json(
+                serde_json::from_value(json!([{"op": "test", "path": "/spec/size", "value": 6}])).unwrap(),
+            ),
+        )
         .await
         .unwrap_err();
     assert_eq!(api_code(failed), 422);
-    let m = api.patch("p", &PatchParams::default(), &Patch::Merge(json!({"spec": {"color": null}}))).await.unwrap();
+    let m = api
+        .patch(
+            "p",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"color": null}})),
+        )
+        .await
+        .unwrap();
     assert_eq!(m.spec.color, None);
-    let s = api.patch("p", &PatchParams::default(), &Patch::Strategic(json!({"spec": {"size": 3}}))).await.unwrap_err();
+    let s = api
+        .patch(
+            "p",
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"spec": {"size": 3}})),
+        )
+        .await
+        .unwrap_err();
     assert_eq!(api_code(s), 415);
 
     // Server-side apply: create, ownership, conflicts, force, and removal.
@@ -135,11 +205,21 @@ async fn json_merge_and_apply_patches() {
     assert_eq!(managed[0].manager.as_deref(), Some("alice"));
     assert_eq!(managed[0].operation.as_deref(), Some("Apply"));
     let bob_cfg = json!({"apiVersion": "test.k8s4r.io/v1", "kind": "Widget", "metadata": {"name": "a"}, "spec": {"size": 2}});
-    let conflict = api.patch("a", &PatchParams::apply("bob"), &Patch::Apply(&bob_cfg)).await.unwrap_err();
+    let conflict = api
+        .patch("a", &PatchParams::apply("bob"), &Patch::Apply(&bob_cfg))
+        .await
+        .unwrap_err();
     let e = api_err(conflict);
     assert_eq!(e.code, 409);
-    assert!(e.message.contains("alice") && e.message.contains(".spec.size"), "{}", e.message);
-    let forced = api.patch("a", &PatchParams::apply("bob").force(), &Patch::Apply(&bob_cfg)).await.unwrap();
+    assert!(
+        e.message.contains("alice") && e.message.contains(".spec.size"),
+        "{}",
+        e.message
+    );
+    let forced = api
+        .patch("a", &PatchParams::apply("bob").force(), &Patch::Apply(&bob_cfg))
+        .await
+        .unwrap();
     assert_eq!(forced.spec.size, 2);
     // alice stops applying color: it goes away; size now belongs to bob.
     let alice_cfg = json!({"apiVersion": "test.k8s4r.io/v1", "kind": "Widget", "metadata": {"name": "a"}, "spec": {"size": 2}});
@@ -148,24 +228,43 @@ async fn json_merge_and_apply_patches() {
     assert_eq!(after.spec.size, 2);
     // Status applied by a controller on the status subresource.
     let st = json!({"apiVersion": "test.k8s4r.io/v1", "kind": "Widget", "status": {"phase": "Applied"}});
-    let s = api.patch_status("a", &PatchParams::apply("ctrl").force(), &Patch::Apply(&st)).await.unwrap();
+    let s = api
+        .patch_status("a", &PatchParams::apply("ctrl").force(), &Patch::Apply(&st))
+        .await
+        .unwrap();
     assert_eq!(s.status.unwrap().phase.as_deref(), Some("Applied"));
     server.shutdown().await.unwrap();
 }
 
 #[tokio::test]
 async fn watch_resumes_and_expires() {
-    let server = apiserver_lite::Config::for_tests().history(8).bookmark_interval(Duration::from_millis(100)).start().await.unwrap();
+    let server = apiserver_lite::Config::for_tests()
+        .history(8)
+        .bookmark_interval(Duration::from_millis(100))
+        .start()
+        .await
+        .unwrap();
     let client = server.client().await.unwrap();
     install_crds(&client).await;
     let api: Api<Widget> = Api::namespaced(client.clone(), "default");
-    let start = api.list(&ListParams::default()).await.unwrap().metadata.resource_version.unwrap();
+    let start = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
     for i in 0..3 {
-        api.create(&PostParams::default(), &widget(&format!("w{i}"), i)).await.unwrap();
+        api.create(&PostParams::default(), &widget(&format!("w{i}"), i))
+            .await
+            .unwrap();
     }
     api.delete("w0", &DeleteParams::default()).await.unwrap();
     // From `start`, every event in order.
-    let stream = api.watch(&WatchParams::default().timeout(5), &start).await.unwrap();
+    let stream = api
+        .watch(&WatchParams::default().timeout(5), &start)
+        .await
+        .unwrap();
     let events: Vec<_> = stream.take(4).try_collect().await.unwrap();
     let kinds: Vec<String> = events
         .iter()
@@ -177,7 +276,10 @@ async fn watch_resumes_and_expires() {
         .collect();
     assert_eq!(kinds, vec!["Aw0", "Aw1", "Aw2", "Dw0"]);
     // Bookmarks when asked for.
-    let stream = api.watch(&WatchParams::default().timeout(5), &start).await.unwrap();
+    let stream = api
+        .watch(&WatchParams::default().timeout(5), &start)
+        .await
+        .unwrap();
     let mut stream = std::pin::pin!(stream);
     let mut saw_bookmark = false;
     while let Some(ev) = stream.try_next().await.unwrap() {
@@ -189,27 +291,47 @@ async fn watch_resumes_and_expires() {
     assert!(saw_bookmark);
     // Push `start` out of the retained history: 410 Gone as an ERROR event.
     for i in 10..20 {
-        api.create(&PostParams::default(), &widget(&format!("w{i}"), i)).await.unwrap();
+        api.create(&PostParams::default(), &widget(&format!("w{i}"), i))
+            .await
+            .unwrap();
     }
-    let stream = api.watch(&WatchParams::default().timeout(5), &start).await.unwrap();
+    let stream = api
+        .watch(&WatchParams::default().timeout(5), &start)
+        .await
+        .unwrap();
     let first: Vec<_> = stream.take(1).try_collect().await.unwrap();
     match &first[0] {
         WatchEvent::Error(e) => assert_eq!(e.code, 410),
         other => panic!("expected 410, got {other:?}"),
     }
     // Label and field selectors on lists and watches.
-    api.patch("w11", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"tier": "a"}}}))).await.unwrap();
-    let l = api.list(&ListParams::default().labels("tier in (a,b)")).await.unwrap();
+    api.patch(
+        "w11",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"tier": "a"}}})),
+    )
+    .await
+    .unwrap();
+    let l = api
+        .list(&ListParams::default().labels("tier in (a,b)"))
+        .await
+        .unwrap();
     assert_eq!(l.items.len(), 1);
     let l = api.list(&ListParams::default().labels("!tier")).await.unwrap();
     assert_eq!(l.items.len(), 11);
-    let l = api.list(&ListParams::default().fields("metadata.name=w12")).await.unwrap();
+    let l = api
+        .list(&ListParams::default().fields("metadata.name=w12"))
+        .await
+        .unwrap();
     assert_eq!(l.items[0].name_any(), "w12");
     // Pagination.
     let page = api.list(&ListParams::default().limit(5)).await.unwrap();
     assert_eq!(page.items.len(), 5);
     let token = page.metadata.continue_.clone().unwrap();
-    let rest = api.list(&ListParams::default().limit(100).continue_token(&token)).await.unwrap();
+    let rest = api
+        .list(&ListParams::default().limit(100).continue_token(&token))
+        .await
+        .unwrap();
     assert_eq!(rest.items.len(), 7);
     assert!(rest.metadata.continue_.is_none_or(|c| c.is_empty()));
     server.shutdown().await.unwrap();
@@ -218,27 +340,44 @@ async fn watch_resumes_and_expires() {
 #[tokio::test]
 async fn kube_runtime_watcher_survives_restarts_of_the_watch() {
     use kube::runtime::{watcher, WatchStreamExt};
-    let server = apiserver_lite::Config::for_tests().history(4).start().await.unwrap();
+    let server = apiserver_lite::Config::for_tests()
+        .history(4)
+        .start()
+        .await
+        .unwrap();
     let client = server.client().await.unwrap();
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     let stream = watcher(cms.clone(), watcher::Config::default().timeout(1)).applied_objects();
     let mut stream = std::pin::pin!(stream);
     for i in 0..12 {
-        let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": format!("c{i}")}, "data": {"i": i.to_string()}})).unwrap();
+        let cm: ConfigMap = serde_json::from_value(
+            json!({"metadata": {"name": format!("c{i}")}, "data": {"i": i.to_string()}}),
+        )
+        .unwrap();
         cms.create(&PostParams::default(), &cm).await.unwrap();
     }
     let mut seen = std::collections::BTreeSet::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while seen.len() < 12 {
-        let next = tokio::time::timeout_at(deadline, stream.try_next()).await.expect("watcher delivers").unwrap().unwrap();
+        let next = tokio::time::timeout_at(deadline, stream.try_next())
+            .await
+            .expect("watcher delivers")
+            .unwrap()
+            .unwrap();
         seen.insert(next.name_any());
     }
     // The 1s server-side timeout ends the watch; the watcher re-watches and sees new objects.
     let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "late"}})).unwrap();
-    tokio::time::timeout(Duration::from_millis(1500), futures::future::pending::<()>()).await.ok();
+    tokio::time::timeout(Duration::from_millis(1500), futures::future::pending::<()>())
+        .await
+        .ok();
     cms.create(&PostParams::default(), &cm).await.unwrap();
     loop {
-        let next = tokio::time::timeout_at(deadline, stream.try_next()).await.expect("watcher delivers").unwrap().unwrap();
+        let next = tokio::time::timeout_at(deadline, stream.try_next())
+            .await
+            .expect("watcher delivers")
+            .unwrap()
+            .unwrap();
         if next.name_any() == "late" {
             break;
         }
@@ -258,7 +397,13 @@ async fn finalizers_hold_deletion() {
     let obj = pending.left().expect("still there");
     assert!(obj.metadata.deletion_timestamp.is_some());
     assert!(api.get("f").await.is_ok());
-    api.patch("f", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}}))).await.unwrap();
+    api.patch(
+        "f",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
     assert_eq!(api_code(api.get("f").await.unwrap_err()), 404);
     server.shutdown().await.unwrap();
 }
@@ -278,30 +423,68 @@ async fn owner_references_are_garbage_collected() {
     let timeout = Duration::from_secs(5);
 
     // Background: the owner goes at once, the dependent after.
-    let bg = widgets.create(&PostParams::default(), &widget("bg", 1)).await.unwrap();
-    cms.create(&PostParams::default(), &owned_by("bg-child", &bg)).await.unwrap();
+    let bg = widgets
+        .create(&PostParams::default(), &widget("bg", 1))
+        .await
+        .unwrap();
+    cms.create(&PostParams::default(), &owned_by("bg-child", &bg))
+        .await
+        .unwrap();
     widgets.delete("bg", &DeleteParams::background()).await.unwrap();
-    eventually(timeout, "background GC", || async { cms.get_opt("bg-child").await.unwrap().is_none().then_some(()) }).await;
+    eventually(timeout, "background GC", || async {
+        cms.get_opt("bg-child").await.unwrap().is_none().then_some(())
+    })
+    .await;
 
     // Foreground: the owner waits for its dependents.
-    let fg = widgets.create(&PostParams::default(), &widget("fg", 1)).await.unwrap();
+    let fg = widgets
+        .create(&PostParams::default(), &widget("fg", 1))
+        .await
+        .unwrap();
     let mut child = owned_by("fg-child", &fg);
     child.metadata.finalizers = Some(vec!["test/hold".into()]);
     cms.create(&PostParams::default(), &child).await.unwrap();
     widgets.delete("fg", &DeleteParams::foreground()).await.unwrap();
     eventually(timeout, "child marked deleted", || async {
-        cms.get("fg-child").await.unwrap().metadata.deletion_timestamp.map(|_| ())
+        cms.get("fg-child")
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .map(|_| ())
     })
     .await;
-    assert!(widgets.get("fg").await.unwrap().finalizers().contains(&"foregroundDeletion".to_string()));
-    cms.patch("fg-child", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}}))).await.unwrap();
-    eventually(timeout, "foreground owner gone", || async { widgets.get_opt("fg").await.unwrap().is_none().then_some(()) }).await;
+    assert!(widgets
+        .get("fg")
+        .await
+        .unwrap()
+        .finalizers()
+        .contains(&"foregroundDeletion".to_string()));
+    cms.patch(
+        "fg-child",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
+    eventually(timeout, "foreground owner gone", || async {
+        widgets.get_opt("fg").await.unwrap().is_none().then_some(())
+    })
+    .await;
 
     // Orphan: the dependent stays, without the reference.
-    let or = widgets.create(&PostParams::default(), &widget("or", 1)).await.unwrap();
-    cms.create(&PostParams::default(), &owned_by("or-child", &or)).await.unwrap();
+    let or = widgets
+        .create(&PostParams::default(), &widget("or", 1))
+        .await
+        .unwrap();
+    cms.create(&PostParams::default(), &owned_by("or-child", &or))
+        .await
+        .unwrap();
     widgets.delete("or", &DeleteParams::orphan()).await.unwrap();
-    eventually(timeout, "orphan owner gone", || async { widgets.get_opt("or").await.unwrap().is_none().then_some(()) }).await;
+    eventually(timeout, "orphan owner gone", || async {
+        widgets.get_opt("or").await.unwrap().is_none().then_some(())
+    })
+    .await;
     let orphan = cms.get("or-child").await.unwrap();
     assert!(orphan.metadata.owner_references.unwrap_or_default().is_empty());
     server.shutdown().await.unwrap();
@@ -320,10 +503,21 @@ async fn controller_reconciles_owned_children() {
         let cms: Api<ConfigMap> = Api::namespaced((*client).clone(), "default");
         let mut cm = owned_by(&format!("{}-cfg", w.name_any()), &w);
         cm.data = Some([("size".to_string(), w.spec.size.to_string())].into());
-        cms.patch(&cm.name_any(), &PatchParams::apply("widget-ctrl").force(), &Patch::Apply(&cm)).await?;
+        cms.patch(
+            &cm.name_any(),
+            &PatchParams::apply("widget-ctrl").force(),
+            &Patch::Apply(&cm),
+        )
+        .await?;
         let widgets: Api<Widget> = Api::namespaced((*client).clone(), "default");
         let st = json!({"apiVersion": "test.k8s4r.io/v1", "kind": "Widget", "status": {"phase": "Ready", "observed": w.metadata.generation}});
-        widgets.patch_status(&w.name_any(), &PatchParams::apply("widget-ctrl").force(), &Patch::Apply(&st)).await?;
+        widgets
+            .patch_status(
+                &w.name_any(),
+                &PatchParams::apply("widget-ctrl").force(),
+                &Patch::Apply(&st),
+            )
+            .await?;
         Ok(Action::await_change())
     }
     fn on_error(_: Arc<Widget>, _: &kube::Error, _: Arc<kube::Client>) -> Action {
@@ -335,10 +529,23 @@ async fn controller_reconciles_owned_children() {
         .for_each(|_| async {});
     let handle = tokio::spawn(ctrl);
 
-    widgets.create(&PostParams::default(), &widget("c1", 3)).await.unwrap();
+    widgets
+        .create(&PostParams::default(), &widget("c1", 3))
+        .await
+        .unwrap();
     let timeout = Duration::from_secs(10);
-    eventually(timeout, "child created", || async { cms.get_opt("c1-cfg").await.unwrap() }).await;
-    widgets.patch("c1", &PatchParams::default(), &Patch::Merge(json!({"spec": {"size": 4}}))).await.unwrap();
+    eventually(timeout, "child created", || async {
+        cms.get_opt("c1-cfg").await.unwrap()
+    })
+    .await;
+    widgets
+        .patch(
+            "c1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"size": 4}})),
+        )
+        .await
+        .unwrap();
     eventually(timeout, "child updated", || async {
         let cm = cms.get_opt("c1-cfg").await.unwrap()?;
         (cm.data?.get("size")? == "4").then_some(())
@@ -350,8 +557,18 @@ async fn controller_reconciles_owned_children() {
     .await;
     // Deleting the child by hand: the controller recreates it (it .owns() them).
     cms.delete("c1-cfg", &DeleteParams::default()).await.unwrap();
-    widgets.patch("c1", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"poke": "1"}}}))).await.unwrap();
-    eventually(timeout, "child recreated", || async { cms.get_opt("c1-cfg").await.unwrap() }).await;
+    widgets
+        .patch(
+            "c1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"poke": "1"}}})),
+        )
+        .await
+        .unwrap();
+    eventually(timeout, "child recreated", || async {
+        cms.get_opt("c1-cfg").await.unwrap()
+    })
+    .await;
     handle.abort();
     server.shutdown().await.unwrap();
 }
@@ -393,22 +610,39 @@ async fn schema_validation_and_pruning() {
 #[tokio::test]
 async fn objects_survive_a_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let server = apiserver_lite::Config::for_tests().data_dir(dir.path()).start().await.unwrap();
+    let server = apiserver_lite::Config::for_tests()
+        .data_dir(dir.path())
+        .start()
+        .await
+        .unwrap();
     let client = server.client().await.unwrap();
     install_crds(&client).await;
     let api: Api<Widget> = Api::namespaced(client.clone(), "default");
-    let w = api.create(&PostParams::default(), &widget("keep", 7)).await.unwrap();
+    let w = api
+        .create(&PostParams::default(), &widget("keep", 7))
+        .await
+        .unwrap();
     server.shutdown().await.unwrap();
 
-    let server = apiserver_lite::Config::for_tests().data_dir(dir.path()).start().await.unwrap();
+    let server = apiserver_lite::Config::for_tests()
+        .data_dir(dir.path())
+        .start()
+        .await
+        .unwrap();
     let client = server.client().await.unwrap();
     let api: Api<Widget> = Api::namespaced(client.clone(), "default");
     let again = api.get("keep").await.unwrap();
     assert_eq!(again.spec.size, 7);
     assert_eq!(again.uid(), w.uid());
     assert_eq!(again.resource_version(), w.resource_version());
-    let next = api.create(&PostParams::default(), &widget("after", 1)).await.unwrap();
-    let (a, b): (u64, u64) = (w.resource_version().unwrap().parse().unwrap(), next.resource_version().unwrap().parse().unwrap());
+    let next = api
+        .create(&PostParams::default(), &widget("after", 1))
+        .await
+        .unwrap();
+    let (a, b): (u64, u64) = (
+        w.resource_version().unwrap().parse().unwrap(),
+        next.resource_version().unwrap().parse().unwrap(),
+    );
     assert!(b > a, "resourceVersions keep growing across restarts");
     server.shutdown().await.unwrap();
 }

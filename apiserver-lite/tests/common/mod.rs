@@ -55,12 +55,20 @@ pub async fn server() -> (RunningServer, Client) {
 pub async fn install_crds(client: &Client) {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for crd in [Widget::crd(), Gadget::crd()] {
-        crds.create(&PostParams::default(), &crd).await.expect("CRD created");
+        crds.create(&PostParams::default(), &crd)
+            .await
+            .expect("CRD created");
     }
 }
 
 pub fn widget(name: &str, size: i32) -> Widget {
-    Widget::new(name, WidgetSpec { size, ..Default::default() })
+    Widget::new(
+        name,
+        WidgetSpec {
+            size,
+            ..Default::default()
+        },
+    )
 }
 
 /// Polls `f` until it returns `Some`, failing after `timeout`.

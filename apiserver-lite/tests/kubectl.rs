@@ -1,0 +1,338 @@
+//! The machine image's kubectl binaries (1.32 and 1.27) against the server.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use apiserver_lite::Config;
+
+const KUBECTLS: &[&str] = &["/usr/bin/kubectl", "/usr/lib/google-cloud-sdk/bin/kubectl.1.27"];
+
+fn data(file: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(file)
+}
+
+struct Kubectl {
+    bin: PathBuf,
+    kubeconfig: PathBuf,
+    home: tempfile::TempDir,
+}
+
+impl Kubectl {
+    fn new(bin: &str, kubeconfig: &Path) -> Option<Self> {
+        if !Path::new(bin).exists() {
+            eprintln!("skipping {bin}: not installed");
+            return None;
+        }
+        Some(Kubectl {
+            bin: bin.into(),
+            kubeconfig: kubeconfig.into(),
+            home: tempfile::tempdir().unwrap(),
+        })
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(&self.bin);
+        // A fresh HOME keeps kubectl's discovery cache per test.
+        c.args(args)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("HOME", self.home.path())
+            .env_remove("KUBECTL_EXTERNAL_DIFF");
+        c
+    }
+
+    fn run(&self, args: &[&str], stdin: Option<&str>) -> (bool, String) {
+        let mut c = self.command(args);
+        c.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = c.spawn().expect("kubectl runs");
+        if let Some(input) = stdin {
+            child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+        } else {
+            drop(child.stdin.take());
+        }
+        let out = child.wait_with_output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let (ok, out) = self.run(args, None);
+        assert!(ok, "{} {args:?} failed:\n{out}", self.bin.display());
+        out
+    }
+
+    fn ok_stdin(&self, args: &[&str], stdin: &str) -> String {
+        let (ok, out) = self.run(args, Some(stdin));
+        assert!(ok, "{} {args:?} failed:\n{out}", self.bin.display());
+        out
+    }
+
+    fn fails(&self, args: &[&str], stdin: Option<&str>) -> String {
+        let (ok, out) = self.run(args, stdin);
+        assert!(!ok, "{} {args:?} should fail:\n{out}", self.bin.display());
+        out
+    }
+}
+
+fn gizmo(name: &str, size: i64) -> String {
+    format!("apiVersion: demo.k8s4r.io/v1\nkind: Gizmo\nmetadata:\n  name: {name}\n  labels:\n    app: demo\nspec:\n  size: {size}\n  mode: fast\n")
+}
+
+async fn kubectl_workflow(bin: &str) {
+    let server = Config::for_tests().start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kc = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kc).unwrap();
+    let Some(k) = Kubectl::new(bin, &kc) else { return };
+    let crds = data("crds.yaml");
+    let objects = data("objects.yaml");
+
+    let out = k.ok(&["apply", "-f", crds.to_str().unwrap()]);
+    assert!(out.contains("gizmos.demo.k8s4r.io created"), "{out}");
+    k.ok(&[
+        "wait",
+        "--for",
+        "condition=established",
+        "crd/gizmos.demo.k8s4r.io",
+        "--timeout",
+        "10s",
+    ]);
+    let out = k.ok(&["apply", "-f", objects.to_str().unwrap()]);
+    assert!(
+        out.contains("gizmo.demo.k8s4r.io/g1 created") && out.contains("configmap/cfg created"),
+        "{out}"
+    );
+    // Client-side apply of a change, then server-side apply taking over.
+    let out = k.ok_stdin(&["apply", "-f", "-"], &gizmo("g1", 4));
+    assert!(out.contains("configured"), "{out}");
+    let out = k.ok_stdin(&["apply", "--server-side", "-f", "-"], &gizmo("g1", 5));
+    assert!(out.contains("serverside-applied"), "{out}");
+    let conflict = k.fails(
+        &["apply", "--server-side", "--field-manager", "other", "-f", "-"],
+        Some(&gizmo("g1", 6)),
+    );
+    assert!(
+        conflict.contains("conflict with \"kubectl\"") && conflict.contains(".spec.size"),
+        "{conflict}"
+    );
+    k.ok_stdin(
+        &[
+            "apply",
+            "--server-side",
+            "--field-manager",
+            "other",
+            "--force-conflicts",
+            "-f",
+            "-",
+        ],
+        &gizmo("g1", 6),
+    );
+    let conflict = k.fails(&["apply", "--server-side", "-f", "-"], Some(&gizmo("g1", 7)));
+    assert!(conflict.contains("conflict"), "{conflict}");
+    k.ok_stdin(
+        &["apply", "--server-side", "--force-conflicts", "-f", "-"],
+        &gizmo("g1", 7),
+    );
+
+    // Printer columns, short names, categories.
+    let out = k.ok(&["get", "gz"]);
+    let header = out.lines().next().unwrap_or_default();
+    assert!(
+        header.contains("NAME")
+            && header.contains("SIZE")
+            && header.contains("PHASE")
+            && header.contains("AGE"),
+        "{out}"
+    );
+    assert!(out.contains("g1") && out.contains(" 7 "), "{out}");
+    let out = k.ok(&["get", "k8s4r"]);
+    assert!(out.contains("g1") && out.contains("SIZE"), "{out}");
+    let out = k.ok(&["get", "hosts"]);
+    assert!(out.contains("ARCH") && out.contains("arm64"), "{out}");
+    let out = k.ok(&["get", "gizmo", "g1", "-o", "yaml"]);
+    assert!(
+        out.contains("size: 7") && out.contains("uid:") && out.contains("resourceVersion:"),
+        "{out}"
+    );
+
+    k.ok(&["label", "gizmo", "g1", "tier=gold"]);
+    let out = k.ok(&["get", "gizmos", "-l", "tier=gold", "-o", "name"]);
+    assert_eq!(out.trim(), "gizmo.demo.k8s4r.io/g1");
+    k.ok(&[
+        "patch",
+        "gizmo",
+        "g1",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"mode":"slow"}}"#,
+    ]);
+    k.ok(&[
+        "patch",
+        "gizmo",
+        "g1",
+        "--type",
+        "json",
+        "-p",
+        r#"[{"op":"replace","path":"/spec/size","value":9}]"#,
+    ]);
+    let out = k.ok(&[
+        "get",
+        "gizmo",
+        "g1",
+        "-o",
+        "jsonpath={.spec.mode}/{.spec.size}/{.metadata.generation}",
+    ]);
+    assert!(out.starts_with("slow/9/"), "{out}");
+    k.ok(&[
+        "patch",
+        "gizmo",
+        "g1",
+        "--subresource",
+        "status",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"status":{"phase":"Ready","conditions":[{"type":"Ready","status":"True"}]}}"#,
+    ]);
+    k.ok(&["wait", "--for", "condition=Ready", "gizmo/g1", "--timeout", "10s"]);
+    k.ok(&[
+        "wait",
+        "--for",
+        "jsonpath={.status.phase}=Ready",
+        "gizmo/g1",
+        "--timeout",
+        "10s",
+    ]);
+    let out = k.ok(&["patch", "configmap", "cfg", "-p", r#"{"data":{"extra":"1"}}"#]);
+    assert!(out.contains("patched"), "{out}");
+
+    // Schema violations and unknown fields are refused.
+    let bad = "apiVersion: demo.k8s4r.io/v1\nkind: Gizmo\nmetadata:\n  name: bad\nspec:\n  size: -1\n  mode: turbo\n";
+    let out = k.fails(&["apply", "-f", "-"], Some(bad));
+    assert!(out.contains("spec.size") && out.contains("spec.mode"), "{out}");
+    let unknown =
+        "apiVersion: demo.k8s4r.io/v1\nkind: Gizmo\nmetadata:\n  name: bad\nspec:\n  size: 1\n  bogus: 1\n";
+    let out = k.fails(&["apply", "-f", "-"], Some(unknown));
+    assert!(out.contains("unknown field") && out.contains("bogus"), "{out}");
+
+    // get -w sees changes as they happen.
+    let mut watch = k
+        .command(&["get", "gizmos", "-w", "--no-headers"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = watch.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let first = rx.recv_timeout(Duration::from_secs(10)).expect("initial row");
+    assert!(first.starts_with("g1"), "{first}");
+    k.ok_stdin(&["apply", "-f", "-"], &gizmo("g2", 2));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut seen = false;
+    while Instant::now() < deadline {
+        if let Ok(line) = rx.recv_timeout(Duration::from_millis(200)) {
+            if line.starts_with("g2") {
+                seen = true;
+                break;
+            }
+        }
+    }
+    let _ = watch.kill();
+    let _ = watch.wait();
+    assert!(seen, "get -w did not show g2");
+
+    // Deletion held by a finalizer, then released.
+    k.ok(&[
+        "patch",
+        "gizmo",
+        "g2",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"metadata":{"finalizers":["demo.k8s4r.io/hold"]}}"#,
+    ]);
+    k.ok(&["delete", "gizmo", "g2", "--wait=false"]);
+    let out = k.ok(&[
+        "get",
+        "gizmo",
+        "g2",
+        "-o",
+        "jsonpath={.metadata.deletionTimestamp}",
+    ]);
+    assert!(!out.trim().is_empty(), "deletionTimestamp set");
+    k.ok(&[
+        "patch",
+        "gizmo",
+        "g2",
+        "--type",
+        "json",
+        "-p",
+        r#"[{"op":"remove","path":"/metadata/finalizers"}]"#,
+    ]);
+    k.ok(&["wait", "--for=delete", "gizmo/g2", "--timeout", "10s"]);
+    let out = k.ok(&["delete", "-f", objects.to_str().unwrap()]);
+    assert!(out.contains("deleted"), "{out}");
+    let out = k.fails(&["get", "gizmo", "g1"], None);
+    assert!(out.contains("NotFound") || out.contains("not found"), "{out}");
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_1_32_workflow() {
+    kubectl_workflow(KUBECTLS[0]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_1_27_workflow() {
+    kubectl_workflow(KUBECTLS[1]).await;
+}
+
+/// k8s4r's own CRDs, as `kubectl apply -f deploy/crds/` registers them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_applies_the_project_crds() {
+    let root = std::fs::canonicalize(env!("CARGO_MANIFEST_DIR")).unwrap();
+    let crds = root.join("../deploy/crds");
+    if !crds.is_dir() {
+        eprintln!("skipping: no deploy/crds");
+        return;
+    }
+    let server = Config::for_tests().start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kc = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kc).unwrap();
+    for bin in KUBECTLS {
+        let Some(k) = Kubectl::new(bin, &kc) else { continue };
+        k.ok(&["apply", "-f", crds.to_str().unwrap()]);
+        k.ok(&["apply", "--server-side", "-f", crds.to_str().unwrap()]);
+        let out = k.ok(&["get", "crds"]);
+        assert!(
+            out.contains("tasks.robot.k8s4r.io") && out.contains("robots.robot.k8s4r.io"),
+            "{out}"
+        );
+        let out = k.ok(&["get", "robots,jobs,taskgroups,tasks", "-A"]);
+        assert!(
+            out.contains("No resources found") || out.is_empty() || out.contains("NAME"),
+            "{out}"
+        );
+    }
+    server.shutdown().await.unwrap();
+}
