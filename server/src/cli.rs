@@ -1,0 +1,256 @@
+//! Command-line flags (each also an `K8S4R_...` environment variable) and
+//! the process around [`crate::run`]: logging, kube client, signals.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::Client;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use crate::config::{BrokerConfig, ServerConfig};
+use crate::decide::Coalescing;
+use crate::error::{Error, Result};
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// One JSON object per line.
+    Json,
+    /// Human-readable text.
+    Text,
+}
+
+fn duration(s: &str) -> std::result::Result<Duration, String> {
+    k8s4r_api::parse_duration(s).map_err(|e| e.to_string())
+}
+
+/// k8s4r-server: the bridge between the robots' MQTT broker and Kubernetes.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "k8s4r-server", version, about)]
+pub struct Args {
+    /// Kubeconfig file; without it, the in-cluster config (or $KUBECONFIG,
+    /// or ~/.kube/config) is used.
+    #[arg(long, env = "K8S4R_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Broker URL: mqtt://host[:port] or mqtts://host[:port].
+    #[arg(long, env = "K8S4R_BROKER_URL", default_value = "mqtt://localhost:1883")]
+    pub broker_url: String,
+
+    /// PEM CA bundle that signed the broker's certificate (mqtts).
+    #[arg(long, env = "K8S4R_CA_FILE")]
+    pub ca_file: Option<PathBuf>,
+
+    /// PEM client certificate for mutual TLS.
+    #[arg(long, env = "K8S4R_CLIENT_CERT", requires = "client_key")]
+    pub client_cert: Option<PathBuf>,
+
+    /// PEM private key of --client-cert.
+    #[arg(long, env = "K8S4R_CLIENT_KEY", requires = "client_cert")]
+    pub client_key: Option<PathBuf>,
+
+    /// Broker username.
+    #[arg(long, env = "K8S4R_MQTT_USERNAME")]
+    pub username: Option<String>,
+
+    /// Broker password (prefer the environment variable).
+    #[arg(long, env = "K8S4R_MQTT_PASSWORD", hide_env_values = true)]
+    pub password: Option<String>,
+
+    /// MQTT client id; default `k8s4r-server-<identity>`. Keep it stable:
+    /// the broker holds the session (and queued messages) under it.
+    #[arg(long, env = "K8S4R_MQTT_CLIENT_ID")]
+    pub client_id: Option<String>,
+
+    /// Topic prefix.
+    #[arg(long, env = "K8S4R_TOPIC_PREFIX", default_value = k8s4r_api::protocol::DEFAULT_PREFIX)]
+    pub topic_prefix: String,
+
+    /// Shared-subscription group: replicas with the same group split the
+    /// robots' messages between them.
+    #[arg(long, env = "K8S4R_SHARED_GROUP")]
+    pub shared_group: Option<String>,
+
+    /// Also accept the seed protocol's shared `<prefix>/register` and
+    /// `<prefix>/heartbeat` topics (robot id in the body).
+    #[arg(long, env = "K8S4R_LEGACY_TOPICS")]
+    pub legacy_topics: bool,
+
+    /// Namespace of the per-robot Leases (and of the leader Lease).
+    #[arg(long, env = "K8S4R_LEASE_NAMESPACE", default_value = crate::config::DEFAULT_LEASE_NAMESPACE)]
+    pub lease_namespace: String,
+
+    /// Renew a robot's Lease at most this often.
+    #[arg(long, env = "K8S4R_LEASE_INTERVAL", default_value = "10s", value_parser = duration)]
+    pub lease_interval: Duration,
+
+    /// Write a robot's status.lastHeartbeatTime at most this often (sooner
+    /// when its usage changes materially).
+    #[arg(long, env = "K8S4R_HEARTBEAT_REFRESH", default_value = "60s", value_parser = duration)]
+    pub heartbeat_refresh: Duration,
+
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "K8S4R_METRICS_ADDR", default_value = "0.0.0.0:9090")]
+    pub metrics_addr: SocketAddr,
+
+    /// This replica's name (default: $HOSTNAME, the pod name).
+    #[arg(long, env = "K8S4R_IDENTITY")]
+    pub identity: Option<String>,
+
+    /// Elect one replica (Lease `k8s4r-server-leader`) to publish
+    /// dispatches and cancels; needed when running more than one replica.
+    #[arg(long, env = "K8S4R_LEADER_ELECTION")]
+    pub leader_election: bool,
+
+    /// Timeout of every Kubernetes API call.
+    #[arg(long, env = "K8S4R_API_TIMEOUT", default_value = "10s", value_parser = duration)]
+    pub api_timeout: Duration,
+
+    /// Timeout of every publish, until the broker's PUBACK.
+    #[arg(long, env = "K8S4R_PUBLISH_TIMEOUT", default_value = "10s", value_parser = duration)]
+    pub publish_timeout: Duration,
+
+    /// Parallel workers for robot messages (one robot's stay in order).
+    #[arg(long, env = "K8S4R_WORKERS", default_value_t = 8)]
+    pub workers: usize,
+
+    /// Log format.
+    #[arg(long, env = "K8S4R_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+
+    /// Log filter when RUST_LOG is not set.
+    #[arg(long, env = "K8S4R_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+}
+
+impl Args {
+    /// The settings these flags describe.
+    pub fn server_config(&self) -> ServerConfig {
+        let identity = self
+            .identity
+            .clone()
+            .or_else(|| std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()))
+            .unwrap_or_else(|| "k8s4r-server".to_owned());
+        let client_id = self
+            .client_id
+            .clone()
+            .unwrap_or_else(|| format!("k8s4r-server-{identity}"));
+        let mut config = ServerConfig::new(self.broker_url.clone());
+        config.broker = BrokerConfig {
+            ca_file: self.ca_file.clone(),
+            client_cert: self.client_cert.clone(),
+            client_key: self.client_key.clone(),
+            username: self.username.clone(),
+            password: self.password.clone(),
+            ..BrokerConfig::new(self.broker_url.clone(), client_id)
+        };
+        config.topic_prefix = self.topic_prefix.clone();
+        config.shared_group = self.shared_group.clone();
+        config.legacy_topics = self.legacy_topics;
+        config.lease_namespace = self.lease_namespace.clone();
+        config.coalescing = Coalescing {
+            lease_interval: self.lease_interval,
+            status_refresh: self.heartbeat_refresh,
+        };
+        config.metrics_addr = Some(self.metrics_addr);
+        config.identity = identity;
+        config.leader_election = self.leader_election;
+        config.api_timeout = self.api_timeout;
+        config.publish_timeout = self.publish_timeout;
+        config.workers = self.workers;
+        config
+    }
+
+    /// Sets up logging, connects to Kubernetes, runs until SIGTERM or SIGINT.
+    pub async fn run(self) -> Result<()> {
+        init_logging(self.log_format, &self.log_level);
+        // rumqttc and kube are built without a default crypto provider.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let client = self.client().await?;
+        let shutdown = CancellationToken::new();
+        tokio::spawn(cancel_on_signal(shutdown.clone()));
+        crate::run(self.server_config(), client, shutdown).await
+    }
+
+    async fn client(&self) -> Result<Client> {
+        let config = match &self.kubeconfig {
+            Some(path) => {
+                let kubeconfig = Kubeconfig::read_from(path)
+                    .map_err(|e| Error::Config(format!("kubeconfig {}: {e}", path.display())))?;
+                kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                    .await
+                    .map_err(|e| Error::Config(format!("kubeconfig {}: {e}", path.display())))?
+            }
+            None => kube::Config::infer()
+                .await
+                .map_err(|e| Error::Config(format!("no Kubernetes configuration: {e}")))?,
+        };
+        Client::try_from(config).map_err(|e| Error::Config(format!("kube client: {e}")))
+    }
+}
+
+fn init_logging(format: LogFormat, level: &str) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let _ = match format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+}
+
+async fn cancel_on_signal(token: CancellationToken) {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate => {}
+    }
+    info!("signal received");
+    token.cancel();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn flags_are_consistent() {
+        Args::command().debug_assert();
+    }
+
+    #[test]
+    fn flags_become_a_config() {
+        let args = Args::parse_from([
+            "k8s4r-server",
+            "--broker-url",
+            "mqtt://broker:1884",
+            "--shared-group",
+            "servers",
+            "--heartbeat-refresh",
+            "2m",
+            "--identity",
+            "pod-0",
+            "--legacy-topics",
+        ]);
+        let config = args.server_config();
+        assert_eq!(config.broker.client_id, "k8s4r-server-pod-0");
+        assert_eq!(config.coalescing.status_refresh, Duration::from_secs(120));
+        assert_eq!(config.shared_group.as_deref(), Some("servers"));
+        assert!(config.legacy_topics);
+        let filters = crate::subscriptions(&config);
+        assert!(filters.contains(&"$share/servers/k8s4r/robots/+/heartbeat".to_owned()));
+        assert!(filters.contains(&"$share/servers/k8s4r/register".to_owned()));
+    }
+}

@@ -1,0 +1,664 @@
+//! What to write for a message, given what the cluster shows: pure functions,
+//! no I/O, so every rule of the protocol bridge is unit-tested here.
+//!
+//! The I/O layers ([`crate::robots`], [`crate::tasks`]) read the current
+//! object, call one of these, and carry out the plan with a patch guarded by
+//! the object's `resourceVersion`; on a 409 they re-read and ask again.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s4r_api::condition::{find_condition, set_condition};
+use k8s4r_api::protocol::{Register, StatusUpdate};
+use k8s4r_api::validation::{validate_label_key, validate_label_value};
+use k8s4r_api::{
+    Condition, ConditionStatus, DeviceInfo, Quantity, Robot, RobotPhase, RobotResources, Task, TaskReason,
+    TaskState, Usage,
+};
+use serde::Serialize;
+
+/// Annotation on a Robot: hex SHA-256 of the bootstrap token it last sent.
+pub const ANNOTATION_TOKEN_SHA256: &str = "robot.k8s4r.io/bootstrap-token-sha256";
+/// Annotation on a Task: the highest attempt whose dispatch the broker acknowledged.
+pub const ANNOTATION_DISPATCHED_ATTEMPT: &str = "robot.k8s4r.io/dispatched-attempt";
+/// The Robot condition the server owns.
+pub const CONDITION_CONNECTED: &str = "Connected";
+
+/// Why a message from a robot was refused. Each is logged and counted; none
+/// leads to a write.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Rejection {
+    /// The robot has never registered.
+    #[error("robot {robot:?} is not registered")]
+    UnknownRobot {
+        /// The robot id.
+        robot: String,
+    },
+    /// No Task has this uid.
+    #[error("no task with uid {uid:?}")]
+    UnknownTask {
+        /// The uid from the topic.
+        uid: String,
+    },
+    /// The Task is assigned to another robot (or to none).
+    #[error("task {task} is assigned to {assigned:?}, not to robot {robot:?}")]
+    NotAssigned {
+        /// namespace/name.
+        task: String,
+        /// The robot that sent the update.
+        robot: String,
+        /// `spec.targetRobot`.
+        assigned: Option<String>,
+    },
+    /// The Task was never dispatched for this attempt.
+    #[error("task {task} is at attempt {current}, the robot reported attempt {reported}")]
+    FutureAttempt {
+        /// namespace/name.
+        task: String,
+        /// `status.attempt`.
+        current: u32,
+        /// The update's attempt.
+        reported: u32,
+    },
+    /// Robots report running, completed or failed only.
+    #[error("robots may not report state {state}")]
+    InvalidState {
+        /// The reported state.
+        state: &'static str,
+    },
+    /// The uid in the body differs from the topic's.
+    #[error("task uid {body:?} in the body does not match {topic:?} in the topic")]
+    TaskMismatch {
+        /// The uid in the body.
+        body: String,
+        /// The uid in the topic.
+        topic: String,
+    },
+    /// A label the robot reported is not a valid Kubernetes label.
+    #[error("label {key:?}={value:?}: {reason}")]
+    InvalidLabel {
+        /// The key.
+        key: String,
+        /// The value.
+        value: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+impl Rejection {
+    /// The `outcome` label of the message counter.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            Rejection::UnknownRobot { .. } => "rejected_unknown_robot",
+            Rejection::UnknownTask { .. } => "rejected_unknown_task",
+            Rejection::NotAssigned { .. } => "rejected_not_assigned",
+            Rejection::FutureAttempt { .. } => "rejected_future_attempt",
+            Rejection::InvalidState { .. } => "rejected_invalid_state",
+            Rejection::TaskMismatch { .. } => "rejected_task_mismatch",
+            Rejection::InvalidLabel { .. } => "rejected_invalid_label",
+        }
+    }
+}
+
+// ---------------------------------------------------------------- register
+
+/// A merge patch of `metadata` on a Robot.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MetadataPatch {
+    /// Labels to set (Some) or remove (None).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, Option<String>>,
+    /// Annotations to set.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, Option<String>>,
+}
+
+impl MetadataPatch {
+    /// Whether the patch changes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty() && self.annotations.is_empty()
+    }
+}
+
+/// The server's part of a Robot's status, as a merge patch.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RobotStatusPatch {
+    /// Set only when the server creates the Robot: Pending.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub phase: Option<RobotPhase>,
+    /// Device info.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<DeviceInfo>,
+    /// Drivers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drivers: Option<Vec<String>>,
+    /// Agent version.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent_version: Option<String>,
+    /// Reported labels: set (Some) or removed (None).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reported_labels: Option<BTreeMap<String, Option<String>>>,
+    /// Capacity derived from the device.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<RobotResources>,
+    /// When it registered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_registration_time: Option<Timestamp>,
+    /// When a heartbeat was last recorded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_heartbeat_time: Option<Timestamp>,
+    /// Usage from the last recorded heartbeat.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+    /// The whole conditions list (a merge patch replaces lists), only when
+    /// `Connected` changes; written under a resourceVersion precondition.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub conditions: Option<Vec<Condition>>,
+}
+
+/// What to do for a `register`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RegisterPlan {
+    /// The Robot does not exist: create it first (with these labels and
+    /// annotations), then patch the status.
+    pub create: bool,
+    /// Labels and the token annotation.
+    pub metadata: MetadataPatch,
+    /// The status patch (always non-empty: lastRegistrationTime changes).
+    pub status: RobotStatusPatch,
+    /// Answer on `response` at once with this phase (Online or Rejected);
+    /// otherwise wait for the manager's decision.
+    pub respond: Option<RobotPhase>,
+}
+
+/// Hex SHA-256 of a bootstrap token; the token itself is never stored.
+pub fn token_sha256(token: &str) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(token.as_bytes());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Plans the writes for a `register` of a robot whose Robot object is
+/// `existing` (None: unknown so far).
+///
+/// Labels: a key the robot reports is applied to `metadata.labels` unless a
+/// person owns it, i.e. unless the label exists with a value that differs
+/// from what the robot reported last time (a person set or changed it). A
+/// key the robot stops reporting is removed only if it still holds the value
+/// the robot reported. Keys the robot never reported are never touched.
+pub fn plan_register(
+    msg: &Register,
+    existing: Option<&Robot>,
+    now: Timestamp,
+) -> Result<RegisterPlan, Rejection> {
+    for (key, value) in &msg.labels {
+        let invalid = |reason: String| Rejection::InvalidLabel {
+            key: key.clone(),
+            value: value.clone(),
+            reason,
+        };
+        validate_label_key(key).map_err(invalid)?;
+        validate_label_value(value).map_err(invalid)?;
+    }
+    let empty_labels = BTreeMap::new();
+    let empty_reported = BTreeMap::new();
+    let (labels, before) = match existing {
+        Some(robot) => (
+            robot.metadata.labels.as_ref().unwrap_or(&empty_labels),
+            robot
+                .status
+                .as_ref()
+                .map(|s| &s.reported_labels)
+                .unwrap_or(&empty_reported),
+        ),
+        None => (&empty_labels, &empty_reported),
+    };
+    let mut metadata = MetadataPatch::default();
+    for (key, value) in &msg.labels {
+        let robot_owned = match labels.get(key) {
+            None => true,
+            Some(current) => before.get(key) == Some(current),
+        };
+        if robot_owned && labels.get(key) != Some(value) {
+            metadata.labels.insert(key.clone(), Some(value.clone()));
+        }
+    }
+    for (key, old) in before {
+        if !msg.labels.contains_key(key) && labels.get(key) == Some(old) {
+            metadata.labels.insert(key.clone(), None);
+        }
+    }
+    let mut reported: BTreeMap<String, Option<String>> = msg
+        .labels
+        .iter()
+        .filter(|(k, v)| before.get(*k) != Some(*v))
+        .map(|(k, v)| (k.clone(), Some(v.clone())))
+        .collect();
+    for key in before.keys() {
+        if !msg.labels.contains_key(key) {
+            reported.insert(key.clone(), None);
+        }
+    }
+    if let Some(token) = &msg.token {
+        let hash = token_sha256(token);
+        let current = existing
+            .and_then(|r| r.metadata.annotations.as_ref())
+            .and_then(|a| a.get(ANNOTATION_TOKEN_SHA256));
+        if current != Some(&hash) {
+            metadata
+                .annotations
+                .insert(ANNOTATION_TOKEN_SHA256.to_owned(), Some(hash));
+        }
+    }
+
+    let status = existing.and_then(|r| r.status.as_ref());
+    let phase = status.and_then(|s| s.phase);
+    let conditions = status.map(|s| s.conditions.clone()).unwrap_or_default();
+    let status = RobotStatusPatch {
+        phase: if phase.is_none() {
+            Some(RobotPhase::Pending)
+        } else {
+            None
+        },
+        device: Some(msg.device.clone()),
+        drivers: Some(msg.drivers.clone()),
+        agent_version: Some(msg.agent_version.clone()),
+        reported_labels: (!reported.is_empty()).then_some(reported),
+        capacity: Some(RobotResources {
+            cpu: Some(Quantity::from_millicores(u64::from(msg.device.cpus) * 1000)),
+            memory: Some(Quantity::from_bytes(msg.device.memory_bytes)),
+            tasks: 0,
+        }),
+        last_registration_time: Some(now),
+        conditions: connected(&conditions, true, now),
+        ..Default::default()
+    };
+    Ok(RegisterPlan {
+        create: existing.is_none(),
+        metadata,
+        status,
+        respond: phase.filter(|p| matches!(p, RobotPhase::Online | RobotPhase::Rejected)),
+    })
+}
+
+/// The conditions list with `Connected` set to `up`, or None when it already
+/// says so (no write needed). A robot that has never been marked
+/// disconnected gets the condition on its first register.
+pub fn connected(conditions: &[Condition], up: bool, now: Timestamp) -> Option<Vec<Condition>> {
+    let wanted = if up {
+        ConditionStatus::True
+    } else {
+        ConditionStatus::False
+    };
+    if find_condition(conditions, CONDITION_CONNECTED).is_some_and(|c| c.status == wanted) {
+        return None;
+    }
+    let (reason, message) = if up {
+        ("Connected", "the robot is connected to the broker")
+    } else {
+        (
+            "Disconnected",
+            "the robot disconnected (its last will said online: false)",
+        )
+    };
+    let mut condition = Condition::new(CONDITION_CONNECTED, wanted, reason, message);
+    condition.last_transition_time = Some(now);
+    let mut list = conditions.to_vec();
+    set_condition(&mut list, condition);
+    Some(list)
+}
+
+// ---------------------------------------------------------------- heartbeat
+
+/// How often heartbeats reach the API server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Coalescing {
+    /// Renew the robot's Lease at most this often.
+    pub lease_interval: Duration,
+    /// Write `status.lastHeartbeatTime` when the written one is older than this.
+    pub status_refresh: Duration,
+}
+
+impl Default for Coalescing {
+    fn default() -> Self {
+        Self {
+            lease_interval: Duration::from_secs(10),
+            status_refresh: Duration::from_secs(60),
+        }
+    }
+}
+
+/// What the server last wrote for one robot's heartbeats.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HeartbeatMemory {
+    /// When the Lease was last renewed by this server.
+    pub lease_renewed: Option<Timestamp>,
+    /// `status.lastHeartbeatTime` as last written (or read).
+    pub status_written: Option<Timestamp>,
+    /// `status.usage` as last written (or read).
+    pub usage_written: Option<Usage>,
+}
+
+/// The writes one heartbeat needs.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HeartbeatPlan {
+    /// Renew the Lease.
+    pub renew_lease: bool,
+    /// Patch the Robot's status (time, usage and maybe `Connected`).
+    pub status: Option<RobotStatusPatch>,
+}
+
+impl HeartbeatPlan {
+    /// Whether nothing is written.
+    pub fn is_empty(&self) -> bool {
+        !self.renew_lease && self.status.is_none()
+    }
+}
+
+/// Whether usage moved enough to be worth a write: CPU by 20 points, memory
+/// in use by 10% of the total, free disk by 10% (or to or from zero).
+pub fn usage_changed_materially(old: &Usage, new: &Usage) -> bool {
+    let cpu = (old.cpu_percent - new.cpu_percent).abs() >= 20.0;
+    let total = new.memory_total_bytes.max(old.memory_total_bytes).max(1) as f64;
+    let memory = (old.memory_used_bytes as f64 - new.memory_used_bytes as f64).abs() / total >= 0.10;
+    let disk = if old.disk_free_bytes == 0 || new.disk_free_bytes == 0 {
+        old.disk_free_bytes != new.disk_free_bytes
+    } else {
+        (old.disk_free_bytes as f64 - new.disk_free_bytes as f64).abs() / old.disk_free_bytes as f64 >= 0.10
+    };
+    cpu || memory || disk || old.memory_total_bytes != new.memory_total_bytes
+}
+
+/// Plans the writes for one heartbeat and updates `memory` as if they
+/// succeed (the caller forgets the memory when a write fails).
+pub fn plan_heartbeat(
+    memory: &mut HeartbeatMemory,
+    robot: &Robot,
+    usage: &Usage,
+    now: Timestamp,
+    limits: Coalescing,
+) -> HeartbeatPlan {
+    let status = robot.status.as_ref();
+    let stale = |at: Option<Timestamp>, every: Duration| match at {
+        None => true,
+        Some(at) => now.duration_since(at).unsigned_abs() >= every,
+    };
+    if memory.status_written.is_none() {
+        memory.status_written = status.and_then(|s| s.last_heartbeat_time);
+        memory.usage_written = status.and_then(|s| s.usage.clone());
+    }
+    let renew_lease = stale(memory.lease_renewed, limits.lease_interval);
+    if renew_lease {
+        memory.lease_renewed = Some(now);
+    }
+    let conditions = status.map(|s| s.conditions.as_slice()).unwrap_or_default();
+    // Only flip Connected back to True when something said False: a robot
+    // that never disconnected costs no extra write.
+    let reconnect =
+        find_condition(conditions, CONDITION_CONNECTED).is_some_and(|c| c.status != ConditionStatus::True);
+    let usage_moved = memory
+        .usage_written
+        .as_ref()
+        .is_none_or(|old| usage_changed_materially(old, usage));
+    let write = stale(memory.status_written, limits.status_refresh) || usage_moved || reconnect;
+    let status = write.then(|| {
+        memory.status_written = Some(now);
+        memory.usage_written = Some(usage.clone());
+        RobotStatusPatch {
+            last_heartbeat_time: Some(now),
+            usage: Some(usage.clone()),
+            conditions: if reconnect {
+                connected(conditions, true, now)
+            } else {
+                None
+            },
+            ..Default::default()
+        }
+    });
+    HeartbeatPlan { renew_lease, status }
+}
+
+// ---------------------------------------------------------------- task status
+
+/// The server's part of a Task's status, as a merge patch: what the robot
+/// reported. Fields that describe how an attempt ended are written as null
+/// when the report has none, so a Task never mixes two reports.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskStatusPatch {
+    /// running, completed or failed.
+    pub state: TaskState,
+    /// The report's seq.
+    pub seq: u64,
+    /// Exit code (null while running).
+    pub exit_code: Option<i32>,
+    /// Signal (null unless one ended the process).
+    pub signal: Option<i32>,
+    /// Reason (null while running).
+    pub reason: Option<TaskReason>,
+    /// Details, when the report has some.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Start time, when the report has it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Timestamp>,
+    /// Finish time (null while running).
+    pub finish_time: Option<Timestamp>,
+    /// Output tail, when the report has it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output_tail: Option<String>,
+}
+
+/// Why a well-formed update was not applied: at-least-once delivery makes
+/// these normal, so they are counted but are not errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ignored {
+    /// For an attempt older than the Task's, or one the manager has closed.
+    StaleAttempt,
+    /// Same attempt, seq not newer than the one applied.
+    Duplicate,
+    /// The Task's attempt already ended; a late report cannot reopen it.
+    Terminal,
+}
+
+impl Ignored {
+    /// The `outcome` label of the message counter.
+    pub fn outcome(self) -> &'static str {
+        match self {
+            Ignored::StaleAttempt => "stale",
+            Ignored::Duplicate => "duplicate",
+            Ignored::Terminal => "terminal",
+        }
+    }
+}
+
+/// The decision on one status update.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StatusDecision {
+    /// Patch the Task's status.
+    Apply(TaskStatusPatch),
+    /// Drop it (counted).
+    Ignore(Ignored),
+}
+
+/// Decides what a status update from `robot` does to `task` (None: no Task
+/// has the topic's uid).
+///
+/// `status.seq` counts only once a robot report was applied in the current
+/// attempt (state running or later); while the Task is pending or
+/// dispatching it is the previous attempt's and is read as 0.
+pub fn decide_status(
+    update: &StatusUpdate,
+    topic_uid: &str,
+    robot: &str,
+    task: Option<&Task>,
+) -> Result<StatusDecision, Rejection> {
+    if update.task_uid != topic_uid {
+        return Err(Rejection::TaskMismatch {
+            body: update.task_uid.clone(),
+            topic: topic_uid.to_owned(),
+        });
+    }
+    if !matches!(
+        update.state,
+        TaskState::Running | TaskState::Completed | TaskState::Failed
+    ) {
+        return Err(Rejection::InvalidState {
+            state: update.state.as_str(),
+        });
+    }
+    let task = task.ok_or_else(|| Rejection::UnknownTask {
+        uid: topic_uid.to_owned(),
+    })?;
+    let name = task_name(task);
+    if task.spec.target_robot.as_deref() != Some(robot) {
+        return Err(Rejection::NotAssigned {
+            task: name,
+            robot: robot.to_owned(),
+            assigned: task.spec.target_robot.clone(),
+        });
+    }
+    let status = task.status.clone().unwrap_or_default();
+    if update.attempt > status.attempt {
+        return Err(Rejection::FutureAttempt {
+            task: name,
+            current: status.attempt,
+            reported: update.attempt,
+        });
+    }
+    if update.attempt < status.attempt || status.attempts.iter().any(|a| a.attempt == update.attempt) {
+        return Ok(StatusDecision::Ignore(Ignored::StaleAttempt));
+    }
+    let reported = matches!(
+        status.state,
+        Some(TaskState::Running | TaskState::Completed | TaskState::Failed)
+    );
+    let seq = if reported { status.seq } else { 0 };
+    if !update.supersedes(status.attempt, seq, status.state) {
+        let terminal = status.state.is_some_and(TaskState::is_terminal);
+        return Ok(StatusDecision::Ignore(if terminal {
+            Ignored::Terminal
+        } else {
+            Ignored::Duplicate
+        }));
+    }
+    Ok(StatusDecision::Apply(TaskStatusPatch {
+        state: update.state,
+        seq: update.seq,
+        exit_code: update.exit_code,
+        signal: update.signal,
+        reason: update.reason,
+        message: update.message.clone(),
+        start_time: update.start_time,
+        finish_time: update.finish_time,
+        output_tail: update.output_tail.clone(),
+    }))
+}
+
+/// `namespace/name` of a Task, for logs and errors.
+pub fn task_name(task: &Task) -> String {
+    format!(
+        "{}/{}",
+        task.metadata.namespace.as_deref().unwrap_or_default(),
+        task.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+// ---------------------------------------------------------------- dispatch and cancel
+
+/// The attempt whose dispatch the broker acknowledged, from the annotation.
+pub fn dispatched_attempt(task: &Task) -> u32 {
+    task.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION_DISPATCHED_ATTEMPT))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Whether the Task carries the server's finalizer.
+pub fn has_finalizer(task: &Task) -> bool {
+    task.metadata
+        .finalizers
+        .as_ref()
+        .is_some_and(|f| f.iter().any(|f| f == k8s4r_api::names::FINALIZER_CANCEL))
+}
+
+/// What the Kubernetes → MQTT side does about one Task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TaskAction {
+    /// Nothing to do until the Task changes.
+    Nothing,
+    /// Add the finalizer if missing, publish the dispatch, then record the
+    /// attempt in the annotation.
+    Dispatch {
+        /// The robot.
+        robot: String,
+        /// The attempt.
+        attempt: u32,
+    },
+    /// Publish a cancel and keep the finalizer until the robot reports the
+    /// attempt ended (or goes Offline); look again after a while.
+    CancelAndWait {
+        /// The robot.
+        robot: String,
+        /// The attempt.
+        attempt: u32,
+    },
+    /// Publish a cancel (best effort) and release the finalizer now.
+    CancelAndRelease {
+        /// The robot.
+        robot: String,
+        /// The attempt.
+        attempt: u32,
+    },
+    /// Release the finalizer now.
+    Release,
+}
+
+/// Decides what to do about `task`, given its robot's phase (None: no such
+/// Robot).
+pub fn decide_task(task: &Task, robot_phase: Option<RobotPhase>) -> TaskAction {
+    let status = task.status.clone().unwrap_or_default();
+    let robot = task.spec.target_robot.clone().filter(|r| !r.is_empty());
+    let attempt = status.attempt;
+    if task.metadata.deletion_timestamp.is_some() {
+        if !has_finalizer(task) {
+            return TaskAction::Nothing;
+        }
+        let Some(robot) = robot else {
+            return TaskAction::Release;
+        };
+        let active = matches!(status.state, Some(TaskState::Dispatching | TaskState::Running));
+        let reachable = matches!(robot_phase, Some(RobotPhase::Online | RobotPhase::Pending));
+        // A dispatch that was never acknowledged may still have reached the
+        // robot (a crash between PUBACK and the annotation): cancel it, but
+        // do not hold the Task for a report that may never come.
+        let sent = dispatched_attempt(task) >= attempt;
+        return match (active, reachable && sent) {
+            (true, true) => TaskAction::CancelAndWait { robot, attempt },
+            (true, false) => TaskAction::CancelAndRelease { robot, attempt },
+            (false, _) => TaskAction::Release,
+        };
+    }
+    match (status.state, robot) {
+        (Some(TaskState::Dispatching), Some(robot)) if attempt >= 1 && dispatched_attempt(task) < attempt => {
+            TaskAction::Dispatch { robot, attempt }
+        }
+        _ => TaskAction::Nothing,
+    }
+}
+
+/// Exponential backoff for retries after `failures` failures: 500 ms
+/// doubling, capped at `cap`.
+pub fn backoff(failures: u32, cap: Duration) -> Duration {
+    let base = Duration::from_millis(500);
+    base.saturating_mul(1u32 << failures.min(16)).min(cap)
+}
+
+#[cfg(test)]
+mod tests;

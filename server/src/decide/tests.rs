@@ -1,0 +1,493 @@
+use super::*;
+use k8s4r_api::protocol::Register;
+use k8s4r_api::{AttemptRecord, RobotSpec, RobotStatus, TaskSpec, TaskStatus};
+
+fn t(s: &str) -> Timestamp {
+    s.parse().unwrap()
+}
+
+fn device() -> DeviceInfo {
+    DeviceInfo {
+        arch: "aarch64".into(),
+        os: "linux".into(),
+        cpus: 4,
+        memory_bytes: 4 << 30,
+        ..Default::default()
+    }
+}
+
+fn register(labels: &[(&str, &str)]) -> Register {
+    Register {
+        v: 1,
+        robot_id: "rb1".into(),
+        token: Some("s3cret".into()),
+        agent_version: "0.1.0".into(),
+        device: device(),
+        drivers: vec!["exec".into()],
+        labels: labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        running: vec![],
+    }
+}
+
+/// A Robot as the cluster would show it.
+struct RobotBuilder(Robot);
+
+impl RobotBuilder {
+    fn new() -> Self {
+        let mut robot = Robot::new("rb1", RobotSpec::default());
+        robot.status = Some(RobotStatus {
+            phase: Some(RobotPhase::Pending),
+            ..Default::default()
+        });
+        Self(robot)
+    }
+    fn phase(mut self, phase: RobotPhase) -> Self {
+        self.status().phase = Some(phase);
+        self
+    }
+    fn label(mut self, k: &str, v: &str) -> Self {
+        self.0
+            .metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert(k.into(), v.into());
+        self
+    }
+    fn reported(mut self, k: &str, v: &str) -> Self {
+        self.status().reported_labels.insert(k.into(), v.into());
+        self
+    }
+    fn connected(mut self, up: bool) -> Self {
+        let conditions = connected(&[], up, t("2026-01-01T00:00:00Z")).unwrap();
+        self.status().conditions = conditions;
+        self
+    }
+    fn heartbeat(mut self, at: &str, usage: Usage) -> Self {
+        self.status().last_heartbeat_time = Some(t(at));
+        self.status().usage = Some(usage);
+        self
+    }
+    fn status(&mut self) -> &mut RobotStatus {
+        self.0.status.get_or_insert_with(Default::default)
+    }
+}
+
+/// A Task as the manager would leave it.
+struct TaskBuilder(Task);
+
+impl TaskBuilder {
+    fn new() -> Self {
+        let mut task = Task::new("job-a-0", TaskSpec::default());
+        task.metadata.namespace = Some("default".into());
+        task.metadata.uid = Some("u1".into());
+        Self(task)
+    }
+    fn target(mut self, robot: &str) -> Self {
+        self.0.spec.target_robot = Some(robot.into());
+        self
+    }
+    fn state(mut self, state: TaskState, attempt: u32, seq: u64) -> Self {
+        let status = self.0.status.get_or_insert_with(TaskStatus::default);
+        status.state = Some(state);
+        status.attempt = attempt;
+        status.seq = seq;
+        self
+    }
+    fn closed_attempt(mut self, attempt: u32) -> Self {
+        let status = self.0.status.get_or_insert_with(TaskStatus::default);
+        status.attempts.push(AttemptRecord {
+            attempt,
+            robot: None,
+            state: TaskState::Failed,
+            exit_code: Some(1),
+            reason: None,
+            finish_time: None,
+        });
+        self
+    }
+    fn dispatched(mut self, attempt: u32) -> Self {
+        self.0
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(ANNOTATION_DISPATCHED_ATTEMPT.into(), attempt.to_string());
+        self
+    }
+    fn finalizer(mut self) -> Self {
+        self.0
+            .metadata
+            .finalizers
+            .get_or_insert_with(Default::default)
+            .push(k8s4r_api::names::FINALIZER_CANCEL.into());
+        self
+    }
+    fn deleting(mut self) -> Self {
+        self.0.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(t(
+            "2026-01-01T00:00:00Z",
+        )));
+        self
+    }
+}
+
+fn update(attempt: u32, seq: u64, state: TaskState) -> StatusUpdate {
+    StatusUpdate {
+        v: 1,
+        task_uid: "u1".into(),
+        attempt,
+        seq,
+        state,
+        exit_code: state.is_terminal().then_some(0),
+        signal: None,
+        reason: None,
+        message: None,
+        start_time: None,
+        finish_time: None,
+        output_tail: None,
+    }
+}
+
+fn usage(cpu: f64, mem_gib: u64) -> Usage {
+    Usage {
+        cpu_percent: cpu,
+        memory_used_bytes: mem_gib << 30,
+        memory_total_bytes: 8 << 30,
+        disk_free_bytes: 10 << 30,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn first_register_creates_a_pending_robot_and_waits_for_the_manager() {
+    let now = t("2026-11-22T10:00:00Z");
+    let plan = plan_register(&register(&[("site", "lab")]), None, now).unwrap();
+    assert!(plan.create);
+    assert_eq!(plan.respond, None);
+    assert_eq!(plan.status.phase, Some(RobotPhase::Pending));
+    assert_eq!(plan.metadata.labels["site"], Some("lab".into()));
+    let hash = plan.metadata.annotations[ANNOTATION_TOKEN_SHA256]
+        .clone()
+        .unwrap();
+    assert_eq!(hash.len(), 64);
+    assert!(!hash.contains("s3cret"));
+    let capacity = plan.status.capacity.unwrap();
+    assert_eq!(capacity.cpu.unwrap().as_str(), "4");
+    assert_eq!(plan.status.last_registration_time, Some(now));
+    let connected = plan.status.conditions.unwrap();
+    assert_eq!(connected[0].type_, CONDITION_CONNECTED);
+    assert_eq!(connected[0].status, ConditionStatus::True);
+}
+
+#[test]
+fn register_of_an_online_robot_is_answered_at_once_and_keeps_the_phase() {
+    let robot = RobotBuilder::new().phase(RobotPhase::Online).connected(true).0;
+    let plan = plan_register(&register(&[]), Some(&robot), Timestamp::now()).unwrap();
+    assert!(!plan.create);
+    assert_eq!(plan.respond, Some(RobotPhase::Online));
+    assert_eq!(plan.status.phase, None, "the manager owns the phase");
+    assert_eq!(plan.status.conditions, None, "already connected: no list rewrite");
+    let rejected = RobotBuilder::new().phase(RobotPhase::Rejected).0;
+    let plan = plan_register(&register(&[]), Some(&rejected), Timestamp::now()).unwrap();
+    assert_eq!(plan.respond, Some(RobotPhase::Rejected));
+    let offline = RobotBuilder::new().phase(RobotPhase::Offline).0;
+    let plan = plan_register(&register(&[]), Some(&offline), Timestamp::now()).unwrap();
+    assert_eq!(plan.respond, None, "Offline waits for the manager to see it live");
+}
+
+#[test]
+fn labels_a_person_set_are_never_clobbered() {
+    let robot = RobotBuilder::new()
+        .label("site", "lab")
+        .reported("site", "lab")
+        .label("owner", "ana") // a person's
+        .label("zone", "b") // a person changed what the robot reported
+        .reported("zone", "a")
+        .label("old", "x") // the robot reported it, and stops now
+        .reported("old", "x")
+        .0;
+    let plan = plan_register(
+        &register(&[("site", "field"), ("owner", "bob"), ("zone", "c")]),
+        Some(&robot),
+        Timestamp::now(),
+    )
+    .unwrap();
+    let labels = plan.metadata.labels;
+    assert_eq!(labels.get("site"), Some(&Some("field".into())));
+    assert_eq!(labels.get("owner"), None, "person's label untouched");
+    assert_eq!(labels.get("zone"), None, "person's override untouched");
+    assert_eq!(labels.get("old"), Some(&None), "robot's stale label removed");
+    let reported = plan.status.reported_labels.unwrap();
+    assert_eq!(reported.get("site"), Some(&Some("field".into())));
+    assert_eq!(reported.get("old"), Some(&None));
+    assert_eq!(reported.get("owner"), Some(&Some("bob".into())));
+}
+
+#[test]
+fn register_with_an_invalid_label_is_rejected() {
+    let err = plan_register(&register(&[("bad key!", "v")]), None, Timestamp::now()).unwrap_err();
+    assert_eq!(err.outcome(), "rejected_invalid_label");
+}
+
+#[test]
+fn heartbeats_are_coalesced() {
+    let limits = Coalescing::default();
+    let start = t("2026-11-22T10:00:00Z");
+    let robot = RobotBuilder::new()
+        .phase(RobotPhase::Online)
+        .heartbeat("2026-11-22T09:59:50Z", usage(10.0, 1))
+        .0;
+    let mut memory = HeartbeatMemory::default();
+    let mut leases = 0;
+    let mut writes = 0;
+    // Ten minutes of heartbeats every 5 s with steady usage.
+    for i in 0..120 {
+        let now = start + jiff::SignedDuration::from_secs(5 * i);
+        let plan = plan_heartbeat(&mut memory, &robot, &usage(12.0, 1), now, limits);
+        leases += usize::from(plan.renew_lease);
+        writes += usize::from(plan.status.is_some());
+    }
+    assert_eq!(leases, 60, "one lease renewal per 10 s");
+    assert_eq!(writes, 10, "one status write per minute");
+    // A material change is written at once.
+    let later = start + jiff::SignedDuration::from_secs(601);
+    let plan = plan_heartbeat(&mut memory, &robot, &usage(90.0, 1), later, limits);
+    assert!(plan.status.is_some());
+}
+
+#[test]
+fn a_heartbeat_after_a_disconnect_sets_connected_again() {
+    let robot = RobotBuilder::new()
+        .phase(RobotPhase::Online)
+        .connected(false)
+        .heartbeat("2026-11-22T09:59:59Z", usage(10.0, 1))
+        .0;
+    let mut memory = HeartbeatMemory::default();
+    let plan = plan_heartbeat(
+        &mut memory,
+        &robot,
+        &usage(10.0, 1),
+        t("2026-11-22T10:00:00Z"),
+        Coalescing::default(),
+    );
+    let conditions = plan.status.unwrap().conditions.unwrap();
+    assert_eq!(conditions[0].status, ConditionStatus::True);
+}
+
+#[test]
+fn usage_changes_that_matter() {
+    assert!(!usage_changed_materially(&usage(10.0, 1), &usage(25.0, 1)));
+    assert!(usage_changed_materially(&usage(10.0, 1), &usage(35.0, 1)));
+    assert!(usage_changed_materially(&usage(10.0, 1), &usage(10.0, 2)));
+}
+
+#[test]
+fn last_will_marks_the_robot_disconnected_once() {
+    let now = Timestamp::now();
+    let down = connected(&[], false, now).unwrap();
+    assert_eq!(down[0].status, ConditionStatus::False);
+    assert_eq!(down[0].reason.as_deref(), Some("Disconnected"));
+    assert_eq!(connected(&down, false, now), None, "no second write");
+}
+
+#[test]
+fn status_updates_apply_in_order() {
+    let task = TaskBuilder::new()
+        .target("rb1")
+        .state(TaskState::Dispatching, 1, 0)
+        .0;
+    let decision = decide_status(&update(1, 1, TaskState::Running), "u1", "rb1", Some(&task));
+    assert!(
+        matches!(decision, Ok(StatusDecision::Apply(ref p)) if p.state == TaskState::Running && p.seq == 1)
+    );
+    let running = TaskBuilder::new().target("rb1").state(TaskState::Running, 1, 3).0;
+    assert_eq!(
+        decide_status(&update(1, 2, TaskState::Running), "u1", "rb1", Some(&running)),
+        Ok(StatusDecision::Ignore(Ignored::Duplicate))
+    );
+    assert_eq!(
+        decide_status(&update(1, 3, TaskState::Running), "u1", "rb1", Some(&running)),
+        Ok(StatusDecision::Ignore(Ignored::Duplicate))
+    );
+    assert!(matches!(
+        decide_status(&update(1, 4, TaskState::Completed), "u1", "rb1", Some(&running)),
+        Ok(StatusDecision::Apply(_))
+    ));
+}
+
+#[test]
+fn a_new_attempt_reads_the_old_seq_as_zero() {
+    // The manager started attempt 2 without resetting seq.
+    let task = TaskBuilder::new()
+        .target("rb1")
+        .state(TaskState::Dispatching, 2, 9)
+        .closed_attempt(1)
+        .0;
+    assert!(matches!(
+        decide_status(&update(2, 1, TaskState::Running), "u1", "rb1", Some(&task)),
+        Ok(StatusDecision::Apply(_))
+    ));
+    assert_eq!(
+        decide_status(&update(1, 10, TaskState::Running), "u1", "rb1", Some(&task)),
+        Ok(StatusDecision::Ignore(Ignored::StaleAttempt))
+    );
+}
+
+#[test]
+fn terminal_state_is_kept() {
+    let done = TaskBuilder::new()
+        .target("rb1")
+        .state(TaskState::Completed, 1, 5)
+        .0;
+    assert_eq!(
+        decide_status(&update(1, 6, TaskState::Running), "u1", "rb1", Some(&done)),
+        Ok(StatusDecision::Ignore(Ignored::Terminal))
+    );
+    // The manager closed attempt 1 and waits to retry: a late report of
+    // attempt 1 cannot reopen it.
+    let pending = TaskBuilder::new()
+        .target("rb1")
+        .state(TaskState::Pending, 1, 5)
+        .closed_attempt(1)
+        .0;
+    assert_eq!(
+        decide_status(&update(1, 6, TaskState::Running), "u1", "rb1", Some(&pending)),
+        Ok(StatusDecision::Ignore(Ignored::StaleAttempt))
+    );
+}
+
+#[test]
+fn bad_status_updates_are_rejected_with_a_reason() {
+    let task = TaskBuilder::new().target("rb1").state(TaskState::Running, 1, 1).0;
+    let outcome = |r: Result<StatusDecision, Rejection>| r.unwrap_err().outcome();
+    assert_eq!(
+        outcome(decide_status(
+            &update(1, 2, TaskState::Running),
+            "u1",
+            "rb2",
+            Some(&task)
+        )),
+        "rejected_not_assigned"
+    );
+    assert_eq!(
+        outcome(decide_status(
+            &update(1, 2, TaskState::Running),
+            "u1",
+            "rb1",
+            None
+        )),
+        "rejected_unknown_task"
+    );
+    assert_eq!(
+        outcome(decide_status(
+            &update(3, 1, TaskState::Running),
+            "u1",
+            "rb1",
+            Some(&task)
+        )),
+        "rejected_future_attempt"
+    );
+    assert_eq!(
+        outcome(decide_status(
+            &update(1, 2, TaskState::Pending),
+            "u1",
+            "rb1",
+            Some(&task)
+        )),
+        "rejected_invalid_state"
+    );
+    assert_eq!(
+        outcome(decide_status(
+            &update(1, 2, TaskState::Running),
+            "u2",
+            "rb1",
+            Some(&task)
+        )),
+        "rejected_task_mismatch"
+    );
+}
+
+#[test]
+fn dispatch_once_per_attempt() {
+    let task = TaskBuilder::new()
+        .target("rb1")
+        .state(TaskState::Dispatching, 1, 0)
+        .0;
+    assert_eq!(
+        decide_task(&task, Some(RobotPhase::Online)),
+        TaskAction::Dispatch {
+            robot: "rb1".into(),
+            attempt: 1
+        }
+    );
+    let sent = TaskBuilder::new()
+        .target("rb1")
+        .state(TaskState::Dispatching, 1, 0)
+        .dispatched(1)
+        .0;
+    assert_eq!(decide_task(&sent, Some(RobotPhase::Online)), TaskAction::Nothing);
+    let retry = TaskBuilder::new()
+        .target("rb1")
+        .state(TaskState::Dispatching, 2, 0)
+        .dispatched(1)
+        .0;
+    assert!(matches!(
+        decide_task(&retry, Some(RobotPhase::Online)),
+        TaskAction::Dispatch { attempt: 2, .. }
+    ));
+    let pending = TaskBuilder::new().state(TaskState::Pending, 0, 0).0;
+    assert_eq!(decide_task(&pending, None), TaskAction::Nothing);
+}
+
+#[test]
+fn deletion_cancels_and_holds_the_finalizer_until_the_robot_reports() {
+    let running = TaskBuilder::new()
+        .target("rb1")
+        .state(TaskState::Running, 1, 2)
+        .dispatched(1)
+        .finalizer()
+        .deleting();
+    assert_eq!(
+        decide_task(&running.0, Some(RobotPhase::Online)),
+        TaskAction::CancelAndWait {
+            robot: "rb1".into(),
+            attempt: 1
+        }
+    );
+    assert!(matches!(
+        decide_task(&running.0, Some(RobotPhase::Offline)),
+        TaskAction::CancelAndRelease { .. }
+    ));
+    let ended = TaskBuilder::new()
+        .target("rb1")
+        .state(TaskState::Failed, 1, 3)
+        .dispatched(1)
+        .finalizer()
+        .deleting()
+        .0;
+    assert_eq!(decide_task(&ended, Some(RobotPhase::Online)), TaskAction::Release);
+    let unsent = TaskBuilder::new()
+        .target("rb1")
+        .state(TaskState::Dispatching, 1, 0)
+        .finalizer()
+        .deleting()
+        .0;
+    assert!(matches!(
+        decide_task(&unsent, Some(RobotPhase::Online)),
+        TaskAction::CancelAndRelease { .. }
+    ));
+    let released = TaskBuilder::new().state(TaskState::Running, 1, 0).deleting().0;
+    assert_eq!(
+        decide_task(&released, Some(RobotPhase::Online)),
+        TaskAction::Nothing
+    );
+}
+
+#[test]
+fn backoff_is_capped() {
+    let cap = Duration::from_secs(30);
+    assert_eq!(backoff(0, cap), Duration::from_millis(500));
+    assert_eq!(backoff(2, cap), Duration::from_secs(2));
+    assert_eq!(backoff(40, cap), cap);
+}

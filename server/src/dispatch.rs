@@ -1,0 +1,318 @@
+//! Kubernetes → MQTT: a kube-runtime controller over Tasks that publishes
+//! dispatches and cancels and holds the cancel finalizer.
+//!
+//! Exactly once per (uid, attempt), as far as the agent can tell: the
+//! finalizer is added before the publish, and the annotation
+//! `robot.k8s4r.io/dispatched-attempt` is set to the attempt after the
+//! broker's PUBACK. A crash between the two republishes the same (uid,
+//! attempt) after the restart, which the agent ignores as a duplicate; a
+//! crash before the PUBACK publishes it again, which is what at-least-once
+//! needs. Nothing is remembered in memory across reconciles.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s4r_api::names::FINALIZER_CANCEL;
+use k8s4r_api::protocol::{encode, Cancel, Dispatch, PROTOCOL_VERSION};
+use k8s4r_api::{Robot, Task};
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::{Api, ResourceExt};
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, instrument, warn};
+
+use crate::bridge::{lock, Bridge};
+use crate::decide::{self, decide_task, TaskAction, ANNOTATION_DISPATCHED_ATTEMPT};
+use crate::error::{Error, Result};
+use crate::leader::Leadership;
+
+/// How often a Task waiting for its robot to stop is looked at again (and
+/// the cancel published again).
+const CANCEL_RETRY: Duration = Duration::from_secs(30);
+/// How often a replica that is not the leader looks again.
+const FOLLOWER_RECHECK: Duration = Duration::from_secs(5);
+
+/// What the reconciler needs.
+pub struct Context {
+    bridge: Arc<Bridge>,
+    leadership: Leadership,
+    failures: Mutex<HashMap<String, u32>>,
+    /// The attempt this process last published per uid: the watch cache can
+    /// lag behind the annotation written a moment ago, and a reconcile woken
+    /// by the finalizer patch must not publish the same attempt again.
+    published: Mutex<HashMap<String, u32>>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct FinalizersPatch<'a> {
+    metadata: FinalizersMeta<'a>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct FinalizersMeta<'a> {
+    resource_version: Option<&'a str>,
+    finalizers: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct AnnotationPatch {
+    metadata: AnnotationMeta,
+}
+
+#[derive(Debug, Serialize)]
+struct AnnotationMeta {
+    annotations: BTreeMap<String, String>,
+}
+
+/// Builds the Task controller; `tasks_cache` is filled by its watch. Robot
+/// changes wake the Tasks being deleted on that robot, so that a robot going
+/// Offline releases their finalizers.
+pub fn controller(client: kube::Client) -> Controller<Task> {
+    let tasks: Api<Task> = Api::all(client.clone());
+    let robots: Api<Robot> = Api::all(client);
+    let controller = Controller::new(tasks, watcher::Config::default());
+    let cache = controller.store();
+    controller.watches(robots, watcher::Config::default(), move |robot: Robot| {
+        let name = robot.name_any();
+        cache
+            .state()
+            .into_iter()
+            .filter(|t| {
+                t.metadata.deletion_timestamp.is_some()
+                    && t.spec.target_robot.as_deref() == Some(name.as_str())
+            })
+            .map(|t| ObjectRef::from_obj(t.as_ref()))
+            .collect::<Vec<_>>()
+    })
+}
+
+/// Runs the controller until `shutdown`.
+pub async fn run(
+    controller: Controller<Task>,
+    bridge: Arc<Bridge>,
+    leadership: Leadership,
+    shutdown: CancellationToken,
+) {
+    let context = Arc::new(Context {
+        bridge,
+        leadership,
+        failures: Mutex::default(),
+        published: Mutex::default(),
+    });
+    controller
+        .graceful_shutdown_on(shutdown.cancelled_owned())
+        .run(reconcile, error_policy, context)
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::debug!(%error, "task controller");
+            }
+        })
+        .await;
+}
+
+fn robot_phase(cache: &Store<Robot>, name: &str) -> Option<k8s4r_api::RobotPhase> {
+    let robot = cache.get(&ObjectRef::new(name))?;
+    Some(
+        robot
+            .status
+            .as_ref()
+            .and_then(|s| s.phase)
+            .unwrap_or(k8s4r_api::RobotPhase::Pending),
+    )
+}
+
+#[instrument(skip_all, fields(task = %decide::task_name(&task)))]
+async fn reconcile(task: Arc<Task>, ctx: Arc<Context>) -> Result<Action> {
+    if !ctx.leadership.is_leader() {
+        return Ok(Action::requeue(FOLLOWER_RECHECK));
+    }
+    let bridge = &ctx.bridge;
+    let seen = Instant::now();
+    let phase = task
+        .spec
+        .target_robot
+        .as_deref()
+        .and_then(|r| robot_phase(&bridge.robot_cache, r));
+    let uid = task.metadata.uid.clone().unwrap_or_default();
+    let action = {
+        let mut published = lock(&ctx.published);
+        let action = decide_task(&task, phase);
+        match (&action, published.get(&uid).copied()) {
+            (TaskAction::Dispatch { attempt, .. }, Some(sent)) if sent >= *attempt => TaskAction::Nothing,
+            (TaskAction::Dispatch { .. }, _) => action,
+            (_, Some(sent)) if decide::dispatched_attempt(&task) >= sent => {
+                // The cache caught up with the annotation.
+                published.remove(&uid);
+                action
+            }
+            _ => action,
+        }
+    };
+    let result = match action {
+        TaskAction::Nothing => Ok(Action::await_change()),
+        TaskAction::Dispatch { robot, attempt } => {
+            dispatch(&ctx, &task, &robot, attempt, seen).await?;
+            Ok(Action::await_change())
+        }
+        TaskAction::CancelAndWait { robot, attempt } => {
+            cancel(bridge, &task, &robot, attempt).await?;
+            Ok(Action::requeue(CANCEL_RETRY))
+        }
+        TaskAction::CancelAndRelease { robot, attempt } => {
+            if let Err(error) = cancel(bridge, &task, &robot, attempt).await {
+                warn!(%error, "cancel not delivered; releasing the task anyway (robot offline or never dispatched)");
+            }
+            release(bridge, &task).await?;
+            Ok(Action::await_change())
+        }
+        TaskAction::Release => {
+            lock(&ctx.published).remove(&uid);
+            release(bridge, &task).await?;
+            Ok(Action::await_change())
+        }
+    };
+    lock(&ctx.failures).remove(&uid);
+    result
+}
+
+fn error_policy(task: Arc<Task>, error: &Error, ctx: Arc<Context>) -> Action {
+    let uid = task.metadata.uid.clone().unwrap_or_default();
+    let mut failures = lock(&ctx.failures);
+    let n = failures.entry(uid).or_default();
+    *n = n.saturating_add(1);
+    let delay = decide::backoff(*n, ctx.bridge.config.max_backoff);
+    warn!(task = %decide::task_name(&task), %error, retry_in = ?delay, "task reconcile failed");
+    Action::requeue(delay)
+}
+
+fn api_for(bridge: &Bridge, task: &Task) -> Api<Task> {
+    Api::namespaced(
+        bridge.client.clone(),
+        task.metadata.namespace.as_deref().unwrap_or_default(),
+    )
+}
+
+fn params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(k8s4r_api::names::MANAGER_SERVER.to_owned()),
+        ..Default::default()
+    }
+}
+
+async fn dispatch(ctx: &Context, task: &Task, robot: &str, attempt: u32, seen: Instant) -> Result<()> {
+    let bridge = ctx.bridge.as_ref();
+    let api = api_for(bridge, task);
+    let name = task.name_any();
+    let full = decide::task_name(task);
+    if !decide::has_finalizer(task) {
+        let mut finalizers = task.finalizers().to_vec();
+        finalizers.push(FINALIZER_CANCEL.to_owned());
+        let body = FinalizersPatch {
+            metadata: FinalizersMeta {
+                resource_version: task.metadata.resource_version.as_deref(),
+                finalizers,
+            },
+        };
+        bridge
+            .call(
+                "task_finalizer",
+                || format!("adding the finalizer to task {full}"),
+                api.patch(&name, &params(), &Patch::Merge(&body)),
+            )
+            .await?;
+    }
+    let message = Dispatch {
+        v: PROTOCOL_VERSION,
+        task_uid: task.metadata.uid.clone().unwrap_or_default(),
+        task_name: full.clone(),
+        attempt,
+        spec: task.spec.template.clone(),
+    };
+    let published = bridge
+        .publisher
+        .publish(bridge.topics.dispatch(robot), encode(&message))
+        .await;
+    if let Err(e) = published {
+        bridge.metrics.message_out("dispatch", "failed");
+        return Err(e);
+    }
+    lock(&ctx.published).insert(message.task_uid.clone(), attempt);
+    bridge.metrics.message_out("dispatch", "acked");
+    bridge.metrics.dispatch_latency(seen.elapsed());
+    info!(robot, attempt, "task dispatched");
+    let body = AnnotationPatch {
+        metadata: AnnotationMeta {
+            annotations: [(ANNOTATION_DISPATCHED_ATTEMPT.to_owned(), attempt.to_string())].into(),
+        },
+    };
+    bridge
+        .call(
+            "task_dispatched",
+            || format!("recording the dispatch of task {full}"),
+            api.patch(&name, &params(), &Patch::Merge(&body)),
+        )
+        .await?;
+    Ok(())
+}
+
+async fn cancel(bridge: &Bridge, task: &Task, robot: &str, attempt: u32) -> Result<()> {
+    let message = Cancel {
+        v: PROTOCOL_VERSION,
+        task_uid: task.metadata.uid.clone().unwrap_or_default(),
+        attempt,
+        reason: "Task deleted".to_owned(),
+    };
+    match bridge
+        .publisher
+        .publish(bridge.topics.cancel(robot), encode(&message))
+        .await
+    {
+        Ok(()) => {
+            bridge.metrics.message_out("cancel", "acked");
+            info!(robot, attempt, "cancel published");
+            Ok(())
+        }
+        Err(e) => {
+            bridge.metrics.message_out("cancel", "failed");
+            Err(e)
+        }
+    }
+}
+
+async fn release(bridge: &Bridge, task: &Task) -> Result<()> {
+    let api = api_for(bridge, task);
+    let name = task.name_any();
+    let body = FinalizersPatch {
+        metadata: FinalizersMeta {
+            resource_version: task.metadata.resource_version.as_deref(),
+            finalizers: task
+                .finalizers()
+                .iter()
+                .filter(|f| f.as_str() != FINALIZER_CANCEL)
+                .cloned()
+                .collect(),
+        },
+    };
+    let result = bridge
+        .call(
+            "task_finalizer",
+            || format!("releasing the finalizer of task {}", decide::task_name(task)),
+            api.patch(&name, &params(), &Patch::Merge(&body)),
+        )
+        .await;
+    match result {
+        Ok(_) => {
+            info!(task = %decide::task_name(task), "finalizer released");
+            Ok(())
+        }
+        Err(e) if e.is_not_found() => Ok(()),
+        Err(e) => Err(e),
+    }
+}

@@ -1,0 +1,253 @@
+//! k8s4r-server: the protocol bridge between the robots' MQTT and the
+//! Kubernetes API. It decides nothing: the manager schedules and judges
+//! liveness; this crate translates, idempotently, both ways.
+//!
+//! - MQTT → Kubernetes ([`bridge`]): register creates or updates a Robot,
+//!   heartbeats renew a per-robot Lease and (coalesced) the Robot's status,
+//!   status updates patch Task status, the last will sets `Connected=False`.
+//! - Kubernetes → MQTT ([`dispatch`]): a Task controller publishes
+//!   dispatches and cancels and holds the cancel finalizer.
+//! - Every rule is a pure function in [`decide`].
+//!
+//! [`run`] is the entry point; the binary and `k8s4r up` both call it.
+
+pub mod bridge;
+pub mod cli;
+pub mod config;
+pub mod decide;
+pub mod dispatch;
+pub mod error;
+pub mod http;
+pub mod leader;
+pub mod metrics;
+pub mod mqtt;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s4r_api::protocol::Topics;
+use k8s4r_api::Robot;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::PostParams;
+use kube::runtime::{reflector, watcher, WatchStreamExt};
+use kube::{Api, Client};
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+pub use config::{BrokerConfig, ServerConfig};
+pub use error::{Error, Result};
+pub use metrics::Metrics;
+
+/// Runs the bridge until `shutdown` is cancelled, then finishes what is in
+/// flight (reconciles, queued messages) and disconnects from the broker.
+pub async fn run(config: ServerConfig, client: Client, shutdown: CancellationToken) -> Result<()> {
+    Server::new(config, client).run(shutdown).await
+}
+
+/// The bridge before it runs; lets a caller read the metrics and learn the
+/// metrics address.
+pub struct Server {
+    config: ServerConfig,
+    client: Client,
+    metrics: Arc<Metrics>,
+    bound: Option<oneshot::Sender<SocketAddr>>,
+}
+
+/// The MQTT topic filters the server subscribes to.
+pub fn subscriptions(config: &ServerConfig) -> Vec<String> {
+    let topics = Topics::new(&config.topic_prefix);
+    let mut filters = topics.server_subscriptions();
+    if config.legacy_topics {
+        filters.push(topics.legacy_register());
+        filters.push(topics.legacy_heartbeat());
+    }
+    match &config.shared_group {
+        Some(group) => filters
+            .into_iter()
+            .map(|f| format!("$share/{group}/{f}"))
+            .collect(),
+        None => filters,
+    }
+}
+
+impl Server {
+    /// A server for `config`, talking to the API server through `client`.
+    pub fn new(config: ServerConfig, client: Client) -> Self {
+        Self {
+            config,
+            client,
+            metrics: Arc::new(Metrics::default()),
+            bound: None,
+        }
+    }
+
+    /// The counters this server keeps.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.metrics.clone()
+    }
+
+    /// Resolves to the address `/metrics` is served on once it is bound
+    /// (useful with port 0).
+    pub fn metrics_addr(&mut self) -> oneshot::Receiver<SocketAddr> {
+        let (tx, rx) = oneshot::channel();
+        self.bound = Some(tx);
+        rx
+    }
+
+    /// Runs until `shutdown`.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<()> {
+        let Server {
+            config,
+            client,
+            metrics,
+            bound,
+        } = self;
+        if config.workers == 0 {
+            return Err(Error::Config("at least one worker is needed".into()));
+        }
+        ensure_namespace(&client, &config.lease_namespace).await;
+
+        let mqtt_stop = CancellationToken::new();
+        let (connection, publisher, receivers) = mqtt::connect(
+            &config.broker,
+            subscriptions(&config),
+            config.workers,
+            config.publish_timeout,
+            config.max_backoff,
+            metrics.clone(),
+        )?;
+
+        if let Some(addr) = config.metrics_addr {
+            let (addr, serve) = http::bind(addr, metrics.clone(), shutdown.clone()).await?;
+            info!(%addr, "serving /metrics, /healthz and /readyz");
+            if let Some(tx) = bound {
+                let _ = tx.send(addr);
+            }
+            tokio::spawn(serve);
+        }
+
+        // Robots: one cache for every lookup, and its stream answers robots
+        // waiting for their registration's outcome.
+        let (robot_cache, robot_writer) = reflector::store::<Robot>();
+        let robot_events = reflector(
+            robot_writer,
+            watcher(Api::<Robot>::all(client.clone()), watcher::Config::default()),
+        )
+        .default_backoff()
+        .applied_objects();
+
+        let controller = dispatch::controller(client.clone());
+        let task_cache = controller.store();
+        let bridge = Arc::new(bridge::Bridge::new(
+            client.clone(),
+            robot_cache.clone(),
+            task_cache.clone(),
+            publisher,
+            metrics.clone(),
+            config.clone(),
+        ));
+
+        let responder = {
+            let bridge = bridge.clone();
+            let shutdown = shutdown.clone();
+            tokio::spawn(async move {
+                let mut events = std::pin::pin!(robot_events.take_until(shutdown.cancelled_owned()));
+                while let Some(event) = events.next().await {
+                    match event {
+                        Ok(robot) => bridge.robot_changed(&robot).await,
+                        Err(error) => warn!(%error, "watching robots"),
+                    }
+                }
+            })
+        };
+
+        let leadership = if config.leader_election {
+            let leadership = leader::Leadership::follower();
+            tokio::spawn(leader::campaign(
+                Api::<Lease>::namespaced(client.clone(), &config.lease_namespace),
+                config.identity.clone(),
+                leadership.clone(),
+                config.api_timeout,
+                shutdown.clone(),
+            ));
+            leadership
+        } else {
+            leader::Leadership::always()
+        };
+
+        // The controller reads robot phases, so it starts once robots are
+        // listed; robot messages wait for both lists.
+        let robots_ready = robot_cache.clone();
+        let controller_task = {
+            let bridge = bridge.clone();
+            let shutdown = shutdown.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = robots_ready.wait_until_ready() => {}
+                }
+                dispatch::run(controller, bridge, leadership, shutdown).await;
+            })
+        };
+        let workers: Vec<_> = receivers
+            .into_iter()
+            .map(|rx| {
+                let bridge = bridge.clone();
+                let robots = robot_cache.clone();
+                let tasks = task_cache.clone();
+                tokio::spawn(async move {
+                    let _ = robots.wait_until_ready().await;
+                    let _ = tasks.wait_until_ready().await;
+                    bridge::worker(bridge, rx).await;
+                })
+            })
+            .collect();
+        {
+            let metrics = metrics.clone();
+            let (robots, tasks) = (robot_cache.clone(), task_cache.clone());
+            tokio::spawn(async move {
+                let _ = robots.wait_until_ready().await;
+                let _ = tasks.wait_until_ready().await;
+                info!("robot and task caches are filled");
+                metrics.set_kube_synced(true);
+            });
+        }
+        let mqtt_task = tokio::spawn(connection.run(mqtt_stop.clone()));
+
+        shutdown.cancelled().await;
+        info!("shutting down: finishing reconciles in flight");
+        let _ = controller_task.await;
+        let _ = responder.await;
+        mqtt_stop.cancel();
+        let _ = mqtt_task.await;
+        // The connection dropped the workers' senders: they finish their queues.
+        for worker in workers {
+            let _ = worker.await;
+        }
+        metrics.set_kube_synced(false);
+        info!("stopped");
+        Ok(())
+    }
+}
+
+/// Creates the Lease namespace when it is missing; a server without the
+/// right to do so still runs if someone else created it.
+async fn ensure_namespace(client: &Client, name: &str) {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    match api.create(&PostParams::default(), &ns).await {
+        Ok(_) => info!(namespace = name, "created the lease namespace"),
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(error) => warn!(namespace = name, %error, "could not create the lease namespace"),
+    }
+}
