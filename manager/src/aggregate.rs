@@ -1,0 +1,259 @@
+//! Status aggregation: Tasks into their TaskGroup, TaskGroups into their Job.
+
+use std::collections::BTreeSet;
+
+use jiff::Timestamp;
+use k8s4r_api::condition::set_condition;
+use k8s4r_api::{
+    Condition, ConditionStatus, GroupSummary, JobStatus, TaskCounts, TaskGroupStatus, TaskState, WorkState,
+};
+
+/// One Task as its group counts it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskView<'a> {
+    /// Its effective state (a failure that will be retried counts as pending).
+    pub state: TaskState,
+    /// The robot of its current attempt, if it has one.
+    pub robot: Option<&'a str>,
+}
+
+/// "3/5".
+fn completions(counts: &TaskCounts, expected: i32) -> String {
+    format!("{}/{}", counts.completed, expected)
+}
+
+/// The status of a TaskGroup that should have `expected` Tasks.
+pub fn group_status<'a>(
+    expected: i32,
+    tasks: impl IntoIterator<Item = TaskView<'a>>,
+    previous: Option<&TaskGroupStatus>,
+    generation: Option<i64>,
+) -> TaskGroupStatus {
+    let mut counts = TaskCounts::default();
+    let mut robots = BTreeSet::new();
+    for task in tasks {
+        counts.add(Some(task.state));
+        if matches!(task.state, TaskState::Dispatching | TaskState::Running) {
+            if let Some(r) = task.robot {
+                robots.insert(r.to_owned());
+            }
+        }
+    }
+    let state = WorkState::of(&counts, expected);
+    let mut conditions = previous.map(|p| p.conditions.clone()).unwrap_or_default();
+    finished_conditions(&mut conditions, state, generation);
+    TaskGroupStatus {
+        state: Some(state),
+        completions: Some(completions(&counts, expected)),
+        counts,
+        robots: robots.into_iter().collect(),
+        observed_generation: generation,
+        conditions,
+    }
+}
+
+/// One group as its Job sees it.
+#[derive(Clone, Debug)]
+pub struct GroupView<'a> {
+    /// The group's name in the Job.
+    pub name: &'a str,
+    /// Its TaskGroup object's name.
+    pub task_group: String,
+    /// The group's `count`.
+    pub count: i32,
+    /// The TaskGroup's status, when it exists and has one.
+    pub status: Option<&'a TaskGroupStatus>,
+}
+
+/// The status of a Job from its groups.
+pub fn job_status(
+    groups: &[GroupView<'_>],
+    previous: Option<&JobStatus>,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> JobStatus {
+    let mut counts = TaskCounts::default();
+    let mut expected = 0;
+    let mut summaries = Vec::with_capacity(groups.len());
+    for g in groups {
+        let group_counts = g.status.map(|s| s.counts.clone()).unwrap_or_default();
+        counts.merge(&group_counts);
+        expected += g.count.max(0);
+        summaries.push(GroupSummary {
+            name: g.name.to_owned(),
+            task_group: g.task_group.clone(),
+            state: Some(g.status.and_then(|s| s.state).unwrap_or(WorkState::Pending)),
+            counts: group_counts,
+        });
+    }
+    let state = WorkState::of(&counts, expected);
+    let start_time = previous.and_then(|p| p.start_time).or_else(|| {
+        let started = counts.dispatching + counts.running + counts.completed + counts.failed > 0;
+        started.then_some(now)
+    });
+    let completion_time = if state.is_finished() {
+        previous.and_then(|p| p.completion_time).or(Some(now))
+    } else {
+        None
+    };
+    let mut conditions = previous.map(|p| p.conditions.clone()).unwrap_or_default();
+    finished_conditions(&mut conditions, state, generation);
+    JobStatus {
+        state: Some(state),
+        completions: Some(completions(&counts, expected)),
+        counts,
+        groups: summaries,
+        start_time,
+        completion_time,
+        observed_generation: generation,
+        conditions,
+    }
+}
+
+/// Keeps `Complete` and `Failed` conditions in step with the state.
+fn finished_conditions(conditions: &mut Vec<Condition>, state: WorkState, generation: Option<i64>) {
+    let (complete, failed) = match state {
+        WorkState::Completed => (ConditionStatus::True, ConditionStatus::False),
+        WorkState::Failed => (ConditionStatus::False, ConditionStatus::True),
+        _ => (ConditionStatus::False, ConditionStatus::False),
+    };
+    let mut c = Condition::new("Complete", complete, "TasksCompleted", "every task completed");
+    if complete == ConditionStatus::False {
+        c.reason = Some("NotComplete".into());
+        c.message = Some("not every task has completed".into());
+    }
+    c.observed_generation = generation;
+    set_condition(conditions, c);
+    let mut f = Condition::new("Failed", failed, "TaskFailed", "a task failed after its retries");
+    if failed == ConditionStatus::False {
+        f.reason = Some("NoFailure".into());
+        f.message = Some("no task failed for good".into());
+    }
+    f.observed_generation = generation;
+    set_condition(conditions, f);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s4r_api::condition::find_condition;
+
+    fn views(states: &[(TaskState, Option<&'static str>)]) -> Vec<TaskView<'static>> {
+        states
+            .iter()
+            .map(|(state, robot)| TaskView {
+                state: *state,
+                robot: *robot,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn group_counts_states_and_lists_active_robots() {
+        use TaskState::*;
+        let s = group_status(
+            4,
+            views(&[
+                (Running, Some("r1")),
+                (Dispatching, Some("r2")),
+                (Completed, Some("r3")),
+                (Pending, None),
+            ]),
+            None,
+            Some(3),
+        );
+        assert_eq!(s.state, Some(WorkState::Running));
+        assert_eq!(s.completions.as_deref(), Some("1/4"));
+        assert_eq!(
+            (s.counts.total, s.counts.running, s.counts.dispatching),
+            (4, 1, 1)
+        );
+        assert_eq!(s.robots, vec!["r1".to_string(), "r2".to_string()], "r3 is done");
+        assert_eq!(s.observed_generation, Some(3));
+    }
+
+    #[test]
+    fn group_completes_and_fails() {
+        use TaskState::*;
+        let done = group_status(2, views(&[(Completed, None), (Completed, None)]), None, None);
+        assert_eq!(done.state, Some(WorkState::Completed));
+        let c = find_condition(&done.conditions, "Complete").unwrap();
+        assert_eq!(c.status, ConditionStatus::True);
+        let failed = group_status(2, views(&[(Completed, None), (Failed, None)]), None, None);
+        assert_eq!(failed.state, Some(WorkState::Failed));
+        assert_eq!(
+            find_condition(&failed.conditions, "Failed").unwrap().status,
+            ConditionStatus::True
+        );
+        let short = group_status(3, views(&[(Completed, None), (Completed, None)]), None, None);
+        assert_eq!(
+            short.state,
+            Some(WorkState::Running),
+            "a task still to be created"
+        );
+    }
+
+    #[test]
+    fn job_sums_groups_and_keeps_its_times() {
+        let t0 = Timestamp::from_second(1_700_000_000).unwrap();
+        let t1 = Timestamp::from_second(1_700_000_100).unwrap();
+        let a = group_status(1, views(&[(TaskState::Completed, None)]), None, None);
+        let b = group_status(1, views(&[(TaskState::Running, Some("r"))]), None, None);
+        let groups = [
+            GroupView {
+                name: "a",
+                task_group: "j-a".into(),
+                count: 1,
+                status: Some(&a),
+            },
+            GroupView {
+                name: "b",
+                task_group: "j-b".into(),
+                count: 1,
+                status: Some(&b),
+            },
+        ];
+        let s = job_status(&groups, None, Some(1), t0);
+        assert_eq!(s.state, Some(WorkState::Running));
+        assert_eq!(s.completions.as_deref(), Some("1/2"));
+        assert_eq!(s.start_time, Some(t0));
+        assert_eq!(s.completion_time, None);
+        assert_eq!(s.groups.len(), 2);
+        assert_eq!(s.groups[1].state, Some(WorkState::Running));
+
+        let b_done = group_status(1, views(&[(TaskState::Completed, None)]), None, None);
+        let groups = [
+            groups[0].clone(),
+            GroupView {
+                status: Some(&b_done),
+                ..groups[1].clone()
+            },
+        ];
+        let done = job_status(&groups, Some(&s), Some(1), t1);
+        assert_eq!(done.state, Some(WorkState::Completed));
+        assert_eq!(done.start_time, Some(t0), "kept from before");
+        assert_eq!(done.completion_time, Some(t1));
+        let again = job_status(
+            &groups,
+            Some(&done),
+            Some(1),
+            t1 + jiff::SignedDuration::from_secs(5),
+        );
+        assert_eq!(again.completion_time, Some(t1), "stable across reconciles");
+    }
+
+    #[test]
+    fn job_without_groups_created_yet_is_pending() {
+        let now = Timestamp::from_second(1_700_000_000).unwrap();
+        let groups = [GroupView {
+            name: "a",
+            task_group: "j-a".into(),
+            count: 3,
+            status: None,
+        }];
+        let s = job_status(&groups, None, None, now);
+        assert_eq!(s.state, Some(WorkState::Pending));
+        assert_eq!(s.start_time, None);
+        assert_eq!(s.completions.as_deref(), Some("0/3"));
+    }
+}

@@ -1,0 +1,185 @@
+//! What is assigned to which robot, kept in memory.
+//!
+//! Robot `status.allocated` lags (it is written after the fact, coalesced),
+//! and many tasks are scheduled at once, so the scheduler cannot read
+//! allocation from the API. The ledger is the scheduler's own record: a
+//! decision reserves its robot before the Task is patched, and every Task
+//! the watch delivers corrects the record. Attempt numbers order the two:
+//! an observation older than a reservation does not undo it.
+
+use std::collections::{BTreeSet, HashMap};
+
+use crate::scheduler::{Demand, Usage};
+
+/// Where one task's current attempt is placed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Placement {
+    /// The robot.
+    pub robot: String,
+    /// The spread group (namespace/taskgroup).
+    pub group: String,
+    /// What the task requests.
+    pub demand: Demand,
+}
+
+#[derive(Clone, Debug)]
+struct Entry {
+    attempt: u32,
+    placement: Placement,
+}
+
+/// Assignments per task and usage per robot.
+#[derive(Debug, Default)]
+pub struct Ledger {
+    by_task: HashMap<String, Entry>,
+    by_robot: HashMap<String, (Usage, BTreeSet<String>)>,
+}
+
+impl Ledger {
+    /// Records what a watch event shows about task `key`: its attempt and,
+    /// when the attempt occupies a robot (dispatching or running), where.
+    pub fn observe(&mut self, key: &str, attempt: u32, placement: Option<Placement>) {
+        if let Some(existing) = self.by_task.get(key) {
+            if attempt < existing.attempt {
+                // A reservation for a newer attempt the watch has not shown yet.
+                return;
+            }
+            if placement.as_ref() == Some(&existing.placement) && attempt == existing.attempt {
+                return;
+            }
+        }
+        self.remove(key);
+        if let Some(placement) = placement {
+            self.insert(key, attempt, placement);
+        }
+    }
+
+    /// Reserves a robot for `attempt` of task `key` before the Task says so.
+    pub fn reserve(&mut self, key: &str, attempt: u32, placement: Placement) {
+        self.remove(key);
+        self.insert(key, attempt, placement);
+    }
+
+    /// Takes back a reservation whose patch failed.
+    pub fn unreserve(&mut self, key: &str, attempt: u32) {
+        if self.by_task.get(key).is_some_and(|e| e.attempt == attempt) {
+            self.remove(key);
+        }
+    }
+
+    /// Forgets a task (it was deleted).
+    pub fn remove(&mut self, key: &str) {
+        let Some(entry) = self.by_task.remove(key) else {
+            return;
+        };
+        let robot = &entry.placement.robot;
+        if let Some((usage, tasks)) = self.by_robot.get_mut(robot) {
+            usage.cpu_milli = usage.cpu_milli.saturating_sub(entry.placement.demand.cpu_milli);
+            usage.memory_bytes = usage
+                .memory_bytes
+                .saturating_sub(entry.placement.demand.memory_bytes);
+            usage.tasks = usage.tasks.saturating_sub(1);
+            if let Some(n) = usage.per_group.get_mut(&entry.placement.group) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    usage.per_group.remove(&entry.placement.group);
+                }
+            }
+            tasks.remove(key);
+            if tasks.is_empty() {
+                self.by_robot.remove(robot);
+            }
+        }
+    }
+
+    fn insert(&mut self, key: &str, attempt: u32, placement: Placement) {
+        let (usage, tasks) = self.by_robot.entry(placement.robot.clone()).or_default();
+        usage.cpu_milli += placement.demand.cpu_milli;
+        usage.memory_bytes += placement.demand.memory_bytes;
+        usage.tasks += 1;
+        *usage.per_group.entry(placement.group.clone()).or_default() += 1;
+        tasks.insert(key.to_owned());
+        self.by_task.insert(key.to_owned(), Entry { attempt, placement });
+    }
+
+    /// What is assigned to `robot`.
+    pub fn usage(&self, robot: &str) -> Option<&Usage> {
+        self.by_robot.get(robot).map(|(u, _)| u)
+    }
+
+    /// The tasks (namespace/name) assigned to `robot`.
+    pub fn tasks_on(&self, robot: &str) -> Vec<String> {
+        self.by_robot
+            .get(robot)
+            .map(|(_, t)| t.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// The robot task `key` is assigned to, if any.
+    pub fn robot_of(&self, key: &str) -> Option<&str> {
+        self.by_task.get(key).map(|e| e.placement.robot.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn on(robot: &str, cpu: u64) -> Placement {
+        Placement {
+            robot: robot.into(),
+            group: "ns/g".into(),
+            demand: Demand {
+                cpu_milli: cpu,
+                memory_bytes: 0,
+            },
+        }
+    }
+
+    #[test]
+    fn observations_add_and_release_usage() {
+        let mut l = Ledger::default();
+        l.observe("ns/t1", 1, Some(on("a", 500)));
+        l.observe("ns/t2", 1, Some(on("a", 250)));
+        let u = l.usage("a").unwrap();
+        assert_eq!((u.cpu_milli, u.tasks, u.per_group["ns/g"]), (750, 2, 2));
+        l.observe("ns/t1", 1, None);
+        assert_eq!(l.usage("a").unwrap().cpu_milli, 250);
+        l.remove("ns/t2");
+        assert!(l.usage("a").is_none());
+        assert!(l.tasks_on("a").is_empty());
+    }
+
+    #[test]
+    fn a_reservation_survives_older_observations() {
+        let mut l = Ledger::default();
+        l.reserve("ns/t", 2, on("b", 100));
+        l.observe("ns/t", 1, None);
+        assert_eq!(l.robot_of("ns/t"), Some("b"), "the watch still shows attempt 1");
+        l.observe("ns/t", 2, Some(on("b", 100)));
+        assert_eq!(l.usage("b").unwrap().tasks, 1, "no double count");
+        l.observe("ns/t", 2, None);
+        assert_eq!(l.robot_of("ns/t"), None, "attempt 2 finished");
+    }
+
+    #[test]
+    fn a_failed_patch_takes_its_reservation_back() {
+        let mut l = Ledger::default();
+        l.observe("ns/t", 1, Some(on("a", 100)));
+        l.unreserve("ns/t", 2);
+        assert_eq!(l.robot_of("ns/t"), Some("a"), "not that attempt's reservation");
+        l.reserve("ns/t", 2, on("b", 100));
+        l.unreserve("ns/t", 2);
+        assert_eq!(l.robot_of("ns/t"), None);
+        assert!(l.usage("a").is_none() && l.usage("b").is_none());
+    }
+
+    #[test]
+    fn moving_a_task_moves_its_usage() {
+        let mut l = Ledger::default();
+        l.observe("ns/t", 1, Some(on("a", 100)));
+        l.observe("ns/t", 2, Some(on("b", 100)));
+        assert!(l.usage("a").is_none());
+        assert_eq!(l.tasks_on("b"), vec!["ns/t".to_string()]);
+    }
+}

@@ -1,0 +1,259 @@
+//! Robot decisions: approval of a registration, and Online/Offline from
+//! the liveness the server records.
+
+use std::time::Duration;
+
+use jiff::{SignedDuration, Timestamp};
+use k8s4r_api::{ConditionStatus, RobotPhase};
+
+/// The timing rules for robots.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LivenessConfig {
+    /// Liveness older than this makes an Online robot Offline.
+    pub heartbeat_timeout: Duration,
+    /// How long `Connected=False` (the last will) may last before Offline.
+    pub disconnect_grace: Duration,
+}
+
+impl Default for LivenessConfig {
+    fn default() -> Self {
+        Self {
+            heartbeat_timeout: Duration::from_secs(300),
+            disconnect_grace: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What the server recorded about a robot's liveness.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Liveness {
+    /// `status.lastHeartbeatTime`.
+    pub last_heartbeat: Option<Timestamp>,
+    /// The robot's Lease `spec.renewTime`.
+    pub lease_renew: Option<Timestamp>,
+    /// `status.lastRegistrationTime`.
+    pub last_registration: Option<Timestamp>,
+    /// The `Connected` condition: status and when it last changed.
+    pub connected: Option<(ConditionStatus, Option<Timestamp>)>,
+}
+
+impl Liveness {
+    /// The freshest sign of life.
+    pub fn last_seen(&self) -> Option<Timestamp> {
+        [self.last_heartbeat, self.lease_renew, self.last_registration]
+            .into_iter()
+            .flatten()
+            .max()
+    }
+}
+
+/// What to do with an approved robot's phase.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Keep the phase; look again after the duration (or on a change).
+    Stay(Option<Duration>),
+    /// Becomes Online.
+    Online {
+        /// Condition reason.
+        reason: &'static str,
+        /// For a person.
+        message: String,
+    },
+    /// Becomes Offline.
+    Offline {
+        /// Condition reason.
+        reason: &'static str,
+        /// For a person.
+        message: String,
+    },
+}
+
+fn since(now: Timestamp, then: Timestamp) -> Duration {
+    Duration::try_from(now.duration_since(then)).unwrap_or(Duration::ZERO)
+}
+
+/// Decides Online/Offline for a robot in `phase` (Online or Offline).
+pub fn verdict(phase: RobotPhase, live: &Liveness, now: Timestamp, cfg: &LivenessConfig) -> Verdict {
+    let age = live.last_seen().map(|t| since(now, t));
+    let stale = age.is_none_or(|a| a >= cfg.heartbeat_timeout);
+    let disconnected_for = match live.connected {
+        Some((ConditionStatus::False, at)) => Some(at.map_or(Duration::MAX, |t| since(now, t))),
+        _ => None,
+    };
+    match phase {
+        RobotPhase::Online => {
+            if stale {
+                return Verdict::Offline {
+                    reason: "HeartbeatTimeout",
+                    message: format!("no heartbeat for more than {}s", cfg.heartbeat_timeout.as_secs()),
+                };
+            }
+            if let Some(d) = disconnected_for {
+                if d >= cfg.disconnect_grace {
+                    return Verdict::Offline {
+                        reason: "Disconnected",
+                        message: "the robot disconnected from the broker".into(),
+                    };
+                }
+                return Verdict::Stay(Some(cfg.disconnect_grace - d));
+            }
+            let left = age.map(|a| cfg.heartbeat_timeout.saturating_sub(a));
+            Verdict::Stay(left)
+        }
+        RobotPhase::Offline => {
+            if !stale && disconnected_for.is_none() {
+                Verdict::Online {
+                    reason: "HeartbeatResumed",
+                    message: "heartbeats resumed".into(),
+                }
+            } else {
+                Verdict::Stay(None)
+            }
+        }
+        RobotPhase::Pending | RobotPhase::Rejected => Verdict::Stay(None),
+    }
+}
+
+/// The outcome of a registration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Approval {
+    /// Approve: the token matched, or auto-approval is on.
+    Approve(String),
+    /// Reject with this message.
+    Reject(String),
+    /// Cannot tell yet (no token list to check against).
+    Wait(String),
+}
+
+/// Decides a registration from the hash of the token the robot presented
+/// and the hashes of the known bootstrap tokens (`None`: no Secret).
+pub fn approval(presented: Option<&str>, known: Option<&[String]>, auto_approve: bool) -> Approval {
+    if auto_approve {
+        return Approval::Approve("auto-approved".into());
+    }
+    let Some(known) = known else {
+        return Approval::Wait("no bootstrap token Secret to check the robot's token against".into());
+    };
+    match presented {
+        None => Approval::Reject("the robot presented no bootstrap token".into()),
+        Some(hash) if known.iter().any(|k| k.eq_ignore_ascii_case(hash)) => {
+            Approval::Approve("bootstrap token accepted".into())
+        }
+        Some(_) => Approval::Reject("bootstrap token not recognised".into()),
+    }
+}
+
+/// When liveness turns stale, as a Timestamp (for requeues and tests).
+pub fn stale_at(live: &Liveness, cfg: &LivenessConfig) -> Option<Timestamp> {
+    let d = SignedDuration::try_from(cfg.heartbeat_timeout).ok()?;
+    live.last_seen().and_then(|t| t.checked_add(d).ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(secs: i64) -> Timestamp {
+        Timestamp::from_second(1_700_000_000 + secs).unwrap()
+    }
+
+    fn cfg() -> LivenessConfig {
+        LivenessConfig {
+            heartbeat_timeout: Duration::from_secs(60),
+            disconnect_grace: Duration::from_secs(5),
+        }
+    }
+
+    #[test]
+    fn liveness_is_the_freshest_signal() {
+        let live = Liveness {
+            last_heartbeat: Some(t(10)),
+            lease_renew: Some(t(50)),
+            last_registration: Some(t(0)),
+            connected: None,
+        };
+        assert_eq!(live.last_seen(), Some(t(50)));
+        assert_eq!(stale_at(&live, &cfg()), Some(t(110)));
+    }
+
+    #[test]
+    fn online_goes_offline_when_heartbeats_stop() {
+        let live = Liveness {
+            last_heartbeat: Some(t(0)),
+            ..Liveness::default()
+        };
+        assert_eq!(
+            verdict(RobotPhase::Online, &live, t(45), &cfg()),
+            Verdict::Stay(Some(Duration::from_secs(15)))
+        );
+        assert!(matches!(
+            verdict(RobotPhase::Online, &live, t(60), &cfg()),
+            Verdict::Offline {
+                reason: "HeartbeatTimeout",
+                ..
+            }
+        ));
+        assert!(matches!(
+            verdict(RobotPhase::Online, &Liveness::default(), t(0), &cfg()),
+            Verdict::Offline { .. }
+        ));
+    }
+
+    #[test]
+    fn a_last_will_takes_the_robot_offline_after_a_short_grace() {
+        let live = Liveness {
+            last_heartbeat: Some(t(0)),
+            connected: Some((ConditionStatus::False, Some(t(1)))),
+            ..Liveness::default()
+        };
+        assert_eq!(
+            verdict(RobotPhase::Online, &live, t(3), &cfg()),
+            Verdict::Stay(Some(Duration::from_secs(3)))
+        );
+        assert!(matches!(
+            verdict(RobotPhase::Online, &live, t(6), &cfg()),
+            Verdict::Offline {
+                reason: "Disconnected",
+                ..
+            }
+        ));
+        assert_eq!(
+            verdict(RobotPhase::Offline, &live, t(7), &cfg()),
+            Verdict::Stay(None)
+        );
+    }
+
+    #[test]
+    fn offline_comes_back_when_heartbeats_resume() {
+        let live = Liveness {
+            lease_renew: Some(t(100)),
+            connected: Some((ConditionStatus::True, Some(t(100)))),
+            ..Liveness::default()
+        };
+        assert!(matches!(
+            verdict(RobotPhase::Offline, &live, t(101), &cfg()),
+            Verdict::Online { .. }
+        ));
+        assert_eq!(
+            verdict(RobotPhase::Offline, &live, t(200), &cfg()),
+            Verdict::Stay(None),
+            "still stale"
+        );
+    }
+
+    #[test]
+    fn approval_by_token_hash_or_auto() {
+        let known = vec!["ABCD".to_string()];
+        assert!(matches!(
+            approval(Some("abcd"), Some(&known), false),
+            Approval::Approve(_)
+        ));
+        assert!(matches!(
+            approval(Some("beef"), Some(&known), false),
+            Approval::Reject(_)
+        ));
+        assert!(matches!(approval(None, Some(&known), false), Approval::Reject(_)));
+        assert!(matches!(approval(Some("abcd"), None, false), Approval::Wait(_)));
+        assert!(matches!(approval(None, None, true), Approval::Approve(_)));
+    }
+}

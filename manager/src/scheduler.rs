@@ -1,0 +1,485 @@
+//! Placement: which robot a task goes to.
+//!
+//! Plain data in, a decision out. The controller turns Robots into
+//! [`RobotFacts`] once per change (not once per decision), keeps what is
+//! already assigned in a [`crate::ledger::Ledger`], and asks [`choose`] for
+//! each task. Filters run first (phase, cordon, selector, constraints,
+//! driver, free CPU and memory); among the robots left, the tasks of one
+//! group spread across robots first, then the least allocated robot wins.
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+
+use k8s4r_api::{Constraint, LabelSelector, RobotPhase};
+
+/// What the scheduler needs to know about one robot.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RobotFacts {
+    /// The Robot's name (its id).
+    pub name: String,
+    /// Its phase; `None` before the server wrote one.
+    pub phase: Option<RobotPhase>,
+    /// Cordoned by a person.
+    pub unschedulable: bool,
+    /// `metadata.labels`.
+    pub labels: BTreeMap<String, String>,
+    /// Device attributes constraints may name (`arch`, `os`, `cpus`, ...).
+    pub attributes: BTreeMap<String, String>,
+    /// Drivers the agent offers.
+    pub drivers: Vec<String>,
+    /// CPU capacity in millicores; `None` when the robot reported none, and
+    /// then CPU requests are not counted against it.
+    pub cpu_milli: Option<u64>,
+    /// Memory capacity in bytes; `None` as for CPU.
+    pub memory_bytes: Option<u64>,
+}
+
+impl RobotFacts {
+    /// The value a constraint's attribute names: `label.<key>` reads a label,
+    /// anything else a device attribute.
+    pub fn attribute(&self, name: &str) -> Option<&str> {
+        match name.strip_prefix("label.") {
+            Some(key) => self.labels.get(key).map(String::as_str),
+            None => self.attributes.get(name).map(String::as_str),
+        }
+    }
+}
+
+/// CPU and memory one task asks for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Demand {
+    /// Millicores.
+    pub cpu_milli: u64,
+    /// Bytes.
+    pub memory_bytes: u64,
+}
+
+/// What is already assigned to one robot.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Millicores requested by its tasks.
+    pub cpu_milli: u64,
+    /// Bytes requested by its tasks.
+    pub memory_bytes: u64,
+    /// Number of tasks.
+    pub tasks: u32,
+    /// Tasks per spread group (see [`Request::group`]).
+    pub per_group: HashMap<String, u32>,
+}
+
+/// One task asking for a robot.
+#[derive(Clone, Debug)]
+pub struct Request<'a> {
+    /// Tasks sharing this key are spread across robots (namespace/taskgroup).
+    pub group: &'a str,
+    /// The merged robot selector.
+    pub selector: Option<&'a LabelSelector>,
+    /// The merged constraints.
+    pub constraints: &'a [Constraint],
+    /// The driver the task needs.
+    pub driver: &'a str,
+    /// Its CPU and memory requests.
+    pub demand: Demand,
+    /// A robot to use only when nothing else fits (the one whose dispatch
+    /// just timed out).
+    pub avoid: Option<&'a str>,
+}
+
+/// Why one robot was filtered out. The order is the order of the filters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Rejection {
+    /// Phase Offline.
+    Offline,
+    /// Phase Pending, Rejected or none: not approved.
+    NotApproved,
+    /// `spec.unschedulable`.
+    Cordoned,
+    /// The robot selector does not match its labels.
+    Selector,
+    /// A constraint does not admit it.
+    Constraint,
+    /// It does not offer the task's driver.
+    Driver,
+    /// Not enough free CPU.
+    Cpu,
+    /// Not enough free memory.
+    Memory,
+}
+
+impl Rejection {
+    fn describe(self) -> &'static str {
+        match self {
+            Rejection::Offline => "offline",
+            Rejection::NotApproved => "not approved",
+            Rejection::Cordoned => "unschedulable",
+            Rejection::Selector => "don't match selector",
+            Rejection::Constraint => "don't meet constraints",
+            Rejection::Driver => "lack the driver",
+            Rejection::Cpu => "insufficient cpu",
+            Rejection::Memory => "insufficient memory",
+        }
+    }
+}
+
+/// No robot fits: how many were looked at and why each was refused.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NoFit {
+    /// Robots considered.
+    pub total: usize,
+    /// Robots refused, per first failing filter.
+    pub rejections: BTreeMap<Rejection, usize>,
+}
+
+impl fmt::Display for NoFit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "0/{} robots", self.total)?;
+        if self.total == 0 {
+            return f.write_str(" registered");
+        }
+        f.write_str(":")?;
+        for (i, (why, n)) in self.rejections.iter().enumerate() {
+            let sep = if i == 0 { " " } else { ", " };
+            write!(f, "{sep}{n} {}", why.describe())?;
+        }
+        Ok(())
+    }
+}
+
+/// Runs every filter over one robot; the first that refuses it wins.
+pub fn check(robot: &RobotFacts, request: &Request<'_>, usage: Option<&Usage>) -> Result<(), Rejection> {
+    match robot.phase {
+        Some(RobotPhase::Online) => {}
+        Some(RobotPhase::Offline) => return Err(Rejection::Offline),
+        _ => return Err(Rejection::NotApproved),
+    }
+    if robot.unschedulable {
+        return Err(Rejection::Cordoned);
+    }
+    if let Some(selector) = request.selector {
+        if !selector.matches(&robot.labels) {
+            return Err(Rejection::Selector);
+        }
+    }
+    if !request
+        .constraints
+        .iter()
+        .all(|c| c.admits(robot.attribute(&c.attribute)))
+    {
+        return Err(Rejection::Constraint);
+    }
+    if !robot.drivers.iter().any(|d| d == request.driver) {
+        return Err(Rejection::Driver);
+    }
+    let (cpu_used, memory_used) = usage.map_or((0, 0), |u| (u.cpu_milli, u.memory_bytes));
+    if let Some(cap) = robot.cpu_milli {
+        if cpu_used.saturating_add(request.demand.cpu_milli) > cap {
+            return Err(Rejection::Cpu);
+        }
+    }
+    if let Some(cap) = robot.memory_bytes {
+        if memory_used.saturating_add(request.demand.memory_bytes) > cap {
+            return Err(Rejection::Memory);
+        }
+    }
+    Ok(())
+}
+
+/// How good a fitting robot is; lower is better.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Score {
+    /// The robot to avoid sorts last.
+    pub avoided: bool,
+    /// Tasks of the same group already there (spread).
+    pub same_group: u32,
+    /// The fuller of CPU and memory after placing the task, in per mille.
+    pub load_permille: u64,
+    /// Tasks already there.
+    pub tasks: u32,
+}
+
+/// Scores a robot that passed [`check`].
+pub fn score(robot: &RobotFacts, request: &Request<'_>, usage: Option<&Usage>) -> Score {
+    let empty = Usage::default();
+    let usage = usage.unwrap_or(&empty);
+    let ratio = |used: u64, want: u64, cap: Option<u64>| match cap {
+        Some(cap) if cap > 0 => used.saturating_add(want).saturating_mul(1000) / cap,
+        _ => 0,
+    };
+    let load_permille = ratio(usage.cpu_milli, request.demand.cpu_milli, robot.cpu_milli).max(ratio(
+        usage.memory_bytes,
+        request.demand.memory_bytes,
+        robot.memory_bytes,
+    ));
+    Score {
+        avoided: request.avoid == Some(robot.name.as_str()),
+        same_group: usage.per_group.get(request.group).copied().unwrap_or(0),
+        load_permille,
+        tasks: usage.tasks,
+    }
+}
+
+/// Picks the best robot for `request`, or says why none fits.
+///
+/// `usage` looks up what is already assigned to a robot by name. Ties go to
+/// the robot whose name sorts first, so decisions are reproducible.
+pub fn choose<'r, 'u>(
+    robots: impl IntoIterator<Item = &'r RobotFacts>,
+    request: &Request<'_>,
+    usage: impl Fn(&str) -> Option<&'u Usage>,
+) -> Result<&'r RobotFacts, NoFit> {
+    let mut best: Option<(Score, &'r RobotFacts)> = None;
+    let mut nofit = NoFit::default();
+    for robot in robots {
+        nofit.total += 1;
+        let used = usage(&robot.name);
+        if let Err(why) = check(robot, request, used) {
+            *nofit.rejections.entry(why).or_default() += 1;
+            continue;
+        }
+        let s = score(robot, request, used);
+        let better = match &best {
+            None => true,
+            Some((bs, br)) => match s.cmp(bs) {
+                Ordering::Less => true,
+                Ordering::Equal => robot.name < br.name,
+                Ordering::Greater => false,
+            },
+        };
+        if better {
+            best = Some((s, robot));
+        }
+    }
+    best.map(|(_, r)| r).ok_or(nofit)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use k8s4r_api::ConstraintOperator;
+
+    /// A builder for robots in tests: Online, exec driver, 4 CPUs, 8 GiB.
+    pub(crate) fn robot(name: &str) -> RobotFacts {
+        RobotFacts {
+            name: name.into(),
+            phase: Some(RobotPhase::Online),
+            drivers: vec!["exec".into(), "raw_exec".into()],
+            cpu_milli: Some(4000),
+            memory_bytes: Some(8 << 30),
+            attributes: [("arch".to_string(), "x86_64".to_string())].into(),
+            ..RobotFacts::default()
+        }
+    }
+
+    impl RobotFacts {
+        pub(crate) fn with_label(mut self, k: &str, v: &str) -> Self {
+            self.labels.insert(k.into(), v.into());
+            self
+        }
+        pub(crate) fn with_phase(mut self, phase: RobotPhase) -> Self {
+            self.phase = Some(phase);
+            self
+        }
+        pub(crate) fn with_attr(mut self, k: &str, v: &str) -> Self {
+            self.attributes.insert(k.into(), v.into());
+            self
+        }
+    }
+
+    fn request(group: &str) -> Request<'_> {
+        Request {
+            group,
+            selector: None,
+            constraints: &[],
+            driver: "exec",
+            demand: Demand::default(),
+            avoid: None,
+        }
+    }
+
+    fn usage(cpu: u64, mem: u64, tasks: u32, group: &[(&str, u32)]) -> Usage {
+        Usage {
+            cpu_milli: cpu,
+            memory_bytes: mem,
+            tasks,
+            per_group: group.iter().map(|(g, n)| (g.to_string(), *n)).collect(),
+        }
+    }
+
+    #[test]
+    fn only_online_robots_are_candidates() {
+        let req = request("g");
+        assert_eq!(check(&robot("a"), &req, None), Ok(()));
+        let off = robot("a").with_phase(RobotPhase::Offline);
+        assert_eq!(check(&off, &req, None), Err(Rejection::Offline));
+        let pending = robot("a").with_phase(RobotPhase::Pending);
+        assert_eq!(check(&pending, &req, None), Err(Rejection::NotApproved));
+        let rejected = robot("a").with_phase(RobotPhase::Rejected);
+        assert_eq!(check(&rejected, &req, None), Err(Rejection::NotApproved));
+        let mut unknown = robot("a");
+        unknown.phase = None;
+        assert_eq!(check(&unknown, &req, None), Err(Rejection::NotApproved));
+    }
+
+    #[test]
+    fn cordoned_robots_get_nothing() {
+        let mut r = robot("a");
+        r.unschedulable = true;
+        assert_eq!(check(&r, &request("g"), None), Err(Rejection::Cordoned));
+    }
+
+    #[test]
+    fn selector_filters_by_labels() {
+        let selector = LabelSelector::from_labels([("site", "lab")]);
+        let req = Request {
+            selector: Some(&selector),
+            ..request("g")
+        };
+        assert_eq!(check(&robot("a").with_label("site", "lab"), &req, None), Ok(()));
+        assert_eq!(
+            check(&robot("a").with_label("site", "field"), &req, None),
+            Err(Rejection::Selector)
+        );
+    }
+
+    #[test]
+    fn constraints_read_device_attributes_and_labels() {
+        let constraints = [
+            Constraint {
+                attribute: "arch".into(),
+                operator: ConstraintOperator::Equal,
+                value: "aarch64".into(),
+            },
+            Constraint {
+                attribute: "label.tier".into(),
+                operator: ConstraintOperator::In,
+                value: "gold,silver".into(),
+            },
+        ];
+        let req = Request {
+            constraints: &constraints,
+            ..request("g")
+        };
+        let arm = robot("a").with_attr("arch", "aarch64");
+        assert_eq!(
+            check(&arm, &req, None),
+            Err(Rejection::Constraint),
+            "no tier label"
+        );
+        assert_eq!(check(&arm.clone().with_label("tier", "gold"), &req, None), Ok(()));
+        let x86 = robot("b").with_label("tier", "gold");
+        assert_eq!(check(&x86, &req, None), Err(Rejection::Constraint));
+    }
+
+    #[test]
+    fn driver_must_be_offered() {
+        let mut r = robot("a");
+        r.drivers = vec!["raw_exec".into()];
+        assert_eq!(check(&r, &request("g"), None), Err(Rejection::Driver));
+    }
+
+    #[test]
+    fn resources_must_fit_in_what_is_left() {
+        let req = Request {
+            demand: Demand {
+                cpu_milli: 1000,
+                memory_bytes: 1 << 30,
+            },
+            ..request("g")
+        };
+        let r = robot("a");
+        assert_eq!(check(&r, &req, Some(&usage(3000, 0, 3, &[]))), Ok(()));
+        assert_eq!(
+            check(&r, &req, Some(&usage(3001, 0, 3, &[]))),
+            Err(Rejection::Cpu)
+        );
+        assert_eq!(
+            check(&r, &req, Some(&usage(0, 7 << 30 | 1, 3, &[]))),
+            Err(Rejection::Memory)
+        );
+        let mut unlimited = robot("b");
+        unlimited.cpu_milli = None;
+        unlimited.memory_bytes = None;
+        assert_eq!(
+            check(&unlimited, &req, Some(&usage(99_000, 99 << 30, 99, &[]))),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn spreads_a_group_before_packing_by_load() {
+        let robots = [robot("a"), robot("b")];
+        let used: HashMap<String, Usage> = [
+            ("a".to_string(), usage(0, 0, 1, &[("g", 1)])),
+            ("b".to_string(), usage(3000, 0, 3, &[("other", 3)])),
+        ]
+        .into();
+        let chosen = choose(&robots, &request("g"), |n| used.get(n)).unwrap();
+        assert_eq!(
+            chosen.name, "b",
+            "b has no task of group g, even though it is busier"
+        );
+        let chosen = choose(&robots, &request("other"), |n| used.get(n)).unwrap();
+        assert_eq!(chosen.name, "a");
+    }
+
+    #[test]
+    fn prefers_the_least_allocated_robot() {
+        let robots = [robot("a"), robot("b"), robot("c")];
+        let used: HashMap<String, Usage> = [
+            ("a".to_string(), usage(2000, 0, 2, &[])),
+            ("b".to_string(), usage(1000, 0, 1, &[])),
+        ]
+        .into();
+        let req = Request {
+            demand: Demand {
+                cpu_milli: 500,
+                memory_bytes: 0,
+            },
+            ..request("g")
+        };
+        assert_eq!(choose(&robots, &req, |n| used.get(n)).unwrap().name, "c");
+        let robots = [robot("a"), robot("b")];
+        assert_eq!(choose(&robots, &req, |n| used.get(n)).unwrap().name, "b");
+    }
+
+    #[test]
+    fn ties_break_by_task_count_then_name() {
+        let robots = [robot("c"), robot("b"), robot("a")];
+        let used: HashMap<String, Usage> = [("a".to_string(), usage(0, 0, 1, &[]))].into();
+        assert_eq!(choose(&robots, &request("g"), |n| used.get(n)).unwrap().name, "b");
+    }
+
+    #[test]
+    fn the_avoided_robot_is_the_last_resort() {
+        let robots = [robot("a"), robot("b")];
+        let req = Request {
+            avoid: Some("a"),
+            ..request("g")
+        };
+        assert_eq!(choose(&robots, &req, |_| None).unwrap().name, "b");
+        let only = [robot("a")];
+        assert_eq!(choose(&only, &req, |_| None).unwrap().name, "a");
+    }
+
+    #[test]
+    fn no_fit_says_why_for_a_person() {
+        let selector = LabelSelector::from_labels([("site", "lab")]);
+        let req = Request {
+            selector: Some(&selector),
+            ..request("g")
+        };
+        let mut robots: Vec<RobotFacts> = (0..7)
+            .map(|i| robot(&format!("off{i}")).with_phase(RobotPhase::Offline))
+            .collect();
+        robots.extend((0..5).map(|i| robot(&format!("on{i}"))));
+        let err = choose(&robots, &req, |_| None).unwrap_err();
+        assert_eq!(err.total, 12);
+        assert_eq!(err.to_string(), "0/12 robots: 7 offline, 5 don't match selector");
+        let none: [RobotFacts; 0] = [];
+        assert_eq!(
+            choose(&none, &req, |_| None).unwrap_err().to_string(),
+            "0/0 robots registered"
+        );
+    }
+}
