@@ -13,7 +13,7 @@ pub enum Inbound {
     /// The registration's outcome.
     Response(RegisterResponse),
     /// Run an attempt (its spec already validated).
-    Dispatch(Dispatch),
+    Dispatch(Box<Dispatch>),
     /// Stop an attempt.
     Cancel(Cancel),
 }
@@ -109,7 +109,7 @@ pub fn classify(topics: &Topics, robot_id: &str, topic: &str, payload: &[u8]) ->
                     }
                     .into()));
                 }
-                Ok(Inbound::Dispatch(dispatch))
+                Ok(Inbound::Dispatch(Box::new(dispatch)))
             }
             Err(error) => {
                 let task = match error {
@@ -182,7 +182,7 @@ mod tests {
         let d = dispatch("u1", "raw_exec");
         assert_eq!(
             classify(&t, "rb1", &t.dispatch("rb1"), &encode(&d)),
-            Ok(Inbound::Dispatch(d))
+            Ok(Inbound::Dispatch(Box::new(d)))
         );
         let r = RegisterResponse {
             v: 1,

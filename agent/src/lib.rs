@@ -1,8 +1,12 @@
 //! The k8s4r robot agent.
 
+pub mod agent;
 pub mod backoff;
 pub mod config;
 pub mod host;
 pub mod inbound;
+pub mod link;
+pub mod mqtt;
 pub mod outbox;
+pub mod session;
 pub mod supervisor;

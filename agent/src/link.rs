@@ -1,0 +1,390 @@
+//! The session's state, without I/O: which QoS 1 publishes the MQTT client
+//! holds, which packet id each got, which outbox entries are in flight, and
+//! where registration stands.
+//!
+//! rumqttc tells its user only the packet id of each outgoing publish
+//! (`Outgoing::Publish(pkid)`), in the order it takes requests off its
+//! channel, and later `PubAck(pkid)`. The session hands every QoS 1 publish
+//! over from one task, so matching the n-th `Outgoing::Publish` to the n-th
+//! publish handed over is exact. On a connection error rumqttc moves what
+//! it held (sent and unsent) into its `pending` queue; the session clears
+//! that queue and [`Link::disconnected`] forgets everything in flight, so the
+//! outbox is replayed from its oldest entry on the next connection.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use k8s4r_api::RobotPhase;
+
+use crate::backoff::Backoff;
+
+/// What a QoS 1 publish handed to the client was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tag {
+    /// The outbox entry with this id.
+    Status(u64),
+    /// Registration or presence: nothing to remove when acknowledged.
+    Control,
+}
+
+/// Publish bookkeeping for one connection.
+#[derive(Debug)]
+pub struct Link {
+    connected: bool,
+    /// Handed to the client, waiting for their packet id.
+    handed: VecDeque<Tag>,
+    /// Sent, waiting for PUBACK.
+    inflight: HashMap<u16, Tag>,
+    /// Outbox entries below this id were handed over on this connection.
+    cursor: u64,
+    max_outstanding: usize,
+}
+
+impl Link {
+    /// At most `max_outstanding` QoS 1 publishes between hand-over and
+    /// PUBACK. Keep it below the client's in-flight limit: rumqttc then
+    /// never has to reuse a packet id that is still unacknowledged.
+    pub fn new(max_outstanding: usize) -> Self {
+        Self {
+            connected: false,
+            handed: VecDeque::new(),
+            inflight: HashMap::new(),
+            cursor: 0,
+            max_outstanding: max_outstanding.max(1),
+        }
+    }
+
+    /// A CONNACK arrived.
+    pub fn connected(&mut self) {
+        self.connected = true;
+        self.handed.clear();
+        self.inflight.clear();
+        self.cursor = 0;
+    }
+
+    /// The connection failed; everything in flight will be sent again.
+    pub fn disconnected(&mut self) {
+        self.connected = false;
+        self.handed.clear();
+        self.inflight.clear();
+        self.cursor = 0;
+    }
+
+    /// Whether a CONNACK arrived since the last error.
+    pub fn is_connected(&self) -> bool {
+        self.connected
+    }
+
+    /// Publishes handed over or sent and not yet acknowledged.
+    pub fn outstanding(&self) -> usize {
+        self.handed.len() + self.inflight.len()
+    }
+
+    /// Whether another QoS 1 publish may be handed over now.
+    pub fn has_room(&self) -> bool {
+        self.connected && self.outstanding() < self.max_outstanding
+    }
+
+    /// The first outbox id not yet handed over on this connection.
+    pub fn cursor(&self) -> u64 {
+        self.cursor
+    }
+
+    /// A QoS 1 publish was handed to the client.
+    pub fn handed_over(&mut self, tag: Tag) {
+        if let Tag::Status(id) = tag {
+            self.cursor = self.cursor.max(id + 1);
+        }
+        self.handed.push_back(tag);
+    }
+
+    /// The client sent a publish with this packet id (0: QoS 0, ignored).
+    pub fn sent(&mut self, pkid: u16) {
+        if pkid == 0 {
+            return;
+        }
+        match self.handed.pop_front() {
+            Some(tag) => {
+                self.inflight.insert(pkid, tag);
+            }
+            None => tracing::warn!(pkid, "outgoing publish that the session did not hand over"),
+        }
+    }
+
+    /// The broker acknowledged this packet id.
+    pub fn acked(&mut self, pkid: u16) -> Option<Tag> {
+        self.inflight.remove(&pkid)
+    }
+
+    /// Whether nothing is waiting for the broker.
+    pub fn idle(&self) -> bool {
+        self.handed.is_empty() && self.inflight.is_empty()
+    }
+}
+
+/// Where registration stands on the current connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Registration {
+    /// Not connected.
+    Offline,
+    /// Register sent; the next one goes at `retry_at` unless approved.
+    Waiting {
+        /// When to register again.
+        retry_at: Instant,
+    },
+    /// The server answered Online.
+    Approved,
+}
+
+/// Registration's state machine: register on every connect, again with
+/// backoff until the server answers Online.
+#[derive(Debug)]
+pub struct Registrar {
+    state: Registration,
+    backoff: Backoff,
+    last_phase: Option<RobotPhase>,
+}
+
+/// What the registrar wants done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RegisterAction {
+    /// Nothing.
+    None,
+    /// Publish a register message.
+    Register,
+    /// Approval arrived: run held dispatches, start heartbeats.
+    Approved,
+}
+
+impl Registrar {
+    /// Retries spaced by `backoff`.
+    pub fn new(backoff: Backoff) -> Self {
+        Self {
+            state: Registration::Offline,
+            backoff,
+            last_phase: None,
+        }
+    }
+
+    /// The current state.
+    pub fn state(&self) -> Registration {
+        self.state
+    }
+
+    /// Whether the server approved the robot on this connection.
+    pub fn approved(&self) -> bool {
+        self.state == Registration::Approved
+    }
+
+    /// The phase of the last response.
+    pub fn last_phase(&self) -> Option<RobotPhase> {
+        self.last_phase
+    }
+
+    /// Connected: register now.
+    pub fn connected(&mut self, now: Instant) -> RegisterAction {
+        self.state = Registration::Waiting {
+            retry_at: now + self.backoff.next_delay(),
+        };
+        RegisterAction::Register
+    }
+
+    /// Disconnected.
+    pub fn disconnected(&mut self) {
+        self.state = Registration::Offline;
+    }
+
+    /// When the next retry is due, if one is.
+    pub fn deadline(&self) -> Option<Instant> {
+        match self.state {
+            Registration::Waiting { retry_at } => Some(retry_at),
+            _ => None,
+        }
+    }
+
+    /// Time passed: register again if the retry is due.
+    pub fn tick(&mut self, now: Instant) -> RegisterAction {
+        match self.state {
+            Registration::Waiting { retry_at } if now >= retry_at => {
+                self.state = Registration::Waiting {
+                    retry_at: now + self.backoff.next_delay(),
+                };
+                RegisterAction::Register
+            }
+            _ => RegisterAction::None,
+        }
+    }
+
+    /// The server answered.
+    pub fn response(&mut self, phase: RobotPhase, now: Instant) -> RegisterAction {
+        self.last_phase = Some(phase);
+        match (self.state, phase) {
+            (Registration::Offline, _) => RegisterAction::None,
+            (Registration::Approved, RobotPhase::Online) => RegisterAction::None,
+            (_, RobotPhase::Online) => {
+                self.state = Registration::Approved;
+                self.backoff.reset();
+                RegisterAction::Approved
+            }
+            // Pending, Rejected, Offline: keep waiting; the retry already
+            // scheduled stays (a response must not speed retries up).
+            (Registration::Approved, _) => {
+                self.state = Registration::Waiting {
+                    retry_at: now + self.backoff.next_delay(),
+                };
+                RegisterAction::None
+            }
+            (Registration::Waiting { .. }, _) => RegisterAction::None,
+        }
+    }
+}
+
+/// Attempts the agent believes are running: reported at registration and in
+/// heartbeats.
+#[derive(Debug, Default)]
+pub struct RunningSet {
+    attempts: BTreeMap<String, u32>,
+}
+
+impl RunningSet {
+    /// Records an attempt as started (or handed to the supervisor).
+    pub fn insert(&mut self, uid: &str, attempt: u32) {
+        self.attempts.insert(uid.to_owned(), attempt);
+    }
+
+    /// Whether this exact attempt is known to be running.
+    pub fn contains(&self, uid: &str, attempt: u32) -> bool {
+        self.attempts.get(uid) == Some(&attempt)
+    }
+
+    /// The attempt of `uid` ended.
+    pub fn remove(&mut self, uid: &str, attempt: u32) {
+        if self.attempts.get(uid).is_some_and(|a| *a <= attempt) {
+            self.attempts.remove(uid);
+        }
+    }
+
+    /// As protocol values.
+    pub fn to_vec(&self) -> Vec<k8s4r_api::TaskAttempt> {
+        self.attempts
+            .iter()
+            .map(|(uid, attempt)| k8s4r_api::TaskAttempt {
+                uid: uid.clone(),
+                attempt: *attempt,
+            })
+            .collect()
+    }
+
+    /// How many.
+    pub fn len(&self) -> usize {
+        self.attempts.len()
+    }
+
+    /// Whether none.
+    pub fn is_empty(&self) -> bool {
+        self.attempts.is_empty()
+    }
+}
+
+/// The delay until `deadline`, zero if it passed.
+pub fn until(deadline: Instant, now: Instant) -> Duration {
+    deadline.saturating_duration_since(now)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backoff::Jitter;
+
+    #[test]
+    fn packet_ids_map_to_what_was_handed_over_in_order() {
+        let mut l = Link::new(4);
+        assert!(!l.has_room(), "nothing goes out before CONNACK");
+        l.connected();
+        l.handed_over(Tag::Control);
+        l.handed_over(Tag::Status(7));
+        l.handed_over(Tag::Status(9));
+        assert_eq!(l.cursor(), 10);
+        l.sent(0); // a QoS 0 heartbeat in between
+        l.sent(1);
+        l.sent(2);
+        l.sent(3);
+        assert_eq!(l.acked(2), Some(Tag::Status(7)));
+        assert_eq!(l.acked(2), None, "a duplicate ack is ignored");
+        assert_eq!(l.acked(1), Some(Tag::Control));
+        assert_eq!(l.outstanding(), 1);
+        assert_eq!(l.acked(3), Some(Tag::Status(9)));
+        assert!(l.idle());
+    }
+
+    #[test]
+    fn room_is_bounded_and_a_disconnect_rewinds() {
+        let mut l = Link::new(2);
+        l.connected();
+        l.handed_over(Tag::Status(1));
+        l.handed_over(Tag::Status(2));
+        assert!(!l.has_room());
+        l.sent(5);
+        assert!(!l.has_room());
+        l.disconnected();
+        assert!(!l.has_room() && l.idle() && l.cursor() == 0);
+        l.connected();
+        assert!(l.has_room());
+        assert_eq!(l.acked(5), None, "acks of an old connection are not ours");
+    }
+
+    fn registrar() -> Registrar {
+        Registrar::new(Backoff::new(
+            Duration::from_secs(1),
+            Duration::from_secs(8),
+            Jitter::with_seed(1),
+        ))
+    }
+
+    #[test]
+    fn registration_retries_until_online() {
+        let t0 = Instant::now();
+        let mut r = registrar();
+        assert_eq!(
+            r.response(RobotPhase::Online, t0),
+            RegisterAction::None,
+            "not connected"
+        );
+        assert_eq!(r.connected(t0), RegisterAction::Register);
+        assert_eq!(r.tick(t0), RegisterAction::None);
+        let first = r.deadline().unwrap();
+        assert_eq!(r.response(RobotPhase::Pending, t0), RegisterAction::None);
+        assert_eq!(r.deadline(), Some(first), "a Pending answer keeps the schedule");
+        assert_eq!(r.tick(first), RegisterAction::Register);
+        let second = r.deadline().unwrap();
+        assert!(second - first >= Duration::from_secs(1), "backoff grows");
+        assert_eq!(r.response(RobotPhase::Online, first), RegisterAction::Approved);
+        assert!(r.approved() && r.deadline().is_none());
+        assert_eq!(r.response(RobotPhase::Online, first), RegisterAction::None);
+        r.disconnected();
+        assert!(!r.approved());
+        assert_eq!(r.connected(first), RegisterAction::Register);
+    }
+
+    #[test]
+    fn a_rejection_after_approval_stops_dispatches() {
+        let t0 = Instant::now();
+        let mut r = registrar();
+        r.connected(t0);
+        r.response(RobotPhase::Online, t0);
+        assert_eq!(r.response(RobotPhase::Rejected, t0), RegisterAction::None);
+        assert!(!r.approved());
+        assert!(r.deadline().is_some());
+    }
+
+    #[test]
+    fn running_set_tracks_attempts() {
+        let mut s = RunningSet::default();
+        s.insert("a", 1);
+        s.insert("b", 2);
+        s.remove("b", 1); // an older attempt's end does not remove the newer
+        assert!(s.contains("b", 2));
+        s.remove("a", 1);
+        assert_eq!(s.to_vec().len(), 1);
+    }
+}

@@ -1,0 +1,366 @@
+//! The agent against a real Mosquitto: registration, heartbeats, task
+//! statuses, broker outages, agent restarts, last will, bad messages.
+
+mod support;
+
+use std::time::Duration;
+
+use k8s4r_api::protocol::{encode, Heartbeat, Online};
+use k8s4r_api::{TaskReason, TaskState};
+use nix::sys::signal::Signal;
+use support::{assert_in_order, eventually, shell_dispatch, Agent, Broker, Server};
+
+const LONG: Duration = Duration::from_secs(30);
+
+#[tokio::test]
+async fn registers_then_heartbeats_at_the_configured_cadence() {
+    let broker = Broker::start();
+    let mut server = Server::connect(&broker, "rb1").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let _agent = Agent::start(
+        &broker,
+        "rb1",
+        &tmp.path().join("state"),
+        &["--label", "site=lab"],
+    );
+
+    let online: Online = server.next("/online", LONG).await.decode();
+    assert!(online.online);
+    let register = server.approve("rb1").await;
+    assert_eq!(register.robot_id, "rb1");
+    assert_eq!(register.labels["site"], "lab");
+    assert!(register.drivers.iter().any(|d| d == "raw_exec"), "{register:?}");
+    assert!(register.device.cpus >= 1 && register.device.memory_bytes > 0);
+
+    let mut beats = Vec::new();
+    while beats.len() < 8 {
+        let m = server.next("/heartbeat", LONG).await;
+        let hb: Heartbeat = m.decode();
+        beats.push((m.at, hb));
+    }
+    for pair in beats.windows(2) {
+        assert_eq!(pair[1].1.seq, pair[0].1.seq + 1, "heartbeat seqs count up");
+    }
+    assert!(beats[0].1.usage.memory_total_bytes > 0);
+    // 7 intervals of 200ms ±10%: allow for scheduling noise, not for a
+    // different cadence.
+    let span = beats[7].0 - beats[0].0;
+    let mean = span / 7;
+    assert!(
+        mean >= Duration::from_millis(170) && mean <= Duration::from_millis(260),
+        "mean heartbeat interval {mean:?}"
+    );
+}
+
+#[tokio::test]
+async fn heartbeats_wait_for_approval_and_register_is_retried() {
+    let broker = Broker::start();
+    let mut server = Server::connect(&broker, "rb7").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let _agent = Agent::start(&broker, "rb7", &tmp.path().join("state"), &[]);
+    server.next("/register", LONG).await;
+    // Unanswered, the agent registers again (retry 1s with jitter) and sends
+    // no heartbeat in between.
+    let seen = server.drain(Duration::from_millis(2500)).await;
+    assert!(seen.iter().any(|m| m.topic.ends_with("/register")), "no retry");
+    assert!(
+        !seen.iter().any(|m| m.topic.ends_with("/heartbeat")),
+        "heartbeat before approval"
+    );
+}
+
+#[tokio::test]
+async fn dispatch_reports_running_then_completed_in_order() {
+    let broker = Broker::start();
+    let mut server = Server::connect(&broker, "rb2").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let _agent = Agent::start(&broker, "rb2", &tmp.path().join("state"), &[]);
+    server.approve("rb2").await;
+
+    let dispatch = shell_dispatch("u-ok", 1, "echo hello; sleep 0.3");
+    server
+        .publish(server.topics.dispatch("rb2"), encode(&dispatch))
+        .await;
+    // At-least-once: the same dispatch again is ignored.
+    server
+        .publish(server.topics.dispatch("rb2"), encode(&dispatch))
+        .await;
+
+    let updates = server.statuses_until_terminal("u-ok", LONG).await;
+    assert_in_order(&updates);
+    assert_eq!(updates.first().unwrap().state, TaskState::Running, "{updates:#?}");
+    let last = updates.last().unwrap();
+    assert_eq!(last.state, TaskState::Completed, "{last:#?}");
+    assert_eq!(last.exit_code, Some(0));
+    assert!(
+        last.output_tail.as_deref().unwrap_or("").contains("hello"),
+        "{last:#?}"
+    );
+    assert!(updates.iter().all(|u| u.attempt == 1 && u.task_uid == "u-ok"));
+    // No second run of the duplicate.
+    let more = server.drain(Duration::from_millis(700)).await;
+    assert!(
+        !more.iter().any(|m| m.topic.ends_with("/tasks/u-ok/status")),
+        "duplicate ran: {more:?}"
+    );
+}
+
+#[tokio::test]
+async fn cancel_stops_a_running_task() {
+    let broker = Broker::start();
+    let mut server = Server::connect(&broker, "rb8").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let _agent = Agent::start(&broker, "rb8", &tmp.path().join("state"), &[]);
+    server.approve("rb8").await;
+    server
+        .publish(
+            server.topics.dispatch("rb8"),
+            encode(&shell_dispatch("u-c", 1, "sleep 30")),
+        )
+        .await;
+    let running: k8s4r_api::protocol::StatusUpdate = server.next("/tasks/u-c/status", LONG).await.decode();
+    assert_eq!(running.state, TaskState::Running);
+    let cancel = k8s4r_api::protocol::Cancel {
+        v: 1,
+        task_uid: "u-c".into(),
+        attempt: 1,
+        reason: "Task deleted".into(),
+    };
+    server.publish(server.topics.cancel("rb8"), encode(&cancel)).await;
+    let updates = server.statuses_until_terminal("u-c", LONG).await;
+    let last = updates.last().unwrap();
+    assert_eq!(
+        (last.state, last.reason),
+        (TaskState::Failed, Some(TaskReason::Cancelled)),
+        "{last:#?}"
+    );
+    assert!(last.seq > running.seq);
+}
+
+#[tokio::test]
+async fn statuses_survive_a_ten_second_broker_outage_in_order() {
+    let mut broker = Broker::start();
+    let mut server = Server::connect(&broker, "rb3").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let mut agent = Agent::start(&broker, "rb3", &tmp.path().join("state"), &[]);
+    server.approve("rb3").await;
+
+    // Finishes during the outage; its output shows it ran through it.
+    let dispatch = shell_dispatch("u-out", 1, "sleep 4; echo survived");
+    server
+        .publish(server.topics.dispatch("rb3"), encode(&dispatch))
+        .await;
+    let running: k8s4r_api::protocol::StatusUpdate = server.next("/tasks/u-out/status", LONG).await.decode();
+    assert_eq!(running.state, TaskState::Running);
+
+    broker.stop();
+    // The outage itself is the scenario, not a wait for a condition.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(agent.is_running(), "agent died during the outage");
+    assert!(
+        !agent.outbox_files().is_empty(),
+        "the completed status waits in the outbox"
+    );
+    broker.restart();
+    server.approve("rb3").await;
+
+    let mut updates = vec![running];
+    updates.extend(server.statuses_until_terminal("u-out", LONG).await);
+    assert_in_order(&updates);
+    let last = updates.last().unwrap();
+    assert_eq!(last.state, TaskState::Completed, "{updates:#?}");
+    assert!(last.output_tail.as_deref().unwrap_or("").contains("survived"));
+    eventually("the outbox to drain", LONG, || {
+        agent.outbox_files().is_empty().then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_status_in_the_outbox_is_delivered_after_sigkill_and_restart() {
+    let mut broker = Broker::start();
+    let mut server = Server::connect(&broker, "rb4").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let mut agent = Agent::start(&broker, "rb4", &state, &[]);
+    server.approve("rb4").await;
+
+    server
+        .publish(
+            server.topics.dispatch("rb4"),
+            encode(&shell_dispatch("u-kill", 1, "sleep 1")),
+        )
+        .await;
+    let running: k8s4r_api::protocol::StatusUpdate = server.next("/tasks/u-kill/status", LONG).await.decode();
+    assert_eq!(running.state, TaskState::Running);
+    broker.stop();
+    // The task ends while the broker is down: its status can only be in the
+    // outbox.
+    eventually("the completed status in the outbox", LONG, || {
+        agent
+            .outbox_files()
+            .iter()
+            .any(|f| {
+                std::fs::read_to_string(state.join("outbox").join(f)).is_ok_and(|t| t.contains("completed"))
+            })
+            .then_some(())
+    })
+    .await;
+    agent.signal(Signal::SIGKILL);
+    agent.kill();
+
+    broker.restart();
+    let _agent = Agent::start(&broker, "rb4", &state, &[]);
+    let update: k8s4r_api::protocol::StatusUpdate = server.next("/tasks/u-kill/status", LONG).await.decode();
+    assert_eq!(update.state, TaskState::Completed, "{update:#?}");
+    assert!(update.seq > running.seq);
+}
+
+#[tokio::test]
+async fn the_last_will_fires_on_an_unclean_disconnect() {
+    let broker = Broker::start();
+    let mut server = Server::connect(&broker, "rb5").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let agent = Agent::start(&broker, "rb5", &tmp.path().join("state"), &[]);
+    let online = server.next("/online", LONG).await;
+    assert!(online.decode::<Online>().online);
+    agent.signal(Signal::SIGKILL);
+    let will = server.next("/online", LONG).await;
+    assert!(!will.decode::<Online>().online);
+}
+
+#[tokio::test]
+async fn sigterm_stops_tasks_delivers_their_status_and_goes_offline() {
+    let broker = Broker::start();
+    let mut server = Server::connect(&broker, "rb9").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let mut agent = Agent::start(&broker, "rb9", &tmp.path().join("state"), &[]);
+    server.approve("rb9").await;
+    server
+        .publish(
+            server.topics.dispatch("rb9"),
+            encode(&shell_dispatch("u-term", 1, "sleep 60")),
+        )
+        .await;
+    server.next("/tasks/u-term/status", LONG).await;
+    agent.signal(Signal::SIGTERM);
+    let updates = server.statuses_until_terminal("u-term", LONG).await;
+    assert_eq!(updates.last().unwrap().state, TaskState::Failed, "{updates:#?}");
+    let online = server.next("/online", LONG).await;
+    assert!(!online.decode::<Online>().online);
+    let status = eventually("the agent to exit", LONG, || {
+        agent.child.try_wait().ok().flatten()
+    })
+    .await;
+    assert!(status.success(), "{status:?}\n{}", agent.log());
+    assert!(agent.outbox_files().is_empty());
+}
+
+#[tokio::test]
+async fn bad_messages_are_refused_and_the_agent_carries_on() {
+    let broker = Broker::start();
+    let mut server = Server::connect(&broker, "rb6").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let mut agent = Agent::start(&broker, "rb6", &tmp.path().join("state"), &[]);
+    server.approve("rb6").await;
+    let dispatch_topic = server.topics.dispatch("rb6");
+
+    // Malformed JSON: logged, nothing to answer.
+    server
+        .publish(dispatch_topic.clone(), b"{\"v\":1,\"taskUid\":".to_vec())
+        .await;
+    // Oversized: over the protocol's 256 KiB.
+    let mut big = shell_dispatch("u-big", 1, "true");
+    big.spec.args.push("x".repeat(300 * 1024));
+    server.publish(dispatch_topic.clone(), encode(&big)).await;
+    // Unknown version, with a readable task uid: failed InvalidSpec.
+    let mut v2 = serde_json::to_value(shell_dispatch("u-v2", 1, "true")).unwrap();
+    v2["v"] = 2.into();
+    server
+        .publish(dispatch_topic.clone(), v2.to_string().into_bytes())
+        .await;
+    // Invalid spec: failed InvalidSpec naming the field.
+    let mut invalid = shell_dispatch("u-spec", 3, "true");
+    invalid.spec.driver = "docker".into();
+    server.publish(dispatch_topic.clone(), encode(&invalid)).await;
+    // A bad cancel and a bad response: logged.
+    server.publish(server.topics.cancel("rb6"), b"[]".to_vec()).await;
+    server
+        .publish(server.topics.response("rb6"), b"{\"v\":1}".to_vec())
+        .await;
+
+    let v2_status: k8s4r_api::protocol::StatusUpdate = server.next("/tasks/u-v2/status", LONG).await.decode();
+    assert_eq!(
+        (v2_status.state, v2_status.reason),
+        (TaskState::Failed, Some(TaskReason::InvalidSpec))
+    );
+    assert!(
+        v2_status.message.as_deref().unwrap_or("").contains("version 2"),
+        "{v2_status:#?}"
+    );
+    let spec_status: k8s4r_api::protocol::StatusUpdate =
+        server.next("/tasks/u-spec/status", LONG).await.decode();
+    assert_eq!(
+        (spec_status.state, spec_status.reason),
+        (TaskState::Failed, Some(TaskReason::InvalidSpec))
+    );
+    assert_eq!(spec_status.attempt, 3);
+    assert!(
+        spec_status
+            .message
+            .as_deref()
+            .unwrap_or("")
+            .contains("spec.driver"),
+        "{spec_status:#?}"
+    );
+
+    // Still alive and still working.
+    server
+        .publish(dispatch_topic, encode(&shell_dispatch("u-after", 1, "true")))
+        .await;
+    let updates = server.statuses_until_terminal("u-after", LONG).await;
+    assert_eq!(updates.last().unwrap().state, TaskState::Completed);
+    assert!(agent.is_running());
+    let log = agent.log();
+    assert!(log.contains("malformed dispatch message"), "{log}");
+    assert!(log.contains("exceeds the limit"), "{log}");
+    assert!(!log.contains("panicked"), "{log}");
+}
+
+#[test]
+fn a_bad_config_file_is_refused_with_its_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("agent.toml");
+    std::fs::write(&file, "robot_id = \"rb1\"\nheartbeat_interval = 30\n").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_k8s4r-agent"))
+        .arg("--config")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&file.display().to_string()) && err.contains("line 2"),
+        "{err}"
+    );
+}
+
+#[test]
+fn help_documents_every_setting() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_k8s4r-agent"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    for flag in [
+        "--config",
+        "--broker-url",
+        "--ca-file",
+        "--robot-id",
+        "--state-dir",
+        "--heartbeat-interval",
+        "K8S4R_BROKER_URL",
+    ] {
+        assert!(help.contains(flag), "{flag} missing from --help:\n{help}");
+    }
+}

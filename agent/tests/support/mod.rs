@@ -1,0 +1,395 @@
+//! Test fixtures: a real Mosquitto on a port chosen at run time, a test
+//! "server" played by a plain rumqttc client, and the real agent binary.
+
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s4r_api::protocol::{decode, encode, Message, RegisterResponse, StatusUpdate, Topics};
+use k8s4r_api::RobotPhase;
+use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+use tokio::sync::mpsc;
+
+/// Polls `f` until it returns Some, or panics with `what` at the deadline.
+pub async fn eventually<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A Mosquitto broker in a temporary directory; killed on drop.
+pub struct Broker {
+    pub port: u16,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    listener.local_addr().expect("local addr").port()
+}
+
+impl Broker {
+    /// Starts a broker with persistence (so queued QoS 1 messages and
+    /// persistent sessions survive a restart).
+    pub fn start() -> Broker {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // Mosquitto started as root drops to its own user before it writes
+        // its persistence file.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        let port = free_port();
+        let conf = dir.path().join("mosquitto.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "listener {port} 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location {}/\nautosave_interval 1\nmax_queued_messages 10000\n",
+                dir.path().display()
+            ),
+        )
+        .expect("write mosquitto.conf");
+        let mut broker = Broker {
+            port,
+            dir,
+            child: None,
+        };
+        broker.spawn();
+        broker
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("mosquitto.log"))
+            .expect("broker log");
+        let child = Command::new(mosquitto())
+            .arg("-c")
+            .arg(self.dir.path().join("mosquitto.conf"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start mosquitto");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "mosquitto did not listen on {}: {}",
+                self.port,
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `mqtt://127.0.0.1:<port>`
+    pub fn url(&self) -> String {
+        format!("mqtt://127.0.0.1:{}", self.port)
+    }
+
+    /// Stops the broker (SIGTERM, so it saves its persistence file).
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port with the same state.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+    }
+
+    /// The broker's log.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("mosquitto.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn mosquitto() -> PathBuf {
+    for dir in ["/usr/sbin", "/usr/local/sbin", "/usr/bin", "/usr/local/bin"] {
+        let p = Path::new(dir).join("mosquitto");
+        if p.exists() {
+            return p;
+        }
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&path) {
+            let p = dir.join("mosquitto");
+            if p.exists() {
+                return p;
+            }
+        }
+    }
+    panic!("mosquitto is not installed: run scripts/setup.sh (it installs the broker these tests start)");
+}
+
+/// One message the test server received.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub topic: String,
+    pub payload: Vec<u8>,
+    pub retain: bool,
+    pub at: Instant,
+}
+
+impl Received {
+    pub fn decode<M: Message>(&self) -> M {
+        decode(&self.payload).unwrap_or_else(|e| panic!("{}: {e}", self.topic))
+    }
+}
+
+/// The server side, played by a plain client with a persistent session.
+pub struct Server {
+    pub client: AsyncClient,
+    rx: mpsc::UnboundedReceiver<Received>,
+    pub topics: Topics,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Server {
+    /// Connects and subscribes to everything under `k8s4r/robots/<robot>/`.
+    pub async fn connect(broker: &Broker, robot: &str) -> Server {
+        let mut options = MqttOptions::new(format!("test-server-{robot}"), "127.0.0.1", broker.port);
+        options.set_clean_session(false);
+        options.set_max_packet_size(4 << 20, 4 << 20);
+        options.set_keep_alive(Duration::from_secs(5));
+        let (client, mut eventloop) = AsyncClient::new(options, 1000);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (ready_tx, mut ready_rx) = mpsc::unbounded_channel();
+        let task = tokio::spawn(async move {
+            loop {
+                match eventloop.poll().await {
+                    Ok(Event::Incoming(Packet::Publish(p))) => {
+                        let _ = tx.send(Received {
+                            topic: p.topic.clone(),
+                            payload: p.payload.to_vec(),
+                            retain: p.retain,
+                            at: Instant::now(),
+                        });
+                    }
+                    Ok(Event::Incoming(Packet::SubAck(_))) => {
+                        let _ = ready_tx.send(());
+                    }
+                    Ok(_) => {}
+                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            }
+        });
+        client
+            .subscribe(format!("k8s4r/robots/{robot}/#"), QoS::AtLeastOnce)
+            .await
+            .expect("subscribe");
+        tokio::time::timeout(Duration::from_secs(10), ready_rx.recv())
+            .await
+            .expect("SUBACK in time");
+        Server {
+            client,
+            rx,
+            topics: Topics::default(),
+            task,
+        }
+    }
+
+    /// The next message whose topic ends with `suffix`, skipping others.
+    pub async fn next(&mut self, suffix: &str, timeout: Duration) -> Received {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            match tokio::time::timeout_at(deadline, self.rx.recv()).await {
+                Ok(Some(m)) if m.topic.ends_with(suffix) => return m,
+                Ok(Some(_)) => {}
+                Ok(None) => panic!("test server stopped"),
+                Err(_) => panic!("no message on *{suffix} within {timeout:?}"),
+            }
+        }
+    }
+
+    /// Every message that arrives within `window`.
+    pub async fn drain(&mut self, window: Duration) -> Vec<Received> {
+        let deadline = tokio::time::Instant::now() + window;
+        let mut out = Vec::new();
+        while let Ok(Some(m)) = tokio::time::timeout_at(deadline, self.rx.recv()).await {
+            out.push(m);
+        }
+        out
+    }
+
+    pub async fn publish(&self, topic: String, payload: Vec<u8>) {
+        self.client
+            .publish(topic, QoS::AtLeastOnce, false, payload)
+            .await
+            .expect("publish");
+    }
+
+    /// Waits for a register from `robot` and approves it.
+    pub async fn approve(&mut self, robot: &str) -> k8s4r_api::protocol::Register {
+        let register = self.next("/register", Duration::from_secs(20)).await.decode();
+        self.publish(
+            self.topics.response(robot),
+            encode(&RegisterResponse {
+                v: 1,
+                phase: RobotPhase::Online,
+                message: Some("approved".into()),
+            }),
+        )
+        .await;
+        register
+    }
+
+    /// The status updates of task `uid` until one is terminal.
+    pub async fn statuses_until_terminal(&mut self, uid: &str, timeout: Duration) -> Vec<StatusUpdate> {
+        let suffix = format!("/tasks/{uid}/status");
+        let deadline = Instant::now() + timeout;
+        let mut out: Vec<StatusUpdate> = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let update: StatusUpdate = self.next(&suffix, left).await.decode();
+            let terminal = update.state.is_terminal();
+            out.push(update);
+            if terminal {
+                return out;
+            }
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The real `k8s4r-agent` binary; SIGKILLed on drop.
+pub struct Agent {
+    pub child: Child,
+    pub state_dir: PathBuf,
+    log: PathBuf,
+}
+
+impl Agent {
+    /// Starts the agent against `broker` with `state_dir` and extra flags.
+    pub fn start(broker: &Broker, robot: &str, state_dir: &Path, extra: &[&str]) -> Agent {
+        let log = state_dir.with_extension(format!("{}.log", std::process::id()));
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("agent log");
+        let child = Command::new(env!("CARGO_BIN_EXE_k8s4r-agent"))
+            .args(["--config", "/dev/null"])
+            .args(["--broker-url", &broker.url()])
+            .args(["--robot-id", robot])
+            .arg("--state-dir")
+            .arg(state_dir)
+            .args(["--heartbeat-interval", "200ms"])
+            .args(["--reconnect-min", "100ms", "--reconnect-max", "1s"])
+            .args(["--register-retry-min", "1s"])
+            .args(["--log-level", "k8s4r_agent=debug,info"])
+            .args(extra)
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::null())
+            .stderr(out)
+            .spawn()
+            .expect("start k8s4r-agent");
+        Agent {
+            child,
+            state_dir: state_dir.to_owned(),
+            log,
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), signal).expect("signal the agent");
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Outbox entries on disk.
+    pub fn outbox_files(&self) -> Vec<String> {
+        std::fs::read_dir(self.state_dir.join("outbox"))
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.ends_with(".json") && !n.starts_with('.'))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.kill();
+        if std::thread::panicking() {
+            eprintln!("---- agent log ----\n{}", self.log());
+        }
+    }
+}
+
+/// A dispatch of `sh -c <script>` through raw_exec.
+pub fn shell_dispatch(uid: &str, attempt: u32, script: &str) -> k8s4r_api::protocol::Dispatch {
+    k8s4r_api::protocol::Dispatch {
+        v: 1,
+        task_uid: uid.into(),
+        task_name: format!("default/{uid}"),
+        attempt,
+        spec: k8s4r_api::TaskTemplate {
+            driver: "raw_exec".into(),
+            command: "sh".into(),
+            args: vec!["-c".into(), script.into()],
+            ..Default::default()
+        },
+    }
+}
+
+/// Asserts updates are in order: seqs strictly increasing, states never
+/// going back, exactly one terminal state at the end.
+pub fn assert_in_order(updates: &[StatusUpdate]) {
+    for pair in updates.windows(2) {
+        assert!(pair[0].seq < pair[1].seq, "seq order: {updates:#?}");
+        assert!(
+            !pair[0].state.is_terminal(),
+            "state after a terminal one: {updates:#?}"
+        );
+    }
+}
