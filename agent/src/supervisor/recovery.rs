@@ -1,0 +1,57 @@
+//! Settling the tasks a previous run of the agent left behind: kill what
+//! survives of them and report each as failed with reason AgentRestarted.
+
+use k8s4r_api::{TaskReason, TaskState};
+use k8s4r_drivers::TaskCgroup;
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+
+use super::journal::Unfinished;
+use super::logs::{read_tail, Stream};
+use super::output::lossy_tail;
+use super::{procfs, TaskOutcome};
+
+/// Kills what is left of `task` and says how it ended.
+pub(crate) fn settle(task: &Unfinished, boot_id: &str, tail_bytes: usize) -> TaskOutcome {
+    let message = match &task.started {
+        None => "the agent restarted before the task started".to_owned(),
+        Some(started) if started.boot_id != boot_id => "the robot rebooted while the task ran".to_owned(),
+        Some(started) => {
+            if let Some(path) = &started.cgroup {
+                let cgroup = TaskCgroup::at(path.clone());
+                if let Err(e) = cgroup.kill() {
+                    tracing::warn!(cgroup = %path.display(), error = %e, "cannot kill a leftover task cgroup");
+                }
+                let _ = cgroup.remove();
+            }
+            // The pid cannot be reused while its process group has members,
+            // so a missing leader means any member of the group is ours; a
+            // leader with another start time means the group is someone
+            // else's now.
+            let ours = procfs::stat(started.pid).is_none_or(|s| s.start_time == started.pid_start);
+            let killed = ours && killpg(Pid::from_raw(started.pgid), Signal::SIGKILL).is_ok();
+            if killed {
+                format!(
+                    "the agent restarted while the task ran; its process group {} was killed",
+                    started.pgid
+                )
+            } else {
+                "the agent restarted while the task ran; its processes had already exited".to_owned()
+            }
+        }
+    };
+    let logs = task.task_dir.join("logs");
+    let mut tail = read_tail(&logs.join(Stream::Stdout.file_name()), tail_bytes);
+    tail.extend(read_tail(&logs.join(Stream::Stderr.file_name()), tail_bytes));
+    let tail = &tail[tail.len().saturating_sub(tail_bytes)..];
+    TaskOutcome {
+        state: TaskState::Failed,
+        exit_code: None,
+        signal: None,
+        reason: TaskReason::AgentRestarted,
+        message,
+        started_at: task.started.as_ref().map(|s| s.started_at),
+        finished_at: jiff::Timestamp::now(),
+        output_tail: lossy_tail(tail),
+    }
+}

@@ -1,0 +1,862 @@
+//! The supervisor against real processes. No sleeps to wait for anything:
+//! every wait polls a condition with a deadline. (`sleep 1000` is only ever
+//! a workload.)
+
+use std::collections::HashMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use k8s4r_agent::supervisor::{
+    self, Submit, SupervisorConfig, SupervisorError, SupervisorHandle, TaskEvent, TaskOutcome, TaskRequest,
+};
+use k8s4r_api::{Artifact, DurationString, EnvVar, TaskReason, TaskResources, TaskState, TaskTemplate};
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc::UnboundedReceiver;
+
+/// How long any condition may take before a test fails.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+// ---------------------------------------------------------------- builders
+
+fn task(command: &str, args: &[&str]) -> TaskTemplate {
+    TaskTemplate {
+        driver: "raw_exec".to_owned(),
+        command: command.to_owned(),
+        args: args.iter().map(|a| (*a).to_owned()).collect(),
+        ..TaskTemplate::default()
+    }
+}
+
+fn sh(script: &str) -> TaskTemplate {
+    task("/bin/sh", &["-c", script])
+}
+
+trait TemplateExt {
+    fn with_timeout(self, t: &str) -> Self;
+    fn with_kill_timeout(self, t: &str) -> Self;
+    fn with_driver(self, d: &str) -> Self;
+    fn with_user(self, u: &str) -> Self;
+    fn with_cwd(self, d: &str) -> Self;
+    fn with_artifact(self, url: String, destination: &str, sha256: String) -> Self;
+}
+
+impl TemplateExt for TaskTemplate {
+    fn with_timeout(mut self, t: &str) -> Self {
+        self.timeout = Some(DurationString::from(t));
+        self
+    }
+    fn with_kill_timeout(mut self, t: &str) -> Self {
+        self.kill_timeout = Some(DurationString::from(t));
+        self
+    }
+    fn with_driver(mut self, d: &str) -> Self {
+        self.driver = d.to_owned();
+        self
+    }
+    fn with_user(mut self, u: &str) -> Self {
+        self.user = Some(u.to_owned());
+        self
+    }
+    fn with_cwd(mut self, d: &str) -> Self {
+        self.working_dir = Some(d.to_owned());
+        self
+    }
+    fn with_artifact(mut self, url: String, destination: &str, sha256: String) -> Self {
+        self.artifacts.push(Artifact {
+            url,
+            destination: destination.to_owned(),
+            sha256,
+        });
+        self
+    }
+}
+
+// ----------------------------------------------------------------- harness
+
+struct Harness {
+    dir: tempfile::TempDir,
+    handle: SupervisorHandle,
+    events: UnboundedReceiver<TaskEvent>,
+    seen: Vec<TaskEvent>,
+}
+
+fn state_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir
+}
+
+fn config(dir: &Path) -> SupervisorConfig {
+    SupervisorConfig {
+        state_dir: dir.to_path_buf(),
+        artifact_timeout: Duration::from_secs(5),
+        ..SupervisorConfig::default()
+    }
+}
+
+impl Harness {
+    fn new() -> Self {
+        Self::with_config(|_| {})
+    }
+
+    fn with_config(adjust: impl FnOnce(&mut SupervisorConfig)) -> Self {
+        let dir = state_dir();
+        let mut config = config(dir.path());
+        adjust(&mut config);
+        let (handle, events) = supervisor::spawn(config).unwrap();
+        Harness {
+            dir,
+            handle,
+            events,
+            seen: Vec::new(),
+        }
+    }
+
+    async fn submit(&self, uid: &str, spec: TaskTemplate) {
+        let req = TaskRequest {
+            uid: uid.to_owned(),
+            attempt: 1,
+            name: uid.to_owned(),
+            spec,
+        };
+        assert_eq!(self.handle.submit(req).await.unwrap(), Submit::Accepted);
+    }
+
+    /// Waits for the first event that `pick` accepts (events already seen
+    /// included).
+    async fn wait_for<T>(&mut self, what: &str, mut pick: impl FnMut(&TaskEvent) -> Option<T>) -> T {
+        if let Some(found) = self.seen.iter().find_map(&mut pick) {
+            return found;
+        }
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            let event = tokio::time::timeout_at(deadline, self.events.recv())
+                .await
+                .unwrap_or_else(|_| panic!("timed out waiting for {what}; seen: {:#?}", self.seen))
+                .expect("event channel closed");
+            let found = pick(&event);
+            self.seen.push(event);
+            if let Some(found) = found {
+                return found;
+            }
+        }
+    }
+
+    async fn started(&mut self, uid: &str) -> u32 {
+        self.wait_for(&format!("{uid} started"), |e| match e {
+            TaskEvent::Started { uid: u, pid, .. } if u == uid => Some(*pid),
+            _ => None,
+        })
+        .await
+    }
+
+    async fn finished(&mut self, uid: &str) -> TaskOutcome {
+        self.wait_for(&format!("{uid} finished"), |e| match e {
+            TaskEvent::Finished { uid: u, outcome, .. } if u == uid => Some(outcome.clone()),
+            _ => None,
+        })
+        .await
+    }
+
+    async fn run(&mut self, uid: &str, spec: TaskTemplate) -> TaskOutcome {
+        self.submit(uid, spec).await;
+        self.finished(uid).await
+    }
+
+    fn log(&self, uid: &str, file: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(format!("tasks/{uid}-1/logs/{file}")))
+            .unwrap_or_default()
+    }
+}
+
+/// Processes (zombies included) whose process group is `pgid`.
+fn group_members(pgid: u32, include_zombies: bool) -> Vec<i32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let Some(close) = stat.rfind(')') else { continue };
+        let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+        let zombie = fields[0] == "Z" || fields[0] == "X";
+        if fields[2].parse::<u32>() == Ok(pgid) && (include_zombies || !zombie) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+async fn poll_until(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + PATIENCE;
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn elapsed(outcome: &TaskOutcome) -> Duration {
+    let started = outcome.started_at.expect("started");
+    let d = outcome.finished_at.duration_since(started);
+    Duration::try_from(d).unwrap()
+}
+
+// ------------------------------------------------------------------- exits
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exit_zero_completes_with_logs_and_tail() {
+    let mut h = Harness::new();
+    let out = h
+        .run(
+            "exit-zero",
+            sh("echo hello; echo oops >&2; echo \"$K8S4R_TASK_ATTEMPT\""),
+        )
+        .await;
+    assert_eq!(out.state, TaskState::Completed);
+    assert_eq!(
+        (out.reason, out.exit_code, out.signal),
+        (TaskReason::Completed, Some(0), None)
+    );
+    assert!(
+        out.output_tail.contains("hello") && out.output_tail.contains("oops"),
+        "{:?}",
+        out.output_tail
+    );
+    let started = h.started("exit-zero").await;
+    assert!(started > 1);
+    h.handle.shutdown().await; // flushes the logs
+    assert_eq!(h.log("exit-zero", "stdout.log"), "hello\n1\n");
+    assert_eq!(h.log("exit-zero", "stderr.log"), "oops\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_zero_exit_is_an_error() {
+    let mut h = Harness::new();
+    let out = h.run("exit-three", sh("exit 3")).await;
+    assert_eq!(
+        (out.state, out.reason, out.exit_code),
+        (TaskState::Failed, TaskReason::Error, Some(3))
+    );
+    assert_eq!(out.message, "exited with code 3");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_by_a_signal_is_signaled() {
+    let mut h = Harness::new();
+    let out = h.run("signaled", sh("kill -USR1 $$; sleep 1000")).await;
+    assert_eq!((out.state, out.reason), (TaskState::Failed, TaskReason::Signaled));
+    assert_eq!((out.exit_code, out.signal), (Some(128 + 10), Some(10)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn env_args_and_cwd_reach_the_process() {
+    let mut h = Harness::new();
+    let mut spec = task("/bin/sh", &["-c", "echo \"$GREETING $0\"; pwd", "arg0"]).with_cwd("/tmp");
+    spec.env.push(EnvVar {
+        name: "GREETING".to_owned(),
+        value: "hi".to_owned(),
+    });
+    let out = h.run("env-args", spec).await;
+    assert_eq!(out.output_tail, "hi arg0\n/tmp\n");
+}
+
+// ----------------------------------------------------------------- timeouts
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeout_sigterm_obeyed_is_143() {
+    let mut h = Harness::new();
+    let out = h
+        .run("timeout-term", task("sleep", &["1000"]).with_timeout("300ms"))
+        .await;
+    assert_eq!((out.state, out.reason), (TaskState::Failed, TaskReason::Timeout));
+    assert_eq!((out.exit_code, out.signal), (Some(143), Some(15)));
+    let took = elapsed(&out);
+    assert!(
+        took >= Duration::from_millis(295) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeout_sigterm_ignored_is_sigkilled_after_kill_timeout() {
+    let mut h = Harness::new();
+    let spec = sh("trap '' TERM; sleep 1000")
+        .with_timeout("200ms")
+        .with_kill_timeout("400ms");
+    let out = h.run("timeout-kill", spec).await;
+    assert_eq!((out.state, out.reason), (TaskState::Failed, TaskReason::Timeout));
+    assert_eq!((out.exit_code, out.signal), (Some(137), Some(9)));
+    let took = elapsed(&out);
+    assert!(
+        took >= Duration::from_millis(595) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+    assert!(out.message.contains("kill timeout of 400ms"), "{}", out.message);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exit_zero_after_sigterm_still_times_out() {
+    let mut h = Harness::new();
+    let spec = sh("trap 'exit 0' TERM; while :; do sleep 0.05; done").with_timeout("200ms");
+    let out = h.run("timeout-clean", spec).await;
+    assert_eq!((out.reason, out.exit_code), (TaskReason::Timeout, Some(0)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grandchildren_do_not_survive_and_are_reaped() {
+    let mut h = Harness::new();
+    h.submit(
+        "grandchildren",
+        sh("sleep 1000 & sleep 1000").with_timeout("300ms"),
+    )
+    .await;
+    let pgid = h.started("grandchildren").await;
+    poll_until("both sleeps run", || group_members(pgid, false).len() >= 2).await;
+    let out = h.finished("grandchildren").await;
+    assert_eq!(out.reason, TaskReason::Timeout);
+    // Nothing left: not running, and not even a zombie (the agent is the
+    // subreaper of the orphaned background sleep and reaps it).
+    poll_until("the group is gone", || group_members(pgid, true).is_empty()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_task_leaves_no_background_process() {
+    let mut h = Harness::new();
+    h.submit("leftover", sh("sleep 1000 & echo started")).await;
+    let pgid = h.started("leftover").await;
+    let out = h.finished("leftover").await;
+    assert_eq!(out.reason, TaskReason::Completed);
+    poll_until("the background sleep is gone", || {
+        group_members(pgid, true).is_empty()
+    })
+    .await;
+}
+
+// ------------------------------------------------------------------- cancel
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_terminates_the_task() {
+    let mut h = Harness::new();
+    h.submit("cancel-me", task("sleep", &["1000"])).await;
+    let pgid = h.started("cancel-me").await;
+    assert_eq!(h.handle.running().await.len(), 1);
+    h.handle
+        .cancel("cancel-me", None, "task deleted".to_owned())
+        .await;
+    let out = h.finished("cancel-me").await;
+    assert_eq!(
+        (out.state, out.reason, out.exit_code),
+        (TaskState::Failed, TaskReason::Cancelled, Some(143))
+    );
+    assert!(out.message.contains("task deleted"), "{}", out.message);
+    assert!(h.handle.running().await.is_empty());
+    poll_until("the group is gone", || group_members(pgid, false).is_empty()).await;
+    // Cancelling something unknown is a no-op.
+    h.handle.cancel("nobody-knows", Some(4), "x".to_owned()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_escalates_to_sigkill() {
+    let mut h = Harness::new();
+    h.submit(
+        "cancel-stubborn",
+        sh("trap '' TERM; echo ready; sleep 1000").with_kill_timeout("300ms"),
+    )
+    .await;
+    h.started("cancel-stubborn").await;
+    // Cancel only once the trap is set, or SIGTERM would simply win.
+    let log = h.dir.path().join("tasks/cancel-stubborn-1/logs/stdout.log");
+    poll_until("the trap is set", || {
+        std::fs::read_to_string(&log).is_ok_and(|s| s.contains("ready"))
+    })
+    .await;
+    h.handle
+        .cancel("cancel-stubborn", Some(1), "superseded".to_owned())
+        .await;
+    let out = h.finished("cancel-stubborn").await;
+    assert_eq!(
+        (out.reason, out.exit_code, out.signal),
+        (TaskReason::Cancelled, Some(137), Some(9))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicates_are_ignored() {
+    let mut h = Harness::new();
+    h.submit("dup", task("sleep", &["1000"])).await;
+    let req = TaskRequest {
+        uid: "dup".to_owned(),
+        attempt: 1,
+        name: "dup".to_owned(),
+        spec: task("sleep", &["1000"]),
+    };
+    assert_eq!(h.handle.submit(req.clone()).await.unwrap(), Submit::Duplicate);
+    h.handle.cancel("dup", None, "done".to_owned()).await;
+    h.finished("dup").await;
+    assert_eq!(h.handle.submit(req.clone()).await.unwrap(), Submit::Duplicate);
+    let next = TaskRequest { attempt: 2, ..req };
+    assert_eq!(h.handle.submit(next).await.unwrap(), Submit::Accepted);
+}
+
+// --------------------------------------------------------------- many tasks
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_concurrent_tasks() {
+    let mut h = Harness::new();
+    // Each task blocks reading a FIFO the test holds open: all 200 really
+    // run at the same time, and all end when the test closes it.
+    let gate = h.dir.path().join("gate");
+    nix::unistd::mkfifo(&gate, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let holder = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&gate)
+        .unwrap();
+    let script = format!(
+        "exec 3< {}; echo \"out $K8S4R_TASK_NAME\"; read line <&3 || true",
+        gate.display()
+    );
+    for i in 0..200 {
+        h.submit(&format!("many-{i}"), sh(&script)).await;
+    }
+    for i in 0..200 {
+        h.started(&format!("many-{i}")).await;
+    }
+    assert_eq!(h.handle.running().await.len(), 200);
+    // Every task has the FIFO open (it says so after opening it).
+    for i in 0..200 {
+        let log = h.dir.path().join(format!("tasks/many-{i}-1/logs/stdout.log"));
+        poll_until("the task holds the gate", || {
+            std::fs::read_to_string(&log).is_ok_and(|s| s.starts_with("out"))
+        })
+        .await;
+    }
+    drop(holder);
+    for i in 0..200 {
+        let uid = format!("many-{i}");
+        let out = h.finished(&uid).await;
+        assert_eq!(out.reason, TaskReason::Completed, "{uid}: {}", out.message);
+        assert_eq!(out.output_tail, format!("out {uid}\n"));
+    }
+    assert!(h.handle.running().await.is_empty());
+}
+
+// ---------------------------------------------------------------- bad input
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_bad_input_fails_its_task_and_the_agent_keeps_running() {
+    let mut h = Harness::new();
+    let cases: Vec<(&str, TaskTemplate, TaskReason, &str)> = vec![
+        (
+            "bad-driver",
+            task("true", &[]).with_driver("docker"),
+            TaskReason::InvalidSpec,
+            "unknown driver",
+        ),
+        (
+            "bad-command",
+            task("no-such-command-k8s4r", &[]),
+            TaskReason::StartFailed,
+            "not found",
+        ),
+        (
+            "bad-path",
+            task("/nonexistent/bin/x", &[]),
+            TaskReason::StartFailed,
+            "not found",
+        ),
+        (
+            "bad-user",
+            task("true", &[])
+                .with_driver("exec")
+                .with_user("no-such-user-k8s4r"),
+            TaskReason::StartFailed,
+            "unknown user",
+        ),
+        (
+            "bad-cwd",
+            task("true", &[]).with_cwd("/nonexistent/dir"),
+            TaskReason::StartFailed,
+            "working directory",
+        ),
+        (
+            "bad-spec",
+            task("", &[]).with_timeout("soon"),
+            TaskReason::InvalidSpec,
+            "spec.command",
+        ),
+        (
+            "bad-memory",
+            TaskTemplate {
+                resources: Some(TaskResources {
+                    memory: Some("lots".into()),
+                    cpu: None,
+                }),
+                ..task("true", &[]).with_driver("exec")
+            },
+            TaskReason::InvalidSpec,
+            "spec.resources.memory",
+        ),
+    ];
+    for (uid, spec, reason, needle) in cases {
+        let out = h.run(uid, spec).await;
+        assert_eq!(
+            (out.state, out.reason),
+            (TaskState::Failed, reason),
+            "{uid}: {}",
+            out.message
+        );
+        assert!(
+            out.message.contains(needle),
+            "{uid}: {:?} lacks {needle:?}",
+            out.message
+        );
+        assert!(out.started_at.is_none(), "{uid}");
+    }
+    assert!(h.seen.iter().all(|e| matches!(e, TaskEvent::Finished { .. })));
+    let out = h.run("still-alive", task("true", &[])).await;
+    assert_eq!(out.reason, TaskReason::Completed);
+}
+
+// --------------------------------------------------------------------- exec
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_runs_isolated_as_nobody() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root to switch users");
+        return;
+    }
+    let mut h = Harness::new();
+    let script = "id -u; grep NoNewPrivs /proc/self/status | tr -s '\\t' ' '; echo \"$HOME\"; \
+                  echo \"${GREETING:-clean}\"; ulimit -v; touch here && echo writable";
+    let mut spec = sh(script).with_driver("exec");
+    spec.resources = Some(TaskResources {
+        memory: Some("64Mi".into()),
+        cpu: Some("500m".into()),
+    });
+    std::env::set_var("GREETING", "leaked");
+    let out = h.run("exec-nobody", spec).await;
+    assert_eq!(out.reason, TaskReason::Completed, "{}", out.message);
+    let lines: Vec<&str> = out.output_tail.lines().collect();
+    assert_eq!(lines[0], "65534", "{lines:?}");
+    assert_eq!(lines[1], "NoNewPrivs: 1");
+    assert!(lines[2].ends_with("tasks/exec-nobody-1/work"), "{lines:?}");
+    assert_eq!(lines[3], "clean", "the agent's environment must not leak");
+    // cgroup memory.max where the controller is available, RLIMIT_AS
+    // (in KiB) otherwise.
+    assert!(lines[4] == "65536" || lines[4] == "unlimited", "{lines:?}");
+    assert_eq!(lines[5], "writable");
+    let work = h.dir.path().join("tasks/exec-nobody-1/work");
+    let meta = std::fs::metadata(&work).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!((meta.uid(), meta.mode() & 0o777), (65534, 0o700));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_runs_as_the_named_user() {
+    if !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    let mut h = Harness::new();
+    let out = h
+        .run("exec-root", sh("id -u").with_driver("exec").with_user("root"))
+        .await;
+    assert_eq!(out.output_tail, "0\n");
+}
+
+// ---------------------------------------------------------------- artifacts
+
+/// A tiny HTTP/1.1 server on 127.0.0.1:0. Paths: `/ok` (with a length),
+/// `/stream` (no length, ends at close), `/flaky` (503 once, then the body),
+/// anything else 404.
+async fn http_server(body: Vec<u8>) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut flaky_seen = false;
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            let mut request = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                match socket.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => request.extend_from_slice(&buf[..n]),
+                }
+            }
+            let line = String::from_utf8_lossy(&request)
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .to_owned();
+            let path = line.split_whitespace().nth(1).unwrap_or("/").to_owned();
+            let head = |status: &str, len: Option<usize>| {
+                let length = len
+                    .map(|l| format!("content-length: {l}\r\n"))
+                    .unwrap_or_default();
+                format!("HTTP/1.1 {status}\r\n{length}connection: close\r\n\r\n")
+            };
+            let response: Vec<u8> = match path.as_str() {
+                "/ok" => [head("200 OK", Some(body.len())).into_bytes(), body.clone()].concat(),
+                "/stream" => [head("200 OK", None).into_bytes(), body.clone()].concat(),
+                "/flaky" if !flaky_seen => {
+                    flaky_seen = true;
+                    head("503 Service Unavailable", Some(0)).into_bytes()
+                }
+                "/flaky" => [head("200 OK", Some(body.len())).into_bytes(), body.clone()].concat(),
+                _ => head("404 Not Found", Some(0)).into_bytes(),
+            };
+            let _ = socket.write_all(&response).await;
+            let _ = socket.shutdown().await;
+        }
+    });
+    format!("http://{addr}")
+}
+
+fn sha256(data: &[u8]) -> String {
+    Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn artifacts_are_fetched_verified_and_retried() {
+    let body = b"artifact body\n".to_vec();
+    let base = http_server(body.clone()).await;
+    let mut h = Harness::new();
+    let spec = sh("cat bin/payload flaky.txt")
+        .with_artifact(format!("{base}/ok"), "bin/payload", sha256(&body))
+        .with_artifact(format!("{base}/flaky"), "flaky.txt", sha256(&body).to_uppercase());
+    let out = h.run("artifact-ok", spec).await;
+    assert_eq!(out.reason, TaskReason::Completed, "{}", out.message);
+    assert_eq!(out.output_tail, "artifact body\nartifact body\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn artifact_checksum_mismatch_fails_the_task() {
+    let base = http_server(b"not what you expect".to_vec()).await;
+    let mut h = Harness::new();
+    let spec = sh("echo never").with_artifact(format!("{base}/ok"), "f", sha256(b"something else"));
+    let out = h.run("artifact-sha", spec).await;
+    assert_eq!(
+        (out.state, out.reason),
+        (TaskState::Failed, TaskReason::ArtifactFailed)
+    );
+    assert!(
+        out.message.contains("artifact 0") && out.message.contains("sha256 mismatch"),
+        "{}",
+        out.message
+    );
+    assert!(out.started_at.is_none());
+    assert!(!h.dir.path().join("tasks/artifact-sha-1/work/f").exists());
+    assert!(!h.dir.path().join("tasks/artifact-sha-1/work/f.partial").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn artifact_size_cap_is_enforced_with_and_without_a_length() {
+    let body = vec![b'x'; 4096];
+    let base = http_server(body.clone()).await;
+    let mut h = Harness::with_config(|c| c.artifact_max_bytes = 1024);
+    for (uid, path) in [("cap-length", "/ok"), ("cap-stream", "/stream")] {
+        let spec = sh("echo never").with_artifact(format!("{base}{path}"), "big", sha256(&body));
+        let out = h.run(uid, spec).await;
+        assert_eq!(out.reason, TaskReason::ArtifactFailed, "{uid}");
+        assert!(
+            out.message.contains("larger than the cap of 1024 bytes"),
+            "{uid}: {}",
+            out.message
+        );
+    }
+    let spec = sh("echo never").with_artifact(format!("{base}/missing"), "x", sha256(&body));
+    let out = h.run("artifact-404", spec).await;
+    assert!(out.message.contains("404"), "{}", out.message);
+}
+
+// ----------------------------------------------------------------- shutdown
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_terminates_everything_and_reports_it() {
+    let mut h = Harness::new();
+    h.submit("down-1", task("sleep", &["1000"])).await;
+    h.submit(
+        "down-2",
+        sh("trap '' TERM; sleep 1000").with_kill_timeout("300ms"),
+    )
+    .await;
+    let pgids = [h.started("down-1").await, h.started("down-2").await];
+    h.handle.shutdown().await;
+    for uid in ["down-1", "down-2"] {
+        let out = h.finished(uid).await;
+        assert_eq!(
+            (out.reason, out.message.as_str()),
+            (TaskReason::Cancelled, "agent shutting down")
+        );
+    }
+    for pgid in pgids {
+        assert!(group_members(pgid, false).is_empty());
+    }
+    let late = TaskRequest {
+        uid: "late".to_owned(),
+        attempt: 1,
+        name: "late".to_owned(),
+        spec: task("true", &[]),
+    };
+    assert!(matches!(
+        h.handle.submit(late).await,
+        Err(SupervisorError::Stopped)
+    ));
+    assert!(h.handle.running().await.is_empty());
+}
+
+// ------------------------------------------------------------------ restart
+
+const HELPER_DIR: &str = "K8S4R_SUPERVISOR_HELPER_DIR";
+
+/// Not a test of its own: the "previous agent" of
+/// `restart_kills_the_previous_runs_tasks`, run in a child process that the
+/// test SIGKILLs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "helper process of restart_kills_the_previous_runs_tasks"]
+async fn restart_helper_agent() {
+    let Ok(dir) = std::env::var(HELPER_DIR) else {
+        return;
+    };
+    let (handle, mut events) = supervisor::spawn(config(Path::new(&dir))).unwrap();
+    let specs = [
+        ("restart-sleep", task("sleep", &["1000"])),
+        ("restart-tree", sh("sleep 1000 & sleep 1000")),
+        (
+            "restart-stubborn",
+            sh("trap '' TERM; echo before the crash; sleep 1000"),
+        ),
+    ];
+    for (uid, spec) in specs {
+        let req = TaskRequest {
+            uid: uid.to_owned(),
+            attempt: 1,
+            name: uid.to_owned(),
+            spec,
+        };
+        handle.submit(req).await.unwrap();
+    }
+    let mut started = 0;
+    while let Some(event) = events.recv().await {
+        if let TaskEvent::Started { uid, pid, .. } = event {
+            println!("STARTED {uid} {pid}");
+            started += 1;
+            if started == 3 {
+                println!("READY");
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_kills_the_previous_runs_tasks() {
+    let dir = state_dir();
+    let mut helper = tokio::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "restart_helper_agent",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(HELPER_DIR, dir.path())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(helper.stdout.take().unwrap()).lines();
+    let mut pgids: HashMap<String, u32> = HashMap::new();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let line = tokio::time::timeout_at(deadline, lines.next_line())
+            .await
+            .expect("helper agent did not get ready")
+            .unwrap()
+            .expect("helper agent exited");
+        if let Some(rest) = line.strip_prefix("STARTED ") {
+            let (uid, pid) = rest.split_once(' ').unwrap();
+            pgids.insert(uid.to_owned(), pid.parse().unwrap());
+        }
+        if line == "READY" {
+            break;
+        }
+    }
+    poll_until("the tree task has both sleeps", || {
+        group_members(pgids["restart-tree"], false).len() >= 2
+    })
+    .await;
+    let log = dir.path().join("tasks/restart-stubborn-1/logs/stdout.log");
+    poll_until("the output is on disk", || {
+        std::fs::read_to_string(&log).is_ok_and(|s| s.contains("before the crash"))
+    })
+    .await;
+    // The agent dies without any chance to clean up; its tasks live on.
+    helper.kill().await.unwrap();
+    for pgid in pgids.values() {
+        assert!(
+            !group_members(*pgid, false).is_empty(),
+            "orphaned tasks keep running"
+        );
+    }
+
+    let (handle, mut events) = supervisor::spawn(config(dir.path())).unwrap();
+    let mut settled = HashMap::new();
+    for _ in 0..3 {
+        let event = tokio::time::timeout(PATIENCE, events.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        let TaskEvent::Finished {
+            uid,
+            attempt,
+            outcome,
+        } = event
+        else {
+            panic!("expected Finished first, got {event:?}");
+        };
+        assert_eq!(attempt, 1);
+        settled.insert(uid, outcome);
+    }
+    let mut uids: Vec<_> = settled.keys().cloned().collect();
+    uids.sort();
+    assert_eq!(uids, ["restart-sleep", "restart-stubborn", "restart-tree"]);
+    for (uid, outcome) in &settled {
+        assert_eq!(
+            (outcome.state, outcome.reason),
+            (TaskState::Failed, TaskReason::AgentRestarted),
+            "{uid}"
+        );
+        assert!(outcome.started_at.is_some(), "{uid}");
+        assert!(
+            outcome.message.contains("was killed"),
+            "{uid}: {}",
+            outcome.message
+        );
+    }
+    assert_eq!(settled["restart-stubborn"].output_tail, "before the crash\n");
+    for (uid, pgid) in &pgids {
+        poll_until(&format!("{uid}'s processes are gone"), || {
+            group_members(*pgid, false).is_empty()
+        })
+        .await;
+    }
+    // The same dispatch delivered again is not run twice.
+    let again = TaskRequest {
+        uid: "restart-sleep".to_owned(),
+        attempt: 1,
+        name: "x".to_owned(),
+        spec: task("sleep", &["1000"]),
+    };
+    assert_eq!(handle.submit(again).await.unwrap(), Submit::Duplicate);
+    assert!(handle.running().await.is_empty());
+    handle.shutdown().await;
+    let _ = helper.wait().await;
+}
