@@ -1,14 +1,214 @@
-//! Command-line flags.
+//! Command-line flags of `k8s4r-manager`; every flag has a `K8S4R_*`
+//! environment variable.
 
-use clap::Parser;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
 
-/// The k8s4r controllers.
+use anyhow::Context as _;
+use clap::{ArgAction, Parser, ValueEnum};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{LeaderConfig, ManagerConfig};
+use crate::lifecycle::LifecycleConfig;
+use crate::liveness::LivenessConfig;
+
+fn duration(s: &str) -> Result<Duration, String> {
+    k8s4r_api::parse_duration(s).map_err(|e| e.to_string())
+}
+
+/// Log line format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// One JSON object per line.
+    Json,
+    /// Human-readable text.
+    Text,
+}
+
+/// The k8s4r controllers: Jobs, TaskGroups, Tasks and Robots.
 #[derive(Debug, Parser)]
-pub struct Args {}
+#[command(name = "k8s4r-manager", version)]
+pub struct Args {
+    /// Kubeconfig to use; without it, the in-cluster service account or the
+    /// default kubeconfig ($KUBECONFIG, ~/.kube/config).
+    #[arg(long, env = "K8S4R_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Namespace of the bootstrap-token Secret and the leader Lease.
+    #[arg(long, env = "K8S4R_NAMESPACE", default_value = "k8s4r-system")]
+    pub namespace: String,
+    /// Namespace of the per-robot Leases the server renews.
+    #[arg(
+        long,
+        env = "K8S4R_ROBOT_LEASE_NAMESPACE",
+        default_value = "k8s4r-robot-leases"
+    )]
+    pub robot_lease_namespace: String,
+    /// A robot whose last heartbeat is older than this goes Offline.
+    #[arg(long, env = "K8S4R_HEARTBEAT_TIMEOUT", default_value = "5m", value_parser = duration)]
+    pub heartbeat_timeout: Duration,
+    /// A robot that disconnected (its last will) goes Offline after this.
+    #[arg(long, env = "K8S4R_DISCONNECT_GRACE", default_value = "30s", value_parser = duration)]
+    pub disconnect_grace: Duration,
+    /// A dispatched attempt that has not started by then is retried.
+    #[arg(long, env = "K8S4R_DISPATCH_TIMEOUT", default_value = "60s", value_parser = duration)]
+    pub dispatch_timeout: Duration,
+    /// Tasks of a robot Offline this long fail with RobotLost and move.
+    #[arg(long, env = "K8S4R_ROBOT_LOST_GRACE", default_value = "30s", value_parser = duration)]
+    pub robot_lost_grace: Duration,
+    /// Slack after timeout + killTimeout before the manager fails a task its
+    /// robot never reported finished (TimeoutBackstop).
+    #[arg(long, env = "K8S4R_BACKSTOP_GRACE", default_value = "60s", value_parser = duration)]
+    pub backstop_grace: Duration,
+    /// Retries for attempts lost with their robot or never acknowledged,
+    /// on top of each task's restart policy.
+    #[arg(long, env = "K8S4R_LOST_RETRIES", default_value_t = 3)]
+    pub lost_retries: u32,
+    /// Approve every registering robot without checking its token.
+    #[arg(long, env = "K8S4R_AUTO_APPROVE")]
+    pub auto_approve: bool,
+    /// Secret (in --namespace) whose values are the accepted bootstrap tokens.
+    #[arg(
+        long,
+        env = "K8S4R_BOOTSTRAP_TOKEN_SECRET",
+        default_value = "k8s4r-bootstrap-tokens"
+    )]
+    pub bootstrap_token_secret: String,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "K8S4R_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    pub metrics_addr: SocketAddr,
+    /// Run controllers only while holding the leader Lease.
+    #[arg(long, env = "K8S4R_LEADER_ELECTION", default_value_t = true, action = ArgAction::Set)]
+    pub leader_election: bool,
+    /// Name of the leader Lease (in --namespace).
+    #[arg(long, env = "K8S4R_LEASE_NAME", default_value = "k8s4r-manager")]
+    pub lease_name: String,
+    /// This replica's identity in the Lease (default: pod or host name and pid).
+    #[arg(long, env = "K8S4R_IDENTITY")]
+    pub identity: Option<String>,
+    /// Limit on every call to the API server.
+    #[arg(long, env = "K8S4R_API_TIMEOUT", default_value = "10s", value_parser = duration)]
+    pub api_timeout: Duration,
+    /// Log format.
+    #[arg(long, env = "K8S4R_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// Log filter (RUST_LOG syntax), used when RUST_LOG is not set.
+    #[arg(long, env = "K8S4R_LOG", default_value = "info")]
+    pub log: String,
+}
 
 impl Args {
-    /// Runs the manager.
+    /// The manager configuration these flags describe.
+    pub fn config(&self) -> ManagerConfig {
+        let leader = self.leader_election.then(|| LeaderConfig {
+            lease_name: self.lease_name.clone(),
+            identity: self.identity.clone().unwrap_or_else(crate::default_identity),
+            lease_seconds: 15,
+            renew_grace_seconds: 5,
+        });
+        ManagerConfig {
+            namespace: self.namespace.clone(),
+            robot_lease_namespace: self.robot_lease_namespace.clone(),
+            bootstrap_secret: self.bootstrap_token_secret.clone(),
+            auto_approve: self.auto_approve,
+            liveness: LivenessConfig {
+                heartbeat_timeout: self.heartbeat_timeout,
+                disconnect_grace: self.disconnect_grace,
+            },
+            lifecycle: LifecycleConfig {
+                dispatch_timeout: self.dispatch_timeout,
+                robot_lost_grace: self.robot_lost_grace,
+                backstop_grace: self.backstop_grace,
+                lost_retries: self.lost_retries,
+            },
+            leader,
+            metrics_addr: Some(self.metrics_addr),
+            api_timeout: self.api_timeout,
+            ..ManagerConfig::default()
+        }
+    }
+
+    fn init_logging(&self) {
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&self.log));
+        let builder = tracing_subscriber::fmt().with_env_filter(filter);
+        match self.log_format {
+            LogFormat::Json => builder.json().init(),
+            LogFormat::Text => builder.init(),
+        }
+    }
+
+    async fn client(&self) -> anyhow::Result<kube::Client> {
+        let config = match &self.kubeconfig {
+            Some(path) => {
+                let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                    .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+                kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
+                    .await
+                    .with_context(|| format!("loading kubeconfig {}", path.display()))?
+            }
+            None => kube::Config::infer()
+                .await
+                .context("no kubeconfig given, and neither in-cluster nor default config found")?,
+        };
+        kube::Client::try_from(config).context("building the Kubernetes client")
+    }
+
+    /// Runs the manager until SIGTERM or SIGINT.
     pub async fn run(self) -> anyhow::Result<()> {
-        Ok(())
+        self.init_logging();
+        let client = self.client().await?;
+        let shutdown = CancellationToken::new();
+        tokio::spawn(cancel_on_signal(shutdown.clone()));
+        crate::run(self.config(), client, shutdown)
+            .await
+            .context("k8s4r-manager stopped")
+    }
+}
+
+async fn cancel_on_signal(token: CancellationToken) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot listen for SIGTERM");
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM, shutting down"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT, shutting down"),
+    }
+    token.cancel();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn flags_are_consistent() {
+        Args::command().debug_assert();
+    }
+
+    #[test]
+    fn defaults_follow_the_design() {
+        let args = Args::parse_from(["k8s4r-manager"]);
+        let config = args.config();
+        assert_eq!(config.liveness.heartbeat_timeout, Duration::from_secs(300));
+        assert!(config.leader.is_some());
+        assert!(!config.auto_approve);
+        let args = Args::parse_from([
+            "k8s4r-manager",
+            "--leader-election=false",
+            "--heartbeat-timeout",
+            "90s",
+            "--auto-approve",
+        ]);
+        let config = args.config();
+        assert!(config.leader.is_none());
+        assert_eq!(config.liveness.heartbeat_timeout, Duration::from_secs(90));
+        assert!(config.auto_approve);
     }
 }

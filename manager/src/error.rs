@@ -46,6 +46,9 @@ pub enum Error {
     /// Leader election failed.
     #[error("leader election: {0}")]
     Leader(#[from] kube_lease_manager::LeaseManagerError),
+    /// Another replica took the leader Lease.
+    #[error("lost the leader Lease")]
+    LeadershipLost,
     /// The metrics endpoint could not start.
     #[error("metrics endpoint on {addr}: {source}")]
     Metrics {

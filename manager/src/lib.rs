@@ -16,11 +16,64 @@
 pub mod aggregate;
 pub mod cli;
 pub mod config;
+pub mod controllers;
 pub mod error;
+pub mod leader;
 pub mod ledger;
 pub mod lifecycle;
 pub mod liveness;
 pub mod metrics;
 pub mod scheduler;
 
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+pub use config::{LeaderConfig, ManagerConfig};
 pub use error::{Error, Result};
+pub use metrics::Metrics;
+
+/// Runs the manager on `client` until `shutdown` is cancelled (or, with
+/// leader election, until the Lease is lost: [`Error::LeadershipLost`]).
+pub async fn run(config: ManagerConfig, client: kube::Client, shutdown: CancellationToken) -> Result<()> {
+    run_with_metrics(config, client, Arc::new(Metrics::default()), shutdown).await
+}
+
+/// [`run`], recording into the given metrics (tests and benchmarks read them).
+pub async fn run_with_metrics(
+    config: ManagerConfig,
+    client: kube::Client,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+) -> Result<()> {
+    let server_stop = shutdown.child_token();
+    let server = config.metrics_addr.map(|addr| {
+        let metrics = metrics.clone();
+        let stop = server_stop.clone();
+        tokio::spawn(async move {
+            if let Err(e) = metrics::serve(addr, metrics, stop).await {
+                tracing::error!(error = %e, "metrics endpoint stopped");
+            }
+        })
+    });
+    let result = match config.leader.clone() {
+        Some(leader) => leader::run(client, config, leader, metrics, shutdown.clone()).await,
+        None => {
+            let identity = default_identity();
+            controllers::run(client, config, metrics, identity, shutdown.clone()).await
+        }
+    };
+    if let Some(server) = server {
+        server_stop.cancel();
+        let _ = server.await;
+    }
+    result
+}
+
+/// This replica's name: the pod name when there is one, else host and pid.
+pub fn default_identity() -> String {
+    std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .map(|h| format!("{h}-{}", std::process::id()))
+        .unwrap_or_else(|_| format!("k8s4r-manager-{}", std::process::id()))
+}

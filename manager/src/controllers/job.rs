@@ -1,0 +1,273 @@
+//! JobController: one TaskGroup per group of a Job, and the Job's status.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use k8s4r_api::condition::set_condition;
+use k8s4r_api::names::LABEL_JOB;
+use k8s4r_api::validation::validate_job_spec;
+use k8s4r_api::{
+    Condition, ConditionStatus, Job, JobSpec, JobStatus, TaskGroup, TaskGroupSpec, TaskGroupTemplate,
+    WorkState,
+};
+use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, Resource, ResourceExt};
+use tracing::instrument;
+
+use super::{key_of, Context};
+use crate::aggregate::{job_status, GroupView};
+use crate::error::{Error, Result};
+
+/// Reconciles one Job.
+#[instrument(skip_all, fields(job = %key_of(job.as_ref())))]
+pub async fn reconcile(job: Arc<Job>, ctx: Arc<Context>) -> Result<Action> {
+    let key = key_of(job.as_ref());
+    ctx.instrumented("job", key, reconcile_job(&job, &ctx)).await
+}
+
+/// Backs off a Job whose reconcile failed.
+pub fn error_policy(job: Arc<Job>, error: &Error, ctx: Arc<Context>) -> Action {
+    ctx.error_policy("job", key_of(job.as_ref()), error)
+}
+
+/// The TaskGroup name of a Job's group.
+pub fn group_name(job: &str, group: &str) -> String {
+    format!("{job}-{group}")
+}
+
+/// A group with the Job's selector and constraints merged in.
+pub fn merged_group(job: &JobSpec, group: &TaskGroupTemplate) -> TaskGroupTemplate {
+    let robot_selector = match (&job.robot_selector, &group.robot_selector) {
+        (Some(a), Some(b)) => Some(a.and(b)),
+        (a, b) => a.clone().or_else(|| b.clone()),
+    };
+    let mut constraints = job.constraints.clone();
+    constraints.extend(group.constraints.iter().cloned());
+    TaskGroupTemplate {
+        robot_selector,
+        constraints,
+        ..group.clone()
+    }
+}
+
+/// The spec of each TaskGroup a Job should have, by name.
+pub fn desired_groups(job_name: &str, spec: &JobSpec) -> BTreeMap<String, TaskGroupSpec> {
+    spec.task_groups
+        .iter()
+        .map(|g| {
+            (
+                group_name(job_name, &g.name),
+                TaskGroupSpec {
+                    template: merged_group(spec, g),
+                    job: job_name.to_owned(),
+                    priority: spec.priority,
+                },
+            )
+        })
+        .collect()
+}
+
+fn ignore(code: u16, result: Result<()>) -> Result<()> {
+    match result {
+        Err(Error::Kube {
+            source: kube::Error::Api(s),
+            ..
+        }) if s.code == code => Ok(()),
+        other => other,
+    }
+}
+
+async fn reconcile_job(job: &Job, ctx: &Context) -> Result<Action> {
+    if job.meta().deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let ns = job.namespace().unwrap_or_default();
+    let name = job.name_any();
+    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &ns);
+    let groups_api: Api<TaskGroup> = Api::namespaced(ctx.client.clone(), &ns);
+
+    if let Err(errors) = validate_job_spec(&job.spec) {
+        let previous = job.status.clone().unwrap_or_default();
+        let mut status = JobStatus {
+            state: Some(WorkState::Failed),
+            observed_generation: job.meta().generation,
+            ..previous.clone()
+        };
+        set_condition(
+            &mut status.conditions,
+            Condition::new("Failed", ConditionStatus::True, "InvalidSpec", errors.to_string()),
+        );
+        if status != previous {
+            ctx.patch_status(&jobs, "Job", &name, None, &status).await?;
+            ctx.event(job, EventType::Warning, "InvalidSpec", errors.to_string());
+        }
+        return Ok(Action::await_change());
+    }
+
+    let owner = job.controller_owner_ref(&()).ok_or_else(|| Error::Malformed {
+        kind: "Job",
+        name: name.clone(),
+        reason: "no uid to own task groups with".into(),
+    })?;
+    let desired = desired_groups(&name, &job.spec);
+    for (group, spec) in &desired {
+        let existing = ctx.stores.groups.get(&ObjectRef::new(group).within(&ns));
+        match existing {
+            None => {
+                let obj = TaskGroup {
+                    metadata: ObjectMeta {
+                        name: Some(group.clone()),
+                        namespace: Some(ns.clone()),
+                        labels: Some(BTreeMap::from([(LABEL_JOB.to_owned(), name.clone())])),
+                        owner_references: Some(vec![owner.clone()]),
+                        ..ObjectMeta::default()
+                    },
+                    spec: spec.clone(),
+                    status: None,
+                };
+                let created = ctx
+                    .api(
+                        "create",
+                        "TaskGroup",
+                        group,
+                        groups_api.create(&PostParams::default(), &obj),
+                    )
+                    .await
+                    .map(|_| ());
+                ignore(409, created)?;
+            }
+            Some(existing) if existing.spec != *spec => {
+                let mut updated = (*existing).clone();
+                updated.spec = spec.clone();
+                ctx.api(
+                    "update",
+                    "TaskGroup",
+                    group,
+                    groups_api.replace(group, &PostParams::default(), &updated),
+                )
+                .await?;
+            }
+            Some(_) => {}
+        }
+    }
+    let uid = job.uid().unwrap_or_default();
+    let stale: Vec<String> = ctx
+        .stores
+        .groups
+        .state_filter(|g| {
+            g.namespace().as_deref() == Some(ns.as_str())
+                && g.owner_references().iter().any(|o| o.uid == uid)
+                && !desired.contains_key(&g.name_any())
+        })
+        .iter()
+        .map(|g| g.name_any())
+        .collect();
+    for group in stale {
+        let deleted = ctx
+            .api(
+                "delete",
+                "TaskGroup",
+                &group,
+                groups_api.delete(&group, &DeleteParams::background()),
+            )
+            .await
+            .map(|_| ());
+        ignore(404, deleted)?;
+    }
+
+    let stored: Vec<Option<Arc<TaskGroup>>> = job
+        .spec
+        .task_groups
+        .iter()
+        .map(|g| {
+            ctx.stores
+                .groups
+                .get(&ObjectRef::new(&group_name(&name, &g.name)).within(&ns))
+        })
+        .collect();
+    let views: Vec<GroupView<'_>> = job
+        .spec
+        .task_groups
+        .iter()
+        .zip(&stored)
+        .map(|(g, tg)| GroupView {
+            name: &g.name,
+            task_group: group_name(&name, &g.name),
+            count: g.count,
+            status: tg.as_ref().and_then(|tg| tg.status.as_ref()),
+        })
+        .collect();
+    let previous = job.status.as_ref();
+    let status = job_status(&views, previous, job.meta().generation, Timestamp::now());
+    if previous != Some(&status) {
+        ctx.patch_status(&jobs, "Job", &name, None, &status).await?;
+        let was_finished = previous.and_then(|p| p.state).is_some_and(WorkState::is_finished);
+        match status.state {
+            Some(WorkState::Completed) if !was_finished => ctx.event(
+                job,
+                EventType::Normal,
+                "Completed",
+                format!("all {} tasks completed", status.counts.completed),
+            ),
+            Some(WorkState::Failed) if !was_finished => ctx.event(
+                job,
+                EventType::Warning,
+                "Failed",
+                format!("{} tasks failed after their retries", status.counts.failed),
+            ),
+            _ => {}
+        }
+    }
+    Ok(Action::await_change())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s4r_api::{Constraint, ConstraintOperator, LabelSelector};
+
+    fn constraint(attr: &str) -> Constraint {
+        Constraint {
+            attribute: attr.into(),
+            operator: ConstraintOperator::Exists,
+            value: String::new(),
+        }
+    }
+
+    #[test]
+    fn groups_inherit_the_jobs_selector_and_constraints() {
+        let job = JobSpec {
+            robot_selector: Some(LabelSelector::from_labels([("site", "lab")])),
+            constraints: vec![constraint("arch")],
+            task_groups: vec![
+                TaskGroupTemplate {
+                    name: "a".into(),
+                    count: 2,
+                    robot_selector: Some(LabelSelector::from_labels([("tier", "gold")])),
+                    constraints: vec![constraint("os")],
+                    ..TaskGroupTemplate::default()
+                },
+                TaskGroupTemplate {
+                    name: "b".into(),
+                    count: 1,
+                    ..TaskGroupTemplate::default()
+                },
+            ],
+            priority: 7,
+        };
+        let groups = desired_groups("j", &job);
+        let a = &groups["j-a"];
+        assert_eq!(a.job, "j");
+        assert_eq!(a.priority, 7);
+        let selector = a.template.robot_selector.as_ref().unwrap();
+        assert_eq!(selector.match_labels.len(), 2);
+        assert_eq!(a.template.constraints.len(), 2);
+        let b = &groups["j-b"];
+        assert_eq!(b.template.robot_selector, job.robot_selector);
+        assert_eq!(b.template.constraints, vec![constraint("arch")]);
+    }
+}

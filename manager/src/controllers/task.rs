@@ -1,0 +1,452 @@
+//! TaskController: places pending Tasks on robots and carries each attempt
+//! through its lifecycle (see [`crate::lifecycle`]).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use jiff::{SignedDuration, Timestamp};
+use k8s4r_api::condition::{find_condition, set_condition};
+use k8s4r_api::validation::validate_task_spec;
+use k8s4r_api::{AttemptRecord, Condition, ConditionStatus, RobotPhase, Task, TaskReason, TaskState};
+use kube::api::Patch;
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, ResourceExt};
+use serde::Serialize;
+use tracing::instrument;
+
+use super::{demand_of, group_of, key_of, patch_params, Context};
+use crate::error::{Error, Result};
+use crate::ledger::Placement;
+use crate::lifecycle::{next_step, RobotHealth, Step};
+use crate::scheduler::{choose, Request};
+
+/// The annotation the server sets to the attempt it delivered.
+pub const ANNOTATION_DISPATCHED: &str = "robot.k8s4r.io/dispatched-attempt";
+
+/// How long a task that found no robot waits before looking again on its
+/// own; robot changes wake it much sooner.
+const UNSCHEDULABLE_RECHECK: Duration = Duration::from_secs(300);
+
+/// The Task status fields the manager writes. `Some(None)` clears a field.
+#[derive(Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskStatusPatch {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    state: Option<TaskState>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    attempt: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    seq: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    robot: Option<Option<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    exit_code: Option<Option<i32>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    signal: Option<Option<i32>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<Option<TaskReason>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<Option<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dispatch_time: Option<Option<Timestamp>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    start_time: Option<Option<Timestamp>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    finish_time: Option<Option<Timestamp>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next_attempt_time: Option<Option<Timestamp>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    output_tail: Option<Option<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    attempts: Option<Vec<AttemptRecord>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    conditions: Option<Vec<Condition>>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct SpecPatch<'a> {
+    metadata: Versioned<'a>,
+    spec: TargetRobot<'a>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Versioned<'a> {
+    resource_version: &'a str,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct TargetRobot<'a> {
+    target_robot: &'a str,
+}
+
+/// Reconciles one Task.
+#[instrument(skip_all, fields(task = %key_of(task.as_ref())))]
+pub async fn reconcile(task: Arc<Task>, ctx: Arc<Context>) -> Result<Action> {
+    let key = key_of(task.as_ref());
+    ctx.instrumented("task", key, reconcile_task(&task, &ctx)).await
+}
+
+/// Backs off a Task whose reconcile failed.
+pub fn error_policy(task: Arc<Task>, error: &Error, ctx: Arc<Context>) -> Action {
+    ctx.error_policy("task", key_of(task.as_ref()), error)
+}
+
+fn robot_health(ctx: &Context, robot: Option<&str>) -> RobotHealth {
+    let Some(name) = robot else {
+        return RobotHealth::Missing;
+    };
+    let Some(robot) = ctx.stores.robots.get(&ObjectRef::new(name)) else {
+        return RobotHealth::Missing;
+    };
+    let status = robot.status.as_ref();
+    match status.and_then(|s| s.phase) {
+        Some(RobotPhase::Offline) => {
+            let since = status
+                .and_then(|s| find_condition(&s.conditions, "Ready"))
+                .filter(|c| c.status == ConditionStatus::False)
+                .and_then(|c| c.last_transition_time);
+            RobotHealth::Offline(since)
+        }
+        Some(RobotPhase::Rejected) => RobotHealth::Offline(None),
+        _ => RobotHealth::Up,
+    }
+}
+
+fn publish_progress(ctx: &Context, task: &Task) {
+    let Some((attempt, state, dispatched)) = ctx.progress(task) else {
+        return;
+    };
+    let status = task.status.clone().unwrap_or_default();
+    let robot = status.robot.clone().unwrap_or_default();
+    if dispatched && matches!(state, TaskState::Dispatching | TaskState::Running) {
+        ctx.event(
+            task,
+            EventType::Normal,
+            "Dispatched",
+            format!("attempt {attempt} delivered to robot {robot}"),
+        );
+    }
+    match state {
+        TaskState::Running => ctx.event(
+            task,
+            EventType::Normal,
+            "Started",
+            format!("attempt {attempt} started on robot {robot}"),
+        ),
+        TaskState::Completed => ctx.event(
+            task,
+            EventType::Normal,
+            "Completed",
+            format!("attempt {attempt} completed on robot {robot}"),
+        ),
+        TaskState::Failed => {
+            let (kind, reason) = match status.reason {
+                Some(TaskReason::Timeout) => (EventType::Warning, "TimedOut"),
+                // The manager's own failures got their Event when decided.
+                Some(TaskReason::RobotLost | TaskReason::DispatchTimeout | TaskReason::TimeoutBackstop) => {
+                    return
+                }
+                _ => (EventType::Warning, "Failed"),
+            };
+            let exit = status
+                .exit_code
+                .map(|c| format!(", exit code {c}"))
+                .unwrap_or_default();
+            let why = status.message.clone().unwrap_or_default();
+            ctx.event(
+                task,
+                kind,
+                reason,
+                format!("attempt {attempt} failed on robot {robot}{exit}: {why}"),
+            );
+        }
+        TaskState::Pending | TaskState::Dispatching => {}
+    }
+}
+
+async fn reconcile_task(task: &Task, ctx: &Context) -> Result<Action> {
+    if task.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    publish_progress(ctx, task);
+    let status = task.status.as_ref();
+    let robot = status
+        .and_then(|s| s.robot.as_deref())
+        .or(task.spec.target_robot.as_deref());
+    let health = robot_health(ctx, robot);
+    let now = Timestamp::now();
+    match next_step(&task.spec, status, health, now, &ctx.config.lifecycle) {
+        Step::Wait(Some(after)) => Ok(Action::requeue(after)),
+        Step::Wait(None) | Step::Done => Ok(Action::await_change()),
+        Step::Schedule => schedule(task, ctx, now).await,
+        Step::Fail { reason, message } => fail(task, ctx, reason, message, now).await,
+        Step::Retry { delay } => retry(task, ctx, delay, now).await,
+    }
+}
+
+fn names(task: &Task) -> Result<(String, String)> {
+    let ns = task.namespace().ok_or_else(|| Error::Malformed {
+        kind: "Task",
+        name: task.name_any(),
+        reason: "no namespace".into(),
+    })?;
+    Ok((ns, task.name_any()))
+}
+
+async fn schedule(task: &Task, ctx: &Context, now: Timestamp) -> Result<Action> {
+    let (ns, name) = names(task)?;
+    let api: Api<Task> = Api::namespaced(ctx.client.clone(), &ns);
+    let status = task.status.clone().unwrap_or_default();
+    if let Err(errors) = validate_task_spec(&task.spec) {
+        let patch = TaskStatusPatch {
+            state: Some(TaskState::Failed),
+            reason: Some(Some(TaskReason::InvalidSpec)),
+            message: Some(Some(errors.to_string())),
+            finish_time: Some(Some(now)),
+            ..TaskStatusPatch::default()
+        };
+        ctx.patch_status(&api, "Task", &name, task.resource_version(), patch)
+            .await?;
+        ctx.event(task, EventType::Warning, "InvalidSpec", errors.to_string());
+        return Ok(Action::await_change());
+    }
+
+    let key = key_of(task);
+    let group = group_of(task);
+    let attempt = status.attempt + 1;
+    let avoid = status
+        .attempts
+        .last()
+        .filter(|a| a.reason == Some(TaskReason::DispatchTimeout))
+        .and_then(|a| a.robot.clone());
+    let request = Request {
+        group: &group,
+        selector: task.spec.robot_selector.as_ref(),
+        constraints: &task.spec.constraints,
+        driver: &task.spec.template.driver,
+        demand: demand_of(task),
+        avoid: avoid.as_deref(),
+    };
+    let obj_ref = ObjectRef::from_obj(task);
+    let decision = {
+        let mut guard = ctx.sched();
+        let sched = &mut *guard;
+        let outcome =
+            choose(sched.robots.values(), &request, |n| sched.ledger.usage(n)).map(|r| r.name.clone());
+        match &outcome {
+            Ok(robot) => {
+                sched.ledger.reserve(
+                    &key,
+                    attempt,
+                    Placement {
+                        robot: robot.clone(),
+                        group: group.clone(),
+                        demand: request.demand,
+                    },
+                );
+                sched.waiting.remove(&obj_ref);
+            }
+            Err(_) => {
+                sched.waiting.insert(obj_ref.clone());
+            }
+        }
+        ctx.metrics
+            .waiting
+            .store(sched.waiting.len() as i64, Ordering::Relaxed);
+        outcome
+    };
+
+    let robot = match decision {
+        Ok(robot) => robot,
+        Err(nofit) => {
+            ctx.metrics.unschedulable.fetch_add(1, Ordering::Relaxed);
+            let message = nofit.to_string();
+            let previous = find_condition(&status.conditions, "Scheduled");
+            if status.state.is_some() && previous.and_then(|c| c.message.as_deref()) == Some(&message) {
+                return Ok(Action::requeue(UNSCHEDULABLE_RECHECK));
+            }
+            let mut conditions = status.conditions.clone();
+            set_condition(
+                &mut conditions,
+                Condition::new(
+                    "Scheduled",
+                    ConditionStatus::False,
+                    "Unschedulable",
+                    message.clone(),
+                ),
+            );
+            let patch = TaskStatusPatch {
+                state: Some(TaskState::Pending),
+                message: Some(Some(message.clone())),
+                conditions: Some(conditions),
+                ..TaskStatusPatch::default()
+            };
+            ctx.patch_status(&api, "Task", &name, task.resource_version(), patch)
+                .await?;
+            ctx.event(task, EventType::Warning, "FailedScheduling", message);
+            return Ok(Action::requeue(UNSCHEDULABLE_RECHECK));
+        }
+    };
+
+    let placed = place(task, ctx, &api, &name, &status, attempt, &robot, now).await;
+    if placed.is_err() {
+        ctx.sched().ledger.unreserve(&key, attempt);
+    }
+    placed?;
+
+    ctx.metrics.decisions.fetch_add(1, Ordering::Relaxed);
+    let since = status
+        .next_attempt_time
+        .or_else(|| task.metadata.creation_timestamp.as_ref().map(|t| t.0));
+    if let Some(since) = since {
+        if let Ok(latency) = Duration::try_from(now.duration_since(since)) {
+            ctx.metrics.scheduling_latency.observe(latency);
+        }
+    }
+    ctx.event(
+        task,
+        EventType::Normal,
+        "Scheduled",
+        format!("attempt {attempt} assigned to robot {robot}"),
+    );
+    Ok(Action::requeue(ctx.config.lifecycle.dispatch_timeout))
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn place(
+    task: &Task,
+    ctx: &Context,
+    api: &Api<Task>,
+    name: &str,
+    status: &k8s4r_api::TaskStatus,
+    attempt: u32,
+    robot: &str,
+    now: Timestamp,
+) -> Result<()> {
+    // The robot first, then `dispatching`: the server acts on the state and
+    // must find the new robot already there.
+    let rv = task.resource_version().unwrap_or_default();
+    let spec = SpecPatch {
+        metadata: Versioned {
+            resource_version: &rv,
+        },
+        spec: TargetRobot { target_robot: robot },
+    };
+    let updated = ctx
+        .api(
+            "set the target robot of",
+            "Task",
+            name,
+            api.patch(name, &patch_params(), &Patch::Merge(&spec)),
+        )
+        .await?;
+    let mut conditions = status.conditions.clone();
+    set_condition(
+        &mut conditions,
+        Condition::new(
+            "Scheduled",
+            ConditionStatus::True,
+            "Scheduled",
+            format!("attempt {attempt} assigned to robot {robot}"),
+        ),
+    );
+    let patch = TaskStatusPatch {
+        state: Some(TaskState::Dispatching),
+        attempt: Some(attempt),
+        seq: Some(0),
+        robot: Some(Some(robot.to_owned())),
+        dispatch_time: Some(Some(now)),
+        next_attempt_time: Some(None),
+        exit_code: Some(None),
+        signal: Some(None),
+        reason: Some(None),
+        message: Some(None),
+        start_time: Some(None),
+        finish_time: Some(None),
+        output_tail: Some(None),
+        conditions: Some(conditions),
+        attempts: None,
+    };
+    ctx.patch_status(api, "Task", name, updated.resource_version(), patch)
+        .await?;
+    Ok(())
+}
+
+async fn fail(
+    task: &Task,
+    ctx: &Context,
+    reason: TaskReason,
+    message: String,
+    now: Timestamp,
+) -> Result<Action> {
+    let (ns, name) = names(task)?;
+    let api: Api<Task> = Api::namespaced(ctx.client.clone(), &ns);
+    let patch = TaskStatusPatch {
+        state: Some(TaskState::Failed),
+        reason: Some(Some(reason)),
+        message: Some(Some(message.clone())),
+        finish_time: Some(Some(now)),
+        ..TaskStatusPatch::default()
+    };
+    ctx.patch_status(&api, "Task", &name, task.resource_version(), patch)
+        .await?;
+    let event = match reason {
+        TaskReason::RobotLost => "RobotLost",
+        TaskReason::TimeoutBackstop => "TimedOut",
+        _ => "DispatchTimeout",
+    };
+    tracing::info!(task = %name, ?reason, %message, "failing attempt");
+    ctx.event(task, EventType::Warning, event, message);
+    Ok(Action::await_change())
+}
+
+async fn retry(task: &Task, ctx: &Context, delay: Duration, now: Timestamp) -> Result<Action> {
+    let (ns, name) = names(task)?;
+    let api: Api<Task> = Api::namespaced(ctx.client.clone(), &ns);
+    let status = task.status.clone().unwrap_or_default();
+    let mut attempts = status.attempts.clone();
+    if !attempts.iter().any(|a| a.attempt == status.attempt) {
+        attempts.push(AttemptRecord {
+            attempt: status.attempt,
+            robot: status.robot.clone(),
+            state: TaskState::Failed,
+            exit_code: status.exit_code,
+            reason: status.reason,
+            finish_time: status.finish_time.or(Some(now)),
+        });
+    }
+    let at = SignedDuration::try_from(delay)
+        .ok()
+        .and_then(|d| now.checked_add(d).ok())
+        .unwrap_or(now);
+    let patch = TaskStatusPatch {
+        state: Some(TaskState::Pending),
+        next_attempt_time: Some(Some(at)),
+        attempts: Some(attempts),
+        ..TaskStatusPatch::default()
+    };
+    ctx.patch_status(&api, "Task", &name, task.resource_version(), patch)
+        .await?;
+    let why = status
+        .reason
+        .map(|r| format!("{r:?}"))
+        .unwrap_or_else(|| "failed".into());
+    ctx.event(
+        task,
+        EventType::Normal,
+        "Retrying",
+        format!(
+            "attempt {} ended ({why}); attempt {} in {}s",
+            status.attempt,
+            status.attempt + 1,
+            delay.as_secs()
+        ),
+    );
+    Ok(Action::requeue(delay))
+}
