@@ -69,7 +69,7 @@ pub struct SchedState {
 
 /// Where triggers for each controller go.
 #[derive(Clone)]
-pub struct Triggers {
+pub(crate) struct Triggers {
     task: UnboundedSender<ObjectRef<Task>>,
     group: UnboundedSender<ObjectRef<TaskGroup>>,
     job: UnboundedSender<ObjectRef<Job>>,
@@ -87,7 +87,7 @@ impl Triggers {
     fn job(&self, r: ObjectRef<Job>) {
         let _ = self.job.unbounded_send(r);
     }
-    fn robot(&self, name: &str) {
+    pub(crate) fn robot(&self, name: &str) {
         let _ = self.robot.unbounded_send(ObjectRef::new(name));
     }
 }
@@ -103,7 +103,7 @@ pub struct Context {
     /// The shared caches.
     pub stores: Stores,
     sched: Mutex<SchedState>,
-    triggers: Triggers,
+    pub(crate) triggers: Triggers,
     events: Option<tokio::sync::mpsc::Sender<(ObjectReference, Event)>>,
     failures: Mutex<HashMap<String, u32>>,
     /// Per task: the (attempt, state, dispatched) last seen, to publish an

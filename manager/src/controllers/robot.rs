@@ -61,14 +61,15 @@ async fn known_token_hashes(ctx: &Context) -> Result<Option<Vec<String>>> {
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.config.namespace);
     let name = &ctx.config.bootstrap_secret;
     let secret = ctx.api("read", "Secret", name, api.get_opt(name)).await?;
+    // `stringData` is folded into `data` by a real API server; read both in
+    // case one stores it as written.
     Ok(secret.map(|s| {
-        s.data
-            .unwrap_or_default()
-            .values()
-            .map(|v| {
-                let text = String::from_utf8_lossy(&v.0);
-                sha256_hex(text.trim().as_bytes())
-            })
+        let data = s.data.unwrap_or_default();
+        let text = s.string_data.unwrap_or_default();
+        data.values()
+            .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+            .chain(text.into_values())
+            .map(|token| sha256_hex(token.trim().as_bytes()))
             .collect()
     }))
 }

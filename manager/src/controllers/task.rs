@@ -299,6 +299,9 @@ async fn schedule(task: &Task, ctx: &Context, now: Timestamp) -> Result<Action> 
         ctx.sched().ledger.unreserve(&key, attempt);
     }
     placed?;
+    // The ledger changed here, not in the watch: tell the robot's
+    // controller so its `status.allocated` follows.
+    ctx.triggers.robot(&robot);
 
     ctx.metrics.decisions.fetch_add(1, Ordering::Relaxed);
     let since = status

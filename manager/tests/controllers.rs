@@ -1,0 +1,448 @@
+//! The controllers against the embedded API server, over real HTTP with the
+//! real kube client. Robots are simulated by writing their status.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use k8s4r_api::condition::find_condition;
+use k8s4r_api::names::LABEL_JOB;
+use k8s4r_api::{
+    ConditionStatus, Job, LabelSelector, Robot, RobotPhase, Task, TaskGroup, TaskReason, TaskState, WorkState,
+};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
+use kube::{Api, ResourceExt};
+
+const WAIT: Duration = Duration::from_secs(15);
+
+#[tokio::test]
+async fn job_fans_out_and_schedules_onto_matching_online_robots_only() {
+    let (env, manager) = start(config()).await;
+    let c = &env.client;
+    robot("lab-1").label("site", "lab").create(c).await;
+    robot("lab-off")
+        .label("site", "lab")
+        .phase(Some(RobotPhase::Offline))
+        .create(c)
+        .await;
+    robot("field-1").label("site", "field").create(c).await;
+    let selector = LabelSelector::from_labels([("site", "lab")]);
+    create_job(c, "fan", Some(selector), vec![group("g", 3)]).await;
+
+    let groups: Api<TaskGroup> = Api::namespaced(c.clone(), NS);
+    let tg = eventually(WAIT, "task group", || async {
+        groups.get_opt("fan-g").await.ok().flatten()
+    })
+    .await;
+    let owner = &tg.owner_references()[0];
+    assert_eq!((owner.kind.as_str(), owner.controller), ("Job", Some(true)));
+    assert_eq!(tg.labels().get(LABEL_JOB).map(String::as_str), Some("fan"));
+
+    for i in 0..3 {
+        let t = task_where(c, &format!("fan-g-{i}"), "dispatching", |t| {
+            dispatching_on(t).is_some()
+        })
+        .await;
+        assert_eq!(
+            dispatching_on(&t),
+            Some("lab-1"),
+            "only lab-1 is Online and matches"
+        );
+        assert_eq!(t.spec.target_robot.as_deref(), Some("lab-1"));
+        assert_eq!(t.status.as_ref().unwrap().attempt, 1);
+        assert_eq!(t.owner_references()[0].name, "fan-g");
+    }
+    let jobs: Api<Job> = Api::namespaced(c.clone(), NS);
+    eventually(WAIT, "job status counts", || async {
+        let job = jobs.get("fan").await.ok()?;
+        let s = job.status?;
+        (s.counts.dispatching == 3 && s.state == Some(WorkState::Running) && s.groups.len() == 1)
+            .then_some(())
+    })
+    .await;
+
+    for i in 0..3 {
+        let name = format!("fan-g-{i}");
+        report(c, &name, TaskState::Running, None, None).await;
+        report(c, &name, TaskState::Completed, None, Some(0)).await;
+    }
+    let done = eventually(WAIT, "job completed", || async {
+        let s = jobs.get("fan").await.ok()?.status?;
+        (s.state == Some(WorkState::Completed)).then_some(s)
+    })
+    .await;
+    assert_eq!(done.completions.as_deref(), Some("3/3"));
+    assert!(done.completion_time.is_some() && done.start_time.is_some());
+    manager.stop().await;
+}
+
+#[tokio::test]
+async fn a_group_spreads_across_robots() {
+    let (env, manager) = start(config()).await;
+    let c = &env.client;
+    for name in ["r1", "r2", "r3"] {
+        robot(name).create(c).await;
+    }
+    create_job(c, "spread", None, vec![group("g", 6)]).await;
+    let mut per_robot = std::collections::BTreeMap::<String, u32>::new();
+    for i in 0..6 {
+        let t = task_where(c, &format!("spread-g-{i}"), "dispatching", |t| {
+            dispatching_on(t).is_some()
+        })
+        .await;
+        *per_robot
+            .entry(dispatching_on(&t).unwrap().to_owned())
+            .or_default() += 1;
+    }
+    assert_eq!(
+        per_robot.values().copied().collect::<Vec<_>>(),
+        vec![2, 2, 2],
+        "{per_robot:?}"
+    );
+    let robots: Api<Robot> = Api::all(c.clone());
+    eventually(WAIT, "allocated written", || async {
+        let r = robots.get("r1").await.ok()?;
+        (r.status?.allocated?.tasks == 2).then_some(())
+    })
+    .await;
+    manager.stop().await;
+}
+
+#[tokio::test]
+async fn a_full_robot_gets_no_more_and_waiting_tasks_say_why() {
+    let (env, manager) = start(config()).await;
+    let c = &env.client;
+    robot("small").cpu("2").create(c).await;
+    robot("gone").phase(Some(RobotPhase::Offline)).create(c).await;
+    create_job(c, "fit", None, vec![group("g", 3).cpu("1")]).await;
+
+    let mut placed = 0;
+    let mut waiting = None;
+    for i in 0..3 {
+        let name = format!("fit-g-{i}");
+        let t = task_where(c, &name, "decided", |t| {
+            dispatching_on(t).is_some()
+                || t.status
+                    .as_ref()
+                    .and_then(|s| find_condition(&s.conditions, "Scheduled"))
+                    .is_some()
+        })
+        .await;
+        if dispatching_on(&t).is_some() {
+            placed += 1;
+        } else {
+            waiting = Some((name, t));
+        }
+    }
+    assert_eq!(placed, 2, "two 1-CPU tasks fill a 2-CPU robot");
+    let (name, t) = waiting.expect("one task waits");
+    let status = t.status.unwrap();
+    assert_eq!(status.state, Some(TaskState::Pending));
+    let cond = find_condition(&status.conditions, "Scheduled").unwrap();
+    assert_eq!(cond.status, ConditionStatus::False);
+    assert_eq!(
+        cond.message.as_deref(),
+        Some("0/2 robots: 1 offline, 1 insufficient cpu")
+    );
+
+    // A new robot is a reason to look again; no polling loop needed.
+    robot("big").create(c).await;
+    let t = task_where(c, &name, "placed on the new robot", |t| {
+        dispatching_on(t).is_some()
+    })
+    .await;
+    assert_eq!(dispatching_on(&t), Some("big"));
+    manager.stop().await;
+}
+
+#[tokio::test]
+async fn failed_attempts_are_retried_with_backoff_then_fail_for_good() {
+    let (env, manager) = start(config()).await;
+    let c = &env.client;
+    robot("r1").create(c).await;
+    create_job(c, "retry", None, vec![group("g", 1).retries(1, "300ms")]).await;
+    let name = "retry-g-0";
+    task_where(c, name, "attempt 1", |t| dispatching_on(t).is_some()).await;
+    report(c, name, TaskState::Running, None, None).await;
+    report(c, name, TaskState::Failed, Some(TaskReason::Error), Some(3)).await;
+
+    let t = task_where(c, name, "attempt 2 dispatched", |t| {
+        dispatching_on(t).is_some() && t.status.as_ref().unwrap().attempt == 2
+    })
+    .await;
+    let status = t.status.unwrap();
+    assert_eq!(status.attempts.len(), 1);
+    assert_eq!(status.attempts[0].exit_code, Some(3));
+    assert_eq!(status.attempts[0].reason, Some(TaskReason::Error));
+    let failed_at = status.attempts[0].finish_time.unwrap();
+    let redispatched = status.dispatch_time.unwrap();
+    assert!(
+        redispatched.duration_since(failed_at) >= jiff::SignedDuration::from_millis(250),
+        "backoff respected: {failed_at} -> {redispatched}"
+    );
+
+    report(c, name, TaskState::Failed, Some(TaskReason::Error), Some(3)).await;
+    let jobs: Api<Job> = Api::namespaced(c.clone(), NS);
+    eventually(WAIT, "job failed", || async {
+        let s = jobs.get("retry").await.ok()?.status?;
+        (s.state == Some(WorkState::Failed)).then_some(())
+    })
+    .await;
+    let t = task(c, name).await.unwrap();
+    assert_eq!(state_of(&t), Some(TaskState::Failed), "no retries left");
+    assert_eq!(t.status.unwrap().attempt, 2);
+    manager.stop().await;
+}
+
+#[tokio::test]
+async fn an_unacknowledged_dispatch_moves_to_another_robot() {
+    let mut cfg = config();
+    cfg.lifecycle.dispatch_timeout = Duration::from_millis(500);
+    let (env, manager) = start(cfg).await;
+    let c = &env.client;
+    robot("a").create(c).await;
+    robot("b").create(c).await;
+    create_job(c, "ack", None, vec![group("g", 1)]).await;
+    let first = task_where(c, "ack-g-0", "attempt 1", |t| dispatching_on(t).is_some()).await;
+    let first_robot = dispatching_on(&first).unwrap().to_owned();
+    let t = task_where(c, "ack-g-0", "attempt 2", |t| {
+        dispatching_on(t).is_some() && t.status.as_ref().unwrap().attempt == 2
+    })
+    .await;
+    let status = t.status.as_ref().unwrap();
+    assert_eq!(status.attempts[0].reason, Some(TaskReason::DispatchTimeout));
+    assert_ne!(
+        dispatching_on(&t),
+        Some(first_robot.as_str()),
+        "the silent robot is avoided"
+    );
+    manager.stop().await;
+}
+
+#[tokio::test]
+async fn tasks_of_an_offline_robot_are_lost_and_rescheduled() {
+    let (env, manager) = start(config()).await;
+    let c = &env.client;
+    robot("a").create(c).await;
+    create_job(c, "lost", None, vec![group("g", 1)]).await;
+    task_where(c, "lost-g-0", "dispatched to a", |t| {
+        dispatching_on(t) == Some("a")
+    })
+    .await;
+    report(c, "lost-g-0", TaskState::Running, None, None).await;
+    robot("b").create(c).await;
+    disconnect(c, "a").await;
+
+    let robots: Api<Robot> = Api::all(c.clone());
+    eventually(WAIT, "a offline", || async {
+        let s = robots.get("a").await.ok()?.status?;
+        (s.phase == Some(RobotPhase::Offline)).then_some(())
+    })
+    .await;
+    let t = task_where(c, "lost-g-0", "rescheduled on b", |t| {
+        dispatching_on(t) == Some("b")
+    })
+    .await;
+    let status = t.status.unwrap();
+    assert_eq!(status.attempt, 2);
+    assert_eq!(status.attempts[0].reason, Some(TaskReason::RobotLost));
+    assert_eq!(status.attempts[0].robot.as_deref(), Some("a"));
+    manager.stop().await;
+}
+
+#[tokio::test]
+async fn a_silent_robot_hits_the_timeout_backstop() {
+    let (env, manager) = start(config()).await;
+    let c = &env.client;
+    robot("a").create(c).await;
+    create_job(c, "slow", None, vec![group("g", 1).timeout("1s", "1s")]).await;
+    task_where(c, "slow-g-0", "dispatched", |t| dispatching_on(t).is_some()).await;
+    report(c, "slow-g-0", TaskState::Running, None, None).await;
+    let t = task_where(c, "slow-g-0", "backstop", |t| {
+        state_of(t) == Some(TaskState::Failed)
+    })
+    .await;
+    let status = t.status.unwrap();
+    assert_eq!(status.reason, Some(TaskReason::TimeoutBackstop));
+    let ran = status
+        .finish_time
+        .unwrap()
+        .duration_since(status.start_time.unwrap());
+    assert!(
+        ran >= jiff::SignedDuration::from_millis(2200),
+        "timeout + kill + grace: {ran:?}"
+    );
+    manager.stop().await;
+}
+
+#[tokio::test]
+async fn registrations_are_approved_by_token_and_rejected_otherwise() {
+    let mut cfg = config();
+    cfg.auto_approve = false;
+    let (env, manager) = start(cfg).await;
+    let c = &env.client;
+    let secrets: Api<Secret> = Api::namespaced(c.clone(), "k8s4r-system");
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some("k8s4r-bootstrap-tokens".into()),
+            ..ObjectMeta::default()
+        },
+        data: Some(
+            [(
+                "fleet".to_string(),
+                k8s_openapi::ByteString(b"s3cret-token\n".to_vec()),
+            )]
+            .into(),
+        ),
+        ..Secret::default()
+    };
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("secret");
+    let good = k8s4r_manager::controllers::robot::sha256_hex(b"s3cret-token");
+    robot("good")
+        .phase(Some(RobotPhase::Pending))
+        .token_hash(&good)
+        .create(c)
+        .await;
+    robot("bad")
+        .phase(Some(RobotPhase::Pending))
+        .token_hash(&k8s4r_manager::controllers::robot::sha256_hex(b"guess"))
+        .create(c)
+        .await;
+    let robots: Api<Robot> = Api::all(c.clone());
+    let phase_of = |name: &'static str, want: RobotPhase| {
+        let robots = robots.clone();
+        async move {
+            let s = robots.get(name).await.ok()?.status?;
+            (s.phase == Some(want)).then_some(s)
+        }
+    };
+    let ok = eventually(WAIT, "good approved", || phase_of("good", RobotPhase::Online)).await;
+    assert_eq!(
+        find_condition(&ok.conditions, "Approved").map(|c| c.status),
+        Some(ConditionStatus::True)
+    );
+    let no = eventually(WAIT, "bad rejected", || phase_of("bad", RobotPhase::Rejected)).await;
+    assert_eq!(no.message.as_deref(), Some("bootstrap token not recognised"));
+    manager.stop().await;
+}
+
+#[tokio::test]
+async fn deleting_a_job_removes_everything_it_owns() {
+    let (env, manager) = start(config()).await;
+    let c = &env.client;
+    robot("r").create(c).await;
+    create_job(c, "gone", None, vec![group("a", 2), group("b", 1)]).await;
+    let tasks: Api<Task> = Api::namespaced(c.clone(), NS);
+    eventually(WAIT, "3 tasks", || async {
+        (tasks.list(&ListParams::default()).await.ok()?.items.len() == 3).then_some(())
+    })
+    .await;
+    let jobs: Api<Job> = Api::namespaced(c.clone(), NS);
+    jobs.delete("gone", &DeleteParams::background())
+        .await
+        .expect("delete");
+    let groups: Api<TaskGroup> = Api::namespaced(c.clone(), NS);
+    eventually(WAIT, "children collected", || async {
+        let t = tasks.list(&ListParams::default()).await.ok()?.items.len();
+        let g = groups.list(&ListParams::default()).await.ok()?.items.len();
+        (t == 0 && g == 0).then_some(())
+    })
+    .await;
+    let robots: Api<Robot> = Api::all(c.clone());
+    eventually(WAIT, "allocation released", || async {
+        let a = robots.get("r").await.ok()?.status?.allocated?;
+        (a.tasks == 0).then_some(())
+    })
+    .await;
+    manager.stop().await;
+}
+
+/// Read-modify-write of the first group's count, again on a conflict (the
+/// manager writes the Job's status meanwhile).
+async fn set_count(jobs: &Api<Job>, name: &str, count: i32) {
+    eventually(WAIT, "count updated", || async {
+        let mut job = jobs.get(name).await.ok()?;
+        job.spec.task_groups[0].count = count;
+        jobs.replace(name, &PostParams::default(), &job)
+            .await
+            .ok()
+            .map(|_| ())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn scaling_a_group_adds_and_removes_tasks() {
+    let (env, manager) = start(config()).await;
+    let c = &env.client;
+    robot("r").create(c).await;
+    create_job(c, "scale", None, vec![group("g", 2)]).await;
+    task_where(c, "scale-g-1", "created", |_| true).await;
+    let jobs: Api<Job> = Api::namespaced(c.clone(), NS);
+    set_count(&jobs, "scale", 1).await;
+    eventually(WAIT, "task 1 removed", || async {
+        task(c, "scale-g-1").await.is_none().then_some(())
+    })
+    .await;
+    set_count(&jobs, "scale", 3).await;
+    task_where(c, "scale-g-2", "created", |_| true).await;
+    manager.stop().await;
+}
+
+#[tokio::test]
+async fn two_managers_elect_one_leader_and_fail_over() {
+    let env = api_server().await;
+    let c = &env.client;
+    let leader_cfg = |id: &str| {
+        let mut cfg = config();
+        cfg.leader = Some(k8s4r_manager::LeaderConfig {
+            lease_name: "k8s4r-manager".into(),
+            identity: id.into(),
+            lease_seconds: 2,
+            renew_grace_seconds: 1,
+        });
+        cfg
+    };
+    let one = Manager::start(c, leader_cfg("one"));
+    let two = Manager::start(c, leader_cfg("two"));
+    let leaders = || {
+        [&one, &two]
+            .iter()
+            .filter(|m| m.metrics.leader.load(std::sync::atomic::Ordering::Relaxed))
+            .count()
+    };
+    eventually(WAIT, "a leader", || async { (leaders() == 1).then_some(()) }).await;
+    robot("r").create(c).await;
+    create_job(c, "le", None, vec![group("g", 1)]).await;
+    task_where(c, "le-g-0", "scheduled by the leader", |t| {
+        dispatching_on(t).is_some()
+    })
+    .await;
+    assert_eq!(leaders(), 1, "never two");
+
+    let (leader, follower) = if one.metrics.leader.load(std::sync::atomic::Ordering::Relaxed) {
+        (one, two)
+    } else {
+        (two, one)
+    };
+    leader.stop().await;
+    eventually(WAIT, "the follower takes over", || async {
+        follower
+            .metrics
+            .leader
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .then_some(())
+    })
+    .await;
+    create_job(c, "le2", None, vec![group("g", 1)]).await;
+    task_where(c, "le2-g-0", "scheduled by the new leader", |t| {
+        dispatching_on(t).is_some()
+    })
+    .await;
+    follower.stop().await;
+}
