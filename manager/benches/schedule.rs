@@ -1,0 +1,223 @@
+//! Scheduling throughput: 100 Jobs × 100 Tasks onto 1,000 simulated robots,
+//! through the embedded API server on loopback.
+//!
+//! Timed from the first Job's creation to the moment the watch shows all
+//! 10,000 Tasks `dispatching`: fan-out (Job → TaskGroups → Tasks), the
+//! scheduling decisions, and both writes per placement (target robot, then
+//! status) included. Bounded: gives up after `--deadline` seconds.
+//!
+//! `cargo bench -p k8s4r-manager --bench schedule`
+
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::{stream, StreamExt, TryStreamExt};
+use jiff::Timestamp;
+use k8s4r_api::names::MANAGER_SERVER;
+use k8s4r_api::{
+    DeviceInfo, Job, JobSpec, Quantity, Robot, RobotPhase, RobotResources, RobotSpec, RobotStatus, Task,
+    TaskGroupTemplate, TaskState, TaskTemplate,
+};
+use k8s4r_manager::{ManagerConfig, Metrics};
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client, ResourceExt};
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+const ROBOTS: usize = 1_000;
+const JOBS: usize = 100;
+const TASKS_PER_JOB: i32 = 100;
+const NS: &str = "bench";
+
+#[derive(Debug, Serialize)]
+struct StatusBody<'a> {
+    status: &'a RobotStatus,
+}
+
+fn arg(name: &str, default: u64) -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+async fn setup(client: &Client) -> anyhow::Result<()> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for (_, crd) in k8s4r_api::crd::crds() {
+        crds.create(&PostParams::default(), &crd).await?;
+    }
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    for ns in [NS, "k8s4r-system", "k8s4r-robot-leases"] {
+        let obj = Namespace {
+            metadata: ObjectMeta {
+                name: Some(ns.into()),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        };
+        namespaces.create(&PostParams::default(), &obj).await?;
+    }
+    Ok(())
+}
+
+async fn create_robots(client: &Client) -> anyhow::Result<()> {
+    let api: Api<Robot> = Api::all(client.clone());
+    let params = PatchParams {
+        field_manager: Some(MANAGER_SERVER.into()),
+        ..PatchParams::default()
+    };
+    stream::iter(0..ROBOTS)
+        .map(Ok::<_, anyhow::Error>)
+        .try_for_each_concurrent(32, |i| {
+            let api = api.clone();
+            let params = params.clone();
+            async move {
+                let name = format!("robot-{i:04}");
+                let mut robot = Robot::new(&name, RobotSpec::default());
+                robot.labels_mut().insert("zone".into(), format!("z{}", i % 10));
+                api.create(&PostParams::default(), &robot).await?;
+                let now = Timestamp::now();
+                let status = RobotStatus {
+                    phase: Some(RobotPhase::Online),
+                    last_heartbeat_time: Some(now),
+                    last_registration_time: Some(now),
+                    device: Some(DeviceInfo {
+                        arch: "aarch64".into(),
+                        os: "linux".into(),
+                        cpus: 4,
+                        memory_bytes: 4 << 30,
+                        ..DeviceInfo::default()
+                    }),
+                    capacity: Some(RobotResources {
+                        cpu: Some(Quantity::from("4")),
+                        memory: Some(Quantity::from("4Gi")),
+                        tasks: 0,
+                    }),
+                    // What the manager would write for an idle robot, so the
+                    // start is not 1,000 allocation patches.
+                    allocated: Some(RobotResources {
+                        cpu: Some(Quantity::from("0")),
+                        memory: Some(Quantity::from("0")),
+                        tasks: 0,
+                    }),
+                    drivers: vec!["exec".into(), "raw_exec".into()],
+                    ..RobotStatus::default()
+                };
+                api.patch_status(&name, &params, &Patch::Merge(&StatusBody { status: &status }))
+                    .await?;
+                Ok(())
+            }
+        })
+        .await
+}
+
+fn job(i: usize) -> Job {
+    let task = TaskTemplate {
+        driver: "exec".into(),
+        command: "/bin/true".into(),
+        resources: Some(k8s4r_api::TaskResources {
+            cpu: Some(Quantity::from("100m")),
+            memory: Some(Quantity::from("64Mi")),
+        }),
+        ..TaskTemplate::default()
+    };
+    Job::new(
+        &format!("job-{i:03}"),
+        JobSpec {
+            robot_selector: None,
+            constraints: vec![],
+            task_groups: vec![TaskGroupTemplate {
+                name: "work".into(),
+                count: TASKS_PER_JOB,
+                task,
+                ..TaskGroupTemplate::default()
+            }],
+            priority: 0,
+        },
+    )
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() -> anyhow::Result<()> {
+    let deadline = Duration::from_secs(arg("--deadline", 300));
+    let server = apiserver_lite::Config::for_tests()
+        .history(1_000_000)
+        .start()
+        .await?;
+    let client = server.client().await?;
+    setup(&client).await?;
+    create_robots(&client).await?;
+
+    let config = ManagerConfig {
+        auto_approve: true,
+        ..ManagerConfig::default()
+    };
+    let metrics = Arc::new(Metrics::default());
+    let shutdown = CancellationToken::new();
+    let manager = tokio::spawn(k8s4r_manager::run_with_metrics(
+        config,
+        client.clone(),
+        metrics.clone(),
+        shutdown.clone(),
+    ));
+    let ready_by = Instant::now() + Duration::from_secs(60);
+    while !metrics.ready.load(Ordering::Relaxed) {
+        anyhow::ensure!(Instant::now() < ready_by, "manager not ready within 60 s");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let total = JOBS * TASKS_PER_JOB as usize;
+    let tasks: Api<Task> = Api::namespaced(client.clone(), NS);
+    let watch = tokio::spawn(async move {
+        let mut dispatched = HashSet::with_capacity(total);
+        let stream = watcher(tasks, watcher::Config::default()).applied_objects();
+        futures::pin_mut!(stream);
+        while let Some(task) = stream.next().await {
+            let Ok(task) = task else { continue };
+            let state = task.status.as_ref().and_then(|s| s.state);
+            if state == Some(TaskState::Dispatching) {
+                dispatched.insert(task.name_any());
+                if dispatched.len() == total {
+                    return Instant::now();
+                }
+            }
+        }
+        Instant::now()
+    });
+
+    let start = Instant::now();
+    let jobs: Api<Job> = Api::namespaced(client.clone(), NS);
+    stream::iter(0..JOBS)
+        .map(Ok::<_, anyhow::Error>)
+        .try_for_each_concurrent(16, |i| {
+            let jobs = jobs.clone();
+            async move {
+                jobs.create(&PostParams::default(), &job(i)).await?;
+                Ok(())
+            }
+        })
+        .await?;
+    let done = tokio::time::timeout(deadline, watch).await;
+    let decisions = metrics.decisions.load(Ordering::Relaxed);
+    shutdown.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(10), manager).await;
+    let finished = match done {
+        Ok(Ok(at)) => at,
+        _ => anyhow::bail!("not every task dispatched within {deadline:?} ({decisions} decisions made)"),
+    };
+    let secs = finished.duration_since(start).as_secs_f64();
+    println!("BENCH schedule_10k_tasks_s {secs:.2} s");
+    println!(
+        "BENCH schedule_decisions_per_s {:.0} decisions/s",
+        decisions as f64 / secs
+    );
+    server.shutdown().await?;
+    Ok(())
+}
