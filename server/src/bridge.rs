@@ -531,20 +531,32 @@ impl Bridge {
 
     // ------------------------------------------------------------ task status
 
+    /// Records where the Task with this uid lives; the Task controller calls
+    /// it for every Task it sees, so a Task is indexed before its dispatch.
+    pub(crate) fn index_task(&self, task: &Task) {
+        if let Some(uid) = task.metadata.uid.clone() {
+            lock(&self.uid_index)
+                .refs
+                .entry(uid)
+                .or_insert_with(|| ObjectRef::from_obj(task));
+        }
+    }
+
     fn task_by_uid(&self, uid: &str) -> Option<Arc<Task>> {
         let mut index = lock(&self.uid_index);
-        if let Some(task) = index.refs.get(uid).and_then(|r| self.task_cache.get(r)) {
-            if task.metadata.uid.as_deref() == Some(uid) {
-                return Some(task);
+        // Entries of deleted Tasks are dropped by a rebuild now and then.
+        let age = index.rebuilt.map(|at| at.elapsed());
+        if age.is_some_and(|a| a < Duration::from_secs(600)) {
+            if let Some(task) = index.refs.get(uid).and_then(|r| self.task_cache.get(r)) {
+                if task.metadata.uid.as_deref() == Some(uid) {
+                    return Some(task);
+                }
             }
-        }
-        // Rebuild at most once a second, so unknown uids cannot make every
-        // message scan the whole cache.
-        if index
-            .rebuilt
-            .is_some_and(|at| at.elapsed() < Duration::from_secs(1))
-        {
-            return None;
+            // Rebuild at most once a second, so unknown uids cannot make
+            // every message scan the whole cache.
+            if age.is_some_and(|a| a < Duration::from_secs(1)) {
+                return None;
+            }
         }
         index.refs = self
             .task_cache
@@ -553,7 +565,11 @@ impl Bridge {
             .filter_map(|t| Some((t.metadata.uid.clone()?, ObjectRef::from_obj(t.as_ref()))))
             .collect();
         index.rebuilt = Some(Instant::now());
-        index.refs.get(uid).and_then(|r| self.task_cache.get(r))
+        index
+            .refs
+            .get(uid)
+            .and_then(|r| self.task_cache.get(r))
+            .filter(|t| t.metadata.uid.as_deref() == Some(uid))
     }
 
     #[instrument(skip_all, fields(robot = robot, task_uid = uid))]

@@ -130,6 +130,7 @@ fn robot_phase(cache: &Store<Robot>, name: &str) -> Option<k8s4r_api::RobotPhase
 
 #[instrument(skip_all, fields(task = %decide::task_name(&task)))]
 async fn reconcile(task: Arc<Task>, ctx: Arc<Context>) -> Result<Action> {
+    ctx.bridge.index_task(&task);
     if !ctx.leadership.is_leader() {
         return Ok(Action::requeue(FOLLOWER_RECHECK));
     }

@@ -109,7 +109,7 @@ impl Server {
         if config.workers == 0 {
             return Err(Error::Config("at least one worker is needed".into()));
         }
-        ensure_namespace(&client, &config.lease_namespace).await;
+        ensure_namespace(&client, &config.lease_namespace, config.api_timeout).await;
 
         let mqtt_stop = CancellationToken::new();
         let (connection, publisher, receivers) = mqtt::connect(
@@ -180,15 +180,35 @@ impl Server {
         };
 
         // The controller reads robot phases, so it starts once robots are
-        // listed; robot messages wait for both lists.
-        let robots_ready = robot_cache.clone();
+        // listed; robot messages wait for both lists. One task waits on the
+        // caches and fans the news out through tokens: a kube-runtime Store
+        // wakes only one of several concurrent `wait_until_ready` callers.
+        let robots_synced = CancellationToken::new();
+        let all_synced = CancellationToken::new();
+        {
+            let metrics = metrics.clone();
+            let (robots, tasks) = (robot_cache.clone(), task_cache.clone());
+            let (robots_synced, all_synced) = (robots_synced.clone(), all_synced.clone());
+            tokio::spawn(async move {
+                if !until_ready(&robots).await {
+                    return;
+                }
+                robots_synced.cancel();
+                if !until_ready(&tasks).await {
+                    return;
+                }
+                info!("robot and task caches are filled");
+                metrics.set_kube_synced(true);
+                all_synced.cancel();
+            });
+        }
         let controller_task = {
             let bridge = bridge.clone();
             let shutdown = shutdown.clone();
             tokio::spawn(async move {
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
-                    _ = robots_ready.wait_until_ready() => {}
+                    _ = robots_synced.cancelled() => {}
                 }
                 dispatch::run(controller, bridge, leadership, shutdown).await;
             })
@@ -197,25 +217,19 @@ impl Server {
             .into_iter()
             .map(|rx| {
                 let bridge = bridge.clone();
-                let robots = robot_cache.clone();
-                let tasks = task_cache.clone();
+                let all_synced = all_synced.clone();
+                let shutdown = shutdown.clone();
                 tokio::spawn(async move {
-                    let _ = robots.wait_until_ready().await;
-                    let _ = tasks.wait_until_ready().await;
+                    tokio::select! {
+                        _ = all_synced.cancelled() => {}
+                        // Stopped before the caches filled: the broker
+                        // keeps the messages for the next run.
+                        _ = shutdown.cancelled() => return,
+                    }
                     bridge::worker(bridge, rx).await;
                 })
             })
             .collect();
-        {
-            let metrics = metrics.clone();
-            let (robots, tasks) = (robot_cache.clone(), task_cache.clone());
-            tokio::spawn(async move {
-                let _ = robots.wait_until_ready().await;
-                let _ = tasks.wait_until_ready().await;
-                info!("robot and task caches are filled");
-                metrics.set_kube_synced(true);
-            });
-        }
         let mqtt_task = tokio::spawn(connection.run(mqtt_stop.clone()));
 
         shutdown.cancelled().await;
@@ -234,9 +248,27 @@ impl Server {
     }
 }
 
+/// Waits until `store` has its first list; false when its writer is gone.
+///
+/// Asks again every 50 ms: a Store wakes only one of several concurrent
+/// waiters, and the Task controller waits on the same store.
+async fn until_ready<K>(store: &reflector::Store<K>) -> bool
+where
+    K: kube::runtime::reflector::Lookup + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    loop {
+        let wait = tokio::time::timeout(std::time::Duration::from_millis(50), store.wait_until_ready()).await;
+        match wait {
+            Ok(result) => return result.is_ok(),
+            Err(_) => continue,
+        }
+    }
+}
+
 /// Creates the Lease namespace when it is missing; a server without the
 /// right to do so still runs if someone else created it.
-async fn ensure_namespace(client: &Client, name: &str) {
+async fn ensure_namespace(client: &Client, name: &str, timeout: std::time::Duration) {
     let api: Api<Namespace> = Api::all(client.clone());
     let ns = Namespace {
         metadata: ObjectMeta {
@@ -245,9 +277,12 @@ async fn ensure_namespace(client: &Client, name: &str) {
         },
         ..Default::default()
     };
-    match api.create(&PostParams::default(), &ns).await {
-        Ok(_) => info!(namespace = name, "created the lease namespace"),
-        Err(kube::Error::Api(s)) if s.code == 409 => {}
-        Err(error) => warn!(namespace = name, %error, "could not create the lease namespace"),
+    let pp = PostParams::default();
+    let create = api.create(&pp, &ns);
+    match tokio::time::timeout(timeout, create).await {
+        Ok(Ok(_)) => info!(namespace = name, "created the lease namespace"),
+        Ok(Err(kube::Error::Api(s))) if s.code == 409 => {}
+        Ok(Err(error)) => warn!(namespace = name, %error, "could not create the lease namespace"),
+        Err(_) => warn!(namespace = name, "creating the lease namespace timed out"),
     }
 }

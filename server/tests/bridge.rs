@@ -1,0 +1,376 @@
+//! End-to-end flows: apiserver-lite over HTTPS with the real kube client, a
+//! real Mosquitto, the server under test, and a scripted robot.
+
+mod support;
+
+use k8s4r_api::condition::find_condition;
+use k8s4r_api::protocol::{decode, Cancel, Dispatch, RegisterResponse};
+use k8s4r_api::{names, ConditionStatus, RobotPhase, TaskState};
+use k8s4r_server::decide::{ANNOTATION_DISPATCHED_ATTEMPT, ANNOTATION_TOKEN_SHA256};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::DeleteParams;
+use kube::{Api, ResourceExt};
+use std::time::Duration;
+use support::{eventually, Env, FakeRobot, LEASES};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn register_creates_a_pending_robot_and_answers_once_the_manager_decides() {
+    let env = Env::start().await;
+    let server = env.server().await;
+    let mut robot = FakeRobot::connect(&env.broker, "rb1").await;
+    robot.registered(&env).await;
+
+    let created = env.robot("rb1").await.unwrap();
+    let status = created.status.clone().unwrap();
+    assert_eq!(status.phase, Some(RobotPhase::Pending));
+    assert_eq!(status.device.unwrap().cpus, 4);
+    assert_eq!(status.agent_version.as_deref(), Some("0.1.0"));
+    assert_eq!(created.metadata.labels.unwrap()["site"], "lab");
+    let hash = &created.metadata.annotations.unwrap()[ANNOTATION_TOKEN_SHA256];
+    assert_eq!(hash.len(), 64);
+    assert!(robot.drain().is_empty(), "no answer before the manager decides");
+
+    // The test plays the manager.
+    env.set_phase("rb1", RobotPhase::Online).await;
+    let response: RegisterResponse = decode(&robot.expect("/response").await).unwrap();
+    assert_eq!(response.phase, RobotPhase::Online);
+
+    // A reconnecting robot that is already Online is answered at once.
+    robot.send(robot.topics.register("rb1"), &robot.register()).await;
+    let response: RegisterResponse = decode(&robot.expect("/response").await).unwrap();
+    assert_eq!(response.phase, RobotPhase::Online);
+    server.wait_in("register", "applied", 2).await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_are_coalesced_into_few_writes() {
+    let env = Env::start().await;
+    let server = env.server().await;
+    let robot = FakeRobot::connect(&env.broker, "rb1").await;
+    robot.registered(&env).await;
+    env.set_phase("rb1", RobotPhase::Online).await;
+
+    for seq in 1..=30 {
+        robot
+            .send(robot.topics.heartbeat("rb1"), &robot.heartbeat(seq, 10.0))
+            .await;
+    }
+    server.wait_in("heartbeat", "coalesced", 29).await;
+    assert_eq!(server.metrics.messages_in("heartbeat", "applied"), 1);
+    assert_eq!(server.metrics.api_writes("lease", "ok"), 1, "one lease renewal");
+    assert_eq!(
+        server.metrics.api_writes("robot_heartbeat", "ok"),
+        1,
+        "one status write"
+    );
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), LEASES);
+    let lease = leases.get("rb1").await.unwrap();
+    let spec = lease.spec.unwrap();
+    assert_eq!(spec.holder_identity.as_deref(), Some("rb1"));
+    assert!(spec.renew_time.is_some());
+    let status = env.robot("rb1").await.unwrap().status.unwrap();
+    assert!(status.last_heartbeat_time.is_some());
+    assert_eq!(status.usage.unwrap().cpu_percent, 10.0);
+
+    // A material change in usage is written at once.
+    robot
+        .send(robot.topics.heartbeat("rb1"), &robot.heartbeat(31, 95.0))
+        .await;
+    server.wait_in("heartbeat", "applied", 2).await;
+    assert_eq!(server.metrics.api_writes("lease", "ok"), 1);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dispatch_status_ordering_and_terminal_state() {
+    let env = Env::start().await;
+    let server = env.server().await;
+    let mut robot = FakeRobot::connect(&env.broker, "rb1").await;
+    robot.registered(&env).await;
+    env.set_phase("rb1", RobotPhase::Online).await;
+
+    let uid = env.dispatch_task("job-a-0", "rb1", 1).await;
+    let dispatch: Dispatch = decode(&robot.expect("/tasks/dispatch").await).unwrap();
+    assert_eq!((dispatch.task_uid.as_str(), dispatch.attempt), (uid.as_str(), 1));
+    assert_eq!(dispatch.task_name, "default/job-a-0");
+    assert_eq!(dispatch.spec.command, "sleep");
+    let task = eventually("the dispatch is recorded", || async {
+        env.task("job-a-0").await.filter(|t| {
+            t.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ANNOTATION_DISPATCHED_ATTEMPT))
+                .is_some_and(|a| a == "1")
+        })
+    })
+    .await;
+    assert!(task.finalizers().contains(&names::FINALIZER_CANCEL.to_owned()));
+
+    let status = |seq, state| robot.status(&uid, 1, seq, state);
+    let topic = robot.topics.status("rb1", &uid);
+    robot.send(topic.clone(), &status(1, TaskState::Running)).await;
+    server.wait_in("status", "applied", 1).await;
+    robot.send(topic.clone(), &status(1, TaskState::Running)).await;
+    server.wait_in("status", "duplicate", 1).await;
+    robot.send(topic.clone(), &status(3, TaskState::Completed)).await;
+    server.wait_in("status", "applied", 2).await;
+    robot.send(topic.clone(), &status(2, TaskState::Running)).await;
+    robot.send(topic.clone(), &status(4, TaskState::Running)).await;
+    server.wait_in("status", "terminal", 2).await;
+    // An attempt older than the Task's is stale.
+    robot
+        .send(topic.clone(), &robot.status(&uid, 0, 9, TaskState::Running))
+        .await;
+    server.wait_in("status", "stale", 1).await;
+
+    let status = env.task("job-a-0").await.unwrap().status.unwrap();
+    assert_eq!(status.state, Some(TaskState::Completed));
+    assert_eq!(status.seq, 3);
+    assert_eq!(status.exit_code, Some(0));
+    assert_eq!(status.attempt, 1, "the manager's field is untouched");
+    assert!(
+        robot.drain().iter().all(|(t, _)| !t.ends_with("/dispatch")),
+        "one dispatch only"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_cancels_and_holds_the_finalizer_until_the_robot_reports() {
+    let env = Env::start().await;
+    let server = env.server().await;
+    let mut robot = FakeRobot::connect(&env.broker, "rb1").await;
+    robot.registered(&env).await;
+    env.set_phase("rb1", RobotPhase::Online).await;
+    let uid = env.dispatch_task("job-a-0", "rb1", 1).await;
+    robot.expect("/tasks/dispatch").await;
+    eventually("dispatch recorded", || async {
+        env.task("job-a-0")
+            .await
+            .filter(|t| k8s4r_server::decide::dispatched_attempt(t) == 1)
+    })
+    .await;
+    let topic = robot.topics.status("rb1", &uid);
+    robot
+        .send(topic.clone(), &robot.status(&uid, 1, 1, TaskState::Running))
+        .await;
+    server.wait_in("status", "applied", 1).await;
+
+    env.tasks()
+        .delete("job-a-0", &DeleteParams::default())
+        .await
+        .unwrap();
+    let cancel: Cancel = decode(&robot.expect("/tasks/cancel").await).unwrap();
+    assert_eq!((cancel.task_uid.as_str(), cancel.attempt), (uid.as_str(), 1));
+    let held = env.task("job-a-0").await.expect("held by the finalizer");
+    assert!(held.metadata.deletion_timestamp.is_some());
+
+    let mut ended = robot.status(&uid, 1, 2, TaskState::Failed);
+    ended.reason = Some(k8s4r_api::TaskReason::Cancelled);
+    robot.send(topic, &ended).await;
+    eventually("the task is gone", || async {
+        env.task("job-a-0").await.is_none().then_some(())
+    })
+    .await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_neither_loses_nor_repeats_dispatches() {
+    let env = Env::start().await;
+    let server = env.server().await;
+    let mut robot = FakeRobot::connect(&env.broker, "rb1").await;
+    robot.registered(&env).await;
+    env.set_phase("rb1", RobotPhase::Online).await;
+    env.dispatch_task("before", "rb1", 1).await;
+    robot.expect("/tasks/dispatch").await;
+    eventually("dispatch recorded", || async {
+        env.task("before")
+            .await
+            .filter(|t| k8s4r_server::decide::dispatched_attempt(t) == 1)
+    })
+    .await;
+    server.stop().await;
+
+    // While the server is down the manager dispatches another task.
+    let during = env.dispatch_task("during", "rb1", 1).await;
+    let server = env.server().await;
+    let first: Dispatch = decode(&robot.expect("/tasks/dispatch").await).unwrap();
+    assert_eq!(first.task_uid, during, "the task dispatched meanwhile is sent");
+    // A task dispatched after the restart is a marker: once it arrives, a
+    // repeat of `before` would have arrived too.
+    let after = env.dispatch_task("after", "rb1", 1).await;
+    let marker: Dispatch = decode(&robot.expect("/tasks/dispatch").await).unwrap();
+    assert_eq!(marker.task_uid, after);
+    let repeats: Vec<_> = robot
+        .drain()
+        .into_iter()
+        .filter(|(t, _)| t.ends_with("/dispatch"))
+        .collect();
+    assert!(repeats.is_empty(), "no dispatch repeated: {repeats:?}");
+
+    // A retry of the task dispatched before the restart is a new attempt: sent.
+    env.move_task("before", "rb1", TaskState::Dispatching, 2).await;
+    let retry: Dispatch = decode(&robot.expect("/tasks/dispatch").await).unwrap();
+    assert_eq!(retry.attempt, 2);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_rejected_counted_and_never_written() {
+    let env = Env::start().await;
+    let server = env.server().await;
+    let robot = FakeRobot::connect(&env.broker, "rb1").await;
+    let t = robot.topics.clone();
+    robot.send_raw(t.register("rb1"), b"{not json".to_vec()).await;
+    robot
+        .send_raw(t.register("rb1"), br#"{"v":2,"robotId":"rb1"}"#.to_vec())
+        .await;
+    robot
+        .send_raw(
+            t.heartbeat("rb1"),
+            vec![b' '; k8s4r_api::protocol::MAX_MESSAGE_BYTES + 1],
+        )
+        .await;
+    let mut other = robot.register();
+    other.robot_id = "rb2".into();
+    robot.send(t.register("rb1"), &other).await;
+    robot.send(t.heartbeat("rb1"), &robot.heartbeat(1, 1.0)).await;
+    server.wait_in("register", "rejected_malformed", 1).await;
+    server.wait_in("register", "rejected_version", 1).await;
+    server.wait_in("heartbeat", "rejected_too_large", 1).await;
+    server.wait_in("register", "rejected_robot_mismatch", 1).await;
+    server.wait_in("heartbeat", "rejected_unknown_robot", 1).await;
+    assert!(env
+        .robots()
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .is_empty());
+
+    // Status for an unknown task, and for a task assigned to another robot.
+    robot.registered(&env).await;
+    robot
+        .send(
+            t.status("rb1", "no-such-uid"),
+            &robot.status("no-such-uid", 1, 1, TaskState::Running),
+        )
+        .await;
+    server.wait_in("status", "rejected_unknown_task", 1).await;
+    let uid = env.dispatch_task("job-a-0", "rb9", 1).await;
+    robot
+        .send(
+            t.status("rb1", &uid),
+            &robot.status(&uid, 1, 1, TaskState::Running),
+        )
+        .await;
+    server.wait_in("status", "rejected_not_assigned", 1).await;
+    let task = env.task("job-a-0").await.unwrap();
+    assert_eq!(task.status.unwrap().state, Some(TaskState::Dispatching));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_will_marks_the_robot_disconnected() {
+    let env = Env::start().await;
+    let server = env.server().await;
+    let robot = FakeRobot::connect(&env.broker, "rb1").await;
+    robot.registered(&env).await;
+    let connected = |status: ConditionStatus| {
+        let env = &env;
+        async move {
+            let robot = env.robot("rb1").await?;
+            let conditions = robot.status?.conditions;
+            find_condition(&conditions, "Connected")
+                .filter(|c| c.status == status)
+                .cloned()
+        }
+    };
+    eventually("Connected=True after register", || {
+        connected(ConditionStatus::True)
+    })
+    .await;
+    robot.crash();
+    let condition = eventually("Connected=False after the will", || {
+        connected(ConditionStatus::False)
+    })
+    .await;
+    assert_eq!(condition.reason.as_deref(), Some("Disconnected"));
+
+    // Back again: a heartbeat flips it to True.
+    let robot = FakeRobot::connect(&env.broker, "rb1").await;
+    robot
+        .send(robot.topics.heartbeat("rb1"), &robot.heartbeat(1, 1.0))
+        .await;
+    eventually("Connected=True after a heartbeat", || {
+        connected(ConditionStatus::True)
+    })
+    .await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn legacy_topics_work_behind_the_flag_and_metrics_are_served() {
+    let env = Env::start().await;
+    let mut config = env.config();
+    config.legacy_topics = true;
+    config.metrics_addr = Some("127.0.0.1:0".parse().unwrap());
+    let mut server = k8s4r_server::Server::new(config, env.client.clone());
+    let metrics = server.metrics();
+    let bound = server.metrics_addr();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn(server.run(shutdown.clone()));
+    let addr = tokio::time::timeout(Duration::from_secs(20), bound)
+        .await
+        .unwrap()
+        .unwrap();
+    eventually("ready", || {
+        let m = metrics.clone();
+        async move { m.ready().then_some(()) }
+    })
+    .await;
+
+    let robot = FakeRobot::connect(&env.broker, "rb7").await;
+    robot
+        .send(robot.topics.legacy_register(), &robot.register())
+        .await;
+    eventually("the robot exists", || async { env.robot("rb7").await }).await;
+    robot
+        .send(robot.topics.legacy_heartbeat(), &robot.heartbeat(1, 1.0))
+        .await;
+    eventually("legacy heartbeat applied", || {
+        let m = metrics.clone();
+        async move { (m.messages_in("legacy_heartbeat", "applied") == 1).then_some(()) }
+    })
+    .await;
+
+    let body = http_get(addr, "/metrics").await;
+    assert!(
+        body.contains(
+            "k8s4r_server_messages_received_total{topic=\"legacy_register\",outcome=\"applied\"} 1"
+        ),
+        "{body}"
+    );
+    assert!(
+        body.contains("k8s4r_server_api_write_duration_seconds_bucket"),
+        "{body}"
+    );
+    assert!(http_get(addr, "/readyz").await.contains("200 OK"));
+    assert!(http_get(addr, "/healthz").await.contains("200 OK"));
+    shutdown.cancel();
+    running.await.unwrap().unwrap();
+}
+
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut out = String::new();
+    stream.read_to_string(&mut out).await.unwrap();
+    out
+}

@@ -1,0 +1,481 @@
+//! Real parts for the integration tests: the embedded API server, a
+//! Mosquitto on a free port, the server under test, and a scripted robot.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use apiserver_lite::{Config, RunningServer};
+use k8s4r_api::protocol::{encode, Message, Topics};
+use k8s4r_api::{DeviceInfo, Task, TaskSpec, TaskState, TaskStatus, TaskTemplate, Usage};
+use k8s4r_server::{Metrics, Server, ServerConfig};
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use rumqttc::{AsyncClient, Event, LastWill, MqttOptions, Packet, QoS};
+use serde::Serialize;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// How long any condition may take before a test fails.
+pub const DEADLINE: Duration = Duration::from_secs(20);
+
+/// Polls `check` until it returns Some, or panics with `what` at the deadline.
+pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let until = Instant::now() + DEADLINE;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(Instant::now() < until, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// A Mosquitto broker on a free loopback port, killed on drop.
+pub struct Mosquitto {
+    child: Child,
+    pub port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Mosquitto {
+    pub fn start() -> Self {
+        let which = Command::new("mosquitto")
+            .arg("-h")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        assert!(
+            which.is_ok(),
+            "mosquitto is not installed: run the repo's test setup script (scripts/) \
+             or `apt-get install -y mosquitto`"
+        );
+        let dir = tempfile::tempdir().expect("temp dir");
+        let port = free_port();
+        let conf = dir.path().join("mosquitto.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n\
+                 max_queued_messages 10000\nlog_dest stderr\n"
+            ),
+        )
+        .expect("mosquitto.conf");
+        let log = std::fs::File::create(dir.path().join("mosquitto.log")).expect("log file");
+        let child = Command::new("mosquitto")
+            .arg("-c")
+            .arg(&conf)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("mosquitto starts");
+        let until = Instant::now() + DEADLINE;
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < until, "mosquitto did not listen on {port}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Self {
+            child,
+            port,
+            _dir: dir,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("mqtt://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Mosquitto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The API server with the CRDs and the Lease namespace, and a broker.
+pub struct Env {
+    pub api: RunningServer,
+    pub client: Client,
+    pub broker: Mosquitto,
+}
+
+pub const LEASES: &str = "k8s4r-robot-leases";
+
+impl Env {
+    pub async fn start() -> Self {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+        let broker = Mosquitto::start();
+        let api = Config::for_tests().start().await.expect("apiserver-lite starts");
+        let client = api.client().await.expect("kube client");
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        for (_, crd) in k8s4r_api::crd::crds() {
+            crds.create(&PostParams::default(), &crd)
+                .await
+                .expect("CRD created");
+        }
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        let ns = Namespace {
+            metadata: kube::api::ObjectMeta {
+                name: Some(LEASES.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        namespaces
+            .create(&PostParams::default(), &ns)
+            .await
+            .expect("lease namespace");
+        Self { api, client, broker }
+    }
+
+    pub fn config(&self) -> ServerConfig {
+        let mut config = ServerConfig::new(self.broker.url());
+        config.lease_namespace = LEASES.into();
+        config.api_timeout = Duration::from_secs(5);
+        config.publish_timeout = Duration::from_secs(5);
+        config.max_backoff = Duration::from_secs(2);
+        config.workers = 4;
+        config
+    }
+
+    pub async fn server(&self) -> Running {
+        self.server_with(self.config()).await
+    }
+
+    pub async fn server_with(&self, config: ServerConfig) -> Running {
+        let server = Server::new(config, self.client.clone());
+        let metrics = server.metrics();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(server.run(shutdown.clone()));
+        let m = metrics.clone();
+        eventually("the server is ready", || {
+            let m = m.clone();
+            async move { m.ready().then_some(()) }
+        })
+        .await;
+        Running {
+            metrics,
+            shutdown,
+            task,
+        }
+    }
+
+    pub fn tasks(&self) -> Api<Task> {
+        Api::namespaced(self.client.clone(), "default")
+    }
+
+    pub fn robots(&self) -> Api<k8s4r_api::Robot> {
+        Api::all(self.client.clone())
+    }
+
+    /// Plays the manager: creates a Task and moves it to dispatching for
+    /// `robot`, attempt `attempt`. Returns its uid.
+    pub async fn dispatch_task(&self, name: &str, robot: &str, attempt: u32) -> String {
+        let tasks = self.tasks();
+        let task = Task::new(
+            name,
+            TaskSpec {
+                template: TaskTemplate {
+                    driver: "raw_exec".into(),
+                    command: "sleep".into(),
+                    args: vec!["1".into()],
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        );
+        let created = tasks
+            .create(&PostParams::default(), &task)
+            .await
+            .expect("task created");
+        self.move_task(name, robot, TaskState::Dispatching, attempt).await;
+        created.metadata.uid.expect("uid")
+    }
+
+    /// Plays the manager: sets targetRobot, state and attempt.
+    pub async fn move_task(&self, name: &str, robot: &str, state: TaskState, attempt: u32) {
+        #[derive(Debug, Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct SpecPatch<'a> {
+            spec: Target<'a>,
+        }
+        #[derive(Debug, Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Target<'a> {
+            target_robot: &'a str,
+        }
+        #[derive(Debug, Serialize)]
+        struct StatusPatch {
+            status: TaskStatus,
+        }
+        let tasks = self.tasks();
+        let pp = PatchParams::default();
+        tasks
+            .patch(
+                name,
+                &pp,
+                &Patch::Merge(&SpecPatch {
+                    spec: Target { target_robot: robot },
+                }),
+            )
+            .await
+            .expect("targetRobot set");
+        let status = TaskStatus {
+            state: Some(state),
+            attempt,
+            robot: Some(robot.into()),
+            ..Default::default()
+        };
+        tasks
+            .patch_status(name, &pp, &Patch::Merge(&StatusPatch { status }))
+            .await
+            .expect("task status set");
+    }
+
+    /// Plays the manager: sets a Robot's phase.
+    pub async fn set_phase(&self, robot: &str, phase: k8s4r_api::RobotPhase) {
+        #[derive(Debug, Serialize)]
+        struct Body {
+            status: Phase,
+        }
+        #[derive(Debug, Serialize)]
+        struct Phase {
+            phase: k8s4r_api::RobotPhase,
+        }
+        self.robots()
+            .patch_status(
+                robot,
+                &PatchParams::default(),
+                &Patch::Merge(&Body {
+                    status: Phase { phase },
+                }),
+            )
+            .await
+            .expect("phase set");
+    }
+
+    pub async fn task(&self, name: &str) -> Option<Task> {
+        self.tasks().get_opt(name).await.expect("task read")
+    }
+
+    pub async fn robot(&self, name: &str) -> Option<k8s4r_api::Robot> {
+        self.robots().get_opt(name).await.expect("robot read")
+    }
+}
+
+/// The server under test.
+pub struct Running {
+    pub metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+    task: JoinHandle<k8s4r_server::Result<()>>,
+}
+
+impl Running {
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        self.task
+            .await
+            .expect("server task")
+            .expect("server stopped cleanly");
+    }
+
+    /// Waits until `n` messages of `kind` ended with `outcome`.
+    pub async fn wait_in(&self, kind: &str, outcome: &str, n: u64) {
+        let m = self.metrics.clone();
+        eventually(&format!("{n} {kind} messages {outcome}"), || {
+            let m = m.clone();
+            async move { (m.messages_in(kind, outcome) >= n).then_some(()) }
+        })
+        .await;
+    }
+}
+
+/// A scripted robot: a plain MQTT client speaking the protocol by hand.
+pub struct FakeRobot {
+    pub id: String,
+    pub topics: Topics,
+    pub client: AsyncClient,
+    received: mpsc::UnboundedReceiver<(String, Vec<u8>)>,
+    poller: JoinHandle<()>,
+}
+
+impl FakeRobot {
+    /// Connects, subscribes to its server topics, and sets its last will.
+    pub async fn connect(broker: &Mosquitto, id: &str) -> Self {
+        let topics = Topics::default();
+        let mut options = MqttOptions::new(format!("robot-{id}"), "127.0.0.1", broker.port);
+        options.set_keep_alive(Duration::from_secs(5));
+        options.set_max_packet_size(1 << 20, 1 << 20);
+        options.set_last_will(LastWill::new(
+            topics.online(id),
+            encode(&k8s4r_api::protocol::Online { v: 1, online: false }),
+            QoS::AtLeastOnce,
+            true,
+        ));
+        let (client, mut eventloop) = AsyncClient::new(options, 64);
+        let (tx, received) = mpsc::unbounded_channel();
+        let (subscribed_tx, mut subscribed) = mpsc::unbounded_channel();
+        let poller = tokio::spawn(async move {
+            loop {
+                match eventloop.poll().await {
+                    Ok(Event::Incoming(Packet::Publish(p))) => {
+                        let _ = tx.send((p.topic.clone(), p.payload.to_vec()));
+                    }
+                    Ok(Event::Incoming(Packet::SubAck(_))) => {
+                        let _ = subscribed_tx.send(());
+                    }
+                    Ok(_) => {}
+                    Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                }
+            }
+        });
+        for topic in topics.agent_subscriptions(id) {
+            client
+                .subscribe(topic, QoS::AtLeastOnce)
+                .await
+                .expect("subscribe queued");
+        }
+        for _ in 0..3 {
+            tokio::time::timeout(DEADLINE, subscribed.recv())
+                .await
+                .expect("SUBACK in time");
+        }
+        Self {
+            id: id.into(),
+            topics,
+            client,
+            received,
+            poller,
+        }
+    }
+
+    pub async fn send<M: Message>(&self, topic: String, message: &M) {
+        self.send_raw(topic, encode(message)).await;
+    }
+
+    pub async fn send_raw(&self, topic: String, body: Vec<u8>) {
+        self.client
+            .publish(topic, QoS::AtLeastOnce, false, body)
+            .await
+            .expect("publish queued");
+    }
+
+    /// The next message on a topic ending in `suffix`; others are skipped.
+    pub async fn expect(&mut self, suffix: &str) -> Vec<u8> {
+        let until = Instant::now() + DEADLINE;
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, self.received.recv()).await {
+                Ok(Some((topic, body))) if topic.ends_with(suffix) => return body,
+                Ok(Some(_)) => {}
+                _ => panic!("robot {} got nothing on *{suffix} in time", self.id),
+            }
+        }
+    }
+
+    /// Everything received so far, without waiting.
+    pub fn drain(&mut self) -> Vec<(String, Vec<u8>)> {
+        let mut out = Vec::new();
+        while let Ok(m) = self.received.try_recv() {
+            out.push(m);
+        }
+        out
+    }
+
+    /// Drops the connection without DISCONNECT, so the broker sends the will.
+    pub fn crash(self) {
+        self.poller.abort();
+    }
+
+    pub fn register(&self) -> k8s4r_api::protocol::Register {
+        k8s4r_api::protocol::Register {
+            v: 1,
+            robot_id: self.id.clone(),
+            token: Some("bootstrap-token".into()),
+            agent_version: "0.1.0".into(),
+            device: DeviceInfo {
+                arch: "aarch64".into(),
+                os: "linux".into(),
+                cpus: 4,
+                memory_bytes: 4 << 30,
+                disk_bytes: 32 << 30,
+                ..Default::default()
+            },
+            drivers: vec!["exec".into(), "raw_exec".into()],
+            labels: [("site".to_string(), "lab".to_string())].into(),
+            running: vec![],
+        }
+    }
+
+    pub fn heartbeat(&self, seq: u64, cpu: f64) -> k8s4r_api::protocol::Heartbeat {
+        k8s4r_api::protocol::Heartbeat {
+            v: 1,
+            robot_id: self.id.clone(),
+            seq,
+            time: jiff::Timestamp::now(),
+            usage: Usage {
+                cpu_percent: cpu,
+                memory_used_bytes: 1 << 30,
+                memory_total_bytes: 4 << 30,
+                disk_free_bytes: 10 << 30,
+                ..Default::default()
+            },
+            running: vec![],
+        }
+    }
+
+    pub fn status(
+        &self,
+        uid: &str,
+        attempt: u32,
+        seq: u64,
+        state: TaskState,
+    ) -> k8s4r_api::protocol::StatusUpdate {
+        k8s4r_api::protocol::StatusUpdate {
+            v: 1,
+            task_uid: uid.into(),
+            attempt,
+            seq,
+            state,
+            exit_code: state.is_terminal().then_some(0),
+            signal: None,
+            reason: None,
+            message: None,
+            start_time: Some(jiff::Timestamp::now()),
+            finish_time: state.is_terminal().then(jiff::Timestamp::now),
+            output_tail: None,
+        }
+    }
+
+    /// Registers and waits until the server has applied it.
+    pub async fn registered(&self, env: &Env) {
+        self.send(self.topics.register(&self.id), &self.register()).await;
+        let id = self.id.clone();
+        eventually("the robot exists", || async {
+            env.robot(&id).await.filter(|r| r.status.is_some())
+        })
+        .await;
+    }
+}
