@@ -85,12 +85,12 @@ pub struct Args {
     pub lease_namespace: String,
 
     /// Renew a robot's Lease at most this often.
-    #[arg(long, env = "K8S4R_LEASE_INTERVAL", default_value = "10s", value_parser = duration)]
+    #[arg(long, env = "K8S4R_LEASE_INTERVAL", default_value = "60s", value_parser = duration)]
     pub lease_interval: Duration,
 
     /// Write a robot's status.lastHeartbeatTime at most this often (sooner
     /// when its usage changes materially).
-    #[arg(long, env = "K8S4R_HEARTBEAT_REFRESH", default_value = "60s", value_parser = duration)]
+    #[arg(long, env = "K8S4R_HEARTBEAT_REFRESH", default_value = "240s", value_parser = duration)]
     pub heartbeat_refresh: Duration,
 
     /// Address of /metrics, /healthz and /readyz.

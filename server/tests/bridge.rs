@@ -183,7 +183,7 @@ async fn a_restart_neither_loses_nor_repeats_dispatches() {
     let mut robot = FakeRobot::connect(&env.broker, "rb1").await;
     robot.registered(&env).await;
     env.set_phase("rb1", RobotPhase::Online).await;
-    env.dispatch_task("before", "rb1", 1).await;
+    let before = env.dispatch_task("before", "rb1", 1).await;
     robot.expect("/tasks/dispatch").await;
     eventually("dispatch recorded", || async {
         env.task("before")
@@ -193,13 +193,26 @@ async fn a_restart_neither_loses_nor_repeats_dispatches() {
     .await;
     server.stop().await;
 
-    // While the server is down the manager dispatches another task.
+    // While the server is down the manager dispatches another task, and
+    // `before` looks as if the server had crashed between the PUBACK and
+    // recording it (the annotation is missing).
     let during = env.dispatch_task("during", "rb1", 1).await;
+    env.forget_dispatch("before").await;
     let server = env.server().await;
-    let first: Dispatch = decode(&robot.expect("/tasks/dispatch").await).unwrap();
-    assert_eq!(first.task_uid, during, "the task dispatched meanwhile is sent");
+    let mut sent = Vec::new();
+    for _ in 0..2 {
+        let d: Dispatch = decode(&robot.expect("/tasks/dispatch").await).unwrap();
+        sent.push((d.task_uid, d.attempt));
+    }
+    sent.sort();
+    let mut expected = vec![(during, 1), (before.clone(), 1)];
+    expected.sort();
+    assert_eq!(
+        sent, expected,
+        "the missed dispatch is sent, the unrecorded one again"
+    );
     // A task dispatched after the restart is a marker: once it arrives, a
-    // repeat of `before` would have arrived too.
+    // further repeat would have arrived too.
     let after = env.dispatch_task("after", "rb1", 1).await;
     let marker: Dispatch = decode(&robot.expect("/tasks/dispatch").await).unwrap();
     assert_eq!(marker.task_uid, after);
@@ -373,4 +386,61 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
     let mut out = String::new();
     stream.read_to_string(&mut out).await.unwrap();
     out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_share_the_messages_and_one_dispatches() {
+    let env = Env::start().await;
+    let replica = |name: &str| {
+        let mut config = env.config();
+        config.shared_group = Some("servers".into());
+        config.leader_election = true;
+        config.identity = name.into();
+        config.broker.client_id = format!("k8s4r-server-{name}");
+        config
+    };
+    let a = env.server_with(replica("a")).await;
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), LEASES);
+    eventually("replica a leads", || async {
+        let lease = leases.get_opt(k8s4r_server::leader::LEADER_LEASE).await.ok()??;
+        (lease.spec?.holder_identity.as_deref() == Some("a")).then_some(())
+    })
+    .await;
+    let b = env.server_with(replica("b")).await;
+
+    let mut robot = FakeRobot::connect(&env.broker, "rb1").await;
+    robot.registered(&env).await;
+    env.set_phase("rb1", RobotPhase::Online).await;
+    for seq in 1..=20 {
+        robot
+            .send(robot.topics.heartbeat("rb1"), &robot.heartbeat(seq, 10.0))
+            .await;
+    }
+    let handled = |m: &k8s4r_server::Metrics| {
+        m.messages_in("heartbeat", "applied") + m.messages_in("heartbeat", "coalesced")
+    };
+    eventually("every heartbeat handled once", || async {
+        (handled(&a.metrics) + handled(&b.metrics) == 20).then_some(())
+    })
+    .await;
+    assert!(
+        handled(&a.metrics) > 0 && handled(&b.metrics) > 0,
+        "the broker splits the messages: a={} b={}",
+        handled(&a.metrics),
+        handled(&b.metrics)
+    );
+
+    let first = env.dispatch_task("job-a-0", "rb1", 1).await;
+    let d: Dispatch = decode(&robot.expect("/tasks/dispatch").await).unwrap();
+    assert_eq!(d.task_uid, first);
+    let second = env.dispatch_task("job-a-1", "rb1", 1).await;
+    let d: Dispatch = decode(&robot.expect("/tasks/dispatch").await).unwrap();
+    assert_eq!(d.task_uid, second, "job-a-0 was not published twice");
+    assert_eq!(
+        b.metrics.messages_out("dispatch", "acked"),
+        0,
+        "only the leader dispatches"
+    );
+    b.stop().await;
+    a.stop().await;
 }

@@ -254,6 +254,28 @@ impl Env {
             .expect("task status set");
     }
 
+    /// Removes the dispatched-attempt annotation, as if the server had died
+    /// between the broker's PUBACK and recording the dispatch.
+    pub async fn forget_dispatch(&self, name: &str) {
+        #[derive(Debug, Serialize)]
+        struct Body {
+            metadata: Annotations,
+        }
+        #[derive(Debug, Serialize)]
+        struct Annotations {
+            annotations: std::collections::BTreeMap<&'static str, Option<String>>,
+        }
+        let body = Body {
+            metadata: Annotations {
+                annotations: [(k8s4r_server::decide::ANNOTATION_DISPATCHED_ATTEMPT, None)].into(),
+            },
+        };
+        self.tasks()
+            .patch(name, &PatchParams::default(), &Patch::Merge(&body))
+            .await
+            .expect("annotation removed");
+    }
+
     /// Plays the manager: sets a Robot's phase.
     pub async fn set_phase(&self, robot: &str, phase: k8s4r_api::RobotPhase) {
         #[derive(Debug, Serialize)]
