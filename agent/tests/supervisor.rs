@@ -172,6 +172,15 @@ impl Harness {
     }
 }
 
+impl Drop for Harness {
+    /// Every test ends with a clean shutdown: no task, process or cgroup
+    /// outlives it.
+    fn drop(&mut self) {
+        let handle = self.handle.clone();
+        tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(handle.shutdown()));
+    }
+}
+
 /// Processes (zombies included) whose process group is `pgid`.
 fn group_members(pgid: u32, include_zombies: bool) -> Vec<i32> {
     let mut found = Vec::new();
@@ -383,6 +392,7 @@ async fn cancel_escalates_to_sigkill() {
         (out.reason, out.exit_code, out.signal),
         (TaskReason::Cancelled, Some(137), Some(9))
     );
+    h.handle.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -401,6 +411,7 @@ async fn duplicates_are_ignored() {
     assert_eq!(h.handle.submit(req.clone()).await.unwrap(), Submit::Duplicate);
     let next = TaskRequest { attempt: 2, ..req };
     assert_eq!(h.handle.submit(next).await.unwrap(), Submit::Accepted);
+    h.handle.shutdown().await;
 }
 
 // --------------------------------------------------------------- many tasks

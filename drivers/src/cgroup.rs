@@ -15,6 +15,18 @@ use crate::Limits;
 
 /// The period of `cpu.max`, in microseconds (the kernel's default).
 const CPU_PERIOD_US: u64 = 100_000;
+/// The leaf the agent moves itself into when its own cgroup must hand
+/// controllers down to task cgroups.
+const AGENT_LEAF: &str = "k8s4r-agent";
+
+/// What enabling controllers came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Enable {
+    /// Whatever the subtree offers is enabled.
+    Done,
+    /// Refused because the cgroup holds processes.
+    Busy,
+}
 
 /// One kind of limit, for reporting what could not be applied.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -56,7 +68,15 @@ impl Cgroups {
     pub fn detect(configured: Option<&Path>) -> Result<Self, String> {
         let root = match configured {
             Some(path) => path.to_path_buf(),
-            None => own_cgroup()?,
+            None => {
+                let own = own_cgroup()?;
+                // Already moved into our leaf by an earlier start: the
+                // subtree is its parent.
+                match (own.file_name(), own.parent()) {
+                    (Some(name), Some(parent)) if name == AGENT_LEAF => parent.to_path_buf(),
+                    _ => own,
+                }
+            }
         };
         if !root.join("cgroup.procs").is_file() || !root.join("cgroup.controllers").is_file() {
             return Err(format!("{} is not a cgroup v2 directory", root.display()));
@@ -69,7 +89,7 @@ impl Cgroups {
             root,
             controllers: Vec::new(),
         };
-        if !cgroups.enable_controllers() && configured.is_none() {
+        if cgroups.enable_controllers() == Enable::Busy && configured.is_none() {
             // A cgroup that holds processes (ours) may not hand controllers
             // to its children; move the agent into a leaf and try again, as
             // systemd's Delegate= expects.
@@ -109,16 +129,19 @@ impl Cgroups {
         })
     }
 
-    /// Enables memory, cpu and pids for children; true when all three are.
-    fn enable_controllers(&mut self) -> bool {
+    /// Enables those of memory, cpu and pids the subtree has for its
+    /// children.
+    fn enable_controllers(&mut self) -> Enable {
         let available = fs::read_to_string(self.root.join("cgroup.controllers")).unwrap_or_default();
         let wanted = [LimitKind::Memory, LimitKind::Cpu, LimitKind::Pids];
+        let mut busy = false;
         for kind in wanted {
             if available.split_whitespace().any(|c| c == kind.controller()) {
-                let _ = write_file(
+                let written = write_file(
                     &self.root.join("cgroup.subtree_control"),
                     &format!("+{}", kind.controller()),
                 );
+                busy |= written.is_err_and(|e| e.raw_os_error() == Some(nix::libc::EBUSY));
             }
         }
         let enabled = fs::read_to_string(self.root.join("cgroup.subtree_control")).unwrap_or_default();
@@ -126,11 +149,15 @@ impl Cgroups {
             .into_iter()
             .filter(|k| enabled.split_whitespace().any(|c| c == k.controller()))
             .collect();
-        self.controllers.len() == wanted.len()
+        if busy {
+            Enable::Busy
+        } else {
+            Enable::Done
+        }
     }
 
     fn move_self_to_leaf(&self) -> io::Result<()> {
-        let leaf = self.root.join("k8s4r-agent");
+        let leaf = self.root.join(AGENT_LEAF);
         match fs::create_dir(&leaf) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}

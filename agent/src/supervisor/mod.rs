@@ -20,6 +20,7 @@ mod procfs;
 mod reaper;
 mod recovery;
 mod runner;
+mod stats;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -28,6 +29,7 @@ use k8s4r_api::{TaskAttempt, TaskReason, TaskState, TaskTemplate};
 use tokio::sync::{mpsc, oneshot};
 
 pub use outcome::TaskOutcome;
+pub use stats::{Histogram, SupervisorStats};
 
 /// Settings of the supervisor.
 #[derive(Clone, Debug)]
@@ -174,6 +176,7 @@ pub(crate) enum Command {
         done: oneshot::Sender<()>,
     },
     Running(oneshot::Sender<Vec<TaskAttempt>>),
+    Stats(oneshot::Sender<SupervisorStats>),
     Shutdown(oneshot::Sender<()>),
 }
 
@@ -216,6 +219,15 @@ impl SupervisorHandle {
         let (tx, rx) = oneshot::channel();
         if self.commands.send(Command::Running(tx)).is_err() {
             return Vec::new();
+        }
+        rx.await.unwrap_or_default()
+    }
+
+    /// How late SIGTERM and SIGKILL have left after their deadlines so far.
+    pub async fn stats(&self) -> SupervisorStats {
+        let (tx, rx) = oneshot::channel();
+        if self.commands.send(Command::Stats(tx)).is_err() {
+            return SupervisorStats::default();
         }
         rx.await.unwrap_or_default()
     }

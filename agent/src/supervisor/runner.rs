@@ -27,6 +27,7 @@ use super::journal::{self, Journal, Record};
 use super::logs::{LogWriter, Stream};
 use super::outcome::{verdict, Exit, StopCause};
 use super::output::{self, PipeFd, PipeRead, Tail};
+use super::stats::SupervisorStats;
 use super::{
     artifacts, failed_outcome, procfs, reaper, recovery, Command, Submit, SupervisorConfig, SupervisorError,
     TaskEvent, TaskOutcome, TaskRequest,
@@ -52,7 +53,14 @@ enum Timer {
     Term,
     /// The kill timeout after SIGTERM: SIGKILL.
     Kill,
+    /// Retry removing the cgroups that still had dying processes.
+    Cleanup,
 }
+
+/// The task id of timers that belong to no task.
+const NO_TASK: u64 = u64::MAX;
+/// How often the removal of leftover cgroups is retried.
+const CLEANUP_EVERY: Duration = Duration::from_secs(1);
 
 enum Phase {
     /// Downloading artifacts; starts when they are in.
@@ -141,12 +149,14 @@ pub(crate) struct Runner {
     recent_groups: Recent<i32>,
     /// Cgroups of finished tasks that still had processes in them.
     cgroups_to_remove: Vec<TaskCgroup>,
+    cleanup_scheduled: bool,
     next_id: u64,
     timers: DelayQueue<(u64, Timer)>,
     waits: FuturesUnordered<BoxFuture<(u64, io::Result<ExitStatus>)>>,
     pipes: FuturesUnordered<PipeRead>,
     fetches: FuturesUnordered<Fetch>,
     http: Option<reqwest::Client>,
+    stats: SupervisorStats,
     shutting_down: bool,
     shutdown_waiters: Vec<oneshot::Sender<()>>,
 }
@@ -179,7 +189,11 @@ impl Runner {
         let boot_id = procfs::boot_id();
         let mut finished = Recent::new(REMEMBERED_FINISHED);
         let mut recent_groups = Recent::new(REMEMBERED_GROUPS);
+        let mut cgroups_to_remove = Vec::new();
         for task in &unfinished {
+            if let Some(path) = task.started.as_ref().and_then(|s| s.cgroup.clone()) {
+                cgroups_to_remove.push(TaskCgroup::at(path));
+            }
             // Killed members re-parented to us (a subreaper) get reaped.
             if let Some(started) = &task.started {
                 recent_groups.insert(started.pgid);
@@ -213,7 +227,7 @@ impl Runner {
             Box::new(ExecDriver::new(config.exec_default_user.clone())),
             Box::new(RawExecDriver),
         ];
-        Ok(Runner {
+        let mut runner = Runner {
             config,
             events,
             drivers,
@@ -227,16 +241,21 @@ impl Runner {
             owned_pids: HashSet::new(),
             finished,
             recent_groups,
-            cgroups_to_remove: Vec::new(),
+            cgroups_to_remove,
+            cleanup_scheduled: false,
             next_id: 0,
             timers: DelayQueue::new(),
             waits: FuturesUnordered::new(),
             pipes: FuturesUnordered::new(),
             fetches: FuturesUnordered::new(),
             http: None,
+            stats: SupervisorStats::default(),
             shutting_down: false,
             shutdown_waiters: Vec::new(),
-        })
+        };
+        // Leftover cgroups of the previous run go once their processes do.
+        runner.remove_cgroups();
+        Ok(runner)
     }
 
     pub(crate) async fn run(mut self, mut commands: mpsc::UnboundedReceiver<Command>) {
@@ -287,6 +306,13 @@ impl Runner {
             }
         }
         self.reap_orphans();
+        // Cgroups whose last processes were still dying: give them a
+        // moment so a clean shutdown leaves none behind.
+        let give_up = Instant::now() + Duration::from_secs(2);
+        while !self.cgroups_to_remove.is_empty() && Instant::now() < give_up {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            self.reap_orphans();
+        }
         let _ = self.logs.flush().await;
         if let Err(e) = self.journal.sync() {
             tracing::warn!(path = %self.journal.path().display(), error = %e, "cannot sync the journal");
@@ -341,6 +367,9 @@ impl Runner {
                     .collect();
                 running.sort_by(|a, b| (&a.uid, a.attempt).cmp(&(&b.uid, b.attempt)));
                 let _ = reply.send(running);
+            }
+            Command::Stats(reply) => {
+                let _ = reply.send(self.stats.clone());
             }
             Command::Shutdown(done) => {
                 self.shutdown_waiters.push(done);
@@ -564,6 +593,10 @@ impl Runner {
     }
 
     fn on_timer(&mut self, id: u64, timer: Timer, deadline: Instant) {
+        if timer == Timer::Cleanup {
+            self.cleanup_scheduled = false;
+            return self.remove_cgroups();
+        }
         let Some(task) = self.tasks.get_mut(&id) else {
             return;
         };
@@ -577,14 +610,21 @@ impl Runner {
                     task.stop = task.timeout.map(StopCause::Timeout);
                 }
                 signal_group(pgid, Signal::SIGTERM);
+                self.stats
+                    .sigterm_late
+                    .record(Instant::now().saturating_duration_since(deadline));
                 // From the deadline, not from now: lateness does not add up.
                 task.timer = Some(
                     self.timers
                         .insert_at((id, Timer::Kill), deadline + task.kill_timeout),
                 );
             }
+            Timer::Cleanup => {}
             Timer::Kill => {
                 signal_group(pgid, Signal::SIGKILL);
+                self.stats
+                    .sigkill_late
+                    .record(Instant::now().saturating_duration_since(deadline));
                 if let Some(cgroup) = &task.cgroup {
                     let _ = cgroup.kill();
                 }
@@ -642,6 +682,7 @@ impl Runner {
             let _ = cgroup.kill();
             if cgroup.remove().is_err() {
                 self.cgroups_to_remove.push(cgroup);
+                self.remove_cgroups();
             }
         }
         self.recent_groups.insert(*pgid);
@@ -716,8 +757,18 @@ impl Runner {
         reaper::reap_orphans(&self.owned_pids, |pgrp| {
             live_groups.contains(&pgrp) || recent.contains(&pgrp)
         });
+        self.remove_cgroups();
+    }
+
+    /// Removes the cgroups of finished tasks once their last process is
+    /// gone; retried every second while some remain.
+    fn remove_cgroups(&mut self) {
         self.cgroups_to_remove
             .retain(|c| c.remove().is_err() && c.path().exists());
+        if !self.cgroups_to_remove.is_empty() && !self.cleanup_scheduled {
+            self.cleanup_scheduled = true;
+            self.timers.insert((NO_TASK, Timer::Cleanup), CLEANUP_EVERY);
+        }
     }
 
     /// A task that never started (bad spec, start failure, ...).

@@ -1,0 +1,198 @@
+//! Supervisor figures (issue 3), on real processes, loopback only:
+//!
+//! - `sigterm_late_p99_ms`: 500 tasks with staggered timeouts; how long
+//!   after its deadline SIGTERM had been sent to each task's group, p99
+//!   (measured by the supervisor, `SupervisorHandle::stats`). An INFO line
+//!   adds the end as observed from outside (signal, death, reaping, event).
+//! - `sigkill_late_p99_ms`: 500 tasks that ignore SIGTERM; the same for
+//!   SIGKILL after deadline + killTimeout.
+//! - `agent_rss_{0,100,1000}_tasks_mib`: this process's RSS (the agent:
+//!   runtime + supervisor; the children are not counted) with that many
+//!   `sleep` tasks running.
+//! - `task_start_p99_ms`: submit() called -> Started event received, for
+//!   1,000 tasks dispatched one after the other, without artifacts.
+//! - `tokio_alive_tasks_*`: tokio tasks alive at 0, 100 and 1,000 running
+//!   tasks; it does not grow, since the one supervisor task drives them all.
+//!
+//! Run: `cargo bench -p k8s4r-agent --bench supervisor`
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use k8s4r_agent::supervisor::{self, Submit, SupervisorConfig, SupervisorHandle, TaskEvent, TaskRequest};
+use k8s4r_api::{DurationString, TaskReason, TaskTemplate};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+const LATENESS_TASKS: usize = 500;
+const FIRST_DEADLINE_MS: u64 = 3000;
+const STAGGER_MS: u64 = 7;
+const KILL_TIMEOUT_MS: u64 = 500;
+const PATIENCE: Duration = Duration::from_secs(60);
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(bench());
+}
+
+async fn bench() {
+    start_latency_and_rss().await;
+    let sigterm = lateness(false).await;
+    println!("BENCH sigterm_late_p99_ms {:.2} ms", sigterm);
+    let sigkill = lateness(true).await;
+    println!("BENCH sigkill_late_p99_ms {:.2} ms", sigkill);
+}
+
+fn state_dir() -> tempfile::TempDir {
+    tempfile::tempdir().expect("tempdir")
+}
+
+fn start(dir: &std::path::Path) -> (SupervisorHandle, UnboundedReceiver<TaskEvent>) {
+    supervisor::spawn(SupervisorConfig {
+        state_dir: dir.to_path_buf(),
+        ..SupervisorConfig::default()
+    })
+    .expect("supervisor")
+}
+
+fn template(script: &str) -> TaskTemplate {
+    TaskTemplate {
+        driver: "raw_exec".to_owned(),
+        command: "/bin/sh".to_owned(),
+        args: vec!["-c".to_owned(), script.to_owned()],
+        ..TaskTemplate::default()
+    }
+}
+
+fn request(uid: String, spec: TaskTemplate) -> TaskRequest {
+    TaskRequest {
+        name: uid.clone(),
+        uid,
+        attempt: 1,
+        spec,
+    }
+}
+
+async fn next_event(events: &mut UnboundedReceiver<TaskEvent>) -> TaskEvent {
+    tokio::time::timeout(PATIENCE, events.recv())
+        .await
+        .expect("no event in time")
+        .expect("supervisor gone")
+}
+
+fn rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0);
+    kib / 1024.0
+}
+
+fn alive_tasks() -> usize {
+    tokio::runtime::Handle::current().metrics().num_alive_tasks()
+}
+
+fn p99(mut samples: Vec<f64>) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    let rank = ((samples.len() as f64) * 0.99).ceil() as usize;
+    samples[rank.saturating_sub(1).min(samples.len() - 1)]
+}
+
+async fn start_latency_and_rss() {
+    let dir = state_dir();
+    let (handle, mut events) = start(dir.path());
+    let mut latencies = Vec::with_capacity(1000);
+    println!("BENCH agent_rss_0_tasks_mib {:.2} MiB", rss_mib());
+    println!("BENCH tokio_alive_tasks_0 {} tasks", alive_tasks());
+    for i in 0..1000 {
+        let begin = Instant::now();
+        let submitted = handle
+            .submit(request(format!("start-{i}"), template("exec sleep 1000")))
+            .await
+            .expect("submit");
+        assert_eq!(submitted, Submit::Accepted);
+        match next_event(&mut events).await {
+            TaskEvent::Started { .. } => latencies.push(begin.elapsed().as_secs_f64() * 1000.0),
+            other => panic!("expected Started, got {other:?}"),
+        }
+        if i + 1 == 100 {
+            println!("BENCH agent_rss_100_tasks_mib {:.2} MiB", rss_mib());
+            println!("BENCH tokio_alive_tasks_100 {} tasks", alive_tasks());
+        }
+    }
+    assert_eq!(handle.running().await.len(), 1000);
+    println!("BENCH agent_rss_1000_tasks_mib {:.2} MiB", rss_mib());
+    println!("BENCH tokio_alive_tasks_1000 {} tasks", alive_tasks());
+    println!("BENCH task_start_p99_ms {:.2} ms", p99(latencies));
+    handle.shutdown().await;
+}
+
+/// p99 lateness (ms) of the signal after each task's deadline, as the
+/// supervisor measured it right after `killpg` returned. Also prints the
+/// lateness of the end as observed from outside (signal sent, process
+/// dead, reaped, event received), a looser upper bound.
+async fn lateness(ignore_sigterm: bool) -> f64 {
+    let dir = state_dir();
+    let (handle, mut events) = start(dir.path());
+    let script = if ignore_sigterm {
+        "trap '' TERM; exec sleep 1000"
+    } else {
+        "exec sleep 1000"
+    };
+    let mut due: HashMap<String, jiff::Timestamp> = HashMap::new();
+    let mut timeouts = HashMap::new();
+    for i in 0..LATENESS_TASKS {
+        let timeout = Duration::from_millis(FIRST_DEADLINE_MS + i as u64 * STAGGER_MS);
+        let mut spec = template(script);
+        spec.timeout = Some(DurationString::from(
+            format!("{}ms", timeout.as_millis()).as_str(),
+        ));
+        spec.kill_timeout = Some(DurationString::from(format!("{KILL_TIMEOUT_MS}ms").as_str()));
+        let uid = format!("late-{i}");
+        timeouts.insert(uid.clone(), timeout);
+        handle.submit(request(uid, spec)).await.expect("submit");
+    }
+    let mut late = Vec::with_capacity(LATENESS_TASKS);
+    while late.len() < LATENESS_TASKS {
+        match next_event(&mut events).await {
+            TaskEvent::Started { uid, at, .. } => {
+                let mut after = timeouts[&uid];
+                if ignore_sigterm {
+                    after += Duration::from_millis(KILL_TIMEOUT_MS);
+                }
+                due.insert(uid, at + after);
+            }
+            TaskEvent::Finished { uid, outcome, .. } => {
+                assert_eq!(outcome.reason, TaskReason::Timeout, "{uid}: {}", outcome.message);
+                let expected = if ignore_sigterm { 137 } else { 143 };
+                assert_eq!(outcome.exit_code, Some(expected), "{uid}: {}", outcome.message);
+                let span = outcome.finished_at.duration_since(due[&uid]);
+                late.push(span.as_secs_f64() * 1000.0);
+            }
+        }
+    }
+    let max = late.iter().copied().fold(f64::MIN, f64::max);
+    let which = if ignore_sigterm { "sigkill" } else { "sigterm" };
+    println!(
+        "INFO {which}: end observed after the deadline over {LATENESS_TASKS} tasks: p99 {:.2} ms, max {max:.2} ms",
+        p99(late)
+    );
+    let stats = handle.stats().await;
+    let signals = if ignore_sigterm {
+        stats.sigkill_late
+    } else {
+        stats.sigterm_late
+    };
+    assert_eq!(signals.count(), LATENESS_TASKS as u64);
+    println!(
+        "INFO {which}: signal sent after the deadline: max {:.2} ms",
+        signals.max().as_secs_f64() * 1000.0
+    );
+    handle.shutdown().await;
+    signals.quantile(0.99).unwrap_or_default().as_secs_f64() * 1000.0
+}
