@@ -19,9 +19,10 @@ use k8s4r_api::protocol::{encode, Cancel, Dispatch, PROTOCOL_VERSION};
 use k8s4r_api::{Robot, Task};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
-use kube::{Api, ResourceExt};
+use kube::{Api, Resource, ResourceExt};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, instrument, warn};
@@ -40,6 +41,7 @@ const FOLLOWER_RECHECK: Duration = Duration::from_secs(5);
 /// What the reconciler needs.
 pub struct Context {
     bridge: Arc<Bridge>,
+    recorder: Recorder,
     leadership: Leadership,
     failures: Mutex<HashMap<String, u32>>,
     /// The attempt this process last published per uid: the watch cache can
@@ -100,7 +102,15 @@ pub async fn run(
     leadership: Leadership,
     shutdown: CancellationToken,
 ) {
+    let recorder = Recorder::new(
+        bridge.client.clone(),
+        Reporter {
+            controller: k8s4r_api::names::MANAGER_SERVER.to_owned(),
+            instance: Some(bridge.config.identity.clone()),
+        },
+    );
     let context = Arc::new(Context {
+        recorder,
         bridge,
         leadership,
         failures: Mutex::default(),
@@ -164,6 +174,8 @@ async fn reconcile(task: Arc<Task>, ctx: Arc<Context>) -> Result<Action> {
         }
         TaskAction::CancelAndWait { robot, attempt } => {
             cancel(bridge, &task, &robot, attempt).await?;
+            let note = format!("asked robot {robot} to stop attempt {attempt}; waiting for its report");
+            record(&ctx, &task, "CancelSent", "Cancel", note).await;
             Ok(Action::requeue(CANCEL_RETRY))
         }
         TaskAction::CancelAndRelease { robot, attempt } => {
@@ -248,6 +260,8 @@ async fn dispatch(ctx: &Context, task: &Task, robot: &str, attempt: u32, seen: I
     bridge.metrics.message_out("dispatch", "acked");
     bridge.metrics.dispatch_latency(seen.elapsed());
     info!(robot, attempt, "task dispatched");
+    let note = format!("attempt {attempt} sent to robot {robot}");
+    record(ctx, task, "Dispatched", "Dispatch", note).await;
     let body = AnnotationPatch {
         metadata: AnnotationMeta {
             annotations: [(ANNOTATION_DISPATCHED_ATTEMPT.to_owned(), attempt.to_string())].into(),
@@ -261,6 +275,34 @@ async fn dispatch(ctx: &Context, task: &Task, robot: &str, attempt: u32, seen: I
         )
         .await?;
     Ok(())
+}
+
+/// Records an Event on the Task for `kubectl describe`; best effort, since
+/// a lost Event must not hold up a dispatch.
+async fn record(ctx: &Context, task: &Task, reason: &str, action: &str, note: String) {
+    let event = Event {
+        type_: EventType::Normal,
+        reason: reason.to_owned(),
+        note: Some(note),
+        action: action.to_owned(),
+        secondary: None,
+    };
+    let reference = task.object_ref(&());
+    let started = Instant::now();
+    let published = tokio::time::timeout(
+        ctx.bridge.config.api_timeout,
+        ctx.recorder.publish(&event, &reference),
+    )
+    .await;
+    let outcome = match &published {
+        Ok(Ok(())) => "ok",
+        Ok(Err(_)) => "error",
+        Err(_) => "timeout",
+    };
+    ctx.bridge.metrics.api_write("event", outcome, started.elapsed());
+    if outcome != "ok" {
+        warn!(reason, outcome, "could not record an event");
+    }
 }
 
 async fn cancel(bridge: &Bridge, task: &Task, robot: &str, attempt: u32) -> Result<()> {

@@ -106,6 +106,18 @@ async fn dispatch_status_ordering_and_terminal_state() {
     })
     .await;
     assert!(task.finalizers().contains(&names::FINALIZER_CANCEL.to_owned()));
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(env.client.clone(), "default");
+    eventually("a Dispatched event on the task", || async {
+        let list = events.list(&Default::default()).await.ok()?;
+        list.items
+            .into_iter()
+            .find(|e| {
+                e.reason.as_deref() == Some("Dispatched")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("job-a-0")
+            })
+            .map(|_| ())
+    })
+    .await;
 
     let status = |seq, state| robot.status(&uid, 1, seq, state);
     let topic = robot.topics.status("rb1", &uid);
