@@ -74,14 +74,14 @@ pub fn task_crd() -> Value {
     })
 }
 
-fn task(name: &str) -> DynamicObject {
+fn task(name: &str, owner_uid: &str) -> DynamicObject {
     serde_json::from_value(json!({
         "apiVersion": "bench.k8s4r.io/v1alpha1",
         "kind": "Task",
         "metadata": {
             "name": name,
             "labels": {"k8s4r.io/job": "bench", "k8s4r.io/group": "g1"},
-            "ownerReferences": [{"apiVersion": "bench.k8s4r.io/v1alpha1", "kind": "TaskGroup", "name": "g1", "uid": "00000000-0000-0000-0000-000000000001", "controller": true, "blockOwnerDeletion": true}]
+            "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner_uid, "controller": true, "blockOwnerDeletion": true}]
         },
         "spec": {
             "driver": "exec",
@@ -115,6 +115,17 @@ fn rss_bytes() -> u64 {
         .unwrap_or(0)
 }
 
+async fn create_owner(client: &kube::Client) -> anyhow::Result<String> {
+    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client.clone(), "default");
+    let cm = cms
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "owner"}}))?,
+        )
+        .await?;
+    cm.metadata.uid.ok_or_else(|| anyhow::anyhow!("owner has no uid"))
+}
+
 type Times = Arc<Mutex<HashMap<String, Instant>>>;
 
 pub async fn run(cfg: BenchConfig) -> anyhow::Result<Report> {
@@ -137,6 +148,8 @@ pub async fn run(cfg: BenchConfig) -> anyhow::Result<Report> {
         plural: "tasks".into(),
     };
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &ar);
+    // Tasks are owned, as k8s4r's are; the owner must exist or the collector deletes them.
+    let owner = create_owner(&client).await?;
 
     // Watchers record when each resourceVersion reaches them.
     let received: Arc<Mutex<Vec<(String, Instant)>>> = Arc::new(Mutex::new(Vec::new()));
@@ -169,12 +182,17 @@ pub async fn run(cfg: BenchConfig) -> anyhow::Result<Report> {
     let mut ops = Vec::new();
     for i in 0..cfg.objects {
         tick.tick().await;
-        let (api, acked, create_ms, status_ms) =
-            (api.clone(), acked.clone(), create_ms.clone(), status_ms.clone());
+        let (api, acked, create_ms, status_ms, owner) = (
+            api.clone(),
+            acked.clone(),
+            create_ms.clone(),
+            status_ms.clone(),
+            owner.clone(),
+        );
         ops.push(tokio::spawn(async move {
             let name = format!("lat-{i}");
             let t0 = Instant::now();
-            let created = api.create(&PostParams::default(), &task(&name)).await?;
+            let created = api.create(&PostParams::default(), &task(&name, &owner)).await?;
             let t1 = Instant::now();
             create_ms
                 .lock()
@@ -232,11 +250,11 @@ pub async fn run(cfg: BenchConfig) -> anyhow::Result<Report> {
     let t0 = Instant::now();
     let mut handles = Vec::new();
     for w in 0..writers {
-        let api = api.clone();
+        let (api, owner) = (api.clone(), owner.clone());
         handles.push(tokio::spawn(async move {
             for i in 0..per {
                 let name = format!("tp-{w}-{i}");
-                api.create(&PostParams::default(), &task(&name)).await?;
+                api.create(&PostParams::default(), &task(&name, &owner)).await?;
                 let patch = json!({"status": {"state": "completed", "exitCode": 0}});
                 api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
                     .await?;
@@ -264,13 +282,14 @@ pub async fn run(cfg: BenchConfig) -> anyhow::Result<Report> {
     );
     crds.create(&PostParams::default(), &serde_json::from_value(task_crd())?)
         .await?;
-    let api: Api<DynamicObject> = Api::namespaced_with(client, "default", &ar);
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &ar);
+    let owner = create_owner(&client).await?;
     let before = rss_bytes();
     futures::stream::iter(0..10_000)
         .map(|i| {
-            let api = api.clone();
+            let (api, owner) = (api.clone(), owner.clone());
             async move {
-                api.create(&PostParams::default(), &task(&format!("mem-{i}")))
+                api.create(&PostParams::default(), &task(&format!("mem-{i}"), &owner))
                     .await
                     .map(|_| ())
             }

@@ -923,5 +923,15 @@ fn render_event(
         EventType::Deleted if before || now => "DELETED",
         _ => return None,
     };
+    if view.shape == Shape::Full && ev.object["apiVersion"].as_str() == Some(&view.rt.api_version()) {
+        let encoded = ev.encoded();
+        let mut out = Vec::with_capacity(encoded.len() + 32);
+        out.extend_from_slice(b"{\"type\":\"");
+        out.extend_from_slice(type_.as_bytes());
+        out.extend_from_slice(b"\",\"object\":");
+        out.extend_from_slice(encoded);
+        out.extend_from_slice(b"}\n");
+        return Some(Bytes::from(out));
+    }
     Some(view.render(type_, &ev.object))
 }

@@ -137,6 +137,7 @@ fn prune_and_validate(rt: &ResourceType, obj: &mut Value, opts: &WriteOpts) -> R
             FieldValidation::Ignore => {}
         }
     }
+    schema::apply_defaults(obj, schema);
     let errs = schema::validate(obj, schema);
     if !errs.is_empty() {
         return Err(ApiError::invalid(&rt.kind, &rt.group, &name, &errs));

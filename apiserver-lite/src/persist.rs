@@ -85,7 +85,7 @@ impl Persistence {
                 match op {
                     PersistOp::Put { key, value, rv } => {
                         table
-                            .insert(key.as_str(), value.as_slice())
+                            .insert(key.as_str(), &value[..])
                             .map_err(|e| storage_err(path, e))?;
                         last_rv = last_rv.max(*rv);
                     }

@@ -99,6 +99,41 @@ fn prune_value(value: &mut Value, schema: &Value, path: &str, removed: &mut Vec<
     }
 }
 
+/// Fills in the `default` of every absent field whose parent is present, as
+/// the real server does on every write (after pruning, before validation).
+pub fn apply_defaults(obj: &mut Value, schema: &Value) {
+    match obj {
+        Value::Object(map) => {
+            if let Some(props) = schema["properties"].as_object() {
+                for (k, sub) in props {
+                    match map.get_mut(k) {
+                        Some(child) => apply_defaults(child, sub),
+                        None => {
+                            if let Some(d) = sub.get("default") {
+                                let mut d = d.clone();
+                                apply_defaults(&mut d, sub);
+                                map.insert(k.clone(), d);
+                            }
+                        }
+                    }
+                }
+            } else if let Some(sub) = schema.get("additionalProperties").filter(|s| s.is_object()) {
+                for child in map.values_mut() {
+                    apply_defaults(child, sub);
+                }
+            }
+        }
+        Value::Array(items) => {
+            if let Some(sub) = schema.get("items").filter(|s| s.is_object()) {
+                for item in items.iter_mut() {
+                    apply_defaults(item, sub);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
 /// Validates `obj` (already pruned) against the schema; the root's
 /// apiVersion, kind and metadata are the server's business, not the schema's.
 pub fn validate(obj: &Value, schema: &Value) -> Vec<FieldError> {
@@ -346,6 +381,28 @@ mod tests {
         assert_eq!(o["spec"]["free"]["any"]["thing"], 1);
         assert_eq!(o["metadata"]["whatever"], 1);
         assert_eq!(o["spec"]["env"]["A"], "1");
+    }
+
+    #[test]
+    fn fills_defaults_of_absent_fields_only() {
+        let schema = json!({"type": "object", "properties": {"spec": {"type": "object", "properties": {
+            "mode": {"type": "string", "default": "fail"},
+            "retry": {"type": "object", "properties": {"attempts": {"type": "integer", "default": 0}}},
+            "env": {"type": "array", "items": {"type": "object", "properties": {"value": {"type": "string", "default": ""}}}}
+        }}}});
+        let mut o = json!({"spec": {"mode": "keep", "retry": {}, "env": [{"name": "A"}]}});
+        apply_defaults(&mut o, &schema);
+        assert_eq!(
+            o,
+            json!({"spec": {"mode": "keep", "retry": {"attempts": 0}, "env": [{"name": "A", "value": ""}]}})
+        );
+        let mut o = json!({"spec": {}});
+        apply_defaults(&mut o, &schema);
+        assert_eq!(o["spec"]["mode"], "fail");
+        assert!(
+            o["spec"].get("retry").is_none(),
+            "no default for the object itself"
+        );
     }
 
     #[test]

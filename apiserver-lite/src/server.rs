@@ -204,6 +204,9 @@ pub async fn start(config: Config) -> Result<RunningServer> {
         }
         None => {
             let cancel = cancel.clone();
+            let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             let serve = tokio::spawn(async move {
                 axum::serve(listener, router)
                     .with_graceful_shutdown(cancel.cancelled_owned())

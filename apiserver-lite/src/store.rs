@@ -39,12 +39,21 @@ pub struct Event {
     /// The object before the change, so that a watcher with a selector can
     /// tell an object leaving its selection from one being modified in it.
     pub prev: Option<Arc<Value>>,
+    /// The object serialized once, shared by every watcher that sends it as is.
+    pub encoded: std::sync::OnceLock<Arc<[u8]>>,
+}
+
+impl Event {
+    pub fn encoded(&self) -> &[u8] {
+        self.encoded
+            .get_or_init(|| serde_json::to_vec(&*self.object).unwrap_or_default().into())
+    }
 }
 
 /// What the persistence task is told to do, in commit order.
 #[derive(Debug)]
 pub enum PersistOp {
-    Put { key: String, value: Vec<u8>, rv: u64 },
+    Put { key: String, value: Arc<[u8]>, rv: u64 },
     Delete { key: String, rv: u64 },
 }
 
@@ -137,7 +146,8 @@ impl Txn<'_> {
             .to_string();
         let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
         let uid = obj["metadata"]["uid"].as_str().unwrap_or_default().to_string();
-        let value = serde_json::to_vec(&obj).unwrap_or_default();
+        // Serialized once: for storage and for every watcher.
+        let value: Arc<[u8]> = serde_json::to_vec(&obj).unwrap_or_default().into();
         let obj = Arc::new(obj);
         let prev = self
             .state
@@ -150,7 +160,7 @@ impl Txn<'_> {
             .insert(uid, (gr.to_string(), ns.clone(), name.clone()));
         self.persist.push(PersistOp::Put {
             key: storage_key(gr, &ns, &name),
-            value,
+            value: value.clone(),
             rv,
         });
         self.events.push(Arc::new(Event {
@@ -164,6 +174,7 @@ impl Txn<'_> {
             },
             object: obj.clone(),
             prev,
+            encoded: std::sync::OnceLock::from(value),
         }));
         obj
     }
@@ -193,6 +204,7 @@ impl Txn<'_> {
             type_: EventType::Deleted,
             object: last.clone(),
             prev: Some(old),
+            encoded: Default::default(),
         }));
         self.deleted_something = true;
         Some(last)

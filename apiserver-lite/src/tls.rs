@@ -104,6 +104,8 @@ impl TlsListener {
                     },
                     _ = cancel.cancelled() => return,
                 };
+                // Small responses must not wait for delayed ACKs (40 ms on loopback).
+                let _ = stream.set_nodelay(true);
                 let (acceptor, tx) = (acceptor.clone(), tx.clone());
                 tokio::spawn(async move {
                     match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream)).await {
