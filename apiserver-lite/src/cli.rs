@@ -69,6 +69,9 @@ pub enum Command {
         /// Watchers attached during the benchmark.
         #[arg(long, env = "K8S4R_BENCH_WATCHERS", default_value_t = 10)]
         watchers: usize,
+        /// Tasks stored in the memory phase (the figure is per 10,000).
+        #[arg(long, env = "K8S4R_BENCH_MEMORY_TASKS", default_value_t = 10_000)]
+        memory_tasks: usize,
     },
 }
 
@@ -110,12 +113,14 @@ impl Args {
                 rate,
                 writes,
                 watchers,
+                memory_tasks,
             }) => {
                 let report = crate::bench::run(crate::bench::BenchConfig {
                     objects,
                     rate,
                     writes,
                     watchers,
+                    memory_tasks,
                 })
                 .await?;
                 for line in report.lines() {
