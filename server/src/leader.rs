@@ -110,7 +110,33 @@ pub async fn campaign(
             _ = tokio::time::sleep(RETRY_PERIOD) => {}
         }
     }
-    leadership.set(false);
+    if leadership.is_leader() {
+        leadership.set(false);
+        // Hand over at once instead of making the others wait out the Lease.
+        match tokio::time::timeout(timeout, release(&api, &identity)).await {
+            Ok(Ok(())) => info!("leader lease released"),
+            Ok(Err(error)) => warn!(%error, "could not release the leader lease"),
+            Err(_) => warn!("releasing the leader lease timed out"),
+        }
+    }
+}
+
+async fn release(api: &Api<Lease>, identity: &str) -> kube::Result<()> {
+    let Some(mut lease) = api.get_opt(LEADER_LEASE).await? else {
+        return Ok(());
+    };
+    let Some(spec) = lease.spec.as_mut() else {
+        return Ok(());
+    };
+    if spec.holder_identity.as_deref() != Some(identity) {
+        return Ok(());
+    }
+    spec.holder_identity = None;
+    let pp = PostParams {
+        field_manager: Some(k8s4r_api::names::MANAGER_SERVER.to_owned()),
+        ..Default::default()
+    };
+    api.replace(LEADER_LEASE, &pp, &lease).await.map(|_| ())
 }
 
 async fn try_once(api: &Api<Lease>, identity: &str) -> kube::Result<bool> {

@@ -165,15 +165,16 @@ impl Server {
             })
         };
 
+        let mut campaign = None;
         let leadership = if config.leader_election {
             let leadership = leader::Leadership::follower();
-            tokio::spawn(leader::campaign(
+            campaign = Some(tokio::spawn(leader::campaign(
                 Api::<Lease>::namespaced(client.clone(), &config.lease_namespace),
                 config.identity.clone(),
                 leadership.clone(),
                 config.api_timeout,
                 shutdown.clone(),
-            ));
+            )));
             leadership
         } else {
             leader::Leadership::always()
@@ -236,6 +237,9 @@ impl Server {
         info!("shutting down: finishing reconciles in flight");
         let _ = controller_task.await;
         let _ = responder.await;
+        if let Some(campaign) = campaign {
+            let _ = campaign.await;
+        }
         mqtt_stop.cancel();
         let _ = mqtt_task.await;
         // The connection dropped the workers' senders: they finish their queues.

@@ -357,6 +357,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn tls_needs_a_ca_and_both_halves_of_a_client_certificate() {
+        let dir = std::env::temp_dir().join(format!("k8s4r-server-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pem = dir.join("ca.pem");
+        std::fs::write(&pem, "-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n").unwrap();
+        let mut broker = BrokerConfig::new("mqtts://broker:8883", "s");
+        assert!(matches!(mqtt_options(&broker), Err(Error::Config(_))));
+        broker.ca_file = Some(pem.clone());
+        let options = mqtt_options(&broker).unwrap();
+        assert_eq!(options.broker_address(), ("broker".to_owned(), 8883));
+        assert!(matches!(options.transport(), Transport::Tls(_)));
+        broker.client_cert = Some(pem.clone());
+        assert!(matches!(mqtt_options(&broker), Err(Error::Config(_))));
+        broker.client_key = Some(dir.join("missing.pem"));
+        assert!(matches!(mqtt_options(&broker), Err(Error::ReadFile { .. })));
+        let plain = mqtt_options(&BrokerConfig::new("mqtt://localhost", "s")).unwrap();
+        assert!(
+            !plain.clean_session(),
+            "a persistent session keeps robot messages"
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
     fn a_robot_always_goes_to_the_same_worker() {
         let a = worker_for("k8s4r/robots/rb1/heartbeat", 8);
         assert_eq!(a, worker_for("k8s4r/robots/rb1/tasks/u/status", 8));

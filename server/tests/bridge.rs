@@ -453,6 +453,16 @@ async fn two_replicas_share_the_messages_and_one_dispatches() {
         0,
         "only the leader dispatches"
     );
-    b.stop().await;
+
+    // The leader stops and hands over: the other replica dispatches.
     a.stop().await;
+    let third = env.dispatch_task("job-a-2", "rb1", 1).await;
+    let d: Dispatch = decode(&robot.expect("/tasks/dispatch").await).unwrap();
+    assert_eq!(d.task_uid, third);
+    // The robot can see the message before the replica sees the PUBACK.
+    eventually("replica b counts its dispatch", || async {
+        (b.metrics.messages_out("dispatch", "acked") == 1).then_some(())
+    })
+    .await;
+    b.stop().await;
 }
