@@ -71,7 +71,8 @@ pub enum LogFormat {
 /// `--foo-bar`), from an environment variable `K8S4R_FOO_BAR`, or from the
 /// flag; the flag wins over the variable, which wins over the file.
 #[derive(Debug, Parser)]
-#[command(name = "k8s4r-agent", version, about, long_about)]
+// A flag given twice takes its last value, so wrappers can append overrides.
+#[command(name = "k8s4r-agent", version, about, long_about, args_override_self = true)]
 pub struct Args {
     /// The TOML config file. When not given, /etc/k8s4r/agent.toml is read
     /// if it exists.
@@ -712,8 +713,7 @@ labels = { site = "lab", arm = "ur5" }
     }
 
     #[test]
-    fn env_is_read_and_flags_beat_env() {
-        // clap resolves flag > env itself; check both paths through the parser.
+    fn flags_parse_durations_and_the_last_one_wins() {
         let args = Args::try_parse_from([
             "k8s4r-agent",
             "--robot-id",
@@ -725,6 +725,8 @@ labels = { site = "lab", arm = "ur5" }
         assert_eq!(args.settings.robot_id.as_deref(), Some("rb2"));
         assert_eq!(args.settings.heartbeat_interval, Some(Duration::from_millis(200)));
         assert!(Args::try_parse_from(["k8s4r-agent", "--heartbeat-interval", "5"]).is_err());
+        let args = Args::try_parse_from(["k8s4r-agent", "--robot-id", "a", "--robot-id", "b"]).unwrap();
+        assert_eq!(args.settings.robot_id.as_deref(), Some("b"), "the last flag wins");
     }
 
     #[test]

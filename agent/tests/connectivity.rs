@@ -217,6 +217,40 @@ async fn a_status_in_the_outbox_is_delivered_after_sigkill_and_restart() {
 }
 
 #[tokio::test]
+async fn a_dispatch_queued_while_the_robot_was_away_runs_when_it_returns() {
+    let broker = Broker::start();
+    let mut server = Server::connect(&broker, "rb10").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let mut agent = Agent::start(&broker, "rb10", &state, &[]);
+    server.approve("rb10").await;
+    agent.kill();
+    let will: Online = server.next("/online", LONG).await.decode();
+    let will = if will.online {
+        server.next("/online", LONG).await.decode()
+    } else {
+        will
+    };
+    assert!(!will.online);
+
+    // The broker queues this for the agent's persistent session.
+    server
+        .publish(
+            server.topics.dispatch("rb10"),
+            encode(&shell_dispatch("u-away", 1, "true")),
+        )
+        .await;
+    let _agent = Agent::start(&broker, "rb10", &state, &[]);
+    server.approve("rb10").await;
+    let updates = server.statuses_until_terminal("u-away", LONG).await;
+    assert_eq!(
+        updates.last().unwrap().state,
+        TaskState::Completed,
+        "{updates:#?}"
+    );
+}
+
+#[tokio::test]
 async fn the_last_will_fires_on_an_unclean_disconnect() {
     let broker = Broker::start();
     let mut server = Server::connect(&broker, "rb5").await;
@@ -363,4 +397,49 @@ fn help_documents_every_setting() {
     ] {
         assert!(help.contains(flag), "{flag} missing from --help:\n{help}");
     }
+}
+
+#[tokio::test]
+async fn connects_over_tls_with_a_ca_file() {
+    let broker = Broker::start_tls();
+    let mut server = Server::connect(&broker, "rb11").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let url = format!("mqtts://127.0.0.1:{}", broker.tls_port.unwrap());
+    let ca = broker.ca_file();
+    let _agent = Agent::start_url(
+        &url,
+        "rb11",
+        &tmp.path().join("state"),
+        &["--ca-file", ca.to_str().unwrap()],
+    );
+    server.approve("rb11").await;
+    let hb: Heartbeat = server.next("/heartbeat", LONG).await.decode();
+    assert_eq!(hb.robot_id, "rb11");
+}
+
+#[tokio::test]
+async fn refuses_a_broker_whose_certificate_does_not_chain_to_the_ca() {
+    let broker = Broker::start_tls();
+    let other = Broker::start_tls();
+    let mut server = Server::connect(&broker, "rb12").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let url = format!("mqtts://127.0.0.1:{}", broker.tls_port.unwrap());
+    let wrong_ca = other.ca_file();
+    let agent = Agent::start_url(
+        &url,
+        "rb12",
+        &tmp.path().join("state"),
+        &["--ca-file", wrong_ca.to_str().unwrap()],
+    );
+    eventually("a failed connection in the log", LONG, || {
+        agent.log().contains("broker connection lost").then_some(())
+    })
+    .await;
+    let seen = server.drain(Duration::from_millis(500)).await;
+    assert!(seen.is_empty(), "the agent got through: {seen:?}");
+    assert!(
+        agent.log().to_lowercase().contains("certificate"),
+        "{}",
+        agent.log()
+    );
 }

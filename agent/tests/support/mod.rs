@@ -31,6 +31,8 @@ pub async fn eventually<T>(what: &str, timeout: Duration, mut f: impl FnMut() ->
 /// A Mosquitto broker in a temporary directory; killed on drop.
 pub struct Broker {
     pub port: u16,
+    /// The TLS listener's port, for [`Broker::start_tls`].
+    pub tls_port: Option<u16>,
     dir: tempfile::TempDir,
     child: Option<Child>,
 }
@@ -44,6 +46,21 @@ impl Broker {
     /// Starts a broker with persistence (so queued QoS 1 messages and
     /// persistent sessions survive a restart).
     pub fn start() -> Broker {
+        Self::start_with(false)
+    }
+
+    /// Starts a broker with a second, TLS listener whose certificate (for
+    /// IP 127.0.0.1) is signed by a fresh CA; see [`Broker::ca_file`].
+    pub fn start_tls() -> Broker {
+        Self::start_with(true)
+    }
+
+    /// The CA certificate of the TLS listener.
+    pub fn ca_file(&self) -> PathBuf {
+        self.dir.path().join("ca.pem")
+    }
+
+    fn start_with(tls: bool) -> Broker {
         let dir = tempfile::tempdir().expect("tempdir");
         // Mosquitto started as root drops to its own user before it writes
         // its persistence file.
@@ -51,16 +68,23 @@ impl Broker {
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
         let port = free_port();
         let conf = dir.path().join("mosquitto.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "listener {port} 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location {}/\nautosave_interval 1\nmax_queued_messages 10000\n",
-                dir.path().display()
-            ),
-        )
-        .expect("write mosquitto.conf");
+        let mut text = format!(
+            "allow_anonymous true\npersistence true\npersistence_location {}/\nautosave_interval 1\nmax_queued_messages 10000\nlistener {port} 127.0.0.1\n",
+            dir.path().display()
+        );
+        let tls_port = tls.then(|| {
+            make_certificates(dir.path());
+            let tls_port = free_port();
+            let d = dir.path().display();
+            text.push_str(&format!(
+                "listener {tls_port} 127.0.0.1\ncafile {d}/ca.pem\ncertfile {d}/server.pem\nkeyfile {d}/server.key\n"
+            ));
+            tls_port
+        });
+        std::fs::write(&conf, text).expect("write mosquitto.conf");
         let mut broker = Broker {
             port,
+            tls_port,
             dir,
             child: None,
         };
@@ -128,6 +152,71 @@ impl Drop for Broker {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+}
+
+/// A CA and a server certificate for 127.0.0.1, made with the openssl CLI.
+fn make_certificates(dir: &Path) {
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .unwrap_or_else(|e| panic!("openssl is needed for the TLS tests ({e}): run scripts/setup.sh"));
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let ca = [
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=k8s4r test CA",
+    ];
+    run(&[&["req", "-x509"][..], &ec, &ca].concat());
+    let csr = [
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    ];
+    run(&[&["req"][..], &ec, &csr].concat());
+    std::fs::write(dir.join("ext.cnf"), "subjectAltName=IP:127.0.0.1\n").expect("ext.cnf");
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "ext.cnf",
+    ]);
+    use std::os::unix::fs::PermissionsExt;
+    for f in ["ca.pem", "server.pem", "server.key"] {
+        std::fs::set_permissions(dir.join(f), std::fs::Permissions::from_mode(0o644)).expect("chmod");
     }
 }
 
@@ -294,6 +383,11 @@ pub struct Agent {
 impl Agent {
     /// Starts the agent against `broker` with `state_dir` and extra flags.
     pub fn start(broker: &Broker, robot: &str, state_dir: &Path, extra: &[&str]) -> Agent {
+        Self::start_url(&broker.url(), robot, state_dir, extra)
+    }
+
+    /// Starts the agent against the broker at `url`.
+    pub fn start_url(url: &str, robot: &str, state_dir: &Path, extra: &[&str]) -> Agent {
         let log = state_dir.with_extension(format!("{}.log", std::process::id()));
         let out = std::fs::OpenOptions::new()
             .create(true)
@@ -302,7 +396,7 @@ impl Agent {
             .expect("agent log");
         let child = Command::new(env!("CARGO_BIN_EXE_k8s4r-agent"))
             .args(["--config", "/dev/null"])
-            .args(["--broker-url", &broker.url()])
+            .args(["--broker-url", url])
             .args(["--robot-id", robot])
             .arg("--state-dir")
             .arg(state_dir)
