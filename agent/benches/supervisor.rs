@@ -39,11 +39,30 @@ fn main() {
 }
 
 async fn bench() {
+    println!("INFO load average at start: {}", load_average());
     start_latency_and_rss().await;
     let sigterm = lateness(false).await;
     println!("BENCH sigterm_late_p99_ms {:.2} ms", sigterm);
     let sigkill = lateness(true).await;
     println!("BENCH sigkill_late_p99_ms {:.2} ms", sigkill);
+    println!("INFO load average at end: {}", load_average());
+}
+
+/// The machine's load: the figures are only as quiet as the machine.
+fn load_average() -> String {
+    let loadavg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!(
+        "{} on {cpus} cpus",
+        loadavg.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+    )
+}
+
+fn quantile(samples: &[f64], q: f64) -> f64 {
+    let mut sorted = samples.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let rank = ((sorted.len() as f64) * q).ceil() as usize;
+    sorted[rank.saturating_sub(1).min(sorted.len() - 1)]
 }
 
 fn state_dir() -> tempfile::TempDir {
@@ -97,10 +116,8 @@ fn alive_tasks() -> usize {
     tokio::runtime::Handle::current().metrics().num_alive_tasks()
 }
 
-fn p99(mut samples: Vec<f64>) -> f64 {
-    samples.sort_by(f64::total_cmp);
-    let rank = ((samples.len() as f64) * 0.99).ceil() as usize;
-    samples[rank.saturating_sub(1).min(samples.len() - 1)]
+fn p99(samples: Vec<f64>) -> f64 {
+    quantile(&samples, 0.99)
 }
 
 async fn start_latency_and_rss() {
@@ -128,6 +145,12 @@ async fn start_latency_and_rss() {
     assert_eq!(handle.running().await.len(), 1000);
     println!("BENCH agent_rss_1000_tasks_mib {:.2} MiB", rss_mib());
     println!("BENCH tokio_alive_tasks_1000 {} tasks", alive_tasks());
+    println!(
+        "INFO task start: p50 {:.2} ms, p90 {:.2} ms, max {:.2} ms",
+        quantile(&latencies, 0.5),
+        quantile(&latencies, 0.9),
+        quantile(&latencies, 1.0)
+    );
     println!("BENCH task_start_p99_ms {:.2} ms", p99(latencies));
     handle.shutdown().await;
 }
@@ -190,7 +213,8 @@ async fn lateness(ignore_sigterm: bool) -> f64 {
     };
     assert_eq!(signals.count(), LATENESS_TASKS as u64);
     println!(
-        "INFO {which}: signal sent after the deadline: max {:.2} ms",
+        "INFO {which}: signal sent after the deadline: p50 {:.2} ms, max {:.2} ms",
+        signals.quantile(0.5).unwrap_or_default().as_secs_f64() * 1000.0,
         signals.max().as_secs_f64() * 1000.0
     );
     handle.shutdown().await;

@@ -649,6 +649,22 @@ async fn artifacts_are_fetched_verified_and_retried() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_artifacts_belong_to_the_task_user() {
+    if !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    let body = b"for nobody\n".to_vec();
+    let base = http_server(body.clone()).await;
+    let mut h = Harness::new();
+    let spec = sh("cat sub/dir/file && touch sub/dir/new sub/dir/file && echo writable")
+        .with_driver("exec")
+        .with_artifact(format!("{base}/ok"), "sub/dir/file", sha256(&body));
+    let out = h.run("artifact-exec", spec).await;
+    assert_eq!(out.reason, TaskReason::Completed, "{}", out.message);
+    assert_eq!(out.output_tail, "for nobody\nwritable\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn artifact_checksum_mismatch_fails_the_task() {
     let base = http_server(b"not what you expect".to_vec()).await;
     let mut h = Harness::new();

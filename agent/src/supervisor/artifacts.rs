@@ -64,6 +64,13 @@ pub(crate) async fn fetch_all(
         fetch_with_retries(&client, artifact, &dest, owner, limits)
             .await
             .map_err(|e| format!("artifact {i} ({}): {e}", artifact.url))?;
+        if let Some((uid, gid)) = owner {
+            // Directories created for the artifact belong to the task too.
+            for dir in dest.ancestors().skip(1).take_while(|d| *d != task_dir) {
+                std::os::unix::fs::chown(dir, Some(uid), Some(gid))
+                    .map_err(|e| format!("artifact {i}: cannot chown {}: {e}", dir.display()))?;
+            }
+        }
     }
     Ok(())
 }
