@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -47,6 +47,7 @@ struct Inner {
 pub struct Metrics {
     inner: Mutex<Inner>,
     mqtt_connected: AtomicBool,
+    mqtt_connections: AtomicU64,
     kube_synced: AtomicBool,
 }
 
@@ -125,6 +126,17 @@ impl Metrics {
         self.mqtt_connected.store(up, Ordering::Relaxed);
     }
 
+    /// Counts one accepted connection to the broker (CONNACK).
+    pub fn mqtt_connection(&self) {
+        self.mqtt_connections.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Connections accepted by the broker so far; more than one means
+    /// reconnects.
+    pub fn mqtt_connections(&self) -> u64 {
+        self.mqtt_connections.load(Ordering::Relaxed)
+    }
+
     /// Records that the Kubernetes caches have their first full list.
     pub fn set_kube_synced(&self, synced: bool) {
         self.kube_synced.store(synced, Ordering::Relaxed);
@@ -145,6 +157,13 @@ impl Metrics {
              # TYPE k8s4r_server_mqtt_connected gauge\n\
              k8s4r_server_mqtt_connected {}",
             up(&self.mqtt_connected)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP k8s4r_server_mqtt_connections_total Connections the broker accepted (reconnects included).\n\
+             # TYPE k8s4r_server_mqtt_connections_total counter\n\
+             k8s4r_server_mqtt_connections_total {}",
+            self.mqtt_connections.load(Ordering::Relaxed)
         );
         let _ = writeln!(
             out,

@@ -309,6 +309,7 @@ impl Connection {
                 );
                 *connected = true;
                 self.metrics.set_mqtt_connected(true);
+                self.metrics.mqtt_connection();
                 if !ack.session_present {
                     waiters.session_lost();
                 }

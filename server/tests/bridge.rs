@@ -466,3 +466,30 @@ async fn two_replicas_share_the_messages_and_one_dispatches() {
     .await;
     b.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_reconnects_after_the_broker_restarts() {
+    let mut env = Env::start().await;
+    let server = env.server().await;
+    let robot = FakeRobot::connect(&env.broker, "rb1").await;
+    robot.registered(&env).await;
+    env.set_phase("rb1", RobotPhase::Online).await;
+    robot.crash();
+
+    env.broker.restart();
+    let metrics = server.metrics.clone();
+    eventually("the server is connected again", || {
+        let m = metrics.clone();
+        async move { (m.mqtt_connections() >= 2 && m.ready()).then_some(()) }
+    })
+    .await;
+    // The new broker has no sessions: the server subscribed again.
+    let mut robot = FakeRobot::connect(&env.broker, "rb1").await;
+    robot.send(robot.topics.register("rb1"), &robot.register()).await;
+    let response: RegisterResponse = decode(&robot.expect("/response").await).unwrap();
+    assert_eq!(response.phase, RobotPhase::Online);
+    let uid = env.dispatch_task("job-a-0", "rb1", 1).await;
+    let d: Dispatch = decode(&robot.expect("/tasks/dispatch").await).unwrap();
+    assert_eq!(d.task_uid, uid);
+    server.stop().await;
+}

@@ -56,6 +56,36 @@ pub struct Mosquitto {
 }
 
 impl Mosquitto {
+    /// Kills the broker (its sessions are lost: no persistence) and starts
+    /// a new one on the same port.
+    pub fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.child = Self::spawn(self._dir.path(), self.port);
+    }
+
+    fn spawn(dir: &std::path::Path, port: u16) -> Child {
+        let conf = dir.join("mosquitto.conf");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("mosquitto.log"))
+            .expect("log file");
+        let child = Command::new("mosquitto")
+            .arg("-c")
+            .arg(&conf)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("mosquitto starts");
+        let until = Instant::now() + DEADLINE;
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < until, "mosquitto did not listen on {port}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        child
+    }
+
     pub fn start() -> Self {
         let which = Command::new("mosquitto")
             .arg("-h")
@@ -78,19 +108,7 @@ impl Mosquitto {
             ),
         )
         .expect("mosquitto.conf");
-        let log = std::fs::File::create(dir.path().join("mosquitto.log")).expect("log file");
-        let child = Command::new("mosquitto")
-            .arg("-c")
-            .arg(&conf)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("mosquitto starts");
-        let until = Instant::now() + DEADLINE;
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < until, "mosquitto did not listen on {port}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let child = Self::spawn(dir.path(), port);
         Self {
             child,
             port,
