@@ -506,6 +506,7 @@ impl Session {
         }
     }
 
+    #[tracing::instrument(skip_all, fields(task = %update.task_uid, attempt = update.attempt))]
     fn on_update(&mut self, update: StatusUpdate) {
         if update.state.is_terminal() {
             self.running.remove(&update.task_uid, update.attempt);
@@ -527,6 +528,7 @@ impl Session {
         }
     }
 
+    #[tracing::instrument(skip_all, fields(topic))]
     fn on_message(&mut self, topic: &str, payload: &[u8], phase: &Phase) {
         match classify(&self.topics, &self.robot_id, topic, payload) {
             Ok(Inbound::Response(response)) => {
@@ -563,6 +565,7 @@ impl Session {
         }
     }
 
+    #[tracing::instrument(skip_all, fields(task = %dispatch.task_uid, attempt = dispatch.attempt))]
     fn on_dispatch(&mut self, dispatch: Dispatch, phase: &Phase) {
         if !matches!(phase, Phase::Running) {
             tracing::warn!(task = %dispatch.task_uid, attempt = dispatch.attempt, "dispatch during shutdown ignored");

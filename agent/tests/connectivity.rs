@@ -211,9 +211,13 @@ async fn a_status_in_the_outbox_is_delivered_after_sigkill_and_restart() {
 
     broker.restart();
     let _agent = Agent::start(&broker, "rb4", &state, &[]);
-    let update: k8s4r_api::protocol::StatusUpdate = server.next("/tasks/u-kill/status", LONG).await.decode();
-    assert_eq!(update.state, TaskState::Completed, "{update:#?}");
-    assert!(update.seq > running.seq);
+    // At-least-once: the running update may come again if its PUBACK was
+    // lost with the broker; the completed one must come, after it.
+    let updates = server.statuses_until_terminal("u-kill", LONG).await;
+    assert_in_order(&updates);
+    let last = updates.last().unwrap();
+    assert_eq!(last.state, TaskState::Completed, "{updates:#?}");
+    assert!(last.seq > running.seq);
 }
 
 #[tokio::test]
@@ -442,4 +446,51 @@ async fn refuses_a_broker_whose_certificate_does_not_chain_to_the_ca() {
         "{}",
         agent.log()
     );
+}
+
+#[tokio::test]
+async fn sigterm_without_a_broker_keeps_the_status_for_the_next_start() {
+    let mut broker = Broker::start();
+    let mut server = Server::connect(&broker, "rb13").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let flush = ["--shutdown-flush-timeout", "1s"];
+    let mut agent = Agent::start(&broker, "rb13", &state, &flush);
+    server.approve("rb13").await;
+    server
+        .publish(
+            server.topics.dispatch("rb13"),
+            encode(&shell_dispatch("u-down", 1, "sleep 60")),
+        )
+        .await;
+    let running: k8s4r_api::protocol::StatusUpdate = server.next("/tasks/u-down/status", LONG).await.decode();
+    broker.stop();
+    agent.signal(Signal::SIGTERM);
+    // Bounded: the task's kill escalation plus the 1s flush timeout.
+    let status = eventually("the agent to exit", LONG, || {
+        agent.child.try_wait().ok().flatten()
+    })
+    .await;
+    assert!(status.success(), "{status:?}");
+    let waiting: Vec<String> = agent
+        .outbox_files()
+        .iter()
+        .filter_map(|f| std::fs::read_to_string(state.join("outbox").join(f)).ok())
+        .collect();
+    assert!(
+        waiting.iter().any(|t| t.contains("Cancelled")),
+        "the cancelled status waits on disk: {waiting:?}"
+    );
+
+    broker.restart();
+    let _agent = Agent::start(&broker, "rb13", &state, &flush);
+    let updates = server.statuses_until_terminal("u-down", LONG).await;
+    assert_in_order(&updates);
+    let last = updates.last().unwrap();
+    assert_eq!(
+        (last.state, last.reason),
+        (TaskState::Failed, Some(TaskReason::Cancelled)),
+        "{updates:#?}"
+    );
+    assert!(last.seq > running.seq);
 }
