@@ -45,6 +45,7 @@ pub struct Bridge {
     pub(crate) client: Client,
     pub(crate) robot_cache: Store<Robot>,
     pub(crate) task_cache: Store<Task>,
+    lease_cache: Store<Lease>,
     uid_index: Mutex<UidIndex>,
     pub(crate) publisher: Publisher,
     pub(crate) topics: Topics,
@@ -106,6 +107,7 @@ impl Bridge {
         client: Client,
         robot_cache: Store<Robot>,
         task_cache: Store<Task>,
+        lease_cache: Store<Lease>,
         publisher: Publisher,
         metrics: Arc<Metrics>,
         config: ServerConfig,
@@ -116,6 +118,7 @@ impl Bridge {
             client,
             robot_cache,
             task_cache,
+            lease_cache,
             uid_index: Mutex::default(),
             publisher,
             topics: Topics::new(&config.topic_prefix),
@@ -429,7 +432,18 @@ impl Bridge {
         };
         let now = Timestamp::now();
         let entry = memory.entry(name.to_owned()).or_default();
-        let plan = plan_heartbeat(entry, &robot, &msg.usage, now, self.config.coalescing);
+        let lease_renewed = self
+            .lease_cache
+            .get(&ObjectRef::new(name).within(&self.config.lease_namespace))
+            .and_then(|l| l.spec.as_ref()?.renew_time.as_ref().map(|t| t.0));
+        let plan = plan_heartbeat(
+            entry,
+            &robot,
+            lease_renewed,
+            &msg.usage,
+            now,
+            self.config.coalescing,
+        );
         if plan.is_empty() {
             return Ok(Outcome::Done("coalesced"));
         }

@@ -382,6 +382,7 @@ pub fn usage_changed_materially(old: &Usage, new: &Usage) -> bool {
 pub fn plan_heartbeat(
     memory: &mut HeartbeatMemory,
     robot: &Robot,
+    lease_renewed: Option<Timestamp>,
     usage: &Usage,
     now: Timestamp,
     limits: Coalescing,
@@ -389,11 +390,19 @@ pub fn plan_heartbeat(
     let status = robot.status.as_ref();
     let stale = |at: Option<Timestamp>, every: Duration| match at {
         None => true,
-        Some(at) => now.duration_since(at).unsigned_abs() >= every,
+        // A time ahead of ours (another replica's clock) is fresh.
+        Some(at) => jiff::SignedDuration::try_from(every).is_ok_and(|every| now.duration_since(at) >= every),
     };
-    if memory.status_written.is_none() {
-        memory.status_written = status.and_then(|s| s.last_heartbeat_time);
+    // Another replica (shared subscriptions spread a robot's heartbeats)
+    // may have written more recently than this one remembers: the caches
+    // show it, so the budget does not grow with the number of replicas.
+    let written = status.and_then(|s| s.last_heartbeat_time);
+    if written > memory.status_written {
+        memory.status_written = written;
         memory.usage_written = status.and_then(|s| s.usage.clone());
+    }
+    if lease_renewed > memory.lease_renewed {
+        memory.lease_renewed = lease_renewed;
     }
     let renew_lease = stale(memory.lease_renewed, limits.lease_interval);
     if renew_lease {

@@ -140,12 +140,36 @@ impl Server {
         .default_backoff()
         .applied_objects();
 
+        // Leases: what other replicas renewed, so a robot whose heartbeats
+        // are spread over replicas is not renewed by each of them.
+        let (lease_cache, lease_writer) = reflector::store::<Lease>();
+        let lease_events = reflector(
+            lease_writer,
+            watcher(
+                Api::<Lease>::namespaced(client.clone(), &config.lease_namespace),
+                watcher::Config::default(),
+            ),
+        )
+        .default_backoff();
+        {
+            let shutdown = shutdown.clone();
+            tokio::spawn(async move {
+                let mut events = std::pin::pin!(lease_events.take_until(shutdown.cancelled_owned()));
+                while let Some(event) = events.next().await {
+                    if let Err(error) = event {
+                        warn!(%error, "watching robot leases");
+                    }
+                }
+            });
+        }
+
         let controller = dispatch::controller(client.clone());
         let task_cache = controller.store();
         let bridge = Arc::new(bridge::Bridge::new(
             client.clone(),
             robot_cache.clone(),
             task_cache.clone(),
+            lease_cache,
             publisher,
             metrics.clone(),
             config.clone(),

@@ -244,7 +244,7 @@ fn heartbeats_are_coalesced() {
     // Ten minutes of heartbeats every 5 s with steady usage.
     for i in 0..120 {
         let now = start + jiff::SignedDuration::from_secs(5 * i);
-        let plan = plan_heartbeat(&mut memory, &robot, &usage(12.0, 1), now, limits);
+        let plan = plan_heartbeat(&mut memory, &robot, None, &usage(12.0, 1), now, limits);
         leases += usize::from(plan.renew_lease);
         writes += usize::from(plan.status.is_some());
     }
@@ -253,7 +253,7 @@ fn heartbeats_are_coalesced() {
     assert_eq!(writes, 2, "one status write per 4 minutes");
     // A material change is written at once.
     let later = start + jiff::SignedDuration::from_secs(601);
-    let plan = plan_heartbeat(&mut memory, &robot, &usage(90.0, 1), later, limits);
+    let plan = plan_heartbeat(&mut memory, &robot, None, &usage(90.0, 1), later, limits);
     assert!(plan.status.is_some());
 }
 
@@ -268,12 +268,39 @@ fn a_heartbeat_after_a_disconnect_sets_connected_again() {
     let plan = plan_heartbeat(
         &mut memory,
         &robot,
+        None,
         &usage(10.0, 1),
         t("2026-11-22T10:00:00Z"),
         Coalescing::default(),
     );
     let conditions = plan.status.unwrap().conditions.unwrap();
     assert_eq!(conditions[0].status, ConditionStatus::True);
+}
+
+#[test]
+fn writes_by_another_replica_count() {
+    let limits = Coalescing::default();
+    let now = t("2026-11-22T10:00:00Z");
+    // This replica wrote long ago; another one wrote the status and renewed
+    // the Lease a moment ago (its clock even runs a little ahead).
+    let robot = RobotBuilder::new()
+        .phase(RobotPhase::Online)
+        .heartbeat("2026-11-22T10:00:02Z", usage(10.0, 1))
+        .0;
+    let mut memory = HeartbeatMemory {
+        lease_renewed: Some(t("2026-11-22T09:00:00Z")),
+        status_written: Some(t("2026-11-22T09:00:00Z")),
+        usage_written: Some(usage(10.0, 1)),
+    };
+    let plan = plan_heartbeat(
+        &mut memory,
+        &robot,
+        Some(t("2026-11-22T09:59:50Z")),
+        &usage(10.0, 1),
+        now,
+        limits,
+    );
+    assert!(plan.is_empty(), "{plan:?}");
 }
 
 #[test]
