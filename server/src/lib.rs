@@ -106,6 +106,9 @@ impl Server {
             metrics,
             bound,
         } = self;
+        // rumqttc is built without a crypto provider; installing ring's is a
+        // no-op when the embedding program already chose one.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         if config.workers == 0 {
             return Err(Error::Config("at least one worker is needed".into()));
         }
