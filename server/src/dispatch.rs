@@ -146,11 +146,26 @@ async fn reconcile(task: Arc<Task>, ctx: Arc<Context>) -> Result<Action> {
     }
     let bridge = &ctx.bridge;
     let seen = Instant::now();
-    let phase = task
-        .spec
-        .target_robot
-        .as_deref()
-        .and_then(|r| robot_phase(&bridge.robot_cache, r));
+    let target = task.spec.target_robot.as_deref();
+    let phase = match target {
+        // Whether a deleted Task may go hinges on the robot being Offline;
+        // the robot watch that woke this reconcile may be ahead of the
+        // cache, so ask the API server (rare: deletions only).
+        Some(robot) if task.metadata.deletion_timestamp.is_some() && decide::has_finalizer(&task) => bridge
+            .call(
+                "read",
+                || format!("reading robot {robot}"),
+                bridge.robots.get_opt(robot),
+            )
+            .await?
+            .map(|r| {
+                r.status
+                    .and_then(|s| s.phase)
+                    .unwrap_or(k8s4r_api::RobotPhase::Pending)
+            }),
+        Some(robot) => robot_phase(&bridge.robot_cache, robot),
+        None => None,
+    };
     let uid = task.metadata.uid.clone().unwrap_or_default();
     let action = {
         let mut published = lock(&ctx.published);

@@ -493,3 +493,33 @@ async fn the_server_reconnects_after_the_broker_restarts() {
     assert_eq!(d.task_uid, uid);
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_robot_going_offline_releases_its_deleted_tasks() {
+    let env = Env::start().await;
+    let server = env.server().await;
+    let mut robot = FakeRobot::connect(&env.broker, "rb1").await;
+    robot.registered(&env).await;
+    env.set_phase("rb1", RobotPhase::Online).await;
+    let uid = env.dispatch_task("job-a-0", "rb1", 1).await;
+    robot.expect("/tasks/dispatch").await;
+    let topic = robot.topics.status("rb1", &uid);
+    robot
+        .send(topic, &robot.status(&uid, 1, 1, TaskState::Running))
+        .await;
+    server.wait_in("status", "applied", 1).await;
+    env.tasks()
+        .delete("job-a-0", &DeleteParams::default())
+        .await
+        .unwrap();
+    robot.expect("/tasks/cancel").await;
+    assert!(env.task("job-a-0").await.is_some(), "held for the robot's report");
+
+    // The robot never answers; the manager declares it Offline.
+    env.set_phase("rb1", RobotPhase::Offline).await;
+    eventually("the task is released", || async {
+        env.task("job-a-0").await.is_none().then_some(())
+    })
+    .await;
+    server.stop().await;
+}
