@@ -244,6 +244,36 @@ async fn exit_zero_completes_with_logs_and_tail() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_rotate_and_the_tail_is_capped() {
+    let mut h = Harness::with_config(|c| {
+        c.log_max_bytes = 100;
+        c.log_max_files = 3;
+        c.output_tail_bytes = 16;
+    });
+    // 50 lines of 11 bytes: 550 bytes through files of 100, of which the
+    // last three files keep 250.
+    let out = h
+        .run(
+            "rotate",
+            sh("i=10; while [ $i -lt 60 ]; do echo \"line $i...\"; i=$((i+1)); done"),
+        )
+        .await;
+    assert_eq!(out.reason, TaskReason::Completed);
+    assert_eq!(out.output_tail, "8...\nline 59...\n");
+    h.handle.shutdown().await;
+    let all: String = (10..60).map(|i| format!("line {i}...\n")).collect();
+    let kept = [
+        h.log("rotate", "stdout.log.2"),
+        h.log("rotate", "stdout.log.1"),
+        h.log("rotate", "stdout.log"),
+    ];
+    assert_eq!(kept.iter().map(String::len).collect::<Vec<_>>(), [100, 100, 50]);
+    assert_eq!(kept.concat(), all[all.len() - 250..]);
+    let logs = h.dir.path().join("tasks/rotate-1/logs");
+    assert!(!logs.join("stdout.log.3").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn non_zero_exit_is_an_error() {
     let mut h = Harness::new();
     let out = h.run("exit-three", sh("exit 3")).await;
