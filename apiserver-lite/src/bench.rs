@@ -147,6 +147,44 @@ struct RawMeta {
 type Times = Arc<Mutex<HashMap<String, Instant>>>;
 
 pub async fn run(cfg: BenchConfig) -> anyhow::Result<Report> {
+    let ar = ApiResource {
+        group: "bench.k8s4r.io".into(),
+        version: "v1alpha1".into(),
+        api_version: "bench.k8s4r.io/v1alpha1".into(),
+        kind: "Task".into(),
+        plural: "tasks".into(),
+    };
+    // Memory first, while the process is fresh: later phases leave freed
+    // memory in the allocator that would hide growth. RSS growth of an
+    // in-memory server while the Tasks are stored.
+    let server = Config::for_tests().start().await?;
+    let client = server.client().await?;
+    let crds: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &ApiResource::erase::<
+            k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+        >(&()),
+    );
+    crds.create(&PostParams::default(), &serde_json::from_value(task_crd())?)
+        .await?;
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &ar);
+    let owner = create_owner(&client).await?;
+    let before = rss_bytes();
+    futures::stream::iter(0..cfg.memory_tasks)
+        .map(|i| {
+            let (api, owner) = (api.clone(), owner.clone());
+            async move {
+                api.create(&PostParams::default(), &task(&format!("mem-{i}"), &owner))
+                    .await
+                    .map(|_| ())
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<_>>()
+        .await?;
+    let after = rss_bytes();
+    server.shutdown().await?;
+
     let dir = tempfile::tempdir()?;
     let server = Config::for_tests().data_dir(dir.path()).start().await?;
     let client = server.client().await?;
@@ -158,13 +196,6 @@ pub async fn run(cfg: BenchConfig) -> anyhow::Result<Report> {
     );
     crds.create(&PostParams::default(), &serde_json::from_value(task_crd())?)
         .await?;
-    let ar = ApiResource {
-        group: "bench.k8s4r.io".into(),
-        version: "v1alpha1".into(),
-        api_version: "bench.k8s4r.io/v1alpha1".into(),
-        kind: "Task".into(),
-        plural: "tasks".into(),
-    };
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &ar);
     // Tasks are owned, as k8s4r's are; the owner must exist or the collector deletes them.
     let owner = create_owner(&client).await?;
@@ -299,35 +330,6 @@ pub async fn run(cfg: BenchConfig) -> anyhow::Result<Report> {
     for w in watchers {
         w.abort();
     }
-    server.shutdown().await?;
-
-    // Memory: RSS growth of an in-memory server while 10,000 Tasks are stored.
-    let server = Config::for_tests().start().await?;
-    let client = server.client().await?;
-    let crds: Api<DynamicObject> = Api::all_with(
-        client.clone(),
-        &ApiResource::erase::<
-            k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
-        >(&()),
-    );
-    crds.create(&PostParams::default(), &serde_json::from_value(task_crd())?)
-        .await?;
-    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &ar);
-    let owner = create_owner(&client).await?;
-    let before = rss_bytes();
-    futures::stream::iter(0..cfg.memory_tasks)
-        .map(|i| {
-            let (api, owner) = (api.clone(), owner.clone());
-            async move {
-                api.create(&PostParams::default(), &task(&format!("mem-{i}"), &owner))
-                    .await
-                    .map(|_| ())
-            }
-        })
-        .buffer_unordered(16)
-        .try_collect::<Vec<_>>()
-        .await?;
-    let after = rss_bytes();
     server.shutdown().await?;
 
     Ok(Report {
