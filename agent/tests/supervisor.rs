@@ -485,6 +485,24 @@ async fn two_hundred_concurrent_tasks() {
         assert_eq!(out.output_tail, format!("out {uid}\n"));
     }
     assert!(h.handle.running().await.is_empty());
+    // Only the newest 100 finished task directories are kept.
+    h.handle.shutdown().await;
+    let kept = std::fs::read_dir(h.dir.path().join("tasks")).unwrap().count();
+    assert_eq!(kept, 100);
+    let finished: Vec<&str> = h
+        .seen
+        .iter()
+        .filter_map(|e| match e {
+            TaskEvent::Finished { uid, .. } => Some(uid.as_str()),
+            TaskEvent::Started { .. } => None,
+        })
+        .collect();
+    for uid in &finished[100..] {
+        assert!(
+            h.dir.path().join(format!("tasks/{uid}-1")).exists(),
+            "{uid} is among the newest"
+        );
+    }
 }
 
 // ---------------------------------------------------------------- bad input

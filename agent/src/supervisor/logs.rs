@@ -33,6 +33,7 @@ enum Op {
     Open { id: u64, dir: PathBuf },
     Write { id: u64, stream: Stream, data: Vec<u8> },
     Close { id: u64 },
+    RemoveDir(PathBuf),
     Flush(tokio::sync::oneshot::Sender<()>),
 }
 
@@ -69,6 +70,12 @@ impl LogWriter {
         let _ = self.tx.send(Op::Close { id });
     }
 
+    /// Deletes a finished task's directory (on this thread: a large log
+    /// tree on a slow card must not hold up the supervisor).
+    pub(crate) fn remove_dir(&self, dir: PathBuf) {
+        let _ = self.tx.send(Op::RemoveDir(dir));
+    }
+
     /// Resolves when everything queued so far is written.
     pub(crate) fn flush(&self) -> tokio::sync::oneshot::Receiver<()> {
         let (tx, rx) = tokio::sync::oneshot::channel();
@@ -96,6 +103,13 @@ fn write_loop(rx: Receiver<Op>, max_bytes: u64, max_files: u32) {
             }
             Op::Close { id } => {
                 open.remove(&id);
+            }
+            Op::RemoveDir(dir) => {
+                if let Err(e) = fs::remove_dir_all(&dir) {
+                    if e.kind() != io::ErrorKind::NotFound {
+                        tracing::warn!(path = %dir.display(), error = %e, "cannot remove a finished task's directory");
+                    }
+                }
             }
             Op::Flush(done) => {
                 let _ = done.send(());

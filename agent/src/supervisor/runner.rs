@@ -39,6 +39,8 @@ const REMEMBERED_FINISHED: usize = 4096;
 const REMEMBERED_GROUPS: usize = 1024;
 /// Most output read from a pipe when its task's process has exited.
 const DRAIN_MAX: usize = 1 << 20;
+/// Directories of finished tasks kept (logs, artifacts); older ones go.
+const KEEP_FINISHED_DIRS: usize = 100;
 /// Rewrite the journal once this many lines were appended...
 const COMPACT_AFTER: usize = 4096;
 
@@ -149,6 +151,8 @@ pub(crate) struct Runner {
     recent_groups: Recent<i32>,
     /// Cgroups of finished tasks that still had processes in them.
     cgroups_to_remove: Vec<TaskCgroup>,
+    /// Directories of finished tasks, oldest first.
+    finished_dirs: VecDeque<((String, u32), PathBuf)>,
     cleanup_scheduled: bool,
     next_id: u64,
     timers: DelayQueue<(u64, Timer)>,
@@ -227,6 +231,7 @@ impl Runner {
             Box::new(ExecDriver::new(config.exec_default_user.clone())),
             Box::new(RawExecDriver),
         ];
+        let finished_dirs = existing_task_dirs(&tasks_dir);
         let mut runner = Runner {
             config,
             events,
@@ -242,6 +247,7 @@ impl Runner {
             finished,
             recent_groups,
             cgroups_to_remove,
+            finished_dirs,
             cleanup_scheduled: false,
             next_id: 0,
             timers: DelayQueue::new(),
@@ -775,6 +781,9 @@ impl Runner {
     fn finish_early(&mut self, uid: String, attempt: u32, reason: TaskReason, message: String) {
         tracing::warn!(%uid, attempt, ?reason, %message, "task not started");
         self.finished.insert((uid.clone(), attempt));
+        if is_path_component(&uid) {
+            self.retire_dir(uid.clone(), attempt);
+        }
         let _ = self.events.send(TaskEvent::Finished {
             uid,
             attempt,
@@ -809,6 +818,7 @@ impl Runner {
             attempt,
         });
         self.finished.insert((uid.clone(), attempt));
+        self.retire_dir(uid.clone(), attempt);
         let _ = self.events.send(TaskEvent::Finished {
             uid,
             attempt,
@@ -816,6 +826,25 @@ impl Runner {
         });
         if self.journal.appended > COMPACT_AFTER && self.journal.appended > 4 * self.tasks.len() {
             self.compact_journal();
+        }
+    }
+
+    /// Keeps the directory of a finished task among the last
+    /// [`KEEP_FINISHED_DIRS`]; the oldest beyond that are deleted.
+    fn retire_dir(&mut self, uid: String, attempt: u32) {
+        let dir = self.tasks_dir.join(format!("{uid}-{attempt}"));
+        if !dir.exists() {
+            return;
+        }
+        self.finished_dirs.push_back(((uid, attempt), dir));
+        while self.finished_dirs.len() > KEEP_FINISHED_DIRS {
+            let Some((key, dir)) = self.finished_dirs.pop_front() else {
+                break;
+            };
+            // The same attempt dispatched again runs in that directory.
+            if !self.by_key.contains_key(&key) {
+                self.logs.remove_dir(dir);
+            }
         }
     }
 
@@ -892,6 +921,26 @@ fn make_task_dir(dir: &Path) -> io::Result<()> {
 
 fn is_path_component(s: &str) -> bool {
     !s.is_empty() && s.len() <= 200 && s != "." && s != ".." && !s.contains(['/', '\0'])
+}
+
+/// Task directories left by earlier runs, oldest first: they count against
+/// [`KEEP_FINISHED_DIRS`] too.
+fn existing_task_dirs(tasks_dir: &Path) -> VecDeque<((String, u32), PathBuf)> {
+    let Ok(entries) = std::fs::read_dir(tasks_dir) else {
+        return VecDeque::new();
+    };
+    let mut dirs: Vec<(std::time::SystemTime, (String, u32), PathBuf)> = entries
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name().into_string().ok()?;
+            let (uid, attempt) = name.rsplit_once('-')?;
+            let key = (uid.to_owned(), attempt.parse().ok()?);
+            let modified = entry.metadata().ok()?.modified().ok()?;
+            Some((modified, key, entry.path()))
+        })
+        .collect();
+    dirs.sort_by_key(|(modified, ..)| *modified);
+    dirs.into_iter().map(|(_, key, path)| (key, path)).collect()
 }
 
 /// exec tasks run as another user and must be able to walk through the
