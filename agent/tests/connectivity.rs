@@ -494,3 +494,24 @@ async fn sigterm_without_a_broker_keeps_the_status_for_the_next_start() {
     );
     assert!(last.seq > running.seq);
 }
+
+#[tokio::test]
+async fn presents_a_client_certificate_for_mutual_tls() {
+    let broker = Broker::start_mtls();
+    let mut server = Server::connect(&broker, "rb14").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let url = format!("mqtts://127.0.0.1:{}", broker.tls_port.unwrap());
+    let ca = broker.ca_file();
+    let (cert, key) = broker.client_cert();
+    let flags = [
+        "--ca-file",
+        ca.to_str().unwrap(),
+        "--client-cert",
+        cert.to_str().unwrap(),
+        "--client-key",
+        key.to_str().unwrap(),
+    ];
+    let _agent = Agent::start_url(&url, "rb14", &tmp.path().join("state"), &flags);
+    let register = server.approve("rb14").await;
+    assert_eq!(register.robot_id, "rb14");
+}

@@ -46,13 +46,19 @@ impl Broker {
     /// Starts a broker with persistence (so queued QoS 1 messages and
     /// persistent sessions survive a restart).
     pub fn start() -> Broker {
-        Self::start_with(false)
+        Self::start_with(false, false)
     }
 
     /// Starts a broker with a second, TLS listener whose certificate (for
     /// IP 127.0.0.1) is signed by a fresh CA; see [`Broker::ca_file`].
     pub fn start_tls() -> Broker {
-        Self::start_with(true)
+        Self::start_with(true, false)
+    }
+
+    /// Like [`Broker::start_tls`], and the TLS listener requires a client
+    /// certificate signed by the same CA; see [`Broker::client_cert`].
+    pub fn start_mtls() -> Broker {
+        Self::start_with(true, true)
     }
 
     /// The CA certificate of the TLS listener.
@@ -60,7 +66,15 @@ impl Broker {
         self.dir.path().join("ca.pem")
     }
 
-    fn start_with(tls: bool) -> Broker {
+    /// A client certificate and key the CA signed.
+    pub fn client_cert(&self) -> (PathBuf, PathBuf) {
+        (
+            self.dir.path().join("client.pem"),
+            self.dir.path().join("client.key"),
+        )
+    }
+
+    fn start_with(tls: bool, require_client_cert: bool) -> Broker {
         let dir = tempfile::tempdir().expect("tempdir");
         // Mosquitto started as root drops to its own user before it writes
         // its persistence file.
@@ -77,7 +91,7 @@ impl Broker {
             let tls_port = free_port();
             let d = dir.path().display();
             text.push_str(&format!(
-                "listener {tls_port} 127.0.0.1\ncafile {d}/ca.pem\ncertfile {d}/server.pem\nkeyfile {d}/server.key\n"
+                "listener {tls_port} 127.0.0.1\ncafile {d}/ca.pem\ncertfile {d}/server.pem\nkeyfile {d}/server.key\nrequire_certificate {require_client_cert}\n"
             ));
             tls_port
         });
@@ -213,6 +227,33 @@ fn make_certificates(dir: &Path) {
         "2",
         "-extfile",
         "ext.cnf",
+    ]);
+    std::fs::write(dir.join("client.cnf"), "extendedKeyUsage=clientAuth\n").expect("client.cnf");
+    let client = [
+        "-keyout",
+        "client.key",
+        "-out",
+        "client.csr",
+        "-subj",
+        "/CN=robot",
+    ];
+    run(&[&["req"][..], &ec, &client].concat());
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "client.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "client.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "client.cnf",
     ]);
     use std::os::unix::fs::PermissionsExt;
     for f in ["ca.pem", "server.pem", "server.key"] {
