@@ -1,0 +1,75 @@
+//! The embedded MQTT broker of `k8s4r up` (rumqttd, in-process).
+//!
+//! rumqttd runs its router and listeners on threads of its own and has no
+//! stop call; it lives as long as the process, which is what `up` needs.
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use rumqttd::{Broker, Config, ConnectionSettings, RouterConfig, ServerSettings};
+
+use crate::error::UpError;
+
+/// The largest MQTT packet the embedded broker accepts: a dispatch of a task
+/// with a long environment still fits (the protocol's own limit is 256 KiB).
+const MAX_PACKET_BYTES: usize = 512 * 1024;
+
+/// Starts the broker on `listen` and waits until it accepts connections.
+pub fn start(listen: SocketAddr) -> Result<(), UpError> {
+    // Fail with a clear message rather than from inside rumqttd's thread.
+    std::net::TcpListener::bind(listen).map_err(|source| UpError::Bind {
+        what: "MQTT broker",
+        addr: listen,
+        source,
+    })?;
+    let server = ServerSettings {
+        name: "k8s4r-up".to_owned(),
+        listen,
+        tls: None,
+        next_connection_delay_ms: 1,
+        connections: ConnectionSettings {
+            connection_timeout_ms: 60_000,
+            max_payload_size: MAX_PACKET_BYTES,
+            max_inflight_count: 500,
+            auth: None,
+            external_auth: None,
+            dynamic_filters: true,
+        },
+    };
+    let config = Config {
+        id: 0,
+        router: RouterConfig {
+            max_connections: 10_010,
+            max_outgoing_packet_count: 200,
+            max_segment_size: 100 * 1024 * 1024,
+            max_segment_count: 10,
+            ..RouterConfig::default()
+        },
+        v4: Some(HashMap::from([("1".to_owned(), server)])),
+        ..Config::default()
+    };
+    std::thread::Builder::new()
+        .name("mqtt-broker".to_owned())
+        .spawn(move || {
+            let mut broker = Broker::new(config);
+            if let Err(e) = broker.start() {
+                tracing::error!(error = %e, "embedded MQTT broker stopped");
+            }
+        })
+        .map_err(|source| UpError::Io {
+            what: "start the MQTT broker thread".to_owned(),
+            source,
+        })?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect_timeout(&listen, Duration::from_millis(200)).is_err() {
+        if Instant::now() > deadline {
+            return Err(UpError::NotReady {
+                what: "MQTT broker",
+                addr: listen,
+            });
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(())
+}

@@ -1,0 +1,128 @@
+//! `k8s4r`: the whole stack on one machine (`k8s4r up`), and small helpers
+//! around it (`crds`, `kubeconfig`).
+
+pub mod broker;
+pub mod error;
+pub mod progress;
+pub mod up;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+pub use error::UpError;
+
+/// Kubernetes for robot fleets: run the whole k8s4r stack on this machine.
+#[derive(Debug, Parser)]
+#[command(name = "k8s4r", version, propagate_version = true)]
+pub struct Args {
+    /// Where `up` keeps its state: the API server's database, the
+    /// kubeconfig, the local agent's state. Default: $XDG_DATA_HOME/k8s4r or
+    /// ~/.local/share/k8s4r.
+    #[arg(long, global = true, env = "K8S4R_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Log format.
+    #[arg(
+        long,
+        global = true,
+        env = "K8S4R_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
+    /// Log filter, as RUST_LOG (e.g. `info`, `k8s4r_manager=debug`).
+    #[arg(long, global = true, env = "K8S4R_LOG", default_value = "info")]
+    pub log: String,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the embedded API server, MQTT broker, server, manager and a local
+    /// agent in this process, until Ctrl-C.
+    Up(up::UpArgs),
+    /// Print the k8s4r CRDs as YAML (for `kubectl apply -f -`).
+    Crds,
+    /// Print the path of the kubeconfig `up` writes, or with --print its contents.
+    Kubeconfig {
+        /// Print the file's contents instead of its path.
+        #[arg(long)]
+        print: bool,
+    },
+}
+
+impl Args {
+    /// Runs the chosen command.
+    pub async fn run(self) -> anyhow::Result<()> {
+        let data_dir = match self.data_dir {
+            Some(dir) => dir,
+            None => default_data_dir()?,
+        };
+        match self.command {
+            Command::Crds => {
+                print!("{}", k8s4r_api::crd::all_yaml()?);
+                Ok(())
+            }
+            Command::Kubeconfig { print } => {
+                let path = up::kubeconfig_path(&data_dir);
+                if !path.exists() {
+                    return Err(UpError::NoKubeconfig(path).into());
+                }
+                if print {
+                    print!("{}", std::fs::read_to_string(&path)?);
+                } else {
+                    println!("{}", path.display());
+                }
+                Ok(())
+            }
+            Command::Up(args) => {
+                init_logging(self.log_format, &self.log);
+                up::run(args, data_dir).await
+            }
+        }
+    }
+}
+
+fn default_data_dir() -> anyhow::Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("XDG_DATA_HOME").filter(|d| !d.is_empty()) {
+        return Ok(PathBuf::from(dir).join("k8s4r"));
+    }
+    match std::env::var_os("HOME").filter(|d| !d.is_empty()) {
+        Some(home) => Ok(PathBuf::from(home).join(".local/share/k8s4r")),
+        None => anyhow::bail!("neither XDG_DATA_HOME nor HOME is set: pass --data-dir"),
+    }
+}
+
+fn init_logging(format: LogFormat, filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    // A second call (tests) finds a subscriber already set; that is fine.
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn args_are_consistent() {
+        super::Args::command().debug_assert();
+    }
+}

@@ -1,0 +1,470 @@
+//! `k8s4r up`: the embedded API server, the MQTT broker, the server, the
+//! manager and (optionally) a local agent, in one process.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use k8s4r_api::{Job, Task, TaskCounts};
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::UpError;
+use crate::progress::Progress;
+
+/// The demo job `--demo` submits.
+pub const DEMO_JOB: &str = include_str!("../../deploy/examples/demo-job.yaml");
+/// Field manager of what `up` writes itself.
+const FIELD_MANAGER: &str = "k8s4r-up";
+/// The namespace of the bootstrap-token Secret and the manager's Lease.
+pub const SYSTEM_NAMESPACE: &str = "k8s4r-system";
+/// The namespace of the robots' Leases.
+pub const LEASE_NAMESPACE: &str = "k8s4r-robot-leases";
+/// The Secret holding bootstrap tokens.
+pub const TOKEN_SECRET: &str = "k8s4r-bootstrap-tokens";
+
+/// Flags of `k8s4r up`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct UpArgs {
+    /// Address of the embedded Kubernetes API server (loopback by default;
+    /// it is plain HTTP with a bearer token).
+    #[arg(long, env = "K8S4R_API_BIND", default_value = "127.0.0.1:6443")]
+    pub api_bind: SocketAddr,
+    /// Address of the embedded MQTT broker.
+    #[arg(long, env = "K8S4R_MQTT_BIND", default_value = "127.0.0.1:1883")]
+    pub mqtt_bind: SocketAddr,
+    /// Use this broker instead of the embedded one (mqtt://host:port).
+    #[arg(long, env = "K8S4R_BROKER_URL")]
+    pub broker_url: Option<String>,
+    /// Run an agent for this machine as a robot (default: on with --demo).
+    #[arg(long, env = "K8S4R_LOCAL_AGENT", num_args = 0..=1, default_missing_value = "true")]
+    pub local_agent: Option<bool>,
+    /// The local agent's robot id (default: this host's name).
+    #[arg(long, env = "K8S4R_ROBOT_ID")]
+    pub robot_id: Option<String>,
+    /// Labels of the local robot, as key=value (repeat or comma-separate).
+    #[arg(long = "label", env = "K8S4R_ROBOT_LABELS", value_delimiter = ',')]
+    pub labels: Vec<String>,
+    /// Submit a demo Job once up, show its progress until it finishes, then
+    /// keep running until Ctrl-C.
+    #[arg(long, env = "K8S4R_DEMO")]
+    pub demo: bool,
+    /// Keep the API server's objects in memory only (nothing survives).
+    #[arg(long, env = "K8S4R_IN_MEMORY")]
+    pub in_memory: bool,
+}
+
+/// The path of the kubeconfig `up` writes.
+pub fn kubeconfig_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("kubeconfig")
+}
+
+/// Runs `k8s4r up` until Ctrl-C or SIGTERM.
+pub async fn run(args: UpArgs, data_dir: PathBuf) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let shutdown = CancellationToken::new();
+    spawn_signal_handler(shutdown.clone());
+    let stack = Stack::start(&args, &data_dir, shutdown.clone()).await?;
+    let kubeconfig = kubeconfig_path(&data_dir);
+    println!("k8s4r is up ({:.2}s)", started.elapsed().as_secs_f64());
+    println!(
+        "  API server   {}  (kubeconfig {})",
+        stack.api_url(),
+        kubeconfig.display()
+    );
+    println!("  MQTT broker  {}", stack.broker_url);
+    if let Some(robot) = &stack.local_robot {
+        println!("  local robot  {robot}");
+    }
+    println!("  export KUBECONFIG={}", kubeconfig.display());
+    if args.demo {
+        tokio::select! {
+            result = run_demo(stack.client.clone()) => result?,
+            () = shutdown.cancelled() => {}
+        }
+    }
+    if !shutdown.is_cancelled() {
+        println!("Press Ctrl-C to stop.");
+    }
+    shutdown.cancelled().await;
+    println!("stopping...");
+    stack.stop().await
+}
+
+fn spawn_signal_handler(shutdown: CancellationToken) {
+    tokio::spawn(async move {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot listen for SIGTERM; Ctrl-C still works");
+                let _ = tokio::signal::ctrl_c().await;
+                shutdown.cancel();
+                return;
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        shutdown.cancel();
+    });
+}
+
+/// The running stack.
+pub struct Stack {
+    apiserver: apiserver_lite::RunningServer,
+    /// A client of the embedded API server.
+    pub client: Client,
+    /// The MQTT broker the parts use.
+    pub broker_url: String,
+    /// The local agent's robot id, when one runs.
+    pub local_robot: Option<String>,
+    tasks: JoinSet<(&'static str, anyhow::Result<()>)>,
+    shutdown: CancellationToken,
+}
+
+impl Stack {
+    /// Starts every part and returns once the API server serves the CRDs,
+    /// the broker accepts connections and the programs are running.
+    pub async fn start(args: &UpArgs, data_dir: &Path, shutdown: CancellationToken) -> anyhow::Result<Stack> {
+        std::fs::create_dir_all(data_dir).map_err(|source| UpError::Io {
+            what: format!("create {}", data_dir.display()),
+            source,
+        })?;
+        let token = load_or_create_secret(&data_dir.join("api-token"))?;
+        let mut config = apiserver_lite::Config::default().bind(args.api_bind).token(token);
+        config = if args.in_memory {
+            config.in_memory()
+        } else {
+            config.data_dir(data_dir.join("apiserver"))
+        };
+        let apiserver = config.start().await?;
+        apiserver.write_kubeconfig(&kubeconfig_path(data_dir))?;
+        let client = apiserver.client().await?;
+        install_crds(&client).await?;
+        let bootstrap_token = load_or_create_secret(&data_dir.join("bootstrap-token"))?;
+        ensure_namespaces_and_token(&client, &bootstrap_token).await?;
+
+        let broker_url = match &args.broker_url {
+            Some(url) => url.clone(),
+            None => {
+                let listen = args.mqtt_bind;
+                tokio::task::spawn_blocking(move || crate::broker::start(listen)).await??;
+                format!("mqtt://{listen}")
+            }
+        };
+
+        let mut tasks = JoinSet::new();
+        spawn_programs(&mut tasks, &client, &broker_url, shutdown.clone())?;
+        let local_robot = if args.local_agent.unwrap_or(args.demo) {
+            let robot = match &args.robot_id {
+                Some(id) => id.clone(),
+                None => local_robot_id(),
+            };
+            spawn_local_agent(
+                &mut tasks,
+                args,
+                data_dir,
+                &broker_url,
+                &robot,
+                &bootstrap_token,
+                shutdown.clone(),
+            )?;
+            Some(robot)
+        } else {
+            None
+        };
+        Ok(Stack {
+            apiserver,
+            client,
+            broker_url,
+            local_robot,
+            tasks,
+            shutdown,
+        })
+    }
+
+    /// The API server's URL.
+    pub fn api_url(&self) -> String {
+        self.apiserver.url()
+    }
+
+    /// Stops the programs (the agent first, so its tasks end and their
+    /// statuses are sent), then the API server, flushing its database.
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        self.shutdown.cancel();
+        let mut failures = Vec::new();
+        while let Some(joined) = self.tasks.join_next().await {
+            match joined {
+                Ok((_, Ok(()))) => {}
+                Ok((name, Err(e))) => failures.push(format!("{name}: {e:#}")),
+                Err(e) => failures.push(format!("a part panicked: {e}")),
+            }
+        }
+        self.apiserver.shutdown().await?;
+        if failures.is_empty() {
+            Ok(())
+        } else {
+            anyhow::bail!("stopped with errors: {}", failures.join("; "))
+        }
+    }
+}
+
+/// Reads a secret kept in the data dir, or makes one (so that a second `up`
+/// keeps the same kubeconfig and bootstrap token).
+fn load_or_create_secret(path: &Path) -> Result<String, UpError> {
+    match std::fs::read_to_string(path) {
+        Ok(s) if !s.trim().is_empty() => return Ok(s.trim().to_owned()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(source) => {
+            return Err(UpError::Io {
+                what: format!("read {}", path.display()),
+                source,
+            })
+        }
+    }
+    let mut bytes = [0u8; 24];
+    let mut urandom = std::fs::File::open("/dev/urandom").map_err(|source| UpError::Io {
+        what: "open /dev/urandom".to_owned(),
+        source,
+    })?;
+    std::io::Read::read_exact(&mut urandom, &mut bytes).map_err(|source| UpError::Io {
+        what: "read /dev/urandom".to_owned(),
+        source,
+    })?;
+    let secret: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    write_private(path, &secret)?;
+    Ok(secret)
+}
+
+fn write_private(path: &Path, contents: &str) -> Result<(), UpError> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let io = |source| UpError::Io {
+        what: format!("write {}", path.display()),
+        source,
+    };
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(io)?;
+    file.write_all(contents.as_bytes()).map_err(io)
+}
+
+/// Applies the CRDs and waits until their kinds are served.
+pub async fn install_crds(client: &Client) -> Result<(), UpError> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    for (_, crd) in k8s4r_api::crd::crds() {
+        let name = crd.name_any();
+        crds.patch(&name, &params, &Patch::Apply(&crd))
+            .await
+            .map_err(|source| UpError::Kube {
+                what: format!("apply CRD {name}"),
+                source,
+            })?;
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let jobs: Api<Job> = Api::all(client.clone());
+        match jobs.list(&ListParams::default().limit(1)).await {
+            Ok(_) => return Ok(()),
+            Err(e) if Instant::now() > deadline => {
+                return Err(UpError::Kube {
+                    what: "wait for the k8s4r kinds to be served".to_owned(),
+                    source: e,
+                })
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+}
+
+async fn ensure_namespaces_and_token(client: &Client, bootstrap_token: &str) -> Result<(), UpError> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    for name in [SYSTEM_NAMESPACE, LEASE_NAMESPACE, "default"] {
+        let ns: Namespace = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}
+        }))
+        .map_err(|e| UpError::Other(e.to_string()))?;
+        match namespaces.create(&PostParams::default(), &ns).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(source) => {
+                return Err(UpError::Kube {
+                    what: format!("create namespace {name}"),
+                    source,
+                })
+            }
+        }
+    }
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
+    let secret: Secret = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": TOKEN_SECRET},
+        "stringData": {"local": bootstrap_token}
+    }))
+    .map_err(|e| UpError::Other(e.to_string()))?;
+    secrets
+        .patch(
+            TOKEN_SECRET,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&secret),
+        )
+        .await
+        .map_err(|source| UpError::Kube {
+            what: "store the bootstrap token".to_owned(),
+            source,
+        })?;
+    Ok(())
+}
+
+/// This host's name, made into a valid robot id.
+pub fn local_robot_id() -> String {
+    let raw = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let mut id: String = raw
+        .trim()
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    id = id.trim_matches(|c| c == '-' || c == '.').to_owned();
+    if k8s4r_api::validation::validate_robot_id(&id).is_ok() {
+        id
+    } else {
+        "local".to_owned()
+    }
+}
+
+/// Submits the demo job and shows its progress until it finishes.
+pub async fn run_demo(client: Client) -> anyhow::Result<()> {
+    let job: Job = serde_yaml::from_str(DEMO_JOB).context("the built-in demo job")?;
+    let namespace = job.namespace().unwrap_or_else(|| "default".to_owned());
+    let name = job.name_any();
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &namespace);
+    // A demo from an earlier `up` is replaced, so that every run shows a fresh job.
+    if jobs.get_opt(&name).await?.is_some() {
+        jobs.delete(&name, &Default::default()).await?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while jobs.get_opt(&name).await?.is_some() {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the previous demo job {name} is still being deleted"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    jobs.create(&PostParams::default(), &job)
+        .await
+        .context("submit the demo job")?;
+    println!("submitted job {namespace}/{name}");
+    let tasks: Api<Task> = Api::namespaced(client.clone(), &namespace);
+    let selector = format!("{}={name}", k8s4r_api::names::LABEL_JOB);
+    let mut progress = Progress::default();
+    let finished = loop {
+        let job = jobs.get(&name).await?;
+        let mut counts = TaskCounts::default();
+        for task in tasks.list(&ListParams::default().labels(&selector)).await? {
+            counts.add(task.status.as_ref().and_then(|s| s.state));
+        }
+        let state = job.status.as_ref().and_then(|s| s.state);
+        progress.show(&name, state, &counts);
+        if state.is_some_and(|s| s.is_finished()) {
+            break state;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    progress.finish();
+    println!(
+        "job {namespace}/{name} {}",
+        if finished == Some(k8s4r_api::WorkState::Completed) {
+            "completed"
+        } else {
+            "failed"
+        }
+    );
+    println!("Look further with kubectl (in another shell):");
+    println!("  export KUBECONFIG=$(k8s4r kubeconfig)");
+    println!("  kubectl get k8s4r");
+    println!("  kubectl get robots");
+    println!("  kubectl get rjob,rtg,rtask -n {namespace}");
+    println!("  kubectl get rtask -n {namespace} -l {selector} -o custom-columns=NAME:.metadata.name,OUTPUT:.status.outputTail");
+    println!("  kubectl describe rjob {name} -n {namespace}");
+    Ok(())
+}
+
+/// Starts the server and the manager on the embedded API server.
+fn spawn_programs(
+    tasks: &mut JoinSet<(&'static str, anyhow::Result<()>)>,
+    client: &Client,
+    broker_url: &str,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let mut server = k8s4r_server::ServerConfig::new(broker_url);
+    server.lease_namespace = LEASE_NAMESPACE.to_owned();
+    let server_client = client.clone();
+    let server_stop = shutdown.clone();
+    tasks.spawn(async move {
+        let result = k8s4r_server::run(server, server_client, server_stop).await;
+        ("server", result.map_err(anyhow::Error::from))
+    });
+
+    let manager = k8s4r_manager::ManagerConfig {
+        namespace: SYSTEM_NAMESPACE.to_owned(),
+        robot_lease_namespace: LEASE_NAMESPACE.to_owned(),
+        bootstrap_secret: TOKEN_SECRET.to_owned(),
+        // A lab machine has one manager: no election to wait for.
+        leader: None,
+        ..Default::default()
+    };
+    let manager_client = client.clone();
+    tasks.spawn(async move {
+        let result = k8s4r_manager::run(manager, manager_client, shutdown).await;
+        ("manager", result.map_err(anyhow::Error::from))
+    });
+    Ok(())
+}
+
+/// Starts an agent for this machine, with its state under the data dir.
+fn spawn_local_agent(
+    tasks: &mut JoinSet<(&'static str, anyhow::Result<()>)>,
+    args: &UpArgs,
+    data_dir: &Path,
+    broker_url: &str,
+    robot: &str,
+    bootstrap_token: &str,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let settings = k8s4r_agent::config::Settings {
+        robot_id: Some(robot.to_owned()),
+        token: Some(bootstrap_token.to_owned()),
+        broker_url: Some(broker_url.to_owned()),
+        state_dir: Some(data_dir.join("agent")),
+        labels: args.labels.clone(),
+        ..Default::default()
+    };
+    let config = k8s4r_agent::config::Config::resolve(settings).context("the local agent's settings")?;
+    let (_handle, task) = k8s4r_agent::agent::start(&config, shutdown)?;
+    tasks.spawn(async move {
+        let result = task
+            .await
+            .map_err(|e| anyhow::anyhow!("the local agent panicked: {e}"));
+        ("agent", result)
+    });
+    Ok(())
+}
