@@ -79,6 +79,11 @@ pub struct Args {
     #[arg(long, env = "K8S4R_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
 
+    /// Read and check the configuration, print what it resolves to, and exit
+    /// (0 when it is usable, 2 when not) without connecting.
+    #[arg(long)]
+    pub check_config: bool,
+
     /// The settings, also accepted in the config file.
     #[command(flatten)]
     pub settings: Settings,
@@ -656,6 +661,18 @@ pub fn robot_id_from_hostname(host: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_shipped_example_config_is_valid() {
+        let path = Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../systemd/agent.toml.example"
+        ));
+        let text = std::fs::read_to_string(path).unwrap();
+        let config = Config::resolve(parse_file(path, &text).unwrap()).unwrap();
+        assert_eq!(config.broker.port, 8883);
+        assert_eq!(config.labels.get("site").map(String::as_str), Some("lab"));
+    }
     use super::*;
     use clap::CommandFactory;
 

@@ -7,7 +7,20 @@ use k8s4r_agent::config::{Args, Config, LogFormat};
 use tokio_util::sync::CancellationToken;
 
 fn main() -> ExitCode {
-    let config = match Args::parse().load() {
+    let args = Args::parse();
+    let check_only = args.check_config;
+    let config = match args.load() {
+        Ok(config) if check_only => {
+            println!(
+                "k8s4r-agent: configuration ok: robot {}, broker {}:{}{}, state dir {}",
+                config.robot_id,
+                config.broker.host,
+                config.broker.port,
+                if config.broker.tls.is_some() { " (TLS)" } else { "" },
+                config.state_dir.display()
+            );
+            return ExitCode::SUCCESS;
+        }
         Ok(config) => config,
         Err(e) => {
             eprintln!("k8s4r-agent: {e}");
