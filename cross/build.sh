@@ -46,11 +46,66 @@ bin="$target_dir/aarch64-unknown-linux-gnu/release/k8s4r-agent"
 qemu=(qemu-aarch64-static -L /usr/aarch64-linux-gnu)
 echo "cross: running the aarch64 agent under qemu"
 "${qemu[@]}" "$bin" --version
+
+# One real task through raw_exec: the host runs `k8s4r up` without a local
+# agent, the aarch64 agent under qemu registers with it over MQTT, and a Job
+# selecting that robot must complete with the task's output on its Task.
+echo "cross: running a task on the aarch64 agent through k8s4r up"
+(unset RUSTC; cargo build --quiet --locked -p k8s4r)
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-out=$("${qemu[@]}" "$bin" run-task --state-dir "$work" --driver raw_exec -- /bin/sh -c 'echo "hello from $(uname -m)"')
-echo "$out"
-case "$out" in
-    *"hello from aarch64"*) echo "cross: ok: a raw_exec task ran on the aarch64 agent" ;;
-    *) echo "cross: the task's output is missing from the agent's report" >&2; exit 1 ;;
+pids=()
+cleanup() {
+    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$work"
+}
+trap cleanup EXIT
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+api_port=$(free_port)
+mqtt_port=$(free_port)
+"$root/target/debug/k8s4r" --data-dir "$work/up" --log warn up --local-agent=false \
+    --api-bind "127.0.0.1:$api_port" --mqtt-bind "127.0.0.1:$mqtt_port" >"$work/up.log" 2>&1 &
+pids+=($!)
+export KUBECONFIG="$work/up/kubeconfig"
+for _ in $(seq 1 300); do
+    grep -q "k8s4r is up" "$work/up.log" && break
+    kill -0 "${pids[0]}" 2>/dev/null || { cat "$work/up.log"; exit 1; }
+    sleep 0.1
+done
+grep -q "k8s4r is up" "$work/up.log" || { echo "cross: k8s4r up did not start" >&2; cat "$work/up.log"; exit 1; }
+"${qemu[@]}" "$bin" --robot-id qemu-arm64 --token "$(cat "$work/up/bootstrap-token")" \
+    --broker-url "mqtt://127.0.0.1:$mqtt_port" --state-dir "$work/agent" --label arch=arm64 \
+    --heartbeat-interval 5s >"$work/agent.log" 2>&1 &
+pids+=($!)
+kubectl apply -f - >/dev/null <<'YAML'
+apiVersion: robot.k8s4r.io/v1alpha1
+kind: Job
+metadata:
+  name: hello-arm64
+  namespace: default
+spec:
+  robotSelector:
+    matchLabels:
+      arch: arm64
+  taskGroups:
+    - name: hello
+      count: 1
+      task:
+        driver: raw_exec
+        command: /bin/sh
+        args: ["-c", "echo hello from $(uname -m)"]
+        timeout: 1m
+YAML
+if ! kubectl wait --for=jsonpath='{.status.state}'=completed jobs.robot.k8s4r.io/hello-arm64 --timeout=120s; then
+    echo "cross: the job did not complete; agent log:" >&2
+    tail -40 "$work/agent.log" >&2
+    kubectl get robots,rtask -A -o wide >&2 || true
+    exit 1
+fi
+out=$(kubectl get rtask -n default -l robot.k8s4r.io/job=hello-arm64 -o jsonpath='{.items[0].status.outputTail}')
+robot=$(kubectl get rtask -n default -l robot.k8s4r.io/job=hello-arm64 -o jsonpath='{.items[0].spec.targetRobot}')
+echo "cross: task ran on $robot: $out"
+case "$robot/$out" in
+    "qemu-arm64/hello from aarch64"*) echo "cross: ok: a raw_exec task ran on the aarch64 agent" ;;
+    *) echo "cross: expected output 'hello from aarch64' from robot qemu-arm64" >&2; exit 1 ;;
 esac
