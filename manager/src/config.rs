@@ -48,6 +48,9 @@ pub struct ManagerConfig {
     /// Coalesces bursts of changes to one Robot (allocation follows every
     /// task placed on it) into one reconcile.
     pub robot_debounce: Duration,
+    /// Coalesces bursts of Task changes into one status write of their
+    /// TaskGroup (and of TaskGroup changes into one of their Job).
+    pub status_debounce: Duration,
     /// Publish Kubernetes Events.
     pub events: bool,
 }
@@ -67,6 +70,7 @@ impl Default for ManagerConfig {
             error_backoff: Duration::from_millis(500),
             error_backoff_max: Duration::from_secs(300),
             robot_debounce: Duration::from_millis(500),
+            status_debounce: Duration::ZERO,
             events: true,
         }
     }

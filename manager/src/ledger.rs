@@ -60,11 +60,21 @@ impl Ledger {
         self.insert(key, attempt, placement);
     }
 
-    /// Takes back a reservation whose patch failed.
-    pub fn unreserve(&mut self, key: &str, attempt: u32) {
-        if self.by_task.get(key).is_some_and(|e| e.attempt == attempt) {
+    /// Takes back a reservation whose patch failed (only that one: not an
+    /// entry the watch has since confirmed elsewhere).
+    pub fn unreserve(&mut self, key: &str, attempt: u32, robot: &str) {
+        if self
+            .by_task
+            .get(key)
+            .is_some_and(|e| e.attempt == attempt && e.placement.robot == robot)
+        {
             self.remove(key);
         }
+    }
+
+    /// The attempt the ledger knows task `key` to be at, if it is placed.
+    pub fn attempt_of(&self, key: &str) -> Option<u32> {
+        self.by_task.get(key).map(|e| e.attempt)
     }
 
     /// Forgets a task (it was deleted).
@@ -166,10 +176,13 @@ mod tests {
     fn a_failed_patch_takes_its_reservation_back() {
         let mut l = Ledger::default();
         l.observe("ns/t", 1, Some(on("a", 100)));
-        l.unreserve("ns/t", 2);
+        l.unreserve("ns/t", 2, "a");
         assert_eq!(l.robot_of("ns/t"), Some("a"), "not that attempt's reservation");
         l.reserve("ns/t", 2, on("b", 100));
-        l.unreserve("ns/t", 2);
+        l.unreserve("ns/t", 2, "a");
+        assert_eq!(l.robot_of("ns/t"), Some("b"), "not that robot's reservation");
+        assert_eq!(l.attempt_of("ns/t"), Some(2));
+        l.unreserve("ns/t", 2, "b");
         assert_eq!(l.robot_of("ns/t"), None);
         assert!(l.usage("a").is_none() && l.usage("b").is_none());
     }

@@ -647,13 +647,16 @@ pub async fn run(
         .graceful_shutdown_on(stop())
         .run(task::reconcile, task::error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()));
+    let status_config = || kube::runtime::controller::Config::default().debounce(ctx.config.status_debounce);
     let group_ctrl = Controller::for_shared_stream(group_for_groups, groups)
+        .with_config(status_config())
         .owns_shared_stream(task_for_groups)
         .reconcile_on(group_rx)
         .graceful_shutdown_on(stop())
         .run(taskgroup::reconcile, taskgroup::error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()));
     let job_ctrl = Controller::new(Api::<Job>::all(client.clone()), wc)
+        .with_config(status_config())
         .owns_shared_stream(group_for_jobs)
         .reconcile_on(job_rx)
         .graceful_shutdown_on(stop())
@@ -670,4 +673,98 @@ pub async fn run(
     metrics.ready.store(false, std::sync::atomic::Ordering::Relaxed);
     tracing::info!("controllers stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s4r_api::{
+        DeviceInfo, Quantity, RobotResources, RobotSpec, RobotStatus, TaskResources, TaskSpec, TaskStatus,
+        TaskTemplate,
+    };
+
+    fn task(state: Option<TaskState>) -> Task {
+        let mut t = Task::new(
+            "j-g-0",
+            TaskSpec {
+                template: TaskTemplate {
+                    driver: "exec".into(),
+                    command: "true".into(),
+                    resources: Some(TaskResources {
+                        cpu: Some(Quantity::from("250m")),
+                        memory: Some(Quantity::from("64Mi")),
+                    }),
+                    ..TaskTemplate::default()
+                },
+                target_robot: Some("r1".into()),
+                ..TaskSpec::default()
+            },
+        );
+        t.metadata.namespace = Some("ns".into());
+        t.labels_mut().insert(LABEL_JOB.into(), "j".into());
+        t.labels_mut().insert(LABEL_GROUP.into(), "g".into());
+        t.status = Some(TaskStatus {
+            state,
+            attempt: 1,
+            ..TaskStatus::default()
+        });
+        t
+    }
+
+    #[test]
+    fn only_dispatching_and_running_tasks_occupy_a_robot() {
+        let running = placement_of(&task(Some(TaskState::Running))).unwrap();
+        assert_eq!(running.robot, "r1");
+        assert_eq!(running.group, "ns/j-g");
+        assert_eq!(
+            running.demand,
+            Demand {
+                cpu_milli: 250,
+                memory_bytes: 64 << 20
+            }
+        );
+        assert!(placement_of(&task(Some(TaskState::Dispatching))).is_some());
+        for state in [
+            None,
+            Some(TaskState::Pending),
+            Some(TaskState::Completed),
+            Some(TaskState::Failed),
+        ] {
+            assert!(placement_of(&task(state)).is_none(), "{state:?}");
+        }
+    }
+
+    #[test]
+    fn robot_facts_come_from_labels_device_and_capacity() {
+        let mut robot = Robot::new("r1", RobotSpec { unschedulable: true });
+        robot.labels_mut().insert("site".into(), "lab".into());
+        robot.status = Some(RobotStatus {
+            phase: Some(RobotPhase::Online),
+            device: Some(DeviceInfo {
+                arch: "aarch64".into(),
+                os: "linux".into(),
+                cpus: 4,
+                memory_bytes: 1024,
+                kernel: Some("6.1".into()),
+                ..DeviceInfo::default()
+            }),
+            capacity: Some(RobotResources {
+                cpu: Some(Quantity::from("4")),
+                memory: Some(Quantity::from("1Gi")),
+                tasks: 0,
+            }),
+            agent_version: Some("0.1.0".into()),
+            drivers: vec!["exec".into()],
+            ..RobotStatus::default()
+        });
+        let f = facts_of(&robot);
+        assert!(f.unschedulable);
+        assert_eq!(f.attribute("arch"), Some("aarch64"));
+        assert_eq!(f.attribute("kernel"), Some("6.1"));
+        assert_eq!(f.attribute("cpus"), Some("4"));
+        assert_eq!(f.attribute("agentVersion"), Some("0.1.0"));
+        assert_eq!(f.attribute("label.site"), Some("lab"));
+        assert_eq!(f.attribute("hostname"), None);
+        assert_eq!((f.cpu_milli, f.memory_bytes), (Some(4000), Some(1 << 30)));
+    }
 }

@@ -237,6 +237,11 @@ async fn schedule(task: &Task, ctx: &Context, now: Timestamp) -> Result<Action> 
     let decision = {
         let mut guard = ctx.sched();
         let sched = &mut *guard;
+        if sched.ledger.attempt_of(&key).is_some_and(|a| a >= attempt) {
+            // This attempt was placed already; the cache has not caught up.
+            // Its watch event will bring the Task back.
+            return Ok(Action::await_change());
+        }
         let outcome =
             choose(sched.robots.values(), &request, |n| sched.ledger.usage(n)).map(|r| r.name.clone());
         match &outcome {
@@ -296,7 +301,7 @@ async fn schedule(task: &Task, ctx: &Context, now: Timestamp) -> Result<Action> 
 
     let placed = place(task, ctx, &api, &name, &status, attempt, &robot, now).await;
     if placed.is_err() {
-        ctx.sched().ledger.unreserve(&key, attempt);
+        ctx.sched().ledger.unreserve(&key, attempt, &robot);
     }
     placed?;
     // The ledger changed here, not in the watch: tell the robot's

@@ -33,7 +33,7 @@ pub fn config() -> ManagerConfig {
         api_timeout: Duration::from_secs(5),
         error_backoff: Duration::from_millis(50),
         error_backoff_max: Duration::from_secs(1),
-        robot_debounce: Duration::from_millis(20),
+        robot_debounce: Duration::ZERO,
         ..ManagerConfig::default()
     };
     c.liveness.heartbeat_timeout = Duration::from_secs(120);
@@ -52,6 +52,11 @@ pub struct Manager {
 
 impl Manager {
     pub fn start(client: &Client, config: ManagerConfig) -> Manager {
+        // RUST_LOG=k8s4r_manager=debug shows what the manager did.
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
         let shutdown = CancellationToken::new();
         let metrics = Arc::new(Metrics::default());
         let handle = tokio::spawn(k8s4r_manager::run_with_metrics(
