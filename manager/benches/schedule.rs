@@ -213,6 +213,15 @@ async fn main() -> anyhow::Result<()> {
         _ => anyhow::bail!("not every task dispatched within {deadline:?} ({decisions} decisions made)"),
     };
     let secs = finished.duration_since(start).as_secs_f64();
+    // Where the time went, for whoever tunes this next (not a BENCH line).
+    for c in k8s4r_manager::metrics::CONTROLLERS {
+        let m = metrics.controller(c);
+        eprintln!(
+            "{c}: {} reconciles, {} errors",
+            m.reconciles.load(Ordering::Relaxed),
+            m.errors.load(Ordering::Relaxed)
+        );
+    }
     println!("BENCH schedule_10k_tasks_s {secs:.2} s");
     println!(
         "BENCH schedule_decisions_per_s {:.0} decisions/s",
