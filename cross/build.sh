@@ -93,7 +93,7 @@ spec:
       task:
         driver: raw_exec
         command: /bin/sh
-        args: ["-c", "echo hello from $(uname -m)"]
+        args: ["-c", "echo hello from the arm64 agent"]
         timeout: 1m
 YAML
 if ! kubectl wait --for=jsonpath='{.status.state}'=completed jobs.robot.k8s4r.io/hello-arm64 --timeout=120s; then
@@ -104,8 +104,11 @@ if ! kubectl wait --for=jsonpath='{.status.state}'=completed jobs.robot.k8s4r.io
 fi
 out=$(kubectl get rtask -n default -l robot.k8s4r.io/job=hello-arm64 -o jsonpath='{.items[0].status.outputTail}')
 robot=$(kubectl get rtask -n default -l robot.k8s4r.io/job=hello-arm64 -o jsonpath='{.items[0].spec.targetRobot}')
-echo "cross: task ran on $robot: $out"
-case "$robot/$out" in
-    "qemu-arm64/hello from aarch64"*) echo "cross: ok: a raw_exec task ran on the aarch64 agent" ;;
-    *) echo "cross: expected output 'hello from aarch64' from robot qemu-arm64" >&2; exit 1 ;;
+# The agent is the emulated aarch64 binary (it reports its own arch); the
+# task's /bin/sh is a host binary, which qemu-user runs natively.
+arch=$(kubectl get robot qemu-arm64 -o jsonpath='{.status.device.arch}')
+echo "cross: task ran on $robot (agent arch $arch): $out"
+case "$robot/$arch/$out" in
+    "qemu-arm64/aarch64/hello from the arm64 agent"*) echo "cross: ok: a raw_exec task ran through the aarch64 agent" ;;
+    *) echo "cross: expected output 'hello from the arm64 agent' from robot qemu-arm64 reporting arch aarch64" >&2; exit 1 ;;
 esac
