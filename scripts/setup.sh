@@ -31,7 +31,7 @@ apt_install() {
 }
 
 base() {
-    apt_install mosquitto systemd
+    apt_install mosquitto systemd openssl
     # Tests start their own broker on a free port; the packaged service is
     # not needed and would hold port 1883.
     if command -v systemctl >/dev/null && systemctl is-active --quiet mosquitto 2>/dev/null; then
