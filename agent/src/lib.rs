@@ -2,6 +2,7 @@
 
 pub mod agent;
 pub mod backoff;
+pub mod cli;
 pub mod config;
 pub mod host;
 pub mod inbound;

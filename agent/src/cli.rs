@@ -1,0 +1,87 @@
+//! The `k8s4r-agent` command: parses its arguments and runs the agent.
+
+use std::process::ExitCode;
+
+use crate::config::{Args, Config, LogFormat};
+use clap::Parser;
+use tokio_util::sync::CancellationToken;
+
+/// The `k8s4r-agent` program: what its `main` does, for any binary that
+/// should behave exactly like it (the end-to-end tests run one).
+pub fn main() -> ExitCode {
+    let args = Args::parse();
+    let check_only = args.check_config;
+    let config = match args.load() {
+        Ok(config) if check_only => {
+            println!(
+                "k8s4r-agent: configuration ok: robot {}, broker {}:{}{}, state dir {}",
+                config.robot_id,
+                config.broker.host,
+                config.broker.port,
+                if config.broker.tls.is_some() { " (TLS)" } else { "" },
+                config.state_dir.display()
+            );
+            return ExitCode::SUCCESS;
+        }
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("k8s4r-agent: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    init_logging(&config);
+    // One thread: the agent's work is I/O-bound and small, and every extra
+    // worker thread costs memory on a robot.
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("k8s4r-agent: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(config: Config) -> anyhow::Result<()> {
+    let shutdown = CancellationToken::new();
+    let (_handle, session) = crate::agent::start(&config, shutdown.clone())?;
+    tokio::spawn(signals(shutdown));
+    session.await?;
+    Ok(())
+}
+
+/// Cancels `shutdown` on the first SIGTERM or SIGINT.
+async fn signals(shutdown: CancellationToken) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+    else {
+        tracing::error!("cannot install signal handlers; stop the agent with SIGKILL");
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM"),
+        _ = int.recv() => tracing::info!("SIGINT"),
+    }
+    shutdown.cancel();
+}
+
+fn init_logging(config: &Config) {
+    use tracing_subscriber::EnvFilter;
+    let filter = match &config.log_level {
+        Some(level) => EnvFilter::try_new(level).unwrap_or_else(|_| EnvFilter::new("info")),
+        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match config.log_format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
