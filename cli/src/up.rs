@@ -132,6 +132,17 @@ impl Stack {
     /// Starts every part and returns once the API server serves the CRDs,
     /// the broker accepts connections and the programs are running.
     pub async fn start(args: &UpArgs, data_dir: &Path, shutdown: CancellationToken) -> anyhow::Result<Stack> {
+        Self::start_with(args, data_dir, shutdown, manager_config()).await
+    }
+
+    /// Like [`Stack::start`], with the given manager configuration (tests
+    /// use it for short liveness timeouts); see [`manager_config`].
+    pub async fn start_with(
+        args: &UpArgs,
+        data_dir: &Path,
+        shutdown: CancellationToken,
+        manager: k8s4r_manager::ManagerConfig,
+    ) -> anyhow::Result<Stack> {
         std::fs::create_dir_all(data_dir).map_err(|source| UpError::Io {
             what: format!("create {}", data_dir.display()),
             source,
@@ -160,7 +171,7 @@ impl Stack {
         };
 
         let mut tasks = JoinSet::new();
-        spawn_programs(&mut tasks, &client, &broker_url, shutdown.clone())?;
+        spawn_programs(&mut tasks, &client, &broker_url, manager, shutdown.clone())?;
         let local_robot = if args.local_agent.unwrap_or(args.demo) {
             let robot = match &args.robot_id {
                 Some(id) => id.clone(),
@@ -413,6 +424,7 @@ fn spawn_programs(
     tasks: &mut JoinSet<(&'static str, anyhow::Result<()>)>,
     client: &Client,
     broker_url: &str,
+    manager: k8s4r_manager::ManagerConfig,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let mut server = k8s4r_server::ServerConfig::new(broker_url);
@@ -424,20 +436,24 @@ fn spawn_programs(
         ("server", result.map_err(anyhow::Error::from))
     });
 
-    let manager = k8s4r_manager::ManagerConfig {
-        namespace: SYSTEM_NAMESPACE.to_owned(),
-        robot_lease_namespace: LEASE_NAMESPACE.to_owned(),
-        bootstrap_secret: TOKEN_SECRET.to_owned(),
-        // A lab machine has one manager: no election to wait for.
-        leader: None,
-        ..Default::default()
-    };
     let manager_client = client.clone();
     tasks.spawn(async move {
         let result = k8s4r_manager::run(manager, manager_client, shutdown).await;
         ("manager", result.map_err(anyhow::Error::from))
     });
     Ok(())
+}
+
+/// The manager configuration `k8s4r up` runs with.
+pub fn manager_config() -> k8s4r_manager::ManagerConfig {
+    k8s4r_manager::ManagerConfig {
+        namespace: SYSTEM_NAMESPACE.to_owned(),
+        robot_lease_namespace: LEASE_NAMESPACE.to_owned(),
+        bootstrap_secret: TOKEN_SECRET.to_owned(),
+        // A lab machine has one manager: no election to wait for.
+        leader: None,
+        ..Default::default()
+    }
 }
 
 /// Starts an agent for this machine, with its state under the data dir.
