@@ -1,0 +1,578 @@
+//! End-to-end: the whole stack (embedded API server, server, manager) in
+//! this process, a real Mosquitto, and two or three real agent processes,
+//! each with its own state dir and labels.
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s4r::up::{kubeconfig_path, manager_config, Stack, UpArgs};
+use k8s4r_api::names::LABEL_JOB;
+use k8s4r_api::{Job, Robot, RobotPhase, Task, TaskGroup, TaskReason, TaskState, WorkState};
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::Api;
+use tokio_util::sync::CancellationToken;
+
+/// How long any condition may take before a test fails.
+const DEADLINE: Duration = Duration::from_secs(60);
+
+/// Polls `check` until it returns Some, or panics with `what` at the deadline.
+async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let until = Instant::now() + DEADLINE;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(Instant::now() < until, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// A child process killed (and reaped) on drop.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A Mosquitto on a free loopback port.
+fn mosquitto(dir: &Path) -> (Proc, u16) {
+    let port = free_port();
+    let conf = dir.join("mosquitto.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n\
+             max_queued_messages 10000\nlog_dest stderr\n"
+        ),
+    )
+    .expect("mosquitto.conf");
+    let log = std::fs::File::create(dir.join("mosquitto.log")).expect("log file");
+    let child = Command::new("mosquitto")
+        .arg("-c")
+        .arg(&conf)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("mosquitto starts (it is on the machine image; else apt-get install mosquitto)");
+    let child = Proc(child);
+    let until = Instant::now() + DEADLINE;
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < until, "mosquitto did not listen on {port}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (child, port)
+}
+
+/// The stack, Mosquitto and the agents of one test.
+struct Env {
+    stack: Option<Stack>,
+    client: kube::Client,
+    agents: Vec<(String, Proc)>,
+    data_dir: PathBuf,
+    /// Where tasks leave their pid files and counters.
+    scratch: PathBuf,
+    broker_url: String,
+    _mosquitto: Proc,
+    dir: tempfile::TempDir,
+}
+
+impl Env {
+    /// Starts everything, with one agent per `(robot, labels)`, and waits
+    /// until every robot is Online.
+    async fn start(robots: &[(&str, &[&str])]) -> Env {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (mosq, port) = mosquitto(dir.path());
+        let broker_url = format!("mqtt://127.0.0.1:{port}");
+        let data_dir = dir.path().join("data");
+        let scratch = dir.path().join("scratch");
+        std::fs::create_dir_all(&scratch).expect("scratch dir");
+        let args = UpArgs {
+            api_bind: format!("127.0.0.1:{}", free_port()).parse().expect("addr"),
+            mqtt_bind: "127.0.0.1:0".parse().expect("addr"),
+            broker_url: Some(broker_url.clone()),
+            local_agent: Some(false),
+            robot_id: None,
+            labels: Vec::new(),
+            demo: false,
+            in_memory: true,
+        };
+        let mut manager = manager_config();
+        // A SIGKILLed agent's connection drops, so Mosquitto publishes its
+        // last will at once: the disconnect grace is what makes it Offline.
+        // (Heartbeats reach the manager through the server's coalesced lease
+        // renewals, so the heartbeat timeout keeps its default.)
+        manager.liveness.disconnect_grace = Duration::from_secs(1);
+        manager.lifecycle.robot_lost_grace = Duration::from_secs(1);
+        let stack = Stack::start_with(&args, &data_dir, CancellationToken::new(), manager)
+            .await
+            .expect("the stack starts");
+        let client = stack.client.clone();
+        let mut env = Env {
+            stack: Some(stack),
+            client,
+            agents: Vec::new(),
+            data_dir,
+            scratch,
+            broker_url,
+            _mosquitto: mosq,
+            dir,
+        };
+        for (robot, labels) in robots {
+            env.spawn_agent(robot, labels);
+        }
+        for (robot, _) in robots {
+            env.wait_phase(robot, RobotPhase::Online).await;
+        }
+        env
+    }
+
+    fn spawn_agent(&mut self, robot: &str, labels: &[&str]) {
+        let token = std::fs::read_to_string(self.data_dir.join("bootstrap-token")).expect("bootstrap token");
+        let state_dir = self.dir.path().join("agents").join(robot);
+        std::fs::create_dir_all(&state_dir).expect("state dir");
+        let log = std::fs::File::create(self.dir.path().join(format!("{robot}.log"))).expect("agent log");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_e2e-agent"));
+        cmd.arg("--robot-id")
+            .arg(robot)
+            .arg("--token")
+            .arg(token.trim())
+            .arg("--broker-url")
+            .arg(&self.broker_url)
+            .arg("--state-dir")
+            .arg(&state_dir)
+            .arg("--heartbeat-interval")
+            .arg("1s");
+        for label in labels {
+            cmd.arg("--label").arg(label);
+        }
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("the agent starts");
+        self.agents.push((robot.to_owned(), Proc(child)));
+    }
+
+    /// SIGKILLs the agent of `robot` (its tasks' processes are left alone).
+    fn kill_agent(&mut self, robot: &str) {
+        let i = self
+            .agents
+            .iter()
+            .position(|(r, _)| r == robot)
+            .expect("that agent runs");
+        let (_, mut proc) = self.agents.remove(i);
+        proc.0.kill().expect("SIGKILL the agent");
+        proc.0.wait().expect("reap the agent");
+    }
+
+    async fn wait_phase(&self, robot: &str, phase: RobotPhase) {
+        let robots: Api<Robot> = Api::all(self.client.clone());
+        eventually(&format!("robot {robot} {phase:?}"), || {
+            let robots = robots.clone();
+            async move {
+                let r = robots.get_opt(robot).await.ok()??;
+                (r.status?.phase? == phase).then_some(())
+            }
+        })
+        .await;
+    }
+
+    fn jobs(&self) -> Api<Job> {
+        Api::namespaced(self.client.clone(), "default")
+    }
+
+    fn tasks(&self) -> Api<Task> {
+        Api::namespaced(self.client.clone(), "default")
+    }
+
+    async fn create_job(&self, job: serde_json::Value) -> Job {
+        let job: Job = serde_json::from_value(job).expect("a valid Job");
+        self.jobs()
+            .create(&PostParams::default(), &job)
+            .await
+            .expect("create the Job")
+    }
+
+    async fn job_tasks(&self, job: &str) -> Vec<Task> {
+        self.tasks()
+            .list(&ListParams::default().labels(&format!("{LABEL_JOB}={job}")))
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+    }
+
+    /// Waits until the Job is completed or failed and has `n` tasks, all of
+    /// them in a final state. (A Task may show `failed` for a moment before
+    /// a retry; the Job's aggregate state counts it as still going.)
+    async fn wait_tasks_final(&self, job: &str, n: usize) -> Vec<Task> {
+        eventually(&format!("{n} final tasks of {job}"), || async {
+            let state = self.jobs().get(job).await.ok()?.status?.state?;
+            if !matches!(state, WorkState::Completed | WorkState::Failed) {
+                return None;
+            }
+            let tasks = self.job_tasks(job).await;
+            let done = tasks.len() == n
+                && tasks.iter().all(|t| {
+                    matches!(
+                        t.status.as_ref().and_then(|s| s.state),
+                        Some(TaskState::Completed | TaskState::Failed)
+                    )
+                });
+            done.then_some(tasks)
+        })
+        .await
+    }
+
+    async fn stop(mut self) {
+        self.agents.clear();
+        if let Some(stack) = self.stack.take() {
+            let _ = stack.stop().await;
+        }
+    }
+}
+
+fn job_json(name: &str, groups: serde_json::Value) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "robot.k8s4r.io/v1alpha1",
+        "kind": "Job",
+        "metadata": { "name": name, "namespace": "default" },
+        "spec": { "taskGroups": groups },
+    })
+}
+
+fn sh(script: &str, timeout: &str) -> serde_json::Value {
+    serde_json::json!({
+        "driver": "raw_exec",
+        "command": "/bin/sh",
+        "args": ["-c", script],
+        "timeout": timeout,
+        "killTimeout": "1s",
+    })
+}
+
+/// The process group of `pid`, from /proc, if the process lives.
+fn pgrp(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // pid (comm) state ppid pgrp ...; comm may hold spaces: split after ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    if fields.first() == Some(&"Z") {
+        return None;
+    }
+    fields.get(2)?.parse().ok()
+}
+
+/// Live (not zombie) processes whose process group is `group`.
+fn group_members(group: i32) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| pgrp(*pid) == Some(group))
+        .collect()
+}
+
+async fn read_pid(path: &Path) -> i32 {
+    eventually(&format!("pid file {}", path.display()), || async {
+        std::fs::read_to_string(path).ok()?.trim().parse::<i32>().ok()
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_groups_run_on_their_robots_and_aggregate() {
+    let env = Env::start(&[
+        ("arm-1", &["role=arm", "site=lab"]),
+        ("arm-2", &["role=arm", "site=lab"]),
+        ("base-1", &["role=base", "site=lab"]),
+    ])
+    .await;
+    let script = "echo \"hello from $K8S4R_TASK_NAME\"; sleep 0.5; echo bye";
+    env.create_job(job_json(
+        "mixed",
+        serde_json::json!([
+            { "name": "arms", "count": 3, "task": sh(script, "1m"),
+              "robotSelector": { "matchLabels": { "role": "arm" } } },
+            { "name": "bases", "count": 2, "task": sh(script, "1m"),
+              "robotSelector": { "matchLabels": { "role": "base" } } },
+        ]),
+    ))
+    .await;
+
+    let tasks = env.wait_tasks_final("mixed", 5).await;
+    let mut arm_robots = BTreeSet::new();
+    for t in &tasks {
+        let name = t.metadata.name.clone().unwrap_or_default();
+        let status = t.status.clone().expect("status");
+        assert_eq!(status.state, Some(TaskState::Completed), "{name}: {status:?}");
+        assert_eq!(status.exit_code, Some(0), "{name}");
+        let robot = status.robot.clone().expect("a robot");
+        let group = t
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(k8s4r_api::names::LABEL_GROUP).cloned());
+        let tail = status.output_tail.clone().unwrap_or_default();
+        assert!(
+            tail.contains(&format!("hello from default/{name}")) && tail.contains("bye"),
+            "{name}'s output tail: {tail:?}"
+        );
+        if name.starts_with("mixed-arms") || group.as_deref() == Some("arms") {
+            assert!(robot.starts_with("arm-"), "{name} ran on {robot}");
+            arm_robots.insert(robot);
+        } else {
+            assert_eq!(robot, "base-1", "{name} ran on {robot}");
+        }
+    }
+    assert!(!arm_robots.is_empty());
+
+    let job = eventually("the Job completed 5/5", || async {
+        let job = env.jobs().get("mixed").await.ok()?;
+        let s = job.status.clone()?;
+        (s.state == Some(WorkState::Completed)).then_some(s)
+    })
+    .await;
+    assert_eq!(job.completions.as_deref(), Some("5/5"));
+    assert_eq!(
+        (job.counts.total, job.counts.completed, job.counts.failed),
+        (5, 5, 0)
+    );
+    let groups: Api<TaskGroup> = Api::namespaced(env.client.clone(), "default");
+    for (group, n) in [("mixed-arms", 3), ("mixed-bases", 2)] {
+        let s = eventually(&format!("{group} completed"), || async {
+            let s = groups.get(group).await.ok()?.status?;
+            (s.state == Some(WorkState::Completed)).then_some(s)
+        })
+        .await;
+        assert_eq!(s.completions, Some(format!("{n}/{n}")), "{group}");
+        assert_eq!((s.counts.total, s.counts.completed), (n, n), "{group}");
+    }
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_past_its_timeout_fails_and_its_process_tree_is_gone() {
+    let env = Env::start(&[("r1", &["kind=test"]), ("r2", &["kind=test"])]).await;
+    let pidfile = env.scratch.join("slow.pid");
+    let script = format!("echo $$ > {}; sleep 300 & sleep 300; wait", pidfile.display());
+    env.create_job(job_json(
+        "slow",
+        serde_json::json!([{ "name": "g", "count": 1, "task": sh(&script, "2s") }]),
+    ))
+    .await;
+    let pid = read_pid(&pidfile).await;
+    let group = pgrp(pid).expect("the task runs");
+    assert!(group_members(group).len() >= 2, "the shell and its sleeps run");
+
+    let tasks = env.wait_tasks_final("slow", 1).await;
+    let status = tasks[0].status.clone().expect("status");
+    assert_eq!(status.state, Some(TaskState::Failed), "{status:?}");
+    assert_eq!(status.reason, Some(TaskReason::Timeout), "{status:?}");
+    assert!(matches!(status.exit_code, Some(143 | 137)), "{status:?}");
+    eventually("the task's process group is gone", || async {
+        group_members(group).is_empty().then_some(())
+    })
+    .await;
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_failing_twice_then_succeeding_shows_three_attempts() {
+    let env = Env::start(&[("r1", &["kind=test"]), ("r2", &["kind=test"])]).await;
+    let counter = env.scratch.join("counter");
+    let script = format!(
+        "n=$(cat {c} 2>/dev/null || echo 0); n=$((n+1)); echo $n > {c}; echo attempt $n; [ $n -ge 3 ]",
+        c = counter.display()
+    );
+    env.create_job(job_json(
+        "flaky",
+        serde_json::json!([{ "name": "g", "count": 1, "task": sh(&script, "1m"),
+            "restartPolicy": { "attempts": 3, "delay": "200ms" } }]),
+    ))
+    .await;
+    let tasks = env.wait_tasks_final("flaky", 1).await;
+    let status = tasks[0].status.clone().expect("status");
+    assert_eq!(status.state, Some(TaskState::Completed), "{status:?}");
+    assert_eq!(status.attempt, 3, "{status:?}");
+    assert_eq!(status.attempts.len(), 2, "{status:?}");
+    assert!(
+        status.attempts.iter().all(|a| a.state == TaskState::Failed),
+        "{status:?}"
+    );
+    assert_eq!(std::fs::read_to_string(&counter).expect("counter").trim(), "3");
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_agents_task_is_rescheduled_and_completes_elsewhere() {
+    let mut env = Env::start(&[("r1", &["pool=x"]), ("r2", &["pool=x"])]).await;
+    let script = "echo start; sleep 4; echo finished on $K8S4R_TASK_NAME";
+    env.create_job(job_json(
+        "moved",
+        serde_json::json!([{ "name": "g", "count": 1, "task": sh(script, "1m"),
+            "robotSelector": { "matchLabels": { "pool": "x" } } }]),
+    ))
+    .await;
+    let first = eventually("the task runs", || async {
+        let t = env.job_tasks("moved").await.into_iter().next()?;
+        let s = t.status?;
+        (s.state == Some(TaskState::Running)).then_some(s.robot?)
+    })
+    .await;
+    env.kill_agent(&first);
+    env.wait_phase(&first, RobotPhase::Offline).await;
+
+    let status = eventually("the task completed on another robot", || async {
+        let s = env.job_tasks("moved").await.into_iter().next()?.status?;
+        (s.state == Some(TaskState::Completed)).then_some(s)
+    })
+    .await;
+    assert_eq!(status.state, Some(TaskState::Completed), "{status:?}");
+    let second = status.robot.clone().expect("a robot");
+    assert_ne!(second, first, "{status:?}");
+    assert!(status.attempt >= 2, "{status:?}");
+    assert!(
+        status
+            .attempts
+            .iter()
+            .any(|a| a.robot.as_deref() == Some(first.as_str()) && a.reason == Some(TaskReason::RobotLost)),
+        "{status:?}"
+    );
+    let job = eventually("the Job completed", || async {
+        let s = env.jobs().get("moved").await.ok()?.status?;
+        (s.state == Some(WorkState::Completed)).then_some(s)
+    })
+    .await;
+    assert_eq!(job.completions.as_deref(), Some("1/1"));
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_running_job_cancels_its_processes() {
+    let env = Env::start(&[("r1", &["kind=test"]), ("r2", &["kind=test"])]).await;
+    let script = format!(
+        "echo $$ > {}/${{K8S4R_TASK_NAME#*/}}.pid; sleep 300 & sleep 300; wait",
+        env.scratch.display()
+    );
+    env.create_job(job_json(
+        "doomed",
+        serde_json::json!([{ "name": "g", "count": 2, "task": sh(&script, "10m") }]),
+    ))
+    .await;
+    let names = eventually("two running tasks", || async {
+        let tasks = env.job_tasks("doomed").await;
+        let running = tasks
+            .iter()
+            .filter(|t| t.status.as_ref().and_then(|s| s.state) == Some(TaskState::Running))
+            .count();
+        (tasks.len() == 2 && running == 2).then(|| {
+            tasks
+                .iter()
+                .map(|t| t.metadata.name.clone().unwrap_or_default())
+                .collect::<Vec<_>>()
+        })
+    })
+    .await;
+    let mut groups = Vec::new();
+    for name in &names {
+        let pid = read_pid(&env.scratch.join(format!("{name}.pid"))).await;
+        groups.push(pgrp(pid).expect("the task's process lives"));
+    }
+
+    env.jobs()
+        .delete("doomed", &DeleteParams::default())
+        .await
+        .expect("delete the Job");
+    eventually("the tasks' processes are gone", || async {
+        groups.iter().all(|g| group_members(*g).is_empty()).then_some(())
+    })
+    .await;
+    eventually("the tasks are deleted", || async {
+        env.job_tasks("doomed").await.is_empty().then_some(())
+    })
+    .await;
+    eventually("the Job is deleted", || async {
+        env.jobs().get_opt("doomed").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    env.stop().await;
+}
+
+fn kubectl(kubeconfig: &Path, args: &[&str]) -> String {
+    let out = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .output()
+        .expect("run kubectl (it is on the machine image)");
+    assert!(
+        out.status.success(),
+        "kubectl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_shows_robots_jobs_and_tasks() {
+    let env = Env::start(&[("r1", &["kind=test"]), ("r2", &["kind=test"])]).await;
+    env.create_job(job_json(
+        "seen",
+        serde_json::json!([{ "name": "g", "count": 2, "task": sh("echo hi", "1m") }]),
+    ))
+    .await;
+    env.wait_tasks_final("seen", 2).await;
+    let kubeconfig = kubeconfig_path(&env.data_dir);
+
+    let robots = kubectl(&kubeconfig, &["get", "robots"]);
+    for col in ["NAME", "PHASE", "ARCH", "RUNNING", "HEARTBEAT", "AGE"] {
+        assert!(robots.contains(col), "robots lack {col}:\n{robots}");
+    }
+    for robot in ["r1", "r2"] {
+        assert!(
+            robots
+                .lines()
+                .any(|l| l.starts_with(robot) && l.contains("Online")),
+            "{robots}"
+        );
+    }
+    let job = eventually("kubectl shows the Job completed", || async {
+        let out = kubectl(&kubeconfig, &["get", "jobs.robot.k8s4r.io", "-n", "default"]);
+        out.lines()
+            .any(|l| l.starts_with("seen") && l.contains("completed") && l.contains("2/2"))
+            .then_some(out)
+    })
+    .await;
+    for col in ["STATE", "COMPLETIONS", "RUNNING", "FAILED"] {
+        assert!(job.contains(col), "jobs lack {col}:\n{job}");
+    }
+    let tasks = kubectl(&kubeconfig, &["get", "tasks", "-n", "default"]);
+    for col in ["STATE", "ROBOT", "ATTEMPT", "EXIT", "REASON"] {
+        assert!(tasks.contains(col), "tasks lack {col}:\n{tasks}");
+    }
+    let done = tasks
+        .lines()
+        .filter(|l| l.starts_with("seen") && l.contains("completed"))
+        .count();
+    assert_eq!(done, 2, "{tasks}");
+    env.stop().await;
+}
