@@ -4,19 +4,12 @@
 //! kubeconfig it wrote, and a second `up` on the same data dir.
 
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use k8s4r_testbed::{free_port, kubectl};
 
 /// A running `k8s4r up` whose stdout lines arrive on a channel.
 struct Up {
@@ -102,20 +95,6 @@ impl Drop for Up {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn kubectl(kubeconfig: &Path, args: &[&str]) -> String {
-    let out = Command::new("kubectl")
-        .env("KUBECONFIG", kubeconfig)
-        .args(args)
-        .output()
-        .expect("run kubectl (it is on the machine image)");
-    assert!(
-        out.status.success(),
-        "kubectl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 #[test]

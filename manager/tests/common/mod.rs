@@ -4,9 +4,8 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use apiserver_lite::RunningServer;
 use jiff::Timestamp;
@@ -344,21 +343,7 @@ pub fn state_of(task: &Task) -> Option<TaskState> {
     task.status.as_ref().and_then(|s| s.state)
 }
 
-/// Polls `f` until it returns `Some`, failing after `timeout`.
-pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-}
+pub use k8s4r_testbed::eventually;
 
 /// Waits until task `name` satisfies `pred`, and returns it.
 pub async fn task_where(client: &Client, name: &str, what: &str, pred: impl Fn(&Task) -> bool) -> Task {
