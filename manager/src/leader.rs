@@ -33,6 +33,10 @@ pub async fn run(
         .await?;
     let (mut leading, watcher) = manager.watch().await;
     tracing::info!(identity = %leader.identity, lease = %leader.lease_name, "waiting for leadership");
+    // A follower that reached the API server and its Lease is ready: it is
+    // doing its job, standing by. (Were it not, a rolling update of two
+    // replicas would wait forever for the new follower.)
+    metrics.ready.store(true, Ordering::Relaxed);
     loop {
         if *leading.borrow_and_update() {
             break;
@@ -52,6 +56,8 @@ pub async fn run(
     }
     tracing::info!(identity = %leader.identity, "leading");
     metrics.leader.store(true, Ordering::Relaxed);
+    // Not ready again until the controllers' caches are filled.
+    metrics.ready.store(false, Ordering::Relaxed);
     let stop = shutdown.child_token();
     let controllers = controllers::run(
         client,

@@ -96,7 +96,8 @@ pub struct Metrics {
     pub scheduling_latency: Histogram,
     /// Whether this replica leads (1) or not (0).
     pub leader: AtomicBool,
-    /// Whether the caches are filled and the controllers run.
+    /// Whether this replica does its job: standing by for the Lease, or
+    /// leading with its caches filled and the controllers running.
     pub ready: AtomicBool,
 }
 

@@ -430,6 +430,17 @@ async fn two_managers_elect_one_leader_and_fail_over() {
     } else {
         (two, one)
     };
+    // A follower standing by passes its readiness probe, or a rolling
+    // update of the Deployment would wait for it forever.
+    eventually(WAIT, "the follower to be ready", || async {
+        follower
+            .metrics
+            .ready
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .then_some(())
+    })
+    .await;
+    assert!(leader.metrics.ready.load(std::sync::atomic::Ordering::Relaxed));
     leader.stop().await;
     eventually(WAIT, "the follower takes over", || async {
         follower
