@@ -29,9 +29,15 @@ pub struct Args {
     /// Keep everything in memory only; nothing survives a restart.
     #[arg(long, env = "K8S4R_APISERVER_IN_MEMORY")]
     pub in_memory: bool,
-    /// Bearer token clients must present; generated when not given.
+    /// The administrator's bearer token (may do everything); generated when
+    /// not given.
     #[arg(long, env = "K8S4R_APISERVER_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// More users, as kube-apiserver reads them: one `token,user,uid[,"group1,group2"]`
+    /// per line. Their requests are authorized by the stored RBAC Roles,
+    /// ClusterRoles and bindings.
+    #[arg(long, env = "K8S4R_APISERVER_TOKEN_AUTH_FILE")]
+    pub token_auth_file: Option<PathBuf>,
     /// Write a kubeconfig for this server to this file once it listens.
     #[arg(long, env = "K8S4R_APISERVER_KUBECONFIG")]
     pub write_kubeconfig: Option<PathBuf>,
@@ -91,7 +97,7 @@ impl Args {
         };
     }
 
-    pub fn config(&self) -> crate::Config {
+    pub fn config(&self) -> anyhow::Result<crate::Config> {
         let mut c = crate::Config::default()
             .bind(self.bind)
             .max_body_bytes(self.max_body_bytes)
@@ -102,7 +108,13 @@ impl Args {
         if let Some(t) = &self.token {
             c = c.token(t.clone());
         }
-        c
+        if let Some(path) = &self.token_auth_file {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("--token-auth-file {}: {e}", path.display()))?;
+            c.users = crate::authz::parse_token_file(&text)
+                .map_err(|e| anyhow::anyhow!("--token-auth-file {}: {e}", path.display()))?;
+        }
+        Ok(c)
     }
 
     pub async fn run(self) -> anyhow::Result<()> {
@@ -129,7 +141,7 @@ impl Args {
                 Ok(())
             }
             None | Some(Command::Serve) => {
-                let server = crate::start(self.config()).await?;
+                let server = crate::start(self.config()?).await?;
                 if let Some(path) = &self.write_kubeconfig {
                     server.write_kubeconfig(path)?;
                     tracing::info!(path = %path.display(), "kubeconfig written");
@@ -160,6 +172,6 @@ mod tests {
     #[test]
     fn in_memory_config_has_no_data_dir() {
         let a = Args::parse_from(["apiserver-lite", "--in-memory", "--bind", "127.0.0.1:0"]);
-        assert!(a.config().data_dir.is_none());
+        assert!(a.config().unwrap().data_dir.is_none());
     }
 }

@@ -13,6 +13,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 use tokio::sync::broadcast::error::RecvError;
 
+use crate::authz::{Attributes, Authenticator, Identity};
 use crate::error::ApiError;
 use crate::openapi;
 use crate::ops::{self, Deleted, FieldValidation, PatchType, Propagation, WriteOpts};
@@ -25,7 +26,8 @@ use crate::table::{self, IncludeObject};
 #[derive(Clone)]
 pub struct App {
     pub store: Arc<Store>,
-    pub token: Option<String>,
+    /// The accepted bearer tokens and who they stand for.
+    pub auth: Arc<Authenticator>,
     pub max_body: usize,
     pub bookmark_interval: Duration,
     pub shutdown: tokio_util::sync::CancellationToken,
@@ -44,6 +46,31 @@ fn json_response(code: StatusCode, v: &Value) -> Response {
 
 fn bytes_response(code: StatusCode, body: Vec<u8>) -> Response {
     (code, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+/// The RBAC verb of a request on a resource.
+fn verb_of(method: &Method, named: bool, watch: bool) -> Result<&'static str, ApiError> {
+    Ok(match (method.clone(), named) {
+        (Method::GET, _) if watch => "watch",
+        (Method::GET, true) => "get",
+        (Method::GET, false) => "list",
+        (Method::POST, false) => "create",
+        (Method::PUT, true) => "update",
+        (Method::PATCH, true) => "patch",
+        (Method::DELETE, true) => "delete",
+        (Method::DELETE, false) => "deletecollection",
+        _ => return Err(ApiError::method_not_allowed()),
+    })
+}
+
+/// The one name a list or watch's field selector pins, which RBAC's
+/// resourceNames can then allow.
+fn name_selected(query: &Query) -> Option<&str> {
+    query.get("fieldSelector")?.split(',').find_map(|term| {
+        term.trim()
+            .strip_prefix("metadata.name==")
+            .or_else(|| term.trim().strip_prefix("metadata.name="))
+    })
 }
 
 /// What the client asked the response to be.
@@ -89,17 +116,10 @@ async fn handle(State(app): State<App>, req: Request) -> Response {
     if matches!(path.as_str(), "/healthz" | "/readyz" | "/livez") {
         return (StatusCode::OK, "ok").into_response();
     }
-    if let Some(token) = &app.token {
-        let ok = parts
-            .headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .is_some_and(|t| t.trim() == token);
-        if !ok {
-            return ApiError::unauthorized().into_response();
-        }
-    }
+    let authorization = parts.headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    let Some(identity) = app.auth.authenticate(authorization) else {
+        return ApiError::unauthorized().into_response();
+    };
     let query: Query = axum::extract::Query::<Query>::try_from_uri(&parts.uri)
         .map(|q| q.0)
         .unwrap_or_default();
@@ -107,7 +127,7 @@ async fn handle(State(app): State<App>, req: Request) -> Response {
         Ok(b) => b,
         Err(_) => return ApiError::too_large(app.max_body).into_response(),
     };
-    match route(&app, &parts.method, &path, &query, &parts.headers, body).await {
+    match route(&app, &identity, &parts.method, &path, &query, &parts.headers, body).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }
@@ -115,6 +135,7 @@ async fn handle(State(app): State<App>, req: Request) -> Response {
 
 async fn route(
     app: &App,
+    identity: &Identity,
     method: &Method,
     path: &str,
     query: &Query,
@@ -231,6 +252,15 @@ async fn route(
         Some(_) => return Err(ApiError::no_route()),
     };
     let watch = watch_prefix || matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
+    let attrs = Attributes {
+        verb: verb_of(method, name.is_some(), watch)?,
+        group,
+        resource: plural,
+        subresource: sub,
+        namespace: ns,
+        name: name.or_else(|| name_selected(query)),
+    };
+    app.store.read(|s| app.auth.authorize(s, identity, &attrs))?;
     let shape = shape(headers);
     match (method.clone(), name) {
         (Method::GET, None) if watch => watch_handler(app, rt, ns, query, shape).await,

@@ -14,6 +14,7 @@
 //! # }
 //! ```
 
+pub mod authz;
 pub mod bench;
 pub mod cli;
 pub mod error;
@@ -30,5 +31,6 @@ pub mod store;
 pub mod table;
 pub mod tls;
 
+pub use authz::User;
 pub use error::{ApiError, Error, Result};
 pub use server::{kubeconfig_yaml, start, write_kubeconfig, Config, RunningServer};

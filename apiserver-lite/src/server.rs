@@ -1,6 +1,7 @@
 //! Starting and stopping the server: configuration, storage, the HTTP
 //! listener, the garbage collector, and what a client needs to connect.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -10,6 +11,7 @@ use serde_json::json;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::authz::{Authenticator, User};
 use crate::error::{Error, Result};
 use crate::http::{self, App};
 use crate::ops::{self, FieldValidation, WriteOpts};
@@ -25,8 +27,11 @@ pub struct Config {
     pub bind: SocketAddr,
     /// Where the redb file lives; `None` keeps everything in memory only.
     pub data_dir: Option<PathBuf>,
-    /// The bearer token clients must present; generated when `None`.
+    /// The administrator's bearer token (may do everything); generated
+    /// when `None`.
     pub token: Option<String>,
+    /// More bearer tokens, each for a user whose requests RBAC decides.
+    pub users: HashMap<String, User>,
     pub max_body_bytes: usize,
     /// How many events are kept for watches to resume from.
     pub history: usize,
@@ -43,6 +48,7 @@ impl Default for Config {
             bind: SocketAddr::from(([127, 0, 0, 1], 6443)),
             data_dir: None,
             token: None,
+            users: HashMap::new(),
             // The real API server's limit.
             max_body_bytes: 3 * 1024 * 1024,
             history: 50_000,
@@ -73,6 +79,13 @@ impl Config {
 
     pub fn in_memory(mut self) -> Self {
         self.data_dir = None;
+        self
+    }
+
+    /// Accepts `token` for `user`, whose requests the stored RBAC
+    /// objects authorize.
+    pub fn user(mut self, token: impl Into<String>, user: User) -> Self {
+        self.users.insert(token.into(), user);
         self
     }
 
@@ -112,6 +125,7 @@ pub struct RunningServer {
     token: String,
     ca_pem: Option<String>,
     store: Arc<Store>,
+    auth: Arc<Authenticator>,
     cancel: CancellationToken,
     serve: Option<JoinHandle<std::io::Result<()>>>,
     persist: Option<JoinHandle<()>>,
@@ -183,9 +197,10 @@ pub async fn start(config: Config) -> Result<RunningServer> {
     } else {
         None
     };
+    let auth = Arc::new(Authenticator::new(token.clone(), config.users.clone()));
     let app = App {
         store: store.clone(),
-        token: Some(token.clone()),
+        auth: auth.clone(),
         max_body: config.max_body_bytes,
         bookmark_interval: config.bookmark_interval,
         shutdown: cancel.clone(),
@@ -222,6 +237,7 @@ pub async fn start(config: Config) -> Result<RunningServer> {
         token,
         ca_pem,
         store,
+        auth,
         cancel,
         serve: Some(serve),
         persist: persist_task,
@@ -313,6 +329,16 @@ impl RunningServer {
 
     pub async fn client(&self) -> Result<kube::Client> {
         client_for(&self.kubeconfig_yaml()).await
+    }
+
+    /// A client presenting `token` (one of [`Config::user`]'s).
+    pub async fn client_with_token(&self, token: &str) -> Result<kube::Client> {
+        client_for(&kubeconfig_yaml(&self.url(), token, self.ca_pem.as_deref())).await
+    }
+
+    /// The messages of the last requests RBAC denied, oldest first.
+    pub fn denied(&self) -> Vec<String> {
+        self.auth.denied()
     }
 
     /// Stops serving, ends watches and waits for storage to be flushed.
