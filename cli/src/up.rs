@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use k8s4r_api::{Job, Task, TaskCounts};
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
@@ -17,6 +17,27 @@ use tokio_util::sync::CancellationToken;
 use crate::error::UpError;
 use crate::progress::Progress;
 
+/// The cluster manifests whose namespaces, ServiceAccounts and RBAC `up`
+/// applies, so that the server and the manager run here with exactly the
+/// permissions they get in a cluster.
+pub const CLUSTER_MANIFESTS: &[(&str, &str)] = &[
+    (
+        "deploy/cluster/00-namespaces.yaml",
+        include_str!("../../deploy/cluster/00-namespaces.yaml"),
+    ),
+    (
+        "deploy/cluster/10-server.yaml",
+        include_str!("../../deploy/cluster/10-server.yaml"),
+    ),
+    (
+        "deploy/cluster/20-manager.yaml",
+        include_str!("../../deploy/cluster/20-manager.yaml"),
+    ),
+];
+/// The ServiceAccounts of the server and the manager.
+pub const SERVER_ACCOUNT: &str = "k8s4r-server";
+/// See [`SERVER_ACCOUNT`].
+pub const MANAGER_ACCOUNT: &str = "k8s4r-manager";
 /// The demo job `--demo` submits.
 pub const DEMO_JOB: &str = include_str!("../../deploy/examples/demo-job.yaml");
 /// Field manager of what `up` writes itself.
@@ -148,7 +169,21 @@ impl Stack {
             source,
         })?;
         let token = load_or_create_secret(&data_dir.join("api-token"))?;
-        let mut config = apiserver_lite::Config::default().bind(args.api_bind).token(token);
+        // The server and the manager get tokens of their own, as their pods
+        // would, and the RBAC of deploy/cluster decides what they may do.
+        let server_token = random_secret()?;
+        let manager_token = random_secret()?;
+        let mut config = apiserver_lite::Config::default()
+            .bind(args.api_bind)
+            .token(token)
+            .user(
+                server_token.as_str(),
+                apiserver_lite::User::service_account(SYSTEM_NAMESPACE, SERVER_ACCOUNT),
+            )
+            .user(
+                manager_token.as_str(),
+                apiserver_lite::User::service_account(SYSTEM_NAMESPACE, MANAGER_ACCOUNT),
+            );
         config = if args.in_memory {
             config.in_memory()
         } else {
@@ -158,8 +193,9 @@ impl Stack {
         apiserver.write_kubeconfig(&kubeconfig_path(data_dir))?;
         let client = apiserver.client().await?;
         install_crds(&client).await?;
+        apply_cluster_rbac(&client).await?;
         let bootstrap_token = load_or_create_secret(&data_dir.join("bootstrap-token"))?;
-        ensure_namespaces_and_token(&client, &bootstrap_token).await?;
+        store_bootstrap_token(&client, &bootstrap_token).await?;
 
         let broker_url = match &args.broker_url {
             Some(url) => url.clone(),
@@ -171,7 +207,11 @@ impl Stack {
         };
 
         let mut tasks = JoinSet::new();
-        spawn_programs(&mut tasks, &client, &broker_url, manager, shutdown.clone())?;
+        let programs = Clients {
+            server: apiserver.client_with_token(&server_token).await?,
+            manager: apiserver.client_with_token(&manager_token).await?,
+        };
+        spawn_programs(&mut tasks, programs, &broker_url, manager, shutdown.clone())?;
         let local_robot = if args.local_agent.unwrap_or(args.demo) {
             let robot = match &args.robot_id {
                 Some(id) => id.clone(),
@@ -203,6 +243,12 @@ impl Stack {
     /// The API server's URL.
     pub fn api_url(&self) -> String {
         self.apiserver.url()
+    }
+
+    /// The requests of the server or the manager that their RBAC denied
+    /// (the last hundred): empty when deploy/cluster grants them enough.
+    pub fn denied(&self) -> Vec<String> {
+        self.apiserver.denied()
     }
 
     /// Stops the programs (the agent first, so its tasks end and their
@@ -240,6 +286,13 @@ fn load_or_create_secret(path: &Path) -> Result<String, UpError> {
             })
         }
     }
+    let secret = random_secret()?;
+    write_private(path, &secret)?;
+    Ok(secret)
+}
+
+/// 24 random bytes, in hex.
+fn random_secret() -> Result<String, UpError> {
     let mut bytes = [0u8; 24];
     let mut urandom = std::fs::File::open("/dev/urandom").map_err(|source| UpError::Io {
         what: "open /dev/urandom".to_owned(),
@@ -249,9 +302,7 @@ fn load_or_create_secret(path: &Path) -> Result<String, UpError> {
         what: "read /dev/urandom".to_owned(),
         source,
     })?;
-    let secret: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    write_private(path, &secret)?;
-    Ok(secret)
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 fn write_private(path: &Path, contents: &str) -> Result<(), UpError> {
@@ -300,24 +351,51 @@ pub async fn install_crds(client: &Client) -> Result<(), UpError> {
     }
 }
 
-async fn ensure_namespaces_and_token(client: &Client, bootstrap_token: &str) -> Result<(), UpError> {
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    for name in [SYSTEM_NAMESPACE, LEASE_NAMESPACE, "default"] {
-        let ns: Namespace = serde_json::from_value(serde_json::json!({
-            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}
-        }))
-        .map_err(|e| UpError::Other(e.to_string()))?;
-        match namespaces.create(&PostParams::default(), &ns).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(source) => {
-                return Err(UpError::Kube {
-                    what: format!("create namespace {name}"),
+/// Applies the namespaces, ServiceAccounts, Roles, ClusterRoles and their
+/// bindings of [`CLUSTER_MANIFESTS`] (the Deployments are for a cluster:
+/// here the programs run in this process).
+pub async fn apply_cluster_rbac(client: &Client) -> Result<(), UpError> {
+    use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+    const KINDS: &[(&str, &str, &str)] = &[
+        ("v1", "Namespace", "namespaces"),
+        ("v1", "ServiceAccount", "serviceaccounts"),
+        ("rbac.authorization.k8s.io/v1", "Role", "roles"),
+        ("rbac.authorization.k8s.io/v1", "ClusterRole", "clusterroles"),
+        ("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings"),
+        ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", "clusterrolebindings"),
+    ];
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    for (file, text) in CLUSTER_MANIFESTS {
+        for document in serde_yaml::Deserializer::from_str(text) {
+            let object: DynamicObject = serde::Deserialize::deserialize(document)
+                .map_err(|e| UpError::Other(format!("{file}: {e}")))?;
+            let Some(types) = &object.types else { continue };
+            let Some((api_version, kind, plural)) = KINDS
+                .iter()
+                .find(|(v, k, _)| *v == types.api_version && *k == types.kind)
+            else {
+                continue;
+            };
+            let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+            let resource =
+                ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural);
+            let name = object.name_any();
+            let api: Api<DynamicObject> = match object.namespace() {
+                Some(ns) => Api::namespaced_with(client.clone(), &ns, &resource),
+                None => Api::all_with(client.clone(), &resource),
+            };
+            api.patch(&name, &params, &Patch::Apply(&object))
+                .await
+                .map_err(|source| UpError::Kube {
+                    what: format!("apply {kind} {name} from {file}"),
                     source,
-                })
-            }
+                })?;
         }
     }
+    Ok(())
+}
+
+async fn store_bootstrap_token(client: &Client, bootstrap_token: &str) -> Result<(), UpError> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
     let secret: Secret = serde_json::from_value(serde_json::json!({
         "apiVersion": "v1", "kind": "Secret",
@@ -419,24 +497,30 @@ pub async fn run_demo(client: Client) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The server's and the manager's clients, each with its own token.
+struct Clients {
+    server: Client,
+    manager: Client,
+}
+
 /// Starts the server and the manager on the embedded API server.
 fn spawn_programs(
     tasks: &mut JoinSet<(&'static str, anyhow::Result<()>)>,
-    client: &Client,
+    clients: Clients,
     broker_url: &str,
     manager: k8s4r_manager::ManagerConfig,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let mut server = k8s4r_server::ServerConfig::new(broker_url);
     server.lease_namespace = LEASE_NAMESPACE.to_owned();
-    let server_client = client.clone();
+    let server_client = clients.server;
     let server_stop = shutdown.clone();
     tasks.spawn(async move {
         let result = k8s4r_server::run(server, server_client, server_stop).await;
         ("server", result.map_err(anyhow::Error::from))
     });
 
-    let manager_client = client.clone();
+    let manager_client = clients.manager;
     tasks.spawn(async move {
         let result = k8s4r_manager::run(manager, manager_client, shutdown).await;
         ("manager", result.map_err(anyhow::Error::from))

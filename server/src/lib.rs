@@ -297,10 +297,22 @@ where
     }
 }
 
-/// Creates the Lease namespace when it is missing; a server without the
-/// right to do so still runs if someone else created it.
+/// Creates the Lease namespace when it is missing. In a cluster it was
+/// created with the manifests, and the server may only read it.
 async fn ensure_namespace(client: &Client, name: &str, timeout: std::time::Duration) {
     let api: Api<Namespace> = Api::all(client.clone());
+    match tokio::time::timeout(timeout, api.get_opt(name)).await {
+        Ok(Ok(Some(_))) => return,
+        Ok(Ok(None)) => {}
+        Ok(Err(error)) => {
+            warn!(namespace = name, %error, "could not read the lease namespace");
+            return;
+        }
+        Err(_) => {
+            warn!(namespace = name, "reading the lease namespace timed out");
+            return;
+        }
+    }
     let ns = Namespace {
         metadata: ObjectMeta {
             name: Some(name.to_owned()),

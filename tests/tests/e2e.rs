@@ -228,10 +228,18 @@ impl Env {
         .await
     }
 
+    /// Stops everything, and fails the test if the server or the manager
+    /// needed a permission deploy/cluster's RBAC does not grant them.
     async fn stop(mut self) {
         self.agents.clear();
         if let Some(stack) = self.stack.take() {
+            let denied = stack.denied();
             let _ = stack.stop().await;
+            assert!(
+                denied.is_empty(),
+                "deploy/cluster's RBAC denied the server or the manager:\n{}",
+                denied.join("\n")
+            );
         }
     }
 }
