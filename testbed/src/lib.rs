@@ -1,9 +1,10 @@
 //! What k8s4r's integration tests share: a free loopback port, polling with
-//! a deadline instead of sleeping, and the machine's kubectl.
+//! a deadline instead of sleeping, the machine's kubectl, the Mosquitto
+//! binary, and TLS certificates made with openssl.
 
 use std::future::Future;
 use std::net::TcpListener;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -48,3 +49,118 @@ pub fn kubectl(kubeconfig: &Path, args: &[&str]) -> String {
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// Makes, with the openssl CLI, in `dir`: a CA (`ca.pem`, `ca.key`), a
+/// server certificate for 127.0.0.1 (`server.pem`, `server.key`) and a
+/// client certificate with CN `robot` (`client.pem`, `client.key`), all
+/// signed by the CA and valid for two days.
+pub fn make_certificates(dir: &Path) {
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .unwrap_or_else(|e| panic!("openssl is needed for the TLS tests ({e}): run scripts/setup.sh"));
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let ca = [
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=k8s4r test CA",
+    ];
+    run(&[&["req", "-x509"][..], &ec, &ca].concat());
+    let csr = [
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    ];
+    run(&[&["req"][..], &ec, &csr].concat());
+    std::fs::write(dir.join("ext.cnf"), "subjectAltName=IP:127.0.0.1\n").expect("ext.cnf");
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "ext.cnf",
+    ]);
+    std::fs::write(dir.join("client.cnf"), "extendedKeyUsage=clientAuth\n").expect("client.cnf");
+    let client = [
+        "-keyout",
+        "client.key",
+        "-out",
+        "client.csr",
+        "-subj",
+        "/CN=robot",
+    ];
+    run(&[&["req"][..], &ec, &client].concat());
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "client.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "client.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "client.cnf",
+    ]);
+    use std::os::unix::fs::PermissionsExt;
+    for f in ["ca.pem", "server.pem", "server.key"] {
+        std::fs::set_permissions(dir.join(f), std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    }
+}
+
+/// The Mosquitto broker binary; panics with what to do when it is missing.
+pub fn mosquitto_binary() -> PathBuf {
+    for dir in ["/usr/sbin", "/usr/local/sbin", "/usr/bin", "/usr/local/bin"] {
+        let p = Path::new(dir).join("mosquitto");
+        if p.exists() {
+            return p;
+        }
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&path) {
+            let p = dir.join("mosquitto");
+            if p.exists() {
+                return p;
+            }
+        }
+    }
+    panic!("mosquitto is not installed: run scripts/setup.sh (it installs the broker these tests start)");
+}
+

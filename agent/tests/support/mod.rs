@@ -87,7 +87,7 @@ impl Broker {
             dir.path().display()
         );
         let tls_port = tls.then(|| {
-            make_certificates(dir.path());
+            k8s4r_testbed::make_certificates(dir.path());
             let tls_port = free_port();
             let d = dir.path().display();
             text.push_str(&format!(
@@ -112,7 +112,7 @@ impl Broker {
             .append(true)
             .open(self.dir.path().join("mosquitto.log"))
             .expect("broker log");
-        let child = Command::new(mosquitto())
+        let child = Command::new(k8s4r_testbed::mosquitto_binary())
             .arg("-c")
             .arg(self.dir.path().join("mosquitto.conf"))
             .stdout(Stdio::null())
@@ -167,116 +167,6 @@ impl Drop for Broker {
             let _ = child.wait();
         }
     }
-}
-
-/// A CA and a server certificate for 127.0.0.1, made with the openssl CLI.
-fn make_certificates(dir: &Path) {
-    let run = |args: &[&str]| {
-        let out = Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .output()
-            .unwrap_or_else(|e| panic!("openssl is needed for the TLS tests ({e}): run scripts/setup.sh"));
-        assert!(
-            out.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-    ];
-    let ca = [
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.pem",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=k8s4r test CA",
-    ];
-    run(&[&["req", "-x509"][..], &ec, &ca].concat());
-    let csr = [
-        "-keyout",
-        "server.key",
-        "-out",
-        "server.csr",
-        "-subj",
-        "/CN=127.0.0.1",
-    ];
-    run(&[&["req"][..], &ec, &csr].concat());
-    std::fs::write(dir.join("ext.cnf"), "subjectAltName=IP:127.0.0.1\n").expect("ext.cnf");
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.pem",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "server.pem",
-        "-days",
-        "2",
-        "-extfile",
-        "ext.cnf",
-    ]);
-    std::fs::write(dir.join("client.cnf"), "extendedKeyUsage=clientAuth\n").expect("client.cnf");
-    let client = [
-        "-keyout",
-        "client.key",
-        "-out",
-        "client.csr",
-        "-subj",
-        "/CN=robot",
-    ];
-    run(&[&["req"][..], &ec, &client].concat());
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        "client.csr",
-        "-CA",
-        "ca.pem",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "client.pem",
-        "-days",
-        "2",
-        "-extfile",
-        "client.cnf",
-    ]);
-    use std::os::unix::fs::PermissionsExt;
-    for f in ["ca.pem", "server.pem", "server.key"] {
-        std::fs::set_permissions(dir.join(f), std::fs::Permissions::from_mode(0o644)).expect("chmod");
-    }
-}
-
-fn mosquitto() -> PathBuf {
-    for dir in ["/usr/sbin", "/usr/local/sbin", "/usr/bin", "/usr/local/bin"] {
-        let p = Path::new(dir).join("mosquitto");
-        if p.exists() {
-            return p;
-        }
-    }
-    if let Some(path) = std::env::var_os("PATH") {
-        for dir in std::env::split_paths(&path) {
-            let p = dir.join("mosquitto");
-            if p.exists() {
-                return p;
-            }
-        }
-    }
-    panic!("mosquitto is not installed: run scripts/setup.sh (it installs the broker these tests start)");
 }
 
 /// One message the test server received.
