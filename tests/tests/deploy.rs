@@ -1,0 +1,480 @@
+//! The deployment files under deploy/ do what they say: every manifest is a
+//! well-formed object of its kind (no misspelt field slips through), the
+//! Deployments start the programs with flags they accept and probe the
+//! ports they serve, kubectl applies the whole kustomization to the
+//! embedded API server, and Mosquitto running deploy/mosquitto's
+//! configuration enforces TLS, passwords and the per-robot ACL.
+//! (That the RBAC is enough for the programs is shown by the end-to-end
+//! tests, which run them under it.)
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use clap::{CommandFactory, Parser};
+use k8s4r_testbed::{eventually, free_port, kubectl, make_certificates, mosquitto_binary};
+use rumqttc::{AsyncClient, ConnectionError, Event, EventLoop, MqttOptions, Packet, QoS, TlsConfiguration, Transport};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+}
+
+fn repo_file(path: &str) -> String {
+    let full = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path);
+    std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("{}: {e}", full.display()))
+}
+
+/// Every YAML file under deploy/, sorted.
+fn yaml_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files.extend(yaml_files(&path));
+        } else if path.extension().is_some_and(|e| e == "yaml" || e == "yml") {
+            files.push(path);
+        }
+    }
+    files.sort();
+    files
+}
+
+/// The documents of a YAML file, as JSON values (empty documents skipped).
+fn documents(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap();
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| {
+            let value: Value = serde::Deserialize::deserialize(doc)
+                .unwrap_or_else(|e| panic!("{}: not YAML: {e}", path.display()));
+            value
+        })
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+/// Every object of deploy/, with the file it is in.
+fn manifests() -> Vec<(PathBuf, Value)> {
+    yaml_files(&deploy_dir())
+        .into_iter()
+        .flat_map(|file| documents(&file).into_iter().map(move |doc| (file.clone(), doc)))
+        .collect()
+}
+
+/// Reads `doc` as the typed object `T` and writes it back: a field `T` does
+/// not have (a typo, a wrong level) is lost on the way and shows as a
+/// difference.
+fn round_trips_as<T: DeserializeOwned + Serialize>(file: &Path, doc: &Value) {
+    let typed: T = serde_json::from_value(doc.clone())
+        .unwrap_or_else(|e| panic!("{}: {} {}: {e}", file.display(), doc["kind"], doc["metadata"]["name"]));
+    let back = serde_json::to_value(&typed).unwrap();
+    if &back != doc {
+        panic!(
+            "{}: {} {} has fields its kind does not know\nwritten:\n{}\nas read:\n{}",
+            file.display(),
+            doc["kind"],
+            doc["metadata"]["name"],
+            serde_json::to_string_pretty(doc).unwrap(),
+            serde_json::to_string_pretty(&back).unwrap()
+        );
+    }
+}
+
+#[test]
+fn every_manifest_is_a_well_formed_object_of_its_kind() {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+
+    let all = manifests();
+    let mut kinds = BTreeSet::new();
+    for (file, doc) in &all {
+        let api_version = doc["apiVersion"].as_str().unwrap_or_else(|| panic!("{}: no apiVersion", file.display()));
+        let kind = doc["kind"].as_str().unwrap_or_else(|| panic!("{}: no kind", file.display()));
+        kinds.insert(kind.to_owned());
+        if kind == "Kustomization" {
+            for resource in doc["resources"].as_array().unwrap() {
+                let path = file.parent().unwrap().join(resource.as_str().unwrap());
+                assert!(path.exists(), "{}: {} does not exist", file.display(), path.display());
+            }
+            continue;
+        }
+        let name = doc["metadata"]["name"].as_str().unwrap_or_default();
+        assert!(!name.is_empty(), "{}: a {kind} without a name", file.display());
+        match (api_version, kind) {
+            ("v1", "Namespace") => round_trips_as::<Namespace>(file, doc),
+            ("v1", "ServiceAccount") => round_trips_as::<ServiceAccount>(file, doc),
+            ("rbac.authorization.k8s.io/v1", "Role") => round_trips_as::<Role>(file, doc),
+            ("rbac.authorization.k8s.io/v1", "ClusterRole") => round_trips_as::<ClusterRole>(file, doc),
+            ("rbac.authorization.k8s.io/v1", "RoleBinding") => round_trips_as::<RoleBinding>(file, doc),
+            ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => {
+                round_trips_as::<ClusterRoleBinding>(file, doc)
+            }
+            ("apps/v1", "Deployment") => round_trips_as::<Deployment>(file, doc),
+            ("apiextensions.k8s.io/v1", "CustomResourceDefinition") => {
+                round_trips_as::<CustomResourceDefinition>(file, doc)
+            }
+            ("robot.k8s4r.io/v1alpha1", "Job") => {
+                let job: k8s4r_api::Job = serde_json::from_value(doc.clone())
+                    .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+                if let Err(errors) = k8s4r_api::validation::validate_job_spec(&job.spec) {
+                    panic!("{}: job {name} is invalid: {errors}", file.display());
+                }
+            }
+            _ => panic!("{}: no check here for {api_version} {kind}: add one", file.display()),
+        }
+    }
+    for expected in ["Namespace", "ServiceAccount", "ClusterRole", "Role", "Deployment", "CustomResourceDefinition"] {
+        assert!(kinds.contains(expected), "no {expected} under deploy/");
+    }
+}
+
+/// The names of the environment variables a program reads its flags from.
+fn env_names(command: &clap::Command) -> BTreeSet<String> {
+    command
+        .get_arguments()
+        .filter_map(|a| a.get_env())
+        .map(|e| e.to_string_lossy().into_owned())
+        .collect()
+}
+
+#[test]
+fn deployments_run_the_programs_with_flags_they_accept() {
+    let all = manifests();
+    let containerfile = repo_file("Containerfile");
+    let kustomization = documents(&deploy_dir().join("kustomization.yaml")).remove(0);
+    let image = &kustomization["images"][0];
+    let service_accounts: BTreeSet<(String, String)> = all
+        .iter()
+        .filter(|(_, d)| d["kind"] == "ServiceAccount")
+        .map(|(_, d)| {
+            (
+                d["metadata"]["namespace"].as_str().unwrap().to_owned(),
+                d["metadata"]["name"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let mut programs = BTreeSet::new();
+    for (file, deployment) in all.iter().filter(|(_, d)| d["kind"] == "Deployment") {
+        let name = deployment["metadata"]["name"].as_str().unwrap();
+        let namespace = deployment["metadata"]["namespace"].as_str().unwrap();
+        let what = format!("{} {name}", file.display());
+        let spec = &deployment["spec"];
+        let template = &spec["template"];
+        for (key, value) in spec["selector"]["matchLabels"].as_object().unwrap() {
+            assert_eq!(&template["metadata"]["labels"][key], value, "{what}: the selector misses the pods");
+        }
+        let account = template["spec"]["serviceAccountName"].as_str().unwrap();
+        assert!(
+            service_accounts.contains(&(namespace.to_owned(), account.to_owned())),
+            "{what}: no ServiceAccount {namespace}/{account} under deploy/"
+        );
+        let containers = template["spec"]["containers"].as_array().unwrap();
+        assert_eq!(containers.len(), 1, "{what}");
+        let container = &containers[0];
+        let image_name = container["image"].as_str().unwrap().split(':').next().unwrap();
+        assert_eq!(image_name, image["name"], "{what}: not the image the kustomization sets");
+
+        let binary = container["command"][0].as_str().unwrap();
+        let program = binary.rsplit('/').next().unwrap();
+        let copied = containerfile
+            .lines()
+            .any(|l| l.starts_with("COPY --from=build") && l.contains(&format!("/out/{program} ")) && l.ends_with(" /usr/local/bin/"));
+        assert!(
+            copied && binary == format!("/usr/local/bin/{program}"),
+            "{what}: the Containerfile does not put {program} at {binary}"
+        );
+        programs.insert(program.to_owned());
+        let argv: Vec<&str> = std::iter::once(program)
+            .chain(container["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()))
+            .collect();
+        let (metrics_port, known_env) = match program {
+            "k8s4r-server" => {
+                let args = k8s4r_server::cli::Args::try_parse_from(&argv)
+                    .unwrap_or_else(|e| panic!("{what}: k8s4r-server rejects its args: {e}"));
+                (args.metrics_addr.port(), env_names(&k8s4r_server::cli::Args::command()))
+            }
+            "k8s4r-manager" => {
+                let args = k8s4r_manager::cli::Args::try_parse_from(&argv)
+                    .unwrap_or_else(|e| panic!("{what}: k8s4r-manager rejects its args: {e}"));
+                let mut env = env_names(&k8s4r_manager::cli::Args::command());
+                // Read by its default identity, not a flag.
+                env.insert("POD_NAME".to_owned());
+                (args.metrics_addr.port(), env)
+            }
+            other => panic!("{what}: runs {other}, which is not one of k8s4r's programs"),
+        };
+        for env in container["env"].as_array().into_iter().flatten() {
+            let var = env["name"].as_str().unwrap();
+            assert!(known_env.contains(var), "{what}: {program} does not read {var}");
+        }
+
+        let ports = container["ports"].as_array().unwrap();
+        let metrics = ports.iter().find(|p| p["name"] == "metrics").unwrap_or_else(|| panic!("{what}: no metrics port"));
+        assert_eq!(metrics["containerPort"], metrics_port, "{what}: the port is not the one it serves on");
+        for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+            let get = &container[probe]["httpGet"];
+            assert_eq!(get["path"], path, "{what}: {probe}");
+            assert_eq!(get["port"], "metrics", "{what}: {probe}");
+        }
+        let resources = &container["resources"];
+        for field in ["requests/cpu", "requests/memory", "limits/memory"] {
+            let (kind, resource) = field.split_once('/').unwrap();
+            assert!(resources[kind][resource].is_string(), "{what}: no {field}");
+        }
+        assert_eq!(
+            template["metadata"]["annotations"]["prometheus.io/port"],
+            metrics_port.to_string(),
+            "{what}: scraped on another port"
+        );
+    }
+    assert_eq!(
+        programs,
+        BTreeSet::from(["k8s4r-server".to_owned(), "k8s4r-manager".to_owned()]),
+        "a Deployment for each program"
+    );
+}
+
+// kubectl runs synchronously: the API server needs a thread of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_applies_deploy_to_the_embedded_api_server() {
+    let server = apiserver_lite::Config::for_tests().start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    let deploy = deploy_dir();
+    let deploy = deploy.to_str().unwrap();
+
+    let applied = kubectl(&kubeconfig, &["apply", "--server-side", "-k", deploy]);
+    for object in [
+        "namespace/k8s4r-system",
+        "customresourcedefinition.apiextensions.k8s.io/tasks.robot.k8s4r.io",
+        "clusterrole.rbac.authorization.k8s.io/k8s4r-server",
+        "rolebinding.rbac.authorization.k8s.io/k8s4r-manager-robot-leases",
+        "deployment.apps/k8s4r-server",
+        "deployment.apps/k8s4r-manager",
+    ] {
+        assert!(applied.contains(&format!("{object} serverside-applied")), "{object}:\n{applied}");
+    }
+    let deployments = kubectl(
+        &kubeconfig,
+        &["get", "deployments", "-n", "k8s4r-system", "-o", "jsonpath={.items[*].spec.template.spec.containers[0].image}"],
+    );
+    assert_eq!(deployments, "k8s4r:0.1.0 k8s4r:0.1.0");
+
+    // Applying again changes nothing; the examples apply on top, strictly validated.
+    kubectl(&kubeconfig, &["apply", "--server-side", "-k", deploy]);
+    let examples = format!("{deploy}/examples");
+    let applied = kubectl(&kubeconfig, &["apply", "--server-side", "--validate=strict", "-f", &examples]);
+    assert!(applied.contains("job.robot.k8s4r.io/demo serverside-applied"), "{applied}");
+    server.shutdown().await.unwrap();
+}
+
+/// Mosquitto started from a config file; killed when dropped.
+struct Mosquitto {
+    child: Child,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for Mosquitto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Mosquitto {
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("mosquitto.log")).unwrap_or_default()
+    }
+}
+
+/// deploy/mosquitto's configuration, with its install paths pointed at a
+/// temporary directory and its listener at `port`; each replacement must
+/// match, so the test follows the file.
+fn start_deployed_mosquitto(port: u16, users: &[(&str, &str)]) -> Mosquitto {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // Mosquitto started as root reads its files as the mosquitto user.
+    std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o777)).unwrap();
+    make_certificates(d);
+    let passwd = d.join("k8s4r.passwd");
+    for (i, (user, password)) in users.iter().enumerate() {
+        let mut cmd = Command::new("mosquitto_passwd");
+        if i == 0 {
+            cmd.arg("-c");
+        }
+        let out = cmd
+            .args(["-b"])
+            .arg(&passwd)
+            .args([user, password])
+            .output()
+            .expect("mosquitto_passwd (it comes with mosquitto: run scripts/setup.sh)");
+        assert!(out.status.success(), "mosquitto_passwd: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    std::fs::write(d.join("k8s4r.acl"), repo_file("deploy/mosquitto/k8s4r.acl")).unwrap();
+    for file in ["k8s4r.passwd", "k8s4r.acl"] {
+        std::fs::set_permissions(d.join(file), std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    let mut conf = repo_file("deploy/mosquitto/mosquitto.conf");
+    let here = d.display().to_string();
+    for (from, to) in [
+        ("password_file /etc/mosquitto/k8s4r.passwd", format!("password_file {here}/k8s4r.passwd")),
+        ("acl_file /etc/mosquitto/k8s4r.acl", format!("acl_file {here}/k8s4r.acl")),
+        ("cafile /etc/mosquitto/certs/ca.crt", format!("cafile {here}/ca.pem")),
+        ("certfile /etc/mosquitto/certs/server.crt", format!("certfile {here}/server.pem")),
+        ("keyfile /etc/mosquitto/certs/server.key", format!("keyfile {here}/server.key")),
+        ("persistence_location /var/lib/mosquitto/", format!("persistence_location {here}/")),
+        ("listener 8883", format!("listener {port} 127.0.0.1")),
+    ] {
+        assert!(conf.contains(from), "deploy/mosquitto/mosquitto.conf no longer says {from:?}");
+        conf = conf.replace(from, &to);
+    }
+    std::fs::write(d.join("mosquitto.conf"), conf).unwrap();
+    let log = std::fs::File::create(d.join("mosquitto.log")).unwrap();
+    let child = Command::new(mosquitto_binary())
+        .arg("-c")
+        .arg(d.join("mosquitto.conf"))
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start mosquitto");
+    Mosquitto { child, dir }
+}
+
+fn tls_options(id: &str, port: u16, ca: &[u8], login: Option<(&str, &str)>) -> MqttOptions {
+    let mut options = MqttOptions::new(id, "127.0.0.1", port);
+    options.set_transport(Transport::tls_with_config(TlsConfiguration::Simple {
+        ca: ca.to_vec(),
+        alpn: None,
+        client_auth: None,
+    }));
+    options.set_keep_alive(Duration::from_secs(5));
+    if let Some((user, password)) = login {
+        options.set_credentials(user, password);
+    }
+    options
+}
+
+/// Connects; the broker's CONNACK refusal or the connection error otherwise.
+async fn connect(options: MqttOptions) -> Result<(AsyncClient, EventLoop), ConnectionError> {
+    let (client, mut events) = AsyncClient::new(options, 16);
+    loop {
+        match events.poll().await? {
+            Event::Incoming(Packet::ConnAck(_)) => return Ok((client, events)),
+            _ => continue,
+        }
+    }
+}
+
+/// Polls the event loop in the background, passing on (topic, payload) of
+/// every message received, and ("SUBACK", "") for each acknowledged
+/// subscription.
+fn received(mut events: EventLoop) -> mpsc::UnboundedReceiver<(String, String)> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok(event) = events.poll().await {
+            let item = match event {
+                Event::Incoming(Packet::Publish(p)) => (p.topic.clone(), String::from_utf8_lossy(&p.payload).into_owned()),
+                Event::Incoming(Packet::SubAck(_)) => ("SUBACK".to_owned(), String::new()),
+                _ => continue,
+            };
+            let _ = tx.send(item);
+        }
+    });
+    rx
+}
+
+async fn next(rx: &mut mpsc::UnboundedReceiver<(String, String)>, what: &str) -> (String, String) {
+    tokio::time::timeout(WAIT, rx.recv())
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+        .expect("the client's event loop ended")
+}
+
+#[tokio::test]
+async fn deployed_mosquitto_enforces_tls_passwords_and_the_per_robot_acl() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let port = free_port();
+    let broker = start_deployed_mosquitto(port, &[("k8s4r-server", "server-pw"), ("r1", "r1-pw"), ("r2", "r2-pw")]);
+    eventually(WAIT, "mosquitto to listen", || async {
+        if broker.dir.path().join("mosquitto.log").exists() && std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            Some(())
+        } else {
+            None
+        }
+    })
+    .await;
+    let ca = std::fs::read(broker.dir.path().join("ca.pem")).unwrap();
+
+    // No plain MQTT, no anonymous clients, no wrong passwords.
+    let mut plain = MqttOptions::new("plain", "127.0.0.1", port);
+    plain.set_credentials("r1", "r1-pw");
+    assert!(connect(plain).await.is_err(), "plain MQTT was accepted on the TLS listener");
+    for (login, what) in [(None, "anonymous"), (Some(("r1", "r2-pw")), "a wrong password")] {
+        match connect(tls_options("intruder", port, &ca, login)).await {
+            Err(ConnectionError::ConnectionRefused(_)) => {}
+            Err(other) => panic!("{what}: expected a refused CONNACK, got {other}\n{}", broker.log()),
+            Ok(_) => panic!("{what} was let in"),
+        }
+    }
+
+    let (server, server_events) = connect(tls_options("k8s4r-server", port, &ca, Some(("k8s4r-server", "server-pw"))))
+        .await
+        .unwrap_or_else(|e| panic!("the server user: {e}\n{}", broker.log()));
+    let (r1, r1_events) = connect(tls_options("r1", port, &ca, Some(("r1", "r1-pw"))))
+        .await
+        .unwrap_or_else(|e| panic!("robot r1: {e}\n{}", broker.log()));
+    let mut to_server = received(server_events);
+    let mut to_r1 = received(r1_events);
+    server.subscribe("k8s4r/#", QoS::AtLeastOnce).await.unwrap();
+    // r1 asks for r2's messages too; the ACL must keep them from it.
+    r1.subscribe("k8s4r/robots/r1/#", QoS::AtLeastOnce).await.unwrap();
+    r1.subscribe("k8s4r/robots/r2/#", QoS::AtLeastOnce).await.unwrap();
+    assert_eq!(next(&mut to_server, "the server's SUBACK").await.0, "SUBACK");
+    for _ in 0..2 {
+        assert_eq!(next(&mut to_r1, "r1's SUBACKs").await.0, "SUBACK");
+    }
+
+    r1.publish("k8s4r/robots/r1/heartbeat", QoS::AtLeastOnce, false, "hello")
+        .await
+        .unwrap();
+    assert_eq!(next(&mut to_server, "r1's heartbeat").await.1, "hello");
+    assert_eq!(next(&mut to_r1, "r1's own heartbeat").await.1, "hello");
+
+    // The server may write to any robot; each robot reads only its own.
+    server
+        .publish("k8s4r/robots/r2/dispatch", QoS::AtLeastOnce, false, "for r2")
+        .await
+        .unwrap();
+    server
+        .publish("k8s4r/robots/r1/dispatch", QoS::AtLeastOnce, false, "for r1")
+        .await
+        .unwrap();
+    let mut seen_by_server = Vec::new();
+    for _ in 0..2 {
+        seen_by_server.push(next(&mut to_server, "the dispatches").await.1);
+    }
+    assert_eq!(seen_by_server, ["for r2", "for r1"]);
+    let (topic, body) = next(&mut to_r1, "r1's dispatch").await;
+    assert_eq!((topic.as_str(), body.as_str()), ("k8s4r/robots/r1/dispatch", "for r1"), "r1 read r2's dispatch");
+
+    // A robot cannot speak for another: r1's status as r2 never arrives,
+    // while its own, sent after it, does.
+    r1.publish("k8s4r/robots/r2/status", QoS::AtLeastOnce, false, "spoofed")
+        .await
+        .unwrap();
+    r1.publish("k8s4r/robots/r1/status", QoS::AtLeastOnce, false, "own")
+        .await
+        .unwrap();
+    let (topic, body) = next(&mut to_server, "r1's status").await;
+    assert_eq!((topic.as_str(), body.as_str()), ("k8s4r/robots/r1/status", "own"), "r1 wrote as r2");
+}
