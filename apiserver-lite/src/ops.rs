@@ -108,10 +108,29 @@ fn check_type(rt: &ResourceType, obj: &Value) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// A Secret's `stringData` is write-only: its entries are stored in `data`,
+/// base64-encoded, over entries of the same key.
+fn fold_string_data(secret: &mut Value) {
+    use base64::Engine as _;
+    let Some(Value::Object(plain)) = secret.as_object_mut().and_then(|o| o.remove("stringData")) else {
+        return;
+    };
+    if !secret["data"].is_object() {
+        secret["data"] = Value::Object(Default::default());
+    }
+    for (key, value) in plain {
+        let text = value.as_str().unwrap_or_default();
+        secret["data"][key] = Value::String(base64::engine::general_purpose::STANDARD.encode(text));
+    }
+}
+
 /// Prunes and validates a custom resource; returns the warnings of pruning.
 fn prune_and_validate(rt: &ResourceType, obj: &mut Value, opts: &WriteOpts) -> Result<Vec<String>, ApiError> {
     let mut warnings = Vec::new();
     let name = meta_str(obj, "name").to_string();
+    if rt.group.is_empty() && rt.plural == "secrets" {
+        fold_string_data(obj);
+    }
     if rt.is_crd() {
         if let Err(errs) = resources::from_crd(obj) {
             return Err(ApiError::invalid(&rt.kind, &rt.group, &name, &errs));

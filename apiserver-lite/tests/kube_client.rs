@@ -646,3 +646,36 @@ async fn objects_survive_a_restart() {
     assert!(b > a, "resourceVersions keep growing across restarts");
     server.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn secret_string_data_is_stored_in_data() {
+    use k8s_openapi::api::core::v1::Secret;
+    let (server, client) = server().await;
+    let api: Api<Secret> = Api::namespaced(client.clone(), "default");
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "tokens"},
+        "data": {"kept": "eQ==", "replaced": "eQ=="},
+        "stringData": {"plain": "x", "replaced": "z"}
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &secret).await.unwrap();
+    let read = |s: &Secret, key: &str| {
+        String::from_utf8(s.data.as_ref().unwrap()[key].0.clone()).unwrap()
+    };
+    let stored = api.get("tokens").await.unwrap();
+    assert!(stored.string_data.is_none(), "stringData is write-only");
+    assert_eq!(read(&stored, "plain"), "x");
+    assert_eq!(read(&stored, "replaced"), "z");
+    assert_eq!(read(&stored, "kept"), "y");
+    let patched = api
+        .patch(
+            "tokens",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"stringData": {"plain": "w"}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(read(&patched, "plain"), "w");
+    assert_eq!(read(&patched, "kept"), "y");
+    drop(server);
+}
