@@ -40,6 +40,13 @@ pub mod names {
     /// Finalizer the server holds on a dispatched Task until the robot has
     /// stopped it (or is offline).
     pub const FINALIZER_CANCEL: &str = "robot.k8s4r.io/cancel-on-robot";
+    /// Annotation on a Robot: hex SHA-256 of the bootstrap token it last
+    /// registered with (the server writes it, the manager checks it).
+    pub const ANNOTATION_TOKEN_SHA256: &str = "robot.k8s4r.io/bootstrap-token-sha256";
+    /// Annotation on a Task: the highest attempt whose dispatch the broker
+    /// acknowledged (the server writes it, the manager's dispatch timeout
+    /// reads it).
+    pub const ANNOTATION_DISPATCHED_ATTEMPT: &str = "robot.k8s4r.io/dispatched-attempt";
     /// Field manager of the server's writes.
     pub const MANAGER_SERVER: &str = "k8s4r-server";
     /// Field manager of the manager's writes.

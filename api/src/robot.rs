@@ -69,7 +69,8 @@ pub struct RobotStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
     /// When the server last recorded a heartbeat (coalesced: see the server's
-    /// write budget; the Lease `robot-<name>` holds the precise renew time).
+    /// write budget; the Lease of the robot's name in the namespace
+    /// `k8s4r-robot-leases` holds the precise renew time).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_heartbeat_time: Option<Timestamp>,
     /// When the robot last registered.

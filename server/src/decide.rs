@@ -18,10 +18,7 @@ use k8s4r_api::{
 };
 use serde::Serialize;
 
-/// Annotation on a Robot: hex SHA-256 of the bootstrap token it last sent.
-pub const ANNOTATION_TOKEN_SHA256: &str = "robot.k8s4r.io/bootstrap-token-sha256";
-/// Annotation on a Task: the highest attempt whose dispatch the broker acknowledged.
-pub const ANNOTATION_DISPATCHED_ATTEMPT: &str = "robot.k8s4r.io/dispatched-attempt";
+pub use k8s4r_api::names::{ANNOTATION_DISPATCHED_ATTEMPT, ANNOTATION_TOKEN_SHA256};
 /// The Robot condition the server owns.
 pub const CONDITION_CONNECTED: &str = "Connected";
 

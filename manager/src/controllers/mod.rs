@@ -468,7 +468,7 @@ impl Context {
             status.map_or(0, |s| s.attempt),
             status.and_then(|s| s.state),
             task.annotations()
-                .get(task::ANNOTATION_DISPATCHED)
+                .get(k8s4r_api::names::ANNOTATION_DISPATCHED_ATTEMPT)
                 .and_then(|a| a.parse::<u32>().ok())
                 .is_some_and(|a| a >= status.map_or(0, |s| s.attempt) && a > 0),
         );

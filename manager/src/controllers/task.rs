@@ -23,8 +23,6 @@ use crate::ledger::Placement;
 use crate::lifecycle::{next_step, RobotHealth, Step};
 use crate::scheduler::{choose, Request};
 
-/// The annotation the server sets to the attempt it delivered.
-pub const ANNOTATION_DISPATCHED: &str = "robot.k8s4r.io/dispatched-attempt";
 
 /// How long a task that found no robot waits before looking again on its
 /// own; robot changes wake it much sooner.

@@ -162,7 +162,7 @@ impl RobotBuilder {
     }
     pub fn token_hash(mut self, hash: &str) -> Self {
         self.annotations
-            .insert("robot.k8s4r.io/bootstrap-token-sha256".into(), hash.into());
+            .insert(k8s4r_api::names::ANNOTATION_TOKEN_SHA256.into(), hash.into());
         self
     }
 
