@@ -164,3 +164,117 @@ pub fn mosquitto_binary() -> PathBuf {
     panic!("mosquitto is not installed: run scripts/setup.sh (it installs the broker these tests start)");
 }
 
+
+/// A Mosquitto broker run from a config file in a directory of its own,
+/// killed (and reaped) on drop.
+pub struct Mosquitto {
+    /// The port of the listener [`Mosquitto::start_with`] was told to use.
+    pub port: u16,
+    dir: tempfile::TempDir,
+    child: Option<std::process::Child>,
+}
+
+impl Mosquitto {
+    /// Plain MQTT on a free loopback port, anonymous clients allowed, no
+    /// persistence.
+    pub fn start() -> Mosquitto {
+        Self::start_with(|port, _| {
+            format!(
+                "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nmax_queued_messages 10000\n"
+            )
+        })
+    }
+
+    /// Writes the config `config(port, dir)` gives for a free `port` into
+    /// the broker's directory `dir`, starts Mosquitto on it and waits until
+    /// `port` accepts connections. The directory is world-writable: started
+    /// as root, Mosquitto reads and writes its files as its own user.
+    pub fn start_with(config: impl FnOnce(u16, &Path) -> String) -> Mosquitto {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        let port = free_port();
+        let text = config(port, dir.path());
+        std::fs::write(dir.path().join("mosquitto.conf"), text).expect("write mosquitto.conf");
+        let mut broker = Mosquitto {
+            port,
+            dir,
+            child: None,
+        };
+        broker.spawn();
+        broker
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("mosquitto.log"))
+            .expect("the broker's log file");
+        let child = Command::new(mosquitto_binary())
+            .arg("-c")
+            .arg(self.dir.path().join("mosquitto.conf"))
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start mosquitto");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "mosquitto did not listen on {}: {}",
+                self.port,
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `mqtt://127.0.0.1:<port>`
+    pub fn url(&self) -> String {
+        format!("mqtt://127.0.0.1:{}", self.port)
+    }
+
+    /// The broker's directory (its config, log and whatever else it keeps).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// What the broker logged.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("mosquitto.log")).unwrap_or_default()
+    }
+
+    /// Stops the broker with SIGTERM, so that it saves its persistence file.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let _ = child.wait();
+        }
+    }
+
+    /// Kills the broker at once (SIGKILL): what it did not save is lost.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Stops the broker (SIGTERM) and starts it again on the same port
+    /// with the same directory.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+    }
+}
+
+impl Drop for Mosquitto {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

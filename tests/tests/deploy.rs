@@ -9,11 +9,11 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use clap::{CommandFactory, Parser};
-use k8s4r_testbed::{eventually, free_port, kubectl, make_certificates, mosquitto_binary};
+use k8s4r_testbed::{kubectl, make_certificates, Mosquitto};
 use rumqttc::{AsyncClient, ConnectionError, Event, EventLoop, MqttOptions, Packet, QoS, TlsConfiguration, Transport};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -277,77 +277,48 @@ async fn kubectl_applies_deploy_to_the_embedded_api_server() {
     server.shutdown().await.unwrap();
 }
 
-/// Mosquitto started from a config file; killed when dropped.
-struct Mosquitto {
-    child: Child,
-    dir: tempfile::TempDir,
-}
-
-impl Drop for Mosquitto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Mosquitto {
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("mosquitto.log")).unwrap_or_default()
-    }
-}
-
-/// deploy/mosquitto's configuration, with its install paths pointed at a
-/// temporary directory and its listener at `port`; each replacement must
-/// match, so the test follows the file.
-fn start_deployed_mosquitto(port: u16, users: &[(&str, &str)]) -> Mosquitto {
+/// deploy/mosquitto's configuration, with its install paths pointed at the
+/// broker's directory and its listener at a free port; each replacement
+/// must match, so the test follows the file.
+fn start_deployed_mosquitto(users: &[(&str, &str)]) -> Mosquitto {
     use std::os::unix::fs::PermissionsExt;
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    // Mosquitto started as root reads its files as the mosquitto user.
-    std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o777)).unwrap();
-    make_certificates(d);
-    let passwd = d.join("k8s4r.passwd");
-    for (i, (user, password)) in users.iter().enumerate() {
-        let mut cmd = Command::new("mosquitto_passwd");
-        if i == 0 {
-            cmd.arg("-c");
+    Mosquitto::start_with(|port, d| {
+        make_certificates(d);
+        let passwd = d.join("k8s4r.passwd");
+        for (i, (user, password)) in users.iter().enumerate() {
+            let mut cmd = Command::new("mosquitto_passwd");
+            if i == 0 {
+                cmd.arg("-c");
+            }
+            let out = cmd
+                .arg("-b")
+                .arg(&passwd)
+                .args([user, password])
+                .output()
+                .expect("mosquitto_passwd (it comes with mosquitto: run scripts/setup.sh)");
+            assert!(out.status.success(), "mosquitto_passwd: {}", String::from_utf8_lossy(&out.stderr));
         }
-        let out = cmd
-            .args(["-b"])
-            .arg(&passwd)
-            .args([user, password])
-            .output()
-            .expect("mosquitto_passwd (it comes with mosquitto: run scripts/setup.sh)");
-        assert!(out.status.success(), "mosquitto_passwd: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    std::fs::write(d.join("k8s4r.acl"), repo_file("deploy/mosquitto/k8s4r.acl")).unwrap();
-    for file in ["k8s4r.passwd", "k8s4r.acl"] {
-        std::fs::set_permissions(d.join(file), std::fs::Permissions::from_mode(0o644)).unwrap();
-    }
-    let mut conf = repo_file("deploy/mosquitto/mosquitto.conf");
-    let here = d.display().to_string();
-    for (from, to) in [
-        ("password_file /etc/mosquitto/k8s4r.passwd", format!("password_file {here}/k8s4r.passwd")),
-        ("acl_file /etc/mosquitto/k8s4r.acl", format!("acl_file {here}/k8s4r.acl")),
-        ("cafile /etc/mosquitto/certs/ca.crt", format!("cafile {here}/ca.pem")),
-        ("certfile /etc/mosquitto/certs/server.crt", format!("certfile {here}/server.pem")),
-        ("keyfile /etc/mosquitto/certs/server.key", format!("keyfile {here}/server.key")),
-        ("persistence_location /var/lib/mosquitto/", format!("persistence_location {here}/")),
-        ("listener 8883", format!("listener {port} 127.0.0.1")),
-    ] {
-        assert!(conf.contains(from), "deploy/mosquitto/mosquitto.conf no longer says {from:?}");
-        conf = conf.replace(from, &to);
-    }
-    std::fs::write(d.join("mosquitto.conf"), conf).unwrap();
-    let log = std::fs::File::create(d.join("mosquitto.log")).unwrap();
-    let child = Command::new(mosquitto_binary())
-        .arg("-c")
-        .arg(d.join("mosquitto.conf"))
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("start mosquitto");
-    Mosquitto { child, dir }
+        std::fs::write(d.join("k8s4r.acl"), repo_file("deploy/mosquitto/k8s4r.acl")).unwrap();
+        // Mosquitto started as root reads them as its own user.
+        for file in ["k8s4r.passwd", "k8s4r.acl"] {
+            std::fs::set_permissions(d.join(file), std::fs::Permissions::from_mode(0o644)).unwrap();
+        }
+        let mut conf = repo_file("deploy/mosquitto/mosquitto.conf");
+        let here = d.display().to_string();
+        for (from, to) in [
+            ("password_file /etc/mosquitto/k8s4r.passwd", format!("password_file {here}/k8s4r.passwd")),
+            ("acl_file /etc/mosquitto/k8s4r.acl", format!("acl_file {here}/k8s4r.acl")),
+            ("cafile /etc/mosquitto/certs/ca.crt", format!("cafile {here}/ca.pem")),
+            ("certfile /etc/mosquitto/certs/server.crt", format!("certfile {here}/server.pem")),
+            ("keyfile /etc/mosquitto/certs/server.key", format!("keyfile {here}/server.key")),
+            ("persistence_location /var/lib/mosquitto/", format!("persistence_location {here}/")),
+            ("listener 8883", format!("listener {port} 127.0.0.1")),
+        ] {
+            assert!(conf.contains(from), "deploy/mosquitto/mosquitto.conf no longer says {from:?}");
+            conf = conf.replace(from, &to);
+        }
+        conf
+    })
 }
 
 fn tls_options(id: &str, port: u16, ca: &[u8], login: Option<(&str, &str)>) -> MqttOptions {
@@ -403,17 +374,9 @@ async fn next(rx: &mut mpsc::UnboundedReceiver<(String, String)>, what: &str) ->
 #[tokio::test]
 async fn deployed_mosquitto_enforces_tls_passwords_and_the_per_robot_acl() {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let port = free_port();
-    let broker = start_deployed_mosquitto(port, &[("k8s4r-server", "server-pw"), ("r1", "r1-pw"), ("r2", "r2-pw")]);
-    eventually(WAIT, "mosquitto to listen", || async {
-        if broker.dir.path().join("mosquitto.log").exists() && std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            Some(())
-        } else {
-            None
-        }
-    })
-    .await;
-    let ca = std::fs::read(broker.dir.path().join("ca.pem")).unwrap();
+    let broker = start_deployed_mosquitto(&[("k8s4r-server", "server-pw"), ("r1", "r1-pw"), ("r2", "r2-pw")]);
+    let port = broker.port;
+    let ca = std::fs::read(broker.dir().join("ca.pem")).unwrap();
 
     // No plain MQTT, no anonymous clients, no wrong passwords.
     let mut plain = MqttOptions::new("plain", "127.0.0.1", port);

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s4r::up::{kubeconfig_path, manager_config, Stack, UpArgs};
 use k8s4r_api::names::LABEL_JOB;
@@ -27,7 +27,7 @@ where
     k8s4r_testbed::eventually(DEADLINE, what, check).await
 }
 
-use k8s4r_testbed::{free_port, kubectl};
+use k8s4r_testbed::{free_port, kubectl, Mosquitto};
 
 /// A child process killed (and reaped) on drop.
 struct Proc(Child);
@@ -39,34 +39,6 @@ impl Drop for Proc {
     }
 }
 
-/// A Mosquitto on a free loopback port.
-fn mosquitto(dir: &Path) -> (Proc, u16) {
-    let port = free_port();
-    let conf = dir.join("mosquitto.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n\
-             max_queued_messages 10000\nlog_dest stderr\n"
-        ),
-    )
-    .expect("mosquitto.conf");
-    let log = std::fs::File::create(dir.join("mosquitto.log")).expect("log file");
-    let child = Command::new("mosquitto")
-        .arg("-c")
-        .arg(&conf)
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("mosquitto starts (it is on the machine image; else apt-get install mosquitto)");
-    let child = Proc(child);
-    let until = Instant::now() + DEADLINE;
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < until, "mosquitto did not listen on {port}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    (child, port)
-}
 
 /// The stack, Mosquitto and the agents of one test.
 struct Env {
@@ -77,7 +49,7 @@ struct Env {
     /// Where tasks leave their pid files and counters.
     scratch: PathBuf,
     broker_url: String,
-    _mosquitto: Proc,
+    _mosquitto: Mosquitto,
     dir: tempfile::TempDir,
 }
 
@@ -86,8 +58,8 @@ impl Env {
     /// until every robot is Online.
     async fn start(robots: &[(&str, &[&str])]) -> Env {
         let dir = tempfile::tempdir().expect("temp dir");
-        let (mosq, port) = mosquitto(dir.path());
-        let broker_url = format!("mqtt://127.0.0.1:{port}");
+        let mosq = Mosquitto::start();
+        let broker_url = mosq.url();
         let data_dir = dir.path().join("data");
         let scratch = dir.path().join("scratch");
         std::fs::create_dir_all(&scratch).expect("scratch dir");

@@ -3,13 +3,13 @@
 
 #![allow(dead_code)]
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use k8s4r_api::protocol::{decode, encode, Message, RegisterResponse, StatusUpdate, Topics};
 use k8s4r_api::RobotPhase;
+use k8s4r_testbed::{free_port, Mosquitto};
 use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
 use tokio::sync::mpsc;
 
@@ -28,18 +28,12 @@ pub async fn eventually<T>(what: &str, timeout: Duration, mut f: impl FnMut() ->
     }
 }
 
-/// A Mosquitto broker in a temporary directory; killed on drop.
+/// A Mosquitto broker with persistence, and optionally a TLS listener;
+/// killed on drop.
 pub struct Broker {
-    pub port: u16,
+    mosquitto: Mosquitto,
     /// The TLS listener's port, for [`Broker::start_tls`].
     pub tls_port: Option<u16>,
-    dir: tempfile::TempDir,
-    child: Option<Child>,
-}
-
-fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    listener.local_addr().expect("local addr").port()
 }
 
 impl Broker {
@@ -63,109 +57,53 @@ impl Broker {
 
     /// The CA certificate of the TLS listener.
     pub fn ca_file(&self) -> PathBuf {
-        self.dir.path().join("ca.pem")
+        self.mosquitto.dir().join("ca.pem")
     }
 
     /// A client certificate and key the CA signed.
     pub fn client_cert(&self) -> (PathBuf, PathBuf) {
-        (
-            self.dir.path().join("client.pem"),
-            self.dir.path().join("client.key"),
-        )
+        let dir = self.mosquitto.dir();
+        (dir.join("client.pem"), dir.join("client.key"))
     }
 
     fn start_with(tls: bool, require_client_cert: bool) -> Broker {
-        let dir = tempfile::tempdir().expect("tempdir");
-        // Mosquitto started as root drops to its own user before it writes
-        // its persistence file.
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
-        let port = free_port();
-        let conf = dir.path().join("mosquitto.conf");
-        let mut text = format!(
-            "allow_anonymous true\npersistence true\npersistence_location {}/\nautosave_interval 1\nmax_queued_messages 10000\nlistener {port} 127.0.0.1\n",
-            dir.path().display()
-        );
-        let tls_port = tls.then(|| {
-            k8s4r_testbed::make_certificates(dir.path());
-            let tls_port = free_port();
-            let d = dir.path().display();
-            text.push_str(&format!(
-                "listener {tls_port} 127.0.0.1\ncafile {d}/ca.pem\ncertfile {d}/server.pem\nkeyfile {d}/server.key\nrequire_certificate {require_client_cert}\n"
-            ));
-            tls_port
-        });
-        std::fs::write(&conf, text).expect("write mosquitto.conf");
-        let mut broker = Broker {
-            port,
-            tls_port,
-            dir,
-            child: None,
-        };
-        broker.spawn();
-        broker
-    }
-
-    fn spawn(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.path().join("mosquitto.log"))
-            .expect("broker log");
-        let child = Command::new(k8s4r_testbed::mosquitto_binary())
-            .arg("-c")
-            .arg(self.dir.path().join("mosquitto.conf"))
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start mosquitto");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "mosquitto did not listen on {}: {}",
-                self.port,
-                self.log()
+        let mut tls_port = None;
+        let mosquitto = Mosquitto::start_with(|port, dir| {
+            let d = dir.display();
+            let mut text = format!(
+                "allow_anonymous true\npersistence true\npersistence_location {d}/\nautosave_interval 1\nmax_queued_messages 10000\nlistener {port} 127.0.0.1\n"
             );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+            if tls {
+                k8s4r_testbed::make_certificates(dir);
+                let port = free_port();
+                text.push_str(&format!(
+                    "listener {port} 127.0.0.1\ncafile {d}/ca.pem\ncertfile {d}/server.pem\nkeyfile {d}/server.key\nrequire_certificate {require_client_cert}\n"
+                ));
+                tls_port = Some(port);
+            }
+            text
+        });
+        Broker { mosquitto, tls_port }
     }
 
     /// `mqtt://127.0.0.1:<port>`
     pub fn url(&self) -> String {
-        format!("mqtt://127.0.0.1:{}", self.port)
+        self.mosquitto.url()
     }
 
     /// Stops the broker (SIGTERM, so it saves its persistence file).
     pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(child.id() as i32),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-            let _ = child.wait();
-        }
+        self.mosquitto.stop();
     }
 
     /// Starts it again on the same port with the same state.
     pub fn restart(&mut self) {
-        self.stop();
-        self.spawn();
+        self.mosquitto.restart();
     }
 
     /// The broker's log.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("mosquitto.log")).unwrap_or_default()
-    }
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.mosquitto.log()
     }
 }
 
@@ -195,7 +133,7 @@ pub struct Server {
 impl Server {
     /// Connects and subscribes to everything under `k8s4r/robots/<robot>/`.
     pub async fn connect(broker: &Broker, robot: &str) -> Server {
-        let mut options = MqttOptions::new(format!("test-server-{robot}"), "127.0.0.1", broker.port);
+        let mut options = MqttOptions::new(format!("test-server-{robot}"), "127.0.0.1", broker.mosquitto.port);
         options.set_clean_session(false);
         options.set_max_packet_size(4 << 20, 4 << 20);
         options.set_keep_alive(Duration::from_secs(5));

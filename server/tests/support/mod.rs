@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use std::future::Future;
-use std::process::{Child, Command, Stdio};
+
 use std::time::{Duration, Instant};
 
 use apiserver_lite::{Config, RunningServer};
@@ -33,87 +33,7 @@ where
     k8s4r_testbed::eventually(DEADLINE, what, check).await
 }
 
-use k8s4r_testbed::free_port;
-
-/// A Mosquitto broker on a free loopback port, killed on drop.
-pub struct Mosquitto {
-    child: Child,
-    pub port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Mosquitto {
-    /// Kills the broker (its sessions are lost: no persistence) and starts
-    /// a new one on the same port.
-    pub fn restart(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        self.child = Self::spawn(self._dir.path(), self.port);
-    }
-
-    fn spawn(dir: &std::path::Path, port: u16) -> Child {
-        let conf = dir.join("mosquitto.conf");
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(dir.join("mosquitto.log"))
-            .expect("log file");
-        let child = Command::new("mosquitto")
-            .arg("-c")
-            .arg(&conf)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("mosquitto starts");
-        let until = Instant::now() + DEADLINE;
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < until, "mosquitto did not listen on {port}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        child
-    }
-
-    pub fn start() -> Self {
-        let which = Command::new("mosquitto")
-            .arg("-h")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-        assert!(
-            which.is_ok(),
-            "mosquitto is not installed: run the repo's test setup script (scripts/) \
-             or `apt-get install -y mosquitto`"
-        );
-        let dir = tempfile::tempdir().expect("temp dir");
-        let port = free_port();
-        let conf = dir.path().join("mosquitto.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n\
-                 max_queued_messages 10000\nlog_dest stderr\n"
-            ),
-        )
-        .expect("mosquitto.conf");
-        let child = Self::spawn(dir.path(), port);
-        Self {
-            child,
-            port,
-            _dir: dir,
-        }
-    }
-
-    pub fn url(&self) -> String {
-        format!("mqtt://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for Mosquitto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+pub use k8s4r_testbed::Mosquitto;
 
 /// The API server with the CRDs and the Lease namespace, and a broker.
 pub struct Env {
