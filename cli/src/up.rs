@@ -53,7 +53,8 @@ pub const TOKEN_SECRET: &str = "k8s4r-bootstrap-tokens";
 #[derive(Debug, Clone, clap::Args)]
 pub struct UpArgs {
     /// Address of the embedded Kubernetes API server (loopback by default;
-    /// it is plain HTTP with a bearer token).
+    /// HTTPS with a self-signed certificate and a bearer token, both in the
+    /// kubeconfig `up` writes).
     #[arg(long, env = "K8S4R_API_BIND", default_value = "127.0.0.1:6443")]
     pub api_bind: SocketAddr,
     /// Address of the embedded MQTT broker.
