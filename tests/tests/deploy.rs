@@ -441,3 +441,78 @@ async fn deployed_mosquitto_enforces_tls_passwords_and_the_per_robot_acl() {
     let (topic, body) = next(&mut to_server, "r1's status").await;
     assert_eq!((topic.as_str(), body.as_str()), ("k8s4r/robots/r1/status", "own"), "r1 wrote as r2");
 }
+
+/// The RBAC of deploy/cluster is enough for leader election too, which
+/// `k8s4r up` (one replica of each program) never uses: the server and the
+/// manager each take, renew and release their Lease with nothing but their
+/// ServiceAccount's permissions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_election_works_under_the_deployed_rbac() {
+    use apiserver_lite::User;
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube::Api;
+    use tokio_util::sync::CancellationToken;
+
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let server = apiserver_lite::Config::for_tests()
+        .user("server-token", User::service_account(k8s4r::up::SYSTEM_NAMESPACE, k8s4r::up::SERVER_ACCOUNT))
+        .user("manager-token", User::service_account(k8s4r::up::SYSTEM_NAMESPACE, k8s4r::up::MANAGER_ACCOUNT))
+        .start()
+        .await
+        .unwrap();
+    let admin = server.client().await.unwrap();
+    k8s4r::up::install_crds(&admin).await.unwrap();
+    k8s4r::up::apply_cluster_rbac(&admin).await.unwrap();
+    let broker = Mosquitto::start();
+
+    let stop = CancellationToken::new();
+    let mut bridge = k8s4r_server::ServerConfig::new(broker.url());
+    bridge.leader_election = true;
+    bridge.identity = "server-a".to_owned();
+    let bridge = tokio::spawn(k8s4r_server::run(
+        bridge,
+        server.client_with_token("server-token").await.unwrap(),
+        stop.clone(),
+    ));
+    let mut controllers = k8s4r::up::manager_config();
+    controllers.leader = Some(k8s4r_manager::LeaderConfig {
+        lease_name: "k8s4r-manager".to_owned(),
+        identity: "manager-a".to_owned(),
+        lease_seconds: 15,
+        renew_grace_seconds: 5,
+    });
+    let metrics = std::sync::Arc::new(k8s4r_manager::metrics::Metrics::default());
+    let manager = tokio::spawn(k8s4r_manager::run_with_metrics(
+        controllers,
+        server.client_with_token("manager-token").await.unwrap(),
+        metrics.clone(),
+        stop.clone(),
+    ));
+
+    let holder = |namespace: &'static str, name: &'static str| {
+        let leases: Api<Lease> = Api::namespaced(admin.clone(), namespace);
+        async move {
+            let lease = leases.get_opt(name).await.unwrap()?;
+            lease.spec?.holder_identity
+        }
+    };
+    let deadline = Duration::from_secs(30);
+    k8s4r_testbed::eventually(deadline, "the server to lead", || async {
+        (holder(k8s4r::up::LEASE_NAMESPACE, "k8s4r-server-leader").await.as_deref() == Some("server-a")).then_some(())
+    })
+    .await;
+    k8s4r_testbed::eventually(deadline, "the manager to lead", || async {
+        let leads = metrics.leader.load(std::sync::atomic::Ordering::Relaxed);
+        (leads && holder(k8s4r::up::SYSTEM_NAMESPACE, "k8s4r-manager").await.as_deref() == Some("manager-a")).then_some(())
+    })
+    .await;
+
+    // Stopping hands the Leases over at once (the server releases with an update).
+    stop.cancel();
+    bridge.await.unwrap().unwrap();
+    manager.await.unwrap().unwrap();
+    assert_eq!(holder(k8s4r::up::LEASE_NAMESPACE, "k8s4r-server-leader").await, None);
+    let denied = server.denied();
+    assert!(denied.is_empty(), "deploy/cluster's RBAC denied:\n{}", denied.join("\n"));
+    server.shutdown().await.unwrap();
+}
