@@ -17,7 +17,7 @@ pub mod taskgroup;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::channel::mpsc::{unbounded, UnboundedSender};
 use futures::StreamExt;
@@ -521,6 +521,7 @@ pub async fn run(
     let (tasks, task_writer) = reflector::store_shared::<Task>(SHARED_BUFFER);
     let (groups, group_writer) = reflector::store_shared::<TaskGroup>(SHARED_BUFFER);
     let (robots, robot_writer) = reflector::store_shared::<Robot>(SHARED_BUFFER);
+    let (jobs, job_writer) = reflector::store_shared::<Job>(SHARED_BUFFER);
     let (leases, lease_writer) = reflector::store::<Lease>();
     let internal = |what: &str| Error::Malformed {
         kind: "store",
@@ -532,6 +533,7 @@ pub async fn run(
     let group_for_groups = group_writer.subscribe().ok_or_else(|| internal("taskgroups"))?;
     let group_for_jobs = group_writer.subscribe().ok_or_else(|| internal("taskgroups"))?;
     let robot_for_robots = robot_writer.subscribe().ok_or_else(|| internal("robots"))?;
+    let job_for_jobs = job_writer.subscribe().ok_or_else(|| internal("jobs"))?;
 
     let (events_tx, events_rx) = tokio::sync::mpsc::channel(4096);
     let events = config.events.then_some(events_tx);
@@ -615,8 +617,26 @@ pub async fn run(
                 }
                 futures::future::ready(())
             });
+        // Jobs have no handler of their own; their cache feeds the Job
+        // controller, filled before it starts like the others (a controller
+        // with a cache of its own waits for it even while shutting down).
+        let job_informer = watcher(Api::<Job>::all(client.clone()), wc.clone())
+            .default_backoff()
+            .reflect_shared(job_writer)
+            .for_each(|ev| {
+                if let Err(e) = ev {
+                    tracing::warn!(error = %e, "job watch");
+                }
+                futures::future::ready(())
+            });
         async move {
-            tokio::join!(task_informer, robot_informer, group_informer, lease_informer);
+            tokio::join!(
+                task_informer,
+                robot_informer,
+                group_informer,
+                lease_informer,
+                job_informer
+            );
         }
     };
     let informers = tokio::spawn(informers);
@@ -628,7 +648,8 @@ pub async fn run(
             tasks.wait_until_ready(),
             groups.wait_until_ready(),
             robots.wait_until_ready(),
-            leases.wait_until_ready()
+            leases.wait_until_ready(),
+            jobs.wait_until_ready()
         );
     };
     tokio::select! {
@@ -655,7 +676,7 @@ pub async fn run(
         .graceful_shutdown_on(stop())
         .run(taskgroup::reconcile, taskgroup::error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()));
-    let job_ctrl = Controller::new(Api::<Job>::all(client.clone()), wc)
+    let job_ctrl = Controller::for_shared_stream(job_for_jobs, jobs)
         .with_config(status_config())
         .owns_shared_stream(group_for_jobs)
         .reconcile_on(job_rx)
@@ -668,7 +689,19 @@ pub async fn run(
         .graceful_shutdown_on(stop())
         .run(robot::reconcile, robot::error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()));
-    tokio::join!(task_ctrl, group_ctrl, job_ctrl, robot_ctrl);
+    let drained = async {
+        tokio::join!(task_ctrl, group_ctrl, job_ctrl, robot_ctrl);
+    };
+    // Reconciles in flight finish (each API call is bounded by the API
+    // timeout); past the grace period the controllers are dropped, so that
+    // a stop or a lost Lease always ends.
+    let grace = ctx.config.api_timeout + Duration::from_secs(5);
+    tokio::select! {
+        () = drained => {}
+        () = async { shutdown.cancelled().await; tokio::time::sleep(grace).await } => {
+            tracing::warn!(?grace, "controllers did not drain in time; stopping them");
+        }
+    }
     informers.abort();
     metrics.ready.store(false, std::sync::atomic::Ordering::Relaxed);
     tracing::info!("controllers stopped");
