@@ -9,7 +9,7 @@
 //! remembered, so that a test can show that a set of RBAC manifests is
 //! enough for the program that runs under it.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Mutex;
 
 use serde_json::Value;
@@ -88,6 +88,7 @@ pub struct Authenticator {
     admin_token: String,
     users: HashMap<String, User>,
     denied: Mutex<VecDeque<String>>,
+    used: Mutex<BTreeSet<String>>,
 }
 
 impl Authenticator {
@@ -96,6 +97,7 @@ impl Authenticator {
             admin_token,
             users,
             denied: Mutex::new(VecDeque::new()),
+            used: Mutex::new(BTreeSet::new()),
         }
     }
 
@@ -109,11 +111,18 @@ impl Authenticator {
     }
 
     /// Lets the request through, or answers 403 as the real server does.
-    pub fn authorize(&self, state: &State, identity: &Identity, attrs: &Attributes<'_>) -> Result<(), ApiError> {
+    pub fn authorize(
+        &self,
+        state: &State,
+        identity: &Identity,
+        attrs: &Attributes<'_>,
+    ) -> Result<(), ApiError> {
         let Identity::User(user) = identity else {
             return Ok(());
         };
         if allowed(state, user, attrs) {
+            let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
+            used.insert(usage(user, attrs));
             return Ok(());
         }
         let error = forbidden(user, attrs);
@@ -124,6 +133,13 @@ impl Authenticator {
         }
         denied.push_back(error.message.clone());
         Err(error)
+    }
+
+    /// What users were allowed to do, one line per distinct
+    /// `user verb group/resource[/subresource] namespace` (`-` for the
+    /// cluster scope): what an audit would show they need.
+    pub fn used(&self) -> BTreeSet<String> {
+        self.used.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// The messages of the last requests denied (oldest first).
@@ -167,7 +183,8 @@ pub fn parse_token_file(text: &str) -> Result<HashMap<String, User>, String> {
 /// Whether some binding of `user` grants a rule matching `attrs`.
 pub fn allowed(state: &State, user: &User, attrs: &Attributes<'_>) -> bool {
     let grants = |binding: &Value, namespace: Option<&str>| {
-        binds(binding, user) && role_of(state, binding, namespace).is_some_and(|role| role_allows(&role, attrs))
+        binds(binding, user)
+            && role_of(state, binding, namespace).is_some_and(|role| role_allows(&role, attrs))
     };
     if state
         .list(CLUSTER_ROLE_BINDINGS, None)
@@ -183,7 +200,10 @@ pub fn allowed(state: &State, user: &User, attrs: &Attributes<'_>) -> bool {
 }
 
 fn binds(binding: &Value, user: &User) -> bool {
-    let subjects = binding["subjects"].as_array().map(Vec::as_slice).unwrap_or_default();
+    let subjects = binding["subjects"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
     subjects.iter().any(|s| {
         let name = s["name"].as_str().unwrap_or_default();
         match s["kind"].as_str() {
@@ -242,6 +262,18 @@ pub fn rule_allows(rule: &Value, attrs: &Attributes<'_>) -> bool {
     verb_ok && group_ok && resource_ok && name_ok
 }
 
+fn usage(user: &User, attrs: &Attributes<'_>) -> String {
+    let sub = attrs.subresource.map(|s| format!("/{s}")).unwrap_or_default();
+    format!(
+        "{} {} {}/{}{sub} {}",
+        user.name,
+        attrs.verb,
+        attrs.group,
+        attrs.resource,
+        attrs.namespace.unwrap_or("-")
+    )
+}
+
 fn forbidden(user: &User, attrs: &Attributes<'_>) -> ApiError {
     let qualified = if attrs.group.is_empty() {
         attrs.resource.to_owned()
@@ -280,7 +312,12 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn attrs<'a>(verb: &'a str, resource: &'a str, sub: Option<&'a str>, name: Option<&'a str>) -> Attributes<'a> {
+    fn attrs<'a>(
+        verb: &'a str,
+        resource: &'a str,
+        sub: Option<&'a str>,
+        name: Option<&'a str>,
+    ) -> Attributes<'a> {
         Attributes {
             verb,
             group: "robot.k8s4r.io",
@@ -295,7 +332,10 @@ mod tests {
     fn rules_match_verbs_groups_resources_and_names() {
         let rule = json!({"apiGroups": ["robot.k8s4r.io"], "resources": ["tasks", "tasks/status"], "verbs": ["get", "patch"]});
         assert!(rule_allows(&rule, &attrs("get", "tasks", None, Some("a"))));
-        assert!(rule_allows(&rule, &attrs("patch", "tasks", Some("status"), Some("a"))));
+        assert!(rule_allows(
+            &rule,
+            &attrs("patch", "tasks", Some("status"), Some("a"))
+        ));
         assert!(!rule_allows(&rule, &attrs("delete", "tasks", None, Some("a"))));
         assert!(!rule_allows(&rule, &attrs("get", "jobs", None, Some("a"))));
         assert!(!rule_allows(&rule, &attrs("patch", "jobs", Some("status"), None)));
@@ -305,10 +345,20 @@ mod tests {
 
         // The resource alone does not grant its subresources.
         let plain = json!({"apiGroups": ["*"], "resources": ["tasks"], "verbs": ["*"]});
-        assert!(rule_allows(&plain, &attrs("deletecollection", "tasks", None, None)));
-        assert!(!rule_allows(&plain, &attrs("patch", "tasks", Some("status"), None)));
-        let any_status = json!({"apiGroups": ["robot.k8s4r.io"], "resources": ["*/status"], "verbs": ["patch"]});
-        assert!(rule_allows(&any_status, &attrs("patch", "jobs", Some("status"), None)));
+        assert!(rule_allows(
+            &plain,
+            &attrs("deletecollection", "tasks", None, None)
+        ));
+        assert!(!rule_allows(
+            &plain,
+            &attrs("patch", "tasks", Some("status"), None)
+        ));
+        let any_status =
+            json!({"apiGroups": ["robot.k8s4r.io"], "resources": ["*/status"], "verbs": ["patch"]});
+        assert!(rule_allows(
+            &any_status,
+            &attrs("patch", "jobs", Some("status"), None)
+        ));
         assert!(!rule_allows(&any_status, &attrs("patch", "jobs", None, None)));
 
         let named = json!({"apiGroups": ["robot.k8s4r.io"], "resources": ["jobs"], "resourceNames": ["one"], "verbs": ["get", "list"]});
@@ -323,7 +373,9 @@ mod tests {
         assert_eq!(users["t1"].name, "alice");
         assert_eq!(users["t1"].groups, vec!["system:authenticated"]);
         assert_eq!(users["t2"].groups, vec!["ops", "dev", "system:authenticated"]);
-        assert!(parse_token_file("t1,alice,1\nt1,bob,2\n").unwrap_err().contains("line 2"));
+        assert!(parse_token_file("t1,alice,1\nt1,bob,2\n")
+            .unwrap_err()
+            .contains("line 2"));
         assert!(parse_token_file("justatoken\n").unwrap_err().contains("line 1"));
     }
 
@@ -331,11 +383,14 @@ mod tests {
     fn service_accounts_have_the_real_groups() {
         let sa = User::service_account("k8s4r-system", "k8s4r-server");
         assert_eq!(sa.name, "system:serviceaccount:k8s4r-system:k8s4r-server");
-        assert!(sa.groups.contains(&"system:serviceaccounts:k8s4r-system".to_owned()));
+        assert!(sa
+            .groups
+            .contains(&"system:serviceaccounts:k8s4r-system".to_owned()));
         assert!(sa.groups.contains(&"system:authenticated".to_owned()));
         let binding = json!({"subjects": [{"kind": "ServiceAccount", "name": "k8s4r-server", "namespace": "k8s4r-system"}]});
         assert!(binds(&binding, &sa));
-        let other = json!({"subjects": [{"kind": "ServiceAccount", "name": "k8s4r-server", "namespace": "default"}]});
+        let other =
+            json!({"subjects": [{"kind": "ServiceAccount", "name": "k8s4r-server", "namespace": "default"}]});
         assert!(!binds(&other, &sa));
         let group = json!({"subjects": [{"kind": "Group", "name": "system:serviceaccounts"}]});
         assert!(binds(&group, &sa));

@@ -116,7 +116,10 @@ async fn handle(State(app): State<App>, req: Request) -> Response {
     if matches!(path.as_str(), "/healthz" | "/readyz" | "/livez") {
         return (StatusCode::OK, "ok").into_response();
     }
-    let authorization = parts.headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    let authorization = parts
+        .headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
     let Some(identity) = app.auth.authenticate(authorization) else {
         return ApiError::unauthorized().into_response();
     };
@@ -127,7 +130,17 @@ async fn handle(State(app): State<App>, req: Request) -> Response {
         Ok(b) => b,
         Err(_) => return ApiError::too_large(app.max_body).into_response(),
     };
-    match route(&app, &identity, &parts.method, &path, &query, &parts.headers, body).await {
+    match route(
+        &app,
+        &identity,
+        &parts.method,
+        &path,
+        &query,
+        &parts.headers,
+        body,
+    )
+    .await
+    {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }

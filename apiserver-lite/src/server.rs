@@ -336,6 +336,12 @@ impl RunningServer {
         client_for(&kubeconfig_yaml(&self.url(), token, self.ca_pem.as_deref())).await
     }
 
+    /// What the users of [`Config::user`] were allowed to do, one line per
+    /// distinct `user verb group/resource[/subresource] namespace`.
+    pub fn used(&self) -> std::collections::BTreeSet<String> {
+        self.auth.used()
+    }
+
     /// The messages of the last requests RBAC denied, oldest first.
     pub fn denied(&self) -> Vec<String> {
         self.auth.denied()

@@ -659,9 +659,7 @@ async fn secret_string_data_is_stored_in_data() {
     }))
     .unwrap();
     api.create(&PostParams::default(), &secret).await.unwrap();
-    let read = |s: &Secret, key: &str| {
-        String::from_utf8(s.data.as_ref().unwrap()[key].0.clone()).unwrap()
-    };
+    let read = |s: &Secret, key: &str| String::from_utf8(s.data.as_ref().unwrap()[key].0.clone()).unwrap();
     let stored = api.get("tokens").await.unwrap();
     assert!(stored.string_data.is_none(), "stringData is write-only");
     assert_eq!(read(&stored, "plain"), "x");

@@ -88,7 +88,10 @@ async fn rbac_decides_what_a_service_account_may_do() {
     assert_eq!(cms.list(&ListParams::default()).await.unwrap().items.len(), 1);
     assert_eq!(cms.get("a").await.unwrap().data.unwrap()["k"], "v");
     let message = forbidden(cms.create(&PostParams::default(), &cm("b")).await);
-    assert!(message.contains("cannot create resource \"configmaps\""), "{message}");
+    assert!(
+        message.contains("cannot create resource \"configmaps\""),
+        "{message}"
+    );
     let elsewhere: Api<ConfigMap> = Api::namespaced(reader.clone(), "kube-system");
     let message = forbidden(elsewhere.list(&ListParams::default()).await);
     assert!(message.contains("in the namespace \"kube-system\""), "{message}");
@@ -97,7 +100,10 @@ async fn rbac_decides_what_a_service_account_may_do() {
     let admin_secrets: Api<Secret> = Api::namespaced(admin.clone(), "default");
     for name in ["one", "two"] {
         let secret: Secret = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
-        admin_secrets.create(&PostParams::default(), &secret).await.unwrap();
+        admin_secrets
+            .create(&PostParams::default(), &secret)
+            .await
+            .unwrap();
     }
     apply(
         &admin,
@@ -133,7 +139,10 @@ async fn rbac_decides_what_a_service_account_may_do() {
                  "template": {"metadata": {"labels": {"app": "d"}}, "spec": {"containers": [{"name": "c", "image": "i"}]}}}
     }))
     .unwrap();
-    admin_deploys.create(&PostParams::default(), &deploy).await.unwrap();
+    admin_deploys
+        .create(&PostParams::default(), &deploy)
+        .await
+        .unwrap();
     apply(
         &admin,
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
@@ -150,7 +159,11 @@ async fn rbac_decides_what_a_service_account_may_do() {
         "{message}"
     );
     deploys
-        .patch("d", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})))
+        .patch(
+            "d",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})),
+        )
         .await
         .unwrap();
 
@@ -158,6 +171,21 @@ async fn rbac_decides_what_a_service_account_may_do() {
     let denied = server.denied();
     assert_eq!(denied.len(), 6, "{denied:#?}");
     assert!(denied.last().unwrap().contains("deployments/status"));
+
+    // What was allowed is on record too, once per kind of use.
+    let used = server.used();
+    assert!(
+        used.contains("system:serviceaccount:default:reader get /secrets default"),
+        "{used:#?}"
+    );
+    assert!(
+        used.contains("system:serviceaccount:default:reader patch apps/deployments default"),
+        "{used:#?}"
+    );
+    assert!(
+        !used.iter().any(|u| u.contains("deployments/status")),
+        "{used:#?}"
+    );
 
     // A token nobody issued is not a user at all.
     let stranger = server.client_with_token("nobody").await.unwrap();

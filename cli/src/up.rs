@@ -246,6 +246,12 @@ impl Stack {
         self.apiserver.url()
     }
 
+    /// What the server and the manager were allowed to do (see
+    /// [`apiserver_lite::RunningServer::used`]).
+    pub fn used(&self) -> std::collections::BTreeSet<String> {
+        self.apiserver.used()
+    }
+
     /// The requests of the server or the manager that their RBAC denied
     /// (the last hundred): empty when deploy/cluster grants them enough.
     pub fn denied(&self) -> Vec<String> {
@@ -363,7 +369,11 @@ pub async fn apply_cluster_rbac(client: &Client) -> Result<(), UpError> {
         ("rbac.authorization.k8s.io/v1", "Role", "roles"),
         ("rbac.authorization.k8s.io/v1", "ClusterRole", "clusterroles"),
         ("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings"),
-        ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", "clusterrolebindings"),
+        (
+            "rbac.authorization.k8s.io/v1",
+            "ClusterRoleBinding",
+            "clusterrolebindings",
+        ),
     ];
     let params = PatchParams::apply(FIELD_MANAGER).force();
     for (file, text) in CLUSTER_MANIFESTS {

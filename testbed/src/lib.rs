@@ -164,7 +164,6 @@ pub fn mosquitto_binary() -> PathBuf {
     panic!("mosquitto is not installed: run scripts/setup.sh (it installs the broker these tests start)");
 }
 
-
 /// A Mosquitto broker run from a config file in a directory of its own,
 /// killed (and reaped) on drop.
 pub struct Mosquitto {

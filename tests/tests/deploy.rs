@@ -14,7 +14,9 @@ use std::time::Duration;
 
 use clap::{CommandFactory, Parser};
 use k8s4r_testbed::{kubectl, make_certificates, Mosquitto};
-use rumqttc::{AsyncClient, ConnectionError, Event, EventLoop, MqttOptions, Packet, QoS, TlsConfiguration, Transport};
+use rumqttc::{
+    AsyncClient, ConnectionError, Event, EventLoop, MqttOptions, Packet, QoS, TlsConfiguration, Transport,
+};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
@@ -71,8 +73,14 @@ fn manifests() -> Vec<(PathBuf, Value)> {
 /// not have (a typo, a wrong level) is lost on the way and shows as a
 /// difference.
 fn round_trips_as<T: DeserializeOwned + Serialize>(file: &Path, doc: &Value) {
-    let typed: T = serde_json::from_value(doc.clone())
-        .unwrap_or_else(|e| panic!("{}: {} {}: {e}", file.display(), doc["kind"], doc["metadata"]["name"]));
+    let typed: T = serde_json::from_value(doc.clone()).unwrap_or_else(|e| {
+        panic!(
+            "{}: {} {}: {e}",
+            file.display(),
+            doc["kind"],
+            doc["metadata"]["name"]
+        )
+    });
     let back = serde_json::to_value(&typed).unwrap();
     if &back != doc {
         panic!(
@@ -96,13 +104,22 @@ fn every_manifest_is_a_well_formed_object_of_its_kind() {
     let all = manifests();
     let mut kinds = BTreeSet::new();
     for (file, doc) in &all {
-        let api_version = doc["apiVersion"].as_str().unwrap_or_else(|| panic!("{}: no apiVersion", file.display()));
-        let kind = doc["kind"].as_str().unwrap_or_else(|| panic!("{}: no kind", file.display()));
+        let api_version = doc["apiVersion"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{}: no apiVersion", file.display()));
+        let kind = doc["kind"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{}: no kind", file.display()));
         kinds.insert(kind.to_owned());
         if kind == "Kustomization" {
             for resource in doc["resources"].as_array().unwrap() {
                 let path = file.parent().unwrap().join(resource.as_str().unwrap());
-                assert!(path.exists(), "{}: {} does not exist", file.display(), path.display());
+                assert!(
+                    path.exists(),
+                    "{}: {} does not exist",
+                    file.display(),
+                    path.display()
+                );
             }
             continue;
         }
@@ -122,16 +139,26 @@ fn every_manifest_is_a_well_formed_object_of_its_kind() {
                 round_trips_as::<CustomResourceDefinition>(file, doc)
             }
             ("robot.k8s4r.io/v1alpha1", "Job") => {
-                let job: k8s4r_api::Job = serde_json::from_value(doc.clone())
-                    .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+                let job: k8s4r_api::Job =
+                    serde_json::from_value(doc.clone()).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
                 if let Err(errors) = k8s4r_api::validation::validate_job_spec(&job.spec) {
                     panic!("{}: job {name} is invalid: {errors}", file.display());
                 }
             }
-            _ => panic!("{}: no check here for {api_version} {kind}: add one", file.display()),
+            _ => panic!(
+                "{}: no check here for {api_version} {kind}: add one",
+                file.display()
+            ),
         }
     }
-    for expected in ["Namespace", "ServiceAccount", "ClusterRole", "Role", "Deployment", "CustomResourceDefinition"] {
+    for expected in [
+        "Namespace",
+        "ServiceAccount",
+        "ClusterRole",
+        "Role",
+        "Deployment",
+        "CustomResourceDefinition",
+    ] {
         assert!(kinds.contains(expected), "no {expected} under deploy/");
     }
 }
@@ -169,7 +196,10 @@ fn deployments_run_the_programs_with_flags_they_accept() {
         let spec = &deployment["spec"];
         let template = &spec["template"];
         for (key, value) in spec["selector"]["matchLabels"].as_object().unwrap() {
-            assert_eq!(&template["metadata"]["labels"][key], value, "{what}: the selector misses the pods");
+            assert_eq!(
+                &template["metadata"]["labels"][key], value,
+                "{what}: the selector misses the pods"
+            );
         }
         let account = template["spec"]["serviceAccountName"].as_str().unwrap();
         assert!(
@@ -180,26 +210,40 @@ fn deployments_run_the_programs_with_flags_they_accept() {
         assert_eq!(containers.len(), 1, "{what}");
         let container = &containers[0];
         let image_name = container["image"].as_str().unwrap().split(':').next().unwrap();
-        assert_eq!(image_name, image["name"], "{what}: not the image the kustomization sets");
+        assert_eq!(
+            image_name, image["name"],
+            "{what}: not the image the kustomization sets"
+        );
 
         let binary = container["command"][0].as_str().unwrap();
         let program = binary.rsplit('/').next().unwrap();
-        let copied = containerfile
-            .lines()
-            .any(|l| l.starts_with("COPY --from=build") && l.contains(&format!("/out/{program} ")) && l.ends_with(" /usr/local/bin/"));
+        let copied = containerfile.lines().any(|l| {
+            l.starts_with("COPY --from=build")
+                && l.contains(&format!("/out/{program} "))
+                && l.ends_with(" /usr/local/bin/")
+        });
         assert!(
             copied && binary == format!("/usr/local/bin/{program}"),
             "{what}: the Containerfile does not put {program} at {binary}"
         );
         programs.insert(program.to_owned());
         let argv: Vec<&str> = std::iter::once(program)
-            .chain(container["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()))
+            .chain(
+                container["args"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|a| a.as_str().unwrap()),
+            )
             .collect();
         let (metrics_port, known_env) = match program {
             "k8s4r-server" => {
                 let args = k8s4r_server::cli::Args::try_parse_from(&argv)
                     .unwrap_or_else(|e| panic!("{what}: k8s4r-server rejects its args: {e}"));
-                (args.metrics_addr.port(), env_names(&k8s4r_server::cli::Args::command()))
+                (
+                    args.metrics_addr.port(),
+                    env_names(&k8s4r_server::cli::Args::command()),
+                )
             }
             "k8s4r-manager" => {
                 let args = k8s4r_manager::cli::Args::try_parse_from(&argv)
@@ -217,8 +261,14 @@ fn deployments_run_the_programs_with_flags_they_accept() {
         }
 
         let ports = container["ports"].as_array().unwrap();
-        let metrics = ports.iter().find(|p| p["name"] == "metrics").unwrap_or_else(|| panic!("{what}: no metrics port"));
-        assert_eq!(metrics["containerPort"], metrics_port, "{what}: the port is not the one it serves on");
+        let metrics = ports
+            .iter()
+            .find(|p| p["name"] == "metrics")
+            .unwrap_or_else(|| panic!("{what}: no metrics port"));
+        assert_eq!(
+            metrics["containerPort"], metrics_port,
+            "{what}: the port is not the one it serves on"
+        );
         for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
             let get = &container[probe]["httpGet"];
             assert_eq!(get["path"], path, "{what}: {probe}");
@@ -261,19 +311,35 @@ async fn kubectl_applies_deploy_to_the_embedded_api_server() {
         "deployment.apps/k8s4r-server",
         "deployment.apps/k8s4r-manager",
     ] {
-        assert!(applied.contains(&format!("{object} serverside-applied")), "{object}:\n{applied}");
+        assert!(
+            applied.contains(&format!("{object} serverside-applied")),
+            "{object}:\n{applied}"
+        );
     }
     let deployments = kubectl(
         &kubeconfig,
-        &["get", "deployments", "-n", "k8s4r-system", "-o", "jsonpath={.items[*].spec.template.spec.containers[0].image}"],
+        &[
+            "get",
+            "deployments",
+            "-n",
+            "k8s4r-system",
+            "-o",
+            "jsonpath={.items[*].spec.template.spec.containers[0].image}",
+        ],
     );
     assert_eq!(deployments, "k8s4r:0.1.0 k8s4r:0.1.0");
 
     // Applying again changes nothing; the examples apply on top, strictly validated.
     kubectl(&kubeconfig, &["apply", "--server-side", "-k", deploy]);
     let examples = format!("{deploy}/examples");
-    let applied = kubectl(&kubeconfig, &["apply", "--server-side", "--validate=strict", "-f", &examples]);
-    assert!(applied.contains("job.robot.k8s4r.io/demo serverside-applied"), "{applied}");
+    let applied = kubectl(
+        &kubeconfig,
+        &["apply", "--server-side", "--validate=strict", "-f", &examples],
+    );
+    assert!(
+        applied.contains("job.robot.k8s4r.io/demo serverside-applied"),
+        "{applied}"
+    );
     server.shutdown().await.unwrap();
 }
 
@@ -296,7 +362,11 @@ fn start_deployed_mosquitto(users: &[(&str, &str)]) -> Mosquitto {
                 .args([user, password])
                 .output()
                 .expect("mosquitto_passwd (it comes with mosquitto: run scripts/setup.sh)");
-            assert!(out.status.success(), "mosquitto_passwd: {}", String::from_utf8_lossy(&out.stderr));
+            assert!(
+                out.status.success(),
+                "mosquitto_passwd: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         std::fs::write(d.join("k8s4r.acl"), repo_file("deploy/mosquitto/k8s4r.acl")).unwrap();
         // Mosquitto started as root reads them as its own user.
@@ -306,15 +376,36 @@ fn start_deployed_mosquitto(users: &[(&str, &str)]) -> Mosquitto {
         let mut conf = repo_file("deploy/mosquitto/mosquitto.conf");
         let here = d.display().to_string();
         for (from, to) in [
-            ("password_file /etc/mosquitto/k8s4r.passwd", format!("password_file {here}/k8s4r.passwd")),
-            ("acl_file /etc/mosquitto/k8s4r.acl", format!("acl_file {here}/k8s4r.acl")),
-            ("cafile /etc/mosquitto/certs/ca.crt", format!("cafile {here}/ca.pem")),
-            ("certfile /etc/mosquitto/certs/server.crt", format!("certfile {here}/server.pem")),
-            ("keyfile /etc/mosquitto/certs/server.key", format!("keyfile {here}/server.key")),
-            ("persistence_location /var/lib/mosquitto/", format!("persistence_location {here}/")),
+            (
+                "password_file /etc/mosquitto/k8s4r.passwd",
+                format!("password_file {here}/k8s4r.passwd"),
+            ),
+            (
+                "acl_file /etc/mosquitto/k8s4r.acl",
+                format!("acl_file {here}/k8s4r.acl"),
+            ),
+            (
+                "cafile /etc/mosquitto/certs/ca.crt",
+                format!("cafile {here}/ca.pem"),
+            ),
+            (
+                "certfile /etc/mosquitto/certs/server.crt",
+                format!("certfile {here}/server.pem"),
+            ),
+            (
+                "keyfile /etc/mosquitto/certs/server.key",
+                format!("keyfile {here}/server.key"),
+            ),
+            (
+                "persistence_location /var/lib/mosquitto/",
+                format!("persistence_location {here}/"),
+            ),
             ("listener 8883", format!("listener {port} 127.0.0.1")),
         ] {
-            assert!(conf.contains(from), "deploy/mosquitto/mosquitto.conf no longer says {from:?}");
+            assert!(
+                conf.contains(from),
+                "deploy/mosquitto/mosquitto.conf no longer says {from:?}"
+            );
             conf = conf.replace(from, &to);
         }
         conf
@@ -354,7 +445,9 @@ fn received(mut events: EventLoop) -> mpsc::UnboundedReceiver<(String, String)> 
     tokio::spawn(async move {
         while let Ok(event) = events.poll().await {
             let item = match event {
-                Event::Incoming(Packet::Publish(p)) => (p.topic.clone(), String::from_utf8_lossy(&p.payload).into_owned()),
+                Event::Incoming(Packet::Publish(p)) => {
+                    (p.topic.clone(), String::from_utf8_lossy(&p.payload).into_owned())
+                }
                 Event::Incoming(Packet::SubAck(_)) => ("SUBACK".to_owned(), String::new()),
                 _ => continue,
             };
@@ -381,18 +474,29 @@ async fn deployed_mosquitto_enforces_tls_passwords_and_the_per_robot_acl() {
     // No plain MQTT, no anonymous clients, no wrong passwords.
     let mut plain = MqttOptions::new("plain", "127.0.0.1", port);
     plain.set_credentials("r1", "r1-pw");
-    assert!(connect(plain).await.is_err(), "plain MQTT was accepted on the TLS listener");
+    assert!(
+        connect(plain).await.is_err(),
+        "plain MQTT was accepted on the TLS listener"
+    );
     for (login, what) in [(None, "anonymous"), (Some(("r1", "r2-pw")), "a wrong password")] {
         match connect(tls_options("intruder", port, &ca, login)).await {
             Err(ConnectionError::ConnectionRefused(_)) => {}
-            Err(other) => panic!("{what}: expected a refused CONNACK, got {other}\n{}", broker.log()),
+            Err(other) => panic!(
+                "{what}: expected a refused CONNACK, got {other}\n{}",
+                broker.log()
+            ),
             Ok(_) => panic!("{what} was let in"),
         }
     }
 
-    let (server, server_events) = connect(tls_options("k8s4r-server", port, &ca, Some(("k8s4r-server", "server-pw"))))
-        .await
-        .unwrap_or_else(|e| panic!("the server user: {e}\n{}", broker.log()));
+    let (server, server_events) = connect(tls_options(
+        "k8s4r-server",
+        port,
+        &ca,
+        Some(("k8s4r-server", "server-pw")),
+    ))
+    .await
+    .unwrap_or_else(|e| panic!("the server user: {e}\n{}", broker.log()));
     let (r1, r1_events) = connect(tls_options("r1", port, &ca, Some(("r1", "r1-pw"))))
         .await
         .unwrap_or_else(|e| panic!("robot r1: {e}\n{}", broker.log()));
@@ -428,7 +532,11 @@ async fn deployed_mosquitto_enforces_tls_passwords_and_the_per_robot_acl() {
     }
     assert_eq!(seen_by_server, ["for r2", "for r1"]);
     let (topic, body) = next(&mut to_r1, "r1's dispatch").await;
-    assert_eq!((topic.as_str(), body.as_str()), ("k8s4r/robots/r1/dispatch", "for r1"), "r1 read r2's dispatch");
+    assert_eq!(
+        (topic.as_str(), body.as_str()),
+        ("k8s4r/robots/r1/dispatch", "for r1"),
+        "r1 read r2's dispatch"
+    );
 
     // A robot cannot speak for another: r1's status as r2 never arrives,
     // while its own, sent after it, does.
@@ -439,7 +547,11 @@ async fn deployed_mosquitto_enforces_tls_passwords_and_the_per_robot_acl() {
         .await
         .unwrap();
     let (topic, body) = next(&mut to_server, "r1's status").await;
-    assert_eq!((topic.as_str(), body.as_str()), ("k8s4r/robots/r1/status", "own"), "r1 wrote as r2");
+    assert_eq!(
+        (topic.as_str(), body.as_str()),
+        ("k8s4r/robots/r1/status", "own"),
+        "r1 wrote as r2"
+    );
 }
 
 /// The RBAC of deploy/cluster is enough for leader election too, which
@@ -454,9 +566,20 @@ async fn leader_election_works_under_the_deployed_rbac() {
     use tokio_util::sync::CancellationToken;
 
     let _ = rustls::crypto::ring::default_provider().install_default();
+    // RUST_LOG=k8s4r_manager=debug,k8s4r_server=debug shows what they did.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
     let server = apiserver_lite::Config::for_tests()
-        .user("server-token", User::service_account(k8s4r::up::SYSTEM_NAMESPACE, k8s4r::up::SERVER_ACCOUNT))
-        .user("manager-token", User::service_account(k8s4r::up::SYSTEM_NAMESPACE, k8s4r::up::MANAGER_ACCOUNT))
+        .user(
+            "server-token",
+            User::service_account(k8s4r::up::SYSTEM_NAMESPACE, k8s4r::up::SERVER_ACCOUNT),
+        )
+        .user(
+            "manager-token",
+            User::service_account(k8s4r::up::SYSTEM_NAMESPACE, k8s4r::up::MANAGER_ACCOUNT),
+        )
         .start()
         .await
         .unwrap();
@@ -498,12 +621,21 @@ async fn leader_election_works_under_the_deployed_rbac() {
     };
     let deadline = Duration::from_secs(30);
     k8s4r_testbed::eventually(deadline, "the server to lead", || async {
-        (holder(k8s4r::up::LEASE_NAMESPACE, "k8s4r-server-leader").await.as_deref() == Some("server-a")).then_some(())
+        (holder(k8s4r::up::LEASE_NAMESPACE, "k8s4r-server-leader")
+            .await
+            .as_deref()
+            == Some("server-a"))
+        .then_some(())
     })
     .await;
     k8s4r_testbed::eventually(deadline, "the manager to lead", || async {
         let leads = metrics.leader.load(std::sync::atomic::Ordering::Relaxed);
-        (leads && holder(k8s4r::up::SYSTEM_NAMESPACE, "k8s4r-manager").await.as_deref() == Some("manager-a")).then_some(())
+        (leads
+            && holder(k8s4r::up::SYSTEM_NAMESPACE, "k8s4r-manager")
+                .await
+                .as_deref()
+                == Some("manager-a"))
+        .then_some(())
     })
     .await;
 
@@ -511,8 +643,15 @@ async fn leader_election_works_under_the_deployed_rbac() {
     stop.cancel();
     bridge.await.unwrap().unwrap();
     manager.await.unwrap().unwrap();
-    assert_eq!(holder(k8s4r::up::LEASE_NAMESPACE, "k8s4r-server-leader").await, None);
+    assert_eq!(
+        holder(k8s4r::up::LEASE_NAMESPACE, "k8s4r-server-leader").await,
+        None
+    );
     let denied = server.denied();
-    assert!(denied.is_empty(), "deploy/cluster's RBAC denied:\n{}", denied.join("\n"));
+    assert!(
+        denied.is_empty(),
+        "deploy/cluster's RBAC denied:\n{}",
+        denied.join("\n")
+    );
     server.shutdown().await.unwrap();
 }

@@ -12,7 +12,7 @@ use k8s4r::up::{kubeconfig_path, manager_config, Stack, UpArgs};
 use k8s4r_api::names::LABEL_JOB;
 use k8s4r_api::{Job, Robot, RobotPhase, Task, TaskGroup, TaskReason, TaskState, WorkState};
 use kube::api::{DeleteParams, ListParams, PostParams};
-use kube::Api;
+use kube::{Api, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
 /// How long any condition may take before a test fails.
@@ -38,7 +38,6 @@ impl Drop for Proc {
         let _ = self.0.wait();
     }
 }
-
 
 /// The stack, Mosquitto and the agents of one test.
 struct Env {
@@ -386,6 +385,58 @@ async fn a_task_failing_twice_then_succeeding_shows_three_attempts() {
         "{status:?}"
     );
     assert_eq!(std::fs::read_to_string(&counter).expect("counter").trim(), "3");
+    env.stop().await;
+}
+
+/// Sets the count of the Job's first group, retrying on a conflict.
+async fn scale(env: &Env, job: &str, count: i32) {
+    eventually(&format!("{job} scaled to {count}"), || async {
+        let mut current = env.jobs().get(job).await.ok()?;
+        current.spec.task_groups[0].count = count;
+        env.jobs()
+            .replace(job, &PostParams::default(), &current)
+            .await
+            .ok()
+            .map(|_| ())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scaling_a_group_down_and_up_removes_and_adds_tasks() {
+    let env = Env::start(&[("r1", &["kind=test"]), ("r2", &["kind=test"])]).await;
+    env.create_job(job_json(
+        "scaled",
+        serde_json::json!([{ "name": "g", "count": 3, "task": sh("echo ran $K8S4R_TASK_NAME", "1m") }]),
+    ))
+    .await;
+    env.wait_tasks_final("scaled", 3).await;
+
+    scale(&env, "scaled", 1).await;
+    let left = eventually("the surplus tasks deleted", || async {
+        let tasks = env.job_tasks("scaled").await;
+        (tasks.len() == 1).then_some(tasks)
+    })
+    .await;
+    assert_eq!(left[0].name_any(), "scaled-g-0");
+
+    scale(&env, "scaled", 2).await;
+    let mut names: Vec<String> = env
+        .wait_tasks_final("scaled", 2)
+        .await
+        .iter()
+        .map(|t| t.name_any())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["scaled-g-0", "scaled-g-1"]);
+    let group = env
+        .jobs()
+        .get("scaled")
+        .await
+        .expect("job")
+        .status
+        .expect("status");
+    assert_eq!(group.state, Some(WorkState::Completed), "{group:?}");
     env.stop().await;
 }
 

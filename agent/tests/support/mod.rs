@@ -133,7 +133,8 @@ pub struct Server {
 impl Server {
     /// Connects and subscribes to everything under `k8s4r/robots/<robot>/`.
     pub async fn connect(broker: &Broker, robot: &str) -> Server {
-        let mut options = MqttOptions::new(format!("test-server-{robot}"), "127.0.0.1", broker.mosquitto.port);
+        let mut options =
+            MqttOptions::new(format!("test-server-{robot}"), "127.0.0.1", broker.mosquitto.port);
         options.set_clean_session(false);
         options.set_max_packet_size(4 << 20, 4 << 20);
         options.set_keep_alive(Duration::from_secs(5));

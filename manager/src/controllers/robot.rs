@@ -19,7 +19,6 @@ use super::Context;
 use crate::error::{Error, Result};
 use crate::liveness::{approval, verdict, Approval, Liveness, Verdict};
 
-
 /// How often a robot waiting for a token Secret looks for it again.
 const SECRET_RECHECK: std::time::Duration = std::time::Duration::from_secs(30);
 
@@ -118,7 +117,10 @@ async fn reconcile_robot(robot: &Robot, ctx: &Context) -> Result<Action> {
             } else {
                 known_token_hashes(ctx).await?
             };
-            let presented = robot.annotations().get(k8s4r_api::names::ANNOTATION_TOKEN_SHA256).map(String::as_str);
+            let presented = robot
+                .annotations()
+                .get(k8s4r_api::names::ANNOTATION_TOKEN_SHA256)
+                .map(String::as_str);
             match approval(presented, known.as_deref(), ctx.config.auto_approve) {
                 Approval::Approve(message) => {
                     patch.phase = Some(RobotPhase::Online);

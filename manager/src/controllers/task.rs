@@ -23,7 +23,6 @@ use crate::ledger::Placement;
 use crate::lifecycle::{next_step, RobotHealth, Step};
 use crate::scheduler::{choose, Request};
 
-
 /// How long a task that found no robot waits before looking again on its
 /// own; robot changes wake it much sooner.
 const UNSCHEDULABLE_RECHECK: Duration = Duration::from_secs(300);
