@@ -85,60 +85,42 @@ pub fn make_certificates(dir: &Path) {
         "/CN=k8s4r test CA",
     ];
     run(&[&["req", "-x509"][..], &ec, &ca].concat());
-    let csr = [
-        "-keyout",
-        "server.key",
-        "-out",
-        "server.csr",
-        "-subj",
-        "/CN=127.0.0.1",
-    ];
-    run(&[&["req"][..], &ec, &csr].concat());
-    std::fs::write(dir.join("ext.cnf"), "subjectAltName=IP:127.0.0.1\n").expect("ext.cnf");
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.pem",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "server.pem",
-        "-days",
-        "2",
-        "-extfile",
-        "ext.cnf",
-    ]);
-    std::fs::write(dir.join("client.cnf"), "extendedKeyUsage=clientAuth\n").expect("client.cnf");
-    let client = [
-        "-keyout",
-        "client.key",
-        "-out",
-        "client.csr",
-        "-subj",
-        "/CN=robot",
-    ];
-    run(&[&["req"][..], &ec, &client].concat());
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        "client.csr",
-        "-CA",
-        "ca.pem",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "client.pem",
-        "-days",
-        "2",
-        "-extfile",
-        "client.cnf",
-    ]);
+    // A key and certificate `<name>.key`, `<name>.pem` for `subject`, signed
+    // by the CA with the extensions in `extensions`.
+    let issue = |name: &str, subject: &str, extensions: &str| {
+        let (key, csr, pem, ext) = (
+            format!("{name}.key"),
+            format!("{name}.csr"),
+            format!("{name}.pem"),
+            format!("{name}.cnf"),
+        );
+        std::fs::write(dir.join(&ext), extensions).expect("extensions file");
+        run(&[
+            &["req"][..],
+            &ec,
+            &["-keyout", &key, "-out", &csr, "-subj", subject],
+        ]
+        .concat());
+        run(&[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            &pem,
+            "-days",
+            "2",
+            "-extfile",
+            &ext,
+        ]);
+    };
+    issue("server", "/CN=127.0.0.1", "subjectAltName=IP:127.0.0.1\n");
+    issue("client", "/CN=robot", "extendedKeyUsage=clientAuth\n");
     use std::os::unix::fs::PermissionsExt;
     for f in ["ca.pem", "server.pem", "server.key"] {
         std::fs::set_permissions(dir.join(f), std::fs::Permissions::from_mode(0o644)).expect("chmod");
