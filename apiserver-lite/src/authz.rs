@@ -183,7 +183,7 @@ pub fn parse_token_file(text: &str) -> Result<HashMap<String, User>, String> {
 /// Whether some binding of `user` grants a rule matching `attrs`.
 pub fn allowed(state: &State, user: &User, attrs: &Attributes<'_>) -> bool {
     let grants = |binding: &Value, namespace: Option<&str>| {
-        binds(binding, user)
+        binds(binding, namespace, user)
             && role_of(state, binding, namespace).is_some_and(|role| role_allows(&role, attrs))
     };
     if state
@@ -199,7 +199,11 @@ pub fn allowed(state: &State, user: &User, attrs: &Attributes<'_>) -> bool {
     })
 }
 
-fn binds(binding: &Value, user: &User) -> bool {
+/// Whether a binding (a RoleBinding in `namespace`, or a
+/// ClusterRoleBinding) names the user, one of its groups or its
+/// ServiceAccount; a RoleBinding's ServiceAccount subject without a
+/// namespace is in the binding's.
+fn binds(binding: &Value, namespace: Option<&str>, user: &User) -> bool {
     let subjects = binding["subjects"]
         .as_array()
         .map(Vec::as_slice)
@@ -210,7 +214,7 @@ fn binds(binding: &Value, user: &User) -> bool {
             Some("User") => name == user.name,
             Some("Group") => user.groups.iter().any(|g| g == name),
             Some("ServiceAccount") => {
-                let namespace = s["namespace"].as_str().unwrap_or_default();
+                let namespace = s["namespace"].as_str().or(namespace).unwrap_or_default();
                 user.name == format!("system:serviceaccount:{namespace}:{name}")
             }
             _ => false,
@@ -388,11 +392,15 @@ mod tests {
             .contains(&"system:serviceaccounts:k8s4r-system".to_owned()));
         assert!(sa.groups.contains(&"system:authenticated".to_owned()));
         let binding = json!({"subjects": [{"kind": "ServiceAccount", "name": "k8s4r-server", "namespace": "k8s4r-system"}]});
-        assert!(binds(&binding, &sa));
+        assert!(binds(&binding, None, &sa));
         let other =
             json!({"subjects": [{"kind": "ServiceAccount", "name": "k8s4r-server", "namespace": "default"}]});
-        assert!(!binds(&other, &sa));
+        assert!(!binds(&other, None, &sa));
         let group = json!({"subjects": [{"kind": "Group", "name": "system:serviceaccounts"}]});
-        assert!(binds(&group, &sa));
+        assert!(binds(&group, None, &sa));
+        // In a RoleBinding, a ServiceAccount without a namespace is in the binding's.
+        let bare = json!({"subjects": [{"kind": "ServiceAccount", "name": "k8s4r-server"}]});
+        assert!(binds(&bare, Some("k8s4r-system"), &sa));
+        assert!(!binds(&bare, Some("default"), &sa));
     }
 }

@@ -63,14 +63,11 @@ fn verb_of(method: &Method, named: bool, watch: bool) -> Result<&'static str, Ap
     })
 }
 
-/// The one name a list or watch's field selector pins, which RBAC's
-/// resourceNames can then allow.
-fn name_selected(query: &Query) -> Option<&str> {
-    query.get("fieldSelector")?.split(',').find_map(|term| {
-        term.trim()
-            .strip_prefix("metadata.name==")
-            .or_else(|| term.trim().strip_prefix("metadata.name="))
-    })
+/// The one name a field selector pins (read as the list or watch will read
+/// it), which RBAC's resourceNames can then allow.
+fn name_selected(query: &Query) -> Option<String> {
+    let selector = FieldSelector::parse(query.get("fieldSelector")?, |_| true).ok()?;
+    selector.pinned_name().map(str::to_owned)
 }
 
 /// What the client asked the response to be.
@@ -265,13 +262,23 @@ async fn route(
         Some(_) => return Err(ApiError::no_route()),
     };
     let watch = watch_prefix || matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
+    let verb = verb_of(method, name.is_some(), watch)?;
+    // Only a list or a watch takes its name from the field selector.
+    let selected = matches!(verb, "list" | "watch")
+        .then(|| name_selected(query))
+        .flatten();
     let attrs = Attributes {
-        verb: verb_of(method, name.is_some(), watch)?,
+        verb,
         group,
         resource: plural,
         subresource: sub,
-        namespace: ns,
-        name: name.or_else(|| name_selected(query)),
+        // A namespace's own namespace is itself, for RoleBindings in it.
+        namespace: if group.is_empty() && plural == "namespaces" {
+            name
+        } else {
+            ns
+        },
+        name: name.or(selected.as_deref()),
     };
     app.store.read(|s| app.auth.authorize(s, identity, &attrs))?;
     let shape = shape(headers);
@@ -332,6 +339,16 @@ async fn route(
             }
             if kind == PatchType::Apply {
                 opts.manager = query.get("fieldManager").cloned().unwrap_or_default();
+                // An apply that brings the object into being needs `create`
+                // as well, as on the real server.
+                let gr = rt.group_resource();
+                if app.store.read(|s| s.get(&gr, nsv, n).is_none()) {
+                    let create = Attributes {
+                        verb: "create",
+                        ..attrs
+                    };
+                    app.store.read(|s| app.auth.authorize(s, identity, &create))?;
+                }
             }
             let force = query.get("force").is_some_and(|f| f == "true");
             let w = app

@@ -131,6 +131,14 @@ impl FieldSelector {
         Ok(FieldSelector(terms))
     }
 
+    /// The name an equality term on `metadata.name` pins, if any.
+    pub fn pinned_name(&self) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(path, eq, _)| *eq && path.len() == 2 && path[0] == "metadata" && path[1] == "name")
+            .map(|(_, _, value)| value.as_str())
+    }
+
     pub fn matches(&self, obj: &Value) -> bool {
         self.0.iter().all(|(path, eq, want)| {
             let mut cur = obj;

@@ -172,6 +172,62 @@ async fn rbac_decides_what_a_service_account_may_do() {
     assert_eq!(denied.len(), 6, "{denied:#?}");
     assert!(denied.last().unwrap().contains("deployments/status"));
 
+    // A field selector names nothing but a list or a watch: a create
+    // allowed for one name cannot borrow it from the query string.
+    apply(
+        &admin,
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+               "metadata": {"name": "pinned", "namespace": "default"},
+               "rules": [{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["pinned"], "verbs": ["create"]},
+                         {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["patch"]}]}),
+    )
+    .await;
+    apply(
+        &admin,
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": {"name": "pinned", "namespace": "default"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pinned"},
+               "subjects": [{"kind": "ServiceAccount", "name": "reader"}]}),
+    )
+    .await;
+    let body =
+        serde_json::to_vec(&json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "other"}}))
+            .unwrap();
+    let smuggled =
+        http::Request::post("/api/v1/namespaces/default/configmaps?fieldSelector=metadata.name%3Dpinned")
+            .header("content-type", "application/json")
+            .body(body)
+            .unwrap();
+    forbidden(reader.request::<ConfigMap>(smuggled).await);
+
+    // An apply that creates needs `create` as well as `patch` (the binding's
+    // ServiceAccount subject has no namespace: it is the binding's).
+    let apply_cm = |name: &str| {
+        Patch::Apply(
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"k": "applied"}}),
+        )
+    };
+    let message = forbidden(
+        cms.patch("fresh", &PatchParams::apply("reader"), &apply_cm("fresh"))
+            .await,
+    );
+    assert!(
+        message.contains("cannot create resource \"configmaps\""),
+        "{message}"
+    );
+    admin_cms
+        .create(&PostParams::default(), &cm("fresh"))
+        .await
+        .unwrap();
+    let applied = cms
+        .patch("fresh", &PatchParams::apply("reader").force(), &apply_cm("fresh"))
+        .await
+        .unwrap();
+    assert_eq!(applied.data.unwrap()["k"], "applied");
+    cms.patch("pinned", &PatchParams::apply("reader"), &apply_cm("pinned"))
+        .await
+        .unwrap();
+
     // What was allowed is on record too, once per kind of use.
     let used = server.used();
     assert!(
