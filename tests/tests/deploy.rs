@@ -329,7 +329,7 @@ async fn kubectl_applies_deploy_to_the_embedded_api_server() {
     );
     assert_eq!(deployments, "k8s4r:0.1.0 k8s4r:0.1.0");
 
-    // Applying again changes nothing; the examples apply on top, strictly validated.
+    // Applying again succeeds too; the examples apply on top, strictly validated.
     kubectl(&kubeconfig, &["apply", "--server-side", "-k", deploy]);
     let examples = format!("{deploy}/examples");
     let applied = kubectl(

@@ -421,6 +421,14 @@ async fn scaling_a_group_down_and_up_removes_and_adds_tasks() {
     assert_eq!(left[0].name_any(), "scaled-g-0");
 
     scale(&env, "scaled", 2).await;
+    // The Job's status must be about this generation, not the one before.
+    eventually("the scaled job completed with 2 tasks", || async {
+        let job = env.jobs().get("scaled").await.ok()?;
+        let status = job.status?;
+        let current = status.observed_generation == job.metadata.generation;
+        (current && status.state == Some(WorkState::Completed) && status.counts.completed == 2).then_some(())
+    })
+    .await;
     let mut names: Vec<String> = env
         .wait_tasks_final("scaled", 2)
         .await
@@ -429,14 +437,6 @@ async fn scaling_a_group_down_and_up_removes_and_adds_tasks() {
         .collect();
     names.sort();
     assert_eq!(names, ["scaled-g-0", "scaled-g-1"]);
-    let group = env
-        .jobs()
-        .get("scaled")
-        .await
-        .expect("job")
-        .status
-        .expect("status");
-    assert_eq!(group.state, Some(WorkState::Completed), "{group:?}");
     env.stop().await;
 }
 
