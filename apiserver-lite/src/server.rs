@@ -342,6 +342,12 @@ impl RunningServer {
         self.auth.used()
     }
 
+    /// The tokens' users and the record of what they did, which outlives
+    /// the server (to check what was denied while it shut down).
+    pub fn authenticator(&self) -> Arc<Authenticator> {
+        self.auth.clone()
+    }
+
     /// The messages of the last requests RBAC denied, oldest first.
     pub fn denied(&self) -> Vec<String> {
         self.auth.denied()

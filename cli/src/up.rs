@@ -246,16 +246,10 @@ impl Stack {
         self.apiserver.url()
     }
 
-    /// What the server and the manager were allowed to do (see
-    /// [`apiserver_lite::RunningServer::used`]).
-    pub fn used(&self) -> std::collections::BTreeSet<String> {
-        self.apiserver.used()
-    }
-
-    /// The requests of the server or the manager that their RBAC denied
-    /// (the last hundred): empty when deploy/cluster grants them enough.
-    pub fn denied(&self) -> Vec<String> {
-        self.apiserver.denied()
+    /// The record of what the server and the manager were allowed and
+    /// denied; it stays readable after [`Stack::stop`].
+    pub fn authenticator(&self) -> std::sync::Arc<apiserver_lite::authz::Authenticator> {
+        self.apiserver.authenticator()
     }
 
     /// Stops the programs (the agent first, so its tasks end and their

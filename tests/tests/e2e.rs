@@ -204,8 +204,9 @@ impl Env {
     async fn stop(mut self) {
         self.agents.clear();
         if let Some(stack) = self.stack.take() {
-            let denied = stack.denied();
+            let record = stack.authenticator();
             let _ = stack.stop().await;
+            let denied = record.denied();
             assert!(
                 denied.is_empty(),
                 "deploy/cluster's RBAC denied the server or the manager:\n{}",
@@ -403,7 +404,7 @@ async fn scale(env: &Env, job: &str, count: i32) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn scaling_a_group_down_and_up_removes_and_adds_tasks() {
+async fn scaling_a_group_down_removes_its_surplus_tasks() {
     let env = Env::start(&[("r1", &["kind=test"]), ("r2", &["kind=test"])]).await;
     env.create_job(job_json(
         "scaled",
@@ -419,24 +420,14 @@ async fn scaling_a_group_down_and_up_removes_and_adds_tasks() {
     })
     .await;
     assert_eq!(left[0].name_any(), "scaled-g-0");
-
-    scale(&env, "scaled", 2).await;
-    // The Job's status must be about this generation, not the one before.
-    eventually("the scaled job completed with 2 tasks", || async {
+    // The Job reports the new shape, for this generation.
+    eventually("the job's status to count one task", || async {
         let job = env.jobs().get("scaled").await.ok()?;
         let status = job.status?;
         let current = status.observed_generation == job.metadata.generation;
-        (current && status.state == Some(WorkState::Completed) && status.counts.completed == 2).then_some(())
+        (current && status.counts.total == 1 && status.state == Some(WorkState::Completed)).then_some(())
     })
     .await;
-    let mut names: Vec<String> = env
-        .wait_tasks_final("scaled", 2)
-        .await
-        .iter()
-        .map(|t| t.name_any())
-        .collect();
-    names.sort();
-    assert_eq!(names, ["scaled-g-0", "scaled-g-1"]);
     env.stop().await;
 }
 
