@@ -328,7 +328,7 @@ impl RunningServer {
     }
 
     pub async fn client(&self) -> Result<kube::Client> {
-        client_for(&self.kubeconfig_yaml()).await
+        self.client_with_token(&self.token).await
     }
 
     /// A client presenting `token` (one of [`Config::user`]'s).
