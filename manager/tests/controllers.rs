@@ -382,15 +382,22 @@ async fn scaling_a_group_adds_and_removes_tasks() {
     let c = &env.client;
     robot("r").create(c).await;
     create_job(c, "scale", None, vec![group("g", 2)]).await;
-    task_where(c, "scale-g-1", "created", |_| true).await;
+    let old = task_where(c, "scale-g-1", "placed", |t| dispatching_on(t).is_some()).await;
     let jobs: Api<Job> = Api::namespaced(c.clone(), NS);
     set_count(&jobs, "scale", 1).await;
     eventually(WAIT, "task 1 removed", || async {
         task(c, "scale-g-1").await.is_none().then_some(())
     })
     .await;
+    // Scaling up again recreates scale-g-1 under the name just deleted: the
+    // new object is placed like any other.
     set_count(&jobs, "scale", 3).await;
-    task_where(c, "scale-g-2", "created", |_| true).await;
+    for name in ["scale-g-1", "scale-g-2"] {
+        task_where(c, name, "the new task placed", |t| {
+            t.uid() != old.uid() && dispatching_on(t) == Some("r")
+        })
+        .await;
+    }
     manager.stop().await;
 }
 

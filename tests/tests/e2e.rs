@@ -56,6 +56,12 @@ impl Env {
     /// Starts everything, with one agent per `(robot, labels)`, and waits
     /// until every robot is Online.
     async fn start(robots: &[(&str, &[&str])]) -> Env {
+        // RUST_LOG=k8s4r_manager=debug,k8s4r_server=debug shows, for a failed
+        // test, what the stack did.
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
         let dir = tempfile::tempdir().expect("temp dir");
         let mosq = Mosquitto::start();
         let broker_url = mosq.url();
@@ -404,14 +410,15 @@ async fn scale(env: &Env, job: &str, count: i32) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn scaling_a_group_down_removes_its_surplus_tasks() {
+async fn scaling_a_group_down_then_up_replaces_its_tasks() {
     let env = Env::start(&[("r1", &["kind=test"]), ("r2", &["kind=test"])]).await;
     env.create_job(job_json(
         "scaled",
         serde_json::json!([{ "name": "g", "count": 3, "task": sh("echo ran $K8S4R_TASK_NAME", "1m") }]),
     ))
     .await;
-    env.wait_tasks_final("scaled", 3).await;
+    let first = env.wait_tasks_final("scaled", 3).await;
+    let first_uid = |name: &str| first.iter().find(|t| t.name_any() == name).and_then(|t| t.uid());
 
     scale(&env, "scaled", 1).await;
     let left = eventually("the surplus tasks deleted", || async {
@@ -428,6 +435,19 @@ async fn scaling_a_group_down_removes_its_surplus_tasks() {
         (current && status.counts.total == 1 && status.state == Some(WorkState::Completed)).then_some(())
     })
     .await;
+
+    // Scaling back up recreates a Task under a name just deleted; the new
+    // object is scheduled and runs like any other.
+    scale(&env, "scaled", 2).await;
+    let tasks = env.wait_tasks_final("scaled", 2).await;
+    let again = tasks
+        .iter()
+        .find(|t| t.name_any() == "scaled-g-1")
+        .expect("scaled-g-1 recreated");
+    assert_ne!(again.uid(), first_uid("scaled-g-1"), "a new object");
+    let status = again.status.as_ref().expect("status");
+    assert_eq!(status.state, Some(TaskState::Completed), "{status:?}");
+    assert_eq!(status.attempt, 1, "a new object starts over: {status:?}");
     env.stop().await;
 }
 

@@ -40,9 +40,6 @@ use crate::ledger::{Ledger, Placement};
 use crate::metrics::Metrics;
 use crate::scheduler::{Demand, RobotFacts};
 
-/// Room in each shared cache's broadcast to its subscribers.
-const SHARED_BUFFER: usize = 1024;
-
 /// The caches the controllers read instead of asking the API server.
 #[derive(Clone)]
 pub struct Stores {
@@ -89,6 +86,35 @@ impl Triggers {
     }
     pub(crate) fn robot(&self, name: &str) {
         let _ = self.robot.unbounded_send(ObjectRef::new(name));
+    }
+}
+
+/// The owners of `obj` of kind `O`, in its namespace.
+fn owners_of<O, K>(obj: &K) -> impl Iterator<Item = ObjectRef<O>> + '_
+where
+    O: Resource<DynamicType = ()>,
+    K: Resource,
+{
+    let ns = obj.meta().namespace.clone();
+    obj.owner_references()
+        .iter()
+        .filter(|o| o.kind == O::kind(&()) && o.api_version == O::api_version(&()))
+        .map(move |o| {
+            let r = ObjectRef::new(&o.name);
+            match &ns {
+                Some(ns) => r.within(ns),
+                None => r,
+            }
+        })
+}
+
+/// The object an event shows, and whether it is gone (`None` for the
+/// markers around a relist).
+fn event_object<K>(event: &watcher::Event<K>) -> Option<(&K, bool)> {
+    match event {
+        watcher::Event::Apply(o) | watcher::Event::InitApply(o) => Some((o, false)),
+        watcher::Event::Delete(o) => Some((o, true)),
+        watcher::Event::Init | watcher::Event::InitDone => None,
     }
 }
 
@@ -364,12 +390,23 @@ pub fn facts_of(robot: &Robot) -> RobotFacts {
 }
 
 impl Context {
+    // The watch handlers below also trigger the controllers: every Task,
+    // TaskGroup, Job and Robot the cache takes in is reconciled, and so is
+    // its owner. (kube-runtime's shared-store subscriptions would do this,
+    // but a subscriber that finds an object already deleted from the cache
+    // stops waking up, and a Task recreated under that name then waited
+    // forever.)
+
     fn on_task(&self, event: &watcher::Event<Task>) {
-        let (task, deleted) = match event {
-            watcher::Event::Apply(t) | watcher::Event::InitApply(t) => (t, false),
-            watcher::Event::Delete(t) => (t, true),
-            watcher::Event::Init | watcher::Event::InitDone => return,
+        let Some((task, deleted)) = event_object(event) else {
+            return;
         };
+        if !deleted {
+            self.triggers.task(ObjectRef::from_obj(task));
+        }
+        for group in owners_of::<TaskGroup, _>(task) {
+            self.triggers.group(group);
+        }
         let key = key_of(task);
         let mut sched = self.sched();
         let before = sched.ledger.robot_of(&key).map(str::to_owned);
@@ -398,10 +435,6 @@ impl Context {
         drop(sched);
         if deleted {
             lock(&self.seen).remove(&key);
-            let ns = task.namespace().unwrap_or_default();
-            for owner in task.owner_references().iter().filter(|o| o.kind == "TaskGroup") {
-                self.triggers.group(ObjectRef::new(&owner.name).within(&ns));
-            }
         }
     }
 
@@ -409,6 +442,7 @@ impl Context {
         let mut sched = self.sched();
         match event {
             watcher::Event::Apply(r) | watcher::Event::InitApply(r) => {
+                self.triggers.robot(&r.name_any());
                 let facts = facts_of(r);
                 let name = facts.name.clone();
                 let phase = facts.phase;
@@ -453,11 +487,20 @@ impl Context {
     }
 
     fn on_group(&self, event: &watcher::Event<TaskGroup>) {
-        if let watcher::Event::Delete(group) = event {
-            let ns = group.namespace().unwrap_or_default();
-            for owner in group.owner_references().iter().filter(|o| o.kind == "Job") {
-                self.triggers.job(ObjectRef::new(&owner.name).within(&ns));
-            }
+        let Some((group, deleted)) = event_object(event) else {
+            return;
+        };
+        if !deleted {
+            self.triggers.group(ObjectRef::from_obj(group));
+        }
+        for job in owners_of::<Job, _>(group) {
+            self.triggers.job(job);
+        }
+    }
+
+    fn on_job(&self, event: &watcher::Event<Job>) {
+        if let Some((job, false)) = event_object(event) {
+            self.triggers.job(ObjectRef::from_obj(job));
         }
     }
 
@@ -518,22 +561,11 @@ pub async fn run(
     let (job_tx, job_rx) = unbounded();
     let (robot_tx, robot_rx) = unbounded();
 
-    let (tasks, task_writer) = reflector::store_shared::<Task>(SHARED_BUFFER);
-    let (groups, group_writer) = reflector::store_shared::<TaskGroup>(SHARED_BUFFER);
-    let (robots, robot_writer) = reflector::store_shared::<Robot>(SHARED_BUFFER);
-    let (jobs, job_writer) = reflector::store_shared::<Job>(SHARED_BUFFER);
+    let (tasks, task_writer) = reflector::store::<Task>();
+    let (groups, group_writer) = reflector::store::<TaskGroup>();
+    let (robots, robot_writer) = reflector::store::<Robot>();
+    let (jobs, job_writer) = reflector::store::<Job>();
     let (leases, lease_writer) = reflector::store::<Lease>();
-    let internal = |what: &str| Error::Malformed {
-        kind: "store",
-        name: what.to_owned(),
-        reason: "a shared store gave no subscription".into(),
-    };
-    let task_for_tasks = task_writer.subscribe().ok_or_else(|| internal("tasks"))?;
-    let task_for_groups = task_writer.subscribe().ok_or_else(|| internal("tasks"))?;
-    let group_for_groups = group_writer.subscribe().ok_or_else(|| internal("taskgroups"))?;
-    let group_for_jobs = group_writer.subscribe().ok_or_else(|| internal("taskgroups"))?;
-    let robot_for_robots = robot_writer.subscribe().ok_or_else(|| internal("robots"))?;
-    let job_for_jobs = job_writer.subscribe().ok_or_else(|| internal("jobs"))?;
 
     let (events_tx, events_rx) = tokio::sync::mpsc::channel(4096);
     let events = config.events.then_some(events_tx);
@@ -575,7 +607,7 @@ pub async fn run(
         let c1 = ctx.clone();
         let task_informer = watcher(Api::<Task>::all(client.clone()), wc.clone())
             .default_backoff()
-            .reflect_shared(task_writer)
+            .reflect(task_writer)
             .for_each(move |ev| {
                 match ev {
                     Ok(ev) => c1.on_task(&ev),
@@ -586,7 +618,7 @@ pub async fn run(
         let c2 = ctx.clone();
         let robot_informer = watcher(Api::<Robot>::all(client.clone()), wc.clone())
             .default_backoff()
-            .reflect_shared(robot_writer)
+            .reflect(robot_writer)
             .for_each(move |ev| {
                 match ev {
                     Ok(ev) => c2.on_robot(&ev),
@@ -597,7 +629,7 @@ pub async fn run(
         let c3 = ctx.clone();
         let group_informer = watcher(Api::<TaskGroup>::all(client.clone()), wc.clone())
             .default_backoff()
-            .reflect_shared(group_writer)
+            .reflect(group_writer)
             .for_each(move |ev| {
                 match ev {
                     Ok(ev) => c3.on_group(&ev),
@@ -617,15 +649,17 @@ pub async fn run(
                 }
                 futures::future::ready(())
             });
-        // Jobs have no handler of their own; their cache feeds the Job
-        // controller, filled before it starts like the others (a controller
-        // with a cache of its own waits for it even while shutting down).
+        // The Job cache is filled before its controller starts, like the
+        // others (a controller with a cache of its own waits for it even
+        // while shutting down).
+        let c5 = ctx.clone();
         let job_informer = watcher(Api::<Job>::all(client.clone()), wc.clone())
             .default_backoff()
-            .reflect_shared(job_writer)
-            .for_each(|ev| {
-                if let Err(e) = ev {
-                    tracing::warn!(error = %e, "job watch");
+            .reflect(job_writer)
+            .for_each(move |ev| {
+                match ev {
+                    Ok(ev) => c5.on_job(&ev),
+                    Err(e) => tracing::warn!(error = %e, "job watch"),
                 }
                 futures::future::ready(())
             });
@@ -663,27 +697,26 @@ pub async fn run(
     metrics.ready.store(true, std::sync::atomic::Ordering::Relaxed);
 
     let stop = || shutdown.clone().cancelled_owned();
-    let task_ctrl = Controller::for_shared_stream(task_for_tasks, tasks)
+    // Every trigger comes from the watch handlers through `reconcile_on`.
+    let task_ctrl = Controller::for_stream(futures::stream::pending(), tasks)
         .reconcile_on(task_rx)
         .graceful_shutdown_on(stop())
         .run(task::reconcile, task::error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()));
     let status_config = || kube::runtime::controller::Config::default().debounce(ctx.config.status_debounce);
-    let group_ctrl = Controller::for_shared_stream(group_for_groups, groups)
+    let group_ctrl = Controller::for_stream(futures::stream::pending(), groups)
         .with_config(status_config())
-        .owns_shared_stream(task_for_groups)
         .reconcile_on(group_rx)
         .graceful_shutdown_on(stop())
         .run(taskgroup::reconcile, taskgroup::error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()));
-    let job_ctrl = Controller::for_shared_stream(job_for_jobs, jobs)
+    let job_ctrl = Controller::for_stream(futures::stream::pending(), jobs)
         .with_config(status_config())
-        .owns_shared_stream(group_for_jobs)
         .reconcile_on(job_rx)
         .graceful_shutdown_on(stop())
         .run(job::reconcile, job::error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()));
-    let robot_ctrl = Controller::for_shared_stream(robot_for_robots, robots)
+    let robot_ctrl = Controller::for_stream(futures::stream::pending(), robots)
         .with_config(kube::runtime::controller::Config::default().debounce(ctx.config.robot_debounce))
         .reconcile_on(robot_rx)
         .graceful_shutdown_on(stop())

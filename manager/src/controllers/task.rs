@@ -178,7 +178,9 @@ async fn reconcile_task(task: &Task, ctx: &Context) -> Result<Action> {
         .or(task.spec.target_robot.as_deref());
     let health = robot_health(ctx, robot);
     let now = Timestamp::now();
-    match next_step(&task.spec, status, health, now, &ctx.config.lifecycle) {
+    let step = next_step(&task.spec, status, health, now, &ctx.config.lifecycle);
+    tracing::debug!(?step, uid = ?task.metadata.uid, "next step");
+    match step {
         Step::Wait(Some(after)) => Ok(Action::requeue(after)),
         Step::Wait(None) | Step::Done => Ok(Action::await_change()),
         Step::Schedule => schedule(task, ctx, now).await,
@@ -237,6 +239,7 @@ async fn schedule(task: &Task, ctx: &Context, now: Timestamp) -> Result<Action> 
         if sched.ledger.attempt_of(&key).is_some_and(|a| a >= attempt) {
             // This attempt was placed already; the cache has not caught up.
             // Its watch event will bring the Task back.
+            tracing::debug!(attempt, known = ?sched.ledger.attempt_of(&key), "attempt placed already");
             return Ok(Action::await_change());
         }
         let outcome =
