@@ -60,7 +60,7 @@ async fn idle_rss_mib() -> f64 {
         &broker,
         "bench-rss",
         &tmp.path().join("state"),
-        &["--log-level", "warn"],
+        &["--log", "warn"],
     );
     server.approve("bench-rss").await;
     // Heartbeats every 200ms (the fixture's cadence): wait for 15 of them so
@@ -109,7 +109,7 @@ async fn outbox_drain(run: usize) -> f64 {
         &robot,
         &state,
         &[
-            "--log-level",
+            "--log",
             "warn",
             "--reconnect-min",
             "100ms",

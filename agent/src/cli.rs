@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use crate::config::{Args, Config, LogFormat};
+use crate::config::{Args, Config};
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
@@ -29,7 +29,10 @@ pub fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    init_logging(&config);
+    if let Err(e) = k8s4r_api::logging::init(config.log_format, config.log.as_deref()) {
+        eprintln!("k8s4r-agent: {e}");
+        return ExitCode::from(2);
+    }
     // One thread: the agent's work is I/O-bound and small, and every extra
     // worker thread costs memory on a robot.
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
@@ -69,19 +72,4 @@ async fn signals(shutdown: CancellationToken) {
         _ = int.recv() => tracing::info!("SIGINT"),
     }
     shutdown.cancel();
-}
-
-fn init_logging(config: &Config) {
-    use tracing_subscriber::EnvFilter;
-    let filter = match &config.log_level {
-        Some(level) => EnvFilter::try_new(level).unwrap_or_else(|_| EnvFilter::new("info")),
-        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-    };
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match config.log_format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder.init(),
-    }
 }

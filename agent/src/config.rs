@@ -10,10 +10,12 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use k8s4r_api::parse_duration;
 use k8s4r_api::validation::{validate_label_key, validate_label_value, validate_robot_id};
 use serde::{Deserialize, Deserializer};
+
+pub use k8s4r_api::logging::LogFormat;
 
 /// Where the config file is read from when `--config` is not given.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/k8s4r/agent.toml";
@@ -50,17 +52,6 @@ pub enum ConfigError {
         /// What is wrong.
         reason: String,
     },
-}
-
-/// Log output format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LogFormat {
-    /// Human-readable lines.
-    #[default]
-    Text,
-    /// One JSON object per line (for the journal or a log shipper).
-    Json,
 }
 
 /// The k8s4r robot agent: registers the robot with the fleet over MQTT,
@@ -274,10 +265,12 @@ pub struct Settings {
     #[arg(long, env = "K8S4R_LOG_FORMAT", value_name = "FORMAT")]
     pub log_format: Option<LogFormat>,
 
-    /// Log filter, e.g. `info` or `k8s4r_agent=debug`. Default: RUST_LOG,
-    /// else info.
-    #[arg(long, env = "K8S4R_LOG_LEVEL", value_name = "FILTER")]
-    pub log_level: Option<String>,
+    /// Log filter (RUST_LOG syntax), e.g. `info` or `k8s4r_agent=debug`.
+    /// Default: RUST_LOG, else info. (`--log-level`, and `log_level` in the
+    /// config file, are older names.)
+    #[arg(long, alias = "log-level", env = "K8S4R_LOG", value_name = "FILTER")]
+    #[serde(alias = "log_level")]
+    pub log: Option<String>,
 }
 
 impl Settings {
@@ -315,7 +308,7 @@ impl Settings {
             exec_default_user: self.exec_default_user.or(file.exec_default_user),
             cgroup_root: self.cgroup_root.or(file.cgroup_root),
             log_format: self.log_format.or(file.log_format),
-            log_level: self.log_level.or(file.log_level),
+            log: self.log.or(file.log),
         }
     }
 }
@@ -409,7 +402,7 @@ pub struct Config {
     /// Log format.
     pub log_format: LogFormat,
     /// Log filter, if set.
-    pub log_level: Option<String>,
+    pub log: Option<String>,
 }
 
 impl Config {
@@ -557,7 +550,7 @@ impl Config {
                 cgroup_root: s.cgroup_root,
             },
             log_format: s.log_format.unwrap_or_default(),
-            log_level: s.log_level,
+            log: s.log,
         })
     }
 }

@@ -384,6 +384,26 @@ fn a_bad_config_file_is_refused_with_its_line() {
 }
 
 #[test]
+fn a_bad_log_filter_is_refused_before_the_agent_starts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("agent.toml");
+    // `log_level` is the older name of `log`, still read.
+    let config = format!(
+        "robot_id = \"rb1\"\nbroker_url = \"mqtt://127.0.0.1:1\"\nstate_dir = {:?}\nlog_level = \"k8s4r_agent=chatty\"\n",
+        tmp.path().join("state")
+    );
+    std::fs::write(&file, config).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_k8s4r-agent"))
+        .arg("--config")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("invalid log filter \"k8s4r_agent=chatty\""), "{err}");
+}
+
+#[test]
 fn help_documents_every_setting() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_k8s4r-agent"))
         .arg("--help")

@@ -14,6 +14,8 @@
 pub mod condition;
 pub mod duration;
 pub mod job;
+#[cfg(feature = "logging")]
+pub mod logging;
 pub mod protocol;
 pub mod quantity;
 pub mod robot;

@@ -8,7 +8,8 @@ pub mod up;
 
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
+use k8s4r_api::logging::LogFormat;
 
 pub use error::UpError;
 
@@ -30,20 +31,12 @@ pub struct Args {
         default_value = "text"
     )]
     pub log_format: LogFormat,
-    /// Log filter, as RUST_LOG (e.g. `info`, `k8s4r_manager=debug`).
-    #[arg(long, global = true, env = "K8S4R_LOG", default_value = "info")]
-    pub log: String,
+    /// Log filter (RUST_LOG syntax, e.g. `k8s4r_manager=debug,info`);
+    /// without it RUST_LOG applies, else `info`.
+    #[arg(long, global = true, env = "K8S4R_LOG")]
+    pub log: Option<String>,
     #[command(subcommand)]
     pub command: Command,
-}
-
-/// How log lines are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
 }
 
 /// The subcommands.
@@ -87,7 +80,7 @@ impl Args {
                 Ok(())
             }
             Command::Up(args) => {
-                init_logging(self.log_format, &self.log);
+                k8s4r_api::logging::init(self.log_format, self.log.as_deref())?;
                 up::run(args, data_dir).await
             }
         }
@@ -102,19 +95,6 @@ fn default_data_dir() -> anyhow::Result<PathBuf> {
         Some(home) => Ok(PathBuf::from(home).join(".local/share/k8s4r")),
         None => anyhow::bail!("neither XDG_DATA_HOME nor HOME is set: pass --data-dir"),
     }
-}
-
-fn init_logging(format: LogFormat, filter: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    // A second call (tests) finds a subscriber already set; that is fine.
-    let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
-    };
 }
 
 #[cfg(test)]

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use clap::{ArgAction, Parser, ValueEnum};
+use clap::{ArgAction, Parser};
+use k8s4r_api::logging::LogFormat;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{LeaderConfig, ManagerConfig};
@@ -15,15 +16,6 @@ use crate::liveness::LivenessConfig;
 
 fn duration(s: &str) -> Result<Duration, String> {
     k8s4r_api::parse_duration(s).map_err(|e| e.to_string())
-}
-
-/// Log line format.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// One JSON object per line.
-    Json,
-    /// Human-readable text.
-    Text,
 }
 
 /// The k8s4r controllers: Jobs, TaskGroups, Tasks and Robots.
@@ -92,9 +84,10 @@ pub struct Args {
     /// Log format.
     #[arg(long, env = "K8S4R_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
-    /// Log filter (RUST_LOG syntax), used when RUST_LOG is not set.
-    #[arg(long, env = "K8S4R_LOG", default_value = "info")]
-    pub log: String,
+    /// Log filter (RUST_LOG syntax, e.g. `k8s4r_manager=debug,info`); without
+    /// it RUST_LOG applies, else `info`.
+    #[arg(long, env = "K8S4R_LOG")]
+    pub log: Option<String>,
 }
 
 impl Args {
@@ -128,16 +121,6 @@ impl Args {
         }
     }
 
-    fn init_logging(&self) {
-        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&self.log));
-        let builder = tracing_subscriber::fmt().with_env_filter(filter);
-        match self.log_format {
-            LogFormat::Json => builder.json().init(),
-            LogFormat::Text => builder.init(),
-        }
-    }
-
     async fn client(&self) -> anyhow::Result<kube::Client> {
         let config = match &self.kubeconfig {
             Some(path) => {
@@ -156,7 +139,7 @@ impl Args {
 
     /// Runs the manager until SIGTERM or SIGINT.
     pub async fn run(self) -> anyhow::Result<()> {
-        self.init_logging();
+        k8s4r_api::logging::init(self.log_format, self.log.as_deref())?;
         let client = self.client().await?;
         let shutdown = CancellationToken::new();
         tokio::spawn(cancel_on_signal(shutdown.clone()));

@@ -5,7 +5,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
+use clap::Parser;
+use k8s4r_api::logging::LogFormat;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::Client;
 use tokio_util::sync::CancellationToken;
@@ -14,15 +15,6 @@ use tracing::info;
 use crate::config::{BrokerConfig, ServerConfig};
 use crate::decide::Coalescing;
 use crate::error::{Error, Result};
-
-/// Log line format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// One JSON object per line.
-    Json,
-    /// Human-readable text.
-    Text,
-}
 
 fn duration(s: &str) -> std::result::Result<Duration, String> {
     k8s4r_api::parse_duration(s).map_err(|e| e.to_string())
@@ -122,9 +114,10 @@ pub struct Args {
     #[arg(long, env = "K8S4R_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
 
-    /// Log filter when RUST_LOG is not set.
-    #[arg(long, env = "K8S4R_LOG_LEVEL", default_value = "info")]
-    pub log_level: String,
+    /// Log filter (RUST_LOG syntax, e.g. `k8s4r_server=debug,info`); without
+    /// it RUST_LOG applies, else `info`.
+    #[arg(long, alias = "log-level", env = "K8S4R_LOG")]
+    pub log: Option<String>,
 }
 
 impl Args {
@@ -167,7 +160,8 @@ impl Args {
 
     /// Sets up logging, connects to Kubernetes, runs until SIGTERM or SIGINT.
     pub async fn run(self) -> Result<()> {
-        init_logging(self.log_format, &self.log_level);
+        k8s4r_api::logging::init(self.log_format, self.log.as_deref())
+            .map_err(|e| Error::Config(e.to_string()))?;
         // rumqttc and kube are built without a default crypto provider.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let client = self.client().await?;
@@ -191,16 +185,6 @@ impl Args {
         };
         Client::try_from(config).map_err(|e| Error::Config(format!("kube client: {e}")))
     }
-}
-
-fn init_logging(format: LogFormat, level: &str) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    let _ = match format {
-        LogFormat::Json => builder.json().try_init(),
-        LogFormat::Text => builder.try_init(),
-    };
 }
 
 async fn cancel_on_signal(token: CancellationToken) {

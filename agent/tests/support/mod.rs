@@ -273,7 +273,7 @@ impl Agent {
             .args(["--heartbeat-interval", "200ms"])
             .args(["--reconnect-min", "100ms", "--reconnect-max", "1s"])
             .args(["--register-retry-min", "1s"])
-            .args(["--log-level", "k8s4r_agent=debug,info"])
+            .args(["--log", "k8s4r_agent=debug,info"])
             .args(extra)
             .env_remove("RUST_LOG")
             .stdout(Stdio::null())
