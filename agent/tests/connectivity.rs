@@ -365,18 +365,24 @@ async fn bad_messages_are_refused_and_the_agent_carries_on() {
     assert!(!log.contains("panicked"), "{log}");
 }
 
-#[test]
-fn a_bad_config_file_is_refused_with_its_line() {
-    let tmp = tempfile::tempdir().unwrap();
-    let file = tmp.path().join("agent.toml");
-    std::fs::write(&file, "robot_id = \"rb1\"\nheartbeat_interval = 30\n").unwrap();
+/// Runs the agent on a config file `contents`, which it must refuse with
+/// exit code 2; gives the file's path and what the agent printed.
+fn refused_config(tmp: &std::path::Path, contents: &str) -> (std::path::PathBuf, String) {
+    let file = tmp.join("agent.toml");
+    std::fs::write(&file, contents).unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_k8s4r-agent"))
         .arg("--config")
         .arg(&file)
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    (file, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn a_bad_config_file_is_refused_with_its_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (file, err) = refused_config(tmp.path(), "robot_id = \"rb1\"\nheartbeat_interval = 30\n");
     assert!(
         err.contains(&file.display().to_string()) && err.contains("line 2"),
         "{err}"
@@ -386,20 +392,12 @@ fn a_bad_config_file_is_refused_with_its_line() {
 #[test]
 fn a_bad_log_filter_is_refused_before_the_agent_starts() {
     let tmp = tempfile::tempdir().unwrap();
-    let file = tmp.path().join("agent.toml");
     // `log_level` is the older name of `log`, still read.
     let config = format!(
         "robot_id = \"rb1\"\nbroker_url = \"mqtt://127.0.0.1:1\"\nstate_dir = {:?}\nlog_level = \"k8s4r_agent=chatty\"\n",
         tmp.path().join("state")
     );
-    std::fs::write(&file, config).unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_k8s4r-agent"))
-        .arg("--config")
-        .arg(&file)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let (_, err) = refused_config(tmp.path(), &config);
     assert!(err.contains("invalid log filter \"k8s4r_agent=chatty\""), "{err}");
 }
 
