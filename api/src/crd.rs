@@ -15,6 +15,33 @@ pub fn crds() -> Vec<(&'static str, CustomResourceDefinition)> {
     ]
 }
 
+/// A CRD the API server did not take.
+#[derive(Debug, thiserror::Error)]
+#[error("applying CRD {name}: {source}")]
+pub struct ApplyError {
+    /// The CRD's name.
+    pub name: String,
+    /// What the API server said.
+    #[source]
+    pub source: kube::Error,
+}
+
+/// Creates every CRD, or brings it up to date, by server-side apply as
+/// `field_manager` (forced: the CRDs belong to k8s4r).
+pub async fn apply(client: &kube::Client, field_manager: &str) -> Result<(), ApplyError> {
+    use kube::api::{Api, Patch, PatchParams};
+    use kube::ResourceExt;
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let params = PatchParams::apply(field_manager).force();
+    for (_, crd) in crds() {
+        let name = crd.name_any();
+        if let Err(source) = api.patch(&name, &params, &Patch::Apply(&crd)).await {
+            return Err(ApplyError { name, source });
+        }
+    }
+    Ok(())
+}
+
 /// One CRD as the YAML committed in `deploy/crds/`.
 pub fn to_yaml(crd: &CustomResourceDefinition) -> Result<String, serde_yaml::Error> {
     let body = serde_yaml::to_string(crd)?;

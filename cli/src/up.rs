@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use k8s4r_api::{Job, Task, TaskCounts};
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use tokio::task::JoinSet;
@@ -325,17 +324,12 @@ fn write_private(path: &Path, contents: &str) -> Result<(), UpError> {
 
 /// Applies the CRDs and waits until their kinds are served.
 pub async fn install_crds(client: &Client) -> Result<(), UpError> {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let params = PatchParams::apply(FIELD_MANAGER).force();
-    for (_, crd) in k8s4r_api::crd::crds() {
-        let name = crd.name_any();
-        crds.patch(&name, &params, &Patch::Apply(&crd))
-            .await
-            .map_err(|source| UpError::Kube {
-                what: format!("apply CRD {name}"),
-                source,
-            })?;
-    }
+    k8s4r_api::crd::apply(client, FIELD_MANAGER)
+        .await
+        .map_err(|e| UpError::Kube {
+            what: format!("apply CRD {}", e.name),
+            source: e.source,
+        })?;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let jobs: Api<Job> = Api::all(client.clone());

@@ -17,7 +17,6 @@ use k8s4r_api::{
 };
 use k8s4r_manager::{ManagerConfig, Metrics};
 use k8s_openapi::api::core::v1::Namespace;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
@@ -89,12 +88,9 @@ pub async fn api_server() -> Env {
         .await
         .expect("API server starts");
     let client = server.client().await.expect("client");
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for (_, crd) in k8s4r_api::crd::crds() {
-        crds.create(&PostParams::default(), &crd)
-            .await
-            .expect("CRD created");
-    }
+    k8s4r_api::crd::apply(&client, "tests")
+        .await
+        .expect("CRDs applied");
     let namespaces: Api<Namespace> = Api::all(client.clone());
     for ns in ["k8s4r-system", "k8s4r-robot-leases"] {
         let obj = Namespace {

@@ -11,7 +11,6 @@ use k8s4r_api::protocol::{encode, Message, Topics};
 use k8s4r_api::{DeviceInfo, Task, TaskSpec, TaskState, TaskStatus, TaskTemplate, Usage};
 use k8s4r_server::{Metrics, Server, ServerConfig};
 use k8s_openapi::api::core::v1::Namespace;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use rumqttc::{AsyncClient, Event, LastWill, MqttOptions, Packet, QoS};
@@ -54,12 +53,9 @@ impl Env {
         let broker = Mosquitto::start();
         let api = Config::for_tests().start().await.expect("apiserver-lite starts");
         let client = api.client().await.expect("kube client");
-        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-        for (_, crd) in k8s4r_api::crd::crds() {
-            crds.create(&PostParams::default(), &crd)
-                .await
-                .expect("CRD created");
-        }
+        k8s4r_api::crd::apply(&client, "tests")
+            .await
+            .expect("CRDs applied");
         let namespaces: Api<Namespace> = Api::all(client.clone());
         let ns = Namespace {
             metadata: kube::api::ObjectMeta {
