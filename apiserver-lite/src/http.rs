@@ -552,8 +552,9 @@ fn delete_opts(query: &Query, body: &[u8]) -> Result<DeleteOpts, ApiError> {
     })
 }
 
+/// A stored object as `rt` serves it.
 fn with_version(rt: &ResourceType, obj: &Value) -> Value {
-    let mut o = obj.clone();
+    let mut o = rt.from_storage(obj).into_owned();
     o["apiVersion"] = json!(rt.api_version());
     o
 }
@@ -638,7 +639,8 @@ fn list(
             if start_after.as_ref().is_some_and(|after| key <= after) {
                 continue;
             }
-            if !labels.matches(obj) || !fields.matches(obj) {
+            let served = rt.from_storage(obj);
+            if !labels.matches(&served) || !fields.matches(&served) {
                 continue;
             }
             if items.len() >= limit {
@@ -852,13 +854,15 @@ async fn watch_handler(
     let matches = {
         let gr = gr.clone();
         let ns = ns.clone();
-        move |obj: &Value| {
+        let rt = rt.clone();
+        move |stored: &Value| {
+            let obj = rt.from_storage(stored);
             obj["metadata"]["namespace"].as_str().unwrap_or_default()
                 == ns
                     .as_deref()
                     .unwrap_or(obj["metadata"]["namespace"].as_str().unwrap_or_default())
-                && labels.matches(obj)
-                && fields.matches(obj)
+                && labels.matches(&obj)
+                && fields.matches(&obj)
                 && !gr.is_empty()
         }
     };

@@ -18,6 +18,7 @@ pub mod authz;
 pub mod bench;
 pub mod cli;
 pub mod error;
+pub mod event_conversion;
 pub mod fields;
 pub mod http;
 pub mod openapi;

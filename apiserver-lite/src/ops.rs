@@ -238,11 +238,12 @@ pub fn create(
     txn: &mut Txn<'_>,
     rt: &ResourceType,
     ns: &str,
-    mut obj: Value,
+    obj: Value,
     opts: &WriteOpts,
     managed: Option<Value>,
 ) -> Result<Written, ApiError> {
     check_type(rt, &obj)?;
+    let mut obj = rt.to_storage(obj);
     if !obj["metadata"].is_object() {
         obj["metadata"] = json!({});
     }
@@ -266,7 +267,7 @@ pub fn create(
             obj["metadata"]["name"] = json!(format!("{prefix}{}", random_suffix()));
         }
     }
-    obj["apiVersion"] = json!(rt.api_version());
+    obj["apiVersion"] = json!(rt.stored_api_version());
     obj["kind"] = json!(rt.kind);
     validate_metadata(rt, &obj)?;
     if rt.status_subresource && rt.custom {
@@ -389,13 +390,14 @@ pub fn commit_update(
     txn: &mut Txn<'_>,
     rt: &ResourceType,
     old: &Arc<Value>,
-    mut new: Value,
+    new: Value,
     status: bool,
     opts: &WriteOpts,
     precondition: Precondition,
     applied: bool,
 ) -> Result<Written, ApiError> {
     check_type(rt, &new)?;
+    let mut new = rt.to_storage(new);
     let name = meta_str(old, "name").to_string();
     let sent_rv = meta_str(&new, "resourceVersion").to_string();
     if sent_rv.is_empty() {
@@ -477,7 +479,7 @@ pub fn commit_update(
             }
         }
     }
-    new["apiVersion"] = json!(rt.api_version());
+    new["apiVersion"] = json!(rt.stored_api_version());
     new["kind"] = json!(rt.kind);
     validate_metadata(rt, &new)?;
     let warnings = prune_and_validate(rt, &mut new, opts)?;
@@ -606,7 +608,8 @@ pub fn patch(
             let t = now();
             let scope = scope_of(rt, status);
             let empty = json!({"metadata": {}});
-            let base = live.as_deref().unwrap_or(&empty);
+            let served = live.as_deref().map(|l| rt.from_storage(l));
+            let base = served.as_deref().unwrap_or(&empty);
             let merged =
                 match fields::apply(base, &config, &opts.manager, &rt.api_version(), scope, force, &t) {
                     Ok(m) => m,
@@ -638,7 +641,7 @@ pub fn patch(
         }
         _ => {
             let live = live.ok_or_else(|| ApiError::not_found(&qualified(rt), name))?;
-            let mut doc = (*live).clone();
+            let mut doc = rt.from_storage(&live).into_owned();
             match kind {
                 PatchType::Merge | PatchType::Strategic => {
                     if kind == PatchType::Strategic && rt.custom {

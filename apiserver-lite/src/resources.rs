@@ -1,6 +1,7 @@
 //! The resource types the server serves: a few built-ins, and whatever a
 //! CustomResourceDefinition registers at run time.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
@@ -39,12 +40,25 @@ pub struct ResourceType {
     pub custom: bool,
     /// Whether the version is the storage version (discovery's preferred one).
     pub storage: bool,
+    /// How objects are converted between this type and the form they are stored in.
+    pub conversion: Conversion,
+}
+
+/// How a resource type's objects relate to the form they are stored in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Conversion {
+    /// Stored as served (another version of a CRD differs in apiVersion only).
+    None,
+    /// core/v1 Events, stored as events.k8s.io/v1 Events (see [`crate::event_conversion`]).
+    CoreEvent,
 }
 
 impl ResourceType {
     /// Storage key shared by all versions of a resource: `plural.group`.
     pub fn group_resource(&self) -> String {
-        if self.group.is_empty() {
+        if self.conversion == Conversion::CoreEvent {
+            crate::event_conversion::STORED_RESOURCE.to_string()
+        } else if self.group.is_empty() {
             self.plural.clone()
         } else {
             format!("{}.{}", self.plural, self.group)
@@ -56,6 +70,30 @@ impl ResourceType {
             self.version.clone()
         } else {
             format!("{}/{}", self.group, self.version)
+        }
+    }
+
+    /// The apiVersion of this type's objects as stored.
+    pub fn stored_api_version(&self) -> String {
+        match self.conversion {
+            Conversion::None => self.api_version(),
+            Conversion::CoreEvent => crate::event_conversion::STORED_API_VERSION.to_string(),
+        }
+    }
+
+    /// A stored object in this type's form (its apiVersion aside).
+    pub fn from_storage<'a>(&self, stored: &'a Value) -> Cow<'a, Value> {
+        match self.conversion {
+            Conversion::None => Cow::Borrowed(stored),
+            Conversion::CoreEvent => Cow::Owned(crate::event_conversion::to_core(stored)),
+        }
+    }
+
+    /// An object sent to this type, in the form it is stored in.
+    pub fn to_storage(&self, served: Value) -> Value {
+        match self.conversion {
+            Conversion::None => served,
+            Conversion::CoreEvent => crate::event_conversion::from_core(&served),
         }
     }
 
@@ -290,6 +328,12 @@ pub fn builtins() -> Vec<ResourceType> {
                     column("Object", "string", ".involvedObject.name"),
                     column("Message", "string", ".message"),
                 ],
+                ("events.k8s.io", "events") => vec![
+                    column("Type", "string", ".type"),
+                    column("Reason", "string", ".reason"),
+                    column("Object", "string", ".regarding.name"),
+                    column("Message", "string", ".note"),
+                ],
                 ("coordination.k8s.io", "leases") => {
                     vec![column("Holder", "string", ".spec.holderIdentity"), age_column()]
                 }
@@ -297,6 +341,10 @@ pub fn builtins() -> Vec<ResourceType> {
                     vec![column("Created At", "string", ".metadata.creationTimestamp")]
                 }
                 _ => vec![age_column()],
+            };
+            let conversion = match (b.group, b.plural) {
+                ("", "events") => Conversion::CoreEvent,
+                _ => Conversion::None,
             };
             ResourceType {
                 group: b.group.into(),
@@ -312,7 +360,9 @@ pub fn builtins() -> Vec<ResourceType> {
                 columns,
                 schema: None,
                 custom: false,
-                storage: true,
+                // core/v1 Events are a view of events.k8s.io/v1, which stores them.
+                storage: conversion == Conversion::None,
+                conversion,
             }
         })
         .collect()
@@ -407,6 +457,7 @@ pub fn from_crd(crd: &Value) -> Result<Vec<ResourceType>, Vec<FieldError>> {
             schema: if schema.is_object() { Some(schema) } else { None },
             custom: true,
             storage: v["storage"].as_bool().unwrap_or(false),
+            conversion: Conversion::None,
         });
     }
     if errors.is_empty() {

@@ -117,7 +117,9 @@ pub fn column_definitions(rt: &ResourceType) -> Vec<Value> {
     cols
 }
 
-pub fn row(rt: &ResourceType, obj: &Value, include: IncludeObject) -> Value {
+/// One row of a Table, for a stored object.
+pub fn row(rt: &ResourceType, stored: &Value, include: IncludeObject) -> Value {
+    let obj = &*rt.from_storage(stored);
     let mut cells = vec![obj["metadata"]["name"].clone()];
     for c in &rt.columns {
         let v = eval(obj, &c.json_path);
@@ -142,6 +144,7 @@ pub fn row(rt: &ResourceType, obj: &Value, include: IncludeObject) -> Value {
         }
         IncludeObject::Object => {
             row["object"] = obj.clone();
+            row["object"]["apiVersion"] = json!(rt.api_version());
         }
     }
     row

@@ -677,3 +677,94 @@ async fn secret_string_data_is_stored_in_data() {
     assert_eq!(read(&patched, "kept"), "y");
     drop(server);
 }
+
+/// On a real server core/v1 and events.k8s.io/v1 Events are one resource:
+/// kube-rs records through the second, `kubectl describe` reads the first.
+#[tokio::test]
+async fn events_are_one_resource_under_both_apis() {
+    use k8s_openapi::api::core::v1::Event as CoreEvent;
+    use k8s_openapi::api::events::v1::Event as EventsEvent;
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+
+    let (server, client) = server().await;
+    install_crds(&client).await;
+    let widgets: Api<Widget> = Api::namespaced(client.clone(), "default");
+    let w = widgets
+        .create(&PostParams::default(), &widget("w1", 1))
+        .await
+        .unwrap();
+    let core: Api<CoreEvent> = Api::namespaced(client.clone(), "default");
+    let mut watch = core.watch(&WatchParams::default(), "0").await.unwrap().boxed();
+
+    let recorder = Recorder::new(client.clone(), Reporter::from("widget-controller"));
+    let recorded = Event {
+        type_: EventType::Warning,
+        reason: "TooSmall".into(),
+        note: Some("size 1 is below 2".into()),
+        action: "Check".into(),
+        secondary: None,
+    };
+    recorder.publish(&recorded, &w.object_ref(&())).await.unwrap();
+
+    // What kubectl describe asks for: core/v1, by the object's identity.
+    let selector = format!(
+        "involvedObject.kind=Widget,involvedObject.uid={},involvedObject.name=w1,involvedObject.namespace=default",
+        w.uid().unwrap()
+    );
+    let found = core.list(&ListParams::default().fields(&selector)).await.unwrap();
+    assert_eq!(found.items.len(), 1, "{:?}", found.items);
+    let ev = &found.items[0];
+    assert_eq!(ev.reason.as_deref(), Some("TooSmall"));
+    assert_eq!(ev.message.as_deref(), Some("size 1 is below 2"));
+    assert_eq!(ev.type_.as_deref(), Some("Warning"));
+    assert_eq!(ev.reporting_component.as_deref(), Some("widget-controller"));
+    assert_eq!(ev.involved_object.name.as_deref(), Some("w1"));
+    let other = core
+        .list(&ListParams::default().fields("involvedObject.name=w2"))
+        .await
+        .unwrap();
+    assert!(other.items.is_empty());
+    let seen = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(e) = watch.try_next().await.unwrap() {
+            if let WatchEvent::Added(e) = e {
+                return e;
+            }
+        }
+        panic!("watch ended");
+    })
+    .await
+    .expect("a core/v1 watch sees the recorded Event");
+    assert_eq!(seen.message.as_deref(), Some("size 1 is below 2"));
+
+    // Written through core/v1, read through events.k8s.io/v1.
+    let name = ev.name_any();
+    core.patch(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"message": "size 1 is still below 2"})),
+    )
+    .await
+    .unwrap();
+    let events: Api<EventsEvent> = Api::namespaced(client.clone(), "default");
+    let stored = events.get(&name).await.unwrap();
+    assert_eq!(stored.note.as_deref(), Some("size 1 is still below 2"));
+    assert_eq!(stored.regarding.as_ref().and_then(|r| r.uid.clone()), w.uid());
+    let created: CoreEvent = serde_json::from_value(json!({
+        "metadata": {"name": "by-hand"},
+        "involvedObject": {"kind": "Widget", "name": "w1", "namespace": "default"},
+        "reason": "Poked",
+        "message": "a person was here",
+        "type": "Normal",
+        "count": 1,
+        "source": {"component": "kubectl"}
+    }))
+    .unwrap();
+    core.create(&PostParams::default(), &created).await.unwrap();
+    let stored = events.get("by-hand").await.unwrap();
+    assert_eq!(stored.note.as_deref(), Some("a person was here"));
+    assert_eq!(stored.deprecated_count, Some(1));
+    assert_eq!(stored.regarding.and_then(|r| r.name).as_deref(), Some("w1"));
+    core.delete("by-hand", &DeleteParams::default()).await.unwrap();
+    assert_eq!(api_code(events.get("by-hand").await.unwrap_err()), 404);
+    server.shutdown().await.unwrap();
+}

@@ -336,3 +336,51 @@ async fn kubectl_applies_the_project_crds() {
     }
     server.shutdown().await.unwrap();
 }
+
+/// `kubectl describe` shows the Events a controller recorded through
+/// events.k8s.io/v1 (what kube-rs uses), as on a real cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_describe_shows_recorded_events() {
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+    use kube::{Api, Resource};
+
+    let server = Config::for_tests().start().await.unwrap();
+    let client = server.client().await.unwrap();
+    common::install_crds(&client).await;
+    let widgets: Api<common::Widget> = Api::namespaced(client.clone(), "default");
+    let w = widgets
+        .create(&Default::default(), &common::widget("w1", 1))
+        .await
+        .unwrap();
+    let recorder = Recorder::new(client.clone(), Reporter::from("widget-controller"));
+    let event = Event {
+        type_: EventType::Warning,
+        reason: "TooSmall".into(),
+        note: Some("size 1 is below 2".into()),
+        action: "Check".into(),
+        secondary: None,
+    };
+    recorder.publish(&event, &w.object_ref(&())).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kc = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kc).unwrap();
+    for bin in KUBECTLS {
+        let Some(k) = Kubectl::new(bin, &kc) else { continue };
+        let out = k.ok(&["describe", "widget", "w1"]);
+        let events = out.split("Events:").nth(1).unwrap_or_default();
+        let line = events
+            .lines()
+            .find(|l| l.contains("TooSmall"))
+            .unwrap_or_else(|| panic!("{bin}: no TooSmall event in\n{out}"));
+        for part in ["Warning", "widget-controller", "size 1 is below 2"] {
+            assert!(line.contains(part), "{bin}: {part} missing from {line:?}");
+        }
+        let out = k.ok(&["get", "events"]);
+        assert!(
+            out.lines()
+                .any(|l| l.contains("TooSmall") && l.contains("w1") && l.contains("size 1 is below 2")),
+            "{bin}:\n{out}"
+        );
+    }
+    server.shutdown().await.unwrap();
+}
