@@ -15,7 +15,8 @@ pub enum LogFormat {
 #[derive(Debug, Parser)]
 #[command(name = "apiserver-lite", version)]
 pub struct Args {
-    /// Address to listen on (plain HTTP; keep it on loopback).
+    /// Address to listen on (HTTPS with a self-signed certificate, which the
+    /// kubeconfig written by --write-kubeconfig carries).
     #[arg(long, env = "K8S4R_APISERVER_BIND", default_value = "127.0.0.1:6443")]
     pub bind: SocketAddr,
     /// Directory of the redb file objects are kept in.
@@ -47,6 +48,9 @@ pub struct Args {
     /// Events kept for watches to resume from.
     #[arg(long, env = "K8S4R_APISERVER_HISTORY", default_value_t = 50_000)]
     pub history: usize,
+    /// How long an Event is kept after it last happened (e.g. 1h, 30m).
+    #[arg(long, env = "K8S4R_APISERVER_EVENT_TTL", default_value = "1h", value_parser = humantime::parse_duration)]
+    pub event_ttl: std::time::Duration,
     /// Log format.
     #[arg(long, env = "K8S4R_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
@@ -101,7 +105,8 @@ impl Args {
         let mut c = crate::Config::default()
             .bind(self.bind)
             .max_body_bytes(self.max_body_bytes)
-            .history(self.history);
+            .history(self.history)
+            .event_ttl(self.event_ttl);
         if !self.in_memory {
             c = c.data_dir(self.data_dir.clone());
         }

@@ -36,6 +36,9 @@ pub struct Config {
     /// How many events are kept for watches to resume from.
     pub history: usize,
     pub bookmark_interval: Duration,
+    /// How long an Event is kept after it last happened (kube-apiserver's
+    /// `--event-ttl`).
+    pub event_ttl: Duration,
     /// Serve HTTPS with a self-signed certificate (kept in the data
     /// directory). kubectl only sends the token over TLS; plain HTTP is for
     /// kube-rs-only setups.
@@ -53,6 +56,7 @@ impl Default for Config {
             max_body_bytes: 3 * 1024 * 1024,
             history: 50_000,
             bookmark_interval: Duration::from_secs(5),
+            event_ttl: Duration::from_secs(60 * 60),
             tls: true,
         }
     }
@@ -106,6 +110,11 @@ impl Config {
 
     pub fn bookmark_interval(mut self, every: Duration) -> Self {
         self.bookmark_interval = every;
+        self
+    }
+
+    pub fn event_ttl(mut self, ttl: Duration) -> Self {
+        self.event_ttl = ttl;
         self
     }
 
@@ -230,7 +239,7 @@ pub async fn start(config: Config) -> Result<RunningServer> {
             (serve, None)
         }
     };
-    let gc = tokio::spawn(collector(store.clone(), cancel.clone()));
+    let gc = tokio::spawn(collector(store.clone(), config.event_ttl, cancel.clone()));
     tracing::info!(%addr, persistent = config.data_dir.is_some(), "apiserver-lite serving");
     Ok(RunningServer {
         addr,
@@ -269,13 +278,26 @@ fn ensure_namespaces(store: &Store) {
 
 /// The garbage collector: after deletions (and now and then), deletes
 /// dependents whose owners are gone and carries out orphan and foreground
-/// deletions.
-async fn collector(store: Arc<Store>, cancel: CancellationToken) {
+/// deletions. Now and then it also drops Events older than `event_ttl`.
+async fn collector(store: Arc<Store>, event_ttl: Duration, cancel: CancellationToken) {
     let mut tick = tokio::time::interval(Duration::from_secs(5));
+    // Expiry scans every Event, so it runs less often than the collector;
+    // an Event outlives its TTL by at most this much.
+    let mut expiry = tokio::time::interval(EVENT_EXPIRY_INTERVAL.min(event_ttl).max(Duration::from_secs(1)));
     loop {
         tokio::select! {
             _ = store.gc.notified() => {}
             _ = tick.tick() => {}
+            _ = expiry.tick() => {
+                let _ = store.write(|txn| {
+                    let expired = ops::expire_events(txn, jiff::Timestamp::now(), event_ttl);
+                    if expired > 0 {
+                        tracing::debug!(expired, "events past their TTL deleted");
+                    }
+                    Ok::<_, ()>(())
+                });
+                continue;
+            }
             _ = cancel.cancelled() => return,
         }
         let _ = store.write(|txn| {
@@ -288,6 +310,9 @@ async fn collector(store: Arc<Store>, cancel: CancellationToken) {
         });
     }
 }
+
+/// How often Events past their TTL are looked for.
+const EVENT_EXPIRY_INTERVAL: Duration = Duration::from_secs(30);
 
 impl RunningServer {
     pub fn addr(&self) -> SocketAddr {
