@@ -588,5 +588,32 @@ async fn kubectl_shows_robots_jobs_and_tasks() {
         .filter(|l| l.starts_with("seen") && l.contains("completed"))
         .count();
     assert_eq!(done, 2, "{tasks}");
+
+    // What the manager and the server did, as `kubectl describe` tells it.
+    // Events are published in the background, so they may trail the status.
+    let steps = ["Scheduled", "Dispatched", "Started", "Completed"];
+    let events = eventually("kubectl describe shows the task's Events", || async {
+        let out = kubectl(&kubeconfig, &["describe", "rtask", "seen-g-0", "-n", "default"]);
+        let events = out.split("\nEvents:").nth(1)?.to_owned();
+        steps.iter().all(|r| events.contains(r)).then_some(events)
+    })
+    .await;
+    let from = |reason: &str| {
+        let line = events.lines().find(|l| l.contains(reason)).unwrap_or_default();
+        ["k8s4r-manager", "k8s4r-server"]
+            .into_iter()
+            .find(|c| line.contains(c))
+            .unwrap_or_else(|| panic!("no reporting program on {line:?}"))
+    };
+    assert_eq!(from("Scheduled"), "k8s4r-manager", "{events}");
+    assert_eq!(from("Dispatched"), "k8s4r-server", "{events}");
+    let dispatched = events.lines().filter(|l| l.contains("Dispatched")).count();
+    assert_eq!(dispatched, 1, "one Dispatched Event per attempt:\n{events}");
+    eventually("kubectl describe shows the Job's Completed Event", || async {
+        let out = kubectl(&kubeconfig, &["describe", "rjob", "seen", "-n", "default"]);
+        let events = out.split("\nEvents:").nth(1)?.to_owned();
+        events.contains("all 2 tasks completed").then_some(())
+    })
+    .await;
     env.stop().await;
 }

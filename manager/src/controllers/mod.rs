@@ -132,13 +132,13 @@ pub struct Context {
     pub(crate) triggers: Triggers,
     events: Option<tokio::sync::mpsc::Sender<(ObjectReference, Event)>>,
     failures: Mutex<HashMap<String, u32>>,
-    /// Per task: the (attempt, state, dispatched) last seen, to publish an
+    /// Per task: the (attempt, state) last seen, to publish an
     /// Event once per transition.
     seen: Mutex<HashMap<String, Progress>>,
 }
 
-/// A task's attempt, state, and whether the server delivered the attempt.
-type Progress = (u32, Option<TaskState>, bool);
+/// A task's attempt and state.
+type Progress = (u32, Option<TaskState>);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding the lock leaves plain data behind; keep going.
@@ -505,21 +505,14 @@ impl Context {
     }
 
     /// Records the task's progress and says which Event, if any, it earns.
-    fn progress(&self, task: &Task) -> Option<(u32, TaskState, bool)> {
+    /// (Dispatched is the server's Event: it is the one that saw the robot
+    /// acknowledge the dispatch.)
+    fn progress(&self, task: &Task) -> Option<(u32, TaskState)> {
         let status = task.status.as_ref();
-        let now = (
-            status.map_or(0, |s| s.attempt),
-            status.and_then(|s| s.state),
-            task.annotations()
-                .get(k8s4r_api::names::ANNOTATION_DISPATCHED_ATTEMPT)
-                .and_then(|a| a.parse::<u32>().ok())
-                .is_some_and(|a| a >= status.map_or(0, |s| s.attempt) && a > 0),
-        );
+        let now = (status.map_or(0, |s| s.attempt), status.and_then(|s| s.state));
         let previous = lock(&self.seen).insert(key_of(task), now);
         match (previous, now) {
-            (Some(p), (attempt, Some(state), dispatched)) if p != now => {
-                Some((attempt, state, dispatched && !p.2))
-            }
+            (Some(p), (attempt, Some(state))) if p != now => Some((attempt, state)),
             _ => None,
         }
     }

@@ -116,19 +116,11 @@ fn robot_health(ctx: &Context, robot: Option<&str>) -> RobotHealth {
 }
 
 fn publish_progress(ctx: &Context, task: &Task) {
-    let Some((attempt, state, dispatched)) = ctx.progress(task) else {
+    let Some((attempt, state)) = ctx.progress(task) else {
         return;
     };
     let status = task.status.clone().unwrap_or_default();
     let robot = status.robot.clone().unwrap_or_default();
-    if dispatched && matches!(state, TaskState::Dispatching | TaskState::Running) {
-        ctx.event(
-            task,
-            EventType::Normal,
-            "Dispatched",
-            format!("attempt {attempt} delivered to robot {robot}"),
-        );
-    }
     match state {
         TaskState::Running => ctx.event(
             task,
