@@ -504,12 +504,10 @@ impl Bridge {
     async fn online(&self, name: &str, online: bool) -> Result<Outcome> {
         let mut robot = match self.robot(name).await? {
             Some(robot) => robot,
-            None => {
-                let r = decide::Rejection::UnknownRobot {
-                    robot: name.to_owned(),
-                };
-                return Ok(Outcome::Rejected(r.to_string(), r.outcome()));
-            }
+            // An agent announces itself online as it connects, just before it
+            // registers, and the registration records the connection; so this
+            // is the normal first message of a new robot, not a bad one.
+            None => return Ok(Outcome::Done("ignored_unregistered")),
         };
         for tries in 1.. {
             let conditions = robot
