@@ -62,7 +62,7 @@ pub fn start(listen: SocketAddr) -> Result<(), UpError> {
             source,
         })?;
     let deadline = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect_timeout(&listen, Duration::from_millis(200)).is_err() {
+    while !answers_mqtt(listen) {
         if Instant::now() > deadline {
             return Err(UpError::NotReady {
                 what: "MQTT broker",
@@ -72,4 +72,29 @@ pub fn start(listen: SocketAddr) -> Result<(), UpError> {
         std::thread::sleep(Duration::from_millis(10));
     }
     Ok(())
+}
+
+/// Whether an MQTT 3.1.1 broker at `addr` accepts a connection: CONNECT,
+/// then CONNACK with return code 0. A bare TCP connect would do to see the
+/// port open, but rumqttd logs every such probe as a failed client.
+fn answers_mqtt(addr: SocketAddr) -> bool {
+    use std::io::{Read, Write};
+    const CLIENT_ID: &[u8] = b"k8s4r-up-probe";
+    let mut connect = vec![0x10, (12 + CLIENT_ID.len()) as u8];
+    // Protocol "MQTT", level 4, clean session, keep-alive 10 s.
+    connect.extend_from_slice(&[0, 4, b'M', b'Q', b'T', b'T', 4, 0x02, 0, 10]);
+    connect.extend_from_slice(&[0, CLIENT_ID.len() as u8]);
+    connect.extend_from_slice(CLIENT_ID);
+    let timeout = Duration::from_millis(500);
+    let Ok(mut stream) = TcpStream::connect_timeout(&addr, timeout) else {
+        return false;
+    };
+    let mut connack = [0u8; 4];
+    let accepted = stream.set_read_timeout(Some(timeout)).is_ok()
+        && stream.write_all(&connect).is_ok()
+        && stream.read_exact(&mut connack).is_ok()
+        && connack == [0x20, 0x02, 0x00, 0x00];
+    // Closed without a DISCONNECT packet: rumqttd logs a client's DISCONNECT
+    // as an error ("router-drop") and a closed connection as information.
+    accepted
 }

@@ -13,6 +13,9 @@ use k8s4r_api::logging::LogFormat;
 
 pub use error::UpError;
 
+/// `k8s4r`'s log filter when neither `--log` nor RUST_LOG sets one.
+const DEFAULT_LOG: &str = "info,rumqttd=off";
+
 /// Kubernetes for robot fleets: run the whole k8s4r stack on this machine.
 #[derive(Debug, Parser)]
 #[command(name = "k8s4r", version, propagate_version = true)]
@@ -32,7 +35,9 @@ pub struct Args {
     )]
     pub log_format: LogFormat,
     /// Log filter (RUST_LOG syntax, e.g. `k8s4r_manager=debug,info`);
-    /// without it RUST_LOG applies, else `info`.
+    /// without it RUST_LOG applies, else `info,rumqttd=off`: the embedded
+    /// broker logs every connection at info and every clean disconnect as
+    /// an error (`--log info` shows them).
     #[arg(long, global = true, env = "K8S4R_LOG")]
     pub log: Option<String>,
     #[command(subcommand)]
@@ -80,7 +85,7 @@ impl Args {
                 Ok(())
             }
             Command::Up(args) => {
-                k8s4r_api::logging::init(self.log_format, self.log.as_deref())?;
+                k8s4r_api::logging::init_with_default(self.log_format, self.log.as_deref(), DEFAULT_LOG)?;
                 up::run(args, data_dir).await
             }
         }

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use k8s4r_api::{Job, Task, TaskCounts};
+use k8s4r_api::{Job, Robot, RobotPhase, Task, TaskCounts};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
@@ -105,7 +105,7 @@ pub async fn run(args: UpArgs, data_dir: PathBuf) -> anyhow::Result<()> {
     println!("  export KUBECONFIG={}", kubeconfig.display());
     if args.demo {
         tokio::select! {
-            result = run_demo(stack.client.clone()) => result?,
+            result = run_demo(stack.client.clone(), stack.local_robot.as_deref()) => result?,
             () = shutdown.cancelled() => {}
         }
     }
@@ -439,8 +439,35 @@ pub fn local_robot_id() -> String {
     }
 }
 
-/// Submits the demo job and shows its progress until it finishes.
-pub async fn run_demo(client: Client) -> anyhow::Result<()> {
+/// How long the demo waits for the local robot before submitting anyway.
+const LOCAL_ROBOT_WAIT: Duration = Duration::from_secs(30);
+
+/// Submits the demo job and shows its progress until it finishes. With a
+/// local robot, it first waits until that robot is Online, so that the job's
+/// first word is not "no robot".
+pub async fn run_demo(client: Client, local_robot: Option<&str>) -> anyhow::Result<()> {
+    if let Some(robot) = local_robot {
+        println!("waiting for robot {robot} to come Online...");
+        let robots: Api<Robot> = Api::all(client.clone());
+        let online = |r: Option<&Robot>| {
+            r.and_then(|r| r.status.as_ref())
+                .is_some_and(|s| s.phase == Some(RobotPhase::Online))
+        };
+        let waited = tokio::time::timeout(
+            LOCAL_ROBOT_WAIT,
+            kube::runtime::wait::await_condition(robots, robot, online),
+        )
+        .await;
+        match waited {
+            Ok(result) => {
+                result.with_context(|| format!("watch robot {robot}"))?;
+            }
+            Err(_) => println!(
+                "robot {robot} is not Online after {}s; submitting the demo job anyway",
+                LOCAL_ROBOT_WAIT.as_secs()
+            ),
+        }
+    }
     let job: Job = serde_yaml::from_str(DEMO_JOB).context("the built-in demo job")?;
     let namespace = job.namespace().unwrap_or_else(|| "default".to_owned());
     let name = job.name_any();
