@@ -396,10 +396,6 @@ fn start_deployed_mosquitto(users: &[(&str, &str)]) -> Mosquitto {
                 "keyfile /etc/mosquitto/certs/server.key",
                 format!("keyfile {here}/server.key"),
             ),
-            (
-                "persistence_location /var/lib/mosquitto/",
-                format!("persistence_location {here}/"),
-            ),
             ("listener 8883", format!("listener {port} 127.0.0.1")),
         ] {
             assert!(
@@ -408,7 +404,12 @@ fn start_deployed_mosquitto(users: &[(&str, &str)]) -> Mosquitto {
             );
             conf = conf.replace(from, &to);
         }
-        conf
+        // Installed as README says: in conf.d, under a main file that says
+        // what Debian's /etc/mosquitto/mosquitto.conf says, so that a setting
+        // Mosquitto refuses to see twice fails here too.
+        std::fs::create_dir(d.join("conf.d")).unwrap();
+        std::fs::write(d.join("conf.d/k8s4r.conf"), conf).unwrap();
+        format!("persistence true\npersistence_location {here}/\ninclude_dir {here}/conf.d\n")
     })
 }
 
