@@ -60,7 +60,14 @@ cleanup() {
     rm -rf "$work"
 }
 trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# A port nothing listens on (a connection to it is refused).
+free_port() {
+    local port
+    while :; do
+        port=$((20000 + RANDOM % 40000))
+        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null || { echo "$port"; return; }
+    done
+}
 api_port=$(free_port)
 mqtt_port=$(free_port)
 "$root/target/debug/k8s4r" --data-dir "$work/up" --log warn up --local-agent=false \

@@ -2,7 +2,8 @@
 # Installs what the tests and the ARM cross build need on a fresh Debian 12
 # machine with Rust (via rustup). Idempotent: does nothing that is already done.
 #
-#   scripts/setup.sh            Mosquitto, systemd-analyze
+#   scripts/setup.sh            a C toolchain, Mosquitto, systemd-analyze, openssl;
+#                               checks that kubectl (1.27+) is there
 #   scripts/setup.sh --cross    the above plus the aarch64/armv7 cross toolchain
 #
 # The cross toolchain is Debian's rustc 1.85 (rustc-web) plus Debian's
@@ -30,8 +31,27 @@ apt_install() {
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
+# The tests drive the machine's kubectl. Debian's own (kubernetes-client) is
+# 1.20, too old for server-side apply as the tests use it, and it cannot be
+# installed over a newer one; so kubectl is checked, not installed.
+check_kubectl() {
+    local minor
+    if ! command -v kubectl >/dev/null; then
+        echo "setup: kubectl 1.27 or newer is needed by the tests and is not on PATH;" >&2
+        echo "setup: install it from https://kubernetes.io/docs/tasks/tools/install-kubectl-linux/" >&2
+        exit 1
+    fi
+    minor=$(kubectl version --client -o json 2>/dev/null | sed -n 's/.*"minor": *"\([0-9]*\).*/\1/p' | head -n 1)
+    if [ -z "$minor" ] || [ "$minor" -lt 27 ]; then
+        echo "setup: kubectl $(command -v kubectl) is older than 1.27 (minor ${minor:-unknown}); the tests need 1.27 or newer" >&2
+        exit 1
+    fi
+}
+
 base() {
-    apt_install mosquitto systemd openssl
+    # gcc and libc6-dev: the linker rustc calls, and ring's C parts.
+    apt_install gcc libc6-dev mosquitto systemd openssl
+    check_kubectl
     # Tests start their own broker on a free port; the packaged service is
     # not needed and would hold port 1883.
     if command -v systemctl >/dev/null && systemctl is-active --quiet mosquitto 2>/dev/null; then
