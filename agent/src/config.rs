@@ -151,11 +151,12 @@ pub struct Settings {
     #[arg(long, env = "K8S4R_CLIENT_KEY", value_name = "FILE")]
     pub client_key: Option<PathBuf>,
 
-    /// MQTT user name.
+    /// MQTT user name. Default, when a password is set: the robot id
+    /// (what the broker's per-robot ACL expects).
     #[arg(long, env = "K8S4R_USERNAME", value_name = "NAME")]
     pub username: Option<String>,
 
-    /// MQTT password (with --username).
+    /// MQTT password.
     #[arg(long, env = "K8S4R_PASSWORD", value_name = "PASSWORD", hide_env_values = true)]
     pub password: Option<String>,
 
@@ -256,8 +257,10 @@ pub struct Settings {
     #[arg(long, env = "K8S4R_EXEC_DEFAULT_USER", value_name = "USER")]
     pub exec_default_user: Option<String>,
 
-    /// The cgroup v2 directory under which task cgroups are made (the
-    /// agent's delegated subtree). Default: none, no cgroup limits.
+    /// The cgroup v2 directory under which task cgroups are made. Default:
+    /// the agent's own cgroup (the subtree systemd's Delegate=yes hands it;
+    /// the agent moves itself into a leaf of it); without a usable cgroup,
+    /// tasks run without cgroup limits and the log says why.
     #[arg(long, env = "K8S4R_CGROUP_ROOT", value_name = "DIR")]
     pub cgroup_root: Option<PathBuf>,
 
@@ -455,12 +458,9 @@ impl Config {
         };
         let credentials = match (s.username, s.password) {
             (Some(u), p) => Some((u, p.unwrap_or_default())),
-            (None, Some(_)) => {
-                return Err(ConfigError::Invalid {
-                    key: "password",
-                    reason: "a password needs a username".into(),
-                })
-            }
+            // The broker's ACL (`pattern readwrite k8s4r/robots/%u/#`) wants
+            // the robot id as the user name, so that is the default.
+            (None, Some(p)) => Some((robot_id.clone(), p)),
             (None, None) => None,
         };
         let keep_alive = positive("keep_alive", s.keep_alive, Duration::from_secs(30))?;
@@ -665,6 +665,8 @@ mod tests {
         let config = Config::resolve(parse_file(path, &text).unwrap()).unwrap();
         assert_eq!(config.broker.port, 8883);
         assert_eq!(config.labels.get("site").map(String::as_str), Some("lab"));
+        let (user, _) = config.broker.credentials.expect("the example logs in");
+        assert_eq!(user, config.robot_id, "the user name defaults to the robot id");
     }
     use super::*;
     use clap::CommandFactory;
