@@ -7,6 +7,7 @@
 #           the aarch64 build under target/cross)
 # --config  a config file to install as /etc/k8s4r/agent.toml (default: the
 #           example next to this script, only when none is installed yet)
+# --no-start  install and enable the unit, but do not start it
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
@@ -18,7 +19,7 @@ while [ $# -gt 0 ]; do
         --binary) binary=$2; shift 2 ;;
         --config) config=$2; shift 2 ;;
         --no-start) start=0; shift ;;
-        -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
         *) echo "install.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
