@@ -54,7 +54,8 @@ pub struct Args {
     /// Log format.
     #[arg(long, env = "K8S4R_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
-    /// Log filter (RUST_LOG syntax); RUST_LOG is used when absent.
+    /// Log filter (RUST_LOG syntax); RUST_LOG is used when absent, else
+    /// `info`. One that does not parse is an error.
     #[arg(long, env = "K8S4R_LOG")]
     pub log: Option<String>,
     #[command(subcommand)]
@@ -86,11 +87,17 @@ pub enum Command {
 }
 
 impl Args {
-    fn init_logging(&self) {
-        let filter = match &self.log {
-            Some(f) => tracing_subscriber::EnvFilter::new(f),
-            None => tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+    /// A filter that does not parse is an error, as in the other k8s4r
+    /// programs, not a silently ignored one.
+    fn init_logging(&self) -> anyhow::Result<()> {
+        use tracing_subscriber::EnvFilter;
+        let rust_log = std::env::var("RUST_LOG").ok().filter(|f| !f.trim().is_empty());
+        let filter = match (&self.log, rust_log) {
+            (Some(f), _) => EnvFilter::try_new(f).map_err(|e| anyhow::anyhow!("invalid --log filter {f:?}: {e}"))?,
+            (None, Some(f)) => {
+                EnvFilter::try_new(&f).map_err(|e| anyhow::anyhow!("invalid RUST_LOG filter {f:?}: {e}"))?
+            }
+            (None, None) => EnvFilter::new("info"),
         };
         let builder = tracing_subscriber::fmt()
             .with_env_filter(filter)
@@ -99,6 +106,7 @@ impl Args {
             LogFormat::Json => builder.json().try_init(),
             LogFormat::Text => builder.try_init(),
         };
+        Ok(())
     }
 
     pub fn config(&self) -> anyhow::Result<crate::Config> {
@@ -123,7 +131,7 @@ impl Args {
     }
 
     pub async fn run(self) -> anyhow::Result<()> {
-        self.init_logging();
+        self.init_logging()?;
         match self.command {
             Some(Command::Bench {
                 objects,
@@ -172,6 +180,13 @@ mod tests {
     #[test]
     fn args_are_consistent() {
         Args::command().debug_assert();
+    }
+
+    #[test]
+    fn a_log_filter_that_does_not_parse_is_an_error() {
+        let a = Args::parse_from(["apiserver-lite", "--log", "apiserver_lite=loud"]);
+        let e = a.init_logging().unwrap_err().to_string();
+        assert!(e.contains("--log") && e.contains("loud"), "{e}");
     }
 
     #[test]
