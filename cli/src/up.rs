@@ -105,7 +105,7 @@ pub async fn run(args: UpArgs, data_dir: PathBuf) -> anyhow::Result<()> {
     println!("  export KUBECONFIG={}", kubeconfig.display());
     if args.demo {
         tokio::select! {
-            result = run_demo(stack.client.clone(), stack.local_robot.as_deref()) => result?,
+            result = run_demo(stack.client.clone(), stack.local_robot.as_deref(), &kubeconfig) => result?,
             () = shutdown.cancelled() => {}
         }
     }
@@ -445,7 +445,7 @@ const LOCAL_ROBOT_WAIT: Duration = Duration::from_secs(30);
 /// Submits the demo job and shows its progress until it finishes. With a
 /// local robot, it first waits until that robot is Online, so that the job's
 /// first word is not "no robot".
-pub async fn run_demo(client: Client, local_robot: Option<&str>) -> anyhow::Result<()> {
+pub async fn run_demo(client: Client, local_robot: Option<&str>, kubeconfig: &Path) -> anyhow::Result<()> {
     if let Some(robot) = local_robot {
         println!("waiting for robot {robot} to come Online...");
         let robots: Api<Robot> = Api::all(client.clone());
@@ -514,7 +514,7 @@ pub async fn run_demo(client: Client, local_robot: Option<&str>) -> anyhow::Resu
         }
     );
     println!("Look further with kubectl (in another shell):");
-    println!("  export KUBECONFIG=$(k8s4r kubeconfig)");
+    println!("  export KUBECONFIG={}", kubeconfig.display());
     println!("  kubectl get k8s4r");
     println!("  kubectl get robots");
     println!("  kubectl get rjob,rtg,rtask -n {namespace}");
