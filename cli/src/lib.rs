@@ -15,6 +15,8 @@ pub use error::UpError;
 
 /// `k8s4r`'s log filter when neither `--log` nor RUST_LOG sets one.
 const DEFAULT_LOG: &str = "info,rumqttd=off";
+/// The same for `up --demo`, whose terminal is for the job's progress.
+const DEMO_LOG: &str = "warn,rumqttd=off";
 
 /// Kubernetes for robot fleets: run the whole k8s4r stack on this machine.
 #[derive(Debug, Parser)]
@@ -35,9 +37,10 @@ pub struct Args {
     )]
     pub log_format: LogFormat,
     /// Log filter (RUST_LOG syntax, e.g. `k8s4r_manager=debug,info`);
-    /// without it RUST_LOG applies, else `info,rumqttd=off`: the embedded
+    /// without it RUST_LOG applies, else `info,rumqttd=off` (the embedded
     /// broker logs every connection at info and every clean disconnect as
-    /// an error (`--log info` shows them).
+    /// an error; `--log info` shows them), and with `up --demo`
+    /// `warn,rumqttd=off`, so that the terminal shows the job's progress.
     #[arg(long, global = true, env = "K8S4R_LOG")]
     pub log: Option<String>,
     #[command(subcommand)]
@@ -85,7 +88,8 @@ impl Args {
                 Ok(())
             }
             Command::Up(args) => {
-                k8s4r_api::logging::init_with_default(self.log_format, self.log.as_deref(), DEFAULT_LOG)?;
+                let default = if args.demo { DEMO_LOG } else { DEFAULT_LOG };
+                k8s4r_api::logging::init_with_default(self.log_format, self.log.as_deref(), default)?;
                 up::run(args, data_dir).await
             }
         }
