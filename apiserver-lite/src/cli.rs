@@ -93,7 +93,9 @@ impl Args {
         use tracing_subscriber::EnvFilter;
         let rust_log = std::env::var("RUST_LOG").ok().filter(|f| !f.trim().is_empty());
         let filter = match (&self.log, rust_log) {
-            (Some(f), _) => EnvFilter::try_new(f).map_err(|e| anyhow::anyhow!("invalid --log filter {f:?}: {e}"))?,
+            (Some(f), _) => {
+                EnvFilter::try_new(f).map_err(|e| anyhow::anyhow!("invalid --log filter {f:?}: {e}"))?
+            }
             (None, Some(f)) => {
                 EnvFilter::try_new(&f).map_err(|e| anyhow::anyhow!("invalid RUST_LOG filter {f:?}: {e}"))?
             }
