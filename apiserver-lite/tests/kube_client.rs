@@ -684,8 +684,6 @@ async fn secret_string_data_is_stored_in_data() {
 async fn events_are_one_resource_under_both_apis() {
     use k8s_openapi::api::core::v1::Event as CoreEvent;
     use k8s_openapi::api::events::v1::Event as EventsEvent;
-    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-
     let (server, client) = server().await;
     install_crds(&client).await;
     let widgets: Api<Widget> = Api::namespaced(client.clone(), "default");
@@ -696,15 +694,7 @@ async fn events_are_one_resource_under_both_apis() {
     let core: Api<CoreEvent> = Api::namespaced(client.clone(), "default");
     let mut watch = core.watch(&WatchParams::default(), "0").await.unwrap().boxed();
 
-    let recorder = Recorder::new(client.clone(), Reporter::from("widget-controller"));
-    let recorded = Event {
-        type_: EventType::Warning,
-        reason: "TooSmall".into(),
-        note: Some("size 1 is below 2".into()),
-        action: "Check".into(),
-        secondary: None,
-    };
-    recorder.publish(&recorded, &w.object_ref(&())).await.unwrap();
+    record_too_small(&client, &w).await;
 
     // What kubectl describe asks for: core/v1, by the object's identity.
     let selector = format!(
@@ -715,7 +705,7 @@ async fn events_are_one_resource_under_both_apis() {
     assert_eq!(found.items.len(), 1, "{:?}", found.items);
     let ev = &found.items[0];
     assert_eq!(ev.reason.as_deref(), Some("TooSmall"));
-    assert_eq!(ev.message.as_deref(), Some("size 1 is below 2"));
+    assert_eq!(ev.message.as_deref(), Some(TOO_SMALL_NOTE));
     assert_eq!(ev.type_.as_deref(), Some("Warning"));
     assert_eq!(ev.reporting_component.as_deref(), Some("widget-controller"));
     assert_eq!(ev.involved_object.name.as_deref(), Some("w1"));
@@ -734,7 +724,7 @@ async fn events_are_one_resource_under_both_apis() {
     })
     .await
     .expect("a core/v1 watch sees the recorded Event");
-    assert_eq!(seen.message.as_deref(), Some("size 1 is below 2"));
+    assert_eq!(seen.message.as_deref(), Some(TOO_SMALL_NOTE));
 
     // Written through core/v1, read through events.k8s.io/v1.
     let name = ev.name_any();

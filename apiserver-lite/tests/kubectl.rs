@@ -341,8 +341,7 @@ async fn kubectl_applies_the_project_crds() {
 /// events.k8s.io/v1 (what kube-rs uses), as on a real cluster.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_describe_shows_recorded_events() {
-    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-    use kube::{Api, Resource};
+    use kube::Api;
 
     let server = Config::for_tests().start().await.unwrap();
     let client = server.client().await.unwrap();
@@ -352,15 +351,7 @@ async fn kubectl_describe_shows_recorded_events() {
         .create(&Default::default(), &common::widget("w1", 1))
         .await
         .unwrap();
-    let recorder = Recorder::new(client.clone(), Reporter::from("widget-controller"));
-    let event = Event {
-        type_: EventType::Warning,
-        reason: "TooSmall".into(),
-        note: Some("size 1 is below 2".into()),
-        action: "Check".into(),
-        secondary: None,
-    };
-    recorder.publish(&event, &w.object_ref(&())).await.unwrap();
+    common::record_too_small(&client, &w).await;
     let dir = tempfile::tempdir().unwrap();
     let kc = dir.path().join("kubeconfig");
     server.write_kubeconfig(&kc).unwrap();
@@ -372,13 +363,13 @@ async fn kubectl_describe_shows_recorded_events() {
             .lines()
             .find(|l| l.contains("TooSmall"))
             .unwrap_or_else(|| panic!("{bin}: no TooSmall event in\n{out}"));
-        for part in ["Warning", "widget-controller", "size 1 is below 2"] {
+        for part in ["Warning", "widget-controller", common::TOO_SMALL_NOTE] {
             assert!(line.contains(part), "{bin}: {part} missing from {line:?}");
         }
         let out = k.ok(&["get", "events"]);
         assert!(
             out.lines()
-                .any(|l| l.contains("TooSmall") && l.contains("w1") && l.contains("size 1 is below 2")),
+                .any(|l| l.contains("TooSmall") && l.contains("w1") && l.contains(common::TOO_SMALL_NOTE)),
             "{bin}:\n{out}"
         );
     }

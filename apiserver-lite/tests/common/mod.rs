@@ -86,3 +86,25 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// What [`record_too_small`] records.
+pub const TOO_SMALL_NOTE: &str = "size 1 is below 2";
+
+/// Records, as a kube-rs controller named `widget-controller` does (through
+/// events.k8s.io/v1), a Warning Event `TooSmall` on `w`.
+pub async fn record_too_small(client: &Client, w: &Widget) {
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+    use kube::Resource;
+    let recorder = Recorder::new(client.clone(), Reporter::from("widget-controller"));
+    let event = Event {
+        type_: EventType::Warning,
+        reason: "TooSmall".into(),
+        note: Some(TOO_SMALL_NOTE.into()),
+        action: "Check".into(),
+        secondary: None,
+    };
+    recorder
+        .publish(&event, &w.object_ref(&()))
+        .await
+        .expect("Event recorded");
+}
