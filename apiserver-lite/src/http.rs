@@ -301,23 +301,23 @@ async fn route(
         }
         (Method::DELETE, None) => delete_collection(app, &rt, ns, query, &body),
         (Method::GET, Some(n)) => {
-            let gr = rt.group_resource();
+            let gr = rt.stored_resource();
             let obj = app
                 .store
                 .read(|s| s.get(&gr, ns.unwrap_or_default(), n))
-                .ok_or_else(|| ApiError::not_found(&gr, n))?;
+                .ok_or_else(|| ApiError::not_found(&rt.group_resource(), n))?;
             Ok(object_response(&rt, StatusCode::OK, &obj, shape))
         }
         (Method::PUT, Some(n)) => {
             let nsv = namespace_for_write(&rt, ns)?;
             let obj = decode(&body, headers)?;
             let opts = write_opts(query, headers)?;
-            let gr = rt.group_resource();
+            let gr = rt.stored_resource();
             let w = app.store.write(|txn| {
                 let old = txn
                     .state
                     .get(&gr, nsv, n)
-                    .ok_or_else(|| ApiError::not_found(&gr, n))?;
+                    .ok_or_else(|| ApiError::not_found(&rt.group_resource(), n))?;
                 ops::commit_update(txn, &rt, &old, obj, status, &opts, ops::Precondition::Put, false)
             })?;
             Ok(written(&rt, StatusCode::OK, w, shape))
@@ -341,7 +341,7 @@ async fn route(
                 opts.manager = query.get("fieldManager").cloned().unwrap_or_default();
                 // An apply that brings the object into being needs `create`
                 // as well, as on the real server.
-                let gr = rt.group_resource();
+                let gr = rt.stored_resource();
                 if app.store.read(|s| s.get(&gr, nsv, n).is_none()) {
                     let create = Attributes {
                         verb: "create",
@@ -605,6 +605,13 @@ fn selectors(query: &Query) -> Result<(LabelSelector, FieldSelector), ApiError> 
     Ok((labels, fields))
 }
 
+/// Whether the selectors select a stored object. Field selectors see it as
+/// `rt` serves it; labels live in metadata, which no conversion changes, so
+/// the conversion is skipped when there is no field selector.
+fn selected(rt: &ResourceType, labels: &LabelSelector, fields: &FieldSelector, stored: &Value) -> bool {
+    labels.matches(stored) && (fields.is_empty() || fields.matches(&rt.from_storage(stored)))
+}
+
 fn include_object(query: &Query) -> IncludeObject {
     match query.get("includeObject").map(String::as_str) {
         Some("None") => IncludeObject::None,
@@ -630,7 +637,7 @@ fn list(
         Some(c) => Some(decode_continue(c)?),
         None => None,
     };
-    let gr = rt.group_resource();
+    let gr = rt.stored_resource();
     let (items, rv, cont, remaining) = app.store.read(|s| {
         let mut items = Vec::new();
         let mut last_key = None;
@@ -639,8 +646,7 @@ fn list(
             if start_after.as_ref().is_some_and(|after| key <= after) {
                 continue;
             }
-            let served = rt.from_storage(obj);
-            if !labels.matches(&served) || !fields.matches(&served) {
+            if !selected(rt, &labels, &fields, obj) {
                 continue;
             }
             if items.len() >= limit {
@@ -739,12 +745,12 @@ fn delete_collection(
 ) -> Result<Response, ApiError> {
     let (labels, fields) = selectors(query)?;
     let opts = delete_opts(query, body)?;
-    let gr = rt.group_resource();
+    let gr = rt.stored_resource();
     let deleted = app.store.write(|txn| {
         let keys: Vec<(String, String)> = txn
             .state
             .list(&gr, ns)
-            .filter(|(_, o)| labels.matches(o) && fields.matches(o))
+            .filter(|(_, o)| selected(rt, &labels, &fields, o))
             .map(|(k, _)| k.clone())
             .collect();
         let mut out = Vec::new();
@@ -831,7 +837,7 @@ async fn watch_handler(
     shape: Shape,
 ) -> Result<Response, ApiError> {
     let (labels, fields) = selectors(query)?;
-    let gr = rt.group_resource();
+    let gr = rt.stored_resource();
     let ns = ns.map(String::from);
     let rv_param = query.get("resourceVersion").cloned().unwrap_or_default();
     let send_initial = query.get("sendInitialEvents").map(|s| s == "true");
@@ -855,14 +861,12 @@ async fn watch_handler(
         let gr = gr.clone();
         let ns = ns.clone();
         let rt = rt.clone();
-        move |stored: &Value| {
-            let obj = rt.from_storage(stored);
+        move |obj: &Value| {
             obj["metadata"]["namespace"].as_str().unwrap_or_default()
                 == ns
                     .as_deref()
                     .unwrap_or(obj["metadata"]["namespace"].as_str().unwrap_or_default())
-                && labels.matches(&obj)
-                && fields.matches(&obj)
+                && selected(&rt, &labels, &fields, obj)
                 && !gr.is_empty()
         }
     };

@@ -54,11 +54,18 @@ pub enum Conversion {
 }
 
 impl ResourceType {
-    /// Storage key shared by all versions of a resource: `plural.group`.
+    /// Where the objects are stored: the group-resource shared by all
+    /// versions of a resource, and by both Event APIs.
+    pub fn stored_resource(&self) -> String {
+        match self.conversion {
+            Conversion::None => self.group_resource(),
+            Conversion::CoreEvent => crate::event_conversion::STORED_RESOURCE.to_string(),
+        }
+    }
+
+    /// `plural.group` (`plural` for the core group), as messages name it.
     pub fn group_resource(&self) -> String {
-        if self.conversion == Conversion::CoreEvent {
-            crate::event_conversion::STORED_RESOURCE.to_string()
-        } else if self.group.is_empty() {
+        if self.group.is_empty() {
             self.plural.clone()
         } else {
             format!("{}.{}", self.plural, self.group)
@@ -497,11 +504,11 @@ impl Registry {
             .cloned()
     }
 
-    /// Any served version of a group-resource (`plural.group`), storage version first.
+    /// Any served type stored under `gr` (see [`ResourceType::stored_resource`]), storage version first.
     pub fn by_group_resource(&self, gr: &str) -> Option<Arc<ResourceType>> {
         let mut best: Option<Arc<ResourceType>> = None;
         for rt in self.by_gvr.values() {
-            if rt.group_resource() == gr && (best.is_none() || rt.storage) {
+            if rt.stored_resource() == gr && (best.is_none() || rt.storage) {
                 best = Some(rt.clone());
             }
         }

@@ -131,6 +131,11 @@ impl FieldSelector {
         Ok(FieldSelector(terms))
     }
 
+    /// Whether the selector has no terms (selects everything).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     /// The name an equality term on `metadata.name` pins, if any.
     pub fn pinned_name(&self) -> Option<&str> {
         self.0

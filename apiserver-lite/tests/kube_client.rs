@@ -756,5 +756,21 @@ async fn events_are_one_resource_under_both_apis() {
     assert_eq!(stored.regarding.and_then(|r| r.name).as_deref(), Some("w1"));
     core.delete("by-hand", &DeleteParams::default()).await.unwrap();
     assert_eq!(api_code(events.get("by-hand").await.unwrap_err()), 404);
+    let missing = api_err(core.get("by-hand").await.unwrap_err());
+    assert_eq!(missing.message, "events \"by-hand\" not found");
+
+    // kubectl delete events --field-selector involvedObject.name=w1
+    core.delete_collection(
+        &DeleteParams::default(),
+        &ListParams::default().fields("involvedObject.name=w1"),
+    )
+    .await
+    .unwrap();
+    assert!(events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .is_empty());
     server.shutdown().await.unwrap();
 }
