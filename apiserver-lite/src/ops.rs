@@ -277,7 +277,7 @@ pub fn create(
     }
     let warnings = prune_and_validate(rt, &mut obj, opts)?;
     let name = meta_str(&obj, "name").to_string();
-    let gr = rt.group_resource();
+    let gr = rt.stored_resource();
     if txn
         .state
         .get(&gr, if rt.namespaced { ns } else { "" }, &name)
@@ -520,7 +520,7 @@ pub fn commit_update(
             warnings,
         });
     }
-    let gr = rt.group_resource();
+    let gr = rt.stored_resource();
     let ns = meta_str(old, "namespace").to_string();
     let finalizers_empty = new["metadata"]["finalizers"]
         .as_array()
@@ -579,7 +579,7 @@ pub fn patch(
     force: bool,
     opts: &WriteOpts,
 ) -> Result<Written, ApiError> {
-    let gr = rt.group_resource();
+    let gr = rt.stored_resource();
     let live = txn.state.get(&gr, ns, name);
     let decode_err = |e: &dyn std::fmt::Display| ApiError::bad_request(format!("error decoding patch: {e}"));
     match kind {
@@ -766,7 +766,7 @@ pub fn delete(
     precondition_rv: Option<&str>,
     dry_run: bool,
 ) -> Result<Deleted, ApiError> {
-    let gr = rt.group_resource();
+    let gr = rt.stored_resource();
     let live = txn
         .state
         .get(&gr, ns, name)
@@ -852,6 +852,24 @@ pub fn expire_events(txn: &mut Txn<'_>, now: jiff::Timestamp, ttl: std::time::Du
         txn.remove(gr, ns, name);
     }
     expired.len()
+}
+
+/// Moves the core/v1 Events that earlier versions stored apart (under
+/// `events`) to the storage both Event APIs now share, converted; returns
+/// how many it moved. Without this they would stay in the database, served
+/// by nothing and never expired.
+pub fn migrate_core_events(txn: &mut Txn<'_>) -> usize {
+    const LEGACY: &str = "events";
+    let keys: Vec<(String, String)> = txn.state.list(LEGACY, None).map(|(key, _)| key.clone()).collect();
+    for (ns, name) in &keys {
+        if let Some(old) = txn.remove(LEGACY, ns, name) {
+            txn.put(
+                crate::event_conversion::STORED_RESOURCE,
+                crate::event_conversion::from_core(&old),
+            );
+        }
+    }
+    keys.len()
 }
 
 /// When an Event (stored as events.k8s.io/v1) last happened: the latest of
@@ -1034,6 +1052,31 @@ mod tests {
         });
         json_patch::merge(&mut e, &extra);
         e
+    }
+
+    #[test]
+    fn core_events_stored_apart_by_earlier_versions_move_to_the_shared_storage() {
+        let store = Store::new(100);
+        let legacy = json!({
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": "t.1", "namespace": "default", "uid": "e1"},
+            "involvedObject": {"kind": "Task", "name": "t"},
+            "message": "attempt 1 started",
+        });
+        store
+            .write(|txn| {
+                txn.put("events", legacy);
+                Ok::<_, ()>(migrate_core_events(txn))
+            })
+            .unwrap();
+        assert!(store.read(|s| s.list("events", None).next().is_none()));
+        let moved = store
+            .read(|s| s.get(STORED_RESOURCE, "default", "t.1"))
+            .expect("moved");
+        assert_eq!(moved["apiVersion"], "events.k8s.io/v1");
+        assert_eq!(moved["note"], "attempt 1 started");
+        assert_eq!(moved["regarding"]["name"], "t");
+        assert_eq!(moved["metadata"]["uid"], "e1");
     }
 
     #[test]

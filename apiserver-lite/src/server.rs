@@ -185,6 +185,12 @@ pub async fn start(config: Config) -> Result<RunningServer> {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         store.set_persist(Some(tx));
         persist_task = Some(tokio::spawn(db.run(rx)));
+        let moved = store
+            .write(|txn| Ok::<_, ()>(ops::migrate_core_events(txn)))
+            .unwrap_or(0);
+        if moved > 0 {
+            tracing::info!(moved, "core/v1 Events moved to the storage both Event APIs share");
+        }
     }
     ensure_namespaces(&store);
     let token = config.token.clone().unwrap_or_else(generate_token);
