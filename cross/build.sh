@@ -70,6 +70,7 @@ free_port() {
 }
 api_port=$(free_port)
 mqtt_port=$(free_port)
+while [ "$mqtt_port" = "$api_port" ]; do mqtt_port=$(free_port); done
 "$root/target/debug/k8s4r" --data-dir "$work/up" --log warn up --local-agent=false \
     --api-bind "127.0.0.1:$api_port" --mqtt-bind "127.0.0.1:$mqtt_port" >"$work/up.log" 2>&1 &
 pids+=($!)

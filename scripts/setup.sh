@@ -41,7 +41,7 @@ check_kubectl() {
         echo "setup: install it from https://kubernetes.io/docs/tasks/tools/install-kubectl-linux/" >&2
         exit 1
     fi
-    minor=$(kubectl version --client -o json 2>/dev/null | sed -n 's/.*"minor": *"\([0-9]*\).*/\1/p' | head -n 1)
+    minor=$(kubectl version --client -o json 2>/dev/null | sed -n 's/.*"minor": *"\([0-9]*\).*/\1/p' | head -n 1) || true
     if [ -z "$minor" ] || [ "$minor" -lt 27 ]; then
         echo "setup: kubectl $(command -v kubectl) is older than 1.27 (minor ${minor:-unknown}); the tests need 1.27 or newer" >&2
         exit 1
@@ -51,7 +51,6 @@ check_kubectl() {
 base() {
     # gcc and libc6-dev: the linker rustc calls, and ring's C parts.
     apt_install gcc libc6-dev mosquitto systemd openssl
-    check_kubectl
     # Tests start their own broker on a free port; the packaged service is
     # not needed and would hold port 1883.
     if command -v systemctl >/dev/null && systemctl is-active --quiet mosquitto 2>/dev/null; then
@@ -98,3 +97,5 @@ base
 if [ "${1:-}" = "--cross" ]; then
     cross
 fi
+# Last, so that everything else is installed when it stops the run.
+check_kubectl

@@ -48,7 +48,8 @@ pub struct Args {
     /// Events kept for watches to resume from.
     #[arg(long, env = "K8S4R_APISERVER_HISTORY", default_value_t = 50_000)]
     pub history: usize,
-    /// How long an Event is kept after it last happened (e.g. 1h, 30m).
+    /// How long an Event is kept after it last happened (e.g. 1h, 30m; keep
+    /// it above 6m, the time kube-rs's Recorder goes on patching an Event).
     #[arg(long, env = "K8S4R_APISERVER_EVENT_TTL", default_value = "1h", value_parser = humantime::parse_duration)]
     pub event_ttl: std::time::Duration,
     /// Log format.

@@ -34,10 +34,10 @@ pub fn from_core(core: &Value) -> Value {
     rename(core, STORED_API_VERSION, |(events, core)| (core, events))
 }
 
-/// Copies `obj` into `api_version` with each field renamed `from` → `to`. A field that carries
-/// the target name already is not a field of the source version, so it is
-/// dropped (the real server prunes unknown fields): that keeps the two
-/// conversions exact inverses of each other.
+/// Copies `obj` into `api_version` with each field renamed `from` → `to`. A
+/// field that carries the target name already is not a field of the source
+/// version, so it is dropped (the real server prunes unknown fields): that
+/// keeps the two conversions inverse for Events of the stored version.
 fn rename(
     obj: &Value,
     api_version: &str,

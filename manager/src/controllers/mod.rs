@@ -505,8 +505,8 @@ impl Context {
     }
 
     /// Records the task's progress and says which Event, if any, it earns.
-    /// (Dispatched is the server's Event: it is the one that saw the robot
-    /// acknowledge the dispatch.)
+    /// (Dispatched is the server's Event: it published the dispatch and saw
+    /// the broker accept it.)
     fn progress(&self, task: &Task) -> Option<(u32, TaskState)> {
         let status = task.status.as_ref();
         let now = (status.map_or(0, |s| s.attempt), status.and_then(|s| s.state));
