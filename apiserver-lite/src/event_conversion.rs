@@ -26,33 +26,38 @@ const RENAMED: &[(&str, &str)] = &[
 
 /// A stored (events.k8s.io/v1) Event as core/v1 serves it.
 pub fn to_core(stored: &Value) -> Value {
-    rename(stored, "v1", |(events, core)| (events, core))
+    rename(stored, "v1", RENAMED.iter().copied())
 }
 
 /// A core/v1 Event as it is stored (events.k8s.io/v1).
 pub fn from_core(core: &Value) -> Value {
-    rename(core, STORED_API_VERSION, |(events, core)| (core, events))
+    rename(
+        core,
+        STORED_API_VERSION,
+        RENAMED.iter().map(|&(events, core)| (core, events)),
+    )
 }
 
-/// Copies `obj` into `api_version` with each field renamed `from` → `to`. A
-/// field that carries the target name already is not a field of the source
-/// version, so it is dropped (the real server prunes unknown fields): that
-/// keeps the two conversions inverse for Events of the stored version.
+/// Copies `obj` into `api_version` with each field renamed as `renames`
+/// says (`(from, to)` pairs). A field that carries a target name already is
+/// not a field of the source version, so it is dropped (the real server
+/// prunes unknown fields): that keeps the two conversions inverse for
+/// Events of the stored version.
 fn rename(
     obj: &Value,
     api_version: &str,
-    direction: fn((&'static str, &'static str)) -> (&'static str, &'static str),
+    renames: impl Iterator<Item = (&'static str, &'static str)>,
 ) -> Value {
     let Some(fields) = obj.as_object() else {
         return obj.clone();
     };
-    let pairs: Vec<(&str, &str)> = RENAMED.iter().map(|p| direction(*p)).collect();
+    let renames: Vec<(&str, &str)> = renames.collect();
     let mut out = Map::with_capacity(fields.len());
     for (key, value) in fields {
-        if pairs.iter().any(|(_, to)| to == key) {
+        if renames.iter().any(|(_, to)| to == key) {
             continue;
         }
-        let key = pairs
+        let key = renames
             .iter()
             .find(|(from, _)| from == key)
             .map_or(key.as_str(), |(_, to)| to);
