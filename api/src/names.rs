@@ -1,0 +1,59 @@
+//! Every name the programs agree on, defined once: labels, annotations,
+//! finalizers, field managers, condition types, the
+//! environment a task sees, and the default namespaces and Secret of a
+//! deployment. Kind names come from the types themselves (`K::kind(&())`).
+
+/// Label on TaskGroups and Tasks: the owning Job's name.
+pub const LABEL_JOB: &str = "robot.k8s4r.io/job";
+/// Label on Tasks: the group's name within its Job.
+pub const LABEL_GROUP: &str = "robot.k8s4r.io/group";
+/// Label on Tasks: the task's index within its group.
+pub const LABEL_INDEX: &str = "robot.k8s4r.io/index";
+/// Finalizer the server holds on a dispatched Task until the robot has
+/// stopped it (or is offline).
+pub const FINALIZER_CANCEL: &str = "robot.k8s4r.io/cancel-on-robot";
+/// Annotation on a Robot: hex SHA-256 of the bootstrap token it last
+/// registered with (the server writes it, the manager checks it).
+pub const ANNOTATION_TOKEN_SHA256: &str = "robot.k8s4r.io/bootstrap-token-sha256";
+/// Annotation on a Task: the highest attempt whose dispatch the broker
+/// acknowledged (the server writes it, the manager's dispatch timeout
+/// reads it).
+pub const ANNOTATION_DISPATCHED_ATTEMPT: &str = "robot.k8s4r.io/dispatched-attempt";
+/// Field manager of the server's writes.
+pub const MANAGER_SERVER: &str = "k8s4r-server";
+/// Field manager of the manager's writes.
+pub const MANAGER_CONTROLLERS: &str = "k8s4r-manager";
+
+/// Namespace of the cluster programs, the bootstrap-token Secret and the
+/// manager's leader Lease.
+pub const DEFAULT_NAMESPACE: &str = "k8s4r-system";
+/// Namespace of the per-robot Leases the server renews (and the server's
+/// leader Lease).
+pub const DEFAULT_ROBOT_LEASE_NAMESPACE: &str = "k8s4r-robot-leases";
+/// Secret whose values are the accepted bootstrap tokens.
+pub const DEFAULT_BOOTSTRAP_SECRET: &str = "k8s4r-bootstrap-tokens";
+
+/// Robot condition (the manager's): approved and heartbeating.
+pub const CONDITION_READY: &str = "Ready";
+/// Robot condition (the manager's): the bootstrap token was accepted.
+pub const CONDITION_APPROVED: &str = "Approved";
+/// Robot condition (the server's): connected to the broker.
+pub const CONDITION_CONNECTED: &str = "Connected";
+/// Robot condition (the server's, from the agent's heartbeat): the agent
+/// takes new tasks, or why not (reasons from `AgentHealth`).
+pub const CONDITION_ACCEPTING_TASKS: &str = "AcceptingTasks";
+/// Task condition (the manager's): placed on a robot, or why not.
+pub const CONDITION_SCHEDULED: &str = "Scheduled";
+/// Job and TaskGroup condition: every task completed.
+pub const CONDITION_COMPLETE: &str = "Complete";
+/// Job and TaskGroup condition: failed, and why.
+pub const CONDITION_FAILED: &str = "Failed";
+
+/// Environment of every task: the Task's uid.
+pub const ENV_TASK_UID: &str = "K8S4R_TASK_UID";
+/// Environment of every task: the attempt number (1 for the first).
+pub const ENV_TASK_ATTEMPT: &str = "K8S4R_TASK_ATTEMPT";
+/// Environment of every task: `namespace/name` of the Task.
+pub const ENV_TASK_NAME: &str = "K8S4R_TASK_NAME";
+/// Environment of every task: its task directory on the robot.
+pub const ENV_TASK_DIR: &str = "K8S4R_TASK_DIR";

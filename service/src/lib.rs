@@ -1,0 +1,22 @@
+//! The plumbing every cluster program (k8s4r-server, k8s4r-manager) needs
+//! to talk to Kubernetes and to be operated, in one copy:
+//!
+//! - [`call`]: every API call under a timeout, its failure named after what
+//!   was being done, and its latency counted;
+//! - [`patch`]: merge patches guarded by a `resourceVersion`;
+//! - [`backoff`]: a per-object retry delay for reconcilers;
+//! - [`metrics`] and [`health`]: Prometheus metrics on `prometheus-client`
+//!   and the `/metrics`, `/healthz`, `/readyz` endpoints;
+//! - [`leader`]: leader election on a Lease, with `kube-lease-manager`.
+//!
+//! It holds no decisions: what to write and when stays in each program.
+
+pub mod backoff;
+pub mod call;
+pub mod health;
+pub mod leader;
+pub mod metrics;
+pub mod patch;
+pub mod process;
+
+pub use call::{ApiError, Kube};
