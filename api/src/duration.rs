@@ -101,6 +101,17 @@ impl fmt::Display for DurationString {
     }
 }
 
+/// The longest duration text a spec may carry.
+pub const MAX_DURATION_CHARS: u32 = 32;
+
+/// What the CRD schemas accept for a duration: the documented units in
+/// falling order, each at most once (`2d`, `1h30m`, `90s`, `250ms`, `0`).
+/// The digit counts bound any value to under 450 days, so that a cluster
+/// refuses a runaway number before validation states the field's own cap
+/// (`timeout` at most 30 days, `killTimeout` 5 minutes, ...).
+pub const DURATION_PATTERN: &str =
+    "^(0|([0-9]{1,2}d)?([0-9]{1,3}h)?([0-9]{1,5}m)?([0-9]{1,7}s)?([0-9]{1,10}ms)?)$";
+
 impl JsonSchema for DurationString {
     fn schema_name() -> Cow<'static, str> {
         "Duration".into()
@@ -109,7 +120,10 @@ impl JsonSchema for DurationString {
     fn json_schema(_: &mut SchemaGenerator) -> Schema {
         schemars::json_schema!({
             "type": "string",
-            "description": "A duration such as \"30s\", \"5m\" or \"1h30m\"."
+            "description": "A duration such as \"30s\", \"5m\" or \"1h30m\" (units d, h, m, s, ms).",
+            "minLength": 1,
+            "maxLength": MAX_DURATION_CHARS,
+            "pattern": DURATION_PATTERN
         })
     }
 
@@ -150,5 +164,32 @@ mod tests {
             assert_eq!(parse_duration(&format_duration(d)).unwrap(), d);
         }
         assert_eq!(format_duration(Duration::from_secs(5400)), "1h30m");
+    }
+
+    #[test]
+    fn the_schema_pattern_admits_the_documented_forms_and_bounds_them() {
+        let pattern = regex::Regex::new(DURATION_PATTERN).unwrap();
+        for ok in [
+            "0",
+            "30s",
+            "5m",
+            "1h30m",
+            "250ms",
+            "2d",
+            "30d",
+            "720h",
+            "1d2h3m4s5ms",
+        ] {
+            assert!(pattern.is_match(ok), "{ok}");
+            parse_duration(ok).unwrap();
+        }
+        // (The empty string is refused by the schema's minLength.)
+        for refused in ["3y", "1.5h", "100d", "30m1h", "5 m", "99999999999s", "-1s", "1w"] {
+            assert!(!pattern.is_match(refused), "{refused}");
+        }
+        // The largest value the pattern admits stays far below the ~2 years
+        // a tokio timer wheel can hold.
+        let largest = parse_duration("99d999h99999m9999999s9999999999ms").unwrap();
+        assert!(largest < Duration::from_secs(450 * 24 * 3600), "{largest:?}");
     }
 }

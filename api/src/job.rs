@@ -5,6 +5,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::condition::Condition;
+use crate::disconnect::DisconnectPolicy;
 use crate::selector::{Constraint, LabelSelector};
 use crate::task::{RestartPolicy, TaskCounts, TaskTemplate};
 
@@ -64,6 +65,9 @@ pub struct TaskGroupTemplate {
     /// Retries of failed tasks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restart_policy: Option<RestartPolicy>,
+    /// What happens to the group's tasks when their robot loses the cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disconnect: Option<DisconnectPolicy>,
 }
 
 /// The lifecycle state of a Job or TaskGroup.

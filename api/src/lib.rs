@@ -11,11 +11,14 @@
 // repeated `type_ = ".."` keys as duplicated attributes.
 #![allow(clippy::duplicated_attributes)]
 
+pub mod backoff;
 pub mod condition;
+pub mod disconnect;
 pub mod duration;
 pub mod job;
 #[cfg(feature = "logging")]
 pub mod logging;
+pub mod names;
 pub mod protocol;
 pub mod quantity;
 pub mod robot;
@@ -31,37 +34,16 @@ pub const GROUP: &str = "robot.k8s4r.io";
 /// The API version of every k8s4r resource.
 pub const VERSION: &str = "v1alpha1";
 
-/// Labels, annotations and finalizers the programs agree on.
-pub mod names {
-    /// Label on TaskGroups and Tasks: the owning Job's name.
-    pub const LABEL_JOB: &str = "robot.k8s4r.io/job";
-    /// Label on Tasks: the group's name within its Job.
-    pub const LABEL_GROUP: &str = "robot.k8s4r.io/group";
-    /// Label on Tasks: the task's index within its group.
-    pub const LABEL_INDEX: &str = "robot.k8s4r.io/index";
-    /// Finalizer the server holds on a dispatched Task until the robot has
-    /// stopped it (or is offline).
-    pub const FINALIZER_CANCEL: &str = "robot.k8s4r.io/cancel-on-robot";
-    /// Annotation on a Robot: hex SHA-256 of the bootstrap token it last
-    /// registered with (the server writes it, the manager checks it).
-    pub const ANNOTATION_TOKEN_SHA256: &str = "robot.k8s4r.io/bootstrap-token-sha256";
-    /// Annotation on a Task: the highest attempt whose dispatch the broker
-    /// acknowledged (the server writes it, the manager's dispatch timeout
-    /// reads it).
-    pub const ANNOTATION_DISPATCHED_ATTEMPT: &str = "robot.k8s4r.io/dispatched-attempt";
-    /// Field manager of the server's writes.
-    pub const MANAGER_SERVER: &str = "k8s4r-server";
-    /// Field manager of the manager's writes.
-    pub const MANAGER_CONTROLLERS: &str = "k8s4r-manager";
-}
-
 pub use condition::{Condition, ConditionStatus};
+pub use disconnect::{DisconnectPolicy, Reconcile};
 pub use duration::{parse_duration, DurationError, DurationString};
 pub use job::{
     GroupSummary, JobSpec, JobStatus, TaskGroupSpec, TaskGroupStatus, TaskGroupTemplate, WorkState,
 };
 pub use quantity::{Quantity, QuantityError};
-pub use robot::{DeviceInfo, RobotPhase, RobotResources, RobotSpec, RobotStatus, Usage};
+pub use robot::{
+    AgentHealth, DeviceInfo, RobotPhase, RobotResources, RobotSpec, RobotStatus, TaskPolicy, Usage,
+};
 pub use selector::{
     Constraint, ConstraintOperator, LabelSelector, LabelSelectorRequirement, SelectorOperator,
 };

@@ -2,6 +2,13 @@
 //! `k8s4r`), so that `--log`, `--log-format` and `RUST_LOG` mean the same
 //! thing in each.
 
+use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::EnvFilter;
 
 /// How log lines are written.
@@ -62,12 +69,156 @@ pub fn init_with_default(
     let filter = choose(explicit, rust_log.as_deref(), default)?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        // Otherwise a log line that cannot be written (stderr on a full
+        // disk) is reported with `eprintln!`, which panics the thread that
+        // logged: a full disk must not kill a program's threads.
+        .log_internal_errors(false);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
     Ok(())
+}
+
+/// Log lines waiting for standard error before more are dropped.
+const QUEUE_LINES: usize = 4096;
+/// How long a program's exit waits for its last lines to be written.
+const FLUSH_AT_EXIT: Duration = Duration::from_secs(2);
+
+/// Like [`init`], but logging never blocks the thread that logs: lines go
+/// to standard error from a thread of their own, and when it cannot keep up
+/// (standard error on a stalled disk, or a journal that does not read),
+/// lines are dropped and counted rather than waited for. For the robot's
+/// agent, whose deadlines must not wait for a log line. Keep the guard
+/// until the program exits: dropping it writes what is queued (waiting at
+/// most two seconds).
+pub fn init_non_blocking(format: LogFormat, explicit: Option<&str>) -> Result<LogGuard, InvalidFilter> {
+    let rust_log = std::env::var("RUST_LOG").ok();
+    let filter = choose(explicit, rust_log.as_deref(), DEFAULT_FILTER)?;
+    let (queue, rx) = Queue::new(QUEUE_LINES);
+    let guard = LogGuard(queue.clone());
+    if let Err(e) = std::thread::Builder::new()
+        .name("log-stderr".to_owned())
+        .stack_size(128 * 1024)
+        .spawn(move || write_lines(rx, std::io::stderr()))
+    {
+        // No thread: log synchronously rather than not at all.
+        eprintln!("cannot start the log thread ({e}); logging synchronously");
+        init(format, explicit)?;
+        return Ok(guard);
+    }
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(queue)
+        .log_internal_errors(false);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+    Ok(guard)
+}
+
+/// Writes what is queued when dropped (see [`init_non_blocking`]).
+pub struct LogGuard(Queue);
+
+impl Drop for LogGuard {
+    fn drop(&mut self) {
+        let (tx, rx) = mpsc::channel();
+        if self.0.tx.try_send(Message::Flush(tx)).is_ok() {
+            let _ = rx.recv_timeout(FLUSH_AT_EXIT);
+        }
+    }
+}
+
+enum Message {
+    Line(Vec<u8>),
+    Flush(mpsc::Sender<()>),
+}
+
+/// The subscriber's writer: each event becomes one line on a bounded queue.
+#[derive(Clone)]
+struct Queue {
+    tx: SyncSender<Message>,
+    dropped: Arc<AtomicU64>,
+}
+
+impl Queue {
+    fn new(lines: usize) -> (Queue, (Receiver<Message>, Arc<AtomicU64>)) {
+        let (tx, rx) = mpsc::sync_channel(lines);
+        let dropped = Arc::new(AtomicU64::new(0));
+        (
+            Queue {
+                tx,
+                dropped: Arc::clone(&dropped),
+            },
+            (rx, dropped),
+        )
+    }
+}
+
+impl<'a> MakeWriter<'a> for Queue {
+    type Writer = Line;
+
+    fn make_writer(&'a self) -> Line {
+        Line {
+            buf: Vec::new(),
+            queue: self.clone(),
+        }
+    }
+}
+
+/// One event's text, queued when the subscriber is done with it.
+struct Line {
+    buf: Vec<u8>,
+    queue: Queue,
+}
+
+impl Write for Line {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for Line {
+    fn drop(&mut self) {
+        if self.buf.is_empty() {
+            return;
+        }
+        let line = std::mem::take(&mut self.buf);
+        if let Err(TrySendError::Full(_)) = self.queue.tx.try_send(Message::Line(line)) {
+            self.queue.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+fn write_lines((rx, dropped): (Receiver<Message>, Arc<AtomicU64>), mut out: impl Write) {
+    let mut reported = 0;
+    for message in rx {
+        match message {
+            Message::Line(line) => {
+                let now = dropped.load(Ordering::Relaxed);
+                if now > reported {
+                    let _ = writeln!(
+                        out,
+                        "({} log lines were dropped: standard error could not keep up)",
+                        now - reported
+                    );
+                    reported = now;
+                }
+                let _ = out.write_all(&line);
+            }
+            Message::Flush(done) => {
+                let _ = out.flush();
+                let _ = done.send(());
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -96,5 +247,48 @@ mod tests {
         assert!(e.contains("\"k8s4r=loud\"") && e.contains("--log"), "{e}");
         let e = choose(None, Some("=["), "info").unwrap_err().to_string();
         assert!(e.contains("RUST_LOG"), "{e}");
+    }
+
+    /// A writer that takes nothing until it is let go (once).
+    struct Stalled(Arc<std::sync::Mutex<Vec<u8>>>, Option<Receiver<()>>);
+
+    impl Write for Stalled {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            if let Some(go) = self.1.take() {
+                let _ = go.recv();
+            }
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_stalled_stderr_never_blocks_the_logging_thread() {
+        let (queue, rx) = Queue::new(4);
+        let written = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (go, stalled) = mpsc::channel();
+        let writer = std::thread::spawn({
+            let out = Stalled(Arc::clone(&written), Some(stalled));
+            move || write_lines(rx, out)
+        });
+        for i in 0..100 {
+            let mut line = queue.make_writer();
+            writeln!(line, "line {i}").unwrap();
+        }
+        // All 100 returned at once: a few queued, one in the writer's hand,
+        // the rest dropped and counted.
+        assert!(queue.dropped.load(Ordering::Relaxed) >= 94);
+        go.send(()).unwrap();
+        let (tx, done) = mpsc::channel();
+        queue.tx.send(Message::Flush(tx)).unwrap();
+        done.recv().unwrap();
+        drop(queue);
+        writer.join().unwrap();
+        let text = String::from_utf8(written.lock().unwrap().clone()).unwrap();
+        assert!(text.contains("line 0\n"), "{text}");
+        assert!(text.contains("log lines were dropped"), "{text}");
     }
 }

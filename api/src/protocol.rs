@@ -10,7 +10,8 @@ use jiff::Timestamp;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::robot::{DeviceInfo, RobotPhase, Usage};
+use crate::duration::DurationString;
+use crate::robot::{AgentHealth, DeviceInfo, RobotPhase, TaskPolicy, Usage};
 use crate::task::{TaskAttempt, TaskReason, TaskState, TaskTemplate};
 use crate::validation::validate_robot_id;
 
@@ -19,6 +20,18 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// The largest body accepted or sent. A dispatch carries a whole task spec;
 /// 256 KiB leaves room for long argument lists and environments.
 pub const MAX_MESSAGE_BYTES: usize = 256 * 1024;
+/// The largest MQTT packet a body of [`MAX_MESSAGE_BYTES`] makes: the body,
+/// a topic of up to 1 KiB and the fixed and variable headers. Broker, server
+/// and agent all use this one limit (Mosquitto's `max_packet_size`,
+/// rumqttd's `max_payload_size`, rumqttc's packet limits), so a packet one
+/// of them accepts the others accept too.
+pub const MAX_PACKET_BYTES: usize = MAX_MESSAGE_BYTES + 4096;
+/// The largest packet the server and agents read. Well above what the broker
+/// forwards: a bigger packet makes rumqttc drop the connection, and a QoS 1
+/// message in a persistent session would then come back on every reconnect.
+/// Anything between [`MAX_MESSAGE_BYTES`] and this is read, refused by
+/// [`decode`] as [`ProtocolError::TooLarge`] and counted.
+pub const MAX_INCOMING_PACKET_BYTES: usize = 16 * MAX_PACKET_BYTES;
 /// The default topic prefix.
 pub const DEFAULT_PREFIX: &str = "k8s4r";
 
@@ -105,6 +118,8 @@ pub enum TopicKind {
     },
     /// `robots/{id}/online`: robot (and its last will), retained.
     Online,
+    /// `robots/{id}/tasks/acks`: server → robot, the statuses it applied.
+    StatusAck,
 }
 
 /// A parsed topic.
@@ -180,6 +195,10 @@ impl Topics {
     pub fn online(&self, id: &str) -> String {
         self.robot(id, "online")
     }
+    /// `{prefix}/robots/{id}/tasks/acks`
+    pub fn status_ack(&self, id: &str) -> String {
+        self.robot(id, "tasks/acks")
+    }
     /// The seed protocol's `{prefix}/register`.
     pub fn legacy_register(&self) -> String {
         format!("{}/register", self.prefix)
@@ -201,7 +220,12 @@ impl Topics {
 
     /// The filters an agent subscribes to for what the server sends it.
     pub fn agent_subscriptions(&self, id: &str) -> Vec<String> {
-        vec![self.response(id), self.dispatch(id), self.cancel(id)]
+        vec![
+            self.response(id),
+            self.dispatch(id),
+            self.cancel(id),
+            self.status_ack(id),
+        ]
     }
 
     /// Parses a topic of this prefix.
@@ -230,6 +254,7 @@ impl Topics {
             ["online"] => TopicKind::Online,
             ["tasks", "dispatch"] => TopicKind::Dispatch,
             ["tasks", "cancel"] => TopicKind::Cancel,
+            ["tasks", "acks"] => TopicKind::StatusAck,
             ["tasks", uid, "status"] => {
                 check_topic_level("task uid", uid, topic)?;
                 TopicKind::Status {
@@ -348,10 +373,46 @@ pub struct Register {
     /// Tasks the agent is running now, so the cloud can reconcile.
     #[serde(default)]
     pub running: Vec<TaskAttempt>,
+    /// `running` is complete: every attempt the robot runs, holds, or has
+    /// not had its final status confirmed. The server then fails Tasks that
+    /// show an attempt running here that the list lacks.
+    #[serde(default)]
+    pub reconcile: bool,
+    /// The highest status `seq` the robot had assigned when it built
+    /// `running` (see [`Heartbeat::last_seq`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_seq: Option<u64>,
+    /// Who tasks may run as and how much the robot takes (its own config):
+    /// the scheduler respects it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_policy: Option<TaskPolicy>,
+    /// Whether the agent can take tasks now, and why not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<AgentHealth>,
 }
 
 impl Message for Register {
     const KIND: &'static str = "register";
+}
+
+impl Register {
+    /// A registration of `robot_id` with no token, labels or running tasks.
+    pub fn new(robot_id: impl Into<String>, agent_version: impl Into<String>, device: DeviceInfo) -> Self {
+        Self {
+            v: PROTOCOL_VERSION,
+            robot_id: robot_id.into(),
+            token: None,
+            agent_version: agent_version.into(),
+            device,
+            drivers: Vec::new(),
+            labels: BTreeMap::new(),
+            running: Vec::new(),
+            reconcile: false,
+            last_seq: None,
+            task_policy: None,
+            health: None,
+        }
+    }
 }
 
 /// `heartbeat`: liveness and usage, every N seconds.
@@ -369,13 +430,45 @@ pub struct Heartbeat {
     pub time: Timestamp,
     /// Usage figures.
     pub usage: Usage,
-    /// Tasks running now.
+    /// Tasks running now (see [`Register::running`]).
     #[serde(default)]
     pub running: Vec<TaskAttempt>,
+    /// `running` is complete (see [`Register::reconcile`]).
+    #[serde(default)]
+    pub reconcile: bool,
+    /// The highest status `seq` the robot had assigned when it built
+    /// `running`: the list speaks for every status up to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_seq: Option<u64>,
+    /// The server's clock as the robot reckoned it when it built `running`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_time: Option<Timestamp>,
+    /// Whether the agent can take tasks now, and why not: the server keeps
+    /// the Robot's `AcceptingTasks` condition from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<AgentHealth>,
 }
 
 impl Message for Heartbeat {
     const KIND: &'static str = "heartbeat";
+}
+
+impl Heartbeat {
+    /// Heartbeat number `seq` of `robot_id`, sent at `time`.
+    pub fn new(robot_id: impl Into<String>, seq: u64, time: Timestamp, usage: Usage) -> Self {
+        Self {
+            v: PROTOCOL_VERSION,
+            robot_id: robot_id.into(),
+            seq,
+            time,
+            usage,
+            running: Vec::new(),
+            reconcile: false,
+            last_seq: None,
+            server_time: None,
+            health: None,
+        }
+    }
 }
 
 /// `response`: the registration's outcome.
@@ -390,10 +483,34 @@ pub struct RegisterResponse {
     /// Why, for a person.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// The server's clock when it answered: the agent reads dispatch
+    /// deadlines on this clock, whatever its own says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_time: Option<Timestamp>,
+    /// The server confirms on `tasks/acks` each status it applied and each
+    /// heartbeat it recorded; the agent then keeps a status until confirmed
+    /// (not only until the broker's PUBACK) and holds its attempts under a
+    /// lease renewed by those confirmations. Servers that do not say so get
+    /// the old behaviour.
+    #[serde(default)]
+    pub status_acks: bool,
 }
 
 impl Message for RegisterResponse {
     const KIND: &'static str = "response";
+}
+
+impl RegisterResponse {
+    /// The registration's outcome.
+    pub fn new(phase: RobotPhase, message: Option<String>) -> Self {
+        Self {
+            v: PROTOCOL_VERSION,
+            phase,
+            message,
+            server_time: None,
+            status_acks: false,
+        }
+    }
 }
 
 /// `tasks/dispatch`: run one attempt of a task.
@@ -411,10 +528,38 @@ pub struct Dispatch {
     pub attempt: u32,
     /// What to run.
     pub spec: TaskTemplate,
+    /// After this instant (server clock) the dispatch is void: the agent
+    /// refuses it, since the manager has given up on this attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<Timestamp>,
+    /// How long the robot keeps this attempt running without hearing
+    /// from the cluster (the group's `disconnect.stopAfter`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_after: Option<DurationString>,
 }
 
 impl Message for Dispatch {
     const KIND: &'static str = "dispatch";
+}
+
+impl Dispatch {
+    /// Run `attempt` of the Task `task_uid` (`task_name` for logs).
+    pub fn new(
+        task_uid: impl Into<String>,
+        task_name: impl Into<String>,
+        attempt: u32,
+        spec: TaskTemplate,
+    ) -> Self {
+        Self {
+            v: PROTOCOL_VERSION,
+            task_uid: task_uid.into(),
+            task_name: task_name.into(),
+            attempt,
+            spec,
+            expires_at: None,
+            stop_after: None,
+        }
+    }
 }
 
 /// `tasks/cancel`: stop an attempt (SIGTERM, then SIGKILL after its kill timeout).
@@ -435,6 +580,18 @@ pub struct Cancel {
 
 impl Message for Cancel {
     const KIND: &'static str = "cancel";
+}
+
+impl Cancel {
+    /// Stop `attempt` of the Task `task_uid`, saying why.
+    pub fn new(task_uid: impl Into<String>, attempt: u32, reason: impl Into<String>) -> Self {
+        Self {
+            v: PROTOCOL_VERSION,
+            task_uid: task_uid.into(),
+            attempt,
+            reason: reason.into(),
+        }
+    }
 }
 
 /// `tasks/{uid}/status`: where an attempt is.
@@ -480,6 +637,25 @@ impl Message for StatusUpdate {
 }
 
 impl StatusUpdate {
+    /// Update `seq` of `attempt` of the Task `task_uid`: now in `state`,
+    /// with nothing else said (set the other fields on the result).
+    pub fn new(task_uid: impl Into<String>, attempt: u32, seq: u64, state: TaskState) -> Self {
+        Self {
+            v: PROTOCOL_VERSION,
+            task_uid: task_uid.into(),
+            attempt,
+            seq,
+            state,
+            exit_code: None,
+            signal: None,
+            reason: None,
+            message: None,
+            start_time: None,
+            finish_time: None,
+            output_tail: None,
+        }
+    }
+
     /// Whether this update should replace what a Task shows for
     /// (`attempt`, `seq`, `state`): newer attempt, or same attempt and newer
     /// seq, and never a non-terminal state over a terminal one.
@@ -507,6 +683,65 @@ pub struct Online {
 
 impl Message for Online {
     const KIND: &'static str = "online";
+}
+
+impl Online {
+    /// Presence: connected or not.
+    pub fn new(online: bool) -> Self {
+        Self {
+            v: PROTOCOL_VERSION,
+            online,
+        }
+    }
+}
+
+/// `tasks/acks`: what the server has recorded of this robot. The `seq` of
+/// each status update it applied (or refused for good): the agent may
+/// forget those. And the heartbeat it last recorded, with the server's
+/// clock: the agent's lease on its attempts runs from when it sent that
+/// heartbeat (docs/fencing.md), and it reads dispatch deadlines on that
+/// clock.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusAck {
+    /// Protocol version.
+    #[serde(default = "version")]
+    pub v: u32,
+    /// The `seq` of each update settled.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub seqs: Vec<u64>,
+    /// The `seq` of the heartbeat recorded in the robot's Lease: the
+    /// cluster's record of this robot is at least as new as that heartbeat.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat: Option<u64>,
+    /// The server's clock when it answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time: Option<Timestamp>,
+}
+
+impl Message for StatusAck {
+    const KIND: &'static str = "ack";
+}
+
+impl StatusAck {
+    /// Settles the updates with these seqs.
+    pub fn new(seqs: Vec<u64>) -> Self {
+        Self {
+            v: PROTOCOL_VERSION,
+            seqs,
+            heartbeat: None,
+            time: None,
+        }
+    }
+
+    /// Says heartbeat `seq` is recorded, at `time` on the server's clock.
+    pub fn heartbeat(seq: u64, time: Timestamp) -> Self {
+        Self {
+            heartbeat: Some(seq),
+            time: Some(time),
+            ..Self::new(Vec::new())
+        }
+    }
 }
 
 /// Checks that a body's robot id is the topic's.
@@ -561,6 +796,16 @@ mod tests {
             drivers: vec!["exec".into(), "raw_exec".into()],
             labels: [("site".to_string(), "lab".to_string())].into(),
             running: running.clone(),
+            reconcile: true,
+            last_seq: Some(40),
+            task_policy: Some(TaskPolicy {
+                max_tasks: 8,
+                ..TaskPolicy::default()
+            }),
+            health: Some(AgentHealth {
+                accepting_tasks: true,
+                ..AgentHealth::default()
+            }),
         });
         round_trip(Heartbeat {
             v: 1,
@@ -577,12 +822,20 @@ mod tests {
                 load15: 0.125,
             },
             running,
+            reconcile: true,
+            last_seq: Some(41),
+            server_time: Some("2026-11-22T10:00:00Z".parse().unwrap()),
+            health: None,
         });
         round_trip(RegisterResponse {
             v: 1,
             phase: RobotPhase::Online,
             message: Some("approved".into()),
+            server_time: Some("2026-11-22T10:00:00Z".parse().unwrap()),
+            status_acks: true,
         });
+        round_trip(StatusAck::new(vec![3, 4]));
+        round_trip(StatusAck::heartbeat(9, "2026-11-22T10:00:00Z".parse().unwrap()));
         round_trip(Dispatch {
             v: 1,
             task_uid: "u1".into(),
@@ -599,6 +852,8 @@ mod tests {
                 timeout: Some("30s".into()),
                 ..Default::default()
             },
+            expires_at: Some("2026-11-22T10:01:00Z".parse().unwrap()),
+            stop_after: Some("2m".into()),
         });
         round_trip(Cancel {
             v: 1,

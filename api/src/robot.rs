@@ -91,6 +91,10 @@ pub struct RobotStatus {
     /// Task drivers the agent offers (`exec`, `raw_exec`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub drivers: Vec<String>,
+    /// What the robot lets tasks do, as its agent reported it; the
+    /// scheduler places only tasks the robot would accept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_policy: Option<TaskPolicy>,
     /// The agent's version.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_version: Option<String>,
@@ -139,9 +143,117 @@ pub struct RobotResources {
     /// Memory, e.g. "8Gi".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<Quantity>,
-    /// Number of tasks.
+    /// Number of tasks (capacity: the most the robot runs at once, 0 when
+    /// it reported no limit; allocated: those assigned to it).
     #[serde(default)]
     pub tasks: u32,
+}
+
+/// What a robot lets its tasks do and how much of it they may take:
+/// reported by its agent at registration, from the robot's own
+/// configuration (which alone decides; the scheduler only avoids sending
+/// what the robot would refuse).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskPolicy {
+    /// The most tasks the robot runs at once (its `max_tasks`; 0: no limit).
+    #[serde(default)]
+    pub max_tasks: u32,
+    /// Disk the robot gives its task directories in all (its
+    /// `disk_budget`), against which tasks' `resources.disk` is counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_budget: Option<Quantity>,
+    /// Tasks may run as root (`user: root`, or raw_exec under a root agent).
+    #[serde(default)]
+    pub allow_root: bool,
+    /// Users a task may name in `user` (besides root, which `allowRoot`
+    /// governs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_users: Vec<String>,
+    /// Groups a task may name in `groups`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_groups: Vec<String>,
+}
+
+impl TaskPolicy {
+    /// Why a task with this `user` and these `groups` would be refused, if
+    /// it would. `runs_as_root` says whether the task would end up root.
+    pub fn refusal(&self, user: Option<&str>, groups: &[String], runs_as_root: bool) -> Option<String> {
+        if runs_as_root && !self.allow_root {
+            return Some("the robot does not run tasks as root (allow_root = false)".to_owned());
+        }
+        if let Some(user) = user.filter(|u| *u != "root") {
+            if !self.allowed_users.iter().any(|a| a == user) {
+                return Some(format!(
+                    "the robot does not allow user {user:?} (allowed_users: {})",
+                    list_or_none(&self.allowed_users)
+                ));
+            }
+        }
+        let refused: Vec<&str> = groups
+            .iter()
+            .filter(|g| !self.allowed_groups.contains(g))
+            .map(String::as_str)
+            .collect();
+        if !refused.is_empty() {
+            return Some(format!(
+                "the robot does not allow group(s) {} (allowed_groups: {})",
+                refused.join(", "),
+                list_or_none(&self.allowed_groups)
+            ));
+        }
+        None
+    }
+}
+
+fn list_or_none(items: &[String]) -> String {
+    if items.is_empty() {
+        "none".to_owned()
+    } else {
+        items.join(", ")
+    }
+}
+
+/// The agent's own state, in every heartbeat: whether it can take tasks
+/// and how full it is. The server turns `acceptingTasks` into the Robot's
+/// `AcceptingTasks` condition; the scheduler skips a robot whose condition
+/// is False.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentHealth {
+    /// The agent takes new tasks.
+    pub accepting_tasks: bool,
+    /// Why not, as a CamelCase word (see [`AgentHealth::reason`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Why not, for a person.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Attempts the supervisor holds (fetching or running).
+    #[serde(default)]
+    pub tasks: u32,
+    /// Bytes the task directories take on disk (at the last measurement).
+    #[serde(default)]
+    pub disk_used_bytes: u64,
+    /// Bytes of task output not logged since the agent started, because
+    /// the disk could not keep up.
+    #[serde(default)]
+    pub dropped_output_bytes: u64,
+}
+
+/// Reasons of [`AgentHealth`] (and of the `AcceptingTasks` condition).
+impl AgentHealth {
+    /// Everything is fine.
+    pub const REASON_READY: &'static str = "Ready";
+    /// The task supervisor has stopped; the agent is about to exit.
+    pub const REASON_SUPERVISOR_STOPPED: &'static str = "SupervisorStopped";
+    /// The disk holding the agent's state is full (below its reserve).
+    pub const REASON_DISK_FULL: &'static str = "DiskFull";
+    /// The state journal cannot be written: a task started now could not
+    /// be settled after a crash.
+    pub const REASON_JOURNAL_FAILING: &'static str = "JournalFailing";
+    /// The agent is shutting down.
+    pub const REASON_SHUTTING_DOWN: &'static str = "ShuttingDown";
 }
 
 /// Usage figures a heartbeat carries.
@@ -162,4 +274,37 @@ pub struct Usage {
     pub load5: f64,
     /// Load average over 15 minutes.
     pub load15: f64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_policy_says_what_it_refuses() {
+        let policy = TaskPolicy {
+            allowed_users: vec!["robot".into()],
+            allowed_groups: vec!["dialout".into(), "video".into()],
+            ..TaskPolicy::default()
+        };
+        assert_eq!(policy.refusal(None, &[], false), None);
+        assert_eq!(policy.refusal(Some("robot"), &["video".into()], false), None);
+        let root = policy.refusal(Some("root"), &[], true).unwrap();
+        assert!(root.contains("allow_root = false"), "{root}");
+        let user = policy.refusal(Some("postgres"), &[], false).unwrap();
+        assert!(user.contains("\"postgres\"") && user.contains("robot"), "{user}");
+        let groups = policy
+            .refusal(None, &["dialout".into(), "disk".into(), "shadow".into()], false)
+            .unwrap();
+        assert!(groups.contains("disk, shadow"), "{groups}");
+        let open = TaskPolicy {
+            allow_root: true,
+            ..TaskPolicy::default()
+        };
+        assert_eq!(open.refusal(Some("root"), &[], true), None);
+        assert!(open
+            .refusal(None, &["dialout".into()], false)
+            .unwrap()
+            .contains("none"));
+    }
 }

@@ -5,16 +5,19 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::condition::Condition;
+use crate::disconnect::DisconnectPolicy;
 use crate::duration::DurationString;
 use crate::quantity::Quantity;
 use crate::selector::{Constraint, LabelSelector};
 
-/// The drivers an agent may offer.
+/// The drivers an agent may offer. A robot offers `raw_exec` only when its
+/// configuration turns it on.
 pub const DRIVERS: &[&str] = &[DRIVER_EXEC, DRIVER_RAW_EXEC];
-/// Runs the command isolated: another user, no_new_privs, its own directory
-/// and resource limits.
+/// Runs the command isolated: a user of its own, no_new_privs, its own
+/// directory and resource limits.
 pub const DRIVER_EXEC: &str = "exec";
-/// Runs the command as the agent's user, in its own process group.
+/// Runs the command as the agent's user (root on a robot), in its own
+/// process group: off unless the robot's configuration turns it on.
 pub const DRIVER_RAW_EXEC: &str = "raw_exec";
 
 /// What to run and how: the part of a task the robot needs. A Job's groups
@@ -33,16 +36,29 @@ pub struct TaskTemplate {
     /// Environment variables set for the process.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env: Vec<EnvVar>,
-    /// Working directory; defaults to the task's own directory on the robot.
+    /// Working directory, relative to the task's own directory on the robot
+    /// (no `..`); defaults to that directory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
     pub working_dir: Option<String>,
-    /// The user to run as (exec driver; default `nobody` when the agent is root).
+    /// The user to run as (exec driver). Unset: a user of the task's own,
+    /// from the robot's range of task uids. A named user must be one the
+    /// robot allows (`allowed_users`; `root` needs `allow_root`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 32))]
     pub user: Option<String>,
+    /// Supplementary groups of the process (exec driver), e.g. `dialout`,
+    /// `video` or `gpio` for devices; each must be one the robot allows
+    /// (`allowed_groups`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub groups: Vec<String>,
     /// Files downloaded into the task directory before start.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
     pub artifacts: Vec<Artifact>,
-    /// Wall-clock limit from start; then SIGTERM. Unset: no limit.
+    /// Wall-clock limit from start, at most 30 days; then SIGTERM. Unset:
+    /// no limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<DurationString>,
     /// Time between SIGTERM and SIGKILL (default 5s, at most 5m).
@@ -51,6 +67,16 @@ pub struct TaskTemplate {
     /// CPU and memory the task needs; used for placement and limits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<TaskResources>,
+}
+
+impl TaskTemplate {
+    /// Its `resources.disk` in bytes, when it sets a valid one.
+    pub fn disk_bytes(&self) -> Option<u64> {
+        self.resources
+            .as_ref()
+            .and_then(|r| r.disk.as_ref())
+            .and_then(|q| q.to_units().ok())
+    }
 }
 
 /// One environment variable.
@@ -76,7 +102,7 @@ pub struct Artifact {
     pub sha256: String,
 }
 
-/// CPU and memory requests of a task.
+/// CPU, memory and disk requests of a task.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TaskResources {
@@ -86,6 +112,12 @@ pub struct TaskResources {
     /// Memory, e.g. "256Mi".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<Quantity>,
+    /// Disk for the task's directory on the robot (its downloads, the
+    /// files it writes, its logs), e.g. "500Mi": counted against the
+    /// robot's disk budget when placing it, and a task that outgrows it is
+    /// stopped (reason DiskLimit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk: Option<Quantity>,
 }
 
 /// How failed attempts are retried.
@@ -152,6 +184,9 @@ pub struct TaskSpec {
     /// Retries of failed attempts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restart_policy: Option<RestartPolicy>,
+    /// What happens when the task's robot loses the cluster, from its group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disconnect: Option<DisconnectPolicy>,
     /// Scheduling priority (higher first), from the Job.
     #[serde(default)]
     pub priority: i32,
@@ -221,6 +256,22 @@ pub enum TaskReason {
     DispatchTimeout,
     /// The robot stopped reporting past the timeout (manager's backstop).
     TimeoutBackstop,
+    /// The robot stopped the attempt itself: it had heard nothing from the
+    /// cluster for the group's `disconnect.stopAfter`.
+    Disconnected,
+    /// The robot reported in without the attempt the Task shows running on
+    /// it (the agent lost it, e.g. across a restart).
+    NotOnRobot,
+    /// The robot's configuration does not allow what the task asks for (a
+    /// driver it does not offer, running as root, a user or group it does
+    /// not allow).
+    NotPermitted,
+    /// The robot refused the dispatch: it already runs its `max_tasks`, or
+    /// its disk budget for tasks is used up, or its disk is full.
+    OverCapacity,
+    /// The task's directory outgrew its `resources.disk` or the robot's
+    /// disk budget, or filled the robot's disk; the task was stopped.
+    DiskLimit,
     /// Some reason this version does not know.
     #[serde(other)]
     Unknown,
@@ -257,6 +308,15 @@ pub struct TaskStatus {
     /// When the current attempt was dispatched.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dispatch_time: Option<Timestamp>,
+    /// When the manager's dispatch stops being valid: a robot that gets it
+    /// later refuses it, and the manager gives up on it then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dispatch_deadline: Option<Timestamp>,
+    /// When the server first saw this attempt running, by the cluster's
+    /// clock (the timeout backstop counts from here, not from the robot's
+    /// clock).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_running_time: Option<Timestamp>,
     /// When the process started on the robot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_time: Option<Timestamp>,

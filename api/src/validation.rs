@@ -17,6 +17,16 @@ pub const DEFAULT_KILL_TIMEOUT: Duration = Duration::from_secs(5);
 /// The longest kill timeout a task may ask for. The agent's systemd unit
 /// waits longer than this before it kills the agent itself.
 pub const MAX_KILL_TIMEOUT: Duration = Duration::from_secs(300);
+/// The longest `timeout` a task may ask for. Beyond it a robot's timer
+/// would be a promise nobody keeps; a task that must run longer runs
+/// without a timeout.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(30 * 24 * 3600);
+/// The longest restart `delay` and `maxDelay`.
+pub const MAX_RESTART_DELAY: Duration = Duration::from_secs(24 * 3600);
+/// Most artifacts one task may download.
+pub const MAX_ARTIFACTS: usize = 64;
+/// Most supplementary groups one task may ask for.
+pub const MAX_GROUPS: usize = 32;
 /// The first retry's delay when a restart policy does not set one.
 pub const DEFAULT_RESTART_DELAY: Duration = Duration::from_secs(15);
 /// The cap of the retry delay when a restart policy does not set one.
@@ -92,6 +102,11 @@ pub fn validate_task_spec(spec: &TaskSpec) -> Result<(), ValidationErrors> {
     if let Some(policy) = &spec.restart_policy {
         check_restart_policy(&mut report, "spec.restartPolicy", policy);
     }
+    if let Some(policy) = &spec.disconnect {
+        for (field, problem) in policy.problems("spec.disconnect") {
+            report.error(field, problem);
+        }
+    }
     if let Some(robot) = &spec.target_robot {
         if let Err(e) = validate_robot_id(robot) {
             report.error("spec.targetRobot", e);
@@ -135,6 +150,11 @@ pub fn validate_job_spec(spec: &JobSpec) -> Result<(), ValidationErrors> {
         if let Some(policy) = &group.restart_policy {
             check_restart_policy(&mut report, &format!("{path}.restartPolicy"), policy);
         }
+        if let Some(policy) = &group.disconnect {
+            for (field, problem) in policy.problems(&format!("{path}.disconnect")) {
+                report.error(field, problem);
+            }
+        }
     }
     report.finish()
 }
@@ -146,9 +166,15 @@ pub fn validate_selector(selector: &LabelSelector) -> Result<(), ValidationError
     report.finish()
 }
 
-/// The task's timeout, if it sets a valid one.
+/// The task's timeout, if it sets a valid one, capped at [`MAX_TIMEOUT`]
+/// (validation refuses a larger one; the cap keeps every caller's arithmetic
+/// finite even for a spec that skipped validation).
 pub fn timeout_of(template: &TaskTemplate) -> Option<Duration> {
-    template.timeout.as_ref().and_then(|t| t.parse().ok())
+    template
+        .timeout
+        .as_ref()
+        .and_then(|t| t.parse().ok())
+        .map(|t| t.min(MAX_TIMEOUT))
 }
 
 /// The task's kill timeout, defaulted and capped.
@@ -200,14 +226,40 @@ fn check_template(report: &mut Report, path: &str, t: &TaskTemplate) {
         }
     }
     if let Some(dir) = &t.working_dir {
-        if dir.is_empty() || dir.contains('\0') {
-            report.error(format!("{path}.workingDir"), "must be a non-empty path");
+        if !is_inside_task_dir(dir) {
+            report.error(
+                format!("{path}.workingDir"),
+                format!("must be a relative path inside the task directory (no '..'), got {dir:?}"),
+            );
         }
     }
     if let Some(user) = &t.user {
-        if user.is_empty() || user.contains([':', '/', '\0']) || user.chars().any(char::is_whitespace) {
-            report.error(format!("{path}.user"), format!("invalid user name {user:?}"));
+        if let Err(e) = validate_account_name(user) {
+            report.error(format!("{path}.user"), format!("invalid user name: {e}"));
         }
+    }
+    if t.groups.len() > MAX_GROUPS {
+        report.error(
+            format!("{path}.groups"),
+            format!("at most {MAX_GROUPS} groups, got {}", t.groups.len()),
+        );
+    }
+    let mut groups = BTreeSet::new();
+    for (i, group) in t.groups.iter().enumerate() {
+        if let Err(e) = validate_account_name(group) {
+            report.error(format!("{path}.groups[{i}]"), format!("invalid group name: {e}"));
+        } else if !groups.insert(group.as_str()) {
+            report.error(
+                format!("{path}.groups[{i}]"),
+                format!("duplicate group {group:?}"),
+            );
+        }
+    }
+    if t.artifacts.len() > MAX_ARTIFACTS {
+        report.error(
+            format!("{path}.artifacts"),
+            format!("at most {MAX_ARTIFACTS} artifacts, got {}", t.artifacts.len()),
+        );
     }
     for (i, artifact) in t.artifacts.iter().enumerate() {
         let apath = format!("{path}.artifacts[{i}]");
@@ -231,13 +283,9 @@ fn check_template(report: &mut Report, path: &str, t: &TaskTemplate) {
                 format!("must be 64 hex digits, got {:?}", artifact.sha256),
             );
         }
-        let dest = std::path::Path::new(&artifact.destination);
-        if artifact.destination.is_empty()
-            || dest.is_absolute()
-            || dest
-                .components()
-                .any(|c| matches!(c, std::path::Component::ParentDir))
-        {
+        let names_a_file = std::path::Path::new(&artifact.destination).file_name().is_some()
+            && !artifact.destination.ends_with('/');
+        if !is_inside_task_dir(&artifact.destination) || !names_a_file {
             report.error(
                 format!("{apath}.destination"),
                 format!(
@@ -250,7 +298,7 @@ fn check_template(report: &mut Report, path: &str, t: &TaskTemplate) {
     if let Some(timeout) = &t.timeout {
         match timeout.parse() {
             Ok(d) if d.is_zero() => report.error(format!("{path}.timeout"), "must be > 0"),
-            Ok(_) => {}
+            Ok(_) => check_duration_within(report, &format!("{path}.timeout"), timeout, MAX_TIMEOUT),
             Err(e) => report.error(format!("{path}.timeout"), e.to_string()),
         }
     }
@@ -277,6 +325,38 @@ fn check_duration_within(report: &mut Report, path: &str, value: &DurationString
     }
 }
 
+/// Whether `path` names something inside a task's directory: relative, not
+/// empty, with no `..` (and no NUL). Symbolic links inside the directory
+/// are the task's own business: the agent never follows them as root.
+pub fn is_inside_task_dir(path: &str) -> bool {
+    use std::path::{Component, Path};
+    !path.is_empty()
+        && !path.contains('\0')
+        && Path::new(path)
+            .components()
+            .all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
+}
+
+/// Checks a user or group name as a spec may give it: what useradd accepts
+/// (letters, digits, `_`, `-`, `.`, not starting with `-`, at most 32).
+pub fn validate_account_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 32
+        && !name.starts_with('-')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+        && name != "."
+        && name != "..";
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?} must be 1-32 letters, digits, '_', '-' or '.', not starting with '-'"
+        ))
+    }
+}
+
 fn check_resources(report: &mut Report, path: &str, r: &TaskResources) {
     if let Some(cpu) = &r.cpu {
         if let Err(e) = cpu.to_milli() {
@@ -290,18 +370,21 @@ fn check_resources(report: &mut Report, path: &str, r: &TaskResources) {
             Err(e) => report.error(format!("{path}.memory"), e.to_string()),
         }
     }
+    if let Some(disk) = &r.disk {
+        match disk.to_units() {
+            Ok(0) => report.error(format!("{path}.disk"), "must be > 0"),
+            Ok(_) => {}
+            Err(e) => report.error(format!("{path}.disk"), e.to_string()),
+        }
+    }
 }
 
 fn check_restart_policy(report: &mut Report, path: &str, p: &RestartPolicy) {
     if let Some(delay) = &p.delay {
-        if let Err(e) = delay.parse() {
-            report.error(format!("{path}.delay"), e.to_string());
-        }
+        check_duration_within(report, &format!("{path}.delay"), delay, MAX_RESTART_DELAY);
     }
     if let Some(max) = &p.max_delay {
-        if let Err(e) = max.parse() {
-            report.error(format!("{path}.maxDelay"), e.to_string());
-        }
+        check_duration_within(report, &format!("{path}.maxDelay"), max, MAX_RESTART_DELAY);
     }
 }
 
@@ -400,6 +483,31 @@ pub fn validate_robot_id(id: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// A host name made into a robot id, if it can be: lower-cased, every
+/// character other than letters, digits and '.' made '-', and each part
+/// trimmed of '-' (`My_Robot.local` becomes `my-robot.local`).
+pub fn robot_id_from_hostname(host: &str) -> Option<String> {
+    let mapped: String = host
+        .trim()
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let id = mapped
+        .split('.')
+        .map(|part| part.trim_matches('-'))
+        .filter(|part| !part.is_empty())
+        .collect::<Vec<_>>()
+        .join(".");
+    validate_robot_id(&id).ok().map(|()| id)
+}
+
 /// Checks a label key: an optional DNS-subdomain prefix and '/', then a name
 /// of at most 63 alphanumerics, '-', '_' or '.'.
 pub fn validate_label_key(key: &str) -> Result<(), String> {
@@ -444,6 +552,18 @@ pub fn validate_label_value(value: &str) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn host_names_become_robot_ids() {
+        assert_eq!(
+            robot_id_from_hostname("My_Robot.local").as_deref(),
+            Some("my-robot.local")
+        );
+        assert_eq!(robot_id_from_hostname(" lab-7\n").as_deref(), Some("lab-7"));
+        assert_eq!(robot_id_from_hostname("___"), None);
+        assert_eq!(robot_id_from_hostname(""), None);
+    }
+
     use super::*;
     use crate::job::TaskGroupTemplate;
     use crate::selector::LabelSelectorRequirement;
@@ -510,13 +630,125 @@ mod tests {
             resources: Some(TaskResources {
                 cpu: Some("lots".into()),
                 memory: Some("0".into()),
+                disk: Some("0".into()),
             }),
             ..template()
         };
         assert_eq!(
             paths(validate_task_template(&t).unwrap_err()),
-            vec!["spec.timeout", "spec.resources.cpu", "spec.resources.memory"]
+            vec![
+                "spec.timeout",
+                "spec.resources.cpu",
+                "spec.resources.memory",
+                "spec.resources.disk"
+            ]
         );
+    }
+
+    #[test]
+    fn every_duration_has_a_cap() {
+        let t = TaskTemplate {
+            timeout: Some("3y".into()),
+            kill_timeout: Some("100000000000000000000s".into()),
+            ..template()
+        };
+        let err = validate_task_template(&t).unwrap_err();
+        assert_eq!(paths(err.clone()), vec!["spec.timeout", "spec.killTimeout"]);
+        assert!(err.to_string().contains("3y exceeds the cap of 30days"), "{err}");
+        let at_cap = TaskTemplate {
+            timeout: Some("30d".into()),
+            kill_timeout: Some("5m".into()),
+            ..template()
+        };
+        validate_task_template(&at_cap).unwrap();
+        assert_eq!(timeout_of(&at_cap), Some(MAX_TIMEOUT));
+        // timeout_of caps what validation would refuse, so that callers that
+        // skipped validation still add finite durations.
+        let huge = TaskTemplate {
+            timeout: Some("100000d".into()),
+            ..template()
+        };
+        assert_eq!(timeout_of(&huge), Some(MAX_TIMEOUT));
+
+        let policy = RestartPolicy {
+            attempts: 3,
+            delay: Some("2d".into()),
+            max_delay: Some("9999999h".into()),
+            mode: Default::default(),
+        };
+        let spec = TaskSpec {
+            template: template(),
+            restart_policy: Some(policy),
+            ..Default::default()
+        };
+        assert_eq!(
+            paths(validate_task_spec(&spec).unwrap_err()),
+            vec!["spec.restartPolicy.delay", "spec.restartPolicy.maxDelay"]
+        );
+    }
+
+    #[test]
+    fn paths_stay_inside_the_task_directory() {
+        for ok in ["data", "./data/run", "a/b/c", "."] {
+            let t = TaskTemplate {
+                working_dir: Some(ok.into()),
+                ..template()
+            };
+            assert!(validate_task_template(&t).is_ok(), "{ok}");
+        }
+        for bad in ["/tmp", "..", "a/../../etc", "../x", "", "a\0b"] {
+            let t = TaskTemplate {
+                working_dir: Some(bad.into()),
+                ..template()
+            };
+            assert_eq!(
+                paths(validate_task_template(&t).unwrap_err()),
+                vec!["spec.workingDir"],
+                "{bad}"
+            );
+        }
+        for bad in ["/etc/passwd", "a/../../x", ".", "dir/"] {
+            let t = TaskTemplate {
+                artifacts: vec![Artifact {
+                    url: "https://example.com/f".into(),
+                    destination: bad.into(),
+                    sha256: "0".repeat(64),
+                }],
+                ..template()
+            };
+            assert_eq!(
+                paths(validate_task_template(&t).unwrap_err()),
+                vec!["spec.artifacts[0].destination"],
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn users_groups_and_counts_are_bounded() {
+        let t = TaskTemplate {
+            user: Some("-rf".into()),
+            groups: vec!["dialout".into(), "video".into(), "dialout".into(), "a b".into()],
+            artifacts: vec![
+                Artifact {
+                    url: "https://example.com/f".into(),
+                    destination: "f".into(),
+                    sha256: "0".repeat(64),
+                };
+                MAX_ARTIFACTS + 1
+            ],
+            ..template()
+        };
+        assert_eq!(
+            paths(validate_task_template(&t).unwrap_err()),
+            vec!["spec.user", "spec.groups[2]", "spec.groups[3]", "spec.artifacts"]
+        );
+        let t = TaskTemplate {
+            user: Some("robot".into()),
+            groups: vec!["dialout".into(), "gpio".into()],
+            ..template()
+        };
+        validate_task_template(&t).unwrap();
     }
 
     #[test]
