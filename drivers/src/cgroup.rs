@@ -15,6 +15,9 @@ use crate::Limits;
 
 /// The period of `cpu.max`, in microseconds (the kernel's default).
 const CPU_PERIOD_US: u64 = 100_000;
+/// Rounds of reading `cgroup.procs` and killing what it lists, where the
+/// kernel has no `cgroup.kill`; the caller retries later if some are left.
+const KILL_ROUNDS: usize = 64;
 /// The leaf the agent moves itself into when its own cgroup must hand
 /// controllers down to task cgroups.
 const AGENT_LEAF: &str = "k8s4r-agent";
@@ -217,20 +220,35 @@ impl TaskCgroup {
         unapplied
     }
 
-    /// SIGKILLs every process in the cgroup (`cgroup.kill`, or one by one
-    /// on kernels older than 5.14).
+    /// SIGKILLs every process in the cgroup: `cgroup.kill` (which also
+    /// catches what forks meanwhile), or on kernels older than 5.14 one by
+    /// one, reading the list again until it is empty (a process forking as
+    /// fast as it can is caught within a few rounds, each child being
+    /// killed before it runs long).
     pub fn kill(&self) -> io::Result<()> {
         match write_file(&self.path.join("cgroup.kill"), "1") {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound && self.path.is_dir() => {
-                for pid in self.pids()? {
-                    let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+                for _ in 0..KILL_ROUNDS {
+                    let pids = self.pids()?;
+                    if pids.is_empty() {
+                        break;
+                    }
+                    for pid in pids {
+                        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+                    }
                 }
                 Ok(())
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(e),
         }
+    }
+
+    /// Whether no process is left in the cgroup (a cgroup that is gone is
+    /// empty).
+    pub fn is_empty(&self) -> bool {
+        self.pids().map_or(true, |pids| pids.is_empty())
     }
 
     /// The pids in the cgroup.

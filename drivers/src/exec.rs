@@ -1,7 +1,8 @@
-//! `exec`: the command isolated. Another user (when the agent is root),
-//! `no_new_privs`, a private task directory, a clean environment and
-//! resource limits: cgroup v2 where the agent has a writable subtree with
-//! the controllers, rlimits otherwise.
+//! `exec`: the command isolated. Another user (when the agent is root: a
+//! uid of the task's own, or a user the robot allows), `no_new_privs`, a
+//! private task directory, a clean environment and resource limits: cgroup
+//! v2 where the agent has a writable subtree with the controllers, rlimits
+//! otherwise.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -9,66 +10,42 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use k8s4r_api::task::DRIVER_EXEC;
 use k8s4r_api::TaskTemplate;
-use nix::unistd::{geteuid, User};
 
 use crate::launch::{self, Isolation};
-use crate::{resolve_cwd, Driver, DriverError, Identity, Launch, Launched, LimitKind, Limits, Prepared};
+use crate::{
+    base_env, resolve_cwd, user_name, Driver, DriverError, Identity, Launch, Launched, LimitKind, Limits,
+    Prepared,
+};
 
-/// PATH of an exec task that does not set its own.
-const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// The `pids.max` of an exec task when the agent sets none.
+pub const DEFAULT_PIDS_MAX: u64 = 4096;
 
 /// Runs tasks as an unprivileged user with limits.
 #[derive(Debug)]
 pub struct ExecDriver {
-    default_user: String,
     pids_max: Option<u64>,
     warned: AtomicBool,
 }
 
-impl ExecDriver {
-    /// `default_user` is used when the agent is root and the task names no
-    /// user.
-    pub fn new(default_user: impl Into<String>) -> Self {
+impl Default for ExecDriver {
+    fn default() -> Self {
         ExecDriver {
-            default_user: default_user.into(),
-            pids_max: Some(4096),
+            pids_max: Some(DEFAULT_PIDS_MAX),
             warned: AtomicBool::new(false),
         }
+    }
+}
+
+impl ExecDriver {
+    /// An exec driver with the default `pids.max`.
+    pub fn new() -> Self {
+        Self::default()
     }
 
     /// The `pids.max` of every exec task (None: no limit).
     pub fn with_pids_max(mut self, pids_max: Option<u64>) -> Self {
         self.pids_max = pids_max;
         self
-    }
-
-    fn identity(&self, template: &TaskTemplate) -> Result<Option<Identity>, DriverError> {
-        let agent = geteuid();
-        let name = match (&template.user, agent.is_root()) {
-            (Some(user), _) => user.clone(),
-            (None, true) => self.default_user.clone(),
-            (None, false) => return Ok(None),
-        };
-        let user = User::from_name(&name)
-            .map_err(|source| DriverError::UserLookup {
-                user: name.clone(),
-                source,
-            })?
-            .ok_or_else(|| DriverError::UnknownUser { user: name.clone() })?;
-        if agent.is_root() {
-            Ok(Some(Identity {
-                name,
-                uid: user.uid.as_raw(),
-                gid: user.gid.as_raw(),
-            }))
-        } else if user.uid == agent {
-            Ok(None)
-        } else {
-            Err(DriverError::CannotSwitchUser {
-                user: name,
-                agent_uid: agent.as_raw(),
-            })
-        }
     }
 
     fn limits(&self, template: &TaskTemplate) -> Result<Limits, DriverError> {
@@ -100,8 +77,12 @@ impl Driver for ExecDriver {
         DRIVER_EXEC
     }
 
-    fn prepare(&self, template: &TaskTemplate, task_dir: &Path) -> Result<Prepared, DriverError> {
-        let identity = self.identity(template)?;
+    fn prepare(
+        &self,
+        template: &TaskTemplate,
+        task_dir: &Path,
+        identity: Option<Identity>,
+    ) -> Result<Prepared, DriverError> {
         let limits = self.limits(template)?;
         let dir_error = |source| DriverError::TaskDir {
             path: task_dir.to_path_buf(),
@@ -112,6 +93,7 @@ impl Driver for ExecDriver {
         }
         std::fs::set_permissions(task_dir, std::fs::Permissions::from_mode(0o700)).map_err(dir_error)?;
         Ok(Prepared {
+            user: user_name(identity.as_ref()),
             identity,
             task_dir: task_dir.to_path_buf(),
             cwd: resolve_cwd(template, task_dir)?,
@@ -137,34 +119,30 @@ impl Driver for ExecDriver {
         } else {
             None
         };
+        // Without pids.max, RLIMIT_NPROC bounds the processes of the task's
+        // uid: exactly the task's when the uid is its own. (Root ignores it.)
+        let processes = if unapplied.contains(&LimitKind::Pids) {
+            limits.pids
+        } else {
+            None
+        };
         if !unapplied.is_empty() && !self.warned.swap(true, Ordering::Relaxed) {
             let names: Vec<String> = unapplied.iter().map(ToString::to_string).collect();
             tracing::warn!(
                 limits = %names.join(","),
                 "exec: no writable cgroup v2 subtree with these controllers; memory falls back to \
-                 RLIMIT_AS (address space, not resident memory), cpu and pids limits are NOT enforced \
-                 (reported once)"
+                 RLIMIT_AS (address space, not resident memory), pids to RLIMIT_NPROC of the task's \
+                 uid, cpu is NOT enforced (reported once)"
             );
         }
-        let (user, home) = match &launch.prepared.identity {
-            Some(identity) => (identity.name.clone(), launch.prepared.task_dir.clone()),
-            None => (
-                std::env::var("USER").unwrap_or_else(|_| "root".to_owned()),
-                launch.prepared.task_dir.clone(),
-            ),
-        };
-        let clean_env = vec![
-            ("PATH".to_owned(), DEFAULT_PATH.to_owned()),
-            ("HOME".to_owned(), home.display().to_string()),
-            ("USER".to_owned(), user.clone()),
-            ("LOGNAME".to_owned(), user),
-        ];
+        let env = base_env(&launch.prepared.user, &launch.prepared.task_dir);
         let mut launched = launch::spawn(
             launch,
             Isolation {
-                clean_env: Some(clean_env),
+                base_env: env,
                 no_new_privs: true,
                 address_space,
+                processes,
             },
         )?;
         launched.unapplied_limits = unapplied;

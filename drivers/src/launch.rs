@@ -3,16 +3,20 @@
 use std::io::ErrorKind;
 use std::process::Stdio;
 
-use crate::sys::{self, ChildSetup};
+use nix::unistd::{Gid, Uid};
+
+use crate::sys::{self, ChildSetup, SwitchUser};
 use crate::{DriverError, Launch, Launched};
 
 /// How a driver wants the process set up.
 pub(crate) struct Isolation {
-    /// Start from an empty environment plus these defaults (exec), or
-    /// inherit the agent's (raw_exec).
-    pub clean_env: Option<Vec<(String, String)>>,
+    /// The environment the task starts from, before the agent's
+    /// `K8S4R_TASK_*` and the task's own variables: never the agent's.
+    pub base_env: Vec<(String, String)>,
     pub no_new_privs: bool,
     pub address_space: Option<u64>,
+    /// RLIMIT_NPROC, for a task without a pids-limited cgroup.
+    pub processes: Option<u64>,
 }
 
 pub(crate) fn spawn(launch: Launch<'_>, isolation: Isolation) -> Result<Launched, DriverError> {
@@ -20,10 +24,8 @@ pub(crate) fn spawn(launch: Launch<'_>, isolation: Isolation) -> Result<Launched
     let prepared = launch.prepared;
     let mut command = tokio::process::Command::new(&template.command);
     command.args(&template.args);
-    if let Some(defaults) = &isolation.clean_env {
-        command.env_clear();
-        command.envs(defaults.iter().map(|(k, v)| (k, v)));
-    }
+    command.env_clear();
+    command.envs(isolation.base_env.iter().map(|(k, v)| (k, v)));
     command.envs(launch.extra_env.iter().map(|(k, v)| (k, v)));
     command.envs(template.env.iter().map(|var| (&var.name, &var.value)));
     command.current_dir(&prepared.cwd);
@@ -33,10 +35,6 @@ pub(crate) fn spawn(launch: Launch<'_>, isolation: Isolation) -> Result<Launched
     // The supervisor kills the whole group itself; a dropped handle (agent
     // crash, runtime teardown) must not kill the task behind its back.
     command.kill_on_drop(false);
-    if let Some(identity) = &prepared.identity {
-        command.uid(identity.uid);
-        command.gid(identity.gid);
-    }
     let cgroup_procs = match launch.cgroup {
         Some(cgroup) => Some(cgroup.open_procs().map_err(|source| DriverError::Spawn {
             command: template.command.clone(),
@@ -44,12 +42,21 @@ pub(crate) fn spawn(launch: Launch<'_>, isolation: Isolation) -> Result<Launched
         })?),
         None => None,
     };
+    // The user is switched in the pre-exec hook rather than by
+    // `Command::uid`, which can only drop every supplementary group.
+    let switch_user = prepared.identity.as_ref().map(|identity| SwitchUser {
+        uid: Uid::from_raw(identity.uid),
+        gid: Gid::from_raw(identity.gid),
+        groups: identity.groups.iter().map(|g| Gid::from_raw(*g)).collect(),
+    });
     sys::install(
         &mut command,
         ChildSetup {
             cgroup_procs,
+            switch_user,
             no_new_privs: isolation.no_new_privs,
             address_space: isolation.address_space,
+            processes: isolation.processes,
         },
     );
     let child = command.spawn().map_err(|source| match source.kind() {

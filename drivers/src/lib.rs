@@ -2,11 +2,18 @@
 //! a running process in its own session and process group.
 //!
 //! - [`RawExecDriver`] runs the command as the agent's user.
-//! - [`ExecDriver`] adds isolation: another user, `no_new_privs`, a private
-//!   working directory and resource limits (cgroup v2, rlimits otherwise).
+//! - [`ExecDriver`] adds isolation: another user (the task's own, or one
+//!   the robot allows), `no_new_privs`, a private working directory and
+//!   resource limits (cgroup v2, rlimits otherwise).
 //!
-//! Both only start processes. Waiting for them, deadlines and killing belong
-//! to the agent's supervisor, which owns every running task.
+//! Both start the process with only the task's declared environment plus
+//! a few basics (`PATH`, `HOME`, `USER`, `LOGNAME`, `TMPDIR`) and the
+//! agent's `K8S4R_TASK_*`, never the agent's own environment, and in a
+//! working directory inside the task's directory.
+//!
+//! Who a task runs as is decided before a driver sees it ([`identity`]);
+//! drivers only start processes. Waiting for them, deadlines and killing
+//! belong to the agent's supervisor, which owns every running task.
 
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
@@ -15,23 +22,26 @@ use k8s4r_api::TaskTemplate;
 
 pub mod cgroup;
 mod exec;
+pub mod identity;
 mod launch;
 mod raw_exec;
 mod sys;
 
 pub use cgroup::{Cgroups, LimitKind, TaskCgroup};
-pub use exec::ExecDriver;
+pub use exec::{ExecDriver, DEFAULT_PIDS_MAX};
 pub use raw_exec::RawExecDriver;
 
 /// The identity a task runs as when it is not the agent's own.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Identity {
-    /// The user name.
+    /// The user name (`USER` of the task; `k8s4r-<uid>` for a task uid).
     pub name: String,
     /// Its uid.
     pub uid: u32,
     /// Its primary gid.
     pub gid: u32,
+    /// Supplementary gids: exactly these, nothing inherited from the agent.
+    pub groups: Vec<u32>,
 }
 
 /// Resource limits taken from the task's `resources`.
@@ -41,7 +51,8 @@ pub struct Limits {
     pub memory_bytes: Option<u64>,
     /// CPU in millicores.
     pub cpu_millis: Option<u64>,
-    /// Most processes (and threads) the task may have.
+    /// Most processes (and threads) the task may have: `pids.max` in its
+    /// cgroup; without one, RLIMIT_NPROC of its own uid.
     pub pids: Option<u64>,
 }
 
@@ -51,6 +62,8 @@ pub struct Limits {
 pub struct Prepared {
     /// Set when the task runs as another user than the agent's.
     pub identity: Option<Identity>,
+    /// The name of the user it runs as (its `USER`).
+    pub user: String,
     /// The task's own directory (artifacts go there; the default cwd).
     pub task_dir: PathBuf,
     /// The working directory the process starts in.
@@ -105,6 +118,12 @@ pub enum DriverError {
         /// The lookup error.
         source: nix::Error,
     },
+    /// The task's group does not exist on this robot.
+    #[error("unknown group {group:?}")]
+    UnknownGroup {
+        /// The group name.
+        group: String,
+    },
     /// The agent is not root and the task wants another user.
     #[error("the agent runs as uid {agent_uid} and cannot switch to user {user:?}")]
     CannotSwitchUser {
@@ -113,10 +132,29 @@ pub enum DriverError {
         /// The agent's uid.
         agent_uid: u32,
     },
+    /// The agent is not root and cannot give the task supplementary groups.
+    #[error("the agent runs as uid {agent_uid} and cannot grant supplementary groups")]
+    CannotGrantGroups {
+        /// The agent's uid.
+        agent_uid: u32,
+    },
+    /// The task would run as root and the robot does not allow that.
+    #[error("user {user:?} is root (uid 0); the robot does not run tasks as root (allow_root = false)")]
+    RootNotAllowed {
+        /// The user name.
+        user: String,
+    },
     /// The working directory does not exist or is not a directory.
     #[error("working directory {} does not exist or is not a directory", path.display())]
     MissingWorkingDir {
         /// The resolved path.
+        path: PathBuf,
+    },
+    /// The working directory leads out of the task's directory (through a
+    /// symbolic link).
+    #[error("working directory {} leads out of the task directory", path.display())]
+    WorkingDirOutside {
+        /// The path as the task gave it, joined to its directory.
         path: PathBuf,
     },
     /// The command is not a file (nor found in PATH).
@@ -158,6 +196,15 @@ impl DriverError {
     pub fn is_invalid_spec(&self) -> bool {
         matches!(self, DriverError::InvalidResources(_))
     }
+
+    /// True when the robot's policy refuses the task (reported as
+    /// NotPermitted).
+    pub fn is_not_permitted(&self) -> bool {
+        matches!(
+            self,
+            DriverError::RootNotAllowed { .. } | DriverError::WorkingDirOutside { .. }
+        )
+    }
 }
 
 /// A way of running a task's command.
@@ -165,24 +212,73 @@ pub trait Driver: Send + Sync {
     /// The name tasks use in `spec.driver`.
     fn name(&self) -> &'static str;
 
-    /// Resolves the user, limits and working directory and prepares the
-    /// task directory (which must exist). Nothing is started.
-    fn prepare(&self, template: &TaskTemplate, task_dir: &Path) -> Result<Prepared, DriverError>;
+    /// Takes the identity decided for the task (None: the agent's own),
+    /// resolves limits and the working directory and prepares the task
+    /// directory (which must exist). Nothing is started.
+    fn prepare(
+        &self,
+        template: &TaskTemplate,
+        task_dir: &Path,
+        identity: Option<Identity>,
+    ) -> Result<Prepared, DriverError>;
 
     /// Starts the process in its own session (and process group), inside
     /// the cgroup when there is one. Must be called within a tokio runtime.
     fn start(&self, launch: Launch<'_>) -> Result<Launched, DriverError>;
 }
 
-/// The working directory a task asks for, resolved against its directory.
+/// The working directory a task asks for, resolved against its directory:
+/// it must stay inside it, also through symbolic links. (The spec's
+/// validation already refuses absolute paths and `..`.)
 pub(crate) fn resolve_cwd(template: &TaskTemplate, task_dir: &Path) -> Result<PathBuf, DriverError> {
-    let cwd = match &template.working_dir {
-        Some(dir) => task_dir.join(dir),
-        None => task_dir.to_path_buf(),
+    let Some(dir) = &template.working_dir else {
+        return Ok(task_dir.to_path_buf());
     };
-    if cwd.is_dir() {
-        Ok(cwd)
+    let cwd = task_dir.join(dir);
+    if !k8s4r_api::validation::is_inside_task_dir(dir) {
+        return Err(DriverError::WorkingDirOutside { path: cwd });
+    }
+    let (Ok(real), Ok(base)) = (cwd.canonicalize(), task_dir.canonicalize()) else {
+        return Err(DriverError::MissingWorkingDir { path: cwd });
+    };
+    if !real.starts_with(&base) {
+        return Err(DriverError::WorkingDirOutside { path: cwd });
+    }
+    if real.is_dir() {
+        Ok(real)
     } else {
         Err(DriverError::MissingWorkingDir { path: cwd })
     }
 }
+
+/// The environment every task starts from (the agent's own is never
+/// passed on): a fixed PATH, the user's names, HOME and TMPDIR in its
+/// directory.
+pub(crate) fn base_env(user: &str, task_dir: &Path) -> Vec<(String, String)> {
+    let dir = task_dir.display().to_string();
+    vec![
+        ("PATH".to_owned(), DEFAULT_PATH.to_owned()),
+        ("HOME".to_owned(), dir.clone()),
+        ("TMPDIR".to_owned(), dir),
+        ("USER".to_owned(), user.to_owned()),
+        ("LOGNAME".to_owned(), user.to_owned()),
+    ]
+}
+
+/// The name of the user a task runs as: its identity's, else the agent's
+/// (looked up; the uid as text when it has no name).
+pub(crate) fn user_name(identity: Option<&Identity>) -> String {
+    match identity {
+        Some(identity) => identity.name.clone(),
+        None => {
+            let uid = nix::unistd::geteuid();
+            nix::unistd::User::from_uid(uid)
+                .ok()
+                .flatten()
+                .map_or_else(|| uid.to_string(), |u| u.name)
+        }
+    }
+}
+
+/// PATH of a task that does not set its own.
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
