@@ -75,18 +75,12 @@ async fn idle_rss_mib() -> f64 {
 
 fn update(i: usize) -> StatusUpdate {
     StatusUpdate {
-        v: 1,
-        task_uid: format!("bench-{i:03}"),
-        attempt: 1,
-        seq: 0,
-        state: TaskState::Completed,
         exit_code: Some(0),
-        signal: None,
         reason: Some(TaskReason::Completed),
-        message: None,
         start_time: Some(jiff::Timestamp::now()),
         finish_time: Some(jiff::Timestamp::now()),
         output_tail: Some("ok\n".repeat(20)),
+        ..StatusUpdate::new(format!("bench-{i:03}"), 1, 0, TaskState::Completed)
     }
 }
 

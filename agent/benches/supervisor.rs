@@ -19,7 +19,9 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use k8s4r_agent::supervisor::{self, Submit, SupervisorConfig, SupervisorHandle, TaskEvent, TaskRequest};
+use k8s4r_agent::supervisor::{
+    self, Policy, Submit, SupervisorConfig, SupervisorHandle, TaskEvent, TaskRequest,
+};
 use k8s4r_api::{DurationString, TaskReason, TaskTemplate};
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -72,6 +74,13 @@ fn state_dir() -> tempfile::TempDir {
 fn start(dir: &std::path::Path) -> (SupervisorHandle, UnboundedReceiver<TaskEvent>) {
     supervisor::spawn(SupervisorConfig {
         state_dir: dir.to_path_buf(),
+        // The bench runs shell scripts through raw_exec, as root or not.
+        policy: Policy {
+            raw_exec: true,
+            allow_root: true,
+            ..SupervisorConfig::default().policy
+        },
+        max_tasks: 2000,
         ..SupervisorConfig::default()
     })
     .expect("supervisor")

@@ -1,8 +1,10 @@
 //! Wiring: from a [`Config`] to a running agent, and the handle to it.
 
 use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
 
 use k8s4r_api::protocol::Topics;
+use k8s4r_api::AgentHealth;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -11,7 +13,7 @@ use crate::config::{Config, ConfigError};
 use crate::mqtt::{self, TlsError};
 use crate::outbox::{Outbox, OutboxError};
 use crate::session::{Session, SessionStatus};
-use crate::supervisor::{self, SupervisorConfig, SupervisorError};
+use crate::supervisor::{self, SupervisorError};
 
 /// Why the agent could not start.
 #[derive(Debug, thiserror::Error)]
@@ -42,10 +44,23 @@ pub enum AgentError {
 #[derive(Debug, Clone)]
 pub struct AgentHandle {
     status: watch::Receiver<SessionStatus>,
+    health: watch::Receiver<AgentHealth>,
     shutdown: CancellationToken,
+    failure: Arc<OnceLock<String>>,
 }
 
 impl AgentHandle {
+    /// Why the agent stopped on its own, if it did (its supervisor ended
+    /// without being asked to): it must then exit non-zero.
+    pub fn failure(&self) -> Option<String> {
+        self.failure.get().cloned()
+    }
+
+    /// The supervisor's health, as the heartbeat reports it.
+    pub fn health(&self) -> AgentHealth {
+        self.health.borrow().clone()
+    }
+
     /// The session's current status.
     pub fn status(&self) -> SessionStatus {
         self.status.borrow().clone()
@@ -62,26 +77,11 @@ impl AgentHandle {
     }
 }
 
-/// The supervisor's settings: its defaults, overridden by the config.
-pub fn supervisor_config(config: &Config) -> SupervisorConfig {
-    let s = &config.supervisor;
-    let d = SupervisorConfig::default();
-    SupervisorConfig {
-        state_dir: config.state_dir.clone(),
-        log_max_bytes: s.log_max_bytes.unwrap_or(d.log_max_bytes),
-        log_max_files: s.log_max_files.unwrap_or(d.log_max_files),
-        output_tail_bytes: s.output_tail_bytes.unwrap_or(d.output_tail_bytes),
-        artifact_max_bytes: s.artifact_max_bytes.unwrap_or(d.artifact_max_bytes),
-        artifact_timeout: s.artifact_timeout.unwrap_or(d.artifact_timeout),
-        artifact_retries: s.artifact_retries.unwrap_or(d.artifact_retries),
-        exec_default_user: s.exec_default_user.clone().unwrap_or(d.exec_default_user),
-        cgroup_root: s.cgroup_root.clone().or(d.cgroup_root),
-    }
-}
-
 /// Starts the agent: opens the outbox, starts the supervisor and the MQTT
 /// session. The session runs until `shutdown` is cancelled and its shutdown
-/// sequence ends; the returned task finishes then.
+/// sequence ends; the returned task finishes then. If the supervisor ends
+/// on its own, the session is shut down as well (without cancelling
+/// `shutdown`, which may be shared) and [`AgentHandle::failure`] says why.
 pub fn start(
     config: &Config,
     shutdown: CancellationToken,
@@ -99,14 +99,90 @@ pub fn start(
         );
     }
     let options = mqtt::options(config, &Topics::new(&config.topic_prefix))?;
-    let (supervisor, events) = supervisor::spawn(supervisor_config(config))?;
-    let (session, status) = Session::new(config, options, outbox, supervisor, events);
+    let (supervisor, events) = supervisor::spawn(config.supervisor.clone())?;
+    let health = supervisor.health();
     tracing::info!(
         robot = %config.robot_id,
         broker = %format!("{}:{}", config.broker.host, config.broker.port),
         tls = config.broker.tls.is_some(),
+        drivers = ?supervisor.offer().drivers,
+        allow_root = config.supervisor.policy.allow_root,
         "agent starting"
     );
-    let task = tokio::spawn(session.run(shutdown.clone()));
-    Ok((AgentHandle { status, shutdown }, task))
+    let (session, status) = Session::new(config, options, outbox, supervisor, events);
+    let stop = shutdown.child_token();
+    let failure = Arc::new(OnceLock::new());
+    tokio::spawn(watch_supervisor(
+        health.clone(),
+        stop.clone(),
+        Arc::clone(&failure),
+    ));
+    let task = tokio::spawn(session.run(stop.clone()));
+    let handle = AgentHandle {
+        status,
+        health,
+        shutdown: stop,
+        failure,
+    };
+    Ok((handle, task))
+}
+
+/// Stops the agent when the supervisor ends without having been asked to
+/// (its health channel closes): an agent that heartbeats while it cannot
+/// run a task would hide the robot's failure. The agent then exits
+/// non-zero, systemd restarts it, and the journal settles the tasks.
+async fn watch_supervisor(
+    mut health: watch::Receiver<AgentHealth>,
+    stop: CancellationToken,
+    failure: Arc<OnceLock<String>>,
+) {
+    loop {
+        tokio::select! {
+            changed = health.changed() => if changed.is_err() { break },
+            // A requested shutdown ends the supervisor too: expected.
+            _ = stop.cancelled() => return,
+        }
+    }
+    if stop.is_cancelled() {
+        return;
+    }
+    let why = "the task supervisor stopped unexpectedly; the agent exits so that it is restarted".to_owned();
+    tracing::error!("{why}");
+    let _ = failure.set(why);
+    stop.cancel();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_supervisor_that_ends_on_its_own_stops_the_agent_with_a_failure() {
+        let (tx, rx) = watch::channel(AgentHealth::default());
+        let shared = CancellationToken::new();
+        let stop = shared.child_token();
+        let failure = Arc::new(OnceLock::new());
+        let watcher = tokio::spawn(watch_supervisor(rx, stop.clone(), Arc::clone(&failure)));
+        tx.send(AgentHealth::default()).unwrap();
+        drop(tx); // what a panic on the supervisor's thread does
+        watcher.await.unwrap();
+        assert!(stop.is_cancelled());
+        assert!(
+            !shared.is_cancelled(),
+            "a shared token (k8s4r up's) is left alone"
+        );
+        assert!(failure.get().is_some_and(|w| w.contains("stopped unexpectedly")));
+    }
+
+    #[tokio::test]
+    async fn a_requested_shutdown_is_no_failure() {
+        let (tx, rx) = watch::channel(AgentHealth::default());
+        let stop = CancellationToken::new();
+        let failure = Arc::new(OnceLock::new());
+        let watcher = tokio::spawn(watch_supervisor(rx, stop.clone(), Arc::clone(&failure)));
+        stop.cancel();
+        drop(tx);
+        watcher.await.unwrap();
+        assert!(failure.get().is_none());
+    }
 }

@@ -29,10 +29,15 @@ pub fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Err(e) = k8s4r_api::logging::init(config.log_format, config.log.as_deref()) {
-        eprintln!("k8s4r-agent: {e}");
-        return ExitCode::from(2);
-    }
+    // Logging never blocks: a log line must not hold up a task's deadline
+    // when standard error (the journal, a file) stalls with the disk.
+    let _log = match k8s4r_api::logging::init_non_blocking(config.log_format, config.log.as_deref()) {
+        Ok(guard) => guard,
+        Err(e) => {
+            eprintln!("k8s4r-agent: {e}");
+            return ExitCode::from(2);
+        }
+    };
     // One thread: the agent's work is I/O-bound and small, and every extra
     // worker thread costs memory on a robot.
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
@@ -51,11 +56,18 @@ pub fn main() -> ExitCode {
     }
 }
 
-async fn run(config: Config) -> anyhow::Result<()> {
+async fn run(mut config: Config) -> anyhow::Result<()> {
+    // This process starts no children but its tasks: every zombie it
+    // inherits as their subreaper is theirs.
+    config.supervisor.reap_all_orphans = true;
     let shutdown = CancellationToken::new();
-    let (_handle, session) = crate::agent::start(&config, shutdown.clone())?;
+    let (handle, session) = crate::agent::start(&config, shutdown.clone())?;
     tokio::spawn(signals(shutdown));
     session.await?;
+    // Exit non-zero when the supervisor died: systemd restarts the agent.
+    if let Some(why) = handle.failure() {
+        anyhow::bail!(why);
+    }
     Ok(())
 }
 

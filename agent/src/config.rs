@@ -12,10 +12,16 @@ use std::time::Duration;
 
 use clap::Parser;
 use k8s4r_api::parse_duration;
-use k8s4r_api::validation::{validate_label_key, validate_label_value, validate_robot_id};
+use k8s4r_api::validation::{
+    robot_id_from_hostname, validate_label_key, validate_label_value, validate_robot_id,
+};
+pub use k8s4r_mqtt::TlsFiles;
+use k8s4r_mqtt::{BrokerUrl, TlsError};
 use serde::{Deserialize, Deserializer};
 
 pub use k8s4r_api::logging::LogFormat;
+
+use crate::supervisor::{DiskSize, Policy, SupervisorConfig};
 
 /// Where the config file is read from when `--config` is not given.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/k8s4r/agent.toml";
@@ -252,10 +258,77 @@ pub struct Settings {
     #[arg(long, env = "K8S4R_ARTIFACT_RETRIES", value_name = "N")]
     pub artifact_retries: Option<u32>,
 
-    /// The user exec-driver tasks run as when they name none. Default: the
-    /// supervisor's (nobody).
+    /// Offer the raw_exec driver: tasks run unisolated as the agent's user
+    /// (root on a robot, so allow_root must be true as well). Default:
+    /// false.
+    #[arg(long, env = "K8S4R_RAW_EXEC", value_name = "BOOL")]
+    pub raw_exec: Option<bool>,
+
+    /// Run tasks as root when they ask for it (`user: root`, or raw_exec
+    /// under a root agent). Default: false.
+    #[arg(long, env = "K8S4R_ALLOW_ROOT", value_name = "BOOL")]
+    pub allow_root: Option<bool>,
+
+    /// A user exec tasks may name in `user` (root aside: see allow_root);
+    /// repeat the flag or separate with commas in K8S4R_ALLOWED_USERS. In
+    /// the file: a list. Default: none.
+    #[arg(
+        long = "allowed-user",
+        env = "K8S4R_ALLOWED_USERS",
+        value_name = "USER",
+        value_delimiter = ','
+    )]
+    #[serde(default)]
+    pub allowed_users: Vec<String>,
+
+    /// A supplementary group tasks may name in `groups` (`dialout`, `video`,
+    /// `gpio`: how tasks reach devices); repeat the flag or separate with
+    /// commas in K8S4R_ALLOWED_GROUPS. In the file: a list. Default: none.
+    #[arg(
+        long = "allowed-group",
+        env = "K8S4R_ALLOWED_GROUPS",
+        value_name = "GROUP",
+        value_delimiter = ','
+    )]
+    #[serde(default)]
+    pub allowed_groups: Vec<String>,
+
+    /// The user exec tasks that name none run as. Default: none, each such
+    /// task runs as a uid of its own from task_uids.
     #[arg(long, env = "K8S4R_EXEC_DEFAULT_USER", value_name = "USER")]
     pub exec_default_user: Option<String>,
+
+    /// The uids given to exec tasks one each, `FIRST-LAST`; they must be
+    /// free on the robot (uids of /etc/passwd are skipped). Default:
+    /// 70000-79999.
+    #[arg(long, env = "K8S4R_TASK_UIDS", value_name = "FIRST-LAST")]
+    pub task_uids: Option<String>,
+
+    /// Most tasks the robot holds at once; more are refused (reason
+    /// OverCapacity). Default: 64.
+    #[arg(long, env = "K8S4R_MAX_TASKS", value_name = "N")]
+    pub max_tasks: Option<usize>,
+
+    /// Processes (and threads) one task may have: its cgroup's pids.max,
+    /// RLIMIT_NPROC of its own uid without cgroups; 0 for no limit.
+    /// Default: 4096.
+    #[arg(long, env = "K8S4R_TASK_PIDS_MAX", value_name = "N")]
+    pub task_pids_max: Option<u64>,
+
+    /// Disk for all task directories together (downloads, files, logs), as
+    /// a size (`2Gi`) or a share of the state dir's file system (`50%`);
+    /// finished tasks' directories go first when it is exceeded, then the
+    /// largest task is stopped. Default: 50%.
+    #[arg(long, env = "K8S4R_DISK_BUDGET", value_name = "SIZE")]
+    #[serde(default, deserialize_with = "de_disk_size")]
+    pub disk_budget: Option<DiskSize>,
+
+    /// Disk kept free for the agent's own records (outbox, journal): held
+    /// as a file, released when the disk fills up anyway. Default: 32Mi,
+    /// at most 5% of the file system.
+    #[arg(long, env = "K8S4R_DISK_RESERVE", value_name = "SIZE")]
+    #[serde(default, deserialize_with = "de_disk_size")]
+    pub disk_reserve: Option<DiskSize>,
 
     /// The cgroup v2 directory under which task cgroups are made. Default:
     /// the agent's own cgroup (the subtree systemd's Delegate=yes hands it;
@@ -308,7 +381,24 @@ impl Settings {
             artifact_max_bytes: self.artifact_max_bytes.or(file.artifact_max_bytes),
             artifact_timeout: self.artifact_timeout.or(file.artifact_timeout),
             artifact_retries: self.artifact_retries.or(file.artifact_retries),
+            raw_exec: self.raw_exec.or(file.raw_exec),
+            allow_root: self.allow_root.or(file.allow_root),
+            allowed_users: if self.allowed_users.is_empty() {
+                file.allowed_users
+            } else {
+                self.allowed_users
+            },
+            allowed_groups: if self.allowed_groups.is_empty() {
+                file.allowed_groups
+            } else {
+                self.allowed_groups
+            },
             exec_default_user: self.exec_default_user.or(file.exec_default_user),
+            task_uids: self.task_uids.or(file.task_uids),
+            max_tasks: self.max_tasks.or(file.max_tasks),
+            task_pids_max: self.task_pids_max.or(file.task_pids_max),
+            disk_budget: self.disk_budget.or(file.disk_budget),
+            disk_reserve: self.disk_reserve.or(file.disk_reserve),
             cgroup_root: self.cgroup_root.or(file.cgroup_root),
             log_format: self.log_format.or(file.log_format),
             log: self.log.or(file.log),
@@ -319,6 +409,11 @@ impl Settings {
 fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
     let text = String::deserialize(d)?;
     parse_duration(&text).map(Some).map_err(serde::de::Error::custom)
+}
+
+fn de_disk_size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<DiskSize>, D::Error> {
+    let text = String::deserialize(d)?;
+    text.parse().map(Some).map_err(serde::de::Error::custom)
 }
 
 fn de_labels<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
@@ -339,36 +434,6 @@ pub struct BrokerConfig {
     pub credentials: Option<(String, String)>,
     /// MQTT keep-alive.
     pub keep_alive: Duration,
-}
-
-/// The PEM files of a TLS connection.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TlsFiles {
-    /// The CA bundle.
-    pub ca_file: PathBuf,
-    /// Client certificate and key, for mutual TLS.
-    pub client_auth: Option<(PathBuf, PathBuf)>,
-}
-
-/// Overrides of the supervisor's defaults.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SupervisorSettings {
-    /// See [`Settings::log_max_bytes`].
-    pub log_max_bytes: Option<u64>,
-    /// See [`Settings::log_max_files`].
-    pub log_max_files: Option<u32>,
-    /// See [`Settings::output_tail_bytes`].
-    pub output_tail_bytes: Option<usize>,
-    /// See [`Settings::artifact_max_bytes`].
-    pub artifact_max_bytes: Option<u64>,
-    /// See [`Settings::artifact_timeout`].
-    pub artifact_timeout: Option<Duration>,
-    /// See [`Settings::artifact_retries`].
-    pub artifact_retries: Option<u32>,
-    /// See [`Settings::exec_default_user`].
-    pub exec_default_user: Option<String>,
-    /// See [`Settings::cgroup_root`].
-    pub cgroup_root: Option<PathBuf>,
 }
 
 /// The resolved configuration, defaults applied and checked.
@@ -400,8 +465,9 @@ pub struct Config {
     pub shutdown_flush_timeout: Duration,
     /// Labels reported at registration.
     pub labels: BTreeMap<String, String>,
-    /// Supervisor overrides.
-    pub supervisor: SupervisorSettings,
+    /// The supervisor's settings: the configured ones over its defaults,
+    /// with the same state directory.
+    pub supervisor: SupervisorConfig,
     /// Log format.
     pub log_format: LogFormat,
     /// Log filter, if set.
@@ -424,38 +490,21 @@ impl Config {
         })?;
 
         let url = s.broker_url.as_deref().unwrap_or(DEFAULT_BROKER_URL);
-        let (tls, host, port) = parse_broker_url(url).map_err(|reason| ConfigError::Invalid {
+        let parsed = BrokerUrl::parse(url).map_err(|e| ConfigError::Invalid {
             key: "broker_url",
-            reason,
+            reason: e.to_string(),
         })?;
-        let client_auth = match (s.client_cert, s.client_key) {
-            (Some(cert), Some(key)) => Some((cert, key)),
-            (None, None) => None,
-            _ => {
-                return Err(ConfigError::Invalid {
-                    key: "client_cert",
-                    reason: "client_cert and client_key must be given together".into(),
-                })
+        let tls = TlsFiles::resolve(&parsed, s.ca_file, s.client_cert, s.client_key).map_err(|e| {
+            let key = match &e {
+                TlsError::Settings { key, .. } => key,
+                _ => "ca_file",
+            };
+            ConfigError::Invalid {
+                key,
+                reason: e.to_string(),
             }
-        };
-        let tls = match (tls, s.ca_file) {
-            (true, Some(ca_file)) => Some(TlsFiles { ca_file, client_auth }),
-            (true, None) => {
-                return Err(ConfigError::Invalid {
-                    key: "ca_file",
-                    reason: format!("{url} uses TLS and needs the broker's CA file"),
-                })
-            }
-            (false, ca) => {
-                if ca.is_some() || client_auth.is_some() {
-                    return Err(ConfigError::Invalid {
-                        key: "broker_url",
-                        reason: format!("TLS files are set but {url} is plain mqtt://; use mqtts:// for TLS"),
-                    });
-                }
-                None
-            }
-        };
+        })?;
+        let BrokerUrl { host, port, .. } = parsed;
         let credentials = match (s.username, s.password) {
             (Some(u), p) => Some((u, p.unwrap_or_default())),
             // The broker's ACL (`pattern readwrite k8s4r/robots/%u/#`) wants
@@ -515,6 +564,48 @@ impl Config {
             });
         }
 
+        let state_dir = s.state_dir.unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
+        let defaults = SupervisorConfig::default();
+        let supervisor = SupervisorConfig {
+            state_dir: state_dir.clone(),
+            log_max_bytes: s.log_max_bytes.unwrap_or(defaults.log_max_bytes),
+            log_max_files: s.log_max_files.unwrap_or(defaults.log_max_files),
+            output_tail_bytes: s.output_tail_bytes.unwrap_or(defaults.output_tail_bytes),
+            artifact_max_bytes: s.artifact_max_bytes.unwrap_or(defaults.artifact_max_bytes),
+            artifact_timeout: s.artifact_timeout.unwrap_or(defaults.artifact_timeout),
+            artifact_retries: s.artifact_retries.unwrap_or(defaults.artifact_retries),
+            cgroup_root: s.cgroup_root.or(defaults.cgroup_root),
+            policy: Policy {
+                raw_exec: s.raw_exec.unwrap_or(defaults.policy.raw_exec),
+                allow_root: s.allow_root.unwrap_or(defaults.policy.allow_root),
+                allowed_users: names("allowed_users", s.allowed_users)?,
+                allowed_groups: names("allowed_groups", s.allowed_groups)?,
+                default_user: s.exec_default_user,
+            },
+            task_uids: match s.task_uids {
+                Some(text) => parse_uid_range(&text)?,
+                None => defaults.task_uids,
+            },
+            max_tasks: match s.max_tasks {
+                Some(0) => {
+                    return Err(ConfigError::Invalid {
+                        key: "max_tasks",
+                        reason: "must be > 0".into(),
+                    })
+                }
+                Some(n) => n,
+                None => defaults.max_tasks,
+            },
+            task_pids_max: match s.task_pids_max {
+                Some(0) => None,
+                Some(n) => Some(n),
+                None => defaults.task_pids_max,
+            },
+            disk_budget: s.disk_budget.unwrap_or(defaults.disk_budget),
+            disk_reserve: s.disk_reserve.or(defaults.disk_reserve),
+            reap_all_orphans: defaults.reap_all_orphans,
+        };
+
         Ok(Config {
             robot_id,
             token: s.token,
@@ -526,7 +617,7 @@ impl Config {
                 keep_alive,
             },
             topic_prefix,
-            state_dir: s.state_dir.unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR)),
+            state_dir,
             heartbeat_interval: positive(
                 "heartbeat_interval",
                 s.heartbeat_interval,
@@ -539,20 +630,43 @@ impl Config {
             outbox_max_entries,
             shutdown_flush_timeout: s.shutdown_flush_timeout.unwrap_or(Duration::from_secs(5)),
             labels,
-            supervisor: SupervisorSettings {
-                log_max_bytes: s.log_max_bytes,
-                log_max_files: s.log_max_files,
-                output_tail_bytes: s.output_tail_bytes,
-                artifact_max_bytes: s.artifact_max_bytes,
-                artifact_timeout: s.artifact_timeout,
-                artifact_retries: s.artifact_retries,
-                exec_default_user: s.exec_default_user,
-                cgroup_root: s.cgroup_root,
-            },
+            supervisor,
             log_format: s.log_format.unwrap_or_default(),
             log: s.log,
         })
     }
+}
+
+/// User or group names, each checked.
+fn names(key: &'static str, list: Vec<String>) -> Result<Vec<String>, ConfigError> {
+    for name in &list {
+        k8s4r_api::validation::validate_account_name(name)
+            .map_err(|reason| ConfigError::Invalid { key, reason })?;
+    }
+    Ok(list)
+}
+
+/// `FIRST-LAST`, above the system's users.
+fn parse_uid_range(text: &str) -> Result<std::ops::RangeInclusive<u32>, ConfigError> {
+    let invalid = |reason: String| ConfigError::Invalid {
+        key: "task_uids",
+        reason,
+    };
+    let (first, last) = text
+        .split_once('-')
+        .ok_or_else(|| invalid(format!("{text:?} is not FIRST-LAST")))?;
+    let parse = |n: &str| {
+        n.trim()
+            .parse::<u32>()
+            .map_err(|e| invalid(format!("{text:?}: {n:?} is not a uid: {e}")))
+    };
+    let (first, last) = (parse(first)?, parse(last)?);
+    if first < 1000 || first > last || last == u32::MAX {
+        return Err(invalid(format!(
+            "{text:?} must be FIRST <= LAST, from 1000 (above the system users) and below 4294967295"
+        )));
+    }
+    Ok(first..=last)
 }
 
 fn positive(key: &'static str, value: Option<Duration>, default: Duration) -> Result<Duration, ConfigError> {
@@ -564,51 +678,6 @@ fn positive(key: &'static str, value: Option<Duration>, default: Duration) -> Re
         Some(d) => Ok(d),
         None => Ok(default),
     }
-}
-
-/// Splits `mqtt://host[:port]` or `mqtts://host[:port]` into (tls, host, port).
-pub fn parse_broker_url(url: &str) -> Result<(bool, String, u16), String> {
-    let (tls, rest) = if let Some(rest) = url.strip_prefix("mqtt://") {
-        (false, rest)
-    } else if let Some(rest) = url.strip_prefix("mqtts://") {
-        (true, rest)
-    } else {
-        return Err(format!("{url:?} must start with mqtt:// or mqtts://"));
-    };
-    let rest = rest.strip_suffix('/').unwrap_or(rest);
-    if rest.contains(['/', '@', '?']) {
-        return Err(format!(
-            "{url:?} must be scheme://host[:port] (credentials go in username/password)"
-        ));
-    }
-    let default_port = if tls { 8883 } else { 1883 };
-    let (host, port) = if let Some(v6) = rest.strip_prefix('[') {
-        let (host, after) = v6
-            .split_once(']')
-            .ok_or_else(|| format!("{url:?} has an unclosed '['"))?;
-        match after.strip_prefix(':') {
-            Some(p) => (host, Some(p)),
-            None if after.is_empty() => (host, None),
-            None => return Err(format!("{url:?} has junk after the address")),
-        }
-    } else {
-        match rest.rsplit_once(':') {
-            Some((h, p)) => (h, Some(p)),
-            None => (rest, None),
-        }
-    };
-    if host.is_empty() {
-        return Err(format!("{url:?} has no host"));
-    }
-    let port = match port {
-        Some(p) => p
-            .parse::<u16>()
-            .ok()
-            .filter(|p| *p != 0)
-            .ok_or_else(|| format!("{url:?} has an invalid port {p:?}"))?,
-        None => default_port,
-    };
-    Ok((tls, host.to_owned(), port))
 }
 
 /// `robot-` and the first 12 hex digits of /etc/machine-id, else the host
@@ -629,29 +698,6 @@ pub fn robot_id_from_machine_id(machine_id: &str) -> Option<String> {
     Some(format!("robot-{}", &id[..12]))
 }
 
-/// A host name lower-cased with every other character made '-'.
-pub fn robot_id_from_hostname(host: &str) -> Option<String> {
-    let mapped: String = host
-        .trim()
-        .to_ascii_lowercase()
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '.' {
-                c
-            } else {
-                '-'
-            }
-        })
-        .collect();
-    let id = mapped
-        .split('.')
-        .map(|part| part.trim_matches('-'))
-        .filter(|part| !part.is_empty())
-        .collect::<Vec<_>>()
-        .join(".");
-    validate_robot_id(&id).ok().map(|()| id)
-}
-
 #[cfg(test)]
 mod tests {
 
@@ -670,6 +716,77 @@ mod tests {
     }
     use super::*;
     use clap::CommandFactory;
+
+    #[test]
+    fn the_examples_commented_task_settings_are_valid_too() {
+        let path = Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../systemd/agent.toml.example"
+        ));
+        let text = std::fs::read_to_string(path).unwrap();
+        let (_, tail) = text.split_once("# What tasks may do here.").unwrap();
+        let settings: String = tail
+            .lines()
+            .filter_map(|l| l.strip_prefix("# "))
+            .filter(|l| {
+                l.split_once(" = ")
+                    .is_some_and(|(k, _)| k.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+            })
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert_eq!(settings.lines().count(), 9, "{settings}");
+        let config =
+            Config::resolve(parse_file(path, &format!("robot_id = \"rb1\"\n{settings}")).unwrap()).unwrap();
+        let s = config.supervisor;
+        assert!(!s.policy.raw_exec && !s.policy.allow_root);
+        assert_eq!(s.policy.allowed_groups, ["dialout", "video", "gpio", "i2c"]);
+        assert_eq!((s.max_tasks, s.task_pids_max), (64, Some(4096)));
+        assert_eq!(
+            (s.disk_budget, s.disk_reserve),
+            (DiskSize::Percent(50), Some(DiskSize::Bytes(32 << 20)))
+        );
+        assert_eq!(s.task_uids, 70_000..=79_999);
+    }
+
+    #[test]
+    fn task_settings_are_checked() {
+        for (toml, key) in [
+            ("task_uids = \"0-100\"", "task_uids"),
+            ("task_uids = \"5000\"", "task_uids"),
+            ("task_uids = \"9000-8000\"", "task_uids"),
+            ("max_tasks = 0", "max_tasks"),
+            ("allowed_groups = [\"a b\"]", "allowed_groups"),
+            ("allowed_users = [\"-rf\"]", "allowed_users"),
+        ] {
+            let file = parse_file(Path::new("a.toml"), &format!("robot_id = \"rb1\"\n{toml}")).unwrap();
+            match Config::resolve(file) {
+                Err(ConfigError::Invalid { key: k, .. }) => assert_eq!(k, key, "{toml}"),
+                other => panic!("{toml}: {other:?}"),
+            }
+        }
+        let err = parse_file(Path::new("a.toml"), "disk_budget = \"lots\"").unwrap_err();
+        assert!(err.to_string().contains("lots"), "{err}");
+        let args = Args::try_parse_from([
+            "k8s4r-agent",
+            "--robot-id",
+            "rb1",
+            "--raw-exec",
+            "true",
+            "--allowed-group",
+            "dialout",
+            "--allowed-group",
+            "video",
+            "--disk-budget",
+            "2Gi",
+            "--task-pids-max",
+            "0",
+        ])
+        .unwrap();
+        let s = Config::resolve(args.settings).unwrap().supervisor;
+        assert!(s.policy.raw_exec);
+        assert_eq!(s.policy.allowed_groups, ["dialout", "video"]);
+        assert_eq!((s.disk_budget, s.task_pids_max), (DiskSize::Bytes(2 << 30), None));
+    }
 
     #[test]
     fn args_are_consistent() {
@@ -742,6 +859,52 @@ labels = { site = "lab", arm = "ur5" }
     }
 
     #[test]
+    fn supervisor_settings_override_the_supervisors_defaults() {
+        let file = parse_file(
+            Path::new("agent.toml"),
+            r#"
+robot_id = "rb1"
+state_dir = "/srv/k8s4r"
+log_max_bytes = 1000
+artifact_timeout = "7s"
+exec_default_user = "robot"
+cgroup_root = "/sys/fs/cgroup/k8s4r"
+"#,
+        )
+        .unwrap();
+        let args = Args::try_parse_from([
+            "k8s4r-agent",
+            "--log-max-bytes",
+            "2000",
+            "--artifact-retries",
+            "9",
+        ])
+        .unwrap();
+        let config = Config::resolve(args.settings.over(file)).unwrap();
+        let defaults = SupervisorConfig::default();
+        let expected = SupervisorConfig {
+            state_dir: PathBuf::from("/srv/k8s4r"),
+            log_max_bytes: 2000,
+            artifact_timeout: Duration::from_secs(7),
+            artifact_retries: 9,
+            cgroup_root: Some(PathBuf::from("/sys/fs/cgroup/k8s4r")),
+            policy: Policy {
+                default_user: Some("robot".to_owned()),
+                ..defaults.policy.clone()
+            },
+            ..defaults.clone()
+        };
+        assert_eq!(config.supervisor, expected);
+
+        let config = Config::resolve(settings("rb1")).unwrap();
+        let expected = SupervisorConfig {
+            state_dir: PathBuf::from(DEFAULT_STATE_DIR),
+            ..defaults
+        };
+        assert_eq!(config.supervisor, expected);
+    }
+
+    #[test]
     fn bad_files_name_the_line() {
         let err = parse_file(
             Path::new("/etc/k8s4r/agent.toml"),
@@ -810,29 +973,11 @@ labels = { site = "lab", arm = "ur5" }
     }
 
     #[test]
-    fn broker_urls_parse() {
-        assert_eq!(parse_broker_url("mqtt://h").unwrap(), (false, "h".into(), 1883));
-        assert_eq!(parse_broker_url("mqtts://h:1").unwrap(), (true, "h".into(), 1));
-        assert_eq!(
-            parse_broker_url("mqtt://[::1]:99").unwrap(),
-            (false, "::1".into(), 99)
-        );
-        assert!(parse_broker_url("mqtt://h:0").is_err());
-        assert!(parse_broker_url("mqtt://u:p@h").is_err());
-        assert!(parse_broker_url("mqtt://").is_err());
-    }
-
-    #[test]
     fn robot_ids_are_derived() {
         assert_eq!(
             robot_id_from_machine_id("0123456789abcdef0123456789abcdef\n").as_deref(),
             Some("robot-0123456789ab")
         );
         assert_eq!(robot_id_from_machine_id("short"), None);
-        assert_eq!(
-            robot_id_from_hostname("My_Robot.local").as_deref(),
-            Some("my-robot.local")
-        );
-        assert_eq!(robot_id_from_hostname("___"), None);
     }
 }

@@ -3,7 +3,7 @@
 //! Pure: no I/O, so every bad message has a unit test.
 
 use k8s4r_api::protocol::{
-    self, Cancel, Dispatch, ProtocolError, RegisterResponse, Topic, TopicKind, Topics,
+    self, Cancel, Dispatch, ProtocolError, RegisterResponse, StatusAck, Topic, TopicKind, Topics,
 };
 use k8s4r_api::validation::{validate_task_template, ValidationErrors};
 
@@ -16,6 +16,8 @@ pub enum Inbound {
     Dispatch(Box<Dispatch>),
     /// Stop an attempt.
     Cancel(Cancel),
+    /// The server applied these statuses, or recorded a heartbeat.
+    StatusAck(StatusAck),
 }
 
 /// Why a message was refused.
@@ -85,6 +87,9 @@ pub fn classify(topics: &Topics, robot_id: &str, topic: &str, payload: &[u8]) ->
             .map_err(|e| refuse(e.into())),
         TopicKind::Cancel => protocol::decode(payload)
             .map(Inbound::Cancel)
+            .map_err(|e| refuse(e.into())),
+        TopicKind::StatusAck => protocol::decode(payload)
+            .map(Inbound::StatusAck)
             .map_err(|e| refuse(e.into())),
         TopicKind::Dispatch => match protocol::decode::<Dispatch>(payload) {
             Ok(dispatch) => {
@@ -163,17 +168,12 @@ mod tests {
     }
 
     fn dispatch(uid: &str, driver: &str) -> Dispatch {
-        Dispatch {
-            v: 1,
-            task_uid: uid.into(),
-            task_name: "default/t".into(),
-            attempt: 2,
-            spec: TaskTemplate {
-                driver: driver.into(),
-                command: "true".into(),
-                ..Default::default()
-            },
-        }
+        let spec = TaskTemplate {
+            driver: driver.into(),
+            command: "true".into(),
+            ..Default::default()
+        };
+        Dispatch::new(uid, "default/t", 2, spec)
     }
 
     #[test]
@@ -184,21 +184,22 @@ mod tests {
             classify(&t, "rb1", &t.dispatch("rb1"), &encode(&d)),
             Ok(Inbound::Dispatch(Box::new(d)))
         );
-        let r = RegisterResponse {
-            v: 1,
-            phase: RobotPhase::Online,
-            message: None,
-        };
+        let r = RegisterResponse::new(RobotPhase::Online, None);
         assert_eq!(
             classify(&t, "rb1", &t.response("rb1"), &encode(&r)),
             Ok(Inbound::Response(r))
         );
-        let c = Cancel {
-            v: 1,
-            task_uid: "u1".into(),
-            attempt: 0,
-            reason: "deleted".into(),
-        };
+        let c = Cancel::new("u1", 0, "deleted");
+        let ack = k8s4r_api::protocol::StatusAck::new(vec![7]);
+        assert_eq!(
+            classify(&t, "rb1", &t.status_ack("rb1"), &encode(&ack)),
+            Ok(Inbound::StatusAck(ack))
+        );
+        let recorded = k8s4r_api::protocol::StatusAck::heartbeat(3, "2026-11-22T10:00:00Z".parse().unwrap());
+        assert_eq!(
+            classify(&t, "rb1", &t.status_ack("rb1"), &encode(&recorded)),
+            Ok(Inbound::StatusAck(recorded))
+        );
         assert_eq!(
             classify(&t, "rb1", &t.cancel("rb1"), &encode(&c)),
             Ok(Inbound::Cancel(c))

@@ -1,9 +1,9 @@
 //! The k8s4r robot agent.
 
 pub mod agent;
-pub mod backoff;
 pub mod cli;
 pub mod config;
+pub mod fence;
 pub mod host;
 pub mod inbound;
 pub mod link;

@@ -2,21 +2,20 @@
 //! holds, which packet id each got, which outbox entries are in flight, and
 //! where registration stands.
 //!
-//! rumqttc tells its user only the packet id of each outgoing publish
-//! (`Outgoing::Publish(pkid)`), in the order it takes requests off its
-//! channel, and later `PubAck(pkid)`. The session hands every QoS 1 publish
-//! over from one task, so matching the n-th `Outgoing::Publish` to the n-th
-//! publish handed over is exact. On a connection error rumqttc moves what
+//! The session hands every QoS 1 publish over from one task, so
+//! [`PacketIds`] matches each PUBACK to its publish exactly (see
+//! [`k8s4r_mqtt::acks`]). On a connection error rumqttc moves what
 //! it held (sent and unsent) into its `pending` queue; the session clears
 //! that queue and [`Link::disconnected`] forgets everything in flight, so the
 //! outbox is replayed from its oldest entry on the next connection.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use k8s4r_api::RobotPhase;
+use k8s4r_mqtt::PacketIds;
 
-use crate::backoff::Backoff;
+use k8s4r_api::backoff::Backoff;
 
 /// What a QoS 1 publish handed to the client was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,10 +30,8 @@ pub enum Tag {
 #[derive(Debug)]
 pub struct Link {
     connected: bool,
-    /// Handed to the client, waiting for their packet id.
-    handed: VecDeque<Tag>,
-    /// Sent, waiting for PUBACK.
-    inflight: HashMap<u16, Tag>,
+    /// Handed to the client or sent, waiting for PUBACK.
+    acks: PacketIds<Tag>,
     /// Outbox entries below this id were handed over on this connection.
     cursor: u64,
     max_outstanding: usize,
@@ -47,8 +44,7 @@ impl Link {
     pub fn new(max_outstanding: usize) -> Self {
         Self {
             connected: false,
-            handed: VecDeque::new(),
-            inflight: HashMap::new(),
+            acks: PacketIds::default(),
             cursor: 0,
             max_outstanding: max_outstanding.max(1),
         }
@@ -57,16 +53,14 @@ impl Link {
     /// A CONNACK arrived.
     pub fn connected(&mut self) {
         self.connected = true;
-        self.handed.clear();
-        self.inflight.clear();
+        self.acks.clear();
         self.cursor = 0;
     }
 
     /// The connection failed; everything in flight will be sent again.
     pub fn disconnected(&mut self) {
         self.connected = false;
-        self.handed.clear();
-        self.inflight.clear();
+        self.acks.clear();
         self.cursor = 0;
     }
 
@@ -77,7 +71,7 @@ impl Link {
 
     /// Publishes handed over or sent and not yet acknowledged.
     pub fn outstanding(&self) -> usize {
-        self.handed.len() + self.inflight.len()
+        self.acks.outstanding()
     }
 
     /// Whether another QoS 1 publish may be handed over now.
@@ -90,35 +84,34 @@ impl Link {
         self.cursor
     }
 
+    /// Hands the outbox over again from its oldest entry (statuses the
+    /// server has not confirmed in time are sent again; it drops
+    /// duplicates by seq).
+    pub fn rewind(&mut self) {
+        self.cursor = 0;
+    }
+
     /// A QoS 1 publish was handed to the client.
     pub fn handed_over(&mut self, tag: Tag) {
         if let Tag::Status(id) = tag {
             self.cursor = self.cursor.max(id + 1);
         }
-        self.handed.push_back(tag);
+        self.acks.handed_over(tag);
     }
 
     /// The client sent a publish with this packet id (0: QoS 0, ignored).
     pub fn sent(&mut self, pkid: u16) {
-        if pkid == 0 {
-            return;
-        }
-        match self.handed.pop_front() {
-            Some(tag) => {
-                self.inflight.insert(pkid, tag);
-            }
-            None => tracing::warn!(pkid, "outgoing publish that the session did not hand over"),
-        }
+        self.acks.sent(pkid);
     }
 
     /// The broker acknowledged this packet id.
     pub fn acked(&mut self, pkid: u16) -> Option<Tag> {
-        self.inflight.remove(&pkid)
+        self.acks.acked(pkid)
     }
 
     /// Whether nothing is waiting for the broker.
     pub fn idle(&self) -> bool {
-        self.handed.is_empty() && self.inflight.is_empty()
+        self.acks.is_empty()
     }
 }
 
@@ -294,7 +287,7 @@ pub fn until(deadline: Instant, now: Instant) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backoff::Jitter;
+    use k8s4r_api::backoff::Jitter;
 
     #[test]
     fn packet_ids_map_to_what_was_handed_over_in_order() {

@@ -40,6 +40,17 @@ pub enum OutboxError {
     },
 }
 
+/// A status that could not be journalled, and the seq it was given.
+#[derive(Debug, thiserror::Error)]
+#[error("{source}")]
+pub struct PushError {
+    /// The seq the update got (and may still be sent with).
+    pub seq: u64,
+    /// Why it was not written.
+    #[source]
+    pub source: OutboxError,
+}
+
 fn io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> OutboxError {
     let path = path.to_owned();
     move |source| OutboxError::Io { op, path, source }
@@ -116,7 +127,7 @@ impl Outbox {
     }
 
     fn reserve(&mut self) -> Result<(), OutboxError> {
-        let mark = self.next_seq + SEQ_BLOCK;
+        let mark = self.next_seq.max(self.reserved) + SEQ_BLOCK;
         write_atomically(&self.dir, SEQ_FILE, mark.to_string().as_bytes())?;
         self.reserved = mark;
         Ok(())
@@ -129,15 +140,25 @@ impl Outbox {
 
     /// Gives `update` the next seq, writes it to disk, and returns its id
     /// (which is its seq). May compact superseded entries first.
-    pub fn push(&mut self, mut update: StatusUpdate) -> Result<u64, OutboxError> {
-        if self.next_seq >= self.reserved {
-            self.reserve()?;
-        }
+    ///
+    /// The seq is used up even when the write fails (the error carries it),
+    /// so an update sent without its journal entry never shares a seq with
+    /// the next one, which the server would then drop as a duplicate.
+    pub fn push(&mut self, mut update: StatusUpdate) -> Result<u64, PushError> {
         let id = self.next_seq;
-        update.seq = id;
-        write_atomically(&self.dir, &entry_name(id), &protocol::encode(&update))?;
         self.next_seq += 1;
+        update.seq = id;
+        let written = if id >= self.reserved {
+            self.reserve()
+        } else {
+            Ok(())
+        };
+        let written =
+            written.and_then(|()| write_atomically(&self.dir, &entry_name(id), &protocol::encode(&update)));
+        // Kept in memory either way: it is sent and waits for the server's
+        // confirmation like the others; it just would not survive a restart.
         self.entries.insert(id, update);
+        written.map_err(|source| PushError { seq: id, source })?;
         if self.entries.len() > self.max_entries {
             self.compact();
         }
@@ -250,19 +271,32 @@ mod tests {
 
     fn update(uid: &str, attempt: u32, state: TaskState) -> StatusUpdate {
         StatusUpdate {
-            v: 1,
-            task_uid: uid.into(),
-            attempt,
-            seq: 0,
-            state,
-            exit_code: None,
-            signal: None,
             reason: state.is_terminal().then_some(TaskReason::Completed),
-            message: None,
-            start_time: None,
-            finish_time: None,
-            output_tail: None,
+            ..StatusUpdate::new(uid, attempt, 0, state)
         }
+    }
+
+    #[test]
+    fn a_failed_write_uses_up_its_seq() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("outbox");
+        let mut ob = Outbox::open(&dir, 100).unwrap();
+        let a = ob.push(update("a", 1, TaskState::Running)).unwrap();
+        // The disk goes away (full, unmounted): the write fails.
+        std::fs::remove_dir_all(&dir).unwrap();
+        let failed = ob.push(update("a", 1, TaskState::Completed)).unwrap_err();
+        assert_eq!(
+            failed.seq,
+            a + 1,
+            "the update goes out unjournalled with this seq"
+        );
+        assert!(
+            ob.contains(a + 1),
+            "and waits in memory for the server's confirmation like the others"
+        );
+        std::fs::create_dir_all(&dir).unwrap();
+        let c = ob.push(update("b", 1, TaskState::Running)).unwrap();
+        assert_eq!(c, a + 2, "never the unjournalled update's seq again");
     }
 
     #[test]

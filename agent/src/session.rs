@@ -8,11 +8,12 @@
 //! `poll` runs in a future that owns the event loop and is never cancelled
 //! half-way (`poll` is not cancel-safe).
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
+use k8s4r_api::backoff::{Backoff, Jitter};
 use k8s4r_api::protocol::{encode, Cancel, Dispatch, Heartbeat, Online, Register, StatusUpdate, Topics};
 use k8s4r_api::{DeviceInfo, TaskReason, TaskState};
 use rumqttc::{AsyncClient, ConnectionError, Event, EventLoop, Outgoing, Packet, QoS};
@@ -20,8 +21,8 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::backoff::{Backoff, Jitter};
 use crate::config::Config;
+use crate::fence::Fence;
 use crate::host::UsageSampler;
 use crate::inbound::{classify, Inbound, Refused};
 use crate::link::{Link, RegisterAction, Registrar, RunningSet, Tag};
@@ -62,20 +63,7 @@ enum TaskCommand {
 /// Turns a supervisor event into a status update (its seq is set by the
 /// outbox).
 pub fn status_of(event: TaskEvent) -> StatusUpdate {
-    let mut update = StatusUpdate {
-        v: 1,
-        task_uid: event.uid().to_owned(),
-        attempt: event.attempt(),
-        seq: 0,
-        state: TaskState::Running,
-        exit_code: None,
-        signal: None,
-        reason: None,
-        message: None,
-        start_time: None,
-        finish_time: None,
-        output_tail: None,
-    };
+    let mut update = StatusUpdate::new(event.uid(), event.attempt(), 0, TaskState::Running);
     match event {
         TaskEvent::Started { at, .. } => update.start_time = Some(at),
         TaskEvent::Finished { outcome, .. } => {
@@ -92,21 +80,25 @@ pub fn status_of(event: TaskEvent) -> StatusUpdate {
     update
 }
 
+/// Now, on the clock that keeps running while the robot is suspended
+/// (`CLOCK_BOOTTIME`): fencing counts silence on it, so a robot that slept
+/// through a replacement does not think it was silent for a moment only.
+pub fn boot_clock() -> Duration {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
+        .map(Duration::from)
+        // Linux has it since 2.6.39; a monotonic fallback for anything else.
+        .unwrap_or_else(|_| START.get_or_init(std::time::Instant::now).elapsed())
+}
+
+static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+
 /// A `failed` update for an attempt that never reached the supervisor.
 pub fn failed_status(uid: &str, attempt: u32, reason: TaskReason, message: String) -> StatusUpdate {
     StatusUpdate {
-        v: 1,
-        task_uid: uid.to_owned(),
-        attempt,
-        seq: 0,
-        state: TaskState::Failed,
-        exit_code: None,
-        signal: None,
         reason: Some(reason),
         message: Some(message),
-        start_time: None,
         finish_time: Some(jiff::Timestamp::now()),
-        output_tail: None,
+        ..StatusUpdate::new(uid, attempt, 0, TaskState::Failed)
     }
 }
 
@@ -212,7 +204,22 @@ pub struct Session {
     heartbeat_seq: u64,
     next_heartbeat: Option<Instant>,
     held: VecDeque<Dispatch>,
+    /// Contact with the cluster and the leases of the attempts held.
+    fence: Fence,
+    /// The server confirms statuses it applied (it said so at
+    /// registration): outbox entries wait for that, not for the PUBACK.
+    status_acks: bool,
+    /// Outbox entries the broker acknowledged, waiting for the server's
+    /// confirmation, and when the broker did.
+    delivered: BTreeMap<u64, Instant>,
+    /// How long a delivered status may wait for the server's confirmation
+    /// before the outbox is sent again.
+    confirm_timeout: Duration,
     commands: mpsc::UnboundedSender<TaskCommand>,
+    /// What the supervisor offers (drivers, task policy) and its health,
+    /// reported at registration and in every heartbeat.
+    offer: crate::supervisor::Offer,
+    health: watch::Receiver<k8s4r_api::AgentHealth>,
     updates: mpsc::UnboundedReceiver<StatusUpdate>,
     updates_tx: mpsc::UnboundedSender<StatusUpdate>,
     status: watch::Sender<SessionStatus>,
@@ -231,6 +238,8 @@ impl Session {
         let (client, eventloop) = AsyncClient::new(options, mqtt::REQUEST_CHANNEL);
         let (updates_tx, updates) = mpsc::unbounded_channel();
         let (commands, commands_rx) = mpsc::unbounded_channel();
+        let offer = supervisor.offer().clone();
+        let health = supervisor.health();
         tokio::spawn(worker(supervisor, commands_rx, updates_tx.clone()));
         tokio::spawn(forward_events(events, updates_tx.clone()));
         let mut sampler = UsageSampler::new(&config.state_dir);
@@ -267,7 +276,14 @@ impl Session {
             heartbeat_seq: 0,
             next_heartbeat: None,
             held: VecDeque::new(),
+            fence: Fence::new(boot_clock()),
+            status_acks: false,
+            delivered: BTreeMap::new(),
+            confirm_timeout: (config.heartbeat_interval * 2)
+                .clamp(Duration::from_secs(5), Duration::from_secs(60)),
             commands,
+            offer,
+            health,
             updates,
             updates_tx,
             status,
@@ -352,7 +368,7 @@ impl Session {
                     if self.link.is_connected() {
                         self.publish_control(
                             &self.topics.online(&self.robot_id),
-                            encode(&Online { v: 1, online: false }),
+                            encode(&Online::new(false)),
                             true,
                         );
                         return Phase::Leaving {
@@ -386,6 +402,10 @@ impl Session {
         for t in [
             self.next_heartbeat,
             self.registrar.deadline().map(Instant::from_std),
+            self.fence
+                .next_deadline()
+                .map(|at| now + at.saturating_sub(boot_clock())),
+            self.delivered.values().min().map(|at| *at + self.confirm_timeout),
         ]
         .into_iter()
         .flatten()
@@ -413,8 +433,13 @@ impl Session {
             Ok(Event::Incoming(Packet::Publish(p))) => self.on_message(&p.topic, &p.payload, phase),
             Ok(Event::Incoming(Packet::PubAck(ack))) => {
                 if let Some(Tag::Status(id)) = self.link.acked(ack.pkid) {
-                    if let Err(e) = self.outbox.remove(id) {
-                        tracing::error!(error = %e, "cannot remove an acknowledged status from the outbox");
+                    if self.status_acks {
+                        // The broker has it; the server has not said it applied it.
+                        if self.outbox.contains(id) {
+                            self.delivered.insert(id, Instant::now());
+                        }
+                    } else {
+                        self.forget(id);
                     }
                 }
                 self.pump();
@@ -444,6 +469,9 @@ impl Session {
 
     fn on_connected(&mut self, running: bool) {
         self.link.connected();
+        // Everything unconfirmed goes out again on this connection.
+        self.delivered.clear();
+        self.fence.connected(self.heartbeat_seq + 1);
         let subscriptions = self
             .topics
             .agent_subscriptions(&self.robot_id)
@@ -454,7 +482,7 @@ impl Session {
         }
         self.publish_control(
             &self.topics.online(&self.robot_id),
-            encode(&Online { v: 1, online: true }),
+            encode(&Online::new(true)),
             true,
         );
         if running && self.registrar.connected(Instant::now().into_std()) == RegisterAction::Register {
@@ -463,16 +491,42 @@ impl Session {
         self.pump();
     }
 
+    /// Drops a settled status from the outbox.
+    fn forget(&mut self, id: u64) {
+        self.delivered.remove(&id);
+        if let Err(e) = self.outbox.remove(id) {
+            tracing::error!(error = %e, "cannot remove a settled status from the outbox");
+        }
+    }
+
+    /// The attempts this robot holds, for register and heartbeat: those it
+    /// runs or was given, and those whose final status is not settled yet
+    /// (so the server never fails a Task whose result is on its way).
+    fn holding(&self) -> Vec<k8s4r_api::TaskAttempt> {
+        let mut held = self.running.to_vec();
+        for (_, update) in self.outbox.iter() {
+            let attempt = k8s4r_api::TaskAttempt {
+                uid: update.task_uid.clone(),
+                attempt: update.attempt,
+            };
+            if !held.contains(&attempt) {
+                held.push(attempt);
+            }
+        }
+        held
+    }
+
     fn register(&mut self) {
         let register = Register {
-            v: 1,
-            robot_id: self.robot_id.clone(),
             token: self.token.clone(),
-            agent_version: env!("CARGO_PKG_VERSION").to_owned(),
-            device: self.device.clone(),
-            drivers: k8s4r_api::task::DRIVERS.iter().map(|d| (*d).to_owned()).collect(),
+            drivers: self.offer.drivers.clone(),
             labels: self.labels.clone(),
-            running: self.running.to_vec(),
+            running: self.holding(),
+            reconcile: true,
+            last_seq: self.outbox.peek_seq().checked_sub(1),
+            task_policy: Some(self.offer.policy.clone()),
+            health: Some(self.health.borrow().clone()),
+            ..Register::new(&self.robot_id, env!("CARGO_PKG_VERSION"), self.device.clone())
         };
         tracing::info!(running = self.running.len(), "registering");
         self.publish_control(&self.topics.register(&self.robot_id), encode(&register), false);
@@ -507,9 +561,14 @@ impl Session {
     }
 
     #[tracing::instrument(skip_all, fields(task = %update.task_uid, attempt = update.attempt))]
-    fn on_update(&mut self, update: StatusUpdate) {
+    fn on_update(&mut self, mut update: StatusUpdate) {
         if update.state.is_terminal() {
             self.running.remove(&update.task_uid, update.attempt);
+            if self.fence.release(&update.task_uid, update.attempt)
+                && update.reason == Some(TaskReason::Cancelled)
+            {
+                update.reason = Some(TaskReason::Disconnected);
+            }
         } else if update.state == TaskState::Running {
             self.running.insert(&update.task_uid, update.attempt);
         }
@@ -517,13 +576,11 @@ impl Session {
         match self.outbox.push(update.clone()) {
             Ok(_) => self.pump(),
             Err(e) => {
-                // Without a disk the update can still go out, just not
-                // survive a restart.
-                tracing::error!(error = %e, "cannot journal a status update; sending it unjournalled");
-                let mut update = update;
-                update.seq = self.outbox.peek_seq();
-                let topic = self.topics.status(&self.robot_id, &update.task_uid);
-                self.publish_control(&topic, encode(&update), false);
+                // Without a disk the update still goes out and waits for the
+                // server's confirmation in memory; it just would not survive
+                // a restart. Its seq is its own, never reused.
+                tracing::error!(error = %e, seq = e.seq, "cannot journal a status update; keeping it in memory");
+                self.pump();
             }
         }
     }
@@ -533,6 +590,13 @@ impl Session {
         match classify(&self.topics, &self.robot_id, topic, payload) {
             Ok(Inbound::Response(response)) => {
                 tracing::info!(phase = ?response.phase, message = response.message.as_deref().unwrap_or(""), "registration response");
+                self.status_acks = response.status_acks;
+                self.fence.registered(
+                    response.status_acks,
+                    response.server_time,
+                    boot_clock(),
+                    jiff::Timestamp::now(),
+                );
                 if self.registrar.response(response.phase, Instant::now().into_std())
                     == RegisterAction::Approved
                 {
@@ -544,12 +608,16 @@ impl Session {
                 }
             }
             Ok(Inbound::Dispatch(dispatch)) => self.on_dispatch(*dispatch, phase),
-            Ok(Inbound::Cancel(cancel)) => {
-                tracing::info!(task = %cancel.task_uid, attempt = cancel.attempt, reason = %cancel.reason, "cancel");
-                self.held.retain(|d| {
-                    !(d.task_uid == cancel.task_uid && (cancel.attempt == 0 || d.attempt == cancel.attempt))
-                });
-                let _ = self.commands.send(TaskCommand::Cancel(cancel));
+            Ok(Inbound::Cancel(cancel)) => self.on_cancel(cancel),
+            Ok(Inbound::StatusAck(ack)) => {
+                if let Some(heartbeat) = ack.heartbeat {
+                    self.fence
+                        .heartbeat_recorded(heartbeat, ack.time, jiff::Timestamp::now());
+                }
+                for seq in ack.seqs {
+                    self.forget(seq);
+                }
+                self.pump();
             }
             Err(Refused { error, task }) => {
                 tracing::error!(topic, error = %error, "refused a message");
@@ -562,6 +630,39 @@ impl Session {
                     ));
                 }
             }
+        }
+    }
+
+    /// Stops an attempt. One this robot does not hold (never received,
+    /// held for approval, refused, or finished) is answered at once with a
+    /// terminal status, so a deletion waiting for it never hangs.
+    fn on_cancel(&mut self, cancel: Cancel) {
+        tracing::info!(task = %cancel.task_uid, attempt = cancel.attempt, reason = %cancel.reason, "cancel");
+        let matches = |uid: &str, attempt: u32| {
+            uid == cancel.task_uid && (cancel.attempt == 0 || attempt == cancel.attempt)
+        };
+        let held_back = self.held.iter().any(|d| matches(&d.task_uid, d.attempt));
+        self.held.retain(|d| !matches(&d.task_uid, d.attempt));
+        let runs = self.running.to_vec().iter().any(|a| matches(&a.uid, a.attempt));
+        if runs {
+            let _ = self.commands.send(TaskCommand::Cancel(cancel));
+            return;
+        }
+        // One admitted here and over already sent its end (it may wait in
+        // the outbox); answering again would only repeat it.
+        let ended = !held_back && self.fence.seen(&cancel.task_uid, cancel.attempt);
+        if cancel.attempt > 0 && !ended {
+            let why = if held_back {
+                "cancelled before it started (it was waiting for the registration)"
+            } else {
+                "cancelled; this robot does not run it"
+            };
+            let _ = self.updates_tx.send(failed_status(
+                &cancel.task_uid,
+                cancel.attempt,
+                TaskReason::Cancelled,
+                format!("{why}: {}", cancel.reason),
+            ));
         }
     }
 
@@ -583,7 +684,21 @@ impl Session {
             tracing::info!(task = %dispatch.task_uid, attempt = dispatch.attempt, "duplicate dispatch ignored");
             return;
         }
+        if let Err(refusal) = self.fence.admit(&dispatch, jiff::Timestamp::now()) {
+            tracing::warn!(task = %dispatch.task_uid, attempt = dispatch.attempt, %refusal, "dispatch refused");
+            if matches!(refusal, crate::fence::Refusal::Expired { .. }) {
+                let _ = self.updates_tx.send(failed_status(
+                    &dispatch.task_uid,
+                    dispatch.attempt,
+                    TaskReason::DispatchTimeout,
+                    refusal.to_string(),
+                ));
+            }
+            return;
+        }
         tracing::info!(task = %dispatch.task_uid, attempt = dispatch.attempt, name = %dispatch.task_name, "dispatch");
+        let stop_after = dispatch.stop_after.as_ref().and_then(|d| d.parse().ok());
+        self.fence.hold(&dispatch.task_uid, dispatch.attempt, stop_after);
         self.running.insert(&dispatch.task_uid, dispatch.attempt);
         let _ = self.commands.send(TaskCommand::Submit(Box::new(TaskRequest {
             uid: dispatch.task_uid,
@@ -601,8 +716,36 @@ impl Session {
         if let Some(at) = self.next_heartbeat {
             if now >= at && running {
                 self.heartbeat();
-                self.next_heartbeat = Some(now + self.jitter.spread(self.heartbeat_interval, 0.1));
+                // PUBACKs of heartbeats are half of the contact that keeps
+                // attempts running: several per shortest stopAfter.
+                let every = match self.fence.shortest_lease() {
+                    Some(lease) => self.heartbeat_interval.min(lease / 4),
+                    None => self.heartbeat_interval,
+                };
+                self.next_heartbeat = Some(now + self.jitter.spread(every, 0.1));
             }
+        }
+        for (uid, attempt, stop_after) in self.fence.due(boot_clock()) {
+            tracing::warn!(task = %uid, attempt, ?stop_after, "no contact with the cluster for the attempt's stopAfter: stopping it");
+            let reason = format!(
+                "stopped by the robot: no contact with the cluster for {}s (disconnect.stopAfter)",
+                stop_after.as_secs()
+            );
+            let _ = self
+                .commands
+                .send(TaskCommand::Cancel(Cancel::new(uid, attempt, reason)));
+        }
+        let stale = self
+            .delivered
+            .values()
+            .any(|at| now.saturating_duration_since(*at) >= self.confirm_timeout);
+        if stale && self.link.is_connected() {
+            tracing::info!(
+                unconfirmed = self.delivered.len(),
+                "the server did not confirm statuses in time; sending them again"
+            );
+            self.delivered.clear();
+            self.link.rewind();
         }
         // A full request channel earlier may have left entries behind.
         self.pump();
@@ -613,21 +756,23 @@ impl Session {
             return;
         }
         self.heartbeat_seq += 1;
+        let wall = jiff::Timestamp::now();
         let heartbeat = Heartbeat {
-            v: 1,
-            robot_id: self.robot_id.clone(),
-            seq: self.heartbeat_seq,
-            time: jiff::Timestamp::now(),
-            usage: self.sampler.sample(),
-            running: self.running.to_vec(),
+            running: self.holding(),
+            reconcile: true,
+            last_seq: self.outbox.peek_seq().checked_sub(1),
+            server_time: self.fence.server_now(wall),
+            health: Some(self.health.borrow().clone()),
+            ..Heartbeat::new(
+                &self.robot_id,
+                self.heartbeat_seq,
+                jiff::Timestamp::now(),
+                self.sampler.sample(),
+            )
         };
+        self.fence.heartbeat_sent(self.heartbeat_seq, boot_clock());
         let topic = self.topics.heartbeat(&self.robot_id);
-        if let Err(e) = self
-            .client
-            .try_publish(topic, QoS::AtMostOnce, false, encode(&heartbeat))
-        {
-            tracing::warn!(error = %e, "heartbeat skipped: request channel full");
-        }
+        self.publish_control(&topic, encode(&heartbeat), false);
     }
 
     fn publish_status(&self) {

@@ -120,12 +120,7 @@ async fn cancel_stops_a_running_task() {
         .await;
     let running: k8s4r_api::protocol::StatusUpdate = server.next("/tasks/u-c/status", LONG).await.decode();
     assert_eq!(running.state, TaskState::Running);
-    let cancel = k8s4r_api::protocol::Cancel {
-        v: 1,
-        task_uid: "u-c".into(),
-        attempt: 1,
-        reason: "Task deleted".into(),
-    };
+    let cancel = k8s4r_api::protocol::Cancel::new("u-c", 1, "Task deleted");
     server.publish(server.topics.cancel("rb8"), encode(&cancel)).await;
     let updates = server.statuses_until_terminal("u-c", LONG).await;
     let last = updates.last().unwrap();

@@ -8,7 +8,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use k8s4r_agent::supervisor::{
-    self, Submit, SupervisorConfig, SupervisorError, SupervisorHandle, TaskEvent, TaskOutcome, TaskRequest,
+    self, DiskSize, Policy, Submit, SupervisorConfig, SupervisorError, SupervisorHandle, TaskEvent,
+    TaskOutcome, TaskRequest,
 };
 use k8s4r_api::{Artifact, DurationString, EnvVar, TaskReason, TaskResources, TaskState, TaskTemplate};
 use sha2::{Digest, Sha256};
@@ -89,10 +90,18 @@ fn state_dir() -> tempfile::TempDir {
     dir
 }
 
+/// raw_exec on (as root, where these tests run): most tests here use it to
+/// run shell scripts; the exec tests below lock it down again.
 fn config(dir: &Path) -> SupervisorConfig {
     SupervisorConfig {
         state_dir: dir.to_path_buf(),
         artifact_timeout: Duration::from_secs(5),
+        policy: Policy {
+            raw_exec: true,
+            allow_root: true,
+            ..SupervisorConfig::default().policy
+        },
+        disk_reserve: Some(DiskSize::Bytes(1 << 20)),
         ..SupervisorConfig::default()
     }
 }
@@ -295,13 +304,14 @@ async fn killed_by_a_signal_is_signaled() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn env_args_and_cwd_reach_the_process() {
     let mut h = Harness::new();
-    let mut spec = task("/bin/sh", &["-c", "echo \"$GREETING $0\"; pwd", "arg0"]).with_cwd("/tmp");
+    let mut spec = task("/bin/sh", &["-c", "echo \"$GREETING $0\"; pwd", "arg0"]).with_cwd(".");
     spec.env.push(EnvVar {
         name: "GREETING".to_owned(),
         value: "hi".to_owned(),
     });
     let out = h.run("env-args", spec).await;
-    assert_eq!(out.output_tail, "hi arg0\n/tmp\n");
+    let work = h.dir.path().canonicalize().unwrap().join("tasks/env-args-1/work");
+    assert_eq!(out.output_tail, format!("hi arg0\n{}\n", work.display()));
 }
 
 // ----------------------------------------------------------------- timeouts
@@ -376,6 +386,92 @@ async fn a_finished_task_leaves_no_background_process() {
     .await;
 }
 
+/// Processes that escape their task's process group, each ignoring
+/// SIGTERM and writing its pid to `pids`: a child that starts a session of
+/// its own (found as the leader's child), and a double fork whose middle
+/// process exits at once (the orphan comes to the agent, a subreaper, and
+/// its environment names the task).
+const ESCAPE: &str = r#"
+setsid sh -c 'echo $$ >> pids; trap "" TERM HUP; while :; do sleep 1; done' &
+sh -c 'setsid sh -c "echo \$\$ >> pids; trap \"\" TERM HUP; while :; do sleep 1; done" & exit 0'
+"#;
+/// The same double fork with the environment cleared: only a uid of the
+/// task's own (exec) or its cgroup still tells it is the task's.
+const ESCAPE_CLEARED: &str = r#"
+sh -c 'setsid env -i /bin/sh -c "echo \$\$ >> pids; trap \"\" TERM HUP; while :; do /bin/sleep 1; done" & exit 0'
+"#;
+
+async fn escapees_are_killed(driver: &str, cgroups: bool) {
+    let (script, escapees) = if driver == "exec" || cgroups {
+        (format!("{ESCAPE}{ESCAPE_CLEARED}echo ready; sleep 1000"), 3)
+    } else {
+        (format!("{ESCAPE}echo ready; sleep 1000"), 2)
+    };
+    let no_cgroups = tempfile::tempdir().unwrap();
+    let mut h = Harness::with_config(|c| {
+        if !cgroups {
+            // Not a cgroup directory: the agent runs without task cgroups.
+            c.cgroup_root = Some(no_cgroups.path().to_path_buf());
+        }
+    });
+    let uid = format!("escape-{driver}-{cgroups}");
+    h.submit(
+        &uid,
+        sh(&script)
+            .with_driver(driver)
+            .with_timeout("1s")
+            .with_kill_timeout("200ms"),
+    )
+    .await;
+    h.started(&uid).await;
+    let pids_file = h.dir.path().join(format!("tasks/{uid}-1/work/pids"));
+    let read_pids = || -> Vec<i32> {
+        std::fs::read_to_string(&pids_file)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    };
+    poll_until("the escapees run", || read_pids().len() == escapees).await;
+    let out = h.finished(&uid).await;
+    assert_eq!(out.reason, TaskReason::Timeout, "{}", out.message);
+    for pid in read_pids() {
+        // Gone, not even a zombie: killed and reaped.
+        poll_until(
+            &format!("escapee {pid} is gone ({driver}, cgroups {cgroups})"),
+            || !Path::new(&format!("/proc/{pid}")).exists(),
+        )
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_that_leave_the_group_are_killed_without_cgroups() {
+    escapees_are_killed("raw_exec", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_processes_that_leave_everything_are_found_by_their_uid() {
+    if !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    escapees_are_killed("exec", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_that_leave_the_group_are_killed_with_cgroups() {
+    if supervisor_has_no_cgroups() {
+        eprintln!("skipped: no writable cgroup v2 here");
+        return;
+    }
+    escapees_are_killed("raw_exec", true).await;
+}
+
+/// Whether this machine lacks a cgroup v2 the agent can write.
+fn supervisor_has_no_cgroups() -> bool {
+    k8s4r_drivers::Cgroups::detect(None).is_err()
+}
+
 // ------------------------------------------------------------------- cancel
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -448,7 +544,7 @@ async fn duplicates_are_ignored() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hundred_concurrent_tasks() {
-    let mut h = Harness::new();
+    let mut h = Harness::with_config(|c| c.max_tasks = 200);
     // Each task blocks reading a FIFO the test holds open: all 200 really
     // run at the same time, and all end when the test closes it.
     let gate = h.dir.path().join("gate");
@@ -534,12 +630,18 @@ async fn each_bad_input_fails_its_task_and_the_agent_keeps_running() {
             task("true", &[])
                 .with_driver("exec")
                 .with_user("no-such-user-k8s4r"),
-            TaskReason::StartFailed,
-            "unknown user",
+            TaskReason::NotPermitted,
+            "does not allow user",
         ),
         (
             "bad-cwd",
             task("true", &[]).with_cwd("/nonexistent/dir"),
+            TaskReason::InvalidSpec,
+            "spec.workingDir",
+        ),
+        (
+            "missing-cwd",
+            task("true", &[]).with_cwd("not/there"),
             TaskReason::StartFailed,
             "working directory",
         ),
@@ -554,7 +656,7 @@ async fn each_bad_input_fails_its_task_and_the_agent_keeps_running() {
             TaskTemplate {
                 resources: Some(TaskResources {
                     memory: Some("lots".into()),
-                    cpu: None,
+                    ..TaskResources::default()
                 }),
                 ..task("true", &[]).with_driver("exec")
             },
@@ -585,47 +687,88 @@ async fn each_bad_input_fails_its_task_and_the_agent_keeps_running() {
 // --------------------------------------------------------------------- exec
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn exec_runs_isolated_as_nobody() {
+async fn exec_runs_isolated_as_a_uid_of_its_own() {
     if !nix::unistd::geteuid().is_root() {
         eprintln!("skipped: needs root to switch users");
         return;
     }
     let mut h = Harness::new();
-    let script = "id -u; grep NoNewPrivs /proc/self/status | tr -s '\\t' ' '; echo \"$HOME\"; \
+    let script = "id -u; id -G; grep NoNewPrivs /proc/self/status | tr -s '\\t' ' '; echo \"$HOME\"; \
                   echo \"${GREETING:-clean}\"; ulimit -v; touch here && echo writable";
     let mut spec = sh(script).with_driver("exec");
     spec.resources = Some(TaskResources {
         memory: Some("64Mi".into()),
         cpu: Some("500m".into()),
+        ..TaskResources::default()
     });
     std::env::set_var("GREETING", "leaked");
-    let out = h.run("exec-nobody", spec).await;
-    assert_eq!(out.reason, TaskReason::Completed, "{}", out.message);
-    let lines: Vec<&str> = out.output_tail.lines().collect();
-    assert_eq!(lines[0], "65534", "{lines:?}");
-    assert_eq!(lines[1], "NoNewPrivs: 1");
-    assert!(lines[2].ends_with("tasks/exec-nobody-1/work"), "{lines:?}");
-    assert_eq!(lines[3], "clean", "the agent's environment must not leak");
-    // cgroup memory.max where the controller is available, RLIMIT_AS
-    // (in KiB) otherwise.
-    assert!(lines[4] == "65536" || lines[4] == "unlimited", "{lines:?}");
-    assert_eq!(lines[5], "writable");
-    let work = h.dir.path().join("tasks/exec-nobody-1/work");
-    let meta = std::fs::metadata(&work).unwrap();
+    let first = h.run("exec-own-1", spec.clone()).await;
+    let second = h.run("exec-own-2", spec).await;
+    let mut uids = Vec::new();
+    for (uid, out) in [("exec-own-1", first), ("exec-own-2", second)] {
+        assert_eq!(out.reason, TaskReason::Completed, "{}", out.message);
+        let lines: Vec<&str> = out.output_tail.lines().collect();
+        let task_uid: u32 = lines[0].parse().unwrap();
+        assert!(supervisor::DEFAULT_TASK_UIDS.contains(&task_uid), "{lines:?}");
+        assert_eq!(lines[1], lines[0], "its own group and no other: {lines:?}");
+        assert_eq!(lines[2], "NoNewPrivs: 1");
+        assert!(lines[3].ends_with(&format!("tasks/{uid}-1/work")), "{lines:?}");
+        assert_eq!(lines[4], "clean", "the agent's environment must not leak");
+        // cgroup memory.max where the controller is available, RLIMIT_AS
+        // (in KiB) otherwise.
+        assert!(lines[5] == "65536" || lines[5] == "unlimited", "{lines:?}");
+        assert_eq!(lines[6], "writable");
+        uids.push(task_uid);
+    }
+    assert_ne!(uids[0], uids[1], "two tasks never share a uid");
     use std::os::unix::fs::MetadataExt;
-    assert_eq!((meta.uid(), meta.mode() & 0o777), (65534, 0o700));
+    let work = std::fs::metadata(h.dir.path().join("tasks/exec-own-1-1/work")).unwrap();
+    assert_eq!((work.uid(), work.mode() & 0o777), (uids[0], 0o700));
+    // Once finished, the task's directory is root's alone: a later task
+    // given the same uid cannot reach its files.
+    let dir = h.dir.path().join("tasks/exec-own-1-1");
+    poll_until("the finished directory is closed", || {
+        std::fs::metadata(&dir).is_ok_and(|m| m.mode() & 0o777 == 0o700)
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn exec_runs_as_the_named_user() {
+async fn exec_runs_as_a_named_user_only_when_the_robot_allows_it() {
     if !nix::unistd::geteuid().is_root() {
         return;
     }
-    let mut h = Harness::new();
+    let mut h = Harness::with_config(|c| {
+        c.policy.allow_root = false;
+        c.policy.allowed_users = vec!["nobody".to_owned()];
+        c.policy.allowed_groups = vec!["tty".to_owned()];
+    });
+    let tty = nix::unistd::Group::from_name("tty")
+        .unwrap()
+        .unwrap()
+        .gid
+        .as_raw();
+    let mut spec = sh("id -un; id -G").with_driver("exec").with_user("nobody");
+    spec.groups = vec!["tty".to_owned()];
+    let out = h.run("exec-nobody", spec).await;
+    assert_eq!(out.reason, TaskReason::Completed, "{}", out.message);
+    let nogroup = nix::unistd::User::from_name("nobody")
+        .unwrap()
+        .unwrap()
+        .gid
+        .as_raw();
+    assert_eq!(out.output_tail, format!("nobody\n{nogroup} {tty}\n"));
+
     let out = h
         .run("exec-root", sh("id -u").with_driver("exec").with_user("root"))
         .await;
-    assert_eq!(out.output_tail, "0\n");
+    assert_eq!(out.reason, TaskReason::NotPermitted);
+    assert!(out.message.contains("allow_root = false"), "{}", out.message);
+    let mut spec = sh("id -u").with_driver("exec");
+    spec.groups = vec!["disk".to_owned()];
+    let out = h.run("exec-disk", spec).await;
+    assert_eq!(out.reason, TaskReason::NotPermitted);
+    assert!(out.message.contains("group(s) disk"), "{}", out.message);
 }
 
 // ---------------------------------------------------------------- artifacts
@@ -856,11 +999,13 @@ async fn restart_kills_the_previous_runs_tasks() {
             .expect("helper agent did not get ready")
             .unwrap()
             .expect("helper agent exited");
-        if let Some(rest) = line.strip_prefix("STARTED ") {
+        // libtest may print "test restart_helper_agent ... " before the
+        // helper's first line, on the same line.
+        if let Some((_, rest)) = line.split_once("STARTED ") {
             let (uid, pid) = rest.split_once(' ').unwrap();
             pgids.insert(uid.to_owned(), pid.parse().unwrap());
         }
-        if line == "READY" {
+        if line.ends_with("READY") {
             break;
         }
     }

@@ -1,12 +1,27 @@
-//! Downloading a task's artifacts before it starts: into the task
-//! directory, with a size cap, a timeout per attempt, retries with backoff
-//! for transient failures, and the sha256 checked before the file appears
-//! under its name.
+//! Downloading a task's artifacts before it starts, with a size cap, a
+//! timeout per attempt, retries with backoff for transient failures, and
+//! the sha256 checked before the file appears under its name.
+//!
+//! The agent downloads as root, and the task's directory belongs to the
+//! task's user: a process of that user could plant a symbolic link there
+//! (`x.partial -> /etc/shadow`) and have root write through it. So the
+//! download goes into a directory only root can write (`fetch/`, beside
+//! the task's `work/`), and is then handed over without following any
+//! link: every directory on the way down is opened with `O_NOFOLLOW`
+//! relative to its parent (`openat`), created ones are given to the task's
+//! user by descriptor (`fchown`), and the file is renamed into place
+//! (`renameat`, which replaces a link at the last component rather than
+//! following it).
 
-use std::path::{Path, PathBuf};
+use std::os::fd::OwnedFd;
+use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
 use k8s4r_api::Artifact;
+use nix::errno::Errno;
+use nix::fcntl::{openat, renameat, OFlag, AT_FDCWD};
+use nix::sys::stat::{fchmod, mkdirat, Mode};
+use nix::unistd::{fchown, Gid, Uid};
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 
@@ -45,50 +60,111 @@ impl Failure {
 /// A client for artifacts. rustls needs a crypto provider; the process may
 /// have installed one already, which is fine.
 pub(crate) fn client() -> Result<reqwest::Client, String> {
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    k8s4r_mqtt::install_crypto_provider();
     reqwest::Client::builder()
         .build()
         .map_err(|e| format!("cannot build an HTTP client: {e}"))
 }
 
-/// Fetches every artifact; the error names the artifact and says why.
+/// Where one task's artifacts go.
+#[derive(Clone, Debug)]
+pub(crate) struct Places {
+    /// Only root can write here; downloads land here first.
+    pub fetch_dir: PathBuf,
+    /// The task's own directory, where they end up.
+    pub work_dir: PathBuf,
+    /// The task's user and group, who get the files.
+    pub owner: Option<(u32, u32)>,
+}
+
+/// Fetches every artifact and hands each to the task; the error names the
+/// artifact and says why.
 pub(crate) async fn fetch_all(
     client: reqwest::Client,
     artifacts: Vec<Artifact>,
-    task_dir: PathBuf,
-    owner: Option<(u32, u32)>,
+    places: Places,
     limits: Limits,
 ) -> Result<(), String> {
     for (i, artifact) in artifacts.iter().enumerate() {
-        let dest = task_dir.join(&artifact.destination);
-        fetch_with_retries(&client, artifact, &dest, owner, limits)
+        let download = places.fetch_dir.join(format!("{i}.partial"));
+        fetch_with_retries(&client, artifact, &download, limits)
             .await
             .map_err(|e| format!("artifact {i} ({}): {e}", artifact.url))?;
-        if let Some((uid, gid)) = owner {
-            // Directories created for the artifact belong to the task too.
-            for dir in dest.ancestors().skip(1).take_while(|d| *d != task_dir) {
-                std::os::unix::fs::chown(dir, Some(uid), Some(gid))
-                    .map_err(|e| format!("artifact {i}: cannot chown {}: {e}", dir.display()))?;
-            }
-        }
+        let places = places.clone();
+        let destination = artifact.destination.clone();
+        let name = format!("{i}.partial");
+        tokio::task::spawn_blocking(move || hand_over(&places, &name, &destination))
+            .await
+            .map_err(|e| format!("artifact {i}: {e}"))?
+            .map_err(|e| format!("artifact {i} ({}): {e}", artifact.destination))?;
     }
     Ok(())
+}
+
+/// Moves `fetch_dir/name` to `work_dir/destination`, creating the
+/// directories on the way, following no symbolic link. Blocking.
+pub(crate) fn hand_over(places: &Places, name: &str, destination: &str) -> Result<(), String> {
+    let owner = places.owner.map(|(u, g)| (Uid::from_raw(u), Gid::from_raw(g)));
+    let dir_flags = OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let open_dir = |path: &Path| {
+        openat(AT_FDCWD, path, dir_flags, Mode::empty())
+            .map_err(|e| format!("cannot open {}: {e}", path.display()))
+    };
+    let fetch = open_dir(&places.fetch_dir)?;
+    let file = openat(
+        &fetch,
+        name,
+        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| format!("cannot open the download: {e}"))?;
+    if let Some((uid, gid)) = owner {
+        fchown(&file, Some(uid), Some(gid)).map_err(|e| format!("cannot give the file to the task: {e}"))?;
+    }
+    // Executable: an artifact is often the program the task runs.
+    fchmod(&file, Mode::from_bits_truncate(0o755)).map_err(|e| format!("cannot set the file's mode: {e}"))?;
+    let path = Path::new(destination);
+    let Some(file_name) = path.file_name() else {
+        return Err("names no file".to_owned());
+    };
+    let mut dir: OwnedFd = open_dir(&places.work_dir)?;
+    let mut walked = PathBuf::new();
+    for part in path.parent().into_iter().flat_map(Path::components) {
+        let Component::Normal(part) = part else {
+            continue; // `.`; validation refused everything else
+        };
+        walked.push(part);
+        let created = match mkdirat(&dir, part, Mode::from_bits_truncate(0o755)) {
+            Ok(()) => true,
+            Err(Errno::EEXIST) => false,
+            Err(e) => return Err(format!("cannot create directory {}: {e}", walked.display())),
+        };
+        dir = openat(&dir, part, dir_flags, Mode::empty()).map_err(|e| match e {
+            Errno::ELOOP | Errno::ENOTDIR => format!(
+                "{} is a symbolic link or not a directory; artifacts are never written through links",
+                walked.display()
+            ),
+            e => format!("cannot open directory {}: {e}", walked.display()),
+        })?;
+        if let (true, Some((uid, gid))) = (created, owner) {
+            fchown(&dir, Some(uid), Some(gid))
+                .map_err(|e| format!("cannot give directory {} to the task: {e}", walked.display()))?;
+        }
+    }
+    renameat(&fetch, name, &dir, file_name).map_err(|e| format!("cannot move the file into place: {e}"))
 }
 
 async fn fetch_with_retries(
     client: &reqwest::Client,
     artifact: &Artifact,
     dest: &Path,
-    owner: Option<(u32, u32)>,
     limits: Limits,
 ) -> Result<(), String> {
     let mut backoff = FIRST_BACKOFF;
     let mut attempt = 0;
     loop {
         let result =
-            match tokio::time::timeout(limits.timeout, fetch_once(client, artifact, dest, owner, limits))
-                .await
-            {
+            match tokio::time::timeout(limits.timeout, fetch_once(client, artifact, dest, limits)).await {
                 Ok(result) => result,
                 Err(_) => Err(Failure::transient(format!(
                     "timed out after {}",
@@ -99,7 +175,7 @@ async fn fetch_with_retries(
             Ok(()) => return Ok(()),
             Err(failure) => failure,
         };
-        let _ = tokio::fs::remove_file(partial(dest)).await;
+        let _ = tokio::fs::remove_file(dest).await;
         if !failure.retry || attempt >= limits.retries {
             let tries = attempt + 1;
             return Err(if tries > 1 {
@@ -114,17 +190,11 @@ async fn fetch_with_retries(
     }
 }
 
-fn partial(dest: &Path) -> PathBuf {
-    let mut name = dest.as_os_str().to_owned();
-    name.push(".partial");
-    PathBuf::from(name)
-}
-
+/// Downloads into `dest` (in the fetch directory, which only root writes).
 async fn fetch_once(
     client: &reqwest::Client,
     artifact: &Artifact,
     dest: &Path,
-    owner: Option<(u32, u32)>,
     limits: Limits,
 ) -> Result<(), Failure> {
     let mut response = client
@@ -152,13 +222,12 @@ async fn fetch_once(
     }
     let io_error =
         |what: &str, e: std::io::Error| Failure::permanent(format!("cannot {what} {}: {e}", dest.display()));
-    if let Some(parent) = dest.parent() {
-        tokio::fs::create_dir_all(parent)
-            .await
-            .map_err(|e| io_error("create the directory of", e))?;
-    }
-    let tmp = partial(dest);
-    let mut file = tokio::fs::File::create(&tmp)
+    let mut file = tokio::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(dest)
         .await
         .map_err(|e| io_error("create", e))?;
     let mut hasher = Sha256::new();
@@ -184,15 +253,86 @@ async fn fetch_once(
             artifact.sha256.to_ascii_lowercase()
         )));
     }
-    if let Some((uid, gid)) = owner {
-        std::os::unix::fs::chown(&tmp, Some(uid), Some(gid)).map_err(|e| io_error("chown", e))?;
-    }
-    tokio::fs::rename(&tmp, dest)
-        .await
-        .map_err(|e| io_error("rename into", e))?;
     Ok(())
 }
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fetch directory holding one download, and an empty work directory.
+    fn places() -> (tempfile::TempDir, Places) {
+        let dir = tempfile::tempdir().unwrap();
+        let fetch_dir = dir.path().join("fetch");
+        let work_dir = dir.path().join("work");
+        std::fs::create_dir(&fetch_dir).unwrap();
+        std::fs::create_dir(&work_dir).unwrap();
+        std::fs::write(fetch_dir.join("0.partial"), b"payload").unwrap();
+        let places = Places {
+            fetch_dir,
+            work_dir,
+            owner: None,
+        };
+        (dir, places)
+    }
+
+    #[test]
+    fn a_file_is_moved_into_place_with_its_directories() {
+        let (_dir, places) = places();
+        hand_over(&places, "0.partial", "./bin/tools/payload").unwrap();
+        let placed = places.work_dir.join("bin/tools/payload");
+        assert_eq!(std::fs::read(&placed).unwrap(), b"payload");
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            std::fs::metadata(&placed).unwrap().permissions().mode() & 0o777,
+            0o755
+        );
+        assert!(!places.fetch_dir.join("0.partial").exists());
+    }
+
+    #[test]
+    fn a_planted_link_on_the_way_is_refused_and_one_at_the_end_replaced() {
+        let (dir, places) = places();
+        let victim_dir = dir.path().join("victim-dir");
+        std::fs::create_dir(&victim_dir).unwrap();
+        std::os::unix::fs::symlink(&victim_dir, places.work_dir.join("bin")).unwrap();
+        let err = hand_over(&places, "0.partial", "bin/payload").unwrap_err();
+        assert!(err.contains("bin is a symbolic link"), "{err}");
+        assert_eq!(std::fs::read_dir(&victim_dir).unwrap().count(), 0);
+
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, b"secret").unwrap();
+        std::os::unix::fs::symlink(&victim, places.work_dir.join("payload")).unwrap();
+        hand_over(&places, "0.partial", "payload").unwrap();
+        assert_eq!(
+            std::fs::read(&victim).unwrap(),
+            b"secret",
+            "the link's target is untouched"
+        );
+        let placed = places.work_dir.join("payload");
+        assert!(!std::fs::symlink_metadata(&placed)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(std::fs::read(&placed).unwrap(), b"payload");
+    }
+
+    #[test]
+    fn files_and_new_directories_go_to_the_task_user() {
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        let (_dir, mut places) = places();
+        places.owner = Some((70_002, 70_002));
+        hand_over(&places, "0.partial", "sub/file").unwrap();
+        use std::os::unix::fs::MetadataExt;
+        for path in ["sub", "sub/file"] {
+            let meta = std::fs::metadata(places.work_dir.join(path)).unwrap();
+            assert_eq!((meta.uid(), meta.gid()), (70_002, 70_002), "{path}");
+        }
+    }
 }

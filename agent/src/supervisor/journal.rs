@@ -2,20 +2,39 @@
 //! ended) in `state_dir/journal.jsonl`. After the agent dies, the tasks
 //! accepted and not ended are exactly the ones a new agent must settle.
 //!
-//! Lines are appended with one write each (no fsync on the hot path: the
-//! journal must survive the agent being killed, which the page cache does;
-//! a power cut kills the tasks too and the manager's backstop covers it).
-//! It is fsynced on compaction and at shutdown.
+//! A thread of its own writes it, so that a slow or stalled disk never
+//! holds up the supervisor's deadlines. The supervisor's events pass
+//! through the same thread, after the record they follow: an event leaves
+//! only once its record is written (in the page cache, which survives the
+//! agent being killed), and the batch is then fsynced (which survives a
+//! power cut, for the report after the reboot). When the disk refuses a
+//! write (full, I/O error), the journal says so ([`JournalHandle::healthy`])
+//! and rewrites itself from what it holds in memory as soon as the disk
+//! takes it again. Replay skips every line it cannot read, whatever the
+//! bytes.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, BufRead, BufReader, Write};
+use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::TaskEvent;
 
 /// The journal's file name under the state dir.
 pub(crate) const FILE_NAME: &str = "journal.jsonl";
+/// Rewrite the journal once this many lines were appended...
+const COMPACT_AFTER: usize = 4096;
+/// ...and they are more than this many times the live records.
+const COMPACT_RATIO: usize = 4;
+/// How often a journal that failed to write tries to rewrite itself.
+const RETRY_EVERY: Duration = Duration::from_secs(1);
 
 /// Where a started task's processes are.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -29,6 +48,9 @@ pub(crate) struct Started {
     pub boot_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cgroup: Option<PathBuf>,
+    /// The task's own uid, if it ran as one (its leftovers are found by it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_uid: Option<u32>,
     pub started_at: jiff::Timestamp,
 }
 
@@ -62,110 +84,352 @@ pub(crate) struct Unfinished {
     pub started: Option<Started>,
 }
 
-pub(crate) struct Journal {
-    path: PathBuf,
-    file: File,
-    /// Lines written since the file was last rewritten.
-    pub appended: usize,
+/// The live records, by task: what a rewrite writes.
+type Live = BTreeMap<(String, u32), Unfinished>;
+
+/// Reads what the previous run left unfinished. A missing journal is an
+/// empty one; unreadable lines are skipped.
+pub(crate) fn replay(state_dir: &Path) -> io::Result<Vec<Unfinished>> {
+    let path = state_dir.join(FILE_NAME);
+    let mut bytes = Vec::new();
+    match File::open(&path) {
+        Ok(mut file) => file.read_to_end(&mut bytes)?,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut live = Live::new();
+    for (n, line) in bytes.split(|b| *b == b'\n').enumerate() {
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        // A line cut short by a crash, or garbage the disk returned, is
+        // skipped, not fatal: the lines after it still count.
+        match serde_json::from_slice::<Record>(line) {
+            Ok(record) => apply(&mut live, record),
+            Err(e) => tracing::warn!(line = n + 1, error = %e, "skipping an unreadable journal line"),
+        }
+    }
+    Ok(live.into_values().collect())
 }
 
-impl Journal {
-    /// Opens the journal and returns what the previous run left unfinished.
-    pub(crate) fn open(state_dir: &Path) -> io::Result<(Journal, Vec<Unfinished>)> {
+fn apply(live: &mut Live, record: Record) {
+    match record {
+        Record::Accepted {
+            uid,
+            attempt,
+            task_dir,
+        } => {
+            live.insert(
+                (uid.clone(), attempt),
+                Unfinished {
+                    uid,
+                    attempt,
+                    task_dir,
+                    started: None,
+                },
+            );
+        }
+        Record::Started { uid, attempt, at } => {
+            if let Some(task) = live.get_mut(&(uid, attempt)) {
+                task.started = Some(at);
+            }
+        }
+        Record::Ended { uid, attempt } => {
+            live.remove(&(uid, attempt));
+        }
+    }
+}
+
+fn records_of(live: &Live) -> Vec<Record> {
+    let mut out = Vec::with_capacity(live.len() * 2);
+    for task in live.values() {
+        out.push(Record::Accepted {
+            uid: task.uid.clone(),
+            attempt: task.attempt,
+            task_dir: task.task_dir.clone(),
+        });
+        if let Some(at) = &task.started {
+            out.push(Record::Started {
+                uid: task.uid.clone(),
+                attempt: task.attempt,
+                at: at.clone(),
+            });
+        }
+    }
+    out
+}
+
+enum Op {
+    /// A record (if any) and the events that follow it.
+    Write(Option<Record>, Vec<TaskEvent>),
+    /// Resolves once everything before it is written and synced.
+    Flush(std::sync::mpsc::Sender<()>),
+}
+
+/// The supervisor's side of the journal thread. Dropping it lets the thread
+/// finish what is queued and end.
+pub(crate) struct JournalHandle {
+    ops: Sender<Op>,
+    healthy: Arc<AtomicBool>,
+    alive: Arc<AtomicBool>,
+    path: PathBuf,
+    /// The unit tests' journal, written on the caller's thread: a thread
+    /// tokio does not know of would let its paused clock run on while an
+    /// event is on its way.
+    #[cfg(test)]
+    inline: Option<(std::sync::Mutex<Writer>, UnboundedSender<TaskEvent>)>,
+}
+
+impl JournalHandle {
+    /// Starts the thread on a journal that holds the `live` records (the
+    /// previous run's are settled: the file is rewritten with these).
+    pub(crate) fn start(state_dir: &Path, events: UnboundedSender<TaskEvent>) -> io::Result<JournalHandle> {
         let path = state_dir.join(FILE_NAME);
-        let unfinished = match File::open(&path) {
-            Ok(file) => replay(BufReader::new(file)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
-            Err(e) => return Err(e),
-        };
-        let file = OpenOptions::new().create(true).append(true).open(&path)?;
-        Ok((
-            Journal {
-                path,
-                file,
-                appended: 0,
-            },
-            unfinished,
-        ))
+        let writer = Writer::empty(path.clone())?;
+        let (ops, rx) = mpsc::channel();
+        let healthy = Arc::new(AtomicBool::new(true));
+        let flag = Arc::clone(&healthy);
+        let alive = Arc::new(AtomicBool::new(true));
+        let guard = Alive(Arc::clone(&alive));
+        std::thread::Builder::new()
+            .name("k8s4r-journal".to_owned())
+            .stack_size(256 * 1024)
+            .spawn(move || {
+                let _alive = guard;
+                writer.run(rx, events, flag)
+            })?;
+        Ok(JournalHandle {
+            ops,
+            healthy,
+            alive,
+            path,
+            #[cfg(test)]
+            inline: None,
+        })
+    }
+
+    /// A journal written on the caller's thread (for the unit tests).
+    #[cfg(test)]
+    pub(crate) fn inline(state_dir: &Path, events: UnboundedSender<TaskEvent>) -> io::Result<JournalHandle> {
+        let path = state_dir.join(FILE_NAME);
+        let writer = Writer::empty(path.clone())?;
+        let (ops, _) = mpsc::channel();
+        Ok(JournalHandle {
+            ops,
+            healthy: Arc::new(AtomicBool::new(true)),
+            alive: Arc::new(AtomicBool::new(true)),
+            path,
+            inline: Some((std::sync::Mutex::new(writer), events)),
+        })
+    }
+
+    /// Whether the thread still runs (it ends only when the handle is
+    /// dropped, or by a bug).
+    pub(crate) fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::Relaxed)
+    }
+
+    /// Makes the supervisor believe the thread died.
+    #[cfg(test)]
+    pub(crate) fn pretend_dead(&self) {
+        self.alive.store(false, Ordering::Relaxed);
+    }
+
+    /// Journals `record` and then sends `events`.
+    pub(crate) fn write(&self, record: Option<Record>, events: Vec<TaskEvent>) {
+        #[cfg(test)]
+        if let Some((writer, tx)) = &self.inline {
+            let mut writer = writer.lock().unwrap_or_else(|e| e.into_inner());
+            writer.handle(vec![Op::Write(record, events)], tx);
+            self.healthy.store(!writer.dirty, Ordering::Relaxed);
+            return;
+        }
+        let _ = self.ops.send(Op::Write(record, events));
+    }
+
+    /// Sends an event that needs no record, in order with the others.
+    pub(crate) fn event(&self, event: TaskEvent) {
+        self.write(None, vec![event]);
+    }
+
+    /// Whether the last write reached the disk.
+    pub(crate) fn healthy(&self) -> bool {
+        self.healthy.load(Ordering::Relaxed)
+    }
+
+    /// Resolves when everything written so far is on disk (or could not
+    /// be); for shutdown.
+    pub(crate) fn flush(&self) -> Receiver<()> {
+        let (tx, rx) = mpsc::channel();
+        #[cfg(test)]
+        if self.inline.is_some() {
+            let _ = tx.send(());
+            return rx;
+        }
+        let _ = self.ops.send(Op::Flush(tx));
+        rx
     }
 
     pub(crate) fn path(&self) -> &Path {
         &self.path
     }
+}
 
-    pub(crate) fn append(&mut self, record: &Record) -> io::Result<()> {
-        let mut line = serde_json::to_vec(record).map_err(io::Error::other)?;
-        line.push(b'\n');
-        self.file.write_all(&line)?;
-        self.appended += 1;
-        Ok(())
-    }
+/// Clears its flag when the thread holding it ends, however it ends.
+pub(crate) struct Alive(pub(crate) Arc<AtomicBool>);
 
-    /// Rewrites the journal with only `live` records (atomically: temp
-    /// file, fsync, rename).
-    pub(crate) fn compact<'a>(&mut self, live: impl IntoIterator<Item = &'a Record>) -> io::Result<()> {
-        let tmp = self.path.with_extension("jsonl.tmp");
-        {
-            let mut out = io::BufWriter::new(File::create(&tmp)?);
-            for record in live {
-                serde_json::to_writer(&mut out, record).map_err(io::Error::other)?;
-                out.write_all(b"\n")?;
-            }
-            out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-        }
-        fs::rename(&tmp, &self.path)?;
-        self.file = OpenOptions::new().append(true).open(&self.path)?;
-        self.appended = 0;
-        Ok(())
-    }
-
-    pub(crate) fn sync(&self) -> io::Result<()> {
-        self.file.sync_data()
+impl Drop for Alive {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Relaxed);
     }
 }
 
-fn replay(reader: impl BufRead) -> Vec<Unfinished> {
-    let mut open: BTreeMap<(String, u32), Unfinished> = BTreeMap::new();
-    for (n, line) in reader.lines().enumerate() {
-        let Ok(line) = line else { break };
-        if line.trim().is_empty() {
-            continue;
-        }
-        // A line cut short by a crash is skipped, not fatal.
-        let record: Record = match serde_json::from_str(&line) {
-            Ok(record) => record,
-            Err(e) => {
-                tracing::warn!(line = n + 1, error = %e, "skipping an unreadable journal line");
-                continue;
-            }
+struct Writer {
+    path: PathBuf,
+    file: Option<File>,
+    live: Live,
+    /// Lines appended since the last rewrite.
+    appended: usize,
+    /// A write failed: the file lacks records until it is rewritten.
+    dirty: bool,
+}
+
+impl Writer {
+    /// A writer on an empty journal at `path`. Nothing runs yet when the
+    /// supervisor starts: the file is rewritten empty (which also gets rid
+    /// of a torn last line).
+    fn empty(path: PathBuf) -> io::Result<Writer> {
+        let mut writer = Writer {
+            path,
+            file: None,
+            live: Live::new(),
+            appended: 0,
+            dirty: false,
         };
-        match record {
-            Record::Accepted {
-                uid,
-                attempt,
-                task_dir,
-            } => {
-                open.insert(
-                    (uid.clone(), attempt),
-                    Unfinished {
-                        uid,
-                        attempt,
-                        task_dir,
-                        started: None,
-                    },
-                );
-            }
-            Record::Started { uid, attempt, at } => {
-                if let Some(task) = open.get_mut(&(uid, attempt)) {
-                    task.started = Some(at);
+        writer.rewrite()?;
+        Ok(writer)
+    }
+
+    fn run(mut self, rx: Receiver<Op>, events: UnboundedSender<TaskEvent>, healthy: Arc<AtomicBool>) {
+        loop {
+            let first = if self.dirty {
+                match rx.recv_timeout(RETRY_EVERY) {
+                    Ok(op) => Some(op),
+                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Disconnected) => break,
                 }
-            }
-            Record::Ended { uid, attempt } => {
-                open.remove(&(uid, attempt));
-            }
+            } else {
+                match rx.recv() {
+                    Ok(op) => Some(op),
+                    Err(_) => break,
+                }
+            };
+            // Everything queued goes in one write and one fsync.
+            let mut ops: Vec<Op> = first.into_iter().collect();
+            ops.extend(rx.try_iter());
+            self.handle(ops, &events);
+            healthy.store(!self.dirty, Ordering::Relaxed);
+        }
+        if let Some(file) = &self.file {
+            let _ = file.sync_data();
         }
     }
-    open.into_values().collect()
+
+    /// Writes one batch, sends its events, syncs.
+    fn handle(&mut self, ops: Vec<Op>, events: &UnboundedSender<TaskEvent>) {
+        let mut lines = Vec::new();
+        let mut out = Vec::new();
+        let mut flushes = Vec::new();
+        for op in ops {
+            match op {
+                Op::Write(record, evs) => {
+                    if let Some(record) = record {
+                        if let Ok(mut line) = serde_json::to_vec(&record) {
+                            line.push(b'\n');
+                            lines.extend_from_slice(&line);
+                            self.appended += 1;
+                        }
+                        apply(&mut self.live, record);
+                    }
+                    out.extend(evs);
+                }
+                Op::Flush(done) => flushes.push(done),
+            }
+        }
+        let result = if self.dirty || self.should_compact() {
+            self.rewrite()
+        } else {
+            self.append(&lines)
+        };
+        match &result {
+            Ok(()) => {
+                if self.dirty {
+                    tracing::info!(path = %self.path.display(), "journal written again");
+                }
+                self.dirty = false;
+            }
+            Err(e) => {
+                if !self.dirty {
+                    tracing::error!(path = %self.path.display(), error = %e, "cannot write the journal; retrying every second");
+                }
+                self.dirty = true;
+            }
+        }
+        // Events leave after their records were handed to the kernel (or
+        // could not be): a status is never held back by a failing disk.
+        for event in out {
+            let _ = events.send(event);
+        }
+        if !lines.is_empty() && !self.dirty {
+            if let Some(file) = &self.file {
+                if let Err(e) = file.sync_data() {
+                    tracing::warn!(path = %self.path.display(), error = %e, "cannot sync the journal");
+                }
+            }
+        }
+        for done in flushes {
+            let _ = done.send(());
+        }
+    }
+
+    fn should_compact(&self) -> bool {
+        self.appended > COMPACT_AFTER && self.appended > COMPACT_RATIO * self.live.len().max(1)
+    }
+
+    fn append(&mut self, lines: &[u8]) -> io::Result<()> {
+        if lines.is_empty() {
+            return Ok(());
+        }
+        let file = match &mut self.file {
+            Some(file) => file,
+            None => self
+                .file
+                .insert(OpenOptions::new().create(true).append(true).open(&self.path)?),
+        };
+        file.write_all(lines)
+    }
+
+    /// Rewrites the journal with only the live records (atomically: temp
+    /// file, fsync, rename).
+    fn rewrite(&mut self) -> io::Result<()> {
+        let tmp = self.path.with_extension("jsonl.tmp");
+        let written = (|| {
+            let mut out = io::BufWriter::new(File::create(&tmp)?);
+            for record in records_of(&self.live) {
+                serde_json::to_writer(&mut out, &record).map_err(io::Error::other)?;
+                out.write_all(b"\n")?;
+            }
+            out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+            fs::rename(&tmp, &self.path)
+        })();
+        if let Err(e) = written {
+            let _ = fs::remove_file(&tmp);
+            return Err(e);
+        }
+        self.file = Some(OpenOptions::new().append(true).open(&self.path)?);
+        self.appended = 0;
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -179,53 +443,123 @@ mod tests {
             pid_start: 7,
             boot_id: "b".to_owned(),
             cgroup: None,
+            task_uid: None,
             started_at: jiff::Timestamp::UNIX_EPOCH,
         }
     }
 
-    #[test]
-    fn replays_what_was_not_ended_and_compacts() {
-        let dir = tempfile::tempdir().unwrap();
-        let (mut journal, left) = Journal::open(dir.path()).unwrap();
-        assert!(left.is_empty());
-        let accepted = |uid: &str| Record::Accepted {
+    fn accepted(uid: &str) -> Record {
+        Record::Accepted {
             uid: uid.to_owned(),
             attempt: 1,
             task_dir: PathBuf::from("/t"),
-        };
-        journal.append(&accepted("a")).unwrap();
-        journal.append(&accepted("b")).unwrap();
-        journal.append(&accepted("c")).unwrap();
-        let b_started = Record::Started {
-            uid: "b".to_owned(),
+        }
+    }
+
+    fn event(uid: &str) -> TaskEvent {
+        TaskEvent::Started {
+            uid: uid.to_owned(),
             attempt: 1,
-            at: started(42),
-        };
-        journal.append(&b_started).unwrap();
-        journal
-            .append(&Record::Ended {
+            pid: 1,
+            at: jiff::Timestamp::UNIX_EPOCH,
+        }
+    }
+
+    #[test]
+    fn replays_what_was_not_ended_and_skips_what_it_cannot_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut text = Vec::new();
+        for record in [
+            accepted("a"),
+            accepted("b"),
+            accepted("c"),
+            Record::Started {
+                uid: "b".to_owned(),
+                attempt: 1,
+                at: started(42),
+            },
+        ] {
+            text.extend(serde_json::to_vec(&record).unwrap());
+            text.push(b'\n');
+        }
+        // Bytes that are not even UTF-8, then more records: still read.
+        text.extend_from_slice(b"\xff\xfe garbage \x80\n");
+        text.extend(
+            serde_json::to_vec(&Record::Ended {
                 uid: "a".to_owned(),
                 attempt: 1,
             })
-            .unwrap();
-        drop(journal);
+            .unwrap(),
+        );
+        text.push(b'\n');
+        text.extend(serde_json::to_vec(&accepted("d")).unwrap());
         // A torn last line, as a crash mid-write leaves it.
-        let mut file = OpenOptions::new()
-            .append(true)
-            .open(dir.path().join(FILE_NAME))
-            .unwrap();
-        file.write_all(b"{\"op\":\"ended\",\"ui").unwrap();
+        text.extend_from_slice(b"\n{\"op\":\"ended\",\"ui");
+        std::fs::write(dir.path().join(FILE_NAME), text).unwrap();
 
-        let (mut journal, left) = Journal::open(dir.path()).unwrap();
+        let left = replay(dir.path()).unwrap();
         let uids: Vec<_> = left
             .iter()
             .map(|t| (t.uid.as_str(), t.started.as_ref().map(|s| s.pid)))
             .collect();
-        assert_eq!(uids, vec![("b", Some(42)), ("c", None)]);
+        assert_eq!(uids, vec![("b", Some(42)), ("c", None), ("d", None)]);
+    }
 
-        journal.compact([&accepted("b"), &b_started]).unwrap();
-        let (_, left) = Journal::open(dir.path()).unwrap();
-        assert_eq!(left.len(), 1);
-        assert_eq!(left[0].started, Some(started(42)));
+    #[test]
+    fn the_thread_writes_records_before_their_events_and_rewrites_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(FILE_NAME), b"{\"op\":\"accepted\"").unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let journal = JournalHandle::start(dir.path(), tx).unwrap();
+        assert!(
+            replay(dir.path()).unwrap().is_empty(),
+            "started from an empty journal"
+        );
+        journal.write(Some(accepted("x")), vec![event("x")]);
+        journal.write(
+            Some(Record::Started {
+                uid: "x".to_owned(),
+                attempt: 1,
+                at: started(7),
+            }),
+            vec![],
+        );
+        journal.event(event("y"));
+        // When the event arrives, its record is in the file.
+        let first = rx.blocking_recv().unwrap();
+        assert_eq!(first.uid(), "x");
+        assert_eq!(replay(dir.path()).unwrap()[0].uid, "x");
+        assert_eq!(rx.blocking_recv().unwrap().uid(), "y");
+        journal.flush().recv().unwrap();
+        let left = replay(dir.path()).unwrap();
+        assert_eq!(left[0].started.as_ref().map(|s| s.pid), Some(7));
+        assert!(journal.healthy());
+    }
+
+    #[test]
+    fn a_journal_that_could_not_be_written_rewrites_itself_when_it_can() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE_NAME);
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut writer = Writer::empty(path.clone()).unwrap();
+        writer.handle(vec![Op::Write(Some(accepted("a")), vec![])], &tx);
+        // The disk fills up: every write fails (/dev/full), and so does a
+        // rewrite (its temporary file cannot be made). The event still
+        // goes out.
+        writer.file = Some(OpenOptions::new().write(true).open("/dev/full").unwrap());
+        let tmp = path.with_extension("jsonl.tmp");
+        std::fs::create_dir(&tmp).unwrap();
+        writer.handle(vec![Op::Write(Some(accepted("b")), vec![event("b")])], &tx);
+        assert!(writer.dirty);
+        assert_eq!(rx.try_recv().unwrap().uid(), "b");
+        writer.handle(vec![], &tx);
+        assert!(writer.dirty, "the retry fails while the disk is full");
+        // Space is back: the next batch (or the retry timer's empty one)
+        // rewrites everything live, the records the disk refused included.
+        std::fs::remove_dir(&tmp).unwrap();
+        writer.handle(vec![Op::Write(Some(accepted("c")), vec![])], &tx);
+        assert!(!writer.dirty);
+        let uids: Vec<_> = replay(dir.path()).unwrap().into_iter().map(|t| t.uid).collect();
+        assert_eq!(uids, vec!["a", "b", "c"]);
     }
 }

@@ -1,17 +1,23 @@
 //! Per-task log files with a size cap and rotation, written by one thread.
 //!
 //! The supervisor reads the pipes; writing to disk happens on a dedicated
-//! thread so a slow SD card never delays a deadline. One thread for every
-//! task: the per-task cost is two open files at most.
+//! thread so a slow SD card never delays a deadline. Nothing the supervisor
+//! asks of it ever blocks: output waits in a queue bounded by bytes, and
+//! what does not fit is dropped and counted (the task's status says how
+//! much); opening and closing a task's logs queue without a bound, one
+//! each per task. One thread for every task: the per-task cost is two open
+//! files at most.
 
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Sender};
+use std::sync::Arc;
 
-/// Chunks queued for the writer before output is dropped (and counted).
-const QUEUE: usize = 4096;
+/// Bytes of output queued for the writer before more is dropped.
+const QUEUE_BYTES: u64 = 8 << 20;
 
 /// Which stream a chunk of output came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,47 +39,83 @@ enum Op {
     Open { id: u64, dir: PathBuf },
     Write { id: u64, stream: Stream, data: Vec<u8> },
     Close { id: u64 },
-    RemoveDir(PathBuf),
     Flush(tokio::sync::oneshot::Sender<()>),
 }
 
 /// The sending side, owned by the supervisor.
 pub(crate) struct LogWriter {
-    tx: SyncSender<Op>,
+    tx: Sender<Op>,
+    queued: Arc<AtomicU64>,
+    alive: Arc<std::sync::atomic::AtomicBool>,
+    #[cfg(test)]
+    gate: Arc<test_gate::Gate>,
 }
 
 impl LogWriter {
     pub(crate) fn start(max_bytes: u64, max_files: u32) -> io::Result<Self> {
-        let (tx, rx) = mpsc::sync_channel(QUEUE);
+        let (tx, rx) = mpsc::channel();
+        let queued = Arc::new(AtomicU64::new(0));
+        let counter = Arc::clone(&queued);
+        let alive = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let guard = super::journal::Alive(Arc::clone(&alive));
+        #[cfg(test)]
+        let gate = Arc::new(test_gate::Gate::default());
+        #[cfg(test)]
+        let thread_gate = Arc::clone(&gate);
         std::thread::Builder::new()
             .name("k8s4r-logs".to_owned())
-            .spawn(move || write_loop(rx, max_bytes.max(1), max_files.max(1)))?;
-        Ok(LogWriter { tx })
+            .stack_size(256 * 1024)
+            .spawn(move || {
+                let _alive = guard;
+                #[cfg(test)]
+                let ops = test_gate::gated(rx, thread_gate);
+                #[cfg(not(test))]
+                let ops = rx.into_iter();
+                write_loop(ops, counter, max_bytes.max(1), max_files.max(1))
+            })?;
+        Ok(LogWriter {
+            tx,
+            queued,
+            alive,
+            #[cfg(test)]
+            gate,
+        })
     }
 
     /// Logs of task `id` go to `dir/stdout.log` and `dir/stderr.log`.
     pub(crate) fn open(&self, id: u64, dir: PathBuf) {
-        // Open and Close are never dropped: block if the queue is full.
         let _ = self.tx.send(Op::Open { id, dir });
     }
 
-    /// Queues a chunk; returns false when it had to be dropped.
+    /// Whether the thread still runs (it ends only when the writer is
+    /// dropped, or by a bug).
+    pub(crate) fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of output waiting for the writer.
+    pub(crate) fn queued(&self) -> u64 {
+        self.queued.load(Ordering::Relaxed)
+    }
+
+    /// Queues a chunk; returns false when it had to be dropped (the writer
+    /// is that far behind).
     pub(crate) fn write(&self, id: u64, stream: Stream, data: Vec<u8>) -> bool {
-        match self.tx.try_send(Op::Write { id, stream, data }) {
-            Ok(()) => true,
-            Err(TrySendError::Full(_)) => false,
-            Err(TrySendError::Disconnected(_)) => false,
+        let len = data.len() as u64;
+        let before = self.queued.fetch_add(len, Ordering::Relaxed);
+        if before.saturating_add(len) > QUEUE_BYTES {
+            self.queued.fetch_sub(len, Ordering::Relaxed);
+            return false;
         }
+        if self.tx.send(Op::Write { id, stream, data }).is_err() {
+            self.queued.fetch_sub(len, Ordering::Relaxed);
+            return false;
+        }
+        true
     }
 
     pub(crate) fn close(&self, id: u64) {
         let _ = self.tx.send(Op::Close { id });
-    }
-
-    /// Deletes a finished task's directory (on this thread: a large log
-    /// tree on a slow card must not hold up the supervisor).
-    pub(crate) fn remove_dir(&self, dir: PathBuf) {
-        let _ = self.tx.send(Op::RemoveDir(dir));
     }
 
     /// Resolves when everything queued so far is written.
@@ -82,11 +124,18 @@ impl LogWriter {
         let _ = self.tx.send(Op::Flush(tx));
         rx
     }
+
+    /// Holds the writer still until the guard is dropped, as a stalled
+    /// disk would.
+    #[cfg(test)]
+    pub(crate) fn stall(&self) -> test_gate::Stall {
+        self.gate.close()
+    }
 }
 
-fn write_loop(rx: Receiver<Op>, max_bytes: u64, max_files: u32) {
+fn write_loop(rx: impl Iterator<Item = Op>, queued: Arc<AtomicU64>, max_bytes: u64, max_files: u32) {
     let mut open: HashMap<u64, [RotatingLog; 2]> = HashMap::new();
-    while let Ok(op) = rx.recv() {
+    for op in rx {
         match op {
             Op::Open { id, dir } => {
                 let logs = [Stream::Stdout, Stream::Stderr]
@@ -100,21 +149,56 @@ fn write_loop(rx: Receiver<Op>, max_bytes: u64, max_files: u32) {
                         tracing::warn!(path = %log.path.display(), error = %e, "cannot write task log");
                     }
                 }
+                queued.fetch_sub(data.len() as u64, Ordering::Relaxed);
             }
             Op::Close { id } => {
                 open.remove(&id);
-            }
-            Op::RemoveDir(dir) => {
-                if let Err(e) = fs::remove_dir_all(&dir) {
-                    if e.kind() != io::ErrorKind::NotFound {
-                        tracing::warn!(path = %dir.display(), error = %e, "cannot remove a finished task's directory");
-                    }
-                }
             }
             Op::Flush(done) => {
                 let _ = done.send(());
             }
         }
+    }
+}
+
+/// A stall switch for the unit tests: the writer thread waits at the gate
+/// before each operation while it is closed.
+#[cfg(test)]
+pub(crate) mod test_gate {
+    use std::sync::mpsc::Receiver;
+    use std::sync::{Arc, Condvar, Mutex};
+
+    #[derive(Default)]
+    pub(crate) struct Gate {
+        closed: Mutex<bool>,
+        opened: Condvar,
+    }
+
+    pub(crate) struct Stall(Arc<Gate>);
+
+    impl Gate {
+        pub(crate) fn close(self: &Arc<Self>) -> Stall {
+            *self.closed.lock().unwrap() = true;
+            Stall(Arc::clone(self))
+        }
+    }
+
+    impl Drop for Stall {
+        fn drop(&mut self) {
+            *self.0.closed.lock().unwrap() = false;
+            self.0.opened.notify_all();
+        }
+    }
+
+    pub(crate) fn gated<T>(rx: Receiver<T>, gate: Arc<Gate>) -> impl Iterator<Item = T> {
+        std::iter::from_fn(move || {
+            let op = rx.recv().ok()?;
+            let mut closed = gate.closed.lock().unwrap();
+            while *closed {
+                closed = gate.opened.wait(closed).unwrap();
+            }
+            Some(op)
+        })
     }
 }
 
@@ -241,6 +325,34 @@ mod tests {
         log.write(b"abcdefghij").unwrap();
         assert_eq!(fs::read(&path).unwrap(), b"ij");
         assert!(!numbered(&path, 1).exists());
+    }
+
+    #[test]
+    fn a_stalled_writer_never_blocks_and_drops_what_does_not_fit() {
+        let dir = tempfile::tempdir().unwrap();
+        let logs = LogWriter::start(1 << 30, 2).unwrap();
+        logs.open(1, dir.path().to_path_buf());
+        let stall = logs.stall();
+        let chunk = vec![b'x'; 1 << 20];
+        let mut taken = 0u64;
+        let mut dropped = 0u64;
+        for _ in 0..16 {
+            if logs.write(1, Stream::Stdout, chunk.clone()) {
+                taken += 1;
+            } else {
+                dropped += 1;
+            }
+        }
+        // Open and close never wait, however far behind the writer is.
+        logs.open(2, dir.path().join("other"));
+        logs.close(2);
+        assert_eq!((taken, dropped), (8, 8));
+        drop(stall);
+        let flushed = logs.flush();
+        flushed.blocking_recv().unwrap();
+        let written = fs::metadata(dir.path().join("stdout.log")).unwrap().len();
+        assert_eq!(written, 8 << 20);
+        assert!(logs.write(1, Stream::Stdout, chunk), "room again once written");
     }
 
     #[test]

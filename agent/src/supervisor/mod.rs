@@ -1,41 +1,64 @@
-//! The task supervisor: one tokio task that owns every running process.
+//! The task supervisor: one tokio task, on a thread of its own, that owns
+//! every running process.
 //!
 //! It starts tasks through a driver, waits for them (child waits and output
 //! pipes polled in `FuturesUnordered`s it drives itself), enforces each
 //! deadline with SIGTERM to the task's process group and SIGKILL after the
-//! task's kill timeout (one `DelayQueue` for every timer), writes the state
-//! journal and reports [`TaskEvent`]s on a channel. A running task costs a
-//! record in that one task, not a tokio task, thread or polling loop.
+//! task's kill timeout (one `DelayQueue` for every timer), and reports
+//! [`TaskEvent`]s on a channel. A running task costs a record in that one
+//! task, not a tokio task, thread or polling loop.
 //!
-//! The pieces, in the rumqttc split the agent follows: [`outcome`] is the
-//! pure state logic, `runner` the event loop that owns processes and pipes,
-//! [`SupervisorHandle`] the cheap cloneable front.
+//! Nothing on its thread waits for the disk: task directories are made
+//! and artifacts fetched on tokio's blocking pool, logs are written by a
+//! thread of their own (output the disk cannot keep up with is dropped and
+//! counted), and so is the journal, through which the events pass. Its own
+//! thread keeps the agent's other work (the MQTT session, the outbox's
+//! fsyncs) from delaying a deadline too.
+//!
+//! The pieces, in the rumqttc split the agent follows: `table` (the task
+//! records, their deadlines and transitions), [`outcome`] (how an attempt
+//! ended), `policy` (who a task may run as), `disk` (budget and reserve)
+//! and `containment` (a task's processes without cgroups) are the pure
+//! state and decisions, `runner` the event loop that owns processes and
+//! pipes, [`SupervisorHandle`] the cheap cloneable front. The runner starts
+//! processes through `process::Launcher`, the seam its unit tests fill
+//! with a fake driver.
 
 mod artifacts;
+mod containment;
+pub mod disk;
+#[cfg(test)]
+mod fake;
 mod journal;
 mod logs;
 pub mod outcome;
 mod output;
+pub mod policy;
+mod process;
 mod procfs;
 mod reaper;
 mod recovery;
 mod runner;
 mod stats;
+mod table;
 
+use std::ops::RangeInclusive;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use k8s4r_api::{TaskAttempt, TaskReason, TaskState, TaskTemplate};
-use tokio::sync::{mpsc, oneshot};
+use k8s4r_api::{AgentHealth, Quantity, TaskAttempt, TaskPolicy, TaskReason, TaskState, TaskTemplate};
+use tokio::sync::{mpsc, oneshot, watch};
 
+pub use disk::DiskSize;
 pub use outcome::TaskOutcome;
+pub use policy::Policy;
 pub use stats::{Histogram, SupervisorStats};
 
 /// Settings of the supervisor.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SupervisorConfig {
     /// Task directories go under `state_dir/tasks/<uid>-<attempt>/`, the
-    /// journal under `state_dir/`.
+    /// journal and the disk reserve under `state_dir/`.
     pub state_dir: PathBuf,
     /// Size of one log file before it is rotated.
     pub log_max_bytes: u64,
@@ -49,11 +72,36 @@ pub struct SupervisorConfig {
     pub artifact_timeout: Duration,
     /// Retries of a failed download (network errors and 5xx only).
     pub artifact_retries: u32,
-    /// The user of exec tasks that name none, when the agent is root.
-    pub exec_default_user: String,
     /// A writable cgroup v2 subtree; None: the agent's own cgroup, if usable.
     pub cgroup_root: Option<PathBuf>,
+    /// Who tasks may run as.
+    pub policy: Policy,
+    /// The uids exec tasks that name no user get, one each.
+    pub task_uids: RangeInclusive<u32>,
+    /// Most tasks held at once (fetching or running); more are refused.
+    pub max_tasks: usize,
+    /// `pids.max` of every task (RLIMIT_NPROC of exec tasks without a
+    /// cgroup); None: no limit.
+    pub task_pids_max: Option<u64>,
+    /// Disk for all task directories together.
+    pub disk_budget: DiskSize,
+    /// Disk kept free for the agent's own records (outbox, journal); None:
+    /// [`DEFAULT_DISK_RESERVE`], at most 5% of the file system.
+    pub disk_reserve: Option<DiskSize>,
+    /// Reap every zombie the agent inherits, not only those it can tell
+    /// are its tasks'. Right for the agent's own process (which starts no
+    /// other children); wrong where the supervisor shares its process
+    /// with code that waits for children of its own.
+    pub reap_all_orphans: bool,
 }
+
+/// The disk reserve when none is configured (capped at 5% of a small disk).
+pub const DEFAULT_DISK_RESERVE: u64 = 32 << 20;
+
+/// The task uids when none are configured: above the 16-bit range systemd
+/// uses for users and `DynamicUser`, below the usual start of subordinate
+/// uids (100000) of rootless containers.
+pub const DEFAULT_TASK_UIDS: RangeInclusive<u32> = 70_000..=79_999;
 
 impl Default for SupervisorConfig {
     fn default() -> Self {
@@ -65,8 +113,20 @@ impl Default for SupervisorConfig {
             artifact_max_bytes: 1 << 30,
             artifact_timeout: Duration::from_secs(300),
             artifact_retries: 3,
-            exec_default_user: "nobody".to_owned(),
             cgroup_root: None,
+            policy: Policy {
+                raw_exec: false,
+                allow_root: false,
+                allowed_users: Vec::new(),
+                allowed_groups: Vec::new(),
+                default_user: None,
+            },
+            task_uids: DEFAULT_TASK_UIDS,
+            max_tasks: 64,
+            task_pids_max: Some(k8s4r_drivers::DEFAULT_PIDS_MAX),
+            disk_budget: DiskSize::Percent(50),
+            disk_reserve: None,
+            reap_all_orphans: false,
         }
     }
 }
@@ -137,6 +197,9 @@ impl TaskEvent {
 /// Failures of the supervisor itself (a bad task is never one of these).
 #[derive(Debug, thiserror::Error)]
 pub enum SupervisorError {
+    /// The supervisor's thread could not be started.
+    #[error("cannot start the supervisor's thread: {0}")]
+    Thread(std::io::Error),
     /// The state directory could not be created or used.
     #[error("state directory {}: {source}", path.display())]
     StateDir {
@@ -156,9 +219,6 @@ pub enum SupervisorError {
     /// The log writer thread could not be started.
     #[error("cannot start the log writer: {0}")]
     LogWriter(std::io::Error),
-    /// `spawn` was called outside a tokio runtime.
-    #[error("the supervisor must be spawned inside a tokio runtime")]
-    NoRuntime,
     /// The supervisor is shutting down and takes no new tasks.
     #[error("the supervisor is shutting down")]
     ShuttingDown,
@@ -184,9 +244,32 @@ pub(crate) enum Command {
 #[derive(Clone, Debug)]
 pub struct SupervisorHandle {
     commands: mpsc::UnboundedSender<Command>,
+    health: watch::Receiver<AgentHealth>,
+    offer: Offer,
+}
+
+/// What the robot offers tasks, fixed at start.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Offer {
+    /// The drivers tasks may name.
+    pub drivers: Vec<String>,
+    /// Who tasks may run as and how much they may take.
+    pub policy: TaskPolicy,
 }
 
 impl SupervisorHandle {
+    /// The supervisor's health, updated as it changes: whether it takes
+    /// tasks (and why not), how many it holds, its disk use. The channel
+    /// closes when the supervisor has ended (cleanly or not).
+    pub fn health(&self) -> watch::Receiver<AgentHealth> {
+        self.health.clone()
+    }
+
+    /// The drivers and task policy to report at registration.
+    pub fn offer(&self) -> &Offer {
+        &self.offer
+    }
+
     /// Hands a task over. A bad spec, driver, user, cwd or command is still
     /// `Accepted`, then reported as a `Finished` event (InvalidSpec or
     /// StartFailed); only a supervisor that is shutting down or gone errs.
@@ -243,24 +326,56 @@ impl SupervisorHandle {
     }
 }
 
-/// Starts the supervisor. It first reads the journal of a previous run,
-/// kills the process groups that survived it and reports each of those
-/// tasks as `Finished` with reason AgentRestarted: those are the first
-/// events on the channel. Must be called inside a tokio runtime.
+/// Starts the supervisor on a thread of its own (with its own
+/// single-threaded runtime). It first reads the journal of a previous run,
+/// kills what survived of its tasks and reports each of them as `Finished`
+/// with reason AgentRestarted: those are the first events on the channel.
+///
+/// If the supervisor ever ends other than by [`SupervisorHandle::shutdown`]
+/// (a bug, a panic), its health channel closes: the agent then exits, so
+/// that systemd restarts it and the journal settles what was running.
 pub fn spawn(
     config: SupervisorConfig,
 ) -> Result<(SupervisorHandle, mpsc::UnboundedReceiver<TaskEvent>), SupervisorError> {
-    let runtime = tokio::runtime::Handle::try_current().map_err(|_| SupervisorError::NoRuntime)?;
     let (events_tx, events_rx) = mpsc::unbounded_channel();
     let (commands_tx, commands_rx) = mpsc::unbounded_channel();
-    let runner = runner::Runner::new(config, events_tx)?;
-    runtime.spawn(runner.run(commands_rx));
+    let (runner, health, offer) = runner::Runner::on_this_machine(config, events_tx)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(SupervisorError::Thread)?;
+    std::thread::Builder::new()
+        .name("k8s4r-supervisor".to_owned())
+        .spawn(move || runtime.block_on(runner.run(commands_rx)))
+        .map_err(SupervisorError::Thread)?;
     Ok((
         SupervisorHandle {
             commands: commands_tx,
+            health,
+            offer,
         },
         events_rx,
     ))
+}
+
+/// The capacity part of the robot's task policy.
+fn limits_report(max_tasks: usize, disk_budget: u64) -> (u32, Option<Quantity>) {
+    (
+        u32::try_from(max_tasks).unwrap_or(u32::MAX),
+        Some(Quantity::from_bytes(disk_budget)),
+    )
+}
+
+/// Health of a supervisor that takes tasks.
+fn ready_health(tasks: usize, disk_used_bytes: u64, dropped_output_bytes: u64) -> AgentHealth {
+    AgentHealth {
+        accepting_tasks: true,
+        reason: Some(AgentHealth::REASON_READY.to_owned()),
+        message: None,
+        tasks: u32::try_from(tasks).unwrap_or(u32::MAX),
+        disk_used_bytes,
+        dropped_output_bytes,
+    }
 }
 
 /// A task that ended before it could run: bad spec, start failure, ...

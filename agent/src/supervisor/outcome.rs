@@ -37,6 +37,8 @@ pub enum StopCause {
     Cancelled(String),
     /// The agent is shutting down.
     Shutdown,
+    /// Its directory outgrew what it may take on disk (the reason says how).
+    DiskLimit(String),
 }
 
 /// How the process ended.
@@ -109,6 +111,11 @@ pub fn verdict(exit: Exit, stop: Option<&StopCause>, kill_timeout: Duration) -> 
             TaskState::Failed,
             TaskReason::Cancelled,
             "agent shutting down".to_owned(),
+        ),
+        Some(StopCause::DiskLimit(why)) => (
+            TaskState::Failed,
+            TaskReason::DiskLimit,
+            format!("stopped: {why}: {how}"),
         ),
         None => match (exit.code, exit.signal) {
             (Some(0), None) => (TaskState::Completed, TaskReason::Completed, how),
@@ -210,6 +217,19 @@ mod tests {
         assert_eq!(
             (v.state, v.reason, v.exit_code),
             (TaskState::Failed, TaskReason::Timeout, Some(0))
+        );
+    }
+
+    #[test]
+    fn a_disk_stop_says_why() {
+        let stop = StopCause::DiskLimit("its directory grew to 9.0 MiB".to_owned());
+        let v = verdict(signal(Signal::SIGKILL), Some(&stop), KILL);
+        assert_eq!((v.reason, v.exit_code), (TaskReason::DiskLimit, Some(137)));
+        assert!(
+            v.message
+                .starts_with("stopped: its directory grew to 9.0 MiB: killed"),
+            "{}",
+            v.message
         );
     }
 

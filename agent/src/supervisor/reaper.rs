@@ -1,14 +1,15 @@
 //! The agent as a child subreaper: a task's orphaned grandchildren are
-//! re-parented to the agent instead of init, so that after their group is
-//! killed they are reaped here rather than left as zombies. Only zombies in
-//! a task's process group and not waited for by tokio are reaped.
+//! re-parented to the agent instead of init, so that after they are killed
+//! they are reaped here rather than left as zombies. Zombies tokio waits
+//! for are left to it; of the others, those the caller recognises as its
+//! tasks' (every one, in the agent's own process) are reaped.
 
 use std::collections::HashSet;
 
 use nix::sys::wait::{waitpid, WaitPidFlag};
 use nix::unistd::Pid;
 
-use super::procfs;
+use super::procfs::{self, Stat};
 
 /// Marks the agent as a child subreaper (process-wide).
 pub(crate) fn become_subreaper() {
@@ -17,16 +18,16 @@ pub(crate) fn become_subreaper() {
     }
 }
 
-/// Reaps zombie children that tokio does not own (`owned`) and that belong
-/// to a task's process group (`is_task_group`). Returns how many.
-pub(crate) fn reap_orphans(owned: &HashSet<i32>, is_task_group: impl Fn(i32) -> bool) -> usize {
+/// Reaps zombie children that tokio does not own (`owned`) and that `ours`
+/// recognises. Returns how many.
+pub(crate) fn reap_orphans(owned: &HashSet<i32>, ours: impl Fn(i32, &Stat) -> bool) -> usize {
     let mut reaped = 0;
     for pid in procfs::own_children() {
         if owned.contains(&pid) {
             continue;
         }
         let Some(stat) = procfs::stat(pid) else { continue };
-        if stat.is_live() || !is_task_group(stat.pgrp) {
+        if stat.is_live() || !ours(pid, &stat) {
             continue;
         }
         if waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)).is_ok() {

@@ -6,6 +6,7 @@ use k8s4r_drivers::TaskCgroup;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 
+use super::containment::Lineage;
 use super::journal::Unfinished;
 use super::logs::{read_tail, Stream};
 use super::output::lossy_tail;
@@ -29,7 +30,22 @@ pub(crate) fn settle(task: &Unfinished, boot_id: &str, tail_bytes: usize) -> Tas
             // leader with another start time means the group is someone
             // else's now.
             let ours = procfs::stat(started.pid).is_none_or(|s| s.start_time == started.pid_start);
-            let killed = ours && killpg(Pid::from_raw(started.pgid), Signal::SIGKILL).is_ok();
+            let mut killed = ours && killpg(Pid::from_raw(started.pgid), Signal::SIGKILL).is_ok();
+            // What left the group: its session, children, its own uid,
+            // orphans (now init's) whose environment names the task.
+            if ours {
+                let mut lineage = Lineage::new(
+                    started.pid,
+                    started.pid_start,
+                    started.task_uid,
+                    &task.uid,
+                    task.attempt,
+                );
+                let members = lineage.members(&procfs::snapshot(), 1, procfs::real_uid, procfs::environ_has);
+                for pid in members {
+                    killed |= nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL).is_ok();
+                }
+            }
             if killed {
                 format!(
                     "the agent restarted while the task ran; its process group {} was killed",

@@ -1,177 +1,206 @@
 //! The supervisor's event loop: the one task that owns every process.
+//!
+//! It runs on a thread of its own and never waits for the disk there:
+//! task directories, users and artifacts are prepared on tokio's blocking
+//! pool, logs and the journal have threads of their own, the disk is
+//! measured on the blocking pool. Everything a task can get wrong fails
+//! that task (a `Finished` event with the reason), never the loop.
 
-use std::collections::{HashMap, HashSet, VecDeque};
-use std::future::Future;
-use std::hash::Hash;
+use std::collections::{HashSet, VecDeque};
 use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::process::ExitStatus;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::{AbortHandle, Abortable, Aborted};
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
-use k8s4r_api::validation::{kill_timeout_of, timeout_of, validate_task_template};
-use k8s4r_api::{TaskAttempt, TaskReason, TaskTemplate};
-use k8s4r_drivers::{Cgroups, Driver, DriverError, ExecDriver, Launch, Prepared, RawExecDriver, TaskCgroup};
-use nix::sys::signal::{killpg, Signal};
+use k8s4r_api::task::DRIVER_RAW_EXEC;
+use k8s4r_api::validation::validate_task_template;
+use k8s4r_api::{names, AgentHealth, TaskPolicy, TaskReason, TaskTemplate};
+use k8s4r_drivers::identity::{self, RunAs};
+use k8s4r_drivers::{Cgroups, DriverError, ExecDriver, Launch, Prepared, RawExecDriver, TaskCgroup};
+use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use tokio::signal::unix::{signal, SignalKind};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
-use tokio_util::time::{delay_queue, DelayQueue};
 
-use super::journal::{self, Journal, Record};
+use super::containment::Lineage;
+use super::disk::{self, Measurement, Reserve, TaskUse};
+use super::journal::{self, JournalHandle, Record};
 use super::logs::{LogWriter, Stream};
 use super::outcome::{verdict, Exit, StopCause};
-use super::output::{self, PipeFd, PipeRead, Tail};
+use super::output::{self, PipeFd, PipeRead};
+use super::policy::{passwd_uids, Plan, TaskUids};
+use super::process::{BoxFuture, Launcher, Process};
 use super::stats::SupervisorStats;
+use super::table::{Deadline, NewTask, Phase, Running, Stop, Table, Task};
 use super::{
-    artifacts, failed_outcome, procfs, reaper, recovery, Command, Submit, SupervisorConfig, SupervisorError,
-    TaskEvent, TaskOutcome, TaskRequest,
+    artifacts, failed_outcome, procfs, ready_health, reaper, recovery, Command, Offer, Submit,
+    SupervisorConfig, SupervisorError, TaskEvent, TaskOutcome, TaskRequest,
 };
 
-/// Finished (uid, attempt)s remembered to ignore redelivered dispatches.
-const REMEMBERED_FINISHED: usize = 4096;
-/// Process groups of finished tasks whose orphans are still reaped.
-const REMEMBERED_GROUPS: usize = 1024;
 /// Most output read from a pipe when its task's process has exited.
 const DRAIN_MAX: usize = 1 << 20;
-/// Directories of finished tasks kept (logs, artifacts); older ones go.
+/// Directories of finished tasks kept (logs, artifacts); older ones go
+/// (sooner when the disk budget needs the room).
 const KEEP_FINISHED_DIRS: usize = 100;
-/// Rewrite the journal once this many lines were appended...
-const COMPACT_AFTER: usize = 4096;
-
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-/// A download of a task's artifacts: its id and the result (or Aborted).
-type Fetch = BoxFuture<(u64, Result<Result<(), String>, Aborted>)>;
-
-/// Which timer of a task fired.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Timer {
-    /// The task's timeout: SIGTERM.
-    Term,
-    /// The kill timeout after SIGTERM: SIGKILL.
-    Kill,
-    /// Retry removing the cgroups that still had dying processes.
-    Cleanup,
-}
-
-/// The task id of timers that belong to no task.
-const NO_TASK: u64 = u64::MAX;
 /// How often the removal of leftover cgroups is retried.
 const CLEANUP_EVERY: Duration = Duration::from_secs(1);
+/// Between two looks for the processes of a task without a cgroup.
+const SWEEP_EVERY: Duration = Duration::from_millis(50);
+/// Looks after which a task's processes that will not die are given up
+/// on (and its task uid never handed out again).
+const SWEEP_ROUNDS: u32 = 200;
+/// How often the disk is measured while tasks run (or it is full)...
+const MEASURE_BUSY: Duration = Duration::from_secs(2);
+/// ...and while the robot is idle.
+const MEASURE_IDLE: Duration = Duration::from_secs(30);
+/// Lineages of finished tasks remembered to reap their zombies.
+const REMEMBERED_LINEAGES: usize = 256;
 
-enum Phase {
-    /// Downloading artifacts; starts when they are in.
-    Fetching {
-        abort: AbortHandle,
-        pending: Box<Pending>,
-    },
-    Running {
-        pid: i32,
-        pgid: i32,
-        started: journal::Started,
-    },
+/// Why a task could not be prepared.
+struct Failure {
+    reason: TaskReason,
+    message: String,
 }
 
-/// What a task needs to start once its artifacts are in.
-struct Pending {
-    template: TaskTemplate,
-    prepared: Prepared,
-    driver: usize,
-}
-
-struct Task {
-    uid: String,
-    attempt: u32,
-    name: String,
-    dir: PathBuf,
-    phase: Phase,
-    timeout: Option<Duration>,
-    kill_timeout: Duration,
-    /// The pending timer, if any (cleared when it fires).
-    timer: Option<delay_queue::Key>,
-    stop: Option<StopCause>,
-    stdout: Option<PipeFd>,
-    stderr: Option<PipeFd>,
-    tail: Tail,
-    cgroup: Option<TaskCgroup>,
-    dropped_output: u64,
-}
-
-/// A bounded set that forgets its oldest members.
-struct Recent<T> {
-    set: HashSet<T>,
-    order: VecDeque<T>,
-    cap: usize,
-}
-
-impl<T: Hash + Eq + Clone> Recent<T> {
-    fn new(cap: usize) -> Self {
-        Recent {
-            set: HashSet::new(),
-            order: VecDeque::new(),
-            cap,
+impl Failure {
+    fn new(reason: TaskReason, message: impl Into<String>) -> Self {
+        Failure {
+            reason,
+            message: message.into(),
         }
     }
+}
 
-    fn insert(&mut self, value: T) {
-        if self.set.insert(value.clone()) {
-            self.order.push_back(value);
-            if self.order.len() > self.cap {
-                if let Some(old) = self.order.pop_front() {
-                    self.set.remove(&old);
-                }
-            }
-        }
-    }
-
-    fn contains(&self, value: &T) -> bool {
-        self.set.contains(value)
+impl From<DriverError> for Failure {
+    fn from(e: DriverError) -> Self {
+        Failure::new(driver_reason(&e), e.to_string())
     }
 }
+
+/// A task's preparation: its id and the prepared task (or Aborted).
+type Prep = BoxFuture<(u64, Result<Result<Prepared, Failure>, Aborted>)>;
+
+/// Work done on the blocking pool for the loop.
+enum Housework {
+    Measured(Measurement),
+    Done,
+}
+
+/// The disk rules' state.
+struct DiskState {
+    budget: u64,
+    reserve: Reserve,
+    /// The last measurement said the disk is full.
+    full: bool,
+    /// Free bytes at the last measurement.
+    free: u64,
+    /// Bytes all task directories took at the last measurement.
+    used: u64,
+    measuring: bool,
+    /// When the next measurement is due.
+    next: Option<Instant>,
+}
+
+/// What is left of a finished task without a cgroup: processes that
+/// escaped its group, killed until none is left.
+struct Lingering {
+    lineage: Lineage,
+    own_uid: Option<u32>,
+    rounds: u32,
+}
+
+/// Tasks whose processes are looked for at the next sweep.
+#[derive(Default)]
+struct Sweeps {
+    term: HashSet<u64>,
+    kill: HashSet<u64>,
+    lingering: Vec<Lingering>,
+    scheduled: bool,
+}
+
+/// What the health last said, to send only changes.
+type HealthKey = (bool, &'static str, usize, u64, u64);
 
 pub(crate) struct Runner {
     config: SupervisorConfig,
-    events: mpsc::UnboundedSender<TaskEvent>,
-    drivers: Vec<Box<dyn Driver>>,
+    launchers: Vec<Arc<dyn Launcher>>,
+    agent_is_root: bool,
+    agent_pid: i32,
+    uids: TaskUids,
     cgroups: Option<Cgroups>,
-    journal: Journal,
+    journal: JournalHandle,
     logs: LogWriter,
     boot_id: String,
     tasks_dir: PathBuf,
-    tasks: HashMap<u64, Task>,
-    by_key: HashMap<(String, u32), u64>,
+    table: Table,
     /// Pids tokio waits for: never reaped by the orphan reaper.
     owned_pids: HashSet<i32>,
-    finished: Recent<(String, u32)>,
-    recent_groups: Recent<i32>,
-    /// Cgroups of finished tasks that still had processes in them.
-    cgroups_to_remove: Vec<TaskCgroup>,
+    /// Cgroups of finished tasks that still had processes in them, with
+    /// the task uid to give back once they are empty.
+    cgroups_to_remove: Vec<(TaskCgroup, Option<u32>)>,
     /// Directories of finished tasks, oldest first.
     finished_dirs: VecDeque<((String, u32), PathBuf)>,
     cleanup_scheduled: bool,
-    next_id: u64,
-    timers: DelayQueue<(u64, Timer)>,
     waits: FuturesUnordered<BoxFuture<(u64, io::Result<ExitStatus>)>>,
     pipes: FuturesUnordered<PipeRead>,
-    fetches: FuturesUnordered<Fetch>,
+    preparing: FuturesUnordered<Prep>,
+    housework: FuturesUnordered<BoxFuture<Housework>>,
     http: Option<reqwest::Client>,
+    disk: DiskState,
+    sweeps: Sweeps,
+    /// Lineages of finished tasks, for reaping their zombies.
+    recent_lineages: VecDeque<Lineage>,
+    health: watch::Sender<AgentHealth>,
+    health_key: Option<HealthKey>,
+    dropped_output: u64,
     stats: SupervisorStats,
     shutting_down: bool,
     shutdown_waiters: Vec<oneshot::Sender<()>>,
 }
 
 impl Runner {
+    /// The supervisor of this machine's processes: the exec driver (and
+    /// raw_exec when the configuration offers it), task cgroups where the
+    /// agent has a writable cgroup v2 subtree, and the agent as the
+    /// subreaper of what its tasks leave.
+    pub(crate) fn on_this_machine(
+        config: SupervisorConfig,
+        events: mpsc::UnboundedSender<TaskEvent>,
+    ) -> Result<(Self, watch::Receiver<AgentHealth>, Offer), SupervisorError> {
+        raise_fd_limit();
+        reaper::become_subreaper();
+        let cgroups = match Cgroups::detect(config.cgroup_root.as_deref()) {
+            Ok(cgroups) => {
+                tracing::info!(root = %cgroups.root().display(), controllers = ?cgroups.controllers(), "task cgroups enabled");
+                Some(cgroups)
+            }
+            Err(why) => {
+                tracing::info!(%why, "no task cgroups: a task's processes are found through /proc to be killed");
+                None
+            }
+        };
+        let mut launchers: Vec<Arc<dyn Launcher>> =
+            vec![Arc::new(ExecDriver::new().with_pids_max(config.task_pids_max))];
+        if config.policy.raw_exec {
+            launchers.push(Arc::new(RawExecDriver::with_pids_max(config.task_pids_max)));
+        }
+        Runner::new(config, events, launchers, cgroups)
+    }
+
     /// Prepares the state dir, settles the previous run (its events go out
     /// first) and everything the loop needs.
     pub(crate) fn new(
         config: SupervisorConfig,
         events: mpsc::UnboundedSender<TaskEvent>,
-    ) -> Result<Self, SupervisorError> {
+        launchers: Vec<Arc<dyn Launcher>>,
+        cgroups: Option<Cgroups>,
+    ) -> Result<(Self, watch::Receiver<AgentHealth>, Offer), SupervisorError> {
         let tasks_dir = config.state_dir.join("tasks");
         let state_error = |path: &Path| {
             let path = path.to_path_buf();
@@ -179,89 +208,124 @@ impl Runner {
         };
         std::fs::create_dir_all(&tasks_dir).map_err(state_error(&tasks_dir))?;
         allow_traversal(&config.state_dir).map_err(state_error(&config.state_dir))?;
-        // exec tasks run as another user and must be able to walk down to
+        // exec tasks run as other users and must be able to walk down to
         // their own directory; the listing stays private.
         std::fs::set_permissions(&tasks_dir, std::fs::Permissions::from_mode(0o711))
             .map_err(state_error(&tasks_dir))?;
-        raise_fd_limit();
-        reaper::become_subreaper();
+        warn_if_unreachable(&tasks_dir);
 
-        let journal_error = |path: PathBuf| move |source| SupervisorError::Journal { path, source };
         let journal_path = config.state_dir.join(journal::FILE_NAME);
-        let (mut journal, unfinished) =
-            Journal::open(&config.state_dir).map_err(journal_error(journal_path.clone()))?;
+        let journal_error = |source| SupervisorError::Journal {
+            path: journal_path.clone(),
+            source,
+        };
+        let unfinished = journal::replay(&config.state_dir).map_err(journal_error)?;
         let boot_id = procfs::boot_id();
-        let mut finished = Recent::new(REMEMBERED_FINISHED);
-        let mut recent_groups = Recent::new(REMEMBERED_GROUPS);
+        let mut table = Table::new();
         let mut cgroups_to_remove = Vec::new();
+        let mut settled = Vec::new();
         for task in &unfinished {
             if let Some(path) = task.started.as_ref().and_then(|s| s.cgroup.clone()) {
-                cgroups_to_remove.push(TaskCgroup::at(path));
+                cgroups_to_remove.push((TaskCgroup::at(path), None));
             }
             // Killed members re-parented to us (a subreaper) get reaped.
             if let Some(started) = &task.started {
-                recent_groups.insert(started.pgid);
+                table.remember_group(started.pgid);
             }
             let outcome = recovery::settle(task, &boot_id, config.output_tail_bytes);
             tracing::warn!(uid = %task.uid, attempt = task.attempt, message = %outcome.message, "task of the previous run settled");
-            finished.insert((task.uid.clone(), task.attempt));
-            let _ = events.send(TaskEvent::Finished {
+            table.remember_finished(task.uid.clone(), task.attempt);
+            settled.push(TaskEvent::Finished {
                 uid: task.uid.clone(),
                 attempt: task.attempt,
                 outcome,
             });
         }
-        // Nothing runs yet: start from an empty journal (this also gets rid
-        // of a torn last line).
-        journal.compact([]).map_err(journal_error(journal_path))?;
+        #[cfg(not(test))]
+        let journal = JournalHandle::start(&config.state_dir, events).map_err(journal_error)?;
+        #[cfg(test)]
+        let journal = JournalHandle::inline(&config.state_dir, events).map_err(journal_error)?;
+        for event in settled {
+            journal.event(event);
+        }
 
-        let cgroups = match Cgroups::detect(config.cgroup_root.as_deref()) {
-            Ok(cgroups) => {
-                tracing::info!(root = %cgroups.root().display(), controllers = ?cgroups.controllers(), "task cgroups enabled");
-                Some(cgroups)
-            }
-            Err(why) => {
-                tracing::info!(%why, "no task cgroups: tasks are killed by process group only");
-                None
-            }
+        let (total, _, _) = disk::space(&config.state_dir).map_err(state_error(&config.state_dir))?;
+        let budget = config.disk_budget.of(total);
+        let reserve = Reserve {
+            path: config.state_dir.join("reserve"),
+            bytes: match config.disk_reserve {
+                Some(size) => size.of(total),
+                None => super::DEFAULT_DISK_RESERVE.min(total / 20),
+            },
         };
+        let mut barred = passwd_uids(&config.task_uids);
+        barred.extend(uids_running(&config.task_uids));
+        let uids = TaskUids::new(config.task_uids.clone(), barred);
+        let (max_tasks, disk_budget) = super::limits_report(config.max_tasks, budget);
+        // raw_exec is offered only when it can run something: it is on, and
+        // the agent is not root or root is allowed.
+        let agent_is_root = nix::unistd::geteuid().is_root();
+        let raw_exec = config.policy.raw_exec && (!agent_is_root || config.policy.allow_root);
+        let offer = Offer {
+            drivers: launchers
+                .iter()
+                .map(|l| l.name().to_owned())
+                .filter(|name| name != DRIVER_RAW_EXEC || raw_exec)
+                .collect(),
+            policy: TaskPolicy {
+                max_tasks,
+                disk_budget,
+                ..config.policy.report()
+            },
+        };
+        let (health, health_rx) = watch::channel(ready_health(0, 0, 0));
         let logs = LogWriter::start(config.log_max_bytes, config.log_max_files)
             .map_err(SupervisorError::LogWriter)?;
-        let drivers: Vec<Box<dyn Driver>> = vec![
-            Box::new(ExecDriver::new(config.exec_default_user.clone())),
-            Box::new(RawExecDriver),
-        ];
         let finished_dirs = existing_task_dirs(&tasks_dir);
         let mut runner = Runner {
+            agent_is_root,
+            agent_pid: std::process::id() as i32,
             config,
-            events,
-            drivers,
+            launchers,
+            uids,
             cgroups,
             journal,
             logs,
             boot_id,
             tasks_dir,
-            tasks: HashMap::new(),
-            by_key: HashMap::new(),
+            table,
             owned_pids: HashSet::new(),
-            finished,
-            recent_groups,
             cgroups_to_remove,
             finished_dirs,
             cleanup_scheduled: false,
-            next_id: 0,
-            timers: DelayQueue::new(),
             waits: FuturesUnordered::new(),
             pipes: FuturesUnordered::new(),
-            fetches: FuturesUnordered::new(),
+            preparing: FuturesUnordered::new(),
+            housework: FuturesUnordered::new(),
             http: None,
+            disk: DiskState {
+                budget,
+                reserve,
+                full: false,
+                free: 0,
+                used: 0,
+                measuring: false,
+                next: None,
+            },
+            sweeps: Sweeps::default(),
+            recent_lineages: VecDeque::new(),
+            health,
+            health_key: None,
+            dropped_output: 0,
             stats: SupervisorStats::default(),
             shutting_down: false,
             shutdown_waiters: Vec::new(),
         };
         // Leftover cgroups of the previous run go once their processes do.
         runner.remove_cgroups();
-        Ok(runner)
+        // The first measurement takes the disk reserve.
+        runner.schedule_measure(Duration::ZERO);
+        Ok((runner, health_rx, offer))
     }
 
     pub(crate) async fn run(mut self, mut commands: mpsc::UnboundedReceiver<Command>) {
@@ -274,17 +338,27 @@ impl Runner {
         };
         let mut commands_open = true;
         loop {
-            if self.shutting_down && self.tasks.is_empty() {
+            if self.shutting_down && self.table.is_empty() && self.sweeps.lingering.is_empty() {
                 break;
             }
+            if !self.journal.is_alive() || !self.logs.is_alive() {
+                // A bug killed a helper thread: without the journal no event
+                // leaves. End, so that the agent exits and is restarted, and
+                // the journal settles what runs.
+                tracing::error!(
+                    journal = self.journal.is_alive(),
+                    logs = self.logs.is_alive(),
+                    "a thread of the supervisor died; the supervisor stops"
+                );
+                return;
+            }
+            self.update_health();
             // Biased: timers first so that a flood of output or commands
             // never delays a deadline.
             tokio::select! {
                 biased;
-                Some(expired) = self.timers.next(), if !self.timers.is_empty() => {
-                    let deadline = expired.deadline();
-                    let (id, timer) = expired.into_inner();
-                    self.on_timer(id, timer, deadline);
+                Some((deadline, at)) = self.table.next_deadline(), if self.table.has_deadlines() => {
+                    self.on_deadline(deadline, at);
                 }
                 Some((id, status)) = self.waits.next(), if !self.waits.is_empty() => {
                     self.on_exit(id, status);
@@ -298,12 +372,17 @@ impl Runner {
                         self.begin_shutdown();
                     }
                 },
+                Some((id, result)) = self.preparing.next(), if !self.preparing.is_empty() => {
+                    if let Ok(result) = result {
+                        self.on_prepared(id, result);
+                    }
+                }
                 Some((id, stream, fd, result)) = self.pipes.next(), if !self.pipes.is_empty() => {
                     self.on_output(id, stream, fd, result);
                 }
-                Some((id, result)) = self.fetches.next(), if !self.fetches.is_empty() => {
-                    if let Ok(result) = result {
-                        self.on_fetched(id, result);
+                Some(work) = self.housework.next(), if !self.housework.is_empty() => {
+                    if let Housework::Measured(m) = work {
+                        self.on_measured(m);
                     }
                 }
                 Some(()) = recv_signal(&mut sigchld) => {
@@ -319,10 +398,20 @@ impl Runner {
             tokio::time::sleep(Duration::from_millis(20)).await;
             self.reap_orphans();
         }
+        // Directories still being closed or removed: finish that first.
+        let _ = tokio::time::timeout(Duration::from_secs(5), async {
+            while self.housework.next().await.is_some() {}
+        })
+        .await;
         let _ = self.logs.flush().await;
-        if let Err(e) = self.journal.sync() {
-            tracing::warn!(path = %self.journal.path().display(), error = %e, "cannot sync the journal");
-        }
+        let flushed = self.journal.flush();
+        let _ = tokio::task::spawn_blocking(move || flushed.recv_timeout(Duration::from_secs(5))).await;
+        let _ = self.health.send(AgentHealth {
+            accepting_tasks: false,
+            reason: Some(AgentHealth::REASON_SHUTTING_DOWN.to_owned()),
+            message: Some("the agent has stopped its tasks".to_owned()),
+            ..AgentHealth::default()
+        });
         for waiter in self.shutdown_waiters.drain(..) {
             let _ = waiter.send(());
         }
@@ -338,7 +427,7 @@ impl Runner {
                     return;
                 }
                 let key = (req.uid.clone(), req.attempt);
-                if self.by_key.contains_key(&key) || self.finished.contains(&key) {
+                if self.table.is_known(&key) {
                     let _ = reply.send(Ok(Submit::Duplicate));
                     return;
                 }
@@ -351,28 +440,13 @@ impl Runner {
                 reason,
                 done,
             } => {
-                let ids: Vec<u64> = self
-                    .tasks
-                    .iter()
-                    .filter(|(_, t)| t.uid == uid && attempt.is_none_or(|a| a == t.attempt))
-                    .map(|(id, _)| *id)
-                    .collect();
-                for id in ids {
+                for id in self.table.ids_of(&uid, attempt) {
                     self.stop(id, StopCause::Cancelled(reason.clone()));
                 }
                 let _ = done.send(());
             }
             Command::Running(reply) => {
-                let mut running: Vec<TaskAttempt> = self
-                    .tasks
-                    .values()
-                    .map(|t| TaskAttempt {
-                        uid: t.uid.clone(),
-                        attempt: t.attempt,
-                    })
-                    .collect();
-                running.sort_by(|a, b| (&a.uid, a.attempt).cmp(&(&b.uid, b.attempt)));
-                let _ = reply.send(running);
+                let _ = reply.send(self.table.attempts());
             }
             Command::Stats(reply) => {
                 let _ = reply.send(self.stats.clone());
@@ -389,15 +463,16 @@ impl Runner {
             return;
         }
         self.shutting_down = true;
-        let ids: Vec<u64> = self.tasks.keys().copied().collect();
+        let ids = self.table.ids();
         tracing::info!(tasks = ids.len(), "supervisor shutting down");
         for id in ids {
             self.stop(id, StopCause::Shutdown);
         }
     }
 
-    /// Validates and prepares a new task, then fetches or starts it. Every
-    /// failure becomes a Finished event.
+    /// Checks a new task against the spec's rules, the robot's capacity
+    /// and its policy, then prepares it off this thread. Every refusal
+    /// becomes a Finished event.
     fn begin(&mut self, req: TaskRequest) {
         let TaskRequest {
             uid,
@@ -406,115 +481,142 @@ impl Runner {
             spec,
         } = req;
         if let Err(e) = validate_task_template(&spec) {
-            return self.finish_early(
-                uid,
-                attempt,
-                TaskReason::InvalidSpec,
-                format!("invalid spec: {e}"),
-            );
+            let message = format!("invalid spec: {e}");
+            return self.finish_early(uid, attempt, TaskReason::InvalidSpec, message);
         }
         if !is_path_component(&uid) {
-            return self.finish_early(
-                uid,
-                attempt,
-                TaskReason::InvalidSpec,
-                "task uid cannot name a directory".to_owned(),
-            );
+            let message = "task uid cannot name a directory".to_owned();
+            return self.finish_early(uid, attempt, TaskReason::InvalidSpec, message);
         }
-        let Some(driver) = self.drivers.iter().position(|d| d.name() == spec.driver) else {
+        if let Some(message) = self.over_capacity(&spec) {
+            return self.finish_early(uid, attempt, TaskReason::OverCapacity, message);
+        }
+        let plan = match self.config.policy.decide(&spec, self.agent_is_root) {
+            Ok(plan) => plan,
+            Err(refusal) => return self.finish_early(uid, attempt, refusal.reason, refusal.message),
+        };
+        let Some(driver) = self.launchers.iter().position(|d| d.name() == spec.driver) else {
             let message = format!("driver {:?} is not available on this robot", spec.driver);
             return self.finish_early(uid, attempt, TaskReason::InvalidSpec, message);
         };
-        let dir = self.tasks_dir.join(format!("{uid}-{attempt}"));
-        if let Err(e) = make_task_dir(&dir) {
-            let message = format!("cannot create task directory {}: {e}", dir.display());
-            return self.finish_early(uid, attempt, TaskReason::StartFailed, message);
-        }
-        let prepared = match self.drivers[driver].prepare(&spec, &dir.join("work")) {
-            Ok(prepared) => prepared,
-            Err(e) => return self.finish_driver_error(uid, attempt, e),
+        let (run_as, own_uid) = match plan {
+            Plan::Run(run_as) => (run_as, None),
+            Plan::OwnUid => match self.uids.take() {
+                Some(u) => (RunAs::TaskUid(u), Some(u)),
+                None => {
+                    let message = format!(
+                        "every task uid of this robot ({}-{}) is in use",
+                        self.config.task_uids.start(),
+                        self.config.task_uids.end()
+                    );
+                    return self.finish_early(uid, attempt, TaskReason::OverCapacity, message);
+                }
+            },
         };
-        let id = self.next_id;
-        self.next_id += 1;
-        self.journal_append(&Record::Accepted {
+        let dir = self.tasks_dir.join(format!("{uid}-{attempt}"));
+        let client = if spec.artifacts.is_empty() {
+            None
+        } else {
+            match &self.http {
+                Some(client) => Some(client.clone()),
+                None => match artifacts::client() {
+                    Ok(client) => Some(self.http.insert(client).clone()),
+                    Err(message) => {
+                        self.give_back(own_uid);
+                        return self.finish_early(uid, attempt, TaskReason::StartFailed, message);
+                    }
+                },
+            }
+        };
+        let input = PrepInput {
+            dir: dir.clone(),
+            launcher: Arc::clone(&self.launchers[driver]),
+            template: spec.clone(),
+            run_as,
+            allow_root: self.config.policy.allow_root,
+            client,
+            limits: artifacts::Limits {
+                max_bytes: self.config.artifact_max_bytes,
+                timeout: self.config.artifact_timeout,
+                retries: self.config.artifact_retries,
+            },
+        };
+        let (abort, registration) = AbortHandle::new_pair();
+        let record = Record::Accepted {
             uid: uid.clone(),
             attempt,
             task_dir: dir.clone(),
-        });
-        let artifacts = spec.artifacts.clone();
-        let owner = prepared.identity.as_ref().map(|i| (i.uid, i.gid));
-        let work = prepared.task_dir.clone();
-        let (abort, registration) = AbortHandle::new_pair();
-        let task = Task {
-            timeout: timeout_of(&spec),
-            kill_timeout: kill_timeout_of(&spec),
-            uid: uid.clone(),
+        };
+        let new = NewTask {
+            uid,
             attempt,
             name,
             dir,
-            phase: Phase::Fetching {
-                abort,
-                pending: Box::new(Pending {
-                    template: spec,
-                    prepared,
-                    driver,
-                }),
-            },
-            timer: None,
-            stop: None,
-            stdout: None,
-            stderr: None,
-            tail: Tail::new(self.config.output_tail_bytes),
-            cgroup: None,
-            dropped_output: 0,
+            template: spec,
+            driver,
+            own_uid,
         };
-        self.tasks.insert(id, task);
-        self.by_key.insert((uid, attempt), id);
-        if artifacts.is_empty() {
-            return self.start(id);
-        }
-        let client = match &self.http {
-            Some(client) => client.clone(),
-            None => match artifacts::client() {
-                Ok(client) => self.http.insert(client).clone(),
-                Err(message) => return self.on_fetched(id, Err(message)),
-            },
-        };
-        let limits = artifacts::Limits {
-            max_bytes: self.config.artifact_max_bytes,
-            timeout: self.config.artifact_timeout,
-            retries: self.config.artifact_retries,
-        };
-        let fetch = Abortable::new(
-            artifacts::fetch_all(client, artifacts, work, owner, limits),
-            registration,
-        );
-        self.fetches.push(Box::pin(async move { (id, fetch.await) }));
+        let id = self
+            .table
+            .insert(Task::preparing(new, abort, self.config.output_tail_bytes));
+        self.journal.write(Some(record), Vec::new());
+        let prep = Abortable::new(prepare(input), registration);
+        self.preparing.push(Box::pin(async move { (id, prep.await) }));
+        self.schedule_measure(MEASURE_BUSY);
     }
 
-    fn on_fetched(&mut self, id: u64, result: Result<(), String>) {
+    /// Why the robot cannot take `spec` now, if it cannot.
+    fn over_capacity(&self, spec: &TaskTemplate) -> Option<String> {
+        if self.table.len() >= self.config.max_tasks {
+            return Some(format!(
+                "this robot already holds its maximum of {} tasks (max_tasks)",
+                self.config.max_tasks
+            ));
+        }
+        if self.disk.full {
+            return Some(format!(
+                "the robot's disk is full ({} free, {} kept for the agent); it takes no task until space is back",
+                disk::mib(self.disk.free),
+                disk::mib(self.disk.reserve.bytes)
+            ));
+        }
+        let wanted = spec.disk_bytes()?;
+        let taken: u64 = self
+            .table
+            .tasks()
+            .map(|(_, t)| t.disk_used.max(t.disk_limit.unwrap_or(0)))
+            .sum();
+        if taken.saturating_add(wanted) > self.disk.budget {
+            return Some(format!(
+                "resources.disk of {} does not fit: its tasks take {} of the robot's disk budget of {}",
+                disk::mib(wanted),
+                disk::mib(taken),
+                disk::mib(self.disk.budget)
+            ));
+        }
+        None
+    }
+
+    fn on_prepared(&mut self, id: u64, result: Result<Prepared, Failure>) {
         match result {
-            Ok(()) => self.start(id),
-            Err(message) => {
-                tracing::warn!(id, %message, "artifact download failed");
-                self.finish_unstarted(id, TaskReason::ArtifactFailed, message);
-            }
+            Ok(prepared) => self.start(id, prepared),
+            Err(Failure { reason, message }) => self.finish_unstarted(id, reason, message),
         }
     }
 
-    /// Starts a task whose artifacts are in.
-    fn start(&mut self, id: u64) {
-        let Some(task) = self.tasks.get_mut(&id) else {
+    /// Starts a prepared task.
+    fn start(&mut self, id: u64, prepared: Prepared) {
+        let Some(task) = self.table.get(id) else {
             return;
         };
-        let Phase::Fetching { pending, .. } = &task.phase else {
+        if task.is_running() {
             return;
-        };
+        }
         let name = format!("{}-{}", task.uid, task.attempt);
         let cgroup = self.cgroups.as_ref().and_then(|c| match c.create(&name) {
             Ok(cgroup) => Some(cgroup),
             Err(e) => {
-                tracing::warn!(task = %name, error = %e, "cannot create the task's cgroup; killing by process group only");
+                tracing::warn!(task = %name, error = %e, "cannot create the task's cgroup; its processes are found through /proc");
                 None
             }
         });
@@ -523,47 +625,52 @@ impl Runner {
             Ok(pipes) => pipes,
             Err(e) => {
                 remove_cgroup(cgroup.as_ref());
-                return self.finish_unstarted(
-                    id,
-                    TaskReason::StartFailed,
-                    format!("cannot create output pipes: {e}"),
-                );
+                let message = format!("cannot create output pipes: {e}");
+                return self.finish_unstarted(id, TaskReason::StartFailed, message);
             }
         };
         let extra_env = vec![
-            ("K8S4R_TASK_UID".to_owned(), task.uid.clone()),
-            ("K8S4R_TASK_ATTEMPT".to_owned(), task.attempt.to_string()),
-            ("K8S4R_TASK_NAME".to_owned(), task.name.clone()),
+            (names::ENV_TASK_UID.to_owned(), task.uid.clone()),
+            (names::ENV_TASK_ATTEMPT.to_owned(), task.attempt.to_string()),
+            (names::ENV_TASK_NAME.to_owned(), task.name.clone()),
             (
-                "K8S4R_TASK_DIR".to_owned(),
-                pending.prepared.task_dir.display().to_string(),
+                names::ENV_TASK_DIR.to_owned(),
+                prepared.task_dir.display().to_string(),
             ),
         ];
-        let launched = self.drivers[pending.driver].start(Launch {
-            template: &pending.template,
-            prepared: &pending.prepared,
+        let launched = self.launchers[task.driver].start(Launch {
+            template: &task.template,
+            prepared: &prepared,
             extra_env: &extra_env,
             stdout: stdout_w,
             stderr: stderr_w,
             cgroup: cgroup.as_ref(),
         });
-        let launched = match launched {
-            Ok(launched) => launched,
+        let process = match launched {
+            Ok(process) => process,
             Err(e) => {
                 remove_cgroup(cgroup.as_ref());
                 let reason = driver_reason(&e);
                 return self.finish_unstarted(id, reason, e.to_string());
             }
         };
+        let Process {
+            pid: raw_pid,
+            pgid,
+            exit,
+            group,
+        } = process;
         let now = Instant::now();
         let at = jiff::Timestamp::now();
-        let pid = launched.pid as i32;
+        let pid = raw_pid as i32;
+        let pid_start = procfs::stat(pid).map(|s| s.start_time).unwrap_or(0);
         let started = journal::Started {
             pid,
-            pgid: launched.pgid,
-            pid_start: procfs::stat(pid).map(|s| s.start_time).unwrap_or(0),
+            pgid,
+            pid_start,
             boot_id: self.boot_id.clone(),
             cgroup: cgroup.as_ref().map(|c| c.path().to_path_buf()),
+            task_uid: task.own_uid,
             started_at: at,
         };
         let record = Record::Started {
@@ -571,127 +678,168 @@ impl Runner {
             attempt: task.attempt,
             at: started.clone(),
         };
-        task.phase = Phase::Running {
-            pid,
-            pgid: launched.pgid,
-            started,
-        };
-        task.cgroup = cgroup;
-        task.stdout = Some(stdout.clone());
-        task.stderr = Some(stderr.clone());
-        if let Some(timeout) = task.timeout {
-            task.timer = Some(self.timers.insert_at((id, Timer::Term), now + timeout));
-        }
         let event = TaskEvent::Started {
             uid: task.uid.clone(),
             attempt: task.attempt,
-            pid: launched.pid,
+            pid: raw_pid,
             at,
         };
-        self.logs.open(id, task.dir.join("logs"));
+        let lineage = match cgroup {
+            Some(_) => None,
+            None => Some(Lineage::new(
+                pid,
+                pid_start,
+                task.own_uid,
+                &task.uid,
+                task.attempt,
+            )),
+        };
+        let logs_dir = task.dir.join("logs");
+        let running = Running {
+            pid,
+            pgid,
+            started,
+            group,
+            lineage,
+        };
+        if let Some(task) = self.table.get_mut(id) {
+            task.cgroup = cgroup;
+            task.stdout = Some(stdout.clone());
+            task.stderr = Some(stderr.clone());
+        }
+        self.table.started(id, running, now);
+        self.logs.open(id, logs_dir);
         self.owned_pids.insert(pid);
-        let mut child = launched.child;
-        self.waits.push(Box::pin(async move { (id, child.wait().await) }));
+        self.waits.push(Box::pin(async move { (id, exit.await) }));
         self.pipes.push(output::read_next(id, Stream::Stdout, stdout));
         self.pipes.push(output::read_next(id, Stream::Stderr, stderr));
-        self.journal_append(&record);
-        let _ = self.events.send(event);
+        self.journal.write(Some(record), vec![event]);
     }
 
-    fn on_timer(&mut self, id: u64, timer: Timer, deadline: Instant) {
-        if timer == Timer::Cleanup {
-            self.cleanup_scheduled = false;
-            return self.remove_cgroups();
+    fn on_deadline(&mut self, deadline: Deadline, at: Instant) {
+        match deadline {
+            Deadline::Cleanup => {
+                self.cleanup_scheduled = false;
+                return self.remove_cgroups();
+            }
+            Deadline::Sweep => return self.sweep(),
+            Deadline::Measure => return self.measure(),
+            Deadline::Term(_) | Deadline::Kill(_) => {}
         }
-        let Some(task) = self.tasks.get_mut(&id) else {
+        let id = match deadline {
+            Deadline::Term(id) | Deadline::Kill(id) => id,
+            _ => return,
+        };
+        let Some((signal, task)) = self.table.deadline_passed(deadline, at) else {
             return;
         };
-        task.timer = None;
-        let Phase::Running { pgid, .. } = task.phase else {
+        let Phase::Running(running) = &task.phase else {
             return;
         };
-        match timer {
-            Timer::Term => {
-                if task.stop.is_none() {
-                    task.stop = task.timeout.map(StopCause::Timeout);
-                }
-                signal_group(pgid, Signal::SIGTERM);
-                self.stats
-                    .sigterm_late
-                    .record(Instant::now().saturating_duration_since(deadline));
-                // From the deadline, not from now: lateness does not add up.
-                task.timer = Some(
-                    self.timers
-                        .insert_at((id, Timer::Kill), deadline + task.kill_timeout),
-                );
+        running.group.signal(signal);
+        let late = Instant::now().saturating_duration_since(at);
+        let has_lineage = running.lineage.is_some();
+        if signal == Signal::SIGTERM {
+            self.stats.sigterm_late.record(late);
+        } else {
+            self.stats.sigkill_late.record(late);
+            if let Some(cgroup) = &task.cgroup {
+                let pids = cgroup.pids().unwrap_or_default();
+                let _ = cgroup.kill();
+                self.table.remember_pids(pids);
             }
-            Timer::Cleanup => {}
-            Timer::Kill => {
-                signal_group(pgid, Signal::SIGKILL);
-                self.stats
-                    .sigkill_late
-                    .record(Instant::now().saturating_duration_since(deadline));
-                if let Some(cgroup) = &task.cgroup {
-                    let _ = cgroup.kill();
-                }
-            }
+        }
+        if has_lineage {
+            self.sweep_soon(id, signal);
         }
     }
 
     /// Cancel or shutdown: SIGTERM now, SIGKILL after the kill timeout. A
     /// task already being stopped keeps its cause and its escalation.
     fn stop(&mut self, id: u64, cause: StopCause) {
-        let Some(task) = self.tasks.get_mut(&id) else {
-            return;
-        };
-        match &task.phase {
-            Phase::Fetching { abort, .. } => {
+        match self.table.stop(id, &cause, Instant::now()) {
+            Stop::Unstarted(abort) => {
                 abort.abort();
                 let message = match &cause {
                     StopCause::Cancelled(why) => format!("cancelled ({why}) before it started"),
                     StopCause::Shutdown => "agent shutting down".to_owned(),
                     StopCause::Timeout(_) => "timed out".to_owned(),
+                    StopCause::DiskLimit(why) => format!("stopped before it started: {why}"),
                 };
                 self.finish_unstarted(id, TaskReason::Cancelled, message);
             }
-            Phase::Running { pgid, .. } => {
-                if task.stop.is_some() {
-                    return;
+            Stop::Terminate(group) => {
+                group.signal(Signal::SIGTERM);
+                let has_lineage = self
+                    .table
+                    .get(id)
+                    .is_some_and(|t| matches!(&t.phase, Phase::Running(r) if r.lineage.is_some()));
+                if has_lineage {
+                    self.sweep_soon(id, Signal::SIGTERM);
                 }
-                let pgid = *pgid;
-                task.stop = Some(cause);
-                if let Some(key) = task.timer.take() {
-                    self.timers.try_remove(&key);
-                }
-                signal_group(pgid, Signal::SIGTERM);
-                task.timer = Some(self.timers.insert((id, Timer::Kill), task.kill_timeout));
             }
+            Stop::Nothing => {}
+        }
+    }
+
+    /// Kills a running task at once (the disk cannot wait for its kill
+    /// timeout).
+    fn kill_now(&mut self, id: u64, cause: StopCause) {
+        let Some(task) = self.table.kill_now(id, cause) else {
+            return;
+        };
+        let Phase::Running(running) = &task.phase else {
+            return;
+        };
+        tracing::warn!(uid = %task.uid, attempt = task.attempt, "stopping a task for its disk use");
+        running.group.signal(Signal::SIGKILL);
+        let lineage = running.lineage.is_some();
+        if let Some(cgroup) = &task.cgroup {
+            let pids = cgroup.pids().unwrap_or_default();
+            let _ = cgroup.kill();
+            self.table.remember_pids(pids);
+        }
+        if lineage {
+            self.sweep_soon(id, Signal::SIGKILL);
         }
     }
 
     fn on_exit(&mut self, id: u64, status: io::Result<ExitStatus>) {
-        let Some(mut task) = self.tasks.remove(&id) else {
+        let Some(mut task) = self.table.remove(id) else {
             return;
         };
-        self.by_key.remove(&(task.uid.clone(), task.attempt));
-        if let Some(key) = task.timer.take() {
-            self.timers.try_remove(&key);
-        }
-        let Phase::Running { pid, pgid, started } = &task.phase else {
+        let Phase::Running(running) = task.phase else {
             return;
         };
-        self.owned_pids.remove(pid);
-        // The task is its whole process group (and cgroup): nothing of it
-        // outlives its main process. Orphans come back to us as zombies.
-        signal_group(*pgid, Signal::SIGKILL);
-        if let Some(cgroup) = task.cgroup.take() {
-            let _ = cgroup.kill();
-            if cgroup.remove().is_err() {
-                self.cgroups_to_remove.push(cgroup);
-                self.remove_cgroups();
+        self.sweeps.term.remove(&id);
+        self.sweeps.kill.remove(&id);
+        self.owned_pids.remove(&running.pid);
+        // The task is its whole process group (and cgroup, or lineage):
+        // nothing of it outlives its main process. Orphans come back to us
+        // as zombies.
+        running.group.signal(Signal::SIGKILL);
+        match (task.cgroup.take(), running.lineage) {
+            (Some(cgroup), _) => {
+                self.table.remember_pids(cgroup.pids().unwrap_or_default());
+                let _ = cgroup.kill();
+                if cgroup.remove().is_err() {
+                    self.cgroups_to_remove.push((cgroup, task.own_uid));
+                    self.remove_cgroups();
+                } else {
+                    self.give_back(task.own_uid);
+                }
             }
+            (None, Some(lineage)) => {
+                self.sweeps.lingering.push(Lingering {
+                    lineage,
+                    own_uid: task.own_uid,
+                    rounds: 0,
+                });
+                self.schedule_sweep(Duration::ZERO);
+            }
+            (None, None) => self.give_back(task.own_uid),
         }
-        self.recent_groups.insert(*pgid);
+        self.table.remember_group(running.pgid);
         for (stream, fd) in [
             (Stream::Stdout, task.stdout.take()),
             (Stream::Stderr, task.stderr.take()),
@@ -700,7 +848,11 @@ impl Runner {
                 let rest = output::drain(&fd, DRAIN_MAX);
                 if !rest.is_empty() {
                     task.tail.push(&rest);
-                    self.logs.write(id, stream, rest);
+                    let len = rest.len() as u64;
+                    if !self.logs.write(id, stream, rest) {
+                        task.dropped_output += len;
+                        self.dropped_output += len;
+                    }
                 }
             }
         }
@@ -715,21 +867,41 @@ impl Runner {
                 }
             }
         };
-        if task.dropped_output > 0 {
-            tracing::warn!(uid = %task.uid, bytes = task.dropped_output, "task output dropped: log writer too slow");
-        }
         let v = verdict(exit, task.stop.as_ref(), task.kill_timeout);
+        let mut message = v.message;
+        if task.dropped_output > 0 {
+            tracing::warn!(uid = %task.uid, bytes = task.dropped_output, queued = self.logs.queued(), "task output dropped: log writer too slow");
+            message.push_str(&format!(
+                "; {} bytes of its output were not logged (the disk could not keep up)",
+                task.dropped_output
+            ));
+        }
+        if v.state != k8s4r_api::TaskState::Completed {
+            // A task that failed on a full disk should say so: it most
+            // likely failed because of it.
+            if let Ok((_, free, _)) = disk::space(&self.tasks_dir) {
+                if free < self.disk.reserve.bytes && !matches!(task.stop, Some(StopCause::DiskLimit(_))) {
+                    message.push_str(&format!(
+                        "; the robot's disk was full when it ended ({} free)",
+                        disk::mib(free)
+                    ));
+                }
+            }
+        }
         let outcome = TaskOutcome {
             state: v.state,
             exit_code: v.exit_code,
             signal: v.signal,
             reason: v.reason,
-            message: v.message,
-            started_at: Some(started.started_at),
+            message,
+            started_at: Some(running.started.started_at),
             finished_at: jiff::Timestamp::now(),
             output_tail: task.tail.text(),
         };
-        self.end(task.uid, task.attempt, outcome);
+        // What a task stopped for its disk use wrote goes at once: the disk
+        // needs it back (its logs stay, they are bounded).
+        let free_work = matches!(task.stop, Some(StopCause::DiskLimit(_)));
+        self.end(task.uid, task.attempt, outcome, free_work);
     }
 
     fn on_output(&mut self, id: u64, stream: Stream, fd: PipeFd, result: io::Result<Vec<u8>>) {
@@ -738,7 +910,7 @@ impl Runner {
             // End of file or a broken pipe: this stream is done.
             _ => return,
         };
-        let Some(task) = self.tasks.get_mut(&id) else {
+        let Some(task) = self.table.get_mut(id) else {
             // The task is over; whatever escaped it may not keep us reading.
             return;
         };
@@ -746,139 +918,428 @@ impl Runner {
         let len = data.len() as u64;
         if !self.logs.write(id, stream, data) {
             task.dropped_output += len;
+            self.dropped_output += len;
         }
         self.pipes.push(output::read_next(id, stream, fd));
     }
 
+    /// Signals the processes of `id` (a task without a cgroup) at the next
+    /// sweep: one look at /proc serves every task due.
+    fn sweep_soon(&mut self, id: u64, signal: Signal) {
+        if signal == Signal::SIGKILL {
+            self.sweeps.kill.insert(id);
+        } else {
+            self.sweeps.term.insert(id);
+        }
+        self.schedule_sweep(Duration::ZERO);
+    }
+
+    fn schedule_sweep(&mut self, after: Duration) {
+        if !self.sweeps.scheduled {
+            self.sweeps.scheduled = true;
+            self.table.schedule(Deadline::Sweep, after);
+        }
+    }
+
+    /// Finds the processes of the tasks due in /proc and signals them; the
+    /// processes of finished tasks are killed, look after look, until none
+    /// is left.
+    fn sweep(&mut self) {
+        self.sweeps.scheduled = false;
+        let procs = procfs::snapshot();
+        let agent = self.agent_pid;
+        for (ids, signal) in [
+            (std::mem::take(&mut self.sweeps.term), Signal::SIGTERM),
+            (std::mem::take(&mut self.sweeps.kill), Signal::SIGKILL),
+        ] {
+            for id in ids {
+                let Some(task) = self.table.get_mut(id) else {
+                    continue;
+                };
+                let Phase::Running(running) = &mut task.phase else {
+                    continue;
+                };
+                let Some(lineage) = running.lineage.as_mut() else {
+                    continue;
+                };
+                for pid in lineage.members(&procs, agent, procfs::real_uid, procfs::environ_has) {
+                    let _ = nix::sys::signal::kill(Pid::from_raw(pid), signal);
+                }
+            }
+        }
+        let mut done = Vec::new();
+        for (i, left) in self.sweeps.lingering.iter_mut().enumerate() {
+            let members = left
+                .lineage
+                .members(&procs, agent, procfs::real_uid, procfs::environ_has);
+            for pid in &members {
+                let _ = nix::sys::signal::kill(Pid::from_raw(*pid), Signal::SIGKILL);
+            }
+            left.rounds += 1;
+            if members.is_empty() || left.rounds > SWEEP_ROUNDS {
+                if !members.is_empty() {
+                    tracing::error!(pids = ?members, "processes of a finished task survive SIGKILL; giving up on them");
+                }
+                done.push((i, !members.is_empty()));
+            }
+        }
+        for (i, survived) in done.into_iter().rev() {
+            let left = self.sweeps.lingering.swap_remove(i);
+            if let Some(uid) = left.own_uid {
+                if survived {
+                    self.uids.bar(uid);
+                } else {
+                    self.uids.give_back(uid);
+                }
+            }
+            self.recent_lineages.push_back(left.lineage);
+            if self.recent_lineages.len() > REMEMBERED_LINEAGES {
+                self.recent_lineages.pop_front();
+            }
+        }
+        if !self.sweeps.lingering.is_empty() {
+            self.schedule_sweep(SWEEP_EVERY);
+        }
+        self.reap_orphans();
+    }
+
+    /// Measures the disk `after` from now, unless a measurement is due
+    /// sooner already.
+    fn schedule_measure(&mut self, after: Duration) {
+        let at = Instant::now() + after;
+        if self.disk.next.is_some_and(|next| next <= at) {
+            return;
+        }
+        self.disk.next = Some(at);
+        self.table.schedule(Deadline::Measure, after);
+    }
+
+    /// Measures the disk on the blocking pool.
+    fn measure(&mut self) {
+        if self.disk.next.is_none_or(|next| Instant::now() < next) {
+            return; // a timer another, sooner one replaced
+        }
+        self.disk.next = None;
+        if self.disk.measuring {
+            return; // the one in flight schedules the next
+        }
+        self.disk.measuring = true;
+        let tasks_dir = self.tasks_dir.clone();
+        let reserve = self.disk.reserve.clone();
+        let handle = tokio::task::spawn_blocking(move || disk::measure(&tasks_dir, &reserve));
+        self.housework.push(Box::pin(async move {
+            Housework::Measured(handle.await.unwrap_or_default())
+        }));
+    }
+
+    /// Applies the disk rules to a measurement.
+    fn on_measured(&mut self, m: Measurement) {
+        self.disk.measuring = false;
+        tracing::debug!(free = m.free, reserve_held = m.reserve_held, dirs = m.dirs.len(), took = ?m.took, "disk measured");
+        let mut running = Vec::new();
+        for (id, task) in self.table.tasks_mut() {
+            task.disk_used = m.dirs.get(&task.dir).copied().unwrap_or(0);
+            if task.is_running() {
+                running.push(TaskUse {
+                    id,
+                    used: task.disk_used,
+                    limit: task.disk_limit,
+                });
+            }
+        }
+        let finished: Vec<(PathBuf, u64)> = self
+            .finished_dirs
+            .iter()
+            .filter_map(|(_, dir)| Some((dir.clone(), *m.dirs.get(dir)?)))
+            .collect();
+        let limits = disk::Limits {
+            budget: self.disk.budget,
+            reserve: self.disk.reserve.bytes,
+        };
+        // A released reserve is owed: until it is taken back, its share of
+        // the free space is not free.
+        let free = if m.reserve_held {
+            m.free
+        } else {
+            m.free.saturating_sub(self.disk.reserve.bytes)
+        };
+        let verdict = disk::assess(free, m.inodes_free, limits, &running, &finished);
+        for (id, why) in verdict.stop {
+            self.kill_now(id, StopCause::DiskLimit(why));
+        }
+        if !verdict.remove.is_empty() {
+            let remove: HashSet<PathBuf> = verdict.remove.into_iter().collect();
+            tracing::info!(
+                dirs = remove.len(),
+                "removing finished task directories to free disk"
+            );
+            self.finished_dirs.retain(|(_, dir)| !remove.contains(dir));
+            self.offload(move || {
+                for dir in remove {
+                    remove_dir(&dir);
+                }
+            });
+        }
+        if verdict.full != self.disk.full {
+            if verdict.full {
+                tracing::error!(
+                    free = m.free,
+                    reserve = self.disk.reserve.bytes,
+                    "disk full: taking no task until space is back"
+                );
+            } else {
+                tracing::info!(free = m.free, "disk space is back: taking tasks again");
+            }
+        }
+        self.disk.full = verdict.full;
+        self.disk.free = free;
+        self.disk.used = m.dirs.values().sum();
+        let next = if self.table.is_empty() && !self.disk.full {
+            MEASURE_IDLE
+        } else {
+            MEASURE_BUSY
+        };
+        self.schedule_measure(next);
+    }
+
     fn reap_orphans(&mut self) {
-        let live_groups: HashSet<i32> = self
-            .tasks
-            .values()
-            .filter_map(|t| match t.phase {
-                Phase::Running { pgid, .. } => Some(pgid),
-                Phase::Fetching { .. } => None,
+        let is_task_group = self.table.task_groups();
+        let reap_all = self.config.reap_all_orphans;
+        let running: Vec<&Lineage> = self
+            .table
+            .tasks()
+            .filter_map(|(_, t)| match &t.phase {
+                Phase::Running(r) => r.lineage.as_ref(),
+                Phase::Preparing { .. } => None,
             })
             .collect();
-        let recent = &self.recent_groups;
-        reaper::reap_orphans(&self.owned_pids, |pgrp| {
-            live_groups.contains(&pgrp) || recent.contains(&pgrp)
+        let lingering = &self.sweeps.lingering;
+        let recent = &self.recent_lineages;
+        reaper::reap_orphans(&self.owned_pids, |pid, stat| {
+            reap_all
+                || is_task_group(pid, stat.pgrp)
+                || running.iter().any(|l| l.knows(pid, stat))
+                || lingering.iter().any(|l| l.lineage.knows(pid, stat))
+                || recent.iter().any(|l| l.knows(pid, stat))
         });
+        drop(is_task_group);
         self.remove_cgroups();
     }
 
     /// Removes the cgroups of finished tasks once their last process is
-    /// gone; retried every second while some remain.
+    /// gone, killing what is left each time; retried every second while
+    /// some remain.
     fn remove_cgroups(&mut self) {
-        self.cgroups_to_remove
-            .retain(|c| c.remove().is_err() && c.path().exists());
+        let mut freed = Vec::new();
+        let mut seen = Vec::new();
+        self.cgroups_to_remove.retain(|(cgroup, uid)| {
+            seen.extend(cgroup.pids().unwrap_or_default());
+            let _ = cgroup.kill();
+            let gone = cgroup.remove().is_ok() || !cgroup.path().exists();
+            if gone {
+                freed.push(*uid);
+            }
+            !gone
+        });
+        self.table.remember_pids(seen);
+        for uid in freed {
+            self.give_back(uid);
+        }
         if !self.cgroups_to_remove.is_empty() && !self.cleanup_scheduled {
             self.cleanup_scheduled = true;
-            self.timers.insert((NO_TASK, Timer::Cleanup), CLEANUP_EVERY);
+            self.table.schedule_cleanup(CLEANUP_EVERY);
         }
     }
 
-    /// A task that never started (bad spec, start failure, ...).
+    fn give_back(&mut self, uid: Option<u32>) {
+        if let Some(uid) = uid {
+            self.uids.give_back(uid);
+        }
+    }
+
+    /// A task that never got a record (bad spec, refused).
     fn finish_early(&mut self, uid: String, attempt: u32, reason: TaskReason, message: String) {
         tracing::warn!(%uid, attempt, ?reason, %message, "task not started");
-        self.finished.insert((uid.clone(), attempt));
-        if is_path_component(&uid) {
-            self.retire_dir(uid.clone(), attempt);
-        }
-        let _ = self.events.send(TaskEvent::Finished {
+        self.table.remember_finished(uid.clone(), attempt);
+        self.journal.event(TaskEvent::Finished {
             uid,
             attempt,
             outcome: failed_outcome(reason, message, String::new()),
         });
     }
 
-    fn finish_driver_error(&mut self, uid: String, attempt: u32, e: DriverError) {
-        let reason = driver_reason(&e);
-        self.finish_early(uid, attempt, reason, e.to_string());
-    }
-
     /// A task that has a record but no process.
     fn finish_unstarted(&mut self, id: u64, reason: TaskReason, message: String) {
-        let Some(task) = self.tasks.remove(&id) else {
+        let Some(task) = self.table.remove(id) else {
             return;
         };
-        self.by_key.remove(&(task.uid.clone(), task.attempt));
         if reason != TaskReason::Cancelled {
             tracing::warn!(uid = %task.uid, attempt = task.attempt, ?reason, %message, "task not started");
         }
+        self.give_back(task.own_uid);
         self.end(
             task.uid,
             task.attempt,
             failed_outcome(reason, message, String::new()),
+            false,
         );
     }
 
-    fn end(&mut self, uid: String, attempt: u32, outcome: TaskOutcome) {
-        self.journal_append(&Record::Ended {
+    fn end(&mut self, uid: String, attempt: u32, outcome: TaskOutcome, free_work: bool) {
+        self.table.remember_finished(uid.clone(), attempt);
+        self.retire_dir(uid.clone(), attempt, free_work);
+        let record = Record::Ended {
             uid: uid.clone(),
             attempt,
-        });
-        self.finished.insert((uid.clone(), attempt));
-        self.retire_dir(uid.clone(), attempt);
-        let _ = self.events.send(TaskEvent::Finished {
-            uid,
-            attempt,
-            outcome,
-        });
-        if self.journal.appended > COMPACT_AFTER && self.journal.appended > 4 * self.tasks.len() {
-            self.compact_journal();
-        }
+        };
+        self.journal.write(
+            Some(record),
+            vec![TaskEvent::Finished {
+                uid,
+                attempt,
+                outcome,
+            }],
+        );
     }
 
     /// Keeps the directory of a finished task among the last
-    /// [`KEEP_FINISHED_DIRS`]; the oldest beyond that are deleted.
-    fn retire_dir(&mut self, uid: String, attempt: u32) {
+    /// [`KEEP_FINISHED_DIRS`] (the oldest beyond that are deleted), closed
+    /// to everyone but root: a later task given the same uid must not
+    /// reach its files.
+    fn retire_dir(&mut self, uid: String, attempt: u32, free_work: bool) {
         let dir = self.tasks_dir.join(format!("{uid}-{attempt}"));
-        if !dir.exists() {
-            return;
-        }
-        self.finished_dirs.push_back(((uid, attempt), dir));
+        self.finished_dirs.push_back(((uid, attempt), dir.clone()));
+        let mut remove = Vec::new();
         while self.finished_dirs.len() > KEEP_FINISHED_DIRS {
-            let Some((key, dir)) = self.finished_dirs.pop_front() else {
+            let Some((key, old)) = self.finished_dirs.pop_front() else {
                 break;
             };
             // The same attempt dispatched again runs in that directory.
-            if !self.by_key.contains_key(&key) {
-                self.logs.remove_dir(dir);
+            if !self.table.holds(&key) {
+                remove.push(old);
             }
         }
+        self.offload(move || {
+            let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
+            if free_work {
+                remove_dir(&dir.join("work"));
+            }
+            for old in remove {
+                remove_dir(&old);
+            }
+        });
     }
 
-    fn compact_journal(&mut self) {
-        let mut live = Vec::with_capacity(self.tasks.len() * 2);
-        for task in self.tasks.values() {
-            live.push(Record::Accepted {
-                uid: task.uid.clone(),
-                attempt: task.attempt,
-                task_dir: task.dir.clone(),
+    /// Runs `work` on the blocking pool at once; the loop only keeps its
+    /// handle (and waits for it at shutdown).
+    fn offload(&mut self, work: impl FnOnce() + Send + 'static) {
+        let handle = tokio::task::spawn_blocking(work);
+        self.housework.push(Box::pin(async move {
+            let _ = handle.await;
+            Housework::Done
+        }));
+    }
+
+    /// Publishes the health when it changed.
+    fn update_health(&mut self) {
+        let (accepting, reason) = if self.shutting_down {
+            (false, AgentHealth::REASON_SHUTTING_DOWN)
+        } else if self.disk.full {
+            (false, AgentHealth::REASON_DISK_FULL)
+        } else if !self.journal.healthy() {
+            (false, AgentHealth::REASON_JOURNAL_FAILING)
+        } else {
+            (true, AgentHealth::REASON_READY)
+        };
+        let key = (
+            accepting,
+            reason,
+            self.table.len(),
+            self.disk.used,
+            self.dropped_output,
+        );
+        if self.health_key == Some(key) {
+            return;
+        }
+        self.health_key = Some(key);
+        let mut health = ready_health(self.table.len(), self.disk.used, self.dropped_output);
+        if !accepting {
+            health.accepting_tasks = false;
+            health.reason = Some(reason.to_owned());
+            health.message = Some(match reason {
+                AgentHealth::REASON_DISK_FULL => format!(
+                    "the disk holding {} is full ({} free, {} kept for the agent)",
+                    self.config.state_dir.display(),
+                    disk::mib(self.disk.free),
+                    disk::mib(self.disk.reserve.bytes)
+                ),
+                AgentHealth::REASON_JOURNAL_FAILING => format!(
+                    "cannot write the journal {}: a task started now could not be settled after a crash",
+                    self.journal.path().display()
+                ),
+                _ => "the agent is shutting down".to_owned(),
             });
-            if let Phase::Running { started, .. } = &task.phase {
-                live.push(Record::Started {
-                    uid: task.uid.clone(),
-                    attempt: task.attempt,
-                    at: started.clone(),
-                });
-            }
         }
-        if let Err(e) = self.journal.compact(&live) {
-            tracing::warn!(path = %self.journal.path().display(), error = %e, "cannot compact the journal");
-        }
+        let _ = self.health.send(health);
     }
+}
 
-    fn journal_append(&mut self, record: &Record) {
-        if let Err(e) = self.journal.append(record) {
-            tracing::error!(path = %self.journal.path().display(), error = %e, "cannot write the journal");
-        }
+/// What preparing a task needs, moved off the loop.
+struct PrepInput {
+    dir: PathBuf,
+    launcher: Arc<dyn Launcher>,
+    template: TaskTemplate,
+    run_as: RunAs,
+    allow_root: bool,
+    client: Option<reqwest::Client>,
+    limits: artifacts::Limits,
+}
+
+/// Makes the task's directory, resolves its user, lets the driver prepare
+/// it, and fetches its artifacts: everything that touches the disk or the
+/// user database, on the blocking pool.
+async fn prepare(input: PrepInput) -> Result<Prepared, Failure> {
+    let PrepInput {
+        dir,
+        launcher,
+        template,
+        run_as,
+        allow_root,
+        client,
+        limits,
+    } = input;
+    let artifacts = template.artifacts.clone();
+    let task_dir = dir.clone();
+    let prepared = tokio::task::spawn_blocking(move || -> Result<Prepared, Failure> {
+        make_task_dir(&task_dir).map_err(|e| {
+            Failure::new(
+                TaskReason::StartFailed,
+                format!("cannot create task directory {}: {e}", task_dir.display()),
+            )
+        })?;
+        let identity = identity::resolve(&run_as, &template.groups, allow_root)?;
+        Ok(launcher.prepare(&template, &task_dir.join("work"), identity)?)
+    })
+    .await
+    .map_err(|e| Failure::new(TaskReason::StartFailed, format!("cannot prepare the task: {e}")))??;
+    if let Some(client) = client {
+        let places = artifacts::Places {
+            fetch_dir: dir.join("fetch"),
+            work_dir: prepared.task_dir.clone(),
+            owner: prepared.identity.as_ref().map(|i| (i.uid, i.gid)),
+        };
+        artifacts::fetch_all(client, artifacts, places, limits)
+            .await
+            .map_err(|message| Failure::new(TaskReason::ArtifactFailed, message))?;
     }
+    Ok(prepared)
 }
 
 fn driver_reason(e: &DriverError) -> TaskReason {
     if e.is_invalid_spec() {
         TaskReason::InvalidSpec
+    } else if e.is_not_permitted() {
+        TaskReason::NotPermitted
     } else {
         TaskReason::StartFailed
     }
@@ -891,32 +1352,33 @@ async fn recv_signal(signal: &mut Option<tokio::signal::unix::Signal>) -> Option
     }
 }
 
-fn signal_group(pgid: i32, signal: Signal) {
-    if pgid <= 1 {
-        return; // never signal our own or init's group by mistake
-    }
-    if let Err(e) = killpg(Pid::from_raw(pgid), signal) {
-        if e != nix::errno::Errno::ESRCH {
-            tracing::warn!(pgid, ?signal, error = %e, "cannot signal a task's process group");
-        }
-    }
-}
-
 fn remove_cgroup(cgroup: Option<&TaskCgroup>) {
     if let Some(cgroup) = cgroup {
         let _ = cgroup.remove();
     }
 }
 
-/// `<dir>/work` (the task's own) and `<dir>/logs` (the agent's), fresh.
+fn remove_dir(dir: &Path) {
+    if let Err(e) = std::fs::remove_dir_all(dir) {
+        if e.kind() != io::ErrorKind::NotFound {
+            tracing::warn!(path = %dir.display(), error = %e, "cannot remove a finished task's directory");
+        }
+    }
+}
+
+/// `<dir>/work` (the task's own), `<dir>/logs` and `<dir>/fetch` (root's
+/// alone: logs, and artifacts until they are handed over), fresh.
 fn make_task_dir(dir: &Path) -> io::Result<()> {
-    if dir.exists() {
+    if dir.symlink_metadata().is_ok() {
         std::fs::remove_dir_all(dir)?;
     }
-    std::fs::create_dir_all(dir.join("work"))?;
-    std::fs::create_dir_all(dir.join("logs"))?;
+    std::fs::create_dir(dir)?;
+    for sub in ["work", "logs", "fetch"] {
+        std::fs::create_dir(dir.join(sub))?;
+    }
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))?;
-    std::fs::set_permissions(dir.join("logs"), std::fs::Permissions::from_mode(0o700))
+    std::fs::set_permissions(dir.join("logs"), std::fs::Permissions::from_mode(0o700))?;
+    std::fs::set_permissions(dir.join("fetch"), std::fs::Permissions::from_mode(0o700))
 }
 
 fn is_path_component(s: &str) -> bool {
@@ -943,6 +1405,37 @@ fn existing_task_dirs(tasks_dir: &Path) -> VecDeque<((String, u32), PathBuf)> {
     dirs.into_iter().map(|(_, key, path)| (key, path)).collect()
 }
 
+/// Task uids that processes run as now (left by an earlier run that could
+/// not be settled): never handed out.
+fn uids_running(range: &std::ops::RangeInclusive<u32>) -> HashSet<u32> {
+    procfs::snapshot()
+        .into_iter()
+        .filter_map(|(pid, _)| procfs::real_uid(pid))
+        .filter(|uid| range.contains(uid))
+        .collect()
+}
+
+/// exec tasks run as other users and must walk down to their directories:
+/// says so at start when a directory above the state dir stops them (else
+/// each task would fail with a bare "Permission denied").
+fn warn_if_unreachable(tasks_dir: &Path) {
+    if !nix::unistd::geteuid().is_root() {
+        return; // exec tasks run as the agent's user
+    }
+    for dir in tasks_dir.ancestors().skip(1) {
+        let Ok(meta) = std::fs::metadata(dir) else {
+            continue;
+        };
+        if meta.permissions().mode() & 0o001 == 0 {
+            tracing::warn!(
+                dir = %dir.display(),
+                "exec tasks run as users of their own and cannot reach their directories: this directory is not searchable by others (chmod o+x it, or choose another state_dir)"
+            );
+            return;
+        }
+    }
+}
+
 /// exec tasks run as another user and must be able to walk through the
 /// state dir to their own directory: add the search bits (not read).
 fn allow_traversal(dir: &Path) -> io::Result<()> {
@@ -963,3 +1456,6 @@ fn raise_fd_limit() {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

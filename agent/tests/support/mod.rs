@@ -210,11 +210,10 @@ impl Server {
         let register = self.next("/register", Duration::from_secs(20)).await.decode();
         self.publish(
             self.topics.response(robot),
-            encode(&RegisterResponse {
-                v: 1,
-                phase: RobotPhase::Online,
-                message: Some("approved".into()),
-            }),
+            encode(&RegisterResponse::new(
+                RobotPhase::Online,
+                Some("approved".into()),
+            )),
         )
         .await;
         register
@@ -256,8 +255,24 @@ impl Agent {
         Self::start_url(&broker.url(), robot, state_dir, extra)
     }
 
+    /// Like [`Agent::start`], with these variables in the agent's
+    /// environment.
+    pub fn start_with_env(
+        broker: &Broker,
+        robot: &str,
+        state_dir: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Agent {
+        Self::start_inner(&broker.url(), robot, state_dir, extra, env)
+    }
+
     /// Starts the agent against the broker at `url`.
     pub fn start_url(url: &str, robot: &str, state_dir: &Path, extra: &[&str]) -> Agent {
+        Self::start_inner(url, robot, state_dir, extra, &[])
+    }
+
+    fn start_inner(url: &str, robot: &str, state_dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Agent {
         let log = state_dir.with_extension(format!("{}.log", std::process::id()));
         let out = std::fs::OpenOptions::new()
             .create(true)
@@ -274,7 +289,11 @@ impl Agent {
             .args(["--reconnect-min", "100ms", "--reconnect-max", "1s"])
             .args(["--register-retry-min", "1s"])
             .args(["--log", "k8s4r_agent=debug,info"])
+            // The tests' dispatches are mostly raw_exec shell scripts;
+            // flags in `extra` come later and win.
+            .args(["--raw-exec", "true", "--allow-root", "true"])
             .args(extra)
+            .envs(env.iter().copied())
             .env_remove("RUST_LOG")
             .stdout(Stdio::null())
             .stderr(out)
@@ -332,24 +351,33 @@ impl Drop for Agent {
 
 /// A dispatch of `sh -c <script>` through raw_exec.
 pub fn shell_dispatch(uid: &str, attempt: u32, script: &str) -> k8s4r_api::protocol::Dispatch {
-    k8s4r_api::protocol::Dispatch {
-        v: 1,
-        task_uid: uid.into(),
-        task_name: format!("default/{uid}"),
-        attempt,
-        spec: k8s4r_api::TaskTemplate {
-            driver: "raw_exec".into(),
-            command: "sh".into(),
-            args: vec!["-c".into(), script.into()],
-            ..Default::default()
-        },
-    }
+    let spec = k8s4r_api::TaskTemplate {
+        driver: "raw_exec".into(),
+        command: "sh".into(),
+        args: vec!["-c".into(), script.into()],
+        ..Default::default()
+    };
+    k8s4r_api::protocol::Dispatch::new(uid, format!("default/{uid}"), attempt, spec)
 }
 
-/// Asserts updates are in order: seqs strictly increasing, states never
-/// going back, exactly one terminal state at the end.
+/// Asserts updates are in order as the server applies them. Delivery is
+/// at-least-once: a PUBACK lost with the broker makes the agent send an
+/// update again after it reconnects, so an update whose seq was already
+/// seen must be an exact copy of that one and is skipped, as the server
+/// skips it. What is left must have strictly increasing seqs, states that
+/// never go back, and exactly one terminal state, at the end.
 pub fn assert_in_order(updates: &[StatusUpdate]) {
-    for pair in updates.windows(2) {
+    let mut applied: Vec<&StatusUpdate> = Vec::new();
+    for update in updates {
+        match applied.iter().find(|a| a.seq == update.seq) {
+            Some(earlier) => assert_eq!(
+                *earlier, update,
+                "one seq sent with two contents: {updates:#?}"
+            ),
+            None => applied.push(update),
+        }
+    }
+    for pair in applied.windows(2) {
         assert!(pair[0].seq < pair[1].seq, "seq order: {updates:#?}");
         assert!(
             !pair[0].state.is_terminal(),

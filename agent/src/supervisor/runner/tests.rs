@@ -1,0 +1,482 @@
+//! The runner driven through its handle with the fake driver, on tokio's
+//! paused clock: deadlines fire the moment everything else is idle, so the
+//! signal times below are exact and no test waits in real time.
+
+use std::time::Duration;
+
+use std::sync::Arc;
+
+use k8s4r_api::{DurationString, TaskAttempt, TaskReason, TaskResources, TaskState, TaskTemplate};
+use nix::sys::signal::Signal;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::Runner;
+use crate::supervisor::disk::DiskSize;
+use crate::supervisor::fake::{self, FakeDriver};
+use crate::supervisor::{
+    Policy, Submit, SupervisorConfig, SupervisorHandle, TaskEvent, TaskOutcome, TaskRequest,
+};
+
+/// How long (on the paused clock) an awaited event may take.
+const PATIENCE: Duration = Duration::from_secs(3600);
+
+fn task(command: &str) -> TaskTemplate {
+    TaskTemplate {
+        driver: fake::DRIVER.to_owned(),
+        command: command.to_owned(),
+        ..TaskTemplate::default()
+    }
+}
+
+trait TemplateExt {
+    fn with_args(self, args: &[&str]) -> Self;
+    fn with_timeout(self, timeout: &str) -> Self;
+    fn with_kill_timeout(self, kill_timeout: &str) -> Self;
+}
+
+impl TemplateExt for TaskTemplate {
+    fn with_args(mut self, args: &[&str]) -> Self {
+        self.args = args.iter().map(|a| (*a).to_owned()).collect();
+        self
+    }
+    fn with_timeout(mut self, timeout: &str) -> Self {
+        self.timeout = Some(DurationString::from(timeout));
+        self
+    }
+    fn with_kill_timeout(mut self, kill_timeout: &str) -> Self {
+        self.kill_timeout = Some(DurationString::from(kill_timeout));
+        self
+    }
+}
+
+/// A runner on a fresh state dir with only the fake driver.
+struct Harness {
+    handle: SupervisorHandle,
+    events: mpsc::UnboundedReceiver<TaskEvent>,
+    fake: FakeDriver,
+    /// Holds the log writer still while set.
+    stall: Option<crate::supervisor::logs::test_gate::Stall>,
+    _state_dir: tempfile::TempDir,
+}
+
+impl Harness {
+    fn start() -> Self {
+        Self::with(|_| {}, false)
+    }
+
+    /// A runner whose config `adjust` changes, its log writer stalled from
+    /// the start if `stalled`.
+    fn with(adjust: impl FnOnce(&mut SupervisorConfig), stalled: bool) -> Self {
+        Self::with_runner(adjust, stalled, |_| {})
+    }
+
+    fn with_runner(
+        adjust: impl FnOnce(&mut SupervisorConfig),
+        stalled: bool,
+        before_run: impl FnOnce(&Runner),
+    ) -> Self {
+        let state_dir = tempfile::tempdir().unwrap();
+        let mut config = SupervisorConfig {
+            state_dir: state_dir.path().to_path_buf(),
+            // The fake answers to raw_exec, and these tests may run as root.
+            policy: Policy {
+                raw_exec: true,
+                allow_root: true,
+                ..SupervisorConfig::default().policy
+            },
+            disk_reserve: Some(DiskSize::Bytes(1 << 20)),
+            ..SupervisorConfig::default()
+        };
+        adjust(&mut config);
+        let fake = FakeDriver::default();
+        let (events_tx, events) = mpsc::unbounded_channel();
+        let (commands, commands_rx) = mpsc::unbounded_channel();
+        let (runner, health, offer) =
+            Runner::new(config, events_tx, vec![Arc::new(fake.clone())], None).unwrap();
+        let stall = stalled.then(|| runner.logs.stall());
+        before_run(&runner);
+        tokio::spawn(runner.run(commands_rx));
+        Harness {
+            handle: SupervisorHandle {
+                commands,
+                health,
+                offer,
+            },
+            events,
+            fake,
+            stall,
+            _state_dir: state_dir,
+        }
+    }
+
+    async fn submit(&self, uid: &str, attempt: u32, spec: TaskTemplate) -> Submit {
+        let req = TaskRequest {
+            uid: uid.to_owned(),
+            attempt,
+            name: uid.to_owned(),
+            spec,
+        };
+        self.handle.submit(req).await.unwrap()
+    }
+
+    /// Submits attempt 1 of `uid` and waits for it to start; returns when
+    /// its fake process started.
+    async fn run(&mut self, uid: &str, spec: TaskTemplate) -> Instant {
+        assert_eq!(self.submit(uid, 1, spec).await, Submit::Accepted);
+        self.started(uid).await;
+        self.fake.started(uid, 1).expect("a fake process").0
+    }
+
+    async fn next_event(&mut self) -> TaskEvent {
+        tokio::time::timeout(PATIENCE, self.events.recv())
+            .await
+            .expect("no event came")
+            .expect("the runner stopped")
+    }
+
+    /// The next event, which must be `uid`'s Started; returns its pid.
+    async fn started(&mut self, uid: &str) -> u32 {
+        match self.next_event().await {
+            TaskEvent::Started { uid: u, pid, .. } if u == uid => pid,
+            other => panic!("expected {uid} to start, got {other:?}"),
+        }
+    }
+
+    /// The next event, which must be `uid`'s Finished.
+    async fn finished(&mut self, uid: &str) -> TaskOutcome {
+        match self.next_event().await {
+            TaskEvent::Finished { uid: u, outcome, .. } if u == uid => outcome,
+            other => panic!("expected {uid} to finish, got {other:?}"),
+        }
+    }
+}
+
+fn attempt(uid: &str, attempt: u32) -> TaskAttempt {
+    TaskAttempt {
+        uid: uid.to_owned(),
+        attempt,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_task_runs_until_its_process_exits() {
+    let mut s = Harness::start();
+    let spec = task("sleep").with_args(&["hello", "robot"]);
+    assert_eq!(s.submit("a", 1, spec).await, Submit::Accepted);
+    let pid = s.started("a").await;
+    assert_eq!(s.fake.started("a", 1).map(|(_, pid)| pid), Some(pid));
+    assert_eq!(s.handle.running().await, vec![attempt("a", 1)]);
+
+    s.fake.exit("a", 1, 0);
+    let outcome = s.finished("a").await;
+    assert_eq!(
+        (outcome.state, outcome.reason, outcome.exit_code, outcome.signal),
+        (TaskState::Completed, TaskReason::Completed, Some(0), None)
+    );
+    assert!(outcome.started_at.is_some());
+    assert_eq!(outcome.output_tail, "hello robot\n");
+    assert!(s.handle.running().await.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_timeout_sends_sigterm_then_sigkill_after_the_kill_timeout() {
+    let mut s = Harness::start();
+    let t0 = s
+        .run("t", task("stubborn").with_timeout("10s").with_kill_timeout("5s"))
+        .await;
+
+    let outcome = s.finished("t").await;
+    assert_eq!(
+        s.fake.signals_while_alive("t", 1),
+        vec![
+            (Signal::SIGTERM, t0 + Duration::from_secs(10)),
+            (Signal::SIGKILL, t0 + Duration::from_secs(15)),
+        ]
+    );
+    assert_eq!(
+        (outcome.state, outcome.reason, outcome.exit_code, outcome.signal),
+        (TaskState::Failed, TaskReason::Timeout, Some(137), Some(9))
+    );
+    assert_eq!(
+        outcome.message,
+        "timed out after 10s: killed by SIGKILL after the kill timeout of 5s"
+    );
+    let stats = s.handle.stats().await;
+    assert_eq!((stats.sigterm_late.count(), stats.sigkill_late.count()), (1, 1));
+    assert_eq!(
+        stats.sigterm_late.max(),
+        Duration::ZERO,
+        "the paused clock is never late"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_timeout_obeyed_at_sigterm_is_143() {
+    let mut s = Harness::start();
+    let t0 = s.run("t", task("sleep").with_timeout("2s")).await;
+
+    let outcome = s.finished("t").await;
+    assert_eq!(
+        s.fake.signals_while_alive("t", 1),
+        vec![(Signal::SIGTERM, t0 + Duration::from_secs(2))]
+    );
+    assert_eq!(
+        (outcome.reason, outcome.exit_code, outcome.signal),
+        (TaskReason::Timeout, Some(143), Some(15))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancel_terminates_a_running_task() {
+    let mut s = Harness::start();
+    s.run("c", task("sleep").with_timeout("1h")).await;
+
+    let cancelled_at = Instant::now();
+    s.handle.cancel("c", Some(1), "task deleted".to_owned()).await;
+    let outcome = s.finished("c").await;
+    assert_eq!(
+        s.fake.signals_while_alive("c", 1),
+        vec![(Signal::SIGTERM, cancelled_at)]
+    );
+    assert_eq!(
+        (outcome.reason, outcome.exit_code, outcome.signal),
+        (TaskReason::Cancelled, Some(143), Some(15))
+    );
+    assert!(outcome.message.contains("task deleted"), "{}", outcome.message);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancel_escalates_once_from_the_first_request() {
+    let mut s = Harness::start();
+    s.run("c", task("stubborn").with_kill_timeout("5s")).await;
+
+    let cancelled_at = Instant::now();
+    s.handle.cancel("c", None, "first".to_owned()).await;
+    tokio::time::advance(Duration::from_secs(3)).await;
+    // A second request neither restarts the kill timeout nor changes why.
+    s.handle.cancel("c", None, "second".to_owned()).await;
+    let outcome = s.finished("c").await;
+    assert_eq!(
+        s.fake.signals_while_alive("c", 1),
+        vec![
+            (Signal::SIGTERM, cancelled_at),
+            (Signal::SIGKILL, cancelled_at + Duration::from_secs(5)),
+        ]
+    );
+    assert_eq!(
+        (outcome.reason, outcome.exit_code),
+        (TaskReason::Cancelled, Some(137))
+    );
+    assert!(
+        outcome.message.starts_with("cancelled (first)"),
+        "{}",
+        outcome.message
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_redelivered_dispatch_is_ignored() {
+    let mut s = Harness::start();
+    assert_eq!(s.submit("d", 1, task("sleep")).await, Submit::Accepted);
+    s.started("d").await;
+    assert_eq!(
+        s.submit("d", 1, task("sleep")).await,
+        Submit::Duplicate,
+        "while it runs"
+    );
+
+    s.fake.exit("d", 1, 0);
+    s.finished("d").await;
+    assert_eq!(
+        s.submit("d", 1, task("sleep")).await,
+        Submit::Duplicate,
+        "once it is over"
+    );
+    assert_eq!(s.fake.starts(), 1);
+
+    assert_eq!(
+        s.submit("d", 2, task("sleep")).await,
+        Submit::Accepted,
+        "a new attempt"
+    );
+    s.started("d").await;
+    assert_eq!(s.fake.starts(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_start_error_fails_only_that_task() {
+    let mut s = Harness::start();
+    s.run("ok", task("sleep")).await;
+
+    assert_eq!(s.submit("bad", 1, task("missing")).await, Submit::Accepted);
+    let outcome = s.finished("bad").await;
+    assert_eq!(
+        (outcome.state, outcome.reason, outcome.started_at),
+        (TaskState::Failed, TaskReason::StartFailed, None)
+    );
+    assert_eq!(outcome.message, "command \"missing\" not found");
+    assert_eq!(s.handle.running().await, vec![attempt("ok", 1)]);
+
+    s.fake.exit("ok", 1, 3);
+    let outcome = s.finished("ok").await;
+    assert_eq!((outcome.reason, outcome.exit_code), (TaskReason::Error, Some(3)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_huge_timeout_fails_its_task_and_the_supervisor_runs_on() {
+    let mut s = Harness::start();
+    for (uid, timeout) in [
+        ("years", "3y"),
+        ("overflow", "18446744073709551615s"),
+        ("huge", "100000d"),
+    ] {
+        assert_eq!(
+            s.submit(uid, 1, task("sleep").with_timeout(timeout)).await,
+            Submit::Accepted
+        );
+        let outcome = s.finished(uid).await;
+        assert_eq!(
+            (outcome.state, outcome.reason),
+            (TaskState::Failed, TaskReason::InvalidSpec),
+            "{uid}"
+        );
+        assert!(
+            outcome.message.contains("spec.timeout"),
+            "{uid}: {}",
+            outcome.message
+        );
+    }
+    // The longest timeout allowed is armed, and the same supervisor still
+    // enforces an ordinary one to the tick.
+    s.run("month", task("sleep").with_timeout("30d")).await;
+    let t0 = s.run("ok", task("sleep").with_timeout("10s")).await;
+    let outcome = s.finished("ok").await;
+    assert_eq!(outcome.reason, TaskReason::Timeout);
+    assert_eq!(
+        s.fake.signals_while_alive("ok", 1),
+        vec![(Signal::SIGTERM, t0 + Duration::from_secs(10))]
+    );
+    assert_eq!(s.handle.running().await, vec![attempt("month", 1)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stalled_log_writer_delays_no_deadline_and_the_dropped_output_is_counted() {
+    let mut s = Harness::with(|_| {}, true);
+    assert!(s.stall.is_some());
+    // 20 MiB of output while the writer takes none: 8 MiB wait in its
+    // queue, the rest is dropped.
+    let t0 = s
+        .run(
+            "chatty",
+            task("chatty").with_args(&["20971520"]).with_timeout("10s"),
+        )
+        .await;
+    s.fake.output_written("chatty", 1).await;
+    let outcome = s.finished("chatty").await;
+    assert_eq!(
+        s.fake.signals_while_alive("chatty", 1),
+        vec![(Signal::SIGTERM, t0 + Duration::from_secs(10))],
+        "SIGTERM on the dot, with the writer stalled"
+    );
+    assert_eq!(outcome.reason, TaskReason::Timeout);
+    let dropped: u64 = outcome
+        .message
+        .split("; ")
+        .nth(1)
+        .and_then(|note| {
+            note.strip_suffix(" bytes of its output were not logged (the disk could not keep up)")
+        })
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{}", outcome.message));
+    // 20 MiB less what fits the queue (8 MiB, give or take a pipe read).
+    assert!(
+        (12 << 20..(12 << 20) + (64 << 10)).contains(&dropped),
+        "{dropped}"
+    );
+    assert_eq!(s.handle.health().borrow().dropped_output_bytes, dropped);
+    drop(s.stall.take());
+}
+
+#[tokio::test(start_paused = true)]
+async fn beyond_max_tasks_a_dispatch_is_refused_and_the_rest_run_on() {
+    let mut s = Harness::with(|c| c.max_tasks = 2, false);
+    s.run("one", task("sleep")).await;
+    s.run("two", task("sleep")).await;
+    assert_eq!(s.submit("three", 1, task("sleep")).await, Submit::Accepted);
+    let outcome = s.finished("three").await;
+    assert_eq!(
+        (outcome.state, outcome.reason),
+        (TaskState::Failed, TaskReason::OverCapacity)
+    );
+    assert_eq!(
+        outcome.message,
+        "this robot already holds its maximum of 2 tasks (max_tasks)"
+    );
+    assert_eq!(s.handle.health().borrow().tasks, 2);
+    s.fake.exit("one", 1, 0);
+    s.finished("one").await;
+    s.run("four", task("sleep")).await;
+    assert_eq!(
+        s.handle.running().await,
+        vec![attempt("four", 1), attempt("two", 1)]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_disk_request_beyond_the_budget_is_refused() {
+    let mut s = Harness::with(|c| c.disk_budget = DiskSize::Bytes(100 << 20), false);
+    let wants = |q: &str| TaskTemplate {
+        resources: Some(TaskResources {
+            disk: Some(q.into()),
+            ..TaskResources::default()
+        }),
+        ..task("sleep")
+    };
+    s.run("sixty", wants("60Mi")).await;
+    assert_eq!(s.submit("fifty", 1, wants("50Mi")).await, Submit::Accepted);
+    let outcome = s.finished("fifty").await;
+    assert_eq!(outcome.reason, TaskReason::OverCapacity);
+    assert!(
+        outcome
+            .message
+            .contains("does not fit: its tasks take 60.0 MiB of the robot's disk budget of 100.0 MiB"),
+        "{}",
+        outcome.message
+    );
+    s.run("forty", wants("40Mi")).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_robots_policy_refuses_what_it_does_not_allow() {
+    let mut s = Harness::with(|c| c.policy.raw_exec = false, false);
+    assert_eq!(s.submit("raw", 1, task("sleep")).await, Submit::Accepted);
+    let outcome = s.finished("raw").await;
+    assert_eq!(outcome.reason, TaskReason::NotPermitted);
+    assert!(
+        outcome.message.contains("raw_exec driver is off"),
+        "{}",
+        outcome.message
+    );
+    assert_eq!(s.fake.starts(), 0);
+    assert_eq!(
+        s.handle.offer().drivers,
+        Vec::<String>::new(),
+        "only the fake, and it is raw_exec"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dead_helper_thread_ends_the_supervisor_visibly() {
+    let s = Harness::with_runner(|_| {}, false, |runner| runner.journal.pretend_dead());
+    let mut health = s.handle.health();
+    // The health channel closes: what the agent watches to exit non-zero.
+    while health.changed().await.is_ok() {}
+    let req = TaskRequest {
+        uid: "late".to_owned(),
+        attempt: 1,
+        name: "late".to_owned(),
+        spec: task("sleep"),
+    };
+    assert!(s.handle.submit(req).await.is_err());
+}

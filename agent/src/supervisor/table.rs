@@ -1,0 +1,691 @@
+//! The supervisor's task table: one record per task it holds, found by id
+//! or by (uid, attempt), each task's deadlines, and the attempts and
+//! process groups of tasks recently finished. Plain state: the runner owns
+//! the processes, pipes and files and asks the table what to do next.
+//!
+//! A task's life in the table, with what the runner sends on each step:
+//!
+//! ```text
+//!  insert ──► Preparing ──started──► Running ──────────── exit ──► removed
+//!   (dir, user,  │                    │                              ▲
+//!   artifacts)   │ stop               ├─ timeout: SIGTERM, Kill armed │
+//!                ▼                    │  at the deadline + killTimeout│
+//!             removed                 ├─ stop: SIGTERM, Kill armed at │
+//!         (never started)             │  now + killTimeout (once)     │
+//!                                     └─ Kill: SIGKILL ───────────────┘
+//! ```
+//!
+//! Deadlines come from the spec, so no arithmetic on them may panic: a
+//! timer beyond the timer wheel's horizon is armed at the horizon and
+//! armed again when it fires early.
+//!
+//! A removed task's (uid, attempt) is remembered as finished, so that a
+//! redelivered dispatch of it is recognised as a duplicate.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::Hash;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use futures::future::AbortHandle;
+use futures::StreamExt;
+use k8s4r_api::{TaskAttempt, TaskTemplate};
+use k8s4r_drivers::TaskCgroup;
+use nix::sys::signal::Signal;
+use tokio::time::Instant;
+use tokio_util::time::{delay_queue, DelayQueue};
+
+use super::containment::Lineage;
+use super::journal;
+use super::outcome::StopCause;
+use super::output::{PipeFd, Tail};
+use super::process::ProcessGroup;
+
+/// Finished (uid, attempt)s remembered to ignore redelivered dispatches.
+const REMEMBERED_FINISHED: usize = 4096;
+/// Process groups of finished tasks whose orphans are still reaped.
+const REMEMBERED_GROUPS: usize = 1024;
+/// Processes seen in finished tasks' cgroups whose zombies are reaped.
+const REMEMBERED_PIDS: usize = 8192;
+/// The furthest a timer is armed ahead: tokio's timer wheel holds about
+/// two years, and panics beyond. A deadline further out is armed here and
+/// again when this fires.
+pub(crate) const HORIZON: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// A timer that fired.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Deadline {
+    /// The task's timeout: SIGTERM.
+    Term(u64),
+    /// The kill timeout after SIGTERM: SIGKILL.
+    Kill(u64),
+    /// Retry removing the cgroups that still had dying processes.
+    Cleanup,
+    /// Look for the processes of tasks without a cgroup, and signal them.
+    Sweep,
+    /// Measure the disk.
+    Measure,
+}
+
+pub(crate) enum Phase {
+    /// Its directory, user and artifacts are being prepared; it starts
+    /// when they are.
+    Preparing {
+        abort: AbortHandle,
+    },
+    Running(Box<Running>),
+}
+
+/// A started task's process.
+pub(crate) struct Running {
+    pub pid: i32,
+    pub pgid: i32,
+    pub started: journal::Started,
+    pub group: Box<dyn ProcessGroup>,
+    /// Its processes, when no cgroup holds them.
+    pub lineage: Option<Lineage>,
+}
+
+pub(crate) struct Task {
+    pub uid: String,
+    pub attempt: u32,
+    pub name: String,
+    pub dir: PathBuf,
+    pub phase: Phase,
+    /// What to run.
+    pub template: TaskTemplate,
+    /// Index of its launcher in the runner's list.
+    pub driver: usize,
+    /// The task uid it runs as, if it got one.
+    pub own_uid: Option<u32>,
+    /// Its `resources.disk`, in bytes.
+    pub disk_limit: Option<u64>,
+    /// Bytes its directory took at the last measurement.
+    pub disk_used: u64,
+    pub timeout: Option<Duration>,
+    pub kill_timeout: Duration,
+    /// Why the supervisor is stopping it, once it is.
+    pub stop: Option<StopCause>,
+    pub stdout: Option<PipeFd>,
+    pub stderr: Option<PipeFd>,
+    pub tail: Tail,
+    pub cgroup: Option<TaskCgroup>,
+    pub dropped_output: u64,
+    /// When its timeout is due, once it runs.
+    due: Option<Instant>,
+    /// The pending timer, if any (cleared when it fires).
+    timer: Option<delay_queue::Key>,
+}
+
+/// What a task being prepared is.
+pub(crate) struct NewTask {
+    pub uid: String,
+    pub attempt: u32,
+    pub name: String,
+    pub dir: PathBuf,
+    pub template: TaskTemplate,
+    pub driver: usize,
+    pub own_uid: Option<u32>,
+}
+
+impl Task {
+    /// A task being prepared.
+    pub(crate) fn preparing(new: NewTask, abort: AbortHandle, tail_bytes: usize) -> Task {
+        Task {
+            timeout: k8s4r_api::validation::timeout_of(&new.template),
+            kill_timeout: k8s4r_api::validation::kill_timeout_of(&new.template),
+            disk_limit: new.template.disk_bytes(),
+            disk_used: 0,
+            uid: new.uid,
+            attempt: new.attempt,
+            name: new.name,
+            dir: new.dir,
+            template: new.template,
+            driver: new.driver,
+            own_uid: new.own_uid,
+            phase: Phase::Preparing { abort },
+            due: None,
+            timer: None,
+            stop: None,
+            stdout: None,
+            stderr: None,
+            tail: Tail::new(tail_bytes),
+            cgroup: None,
+            dropped_output: 0,
+        }
+    }
+
+    /// Its process group, when it runs.
+    pub(crate) fn pgid(&self) -> Option<i32> {
+        match &self.phase {
+            Phase::Running(running) => Some(running.pgid),
+            Phase::Preparing { .. } => None,
+        }
+    }
+
+    /// Whether its process has started.
+    pub(crate) fn is_running(&self) -> bool {
+        matches!(self.phase, Phase::Running(_))
+    }
+}
+
+/// What stopping a task takes.
+pub(crate) enum Stop<'a> {
+    /// It was still being prepared: abort that; it never started.
+    Unstarted(AbortHandle),
+    /// SIGTERM to its group now; SIGKILL is armed for its kill timeout.
+    Terminate(&'a dyn ProcessGroup),
+    /// It is already being stopped, or is not here.
+    Nothing,
+}
+
+pub(crate) struct Table {
+    tasks: HashMap<u64, Task>,
+    by_key: HashMap<(String, u32), u64>,
+    next_id: u64,
+    finished: Recent<(String, u32)>,
+    recent_groups: Recent<i32>,
+    recent_pids: Recent<i32>,
+    timers: DelayQueue<Deadline>,
+}
+
+impl Table {
+    pub(crate) fn new() -> Self {
+        Table {
+            tasks: HashMap::new(),
+            by_key: HashMap::new(),
+            next_id: 0,
+            finished: Recent::new(REMEMBERED_FINISHED),
+            recent_groups: Recent::new(REMEMBERED_GROUPS),
+            recent_pids: Recent::new(REMEMBERED_PIDS),
+            timers: DelayQueue::new(),
+        }
+    }
+
+    /// Whether this (uid, attempt) is held or was recently finished.
+    pub(crate) fn is_known(&self, key: &(String, u32)) -> bool {
+        self.by_key.contains_key(key) || self.finished.contains(key)
+    }
+
+    /// Whether this (uid, attempt) is held now.
+    pub(crate) fn holds(&self, key: &(String, u32)) -> bool {
+        self.by_key.contains_key(key)
+    }
+
+    /// Adds a task and returns its id.
+    pub(crate) fn insert(&mut self, task: Task) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.by_key.insert((task.uid.clone(), task.attempt), id);
+        self.tasks.insert(id, task);
+        id
+    }
+
+    pub(crate) fn get_mut(&mut self, id: u64) -> Option<&mut Task> {
+        self.tasks.get_mut(&id)
+    }
+
+    pub(crate) fn get(&self, id: u64) -> Option<&Task> {
+        self.tasks.get(&id)
+    }
+
+    pub(crate) fn tasks_mut(&mut self) -> impl Iterator<Item = (u64, &mut Task)> {
+        self.tasks.iter_mut().map(|(id, t)| (*id, t))
+    }
+
+    /// Takes a task out, its timer cancelled.
+    pub(crate) fn remove(&mut self, id: u64) -> Option<Task> {
+        let mut task = self.tasks.remove(&id)?;
+        self.by_key.remove(&(task.uid.clone(), task.attempt));
+        if let Some(key) = task.timer.take() {
+            self.timers.try_remove(&key);
+        }
+        Some(task)
+    }
+
+    /// Remembers an attempt that is over (held or not).
+    pub(crate) fn remember_finished(&mut self, uid: String, attempt: u32) {
+        self.finished.insert((uid, attempt));
+    }
+
+    /// Remembers the process group of a task that is over, so that its
+    /// orphans are still reaped.
+    pub(crate) fn remember_group(&mut self, pgid: i32) {
+        self.recent_groups.insert(pgid);
+    }
+
+    /// Remembers processes of a task (seen in its cgroup before it was
+    /// killed), so that their zombies are reaped wherever they went.
+    pub(crate) fn remember_pids(&mut self, pids: impl IntoIterator<Item = i32>) {
+        for pid in pids {
+            self.recent_pids.insert(pid);
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.tasks.len()
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.tasks.is_empty()
+    }
+
+    pub(crate) fn tasks(&self) -> impl Iterator<Item = (u64, &Task)> {
+        self.tasks.iter().map(|(id, t)| (*id, t))
+    }
+
+    /// Every task's id.
+    pub(crate) fn ids(&self) -> Vec<u64> {
+        self.tasks.keys().copied().collect()
+    }
+
+    /// The ids of `uid`'s tasks: every attempt, or only `attempt`.
+    pub(crate) fn ids_of(&self, uid: &str, attempt: Option<u32>) -> Vec<u64> {
+        self.tasks
+            .iter()
+            .filter(|(_, t)| t.uid == uid && attempt.is_none_or(|a| a == t.attempt))
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// The attempts held, in order.
+    pub(crate) fn attempts(&self) -> Vec<TaskAttempt> {
+        let mut attempts: Vec<TaskAttempt> = self
+            .tasks
+            .values()
+            .map(|t| TaskAttempt {
+                uid: t.uid.clone(),
+                attempt: t.attempt,
+            })
+            .collect();
+        attempts.sort_by(|a, b| (&a.uid, a.attempt).cmp(&(&b.uid, b.attempt)));
+        attempts
+    }
+
+    /// Whether a process (by pid and process group) is a task's, running
+    /// or recently finished.
+    pub(crate) fn task_groups(&self) -> impl Fn(i32, i32) -> bool + '_ {
+        let live: HashSet<i32> = self.tasks.values().filter_map(Task::pgid).collect();
+        move |pid, pgrp| {
+            live.contains(&pgrp) || self.recent_groups.contains(&pgrp) || self.recent_pids.contains(&pid)
+        }
+    }
+
+    /// A preparing task's process has started at `now`: its timeout runs
+    /// from then.
+    pub(crate) fn started(&mut self, id: u64, running: Running, now: Instant) {
+        let Some(task) = self.tasks.get_mut(&id) else {
+            return;
+        };
+        task.phase = Phase::Running(Box::new(running));
+        if let Some(timeout) = task.timeout {
+            task.due = Some(later(now, timeout));
+            task.timer = Some(arm(&mut self.timers, Deadline::Term(id), now, timeout));
+        }
+    }
+
+    /// A task's deadline has come: the signal for its group, with the next
+    /// step armed. None for a task that is gone, not running, or whose
+    /// deadline lies beyond the horizon (armed again).
+    pub(crate) fn deadline_passed(&mut self, deadline: Deadline, at: Instant) -> Option<(Signal, &Task)> {
+        let (id, signal) = match deadline {
+            Deadline::Term(id) => (id, Signal::SIGTERM),
+            Deadline::Kill(id) => (id, Signal::SIGKILL),
+            Deadline::Cleanup | Deadline::Sweep | Deadline::Measure => return None,
+        };
+        let task = self.tasks.get_mut(&id)?;
+        task.timer = None;
+        if !matches!(task.phase, Phase::Running(_)) {
+            return None;
+        }
+        if signal == Signal::SIGTERM {
+            if let Some(due) = task.due.filter(|due| *due > at) {
+                task.timer = Some(arm(&mut self.timers, Deadline::Term(id), at, due - at));
+                return None;
+            }
+            if task.stop.is_none() {
+                task.stop = task.timeout.map(StopCause::Timeout);
+            }
+            // From the deadline, not from now: lateness does not add up.
+            task.timer = Some(arm(&mut self.timers, Deadline::Kill(id), at, task.kill_timeout));
+        }
+        Some((signal, task))
+    }
+
+    /// Stops a running task at once with SIGKILL (its escalation skipped:
+    /// it takes what the robot cannot spare). None if it is not running.
+    pub(crate) fn kill_now(&mut self, id: u64, cause: StopCause) -> Option<&Task> {
+        let task = self.tasks.get_mut(&id)?;
+        if !matches!(task.phase, Phase::Running(_)) {
+            return None;
+        }
+        if let Some(key) = task.timer.take() {
+            self.timers.try_remove(&key);
+        }
+        if !matches!(task.stop, Some(StopCause::DiskLimit(_))) {
+            task.stop = Some(cause);
+        }
+        Some(task)
+    }
+
+    /// Cancel or shutdown at `now`. A task already being stopped keeps its
+    /// cause and its escalation.
+    pub(crate) fn stop(&mut self, id: u64, cause: &StopCause, now: Instant) -> Stop<'_> {
+        let Some(task) = self.tasks.get_mut(&id) else {
+            return Stop::Nothing;
+        };
+        match &task.phase {
+            Phase::Preparing { abort } => Stop::Unstarted(abort.clone()),
+            Phase::Running(_) if task.stop.is_some() => Stop::Nothing,
+            Phase::Running(running) => {
+                task.stop = Some(cause.clone());
+                if let Some(key) = task.timer.take() {
+                    self.timers.try_remove(&key);
+                }
+                task.timer = Some(arm(&mut self.timers, Deadline::Kill(id), now, task.kill_timeout));
+                Stop::Terminate(running.group.as_ref())
+            }
+        }
+    }
+
+    /// Retries the removal of leftover cgroups after `after`.
+    pub(crate) fn schedule_cleanup(&mut self, after: Duration) {
+        self.timers.insert(Deadline::Cleanup, after.min(HORIZON));
+    }
+
+    /// Arms a one-off timer (a sweep, a measurement) `after` from now.
+    pub(crate) fn schedule(&mut self, deadline: Deadline, after: Duration) {
+        self.timers.insert(deadline, after.min(HORIZON));
+    }
+
+    /// Whether any timer is pending.
+    pub(crate) fn has_deadlines(&self) -> bool {
+        !self.timers.is_empty()
+    }
+
+    /// The next timer to fire and when it was due. Cancel-safe.
+    pub(crate) async fn next_deadline(&mut self) -> Option<(Deadline, Instant)> {
+        let expired = self.timers.next().await?;
+        let at = expired.deadline();
+        Some((expired.into_inner(), at))
+    }
+}
+
+/// `now + after`, or the furthest instant the clock can hold.
+fn later(now: Instant, after: Duration) -> Instant {
+    now.checked_add(after).unwrap_or_else(|| far_future(now))
+}
+
+fn far_future(now: Instant) -> Instant {
+    // Far enough for any spec (validation caps timeouts at 30 days).
+    now.checked_add(Duration::from_secs(100 * 365 * 24 * 3600))
+        .unwrap_or(now)
+}
+
+/// Arms `deadline` `after` from `from`, no further than the horizon.
+fn arm(
+    timers: &mut DelayQueue<Deadline>,
+    deadline: Deadline,
+    from: Instant,
+    after: Duration,
+) -> delay_queue::Key {
+    let now = Instant::now();
+    let at = later(from, after).min(later(now, HORIZON));
+    timers.insert_at(deadline, at)
+}
+
+/// A bounded set that forgets its oldest members.
+struct Recent<T> {
+    set: HashSet<T>,
+    order: VecDeque<T>,
+    cap: usize,
+}
+
+impl<T: Hash + Eq + Clone> Recent<T> {
+    fn new(cap: usize) -> Self {
+        Recent {
+            set: HashSet::new(),
+            order: VecDeque::new(),
+            cap,
+        }
+    }
+
+    fn insert(&mut self, value: T) {
+        if self.set.insert(value.clone()) {
+            self.order.push_back(value);
+            if self.order.len() > self.cap {
+                if let Some(old) = self.order.pop_front() {
+                    self.set.remove(&old);
+                }
+            }
+        }
+    }
+
+    fn contains(&self, value: &T) -> bool {
+        self.set.contains(value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A group nobody listens to: the table never signals, it only says so.
+    struct Quiet;
+
+    impl ProcessGroup for Quiet {
+        fn signal(&self, _: Signal) {}
+    }
+
+    const KILL: Duration = Duration::from_secs(5);
+
+    fn fetching(uid: &str, attempt: u32, timeout: Option<&str>) -> Task {
+        let template = TaskTemplate {
+            timeout: timeout.map(Into::into),
+            kill_timeout: Some(KILL.into()),
+            ..TaskTemplate::default()
+        };
+        let (abort, _) = AbortHandle::new_pair();
+        let new = NewTask {
+            uid: uid.into(),
+            attempt,
+            name: uid.into(),
+            dir: PathBuf::from("/t"),
+            template,
+            driver: 0,
+            own_uid: None,
+        };
+        Task::preparing(new, abort, 64)
+    }
+
+    fn running(pgid: i32) -> Running {
+        Running {
+            pid: pgid,
+            pgid,
+            started: journal::Started {
+                pid: pgid,
+                pgid,
+                pid_start: 0,
+                boot_id: String::new(),
+                cgroup: None,
+                task_uid: None,
+                started_at: jiff::Timestamp::UNIX_EPOCH,
+            },
+            group: Box::new(Quiet),
+            lineage: None,
+        }
+    }
+
+    /// A task of its own table, started now; returns its id and when.
+    fn started(table: &mut Table, uid: &str, timeout: Option<&str>) -> (u64, Instant) {
+        let id = table.insert(fetching(uid, 1, timeout));
+        let now = Instant::now();
+        table.started(id, running(42), now);
+        (id, now)
+    }
+
+    fn key(uid: &str, attempt: u32) -> (String, u32) {
+        (uid.to_owned(), attempt)
+    }
+
+    #[test]
+    fn attempts_are_known_while_held_and_after() {
+        let mut table = Table::new();
+        let id = table.insert(fetching("a", 1, None));
+        assert!(table.holds(&key("a", 1)) && table.is_known(&key("a", 1)));
+        assert!(!table.is_known(&key("a", 2)));
+
+        let task = table.remove(id).unwrap();
+        assert_eq!((task.uid.as_str(), task.attempt), ("a", 1));
+        assert!(!table.is_known(&key("a", 1)), "removing alone forgets it");
+        table.remember_finished(task.uid, task.attempt);
+        assert!(table.is_known(&key("a", 1)) && !table.holds(&key("a", 1)));
+        assert!(table.is_empty());
+    }
+
+    #[test]
+    fn lookups_by_uid_and_attempt() {
+        let mut table = Table::new();
+        let b2 = table.insert(fetching("b", 2, None));
+        let a1 = table.insert(fetching("a", 1, None));
+        let b1 = table.insert(fetching("b", 1, None));
+        let mut all_b = table.ids_of("b", None);
+        all_b.sort_unstable();
+        assert_eq!(all_b, vec![b2, b1]);
+        assert_eq!(table.ids_of("b", Some(1)), vec![b1]);
+        assert_eq!(table.ids_of("a", Some(2)), Vec::<u64>::new());
+        let attempts: Vec<_> = table.attempts().into_iter().map(|t| (t.uid, t.attempt)).collect();
+        assert_eq!(attempts, vec![key("a", 1), key("b", 1), key("b", 2)]);
+        assert_eq!((table.len(), table.ids().len()), (3, 3));
+        assert!(table.get_mut(a1).is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_timeout_escalates_from_its_deadline_not_from_when_it_was_handled() {
+        let mut table = Table::new();
+        let id = table.insert(fetching("t", 1, Some("10s")));
+        assert!(
+            !table.has_deadlines(),
+            "the timeout runs from the start, not the dispatch"
+        );
+        let t0 = Instant::now();
+        table.started(id, running(42), t0);
+
+        let (deadline, at) = table.next_deadline().await.unwrap();
+        assert_eq!((deadline, at), (Deadline::Term(id), t0 + Duration::from_secs(10)));
+        // Handled two seconds late: SIGKILL is still due at deadline + kill timeout.
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let (signal, task) = table.deadline_passed(deadline, at).unwrap();
+        assert_eq!(signal, Signal::SIGTERM);
+        assert_eq!(task.stop, Some(StopCause::Timeout(Duration::from_secs(10))));
+
+        let (deadline, at) = table.next_deadline().await.unwrap();
+        assert_eq!((deadline, at), (Deadline::Kill(id), t0 + Duration::from_secs(15)));
+        let (signal, _) = table.deadline_passed(deadline, at).unwrap();
+        assert_eq!(signal, Signal::SIGKILL);
+        assert!(!table.has_deadlines());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_timeout_beyond_the_timer_wheel_is_armed_at_the_horizon_and_again() {
+        let mut table = Table::new();
+        let mut task = fetching("far", 1, None);
+        // What validation refuses, and what would overflow an Instant.
+        task.timeout = Some(Duration::from_secs(3 * 365 * 24 * 3600));
+        let id = table.insert(task);
+        let t0 = Instant::now();
+        table.started(id, running(42), t0);
+        let (deadline, at) = table.next_deadline().await.unwrap();
+        assert_eq!((deadline, at), (Deadline::Term(id), t0 + HORIZON));
+        assert!(
+            table.deadline_passed(deadline, at).is_none(),
+            "not due yet: armed again"
+        );
+        assert!(table.has_deadlines());
+        let (deadline, at) = table.next_deadline().await.unwrap();
+        assert_eq!((deadline, at), (Deadline::Term(id), t0 + 2 * HORIZON));
+        assert!(table.deadline_passed(deadline, at).is_none());
+        let (deadline, at) = table.next_deadline().await.unwrap();
+        assert_eq!(at, t0 + Duration::from_secs(3 * 365 * 24 * 3600));
+        let (signal, _) = table.deadline_passed(deadline, at).unwrap();
+        assert_eq!(signal, Signal::SIGTERM);
+
+        let mut table = Table::new();
+        let mut task = fetching("max", 1, None);
+        task.timeout = Some(Duration::MAX);
+        task.kill_timeout = Duration::MAX;
+        let id = table.insert(task);
+        table.started(id, running(43), Instant::now());
+        assert!(table.has_deadlines(), "armed, without panicking");
+        assert!(matches!(
+            table.stop(id, &StopCause::Shutdown, Instant::now()),
+            Stop::Terminate(_)
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stop_replaces_the_timeout_and_arms_the_kill_timeout_once() {
+        let mut table = Table::new();
+        let (id, t0) = started(&mut table, "c", Some("1h"));
+
+        let cancelled = StopCause::Cancelled("deleted".into());
+        assert!(matches!(table.stop(id, &cancelled, t0), Stop::Terminate(_)));
+        let later = t0 + Duration::from_secs(3);
+        assert!(matches!(
+            table.stop(id, &StopCause::Shutdown, later),
+            Stop::Nothing
+        ));
+        assert_eq!(table.get_mut(id).unwrap().stop, Some(cancelled));
+
+        let (deadline, at) = table.next_deadline().await.unwrap();
+        assert_eq!((deadline, at), (Deadline::Kill(id), t0 + KILL));
+        assert!(!table.has_deadlines(), "the one-hour timeout is gone");
+    }
+
+    #[test]
+    fn a_task_still_fetching_is_stopped_by_aborting_its_download() {
+        let mut table = Table::new();
+        let id = table.insert(fetching("f", 1, Some("1s")));
+        assert!(matches!(
+            table.stop(id, &StopCause::Shutdown, Instant::now()),
+            Stop::Unstarted(_)
+        ));
+        assert!(matches!(
+            table.stop(id + 1, &StopCause::Shutdown, Instant::now()),
+            Stop::Nothing
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_removed_task_leaves_no_deadline_and_a_late_one_is_ignored() {
+        let mut table = Table::new();
+        let (id, now) = started(&mut table, "r", Some("1s"));
+        assert!(table.has_deadlines());
+        table.remove(id).unwrap();
+        assert!(!table.has_deadlines());
+        assert!(table.deadline_passed(Deadline::Term(id), now).is_none());
+    }
+
+    #[test]
+    fn task_groups_are_the_running_and_the_recently_finished() {
+        let mut table = Table::new();
+        let running_id = table.insert(fetching("r", 1, None));
+        table.insert(fetching("f", 1, None));
+        table.started(running_id, running(42), Instant::now());
+        table.remember_group(7);
+        table.remember_pids([99]);
+        let is_task_group = table.task_groups();
+        assert!(is_task_group(1, 42) && is_task_group(1, 7) && is_task_group(99, 1));
+        assert!(!is_task_group(1, 8));
+    }
+
+    #[test]
+    fn recent_forgets_its_oldest() {
+        let mut recent = Recent::new(2);
+        for n in [1, 2, 2, 3] {
+            recent.insert(n);
+        }
+        assert!(!recent.contains(&1));
+        assert!(recent.contains(&2) && recent.contains(&3));
+    }
+}
