@@ -3,96 +3,72 @@
 //! what to write, and writes it under the field manager `k8s4r-server`.
 
 use std::collections::{HashMap, HashSet};
-use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
+use k8s4r_api::backoff::exponential;
 use k8s4r_api::names::MANAGER_SERVER;
 use k8s4r_api::protocol::{
-    check_robot_id, decode, encode, Heartbeat, Message, Online, ProtocolError, Register, RegisterResponse,
-    StatusUpdate, Topic, TopicKind, Topics, PROTOCOL_VERSION,
+    check_robot_id, decode, encode, Cancel, Heartbeat, Message, Online, ProtocolError, Register,
+    RegisterResponse, StatusAck, StatusUpdate, Topic, TopicKind, Topics,
 };
 use k8s4r_api::validation::validate_robot_id;
-use k8s4r_api::{Robot, RobotPhase, Task};
+use k8s4r_api::{Robot, RobotPhase, Task, TaskAttempt};
+use k8s4r_service::patch::Guarded;
+use k8s4r_service::Kube;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client};
-use serde::Serialize;
-use tokio::sync::mpsc;
 use tracing::{debug, info, instrument, warn};
 
 use crate::config::ServerConfig;
 use crate::decide::{
-    self, connected, plan_heartbeat, plan_register, HeartbeatMemory, MetadataPatch, RobotStatusPatch,
-    StatusDecision,
+    self, connected, plan_heartbeat, plan_register, HeartbeatMemory, RobotStatusPatch, StatusDecision,
 };
 use crate::error::{Error, Result};
+use crate::ingress::{Inbound, Lane};
 use crate::metrics::Metrics;
-use crate::mqtt::{Inbound, Publisher};
+use crate::mqtt::Publisher;
 
 /// How often a guarded write is re-read and retried after a 409.
 const CONFLICT_TRIES: u32 = 5;
 /// How often a write that failed for another reason is retried.
 const ERROR_TRIES: u32 = 4;
+/// How long a Task uid a robot mentions must stay unknown before the server
+/// treats the Task as gone (cancels its attempt, settles its statuses).
+const UNKNOWN_GRACE: Duration = Duration::from_secs(30);
+/// The first retry delay of such a write; doubled per try.
+const RETRY_BASE: Duration = Duration::from_millis(500);
 
 /// State shared by every handler.
 pub struct Bridge {
-    pub(crate) robots: Api<Robot>,
-    pub(crate) leases: Api<Lease>,
-    pub(crate) client: Client,
-    pub(crate) robot_cache: Store<Robot>,
-    pub(crate) task_cache: Store<Task>,
+    kube: Kube,
+    robots: Api<Robot>,
+    leases: Api<Lease>,
+    robot_cache: Store<Robot>,
+    task_cache: Store<Task>,
     lease_cache: Store<Lease>,
     uid_index: Mutex<UidIndex>,
-    pub(crate) publisher: Publisher,
-    pub(crate) topics: Topics,
-    pub(crate) metrics: Arc<Metrics>,
-    pub(crate) config: ServerConfig,
+    publisher: Publisher,
+    topics: Topics,
+    metrics: Arc<Metrics>,
+    config: ServerConfig,
     awaiting_response: Mutex<HashSet<String>>,
+    /// Task uids robots mention that this server does not know, and since when.
+    unknown_since: Mutex<HashMap<String, Instant>>,
 }
 
 #[derive(Default)]
 struct UidIndex {
     refs: HashMap<String, ObjectRef<Task>>,
     rebuilt: Option<Instant>,
-}
-
-/// The body of a merge patch guarded by a resourceVersion.
-#[derive(Debug, Serialize)]
-struct Guarded<'a, S: Serialize> {
-    metadata: RvOnly<'a>,
-    status: &'a S,
-}
-
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-struct RvOnly<'a> {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    resource_version: Option<&'a str>,
-}
-
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-struct MetadataOnly<'a> {
-    metadata: GuardedMetadata<'a>,
-}
-
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-struct GuardedMetadata<'a> {
-    resource_version: Option<&'a str>,
-    #[serde(flatten)]
-    patch: &'a MetadataPatch,
-}
-
-fn params() -> PatchParams {
-    PatchParams {
-        field_manager: Some(MANAGER_SERVER.to_owned()),
-        ..Default::default()
-    }
+    /// The Tasks targeting each robot, as last seen (deleted ones linger
+    /// until looked up: the cache no longer has them).
+    by_robot: HashMap<String, HashSet<ObjectRef<Task>>>,
+    robot_of: HashMap<ObjectRef<Task>, String>,
 }
 
 /// What became of one message, for the counter and the log.
@@ -115,7 +91,7 @@ impl Bridge {
         Self {
             robots: Api::all(client.clone()),
             leases: Api::namespaced(client.clone(), &config.lease_namespace),
-            client,
+            kube: Kube::new(client, config.api_timeout, MANAGER_SERVER).with_metrics(metrics.api()),
             robot_cache,
             task_cache,
             lease_cache,
@@ -125,48 +101,50 @@ impl Bridge {
             metrics,
             config,
             awaiting_response: Mutex::default(),
+            unknown_since: Mutex::default(),
         }
     }
 
-    /// Runs one API call with the timeout and records its latency.
-    pub(crate) async fn call<T>(
-        &self,
-        write: &'static str,
-        action: impl FnOnce() -> String,
-        fut: impl Future<Output = kube::Result<T>>,
-    ) -> Result<T> {
-        let started = Instant::now();
-        let result = tokio::time::timeout(self.config.api_timeout, fut).await;
-        let outcome = match &result {
-            Ok(Ok(_)) => "ok",
-            Ok(Err(kube::Error::Api(s))) if s.code == 409 => "conflict",
-            Ok(Err(kube::Error::Api(s))) if s.code == 404 => "not_found",
-            Ok(Err(_)) => "error",
-            Err(_) => "timeout",
-        };
-        if write != "read" {
-            self.metrics.api_write(write, outcome, started.elapsed());
-        }
-        match result {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(source)) => Err(Error::Kube {
-                action: action(),
-                source,
-            }),
-            Err(_) => Err(Error::KubeTimeout {
-                action: action(),
-                after: self.config.api_timeout,
-            }),
-        }
+    /// The way to the API server: timeouts, field manager, write metrics.
+    pub fn kube(&self) -> &Kube {
+        &self.kube
+    }
+
+    /// The Robots, cluster-wide.
+    pub fn robots(&self) -> &Api<Robot> {
+        &self.robots
+    }
+
+    /// The Robots as last watched.
+    pub fn robot_cache(&self) -> &Store<Robot> {
+        &self.robot_cache
+    }
+
+    /// Publishes to robots.
+    pub fn publisher(&self) -> &Publisher {
+        &self.publisher
+    }
+
+    /// The topic names.
+    pub fn topics(&self) -> &Topics {
+        &self.topics
+    }
+
+    /// The counters.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &ServerConfig {
+        &self.config
     }
 
     async fn get_robot(&self, name: &str) -> Result<Option<Robot>> {
-        self.call(
-            "read",
-            || format!("reading robot {name}"),
-            self.robots.get_opt(name),
-        )
-        .await
+        Ok(self
+            .kube
+            .read(|| format!("reading robot {name}"), self.robots.get_opt(name))
+            .await?)
     }
 
     /// The Robot from the cache, or fresh when the cache has not seen it yet.
@@ -185,7 +163,7 @@ impl Bridge {
             tries += 1;
             match self.dispatch_message(&inbound, heartbeats).await {
                 Err(error) if tries < ERROR_TRIES && error.is_transient() => {
-                    let delay = decide::backoff(tries, self.config.max_backoff);
+                    let delay = exponential(RETRY_BASE, self.config.max_backoff, tries);
                     debug!(topic = %inbound.topic, %error, retry_in = ?delay, "retrying");
                     tokio::time::sleep(delay).await;
                 }
@@ -215,7 +193,9 @@ impl Bridge {
                 TopicKind::Heartbeat => "heartbeat",
                 TopicKind::Status { .. } => "status",
                 TopicKind::Online => "online",
-                TopicKind::Response | TopicKind::Dispatch | TopicKind::Cancel => "server_topic",
+                TopicKind::Response | TopicKind::Dispatch | TopicKind::Cancel | TopicKind::StatusAck => {
+                    "server_topic"
+                }
             },
             Ok(Topic::LegacyRegister) => "legacy_register",
             Ok(Topic::LegacyHeartbeat) => "legacy_heartbeat",
@@ -236,25 +216,76 @@ impl Bridge {
         match topic {
             Topic::Robot { robot_id, kind } => match kind {
                 TopicKind::Register => match decode_for::<Register>(body, &robot_id, |m| &m.robot_id) {
-                    Ok(msg) => self.register(&msg).await,
+                    Ok(msg) => {
+                        let outcome = self.register(&msg).await?;
+                        if matches!(outcome, Outcome::Done(_)) {
+                            self.reconcile(
+                                &robot_id,
+                                &Heartbeat {
+                                    running: msg.running.clone(),
+                                    reconcile: msg.reconcile,
+                                    last_seq: msg.last_seq,
+                                    ..Heartbeat::new(&robot_id, 0, Timestamp::now(), Default::default())
+                                },
+                            )
+                            .await?;
+                        }
+                        Ok(outcome)
+                    }
                     Err(e) => Ok(rejected(e)),
                 },
                 TopicKind::Heartbeat => match decode_for::<Heartbeat>(body, &robot_id, |m| &m.robot_id) {
-                    Ok(msg) => self.heartbeat(&msg, heartbeats).await,
+                    Ok(msg) => {
+                        let outcome = self.heartbeat(&msg, heartbeats).await?;
+                        if matches!(&outcome, Outcome::Rejected(_, "rejected_unknown_robot")) {
+                            // A deleted Robot's agent may still run attempts
+                            // that moved elsewhere: stop those, fail nothing.
+                            let partial = Heartbeat {
+                                reconcile: false,
+                                ..msg.clone()
+                            };
+                            self.reconcile(&robot_id, &partial).await?;
+                        }
+                        if matches!(outcome, Outcome::Done(_)) {
+                            // The Lease is fresh (renewed now, or recently
+                            // enough to coalesce): the robot's lease on its
+                            // attempts may run from this heartbeat.
+                            self.acknowledge(&robot_id, StatusAck::heartbeat(msg.seq, Timestamp::now()));
+                            self.reconcile(&robot_id, &msg).await?;
+                        }
+                        Ok(outcome)
+                    }
                     Err(e) => Ok(rejected(e)),
                 },
                 TopicKind::Status { task_uid } => match decode::<StatusUpdate>(body) {
-                    Ok(msg) => self.status(&msg, &task_uid, &robot_id).await,
+                    Ok(msg) => {
+                        let outcome = self.status(&msg, &task_uid, &robot_id).await?;
+                        // Applied, or refused for good: the robot may forget
+                        // it. An error (the API away) is not acknowledged,
+                        // and the robot sends the status again; nor is a
+                        // status of a Task this server has not known for
+                        // long (its cache may lag).
+                        let young = matches!(&outcome, Outcome::Rejected(_, "rejected_unknown_task"))
+                            && self
+                                .long_unknown(&[TaskAttempt {
+                                    uid: task_uid.clone(),
+                                    attempt: msg.attempt,
+                                }])
+                                .is_empty();
+                        if !young {
+                            self.settle(&robot_id, msg.seq);
+                        }
+                        Ok(outcome)
+                    }
                     Err(e) => Ok(rejected(e)),
                 },
                 TopicKind::Online => match decode::<Online>(body) {
                     Ok(msg) => self.online(&robot_id, msg.online).await,
                     Err(e) => Ok(rejected(e)),
                 },
-                TopicKind::Response | TopicKind::Dispatch | TopicKind::Cancel => Ok(Outcome::Rejected(
-                    "a server-to-robot topic".into(),
-                    "rejected_topic",
-                )),
+                TopicKind::Response | TopicKind::Dispatch | TopicKind::Cancel | TopicKind::StatusAck => Ok(
+                    Outcome::Rejected("a server-to-robot topic".into(), "rejected_topic"),
+                ),
             },
             Topic::LegacyRegister | Topic::LegacyHeartbeat if !self.config.legacy_topics => Ok(
                 Outcome::Rejected("legacy topics are disabled".into(), "rejected_topic"),
@@ -320,31 +351,22 @@ impl Bridge {
                 annotations: Some(set_values(&plan.metadata.annotations)),
                 ..Default::default()
             };
-            let pp = PostParams {
-                field_manager: Some(MANAGER_SERVER.to_owned()),
-                ..Default::default()
-            };
             let created = self
-                .call(
+                .kube
+                .write(
                     "robot_create",
                     || format!("creating robot {name}"),
-                    self.robots.create(&pp, &robot),
+                    self.robots.create(&self.kube.post_params(), &robot),
                 )
                 .await?;
             rv = created.metadata.resource_version;
         } else if !plan.metadata.is_empty() {
-            let body = MetadataOnly {
-                metadata: GuardedMetadata {
-                    resource_version: rv.as_deref(),
-                    patch: &plan.metadata,
-                },
-            };
+            let body = Guarded::metadata(rv.as_deref(), &plan.metadata);
             let patched = self
-                .call(
-                    "robot_metadata",
-                    || format!("patching labels of robot {name}"),
-                    self.robots.patch(name, &params(), &Patch::Merge(&body)),
-                )
+                .kube
+                .patch("robot_metadata", &self.robots, name, &body, || {
+                    format!("patching labels of robot {name}")
+                })
                 .await?;
             rv = patched.metadata.resource_version;
         }
@@ -359,16 +381,11 @@ impl Bridge {
         rv: Option<&str>,
         write: &'static str,
     ) -> Result<()> {
-        let body = Guarded {
-            metadata: RvOnly { resource_version: rv },
-            status,
-        };
-        self.call(
-            write,
-            || format!("patching status of robot {name}"),
-            self.robots.patch_status(name, &params(), &Patch::Merge(&body)),
-        )
-        .await?;
+        self.kube
+            .patch_status(write, &self.robots, name, rv, status, || {
+                format!("patching status of robot {name}")
+            })
+            .await?;
         Ok(())
     }
 
@@ -399,9 +416,9 @@ impl Bridge {
 
     async fn respond(&self, name: &str, phase: RobotPhase, message: Option<String>) {
         let body = encode(&RegisterResponse {
-            v: PROTOCOL_VERSION,
-            phase,
-            message,
+            server_time: Some(Timestamp::now()),
+            status_acks: true,
+            ..RegisterResponse::new(phase, message)
         });
         match self.publisher.publish(self.topics.response(name), body).await {
             Ok(()) => {
@@ -413,6 +430,20 @@ impl Bridge {
                 self.metrics.message_out("response", "failed");
             }
         }
+    }
+
+    /// Tells `robot` that its status `seq` is settled, without waiting: a
+    /// lost acknowledgement only makes the robot send the status again,
+    /// which is then a duplicate and acknowledged again.
+    fn settle(&self, robot: &str, seq: u64) {
+        self.acknowledge(robot, StatusAck::new(vec![seq]));
+    }
+
+    /// Publishes an acknowledgement without waiting for its PUBACK.
+    fn acknowledge(&self, robot: &str, ack: StatusAck) {
+        let sent = self.publisher.send(self.topics.status_ack(robot), encode(&ack));
+        self.metrics
+            .message_out("ack", if sent { "queued" } else { "failed" });
     }
 
     // ------------------------------------------------------------ heartbeat
@@ -441,6 +472,7 @@ impl Bridge {
             &robot,
             lease_renewed,
             &msg.usage,
+            msg.health.as_ref(),
             now,
             self.config.coalescing,
         );
@@ -489,12 +521,13 @@ impl Bridge {
             }),
         };
         let pp = PatchParams::apply(MANAGER_SERVER).force();
-        self.call(
-            "lease",
-            || format!("renewing lease {}/{name}", self.config.lease_namespace),
-            self.leases.patch(name, &pp, &Patch::Apply(&lease)),
-        )
-        .await?;
+        self.kube
+            .write(
+                "lease",
+                || format!("renewing lease {}/{name}", self.config.lease_namespace),
+                self.leases.patch(name, &pp, &Patch::Apply(&lease)),
+            )
+            .await?;
         Ok(())
     }
 
@@ -546,12 +579,140 @@ impl Bridge {
     /// Records where the Task with this uid lives; the Task controller calls
     /// it for every Task it sees, so a Task is indexed before its dispatch.
     pub(crate) fn index_task(&self, task: &Task) {
-        if let Some(uid) = task.metadata.uid.clone() {
-            lock(&self.uid_index)
-                .refs
-                .entry(uid)
-                .or_insert_with(|| ObjectRef::from_obj(task));
+        let Some(uid) = task.metadata.uid.clone() else {
+            return;
+        };
+        let reference = ObjectRef::from_obj(task);
+        let mut index = lock(&self.uid_index);
+        index.refs.entry(uid).or_insert_with(|| reference.clone());
+        let robot = task.spec.target_robot.clone().filter(|r| !r.is_empty());
+        let before = match &robot {
+            Some(robot) => index.robot_of.insert(reference.clone(), robot.clone()),
+            None => index.robot_of.remove(&reference),
+        };
+        if before != robot {
+            if let Some(old) = before {
+                if let Some(set) = index.by_robot.get_mut(&old) {
+                    set.remove(&reference);
+                }
+            }
+            if let Some(robot) = robot {
+                index.by_robot.entry(robot).or_default().insert(reference);
+            }
         }
+    }
+
+    /// Of these attempts of uids this server does not know, the ones it has
+    /// not known for [`UNKNOWN_GRACE`]: a replica whose cache lags must not
+    /// cancel an attempt that was just dispatched, or settle its status.
+    fn long_unknown(&self, attempts: &[TaskAttempt]) -> Vec<TaskAttempt> {
+        let now = Instant::now();
+        let mut unknown = lock(&self.unknown_since);
+        if unknown.len() > 65_536 {
+            unknown.retain(|_, since| now.duration_since(*since) < UNKNOWN_GRACE * 10);
+        }
+        attempts
+            .iter()
+            .filter(|a| {
+                let since = *unknown.entry(a.uid.clone()).or_insert(now);
+                now.duration_since(since) >= UNKNOWN_GRACE
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// The Tasks targeting `robot`, from the cache.
+    fn tasks_on(&self, robot: &str) -> Vec<Arc<Task>> {
+        let mut index = lock(&self.uid_index);
+        let Some(refs) = index.by_robot.get(robot) else {
+            return Vec::new();
+        };
+        let mut gone = Vec::new();
+        let mut tasks = Vec::new();
+        for r in refs {
+            match self.task_cache.get(r) {
+                Some(task) => tasks.push(task),
+                None => gone.push(r.clone()),
+            }
+        }
+        for r in gone {
+            index.robot_of.remove(&r);
+            if let Some(set) = index.by_robot.get_mut(robot) {
+                set.remove(&r);
+            }
+        }
+        tasks
+    }
+
+    /// Compares what `robot` says it holds with what the Tasks want of it:
+    /// cancels what no Task wants, and fails at once a Task whose attempt
+    /// the robot's complete list shows it will never run (docs/fencing.md,
+    /// "reconcile").
+    async fn reconcile(&self, robot: &str, report: &Heartbeat) -> Result<()> {
+        let holding = decide::Holding {
+            held: &report.running,
+            complete: report.reconcile,
+            last_seq: report.last_seq,
+            sent_at: report.server_time,
+        };
+        let assigned = if holding.complete {
+            self.tasks_on(robot)
+        } else {
+            Vec::new()
+        };
+        let plan = decide::plan_reconcile(
+            robot,
+            holding,
+            |uid| self.task_by_uid(uid),
+            assigned.iter().map(|t| t.as_ref()),
+            Timestamp::now(),
+        );
+        let mut cancels = plan.cancel.clone();
+        cancels.extend(
+            self.long_unknown(&plan.unknown)
+                .into_iter()
+                .map(|a| (a, "the Task no longer exists".to_owned())),
+        );
+        for (attempt, why) in &cancels {
+            let body = encode(&Cancel::new(&attempt.uid, attempt.attempt, why.clone()));
+            let sent = self.publisher.send(self.topics.cancel(robot), body);
+            info!(task_uid = %attempt.uid, attempt = attempt.attempt, reason = %why, sent, "cancelling an attempt no Task wants");
+            self.metrics
+                .message_out("cancel", if sent { "queued" } else { "failed" });
+        }
+        for (uid, patch) in &plan.lost {
+            let Some(task) = assigned
+                .iter()
+                .find(|t| t.metadata.uid.as_deref() == Some(uid.as_str()))
+            else {
+                continue;
+            };
+            let api: Api<Task> = Api::namespaced(
+                self.kube.client().clone(),
+                task.metadata.namespace.as_deref().unwrap_or_default(),
+            );
+            let name = task.metadata.name.clone().unwrap_or_default();
+            let written = self
+                .kube
+                .patch_status(
+                    "task_status",
+                    &api,
+                    &name,
+                    task.metadata.resource_version.as_deref(),
+                    patch,
+                    || format!("failing task {} (not on its robot)", decide::task_name(task)),
+                )
+                .await;
+            match written {
+                Ok(_) => {
+                    warn!(task = %decide::task_name(task), robot, "the robot does not hold the attempt the Task shows running: failed it")
+                }
+                // Changed meanwhile (a status arrived): the next report decides.
+                Err(e) if e.is_conflict() || e.is_not_found() => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
     }
 
     fn task_by_uid(&self, uid: &str) -> Option<Arc<Task>> {
@@ -589,13 +750,15 @@ impl Bridge {
         let mut task = self.task_by_uid(uid);
         let mut fresh = false;
         for tries in 1.. {
-            let decision = decide::decide_status(msg, uid, robot, task.as_deref());
+            let decision = decide::decide_status(msg, uid, robot, task.as_deref(), Timestamp::now());
             let patch = match decision {
                 Ok(StatusDecision::Apply(patch)) => patch,
                 Ok(StatusDecision::Ignore(why)) => return Ok(Outcome::Done(why.outcome())),
                 // The cache may lag behind the manager's dispatch: look once
                 // at the API server before refusing.
-                Err(decide::Rejection::FutureAttempt { .. }) if !fresh => {
+                Err(decide::Rejection::FutureAttempt { .. } | decide::Rejection::NotAssigned { .. })
+                    if !fresh =>
+                {
                     task = self.fresh_task(task.as_deref()).await?;
                     fresh = true;
                     continue;
@@ -606,23 +769,22 @@ impl Bridge {
                 unreachable!("an applied decision has a task")
             };
             let api: Api<Task> = Api::namespaced(
-                self.client.clone(),
+                self.kube.client().clone(),
                 current.metadata.namespace.as_deref().unwrap_or_default(),
             );
             let name = current.metadata.name.clone().unwrap_or_default();
-            let body = Guarded {
-                metadata: RvOnly {
-                    resource_version: current.metadata.resource_version.as_deref(),
-                },
-                status: &patch,
-            };
             let result = self
-                .call(
+                .kube
+                .patch_status(
                     "task_status",
+                    &api,
+                    &name,
+                    current.metadata.resource_version.as_deref(),
+                    &patch,
                     || format!("patching status of task {}", decide::task_name(current)),
-                    api.patch_status(&name, &params(), &Patch::Merge(&body)),
                 )
-                .await;
+                .await
+                .map_err(Error::from);
             match result {
                 Ok(_) => {
                     info!(
@@ -646,12 +808,13 @@ impl Bridge {
     async fn fresh_task(&self, task: Option<&Task>) -> Result<Option<Arc<Task>>> {
         let Some(task) = task else { return Ok(None) };
         let api: Api<Task> = Api::namespaced(
-            self.client.clone(),
+            self.kube.client().clone(),
             task.metadata.namespace.as_deref().unwrap_or_default(),
         );
         let name = task.metadata.name.clone().unwrap_or_default();
         let fresh = self
-            .call("read", || format!("reading task {name}"), api.get_opt(&name))
+            .kube
+            .read(|| format!("reading task {name}"), api.get_opt(&name))
             .await?;
         Ok(fresh
             .filter(|f| f.metadata.uid == task.metadata.uid)
@@ -662,9 +825,9 @@ impl Bridge {
 /// Runs one inbound worker until its channel closes. A write that failed
 /// for a reason other than a conflict is retried with capped backoff; the
 /// robot's messages wait meanwhile, which keeps them in order.
-pub async fn worker(bridge: Arc<Bridge>, mut inbound: mpsc::Receiver<Inbound>) {
+pub async fn worker(bridge: Arc<Bridge>, lane: Arc<Lane>) {
     let mut heartbeats = HashMap::new();
-    while let Some(message) = inbound.recv().await {
+    while let Some(message) = lane.next().await {
         bridge.handle(message, &mut heartbeats).await;
     }
 }
@@ -706,39 +869,4 @@ fn set_values(
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn guarded_patch_bodies_carry_the_resource_version() {
-        let status = RobotStatusPatch {
-            last_heartbeat_time: Some("2026-11-22T10:00:00Z".parse().unwrap()),
-            ..Default::default()
-        };
-        let body = Guarded {
-            metadata: RvOnly {
-                resource_version: Some("42"),
-            },
-            status: &status,
-        };
-        assert_eq!(
-            serde_json::to_string(&body).unwrap(),
-            r#"{"metadata":{"resourceVersion":"42"},"status":{"lastHeartbeatTime":"2026-11-22T10:00:00Z"}}"#
-        );
-        let mut labels = MetadataPatch::default();
-        labels.labels.insert("gone".into(), None);
-        let body = MetadataOnly {
-            metadata: GuardedMetadata {
-                resource_version: Some("7"),
-                patch: &labels,
-            },
-        };
-        assert_eq!(
-            serde_json::to_string(&body).unwrap(),
-            r#"{"metadata":{"resourceVersion":"7","labels":{"gone":null}}}"#
-        );
-    }
 }

@@ -7,10 +7,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use k8s4r_api::logging::LogFormat;
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::Client;
-use tokio_util::sync::CancellationToken;
-use tracing::info;
+use k8s4r_service::leader::LeaderConfig;
 
 use crate::config::{BrokerConfig, ServerConfig};
 use crate::decide::Coalescing;
@@ -98,6 +95,20 @@ pub struct Args {
     #[arg(long, env = "K8S4R_LEADER_ELECTION")]
     pub leader_election: bool,
 
+    /// Messages per second one robot may send on average; beyond it they
+    /// are dropped and counted (a dropped status is sent again by its robot).
+    #[arg(long, env = "K8S4R_ROBOT_RATE", default_value_t = 50.0, value_parser = positive_rate)]
+    pub robot_rate: f64,
+
+    /// Messages one robot may send at once after being quiet.
+    #[arg(long, env = "K8S4R_ROBOT_BURST", default_value_t = 200.0, value_parser = burst)]
+    pub robot_burst: f64,
+
+    /// Bytes one robot may have waiting in the server; beyond it its
+    /// messages are dropped and counted.
+    #[arg(long, env = "K8S4R_ROBOT_QUEUE_BYTES", default_value_t = crate::ingress::Limits::default().queue_bytes)]
+    pub robot_queue_bytes: usize,
+
     /// Timeout of every Kubernetes API call.
     #[arg(long, env = "K8S4R_API_TIMEOUT", default_value = "10s", value_parser = duration)]
     pub api_timeout: Duration,
@@ -118,6 +129,20 @@ pub struct Args {
     /// it RUST_LOG applies, else `info`.
     #[arg(long, alias = "log-level", env = "K8S4R_LOG")]
     pub log: Option<String>,
+}
+
+fn positive_rate(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(r) if r.is_finite() && r > 0.0 => Ok(r),
+        _ => Err(format!("{s:?} is not a rate above zero (messages per second)")),
+    }
+}
+
+fn burst(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(b) if b.is_finite() && b >= 1.0 => Ok(b),
+        _ => Err(format!("{s:?} is not a burst of at least one message")),
+    }
 }
 
 impl Args {
@@ -150,11 +175,18 @@ impl Args {
             status_refresh: self.heartbeat_refresh,
         };
         config.metrics_addr = Some(self.metrics_addr);
+        config.leader = self
+            .leader_election
+            .then(|| LeaderConfig::new(crate::leader::LEADER_LEASE, identity.clone()));
         config.identity = identity;
-        config.leader_election = self.leader_election;
         config.api_timeout = self.api_timeout;
         config.publish_timeout = self.publish_timeout;
         config.workers = self.workers;
+        config.ingress = crate::ingress::Limits {
+            queue_bytes: self.robot_queue_bytes,
+            rate: self.robot_rate,
+            burst: self.robot_burst,
+        };
         config
     }
 
@@ -163,45 +195,13 @@ impl Args {
         k8s4r_api::logging::init(self.log_format, self.log.as_deref())
             .map_err(|e| Error::Config(e.to_string()))?;
         // rumqttc and kube are built without a default crypto provider.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let client = self.client().await?;
-        let shutdown = CancellationToken::new();
-        tokio::spawn(cancel_on_signal(shutdown.clone()));
+        k8s4r_mqtt::install_crypto_provider();
+        let client = k8s4r_service::process::client(self.kubeconfig.as_deref())
+            .await
+            .map_err(|e| Error::Config(e.to_string()))?;
+        let shutdown = k8s4r_service::process::shutdown_on_signals();
         crate::run(self.server_config(), client, shutdown).await
     }
-
-    async fn client(&self) -> Result<Client> {
-        let config = match &self.kubeconfig {
-            Some(path) => {
-                let kubeconfig = Kubeconfig::read_from(path)
-                    .map_err(|e| Error::Config(format!("kubeconfig {}: {e}", path.display())))?;
-                kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-                    .await
-                    .map_err(|e| Error::Config(format!("kubeconfig {}: {e}", path.display())))?
-            }
-            None => kube::Config::infer()
-                .await
-                .map_err(|e| Error::Config(format!("no Kubernetes configuration: {e}")))?,
-        };
-        Client::try_from(config).map_err(|e| Error::Config(format!("kube client: {e}")))
-    }
-}
-
-async fn cancel_on_signal(token: CancellationToken) {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = terminate => {}
-    }
-    info!("signal received");
-    token.cancel();
 }
 
 #[cfg(test)]

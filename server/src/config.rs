@@ -6,15 +6,17 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::decide::Coalescing;
-use crate::error::Error;
+use k8s4r_service::leader::LeaderConfig;
+
+use crate::ingress::Limits;
 
 /// Where the Leases of robots live unless told otherwise.
-pub const DEFAULT_LEASE_NAMESPACE: &str = "k8s4r-robot-leases";
+pub const DEFAULT_LEASE_NAMESPACE: &str = k8s4r_api::names::DEFAULT_ROBOT_LEASE_NAMESPACE;
 
 /// How to reach the broker.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BrokerConfig {
-    /// `mqtt://host[:port]` or `mqtts://host[:port]`.
+    /// `mqtt://host[:port]` or `mqtts://host[:port]` (see [`k8s4r_mqtt::BrokerUrl`]).
     pub url: String,
     /// PEM CA bundle to verify the broker (required for mqtts).
     pub ca_file: Option<PathBuf>,
@@ -49,54 +51,6 @@ impl BrokerConfig {
     }
 }
 
-/// A parsed broker URL.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BrokerAddr {
-    /// Host name or address.
-    pub host: String,
-    /// Port.
-    pub port: u16,
-    /// mqtts.
-    pub tls: bool,
-}
-
-/// Parses `mqtt://host[:port]` (default port 1883) or `mqtts://host[:port]`
-/// (default 8883).
-pub fn parse_broker_url(url: &str) -> Result<BrokerAddr, Error> {
-    let bad = |reason: &str| Error::Config(format!("broker URL {url:?}: {reason}"));
-    let (tls, rest) = if let Some(rest) = url.strip_prefix("mqtts://") {
-        (true, rest)
-    } else if let Some(rest) = url.strip_prefix("mqtt://") {
-        (false, rest)
-    } else {
-        return Err(bad("must start with mqtt:// or mqtts://"));
-    };
-    let rest = rest.trim_end_matches('/');
-    let default_port = if tls { 8883 } else { 1883 };
-    let (host, port) = match rest.strip_prefix('[') {
-        Some(v6) => {
-            let (host, after) = v6.split_once(']').ok_or_else(|| bad("unclosed '['"))?;
-            (host, after.strip_prefix(':'))
-        }
-        None => match rest.rsplit_once(':') {
-            Some((host, port)) => (host, Some(port)),
-            None => (rest, None),
-        },
-    };
-    let port = match port {
-        Some(p) => p.parse::<u16>().map_err(|_| bad("the port is not a number"))?,
-        None => default_port,
-    };
-    if host.is_empty() || host.contains('/') {
-        return Err(bad("no host"));
-    }
-    Ok(BrokerAddr {
-        host: host.to_owned(),
-        port,
-        tls,
-    })
-}
-
 /// Everything the bridge needs besides a kube client.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServerConfig {
@@ -115,10 +69,12 @@ pub struct ServerConfig {
     pub coalescing: Coalescing,
     /// Where to serve /metrics, /healthz and /readyz; None: not served.
     pub metrics_addr: Option<SocketAddr>,
-    /// This replica's name, for the dispatch leader Lease.
+    /// This replica's name (the Events it records say so).
     pub identity: String,
-    /// Whether replicas elect one leader to publish dispatches and cancels.
-    pub leader_election: bool,
+    /// Leader election among replicas: only the holder of this Lease (in
+    /// `lease_namespace`) publishes dispatches and cancels. `None`: this
+    /// replica always publishes.
+    pub leader: Option<LeaderConfig>,
     /// Timeout of every Kubernetes API call.
     pub api_timeout: Duration,
     /// Timeout of every publish (until the broker's PUBACK).
@@ -127,6 +83,8 @@ pub struct ServerConfig {
     pub max_backoff: Duration,
     /// Inbound workers; a robot's messages always go to the same one, in order.
     pub workers: usize,
+    /// Each robot's share of the inbound path: queued bytes and rate.
+    pub ingress: Limits,
 }
 
 impl ServerConfig {
@@ -142,29 +100,12 @@ impl ServerConfig {
             coalescing: Coalescing::default(),
             metrics_addr: None,
             identity,
-            leader_election: false,
+            leader: None,
             api_timeout: Duration::from_secs(10),
             publish_timeout: Duration::from_secs(10),
             max_backoff: Duration::from_secs(30),
             workers: 8,
+            ingress: Limits::default(),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn broker_urls() {
-        let a = parse_broker_url("mqtt://localhost").unwrap();
-        assert_eq!((a.host.as_str(), a.port, a.tls), ("localhost", 1883, false));
-        let a = parse_broker_url("mqtts://broker.example:9000/").unwrap();
-        assert_eq!((a.host.as_str(), a.port, a.tls), ("broker.example", 9000, true));
-        let a = parse_broker_url("mqtt://[::1]:1884").unwrap();
-        assert_eq!((a.host.as_str(), a.port), ("::1", 1884));
-        assert!(parse_broker_url("tcp://x").is_err());
-        assert!(parse_broker_url("mqtt://x:port").is_err());
-        assert!(parse_broker_url("mqtt://").is_err());
     }
 }

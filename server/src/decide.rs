@@ -1,7 +1,8 @@
 //! What to write for a message, given what the cluster shows: pure functions,
 //! no I/O, so every rule of the protocol bridge is unit-tested here.
 //!
-//! The I/O layers ([`crate::robots`], [`crate::tasks`]) read the current
+//! The I/O layers ([`crate::bridge`] for robot messages, [`crate::dispatch`]
+//! for dispatches and cancels) read the current
 //! object, call one of these, and carry out the plan with a patch guarded by
 //! the object's `resourceVersion`; on a 409 they re-read and ask again.
 
@@ -10,17 +11,19 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s4r_api::condition::{find_condition, set_condition};
+use k8s4r_api::names::CONDITION_ACCEPTING_TASKS;
 use k8s4r_api::protocol::{Register, StatusUpdate};
+use k8s4r_api::robot::{AgentHealth, TaskPolicy};
 use k8s4r_api::validation::{validate_label_key, validate_label_value};
 use k8s4r_api::{
-    Condition, ConditionStatus, DeviceInfo, Quantity, Robot, RobotPhase, RobotResources, Task, TaskReason,
-    TaskState, Usage,
+    Condition, ConditionStatus, DeviceInfo, DisconnectPolicy, Quantity, Reconcile, Robot, RobotPhase,
+    RobotResources, Task, TaskAttempt, TaskReason, TaskState, TaskStatus, Usage,
 };
 use serde::Serialize;
 
-pub use k8s4r_api::names::{ANNOTATION_DISPATCHED_ATTEMPT, ANNOTATION_TOKEN_SHA256};
 /// The Robot condition the server owns.
-pub const CONDITION_CONNECTED: &str = "Connected";
+pub use k8s4r_api::names::CONDITION_CONNECTED;
+pub use k8s4r_api::names::{ANNOTATION_DISPATCHED_ATTEMPT, ANNOTATION_TOKEN_SHA256};
 
 /// Why a message from a robot was refused. Each is logged and counted; none
 /// leads to a write.
@@ -152,9 +155,13 @@ pub struct RobotStatusPatch {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
     /// The whole conditions list (a merge patch replaces lists), only when
-    /// `Connected` changes; written under a resourceVersion precondition.
+    /// `Connected` or `AcceptingTasks` changes; written under a
+    /// resourceVersion precondition.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub conditions: Option<Vec<Condition>>,
+    /// The robot's own task policy, as registered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub task_policy: Option<TaskPolicy>,
 }
 
 /// What to do for a `register`.
@@ -254,7 +261,16 @@ pub fn plan_register(
 
     let status = existing.and_then(|r| r.status.as_ref());
     let phase = status.and_then(|s| s.phase);
-    let conditions = status.map(|s| s.conditions.clone()).unwrap_or_default();
+    let mut conditions = status.map(|s| s.conditions.clone()).unwrap_or_default();
+    let mut changed = false;
+    if let Some(list) = connected(&conditions, true, now) {
+        conditions = list;
+        changed = true;
+    }
+    if let Some(list) = accepting(&conditions, msg.health.as_ref(), now) {
+        conditions = list;
+        changed = true;
+    }
     let status = RobotStatusPatch {
         phase: if phase.is_none() {
             Some(RobotPhase::Pending)
@@ -268,10 +284,11 @@ pub fn plan_register(
         capacity: Some(RobotResources {
             cpu: Some(Quantity::from_millicores(u64::from(msg.device.cpus) * 1000)),
             memory: Some(Quantity::from_bytes(msg.device.memory_bytes)),
-            tasks: 0,
+            tasks: msg.task_policy.as_ref().map_or(0, |p| p.max_tasks),
         }),
         last_registration_time: Some(now),
-        conditions: connected(&conditions, true, now),
+        conditions: changed.then_some(conditions),
+        task_policy: msg.task_policy.clone(),
         ..Default::default()
     };
     Ok(RegisterPlan {
@@ -303,6 +320,49 @@ pub fn connected(conditions: &[Condition], up: bool, now: Timestamp) -> Option<V
         )
     };
     let mut condition = Condition::new(CONDITION_CONNECTED, wanted, reason, message);
+    condition.last_transition_time = Some(now);
+    let mut list = conditions.to_vec();
+    set_condition(&mut list, condition);
+    Some(list)
+}
+
+/// The conditions list with `AcceptingTasks` following the agent's health,
+/// or None when it already does (or the agent reports none).
+pub fn accepting(
+    conditions: &[Condition],
+    health: Option<&AgentHealth>,
+    now: Timestamp,
+) -> Option<Vec<Condition>> {
+    let health = health?;
+    let (status, reason, message) = if health.accepting_tasks {
+        (
+            ConditionStatus::True,
+            AgentHealth::REASON_READY.to_owned(),
+            "the agent takes tasks".to_owned(),
+        )
+    } else {
+        (
+            ConditionStatus::False,
+            health
+                .reason
+                .clone()
+                .unwrap_or_else(|| AgentHealth::REASON_SUPERVISOR_STOPPED.to_owned()),
+            health
+                .message
+                .clone()
+                .unwrap_or_else(|| "the agent takes no tasks".to_owned()),
+        )
+    };
+    let current = find_condition(conditions, CONDITION_ACCEPTING_TASKS);
+    let same = current.is_some_and(|c| {
+        c.status == status
+            && c.reason.as_deref() == Some(reason.as_str())
+            && c.message.as_deref() == Some(message.as_str())
+    });
+    if same {
+        return None;
+    }
+    let mut condition = Condition::new(CONDITION_ACCEPTING_TASKS, status, &reason, message);
     condition.last_transition_time = Some(now);
     let mut list = conditions.to_vec();
     set_condition(&mut list, condition);
@@ -381,6 +441,7 @@ pub fn plan_heartbeat(
     robot: &Robot,
     lease_renewed: Option<Timestamp>,
     usage: &Usage,
+    health: Option<&AgentHealth>,
     now: Timestamp,
     limits: Coalescing,
 ) -> HeartbeatPlan {
@@ -414,18 +475,21 @@ pub fn plan_heartbeat(
         .usage_written
         .as_ref()
         .is_none_or(|old| usage_changed_materially(old, usage));
-    let write = stale(memory.status_written, limits.status_refresh) || usage_moved || reconnect;
+    let mut list = None;
+    if reconnect {
+        list = connected(conditions, true, now);
+    }
+    if let Some(changed) = accepting(list.as_deref().unwrap_or(conditions), health, now) {
+        list = Some(changed);
+    }
+    let write = stale(memory.status_written, limits.status_refresh) || usage_moved || list.is_some();
     let status = write.then(|| {
         memory.status_written = Some(now);
         memory.usage_written = Some(usage.clone());
         RobotStatusPatch {
             last_heartbeat_time: Some(now),
             usage: Some(usage.clone()),
-            conditions: if reconnect {
-                connected(conditions, true, now)
-            } else {
-                None
-            },
+            conditions: list,
             ..Default::default()
         }
     });
@@ -461,6 +525,10 @@ pub struct TaskStatusPatch {
     /// Output tail, when the report has it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub output_tail: Option<String>,
+    /// When the server first saw the attempt reported, by its own clock:
+    /// set once per attempt (the manager's backstop counts from it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub observed_running_time: Option<Timestamp>,
 }
 
 /// Why a well-formed update was not applied: at-least-once delivery makes
@@ -506,6 +574,7 @@ pub fn decide_status(
     topic_uid: &str,
     robot: &str,
     task: Option<&Task>,
+    now: Timestamp,
 ) -> Result<StatusDecision, Rejection> {
     if update.task_uid != topic_uid {
         return Err(Rejection::TaskMismatch {
@@ -525,6 +594,10 @@ pub fn decide_status(
         uid: topic_uid.to_owned(),
     })?;
     let name = task_name(task);
+    let status = task.status.clone().unwrap_or_default();
+    if let Some(decision) = replaced_attempt(update, robot, task, &status) {
+        return Ok(decision);
+    }
     if task.spec.target_robot.as_deref() != Some(robot) {
         return Err(Rejection::NotAssigned {
             task: name,
@@ -532,7 +605,6 @@ pub fn decide_status(
             assigned: task.spec.target_robot.clone(),
         });
     }
-    let status = task.status.clone().unwrap_or_default();
     if update.attempt > status.attempt {
         return Err(Rejection::FutureAttempt {
             task: name,
@@ -566,7 +638,211 @@ pub fn decide_status(
         start_time: update.start_time,
         finish_time: update.finish_time,
         output_tail: update.output_tail.clone(),
+        observed_running_time: status.observed_running_time.is_none().then_some(now),
     }))
+}
+
+/// A late report of an attempt that was replaced while its robot was cut
+/// off. Its completion is recorded and, under `reconcile: keepOriginal`,
+/// completes the Task (the server then cancels the replacement, which the
+/// Task no longer wants); anything else about it is stale.
+fn replaced_attempt(
+    update: &StatusUpdate,
+    robot: &str,
+    task: &Task,
+    status: &TaskStatus,
+) -> Option<StatusDecision> {
+    if update.attempt >= status.attempt {
+        return None;
+    }
+    let record = status
+        .attempts
+        .iter()
+        .find(|a| a.attempt == update.attempt && a.robot.as_deref() == Some(robot))?;
+    let was_lost = matches!(
+        record.reason,
+        Some(TaskReason::RobotLost | TaskReason::DispatchTimeout)
+    );
+    let keep_original = DisconnectPolicy::reconcile(task.spec.disconnect.as_ref()) == Reconcile::KeepOriginal;
+    let open = !status.state.is_some_and(TaskState::is_terminal);
+    if !(was_lost && keep_original && open && update.state == TaskState::Completed) {
+        return Some(StatusDecision::Ignore(Ignored::StaleAttempt));
+    }
+    let replacement = status.attempt;
+    Some(StatusDecision::Apply(TaskStatusPatch {
+        state: TaskState::Completed,
+        seq: status.seq,
+        exit_code: update.exit_code,
+        signal: update.signal,
+        reason: Some(TaskReason::Completed),
+        message: Some(format!(
+            "attempt {} completed on robot {robot} while it was cut off (reconcile: keepOriginal); replacement attempt {replacement} is stopped",
+            update.attempt
+        )),
+        start_time: update.start_time,
+        finish_time: update.finish_time,
+        output_tail: update.output_tail.clone(),
+        observed_running_time: None,
+    }))
+}
+
+/// How long after a dispatch's deadline a robot's list without the attempt
+/// proves the attempt will never start (the list left the robot after the
+/// deadline, by the robot's reckoning of the server's clock).
+pub const DISPATCH_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// What a robot said it holds, in a register or heartbeat.
+#[derive(Debug, Clone, Copy)]
+pub struct Holding<'a> {
+    /// The attempts it runs, holds, or has not had its end confirmed.
+    pub held: &'a [TaskAttempt],
+    /// The list is complete (`reconcile: true`): absences mean something.
+    pub complete: bool,
+    /// The highest status seq the robot had assigned when it built the list.
+    pub last_seq: Option<u64>,
+    /// The server's time as the robot reckoned it when it built the list.
+    pub sent_at: Option<Timestamp>,
+}
+
+/// What the server does after comparing what a robot says it holds with
+/// what the Tasks want of it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ReconcilePlan {
+    /// Attempts the robot holds that no Task wants any more: cancel them.
+    pub cancel: Vec<(TaskAttempt, String)>,
+    /// Attempts of Tasks this server does not know: gone, or not in its
+    /// cache yet (a lagging replica); cancel only once that has lasted.
+    pub unknown: Vec<TaskAttempt>,
+    /// Tasks that show an attempt on the robot that the robot's complete
+    /// list lacks: fail them at once, by this patch.
+    pub lost: Vec<(String, TaskStatusPatch)>,
+}
+
+impl ReconcilePlan {
+    /// Whether there is nothing to do.
+    pub fn is_empty(&self) -> bool {
+        self.cancel.is_empty() && self.unknown.is_empty() && self.lost.is_empty()
+    }
+}
+
+/// Why the robot should not hold `held`, if it should not. An attempt newer
+/// than the Task shows is left alone: this server's cache is behind.
+fn unwanted(held: &TaskAttempt, robot: &str, task: &Task) -> Option<String> {
+    if task.metadata.deletion_timestamp.is_some() {
+        return Some("the Task is being deleted".into());
+    }
+    let status = task.status.clone().unwrap_or_default();
+    if held.attempt > status.attempt {
+        return None;
+    }
+    if held.attempt < status.attempt {
+        return Some(format!(
+            "the Task is at attempt {}, not {}",
+            status.attempt, held.attempt
+        ));
+    }
+    if task.spec.target_robot.as_deref() != Some(robot) {
+        return Some(format!(
+            "the Task is assigned to {}",
+            task.spec.target_robot.as_deref().unwrap_or("no robot")
+        ));
+    }
+    match status.state {
+        // Over: the robot lists it until its final status is confirmed.
+        Some(TaskState::Dispatching | TaskState::Running | TaskState::Completed | TaskState::Failed) => None,
+        Some(state) => Some(format!("attempt {} is {} already", held.attempt, state.as_str())),
+        None => Some("the Task has no attempt".into()),
+    }
+}
+
+/// Compares what `robot` holds with what the Tasks want. `lookup` finds a
+/// Task by uid; `assigned` are the Tasks targeting the robot. Only a
+/// complete list fails Tasks, and only for what it can speak for: a running
+/// attempt whose latest status the list postdates (`last_seq`), a dispatch
+/// whose deadline had passed when the list was built (`sent_at`).
+pub fn plan_reconcile<'a>(
+    robot: &str,
+    holding: Holding<'_>,
+    lookup: impl Fn(&str) -> Option<std::sync::Arc<Task>>,
+    assigned: impl IntoIterator<Item = &'a Task>,
+    now: Timestamp,
+) -> ReconcilePlan {
+    let mut plan = ReconcilePlan::default();
+    for attempt in holding.held {
+        match lookup(&attempt.uid) {
+            None => plan.unknown.push(attempt.clone()),
+            Some(task) => {
+                if let Some(why) = unwanted(attempt, robot, &task) {
+                    plan.cancel.push((attempt.clone(), why));
+                }
+            }
+        }
+    }
+    if !holding.complete {
+        return plan;
+    }
+    for task in assigned {
+        let Some(uid) = task.metadata.uid.as_deref() else {
+            continue;
+        };
+        let status = task.status.clone().unwrap_or_default();
+        let here =
+            task.spec.target_robot.as_deref() == Some(robot) && task.metadata.deletion_timestamp.is_none();
+        // Holding this attempt, or a newer one this server has not seen yet.
+        if !here
+            || holding
+                .held
+                .iter()
+                .any(|h| h.uid == uid && h.attempt >= status.attempt)
+        {
+            continue;
+        }
+        let (reason, message) = match status.state {
+            // The list was built after the robot reported this status: it
+            // would hold the attempt if it still had it.
+            Some(TaskState::Running) if holding.last_seq.is_some_and(|s| s >= status.seq) => (
+                TaskReason::NotOnRobot,
+                format!(
+                    "robot {robot} reported in without attempt {} (the agent lost it, e.g. across a restart)",
+                    status.attempt
+                ),
+            ),
+            // The robot refuses a dispatch after its deadline; a list built
+            // well after it without the attempt means it never starts.
+            Some(TaskState::Dispatching)
+                if status
+                    .dispatch_deadline
+                    .and_then(|d| d.checked_add(DISPATCH_GRACE).ok())
+                    .zip(holding.sent_at)
+                    .is_some_and(|(late, sent)| sent >= late) =>
+            {
+                (
+                    TaskReason::DispatchTimeout,
+                    format!(
+                        "robot {robot} did not take attempt {} before its dispatch deadline",
+                        status.attempt
+                    ),
+                )
+            }
+            _ => continue,
+        };
+        plan.lost.push((
+            uid.to_owned(),
+            TaskStatusPatch {
+                state: TaskState::Failed,
+                seq: status.seq,
+                exit_code: None,
+                signal: None,
+                reason: Some(reason),
+                message: Some(message),
+                start_time: None,
+                finish_time: Some(now),
+                output_tail: None,
+                observed_running_time: None,
+            },
+        ));
+    }
+    plan
 }
 
 /// `namespace/name` of a Task, for logs and errors.
@@ -631,8 +907,8 @@ pub enum TaskAction {
 }
 
 /// Decides what to do about `task`, given its robot's phase (None: no such
-/// Robot).
-pub fn decide_task(task: &Task, robot_phase: Option<RobotPhase>) -> TaskAction {
+/// Robot), at `now`.
+pub fn decide_task(task: &Task, robot_phase: Option<RobotPhase>, now: Timestamp) -> TaskAction {
     let status = task.status.clone().unwrap_or_default();
     let robot = task.spec.target_robot.clone().filter(|r| !r.is_empty());
     let attempt = status.attempt;
@@ -655,19 +931,17 @@ pub fn decide_task(task: &Task, robot_phase: Option<RobotPhase>) -> TaskAction {
             (false, _) => TaskAction::Release,
         };
     }
+    // A dispatch past its deadline would be refused by the robot; the
+    // manager gives the attempt up and schedules the next one.
+    let expired = status.dispatch_deadline.is_some_and(|d| d <= now);
     match (status.state, robot) {
-        (Some(TaskState::Dispatching), Some(robot)) if attempt >= 1 && dispatched_attempt(task) < attempt => {
+        (Some(TaskState::Dispatching), Some(robot))
+            if attempt >= 1 && dispatched_attempt(task) < attempt && !expired =>
+        {
             TaskAction::Dispatch { robot, attempt }
         }
         _ => TaskAction::Nothing,
     }
-}
-
-/// Exponential backoff for retries after `failures` failures: 500 ms
-/// doubling, capped at `cap`.
-pub fn backoff(failures: u32, cap: Duration) -> Duration {
-    let base = Duration::from_millis(500);
-    base.saturating_mul(1u32 << failures.min(16)).min(cap)
 }
 
 #[cfg(test)]

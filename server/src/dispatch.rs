@@ -14,10 +14,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use k8s4r_api::backoff::exponential;
 use k8s4r_api::names::FINALIZER_CANCEL;
-use k8s4r_api::protocol::{encode, Cancel, Dispatch, PROTOCOL_VERSION};
-use k8s4r_api::{Robot, Task};
-use kube::api::{Patch, PatchParams};
+use k8s4r_api::protocol::{encode, Cancel, Dispatch};
+use k8s4r_api::{DisconnectPolicy, DurationString, Robot, Task};
+use k8s4r_service::backoff::Failures;
+use k8s4r_service::patch::Guarded;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -35,6 +37,8 @@ use crate::leader::Leadership;
 /// How often a Task waiting for its robot to stop is looked at again (and
 /// the cancel published again).
 const CANCEL_RETRY: Duration = Duration::from_secs(30);
+/// The first retry delay of a failed reconcile; doubled per failure.
+const RETRY_BASE: Duration = Duration::from_millis(500);
 /// How often a replica that is not the leader looks again.
 const FOLLOWER_RECHECK: Duration = Duration::from_secs(5);
 
@@ -43,33 +47,23 @@ pub struct Context {
     bridge: Arc<Bridge>,
     recorder: Recorder,
     leadership: Leadership,
-    failures: Mutex<HashMap<String, u32>>,
+    failures: Failures<String>,
     /// The attempt this process last published per uid: the watch cache can
     /// lag behind the annotation written a moment ago, and a reconcile woken
     /// by the finalizer patch must not publish the same attempt again.
     published: Mutex<HashMap<String, u32>>,
 }
 
+/// Metadata fields of the finalizer patch (guarded: the list replaces
+/// the whole list, so it must be the list that was read).
 #[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-struct FinalizersPatch<'a> {
-    metadata: FinalizersMeta<'a>,
-}
-
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-struct FinalizersMeta<'a> {
-    resource_version: Option<&'a str>,
+struct Finalizers {
     finalizers: Vec<String>,
 }
 
+/// Metadata fields of the annotation patch (merged key by key).
 #[derive(Debug, Serialize)]
-struct AnnotationPatch {
-    metadata: AnnotationMeta,
-}
-
-#[derive(Debug, Serialize)]
-struct AnnotationMeta {
+struct Annotations {
     annotations: BTreeMap<String, String>,
 }
 
@@ -103,17 +97,17 @@ pub async fn run(
     shutdown: CancellationToken,
 ) {
     let recorder = Recorder::new(
-        bridge.client.clone(),
+        bridge.kube().client().clone(),
         Reporter {
             controller: k8s4r_api::names::MANAGER_SERVER.to_owned(),
-            instance: Some(bridge.config.identity.clone()),
+            instance: Some(bridge.config().identity.clone()),
         },
     );
     let context = Arc::new(Context {
         recorder,
         bridge,
         leadership,
-        failures: Mutex::default(),
+        failures: Failures::default(),
         published: Mutex::default(),
     });
     controller
@@ -152,10 +146,10 @@ async fn reconcile(task: Arc<Task>, ctx: Arc<Context>) -> Result<Action> {
         // the robot watch that woke this reconcile may be ahead of the
         // cache, so ask the API server (rare: deletions only).
         Some(robot) if task.metadata.deletion_timestamp.is_some() && decide::has_finalizer(&task) => bridge
-            .call(
-                "read",
+            .kube()
+            .read(
                 || format!("reading robot {robot}"),
-                bridge.robots.get_opt(robot),
+                bridge.robots().get_opt(robot),
             )
             .await?
             .map(|r| {
@@ -163,13 +157,13 @@ async fn reconcile(task: Arc<Task>, ctx: Arc<Context>) -> Result<Action> {
                     .and_then(|s| s.phase)
                     .unwrap_or(k8s4r_api::RobotPhase::Pending)
             }),
-        Some(robot) => robot_phase(&bridge.robot_cache, robot),
+        Some(robot) => robot_phase(bridge.robot_cache(), robot),
         None => None,
     };
     let uid = task.metadata.uid.clone().unwrap_or_default();
     let action = {
         let mut published = lock(&ctx.published);
-        let action = decide_task(&task, phase);
+        let action = decide_task(&task, phase, jiff::Timestamp::now());
         match (&action, published.get(&uid).copied()) {
             (TaskAction::Dispatch { attempt, .. }, Some(sent)) if sent >= *attempt => TaskAction::Nothing,
             (TaskAction::Dispatch { .. }, _) => action,
@@ -206,32 +200,23 @@ async fn reconcile(task: Arc<Task>, ctx: Arc<Context>) -> Result<Action> {
             Ok(Action::await_change())
         }
     };
-    lock(&ctx.failures).remove(&uid);
+    ctx.failures.succeeded(&uid);
     result
 }
 
 fn error_policy(task: Arc<Task>, error: &Error, ctx: Arc<Context>) -> Action {
     let uid = task.metadata.uid.clone().unwrap_or_default();
-    let mut failures = lock(&ctx.failures);
-    let n = failures.entry(uid).or_default();
-    *n = n.saturating_add(1);
-    let delay = decide::backoff(*n, ctx.bridge.config.max_backoff);
+    let failures = ctx.failures.failed(uid);
+    let delay = exponential(RETRY_BASE, ctx.bridge.config().max_backoff, failures);
     warn!(task = %decide::task_name(&task), %error, retry_in = ?delay, "task reconcile failed");
     Action::requeue(delay)
 }
 
 fn api_for(bridge: &Bridge, task: &Task) -> Api<Task> {
     Api::namespaced(
-        bridge.client.clone(),
+        bridge.kube().client().clone(),
         task.metadata.namespace.as_deref().unwrap_or_default(),
     )
-}
-
-fn params() -> PatchParams {
-    PatchParams {
-        field_manager: Some(k8s4r_api::names::MANAGER_SERVER.to_owned()),
-        ..Default::default()
-    }
 }
 
 async fn dispatch(ctx: &Context, task: &Task, robot: &str, attempt: u32, seen: Instant) -> Result<()> {
@@ -242,52 +227,53 @@ async fn dispatch(ctx: &Context, task: &Task, robot: &str, attempt: u32, seen: I
     if !decide::has_finalizer(task) {
         let mut finalizers = task.finalizers().to_vec();
         finalizers.push(FINALIZER_CANCEL.to_owned());
-        let body = FinalizersPatch {
-            metadata: FinalizersMeta {
-                resource_version: task.metadata.resource_version.as_deref(),
-                finalizers,
-            },
-        };
+        let body = Guarded::metadata(
+            task.metadata.resource_version.as_deref(),
+            Finalizers { finalizers },
+        );
         bridge
-            .call(
-                "task_finalizer",
-                || format!("adding the finalizer to task {full}"),
-                api.patch(&name, &params(), &Patch::Merge(&body)),
-            )
+            .kube()
+            .patch("task_finalizer", &api, &name, &body, || {
+                format!("adding the finalizer to task {full}")
+            })
             .await?;
     }
+    // The robot fences the attempt only when a replacement may start
+    // (replace: true); without one it keeps running until it is back.
+    let policy = task.spec.disconnect.as_ref();
+    let stop_after = DisconnectPolicy::replace(policy)
+        .then(|| DurationString::from_duration(DisconnectPolicy::stop_after(policy)));
     let message = Dispatch {
-        v: PROTOCOL_VERSION,
-        task_uid: task.metadata.uid.clone().unwrap_or_default(),
-        task_name: full.clone(),
-        attempt,
-        spec: task.spec.template.clone(),
+        expires_at: task.status.as_ref().and_then(|s| s.dispatch_deadline),
+        stop_after,
+        ..Dispatch::new(
+            task.metadata.uid.clone().unwrap_or_default(),
+            full.clone(),
+            attempt,
+            task.spec.template.clone(),
+        )
     };
     let published = bridge
-        .publisher
-        .publish(bridge.topics.dispatch(robot), encode(&message))
+        .publisher()
+        .publish(bridge.topics().dispatch(robot), encode(&message))
         .await;
     if let Err(e) = published {
-        bridge.metrics.message_out("dispatch", "failed");
+        bridge.metrics().message_out("dispatch", "failed");
         return Err(e);
     }
     lock(&ctx.published).insert(message.task_uid.clone(), attempt);
-    bridge.metrics.message_out("dispatch", "acked");
-    bridge.metrics.dispatch_latency(seen.elapsed());
+    bridge.metrics().message_out("dispatch", "acked");
+    bridge.metrics().dispatch_latency(seen.elapsed());
     info!(robot, attempt, "task dispatched");
     let note = format!("attempt {attempt} sent to robot {robot}");
     record(ctx, task, "Dispatched", "Dispatch", note).await;
-    let body = AnnotationPatch {
-        metadata: AnnotationMeta {
-            annotations: [(ANNOTATION_DISPATCHED_ATTEMPT.to_owned(), attempt.to_string())].into(),
-        },
-    };
+    let annotations = [(ANNOTATION_DISPATCHED_ATTEMPT.to_owned(), attempt.to_string())].into();
+    let body = Guarded::metadata(None, Annotations { annotations });
     bridge
-        .call(
-            "task_dispatched",
-            || format!("recording the dispatch of task {full}"),
-            api.patch(&name, &params(), &Patch::Merge(&body)),
-        )
+        .kube()
+        .patch("task_dispatched", &api, &name, &body, || {
+            format!("recording the dispatch of task {full}")
+        })
         .await?;
     Ok(())
 }
@@ -303,42 +289,38 @@ async fn record(ctx: &Context, task: &Task, reason: &str, action: &str, note: St
         secondary: None,
     };
     let reference = task.object_ref(&());
-    let started = Instant::now();
-    let published = tokio::time::timeout(
-        ctx.bridge.config.api_timeout,
-        ctx.recorder.publish(&event, &reference),
-    )
-    .await;
-    let outcome = match &published {
-        Ok(Ok(())) => "ok",
-        Ok(Err(_)) => "error",
-        Err(_) => "timeout",
-    };
-    ctx.bridge.metrics.api_write("event", outcome, started.elapsed());
-    if outcome != "ok" {
-        warn!(reason, outcome, "could not record an event");
+    let recorded = ctx
+        .bridge
+        .kube()
+        .write(
+            "event",
+            || format!("recording {reason} on task {}", decide::task_name(task)),
+            ctx.recorder.publish(&event, &reference),
+        )
+        .await;
+    if let Err(error) = recorded {
+        warn!(reason, %error, "could not record an event");
     }
 }
 
 async fn cancel(bridge: &Bridge, task: &Task, robot: &str, attempt: u32) -> Result<()> {
-    let message = Cancel {
-        v: PROTOCOL_VERSION,
-        task_uid: task.metadata.uid.clone().unwrap_or_default(),
+    let message = Cancel::new(
+        task.metadata.uid.clone().unwrap_or_default(),
         attempt,
-        reason: "Task deleted".to_owned(),
-    };
+        "Task deleted",
+    );
     match bridge
-        .publisher
-        .publish(bridge.topics.cancel(robot), encode(&message))
+        .publisher()
+        .publish(bridge.topics().cancel(robot), encode(&message))
         .await
     {
         Ok(()) => {
-            bridge.metrics.message_out("cancel", "acked");
+            bridge.metrics().message_out("cancel", "acked");
             info!(robot, attempt, "cancel published");
             Ok(())
         }
         Err(e) => {
-            bridge.metrics.message_out("cancel", "failed");
+            bridge.metrics().message_out("cancel", "failed");
             Err(e)
         }
     }
@@ -347,24 +329,23 @@ async fn cancel(bridge: &Bridge, task: &Task, robot: &str, attempt: u32) -> Resu
 async fn release(bridge: &Bridge, task: &Task) -> Result<()> {
     let api = api_for(bridge, task);
     let name = task.name_any();
-    let body = FinalizersPatch {
-        metadata: FinalizersMeta {
-            resource_version: task.metadata.resource_version.as_deref(),
-            finalizers: task
-                .finalizers()
-                .iter()
-                .filter(|f| f.as_str() != FINALIZER_CANCEL)
-                .cloned()
-                .collect(),
-        },
-    };
+    let finalizers = task
+        .finalizers()
+        .iter()
+        .filter(|f| f.as_str() != FINALIZER_CANCEL)
+        .cloned()
+        .collect();
+    let body = Guarded::metadata(
+        task.metadata.resource_version.as_deref(),
+        Finalizers { finalizers },
+    );
     let result = bridge
-        .call(
-            "task_finalizer",
-            || format!("releasing the finalizer of task {}", decide::task_name(task)),
-            api.patch(&name, &params(), &Patch::Merge(&body)),
-        )
-        .await;
+        .kube()
+        .patch("task_finalizer", &api, &name, &body, || {
+            format!("releasing the finalizer of task {}", decide::task_name(task))
+        })
+        .await
+        .map_err(Error::from);
     match result {
         Ok(_) => {
             info!(task = %decide::task_name(task), "finalizer released");

@@ -1,6 +1,6 @@
 //! The server's errors.
 
-use std::time::Duration;
+use k8s4r_service::ApiError;
 
 /// Everything that can go wrong in the bridge.
 #[derive(Debug, thiserror::Error)]
@@ -16,22 +16,9 @@ pub enum Error {
         /// Why.
         source: std::io::Error,
     },
-    /// A Kubernetes API call failed.
-    #[error("{action}: {source}")]
-    Kube {
-        /// What was being done, with the object's name.
-        action: String,
-        /// The client's error.
-        source: kube::Error,
-    },
-    /// A Kubernetes API call took too long.
-    #[error("{action}: no answer within {after:?}")]
-    KubeTimeout {
-        /// What was being done.
-        action: String,
-        /// The timeout.
-        after: Duration,
-    },
+    /// A Kubernetes API call failed or timed out.
+    #[error(transparent)]
+    Api(#[from] ApiError),
     /// The resourceVersion changed under a guarded write too often.
     #[error("{action}: still conflicting after {tries} tries")]
     Conflict {
@@ -48,6 +35,9 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+    /// The MQTT settings are unusable (broker URL, TLS files).
+    #[error("{0}")]
+    Mqtt(String),
     /// Serving /metrics failed.
     #[error("metrics server on {addr}: {source}")]
     Http {
@@ -61,26 +51,22 @@ pub enum Error {
 impl Error {
     /// Whether this is an HTTP 409 from the API server.
     pub fn is_conflict(&self) -> bool {
-        matches!(self, Error::Kube { source: kube::Error::Api(s), .. } if s.code == 409)
+        matches!(self, Error::Api(e) if e.is_conflict())
     }
 
     /// Whether trying again later may help: timeouts, transport errors,
-    /// conflicts and server-side (5xx, 429) errors.
+    /// conflicts and server-side (5xx, 429) errors, unacknowledged publishes.
     pub fn is_transient(&self) -> bool {
         match self {
-            Error::KubeTimeout { .. } | Error::Conflict { .. } | Error::Publish { .. } => true,
-            Error::Kube {
-                source: kube::Error::Api(s),
-                ..
-            } => s.code == 409 || s.code == 429 || s.code >= 500,
-            Error::Kube { .. } => true,
+            Error::Api(e) => e.is_transient(),
+            Error::Conflict { .. } | Error::Publish { .. } => true,
             _ => false,
         }
     }
 
     /// Whether this is an HTTP 404 from the API server.
     pub fn is_not_found(&self) -> bool {
-        matches!(self, Error::Kube { source: kube::Error::Api(s), .. } if s.code == 404)
+        matches!(self, Error::Api(e) if e.is_not_found())
     }
 }
 

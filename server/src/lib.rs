@@ -17,7 +17,7 @@ pub mod config;
 pub mod decide;
 pub mod dispatch;
 pub mod error;
-pub mod http;
+pub mod ingress;
 pub mod leader;
 pub mod metrics;
 pub mod mqtt;
@@ -25,18 +25,23 @@ pub mod mqtt;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use futures::stream::BoxStream;
 use futures::StreamExt;
 use k8s4r_api::protocol::Topics;
-use k8s4r_api::Robot;
+use k8s4r_api::{Robot, Task};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::PostParams;
+use kube::runtime::controller::Controller;
 use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::{Api, Client};
 use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
+
+use crate::bridge::Bridge;
 
 pub use config::{BrokerConfig, ServerConfig};
 pub use error::{Error, Result};
@@ -98,41 +103,76 @@ impl Server {
         rx
     }
 
-    /// Runs until `shutdown`.
+    /// Runs until `shutdown`: builds every part, starts them, and on
+    /// shutdown stops them in the order that loses nothing.
     pub async fn run(self, shutdown: CancellationToken) -> Result<()> {
-        let Server {
-            config,
-            client,
-            metrics,
-            bound,
-        } = self;
-        // rumqttc is built without a crypto provider; installing ring's is a
-        // no-op when the embedding program already chose one.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        if config.workers == 0 {
+        k8s4r_mqtt::install_crypto_provider();
+        if self.config.workers == 0 {
             return Err(Error::Config("at least one worker is needed".into()));
         }
-        ensure_namespace(&client, &config.lease_namespace, config.api_timeout).await;
-
-        let mqtt_stop = CancellationToken::new();
-        let (connection, publisher, receivers) = mqtt::connect(
-            &config.broker,
-            subscriptions(&config),
-            config.workers,
-            config.publish_timeout,
-            config.max_backoff,
-            metrics.clone(),
-        )?;
-
-        if let Some(addr) = config.metrics_addr {
-            let (addr, serve) = http::bind(addr, metrics.clone(), shutdown.clone()).await?;
+        ensure_namespace(
+            &self.client,
+            &self.config.lease_namespace,
+            self.config.api_timeout,
+        )
+        .await;
+        if let Some(addr) = self.config.metrics_addr {
+            let health = self.metrics.clone();
+            let (addr, serve) = k8s4r_service::health::bind(addr, health, shutdown.clone())
+                .await
+                .map_err(|source| Error::Http {
+                    addr: addr.to_string(),
+                    source,
+                })?;
             info!(%addr, "serving /metrics, /healthz and /readyz");
-            if let Some(tx) = bound {
+            if let Some(tx) = self.bound {
                 let _ = tx.send(addr);
             }
             tokio::spawn(serve);
         }
+        let parts = Parts::build(self.config, self.client, self.metrics)?;
+        parts.start(&shutdown).stop_when(shutdown).await;
+        Ok(())
+    }
+}
 
+/// Every part of a server, built and connected, none of them running yet.
+struct Parts {
+    config: ServerConfig,
+    client: Client,
+    metrics: Arc<Metrics>,
+    connection: mqtt::Connection,
+    inbound: Vec<Arc<ingress::Lane>>,
+    bridge: Arc<Bridge>,
+    dispatcher: Controller<Task>,
+    robot_cache: reflector::Store<Robot>,
+    task_cache: reflector::Store<Task>,
+    robot_events: BoxStream<'static, std::result::Result<Robot, watcher::Error>>,
+    lease_events: BoxStream<'static, std::result::Result<watcher::Event<Lease>, watcher::Error>>,
+}
+
+/// The running parts, in the order they stop.
+struct Running {
+    metrics: Arc<Metrics>,
+    dispatcher: JoinHandle<()>,
+    responder: JoinHandle<()>,
+    campaign: Option<JoinHandle<()>>,
+    mqtt_stop: CancellationToken,
+    mqtt: JoinHandle<()>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl Parts {
+    fn build(config: ServerConfig, client: Client, metrics: Arc<Metrics>) -> Result<Self> {
+        let (connection, publisher, inbound) = mqtt::connect(
+            &config.broker,
+            subscriptions(&config),
+            config.workers,
+            config.ingress,
+            config.publish_timeout,
+            config.max_backoff,
+            metrics.clone(),
+        )?;
         // Robots: one cache for every lookup, and its stream answers robots
         // waiting for their registration's outcome.
         let (robot_cache, robot_writer) = reflector::store::<Robot>();
@@ -141,34 +181,18 @@ impl Server {
             watcher(Api::<Robot>::all(client.clone()), watcher::Config::default()),
         )
         .default_backoff()
-        .applied_objects();
-
+        .applied_objects()
+        .boxed();
         // Leases: what other replicas renewed, so a robot whose heartbeats
         // are spread over replicas is not renewed by each of them.
         let (lease_cache, lease_writer) = reflector::store::<Lease>();
-        let lease_events = reflector(
-            lease_writer,
-            watcher(
-                Api::<Lease>::namespaced(client.clone(), &config.lease_namespace),
-                watcher::Config::default(),
-            ),
-        )
-        .default_backoff();
-        {
-            let shutdown = shutdown.clone();
-            tokio::spawn(async move {
-                let mut events = std::pin::pin!(lease_events.take_until(shutdown.cancelled_owned()));
-                while let Some(event) = events.next().await {
-                    if let Err(error) = event {
-                        warn!(%error, "watching robot leases");
-                    }
-                }
-            });
-        }
-
-        let controller = dispatch::controller(client.clone());
-        let task_cache = controller.store();
-        let bridge = Arc::new(bridge::Bridge::new(
+        let leases = Api::<Lease>::namespaced(client.clone(), &config.lease_namespace);
+        let lease_events = reflector(lease_writer, watcher(leases, watcher::Config::default()))
+            .default_backoff()
+            .boxed();
+        let dispatcher = dispatch::controller(client.clone());
+        let task_cache = dispatcher.store();
+        let bridge = Arc::new(Bridge::new(
             client.clone(),
             robot_cache.clone(),
             task_cache.clone(),
@@ -177,10 +201,45 @@ impl Server {
             metrics.clone(),
             config.clone(),
         ));
+        Ok(Self {
+            config,
+            client,
+            metrics,
+            connection,
+            inbound,
+            bridge,
+            dispatcher,
+            robot_cache,
+            task_cache,
+            robot_events,
+            lease_events,
+        })
+    }
 
+    fn start(self, shutdown: &CancellationToken) -> Running {
+        let leadership = match &self.config.leader {
+            Some(_) => leader::Leadership::follower(),
+            None => leader::Leadership::always(),
+        };
+        let campaign = self.config.leader.clone().map(|leader| {
+            tokio::spawn(leader::campaign(
+                self.client.clone(),
+                self.config.lease_namespace.clone(),
+                leader,
+                leadership.clone(),
+                self.config.api_timeout,
+                shutdown.clone(),
+            ))
+        });
+        tokio::spawn(log_errors(
+            self.lease_events,
+            "watching robot leases",
+            shutdown.clone(),
+        ));
         let responder = {
-            let bridge = bridge.clone();
+            let bridge = self.bridge.clone();
             let shutdown = shutdown.clone();
+            let robot_events = self.robot_events;
             tokio::spawn(async move {
                 let mut events = std::pin::pin!(robot_events.take_until(shutdown.cancelled_owned()));
                 while let Some(event) = events.next().await {
@@ -191,65 +250,27 @@ impl Server {
                 }
             })
         };
-
-        let mut campaign = None;
-        let leadership = if config.leader_election {
-            let leadership = leader::Leadership::follower();
-            campaign = Some(tokio::spawn(leader::campaign(
-                Api::<Lease>::namespaced(client.clone(), &config.lease_namespace),
-                config.identity.clone(),
-                leadership.clone(),
-                config.api_timeout,
-                shutdown.clone(),
-            )));
-            leadership
-        } else {
-            leader::Leadership::always()
-        };
-
-        // The controller reads robot phases, so it starts once robots are
-        // listed; robot messages wait for both lists. One task waits on the
-        // caches and fans the news out through tokens: a kube-runtime Store
-        // wakes only one of several concurrent `wait_until_ready` callers.
-        let robots_synced = CancellationToken::new();
-        let all_synced = CancellationToken::new();
-        {
-            let metrics = metrics.clone();
-            let (robots, tasks) = (robot_cache.clone(), task_cache.clone());
-            let (robots_synced, all_synced) = (robots_synced.clone(), all_synced.clone());
+        let synced = Synced::watch(self.robot_cache, self.task_cache, self.metrics.clone());
+        let dispatcher = {
+            let (bridge, shutdown, robots) = (self.bridge.clone(), shutdown.clone(), synced.robots.clone());
+            let controller = self.dispatcher;
             tokio::spawn(async move {
-                if !until_ready(&robots).await {
-                    return;
-                }
-                robots_synced.cancel();
-                if !until_ready(&tasks).await {
-                    return;
-                }
-                info!("robot and task caches are filled");
-                metrics.set_kube_synced(true);
-                all_synced.cancel();
-            });
-        }
-        let controller_task = {
-            let bridge = bridge.clone();
-            let shutdown = shutdown.clone();
-            tokio::spawn(async move {
+                // The controller reads robot phases: it starts once robots are listed.
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
-                    _ = robots_synced.cancelled() => {}
+                    _ = robots.cancelled() => {}
                 }
                 dispatch::run(controller, bridge, leadership, shutdown).await;
             })
         };
-        let workers: Vec<_> = receivers
+        let workers = self
+            .inbound
             .into_iter()
             .map(|rx| {
-                let bridge = bridge.clone();
-                let all_synced = all_synced.clone();
-                let shutdown = shutdown.clone();
+                let (bridge, shutdown, all) = (self.bridge.clone(), shutdown.clone(), synced.all.clone());
                 tokio::spawn(async move {
                     tokio::select! {
-                        _ = all_synced.cancelled() => {}
+                        _ = all.cancelled() => {}
                         // Stopped before the caches filled: the broker
                         // keeps the messages for the next run.
                         _ = shutdown.cancelled() => return,
@@ -258,24 +279,86 @@ impl Server {
                 })
             })
             .collect();
-        let mqtt_task = tokio::spawn(connection.run(mqtt_stop.clone()));
+        let mqtt_stop = CancellationToken::new();
+        let mqtt = tokio::spawn(self.connection.run(mqtt_stop.clone()));
+        Running {
+            metrics: self.metrics,
+            dispatcher,
+            responder,
+            campaign,
+            mqtt_stop,
+            mqtt,
+            workers,
+        }
+    }
+}
 
+impl Running {
+    /// Waits for `shutdown`, then finishes what is in flight: reconciles
+    /// first, then the broker connection, then the queued robot messages.
+    async fn stop_when(self, shutdown: CancellationToken) {
         shutdown.cancelled().await;
         info!("shutting down: finishing reconciles in flight");
-        let _ = controller_task.await;
-        let _ = responder.await;
-        if let Some(campaign) = campaign {
+        let _ = self.dispatcher.await;
+        let _ = self.responder.await;
+        if let Some(campaign) = self.campaign {
             let _ = campaign.await;
         }
-        mqtt_stop.cancel();
-        let _ = mqtt_task.await;
+        self.mqtt_stop.cancel();
+        let _ = self.mqtt.await;
         // The connection dropped the workers' senders: they finish their queues.
-        for worker in workers {
+        for worker in self.workers {
             let _ = worker.await;
         }
-        metrics.set_kube_synced(false);
+        self.metrics.set_kube_synced(false);
         info!("stopped");
-        Ok(())
+    }
+}
+
+/// When the caches have their first lists, as tokens many can wait on: a
+/// kube-runtime Store wakes only one of several concurrent
+/// `wait_until_ready` callers.
+struct Synced {
+    /// Robots are listed.
+    robots: CancellationToken,
+    /// Robots and Tasks are listed: robot messages may be handled.
+    all: CancellationToken,
+}
+
+impl Synced {
+    fn watch(robots: reflector::Store<Robot>, tasks: reflector::Store<Task>, metrics: Arc<Metrics>) -> Self {
+        let synced = Self {
+            robots: CancellationToken::new(),
+            all: CancellationToken::new(),
+        };
+        let (robots_synced, all_synced) = (synced.robots.clone(), synced.all.clone());
+        tokio::spawn(async move {
+            if !until_ready(&robots).await {
+                return;
+            }
+            robots_synced.cancel();
+            if !until_ready(&tasks).await {
+                return;
+            }
+            info!("robot and task caches are filled");
+            metrics.set_kube_synced(true);
+            all_synced.cancel();
+        });
+        synced
+    }
+}
+
+/// Drives a watch whose cache others read, logging its errors, until `shutdown`.
+async fn log_errors<T>(
+    events: BoxStream<'static, std::result::Result<T, watcher::Error>>,
+    what: &'static str,
+    shutdown: CancellationToken,
+) {
+    let mut events = std::pin::pin!(events.take_until(shutdown.cancelled_owned()));
+    while let Some(event) = events.next().await {
+        if let Err(error) = event {
+            warn!(%error, "{what}");
+        }
     }
 }
 

@@ -2,46 +2,41 @@
 //!
 //! That task polls the event loop and is the only one that talks to the
 //! rumqttc client. Everything else publishes through a [`Publisher`] (a
-//! channel sender) and awaits the broker's PUBACK; received messages go out
-//! on per-robot worker channels. The task never awaits a publish itself, so
-//! a full request channel cannot stall the keep-alive.
+//! channel sender) and awaits the broker's PUBACK, or hands a message over
+//! without waiting ([`Publisher::send`]); received messages go into the
+//! per-robot queues of [`crate::ingress`]. The task never awaits a publish
+//! itself, so a full request channel cannot stall the keep-alive.
 
-use std::collections::{HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
 use std::time::Duration;
 
+use k8s4r_api::backoff::exponential;
+use k8s4r_api::protocol::{MAX_INCOMING_PACKET_BYTES, MAX_PACKET_BYTES};
+use k8s4r_mqtt::{BrokerUrl, PacketIds, TlsFiles};
 use rumqttc::{
     AsyncClient, ConnectionError, Event, EventLoop, MqttOptions, Outgoing, Packet, QoS, SubscribeFilter,
-    TlsConfiguration, Transport,
 };
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::config::{parse_broker_url, BrokerConfig};
-use crate::decide::backoff;
+use crate::config::BrokerConfig;
 use crate::error::{Error, Result};
+use crate::ingress::{Lane, Limits};
 use crate::metrics::Metrics;
 use std::sync::Arc;
 
 /// Publishes not yet handed to rumqttc, at most.
 const PUBLISH_QUEUE: usize = 1024;
-/// Received messages waiting for a worker, per worker.
-const INBOUND_QUEUE: usize = 8192;
-
-/// A message from a robot.
-#[derive(Debug, Clone)]
-pub struct Inbound {
-    /// The topic.
-    pub topic: String,
-    /// The body.
-    pub payload: Vec<u8>,
-}
+/// The first reconnect delay; doubled per failure up to the configured cap.
+const RECONNECT_BASE: Duration = Duration::from_millis(500);
+pub use crate::ingress::Inbound;
 
 struct PublishRequest {
     topic: String,
     payload: Vec<u8>,
-    done: oneshot::Sender<Result<(), String>>,
+    /// Who waits for the PUBACK; nobody for [`Publisher::send`].
+    done: Option<oneshot::Sender<Result<(), String>>>,
 }
 
 /// A cheap, cloneable handle that publishes at QoS 1 and waits for PUBACK.
@@ -63,7 +58,7 @@ impl Publisher {
         let request = PublishRequest {
             topic: topic.clone(),
             payload,
-            done,
+            done: Some(done),
         };
         let wait = async {
             self.tx
@@ -80,127 +75,64 @@ impl Publisher {
             Err(_) => Err(fail(format!("no PUBACK within {:?}", self.timeout))),
         }
     }
+
+    /// Hands `payload` for `topic` (QoS 1) to the connection without waiting
+    /// for anything; false when the request queue is full or the connection
+    /// has stopped. For messages whose loss the protocol repairs (status
+    /// and heartbeat acks: the robot sends the status or heartbeat again).
+    pub fn send(&self, topic: String, payload: Vec<u8>) -> bool {
+        let request = PublishRequest {
+            topic,
+            payload,
+            done: None,
+        };
+        self.tx.try_send(request).is_ok()
+    }
+}
+
+/// The robot a topic speaks for (empty for the shared legacy topics).
+pub fn robot_of(topic: &str) -> &str {
+    topic
+        .split_once("/robots/")
+        .map(|(_, rest)| rest.split('/').next().unwrap_or_default())
+        .unwrap_or_default()
 }
 
 /// Which worker handles a topic: all of one robot's messages go to the same
 /// worker, so they are applied in the order they arrived.
 pub fn worker_for(topic: &str, workers: usize) -> usize {
-    let key = topic
-        .split_once("/robots/")
-        .map(|(_, rest)| rest.split('/').next().unwrap_or_default())
-        .unwrap_or_default();
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    key.hash(&mut hasher);
+    robot_of(topic).hash(&mut hasher);
     (hasher.finish() % workers.max(1) as u64) as usize
 }
 
 /// Builds the rumqttc options from the broker settings.
 pub fn mqtt_options(broker: &BrokerConfig) -> Result<MqttOptions> {
-    let addr = parse_broker_url(&broker.url)?;
-    let mut options = MqttOptions::new(broker.client_id.clone(), addr.host, addr.port);
+    let url = BrokerUrl::parse(&broker.url).map_err(|e| Error::Mqtt(format!("broker URL {e}")))?;
+    let tls = TlsFiles::resolve(
+        &url,
+        broker.ca_file.clone(),
+        broker.client_cert.clone(),
+        broker.client_key.clone(),
+    )
+    .map_err(|e| Error::Mqtt(e.to_string()))?;
+    let mut options = MqttOptions::new(broker.client_id.clone(), url.host, url.port);
     options.set_keep_alive(broker.keep_alive);
     // A persistent session: the broker queues robot messages (QoS 1) while
     // the server restarts.
     options.set_clean_session(false);
-    let limit = k8s4r_api::protocol::MAX_MESSAGE_BYTES + 4096;
-    options.set_max_packet_size(limit, limit);
+    options.set_max_packet_size(MAX_INCOMING_PACKET_BYTES, MAX_PACKET_BYTES);
     options.set_inflight(100);
     if let (Some(user), password) = (&broker.username, &broker.password) {
         options.set_credentials(user.clone(), password.clone().unwrap_or_default());
     }
-    if addr.tls {
-        let read = |path: &std::path::Path| {
-            std::fs::read(path).map_err(|source| Error::ReadFile {
-                path: path.display().to_string(),
-                source,
-            })
-        };
-        let ca = broker
-            .ca_file
-            .as_deref()
-            .ok_or_else(|| Error::Config("mqtts:// needs --ca-file".into()))?;
-        let client_auth = match (&broker.client_cert, &broker.client_key) {
-            (Some(cert), Some(key)) => Some((read(cert)?, read(key)?)),
-            (None, None) => None,
-            _ => return Err(Error::Config("--client-cert and --client-key go together".into())),
-        };
-        options.set_transport(Transport::tls_with_config(TlsConfiguration::Simple {
-            ca: read(ca)?,
-            alpn: None,
-            client_auth,
-        }));
+    if let Some(tls) = tls {
+        options.set_transport(tls.transport().map_err(|e| Error::Mqtt(e.to_string()))?);
     }
     Ok(options)
 }
 
-/// Packet ids of QoS 1 publishes waiting for their PUBACK.
-///
-/// rumqttc reports `Outgoing::Publish(pkid)` in the order requests were
-/// handed to it, so waiters queue up in that order and move to `by_pkid`
-/// once their id is known. A retransmission after a reconnect carries an id
-/// already in `by_pkid`.
-#[derive(Default)]
-struct AckWaiters {
-    queued: VecDeque<oneshot::Sender<Result<(), String>>>,
-    by_pkid: HashMap<u16, oneshot::Sender<Result<(), String>>>,
-    collided: Option<oneshot::Sender<Result<(), String>>>,
-    /// How many of `queued` were drained into rumqttc's pending list by the
-    /// last connection error; lost if the broker has no session for us.
-    at_risk: usize,
-}
-
-impl AckWaiters {
-    fn sent(&mut self, pkid: u16) {
-        if pkid == 0 || self.by_pkid.contains_key(&pkid) {
-            return;
-        }
-        let waiter = self.collided.take().or_else(|| {
-            self.at_risk = self.at_risk.saturating_sub(1);
-            self.queued.pop_front()
-        });
-        if let Some(waiter) = waiter {
-            self.by_pkid.insert(pkid, waiter);
-        }
-    }
-
-    fn collided(&mut self) {
-        if self.collided.is_none() {
-            self.at_risk = self.at_risk.saturating_sub(1);
-            self.collided = self.queued.pop_front();
-        }
-    }
-
-    fn acked(&mut self, pkid: u16) {
-        if let Some(waiter) = self.by_pkid.remove(&pkid) {
-            let _ = waiter.send(Ok(()));
-        }
-    }
-
-    fn disconnected(&mut self) {
-        self.at_risk = self.queued.len();
-    }
-
-    /// A new session: everything unacknowledged before the disconnect is gone.
-    fn session_lost(&mut self) {
-        let reason = || Err("the broker dropped the session before acknowledging".to_owned());
-        for (_, waiter) in self.by_pkid.drain() {
-            let _ = waiter.send(reason());
-        }
-        if let Some(waiter) = self.collided.take() {
-            let _ = waiter.send(reason());
-        }
-        for _ in 0..self.at_risk {
-            if let Some(waiter) = self.queued.pop_front() {
-                let _ = waiter.send(reason());
-            }
-        }
-        self.at_risk = 0;
-    }
-
-    fn pending(&self) -> usize {
-        self.queued.len() + self.by_pkid.len()
-    }
-}
+type Waiter = Option<oneshot::Sender<Result<(), String>>>;
 
 /// The connection, before it runs.
 pub struct Connection {
@@ -208,32 +140,36 @@ pub struct Connection {
     eventloop: EventLoop,
     requests: mpsc::Receiver<PublishRequest>,
     subscriptions: Vec<String>,
-    workers: Vec<mpsc::Sender<Inbound>>,
+    lanes: Vec<Arc<Lane>>,
+    limits: Limits,
     metrics: Arc<Metrics>,
     max_backoff: Duration,
 }
 
 /// Opens (lazily) the broker connection. Returns the connection to run, the
-/// publisher handle and one receiver per worker.
+/// publisher handle and one lane of robot queues per worker.
+#[allow(clippy::too_many_arguments)]
 pub fn connect(
     broker: &BrokerConfig,
     subscriptions: Vec<String>,
     workers: usize,
+    limits: Limits,
     publish_timeout: Duration,
     max_backoff: Duration,
     metrics: Arc<Metrics>,
-) -> Result<(Connection, Publisher, Vec<mpsc::Receiver<Inbound>>)> {
+) -> Result<(Connection, Publisher, Vec<Arc<Lane>>)> {
     let options = mqtt_options(broker)?;
     let (client, eventloop) = AsyncClient::new(options, PUBLISH_QUEUE);
     let (tx, requests) = mpsc::channel(PUBLISH_QUEUE);
-    let (senders, receivers) = (0..workers.max(1)).map(|_| mpsc::channel(INBOUND_QUEUE)).unzip();
+    let lanes: Vec<Arc<Lane>> = (0..workers.max(1)).map(|_| Arc::new(Lane::default())).collect();
     Ok((
         Connection {
             client,
             eventloop,
             requests,
             subscriptions,
-            workers: senders,
+            lanes: lanes.clone(),
+            limits,
             metrics,
             max_backoff,
         },
@@ -241,14 +177,14 @@ pub fn connect(
             tx,
             timeout: publish_timeout,
         },
-        receivers,
+        lanes,
     ))
 }
 
 impl Connection {
     /// Polls the event loop until `shutdown`, reconnecting with capped backoff.
     pub async fn run(mut self, shutdown: CancellationToken) {
-        let mut waiters = AckWaiters::default();
+        let mut waiters = PacketIds::<Waiter>::default();
         let mut failures: u32 = 0;
         let mut connected = false;
         loop {
@@ -266,7 +202,7 @@ impl Connection {
                         }
                         connected = false;
                         self.metrics.set_mqtt_connected(false);
-                        let delay = backoff(failures, self.max_backoff);
+                        let delay = exponential(RECONNECT_BASE, self.max_backoff, failures);
                         failures = failures.saturating_add(1);
                         log_connection_error(&error, delay);
                         tokio::select! {
@@ -275,11 +211,13 @@ impl Connection {
                         }
                     }
                 },
-                Some(request) = self.requests.recv(), if waiters.pending() < PUBLISH_QUEUE => {
+                Some(request) = self.requests.recv(), if waiters.outstanding() < PUBLISH_QUEUE => {
                     match self.client.try_publish(request.topic, QoS::AtLeastOnce, false, request.payload) {
-                        Ok(()) => waiters.queued.push_back(request.done),
+                        Ok(()) => waiters.handed_over(request.done),
                         Err(e) => {
-                            let _ = request.done.send(Err(format!("not queued: {e}")));
+                            if let Some(done) = request.done {
+                                let _ = done.send(Err(format!("not queued: {e}")));
+                            }
                         }
                     }
                 }
@@ -297,10 +235,14 @@ impl Connection {
             let _ = tokio::time::timeout(Duration::from_secs(2), flush).await;
         }
         self.metrics.set_mqtt_connected(false);
+        // The workers finish what is queued, then stop.
+        for lane in &self.lanes {
+            lane.close();
+        }
     }
 
     /// Handles one event; returns true when the connection is (re)established.
-    fn handle(&mut self, event: Event, waiters: &mut AckWaiters, connected: &mut bool) -> bool {
+    fn handle(&mut self, event: Event, waiters: &mut PacketIds<Waiter>, connected: &mut bool) -> bool {
         match event {
             Event::Incoming(Packet::ConnAck(ack)) => {
                 info!(
@@ -311,7 +253,11 @@ impl Connection {
                 self.metrics.set_mqtt_connected(true);
                 self.metrics.mqtt_connection();
                 if !ack.session_present {
-                    waiters.session_lost();
+                    for waiter in waiters.session_lost().into_iter().flatten() {
+                        let _ = waiter.send(Err(
+                            "the broker dropped the session before acknowledging".to_owned()
+                        ));
+                    }
                 }
                 let filters = self
                     .subscriptions
@@ -324,20 +270,22 @@ impl Connection {
             }
             Event::Incoming(Packet::Publish(publish)) => {
                 let topic = publish.topic.clone();
-                let worker = worker_for(&topic, self.workers.len());
+                let lane = &self.lanes[worker_for(&topic, self.lanes.len())];
+                let robot = robot_of(&topic).to_owned();
                 let inbound = Inbound {
                     topic,
                     payload: publish.payload.to_vec(),
                 };
-                if let Err(e) = self.workers[worker].try_send(inbound) {
-                    let inbound = match e {
-                        mpsc::error::TrySendError::Full(m) | mpsc::error::TrySendError::Closed(m) => m,
-                    };
-                    warn!(topic = %inbound.topic, "inbound queue full: message dropped");
-                    self.metrics.message_in("any", "dropped_overload");
+                if let Err(refusal) = lane.push(&robot, inbound, &self.limits) {
+                    debug!(robot, ?refusal, "robot message dropped");
+                    self.metrics.message_in("any", refusal.outcome());
                 }
             }
-            Event::Incoming(Packet::PubAck(ack)) => waiters.acked(ack.pkid),
+            Event::Incoming(Packet::PubAck(ack)) => {
+                if let Some(Some(waiter)) = waiters.acked(ack.pkid) {
+                    let _ = waiter.send(Ok(()));
+                }
+            }
             Event::Incoming(Packet::SubAck(ack)) => {
                 debug!(codes = ?ack.return_codes, "subscribed");
             }
@@ -358,27 +306,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn tls_needs_a_ca_and_both_halves_of_a_client_certificate() {
-        let dir = std::env::temp_dir().join(format!("k8s4r-server-tls-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let pem = dir.join("ca.pem");
-        std::fs::write(&pem, "-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n").unwrap();
+    fn tls_settings_are_checked_before_connecting() {
         let mut broker = BrokerConfig::new("mqtts://broker:8883", "s");
-        assert!(matches!(mqtt_options(&broker), Err(Error::Config(_))));
-        broker.ca_file = Some(pem.clone());
-        let options = mqtt_options(&broker).unwrap();
-        assert_eq!(options.broker_address(), ("broker".to_owned(), 8883));
-        assert!(matches!(options.transport(), Transport::Tls(_)));
-        broker.client_cert = Some(pem.clone());
-        assert!(matches!(mqtt_options(&broker), Err(Error::Config(_))));
-        broker.client_key = Some(dir.join("missing.pem"));
-        assert!(matches!(mqtt_options(&broker), Err(Error::ReadFile { .. })));
+        let err = |b: &BrokerConfig| match mqtt_options(b) {
+            Err(Error::Mqtt(reason)) => reason,
+            other => panic!("{:?}", other.map(|_| ())),
+        };
+        assert!(err(&broker).contains("CA file"));
+        broker.ca_file = Some("/nonexistent/ca.pem".into());
+        assert!(err(&broker).contains("/nonexistent/ca.pem"));
+        broker.client_cert = Some("/nonexistent/cert.pem".into());
+        assert!(err(&broker).contains("client_key"));
+        assert!(err(&BrokerConfig::new("tcp://broker", "s")).contains("mqtt://"));
         let plain = mqtt_options(&BrokerConfig::new("mqtt://localhost", "s")).unwrap();
+        assert_eq!(plain.broker_address(), ("localhost".to_owned(), 1883));
         assert!(
             !plain.clean_session(),
             "a persistent session keeps robot messages"
         );
-        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]
@@ -386,27 +331,5 @@ mod tests {
         let a = worker_for("k8s4r/robots/rb1/heartbeat", 8);
         assert_eq!(a, worker_for("k8s4r/robots/rb1/tasks/u/status", 8));
         assert_eq!(worker_for("k8s4r/register", 8), worker_for("x", 8));
-    }
-
-    #[test]
-    fn waiters_follow_packet_ids_and_survive_a_resumed_session() {
-        let mut w = AckWaiters::default();
-        let (a, mut ra) = oneshot::channel();
-        let (b, mut rb) = oneshot::channel();
-        let (c, mut rc) = oneshot::channel();
-        w.queued.extend([a, b]);
-        w.sent(1);
-        w.disconnected(); // b was drained into rumqttc's pending list
-        w.queued.push_back(c); // c is still in the channel
-        w.sent(1); // retransmission of a
-        w.sent(2); // b
-        w.acked(1);
-        assert_eq!(ra.try_recv().unwrap(), Ok(()));
-        w.session_lost();
-        assert!(rb.try_recv().unwrap().is_err(), "b was in flight");
-        assert!(rc.try_recv().is_err(), "c is still to be sent");
-        w.sent(3);
-        w.acked(3);
-        assert_eq!(rc.try_recv().unwrap(), Ok(()));
     }
 }

@@ -7,6 +7,7 @@ use k8s4r_api::condition::find_condition;
 use k8s4r_api::protocol::{decode, Cancel, Dispatch, RegisterResponse};
 use k8s4r_api::{names, ConditionStatus, RobotPhase, TaskState};
 use k8s4r_server::decide::{ANNOTATION_DISPATCHED_ATTEMPT, ANNOTATION_TOKEN_SHA256};
+use k8s4r_service::leader::LeaderConfig;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::DeleteParams;
 use kube::{Api, ResourceExt};
@@ -406,7 +407,12 @@ async fn two_replicas_share_the_messages_and_one_dispatches() {
     let replica = |name: &str| {
         let mut config = env.config();
         config.shared_group = Some("servers".into());
-        config.leader_election = true;
+        // A short Lease, so that the hand-over below is quick.
+        config.leader = Some(LeaderConfig {
+            lease_seconds: 3,
+            renew_grace_seconds: 1,
+            ..LeaderConfig::new(k8s4r_server::leader::LEADER_LEASE, name)
+        });
         config.identity = name.into();
         config.broker.client_id = format!("k8s4r-server-{name}");
         config

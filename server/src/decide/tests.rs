@@ -1,4 +1,9 @@
 use super::*;
+use k8s4r_api::robot::AgentHealth;
+
+fn now() -> Timestamp {
+    "2026-11-22T10:00:00Z".parse().unwrap()
+}
 use k8s4r_api::protocol::Register;
 use k8s4r_api::{AttemptRecord, RobotSpec, RobotStatus, TaskSpec, TaskStatus};
 
@@ -18,17 +23,13 @@ fn device() -> DeviceInfo {
 
 fn register(labels: &[(&str, &str)]) -> Register {
     Register {
-        v: 1,
-        robot_id: "rb1".into(),
         token: Some("s3cret".into()),
-        agent_version: "0.1.0".into(),
-        device: device(),
         drivers: vec!["exec".into()],
         labels: labels
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
-        running: vec![],
+        ..Register::new("rb1", "0.1.0", device())
     }
 }
 
@@ -134,18 +135,8 @@ impl TaskBuilder {
 
 fn update(attempt: u32, seq: u64, state: TaskState) -> StatusUpdate {
     StatusUpdate {
-        v: 1,
-        task_uid: "u1".into(),
-        attempt,
-        seq,
-        state,
         exit_code: state.is_terminal().then_some(0),
-        signal: None,
-        reason: None,
-        message: None,
-        start_time: None,
-        finish_time: None,
-        output_tail: None,
+        ..StatusUpdate::new("u1", attempt, seq, state)
     }
 }
 
@@ -244,7 +235,7 @@ fn heartbeats_are_coalesced() {
     // Ten minutes of heartbeats every 5 s with steady usage.
     for i in 0..120 {
         let now = start + jiff::SignedDuration::from_secs(5 * i);
-        let plan = plan_heartbeat(&mut memory, &robot, None, &usage(12.0, 1), now, limits);
+        let plan = plan_heartbeat(&mut memory, &robot, None, &usage(12.0, 1), None, now, limits);
         leases += usize::from(plan.renew_lease);
         writes += usize::from(plan.status.is_some());
     }
@@ -253,7 +244,7 @@ fn heartbeats_are_coalesced() {
     assert_eq!(writes, 2, "one status write per 4 minutes");
     // A material change is written at once.
     let later = start + jiff::SignedDuration::from_secs(601);
-    let plan = plan_heartbeat(&mut memory, &robot, None, &usage(90.0, 1), later, limits);
+    let plan = plan_heartbeat(&mut memory, &robot, None, &usage(90.0, 1), None, later, limits);
     assert!(plan.status.is_some());
 }
 
@@ -270,6 +261,7 @@ fn a_heartbeat_after_a_disconnect_sets_connected_again() {
         &robot,
         None,
         &usage(10.0, 1),
+        None,
         t("2026-11-22T10:00:00Z"),
         Coalescing::default(),
     );
@@ -297,10 +289,55 @@ fn writes_by_another_replica_count() {
         &robot,
         Some(t("2026-11-22T09:59:50Z")),
         &usage(10.0, 1),
+        None,
         now,
         limits,
     );
     assert!(plan.is_empty(), "{plan:?}");
+}
+
+#[test]
+fn accepting_tasks_follows_the_agents_health_and_is_written_on_change_only() {
+    let now = t("2026-11-22T10:00:00Z");
+    let full = AgentHealth {
+        accepting_tasks: false,
+        reason: Some(AgentHealth::REASON_DISK_FULL.into()),
+        message: Some("the disk is full".into()),
+        ..AgentHealth::default()
+    };
+    let list = accepting(&[], Some(&full), now).unwrap();
+    let c = find_condition(&list, CONDITION_ACCEPTING_TASKS).unwrap();
+    assert_eq!(c.status, ConditionStatus::False);
+    assert_eq!(c.reason.as_deref(), Some("DiskFull"));
+    assert_eq!(accepting(&list, Some(&full), now), None, "unchanged: no write");
+    let ready = AgentHealth {
+        accepting_tasks: true,
+        ..AgentHealth::default()
+    };
+    let back = accepting(&list, Some(&ready), now).unwrap();
+    let c = find_condition(&back, CONDITION_ACCEPTING_TASKS).unwrap();
+    assert_eq!(
+        (c.status, c.reason.as_deref()),
+        (ConditionStatus::True, Some("Ready"))
+    );
+    assert_eq!(accepting(&list, None, now), None, "an older agent says nothing");
+    // A heartbeat that changes it writes, however recently the status was.
+    let robot = RobotBuilder::new().phase(RobotPhase::Online).connected(true).0;
+    let mut memory = HeartbeatMemory {
+        lease_renewed: Some(now),
+        status_written: Some(now),
+        usage_written: Some(usage(10.0, 1)),
+    };
+    let plan = plan_heartbeat(
+        &mut memory,
+        &robot,
+        Some(now),
+        &usage(10.0, 1),
+        Some(&full),
+        now,
+        Coalescing::default(),
+    );
+    assert!(plan.status.unwrap().conditions.is_some());
 }
 
 #[test]
@@ -325,21 +362,39 @@ fn status_updates_apply_in_order() {
         .target("rb1")
         .state(TaskState::Dispatching, 1, 0)
         .0;
-    let decision = decide_status(&update(1, 1, TaskState::Running), "u1", "rb1", Some(&task));
+    let decision = decide_status(&update(1, 1, TaskState::Running), "u1", "rb1", Some(&task), now());
     assert!(
         matches!(decision, Ok(StatusDecision::Apply(ref p)) if p.state == TaskState::Running && p.seq == 1)
     );
     let running = TaskBuilder::new().target("rb1").state(TaskState::Running, 1, 3).0;
     assert_eq!(
-        decide_status(&update(1, 2, TaskState::Running), "u1", "rb1", Some(&running)),
+        decide_status(
+            &update(1, 2, TaskState::Running),
+            "u1",
+            "rb1",
+            Some(&running),
+            now()
+        ),
         Ok(StatusDecision::Ignore(Ignored::Duplicate))
     );
     assert_eq!(
-        decide_status(&update(1, 3, TaskState::Running), "u1", "rb1", Some(&running)),
+        decide_status(
+            &update(1, 3, TaskState::Running),
+            "u1",
+            "rb1",
+            Some(&running),
+            now()
+        ),
         Ok(StatusDecision::Ignore(Ignored::Duplicate))
     );
     assert!(matches!(
-        decide_status(&update(1, 4, TaskState::Completed), "u1", "rb1", Some(&running)),
+        decide_status(
+            &update(1, 4, TaskState::Completed),
+            "u1",
+            "rb1",
+            Some(&running),
+            now()
+        ),
         Ok(StatusDecision::Apply(_))
     ));
 }
@@ -353,11 +408,17 @@ fn a_new_attempt_reads_the_old_seq_as_zero() {
         .closed_attempt(1)
         .0;
     assert!(matches!(
-        decide_status(&update(2, 1, TaskState::Running), "u1", "rb1", Some(&task)),
+        decide_status(&update(2, 1, TaskState::Running), "u1", "rb1", Some(&task), now()),
         Ok(StatusDecision::Apply(_))
     ));
     assert_eq!(
-        decide_status(&update(1, 10, TaskState::Running), "u1", "rb1", Some(&task)),
+        decide_status(
+            &update(1, 10, TaskState::Running),
+            "u1",
+            "rb1",
+            Some(&task),
+            now()
+        ),
         Ok(StatusDecision::Ignore(Ignored::StaleAttempt))
     );
 }
@@ -369,7 +430,7 @@ fn terminal_state_is_kept() {
         .state(TaskState::Completed, 1, 5)
         .0;
     assert_eq!(
-        decide_status(&update(1, 6, TaskState::Running), "u1", "rb1", Some(&done)),
+        decide_status(&update(1, 6, TaskState::Running), "u1", "rb1", Some(&done), now()),
         Ok(StatusDecision::Ignore(Ignored::Terminal))
     );
     // The manager closed attempt 1 and waits to retry: a late report of
@@ -380,7 +441,13 @@ fn terminal_state_is_kept() {
         .closed_attempt(1)
         .0;
     assert_eq!(
-        decide_status(&update(1, 6, TaskState::Running), "u1", "rb1", Some(&pending)),
+        decide_status(
+            &update(1, 6, TaskState::Running),
+            "u1",
+            "rb1",
+            Some(&pending),
+            now()
+        ),
         Ok(StatusDecision::Ignore(Ignored::StaleAttempt))
     );
 }
@@ -394,7 +461,8 @@ fn bad_status_updates_are_rejected_with_a_reason() {
             &update(1, 2, TaskState::Running),
             "u1",
             "rb2",
-            Some(&task)
+            Some(&task),
+            now()
         )),
         "rejected_not_assigned"
     );
@@ -403,7 +471,8 @@ fn bad_status_updates_are_rejected_with_a_reason() {
             &update(1, 2, TaskState::Running),
             "u1",
             "rb1",
-            None
+            None,
+            now()
         )),
         "rejected_unknown_task"
     );
@@ -412,7 +481,8 @@ fn bad_status_updates_are_rejected_with_a_reason() {
             &update(3, 1, TaskState::Running),
             "u1",
             "rb1",
-            Some(&task)
+            Some(&task),
+            now()
         )),
         "rejected_future_attempt"
     );
@@ -421,7 +491,8 @@ fn bad_status_updates_are_rejected_with_a_reason() {
             &update(1, 2, TaskState::Pending),
             "u1",
             "rb1",
-            Some(&task)
+            Some(&task),
+            now()
         )),
         "rejected_invalid_state"
     );
@@ -430,7 +501,8 @@ fn bad_status_updates_are_rejected_with_a_reason() {
             &update(1, 2, TaskState::Running),
             "u2",
             "rb1",
-            Some(&task)
+            Some(&task),
+            now()
         )),
         "rejected_task_mismatch"
     );
@@ -443,7 +515,7 @@ fn dispatch_once_per_attempt() {
         .state(TaskState::Dispatching, 1, 0)
         .0;
     assert_eq!(
-        decide_task(&task, Some(RobotPhase::Online)),
+        decide_task(&task, Some(RobotPhase::Online), now()),
         TaskAction::Dispatch {
             robot: "rb1".into(),
             attempt: 1
@@ -454,18 +526,21 @@ fn dispatch_once_per_attempt() {
         .state(TaskState::Dispatching, 1, 0)
         .dispatched(1)
         .0;
-    assert_eq!(decide_task(&sent, Some(RobotPhase::Online)), TaskAction::Nothing);
+    assert_eq!(
+        decide_task(&sent, Some(RobotPhase::Online), now()),
+        TaskAction::Nothing
+    );
     let retry = TaskBuilder::new()
         .target("rb1")
         .state(TaskState::Dispatching, 2, 0)
         .dispatched(1)
         .0;
     assert!(matches!(
-        decide_task(&retry, Some(RobotPhase::Online)),
+        decide_task(&retry, Some(RobotPhase::Online), now()),
         TaskAction::Dispatch { attempt: 2, .. }
     ));
     let pending = TaskBuilder::new().state(TaskState::Pending, 0, 0).0;
-    assert_eq!(decide_task(&pending, None), TaskAction::Nothing);
+    assert_eq!(decide_task(&pending, None, now()), TaskAction::Nothing);
 }
 
 #[test]
@@ -477,14 +552,14 @@ fn deletion_cancels_and_holds_the_finalizer_until_the_robot_reports() {
         .finalizer()
         .deleting();
     assert_eq!(
-        decide_task(&running.0, Some(RobotPhase::Online)),
+        decide_task(&running.0, Some(RobotPhase::Online), now()),
         TaskAction::CancelAndWait {
             robot: "rb1".into(),
             attempt: 1
         }
     );
     assert!(matches!(
-        decide_task(&running.0, Some(RobotPhase::Offline)),
+        decide_task(&running.0, Some(RobotPhase::Offline), now()),
         TaskAction::CancelAndRelease { .. }
     ));
     let ended = TaskBuilder::new()
@@ -494,7 +569,10 @@ fn deletion_cancels_and_holds_the_finalizer_until_the_robot_reports() {
         .finalizer()
         .deleting()
         .0;
-    assert_eq!(decide_task(&ended, Some(RobotPhase::Online)), TaskAction::Release);
+    assert_eq!(
+        decide_task(&ended, Some(RobotPhase::Online), now()),
+        TaskAction::Release
+    );
     let unsent = TaskBuilder::new()
         .target("rb1")
         .state(TaskState::Dispatching, 1, 0)
@@ -502,20 +580,188 @@ fn deletion_cancels_and_holds_the_finalizer_until_the_robot_reports() {
         .deleting()
         .0;
     assert!(matches!(
-        decide_task(&unsent, Some(RobotPhase::Online)),
+        decide_task(&unsent, Some(RobotPhase::Online), now()),
         TaskAction::CancelAndRelease { .. }
     ));
     let released = TaskBuilder::new().state(TaskState::Running, 1, 0).deleting().0;
     assert_eq!(
-        decide_task(&released, Some(RobotPhase::Online)),
+        decide_task(&released, Some(RobotPhase::Online), now()),
+        TaskAction::Nothing
+    );
+}
+
+fn lost_attempt(robot: &str, attempt: u32) -> AttemptRecord {
+    AttemptRecord {
+        attempt,
+        robot: Some(robot.into()),
+        state: TaskState::Failed,
+        exit_code: None,
+        reason: Some(TaskReason::RobotLost),
+        finish_time: None,
+    }
+}
+
+#[test]
+fn the_first_report_of_an_attempt_is_stamped_with_the_servers_clock() {
+    let task = TaskBuilder::new()
+        .target("rb1")
+        .state(TaskState::Dispatching, 1, 0)
+        .0;
+    let mut running = update(1, 1, TaskState::Running);
+    running.start_time = Some(t("1999-01-01T00:00:00Z")); // the robot's clock is off
+    let StatusDecision::Apply(patch) = decide_status(&running, "u1", "rb1", Some(&task), now()).unwrap()
+    else {
+        panic!("applied");
+    };
+    assert_eq!(patch.observed_running_time, Some(now()));
+    let mut seen = task.clone();
+    seen.status.as_mut().unwrap().observed_running_time = Some(t("2026-11-22T09:00:00Z"));
+    let StatusDecision::Apply(patch) = decide_status(&running, "u1", "rb1", Some(&seen), now()).unwrap()
+    else {
+        panic!("applied");
+    };
+    assert_eq!(patch.observed_running_time, None, "set once per attempt");
+}
+
+#[test]
+fn a_replaced_attempts_late_completion_wins_under_keep_original_only() {
+    let mut task = TaskBuilder::new().target("rb2").state(TaskState::Running, 2, 5).0;
+    task.status
+        .as_mut()
+        .unwrap()
+        .attempts
+        .push(lost_attempt("rb1", 1));
+    let done = update(1, 9, TaskState::Completed);
+    let StatusDecision::Apply(patch) = decide_status(&done, "u1", "rb1", Some(&task), now()).unwrap() else {
+        panic!("keepOriginal is the default");
+    };
+    assert_eq!(patch.state, TaskState::Completed);
+    assert!(patch.message.unwrap().contains("replacement attempt 2"));
+    // A late failure, another robot's report, or keepReplacement: stale.
+    let failed = update(1, 9, TaskState::Failed);
+    assert_eq!(
+        decide_status(&failed, "u1", "rb1", Some(&task), now()),
+        Ok(StatusDecision::Ignore(Ignored::StaleAttempt))
+    );
+    assert_eq!(
+        decide_status(&done, "u1", "rb3", Some(&task), now()),
+        Err(Rejection::NotAssigned {
+            task: "default/job-a-0".into(),
+            robot: "rb3".into(),
+            assigned: Some("rb2".into())
+        })
+    );
+    task.spec.disconnect = Some(k8s4r_api::DisconnectPolicy {
+        reconcile: Some(k8s4r_api::Reconcile::KeepReplacement),
+        ..Default::default()
+    });
+    assert_eq!(
+        decide_status(&done, "u1", "rb1", Some(&task), now()),
+        Ok(StatusDecision::Ignore(Ignored::StaleAttempt))
+    );
+}
+
+#[test]
+fn an_expired_dispatch_is_not_published() {
+    let mut task = TaskBuilder::new()
+        .target("rb1")
+        .state(TaskState::Dispatching, 1, 0)
+        .0;
+    task.status.as_mut().unwrap().dispatch_deadline = Some(t("2026-11-22T10:00:30Z"));
+    assert!(matches!(
+        decide_task(&task, Some(RobotPhase::Online), now()),
+        TaskAction::Dispatch { .. }
+    ));
+    assert_eq!(
+        decide_task(&task, Some(RobotPhase::Online), t("2026-11-22T10:00:30Z")),
         TaskAction::Nothing
     );
 }
 
 #[test]
-fn backoff_is_capped() {
-    let cap = Duration::from_secs(30);
-    assert_eq!(backoff(0, cap), Duration::from_millis(500));
-    assert_eq!(backoff(2, cap), Duration::from_secs(2));
-    assert_eq!(backoff(40, cap), cap);
+fn reconcile_cancels_what_no_task_wants_and_fails_what_the_robot_lost() {
+    let held = |uid: &str, attempt: u32| TaskAttempt {
+        uid: uid.into(),
+        attempt,
+    };
+    let mut current = TaskBuilder::new().target("rb1").state(TaskState::Running, 2, 4).0;
+    current.metadata.uid = Some("now".into());
+    let mut elsewhere = TaskBuilder::new().target("rb2").state(TaskState::Running, 1, 1).0;
+    elsewhere.metadata.uid = Some("moved".into());
+    let mut lost = TaskBuilder::new().target("rb1").state(TaskState::Running, 3, 7).0;
+    lost.metadata.uid = Some("lost".into());
+    let mut ahead = TaskBuilder::new().target("rb1").state(TaskState::Running, 1, 1).0;
+    ahead.metadata.uid = Some("ahead".into());
+    let mut late = TaskBuilder::new()
+        .target("rb1")
+        .state(TaskState::Dispatching, 1, 0)
+        .0;
+    late.metadata.uid = Some("late".into());
+    late.status.as_mut().unwrap().dispatch_deadline = Some(t("2026-11-22T09:59:00Z"));
+    let mut sent = late.clone();
+    sent.metadata.uid = Some("sent".into());
+    sent.status.as_mut().unwrap().dispatch_deadline = Some(t("2026-11-22T09:59:55Z"));
+    let tasks = [current.clone(), elsewhere.clone(), lost.clone(), ahead.clone()];
+    let lookup = |uid: &str| {
+        tasks
+            .iter()
+            .find(|t| t.metadata.uid.as_deref() == Some(uid))
+            .cloned()
+            .map(std::sync::Arc::new)
+    };
+    let reported = [
+        held("now", 2),
+        held("gone", 1),
+        held("moved", 1),
+        held("now", 1),
+        // Newer than this server's cache: left alone.
+        held("ahead", 2),
+    ];
+    let holding = Holding {
+        held: &reported,
+        complete: true,
+        last_seq: Some(7),
+        sent_at: Some(now()),
+    };
+    let assigned = [&current, &lost, &late, &sent, &ahead];
+    let plan = plan_reconcile("rb1", holding, lookup, assigned, now());
+    let cancelled: Vec<(&str, u32)> = plan
+        .cancel
+        .iter()
+        .map(|(a, _)| (a.uid.as_str(), a.attempt))
+        .collect();
+    assert_eq!(cancelled, [("moved", 1), ("now", 1)]);
+    assert_eq!(
+        plan.unknown,
+        [held("gone", 1)],
+        "unknown: cancelled only once that lasts"
+    );
+    let failed: Vec<(&str, Option<TaskReason>)> = plan
+        .lost
+        .iter()
+        .map(|(uid, p)| (uid.as_str(), p.reason))
+        .collect();
+    assert_eq!(
+        failed,
+        [
+            ("lost", Some(TaskReason::NotOnRobot)),
+            ("late", Some(TaskReason::DispatchTimeout))
+        ],
+        "a dispatch only 5 s past its deadline may still be on its way"
+    );
+    assert_eq!(plan.lost[0].1.state, TaskState::Failed);
+    // A list older than the Task's last status cannot speak for it.
+    let older = Holding {
+        last_seq: Some(6),
+        ..holding
+    };
+    let plan = plan_reconcile("rb1", older, lookup, assigned, now());
+    assert!(plan.lost.iter().all(|(uid, _)| uid != "lost"), "{plan:?}");
+    // A robot that does not say its list is complete loses nothing.
+    let partial = Holding {
+        complete: false,
+        ..holding
+    };
+    let plan = plan_reconcile("rb1", partial, lookup, assigned, now());
+    assert!(plan.lost.is_empty() && plan.cancel.len() == 2);
 }

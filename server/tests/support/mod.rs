@@ -45,7 +45,7 @@ pub const LEASES: &str = "k8s4r-robot-leases";
 
 impl Env {
     pub async fn start() -> Self {
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        k8s4r_mqtt::install_crypto_provider();
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
             .with_test_writer()
@@ -273,7 +273,7 @@ impl FakeRobot {
         options.set_max_packet_size(1 << 20, 1 << 20);
         options.set_last_will(LastWill::new(
             topics.online(id),
-            encode(&k8s4r_api::protocol::Online { v: 1, online: false }),
+            encode(&k8s4r_api::protocol::Online::new(false)),
             QoS::AtLeastOnce,
             true,
         ));
@@ -353,40 +353,31 @@ impl FakeRobot {
     }
 
     pub fn register(&self) -> k8s4r_api::protocol::Register {
+        let device = DeviceInfo {
+            arch: "aarch64".into(),
+            os: "linux".into(),
+            cpus: 4,
+            memory_bytes: 4 << 30,
+            disk_bytes: 32 << 30,
+            ..Default::default()
+        };
         k8s4r_api::protocol::Register {
-            v: 1,
-            robot_id: self.id.clone(),
             token: Some("bootstrap-token".into()),
-            agent_version: "0.1.0".into(),
-            device: DeviceInfo {
-                arch: "aarch64".into(),
-                os: "linux".into(),
-                cpus: 4,
-                memory_bytes: 4 << 30,
-                disk_bytes: 32 << 30,
-                ..Default::default()
-            },
             drivers: vec!["exec".into(), "raw_exec".into()],
             labels: [("site".to_string(), "lab".to_string())].into(),
-            running: vec![],
+            ..k8s4r_api::protocol::Register::new(self.id.clone(), "0.1.0", device)
         }
     }
 
     pub fn heartbeat(&self, seq: u64, cpu: f64) -> k8s4r_api::protocol::Heartbeat {
-        k8s4r_api::protocol::Heartbeat {
-            v: 1,
-            robot_id: self.id.clone(),
-            seq,
-            time: jiff::Timestamp::now(),
-            usage: Usage {
-                cpu_percent: cpu,
-                memory_used_bytes: 1 << 30,
-                memory_total_bytes: 4 << 30,
-                disk_free_bytes: 10 << 30,
-                ..Default::default()
-            },
-            running: vec![],
-        }
+        let usage = Usage {
+            cpu_percent: cpu,
+            memory_used_bytes: 1 << 30,
+            memory_total_bytes: 4 << 30,
+            disk_free_bytes: 10 << 30,
+            ..Default::default()
+        };
+        k8s4r_api::protocol::Heartbeat::new(self.id.clone(), seq, jiff::Timestamp::now(), usage)
     }
 
     pub fn status(
@@ -397,18 +388,10 @@ impl FakeRobot {
         state: TaskState,
     ) -> k8s4r_api::protocol::StatusUpdate {
         k8s4r_api::protocol::StatusUpdate {
-            v: 1,
-            task_uid: uid.into(),
-            attempt,
-            seq,
-            state,
             exit_code: state.is_terminal().then_some(0),
-            signal: None,
-            reason: None,
-            message: None,
             start_time: Some(jiff::Timestamp::now()),
             finish_time: state.is_terminal().then(jiff::Timestamp::now),
-            output_tail: None,
+            ..k8s4r_api::protocol::StatusUpdate::new(uid, attempt, seq, state)
         }
     }
 
