@@ -9,7 +9,6 @@
 //! `cargo bench -p k8s4r-manager --bench schedule`
 
 use std::collections::HashSet;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -125,6 +124,7 @@ fn job(i: usize) -> Job {
         resources: Some(k8s4r_api::TaskResources {
             cpu: Some(Quantity::from("100m")),
             memory: Some(Quantity::from("64Mi")),
+            ..k8s4r_api::TaskResources::default()
         }),
         ..TaskTemplate::default()
     };
@@ -168,7 +168,7 @@ async fn main() -> anyhow::Result<()> {
         shutdown.clone(),
     ));
     let ready_by = Instant::now() + Duration::from_secs(60);
-    while !metrics.ready.load(Ordering::Relaxed) {
+    while !metrics.is_ready() {
         anyhow::ensure!(Instant::now() < ready_by, "manager not ready within 60 s");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -205,7 +205,7 @@ async fn main() -> anyhow::Result<()> {
         })
         .await?;
     let done = tokio::time::timeout(deadline, watch).await;
-    let decisions = metrics.decisions.load(Ordering::Relaxed);
+    let decisions = metrics.decisions.get();
     shutdown.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(10), manager).await;
     let finished = match done {
@@ -218,8 +218,8 @@ async fn main() -> anyhow::Result<()> {
         let m = metrics.controller(c);
         eprintln!(
             "{c}: {} reconciles, {} errors",
-            m.reconciles.load(Ordering::Relaxed),
-            m.errors.load(Ordering::Relaxed)
+            m.reconciles.get(),
+            m.errors.get()
         );
     }
     println!("BENCH schedule_10k_tasks_s {secs:.2} s");

@@ -4,6 +4,7 @@ use std::collections::BTreeSet;
 
 use jiff::Timestamp;
 use k8s4r_api::condition::set_condition;
+use k8s4r_api::names::{CONDITION_COMPLETE, CONDITION_FAILED};
 use k8s4r_api::{
     Condition, ConditionStatus, GroupSummary, JobStatus, TaskCounts, TaskGroupStatus, TaskState, WorkState,
 };
@@ -117,14 +118,24 @@ fn finished_conditions(conditions: &mut Vec<Condition>, state: WorkState, genera
         WorkState::Failed => (ConditionStatus::False, ConditionStatus::True),
         _ => (ConditionStatus::False, ConditionStatus::False),
     };
-    let mut c = Condition::new("Complete", complete, "TasksCompleted", "every task completed");
+    let mut c = Condition::new(
+        CONDITION_COMPLETE,
+        complete,
+        "TasksCompleted",
+        "every task completed",
+    );
     if complete == ConditionStatus::False {
         c.reason = Some("NotComplete".into());
         c.message = Some("not every task has completed".into());
     }
     c.observed_generation = generation;
     set_condition(conditions, c);
-    let mut f = Condition::new("Failed", failed, "TaskFailed", "a task failed after its retries");
+    let mut f = Condition::new(
+        CONDITION_FAILED,
+        failed,
+        "TaskFailed",
+        "a task failed after its retries",
+    );
     if failed == ConditionStatus::False {
         f.reason = Some("NoFailure".into());
         f.message = Some("no task failed for good".into());

@@ -1,6 +1,7 @@
 //! Command-line flags of `k8s4r-manager`; every flag has a `K8S4R_*`
 //! environment variable.
 
+use k8s4r_api::names;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -8,7 +9,6 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{ArgAction, Parser};
 use k8s4r_api::logging::LogFormat;
-use tokio_util::sync::CancellationToken;
 
 use crate::config::{LeaderConfig, ManagerConfig};
 use crate::lifecycle::LifecycleConfig;
@@ -27,13 +27,13 @@ pub struct Args {
     #[arg(long, env = "K8S4R_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
     /// Namespace of the bootstrap-token Secret and the leader Lease.
-    #[arg(long, env = "K8S4R_NAMESPACE", default_value = "k8s4r-system")]
+    #[arg(long, env = "K8S4R_NAMESPACE", default_value = names::DEFAULT_NAMESPACE)]
     pub namespace: String,
     /// Namespace of the per-robot Leases the server renews.
     #[arg(
         long,
         env = "K8S4R_ROBOT_LEASE_NAMESPACE",
-        default_value = "k8s4r-robot-leases"
+        default_value = names::DEFAULT_ROBOT_LEASE_NAMESPACE
     )]
     pub robot_lease_namespace: String,
     /// A robot whose last heartbeat is older than this goes Offline.
@@ -42,10 +42,13 @@ pub struct Args {
     /// A robot that disconnected (its last will) goes Offline after this.
     #[arg(long, env = "K8S4R_DISCONNECT_GRACE", default_value = "30s", value_parser = duration)]
     pub disconnect_grace: Duration,
-    /// A dispatched attempt that has not started by then is retried.
+    /// The deadline of a dispatch: a robot refuses it later, and the
+    /// attempt is then failed (DispatchTimeout) and retried.
     #[arg(long, env = "K8S4R_DISPATCH_TIMEOUT", default_value = "60s", value_parser = duration)]
     pub dispatch_timeout: Duration,
-    /// Tasks of a robot Offline this long fail with RobotLost and move.
+    /// Slack added to the fencing time before a silent robot's attempt is
+    /// replaced (RobotLost): the robot stops it itself after the group's
+    /// disconnect.stopAfter; this covers clock skew between cluster machines.
     #[arg(long, env = "K8S4R_ROBOT_LOST_GRACE", default_value = "30s", value_parser = duration)]
     pub robot_lost_grace: Duration,
     /// Slack after timeout + killTimeout before the manager fails a task its
@@ -63,7 +66,7 @@ pub struct Args {
     #[arg(
         long,
         env = "K8S4R_BOOTSTRAP_TOKEN_SECRET",
-        default_value = "k8s4r-bootstrap-tokens"
+        default_value = names::DEFAULT_BOOTSTRAP_SECRET
     )]
     pub bootstrap_token_secret: String,
     /// Address of /metrics, /healthz and /readyz.
@@ -93,11 +96,9 @@ pub struct Args {
 impl Args {
     /// The manager configuration these flags describe.
     pub fn config(&self) -> ManagerConfig {
-        let leader = self.leader_election.then(|| LeaderConfig {
-            lease_name: self.lease_name.clone(),
-            identity: self.identity.clone().unwrap_or_else(crate::default_identity),
-            lease_seconds: 15,
-            renew_grace_seconds: 5,
+        let leader = self.leader_election.then(|| {
+            let identity = self.identity.clone().unwrap_or_else(crate::default_identity);
+            LeaderConfig::new(self.lease_name.clone(), identity)
         });
         ManagerConfig {
             namespace: self.namespace.clone(),
@@ -113,6 +114,7 @@ impl Args {
                 robot_lost_grace: self.robot_lost_grace,
                 backstop_grace: self.backstop_grace,
                 lost_retries: self.lost_retries,
+                ..LifecycleConfig::default()
             },
             leader,
             metrics_addr: Some(self.metrics_addr),
@@ -121,48 +123,15 @@ impl Args {
         }
     }
 
-    async fn client(&self) -> anyhow::Result<kube::Client> {
-        let config = match &self.kubeconfig {
-            Some(path) => {
-                let kubeconfig = kube::config::Kubeconfig::read_from(path)
-                    .with_context(|| format!("reading kubeconfig {}", path.display()))?;
-                kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
-                    .await
-                    .with_context(|| format!("loading kubeconfig {}", path.display()))?
-            }
-            None => kube::Config::infer()
-                .await
-                .context("no kubeconfig given, and neither in-cluster nor default config found")?,
-        };
-        kube::Client::try_from(config).context("building the Kubernetes client")
-    }
-
     /// Runs the manager until SIGTERM or SIGINT.
     pub async fn run(self) -> anyhow::Result<()> {
         k8s4r_api::logging::init(self.log_format, self.log.as_deref())?;
-        let client = self.client().await?;
-        let shutdown = CancellationToken::new();
-        tokio::spawn(cancel_on_signal(shutdown.clone()));
+        let client = k8s4r_service::process::client(self.kubeconfig.as_deref()).await?;
+        let shutdown = k8s4r_service::process::shutdown_on_signals();
         crate::run(self.config(), client, shutdown)
             .await
             .context("k8s4r-manager stopped")
     }
-}
-
-async fn cancel_on_signal(token: CancellationToken) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot listen for SIGTERM");
-            return;
-        }
-    };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM, shutting down"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT, shutting down"),
-    }
-    token.cancel();
 }
 
 #[cfg(test)]

@@ -4,21 +4,12 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use k8s4r_api::names;
+
 use crate::lifecycle::LifecycleConfig;
 use crate::liveness::LivenessConfig;
 
-/// Leader election with a Lease.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LeaderConfig {
-    /// The Lease's name (in [`ManagerConfig::namespace`]).
-    pub lease_name: String,
-    /// This replica's identity (the Lease holder).
-    pub identity: String,
-    /// How long a held Lease lasts without renewal, in seconds.
-    pub lease_seconds: u64,
-    /// How long before expiry the holder renews it, in seconds.
-    pub renew_grace_seconds: u64,
-}
+pub use k8s4r_service::leader::LeaderConfig;
 
 /// Everything the controllers need to know.
 #[derive(Clone, Debug)]
@@ -58,9 +49,9 @@ pub struct ManagerConfig {
 impl Default for ManagerConfig {
     fn default() -> Self {
         Self {
-            namespace: "k8s4r-system".into(),
-            robot_lease_namespace: "k8s4r-robot-leases".into(),
-            bootstrap_secret: "k8s4r-bootstrap-tokens".into(),
+            namespace: names::DEFAULT_NAMESPACE.into(),
+            robot_lease_namespace: names::DEFAULT_ROBOT_LEASE_NAMESPACE.into(),
+            bootstrap_secret: names::DEFAULT_BOOTSTRAP_SECRET.into(),
             auto_approve: false,
             liveness: LivenessConfig::default(),
             lifecycle: LifecycleConfig::default(),
@@ -73,28 +64,5 @@ impl Default for ManagerConfig {
             status_debounce: Duration::ZERO,
             events: true,
         }
-    }
-}
-
-/// The requeue after the `failures`-th consecutive error (1 for the first):
-/// doubling from `base`, never above `cap`.
-pub fn error_backoff(base: Duration, cap: Duration, failures: u32) -> Duration {
-    let factor = 1u32
-        .checked_shl(failures.saturating_sub(1).min(31))
-        .unwrap_or(u32::MAX);
-    base.checked_mul(factor).unwrap_or(cap).min(cap)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn error_backoff_doubles_and_is_capped() {
-        let base = Duration::from_millis(500);
-        let cap = Duration::from_secs(5);
-        let got: Vec<u128> = (1..=6).map(|n| error_backoff(base, cap, n).as_millis()).collect();
-        assert_eq!(got, vec![500, 1000, 2000, 4000, 5000, 5000]);
-        assert_eq!(error_backoff(base, cap, u32::MAX), cap);
     }
 }

@@ -1,35 +1,14 @@
 //! The manager's errors.
 
-use std::time::Duration;
+use k8s4r_service::leader::LeaderError;
+use k8s4r_service::ApiError;
 
 /// Everything a controller can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// A call to the API server failed.
-    #[error("{action} {kind} {name}: {source}")]
-    Kube {
-        /// What was attempted ("patch status of", "create", ...).
-        action: &'static str,
-        /// The kind of object.
-        kind: &'static str,
-        /// The object's namespace/name.
-        name: String,
-        /// The client's error.
-        #[source]
-        source: kube::Error,
-    },
-    /// A call to the API server did not answer in time.
-    #[error("{action} {kind} {name}: no answer within {after:?}")]
-    ApiTimeout {
-        /// What was attempted.
-        action: &'static str,
-        /// The kind of object.
-        kind: &'static str,
-        /// The object's namespace/name.
-        name: String,
-        /// The timeout.
-        after: Duration,
-    },
+    /// A call to the API server failed or did not answer in time.
+    #[error(transparent)]
+    Api(#[from] ApiError),
     /// An object lacks something the controller needs.
     #[error("{kind} {name}: {reason}")]
     Malformed {
@@ -44,8 +23,8 @@ pub enum Error {
     #[error("serialising a patch: {0}")]
     Serialize(#[from] serde_json::Error),
     /// Leader election failed.
-    #[error("leader election: {0}")]
-    Leader(#[from] kube_lease_manager::LeaseManagerError),
+    #[error(transparent)]
+    Leader(#[from] LeaderError),
     /// Another replica took the leader Lease.
     #[error("lost the leader Lease")]
     LeadershipLost,
@@ -63,7 +42,7 @@ pub enum Error {
 impl Error {
     /// A 409 Conflict: someone else wrote first; re-read and decide again.
     pub fn is_conflict(&self) -> bool {
-        matches!(self, Error::Kube { source: kube::Error::Api(s), .. } if s.code == 409)
+        matches!(self, Error::Api(e) if e.is_conflict())
     }
 }
 

@@ -1,10 +1,9 @@
 //! Leader election: only the replica holding the Lease runs controllers.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use k8s4r_service::leader::Election;
 use kube::Client;
-use kube_lease_manager::LeaseManagerBuilder;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{LeaderConfig, ManagerConfig};
@@ -23,41 +22,31 @@ pub async fn run(
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) -> Result<()> {
-    let manager = LeaseManagerBuilder::new(client.clone(), &leader.lease_name)
-        .with_namespace(&config.namespace)
-        .with_identity(&leader.identity)
-        .with_duration(leader.lease_seconds)
-        .with_grace(leader.renew_grace_seconds)
-        .with_field_manager(k8s4r_api::names::MANAGER_CONTROLLERS)
-        .build()
-        .await?;
-    let (mut leading, watcher) = manager.watch().await;
+    let mut election = Election::start(
+        client.clone(),
+        &config.namespace,
+        &leader,
+        k8s4r_api::names::MANAGER_CONTROLLERS,
+    )
+    .await?;
     tracing::info!(identity = %leader.identity, lease = %leader.lease_name, "waiting for leadership");
     // A follower that reached the API server and its Lease is ready: it is
     // doing its job, standing by. (Were it not, a rolling update of two
     // replicas would wait forever for the new follower.)
-    metrics.ready.store(true, Ordering::Relaxed);
-    loop {
-        if *leading.borrow_and_update() {
-            break;
-        }
+    metrics.set_ready(true);
+    while !election.is_leader() {
         tokio::select! {
-            changed = leading.changed() => {
-                if changed.is_err() {
-                    return Err(lost(watcher).await);
-                }
-            }
+            changed = election.changed() => { changed?; }
             _ = shutdown.cancelled() => {
-                drop(leading);
-                let _ = watcher.await;
+                let _ = election.resign().await;
                 return Ok(());
             }
         }
     }
     tracing::info!(identity = %leader.identity, "leading");
-    metrics.leader.store(true, Ordering::Relaxed);
+    metrics.set_leader(true);
     // Not ready again until the controllers' caches are filled.
-    metrics.ready.store(false, Ordering::Relaxed);
+    metrics.set_ready(false);
     let stop = shutdown.child_token();
     let controllers = controllers::run(
         client,
@@ -70,30 +59,20 @@ pub async fn run(
     let outcome = loop {
         tokio::select! {
             result = &mut controllers => break result,
-            changed = leading.changed() => {
-                if changed.is_err() || !*leading.borrow_and_update() {
+            changed = election.changed() => {
+                if !changed.unwrap_or(false) {
                     tracing::warn!(identity = %leader.identity, "lost leadership, stopping controllers");
                     stop.cancel();
                     let _ = (&mut controllers).await;
-                    metrics.leader.store(false, Ordering::Relaxed);
+                    metrics.set_leader(false);
                     return Err(crate::Error::LeadershipLost);
                 }
             }
         }
     };
-    metrics.leader.store(false, Ordering::Relaxed);
-    // Dropping the receiver makes the watcher release the Lease, so a
-    // follower takes over at once instead of waiting for it to expire.
-    drop(leading);
-    let _ = watcher.await;
+    metrics.set_leader(false);
+    // Resigning releases the Lease, so a follower takes over at once
+    // instead of waiting for it to expire.
+    let _ = election.resign().await;
     outcome
-}
-
-async fn lost(
-    watcher: tokio::task::JoinHandle<kube_lease_manager::Result<kube_lease_manager::LeaseManager>>,
-) -> crate::Error {
-    match watcher.await {
-        Ok(Err(e)) => crate::Error::Leader(e),
-        _ => crate::Error::LeadershipLost,
-    }
 }

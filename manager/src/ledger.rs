@@ -88,6 +88,7 @@ impl Ledger {
             usage.memory_bytes = usage
                 .memory_bytes
                 .saturating_sub(entry.placement.demand.memory_bytes);
+            usage.disk_bytes = usage.disk_bytes.saturating_sub(entry.placement.demand.disk_bytes);
             usage.tasks = usage.tasks.saturating_sub(1);
             if let Some(n) = usage.per_group.get_mut(&entry.placement.group) {
                 *n = n.saturating_sub(1);
@@ -106,6 +107,7 @@ impl Ledger {
         let (usage, tasks) = self.by_robot.entry(placement.robot.clone()).or_default();
         usage.cpu_milli += placement.demand.cpu_milli;
         usage.memory_bytes += placement.demand.memory_bytes;
+        usage.disk_bytes = usage.disk_bytes.saturating_add(placement.demand.disk_bytes);
         usage.tasks += 1;
         *usage.per_group.entry(placement.group.clone()).or_default() += 1;
         tasks.insert(key.to_owned());
@@ -141,7 +143,7 @@ mod tests {
             group: "ns/g".into(),
             demand: Demand {
                 cpu_milli: cpu,
-                memory_bytes: 0,
+                ..Demand::default()
             },
         }
     }

@@ -47,15 +47,16 @@ pub async fn run_with_metrics(
     shutdown: CancellationToken,
 ) -> Result<()> {
     let server_stop = shutdown.child_token();
-    let server = config.metrics_addr.map(|addr| {
-        let metrics = metrics.clone();
-        let stop = server_stop.clone();
-        tokio::spawn(async move {
-            if let Err(e) = metrics::serve(addr, metrics, stop).await {
-                tracing::error!(error = %e, "metrics endpoint stopped");
-            }
-        })
-    });
+    let server = match config.metrics_addr {
+        Some(addr) => {
+            let (bound, serve) = k8s4r_service::health::bind(addr, metrics.clone(), server_stop.clone())
+                .await
+                .map_err(|source| Error::Metrics { addr, source })?;
+            tracing::info!(addr = %bound, "serving /metrics, /healthz, /readyz");
+            Some(tokio::spawn(serve))
+        }
+        None => None,
+    };
     let result = match config.leader.clone() {
         Some(leader) => leader::run(client, config, leader, metrics, shutdown.clone()).await,
         None => {

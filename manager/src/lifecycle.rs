@@ -6,16 +6,25 @@
 use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
+use k8s4r_api::disconnect::fence_after;
 use k8s4r_api::validation::{kill_timeout_of, timeout_of, DEFAULT_RESTART_DELAY, DEFAULT_RESTART_MAX_DELAY};
-use k8s4r_api::{RestartPolicy, TaskReason, TaskSpec, TaskState, TaskStatus};
+use k8s4r_api::{DisconnectPolicy, RestartPolicy, TaskReason, TaskSpec, TaskState, TaskStatus};
 
 /// The timing rules of the lifecycle.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LifecycleConfig {
-    /// How long a dispatched attempt may wait for the robot's `running`.
+    /// The deadline a dispatch is given: the robot refuses it later, and
+    /// the server then fails the attempt (DispatchTimeout) from the robot's
+    /// list of what it holds.
     pub dispatch_timeout: Duration,
-    /// How long a robot may be Offline before its tasks are lost.
+    /// Slack added to the fencing time of a silent robot's attempt (its
+    /// `stopAfter` plus kill timeout plus the server's lease interval), for
+    /// clock skew between cluster machines and delivery.
     pub robot_lost_grace: Duration,
+    /// How stale the record of a robot's last contact may be when it has no
+    /// Lease to tell (its `lastHeartbeatTime`, which the server refreshes at
+    /// most every `--heartbeat-refresh`).
+    pub unleased_record_lag: Duration,
     /// Slack after `startTime + timeout + killTimeout` before the manager
     /// fails a task whose robot never reported the end.
     pub backstop_grace: Duration,
@@ -29,6 +38,7 @@ impl Default for LifecycleConfig {
         Self {
             dispatch_timeout: Duration::from_secs(60),
             robot_lost_grace: Duration::from_secs(30),
+            unleased_record_lag: Duration::from_secs(240),
             backstop_grace: Duration::from_secs(60),
             lost_retries: 3,
         }
@@ -38,12 +48,27 @@ impl Default for LifecycleConfig {
 /// What the manager knows about the robot a task is assigned to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RobotHealth {
-    /// Online (or Pending: not lost, just not approved again yet).
-    Up,
-    /// Offline since the given time, if known.
-    Offline(Option<Timestamp>),
-    /// No such Robot.
+    /// The Robot exists.
+    Known {
+        /// When the cluster last heard from it (heartbeat, Lease renewal or
+        /// registration), by the cluster's clock; None: never.
+        last_heard: Option<Timestamp>,
+        /// How stale that record may be while the robot is fine: the
+        /// server renews a robot's Lease at most this often.
+        record_lag: Duration,
+    },
+    /// No such Robot: an administrator deleted it, saying it is gone.
     Missing,
+}
+
+impl RobotHealth {
+    /// A robot heard from at `at`, recorded without lag (tests, mostly).
+    pub fn heard_at(at: Timestamp) -> Self {
+        RobotHealth::Known {
+            last_heard: Some(at),
+            record_lag: Duration::ZERO,
+        }
+    }
 }
 
 /// The next step for one Task.
@@ -72,7 +97,16 @@ pub enum Step {
 /// Failures that are not the task's fault: they do not use up its restart
 /// policy (they have their own budget, [`LifecycleConfig::lost_retries`]).
 pub fn is_infrastructure(reason: Option<TaskReason>) -> bool {
-    matches!(reason, Some(TaskReason::RobotLost | TaskReason::DispatchTimeout))
+    matches!(
+        reason,
+        Some(
+            TaskReason::RobotLost
+                | TaskReason::DispatchTimeout
+                | TaskReason::Disconnected
+                | TaskReason::NotOnRobot
+                | TaskReason::OverCapacity
+        )
+    )
 }
 
 /// The delay before retry number `retry` (0 for the first), doubling from
@@ -137,7 +171,8 @@ fn until(now: Timestamp, deadline: Timestamp) -> Duration {
     Duration::try_from(left).unwrap_or(Duration::ZERO)
 }
 
-fn plus(t: Timestamp, d: Duration) -> Timestamp {
+/// `t + d`, saturating at the end of time instead of overflowing.
+pub fn plus(t: Timestamp, d: Duration) -> Timestamp {
     SignedDuration::try_from(d)
         .ok()
         .and_then(|d| t.checked_add(d).ok())
@@ -172,71 +207,99 @@ pub fn next_step(
             None => Step::Done,
         },
         Some(state @ (TaskState::Dispatching | TaskState::Running)) => {
-            let robot_name = status
-                .robot
-                .as_deref()
-                .or(spec.target_robot.as_deref())
-                .unwrap_or("?");
-            let lost_recheck = match robot {
-                RobotHealth::Up => None,
-                RobotHealth::Missing => {
-                    return Step::Fail {
-                        reason: TaskReason::RobotLost,
-                        message: format!("robot {robot_name} no longer exists"),
-                    }
-                }
-                RobotHealth::Offline(since) => {
-                    let since = since.unwrap_or(now);
-                    let deadline = plus(since, cfg.robot_lost_grace);
-                    if deadline <= now {
-                        return Step::Fail {
-                            reason: TaskReason::RobotLost,
-                            message: format!(
-                                "robot {robot_name} offline for more than {}s",
-                                cfg.robot_lost_grace.as_secs()
-                            ),
-                        };
-                    }
-                    Some(until(now, deadline))
-                }
+            active_step(spec, status, state, robot, now, cfg)
+        }
+    }
+}
+
+/// When the attempt a silent robot holds is certainly stopped: the robot
+/// stops it `stopAfter` after it last heard from the cluster (docs/fencing.md),
+/// SIGKILL follows within the kill timeout, and the cluster's record of the
+/// last contact may lag the real one by `record_lag`; `robot_lost_grace`
+/// covers clock skew between cluster machines.
+fn fence_time(spec: &TaskSpec, heard: Timestamp, record_lag: Duration, cfg: &LifecycleConfig) -> Timestamp {
+    let stop_after = DisconnectPolicy::stop_after(spec.disconnect.as_ref());
+    let margin = record_lag.saturating_add(cfg.robot_lost_grace);
+    plus(
+        heard,
+        fence_after(stop_after, kill_timeout_of(&spec.template), margin),
+    )
+}
+
+/// The next step for an attempt that is dispatching or running.
+fn active_step(
+    spec: &TaskSpec,
+    status: &TaskStatus,
+    state: TaskState,
+    robot: RobotHealth,
+    now: Timestamp,
+    cfg: &LifecycleConfig,
+) -> Step {
+    let robot_name = status
+        .robot
+        .as_deref()
+        .or(spec.target_robot.as_deref())
+        .unwrap_or("?");
+    let (last_heard, record_lag) = match robot {
+        RobotHealth::Missing => {
+            return Step::Fail {
+                reason: TaskReason::RobotLost,
+                message: format!("robot {robot_name} no longer exists"),
+            }
+        }
+        RobotHealth::Known {
+            last_heard,
+            record_lag,
+        } => (last_heard, record_lag),
+    };
+    // A robot never heard from counts from the dispatch.
+    let heard = last_heard.or(status.dispatch_time).unwrap_or(now);
+    let fenced = fence_time(spec, heard, record_lag, cfg);
+    let replace = DisconnectPolicy::replace(spec.disconnect.as_ref());
+    let mut recheck = None;
+    if replace {
+        if fenced <= now {
+            return Step::Fail {
+                reason: TaskReason::RobotLost,
+                message: format!(
+                    "robot {robot_name} silent since {heard}; it stopped attempt {} itself after the group's disconnect.stopAfter",
+                    status.attempt
+                ),
             };
-            let own_recheck = if state == TaskState::Dispatching {
-                let sent = status.dispatch_time.unwrap_or(now);
-                let deadline = plus(sent, cfg.dispatch_timeout);
+        }
+        recheck = Some(until(now, fenced));
+    }
+    // A dispatch the robot never takes is failed by the server, from the
+    // robot's own list (it refuses a dispatch after its deadline); a robot
+    // that went quiet may have taken it in time, and is fenced above.
+    let own = if state == TaskState::Dispatching {
+        None
+    } else {
+        let since = status.observed_running_time.or(status.start_time);
+        match (timeout_of(&spec.template), since) {
+            (Some(timeout), Some(since)) => {
+                let limit = timeout
+                    .saturating_add(kill_timeout_of(&spec.template))
+                    .saturating_add(cfg.backstop_grace);
+                let deadline = plus(since, limit);
                 if deadline <= now {
                     return Step::Fail {
-                        reason: TaskReason::DispatchTimeout,
+                        reason: TaskReason::TimeoutBackstop,
                         message: format!(
-                            "robot {robot_name} did not start attempt {} within {}s",
-                            status.attempt,
-                            cfg.dispatch_timeout.as_secs()
+                            "robot {robot_name} reported no end {}s after the {}s timeout",
+                            limit.saturating_sub(timeout).as_secs(),
+                            timeout.as_secs()
                         ),
                     };
                 }
                 Some(until(now, deadline))
-            } else {
-                match (timeout_of(&spec.template), status.start_time) {
-                    (Some(timeout), Some(start)) => {
-                        let limit = timeout + kill_timeout_of(&spec.template) + cfg.backstop_grace;
-                        let deadline = plus(start, limit);
-                        if deadline <= now {
-                            return Step::Fail {
-                                reason: TaskReason::TimeoutBackstop,
-                                message: format!(
-                                    "robot {robot_name} reported no end {}s after the {}s timeout",
-                                    (limit - timeout).as_secs(),
-                                    timeout.as_secs()
-                                ),
-                            };
-                        }
-                        Some(until(now, deadline))
-                    }
-                    _ => None,
-                }
-            };
-            Step::Wait(earliest(lost_recheck, own_recheck))
+            }
+            _ => None,
         }
-    }
+    };
+    // Without replacement the attempt waits for its robot, however long.
+    let idle = (!replace).then_some(Duration::from_secs(60));
+    Step::Wait(earliest(earliest(recheck, own), idle))
 }
 
 #[cfg(test)]
@@ -289,10 +352,19 @@ mod tests {
         }
     }
 
+    fn up(at: i64) -> RobotHealth {
+        RobotHealth::heard_at(t(at))
+    }
+
+    fn is_fail(step: &Step, want: TaskReason) -> bool {
+        matches!(step, Step::Fail { reason, .. } if *reason == want)
+    }
+
     fn cfg() -> LifecycleConfig {
         LifecycleConfig {
             dispatch_timeout: Duration::from_secs(30),
             robot_lost_grace: Duration::from_secs(10),
+            unleased_record_lag: Duration::ZERO,
             backstop_grace: Duration::from_secs(5),
             lost_retries: 2,
         }
@@ -338,7 +410,13 @@ mod tests {
         assert_eq!(retry_delay(&s, None, &cfg()), Some(Duration::ZERO));
         s.attempts.push(record(1, TaskReason::DispatchTimeout));
         assert_eq!(retry_delay(&s, None, &cfg()), Some(Duration::ZERO));
-        s.attempts.push(record(2, TaskReason::RobotLost));
+        s.reason = Some(TaskReason::Disconnected);
+        assert_eq!(
+            retry_delay(&s, None, &cfg()),
+            Some(Duration::ZERO),
+            "an attempt its robot fenced is not the task's fault"
+        );
+        s.attempts.push(record(2, TaskReason::NotOnRobot));
         assert_eq!(retry_delay(&s, None, &cfg()), None, "lost budget used");
         s.reason = Some(TaskReason::Error);
         let p = policy(1, "3s", "1m");
@@ -362,19 +440,13 @@ mod tests {
     #[test]
     fn pending_waits_for_its_backoff() {
         let mut s = status(TaskState::Pending);
-        assert_eq!(
-            next_step(&spec(), Some(&s), RobotHealth::Up, t(0), &cfg()),
-            Step::Schedule
-        );
+        assert_eq!(next_step(&spec(), Some(&s), up(0), t(0), &cfg()), Step::Schedule);
         s.next_attempt_time = Some(t(10));
         assert_eq!(
-            next_step(&spec(), Some(&s), RobotHealth::Up, t(4), &cfg()),
+            next_step(&spec(), Some(&s), up(0), t(4), &cfg()),
             Step::Wait(Some(Duration::from_secs(6)))
         );
-        assert_eq!(
-            next_step(&spec(), Some(&s), RobotHealth::Up, t(10), &cfg()),
-            Step::Schedule
-        );
+        assert_eq!(next_step(&spec(), Some(&s), up(0), t(10), &cfg()), Step::Schedule);
         assert_eq!(
             next_step(&spec(), None, RobotHealth::Missing, t(0), &cfg()),
             Step::Schedule
@@ -382,80 +454,96 @@ mod tests {
     }
 
     #[test]
-    fn unacknowledged_dispatch_times_out() {
+    fn a_dispatch_the_robot_may_have_taken_is_fenced_like_a_running_attempt() {
         let s = status(TaskState::Dispatching);
+        // A robot heard from keeps its dispatch: the server fails it from
+        // the robot's own list if it refused it.
         assert_eq!(
-            next_step(&spec(), Some(&s), RobotHealth::Up, t(20), &cfg()),
-            Step::Wait(Some(Duration::from_secs(10)))
+            next_step(&spec(), Some(&s), up(1000), t(1000), &cfg()),
+            Step::Wait(Some(Duration::from_secs(135))),
+            "only the fencing recheck: 120 + 5 + 10"
         );
-        let step = next_step(&spec(), Some(&s), RobotHealth::Up, t(30), &cfg());
-        assert!(
-            matches!(
-                step,
-                Step::Fail {
-                    reason: TaskReason::DispatchTimeout,
-                    ..
-                }
-            ),
-            "{step:?}"
+        // A quiet robot may have started it just in time: fenced at
+        // 20 + 120 + 5 + 10.
+        assert_eq!(
+            next_step(&spec(), Some(&s), up(20), t(40), &cfg()),
+            Step::Wait(Some(Duration::from_secs(115)))
         );
+        let step = next_step(&spec(), Some(&s), up(20), t(155), &cfg());
+        assert!(is_fail(&step, TaskReason::RobotLost), "{step:?}");
     }
 
     #[test]
-    fn offline_robot_loses_its_tasks_after_the_grace() {
+    fn a_silent_robots_attempt_is_replaced_only_once_it_is_fenced() {
         let s = status(TaskState::Running);
-        let health = RobotHealth::Offline(Some(t(100)));
+        // Heard at t(100); stopAfter 120 s (default), kill timeout 5 s
+        // (default), grace 10 s: the robot has stopped it by t(235).
         assert_eq!(
-            next_step(&spec(), Some(&s), health, t(104), &cfg()),
-            Step::Wait(Some(Duration::from_secs(6)))
+            next_step(&spec(), Some(&s), up(100), t(200), &cfg()),
+            Step::Wait(Some(Duration::from_secs(35)))
         );
-        let step = next_step(&spec(), Some(&s), health, t(110), &cfg());
-        assert!(
-            matches!(
-                step,
-                Step::Fail {
-                    reason: TaskReason::RobotLost,
-                    ..
-                }
-            ),
-            "{step:?}"
+        let step = next_step(&spec(), Some(&s), up(100), t(235), &cfg());
+        assert!(is_fail(&step, TaskReason::RobotLost), "{step:?}");
+        // The server renews Leases only every 60 s: the fence moves by that.
+        let lagging = RobotHealth::Known {
+            last_heard: Some(t(100)),
+            record_lag: Duration::from_secs(60),
+        };
+        assert_eq!(
+            next_step(&spec(), Some(&s), lagging, t(235), &cfg()),
+            Step::Wait(Some(Duration::from_secs(60)))
         );
+        let mut short = spec();
+        short.disconnect = Some(DisconnectPolicy {
+            stop_after: Some("10s".into()),
+            ..Default::default()
+        });
+        short.template.kill_timeout = Some("2s".into());
+        let step = next_step(&short, Some(&s), up(100), t(122), &cfg());
+        assert!(is_fail(&step, TaskReason::RobotLost), "10 + 2 + 10 after t(100)");
         let step = next_step(&spec(), Some(&s), RobotHealth::Missing, t(0), &cfg());
-        assert!(matches!(
-            step,
-            Step::Fail {
-                reason: TaskReason::RobotLost,
-                ..
-            }
-        ));
+        assert!(is_fail(&step, TaskReason::RobotLost), "{step:?}");
     }
 
     #[test]
-    fn timeout_backstop_fires_after_timeout_kill_timeout_and_grace() {
+    fn without_replacement_an_attempt_waits_for_its_robot() {
+        let mut sp = spec();
+        sp.disconnect = Some(DisconnectPolicy {
+            replace: Some(false),
+            ..Default::default()
+        });
+        let s = status(TaskState::Running);
+        assert_eq!(
+            next_step(&sp, Some(&s), up(100), t(10_000), &cfg()),
+            Step::Wait(Some(Duration::from_secs(60)))
+        );
+    }
+
+    #[test]
+    fn timeout_backstop_counts_from_when_the_cluster_saw_the_attempt_run() {
         let mut sp = spec();
         sp.template.timeout = Some("10s".into());
         sp.template.kill_timeout = Some("2s".into());
         let mut s = status(TaskState::Running);
-        s.start_time = Some(t(0));
+        // The robot's clock says it started an hour ago; the server saw it
+        // running at t(0).
+        s.start_time = Some(t(-3600));
+        s.observed_running_time = Some(t(0));
         assert_eq!(
-            next_step(&sp, Some(&s), RobotHealth::Up, t(10), &cfg()),
+            next_step(&sp, Some(&s), up(10), t(10), &cfg()),
             Step::Wait(Some(Duration::from_secs(7)))
         );
-        let step = next_step(&sp, Some(&s), RobotHealth::Up, t(17), &cfg());
-        assert!(
-            matches!(
-                step,
-                Step::Fail {
-                    reason: TaskReason::TimeoutBackstop,
-                    ..
-                }
-            ),
-            "{step:?}"
-        );
+        let step = next_step(&sp, Some(&s), up(17), t(17), &cfg());
+        assert!(is_fail(&step, TaskReason::TimeoutBackstop), "{step:?}");
         assert_eq!(
-            next_step(&spec(), Some(&s), RobotHealth::Up, t(1000), &cfg()),
-            Step::Wait(None),
-            "no timeout, no backstop"
+            next_step(&spec(), Some(&s), up(1000), t(1000), &cfg()),
+            Step::Wait(Some(Duration::from_secs(135))),
+            "no timeout, no backstop: only the fencing recheck"
+        );
+        sp.template.timeout = Some("100000d".into());
+        assert!(
+            matches!(next_step(&sp, Some(&s), up(17), t(17), &cfg()), Step::Wait(_)),
+            "a huge timeout saturates instead of overflowing"
         );
     }
 
@@ -466,17 +554,14 @@ mod tests {
         let mut s = status(TaskState::Failed);
         s.reason = Some(TaskReason::Error);
         assert_eq!(
-            next_step(&sp, Some(&s), RobotHealth::Up, t(0), &cfg()),
+            next_step(&sp, Some(&s), up(0), t(0), &cfg()),
             Step::Retry {
                 delay: Duration::from_secs(2)
             }
         );
         assert_eq!(effective_state(&sp, Some(&s), &cfg()), TaskState::Pending);
         s.attempts.push(record(1, TaskReason::Error));
-        assert_eq!(
-            next_step(&sp, Some(&s), RobotHealth::Up, t(0), &cfg()),
-            Step::Done
-        );
+        assert_eq!(next_step(&sp, Some(&s), up(0), t(0), &cfg()), Step::Done);
         assert_eq!(effective_state(&sp, Some(&s), &cfg()), TaskState::Failed);
         let done = status(TaskState::Completed);
         assert_eq!(

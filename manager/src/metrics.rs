@@ -1,104 +1,141 @@
-//! Prometheus metrics and the health endpoints.
-//!
-//! A handful of counters and histograms do not justify a metrics framework:
-//! they are atomics behind one lock-free struct, rendered in the text
-//! exposition format on `/metrics`.
+//! Prometheus metrics (on `prometheus-client`, through
+//! [`k8s4r_service::metrics`]) and what the health endpoints report.
 
-use std::fmt::Write as _;
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::routing::get;
-use axum::Router;
-use tokio_util::sync::CancellationToken;
-
-use crate::error::{Error, Result};
+use k8s4r_service::health::Health;
+use k8s4r_service::metrics::{self, Registry};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
 
 /// The controllers, for labels.
 pub const CONTROLLERS: [&str; 4] = ["job", "taskgroup", "task", "robot"];
 
-/// Upper bounds of the histogram buckets, in seconds.
-const BUCKETS: [f64; 12] = [
-    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0,
-];
-
-/// A fixed-bucket histogram.
-#[derive(Debug, Default)]
-pub struct Histogram {
-    buckets: [AtomicU64; BUCKETS.len()],
-    count: AtomicU64,
-    sum_micros: AtomicU64,
-}
-
-impl Histogram {
-    /// Records one observation.
-    pub fn observe(&self, d: Duration) {
-        let secs = d.as_secs_f64();
-        for (i, bound) in BUCKETS.iter().enumerate() {
-            if secs <= *bound {
-                self.buckets[i].fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        self.count.fetch_add(1, Ordering::Relaxed);
-        self.sum_micros
-            .fetch_add(d.as_micros().min(u64::MAX as u128) as u64, Ordering::Relaxed);
-    }
-
-    fn render(&self, out: &mut String, name: &str, labels: &str) {
-        let sep = if labels.is_empty() { "" } else { "," };
-        for (i, bound) in BUCKETS.iter().enumerate() {
-            let n = self.buckets[i].load(Ordering::Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {n}");
-        }
-        let count = self.count.load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {count}");
-        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
-        let braces = if labels.is_empty() {
-            String::new()
-        } else {
-            format!("{{{labels}}}")
-        };
-        let _ = writeln!(out, "{name}_sum{braces} {sum}");
-        let _ = writeln!(out, "{name}_count{braces} {count}");
-    }
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ControllerLabel {
+    controller: String,
 }
 
 /// Per-controller figures.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ControllerMetrics {
     /// Reconciles run.
-    pub reconciles: AtomicU64,
+    pub reconciles: Counter,
     /// Reconciles that failed.
-    pub errors: AtomicU64,
+    pub errors: Counter,
     /// Reconciles running now.
-    pub in_flight: AtomicI64,
+    pub in_flight: Gauge,
     /// Objects whose latest reconcile failed and that wait for a retry.
-    pub backing_off: AtomicI64,
+    pub backing_off: Gauge,
     /// How long reconciles take.
     pub duration: Histogram,
 }
 
 /// Every figure the manager exports.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Metrics {
-    controllers: [ControllerMetrics; CONTROLLERS.len()],
+    registry: Registry,
+    controllers: Vec<ControllerMetrics>,
     /// Scheduling decisions that placed a task.
-    pub decisions: AtomicU64,
+    pub decisions: Counter,
     /// Scheduling attempts that found no robot.
-    pub unschedulable: AtomicU64,
+    pub unschedulable: Counter,
     /// Tasks waiting for a robot that fits.
-    pub waiting: AtomicI64,
+    waiting: Gauge,
     /// From a task becoming schedulable to its placement.
-    pub scheduling_latency: Histogram,
-    /// Whether this replica leads (1) or not (0).
-    pub leader: AtomicBool,
-    /// Whether this replica does its job: standing by for the Lease, or
-    /// leading with its caches filled and the controllers running.
-    pub ready: AtomicBool,
+    scheduling_latency: Histogram,
+    leader: Gauge,
+    leading: AtomicBool,
+    ready: AtomicBool,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("k8s4r_manager");
+        let reconciles = Family::<ControllerLabel, Counter>::default();
+        let errors = Family::<ControllerLabel, Counter>::default();
+        let in_flight = Family::<ControllerLabel, Gauge>::default();
+        let backing_off = Family::<ControllerLabel, Gauge>::default();
+        let duration =
+            Family::<ControllerLabel, Histogram, fn() -> Histogram>::new_with_constructor(metrics::latency);
+        registry.register("reconciles", "Reconciles run.", reconciles.clone());
+        registry.register("reconcile_errors", "Reconciles that failed.", errors.clone());
+        registry.register(
+            "reconciles_in_flight",
+            "Reconciles running now.",
+            in_flight.clone(),
+        );
+        registry.register(
+            "queue_backoff",
+            "Objects waiting for a retry after a failed reconcile.",
+            backing_off.clone(),
+        );
+        registry.register(
+            "reconcile_duration_seconds",
+            "Reconcile duration.",
+            duration.clone(),
+        );
+        let controllers = CONTROLLERS
+            .iter()
+            .map(|c| {
+                let label = ControllerLabel {
+                    controller: (*c).to_owned(),
+                };
+                ControllerMetrics {
+                    reconciles: reconciles.get_or_create_owned(&label),
+                    errors: errors.get_or_create_owned(&label),
+                    in_flight: in_flight.get_or_create_owned(&label),
+                    backing_off: backing_off.get_or_create_owned(&label),
+                    duration: duration.get_or_create_owned(&label),
+                }
+            })
+            .collect();
+        let decisions = Counter::default();
+        let unschedulable = Counter::default();
+        let waiting = Gauge::default();
+        let scheduling_latency = metrics::latency();
+        let leader = Gauge::default();
+        registry.register(
+            "scheduling_decisions",
+            "Tasks placed on a robot.",
+            decisions.clone(),
+        );
+        registry.register(
+            "scheduling_failures",
+            "Scheduling attempts that found no robot.",
+            unschedulable.clone(),
+        );
+        registry.register(
+            "tasks_waiting",
+            "Tasks waiting for a robot that fits.",
+            waiting.clone(),
+        );
+        registry.register(
+            "leader",
+            "1 when this replica holds the leader Lease.",
+            leader.clone(),
+        );
+        registry.register(
+            "scheduling_latency_seconds",
+            "From a task becoming schedulable to its placement.",
+            scheduling_latency.clone(),
+        );
+        Self {
+            registry,
+            controllers,
+            decisions,
+            unschedulable,
+            waiting,
+            scheduling_latency,
+            leader,
+            leading: AtomicBool::new(false),
+            ready: AtomicBool::new(false),
+        }
+    }
 }
 
 impl Metrics {
@@ -108,110 +145,51 @@ impl Metrics {
         &self.controllers[i]
     }
 
-    /// The text exposition format.
-    pub fn render(&self) -> String {
-        let mut out = String::new();
-        let mut family = |name: &str, kind: &str, help: &str, f: &dyn Fn(&ControllerMetrics) -> String| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-            for (c, m) in CONTROLLERS.iter().zip(&self.controllers) {
-                let _ = writeln!(out, "{name}{{controller=\"{c}\"}} {}", f(m));
-            }
-        };
-        family(
-            "k8s4r_manager_reconciles_total",
-            "counter",
-            "Reconciles run.",
-            &|m| m.reconciles.load(Ordering::Relaxed).to_string(),
-        );
-        family(
-            "k8s4r_manager_reconcile_errors_total",
-            "counter",
-            "Reconciles that failed.",
-            &|m| m.errors.load(Ordering::Relaxed).to_string(),
-        );
-        family(
-            "k8s4r_manager_reconciles_in_flight",
-            "gauge",
-            "Reconciles running now.",
-            &|m| m.in_flight.load(Ordering::Relaxed).to_string(),
-        );
-        family(
-            "k8s4r_manager_queue_backoff",
-            "gauge",
-            "Objects waiting for a retry after a failed reconcile.",
-            &|m| m.backing_off.load(Ordering::Relaxed).to_string(),
-        );
-        let name = "k8s4r_manager_reconcile_duration_seconds";
-        let _ = writeln!(out, "# HELP {name} Reconcile duration.\n# TYPE {name} histogram");
-        for (c, m) in CONTROLLERS.iter().zip(&self.controllers) {
-            m.duration.render(&mut out, name, &format!("controller=\"{c}\""));
-        }
-        let simple = [
-            (
-                "k8s4r_manager_scheduling_decisions_total",
-                "counter",
-                "Tasks placed on a robot.",
-                self.decisions.load(Ordering::Relaxed) as i64,
-            ),
-            (
-                "k8s4r_manager_scheduling_failures_total",
-                "counter",
-                "Scheduling attempts that found no robot.",
-                self.unschedulable.load(Ordering::Relaxed) as i64,
-            ),
-            (
-                "k8s4r_manager_tasks_waiting",
-                "gauge",
-                "Tasks waiting for a robot that fits.",
-                self.waiting.load(Ordering::Relaxed),
-            ),
-            (
-                "k8s4r_manager_leader",
-                "gauge",
-                "1 when this replica holds the leader Lease.",
-                i64::from(self.leader.load(Ordering::Relaxed)),
-            ),
-        ];
-        for (name, kind, help, value) in simple {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
-        }
-        let name = "k8s4r_manager_scheduling_latency_seconds";
-        let _ = writeln!(
-            out,
-            "# HELP {name} From a task becoming schedulable to its placement.\n# TYPE {name} histogram"
-        );
-        self.scheduling_latency.render(&mut out, name, "");
-        out
+    /// How many tasks wait for a robot that fits.
+    pub fn set_waiting(&self, n: usize) {
+        self.waiting.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// One placement, `took` after the task became schedulable.
+    pub fn scheduled(&self, took: Duration) {
+        metrics::observe(&self.scheduling_latency, took);
+    }
+
+    /// Records whether this replica holds the leader Lease.
+    pub fn set_leader(&self, leading: bool) {
+        self.leading.store(leading, Ordering::Relaxed);
+        self.leader.set(i64::from(leading));
+    }
+
+    /// Whether this replica holds the leader Lease.
+    pub fn is_leader(&self) -> bool {
+        self.leading.load(Ordering::Relaxed)
+    }
+
+    /// Records whether this replica does its job: standing by for the
+    /// Lease, or leading with its caches filled and the controllers running.
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::Relaxed);
+    }
+
+    /// See [`Metrics::set_ready`].
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
     }
 }
 
-/// Serves `/metrics`, `/healthz` and `/readyz` until `shutdown`.
-pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>, shutdown: CancellationToken) -> Result<()> {
-    let app = Router::new()
-        .route(
-            "/metrics",
-            get(|State(m): State<Arc<Metrics>>| async move { m.render() }),
-        )
-        .route("/healthz", get(|| async { "ok" }))
-        .route(
-            "/readyz",
-            get(|State(m): State<Arc<Metrics>>| async move {
-                if m.ready.load(Ordering::Relaxed) {
-                    (StatusCode::OK, "ready")
-                } else {
-                    (StatusCode::SERVICE_UNAVAILABLE, "not ready")
-                }
-            }),
-        )
-        .with_state(metrics);
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|source| Error::Metrics { addr, source })?;
-    tracing::info!(addr = %listener.local_addr().unwrap_or(addr), "serving /metrics, /healthz, /readyz");
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
-        .map_err(|source| Error::Metrics { addr, source })
+impl Health for Metrics {
+    fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    fn ready(&self) -> Result<(), &'static str> {
+        if self.is_ready() {
+            Ok(())
+        } else {
+            Err("waiting for the Lease or for the caches to fill")
+        }
+    }
 }
 
 #[cfg(test)]
@@ -221,15 +199,32 @@ mod tests {
     #[test]
     fn renders_every_family() {
         let m = Metrics::default();
-        m.controller("task").reconciles.fetch_add(3, Ordering::Relaxed);
-        m.controller("task").duration.observe(Duration::from_millis(20));
-        m.scheduling_latency.observe(Duration::from_millis(2));
+        m.controller("task").reconciles.inc_by(3);
+        metrics::observe(&m.controller("task").duration, Duration::from_millis(20));
+        m.scheduled(Duration::from_millis(2));
         let text = m.render();
-        assert!(text.contains("k8s4r_manager_reconciles_total{controller=\"task\"} 3"));
-        assert!(text
-            .contains("k8s4r_manager_reconcile_duration_seconds_bucket{controller=\"task\",le=\"0.025\"} 1"));
-        assert!(text.contains("k8s4r_manager_reconcile_duration_seconds_count{controller=\"task\"} 1"));
-        assert!(text.contains("k8s4r_manager_scheduling_latency_seconds_bucket{le=\"0.005\"} 1"));
-        assert!(text.contains("k8s4r_manager_leader 0"));
+        assert!(
+            text.contains("k8s4r_manager_reconciles_total{controller=\"task\"} 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("k8s4r_manager_reconciles_total{controller=\"robot\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "k8s4r_manager_reconcile_duration_seconds_bucket{le=\"0.025\",controller=\"task\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("k8s4r_manager_reconcile_duration_seconds_count{controller=\"task\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("k8s4r_manager_scheduling_latency_seconds_bucket{le=\"0.005\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("k8s4r_manager_leader 0"), "{text}");
     }
 }

@@ -3,15 +3,17 @@
 //! Plain data in, a decision out. The controller turns Robots into
 //! [`RobotFacts`] once per change (not once per decision), keeps what is
 //! already assigned in a [`crate::ledger::Ledger`], and asks [`choose`] for
-//! each task. Filters run first (phase, cordon, selector, constraints,
-//! driver, free CPU and memory); among the robots left, the tasks of one
-//! group spread across robots first, then the least allocated robot wins.
+//! each task. Filters run first (phase, cordon, whether the robot takes
+//! tasks at all, selector, constraints, driver, the robot's task policy,
+//! its task limit, free CPU, memory and disk); among the robots left, the
+//! tasks of one group spread across robots first, then the least allocated
+//! robot wins.
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
-use k8s4r_api::{Constraint, LabelSelector, RobotPhase};
+use k8s4r_api::{Constraint, LabelSelector, RobotPhase, TaskPolicy};
 
 /// What the scheduler needs to know about one robot.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -33,6 +35,16 @@ pub struct RobotFacts {
     pub cpu_milli: Option<u64>,
     /// Memory capacity in bytes; `None` as for CPU.
     pub memory_bytes: Option<u64>,
+    /// The robot says it takes tasks (its `AcceptingTasks` condition is not
+    /// False); when it does not, why.
+    pub refusing: Option<String>,
+    /// The most tasks it runs at once; `None` when it reported no limit.
+    pub max_tasks: Option<u32>,
+    /// Its disk budget for task directories, in bytes; `None` as for CPU.
+    pub disk_bytes: Option<u64>,
+    /// Who it lets tasks run as; `None` for an agent that does not say (no
+    /// policy filter then: the agent still refuses what it does not allow).
+    pub policy: Option<TaskPolicy>,
 }
 
 impl RobotFacts {
@@ -46,13 +58,19 @@ impl RobotFacts {
     }
 }
 
-/// CPU and memory one task asks for.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// What one task asks of a robot: CPU, memory, disk, and who it runs as.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Demand {
     /// Millicores.
     pub cpu_milli: u64,
     /// Bytes.
     pub memory_bytes: u64,
+    /// Bytes of disk for its directory.
+    pub disk_bytes: u64,
+    /// The user it names, if any.
+    pub user: Option<String>,
+    /// The supplementary groups it names.
+    pub groups: Vec<String>,
 }
 
 /// What is already assigned to one robot.
@@ -62,6 +80,8 @@ pub struct Usage {
     pub cpu_milli: u64,
     /// Bytes requested by its tasks.
     pub memory_bytes: u64,
+    /// Disk bytes requested by its tasks.
+    pub disk_bytes: u64,
     /// Number of tasks.
     pub tasks: u32,
     /// Tasks per spread group (see [`Request::group`]).
@@ -95,16 +115,24 @@ pub enum Rejection {
     NotApproved,
     /// `spec.unschedulable`.
     Cordoned,
+    /// It says it takes no task now (disk full, supervisor failing, ...).
+    NotAccepting,
     /// The robot selector does not match its labels.
     Selector,
     /// A constraint does not admit it.
     Constraint,
     /// It does not offer the task's driver.
     Driver,
+    /// Its task policy refuses the task's user or groups.
+    Policy,
+    /// It runs as many tasks as it allows.
+    TaskLimit,
     /// Not enough free CPU.
     Cpu,
     /// Not enough free memory.
     Memory,
+    /// Not enough of its disk budget left.
+    Disk,
 }
 
 impl Rejection {
@@ -113,11 +141,15 @@ impl Rejection {
             Rejection::Offline => "offline",
             Rejection::NotApproved => "not approved",
             Rejection::Cordoned => "unschedulable",
+            Rejection::NotAccepting => "not accepting tasks",
             Rejection::Selector => "don't match selector",
             Rejection::Constraint => "don't meet constraints",
             Rejection::Driver => "lack the driver",
+            Rejection::Policy => "don't allow the task's user or groups",
+            Rejection::TaskLimit => "at their task limit",
             Rejection::Cpu => "insufficient cpu",
             Rejection::Memory => "insufficient memory",
+            Rejection::Disk => "insufficient disk",
         }
     }
 }
@@ -156,6 +188,9 @@ pub fn check(robot: &RobotFacts, request: &Request<'_>, usage: Option<&Usage>) -
     if robot.unschedulable {
         return Err(Rejection::Cordoned);
     }
+    if robot.refusing.is_some() {
+        return Err(Rejection::NotAccepting);
+    }
     if let Some(selector) = request.selector {
         if !selector.matches(&robot.labels) {
             return Err(Rejection::Selector);
@@ -171,6 +206,21 @@ pub fn check(robot: &RobotFacts, request: &Request<'_>, usage: Option<&Usage>) -
     if !robot.drivers.iter().any(|d| d == request.driver) {
         return Err(Rejection::Driver);
     }
+    if let Some(policy) = &robot.policy {
+        let demand = &request.demand;
+        let root = demand.user.as_deref() == Some("root");
+        if policy
+            .refusal(demand.user.as_deref(), &demand.groups, root)
+            .is_some()
+        {
+            return Err(Rejection::Policy);
+        }
+    }
+    if let Some(max) = robot.max_tasks {
+        if usage.map_or(0, |u| u.tasks) >= max {
+            return Err(Rejection::TaskLimit);
+        }
+    }
     let (cpu_used, memory_used) = usage.map_or((0, 0), |u| (u.cpu_milli, u.memory_bytes));
     if let Some(cap) = robot.cpu_milli {
         if cpu_used.saturating_add(request.demand.cpu_milli) > cap {
@@ -180,6 +230,12 @@ pub fn check(robot: &RobotFacts, request: &Request<'_>, usage: Option<&Usage>) -
     if let Some(cap) = robot.memory_bytes {
         if memory_used.saturating_add(request.demand.memory_bytes) > cap {
             return Err(Rejection::Memory);
+        }
+    }
+    if let Some(cap) = robot.disk_bytes {
+        let used = usage.map_or(0, |u| u.disk_bytes);
+        if used.saturating_add(request.demand.disk_bytes) > cap {
+            return Err(Rejection::Disk);
         }
     }
     Ok(())
@@ -301,6 +357,7 @@ pub(crate) mod tests {
         Usage {
             cpu_milli: cpu,
             memory_bytes: mem,
+            disk_bytes: 0,
             tasks,
             per_group: group.iter().map(|(g, n)| (g.to_string(), *n)).collect(),
         }
@@ -384,6 +441,7 @@ pub(crate) mod tests {
             demand: Demand {
                 cpu_milli: 1000,
                 memory_bytes: 1 << 30,
+                ..Demand::default()
             },
             ..request("g")
         };
@@ -403,6 +461,71 @@ pub(crate) mod tests {
         assert_eq!(
             check(&unlimited, &req, Some(&usage(99_000, 99 << 30, 99, &[]))),
             Ok(())
+        );
+    }
+
+    #[test]
+    fn a_robot_that_takes_no_task_gets_none() {
+        let mut r = robot("a");
+        r.refusing = Some("DiskFull: the disk holding /var/lib/k8s4r is full".into());
+        assert_eq!(check(&r, &request("g"), None), Err(Rejection::NotAccepting));
+        let robots = [r, robot("b")];
+        assert_eq!(choose(&robots, &request("g"), |_| None).unwrap().name, "b");
+        let nofit = choose(&robots[..1], &request("g"), |_| None).unwrap_err();
+        assert_eq!(nofit.to_string(), "0/1 robots: 1 not accepting tasks");
+    }
+
+    #[test]
+    fn the_task_limit_and_the_disk_budget_are_respected() {
+        let mut r = robot("a");
+        r.max_tasks = Some(2);
+        r.disk_bytes = Some(100 << 20);
+        let req = Request {
+            demand: Demand {
+                disk_bytes: 30 << 20,
+                ..Demand::default()
+            },
+            ..request("g")
+        };
+        let mut used = usage(0, 0, 1, &[]);
+        used.disk_bytes = 70 << 20;
+        assert_eq!(check(&r, &req, Some(&used)), Ok(()));
+        used.disk_bytes += 1;
+        assert_eq!(check(&r, &req, Some(&used)), Err(Rejection::Disk));
+        assert_eq!(
+            check(&r, &req, Some(&usage(0, 0, 2, &[]))),
+            Err(Rejection::TaskLimit)
+        );
+        r.max_tasks = None;
+        r.disk_bytes = None;
+        assert_eq!(check(&r, &req, Some(&usage(0, 0, 999, &[]))), Ok(()));
+    }
+
+    #[test]
+    fn the_robots_policy_filters_users_and_groups() {
+        let mut r = robot("a");
+        r.policy = Some(TaskPolicy {
+            allowed_users: vec!["robot".into()],
+            allowed_groups: vec!["dialout".into()],
+            ..TaskPolicy::default()
+        });
+        let wants = |user: Option<&str>, groups: &[&str]| Request {
+            demand: Demand {
+                user: user.map(Into::into),
+                groups: groups.iter().map(|g| (*g).to_owned()).collect(),
+                ..Demand::default()
+            },
+            ..request("g")
+        };
+        assert_eq!(check(&r, &wants(None, &["dialout"]), None), Ok(()));
+        assert_eq!(check(&r, &wants(Some("robot"), &[]), None), Ok(()));
+        assert_eq!(check(&r, &wants(Some("root"), &[]), None), Err(Rejection::Policy));
+        assert_eq!(check(&r, &wants(None, &["video"]), None), Err(Rejection::Policy));
+        r.policy = None;
+        assert_eq!(
+            check(&r, &wants(Some("root"), &["video"]), None),
+            Ok(()),
+            "an agent that reports none"
         );
     }
 
@@ -434,7 +557,7 @@ pub(crate) mod tests {
         let req = Request {
             demand: Demand {
                 cpu_milli: 500,
-                memory_bytes: 0,
+                ..Demand::default()
             },
             ..request("g")
         };

@@ -197,27 +197,33 @@ async fn failed_attempts_are_retried_with_backoff_then_fail_for_good() {
 }
 
 #[tokio::test]
-async fn an_unacknowledged_dispatch_moves_to_another_robot() {
-    let mut cfg = config();
-    cfg.lifecycle.dispatch_timeout = Duration::from_millis(500);
-    let (env, manager) = start(cfg).await;
+async fn an_unacknowledged_dispatch_moves_to_another_robot_once_fenced() {
+    let (env, manager) = start(config()).await;
     let c = &env.client;
     robot("a").create(c).await;
     robot("b").create(c).await;
-    create_job(c, "ack", None, vec![group("g", 1)]).await;
+    // The robot that got the dispatch goes quiet: it may have taken it, so
+    // it is fenced (stopAfter 5 s + kill timeout 1 s after it was last
+    // heard from) before the attempt moves.
+    let mut fenced = group("g", 1);
+    fenced.disconnect = Some(k8s4r_api::DisconnectPolicy {
+        stop_after: Some("5s".into()),
+        ..Default::default()
+    });
+    fenced.task.kill_timeout = Some("1s".into());
+    create_job(c, "ack", None, vec![fenced]).await;
     let first = task_where(c, "ack-g-0", "attempt 1", |t| dispatching_on(t).is_some()).await;
     let first_robot = dispatching_on(&first).unwrap().to_owned();
-    let t = task_where(c, "ack-g-0", "attempt 2", |t| {
-        dispatching_on(t).is_some() && t.status.as_ref().unwrap().attempt == 2
+    let other = if first_robot == "a" { "b" } else { "a" };
+    let t = eventually(WAIT, "attempt 2 dispatched", || async {
+        heartbeat(c, other).await;
+        let t = task(c, "ack-g-0").await?;
+        (dispatching_on(&t).is_some() && t.status.as_ref()?.attempt == 2).then_some(t)
     })
     .await;
     let status = t.status.as_ref().unwrap();
-    assert_eq!(status.attempts[0].reason, Some(TaskReason::DispatchTimeout));
-    assert_ne!(
-        dispatching_on(&t),
-        Some(first_robot.as_str()),
-        "the silent robot is avoided"
-    );
+    assert_eq!(status.attempts[0].reason, Some(TaskReason::RobotLost));
+    assert_eq!(dispatching_on(&t), Some(other), "the silent robot is avoided");
     manager.stop().await;
 }
 
@@ -226,7 +232,14 @@ async fn tasks_of_an_offline_robot_are_lost_and_rescheduled() {
     let (env, manager) = start(config()).await;
     let c = &env.client;
     robot("a").create(c).await;
-    create_job(c, "lost", None, vec![group("g", 1)]).await;
+    // Fenced 5 s (stopAfter) + 1 s (kill timeout) after robot a was last heard.
+    let mut fenced = group("g", 1);
+    fenced.disconnect = Some(k8s4r_api::DisconnectPolicy {
+        stop_after: Some("5s".into()),
+        ..Default::default()
+    });
+    fenced.task.kill_timeout = Some("1s".into());
+    create_job(c, "lost", None, vec![fenced]).await;
     task_where(c, "lost-g-0", "dispatched to a", |t| {
         dispatching_on(t) == Some("a")
     })
@@ -417,12 +430,7 @@ async fn two_managers_elect_one_leader_and_fail_over() {
     };
     let one = Manager::start(c, leader_cfg("one"));
     let two = Manager::start(c, leader_cfg("two"));
-    let leaders = || {
-        [&one, &two]
-            .iter()
-            .filter(|m| m.metrics.leader.load(std::sync::atomic::Ordering::Relaxed))
-            .count()
-    };
+    let leaders = || [&one, &two].iter().filter(|m| m.metrics.is_leader()).count();
     eventually(WAIT, "a leader", || async { (leaders() == 1).then_some(()) }).await;
     robot("r").create(c).await;
     create_job(c, "le", None, vec![group("g", 1)]).await;
@@ -432,7 +440,7 @@ async fn two_managers_elect_one_leader_and_fail_over() {
     .await;
     assert_eq!(leaders(), 1, "never two");
 
-    let (leader, follower) = if one.metrics.leader.load(std::sync::atomic::Ordering::Relaxed) {
+    let (leader, follower) = if one.metrics.is_leader() {
         (one, two)
     } else {
         (two, one)
@@ -440,21 +448,13 @@ async fn two_managers_elect_one_leader_and_fail_over() {
     // A follower standing by passes its readiness probe, or a rolling
     // update of the Deployment would wait for it forever.
     eventually(WAIT, "the follower to be ready", || async {
-        follower
-            .metrics
-            .ready
-            .load(std::sync::atomic::Ordering::Relaxed)
-            .then_some(())
+        follower.metrics.is_ready().then_some(())
     })
     .await;
-    assert!(leader.metrics.ready.load(std::sync::atomic::Ordering::Relaxed));
+    assert!(leader.metrics.is_ready());
     leader.stop().await;
     eventually(WAIT, "the follower takes over", || async {
-        follower
-            .metrics
-            .leader
-            .load(std::sync::atomic::Ordering::Relaxed)
-            .then_some(())
+        follower.metrics.is_leader().then_some(())
     })
     .await;
     create_job(c, "le2", None, vec![group("g", 1)]).await;

@@ -5,13 +5,14 @@ use std::sync::Arc;
 
 use jiff::Timestamp;
 use k8s4r_api::condition::set_condition;
+use k8s4r_api::names::CONDITION_FAILED;
 use k8s4r_api::names::LABEL_JOB;
 use k8s4r_api::validation::validate_job_spec;
 use k8s4r_api::{
     Condition, ConditionStatus, Job, JobSpec, JobStatus, TaskGroup, TaskGroupSpec, TaskGroupTemplate,
     WorkState,
 };
-use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use kube::api::{DeleteParams, ObjectMeta};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
@@ -73,10 +74,7 @@ pub fn desired_groups(job_name: &str, spec: &JobSpec) -> BTreeMap<String, TaskGr
 
 fn ignore(code: u16, result: Result<()>) -> Result<()> {
     match result {
-        Err(Error::Kube {
-            source: kube::Error::Api(s),
-            ..
-        }) if s.code == code => Ok(()),
+        Err(Error::Api(e)) if e.code() == Some(code) => Ok(()),
         other => other,
     }
 }
@@ -87,8 +85,8 @@ async fn reconcile_job(job: &Job, ctx: &Context) -> Result<Action> {
     }
     let ns = job.namespace().unwrap_or_default();
     let name = job.name_any();
-    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &ns);
-    let groups_api: Api<TaskGroup> = Api::namespaced(ctx.client.clone(), &ns);
+    let jobs: Api<Job> = Api::namespaced(ctx.client(), &ns);
+    let groups_api: Api<TaskGroup> = Api::namespaced(ctx.client(), &ns);
 
     if let Err(errors) = validate_job_spec(&job.spec) {
         let previous = job.status.clone().unwrap_or_default();
@@ -99,10 +97,15 @@ async fn reconcile_job(job: &Job, ctx: &Context) -> Result<Action> {
         };
         set_condition(
             &mut status.conditions,
-            Condition::new("Failed", ConditionStatus::True, "InvalidSpec", errors.to_string()),
+            Condition::new(
+                CONDITION_FAILED,
+                ConditionStatus::True,
+                "InvalidSpec",
+                errors.to_string(),
+            ),
         );
         if status != previous {
-            ctx.patch_status(&jobs, "Job", &name, None, &status).await?;
+            ctx.patch_status(&jobs, &name, None, &status).await?;
             ctx.event(job, EventType::Warning, "InvalidSpec", errors.to_string());
         }
         return Ok(Action::await_change());
@@ -130,12 +133,7 @@ async fn reconcile_job(job: &Job, ctx: &Context) -> Result<Action> {
                     status: None,
                 };
                 let created = ctx
-                    .api(
-                        "create",
-                        "TaskGroup",
-                        group,
-                        groups_api.create(&PostParams::default(), &obj),
-                    )
+                    .api::<TaskGroup, _>("create", group, groups_api.create(&ctx.kube.post_params(), &obj))
                     .await
                     .map(|_| ());
                 ignore(409, created)?;
@@ -143,11 +141,10 @@ async fn reconcile_job(job: &Job, ctx: &Context) -> Result<Action> {
             Some(existing) if existing.spec != *spec => {
                 let mut updated = (*existing).clone();
                 updated.spec = spec.clone();
-                ctx.api(
+                ctx.api::<TaskGroup, _>(
                     "update",
-                    "TaskGroup",
                     group,
-                    groups_api.replace(group, &PostParams::default(), &updated),
+                    groups_api.replace(group, &ctx.kube.post_params(), &updated),
                 )
                 .await?;
             }
@@ -168,9 +165,8 @@ async fn reconcile_job(job: &Job, ctx: &Context) -> Result<Action> {
         .collect();
     for group in stale {
         let deleted = ctx
-            .api(
+            .api::<TaskGroup, _>(
                 "delete",
-                "TaskGroup",
                 &group,
                 groups_api.delete(&group, &DeleteParams::background()),
             )
@@ -204,7 +200,7 @@ async fn reconcile_job(job: &Job, ctx: &Context) -> Result<Action> {
     let previous = job.status.as_ref();
     let status = job_status(&views, previous, job.meta().generation, Timestamp::now());
     if previous != Some(&status) {
-        ctx.patch_status(&jobs, "Job", &name, None, &status).await?;
+        ctx.patch_status(&jobs, &name, None, &status).await?;
         let was_finished = previous.and_then(|p| p.state).is_some_and(WorkState::is_finished);
         match status.state {
             Some(WorkState::Completed) if !was_finished => ctx.event(

@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use jiff::Timestamp;
 use k8s4r_api::condition::{find_condition, set_condition};
+use k8s4r_api::names::{CONDITION_APPROVED, CONDITION_CONNECTED, CONDITION_READY};
 use k8s4r_api::{Condition, ConditionStatus, Quantity, Robot, RobotPhase, RobotResources};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
@@ -55,9 +57,9 @@ pub fn sha256_hex(data: &[u8]) -> String {
 }
 
 async fn known_token_hashes(ctx: &Context) -> Result<Option<Vec<String>>> {
-    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.config.namespace);
+    let api: Api<Secret> = Api::namespaced(ctx.client(), &ctx.config.namespace);
     let name = &ctx.config.bootstrap_secret;
-    let secret = ctx.api("read", "Secret", name, api.get_opt(name)).await?;
+    let secret = ctx.api::<Secret, _>("read", name, api.get_opt(name)).await?;
     // `stringData` is folded into `data` by a real API server; read both in
     // case one stores it as written.
     Ok(secret.map(|s| {
@@ -71,19 +73,23 @@ async fn known_token_hashes(ctx: &Context) -> Result<Option<Vec<String>>> {
     }))
 }
 
-fn liveness_of(ctx: &Context, robot: &Robot) -> Liveness {
-    let status = robot.status.clone().unwrap_or_default();
-    let lease = ctx
-        .stores
+/// The robot's Lease, as last watched.
+pub(crate) fn robot_lease(ctx: &Context, robot: &str) -> Option<Arc<Lease>> {
+    ctx.stores
         .leases
-        .get(&ObjectRef::new(&robot.name_any()).within(&ctx.config.robot_lease_namespace));
+        .get(&ObjectRef::new(robot).within(&ctx.config.robot_lease_namespace))
+}
+
+/// What the cluster recorded of the robot's signs of life.
+pub(crate) fn liveness_of(robot: &Robot, lease: Option<&Lease>) -> Liveness {
+    let status = robot.status.clone().unwrap_or_default();
     Liveness {
         last_heartbeat: status.last_heartbeat_time,
         lease_renew: lease
             .and_then(|l| l.spec.as_ref().and_then(|s| s.renew_time.clone()))
             .map(|t| t.0),
         last_registration: status.last_registration_time,
-        connected: find_condition(&status.conditions, "Connected")
+        connected: find_condition(&status.conditions, CONDITION_CONNECTED)
             .map(|c| (c.status, c.last_transition_time)),
     }
 }
@@ -103,7 +109,7 @@ async fn reconcile_robot(robot: &Robot, ctx: &Context) -> Result<Action> {
         return Ok(Action::await_change());
     }
     let name = robot.name_any();
-    let api: Api<Robot> = Api::all(ctx.client.clone());
+    let api: Api<Robot> = Api::all(ctx.client());
     let status = robot.status.clone().unwrap_or_default();
     let mut patch = RobotStatusPatch::default();
     let mut conditions = status.conditions.clone();
@@ -126,12 +132,17 @@ async fn reconcile_robot(robot: &Robot, ctx: &Context) -> Result<Action> {
                     patch.phase = Some(RobotPhase::Online);
                     set_condition(
                         &mut conditions,
-                        Condition::new("Approved", ConditionStatus::True, "Approved", message.clone()),
+                        Condition::new(
+                            CONDITION_APPROVED,
+                            ConditionStatus::True,
+                            "Approved",
+                            message.clone(),
+                        ),
                     );
                     set_condition(
                         &mut conditions,
                         Condition::new(
-                            "Ready",
+                            CONDITION_READY,
                             ConditionStatus::True,
                             "Registered",
                             "registered and approved",
@@ -147,7 +158,12 @@ async fn reconcile_robot(robot: &Robot, ctx: &Context) -> Result<Action> {
                         patch.phase = Some(RobotPhase::Rejected);
                         set_condition(
                             &mut conditions,
-                            Condition::new("Approved", ConditionStatus::False, "Rejected", message.clone()),
+                            Condition::new(
+                                CONDITION_APPROVED,
+                                ConditionStatus::False,
+                                "Rejected",
+                                message.clone(),
+                            ),
                         );
                         event = Some((EventType::Warning, "Rejected", message.clone()));
                         patch.message = Some(message);
@@ -165,14 +181,14 @@ async fn reconcile_robot(robot: &Robot, ctx: &Context) -> Result<Action> {
             }
         }
         Some(phase @ (RobotPhase::Online | RobotPhase::Offline)) => {
-            let live = liveness_of(ctx, robot);
+            let live = liveness_of(robot, robot_lease(ctx, &robot.name_any()).as_deref());
             match verdict(phase, &live, Timestamp::now(), &ctx.config.liveness) {
                 Verdict::Stay(after) => requeue = after,
                 Verdict::Offline { reason, message } => {
                     patch.phase = Some(RobotPhase::Offline);
                     set_condition(
                         &mut conditions,
-                        Condition::new("Ready", ConditionStatus::False, reason, message.clone()),
+                        Condition::new(CONDITION_READY, ConditionStatus::False, reason, message.clone()),
                     );
                     event = Some((EventType::Warning, "Offline", message.clone()));
                     patch.message = Some(message);
@@ -181,7 +197,7 @@ async fn reconcile_robot(robot: &Robot, ctx: &Context) -> Result<Action> {
                     patch.phase = Some(RobotPhase::Online);
                     set_condition(
                         &mut conditions,
-                        Condition::new("Ready", ConditionStatus::True, reason, message.clone()),
+                        Condition::new(CONDITION_READY, ConditionStatus::True, reason, message.clone()),
                     );
                     event = Some((EventType::Normal, "Online", message.clone()));
                     patch.message = Some(message);
@@ -206,7 +222,7 @@ async fn reconcile_robot(robot: &Robot, ctx: &Context) -> Result<Action> {
         } else {
             None
         };
-        ctx.patch_status(&api, "Robot", &name, version, &patch).await?;
+        ctx.patch_status(&api, &name, version, &patch).await?;
         if let Some((kind, reason, note)) = event {
             tracing::info!(robot = %name, reason, %note, "robot phase");
             ctx.event(robot, kind, reason, note);

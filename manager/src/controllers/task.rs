@@ -1,14 +1,14 @@
 //! TaskController: places pending Tasks on robots and carries each attempt
 //! through its lifecycle (see [`crate::lifecycle`]).
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use jiff::{SignedDuration, Timestamp};
+use jiff::Timestamp;
 use k8s4r_api::condition::{find_condition, set_condition};
+use k8s4r_api::names::CONDITION_SCHEDULED;
 use k8s4r_api::validation::validate_task_spec;
-use k8s4r_api::{AttemptRecord, Condition, ConditionStatus, RobotPhase, Task, TaskReason, TaskState};
+use k8s4r_api::{AttemptRecord, Condition, ConditionStatus, Task, TaskReason, TaskState};
 use kube::api::Patch;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
@@ -17,11 +17,13 @@ use kube::{Api, ResourceExt};
 use serde::Serialize;
 use tracing::instrument;
 
-use super::{demand_of, group_of, key_of, patch_params, Context};
+use super::robot::{liveness_of, robot_lease};
+use super::{demand_of, group_of, key_of, Context};
 use crate::error::{Error, Result};
 use crate::ledger::Placement;
-use crate::lifecycle::{next_step, RobotHealth, Step};
+use crate::lifecycle::{next_step, plus, RobotHealth, Step};
 use crate::scheduler::{choose, Request};
+use k8s4r_service::patch::Guarded;
 
 /// How long a task that found no robot waits before looking again on its
 /// own; robot changes wake it much sooner.
@@ -50,6 +52,10 @@ pub struct TaskStatusPatch {
     #[serde(skip_serializing_if = "Option::is_none")]
     dispatch_time: Option<Option<Timestamp>>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    dispatch_deadline: Option<Option<Timestamp>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    observed_running_time: Option<Option<Timestamp>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     start_time: Option<Option<Timestamp>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     finish_time: Option<Option<Timestamp>>,
@@ -61,19 +67,6 @@ pub struct TaskStatusPatch {
     attempts: Option<Vec<AttemptRecord>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     conditions: Option<Vec<Condition>>,
-}
-
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-struct SpecPatch<'a> {
-    metadata: Versioned<'a>,
-    spec: TargetRobot<'a>,
-}
-
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-struct Versioned<'a> {
-    resource_version: &'a str,
 }
 
 #[derive(Debug, Serialize)]
@@ -98,29 +91,50 @@ fn robot_health(ctx: &Context, robot: Option<&str>) -> RobotHealth {
     let Some(name) = robot else {
         return RobotHealth::Missing;
     };
+    let lease = robot_lease(ctx, name);
     let Some(robot) = ctx.stores.robots.get(&ObjectRef::new(name)) else {
-        return RobotHealth::Missing;
+        // A deleted Robot's agent may still run the attempt: while its Lease
+        // tells when it was last heard, fence from that.
+        return match lease.as_ref().and_then(|l| l.spec.as_ref()?.renew_time.clone()) {
+            Some(renewed) => RobotHealth::Known {
+                last_heard: Some(renewed.0),
+                record_lag: record_lag(lease.as_deref(), ctx),
+            },
+            None => RobotHealth::Missing,
+        };
     };
-    let status = robot.status.as_ref();
-    match status.and_then(|s| s.phase) {
-        Some(RobotPhase::Offline) => {
-            let since = status
-                .and_then(|s| find_condition(&s.conditions, "Ready"))
-                .filter(|c| c.status == ConditionStatus::False)
-                .and_then(|c| c.last_transition_time);
-            RobotHealth::Offline(since)
-        }
-        Some(RobotPhase::Rejected) => RobotHealth::Offline(None),
-        _ => RobotHealth::Up,
+    RobotHealth::Known {
+        last_heard: liveness_of(&robot, lease.as_deref()).last_seen(),
+        record_lag: record_lag(lease.as_deref(), ctx),
     }
 }
 
+/// How stale the record of a robot's last contact may be: the server renews
+/// a Lease at most every leaseDurationSeconds / 3.
+fn record_lag(lease: Option<&k8s_openapi::api::coordination::v1::Lease>, ctx: &Context) -> Duration {
+    lease
+        .and_then(|l| l.spec.as_ref()?.lease_duration_seconds)
+        .map_or(ctx.config.lifecycle.unleased_record_lag, |s| {
+            Duration::from_secs(u64::try_from(s).unwrap_or(0) / 3)
+        })
+}
+
 fn publish_progress(ctx: &Context, task: &Task) {
-    let Some((attempt, state)) = ctx.progress(task) else {
+    let Some((attempt, state, seen_running)) = ctx.progress(task) else {
         return;
     };
     let status = task.status.clone().unwrap_or_default();
     let robot = status.robot.clone().unwrap_or_default();
+    // An attempt that ran is Started in `kubectl describe` even when it was
+    // over before this controller looked.
+    if state.is_terminal() && !seen_running && status.start_time.is_some() {
+        ctx.event(
+            task,
+            EventType::Normal,
+            "Started",
+            format!("attempt {attempt} started on robot {robot}"),
+        );
+    }
     match state {
         TaskState::Running => ctx.event(
             task,
@@ -192,7 +206,7 @@ fn names(task: &Task) -> Result<(String, String)> {
 
 async fn schedule(task: &Task, ctx: &Context, now: Timestamp) -> Result<Action> {
     let (ns, name) = names(task)?;
-    let api: Api<Task> = Api::namespaced(ctx.client.clone(), &ns);
+    let api: Api<Task> = Api::namespaced(ctx.client(), &ns);
     let status = task.status.clone().unwrap_or_default();
     if let Err(errors) = validate_task_spec(&task.spec) {
         let patch = TaskStatusPatch {
@@ -202,7 +216,7 @@ async fn schedule(task: &Task, ctx: &Context, now: Timestamp) -> Result<Action> 
             finish_time: Some(Some(now)),
             ..TaskStatusPatch::default()
         };
-        ctx.patch_status(&api, "Task", &name, task.resource_version(), patch)
+        ctx.patch_status(&api, &name, task.resource_version(), patch)
             .await?;
         ctx.event(task, EventType::Warning, "InvalidSpec", errors.to_string());
         return Ok(Action::await_change());
@@ -214,7 +228,20 @@ async fn schedule(task: &Task, ctx: &Context, now: Timestamp) -> Result<Action> 
     let avoid = status
         .attempts
         .last()
-        .filter(|a| a.reason == Some(TaskReason::DispatchTimeout))
+        // A robot that lost the last attempt (silent, or it never started
+        // it) is not given the next one while another robot fits.
+        .filter(|a| {
+            matches!(
+                a.reason,
+                Some(
+                    TaskReason::DispatchTimeout
+                        | TaskReason::RobotLost
+                        | TaskReason::NotOnRobot
+                        | TaskReason::OverCapacity
+                        | TaskReason::NotPermitted
+                )
+            )
+        })
         .and_then(|a| a.robot.clone());
     let request = Request {
         group: &group,
@@ -253,18 +280,16 @@ async fn schedule(task: &Task, ctx: &Context, now: Timestamp) -> Result<Action> 
                 sched.waiting.insert(obj_ref.clone());
             }
         }
-        ctx.metrics
-            .waiting
-            .store(sched.waiting.len() as i64, Ordering::Relaxed);
+        ctx.metrics.set_waiting(sched.waiting.len());
         outcome
     };
 
     let robot = match decision {
         Ok(robot) => robot,
         Err(nofit) => {
-            ctx.metrics.unschedulable.fetch_add(1, Ordering::Relaxed);
+            ctx.metrics.unschedulable.inc();
             let message = nofit.to_string();
-            let previous = find_condition(&status.conditions, "Scheduled");
+            let previous = find_condition(&status.conditions, CONDITION_SCHEDULED);
             if status.state.is_some() && previous.and_then(|c| c.message.as_deref()) == Some(&message) {
                 return Ok(Action::requeue(UNSCHEDULABLE_RECHECK));
             }
@@ -272,7 +297,7 @@ async fn schedule(task: &Task, ctx: &Context, now: Timestamp) -> Result<Action> 
             set_condition(
                 &mut conditions,
                 Condition::new(
-                    "Scheduled",
+                    CONDITION_SCHEDULED,
                     ConditionStatus::False,
                     "Unschedulable",
                     message.clone(),
@@ -284,7 +309,7 @@ async fn schedule(task: &Task, ctx: &Context, now: Timestamp) -> Result<Action> 
                 conditions: Some(conditions),
                 ..TaskStatusPatch::default()
             };
-            ctx.patch_status(&api, "Task", &name, task.resource_version(), patch)
+            ctx.patch_status(&api, &name, task.resource_version(), patch)
                 .await?;
             ctx.event(task, EventType::Warning, "FailedScheduling", message);
             return Ok(Action::requeue(UNSCHEDULABLE_RECHECK));
@@ -300,13 +325,13 @@ async fn schedule(task: &Task, ctx: &Context, now: Timestamp) -> Result<Action> 
     // controller so its `status.allocated` follows.
     ctx.triggers.robot(&robot);
 
-    ctx.metrics.decisions.fetch_add(1, Ordering::Relaxed);
+    ctx.metrics.decisions.inc();
     let since = status
         .next_attempt_time
         .or_else(|| task.metadata.creation_timestamp.as_ref().map(|t| t.0));
     if let Some(since) = since {
         if let Ok(latency) = Duration::try_from(now.duration_since(since)) {
-            ctx.metrics.scheduling_latency.observe(latency);
+            ctx.metrics.scheduled(latency);
         }
     }
     ctx.event(
@@ -331,26 +356,21 @@ async fn place(
 ) -> Result<()> {
     // The robot first, then `dispatching`: the server acts on the state and
     // must find the new robot already there.
-    let rv = task.resource_version().unwrap_or_default();
-    let spec = SpecPatch {
-        metadata: Versioned {
-            resource_version: &rv,
-        },
-        spec: TargetRobot { target_robot: robot },
-    };
+    let rv = task.resource_version();
+    let target = TargetRobot { target_robot: robot };
+    let spec = Guarded::spec(rv.as_deref(), &target);
     let updated = ctx
-        .api(
+        .api::<Task, _>(
             "set the target robot of",
-            "Task",
             name,
-            api.patch(name, &patch_params(), &Patch::Merge(&spec)),
+            api.patch(name, &ctx.kube.patch_params(), &Patch::Merge(&spec)),
         )
         .await?;
     let mut conditions = status.conditions.clone();
     set_condition(
         &mut conditions,
         Condition::new(
-            "Scheduled",
+            CONDITION_SCHEDULED,
             ConditionStatus::True,
             "Scheduled",
             format!("attempt {attempt} assigned to robot {robot}"),
@@ -362,6 +382,8 @@ async fn place(
         seq: Some(0),
         robot: Some(Some(robot.to_owned())),
         dispatch_time: Some(Some(now)),
+        dispatch_deadline: Some(Some(plus(now, ctx.config.lifecycle.dispatch_timeout))),
+        observed_running_time: Some(None),
         next_attempt_time: Some(None),
         exit_code: Some(None),
         signal: Some(None),
@@ -373,7 +395,7 @@ async fn place(
         conditions: Some(conditions),
         attempts: None,
     };
-    ctx.patch_status(api, "Task", name, updated.resource_version(), patch)
+    ctx.patch_status(api, name, updated.resource_version(), patch)
         .await?;
     Ok(())
 }
@@ -386,7 +408,7 @@ async fn fail(
     now: Timestamp,
 ) -> Result<Action> {
     let (ns, name) = names(task)?;
-    let api: Api<Task> = Api::namespaced(ctx.client.clone(), &ns);
+    let api: Api<Task> = Api::namespaced(ctx.client(), &ns);
     let patch = TaskStatusPatch {
         state: Some(TaskState::Failed),
         reason: Some(Some(reason)),
@@ -394,7 +416,7 @@ async fn fail(
         finish_time: Some(Some(now)),
         ..TaskStatusPatch::default()
     };
-    ctx.patch_status(&api, "Task", &name, task.resource_version(), patch)
+    ctx.patch_status(&api, &name, task.resource_version(), patch)
         .await?;
     let event = match reason {
         TaskReason::RobotLost => "RobotLost",
@@ -408,7 +430,7 @@ async fn fail(
 
 async fn retry(task: &Task, ctx: &Context, delay: Duration, now: Timestamp) -> Result<Action> {
     let (ns, name) = names(task)?;
-    let api: Api<Task> = Api::namespaced(ctx.client.clone(), &ns);
+    let api: Api<Task> = Api::namespaced(ctx.client(), &ns);
     let status = task.status.clone().unwrap_or_default();
     let mut attempts = status.attempts.clone();
     if !attempts.iter().any(|a| a.attempt == status.attempt) {
@@ -421,17 +443,14 @@ async fn retry(task: &Task, ctx: &Context, delay: Duration, now: Timestamp) -> R
             finish_time: status.finish_time.or(Some(now)),
         });
     }
-    let at = SignedDuration::try_from(delay)
-        .ok()
-        .and_then(|d| now.checked_add(d).ok())
-        .unwrap_or(now);
+    let at = plus(now, delay);
     let patch = TaskStatusPatch {
         state: Some(TaskState::Pending),
         next_attempt_time: Some(Some(at)),
         attempts: Some(attempts),
         ..TaskStatusPatch::default()
     };
-    ctx.patch_status(&api, "Task", &name, task.resource_version(), patch)
+    ctx.patch_status(&api, &name, task.resource_version(), patch)
         .await?;
     let why = status
         .reason

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use futures::{stream, TryStreamExt};
 use k8s4r_api::names::{LABEL_GROUP, LABEL_INDEX, LABEL_JOB};
 use k8s4r_api::{Task, TaskGroup, TaskSpec};
-use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use kube::api::{DeleteParams, ObjectMeta};
 use kube::runtime::controller::Action;
 use kube::{Api, Resource, ResourceExt};
 use tracing::instrument;
@@ -59,6 +59,7 @@ pub fn desired_task(group: &TaskGroup, index: i32) -> Result<Task> {
             robot_selector: template.robot_selector.clone(),
             constraints: template.constraints.clone(),
             restart_policy: template.restart_policy.clone(),
+            disconnect: template.disconnect.clone(),
             priority: group.spec.priority,
             target_robot: None,
         },
@@ -80,7 +81,7 @@ async fn reconcile_group(group: &TaskGroup, ctx: &Context) -> Result<Action> {
     let owned: Vec<Arc<Task>> = ctx.stores.tasks.state_filter(|t| {
         t.namespace().as_deref() == Some(ns.as_str()) && t.owner_references().iter().any(|o| o.uid == uid)
     });
-    let api: Api<Task> = Api::namespaced(ctx.client.clone(), &ns);
+    let api: Api<Task> = Api::namespaced(ctx.client(), &ns);
 
     let mut present = vec![false; count as usize];
     let mut extra = Vec::new();
@@ -102,15 +103,12 @@ async fn reconcile_group(group: &TaskGroup, ctx: &Context) -> Result<Action> {
             async move {
                 let name = task.name_any();
                 match ctx
-                    .api("create", "Task", &name, api.create(&PostParams::default(), &task))
+                    .api::<Task, _>("create", &name, api.create(&ctx.kube.post_params(), &task))
                     .await
                 {
                     Ok(_) => Ok(()),
                     // The cache had not seen it yet.
-                    Err(Error::Kube {
-                        source: kube::Error::Api(s),
-                        ..
-                    }) if s.code == 409 => Ok(()),
+                    Err(Error::Api(e)) if e.is_conflict() => Ok(()),
                     Err(e) => Err(e),
                 }
             }
@@ -121,19 +119,11 @@ async fn reconcile_group(group: &TaskGroup, ctx: &Context) -> Result<Action> {
             let api = api.clone();
             async move {
                 match ctx
-                    .api(
-                        "delete",
-                        "Task",
-                        &name,
-                        api.delete(&name, &DeleteParams::background()),
-                    )
+                    .api::<Task, _>("delete", &name, api.delete(&name, &DeleteParams::background()))
                     .await
                 {
                     Ok(_) => Ok(()),
-                    Err(Error::Kube {
-                        source: kube::Error::Api(s),
-                        ..
-                    }) if s.code == 404 => Ok(()),
+                    Err(Error::Api(e)) if e.is_not_found() => Ok(()),
                     Err(e) => Err(e),
                 }
             }
@@ -155,8 +145,8 @@ async fn reconcile_group(group: &TaskGroup, ctx: &Context) -> Result<Action> {
         .collect();
     let status = group_status(count, views, group.status.as_ref(), group.meta().generation);
     if group.status.as_ref() != Some(&status) {
-        let groups: Api<TaskGroup> = Api::namespaced(ctx.client.clone(), &ns);
-        ctx.patch_status(&groups, "TaskGroup", &group.name_any(), None, &status)
+        let groups: Api<TaskGroup> = Api::namespaced(ctx.client(), &ns);
+        ctx.patch_status(&groups, &group.name_any(), None, &status)
             .await?;
     }
     Ok(Action::await_change())

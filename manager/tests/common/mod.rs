@@ -38,6 +38,8 @@ pub fn config() -> ManagerConfig {
     c.liveness.disconnect_grace = Duration::from_millis(200);
     c.lifecycle.dispatch_timeout = Duration::from_secs(120);
     c.lifecycle.robot_lost_grace = Duration::from_millis(200);
+    // The tests write robots' heartbeat times themselves, without lag.
+    c.lifecycle.unleased_record_lag = Duration::ZERO;
     c.lifecycle.backstop_grace = Duration::from_millis(200);
     c
 }
@@ -214,6 +216,15 @@ impl RobotBuilder {
 }
 
 /// Marks a robot disconnected, as the server does on its last will.
+/// What the server does on a heartbeat: records the robot alive now.
+pub async fn heartbeat(client: &Client, name: &str) {
+    let api: Api<Robot> = Api::all(client.clone());
+    let patch = json!({ "status": { "lastHeartbeatTime": Timestamp::now() } });
+    api.patch_status(name, &server_params(), &Patch::Merge(&patch))
+        .await
+        .expect("heartbeat recorded");
+}
+
 pub async fn disconnect(client: &Client, name: &str) {
     let api: Api<Robot> = Api::all(client.clone());
     let robot = api.get(name).await.expect("robot");
@@ -261,7 +272,7 @@ impl GroupExt for TaskGroupTemplate {
     fn cpu(mut self, cpu: &str) -> Self {
         self.task.resources = Some(TaskResources {
             cpu: Some(Quantity::from(cpu)),
-            memory: None,
+            ..TaskResources::default()
         });
         self
     }

@@ -1,0 +1,240 @@
+//! What every reconcile gets: the API client and its timeouts, the shared
+//! caches, the scheduler's state, the triggers into the other controllers,
+//! Events, and the per-object error backoff.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use futures::channel::mpsc::UnboundedSender;
+use k8s4r_api::backoff::exponential;
+use k8s4r_api::{Job, Robot, Task, TaskGroup, TaskState};
+use k8s4r_service::backoff::Failures;
+use k8s4r_service::Kube;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Api, Resource};
+use serde::Serialize;
+
+use crate::config::ManagerConfig;
+use crate::error::{Error, Result};
+use crate::ledger::Ledger;
+use crate::metrics::Metrics;
+use crate::scheduler::RobotFacts;
+
+/// The caches the controllers read instead of asking the API server.
+#[derive(Clone)]
+pub struct Stores {
+    /// Every Task.
+    pub tasks: Store<Task>,
+    /// Every TaskGroup.
+    pub groups: Store<TaskGroup>,
+    /// Every Robot.
+    pub robots: Store<Robot>,
+    /// The robots' Leases.
+    pub leases: Store<Lease>,
+}
+
+/// The scheduler's state: one lock, held only for in-memory work.
+#[derive(Debug, Default)]
+pub struct SchedState {
+    /// What is assigned where.
+    pub ledger: Ledger,
+    /// What the scheduler knows of each robot, by name.
+    pub robots: BTreeMap<String, RobotFacts>,
+    /// Tasks that found no robot; reconsidered when robots or capacity change.
+    pub waiting: HashSet<ObjectRef<Task>>,
+}
+
+/// Where triggers for each controller go.
+#[derive(Clone)]
+pub(crate) struct Triggers {
+    pub(super) task: UnboundedSender<ObjectRef<Task>>,
+    pub(super) group: UnboundedSender<ObjectRef<TaskGroup>>,
+    pub(super) job: UnboundedSender<ObjectRef<Job>>,
+    pub(super) robot: UnboundedSender<ObjectRef<Robot>>,
+}
+
+impl Triggers {
+    pub(super) fn task(&self, r: ObjectRef<Task>) {
+        // A closed channel means the controller stopped: shutting down.
+        let _ = self.task.unbounded_send(r);
+    }
+    pub(super) fn group(&self, r: ObjectRef<TaskGroup>) {
+        let _ = self.group.unbounded_send(r);
+    }
+    pub(super) fn job(&self, r: ObjectRef<Job>) {
+        let _ = self.job.unbounded_send(r);
+    }
+    pub(crate) fn robot(&self, name: &str) {
+        let _ = self.robot.unbounded_send(ObjectRef::new(name));
+    }
+}
+
+/// A task's attempt and state.
+pub(super) type Progress = (u32, Option<TaskState>);
+
+/// What every reconcile gets.
+pub struct Context {
+    /// The API client, the timeout of every call, the field manager.
+    pub kube: Kube,
+    /// The configuration.
+    pub config: ManagerConfig,
+    /// The metrics.
+    pub metrics: Arc<Metrics>,
+    /// The shared caches.
+    pub stores: Stores,
+    pub(super) sched: Mutex<SchedState>,
+    pub(crate) triggers: Triggers,
+    pub(super) events: Option<tokio::sync::mpsc::Sender<(ObjectReference, Event)>>,
+    pub(super) failures: Failures<String>,
+    /// Per task: the (attempt, state) last seen, to publish an
+    /// Event once per transition.
+    pub(super) seen: Mutex<HashMap<String, Progress>>,
+}
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding the lock leaves plain data behind; keep going.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The kind of `K`, for messages.
+fn kind_of<K: Resource<DynamicType = ()>>() -> std::borrow::Cow<'static, str> {
+    K::kind(&())
+}
+
+impl Context {
+    /// The API client.
+    pub fn client(&self) -> kube::Client {
+        self.kube.client().clone()
+    }
+
+    /// The scheduler's state, locked.
+    pub fn sched(&self) -> MutexGuard<'_, SchedState> {
+        lock(&self.sched)
+    }
+
+    /// Publishes an Event about `obj` in the background (best effort: a
+    /// full queue drops it rather than slow a reconcile down).
+    pub fn event<K: Resource<DynamicType = ()>>(
+        &self,
+        obj: &K,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
+        let Some(tx) = &self.events else {
+            return;
+        };
+        let event = Event {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(note),
+            action: reason.to_owned(),
+            secondary: None,
+        };
+        if tx.try_send((obj.object_ref(&()), event)).is_err() {
+            tracing::debug!(reason, "event queue full, dropping event");
+        }
+    }
+
+    /// Runs an API call about the `K` named `name` under the configured
+    /// timeout; `action` ("create", "delete", ...) names it in the error.
+    pub async fn api<K: Resource<DynamicType = ()>, T>(
+        &self,
+        action: &'static str,
+        name: &str,
+        call: impl Future<Output = kube::Result<T>>,
+    ) -> Result<T> {
+        let what = || format!("{action} {} {name}", kind_of::<K>());
+        Ok(self.kube.write(action, what, call).await?)
+    }
+
+    /// Merge-patches the status of `name` under the manager's field manager.
+    /// With `resource_version`, the patch applies only to that version (a
+    /// 409 otherwise), for decisions that depend on what was read.
+    pub async fn patch_status<K, S>(
+        &self,
+        api: &Api<K>,
+        name: &str,
+        resource_version: Option<String>,
+        status: S,
+    ) -> Result<K>
+    where
+        K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+        S: Serialize + std::fmt::Debug,
+    {
+        let what = || format!("patch status of {} {name}", kind_of::<K>());
+        let rv = resource_version.as_deref();
+        Ok(self
+            .kube
+            .patch_status("patch status of", api, name, rv, &status, what)
+            .await?)
+    }
+
+    /// Wraps a reconcile: metrics, and the error count for the backoff.
+    pub async fn instrumented(
+        &self,
+        controller: &'static str,
+        key: String,
+        reconcile: impl Future<Output = Result<Action>>,
+    ) -> Result<Action> {
+        let m = self.metrics.controller(controller);
+        m.in_flight.inc();
+        let start = Instant::now();
+        let result = reconcile.await;
+        m.in_flight.dec();
+        k8s4r_service::metrics::observe(&m.duration, start.elapsed());
+        m.reconciles.inc();
+        match &result {
+            Ok(_) => {
+                if self.failures.succeeded(&key) {
+                    m.backing_off.dec();
+                }
+            }
+            Err(e) => {
+                m.errors.inc();
+                if e.is_conflict() {
+                    tracing::debug!(controller, object = %key, error = %e, "conflict, re-reading");
+                } else {
+                    tracing::warn!(controller, object = %key, error = %e, "reconcile failed");
+                }
+            }
+        }
+        result
+    }
+
+    /// The requeue after a failed reconcile: exponential per object, capped.
+    pub fn error_policy(&self, controller: &'static str, key: String, error: &Error) -> Action {
+        let n = self.failures.failed(key);
+        if n == 1 {
+            self.metrics.controller(controller).backing_off.inc();
+        }
+        // Someone else wrote first: re-read soon, that is not a fault.
+        let base = if error.is_conflict() && n <= 3 {
+            self.config.error_backoff / 10
+        } else {
+            self.config.error_backoff
+        };
+        Action::requeue(exponential(base, self.config.error_backoff_max, n - 1))
+    }
+}
+
+/// Publishes queued Events until the queue closes.
+pub(super) async fn publish_events(
+    recorder: Recorder,
+    mut rx: tokio::sync::mpsc::Receiver<(ObjectReference, Event)>,
+    timeout: std::time::Duration,
+) {
+    while let Some((reference, event)) = rx.recv().await {
+        match tokio::time::timeout(timeout, recorder.publish(&event, &reference)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::debug!(error = %e, reason = %event.reason, "publishing an event failed"),
+            Err(_) => tracing::debug!(reason = %event.reason, "publishing an event timed out"),
+        }
+    }
+}

@@ -1,0 +1,210 @@
+//! The informers: one watch per kind fills one shared cache, and the
+//! handlers here see every change before the controllers do. They keep the
+//! scheduler's state (robot facts, the allocation ledger) current, carry
+//! deletions (a deleted Task must free its robot and make its group
+//! re-count), and trigger the controllers that should look: the object
+//! itself and its owner.
+
+use futures::StreamExt;
+use k8s4r_api::{Job, Robot, RobotPhase, Task, TaskGroup, TaskState};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use std::fmt::Debug;
+use std::hash::Hash;
+
+use super::context::{lock, Context};
+use super::facts::{facts_of, key_of, placement_of};
+
+/// Watches `api` into `writer`, handing every event to `handle` after the
+/// cache took it in; errors are logged as `what` and the watch backs off.
+pub(super) async fn informer<K>(
+    api: Api<K>,
+    writer: reflector::store::Writer<K>,
+    what: &'static str,
+    handle: impl Fn(&watcher::Event<K>),
+) where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+    K::DynamicType: Eq + Hash + Clone + Default,
+{
+    watcher(api, watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .for_each(|event| {
+            match event {
+                Ok(event) => handle(&event),
+                Err(error) => tracing::warn!(%error, "{what}"),
+            }
+            futures::future::ready(())
+        })
+        .await;
+}
+
+fn owners_of<O, K>(obj: &K) -> impl Iterator<Item = ObjectRef<O>> + '_
+where
+    O: Resource<DynamicType = ()>,
+    K: Resource,
+{
+    let ns = obj.meta().namespace.clone();
+    obj.owner_references()
+        .iter()
+        .filter(|o| o.kind == O::kind(&()) && o.api_version == O::api_version(&()))
+        .map(move |o| {
+            let r = ObjectRef::new(&o.name);
+            match &ns {
+                Some(ns) => r.within(ns),
+                None => r,
+            }
+        })
+}
+
+/// The object an event shows, and whether it is gone (`None` for the
+/// markers around a relist).
+fn event_object<K>(event: &watcher::Event<K>) -> Option<(&K, bool)> {
+    match event {
+        watcher::Event::Apply(o) | watcher::Event::InitApply(o) => Some((o, false)),
+        watcher::Event::Delete(o) => Some((o, true)),
+        watcher::Event::Init | watcher::Event::InitDone => None,
+    }
+}
+
+impl Context {
+    // The watch handlers below also trigger the controllers: every Task,
+    // TaskGroup, Job and Robot the cache takes in is reconciled, and so is
+    // its owner. (kube-runtime's shared-store subscriptions would do this,
+    // but a subscriber that finds an object already deleted from the cache
+    // stops waking up, and a Task recreated under that name then waited
+    // forever.)
+
+    pub(super) fn on_task(&self, event: &watcher::Event<Task>) {
+        let Some((task, deleted)) = event_object(event) else {
+            return;
+        };
+        if !deleted {
+            self.triggers.task(ObjectRef::from_obj(task));
+        }
+        for group in owners_of::<TaskGroup, _>(task) {
+            self.triggers.group(group);
+        }
+        let key = key_of(task);
+        let mut sched = self.sched();
+        let before = sched.ledger.robot_of(&key).map(str::to_owned);
+        if deleted {
+            sched.ledger.remove(&key);
+            sched.waiting.remove(&ObjectRef::from_obj(task));
+            self.metrics.set_waiting(sched.waiting.len());
+        } else {
+            let attempt = task.status.as_ref().map_or(0, |s| s.attempt);
+            sched.ledger.observe(&key, attempt, placement_of(task));
+        }
+        let after = sched.ledger.robot_of(&key).map(str::to_owned);
+        if before != after {
+            for robot in before.iter().chain(after.iter()) {
+                self.triggers.robot(robot);
+            }
+            if before.is_some() {
+                // Room on a robot: tasks that found none may fit now.
+                for waiting in &sched.waiting {
+                    self.triggers.task(waiting.clone());
+                }
+            }
+        }
+        drop(sched);
+        if deleted {
+            lock(&self.seen).remove(&key);
+        }
+    }
+
+    pub(super) fn on_robot(&self, event: &watcher::Event<Robot>) {
+        let mut sched = self.sched();
+        match event {
+            watcher::Event::Apply(r) | watcher::Event::InitApply(r) => {
+                self.triggers.robot(&r.name_any());
+                let facts = facts_of(r);
+                let name = facts.name.clone();
+                let phase = facts.phase;
+                let old = sched.robots.insert(name.clone(), facts);
+                let changed = old.as_ref() != sched.robots.get(&name);
+                if changed {
+                    for waiting in &sched.waiting {
+                        self.triggers.task(waiting.clone());
+                    }
+                }
+                if old.map(|o| o.phase) != Some(phase) {
+                    for key in sched.ledger.tasks_on(&name) {
+                        self.triggers.task(task_ref(&key));
+                    }
+                }
+            }
+            watcher::Event::Delete(r) => {
+                let name = r.name_any();
+                sched.robots.remove(&name);
+                for key in sched.ledger.tasks_on(&name) {
+                    self.triggers.task(task_ref(&key));
+                }
+            }
+            watcher::Event::Init | watcher::Event::InitDone => {}
+        }
+    }
+
+    pub(super) fn on_lease(&self, event: &watcher::Event<Lease>) {
+        if let watcher::Event::Apply(lease) = event {
+            // A renewed Lease only matters to a robot that is Offline now;
+            // Online robots look at their Lease when their requeue comes.
+            let name = lease.name_any();
+            let offline = self
+                .sched()
+                .robots
+                .get(&name)
+                .is_some_and(|r| r.phase == Some(RobotPhase::Offline));
+            if offline {
+                self.triggers.robot(&name);
+            }
+        }
+    }
+
+    pub(super) fn on_group(&self, event: &watcher::Event<TaskGroup>) {
+        let Some((group, deleted)) = event_object(event) else {
+            return;
+        };
+        if !deleted {
+            self.triggers.group(ObjectRef::from_obj(group));
+        }
+        for job in owners_of::<Job, _>(group) {
+            self.triggers.job(job);
+        }
+    }
+
+    pub(super) fn on_job(&self, event: &watcher::Event<Job>) {
+        if let Some((job, false)) = event_object(event) {
+            self.triggers.job(ObjectRef::from_obj(job));
+        }
+    }
+
+    /// Records the task's progress and says which Event, if any, it earns.
+    /// (Dispatched is the server's Event: it published the dispatch and saw
+    /// the broker accept it.)
+    /// Also says whether the attempt was last seen running (a reconcile
+    /// reads the newest object, so a short attempt may be seen dispatching,
+    /// then already over).
+    pub(super) fn progress(&self, task: &Task) -> Option<(u32, TaskState, bool)> {
+        let status = task.status.as_ref();
+        let now = (status.map_or(0, |s| s.attempt), status.and_then(|s| s.state));
+        let previous = lock(&self.seen).insert(key_of(task), now);
+        match (previous, now) {
+            (Some(p), (attempt, Some(state))) if p != now => {
+                Some((attempt, state, p == (attempt, Some(TaskState::Running))))
+            }
+            _ => None,
+        }
+    }
+}
+
+fn task_ref(key: &str) -> ObjectRef<Task> {
+    match key.split_once('/') {
+        Some((ns, name)) => ObjectRef::new(name).within(ns),
+        None => ObjectRef::new(key),
+    }
+}
