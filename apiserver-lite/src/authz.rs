@@ -8,17 +8,24 @@
 //! ClusterRoleBindings. Denied requests get the real server's 403 and are
 //! remembered, so that a test can show that a set of RBAC manifests is
 //! enough for the program that runs under it.
+//!
+//! What every authenticated user may do comes from the default roles a real
+//! server binds to `system:authenticated` (see [`DEFAULT_GRANTS`]), which
+//! are built in rather than stored. The same bindings answer the requests
+//! themselves, `kubectl auth can-i` ([`Authenticator::review`]) and
+//! `kubectl auth can-i --list` ([`rules_for`]), and say what a writer of
+//! Roles and bindings holds ([`rules_of`], for [`crate::escalation`]).
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Arc, LazyLock, Mutex};
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use crate::error::ApiError;
 use crate::store::State;
 
-const ROLES: &str = "roles.rbac.authorization.k8s.io";
-const CLUSTER_ROLES: &str = "clusterroles.rbac.authorization.k8s.io";
+pub(crate) const ROLES: &str = "roles.rbac.authorization.k8s.io";
+pub(crate) const CLUSTER_ROLES: &str = "clusterroles.rbac.authorization.k8s.io";
 const ROLE_BINDINGS: &str = "rolebindings.rbac.authorization.k8s.io";
 const CLUSTER_ROLE_BINDINGS: &str = "clusterrolebindings.rbac.authorization.k8s.io";
 /// How many denials are remembered.
@@ -28,6 +35,8 @@ const DENIALS_KEPT: usize = 100;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct User {
     pub name: String,
+    /// Its uid, as a token file gives it (shown by `kubectl auth whoami`).
+    pub uid: Option<String>,
     /// Its groups, `system:authenticated` included.
     pub groups: Vec<String>,
 }
@@ -41,8 +50,14 @@ impl User {
         }
         User {
             name: name.into(),
+            uid: None,
             groups,
         }
+    }
+
+    pub fn with_uid(mut self, uid: impl Into<String>) -> User {
+        self.uid = Some(uid.into());
+        self
     }
 
     /// The user a ServiceAccount's token authenticates as, with the groups
@@ -67,10 +82,36 @@ pub enum Identity {
     User(User),
 }
 
+/// The name `kubectl auth whoami` shows for the server's own token.
+pub const ADMIN_NAME: &str = "apiserver-lite:admin";
+/// The group the server's own token is in: the one a real server lets do
+/// everything.
+pub const ADMIN_GROUP: &str = "system:masters";
+
+impl Identity {
+    /// Who this is, as SelfSubjectReview's `userInfo` tells it.
+    pub fn user_info(&self) -> Value {
+        match self {
+            Identity::Admin => json!({
+                "username": ADMIN_NAME,
+                "groups": [ADMIN_GROUP, "system:authenticated"],
+            }),
+            Identity::User(user) => {
+                let mut info = json!({"username": user.name, "groups": user.groups});
+                if let Some(uid) = &user.uid {
+                    info["uid"] = json!(uid);
+                }
+                info
+            }
+        }
+    }
+}
+
 /// What a resource request asks to do, in RBAC's terms.
 #[derive(Debug, Clone, Copy)]
 pub struct Attributes<'a> {
-    /// get, list, watch, create, update, patch, delete, deletecollection.
+    /// A request's [`Verb`], or any verb a review asks about (`escalate`,
+    /// `bind`, `use`, `*`).
     pub verb: &'a str,
     pub group: &'a str,
     /// The plural, e.g. `tasks`.
@@ -80,6 +121,15 @@ pub struct Attributes<'a> {
     /// The object's name; for a list or watch, the name its field selector
     /// pins (`metadata.name=...`), as the real server takes it.
     pub name: Option<&'a str>,
+}
+
+/// What a request for a path outside the resource APIs (discovery,
+/// `/version`, `/healthz`) asks, in RBAC's terms.
+#[derive(Debug, Clone, Copy)]
+pub struct PathAttributes<'a> {
+    /// The method, lowercased (`get`).
+    pub verb: &'a str,
+    pub path: &'a str,
 }
 
 /// The tokens the server accepts and what it has denied.
@@ -120,19 +170,58 @@ impl Authenticator {
         let Identity::User(user) = identity else {
             return Ok(());
         };
-        if allowed(state, user, attrs) {
+        if allowed(state, user, attrs).is_some() {
             let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
             used.insert(usage(user, attrs));
             return Ok(());
         }
-        let error = forbidden(user, attrs);
+        Err(self.deny(user, forbidden(user, attrs)))
+    }
+
+    /// Lets a request for a path outside the resource APIs through, or
+    /// answers 403 as the real server does.
+    pub fn authorize_path(
+        &self,
+        state: &State,
+        identity: &Identity,
+        attrs: &PathAttributes<'_>,
+    ) -> Result<(), ApiError> {
+        let Identity::User(user) = identity else {
+            return Ok(());
+        };
+        if allowed_path(state, user, attrs).is_some() {
+            return Ok(());
+        }
+        let message = format!(
+            "forbidden: User \"{}\" cannot {} path \"{}\"",
+            user.name, attrs.verb, attrs.path
+        );
+        let error =
+            ApiError::new(axum::http::StatusCode::FORBIDDEN, "Forbidden", message).with_details(json!({}));
+        Err(self.deny(user, error))
+    }
+
+    fn deny(&self, user: &User, error: ApiError) -> ApiError {
         tracing::warn!(user = %user.name, "{}", error.message);
         let mut denied = self.denied.lock().unwrap_or_else(|e| e.into_inner());
         if denied.len() == DENIALS_KEPT {
             denied.pop_front();
         }
         denied.push_back(error.message.clone());
-        Err(error)
+        error
+    }
+
+    /// Whether `identity` may do what `request` describes, and why, as a
+    /// SelfSubjectAccessReview answers; nothing is recorded.
+    pub fn review(&self, state: &State, identity: &Identity, request: &Review<'_>) -> Decision {
+        let Identity::User(user) = identity else {
+            return Decision::allow(String::new());
+        };
+        let reason = match request {
+            Review::Resource(attrs) => allowed(state, user, attrs),
+            Review::Path(attrs) => allowed_path(state, user, attrs),
+        };
+        reason.map(Decision::allow).unwrap_or_default()
     }
 
     /// What users were allowed to do, one line per distinct
@@ -161,7 +250,7 @@ pub fn parse_token_file(text: &str) -> Result<HashMap<String, User>, String> {
         let mut fields = line.splitn(4, ',');
         let token = fields.next().unwrap_or_default().trim();
         let name = fields.next().unwrap_or_default().trim();
-        let _uid = fields.next();
+        let uid = fields.next().map(str::trim).unwrap_or_default();
         if token.is_empty() || name.is_empty() {
             return Err(format!("line {}: want token,user,uid[,\"groups\"]", i + 1));
         }
@@ -173,42 +262,243 @@ pub fn parse_token_file(text: &str) -> Result<HashMap<String, User>, String> {
             .map(str::trim)
             .filter(|g| !g.is_empty())
             .map(str::to_owned);
-        if users.insert(token.to_owned(), User::new(name, groups)).is_some() {
+        let mut user = User::new(name, groups);
+        if !uid.is_empty() {
+            user = user.with_uid(uid);
+        }
+        if users.insert(token.to_owned(), user).is_some() {
             return Err(format!("line {}: a token given twice", i + 1));
         }
     }
     Ok(users)
 }
 
-/// Whether some binding of `user` grants a rule matching `attrs`.
-pub fn allowed(state: &State, user: &User, attrs: &Attributes<'_>) -> bool {
-    let grants = |binding: &Value, namespace: Option<&str>| {
-        binds(binding, namespace, user)
-            && role_of(state, binding, namespace).is_some_and(|role| role_allows(&role, attrs))
-    };
-    if state
-        .list(CLUSTER_ROLE_BINDINGS, None)
-        .any(|(_, binding)| grants(binding, None))
-    {
-        return true;
+/// A request a SelfSubjectAccessReview asks about.
+#[derive(Debug, Clone, Copy)]
+pub enum Review<'a> {
+    Resource(Attributes<'a>),
+    Path(PathAttributes<'a>),
+}
+
+/// A SelfSubjectAccessReview's answer.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Decision {
+    pub allowed: bool,
+    /// Which binding allowed it, in the real authorizer's words; empty for
+    /// the administrator and for a denial (RBAC never denies outright, it
+    /// only finds no grant).
+    pub reason: String,
+}
+
+impl Decision {
+    fn allow(reason: String) -> Decision {
+        Decision {
+            allowed: true,
+            reason,
+        }
     }
-    attrs.namespace.is_some_and(|ns| {
+}
+
+/// The roles a real server creates and binds to every authenticated user
+/// (`system:basic-user`, `system:discovery`, `system:public-info-viewer`),
+/// each as a ClusterRoleBinding to its ClusterRole, limited to what this
+/// server serves. They are not stored: `kubectl get clusterroles` does not
+/// list them.
+pub static DEFAULT_GRANTS: LazyLock<Vec<(Value, Arc<Value>)>> = LazyLock::new(|| {
+    let grant = |name: &str, rules: Value| {
+        let binding = json!({
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:authenticated"}],
+        });
+        let role = json!({"metadata": {"name": name}, "rules": rules});
+        (binding, Arc::new(role))
+    };
+    vec![
+        grant(
+            "system:basic-user",
+            json!([
+                {"apiGroups": ["authentication.k8s.io"], "resources": ["selfsubjectreviews"], "verbs": ["create"]},
+                {"apiGroups": ["authorization.k8s.io"], "resources": ["selfsubjectaccessreviews", "selfsubjectrulesreviews"], "verbs": ["create"]},
+            ]),
+        ),
+        grant(
+            "system:discovery",
+            json!([{
+                "nonResourceURLs": ["/api", "/api/*", "/apis", "/apis/*", "/healthz", "/livez", "/openapi", "/openapi/*", "/readyz", "/version", "/version/"],
+                "verbs": ["get"],
+            }]),
+        ),
+        grant(
+            "system:public-info-viewer",
+            json!([{
+                "nonResourceURLs": ["/healthz", "/livez", "/readyz", "/version", "/version/"],
+                "verbs": ["get"],
+            }]),
+        ),
+    ]
+});
+
+/// A binding that names the user, the subject that does, and the role it
+/// grants.
+struct Bound<'s> {
+    binding: &'s Value,
+    subject: &'s Value,
+    /// The RoleBinding's namespace; `None` for a ClusterRoleBinding.
+    namespace: Option<&'s str>,
+    role: Arc<Value>,
+}
+
+impl Bound<'_> {
+    fn rules(&self) -> &[Value] {
+        self.role["rules"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+    }
+
+    /// The binding as the real authorizer's reasons describe it, e.g.
+    /// `RoleBinding "reader/default" of Role "read-cms" to ServiceAccount "reader/default"`.
+    fn describe(&self) -> String {
+        let name = self.binding["metadata"]["name"].as_str().unwrap_or_default();
+        let (kind, name) = match self.namespace {
+            Some(ns) => ("RoleBinding", format!("{name}/{ns}")),
+            None => ("ClusterRoleBinding", name.to_owned()),
+        };
+        let role_ref = &self.binding["roleRef"];
+        let subject_kind = self.subject["kind"].as_str().unwrap_or_default();
+        let mut subject = self.subject["name"].as_str().unwrap_or_default().to_owned();
+        if subject_kind == "ServiceAccount" {
+            let ns = self.subject["namespace"]
+                .as_str()
+                .or(self.namespace)
+                .unwrap_or_default();
+            subject = format!("{subject}/{ns}");
+        }
+        format!(
+            "{kind} {name:?} of {} {:?} to {subject_kind} {subject:?}",
+            role_ref["kind"].as_str().unwrap_or_default(),
+            role_ref["name"].as_str().unwrap_or_default(),
+        )
+    }
+}
+
+/// Every binding that applies to `user` in `namespace` (cluster-wide ones
+/// only for `None`), in the real authorizer's order: ClusterRoleBindings
+/// (the built-in defaults first), then the namespace's RoleBindings. A
+/// binding to a missing role grants nothing and is skipped.
+fn bindings<'s>(
+    state: &'s State,
+    user: &'s User,
+    namespace: Option<&'s str>,
+) -> impl Iterator<Item = Bound<'s>> + 's {
+    let defaults = DEFAULT_GRANTS.iter().filter_map(move |(binding, role)| {
+        let subject = subject_of(binding, None, user)?;
+        Some(Bound {
+            binding,
+            subject,
+            namespace: None,
+            role: role.clone(),
+        })
+    });
+    let cluster = state
+        .list(CLUSTER_ROLE_BINDINGS, None)
+        .filter_map(move |(_, binding)| bound(state, binding, None, user));
+    let local = namespace.into_iter().flat_map(move |ns| {
         state
             .list(ROLE_BINDINGS, Some(ns))
-            .any(|(_, binding)| grants(binding, Some(ns)))
+            .filter_map(move |(_, binding)| bound(state, binding, Some(ns), user))
+    });
+    defaults.chain(cluster).chain(local)
+}
+
+fn bound<'s>(
+    state: &State,
+    binding: &'s Value,
+    namespace: Option<&'s str>,
+    user: &User,
+) -> Option<Bound<'s>> {
+    let subject = subject_of(binding, namespace, user)?;
+    let role = role_of(state, binding, namespace)?;
+    Some(Bound {
+        binding,
+        subject,
+        namespace,
+        role,
     })
 }
 
-/// Whether a binding (a RoleBinding in `namespace`, or a
-/// ClusterRoleBinding) names the user, one of its groups or its
+/// Why `user` may make a resource request (the real authorizer's reason),
+/// or `None`.
+pub fn allowed(state: &State, user: &User, attrs: &Attributes<'_>) -> Option<String> {
+    bindings(state, user, attrs.namespace)
+        .find(|b| b.rules().iter().any(|rule| rule_allows(rule, attrs)))
+        .map(|b| format!("RBAC: allowed by {}", b.describe()))
+}
+
+/// Why `user` may make a request for a path outside the resource APIs, or
+/// `None`. Only ClusterRoleBindings grant paths, as on a real server.
+pub fn allowed_path(state: &State, user: &User, attrs: &PathAttributes<'_>) -> Option<String> {
+    bindings(state, user, None)
+        .find(|b| b.rules().iter().any(|rule| rule_allows_path(rule, attrs)))
+        .map(|b| format!("RBAC: allowed by {}", b.describe()))
+}
+
+/// Every rule that applies to `identity` in `namespace`, split into
+/// resource rules and path rules, as a SelfSubjectRulesReview lists them.
+/// The administrator gets the one rule that allows everything, as a real
+/// server answers for `system:masters`.
+pub fn rules_for(state: &State, identity: &Identity, namespace: Option<&str>) -> (Vec<Value>, Vec<Value>) {
+    let user = match identity {
+        Identity::Admin => {
+            return (
+                vec![json!({"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"]})],
+                vec![json!({"verbs": ["*"], "nonResourceURLs": ["*"]})],
+            )
+        }
+        Identity::User(user) => user,
+    };
+    let (mut resources, mut paths) = (Vec::new(), Vec::new());
+    for rule in &rules_of(state, user, namespace) {
+        // Empty lists are left out, as the real server's `omitempty` does.
+        let field = |name: &str| {
+            rule.get(name)
+                .filter(|v| v.as_array().is_some_and(|a| !a.is_empty()))
+        };
+        let verbs = rule.get("verbs").cloned().unwrap_or_else(|| json!([]));
+        if let Some(urls) = field("nonResourceURLs") {
+            paths.push(json!({"verbs": verbs, "nonResourceURLs": urls}));
+        } else {
+            let mut r = json!({"verbs": verbs});
+            for name in ["apiGroups", "resources", "resourceNames"] {
+                if let Some(v) = field(name) {
+                    r[name] = v.clone();
+                }
+            }
+            resources.push(r);
+        }
+    }
+    (resources, paths)
+}
+
+/// Every rule `user` holds in `namespace` (cluster-wide ones only for
+/// `None`), the built-in defaults included.
+pub fn rules_of(state: &State, user: &User, namespace: Option<&str>) -> Vec<Value> {
+    bindings(state, user, namespace)
+        .flat_map(|b| b.rules().to_vec())
+        .collect()
+}
+
+/// The subject of a binding (a RoleBinding in `namespace`, or a
+/// ClusterRoleBinding) that is the user, one of its groups or its
 /// ServiceAccount; a RoleBinding's ServiceAccount subject without a
 /// namespace is in the binding's.
-fn binds(binding: &Value, namespace: Option<&str>, user: &User) -> bool {
+fn subject_of<'b>(binding: &'b Value, namespace: Option<&str>, user: &User) -> Option<&'b Value> {
     let subjects = binding["subjects"]
         .as_array()
         .map(Vec::as_slice)
         .unwrap_or_default();
-    subjects.iter().any(|s| {
+    subjects.iter().find(|s| {
         let name = s["name"].as_str().unwrap_or_default();
         match s["kind"].as_str() {
             Some("User") => name == user.name,
@@ -224,18 +514,13 @@ fn binds(binding: &Value, namespace: Option<&str>, user: &User) -> bool {
 
 /// The Role or ClusterRole a binding refers to; a RoleBinding's Role is in
 /// its own namespace.
-fn role_of(state: &State, binding: &Value, namespace: Option<&str>) -> Option<std::sync::Arc<Value>> {
+fn role_of(state: &State, binding: &Value, namespace: Option<&str>) -> Option<Arc<Value>> {
     let name = binding["roleRef"]["name"].as_str()?;
     match (binding["roleRef"]["kind"].as_str()?, namespace) {
         ("ClusterRole", _) => state.get(CLUSTER_ROLES, "", name),
         ("Role", Some(ns)) => state.get(ROLES, ns, name),
         _ => None,
     }
-}
-
-fn role_allows(role: &Value, attrs: &Attributes<'_>) -> bool {
-    let rules = role["rules"].as_array().map(Vec::as_slice).unwrap_or_default();
-    rules.iter().any(|rule| rule_allows(rule, attrs))
 }
 
 /// One PolicyRule against a request, by the real authorizer's rules:
@@ -264,6 +549,26 @@ pub fn rule_allows(rule: &Value, attrs: &Attributes<'_>) -> bool {
     });
     let name_ok = names.is_empty() || attrs.name.is_some_and(|n| names.contains(&n));
     verb_ok && group_ok && resource_ok && name_ok
+}
+
+/// One PolicyRule against a path request: `*` matches any path, `/x/*`
+/// any path under `/x/`.
+pub fn rule_allows_path(rule: &Value, attrs: &PathAttributes<'_>) -> bool {
+    let list = |field: &str| -> Vec<&str> {
+        rule[field]
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default()
+    };
+    let verb_ok = list("verbs").iter().any(|v| *v == "*" || *v == attrs.verb);
+    let path_ok = list("nonResourceURLs").iter().any(|url| {
+        *url == "*"
+            || *url == attrs.path
+            || url
+                .strip_suffix('*')
+                .is_some_and(|prefix| attrs.path.starts_with(prefix))
+    });
+    verb_ok && path_ok
 }
 
 fn usage(user: &User, attrs: &Attributes<'_>) -> String {
@@ -314,16 +619,16 @@ fn forbidden(user: &User, attrs: &Attributes<'_>) -> ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use crate::http::request::Verb;
 
     fn attrs<'a>(
-        verb: &'a str,
+        verb: Verb,
         resource: &'a str,
         sub: Option<&'a str>,
         name: Option<&'a str>,
     ) -> Attributes<'a> {
         Attributes {
-            verb,
+            verb: verb.as_str(),
             group: "robot.k8s4r.io",
             resource,
             subresource: sub,
@@ -335,15 +640,21 @@ mod tests {
     #[test]
     fn rules_match_verbs_groups_resources_and_names() {
         let rule = json!({"apiGroups": ["robot.k8s4r.io"], "resources": ["tasks", "tasks/status"], "verbs": ["get", "patch"]});
-        assert!(rule_allows(&rule, &attrs("get", "tasks", None, Some("a"))));
+        assert!(rule_allows(&rule, &attrs(Verb::Get, "tasks", None, Some("a"))));
         assert!(rule_allows(
             &rule,
-            &attrs("patch", "tasks", Some("status"), Some("a"))
+            &attrs(Verb::Patch, "tasks", Some("status"), Some("a"))
         ));
-        assert!(!rule_allows(&rule, &attrs("delete", "tasks", None, Some("a"))));
-        assert!(!rule_allows(&rule, &attrs("get", "jobs", None, Some("a"))));
-        assert!(!rule_allows(&rule, &attrs("patch", "jobs", Some("status"), None)));
-        let mut other_group = attrs("get", "tasks", None, None);
+        assert!(!rule_allows(
+            &rule,
+            &attrs(Verb::Delete, "tasks", None, Some("a"))
+        ));
+        assert!(!rule_allows(&rule, &attrs(Verb::Get, "jobs", None, Some("a"))));
+        assert!(!rule_allows(
+            &rule,
+            &attrs(Verb::Patch, "jobs", Some("status"), None)
+        ));
+        let mut other_group = attrs(Verb::Get, "tasks", None, None);
         other_group.group = "";
         assert!(!rule_allows(&rule, &other_group));
 
@@ -351,30 +662,89 @@ mod tests {
         let plain = json!({"apiGroups": ["*"], "resources": ["tasks"], "verbs": ["*"]});
         assert!(rule_allows(
             &plain,
-            &attrs("deletecollection", "tasks", None, None)
+            &attrs(Verb::DeleteCollection, "tasks", None, None)
         ));
         assert!(!rule_allows(
             &plain,
-            &attrs("patch", "tasks", Some("status"), None)
+            &attrs(Verb::Patch, "tasks", Some("status"), None)
         ));
         let any_status =
             json!({"apiGroups": ["robot.k8s4r.io"], "resources": ["*/status"], "verbs": ["patch"]});
         assert!(rule_allows(
             &any_status,
-            &attrs("patch", "jobs", Some("status"), None)
+            &attrs(Verb::Patch, "jobs", Some("status"), None)
         ));
-        assert!(!rule_allows(&any_status, &attrs("patch", "jobs", None, None)));
+        assert!(!rule_allows(&any_status, &attrs(Verb::Patch, "jobs", None, None)));
 
         let named = json!({"apiGroups": ["robot.k8s4r.io"], "resources": ["jobs"], "resourceNames": ["one"], "verbs": ["get", "list"]});
-        assert!(rule_allows(&named, &attrs("get", "jobs", None, Some("one"))));
-        assert!(!rule_allows(&named, &attrs("get", "jobs", None, Some("two"))));
-        assert!(!rule_allows(&named, &attrs("list", "jobs", None, None)));
+        assert!(rule_allows(&named, &attrs(Verb::Get, "jobs", None, Some("one"))));
+        assert!(!rule_allows(&named, &attrs(Verb::Get, "jobs", None, Some("two"))));
+        assert!(!rule_allows(&named, &attrs(Verb::List, "jobs", None, None)));
+    }
+
+    #[test]
+    fn path_rules_match_exact_paths_and_prefixes() {
+        let rule = json!({"nonResourceURLs": ["/version", "/apis/*"], "verbs": ["get"]});
+        let path = |path| PathAttributes { verb: "get", path };
+        assert!(rule_allows_path(&rule, &path("/version")));
+        assert!(rule_allows_path(&rule, &path("/apis/apps/v1")));
+        assert!(!rule_allows_path(&rule, &path("/apis")));
+        assert!(!rule_allows_path(&rule, &path("/version/x")));
+        assert!(!rule_allows_path(
+            &rule,
+            &PathAttributes {
+                verb: "post",
+                path: "/version"
+            }
+        ));
+        let any = json!({"nonResourceURLs": ["*"], "verbs": ["*"]});
+        assert!(rule_allows_path(
+            &any,
+            &PathAttributes {
+                verb: "delete",
+                path: "/"
+            }
+        ));
+        // A resource rule grants no path.
+        let resources = json!({"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]});
+        assert!(!rule_allows_path(&resources, &path("/version")));
+    }
+
+    #[test]
+    fn grants_are_described_as_the_real_authorizer_does() {
+        let role = Arc::new(json!({"rules": []}));
+        let binding = json!({"metadata": {"name": "b"}, "roleRef": {"kind": "Role", "name": "r"}});
+        let sa = json!({"kind": "ServiceAccount", "name": "sa"});
+        let local = Bound {
+            binding: &binding,
+            subject: &sa,
+            namespace: Some("ns"),
+            role: role.clone(),
+        };
+        assert_eq!(
+            local.describe(),
+            r#"RoleBinding "b/ns" of Role "r" to ServiceAccount "sa/ns""#
+        );
+        let cluster_binding =
+            json!({"metadata": {"name": "cb"}, "roleRef": {"kind": "ClusterRole", "name": "cr"}});
+        let group = json!({"kind": "Group", "name": "ops"});
+        let cluster = Bound {
+            binding: &cluster_binding,
+            subject: &group,
+            namespace: None,
+            role,
+        };
+        assert_eq!(
+            cluster.describe(),
+            r#"ClusterRoleBinding "cb" of ClusterRole "cr" to Group "ops""#
+        );
     }
 
     #[test]
     fn token_files_name_users_and_groups() {
         let users = parse_token_file("# comment\n\nt1,alice,1\nt2,bob,2,\"ops,dev\"\n").unwrap();
         assert_eq!(users["t1"].name, "alice");
+        assert_eq!(users["t1"].uid.as_deref(), Some("1"));
         assert_eq!(users["t1"].groups, vec!["system:authenticated"]);
         assert_eq!(users["t2"].groups, vec!["ops", "dev", "system:authenticated"]);
         assert!(parse_token_file("t1,alice,1\nt1,bob,2\n")
@@ -392,15 +762,15 @@ mod tests {
             .contains(&"system:serviceaccounts:k8s4r-system".to_owned()));
         assert!(sa.groups.contains(&"system:authenticated".to_owned()));
         let binding = json!({"subjects": [{"kind": "ServiceAccount", "name": "k8s4r-server", "namespace": "k8s4r-system"}]});
-        assert!(binds(&binding, None, &sa));
+        assert!(subject_of(&binding, None, &sa).is_some());
         let other =
             json!({"subjects": [{"kind": "ServiceAccount", "name": "k8s4r-server", "namespace": "default"}]});
-        assert!(!binds(&other, None, &sa));
+        assert!(subject_of(&other, None, &sa).is_none());
         let group = json!({"subjects": [{"kind": "Group", "name": "system:serviceaccounts"}]});
-        assert!(binds(&group, None, &sa));
+        assert!(subject_of(&group, None, &sa).is_some());
         // In a RoleBinding, a ServiceAccount without a namespace is in the binding's.
         let bare = json!({"subjects": [{"kind": "ServiceAccount", "name": "k8s4r-server"}]});
-        assert!(binds(&bare, Some("k8s4r-system"), &sa));
-        assert!(!binds(&bare, Some("default"), &sa));
+        assert!(subject_of(&bare, Some("k8s4r-system"), &sa).is_some());
+        assert!(subject_of(&bare, Some("default"), &sa).is_none());
     }
 }

@@ -59,6 +59,10 @@ fn paths(rts: &[std::sync::Arc<ResourceType>], v3: bool) -> Value {
             format!("{}/{}", prefix(rt), rt.plural)
         };
         let write = ["dryRun", "fieldManager", "fieldValidation"];
+        if rt.review {
+            paths.insert(base, json!({"post": op(rt, "post", &write, v3)}));
+            continue;
+        }
         paths.insert(base.clone(), json!({
             "get": op(rt, "list", &["labelSelector", "fieldSelector", "limit", "continue", "watch", "resourceVersion"], v3),
             "post": op(rt, "post", &write, v3),

@@ -1,17 +1,20 @@
-//! The API semantics of writes: create, update, patch, delete, the status
-//! subresource, generation, finalizers, CRD registration, namespaces and
-//! owner-reference garbage collection. Everything here runs inside one
-//! store transaction.
+//! The API semantics of writes: create, update, patch and delete, the
+//! status subresource, generation, finalizers and namespaces. Everything
+//! here runs inside one store transaction. What a write means for a CRD is
+//! in [`crate::crd`]; the garbage collector that carries out orphan and
+//! foreground deletions is in [`crate::gc`].
 
 use std::sync::Arc;
 
 use serde_json::{json, Value};
 
+use crate::authz::Identity;
 use crate::error::ApiError;
 use crate::fields::{self, Scope};
 use crate::resources::{self, ResourceType};
 use crate::schema;
 use crate::store::Txn;
+use crate::{crd, escalation};
 
 pub fn now() -> String {
     jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
@@ -35,6 +38,9 @@ pub struct WriteOpts {
     pub manager: String,
     pub dry_run: bool,
     pub field_validation: FieldValidation,
+    /// Who writes: a user's writes of Roles and bindings are held to RBAC's
+    /// escalation checks; the server's own writes are the administrator's.
+    pub identity: Identity,
 }
 
 /// What a write did, for the response.
@@ -42,6 +48,24 @@ pub struct Written {
     pub object: Arc<Value>,
     pub created: bool,
     pub warnings: Vec<String>,
+}
+
+impl Written {
+    fn created(object: Arc<Value>, warnings: Vec<String>) -> Written {
+        Written {
+            object,
+            created: true,
+            warnings,
+        }
+    }
+
+    fn updated(object: Arc<Value>, warnings: Vec<String>) -> Written {
+        Written {
+            object,
+            created: false,
+            warnings,
+        }
+    }
 }
 
 /// The patch formats of PATCH requests.
@@ -66,7 +90,7 @@ impl PatchType {
     }
 }
 
-fn meta_str<'a>(obj: &'a Value, key: &str) -> &'a str {
+pub(crate) fn meta_str<'a>(obj: &'a Value, key: &str) -> &'a str {
     obj["metadata"][key].as_str().unwrap_or_default()
 }
 
@@ -81,7 +105,7 @@ fn scope_of(rt: &ResourceType, status: bool) -> Scope {
 }
 
 /// Checks apiVersion and kind of a body against the URL's resource.
-fn check_type(rt: &ResourceType, obj: &Value) -> Result<(), ApiError> {
+pub(crate) fn check_type(rt: &ResourceType, obj: &Value) -> Result<(), ApiError> {
     if !obj.is_object() {
         return Err(ApiError::bad_request(
             "the body of the request must be a JSON object",
@@ -276,6 +300,7 @@ pub fn create(
         }
     }
     let warnings = prune_and_validate(rt, &mut obj, opts)?;
+    escalation::check(txn.state, &opts.identity, rt, None, &obj)?;
     let name = meta_str(&obj, "name").to_string();
     let gr = rt.stored_resource();
     if txn
@@ -317,61 +342,20 @@ pub fn create(
         obj["spec"] = json!({"finalizers": ["kubernetes"]});
     }
     if rt.is_crd() {
-        crd_accepted(&mut obj);
+        crd::accept(&mut obj);
     }
     if opts.dry_run {
-        return Ok(Written {
-            object: Arc::new(obj),
-            created: true,
-            warnings,
-        });
+        return Ok(Written::created(Arc::new(obj), warnings));
     }
+    Ok(Written::created(store(txn, rt, obj), warnings))
+}
+
+/// Stores a written object; a CRD's kinds are served from now on.
+fn store(txn: &mut Txn<'_>, rt: &ResourceType, obj: Value) -> Arc<Value> {
     if rt.is_crd() {
-        register_crd(txn, &obj);
+        crd::register(txn, &obj);
     }
-    let object = txn.put(&gr, obj);
-    Ok(Written {
-        object,
-        created: true,
-        warnings,
-    })
-}
-
-fn crd_accepted(obj: &mut Value) {
-    let storage: Vec<Value> = obj["spec"]["versions"]
-        .as_array()
-        .map(|vs| {
-            vs.iter()
-                .filter(|v| v["storage"].as_bool() == Some(true))
-                .map(|v| v["name"].clone())
-                .collect()
-        })
-        .unwrap_or_default();
-    let t = now();
-    obj["status"] = json!({
-        "acceptedNames": obj["spec"]["names"].clone(),
-        "storedVersions": storage,
-        "conditions": [
-            {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts", "message": "no conflicts found", "lastTransitionTime": t},
-            {"type": "Established", "status": "True", "reason": "InitialNamesAccepted", "message": "the initial names have been accepted", "lastTransitionTime": t},
-        ],
-    });
-}
-
-fn register_crd(txn: &mut Txn<'_>, crd: &Value) {
-    if let Ok(types) = resources::from_crd(crd) {
-        txn.state.registry.register_crd(meta_str(crd, "name"), types);
-    }
-}
-
-/// Removes a CRD's kinds and every object of them, as the real server does.
-fn unregister_crd(txn: &mut Txn<'_>, crd: &Value) {
-    if let Some(gr) = txn.state.registry.unregister_crd(meta_str(crd, "name")) {
-        let keys: Vec<(String, String)> = txn.state.list(&gr, None).map(|(k, _)| k.clone()).collect();
-        for (ns, name) in keys {
-            txn.remove(&gr, &ns, &name);
-        }
-    }
+    txn.put(&rt.stored_resource(), obj)
 }
 
 /// How an update treats the resourceVersion the client sent.
@@ -485,7 +469,7 @@ pub fn commit_update(
     let warnings = prune_and_validate(rt, &mut new, opts)?;
     if rt.is_crd() && !status {
         let keep = new["status"].clone();
-        crd_accepted(&mut new);
+        crd::accept(&mut new);
         if keep.is_object() && keep["conditions"].is_array() {
             new["status"]["conditions"] = keep["conditions"].clone();
         }
@@ -507,18 +491,11 @@ pub fn commit_update(
     }
     // Nothing changed: no new resourceVersion, no event (controllers rely on this).
     if comparable(old) == comparable(&new) {
-        return Ok(Written {
-            object: old.clone(),
-            created: false,
-            warnings,
-        });
+        return Ok(Written::updated(old.clone(), warnings));
     }
+    escalation::check(txn.state, &opts.identity, rt, Some(old), &new)?;
     if opts.dry_run {
-        return Ok(Written {
-            object: Arc::new(new),
-            created: false,
-            warnings,
-        });
+        return Ok(Written::updated(Arc::new(new), warnings));
     }
     let gr = rt.stored_resource();
     let ns = meta_str(old, "namespace").to_string();
@@ -529,26 +506,14 @@ pub fn commit_update(
         txn.put(&gr, new);
         let gone = txn.remove(&gr, &ns, &name).expect("just stored");
         after_remove(txn, rt, &gone);
-        return Ok(Written {
-            object: gone,
-            created: false,
-            warnings,
-        });
+        return Ok(Written::updated(gone, warnings));
     }
-    if rt.is_crd() {
-        register_crd(txn, &new);
-    }
-    let object = txn.put(&gr, new);
-    Ok(Written {
-        object,
-        created: false,
-        warnings,
-    })
+    Ok(Written::updated(store(txn, rt, new), warnings))
 }
 
 fn after_remove(txn: &mut Txn<'_>, rt: &ResourceType, gone: &Value) {
     if rt.is_crd() {
-        unregister_crd(txn, gone);
+        crd::unregister(txn, gone);
     }
     if rt.is_namespace() {
         let ns = meta_str(gone, "name").to_string();
@@ -814,308 +779,4 @@ pub fn delete(
     // Orphan and foreground deletions are carried out by the collector.
     txn.deleted_something = true;
     Ok(Deleted::Pending(obj))
-}
-
-fn owner_uids(obj: &Value) -> Vec<String> {
-    obj["metadata"]["ownerReferences"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|r| r["uid"].as_str().map(String::from))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn has_finalizer(obj: &Value, f: &str) -> bool {
-    obj["metadata"]["finalizers"]
-        .as_array()
-        .is_some_and(|a| a.iter().any(|x| x == f))
-}
-
-/// Deletes the Events last seen more than `ttl` before `now`, as a real API
-/// server's event TTL does (`--event-ttl`, an hour by default), so that a
-/// long-running stack does not keep every Event it ever recorded. Returns
-/// how many it deleted.
-pub fn expire_events(txn: &mut Txn<'_>, now: jiff::Timestamp, ttl: std::time::Duration) -> usize {
-    let Ok(ttl) = jiff::SignedDuration::try_from(ttl) else {
-        return 0;
-    };
-    let gr = crate::event_conversion::STORED_RESOURCE;
-    let expired: Vec<(String, String)> = txn
-        .state
-        .list(gr, None)
-        .filter(|(_, event)| last_seen(event).is_some_and(|t| now.duration_since(t) > ttl))
-        .map(|(key, _)| key.clone())
-        .collect();
-    for (ns, name) in &expired {
-        txn.remove(gr, ns, name);
-    }
-    expired.len()
-}
-
-/// Moves the core/v1 Events that earlier versions stored apart (under
-/// `events`) to the storage both Event APIs now share, converted; returns
-/// how many it moved. Without this they would stay in the database, served
-/// by nothing and never expired.
-pub fn migrate_core_events(txn: &mut Txn<'_>) -> usize {
-    const LEGACY: &str = "events";
-    let keys: Vec<(String, String)> = txn.state.list(LEGACY, None).map(|(key, _)| key.clone()).collect();
-    for (ns, name) in &keys {
-        if let Some(old) = txn.remove(LEGACY, ns, name) {
-            txn.put(
-                crate::event_conversion::STORED_RESOURCE,
-                crate::event_conversion::from_core(&old),
-            );
-        }
-    }
-    keys.len()
-}
-
-/// When an Event (stored as events.k8s.io/v1) last happened: the latest of
-/// its creation, its time, its series' last observation and its deprecated
-/// last timestamp.
-fn last_seen(event: &Value) -> Option<jiff::Timestamp> {
-    [
-        &event["metadata"]["creationTimestamp"],
-        &event["eventTime"],
-        &event["series"]["lastObservedTime"],
-        &event["deprecatedLastTimestamp"],
-    ]
-    .into_iter()
-    .filter_map(|t| t.as_str()?.parse::<jiff::Timestamp>().ok())
-    .max()
-}
-
-/// One pass of the garbage collector; returns whether it changed anything.
-pub fn collect_garbage(txn: &mut Txn<'_>) -> bool {
-    let mut changed = false;
-    let mut objects: Vec<(String, Arc<Value>)> = Vec::new();
-    for gr in txn.state.all_groups() {
-        for (_, obj) in txn.state.list(&gr, None) {
-            objects.push((gr.clone(), obj.clone()));
-        }
-    }
-    let gc_opts = WriteOpts {
-        manager: "generic-garbage-collector".into(),
-        dry_run: false,
-        field_validation: FieldValidation::Ignore,
-    };
-    let rt_of = |txn: &Txn<'_>, gr: &str| txn.state.registry.by_group_resource(gr);
-    // Owners being deleted in the foreground or with orphaning.
-    for (gr, owner) in &objects {
-        if owner["metadata"]["deletionTimestamp"].is_null() {
-            continue;
-        }
-        let orphan = has_finalizer(owner, "orphan");
-        let foreground = has_finalizer(owner, "foregroundDeletion");
-        if !orphan && !foreground {
-            continue;
-        }
-        let uid = meta_str(owner, "uid").to_string();
-        let mut dependents_left = false;
-        for (dgr, dep) in &objects {
-            if !owner_uids(dep).contains(&uid) {
-                continue;
-            }
-            let Some(drt) = rt_of(txn, dgr) else { continue };
-            let (dns, dname) = (
-                meta_str(dep, "namespace").to_string(),
-                meta_str(dep, "name").to_string(),
-            );
-            let Some(current) = txn.state.get(dgr, &dns, &dname) else {
-                continue;
-            };
-            if orphan {
-                let mut next = (*current).clone();
-                if let Some(refs) = next["metadata"]["ownerReferences"].as_array_mut() {
-                    refs.retain(|r| r["uid"] != json!(uid));
-                }
-                let _ = commit_update(
-                    txn,
-                    &drt,
-                    &current,
-                    next,
-                    false,
-                    &gc_opts,
-                    Precondition::Patch,
-                    false,
-                );
-            } else {
-                dependents_left = true;
-                if current["metadata"]["deletionTimestamp"].is_null() {
-                    let _ = delete(
-                        txn,
-                        &drt,
-                        &dns,
-                        &dname,
-                        Propagation::Foreground,
-                        None,
-                        None,
-                        false,
-                    );
-                }
-            }
-            changed = true;
-        }
-        if orphan || !dependents_left {
-            let Some(ort) = rt_of(txn, gr) else { continue };
-            let (ons, oname) = (
-                meta_str(owner, "namespace").to_string(),
-                meta_str(owner, "name").to_string(),
-            );
-            if let Some(current) = txn.state.get(gr, &ons, &oname) {
-                let mut next = (*current).clone();
-                if let Some(f) = next["metadata"]["finalizers"].as_array_mut() {
-                    f.retain(|x| x != "orphan" && x != "foregroundDeletion");
-                }
-                let _ = commit_update(
-                    txn,
-                    &ort,
-                    &current,
-                    next,
-                    false,
-                    &gc_opts,
-                    Precondition::Patch,
-                    false,
-                );
-                changed = true;
-            }
-        }
-    }
-    // Dependents whose owners are all gone.
-    for (gr, dep) in &objects {
-        if owner_uids(dep).is_empty() {
-            continue;
-        }
-        // Earlier steps of this pass may have changed it (orphaning drops references).
-        let (dns, dname) = (
-            meta_str(dep, "namespace").to_string(),
-            meta_str(dep, "name").to_string(),
-        );
-        let Some(current) = txn.state.get(gr, &dns, &dname) else {
-            continue;
-        };
-        let owners = owner_uids(&current);
-        if owners.is_empty() || !current["metadata"]["deletionTimestamp"].is_null() {
-            continue;
-        }
-        let alive: Vec<&String> = owners.iter().filter(|u| txn.state.uid_exists(u)).collect();
-        if alive.len() == owners.len() {
-            continue;
-        }
-        let Some(drt) = rt_of(txn, gr) else { continue };
-        if alive.is_empty() {
-            let _ = delete(
-                txn,
-                &drt,
-                &dns,
-                &dname,
-                Propagation::Background,
-                None,
-                None,
-                false,
-            );
-        } else {
-            let mut next = (*current).clone();
-            if let Some(refs) = next["metadata"]["ownerReferences"].as_array_mut() {
-                refs.retain(|r| r["uid"].as_str().is_some_and(|u| txn.state.uid_exists(u)));
-            }
-            let _ = commit_update(
-                txn,
-                &drt,
-                &current,
-                next,
-                false,
-                &gc_opts,
-                Precondition::Patch,
-                false,
-            );
-        }
-        changed = true;
-    }
-    changed
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::event_conversion::STORED_RESOURCE;
-    use crate::store::Store;
-    use std::time::Duration;
-
-    fn event(name: &str, created: &str, extra: Value) -> Value {
-        let mut e = json!({
-            "apiVersion": "events.k8s.io/v1",
-            "kind": "Event",
-            "metadata": {"name": name, "namespace": "default", "creationTimestamp": created},
-        });
-        json_patch::merge(&mut e, &extra);
-        e
-    }
-
-    #[test]
-    fn core_events_stored_apart_by_earlier_versions_move_to_the_shared_storage() {
-        let store = Store::new(100);
-        let legacy = json!({
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"name": "t.1", "namespace": "default", "uid": "e1"},
-            "involvedObject": {"kind": "Task", "name": "t"},
-            "message": "attempt 1 started",
-        });
-        store
-            .write(|txn| {
-                txn.put("events", legacy);
-                Ok::<_, ()>(migrate_core_events(txn))
-            })
-            .unwrap();
-        assert!(store.read(|s| s.list("events", None).next().is_none()));
-        let moved = store
-            .read(|s| s.get(STORED_RESOURCE, "default", "t.1"))
-            .expect("moved");
-        assert_eq!(moved["apiVersion"], "events.k8s.io/v1");
-        assert_eq!(moved["note"], "attempt 1 started");
-        assert_eq!(moved["regarding"]["name"], "t");
-        assert_eq!(moved["metadata"]["uid"], "e1");
-    }
-
-    #[test]
-    fn events_expire_an_hour_after_they_last_happened() {
-        let store = Store::new(100);
-        store
-            .write(|txn| {
-                txn.put(STORED_RESOURCE, event("old", "2026-01-01T10:00:00Z", json!({})));
-                txn.put(
-                    STORED_RESOURCE,
-                    event("recent", "2026-01-01T10:30:00Z", json!({})),
-                );
-                // Created long ago, but it happened again a minute ago.
-                txn.put(
-                    STORED_RESOURCE,
-                    event(
-                        "repeating",
-                        "2026-01-01T09:00:00Z",
-                        json!({"series": {"count": 9, "lastObservedTime": "2026-01-01T11:04:00.000000Z"}}),
-                    ),
-                );
-                txn.put(
-                    "configmaps",
-                    event("not-an-event", "2026-01-01T00:00:00Z", json!({})),
-                );
-                Ok::<_, ()>(())
-            })
-            .unwrap();
-        let now: jiff::Timestamp = "2026-01-01T11:05:00Z".parse().unwrap();
-        let expired = store
-            .write(|txn| Ok::<_, ()>(expire_events(txn, now, Duration::from_secs(3600))))
-            .unwrap();
-        assert_eq!(expired, 1);
-        let left: Vec<String> = store.read(|s| {
-            s.list(STORED_RESOURCE, None)
-                .map(|((_, n), _)| n.clone())
-                .collect()
-        });
-        assert_eq!(left, ["recent", "repeating"]);
-        assert!(store.read(|s| s.get("configmaps", "default", "not-an-event").is_some()));
-    }
 }

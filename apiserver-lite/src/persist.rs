@@ -35,10 +35,15 @@ pub struct Loaded {
 
 impl Persistence {
     pub fn open(path: &Path) -> Result<(Self, Loaded), Error> {
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)?;
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            crate::private_files::create_dir(dir)?;
         }
-        let db = Database::create(path).map_err(|e| storage_err(path, e))?;
+        // It holds Secrets: opened 0600 here, before redb writes a byte.
+        let file = crate::private_files::open(path)?;
+        let backend = redb::backends::FileBackend::new(file).map_err(|e| storage_err(path, e))?;
+        let db = Database::builder()
+            .create_with_backend(backend)
+            .map_err(|e| storage_err(path, e))?;
         let p = Persistence {
             db,
             path: path.to_path_buf(),

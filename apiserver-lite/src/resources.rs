@@ -42,6 +42,9 @@ pub struct ResourceType {
     pub storage: bool,
     /// How objects are converted between this type and the form they are stored in.
     pub conversion: Conversion,
+    /// A review (SelfSubjectAccessReview and the like): only created,
+    /// answered at once and never stored.
+    pub review: bool,
 }
 
 /// How a resource type's objects relate to the form they are stored in.
@@ -114,6 +117,9 @@ impl ResourceType {
 
     /// Verbs as discovery lists them.
     pub fn verbs(&self) -> Vec<&'static str> {
+        if self.review {
+            return vec!["create"];
+        }
         vec![
             "create",
             "delete",
@@ -186,6 +192,9 @@ struct Builtin {
     kind: &'static str,
     namespaced: bool,
     short_names: &'static [&'static str],
+    /// The categories a real server puts the kind in (`kubectl get all`
+    /// expands `all` from discovery).
+    categories: &'static [&'static str],
     status: bool,
 }
 
@@ -198,6 +207,7 @@ const BUILTINS: &[Builtin] = &[
         kind: "Namespace",
         namespaced: false,
         short_names: &["ns"],
+        categories: &[],
         status: true,
     },
     Builtin {
@@ -208,6 +218,7 @@ const BUILTINS: &[Builtin] = &[
         kind: "ConfigMap",
         namespaced: true,
         short_names: &["cm"],
+        categories: &[],
         status: false,
     },
     Builtin {
@@ -218,6 +229,7 @@ const BUILTINS: &[Builtin] = &[
         kind: "Secret",
         namespaced: true,
         short_names: &[],
+        categories: &[],
         status: false,
     },
     Builtin {
@@ -228,6 +240,7 @@ const BUILTINS: &[Builtin] = &[
         kind: "Event",
         namespaced: true,
         short_names: &["ev"],
+        categories: &[],
         status: false,
     },
     Builtin {
@@ -238,6 +251,7 @@ const BUILTINS: &[Builtin] = &[
         kind: "ServiceAccount",
         namespaced: true,
         short_names: &["sa"],
+        categories: &[],
         status: false,
     },
     Builtin {
@@ -248,6 +262,7 @@ const BUILTINS: &[Builtin] = &[
         kind: "Event",
         namespaced: true,
         short_names: &["ev"],
+        categories: &[],
         status: false,
     },
     Builtin {
@@ -258,6 +273,7 @@ const BUILTINS: &[Builtin] = &[
         kind: "Lease",
         namespaced: true,
         short_names: &[],
+        categories: &[],
         status: false,
     },
     Builtin {
@@ -268,6 +284,7 @@ const BUILTINS: &[Builtin] = &[
         kind: "Deployment",
         namespaced: true,
         short_names: &["deploy"],
+        categories: &["all"],
         status: true,
     },
     Builtin {
@@ -278,6 +295,7 @@ const BUILTINS: &[Builtin] = &[
         kind: "Role",
         namespaced: true,
         short_names: &[],
+        categories: &[],
         status: false,
     },
     Builtin {
@@ -288,6 +306,7 @@ const BUILTINS: &[Builtin] = &[
         kind: "RoleBinding",
         namespaced: true,
         short_names: &[],
+        categories: &[],
         status: false,
     },
     Builtin {
@@ -298,6 +317,7 @@ const BUILTINS: &[Builtin] = &[
         kind: "ClusterRole",
         namespaced: false,
         short_names: &[],
+        categories: &[],
         status: false,
     },
     Builtin {
@@ -308,6 +328,7 @@ const BUILTINS: &[Builtin] = &[
         kind: "ClusterRoleBinding",
         namespaced: false,
         short_names: &[],
+        categories: &[],
         status: false,
     },
     Builtin {
@@ -318,9 +339,64 @@ const BUILTINS: &[Builtin] = &[
         kind: "CustomResourceDefinition",
         namespaced: false,
         short_names: &["crd", "crds"],
+        categories: &["api-extensions"],
         status: true,
     },
 ];
+
+/// The reviews served: group, version, plural, kind. authentication.k8s.io
+/// v1beta1 is still served by 1.32 servers, and is the one kubectl 1.27's
+/// `auth whoami` asks.
+const REVIEWS: &[(&str, &str, &str, &str)] = &[
+    (
+        "authentication.k8s.io",
+        "v1",
+        "selfsubjectreviews",
+        "SelfSubjectReview",
+    ),
+    (
+        "authentication.k8s.io",
+        "v1beta1",
+        "selfsubjectreviews",
+        "SelfSubjectReview",
+    ),
+    (
+        "authorization.k8s.io",
+        "v1",
+        "selfsubjectaccessreviews",
+        "SelfSubjectAccessReview",
+    ),
+    (
+        "authorization.k8s.io",
+        "v1",
+        "selfsubjectrulesreviews",
+        "SelfSubjectRulesReview",
+    ),
+];
+
+fn reviews() -> impl Iterator<Item = ResourceType> {
+    REVIEWS
+        .iter()
+        .map(|&(group, version, plural, kind)| ResourceType {
+            group: group.into(),
+            version: version.into(),
+            plural: plural.into(),
+            singular: kind.to_lowercase(),
+            kind: kind.into(),
+            list_kind: format!("{kind}List"),
+            namespaced: false,
+            short_names: Vec::new(),
+            categories: Vec::new(),
+            status_subresource: false,
+            columns: Vec::new(),
+            schema: None,
+            custom: false,
+            // The preferred version of its group.
+            storage: version == "v1",
+            conversion: Conversion::None,
+            review: true,
+        })
+}
 
 pub fn builtins() -> Vec<ResourceType> {
     BUILTINS
@@ -362,7 +438,7 @@ pub fn builtins() -> Vec<ResourceType> {
                 list_kind: format!("{}List", b.kind),
                 namespaced: b.namespaced,
                 short_names: b.short_names.iter().map(|s| s.to_string()).collect(),
-                categories: Vec::new(),
+                categories: b.categories.iter().map(|s| s.to_string()).collect(),
                 status_subresource: b.status,
                 columns,
                 schema: None,
@@ -370,8 +446,10 @@ pub fn builtins() -> Vec<ResourceType> {
                 // core/v1 Events are a view of events.k8s.io/v1, which stores them.
                 storage: conversion == Conversion::None,
                 conversion,
+                review: false,
             }
         })
+        .chain(reviews())
         .collect()
 }
 
@@ -465,6 +543,7 @@ pub fn from_crd(crd: &Value) -> Result<Vec<ResourceType>, Vec<FieldError>> {
             custom: true,
             storage: v["storage"].as_bool().unwrap_or(false),
             conversion: Conversion::None,
+            review: false,
         });
     }
     if errors.is_empty() {
@@ -569,5 +648,43 @@ impl Registry {
 
     pub fn all(&self) -> Vec<Arc<ResourceType>> {
         self.by_gvr.values().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn discovery_puts_built_ins_in_the_real_servers_categories() {
+        let reg = Registry::with_builtins();
+        let categories = |group: &str, plural: &str| {
+            let rt = reg.get(group, "v1", plural).expect("served");
+            rt.discovery_entries()[0]["categories"].clone()
+        };
+        assert_eq!(categories("apps", "deployments"), json!(["all"]));
+        assert_eq!(
+            categories("apiextensions.k8s.io", "customresourcedefinitions"),
+            json!(["api-extensions"])
+        );
+        // Absent rather than empty, as a real server lists kinds without one.
+        assert_eq!(categories("", "configmaps"), Value::Null);
+    }
+
+    #[test]
+    fn reviews_are_create_only_and_cluster_wide() {
+        let reg = Registry::with_builtins();
+        for (group, version, plural) in [
+            ("authentication.k8s.io", "v1", "selfsubjectreviews"),
+            ("authentication.k8s.io", "v1beta1", "selfsubjectreviews"),
+            ("authorization.k8s.io", "v1", "selfsubjectaccessreviews"),
+            ("authorization.k8s.io", "v1", "selfsubjectrulesreviews"),
+        ] {
+            let rt = reg.get(group, version, plural).expect("served");
+            let entry = &rt.discovery_entries()[0];
+            assert_eq!(entry["verbs"], json!(["create"]), "{plural}");
+            assert_eq!(entry["namespaced"], json!(false), "{plural}");
+        }
+        assert_eq!(reg.groups()["authentication.k8s.io"], ["v1", "v1beta1"]);
     }
 }

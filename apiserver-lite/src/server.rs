@@ -11,12 +11,14 @@ use serde_json::json;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::authz::{Authenticator, User};
+use crate::authz::{Authenticator, Identity, User};
 use crate::error::{Error, Result};
+use crate::event_ttl::expire_events;
 use crate::http::{self, App};
 use crate::ops::{self, FieldValidation, WriteOpts};
 use crate::persist::Persistence;
 use crate::store::Store;
+use crate::{crd, event_conversion, gc};
 
 /// The file the server keeps its objects in, inside the data directory.
 pub const DATA_FILE: &str = "apiserver.redb";
@@ -174,10 +176,7 @@ pub async fn start(config: Config) -> Result<RunningServer> {
         store
             .write(|txn| {
                 for crd in &crds {
-                    if let Ok(types) = crate::resources::from_crd(crd) {
-                        let name = crd["metadata"]["name"].as_str().unwrap_or_default();
-                        txn.state.registry.register_crd(name, types);
-                    }
+                    crd::register(txn, crd);
                 }
                 Ok::<_, ()>(())
             })
@@ -186,7 +185,7 @@ pub async fn start(config: Config) -> Result<RunningServer> {
         store.set_persist(Some(tx));
         persist_task = Some(tokio::spawn(db.run(rx)));
         let moved = store
-            .write(|txn| Ok::<_, ()>(ops::migrate_core_events(txn)))
+            .write(|txn| Ok::<_, ()>(event_conversion::migrate_core_events(txn)))
             .unwrap_or(0);
         if moved > 0 {
             tracing::info!(moved, "core/v1 Events moved to the storage both Event APIs share");
@@ -265,6 +264,7 @@ fn ensure_namespaces(store: &Store) {
         manager: "apiserver-lite".into(),
         dry_run: false,
         field_validation: FieldValidation::Ignore,
+        identity: Identity::Admin,
     };
     let _ = store.write(|txn| {
         let rt = txn
@@ -296,7 +296,7 @@ async fn collector(store: Arc<Store>, event_ttl: Duration, cancel: CancellationT
             _ = tick.tick() => {}
             _ = expiry.tick() => {
                 let _ = store.write(|txn| {
-                    let expired = ops::expire_events(txn, jiff::Timestamp::now(), event_ttl);
+                    let expired = expire_events(txn, jiff::Timestamp::now(), event_ttl);
                     if expired > 0 {
                         tracing::debug!(expired, "events past their TTL deleted");
                     }
@@ -308,7 +308,7 @@ async fn collector(store: Arc<Store>, event_ttl: Duration, cancel: CancellationT
         }
         let _ = store.write(|txn| {
             for _ in 0..16 {
-                if !ops::collect_garbage(txn) {
+                if !gc::collect_garbage(txn) {
                     break;
                 }
             }
@@ -426,23 +426,10 @@ pub fn kubeconfig_yaml(server: &str, token: &str, ca_pem: Option<&str>) -> Strin
     )
 }
 
-/// Writes a kubeconfig readable by its owner only (it holds the token).
+/// Writes a kubeconfig readable by its owner only (it holds the token),
+/// never readable by others even for a moment (see [`crate::private_files`]).
 pub fn write_kubeconfig(path: &Path, yaml: &str) -> Result<()> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)?;
-    }
-    write_private(path, yaml)
-}
-
-/// Writes a file only its owner can read.
-pub fn write_private(path: &Path, contents: &str) -> Result<()> {
-    std::fs::write(path, contents)?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    }
-    Ok(())
+    Ok(crate::private_files::write(path, yaml.as_bytes())?)
 }
 
 pub async fn client_for(kubeconfig: &str) -> Result<kube::Client> {

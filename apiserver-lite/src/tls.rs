@@ -37,6 +37,7 @@ pub fn load_or_generate(dir: Option<&Path>, bind: IpAddr) -> Result<TlsMaterial,
     if let Some(dir) = dir {
         let (c, k) = (dir.join(CERT_FILE), dir.join(KEY_FILE));
         if c.exists() && k.exists() {
+            crate::private_files::narrow_existing(&k)?;
             return Ok(TlsMaterial {
                 cert_pem: std::fs::read_to_string(c)?,
                 key_pem: std::fs::read_to_string(k)?,
@@ -57,9 +58,8 @@ pub fn load_or_generate(dir: Option<&Path>, bind: IpAddr) -> Result<TlsMaterial,
         key_pem: generated.signing_key.serialize_pem(),
     };
     if let Some(dir) = dir {
-        std::fs::create_dir_all(dir)?;
+        crate::private_files::write(&dir.join(KEY_FILE), m.key_pem.as_bytes())?;
         std::fs::write(dir.join(CERT_FILE), &m.cert_pem)?;
-        crate::server::write_private(&dir.join(KEY_FILE), &m.key_pem)?;
     }
     Ok(m)
 }

@@ -375,3 +375,186 @@ async fn kubectl_describe_shows_recorded_events() {
     }
     server.shutdown().await.unwrap();
 }
+
+/// A server whose users come from a token file, as `--token-auth-file`
+/// reads it, and a kubeconfig for each of its tokens.
+struct WithUsers {
+    server: apiserver_lite::RunningServer,
+    dir: tempfile::TempDir,
+}
+
+/// alice's token: she may do nothing but what every user may until
+/// [`GRANT_ALICE`] lets her read ConfigMaps in `default`.
+const ALICE_TOKEN: &str = "alice-token";
+
+impl WithUsers {
+    async fn start() -> WithUsers {
+        use clap::Parser;
+        let dir = tempfile::tempdir().unwrap();
+        let tokens = dir.path().join("tokens.csv");
+        std::fs::write(&tokens, format!("{ALICE_TOKEN},alice,1001,\"ops,dev\"\n")).unwrap();
+        let args = apiserver_lite::cli::Args::parse_from([
+            "apiserver-lite",
+            "--in-memory",
+            "--bind",
+            "127.0.0.1:0",
+            "--token-auth-file",
+            tokens.to_str().unwrap(),
+        ]);
+        let server = args.config().unwrap().start().await.unwrap();
+        server.write_kubeconfig(&dir.path().join("admin")).unwrap();
+        let alice = apiserver_lite::kubeconfig_yaml(&server.url(), ALICE_TOKEN, server.ca_pem());
+        apiserver_lite::write_kubeconfig(&dir.path().join("alice"), &alice).unwrap();
+        WithUsers { server, dir }
+    }
+
+    fn kubectl(&self, bin: &str, user: &str) -> Option<Kubectl> {
+        Kubectl::new(bin, &self.dir.path().join(user))
+    }
+}
+
+const GRANT_ALICE: &str = "apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: read-cms, namespace: default}
+rules:
+- {apiGroups: [\"\"], resources: [configmaps], verbs: [get, list]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: alice-reads, namespace: default}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: read-cms}
+subjects:
+- {apiGroup: rbac.authorization.k8s.io, kind: User, name: alice}
+";
+
+async fn kubectl_auth(bin: &str) {
+    let users = WithUsers::start().await;
+    let (Some(admin), Some(alice)) = (users.kubectl(bin, "admin"), users.kubectl(bin, "alice")) else {
+        return;
+    };
+    let table = |out: &str| -> Vec<Vec<String>> {
+        out.lines()
+            .map(|l| {
+                l.split("  ")
+                    .map(str::trim)
+                    .filter(|c| !c.is_empty())
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .collect()
+    };
+
+    let me = table(&alice.ok(&["auth", "whoami"]));
+    assert_eq!(me[0], ["ATTRIBUTE", "VALUE"], "{me:?}");
+    assert!(me.contains(&vec!["Username".into(), "alice".into()]), "{me:?}");
+    assert!(me.contains(&vec!["UID".into(), "1001".into()]), "{me:?}");
+    assert!(
+        me.contains(&vec!["Groups".into(), "[ops dev system:authenticated]".into()]),
+        "{me:?}"
+    );
+    let me = admin.ok(&["auth", "whoami", "-o", "jsonpath={.status.userInfo.username}"]);
+    assert_eq!(me, "apiserver-lite:admin");
+
+    // `no` is an exit status of 1, and what the server then enforces.
+    let no = alice.fails(&["auth", "can-i", "list", "configmaps"], None);
+    assert_eq!(no.trim(), "no", "{bin}");
+    let denied = alice.fails(&["get", "configmaps"], None);
+    assert!(denied.contains("forbidden"), "{denied}");
+    assert_eq!(admin.ok(&["auth", "can-i", "list", "configmaps"]).trim(), "yes");
+
+    admin.ok_stdin(&["apply", "-f", "-"], GRANT_ALICE);
+    assert_eq!(alice.ok(&["auth", "can-i", "list", "configmaps"]).trim(), "yes");
+    alice.ok(&["get", "configmaps"]);
+    let elsewhere = alice.fails(
+        &["auth", "can-i", "list", "configmaps", "-n", "kube-system"],
+        None,
+    );
+    assert_eq!(elsewhere.trim(), "no");
+    let create = alice.fails(&["auth", "can-i", "create", "configmaps"], None);
+    assert_eq!(create.trim(), "no");
+    assert_eq!(alice.ok(&["auth", "can-i", "get", "/version"]).trim(), "yes");
+    assert_eq!(alice.fails(&["auth", "can-i", "get", "/"], None).trim(), "no");
+
+    // --list: the bound Role's rules beside what every user may do.
+    let rules = table(&alice.ok(&["auth", "can-i", "--list"]));
+    assert_eq!(
+        rules[0],
+        ["Resources", "Non-Resource URLs", "Resource Names", "Verbs"],
+        "{rules:?}"
+    );
+    for expected in [
+        vec!["configmaps", "[]", "[]", "[get list]"],
+        vec![
+            "selfsubjectaccessreviews.authorization.k8s.io",
+            "[]",
+            "[]",
+            "[create]",
+        ],
+        vec!["[/version]", "[]", "[get]"],
+    ] {
+        assert!(
+            rules.contains(&expected.iter().map(|s| s.to_string()).collect()),
+            "{bin}: {expected:?} not in {rules:?}"
+        );
+    }
+    let everything = table(&admin.ok(&["auth", "can-i", "--list"]));
+    assert!(
+        everything.contains(&vec!["*.*".into(), "[]".into(), "[]".into(), "[*]".into()]),
+        "{everything:?}"
+    );
+    users.server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_1_32_auth_whoami_and_can_i() {
+    kubectl_auth(KUBECTLS[0]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_1_27_auth_whoami_and_can_i() {
+    kubectl_auth(KUBECTLS[1]).await;
+}
+
+/// `kubectl get all` expands the `all` category from discovery: with no
+/// workloads it says so, as a real server's does, and it lists Deployments,
+/// the one kind of that category served here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_get_all() {
+    let server = Config::for_tests().start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kc = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kc).unwrap();
+    let deployment = "apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web, namespace: robots}
+spec:
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec: {containers: [{name: c, image: nginx}]}
+";
+    for bin in KUBECTLS {
+        let Some(k) = Kubectl::new(bin, &kc) else { continue };
+        let (ok, out) = k.run(&["get", "all"], None);
+        assert!(ok, "{bin}: {out}");
+        assert_eq!(out.trim(), "No resources found in default namespace.", "{bin}");
+        let (ok, out) = k.run(&["get", "all", "-A"], None);
+        assert!(ok, "{bin}: {out}");
+        assert_eq!(out.trim(), "No resources found", "{bin}");
+
+        k.ok_stdin(
+            &["apply", "-f", "-"],
+            &format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: robots}}\n---\n{deployment}"),
+        );
+        let out = k.ok(&["get", "all", "-n", "robots", "-o", "name"]);
+        assert_eq!(out.trim(), "deployment.apps/web", "{bin}");
+        let out = k.ok(&["get", "all", "-A"]);
+        assert!(
+            out.lines().any(|l| l.starts_with("robots") && l.contains("web")),
+            "{bin}: {out}"
+        );
+        k.ok(&["delete", "namespace", "robots", "--wait=false"]);
+        k.ok(&["wait", "--for=delete", "namespace/robots", "--timeout", "10s"]);
+    }
+    server.shutdown().await.unwrap();
+}

@@ -1,0 +1,266 @@
+//! The verbs on objects (get, create, update, patch, delete) and
+//! deletecollection: each reads its body and options, leaves the write to
+//! [`ops`] in one store transaction, and answers in the shape asked for.
+
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::Response;
+use serde_json::{json, Value};
+
+use super::list::Selection;
+use super::request::Verb;
+use super::response::{json_response, object_response, with_version, written, Shape};
+use super::{Call, Query};
+use crate::error::ApiError;
+use crate::ops::{self, Deleted, FieldValidation, PatchType, Propagation, WriteOpts};
+
+pub(super) fn get(call: &Call<'_>, name: &str) -> Result<Response, ApiError> {
+    let rt = &call.rt;
+    let gr = rt.stored_resource();
+    let obj = call
+        .app
+        .store
+        .read(|s| s.get(&gr, call.path.namespace.unwrap_or_default(), name))
+        .ok_or_else(|| ApiError::not_found(&rt.group_resource(), name))?;
+    Ok(object_response(rt, StatusCode::OK, &obj, call.shape))
+}
+
+pub(super) fn create(call: &Call<'_>) -> Result<Response, ApiError> {
+    let rt = &call.rt;
+    let ns = namespace_for_write(call)?;
+    let obj = decode(&call.body, call.headers)?;
+    let opts = write_opts(call)?;
+    let w = call
+        .app
+        .store
+        .write(|txn| ops::create(txn, rt, ns, obj, &opts, None))?;
+    Ok(written(rt, StatusCode::CREATED, w, call.shape))
+}
+
+pub(super) fn update(call: &Call<'_>, name: &str) -> Result<Response, ApiError> {
+    let rt = &call.rt;
+    let ns = namespace_for_write(call)?;
+    let obj = decode(&call.body, call.headers)?;
+    let opts = write_opts(call)?;
+    let gr = rt.stored_resource();
+    let w = call.app.store.write(|txn| {
+        let old = txn
+            .state
+            .get(&gr, ns, name)
+            .ok_or_else(|| ApiError::not_found(&rt.group_resource(), name))?;
+        ops::commit_update(
+            txn,
+            rt,
+            &old,
+            obj,
+            call.status,
+            &opts,
+            ops::Precondition::Put,
+            false,
+        )
+    })?;
+    Ok(written(rt, StatusCode::OK, w, call.shape))
+}
+
+pub(super) fn patch(call: &Call<'_>, name: &str) -> Result<Response, ApiError> {
+    let rt = &call.rt;
+    let ns = namespace_for_write(call)?;
+    let ct = content_type(call.headers).unwrap_or_default();
+    let kind = PatchType::from_content_type(ct).ok_or_else(|| {
+        ApiError::unsupported_media_type(format!("the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json (content type {ct:?})"))
+    })?;
+    let mut opts = write_opts(call)?;
+    if kind == PatchType::Apply {
+        let Some(manager) = call.query.get("fieldManager") else {
+            return Err(ApiError::bad_request(
+                "PATCH requests with apply content type require fieldManager",
+            ));
+        };
+        opts.manager = manager.clone();
+        // An apply that brings the object into being needs `create` as
+        // well, as on the real server.
+        let gr = rt.stored_resource();
+        if call.app.store.read(|s| s.get(&gr, ns, name).is_none()) {
+            call.authorize(Verb::Create)?;
+        }
+    }
+    let force = call.query.get("force").is_some_and(|f| f == "true");
+    let w = call
+        .app
+        .store
+        .write(|txn| ops::patch(txn, rt, ns, name, kind, &call.body, call.status, force, &opts))?;
+    let code = if w.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok(written(rt, code, w, call.shape))
+}
+
+pub(super) fn delete(call: &Call<'_>, name: &str) -> Result<Response, ApiError> {
+    let rt = &call.rt;
+    let ns = namespace_for_write(call)?;
+    let opts = delete_opts(call.query, &call.body)?;
+    let res = call.app.store.write(|txn| {
+        ops::delete(
+            txn,
+            rt,
+            ns,
+            name,
+            opts.propagation,
+            opts.uid.as_deref(),
+            opts.rv.as_deref(),
+            opts.dry_run,
+        )
+    })?;
+    Ok(match res {
+        Deleted::Gone(obj) => json_response(
+            StatusCode::OK,
+            &json!({
+                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                "details": {"name": name, "group": rt.group, "kind": rt.plural, "uid": obj["metadata"]["uid"]},
+            }),
+        ),
+        Deleted::Pending(obj) => object_response(rt, StatusCode::OK, &obj, Shape::Full),
+    })
+}
+
+pub(super) fn delete_collection(call: &Call<'_>) -> Result<Response, ApiError> {
+    let rt = &call.rt;
+    let selection = Selection::from_query(call.query)?;
+    let opts = delete_opts(call.query, &call.body)?;
+    let gr = rt.stored_resource();
+    let deleted = call.app.store.write(|txn| {
+        let keys: Vec<(String, String)> = txn
+            .state
+            .list(&gr, call.path.namespace)
+            .filter(|(_, o)| selection.selects(rt, o))
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut out = Vec::new();
+        for (kns, name) in keys {
+            match ops::delete(txn, rt, &kns, &name, opts.propagation, None, None, opts.dry_run)? {
+                Deleted::Gone(o) | Deleted::Pending(o) => out.push(o),
+            }
+        }
+        Ok::<_, ApiError>(out)
+    })?;
+    let items: Vec<Value> = deleted.iter().map(|o| with_version(rt, o)).collect();
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({"kind": rt.list_kind, "apiVersion": rt.api_version(), "metadata": {}, "items": items}),
+    ))
+}
+
+/// The namespace a write goes to: `""` for cluster-scoped kinds; a
+/// namespaced kind written outside a namespace path names nothing.
+fn namespace_for_write<'a>(call: &Call<'a>) -> Result<&'a str, ApiError> {
+    match (call.rt.namespaced, call.path.namespace) {
+        (true, Some(n)) => Ok(n),
+        (true, None) => Err(ApiError::no_route()),
+        (false, _) => Ok(""),
+    }
+}
+
+fn content_type(headers: &HeaderMap) -> Option<&str> {
+    headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok())
+}
+
+pub(super) fn decode(body: &[u8], headers: &HeaderMap) -> Result<Value, ApiError> {
+    let ct = content_type(headers).unwrap_or("application/json");
+    if ct.contains("protobuf") {
+        return Err(ApiError::unsupported_media_type(format!("the body of the request was in an unknown format - accepted media types include: application/json, application/yaml (content type {ct:?})")));
+    }
+    let v: Value = if ct.contains("yaml") {
+        serde_yaml::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?
+    } else {
+        serde_json::from_slice(body).map_err(|e| {
+            ApiError::bad_request(format!(
+                "the body of the request could not be decoded as JSON: {e}"
+            ))
+        })?
+    };
+    if !v.is_object() {
+        return Err(ApiError::bad_request(
+            "the body of the request must be a JSON object",
+        ));
+    }
+    Ok(v)
+}
+
+fn write_opts(call: &Call<'_>) -> Result<WriteOpts, ApiError> {
+    let (query, headers) = (call.query, call.headers);
+    let manager = match query.get("fieldManager") {
+        Some(m) => m.clone(),
+        None => headers
+            .get(header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|ua| ua.split('/').next())
+            .filter(|s| !s.is_empty())
+            .unwrap_or("unknown")
+            .to_string(),
+    };
+    let field_validation = match query.get("fieldValidation").map(String::as_str) {
+        None | Some("") | Some("Warn") => FieldValidation::Warn,
+        Some("Strict") => FieldValidation::Strict,
+        Some("Ignore") => FieldValidation::Ignore,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "fieldValidation must be one of Ignore, Warn or Strict, not {other:?}"
+            )))
+        }
+    };
+    Ok(WriteOpts {
+        manager,
+        dry_run: query.get("dryRun").is_some_and(|d| d == "All"),
+        field_validation,
+        identity: call.identity.clone(),
+    })
+}
+
+/// DeleteOptions, from the body or the query.
+struct DeleteOpts {
+    propagation: Propagation,
+    uid: Option<String>,
+    rv: Option<String>,
+    dry_run: bool,
+}
+
+fn delete_opts(query: &Query, body: &[u8]) -> Result<DeleteOpts, ApiError> {
+    let b: Value = if body.iter().all(|c| c.is_ascii_whitespace()) {
+        json!({})
+    } else {
+        serde_json::from_slice(body).map_err(|e| {
+            ApiError::bad_request(format!(
+                "the body of the request could not be decoded as DeleteOptions: {e}"
+            ))
+        })?
+    };
+    let policy = b["propagationPolicy"]
+        .as_str()
+        .map(String::from)
+        .or_else(|| query.get("propagationPolicy").cloned());
+    let orphan = b["orphanDependents"]
+        .as_bool()
+        .or_else(|| query.get("orphanDependents").map(|o| o == "true"));
+    let propagation = match (policy.as_deref(), orphan) {
+        (Some("Foreground"), _) => Propagation::Foreground,
+        (Some("Orphan"), _) | (None, Some(true)) => Propagation::Orphan,
+        (Some("Background") | None, _) => Propagation::Background,
+        (Some(other), _) => {
+            return Err(ApiError::bad_request(format!(
+                "unknown propagationPolicy {other:?}"
+            )))
+        }
+    };
+    let dry_run = b["dryRun"]
+        .as_array()
+        .is_some_and(|a| a.iter().any(|d| d == "All"))
+        || query.get("dryRun").is_some_and(|d| d == "All");
+    Ok(DeleteOpts {
+        propagation,
+        uid: b["preconditions"]["uid"].as_str().map(String::from),
+        rv: b["preconditions"]["resourceVersion"].as_str().map(String::from),
+        dry_run,
+    })
+}

@@ -1,0 +1,95 @@
+//! The reviews a user asks about itself: who am I (SelfSubjectReview,
+//! `kubectl auth whoami`), may I (SelfSubjectAccessReview, `kubectl auth
+//! can-i`) and what may I (SelfSubjectRulesReview, `kubectl auth can-i
+//! --list`). Each is answered at once from the same bindings that authorize
+//! requests, and never stored.
+
+mod protobuf;
+
+use axum::http::{header, StatusCode};
+use axum::response::Response;
+use serde_json::{json, Value};
+
+use super::objects::decode;
+use super::response::json_response;
+use super::Call;
+use crate::authz::{self, Attributes, PathAttributes, Review};
+use crate::error::{ApiError, FieldError};
+
+pub(super) fn create(call: &Call<'_>) -> Result<Response, ApiError> {
+    let rt = &call.rt;
+    let content_type = call
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    let review = if content_type.starts_with("application/vnd.kubernetes.protobuf") {
+        protobuf::decode(&call.body)?
+    } else {
+        decode(&call.body, call.headers)?
+    };
+    crate::ops::check_type(rt, &review)?;
+    let spec = &review["spec"];
+    let (app, identity) = (call.app, call.identity);
+    let status = match rt.kind.as_str() {
+        "SelfSubjectReview" => json!({"userInfo": identity.user_info()}),
+        "SelfSubjectAccessReview" => {
+            let request = access_request(spec)?;
+            let decision = app.store.read(|s| app.auth.review(s, identity, &request));
+            let mut status = json!({"allowed": decision.allowed});
+            if !decision.reason.is_empty() {
+                status["reason"] = json!(decision.reason);
+            }
+            status
+        }
+        "SelfSubjectRulesReview" => {
+            let namespace = spec["namespace"].as_str().filter(|n| !n.is_empty());
+            let (resources, paths) = app.store.read(|s| authz::rules_for(s, identity, namespace));
+            json!({"resourceRules": resources, "nonResourceRules": paths, "incomplete": false})
+        }
+        _ => return Err(ApiError::no_route()),
+    };
+    let mut answer = json!({
+        "kind": rt.kind,
+        "apiVersion": rt.api_version(),
+        "metadata": {"creationTimestamp": null},
+        "status": status,
+    });
+    if rt.kind != "SelfSubjectReview" {
+        answer["spec"] = spec.clone();
+    }
+    Ok(json_response(StatusCode::CREATED, &answer))
+}
+
+/// What a SelfSubjectAccessReview asks: exactly one of a resource request
+/// and a path request. Empty strings mean "none" (all namespaces, no name).
+fn access_request(spec: &Value) -> Result<Review<'_>, ApiError> {
+    fn text<'v>(v: &'v Value, field: &str) -> Option<&'v str> {
+        v[field].as_str().filter(|s| !s.is_empty())
+    }
+    let (resource, path) = (&spec["resourceAttributes"], &spec["nonResourceAttributes"]);
+    match (resource.is_object(), path.is_object()) {
+        (true, false) => Ok(Review::Resource(Attributes {
+            verb: text(resource, "verb").unwrap_or_default(),
+            group: text(resource, "group").unwrap_or_default(),
+            resource: text(resource, "resource").unwrap_or_default(),
+            subresource: text(resource, "subresource"),
+            namespace: text(resource, "namespace"),
+            name: text(resource, "name"),
+        })),
+        (false, true) => Ok(Review::Path(PathAttributes {
+            verb: text(path, "verb").unwrap_or_default(),
+            path: text(path, "path").unwrap_or_default(),
+        })),
+        _ => Err(ApiError::invalid(
+            "SelfSubjectAccessReview",
+            "authorization.k8s.io",
+            "",
+            &[FieldError::invalid(
+                "spec.resourceAttributes",
+                resource,
+                "exactly one of nonResourceAttributes or resourceAttributes must be specified",
+            )],
+        )),
+    }
+}
