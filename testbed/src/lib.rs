@@ -1,6 +1,14 @@
 //! What k8s4r's integration tests share: a free loopback port, polling with
 //! a deadline instead of sleeping, the machine's kubectl, the Mosquitto
-//! binary, and TLS certificates made with openssl.
+//! binary, TLS certificates made with openssl, and fault injection: a TCP
+//! proxy a test can cut, blackhole or slow down ([`proxy`]), and programs it
+//! can SIGKILL and restart ([`process`]).
+
+pub mod process;
+pub mod proxy;
+
+pub use process::Program;
+pub use proxy::{Fault, Proxy};
 
 use std::future::Future;
 use std::net::TcpListener;

@@ -1,2 +1,7 @@
-//! End-to-end tests of k8s4r: see `tests/e2e.rs`. The library is empty; the
-//! package's binary `e2e-agent` is the real agent, run as a process per robot.
+//! End-to-end tests of k8s4r: see `tests/e2e.rs` and `tests/faults.rs`. The
+//! package's binaries (`e2e-agent`, `e2e-server`, `e2e-manager`,
+//! `e2e-apiserver`) are the real programs, run as processes; [`faults`] is
+//! the fault-injection stack and its scenarios, shared by the tests and by
+//! `benches/faults.rs`, which prints their figures.
+
+pub mod faults;

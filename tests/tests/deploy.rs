@@ -467,7 +467,7 @@ async fn next(rx: &mut mpsc::UnboundedReceiver<(String, String)>, what: &str) ->
 
 #[tokio::test]
 async fn deployed_mosquitto_enforces_tls_passwords_and_the_per_robot_acl() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    k8s4r_mqtt::install_crypto_provider();
     let broker = start_deployed_mosquitto(&[("k8s4r-server", "server-pw"), ("r1", "r1-pw"), ("r2", "r2-pw")]);
     let port = broker.port;
     let ca = std::fs::read(broker.dir().join("ca.pem")).unwrap();
@@ -566,7 +566,7 @@ async fn leader_election_works_under_the_deployed_rbac() {
     use kube::Api;
     use tokio_util::sync::CancellationToken;
 
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    k8s4r_mqtt::install_crypto_provider();
     // RUST_LOG=k8s4r_manager=debug,k8s4r_server=debug shows what they did.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -591,7 +591,10 @@ async fn leader_election_works_under_the_deployed_rbac() {
 
     let stop = CancellationToken::new();
     let mut bridge = k8s4r_server::ServerConfig::new(broker.url());
-    bridge.leader_election = true;
+    bridge.leader = Some(k8s4r_service::leader::LeaderConfig::new(
+        k8s4r_server::leader::LEADER_LEASE,
+        "server-a",
+    ));
     bridge.identity = "server-a".to_owned();
     let bridge = tokio::spawn(k8s4r_server::run(
         bridge,
@@ -630,7 +633,7 @@ async fn leader_election_works_under_the_deployed_rbac() {
     })
     .await;
     k8s4r_testbed::eventually(deadline, "the manager to lead", || async {
-        let leads = metrics.leader.load(std::sync::atomic::Ordering::Relaxed);
+        let leads = metrics.is_leader();
         (leads
             && holder(k8s4r::up::SYSTEM_NAMESPACE, "k8s4r-manager")
                 .await
@@ -655,4 +658,20 @@ async fn leader_election_works_under_the_deployed_rbac() {
         denied.join("\n")
     );
     server.shutdown().await.unwrap();
+}
+
+/// The broker refuses what the server and agents would refuse: Mosquitto's
+/// packet limit is the protocol's, so an oversized message is stopped at the
+/// broker (and the publisher disconnected) instead of reaching the server.
+#[test]
+fn the_brokers_packet_limit_is_the_protocols() {
+    let conf = repo_file("deploy/mosquitto/mosquitto.conf");
+    let limit: usize = conf
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("max_packet_size "))
+        .expect("deploy/mosquitto/mosquitto.conf sets max_packet_size")
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(limit, k8s4r_api::protocol::MAX_PACKET_BYTES);
 }

@@ -123,7 +123,9 @@ impl Env {
             .arg("--state-dir")
             .arg(&state_dir)
             .arg("--heartbeat-interval")
-            .arg("1s");
+            .arg("1s")
+            // The scenarios' tasks are raw_exec shell scripts.
+            .args(["--raw-exec", "true", "--allow-root", "true"]);
         for label in labels {
             cmd.arg("--label").arg(label);
         }
@@ -455,10 +457,13 @@ async fn scaling_a_group_down_then_up_replaces_its_tasks() {
 async fn a_killed_agents_task_is_rescheduled_and_completes_elsewhere() {
     let mut env = Env::start(&[("r1", &["pool=x"]), ("r2", &["pool=x"])]).await;
     let script = "echo start; sleep 4; echo finished on $K8S4R_TASK_NAME";
+    // Moved once fenced: 5 s without contact, the kill timeout, the
+    // server's Lease interval and the manager's grace after the last contact.
     env.create_job(job_json(
         "moved",
         serde_json::json!([{ "name": "g", "count": 1, "task": sh(script, "1m"),
-            "robotSelector": { "matchLabels": { "pool": "x" } } }]),
+            "robotSelector": { "matchLabels": { "pool": "x" } },
+            "disconnect": { "stopAfter": "5s" } }]),
     ))
     .await;
     let first = eventually("the task runs", || async {

@@ -1,0 +1,115 @@
+//! A program a test runs as a real process and may SIGKILL, stop and
+//! restart with the same arguments: the server, the manager, the API
+//! server, an agent.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+/// A restartable process, killed (SIGKILL) and reaped on drop. Its stderr
+/// goes to `log` (appended across restarts).
+pub struct Program {
+    name: String,
+    program: PathBuf,
+    args: Vec<String>,
+    envs: Vec<(String, String)>,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Program {
+    /// Starts `program` with `args`, logging to `log`.
+    pub fn start(name: &str, program: &Path, args: Vec<String>, log: &Path) -> Program {
+        Self::start_with_env(name, program, args, Vec::new(), log)
+    }
+
+    /// [`Program::start`] with environment variables.
+    pub fn start_with_env(
+        name: &str,
+        program: &Path,
+        args: Vec<String>,
+        envs: Vec<(String, String)>,
+        log: &Path,
+    ) -> Program {
+        let mut p = Program {
+            name: name.to_owned(),
+            program: program.to_owned(),
+            args,
+            envs,
+            log: log.to_owned(),
+            child: None,
+        };
+        p.spawn();
+        p
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap_or_else(|e| panic!("{}: log {}: {e}", self.name, self.log.display()));
+        let child = Command::new(&self.program)
+            .args(&self.args)
+            .envs(self.envs.iter().map(|(k, v)| (k, v)))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("{}: start {}: {e}", self.name, self.program.display()));
+        self.child = Some(child);
+    }
+
+    /// The process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Sends `signal` to the running process.
+    pub fn signal(&self, signal: Signal) {
+        if let Some(pid) = self.pid() {
+            let _ = kill(Pid::from_raw(pid as i32), signal);
+        }
+    }
+
+    /// SIGKILL and reap: nothing it did not persist survives.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM and wait for it to finish its shutdown.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again with the same arguments.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// Starts it again after [`Program::kill`] or [`Program::stop`].
+    pub fn resume(&mut self) {
+        if self.child.is_none() {
+            self.spawn();
+        }
+    }
+
+    /// What it logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Program {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

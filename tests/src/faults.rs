@@ -1,0 +1,887 @@
+//! The fault-injection stack and scenarios of issue 14: every program a real
+//! process (API server, server, manager, Mosquitto, one agent per robot, each
+//! agent behind a [`Proxy`] the scenario can cut or blackhole), on timings
+//! short enough to run in CI (stopAfter of seconds, not minutes).
+//!
+//! Tasks record themselves: every 100 ms a running task appends
+//! `<uid> <attempt> <unix nanos>` to a marks file, and `<uid> <attempt> done`
+//! when it finishes. From those marks a scenario knows, independently of
+//! anything k8s4r reports, when each attempt really ran, whether two
+//! attempts of one Task ever overlapped, and how often a Task finished.
+//!
+//! Each scenario returns a [`Report`]; `tests/faults.rs` asserts on it and
+//! `benches/faults.rs` prints the figures RELIABILITY.md records.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use k8s4r_api::{Job, Task, TaskState};
+use k8s4r_testbed::{eventually, free_port, Fault, Mosquitto, Program, Proxy};
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+
+/// The namespace scenarios submit Jobs to.
+pub const NS: &str = "default";
+/// Every wait in a scenario.
+pub const DEADLINE: Duration = Duration::from_secs(90);
+
+/// How long a robot keeps an attempt without the cluster, in scenarios
+/// that let the manager replace it.
+pub const STOP_AFTER: &str = "5s";
+/// The tasks' kill timeout.
+pub const KILL_TIMEOUT: &str = "1s";
+
+/// The binaries of this package, as built by cargo.
+#[derive(Debug, Clone)]
+pub struct Binaries {
+    /// `e2e-apiserver`.
+    pub apiserver: PathBuf,
+    /// `e2e-server`.
+    pub server: PathBuf,
+    /// `e2e-manager`.
+    pub manager: PathBuf,
+    /// `e2e-agent`.
+    pub agent: PathBuf,
+}
+
+/// What one scenario saw.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    /// The scenario's name.
+    pub name: &'static str,
+    /// Tasks submitted.
+    pub tasks: usize,
+    /// Attempts that ran on a robot (they left marks).
+    pub runs: usize,
+    /// Attempts that finished on a robot (their `done` mark).
+    pub finished: usize,
+    /// Of those, the ones whose end the Task records (current status or
+    /// attempt history): a finish the cluster never learnt of is lost.
+    pub applied: usize,
+    /// Pairs of attempts of one Task whose marks overlap in time.
+    pub overlapping: usize,
+    /// Tasks that finished more than once on robots.
+    pub finished_twice: usize,
+    /// Tasks that never reached completed.
+    pub not_completed: usize,
+    /// Whatever else the scenario checked and found wrong.
+    pub problems: Vec<String>,
+    /// Figures the scenario measured, for a person.
+    pub notes: Vec<String>,
+}
+
+impl Report {
+    /// Finished attempts whose end the cluster never recorded.
+    pub fn lost(&self) -> usize {
+        self.finished.saturating_sub(self.applied)
+    }
+
+    /// Whether every check held.
+    pub fn passed(&self) -> bool {
+        self.overlapping == 0
+            && self.lost() == 0
+            && self.finished_twice == 0
+            && self.not_completed == 0
+            && self.problems.is_empty()
+    }
+}
+
+/// The whole stack, each piece a process.
+pub struct Stack {
+    /// Scratch space: data dirs, logs, marks.
+    pub dir: tempfile::TempDir,
+    /// The broker.
+    pub broker: Mosquitto,
+    /// The API server.
+    pub api: Program,
+    /// The server.
+    pub server: Program,
+    /// The manager.
+    pub manager: Program,
+    /// Each robot's agent and the proxy between it and the broker.
+    pub robots: BTreeMap<String, (Program, Proxy)>,
+    /// An administrator's client.
+    pub client: Client,
+    bins: Binaries,
+    kubeconfig: PathBuf,
+    marks: PathBuf,
+}
+
+/// What a scenario may change.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The robots.
+    pub robots: Vec<&'static str>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            robots: vec!["r1", "r2"],
+        }
+    }
+}
+
+fn args(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| (*s).to_owned()).collect()
+}
+
+impl Stack {
+    /// Starts everything and waits until every robot is Online.
+    pub async fn start(bins: &Binaries, options: Options) -> Stack {
+        k8s4r_mqtt::install_crypto_provider();
+        let mut dir = tempfile::tempdir().expect("a scratch dir");
+        // K8S4R_FAULTS_KEEP=1 keeps the logs, data and marks for a look.
+        if std::env::var_os("K8S4R_FAULTS_KEEP").is_some() {
+            dir.disable_cleanup(true);
+            eprintln!("fault stack in {}", dir.path().display());
+        }
+        let path = |p: &str| dir.path().join(p);
+        let marks = path("marks");
+        std::fs::create_dir_all(&marks).expect("marks dir");
+        // Tasks run as unprivileged users, each its own: every one of them
+        // must be able to append to the one marks file.
+        set_mode(&marks, 0o1777);
+        std::fs::write(marks.join("marks"), b"").expect("marks file");
+        set_mode(&marks.join("marks"), 0o666);
+        let broker = Mosquitto::start_with(|port, _| {
+            format!(
+                "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n\
+                 max_queued_messages 10000\nmax_packet_size {}\n",
+                k8s4r_api::protocol::MAX_PACKET_BYTES
+            )
+        });
+        let api_port = free_port();
+        let kubeconfig = path("kubeconfig");
+        let api = Program::start(
+            "apiserver",
+            &bins.apiserver,
+            args(&[
+                "--bind",
+                &format!("127.0.0.1:{api_port}"),
+                "--data-dir",
+                &path("api").display().to_string(),
+                "--token",
+                "admin-token",
+                "--write-kubeconfig",
+                &kubeconfig.display().to_string(),
+                "--log",
+                "warn",
+            ]),
+            &path("apiserver.log"),
+        );
+        let client = eventually(DEADLINE, "the API server answers", || async {
+            let config = kube::Config::from_custom_kubeconfig(
+                kube::config::Kubeconfig::read_from(&kubeconfig).ok()?,
+                &kube::config::KubeConfigOptions::default(),
+            )
+            .await
+            .ok()?;
+            let client = Client::try_from(config).ok()?;
+            client.apiserver_version().await.ok()?;
+            Some(client)
+        })
+        .await;
+        k8s4r::up::install_crds(&client).await.expect("CRDs installed");
+        // The namespaces (and RBAC) a deployment has.
+        k8s4r::up::apply_cluster_rbac(&client)
+            .await
+            .expect("namespaces and RBAC");
+        let kc = kubeconfig.display().to_string();
+        let server = Program::start(
+            "server",
+            &bins.server,
+            args(&[
+                "--kubeconfig",
+                &kc,
+                "--broker-url",
+                &broker.url(),
+                "--lease-interval",
+                "1s",
+                "--heartbeat-refresh",
+                "2s",
+                "--metrics-addr",
+                "127.0.0.1:0",
+                "--api-timeout",
+                "3s",
+                "--log",
+                "info",
+            ]),
+            &path("server.log"),
+        );
+        let manager = Program::start(
+            "manager",
+            &bins.manager,
+            args(&[
+                "--kubeconfig",
+                &kc,
+                "--auto-approve",
+                "--heartbeat-timeout",
+                "30s",
+                "--disconnect-grace",
+                "2s",
+                "--dispatch-timeout",
+                "15s",
+                "--robot-lost-grace",
+                "1s",
+                "--backstop-grace",
+                "5s",
+                "--metrics-addr",
+                "127.0.0.1:0",
+                "--api-timeout",
+                "3s",
+                "--log",
+                "info",
+            ]),
+            &path("manager.log"),
+        );
+        let mut stack = Stack {
+            dir,
+            broker,
+            api,
+            server,
+            manager,
+            robots: BTreeMap::new(),
+            client,
+            bins: bins.clone(),
+            kubeconfig,
+            marks,
+        };
+        for robot in options.robots {
+            stack.add_robot(robot).await;
+        }
+        for robot in stack.robots.keys().cloned().collect::<Vec<_>>() {
+            stack.wait_online(&robot).await;
+        }
+        stack
+    }
+
+    /// Starts an agent for `robot` behind a proxy of its own.
+    pub async fn add_robot(&mut self, robot: &str) {
+        let upstream = format!("127.0.0.1:{}", self.broker.port).parse().expect("addr");
+        let proxy = Proxy::start(upstream).await;
+        let state = self.dir.path().join("agents").join(robot);
+        std::fs::create_dir_all(&state).expect("agent state dir");
+        let agent = Program::start(
+            robot,
+            &self.bins.agent,
+            args(&[
+                "--robot-id",
+                robot,
+                "--broker-url",
+                &proxy.mqtt_url(),
+                "--state-dir",
+                &state.display().to_string(),
+                "--heartbeat-interval",
+                "500ms",
+                "--keep-alive",
+                "2s",
+                "--label",
+                "fleet=faults",
+                "--log",
+                "info",
+            ]),
+            &self.dir.path().join(format!("{robot}.log")),
+        );
+        self.robots.insert(robot.to_owned(), (agent, proxy));
+    }
+
+    /// The proxy between `robot`'s agent and the broker.
+    pub fn link(&self, robot: &str) -> &Proxy {
+        &self.robots[robot].1
+    }
+
+    /// Waits until `robot` is Online.
+    pub async fn wait_online(&self, robot: &str) {
+        let robots: Api<k8s4r_api::Robot> = Api::all(self.client.clone());
+        eventually(DEADLINE, &format!("robot {robot} Online"), || async {
+            let r = robots.get_opt(robot).await.ok()??;
+            (r.status?.phase? == k8s4r_api::RobotPhase::Online).then_some(())
+        })
+        .await;
+    }
+
+    /// A shell script that marks itself every 100 ms for `seconds`, then
+    /// marks `done`. SIGTERM ends it at once (exit 143).
+    pub fn marking_script(&self, seconds: f64) -> String {
+        let file = self.marks.join("marks").display().to_string();
+        format!(
+            "m={file}; trap 'exit 143' TERM; end=$(( $(date +%s%N) + {} )); \
+             while [ $(date +%s%N) -lt $end ]; do echo \"$K8S4R_TASK_UID $K8S4R_TASK_ATTEMPT $(date +%s%N)\" >> $m; sleep 0.1; done; \
+             echo \"$K8S4R_TASK_UID $K8S4R_TASK_ATTEMPT done\" >> $m",
+            (seconds * 1e9) as u64
+        )
+    }
+
+    /// Submits a Job of `count` tasks running [`Stack::marking_script`] for
+    /// `seconds` each; `disconnect` is the group's disconnect block.
+    pub async fn submit(&self, name: &str, count: i32, seconds: f64, disconnect: serde_json::Value) {
+        let job: Job = serde_json::from_value(serde_json::json!({
+            "apiVersion": "robot.k8s4r.io/v1alpha1",
+            "kind": "Job",
+            "metadata": { "name": name, "namespace": NS },
+            "spec": { "taskGroups": [{
+                "name": "g",
+                "count": count,
+                "disconnect": disconnect,
+                "task": {
+                    "driver": "exec",
+                    "command": "/bin/sh",
+                    "args": ["-c", self.marking_script(seconds)],
+                    "timeout": "10m",
+                    "killTimeout": KILL_TIMEOUT,
+                },
+                "restartPolicy": { "attempts": 3, "delay": "1s" },
+            }]}
+        }))
+        .expect("a Job");
+        Api::<Job>::namespaced(self.client.clone(), NS)
+            .create(&PostParams::default(), &job)
+            .await
+            .expect("the Job is created");
+    }
+
+    /// The Tasks of Job `job`.
+    pub async fn tasks(&self, job: &str) -> Vec<Task> {
+        let lp = ListParams::default().labels(&format!("{}={job}", k8s4r_api::names::LABEL_JOB));
+        Api::<Task>::namespaced(self.client.clone(), NS)
+            .list(&lp)
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+    }
+
+    /// Waits until `job` has `n` Tasks, all with `state`; returns them.
+    pub async fn wait_all(&self, job: &str, n: usize, state: TaskState) -> Vec<Task> {
+        eventually(
+            DEADLINE,
+            &format!("{n} tasks of {job} {}", state.as_str()),
+            || async {
+                let tasks = self.tasks(job).await;
+                let done = tasks
+                    .iter()
+                    .filter(|t| t.status.as_ref().and_then(|s| s.state) == Some(state))
+                    .count();
+                (tasks.len() == n && done == n).then_some(tasks)
+            },
+        )
+        .await
+    }
+
+    /// Waits until some Task of `job` runs; returns it and its robot.
+    pub async fn wait_running(&self, job: &str) -> (Task, String) {
+        eventually(DEADLINE, &format!("a task of {job} running"), || async {
+            let task = self
+                .tasks(job)
+                .await
+                .into_iter()
+                .find(|t| t.status.as_ref().and_then(|s| s.state) == Some(TaskState::Running))?;
+            let robot = task.status.as_ref()?.robot.clone()?;
+            Some((task, robot))
+        })
+        .await
+    }
+
+    /// Deletes a Task and waits until it is gone (its TaskGroup may create
+    /// a new one under the same name: that one has another uid).
+    pub async fn delete_task(&self, task: &Task) {
+        let api: Api<Task> = Api::namespaced(self.client.clone(), NS);
+        let name = task.name_any();
+        let _ = api.delete(&name, &DeleteParams::default()).await;
+        eventually(DEADLINE, &format!("task {name} deleted"), || async {
+            match api.get_opt(&name).await.ok()? {
+                None => Some(()),
+                Some(now) => (now.uid() != task.uid()).then_some(()),
+            }
+        })
+        .await;
+    }
+
+    /// What the tasks' marks say.
+    pub fn marks(&self) -> Marks {
+        Marks::parse(&std::fs::read_to_string(self.marks.join("marks")).unwrap_or_default())
+    }
+
+    /// Checks the marks against the Tasks of `job` and fills a report.
+    pub async fn report(&self, name: &'static str, job: &str) -> Report {
+        let tasks = self.tasks(job).await;
+        let marks = self.marks();
+        let mut report = Report {
+            name,
+            tasks: tasks.len(),
+            ..Report::default()
+        };
+        for task in &tasks {
+            let uid = task.uid().unwrap_or_default();
+            let status = task.status.clone().unwrap_or_default();
+            let runs = marks.runs.get(&uid).cloned().unwrap_or_default();
+            report.runs += runs.len();
+            report.overlapping += overlaps(&runs);
+            let finished: Vec<u32> = marks
+                .done
+                .iter()
+                .filter(|(u, _)| *u == uid)
+                .map(|(_, a)| *a)
+                .collect();
+            report.finished += finished.len();
+            if finished.len() > 1 {
+                report.finished_twice += 1;
+            }
+            for attempt in &finished {
+                let recorded = (status.attempt == *attempt && status.state == Some(TaskState::Completed))
+                    || status
+                        .attempts
+                        .iter()
+                        .any(|a| a.attempt == *attempt && a.state == TaskState::Completed);
+                if recorded {
+                    report.applied += 1;
+                }
+            }
+            if status.state != Some(TaskState::Completed) {
+                report.not_completed += 1;
+            }
+        }
+        report
+    }
+
+    /// Adds a problem for every Task of `job` that needed more than one
+    /// attempt (the fault should have delayed it, not failed it).
+    pub async fn first_attempts_only(&self, job: &str, report: &mut Report) {
+        for task in self.tasks(job).await {
+            let attempt = task.status.as_ref().map_or(0, |s| s.attempt);
+            if attempt != 1 {
+                report
+                    .problems
+                    .push(format!("{} needed attempt {attempt}", task.name_any()));
+            }
+        }
+    }
+
+    /// Where the programs log (for a failing test's message).
+    pub fn logs(&self) -> String {
+        let mut out = String::new();
+        for (name, log) in [("server", self.server.log()), ("manager", self.manager.log())] {
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            out.push_str(&format!("--- {name} (last lines)\n"));
+            for line in tail.into_iter().rev() {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+        out
+    }
+
+    /// The kubeconfig of the administrator.
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+}
+
+fn set_mode(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+/// When each attempt ran, by its own marks.
+#[derive(Debug, Default, Clone)]
+pub struct Marks {
+    /// Per Task uid: per attempt, the first and last mark (unix nanos).
+    pub runs: BTreeMap<String, BTreeMap<u32, (u128, u128)>>,
+    /// The (uid, attempt) that finished.
+    pub done: Vec<(String, u32)>,
+}
+
+impl Marks {
+    fn parse(text: &str) -> Marks {
+        let mut marks = Marks::default();
+        for line in text.lines() {
+            let mut parts = line.split_whitespace();
+            let (Some(uid), Some(attempt), Some(what)) = (parts.next(), parts.next(), parts.next()) else {
+                continue;
+            };
+            let Ok(attempt) = attempt.parse::<u32>() else {
+                continue;
+            };
+            if what == "done" {
+                marks.done.push((uid.to_owned(), attempt));
+            } else if let Ok(at) = what.parse::<u128>() {
+                let span = marks
+                    .runs
+                    .entry(uid.to_owned())
+                    .or_default()
+                    .entry(attempt)
+                    .or_insert((at, at));
+                span.0 = span.0.min(at);
+                span.1 = span.1.max(at);
+            }
+        }
+        marks
+    }
+}
+
+/// Pairs of attempts whose spans overlap.
+fn overlaps(runs: &BTreeMap<u32, (u128, u128)>) -> usize {
+    let spans: Vec<(u128, u128)> = runs.values().copied().collect();
+    let mut n = 0;
+    for (i, a) in spans.iter().enumerate() {
+        for b in &spans[i + 1..] {
+            if a.0 <= b.1 && b.0 <= a.1 {
+                n += 1;
+            }
+        }
+    }
+    n
+}
+
+// ---------------------------------------------------------------- scenarios
+
+fn replaceable() -> serde_json::Value {
+    serde_json::json!({ "stopAfter": STOP_AFTER, "replace": true })
+}
+
+/// a. A robot blackholed (like a Wi-Fi drop) while it runs a task, another
+/// robot Online: the robot stops the attempt itself, the manager replaces it
+/// only then, and the task completes exactly once.
+pub async fn blackholed_robot_is_replaced(bins: &Binaries) -> Report {
+    let stack = Stack::start(bins, Options::default()).await;
+    stack.submit("wifi", 1, 12.0, replaceable()).await;
+    let (_, robot) = stack.wait_running("wifi").await;
+    stack.link(&robot).set(Fault::Blackhole);
+    eventually(DEADLINE, "the task runs on another robot", || async {
+        let t = stack.tasks("wifi").await.into_iter().next()?;
+        let s = t.status?;
+        (s.state == Some(TaskState::Running) && s.robot.as_deref() != Some(robot.as_str())).then_some(())
+    })
+    .await;
+    // The old robot's link heals while the replacement runs.
+    stack.link(&robot).heal();
+    stack.wait_all("wifi", 1, TaskState::Completed).await;
+    let mut report = stack.report("a_blackholed_robot_is_replaced", "wifi").await;
+    let task = stack.tasks("wifi").await.remove(0);
+    let status = task.status.unwrap_or_default();
+    if status.attempt < 2 {
+        report
+            .problems
+            .push(format!("expected a replacement attempt: {status:?}"));
+    }
+    // A later attempt may land on the healed robot again; the first one
+    // must not be what completed.
+    if status.attempt == 1 {
+        report
+            .problems
+            .push(format!("attempt 1 completed on the blackholed robot {robot}"));
+    }
+    report.notes.push(format!(
+        "blackholed {robot}; completed attempt {} on {:?}; history {:?}",
+        status.attempt,
+        status.robot,
+        status
+            .attempts
+            .iter()
+            .map(|a| (a.attempt, a.robot.clone(), a.reason))
+            .collect::<Vec<_>>()
+    ));
+    report
+}
+
+/// b. The same with `replace: false`: the task waits for its robot and
+/// finishes there once the network heals.
+pub async fn blackholed_robot_is_waited_for(bins: &Binaries) -> Report {
+    let stack = Stack::start(bins, Options::default()).await;
+    stack
+        .submit(
+            "patient",
+            1,
+            12.0,
+            serde_json::json!({ "stopAfter": STOP_AFTER, "replace": false }),
+        )
+        .await;
+    let (_, robot) = stack.wait_running("patient").await;
+    stack.link(&robot).set(Fault::Blackhole);
+    // Longer than stopAfter + kill timeout + the margins: a replaceable
+    // attempt would have moved by now.
+    let cut_at = Instant::now();
+    eventually(DEADLINE, "the robot goes Offline", || async {
+        let r = Api::<k8s4r_api::Robot>::all(stack.client.clone())
+            .get(&robot)
+            .await
+            .ok()?;
+        (r.status?.phase? == k8s4r_api::RobotPhase::Offline).then_some(())
+    })
+    .await;
+    while cut_at.elapsed() < Duration::from_secs(9) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    stack.link(&robot).heal();
+    let tasks = stack.wait_all("patient", 1, TaskState::Completed).await;
+    let mut report = stack
+        .report("b_replace_false_waits_for_the_robot", "patient")
+        .await;
+    let status = tasks[0].status.clone().unwrap_or_default();
+    if status.attempt != 1 || status.robot.as_deref() != Some(robot.as_str()) {
+        report
+            .problems
+            .push(format!("expected attempt 1 to finish on {robot}: {status:?}"));
+    }
+    report
+}
+
+/// c. The server SIGKILLed during a burst of 200 status updates (100 short
+/// tasks, each running then completed): all are applied after it restarts.
+pub async fn server_killed_during_a_burst(bins: &Binaries) -> Report {
+    let mut stack = Stack::start(bins, Options::default()).await;
+    stack.submit("burst", 100, 0.3, serde_json::json!({})).await;
+    eventually(DEADLINE, "the burst under way", || async {
+        let done = stack
+            .tasks("burst")
+            .await
+            .iter()
+            .filter(|t| t.status.as_ref().and_then(|s| s.state) == Some(TaskState::Completed))
+            .count();
+        (done >= 10).then_some(())
+    })
+    .await;
+    stack.server.kill();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stack.server.resume();
+    stack.wait_all("burst", 100, TaskState::Completed).await;
+    let mut report = stack
+        .report("c_server_sigkilled_during_200_statuses", "burst")
+        .await;
+    stack.first_attempts_only("burst", &mut report).await;
+    report
+}
+
+/// d. The API server down while tasks finish: no status is lost.
+pub async fn api_server_down(bins: &Binaries) -> Report {
+    let mut stack = Stack::start(bins, Options::default()).await;
+    // Long stopAfter: without the API server no heartbeat is recorded,
+    // and this scenario is about statuses, not fencing.
+    stack
+        .submit("outage", 10, 4.0, serde_json::json!({ "stopAfter": "60s" }))
+        .await;
+    stack.wait_all("outage", 10, TaskState::Running).await;
+    stack.api.stop();
+    // The tasks finish while it is down.
+    let down = Instant::now();
+    while down.elapsed() < Duration::from_secs(8) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    stack.api.resume();
+    stack.wait_all("outage", 10, TaskState::Completed).await;
+    let mut report = stack
+        .report("d_api_server_down_while_tasks_finish", "outage")
+        .await;
+    stack.first_attempts_only("outage", &mut report).await;
+    report
+}
+
+/// e. The broker restarted under 3 robots and 30 running tasks: nothing is
+/// lost or run twice.
+pub async fn broker_restarted(bins: &Binaries) -> Report {
+    let mut stack = Stack::start(
+        bins,
+        Options {
+            robots: vec!["r1", "r2", "r3"],
+        },
+    )
+    .await;
+    stack.submit("restart", 30, 6.0, serde_json::json!({})).await;
+    stack.wait_all("restart", 30, TaskState::Running).await;
+    stack.broker.restart();
+    stack.wait_all("restart", 30, TaskState::Completed).await;
+    stack.report("e_broker_restarted_under_30_tasks", "restart").await
+}
+
+/// Task created → running on its robot, by the cluster's clock.
+fn dispatch_latency(task: &Task) -> Option<Duration> {
+    let created = task.metadata.creation_timestamp.as_ref()?.0;
+    let running = task.status.as_ref()?.observed_running_time?;
+    Duration::try_from(running.duration_since(created)).ok()
+}
+
+fn p99(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    let i = ((v.len() as f64) * 0.99).ceil() as usize;
+    v.get(i.saturating_sub(1)).copied().unwrap_or_default()
+}
+
+/// Latencies of `n` single-task Jobs submitted one after another.
+async fn measure_dispatch(stack: &Stack, prefix: &str, n: usize) -> Vec<Duration> {
+    let mut out = Vec::new();
+    for i in 0..n {
+        let job = format!("{prefix}-{i}");
+        stack.submit(&job, 1, 0.1, serde_json::json!({})).await;
+        let tasks = stack.wait_all(&job, 1, TaskState::Completed).await;
+        if let Some(latency) = dispatch_latency(&tasks[0]) {
+            out.push(latency);
+        }
+    }
+    out
+}
+
+/// f. One robot sends oversized messages and floods its topics while the
+/// others work: their dispatch latency p99 stays within 2x the quiet figure.
+/// Returns the report and (quiet p99, flooded p99).
+pub async fn flood_costs_the_flooder_only(bins: &Binaries) -> (Report, Duration, Duration) {
+    let stack = Stack::start(bins, Options::default()).await;
+    let quiet = p99(measure_dispatch(&stack, "quiet", 20).await);
+    let stop = stop_signal();
+    let flooder = tokio::spawn(flood(stack.broker.port, stop.clone()));
+    let flooded = p99(measure_dispatch(&stack, "flooded", 20).await);
+    stop.notify_one();
+    let sent = flooder.await.unwrap_or_default();
+    let mut report = Report {
+        name: "f_oversized_and_flooding_robot",
+        tasks: 40,
+        ..Report::default()
+    };
+    report.notes.push(format!(
+        "dispatch p99 quiet {quiet:?}, under the flood {flooded:?}; the flood published {sent} messages"
+    ));
+    if sent < 100 {
+        report
+            .problems
+            .push(format!("the flood sent only {sent} messages"));
+    }
+    // 2x the quiet figure, with 100 ms of slack for a quiet figure near zero.
+    let bound = quiet * 2 + Duration::from_millis(100);
+    if flooded > bound {
+        report.problems.push(format!(
+            "dispatch p99 {flooded:?} under the flood, quiet {quiet:?} (bound {bound:?})"
+        ));
+    }
+    if !robots_online(&stack).await {
+        report
+            .problems
+            .push("a working robot went Offline during the flood".into());
+    }
+    (report, quiet, flooded)
+}
+
+fn stop_signal() -> std::sync::Arc<tokio::sync::Notify> {
+    std::sync::Arc::new(tokio::sync::Notify::new())
+}
+
+/// A robot gone bad: oversized statuses, then as many small messages on its
+/// own topics as the broker takes. Returns how many it published.
+async fn flood(port: u16, stop: std::sync::Arc<tokio::sync::Notify>) -> usize {
+    let mut options = rumqttc::MqttOptions::new("evil-robot", "127.0.0.1", port);
+    options.set_max_packet_size(4 << 20, 4 << 20);
+    let (client, mut events) = rumqttc::AsyncClient::new(options, 1000);
+    let driver = tokio::spawn(async move {
+        // Mosquitto disconnects the client for the oversized packet; keep
+        // reconnecting, as a broken robot would.
+        loop {
+            if events.poll().await.is_err() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    });
+    let big = vec![b'x'; 400 * 1024];
+    let mut sent = 0usize;
+    let stopped = stop.notified();
+    tokio::pin!(stopped);
+    loop {
+        let oversized = client.publish(
+            "k8s4r/robots/evil/tasks/x/status",
+            rumqttc::QoS::AtLeastOnce,
+            false,
+            big.clone(),
+        );
+        let burst = async {
+            for i in 0..200u32 {
+                let topic = if i % 2 == 0 {
+                    "k8s4r/robots/evil/heartbeat"
+                } else {
+                    "k8s4r/robots/evil/tasks/y/status"
+                };
+                if client
+                    .publish(topic, rumqttc::QoS::AtMostOnce, false, b"{\"v\":1}".to_vec())
+                    .await
+                    .is_ok()
+                {
+                    sent += 1;
+                }
+            }
+        };
+        tokio::select! {
+            _ = &mut stopped => break,
+            _ = async { let _ = oversized.await; burst.await; tokio::time::sleep(Duration::from_millis(20)).await } => {}
+        }
+    }
+    driver.abort();
+    sent
+}
+
+/// Whether every working robot is still Online (its heartbeats still get
+/// through the server).
+async fn robots_online(stack: &Stack) -> bool {
+    let robots: Api<k8s4r_api::Robot> = Api::all(stack.client.clone());
+    let mut ok = true;
+    for robot in stack.robots.keys() {
+        let online =
+            robots.get(robot).await.ok().and_then(|r| r.status?.phase) == Some(k8s4r_api::RobotPhase::Online);
+        ok &= online;
+    }
+    ok
+}
+
+/// g. Deleting a Task whose attempt the robot holds without having started
+/// it (the dispatch arrived while the robot was cut off, and the Task is
+/// deleted meanwhile): the deletion completes instead of hanging.
+pub async fn deleting_a_held_task(bins: &Binaries) -> Report {
+    let stack = Stack::start(bins, Options { robots: vec!["r1"] }).await;
+    // The robot is cut off: the dispatch waits in its broker session.
+    stack.link("r1").set(Fault::Cut);
+    stack.submit("held", 1, 30.0, serde_json::json!({})).await;
+    let task = eventually(DEADLINE, "the task dispatched", || async {
+        let t = stack.tasks("held").await.into_iter().next()?;
+        (t.status.as_ref()?.state == Some(TaskState::Dispatching)).then_some(t)
+    })
+    .await;
+    let api: Api<Task> = Api::namespaced(stack.client.clone(), NS);
+    let _ = api.delete(&task.name_any(), &DeleteParams::default()).await;
+    stack.link("r1").heal();
+    let started = Instant::now();
+    stack.delete_task(&task).await;
+    let mut report = Report {
+        name: "g_delete_a_task_whose_dispatch_is_held",
+        tasks: 1,
+        ..Report::default()
+    };
+    let marks = stack.marks();
+    let uid = task.uid().unwrap_or_default();
+    report.runs = marks.runs.get(&uid).map_or(0, BTreeMap::len);
+    if started.elapsed() > Duration::from_secs(30) {
+        report
+            .problems
+            .push(format!("deletion took {:?}", started.elapsed()));
+    }
+    report
+}
+
+/// Every scenario, in order, with its outcome.
+pub async fn all(bins: &Binaries) -> Vec<Report> {
+    let mut reports = vec![
+        blackholed_robot_is_replaced(bins).await,
+        blackholed_robot_is_waited_for(bins).await,
+        server_killed_during_a_burst(bins).await,
+        api_server_down(bins).await,
+        broker_restarted(bins).await,
+    ];
+    reports.push(flood_costs_the_flooder_only(bins).await.0);
+    reports.push(deleting_a_held_task(bins).await);
+    reports
+}
+
+/// The robots' uids that ran more than once, for messages.
+pub fn twice(marks: &Marks) -> BTreeSet<String> {
+    marks
+        .runs
+        .iter()
+        .filter(|(_, runs)| runs.len() > 1)
+        .map(|(uid, _)| uid.clone())
+        .collect()
+}
