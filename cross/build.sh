@@ -47,9 +47,10 @@ qemu=(qemu-aarch64-static -L /usr/aarch64-linux-gnu)
 echo "cross: running the aarch64 agent under qemu"
 "${qemu[@]}" "$bin" --version
 
-# One real task through raw_exec: the host runs `k8s4r up` without a local
-# agent, the aarch64 agent under qemu registers with it over MQTT, and a Job
-# selecting that robot must complete with the task's output on its Task.
+# One real task through raw_exec (which a robot offers only when told to):
+# the host runs `k8s4r up` without a local agent, the aarch64 agent under
+# qemu registers with it over MQTT, and a Job selecting that robot must
+# complete with the task's output on its Task.
 echo "cross: running a task on the aarch64 agent through k8s4r up"
 (unset RUSTC; cargo build --quiet --locked -p k8s4r)
 work=$(mktemp -d)
@@ -83,7 +84,7 @@ done
 grep -q "k8s4r is up" "$work/up.log" || { echo "cross: k8s4r up did not start" >&2; cat "$work/up.log"; exit 1; }
 "${qemu[@]}" "$bin" --robot-id qemu-arm64 --token "$(cat "$work/up/bootstrap-token")" \
     --broker-url "mqtt://127.0.0.1:$mqtt_port" --state-dir "$work/agent" --label arch=arm64 \
-    --heartbeat-interval 5s >"$work/agent.log" 2>&1 &
+    --heartbeat-interval 5s --raw-exec true --allow-root true >"$work/agent.log" 2>&1 &
 pids+=($!)
 kubectl apply -f - >/dev/null <<'YAML'
 apiVersion: robot.k8s4r.io/v1alpha1

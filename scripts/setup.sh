@@ -50,7 +50,9 @@ check_kubectl() {
 
 base() {
     # gcc and libc6-dev: the linker rustc calls, and ring's C parts.
-    apt_install gcc libc6-dev mosquitto systemd openssl
+    # mosquitto-clients: mosquitto_pub and _sub, to poke a broker by hand
+    # (e.g. the oversized-message check in RELIABILITY.md).
+    apt_install gcc libc6-dev mosquitto mosquitto-clients systemd openssl
     # Tests start their own broker on a free port; the packaged service is
     # not needed and would hold port 1883.
     if command -v systemctl >/dev/null && systemctl is-active --quiet mosquitto 2>/dev/null; then

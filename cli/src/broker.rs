@@ -11,9 +11,10 @@ use rumqttd::{Broker, Config, ConnectionSettings, RouterConfig, ServerSettings};
 
 use crate::error::UpError;
 
-/// The largest MQTT packet the embedded broker accepts: a dispatch of a task
-/// with a long environment still fits (the protocol's own limit is 256 KiB).
-const MAX_PACKET_BYTES: usize = 512 * 1024;
+/// The largest MQTT packet the embedded broker accepts: the protocol's own
+/// limit, the same as deploy/mosquitto's `max_packet_size`, so that a
+/// message the broker takes is one the server and agents accept too.
+const MAX_PACKET_BYTES: usize = k8s4r_api::protocol::MAX_PACKET_BYTES;
 
 /// Starts the broker on `listen` and waits until it accepts connections.
 pub fn start(listen: SocketAddr) -> Result<(), UpError> {

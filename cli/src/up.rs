@@ -42,11 +42,11 @@ pub const DEMO_JOB: &str = include_str!("../../deploy/examples/demo-job.yaml");
 /// Field manager of what `up` writes itself.
 const FIELD_MANAGER: &str = "k8s4r-up";
 /// The namespace of the bootstrap-token Secret and the manager's Lease.
-pub const SYSTEM_NAMESPACE: &str = "k8s4r-system";
+pub const SYSTEM_NAMESPACE: &str = k8s4r_api::names::DEFAULT_NAMESPACE;
 /// The namespace of the robots' Leases.
-pub const LEASE_NAMESPACE: &str = "k8s4r-robot-leases";
+pub const LEASE_NAMESPACE: &str = k8s4r_api::names::DEFAULT_ROBOT_LEASE_NAMESPACE;
 /// The Secret holding bootstrap tokens.
-pub const TOKEN_SECRET: &str = "k8s4r-bootstrap-tokens";
+pub const TOKEN_SECRET: &str = k8s4r_api::names::DEFAULT_BOOTSTRAP_SECRET;
 
 /// Flags of `k8s4r up`.
 #[derive(Debug, Clone, clap::Args)]
@@ -319,6 +319,11 @@ fn write_private(path: &Path, contents: &str) -> Result<(), UpError> {
         .mode(0o600)
         .open(path)
         .map_err(io)?;
+    // `mode` applies only to a file it creates: narrow one that was there
+    // before the secret goes in.
+    use std::os::unix::fs::PermissionsExt as _;
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))
+        .map_err(io)?;
     file.write_all(contents.as_bytes()).map_err(io)
 }
 
@@ -416,27 +421,10 @@ async fn store_bootstrap_token(client: &Client, bootstrap_token: &str) -> Result
     Ok(())
 }
 
-/// This host's name, made into a valid robot id.
+/// This host's name, made into a valid robot id (`local` if it cannot be).
 pub fn local_robot_id() -> String {
     let raw = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    let mut id: String = raw
-        .trim()
-        .to_ascii_lowercase()
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
-                c
-            } else {
-                '-'
-            }
-        })
-        .collect();
-    id = id.trim_matches(|c| c == '-' || c == '.').to_owned();
-    if k8s4r_api::validation::validate_robot_id(&id).is_ok() {
-        id
-    } else {
-        "local".to_owned()
-    }
+    k8s4r_api::validation::robot_id_from_hostname(&raw).unwrap_or_else(|| "local".to_owned())
 }
 
 /// How long the demo waits for the local robot before submitting anyway.
@@ -539,6 +527,10 @@ fn spawn_programs(
 ) -> anyhow::Result<()> {
     let mut server = k8s4r_server::ServerConfig::new(broker_url);
     server.lease_namespace = LEASE_NAMESPACE.to_owned();
+    // A lab fleet is small: renewing Leases every 10 s costs nothing, and
+    // the manager's fencing (which allows for the renewal interval) moves a
+    // lost robot's work about 50 s sooner than with the cluster default.
+    server.coalescing.lease_interval = std::time::Duration::from_secs(10);
     let server_client = clients.server;
     let server_stop = shutdown.clone();
     tasks.spawn(async move {
@@ -582,6 +574,11 @@ fn spawn_local_agent(
         broker_url: Some(broker_url.to_owned()),
         state_dir: Some(data_dir.join("agent")),
         labels: args.labels.clone(),
+        // This machine's own agent runs its tasks as whoever runs `k8s4r
+        // up`, the way a lab expects (the demo's job is raw_exec); a robot's
+        // agent keeps both off unless its configuration turns them on.
+        raw_exec: Some(true),
+        allow_root: Some(true),
         ..Default::default()
     };
     let config = k8s4r_agent::config::Config::resolve(settings).context("the local agent's settings")?;
