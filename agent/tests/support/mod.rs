@@ -370,10 +370,7 @@ pub fn assert_in_order(updates: &[StatusUpdate]) {
     let mut applied: Vec<&StatusUpdate> = Vec::new();
     for update in updates {
         match applied.iter().find(|a| a.seq == update.seq) {
-            Some(earlier) => assert_eq!(
-                *earlier, update,
-                "one seq sent with two contents: {updates:#?}"
-            ),
+            Some(earlier) => assert_eq!(*earlier, update, "one seq sent with two contents: {updates:#?}"),
             None => applied.push(update),
         }
     }
