@@ -252,8 +252,16 @@ fn active_step(
             record_lag,
         } => (last_heard, record_lag),
     };
-    // A robot never heard from counts from the dispatch.
-    let heard = last_heard.or(status.dispatch_time).unwrap_or(now);
+    // Counted from the later of the robot's last contact and this
+    // attempt's dispatch: the robot holds the attempt no longer than
+    // stopAfter past its last contact, so this only errs late. Counting from
+    // the contact alone would fail a fresh dispatch to a robot quiet for
+    // longer than stopAfter at once, and burn every retry in a burst.
+    let heard = match (last_heard, status.dispatch_time) {
+        (Some(h), Some(d)) => Some(h.max(d)),
+        (h, d) => h.or(d),
+    }
+    .unwrap_or(now);
     let fenced = fence_time(spec, heard, record_lag, cfg);
     let replace = DisconnectPolicy::replace(spec.disconnect.as_ref());
     let mut recheck = None;
@@ -502,6 +510,20 @@ mod tests {
         let step = next_step(&short, Some(&s), up(100), t(122), &cfg());
         assert!(is_fail(&step, TaskReason::RobotLost), "10 + 2 + 10 after t(100)");
         let step = next_step(&spec(), Some(&s), RobotHealth::Missing, t(0), &cfg());
+        assert!(is_fail(&step, TaskReason::RobotLost), "{step:?}");
+    }
+
+    #[test]
+    fn a_fresh_dispatch_to_a_long_quiet_robot_is_not_failed_at_once() {
+        // Heard at t(100), dispatched at t(300): fenced 135 s after the
+        // dispatch, not at once (which would burn every retry in a burst).
+        let mut s = status(TaskState::Dispatching);
+        s.dispatch_time = Some(t(300));
+        assert_eq!(
+            next_step(&spec(), Some(&s), up(100), t(301), &cfg()),
+            Step::Wait(Some(Duration::from_secs(134)))
+        );
+        let step = next_step(&spec(), Some(&s), up(100), t(435), &cfg());
         assert!(is_fail(&step, TaskReason::RobotLost), "{step:?}");
     }
 

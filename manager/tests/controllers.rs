@@ -254,8 +254,12 @@ async fn tasks_of_an_offline_robot_are_lost_and_rescheduled() {
         (s.phase == Some(RobotPhase::Offline)).then_some(())
     })
     .await;
-    let t = task_where(c, "lost-g-0", "rescheduled on b", |t| {
-        dispatching_on(t) == Some("b")
+    let t = eventually(WAIT, "rescheduled on b", || async {
+        // b is alive: the server records its heartbeats.
+        heartbeat(c, "b").await;
+        task(c, "lost-g-0")
+            .await
+            .filter(|t| dispatching_on(t) == Some("b"))
     })
     .await;
     let status = t.status.unwrap();
