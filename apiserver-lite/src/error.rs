@@ -107,6 +107,14 @@ impl ApiError {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", message)
     }
 
+    /// A watch from a resourceVersion this server never reached: it cannot
+    /// be served, so the client must list again.
+    pub fn version_too_new(rv: u64, newest: u64) -> Self {
+        Self::gone(format!(
+            "resource version {rv} is newer than this server's ({newest}); list again"
+        ))
+    }
+
     /// 422 Invalid with one cause per offending field, as the real server lists them.
     pub fn invalid(kind: &str, group: &str, name: &str, causes: &[FieldError]) -> Self {
         let qualified = if group.is_empty() {
@@ -240,3 +248,9 @@ pub enum Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl From<crate::store::NotStored> for ApiError {
+    fn from(e: crate::store::NotStored) -> Self {
+        ApiError::internal(e.to_string())
+    }
+}

@@ -1,15 +1,21 @@
 //! Write-through storage in a redb file. Writes reach the file through one
 //! task that commits them in batches (group commit), so a burst of writes
-//! costs one fsync, not one each; `flush` on shutdown waits for all of them.
+//! costs one fsync, not one each. The store answers a write only after its
+//! batch is committed (see [`crate::store`]); when a commit fails, the file
+//! is reopened and memory is rolled back to what it holds. On shutdown the
+//! task commits what is queued, then ends.
 
 use std::path::{Path, PathBuf};
+
+use std::sync::Arc;
+use std::time::Duration;
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde_json::Value;
 use tokio::sync::mpsc;
 
 use crate::error::Error;
-use crate::store::PersistOp;
+use crate::store::{Batch, PersistOp, Store};
 
 const OBJECTS: TableDefinition<&str, &[u8]> = TableDefinition::new("objects");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
@@ -48,13 +54,26 @@ impl Persistence {
             db,
             path: path.to_path_buf(),
         };
-        // Make sure the tables exist so that reading a fresh file works.
-        let txn = p.db.begin_write().map_err(|e| storage_err(path, e))?;
-        txn.open_table(OBJECTS).map_err(|e| storage_err(path, e))?;
-        txn.open_table(META).map_err(|e| storage_err(path, e))?;
-        txn.commit().map_err(|e| storage_err(path, e))?;
+        // A fresh file gets its tables; one that has them is only read, so
+        // that reopening on a full disk after a failed commit works.
+        if !p.has_tables()? {
+            let txn = p.db.begin_write().map_err(|e| storage_err(path, e))?;
+            txn.open_table(OBJECTS).map_err(|e| storage_err(path, e))?;
+            txn.open_table(META).map_err(|e| storage_err(path, e))?;
+            txn.commit().map_err(|e| storage_err(path, e))?;
+        }
         let loaded = p.load()?;
         Ok((p, loaded))
+    }
+
+    fn has_tables(&self) -> Result<bool, Error> {
+        let txn = self.db.begin_read().map_err(|e| storage_err(&self.path, e))?;
+        let has = |r: Result<_, redb::TableError>| match r {
+            Ok(_) => Ok(true),
+            Err(redb::TableError::TableDoesNotExist(_)) => Ok(false),
+            Err(e) => Err(storage_err(&self.path, e)),
+        };
+        Ok(has(txn.open_table(OBJECTS).map(|_| ()))? && has(txn.open_table(META).map(|_| ()))?)
     }
 
     fn load(&self) -> Result<Loaded, Error> {
@@ -80,7 +99,7 @@ impl Persistence {
         Ok(Loaded { rv, objects })
     }
 
-    fn commit(&self, ops: &[PersistOp]) -> Result<(), Error> {
+    fn commit(&self, ops: &[&PersistOp]) -> Result<(), Error> {
         let path = &self.path;
         let txn = self.db.begin_write().map_err(|e| storage_err(path, e))?;
         let mut last_rv = 0;
@@ -106,19 +125,58 @@ impl Persistence {
         txn.commit().map_err(|e| storage_err(path, e))
     }
 
-    /// Runs until every sender is dropped, then returns after the last commit.
-    pub async fn run(self, mut rx: mpsc::UnboundedReceiver<PersistOp>) {
-        let mut batch = Vec::with_capacity(BATCH);
-        let db = std::sync::Arc::new(self);
-        while rx.recv_many(&mut batch, BATCH).await > 0 {
-            let ops = std::mem::take(&mut batch);
-            let db2 = db.clone();
-            let res = tokio::task::spawn_blocking(move || db2.commit(&ops)).await;
-            match res {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::error!(error = %e, "storage commit failed"),
-                Err(e) => tracing::error!(error = %e, "storage task failed"),
-            }
+    /// Commits what the store queues until the store stops queueing, then
+    /// returns after the last commit.
+    pub async fn run(self, mut rx: mpsc::UnboundedReceiver<Batch>, store: Arc<Store>) {
+        let path = self.path.clone();
+        let mut db = Some(self);
+        let mut batches = Vec::with_capacity(BATCH);
+        while rx.recv_many(&mut batches, BATCH).await > 0 {
+            let group = std::mem::take(&mut batches);
+            let Some(current) = db.take() else { break };
+            let done = tokio::task::spawn_blocking(move || {
+                let ops: Vec<&PersistOp> = group.iter().flat_map(|b| b.ops.iter()).collect();
+                let result = current.commit(&ops);
+                (current, group, result)
+            })
+            .await;
+            let error = match done {
+                Ok((current, group, Ok(()))) => {
+                    store.committed(group);
+                    db = Some(current);
+                    continue;
+                }
+                Ok((current, _, Err(e))) => {
+                    // redb wants a database that failed an I/O reopened.
+                    drop(current);
+                    e.to_string()
+                }
+                Err(e) => format!("storage task failed: {e}"),
+            };
+            tracing::error!(error = %error, "storage commit failed; the writes it held are rolled back");
+            db = Some(reopen(&path, &store, &mut rx, &error).await);
         }
+    }
+}
+
+/// Opens storage again after a failed commit and rolls the store back to
+/// what it holds, retrying until the file can be read.
+async fn reopen(
+    path: &Path,
+    store: &Store,
+    rx: &mut mpsc::UnboundedReceiver<Batch>,
+    error: &str,
+) -> Persistence {
+    loop {
+        let p = path.to_path_buf();
+        match tokio::task::spawn_blocking(move || Persistence::open(&p)).await {
+            Ok(Ok((db, loaded))) => {
+                store.roll_back(loaded.rv, loaded.objects, rx, error);
+                return db;
+            }
+            Ok(Err(e)) => tracing::error!(error = %e, "storage cannot be reopened; retrying"),
+            Err(e) => tracing::error!(error = %e, "storage cannot be reopened; retrying"),
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }

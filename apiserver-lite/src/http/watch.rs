@@ -51,6 +51,10 @@ pub(super) async fn serve(
     let (start, events) = app
         .store
         .subscribe(|s| Start::read(s, &filter, initial_wanted, params.from));
+    if let Start::Initial(_, rv) = &start {
+        // The initial objects may include writes still on their way to disk.
+        app.store.settled(*rv).await?;
+    }
     let (tx, body) = mpsc::channel::<Result<Bytes, std::io::Error>>(256);
     let watcher = Watcher {
         tx,
@@ -131,7 +135,11 @@ impl Filter {
 enum Start {
     Initial(Vec<Arc<Value>>, u64),
     Backlog(Vec<Arc<store::Event>>, u64),
+    /// Older than the history kept: the oldest version that can be served.
     Gone(u64),
+    /// Newer than anything this server wrote (storage restored from an
+    /// older copy, or a version from another server): the newest one.
+    TooNew(u64),
 }
 
 impl Start {
@@ -143,7 +151,11 @@ impl Start {
                 .collect();
             Start::Initial(items, s.rv)
         } else {
-            let from = from.unwrap_or(s.rv);
+            // "Now" is what is committed: later changes are sent when they are.
+            let from = from.unwrap_or(s.committed());
+            if from > s.committed() {
+                return Start::TooNew(s.committed());
+            }
             match s.events_since(from) {
                 Some(evs) => Start::Backlog(evs, from),
                 None => Start::Gone(s.oldest()),
@@ -186,6 +198,12 @@ impl Watcher {
         match start {
             Start::Gone(oldest) => {
                 let err = ApiError::gone(format!("too old resource version: {rv_param} ({oldest})"));
+                self.send(event_line("ERROR", &err.to_status())).await;
+                None
+            }
+            Start::TooNew(newest) => {
+                let rv = rv_param.parse().unwrap_or(u64::MAX);
+                let err = ApiError::version_too_new(rv, newest);
                 self.send(event_line("ERROR", &err.to_status())).await;
                 None
             }
