@@ -52,6 +52,43 @@ pub struct Args {
     /// it above 6m, the time kube-rs's Recorder goes on patching an Event).
     #[arg(long, env = "K8S4R_APISERVER_EVENT_TTL", default_value = "1h", value_parser = humantime::parse_duration)]
     pub event_ttl: std::time::Duration,
+    /// Non-mutating requests (get, list, discovery) served at once; more are
+    /// answered 429 with `Retry-After: 1`. 0 for no limit. Watches are not
+    /// counted, and system:masters (the --token) are served even over it, as
+    /// by kube-apiserver's flag of this name.
+    #[arg(long, env = "K8S4R_APISERVER_MAX_REQUESTS_INFLIGHT", default_value_t = 400)]
+    pub max_requests_inflight: usize,
+    /// Mutating requests (create, update, patch, delete) served at once; more
+    /// are answered 429. 0 for no limit.
+    #[arg(
+        long,
+        env = "K8S4R_APISERVER_MAX_MUTATING_REQUESTS_INFLIGHT",
+        default_value_t = 200
+    )]
+    pub max_mutating_requests_inflight: usize,
+    /// Watches open at once, all users together; more are answered 429.
+    #[arg(long, env = "K8S4R_APISERVER_MAX_WATCHES", default_value_t = 1000, value_parser = at_least_one)]
+    pub max_watches: usize,
+    /// Watches open at once for one user of --token-auth-file; more are
+    /// answered 429.
+    #[arg(long, env = "K8S4R_APISERVER_MAX_WATCHES_PER_USER", default_value_t = 250, value_parser = at_least_one)]
+    pub max_watches_per_user: usize,
+    /// Connections open at once (each watch holds one); more are closed as
+    /// soon as they are accepted. Keep it below the open-files limit.
+    #[arg(long, env = "K8S4R_APISERVER_MAX_CONNECTIONS", default_value_t = 2048, value_parser = at_least_one)]
+    pub max_connections: usize,
+    /// TLS handshakes under way at once; more wait for a turn.
+    #[arg(long, env = "K8S4R_APISERVER_MAX_TLS_HANDSHAKES", default_value_t = 64, value_parser = at_least_one)]
+    pub max_tls_handshakes: usize,
+    /// How long a new connection has to complete its TLS handshake, waiting
+    /// for a turn included; then it is closed.
+    #[arg(long, env = "K8S4R_APISERVER_TLS_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = positive_duration)]
+    pub tls_handshake_timeout: std::time::Duration,
+    /// How long a connection has to send a request's headers, counted from
+    /// its handshake or its previous answer; then it is closed (so an idle
+    /// keep-alive connection is closed after it too).
+    #[arg(long, env = "K8S4R_APISERVER_HEADER_READ_TIMEOUT", default_value = "32s", value_parser = positive_duration)]
+    pub header_read_timeout: std::time::Duration,
     /// Log format.
     #[arg(long, env = "K8S4R_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
@@ -87,6 +124,24 @@ pub enum Command {
     },
 }
 
+/// A count for which 0 would mean "refuse everything"; those limits have
+/// no "0 for none" in kube-apiserver either.
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn positive_duration(s: &str) -> Result<std::time::Duration, String> {
+    match humantime::parse_duration(s) {
+        Ok(d) if d.is_zero() => Err("must be longer than 0s".into()),
+        Ok(d) => Ok(d),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 impl Args {
     /// A filter that does not parse is an error, as in the other k8s4r
     /// programs, not a silently ignored one.
@@ -112,12 +167,26 @@ impl Args {
         Ok(())
     }
 
+    pub fn limits(&self) -> crate::Limits {
+        crate::Limits {
+            max_requests_inflight: self.max_requests_inflight,
+            max_mutating_requests_inflight: self.max_mutating_requests_inflight,
+            max_watches: self.max_watches,
+            max_watches_per_user: self.max_watches_per_user,
+            max_connections: self.max_connections,
+            max_tls_handshakes: self.max_tls_handshakes,
+            tls_handshake_timeout: self.tls_handshake_timeout,
+            header_read_timeout: self.header_read_timeout,
+        }
+    }
+
     pub fn config(&self) -> anyhow::Result<crate::Config> {
         let mut c = crate::Config::default()
             .bind(self.bind)
             .max_body_bytes(self.max_body_bytes)
             .history(self.history)
-            .event_ttl(self.event_ttl);
+            .event_ttl(self.event_ttl)
+            .limits(self.limits());
         if !self.in_memory {
             c = c.data_dir(self.data_dir.clone());
         }
@@ -157,6 +226,10 @@ impl Args {
                 Ok(())
             }
             None | Some(Command::Serve) => {
+                match crate::limits::raise_open_files_limit() {
+                    Ok(open_files) => tracing::debug!(open_files, "open-files limit"),
+                    Err(e) => tracing::warn!(error = %e, "cannot read the open-files limit"),
+                }
                 let server = crate::start(self.config()?).await?;
                 if let Some(path) = &self.write_kubeconfig {
                     server.write_kubeconfig(path)?;
@@ -190,6 +263,39 @@ mod tests {
         let a = Args::parse_from(["apiserver-lite", "--log", "apiserver_lite=loud"]);
         let e = a.init_logging().unwrap_err().to_string();
         assert!(e.contains("--log") && e.contains("loud"), "{e}");
+    }
+
+    #[test]
+    fn default_flags_are_the_default_limits() {
+        let a = Args::parse_from(["apiserver-lite"]);
+        assert_eq!(a.limits(), crate::Limits::default());
+    }
+
+    #[test]
+    fn limits_without_a_meaning_for_zero_refuse_it() {
+        for flag in [
+            "--max-watches",
+            "--max-watches-per-user",
+            "--max-connections",
+            "--max-tls-handshakes",
+        ] {
+            let e = Args::try_parse_from(["apiserver-lite", flag, "0"])
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("at least 1"), "{flag}: {e}");
+        }
+        for flag in ["--tls-handshake-timeout", "--header-read-timeout"] {
+            assert!(
+                Args::try_parse_from(["apiserver-lite", flag, "0s"]).is_err(),
+                "{flag}"
+            );
+        }
+        let a = Args::parse_from(["apiserver-lite", "--max-requests-inflight", "0"]);
+        assert_eq!(
+            a.limits().max_requests_inflight,
+            0,
+            "0 is kube-apiserver's 'no limit'"
+        );
     }
 
     #[test]

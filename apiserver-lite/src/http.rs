@@ -3,6 +3,8 @@
 //! the one the real API server gives.
 //!
 //! ```text
+//!   limits ──────── 429, in a middleware ahead of all this (crate::limits)
+//!        │
 //!   health check ── 200, before anything else
 //!        │
 //!   authenticate ── 401
@@ -37,6 +39,7 @@ use self::request::{ResourcePath, Target, Verb};
 use self::response::Shape;
 use crate::authz::{Authenticator, Identity, PathAttributes};
 use crate::error::ApiError;
+use crate::limits::{self, Limiter};
 use crate::resources::ResourceType;
 use crate::store::Store;
 
@@ -49,10 +52,15 @@ pub struct App {
     pub max_body: usize,
     pub bookmark_interval: Duration,
     pub shutdown: tokio_util::sync::CancellationToken,
+    /// The in-flight and watch limits every request is admitted by.
+    pub limiter: Arc<Limiter>,
 }
 
 pub fn router(app: App) -> axum::Router {
-    axum::Router::new().fallback(handle).with_state(app)
+    axum::Router::new()
+        .fallback(handle)
+        .layer(axum::middleware::from_fn_with_state(app.clone(), limits::admit))
+        .with_state(app)
 }
 
 type Query = HashMap<String, String>;

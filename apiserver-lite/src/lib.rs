@@ -25,6 +25,7 @@ pub mod event_ttl;
 pub mod fields;
 pub mod gc;
 pub mod http;
+pub mod limits;
 pub mod openapi;
 pub mod ops;
 pub mod persist;
@@ -39,4 +40,5 @@ pub mod tls;
 
 pub use authz::User;
 pub use error::{ApiError, Error, Result};
+pub use limits::Limits;
 pub use server::{kubeconfig_yaml, start, write_kubeconfig, Config, RunningServer};

@@ -15,6 +15,7 @@ use crate::authz::{Authenticator, Identity, User};
 use crate::error::{Error, Result};
 use crate::event_ttl::expire_events;
 use crate::http::{self, App};
+use crate::limits::{self, Limiter, Limits};
 use crate::ops::{self, FieldValidation, WriteOpts};
 use crate::persist::Persistence;
 use crate::store::Store;
@@ -45,6 +46,8 @@ pub struct Config {
     /// directory). kubectl only sends the token over TLS; plain HTTP is for
     /// kube-rs-only setups.
     pub tls: bool,
+    /// In-flight, watch and connection limits.
+    pub limits: Limits,
 }
 
 impl Default for Config {
@@ -60,6 +63,7 @@ impl Default for Config {
             bookmark_interval: Duration::from_secs(5),
             event_ttl: Duration::from_secs(60 * 60),
             tls: true,
+            limits: Limits::default(),
         }
     }
 }
@@ -125,6 +129,11 @@ impl Config {
         self
     }
 
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
     pub async fn start(self) -> Result<RunningServer> {
         start(self).await
     }
@@ -137,6 +146,7 @@ pub struct RunningServer {
     ca_pem: Option<String>,
     store: Arc<Store>,
     auth: Arc<Authenticator>,
+    limiter: Arc<Limiter>,
     cancel: CancellationToken,
     serve: Option<JoinHandle<std::io::Result<()>>>,
     persist: Option<JoinHandle<()>>,
@@ -212,38 +222,24 @@ pub async fn start(config: Config) -> Result<RunningServer> {
         None
     };
     let auth = Arc::new(Authenticator::new(token.clone(), config.users.clone()));
+    let limiter = Arc::new(Limiter::new(config.limits.clone()));
     let app = App {
         store: store.clone(),
         auth: auth.clone(),
         max_body: config.max_body_bytes,
         bookmark_interval: config.bookmark_interval,
         shutdown: cancel.clone(),
+        limiter: limiter.clone(),
     };
     let router = http::router(app);
-    let (serve, ca_pem) = match tls {
-        Some((acceptor, ca_pem)) => {
-            let listener = crate::tls::TlsListener::new(listener, acceptor, cancel.clone())?;
-            let cancel = cancel.clone();
-            let serve = tokio::spawn(async move {
-                axum::serve(listener, router)
-                    .with_graceful_shutdown(cancel.cancelled_owned())
-                    .await
-            });
-            (serve, Some(ca_pem))
-        }
-        None => {
-            let cancel = cancel.clone();
-            let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-                let _ = tcp.set_nodelay(true);
-            });
-            let serve = tokio::spawn(async move {
-                axum::serve(listener, router)
-                    .with_graceful_shutdown(cancel.cancelled_owned())
-                    .await
-            });
-            (serve, None)
-        }
-    };
+    let (acceptor, ca_pem) = tls.unzip();
+    let serve = tokio::spawn(limits::serve(
+        listener,
+        acceptor,
+        router,
+        limiter.clone(),
+        cancel.clone(),
+    ));
     let gc = tokio::spawn(collector(store.clone(), config.event_ttl, cancel.clone()));
     tracing::info!(%addr, persistent = config.data_dir.is_some(), "apiserver-lite serving");
     Ok(RunningServer {
@@ -252,6 +248,7 @@ pub async fn start(config: Config) -> Result<RunningServer> {
         ca_pem,
         store,
         auth,
+        limiter,
         cancel,
         serve: Some(serve),
         persist: persist_task,
@@ -377,6 +374,12 @@ impl RunningServer {
     /// the server (to check what was denied while it shut down).
     pub fn authenticator(&self) -> Arc<Authenticator> {
         self.auth.clone()
+    }
+
+    /// What the in-flight, watch and connection limits hold now, and how
+    /// many requests and connections they have turned away.
+    pub fn usage(&self) -> limits::Usage {
+        self.limiter.usage()
     }
 
     /// The messages of the last requests RBAC denied, oldest first.

@@ -3,18 +3,13 @@
 //! loopback names, kept beside the data so kubeconfigs stay valid across
 //! restarts, and handed to clients as the kubeconfig's certificate authority.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
-use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
-use tokio_util::sync::CancellationToken;
 
 use crate::error::Error;
 
@@ -78,63 +73,4 @@ pub fn acceptor(m: &TlsMaterial) -> Result<TlsAcceptor, Error> {
             .map_err(tls_err)?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(TlsAcceptor::from(Arc::new(config)))
-}
-
-/// A listener yielding connections whose TLS handshake is done; handshakes
-/// run concurrently, so one slow client cannot hold up the others.
-pub struct TlsListener {
-    rx: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
-    local: SocketAddr,
-}
-
-impl TlsListener {
-    pub fn new(tcp: TcpListener, acceptor: TlsAcceptor, cancel: CancellationToken) -> std::io::Result<Self> {
-        let local = tcp.local_addr()?;
-        let (tx, rx) = mpsc::channel(64);
-        tokio::spawn(async move {
-            loop {
-                let (stream, peer) = tokio::select! {
-                    r = tcp.accept() => match r {
-                        Ok(x) => x,
-                        Err(e) => {
-                            tracing::warn!(error = %e, "accept failed");
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                            continue;
-                        }
-                    },
-                    _ = cancel.cancelled() => return,
-                };
-                // Small responses must not wait for delayed ACKs (40 ms on loopback).
-                let _ = stream.set_nodelay(true);
-                let (acceptor, tx) = (acceptor.clone(), tx.clone());
-                tokio::spawn(async move {
-                    match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream)).await {
-                        Ok(Ok(tls)) => {
-                            let _ = tx.send((tls, peer)).await;
-                        }
-                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-                    }
-                });
-            }
-        });
-        Ok(TlsListener { rx, local })
-    }
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.rx.recv().await {
-            Some(conn) => conn,
-            // The accept loop has stopped (shutdown): no more connections.
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(self.local)
-    }
 }
