@@ -20,6 +20,7 @@
 mod discovery;
 mod list;
 mod objects;
+mod protobuf;
 pub mod request;
 mod response;
 mod reviews;
@@ -85,9 +86,10 @@ async fn handle(State(app): State<App>, req: Request) -> Response {
         Ok(b) => b,
         Err(_) => return ApiError::too_large(app.max_body).into_response(),
     };
-    route(&app, &identity, &parts, &query, body)
+    let response = route(&app, &identity, &parts, &query, body)
         .await
-        .unwrap_or_else(IntoResponse::into_response)
+        .unwrap_or_else(IntoResponse::into_response);
+    protobuf::negotiate(&parts.headers, response).await
 }
 
 async fn route(

@@ -30,6 +30,7 @@ pub mod openapi;
 pub mod ops;
 pub mod persist;
 pub mod private_files;
+pub mod protobuf;
 pub mod resources;
 pub mod schema;
 pub mod selectors;

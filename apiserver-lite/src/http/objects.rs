@@ -9,9 +9,10 @@ use serde_json::{json, Value};
 use super::list::Selection;
 use super::request::Verb;
 use super::response::{json_response, object_response, with_version, written, Shape};
-use super::{Call, Query};
+use super::{protobuf, Call, Query};
 use crate::error::ApiError;
 use crate::ops::{self, Deleted, FieldValidation, PatchType, Propagation, WriteOpts};
+use crate::resources::ResourceType;
 
 pub(super) fn get(call: &Call<'_>, name: &str) -> Result<Response, ApiError> {
     let rt = &call.rt;
@@ -27,7 +28,7 @@ pub(super) fn get(call: &Call<'_>, name: &str) -> Result<Response, ApiError> {
 pub(super) fn create(call: &Call<'_>) -> Result<Response, ApiError> {
     let rt = &call.rt;
     let ns = namespace_for_write(call)?;
-    let obj = decode(&call.body, call.headers)?;
+    let obj = decode(&call.body, call.headers, rt)?;
     let opts = write_opts(call)?;
     let w = call
         .app
@@ -39,7 +40,7 @@ pub(super) fn create(call: &Call<'_>) -> Result<Response, ApiError> {
 pub(super) fn update(call: &Call<'_>, name: &str) -> Result<Response, ApiError> {
     let rt = &call.rt;
     let ns = namespace_for_write(call)?;
-    let obj = decode(&call.body, call.headers)?;
+    let obj = decode(&call.body, call.headers, rt)?;
     let opts = write_opts(call)?;
     let gr = rt.stored_resource();
     let w = call.app.store.write(|txn| {
@@ -165,8 +166,11 @@ fn content_type(headers: &HeaderMap) -> Option<&str> {
     headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok())
 }
 
-pub(super) fn decode(body: &[u8], headers: &HeaderMap) -> Result<Value, ApiError> {
+pub(super) fn decode(body: &[u8], headers: &HeaderMap, rt: &ResourceType) -> Result<Value, ApiError> {
     let ct = content_type(headers).unwrap_or("application/json");
+    if protobuf::is_protobuf(ct) {
+        return protobuf::decode(body, rt);
+    }
     if ct.contains("protobuf") {
         return Err(ApiError::unsupported_media_type(format!("the body of the request was in an unknown format - accepted media types include: application/json, application/yaml (content type {ct:?})")));
     }
@@ -229,6 +233,8 @@ struct DeleteOpts {
 fn delete_opts(query: &Query, body: &[u8]) -> Result<DeleteOpts, ApiError> {
     let b: Value = if body.iter().all(|c| c.is_ascii_whitespace()) {
         json!({})
+    } else if body.starts_with(crate::protobuf::MAGIC) {
+        protobuf::decode_delete_options(body)?
     } else {
         serde_json::from_slice(body).map_err(|e| {
             ApiError::bad_request(format!(
