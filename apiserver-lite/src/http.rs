@@ -177,14 +177,15 @@ impl Call<'_> {
                 _ => Err(ApiError::method_not_allowed()),
             };
         }
-        match (verb, self.path.name) {
-            (Verb::Watch, None) => watch::serve(app, rt.clone(), ns, self.query, shape).await,
+        if verb == Verb::Watch {
             // A watch of one object is a watch of its collection pinned to its name.
-            (Verb::Watch, Some(name)) => {
-                let mut query = self.query.clone();
+            let mut query = self.query.clone();
+            if let Some(name) = self.path.name {
                 query.insert("fieldSelector".into(), format!("metadata.name={name}"));
-                watch::serve(app, rt.clone(), ns, &query, shape).await
             }
+            return watch::serve(app, rt.clone(), ns, &query, shape).await;
+        }
+        let response = match (verb, self.path.name) {
             (Verb::List, None) => list::serve(app, rt, ns, self.query, shape),
             (Verb::Create, None) => objects::create(self),
             (Verb::DeleteCollection, None) => objects::delete_collection(self),
@@ -195,6 +196,10 @@ impl Call<'_> {
             // The verb already says whether a name comes with it; this only
             // keeps the match total.
             _ => Err(ApiError::method_not_allowed()),
-        }
+        };
+        // Nothing leaves before it is on disk: not a write's answer, nor
+        // what a read saw of writes still on their way.
+        app.store.settle().await?;
+        response
     }
 }

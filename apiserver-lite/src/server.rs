@@ -19,7 +19,7 @@ use crate::limits::{self, Limiter, Limits};
 use crate::ops::{self, FieldValidation, WriteOpts};
 use crate::persist::Persistence;
 use crate::store::Store;
-use crate::{crd, event_conversion, gc};
+use crate::{event_conversion, gc};
 
 /// The file the server keeps its objects in, inside the data directory.
 pub const DATA_FILE: &str = "apiserver.redb";
@@ -176,24 +176,10 @@ pub async fn start(config: Config) -> Result<RunningServer> {
             path: path.display().to_string(),
             message: e.to_string(),
         })??;
-        let crds: Vec<serde_json::Value> = loaded
-            .objects
-            .iter()
-            .filter(|(gr, _)| gr == "customresourcedefinitions.apiextensions.k8s.io")
-            .map(|(_, o)| o.clone())
-            .collect();
         store.load(loaded.rv, loaded.objects);
-        store
-            .write(|txn| {
-                for crd in &crds {
-                    crd::register(txn, crd);
-                }
-                Ok::<_, ()>(())
-            })
-            .ok();
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         store.set_persist(Some(tx));
-        persist_task = Some(tokio::spawn(db.run(rx)));
+        persist_task = Some(tokio::spawn(db.run(rx, store.clone())));
         let moved = store
             .write(|txn| Ok::<_, ()>(event_conversion::migrate_core_events(txn)))
             .unwrap_or(0);
