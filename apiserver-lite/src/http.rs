@@ -86,9 +86,15 @@ async fn handle(State(app): State<App>, req: Request) -> Response {
         Ok(b) => b,
         Err(_) => return ApiError::too_large(app.max_body).into_response(),
     };
-    let response = route(&app, &identity, &parts, &query, body)
+    let generation = app.store.generation();
+    let mut response = route(&app, &identity, &parts, &query, body)
         .await
         .unwrap_or_else(IntoResponse::into_response);
+    // Nothing leaves before it is on disk: not a write's answer, nor what
+    // any answer (a read, a 403, discovery) saw of writes still on their way.
+    if let Err(e) = app.store.settle(generation).await {
+        response = ApiError::from(e).into_response();
+    }
     protobuf::negotiate(&parts.headers, response).await
 }
 
@@ -185,7 +191,7 @@ impl Call<'_> {
             }
             return watch::serve(app, rt.clone(), ns, &query, shape).await;
         }
-        let response = match (verb, self.path.name) {
+        match (verb, self.path.name) {
             (Verb::List, None) => list::serve(app, rt, ns, self.query, shape),
             (Verb::Create, None) => objects::create(self),
             (Verb::DeleteCollection, None) => objects::delete_collection(self),
@@ -196,10 +202,6 @@ impl Call<'_> {
             // The verb already says whether a name comes with it; this only
             // keeps the match total.
             _ => Err(ApiError::method_not_allowed()),
-        };
-        // Nothing leaves before it is on disk: not a write's answer, nor
-        // what a read saw of writes still on their way.
-        app.store.settle().await?;
-        response
+        }
     }
 }

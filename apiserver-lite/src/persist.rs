@@ -134,48 +134,57 @@ impl Persistence {
         while rx.recv_many(&mut batches, BATCH).await > 0 {
             let group = std::mem::take(&mut batches);
             let Some(current) = db.take() else { break };
+            let newest = group.iter().flat_map(|b| b.ops.iter()).map(PersistOp::rv).max();
             let done = tokio::task::spawn_blocking(move || {
                 let ops: Vec<&PersistOp> = group.iter().flat_map(|b| b.ops.iter()).collect();
-                let result = current.commit(&ops);
-                (current, group, result)
+                match current.commit(&ops) {
+                    Ok(()) => (Some(current), group, Ok(())),
+                    // redb wants a database that failed an I/O reopened;
+                    // dropping it does I/O, so here, not on a runtime thread.
+                    Err(e) => (None, group, Err(e.to_string())),
+                }
             })
             .await;
-            let error = match done {
+            let (group, error) = match done {
                 Ok((current, group, Ok(()))) => {
                     store.committed(group);
-                    db = Some(current);
+                    db = current;
                     continue;
                 }
-                Ok((current, _, Err(e))) => {
-                    // redb wants a database that failed an I/O reopened.
-                    drop(current);
-                    e.to_string()
-                }
-                Err(e) => format!("storage task failed: {e}"),
+                Ok((_, group, Err(e))) => (Some(group), e),
+                Err(e) => (None, format!("storage task failed: {e}")),
             };
             tracing::error!(error = %error, "storage commit failed; the writes it held are rolled back");
-            db = Some(reopen(&path, &store, &mut rx, &error).await);
+            match reopen(&path, &rx).await {
+                Some((reopened, loaded)) => {
+                    match group {
+                        // The commit reached the file after all (it failed
+                        // after its header was written): nothing is lost.
+                        Some(group) if newest.is_some_and(|n| loaded.rv >= n) => store.committed(group),
+                        _ => store.roll_back(loaded.rv, loaded.objects, &mut rx, &error),
+                    }
+                    db = Some(reopened);
+                }
+                None => break,
+            }
         }
     }
 }
 
-/// Opens storage again after a failed commit and rolls the store back to
-/// what it holds, retrying until the file can be read.
-async fn reopen(
-    path: &Path,
-    store: &Store,
-    rx: &mut mpsc::UnboundedReceiver<Batch>,
-    error: &str,
-) -> Persistence {
+/// Opens storage again after a failed commit, retrying every second until
+/// the file can be read; `None` when the store stopped queueing meanwhile
+/// (shutdown), since nothing is left to commit.
+async fn reopen(path: &Path, rx: &mpsc::UnboundedReceiver<Batch>) -> Option<(Persistence, Loaded)> {
     loop {
         let p = path.to_path_buf();
         match tokio::task::spawn_blocking(move || Persistence::open(&p)).await {
-            Ok(Ok((db, loaded))) => {
-                store.roll_back(loaded.rv, loaded.objects, rx, error);
-                return db;
-            }
+            Ok(Ok(opened)) => return Some(opened),
             Ok(Err(e)) => tracing::error!(error = %e, "storage cannot be reopened; retrying"),
             Err(e) => tracing::error!(error = %e, "storage cannot be reopened; retrying"),
+        }
+        if rx.is_closed() {
+            tracing::error!("shutting down with storage that cannot be reopened");
+            return None;
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }

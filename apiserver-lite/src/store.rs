@@ -75,6 +75,14 @@ pub enum PersistOp {
     Delete { key: String, rv: u64 },
 }
 
+impl PersistOp {
+    pub fn rv(&self) -> u64 {
+        match self {
+            PersistOp::Put { rv, .. } | PersistOp::Delete { rv, .. } => *rv,
+        }
+    }
+}
+
 pub fn storage_key(gr: &str, ns: &str, name: &str) -> String {
     format!("{gr}/{ns}/{name}")
 }
@@ -106,9 +114,17 @@ pub struct Durability {
     /// The changes failed commits rolled back, oldest first; adjacent
     /// ranges are merged, and only the last [`LOST_KEPT`] are kept.
     lost: VecDeque<Lost>,
+    /// The span the ranges dropped from `lost` covered: what lies in it is
+    /// taken as lost (it may have been stored; a request asking now fails).
+    evicted: Option<(u64, u64)>,
 }
 
 const LOST_KEPT: usize = 256;
+
+/// How long a request waits for storage to commit what it saw before it is
+/// answered 500 (its write may still be committed later, as with a real
+/// server's storage timeout).
+const COMMIT_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl Durability {
     /// Whether the change at `rv` is stored (`Some(Ok)`), was rolled back
@@ -117,12 +133,11 @@ impl Durability {
         if let Some(lost) = self.lost.iter().find(|l| l.after < rv && rv <= l.upto) {
             return Some(Err(lost.message.clone()));
         }
+        if self.evicted.is_some_and(|(after, upto)| after < rv && rv <= upto) {
+            return Some(Err("storage failed repeatedly".into()));
+        }
         if rv <= self.committed {
             return Some(Ok(()));
-        }
-        // Older than every range still kept: cannot tell, so not stored.
-        if self.lost.len() == LOST_KEPT && self.lost.front().is_some_and(|l| rv <= l.after) {
-            return Some(Err("storage failed repeatedly".into()));
         }
         None
     }
@@ -138,7 +153,10 @@ impl Durability {
             }
             _ => {
                 if self.lost.len() == LOST_KEPT {
-                    self.lost.pop_front();
+                    if let Some(old) = self.lost.pop_front() {
+                        let (after, upto) = self.evicted.unwrap_or((old.after, old.upto));
+                        self.evicted = Some((after.min(old.after), upto.max(old.upto)));
+                    }
                 }
                 self.lost.push_back(Lost {
                     after,
@@ -156,7 +174,7 @@ enum Sink {
     Memory,
     /// The persistence task's queue.
     Disk(mpsc::UnboundedSender<Batch>),
-    /// Shut down: changes are applied and never committed.
+    /// Shut down: changes are applied, never committed, and count as lost.
     Closed,
 }
 
@@ -169,6 +187,8 @@ pub struct State {
     issued: u64,
     /// The last resourceVersion committed; watches that start "now" start here.
     committed: u64,
+    /// How many times memory was rolled back to storage.
+    rollbacks: u64,
     objects: HashMap<String, Objects>,
     /// uid -> (group-resource, namespace, name), for owner references.
     uids: HashMap<String, (String, String, String)>,
@@ -373,6 +393,10 @@ pub struct Store {
     pub gc: Notify,
 }
 
+/// How many rollbacks the store had been through when a request began.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Generation(u64);
+
 /// A request saw a change that storage then lost.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("storage failed to commit a change this request depends on: {0}")]
@@ -386,6 +410,7 @@ impl Store {
                 rv: 0,
                 issued: 0,
                 committed: 0,
+                rollbacks: 0,
                 objects: HashMap::new(),
                 uids: HashMap::new(),
                 history: VecDeque::new(),
@@ -412,9 +437,11 @@ impl Store {
     /// Sends applied changes to the persistence task from now on; `None`
     /// on shutdown, after which nothing more is committed.
     pub fn set_persist(&self, tx: Option<mpsc::UnboundedSender<Batch>>) {
-        *self.sink() = match tx {
-            Some(tx) => Sink::Disk(tx),
-            None => Sink::Closed,
+        let mut sink = self.sink();
+        *sink = match (tx, &*sink) {
+            (Some(tx), _) => Sink::Disk(tx),
+            (None, Sink::Memory) => Sink::Memory,
+            (None, _) => Sink::Closed,
         };
     }
 
@@ -462,7 +489,11 @@ impl Store {
                 Sink::Disk(tx) => {
                     let _ = tx.send(Batch { ops: persist, events });
                 }
-                Sink::Closed => {}
+                Sink::Closed => {
+                    let (first, last) = (events[0].rv, events[events.len() - 1].rv);
+                    self.durability
+                        .send_modify(|d| d.record_loss(first - 1, last, "the server is shutting down"));
+                }
             }
         }
         drop(st);
@@ -497,29 +528,50 @@ impl Store {
         while queue.try_recv().is_ok() {}
         let (after, upto) = (st.committed, st.issued);
         st.replace(rv, objects);
+        st.rollbacks += 1;
         self.durability
             .send_modify(|d| d.record_loss(after, upto, message));
     }
 
-    /// Waits until every change this request could have seen is committed;
-    /// an error when one of them was lost.
-    pub async fn settle(&self) -> Result<(), NotStored> {
-        let target = self.lock().rv;
+    /// Where the store stands, taken before a request looks at it.
+    pub fn generation(&self) -> Generation {
+        Generation(self.lock().rollbacks)
+    }
+
+    /// Waits until every change a request that started at `since` could
+    /// have seen is committed; an error when one of them was lost (memory
+    /// was rolled back since), or when storage takes longer than
+    /// [`COMMIT_WAIT`].
+    pub async fn settle(&self, since: Generation) -> Result<(), NotStored> {
+        let target = {
+            let st = self.lock();
+            if st.rollbacks != since.0 {
+                return Err(NotStored(
+                    "storage failed a commit while the request was served".into(),
+                ));
+            }
+            st.rv
+        };
         self.settled(target).await
     }
 
     /// Waits until the change at `rv` (and all before it) is committed.
     pub async fn settled(&self, rv: u64) -> Result<(), NotStored> {
         let mut rx = self.durability.subscribe();
-        loop {
-            if let Some(outcome) = rx.borrow_and_update().outcome(rv) {
-                return outcome.map_err(NotStored);
+        let wait = async {
+            loop {
+                if let Some(outcome) = rx.borrow_and_update().outcome(rv) {
+                    return outcome.map_err(NotStored);
+                }
+                // The sender lives as long as the store; it is never dropped here.
+                if rx.changed().await.is_err() {
+                    return Err(NotStored("storage closed".into()));
+                }
             }
-            // The sender lives as long as the store; it is never dropped here.
-            if rx.changed().await.is_err() {
-                return Err(NotStored("storage closed".into()));
-            }
-        }
+        };
+        tokio::time::timeout(COMMIT_WAIT, wait)
+            .await
+            .unwrap_or_else(|_| Err(NotStored("storage did not commit within 60 s".into())))
     }
 
     /// Subscribes to live events; under the lock, so `snapshot` and the
@@ -528,5 +580,108 @@ impl Store {
         let st = self.lock();
         let rx = self.events.subscribe();
         (snapshot(&st), rx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn put(store: &Store, name: &str) {
+        store
+            .write(|txn| {
+                txn.put(
+                    "configmaps",
+                    json!({"metadata": {"name": name, "namespace": "default", "uid": name}}),
+                );
+                Ok::<_, ()>(())
+            })
+            .unwrap();
+    }
+
+    fn rv_of(store: &Store, name: &str) -> Option<String> {
+        store.read(|s| s.get("configmaps", "default", name)).map(|o| {
+            o["metadata"]["resourceVersion"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
+    }
+
+    #[tokio::test]
+    async fn a_rolled_back_change_fails_what_saw_it_and_its_version_is_never_reissued() {
+        let store = Store::new(100);
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        store.set_persist(Some(tx));
+        let mut events = store.subscribe(|_| ()).1;
+
+        put(&store, "kept");
+        assert!(events.try_recv().is_err(), "published before it was committed");
+        store.committed(vec![rx.try_recv().unwrap()]);
+        assert_eq!(events.try_recv().unwrap().rv, 1);
+        store.settle(store.generation()).await.unwrap();
+
+        let seen = store.generation();
+        put(&store, "lost");
+        put(&store, "lost-too");
+        // The commit failed; the file holds only "kept".
+        let kept = (*store.read(|s| s.get("configmaps", "default", "kept")).unwrap()).clone();
+        store.roll_back(1, vec![("configmaps".into(), kept)], &mut rx, "disk full");
+        assert!(rx.try_recv().is_err(), "the queue was drained");
+        assert_eq!(rv_of(&store, "lost"), None);
+        assert!(events.try_recv().is_err(), "a lost change reached a watcher");
+        assert!(
+            store.settle(seen).await.is_err(),
+            "a request that saw lost changes succeeded"
+        );
+        assert!(store.settled(2).await.unwrap_err().0.contains("disk full"));
+        assert_eq!(store.read(|s| s.rv), 1, "lists answer the version that stands");
+
+        // Requests after the rollback are served; versions move on.
+        store.settle(store.generation()).await.unwrap();
+        put(&store, "next");
+        assert_eq!(rv_of(&store, "next").as_deref(), Some("4"));
+        store.committed(vec![rx.try_recv().unwrap()]);
+        store.settled(4).await.unwrap();
+        assert!(store.settled(3).await.is_err(), "a lost version counts as stored");
+    }
+
+    #[tokio::test]
+    async fn after_shutdown_writes_fail_instead_of_waiting_and_memory_mode_is_unchanged() {
+        let store = Store::new(100);
+        let (tx, _rx) = mpsc::unbounded_channel();
+        store.set_persist(Some(tx));
+        store.set_persist(None);
+        put(&store, "late");
+        assert!(store.settle(store.generation()).await.is_err());
+
+        let memory = Store::new(100);
+        memory.set_persist(None);
+        put(&memory, "fine");
+        memory.settle(memory.generation()).await.unwrap();
+    }
+
+    #[test]
+    fn lost_ranges_merge_and_evicted_ones_stay_lost() {
+        let mut d = Durability::default();
+        d.record_loss(5, 10, "a");
+        d.record_loss(5, 12, "b");
+        assert_eq!(d.lost.len(), 1);
+        d.committed = 13;
+        assert!(matches!(d.outcome(11), Some(Err(_))));
+        assert!(matches!(d.outcome(13), Some(Ok(()))));
+        assert_eq!(d.outcome(14), None);
+        let mut d = Durability::default();
+        for i in 0..(LOST_KEPT as u64 + 10) {
+            d.record_loss(2 * i, 2 * i + 1, "full");
+        }
+        d.committed = 10_000;
+        assert_eq!(d.lost.len(), LOST_KEPT);
+        assert!(
+            matches!(d.outcome(1), Some(Err(_))),
+            "an evicted loss must not count as stored"
+        );
+        assert!(matches!(d.outcome(9_999), Some(Ok(()))));
     }
 }
