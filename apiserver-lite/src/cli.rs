@@ -89,6 +89,10 @@ pub struct Args {
     /// keep-alive connection is closed after it too).
     #[arg(long, env = "K8S4R_APISERVER_HEADER_READ_TIMEOUT", default_value = "32s", value_parser = positive_duration)]
     pub header_read_timeout: std::time::Duration,
+    /// How long a request's body may take to arrive after its headers; then
+    /// the request is answered 408 and its in-flight slot is given back.
+    #[arg(long, env = "K8S4R_APISERVER_BODY_READ_TIMEOUT", default_value = "60s", value_parser = positive_duration)]
+    pub body_read_timeout: std::time::Duration,
     /// Log format.
     #[arg(long, env = "K8S4R_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
@@ -177,6 +181,7 @@ impl Args {
             max_tls_handshakes: self.max_tls_handshakes,
             tls_handshake_timeout: self.tls_handshake_timeout,
             header_read_timeout: self.header_read_timeout,
+            body_read_timeout: self.body_read_timeout,
         }
     }
 

@@ -103,6 +103,15 @@ impl ApiError {
         )
     }
 
+    /// A body that did not arrive in time (408, as Go's server answers).
+    pub fn body_timeout(limit: std::time::Duration) -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "Timeout",
+            format!("the request body did not arrive within {} s", limit.as_secs()),
+        )
+    }
+
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", message)
     }

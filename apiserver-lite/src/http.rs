@@ -82,9 +82,13 @@ async fn handle(State(app): State<App>, req: Request) -> Response {
     let query: Query = axum::extract::Query::<Query>::try_from_uri(&parts.uri)
         .map(|q| q.0)
         .unwrap_or_default();
-    let body = match axum::body::to_bytes(body, app.max_body).await {
-        Ok(b) => b,
-        Err(_) => return ApiError::too_large(app.max_body).into_response(),
+    // Bounded in time as well as size: a client that never finishes its
+    // body would otherwise hold its in-flight slot for good.
+    let limit = app.limiter.limits().body_read_timeout;
+    let body = match tokio::time::timeout(limit, axum::body::to_bytes(body, app.max_body)).await {
+        Ok(Ok(b)) => b,
+        Ok(Err(_)) => return ApiError::too_large(app.max_body).into_response(),
+        Err(_) => return ApiError::body_timeout(limit).into_response(),
     };
     let generation = app.store.generation();
     let mut response = route(&app, &identity, &parts, &query, body)

@@ -67,6 +67,11 @@ pub struct Limits {
     /// the handshake or from the previous answer: a slow sender, or an idle
     /// keep-alive connection, is closed after it.
     pub header_read_timeout: Duration,
+    /// How long a request's body may take to arrive once its headers have:
+    /// a client that never finishes its body is answered 408 and gives its
+    /// in-flight slot back (kube-apiserver bounds a whole request by its
+    /// 60 s `--request-timeout`).
+    pub body_read_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -83,6 +88,7 @@ impl Default for Limits {
             tls_handshake_timeout: Duration::from_secs(10),
             // kube-apiserver's ReadHeaderTimeout.
             header_read_timeout: Duration::from_secs(32),
+            body_read_timeout: Duration::from_secs(60),
         }
     }
 }

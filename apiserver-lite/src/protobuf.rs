@@ -28,9 +28,13 @@
 //! numbers are kept as sent: `false` and `0` can be meaningful (a pointer
 //! set to them) and are harmless when they are the defaults.
 //!
-//! A body is untrusted: it is bounded by the server's body limit, parsed
-//! by rust-protobuf (which refuses truncated input and nests at most 100
-//! messages deep), and every mismatch is an error, never a panic.
+//! A body is untrusted: it is bounded by the server's body limit; its
+//! type must be the one the URL names; before rust-protobuf parses it (its
+//! dynamic messages cost far more memory than their bytes: every field of
+//! a message is set up once one is), [`check_cost`] walks the wire format
+//! against the schema and refuses more than [`MAX_MESSAGES`] messages or
+//! nesting deeper than [`MAX_DEPTH`]; and every mismatch is an error,
+//! never a panic.
 
 use base64::Engine as _;
 use protobuf::descriptor::FileDescriptorSet;
@@ -67,7 +71,20 @@ pub enum ProtobufError {
     Message { kind: String, source: protobuf::Error },
     #[error("{path}: {problem}")]
     Field { path: String, problem: String },
+    #[error("the body holds {sent}, but this URL takes {expected}")]
+    WrongKind { sent: String, expected: String },
+    #[error("the body is too complex: {0}")]
+    TooComplex(String),
 }
+
+/// The most messages one body may hold. An object of a built-in kind
+/// holds tens to a few thousand (a container, an env var, a rule, a
+/// subject each count one); a hostile body of empty messages would hold a
+/// million in 3 MiB and cost gigabytes once parsed.
+pub const MAX_MESSAGES: usize = 10_000;
+
+/// The deepest messages may nest in one body.
+pub const MAX_DEPTH: usize = 64;
 
 fn field_error(path: &str, problem: impl Into<String>) -> ProtobufError {
     ProtobufError::Field {
@@ -210,8 +227,10 @@ pub fn serves(obj: &Value) -> bool {
 }
 
 /// Reads a protobuf body into the JSON form of its object, `apiVersion`
-/// and `kind` included. An envelope without a type (client-go always sends
-/// one) is read as `default`'s (apiVersion, kind).
+/// and `kind` included. `default` is the (apiVersion, kind) the URL takes:
+/// a body of another type is refused before it is parsed, and an envelope
+/// without a type (client-go always sends one) is read as `default`'s.
+/// `("", "")` takes any served kind (reading a server's answer).
 pub fn decode(body: &[u8], default: (&str, &str)) -> Result<Value, ProtobufError> {
     let unknown = body.strip_prefix(MAGIC).ok_or(ProtobufError::NoMagic)?;
     let envelope = message(UNKNOWN).ok_or_else(|| not_served(default))?;
@@ -238,9 +257,21 @@ pub fn decode(body: &[u8], default: (&str, &str)) -> Result<Value, ProtobufError
         ("", "") => default,
         typed => typed,
     };
+    // Checked before the body is parsed: a kind the URL does not take
+    // would otherwise cost its full parse before being refused.
+    let any = default == ("", "");
+    let same = kind == default.1 && (kind == "DeleteOptions" || api_version == default.0);
+    if !any && !same {
+        return Err(ProtobufError::WrongKind {
+            sent: format!("{api_version}, Kind={kind}"),
+            expected: format!("{}, Kind={}", default.0, default.1),
+        });
+    }
     let descriptor = descriptor(api_version, kind).ok_or_else(|| not_served((api_version, kind)))?;
+    let raw = bytes_field(unknown, "raw");
+    check_cost(&descriptor, raw)?;
     let message = descriptor
-        .parse_from_bytes(bytes_field(unknown, "raw"))
+        .parse_from_bytes(raw)
         .map_err(|source| ProtobufError::Message {
             kind: kind.into(),
             source,
@@ -772,3 +803,119 @@ fn reachable(from: &MessageDescriptor, seen: &mut std::collections::BTreeSet<Str
 
 #[cfg(test)]
 mod tests;
+
+/// Walks `bytes` as the wire form of `descriptor`'s message without
+/// building it, counting the messages it holds; an error past
+/// [`MAX_MESSAGES`] or [`MAX_DEPTH`], or when the wire form is malformed.
+pub fn check_cost(descriptor: &MessageDescriptor, bytes: &[u8]) -> Result<(), ProtobufError> {
+    let mut count = 0;
+    walk(descriptor, bytes, 0, &mut count)
+}
+
+fn too_complex(problem: String) -> ProtobufError {
+    ProtobufError::TooComplex(problem)
+}
+
+fn walk(
+    descriptor: &MessageDescriptor,
+    mut bytes: &[u8],
+    depth: usize,
+    count: &mut usize,
+) -> Result<(), ProtobufError> {
+    *count += 1;
+    if *count > MAX_MESSAGES {
+        return Err(too_complex(format!("more than {MAX_MESSAGES} messages")));
+    }
+    if depth > MAX_DEPTH {
+        return Err(too_complex(format!("messages nested more than {MAX_DEPTH} deep")));
+    }
+    while !bytes.is_empty() {
+        let tag = varint(&mut bytes)?;
+        let number =
+            u32::try_from(tag >> 3).map_err(|_| too_complex("a field number out of range".into()))?;
+        match tag & 7 {
+            0 => {
+                varint(&mut bytes)?;
+            }
+            1 => bytes = skip(bytes, 8)?,
+            5 => bytes = skip(bytes, 4)?,
+            2 => {
+                let len = usize::try_from(varint(&mut bytes)?)
+                    .map_err(|_| too_complex("a length out of range".into()))?;
+                if len > bytes.len() {
+                    return Err(too_complex("a length past the end of the body".into()));
+                }
+                let (value, rest) = bytes.split_at(len);
+                bytes = rest;
+                if let Some(field) = descriptor.field_by_number(number) {
+                    match field.runtime_field_type() {
+                        RuntimeFieldType::Singular(RuntimeType::Message(m))
+                        | RuntimeFieldType::Repeated(RuntimeType::Message(m)) => {
+                            walk(&m, value, depth + 1, count)?
+                        }
+                        RuntimeFieldType::Map(_, RuntimeType::Message(m)) => {
+                            map_entry(&m, value, depth + 1, count)?
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            other => return Err(too_complex(format!("wire type {other} (groups are not used)"))),
+        }
+    }
+    Ok(())
+}
+
+/// A map entry whose values are messages: field 2 is the value.
+fn map_entry(
+    value: &MessageDescriptor,
+    mut bytes: &[u8],
+    depth: usize,
+    count: &mut usize,
+) -> Result<(), ProtobufError> {
+    while !bytes.is_empty() {
+        let tag = varint(&mut bytes)?;
+        match tag & 7 {
+            0 => {
+                varint(&mut bytes)?;
+            }
+            1 => bytes = skip(bytes, 8)?,
+            5 => bytes = skip(bytes, 4)?,
+            2 => {
+                let len = usize::try_from(varint(&mut bytes)?)
+                    .map_err(|_| too_complex("a length out of range".into()))?;
+                if len > bytes.len() {
+                    return Err(too_complex("a length past the end of the body".into()));
+                }
+                let (field, rest) = bytes.split_at(len);
+                bytes = rest;
+                if tag >> 3 == 2 {
+                    walk(value, field, depth, count)?;
+                }
+            }
+            other => return Err(too_complex(format!("wire type {other} (groups are not used)"))),
+        }
+    }
+    Ok(())
+}
+
+fn varint(bytes: &mut &[u8]) -> Result<u64, ProtobufError> {
+    let mut value = 0u64;
+    for i in 0..10 {
+        let (&b, rest) = bytes
+            .split_first()
+            .ok_or_else(|| too_complex("a number cut short".into()))?;
+        *bytes = rest;
+        value |= u64::from(b & 0x7f) << (7 * i);
+        if b & 0x80 == 0 {
+            return Ok(value);
+        }
+    }
+    Err(too_complex("a number longer than 10 bytes".into()))
+}
+
+fn skip(bytes: &[u8], n: usize) -> Result<&[u8], ProtobufError> {
+    bytes
+        .get(n..)
+        .ok_or_else(|| too_complex("a fixed-size number cut short".into()))
+}

@@ -427,3 +427,33 @@ async fn connections_that_send_no_complete_header_are_closed() {
     let client = server.client().await.unwrap();
     configmaps(&client).list(&ListParams::default()).await.unwrap();
 }
+
+#[tokio::test]
+async fn a_body_that_never_finishes_is_answered_408_and_gives_its_slot_back() {
+    let limits = Limits {
+        max_mutating_requests_inflight: 1,
+        body_read_timeout: Duration::from_millis(500),
+        ..Limits::default()
+    };
+    let server = server(Config::for_tests().tls(false).limits(limits)).await;
+    let addr = server.addr();
+    let alice = no_retry_client(&server, ALICE).await;
+
+    let mut stalled = Held::start(addr, "POST", CONFIGMAPS, ALICE, json!(configmap("stalled"))).await;
+    until("the stalled create to hold the slot", || {
+        server.usage().mutating == 1
+    })
+    .await;
+    let mut answer = String::new();
+    tokio::time::timeout(WAIT, stalled.stream.read_to_string(&mut answer))
+        .await
+        .expect("the stalled request is answered")
+        .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("did not arrive"), "{answer}");
+    until("the slot to come back", || server.usage().mutating == 0).await;
+    configmaps(&alice)
+        .create(&PostParams::default(), &configmap("after"))
+        .await
+        .expect("a write is admitted once the stalled one is answered");
+}

@@ -467,3 +467,46 @@ fn deep_nesting_is_refused_not_a_stack_overflow() {
     let body = envelope("v1", "Secret", groups).unwrap();
     assert!(decode(&body, ("v1", "Secret")).is_err());
 }
+
+#[test]
+fn a_body_of_another_kind_than_the_url_takes_is_refused_before_parsing() {
+    let deployment = object("apps/v1", "Deployment", "web", Some("default"));
+    let body = encode(&deployment).unwrap();
+    let err = decode(&body, ("authorization.k8s.io/v1", "SelfSubjectAccessReview")).unwrap_err();
+    assert!(matches!(err, ProtobufError::WrongKind { .. }), "{err}");
+    let err = decode(&body, ("apps/v1beta2", "Deployment")).unwrap_err();
+    assert!(matches!(err, ProtobufError::WrongKind { .. }), "{err}");
+    assert_eq!(decode(&body, ("apps/v1", "Deployment")).unwrap(), deployment);
+}
+
+#[test]
+fn a_body_of_a_million_empty_messages_is_refused_before_parsing() {
+    // Each rule is 2 bytes on the wire and a dynamic message of every
+    // PolicyRule field once parsed.
+    let role = descriptor("rbac.authorization.k8s.io/v1", "Role").unwrap();
+    let rules = role.field_by_name("rules").unwrap().number();
+    let mut raw = Vec::new();
+    for _ in 0..(MAX_MESSAGES + 1) {
+        raw.push(((rules << 3) | 2) as u8);
+        raw.push(0);
+    }
+    let body = envelope("rbac.authorization.k8s.io/v1", "Role", raw.clone()).unwrap();
+    let err = decode(&body, ("rbac.authorization.k8s.io/v1", "Role")).unwrap_err();
+    assert!(matches!(err, ProtobufError::TooComplex(_)), "{err}");
+    // One fewer is within bounds: the limit, not the shape, refused it.
+    raw.truncate(raw.len() - 4);
+    assert!(check_cost(&role, &raw).is_ok());
+}
+
+#[test]
+fn the_cost_walk_refuses_malformed_wire_forms() {
+    let role = descriptor("rbac.authorization.k8s.io/v1", "Role").unwrap();
+    for bad in [
+        &[0x0a, 0x05, 0x00][..],
+        &[0xff; 11][..],
+        &[0x0b][..],
+        &[0x09, 0x00][..],
+    ] {
+        assert!(check_cost(&role, bad).is_err(), "{bad:?}");
+    }
+}
