@@ -356,7 +356,11 @@ async fn a_task_past_its_timeout_fails_and_its_process_tree_is_gone() {
     .await;
     let pid = read_pid(&pidfile).await;
     let group = pgrp(pid).expect("the task runs");
-    assert!(group_members(group).len() >= 2, "the shell and its sleeps run");
+    // The shell writes its pid before it starts the sleeps.
+    eventually("the shell and its sleeps run", || async {
+        (group_members(group).len() >= 2).then_some(())
+    })
+    .await;
 
     let tasks = env.wait_tasks_final("slow", 1).await;
     let status = tasks[0].status.clone().expect("status");
