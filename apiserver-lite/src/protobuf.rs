@@ -818,7 +818,7 @@ fn too_complex(problem: String) -> ProtobufError {
 
 fn walk(
     descriptor: &MessageDescriptor,
-    mut bytes: &[u8],
+    bytes: &[u8],
     depth: usize,
     count: &mut usize,
 ) -> Result<(), ProtobufError> {
@@ -829,6 +829,31 @@ fn walk(
     if depth > MAX_DEPTH {
         return Err(too_complex(format!("messages nested more than {MAX_DEPTH} deep")));
     }
+    each_delimited(bytes, |number, value| {
+        let Some(field) = descriptor.field_by_number(number) else {
+            return Ok(());
+        };
+        match field.runtime_field_type() {
+            RuntimeFieldType::Singular(RuntimeType::Message(m))
+            | RuntimeFieldType::Repeated(RuntimeType::Message(m)) => walk(&m, value, depth + 1, count),
+            // A map entry's field 2 is its value.
+            RuntimeFieldType::Map(_, RuntimeType::Message(m)) => each_delimited(value, |number, value| {
+                if number == 2 {
+                    walk(&m, value, depth + 1, count)?;
+                }
+                Ok(())
+            }),
+            _ => Ok(()),
+        }
+    })
+}
+
+/// Calls `f` with the number and bytes of each length-delimited field of a
+/// message's wire form, skipping the others; an error when it is malformed.
+fn each_delimited(
+    mut bytes: &[u8],
+    mut f: impl FnMut(u32, &[u8]) -> Result<(), ProtobufError>,
+) -> Result<(), ProtobufError> {
     while !bytes.is_empty() {
         let tag = varint(&mut bytes)?;
         let number =
@@ -847,51 +872,7 @@ fn walk(
                 }
                 let (value, rest) = bytes.split_at(len);
                 bytes = rest;
-                if let Some(field) = descriptor.field_by_number(number) {
-                    match field.runtime_field_type() {
-                        RuntimeFieldType::Singular(RuntimeType::Message(m))
-                        | RuntimeFieldType::Repeated(RuntimeType::Message(m)) => {
-                            walk(&m, value, depth + 1, count)?
-                        }
-                        RuntimeFieldType::Map(_, RuntimeType::Message(m)) => {
-                            map_entry(&m, value, depth + 1, count)?
-                        }
-                        _ => {}
-                    }
-                }
-            }
-            other => return Err(too_complex(format!("wire type {other} (groups are not used)"))),
-        }
-    }
-    Ok(())
-}
-
-/// A map entry whose values are messages: field 2 is the value.
-fn map_entry(
-    value: &MessageDescriptor,
-    mut bytes: &[u8],
-    depth: usize,
-    count: &mut usize,
-) -> Result<(), ProtobufError> {
-    while !bytes.is_empty() {
-        let tag = varint(&mut bytes)?;
-        match tag & 7 {
-            0 => {
-                varint(&mut bytes)?;
-            }
-            1 => bytes = skip(bytes, 8)?,
-            5 => bytes = skip(bytes, 4)?,
-            2 => {
-                let len = usize::try_from(varint(&mut bytes)?)
-                    .map_err(|_| too_complex("a length out of range".into()))?;
-                if len > bytes.len() {
-                    return Err(too_complex("a length past the end of the body".into()));
-                }
-                let (field, rest) = bytes.split_at(len);
-                bytes = rest;
-                if tag >> 3 == 2 {
-                    walk(value, field, depth, count)?;
-                }
+                f(number, value)?;
             }
             other => return Err(too_complex(format!("wire type {other} (groups are not used)"))),
         }

@@ -6,7 +6,7 @@
 //! that fills up fails the writes it cannot hold, and memory stays what is
 //! on disk.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
+use kube::api::{Api, ListParams, ObjectList, PostParams, WatchEvent, WatchParams};
 use kube::Client;
 
 const CLIENTS: usize = 32;
@@ -81,6 +81,14 @@ fn rv_of(cm: &ConfigMap) -> u64 {
         .as_deref()
         .and_then(|v| v.parse().ok())
         .expect("a numeric resourceVersion")
+}
+
+/// Each listed object's name and resourceVersion.
+fn versions(list: &ObjectList<ConfigMap>) -> BTreeMap<String, u64> {
+    list.items
+        .iter()
+        .map(|cm| (cm.metadata.name.clone().unwrap_or_default(), rv_of(cm)))
+        .collect()
 }
 
 fn config_map(name: &str, bytes: usize) -> ConfigMap {
@@ -163,11 +171,7 @@ async fn sigkill_during_a_burst_loses_no_acknowledged_write() {
     let (_server, client) = Server::start(&data, scratch.path(), 2).await;
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     let list = api.list(&ListParams::default()).await.unwrap();
-    let stored: HashMap<String, u64> = list
-        .items
-        .iter()
-        .map(|cm| (cm.metadata.name.clone().unwrap(), rv_of(cm)))
-        .collect();
+    let stored = versions(&list);
     let missing: Vec<(&String, &u64)> = acked
         .iter()
         .filter(|(name, rv)| stored.get(*name) != Some(rv))
@@ -320,14 +324,7 @@ async fn a_full_disk_fails_the_writes_it_cannot_hold_and_memory_stays_what_is_st
     // server still serves.
     let got = api.get_opt(&name).await.unwrap();
     assert!(got.is_none(), "{name} was refused but is served: {got:?}");
-    let listed: BTreeMap<String, u64> = api
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .map(|cm| (cm.metadata.name.clone().unwrap(), rv_of(cm)))
-        .collect();
+    let listed = versions(&api.list(&ListParams::default()).await.unwrap());
     assert_eq!(listed, acked);
 
     // Room again: writes succeed without a restart.
@@ -342,13 +339,6 @@ async fn a_full_disk_fails_the_writes_it_cannot_hold_and_memory_stays_what_is_st
     server.sigkill();
     let (_server, client) = Server::start(&data, scratch.path(), 2).await;
     let api: Api<ConfigMap> = Api::namespaced(client, "default");
-    let stored: BTreeMap<String, u64> = api
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .map(|cm| (cm.metadata.name.clone().unwrap(), rv_of(cm)))
-        .collect();
+    let stored = versions(&api.list(&ListParams::default()).await.unwrap());
     assert_eq!(stored, acked);
 }
