@@ -403,11 +403,11 @@ fn bindings<'s>(
     });
     let cluster = state
         .list(CLUSTER_ROLE_BINDINGS, None)
-        .filter_map(move |(_, binding)| bound(state, binding, None, user));
+        .filter_map(move |(_, binding)| bound(state, binding.tree()?, None, user));
     let local = namespace.into_iter().flat_map(move |ns| {
         state
             .list(ROLE_BINDINGS, Some(ns))
-            .filter_map(move |(_, binding)| bound(state, binding, Some(ns), user))
+            .filter_map(move |(_, binding)| bound(state, binding.tree()?, Some(ns), user))
     });
     defaults.chain(cluster).chain(local)
 }

@@ -78,7 +78,7 @@ pub fn migrate_core_events(txn: &mut Txn<'_>) -> usize {
     let keys: Vec<(String, String)> = txn.state.list(LEGACY, None).map(|(key, _)| key.clone()).collect();
     for (ns, name) in &keys {
         if let Some(old) = txn.remove(LEGACY, ns, name) {
-            txn.put(STORED_RESOURCE, from_core(&old));
+            txn.put(STORED_RESOURCE, from_core(&old.value()));
         }
     }
     keys.len()

@@ -18,7 +18,7 @@ pub fn expire_events(txn: &mut Txn<'_>, now: jiff::Timestamp, ttl: std::time::Du
     let expired: Vec<(String, String)> = txn
         .state
         .list(gr, None)
-        .filter(|(_, event)| last_seen(event).is_some_and(|t| now.duration_since(t) > ttl))
+        .filter(|(_, event)| last_seen(&event.value()).is_some_and(|t| now.duration_since(t) > ttl))
         .map(|(key, _)| key.clone())
         .collect();
     for (ns, name) in &expired {

@@ -35,19 +35,21 @@ pub fn collect_garbage(txn: &mut Txn<'_>) -> bool {
     changed
 }
 
-/// `(group-resource, object)` of everything stored, as the pass began.
-fn every_object(txn: &Txn<'_>) -> Vec<(String, Arc<Value>)> {
+/// `(group-resource, ownership)` of everything stored, as the pass began:
+/// the metadata the collector decides on, parsed without the rest of the
+/// object ([`crate::object::Object::ownership`]).
+fn every_object(txn: &Txn<'_>) -> Vec<(String, Value)> {
     let mut objects = Vec::new();
     for gr in txn.state.all_groups() {
         for (_, obj) in txn.state.list(&gr, None) {
-            objects.push((gr.clone(), obj.clone()));
+            objects.push((gr.clone(), obj.ownership()));
         }
     }
     objects
 }
 
 /// Carries out an orphan or foreground deletion of `owner`.
-fn finish_deletion(txn: &mut Txn<'_>, objects: &[(String, Arc<Value>)], gr: &str, owner: &Value) -> bool {
+fn finish_deletion(txn: &mut Txn<'_>, objects: &[(String, Value)], gr: &str, owner: &Value) -> bool {
     if owner["metadata"]["deletionTimestamp"].is_null() {
         return false;
     }
@@ -107,7 +109,8 @@ fn drop_deletion_finalizers(txn: &mut Txn<'_>, gr: &str, owner: &Value) -> bool 
 /// Deletes a dependent whose owners are all gone, or drops the references
 /// to those that are.
 fn drop_dead_owners(txn: &mut Txn<'_>, gr: &str, dep: &Value) -> bool {
-    if owner_uids(dep).is_empty() {
+    let owners = owner_uids(dep);
+    if owners.is_empty() || owners.iter().all(|u| txn.state.uid_exists(u)) {
         return false;
     }
     // Earlier steps of this pass may have changed it (orphaning drops references).

@@ -26,6 +26,7 @@ pub mod fields;
 pub mod gc;
 pub mod http;
 pub mod limits;
+pub mod object;
 pub mod openapi;
 pub mod ops;
 pub mod persist;

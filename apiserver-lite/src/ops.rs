@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 use crate::authz::Identity;
 use crate::error::ApiError;
 use crate::fields::{self, Scope};
+use crate::object::Object;
 use crate::resources::{self, ResourceType};
 use crate::schema;
 use crate::store::Txn;
@@ -45,13 +46,13 @@ pub struct WriteOpts {
 
 /// What a write did, for the response.
 pub struct Written {
-    pub object: Arc<Value>,
+    pub object: Object,
     pub created: bool,
     pub warnings: Vec<String>,
 }
 
 impl Written {
-    fn created(object: Arc<Value>, warnings: Vec<String>) -> Written {
+    fn created(object: Object, warnings: Vec<String>) -> Written {
         Written {
             object,
             created: true,
@@ -59,7 +60,7 @@ impl Written {
         }
     }
 
-    fn updated(object: Arc<Value>, warnings: Vec<String>) -> Written {
+    fn updated(object: Object, warnings: Vec<String>) -> Written {
         Written {
             object,
             created: false,
@@ -345,13 +346,13 @@ pub fn create(
         crd::accept(&mut obj);
     }
     if opts.dry_run {
-        return Ok(Written::created(Arc::new(obj), warnings));
+        return Ok(Written::created(Object::new(obj), warnings));
     }
     Ok(Written::created(store(txn, rt, obj), warnings))
 }
 
 /// Stores a written object; a CRD's kinds are served from now on.
-fn store(txn: &mut Txn<'_>, rt: &ResourceType, obj: Value) -> Arc<Value> {
+fn store(txn: &mut Txn<'_>, rt: &ResourceType, obj: Value) -> Object {
     if rt.is_crd() {
         crd::register(txn, &obj);
     }
@@ -491,11 +492,11 @@ pub fn commit_update(
     }
     // Nothing changed: no new resourceVersion, no event (controllers rely on this).
     if comparable(old) == comparable(&new) {
-        return Ok(Written::updated(old.clone(), warnings));
+        return Ok(Written::updated(Object::new(old.clone()), warnings));
     }
     escalation::check(txn.state, &opts.identity, rt, Some(old), &new)?;
     if opts.dry_run {
-        return Ok(Written::updated(Arc::new(new), warnings));
+        return Ok(Written::updated(Object::new(new), warnings));
     }
     let gr = rt.stored_resource();
     let ns = meta_str(old, "namespace").to_string();
@@ -505,7 +506,7 @@ pub fn commit_update(
     if !new["metadata"]["deletionTimestamp"].is_null() && finalizers_empty {
         txn.put(&gr, new);
         let gone = txn.remove(&gr, &ns, &name).expect("just stored");
-        after_remove(txn, rt, &gone);
+        after_remove(txn, rt, &gone.value());
         return Ok(Written::updated(gone, warnings));
     }
     Ok(Written::updated(store(txn, rt, new), warnings))
@@ -715,9 +716,9 @@ pub enum Propagation {
 
 pub enum Deleted {
     /// The object is gone.
-    Gone(Arc<Value>),
+    Gone(Object),
     /// Finalizers hold it; it now has a deletionTimestamp.
-    Pending(Arc<Value>),
+    Pending(Object),
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -757,17 +758,17 @@ pub fn delete(
         }
     }
     if dry_run {
-        return Ok(Deleted::Pending(live));
+        return Ok(Deleted::Pending(Object::new(live)));
     }
     if finalizers.is_empty() {
         let gone = txn.remove(&gr, ns, name).expect("present");
-        after_remove(txn, rt, &gone);
+        after_remove(txn, rt, &gone.value());
         return Ok(Deleted::Gone(gone));
     }
     if !live["metadata"]["deletionTimestamp"].is_null()
         && live["metadata"]["finalizers"].as_array().map(|a| a.len()) == Some(finalizers.len())
     {
-        return Ok(Deleted::Pending(live));
+        return Ok(Deleted::Pending(Object::new(live)));
     }
     let mut next = (*live).clone();
     if next["metadata"]["deletionTimestamp"].is_null() {

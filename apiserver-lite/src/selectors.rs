@@ -81,6 +81,11 @@ impl LabelSelector {
         Ok(LabelSelector(reqs))
     }
 
+    /// Whether it selects everything.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     pub fn matches(&self, obj: &Value) -> bool {
         let labels = &obj["metadata"]["labels"];
         let get = |k: &str| labels.get(k).and_then(|v| v.as_str());

@@ -26,6 +26,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use serde_json::Value;
 use tokio::sync::{broadcast, mpsc, watch, Notify};
 
+use crate::object::Object;
 use crate::resources::Registry;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,19 +54,10 @@ pub struct Event {
     pub gr: String,
     pub ns: String,
     pub type_: EventType,
-    pub object: Arc<Value>,
+    pub object: Object,
     /// The object before the change, so that a watcher with a selector can
     /// tell an object leaving its selection from one being modified in it.
-    pub prev: Option<Arc<Value>>,
-    /// The object serialized once, shared by every watcher that sends it as is.
-    pub encoded: std::sync::OnceLock<Arc<[u8]>>,
-}
-
-impl Event {
-    pub fn encoded(&self) -> &[u8] {
-        self.encoded
-            .get_or_init(|| serde_json::to_vec(&*self.object).unwrap_or_default().into())
-    }
+    pub prev: Option<Object>,
 }
 
 /// What the persistence task is told to do, in commit order.
@@ -87,7 +79,7 @@ pub fn storage_key(gr: &str, ns: &str, name: &str) -> String {
     format!("{gr}/{ns}/{name}")
 }
 
-type Objects = BTreeMap<(String, String), Arc<Value>>;
+type Objects = BTreeMap<(String, String), Object>;
 
 /// One write's share of the persistence queue: its storage operations and
 /// the events published once they are committed.
@@ -200,11 +192,13 @@ pub struct State {
 }
 
 impl State {
+    /// An object's tree (parsed now, for most kinds).
     pub fn get(&self, gr: &str, ns: &str, name: &str) -> Option<Arc<Value>> {
-        self.objects
-            .get(gr)?
-            .get(&(ns.to_string(), name.to_string()))
-            .cloned()
+        self.get_object(gr, ns, name).map(Object::value)
+    }
+
+    pub fn get_object(&self, gr: &str, ns: &str, name: &str) -> Option<&Object> {
+        self.objects.get(gr)?.get(&(ns.to_string(), name.to_string()))
     }
 
     /// Objects of a group-resource in key order, optionally in one namespace.
@@ -212,7 +206,7 @@ impl State {
         &'a self,
         gr: &str,
         ns: Option<&'a str>,
-    ) -> impl Iterator<Item = (&'a (String, String), &'a Arc<Value>)> + 'a {
+    ) -> impl Iterator<Item = (&'a (String, String), &'a Object)> + 'a {
         self.objects
             .get(gr)
             .into_iter()
@@ -268,10 +262,8 @@ impl State {
             if gr == crate::crd::STORED_RESOURCE {
                 crate::crd::serve(&mut self.registry, &obj);
             }
-            self.objects
-                .entry(gr)
-                .or_default()
-                .insert((ns, name), Arc::new(obj));
+            let obj = Object::new(obj).stored(&gr);
+            self.objects.entry(gr).or_default().insert((ns, name), obj);
         }
         self.rv = rv;
         self.issued = self.issued.max(rv);
@@ -309,8 +301,9 @@ impl Txn<'_> {
         self.state.rv
     }
 
-    /// Stores `obj` with a new resourceVersion and returns the stored copy.
-    pub fn put(&mut self, gr: &str, mut obj: Value) -> Arc<Value> {
+    /// Stores `obj` with a new resourceVersion and returns the stored copy
+    /// (with its tree).
+    pub fn put(&mut self, gr: &str, mut obj: Value) -> Object {
         let rv = self.next_rv();
         obj["metadata"]["resourceVersion"] = Value::String(rv.to_string());
         let ns = obj["metadata"]["namespace"]
@@ -319,21 +312,20 @@ impl Txn<'_> {
             .to_string();
         let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
         let uid = obj["metadata"]["uid"].as_str().unwrap_or_default().to_string();
-        // Serialized once: for storage and for every watcher.
-        let value: Arc<[u8]> = serde_json::to_vec(&obj).unwrap_or_default().into();
-        let obj = Arc::new(obj);
+        // Serialized once: for storage, every reader and every watcher.
+        let obj = Object::new(obj);
         let prev = self
             .state
             .objects
             .entry(gr.to_string())
             .or_default()
-            .insert((ns.clone(), name.clone()), obj.clone());
+            .insert((ns.clone(), name.clone()), obj.stored(gr));
         self.state
             .uids
             .insert(uid, (gr.to_string(), ns.clone(), name.clone()));
         self.persist.push(PersistOp::Put {
             key: storage_key(gr, &ns, &name),
-            value: value.clone(),
+            value: obj.json().clone(),
             rv,
         });
         self.events.push(Arc::new(Event {
@@ -345,27 +337,26 @@ impl Txn<'_> {
             } else {
                 EventType::Added
             },
-            object: obj.clone(),
+            object: obj.stored(gr),
             prev,
-            encoded: std::sync::OnceLock::from(value),
         }));
         obj
     }
 
     /// Removes an object; the DELETED event carries it with the deletion's resourceVersion.
-    pub fn remove(&mut self, gr: &str, ns: &str, name: &str) -> Option<Arc<Value>> {
+    pub fn remove(&mut self, gr: &str, ns: &str, name: &str) -> Option<Object> {
         let old = self
             .state
             .objects
             .get_mut(gr)?
             .remove(&(ns.to_string(), name.to_string()))?;
         let rv = self.next_rv();
-        if let Some(uid) = old["metadata"]["uid"].as_str() {
+        let mut last = (*old.value()).clone();
+        if let Some(uid) = last["metadata"]["uid"].as_str() {
             self.state.uids.remove(uid);
         }
-        let mut last = (*old).clone();
         last["metadata"]["resourceVersion"] = Value::String(rv.to_string());
-        let last = Arc::new(last);
+        let last = Object::new(last);
         self.persist.push(PersistOp::Delete {
             key: storage_key(gr, ns, name),
             rv,
@@ -375,9 +366,8 @@ impl Txn<'_> {
             gr: gr.to_string(),
             ns: ns.to_string(),
             type_: EventType::Deleted,
-            object: last.clone(),
+            object: last.stored(gr),
             prev: Some(old),
-            encoded: Default::default(),
         }));
         self.deleted_something = true;
         Some(last)

@@ -1,8 +1,6 @@
 //! Lists: the objects a label and field selector select, a page at a time
 //! (`limit` and `continue`), as JSON, a Table or PartialObjectMetadata.
 
-use std::sync::Arc;
-
 use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::{json, Value};
@@ -10,6 +8,7 @@ use serde_json::{json, Value};
 use super::response::{bytes_response, include_object, json_response, with_version, Shape};
 use super::{App, Query};
 use crate::error::ApiError;
+use crate::object::Object;
 use crate::resources::ResourceType;
 use crate::selectors::{FieldSelector, LabelSelector};
 use crate::table;
@@ -37,16 +36,21 @@ impl Selection {
 
     /// Whether it selects a stored object. Field selectors see it as `rt`
     /// serves it; labels live in metadata, which no conversion changes, so
-    /// the conversion is skipped when there is no field selector.
-    pub(super) fn selects(&self, rt: &ResourceType, stored: &Value) -> bool {
-        self.labels.matches(stored)
-            && (self.fields.is_empty() || self.fields.matches(&rt.from_storage(stored)))
+    /// the conversion is skipped when there is no field selector, and the
+    /// object is not parsed at all when there is no selector.
+    pub(super) fn selects(&self, rt: &ResourceType, stored: &Object) -> bool {
+        if self.labels.is_empty() && self.fields.is_empty() {
+            return true;
+        }
+        let stored = stored.value();
+        self.labels.matches(&stored)
+            && (self.fields.is_empty() || self.fields.matches(&rt.from_storage(&stored)))
     }
 }
 
 /// One page of a list, read in one snapshot.
 struct Page {
-    items: Vec<Arc<Value>>,
+    items: Vec<Object>,
     /// The resourceVersion of the snapshot.
     rv: u64,
     /// Where the next page starts, when there is one.
@@ -76,7 +80,7 @@ pub(super) fn serve(
     match shape {
         Shape::Table => {
             let inc = include_object(query);
-            let rows = page.items.iter().map(|o| table::row(rt, o, inc)).collect();
+            let rows = page.items.iter().map(|o| table::row(rt, &o.value(), inc)).collect();
             Ok(json_response(
                 StatusCode::OK,
                 &table::table(rt, rows, page.rv, page.cont),
@@ -96,40 +100,45 @@ fn read_page(
     start_after: Option<&(String, String)>,
 ) -> Page {
     let gr = rt.stored_resource();
-    app.store.read(|s| {
-        let mut items = Vec::new();
-        let mut last_key = None;
-        let mut more = 0usize;
-        for (key, obj) in s.list(&gr, ns) {
-            if start_after.is_some_and(|after| key <= after) {
-                continue;
-            }
-            if !selection.selects(rt, obj) {
-                continue;
-            }
-            if items.len() >= limit {
-                more += 1;
-                continue;
-            }
-            last_key = Some(key.clone());
-            items.push(obj.clone());
+    // One snapshot under the lock (clones of shared objects); the selectors,
+    // which may parse objects, run after it is released.
+    let (rv, candidates) = app.store.read(|s| {
+        let candidates: Vec<((String, String), Object)> = s
+            .list(&gr, ns)
+            .filter(|(key, _)| start_after.is_none_or(|after| *key > after))
+            .map(|(key, obj)| (key.clone(), obj.clone()))
+            .collect();
+        (s.rv, candidates)
+    });
+    let mut items = Vec::new();
+    let mut last_key = None;
+    let mut more = 0usize;
+    for (key, obj) in candidates {
+        if !selection.selects(rt, &obj) {
+            continue;
         }
-        let cont = if more > 0 {
-            last_key.map(|k| encode_continue(&k))
-        } else {
-            None
-        };
-        Page {
-            items,
-            rv: s.rv,
-            cont,
-            remaining: more,
+        if items.len() >= limit {
+            more += 1;
+            continue;
         }
-    })
+        last_key = Some(key);
+        items.push(obj);
+    }
+    let cont = if more > 0 {
+        last_key.map(|k| encode_continue(&k))
+    } else {
+        None
+    };
+    Page {
+        items,
+        rv,
+        cont,
+        remaining: more,
+    }
 }
 
 fn metadata_list(page: Page) -> Response {
-    let items: Vec<Value> = page.items.iter().map(|o| table::partial_metadata(o)).collect();
+    let items: Vec<Value> = page.items.iter().map(|o| table::partial_metadata(&o.value())).collect();
     let mut meta = json!({"resourceVersion": page.rv.to_string()});
     if let Some(c) = page.cont {
         meta["continue"] = json!(c);
@@ -146,8 +155,8 @@ fn full_list(rt: &ResourceType, page: Page) -> Result<Response, ApiError> {
         meta["continue"] = json!(c);
         meta["remainingItemCount"] = json!(page.remaining);
     }
-    // Written by hand so the items are serialized once, not cloned into a new tree.
-    let mut out = Vec::with_capacity(256 + page.items.len() * 512);
+    // Written by hand so the items go out as stored, not parsed into a new tree.
+    let mut out = Vec::with_capacity(256 + page.items.iter().map(|o| o.json().len() + 1).sum::<usize>());
     out.extend_from_slice(
         format!(
             "{{\"kind\":{},\"apiVersion\":{},\"metadata\":{},\"items\":[",
@@ -162,10 +171,10 @@ fn full_list(rt: &ResourceType, page: Page) -> Result<Response, ApiError> {
         if i > 0 {
             out.push(b',');
         }
-        if o["apiVersion"].as_str() == Some(&av) {
-            serde_json::to_writer(&mut out, &**o).map_err(|e| ApiError::internal(e.to_string()))?;
+        if o.api_version().as_deref() == Some(&av) {
+            out.extend_from_slice(o.json());
         } else {
-            serde_json::to_writer(&mut out, &with_version(rt, o))
+            serde_json::to_writer(&mut out, &with_version(rt, &o.value()))
                 .map_err(|e| ApiError::internal(e.to_string()))?;
         }
     }

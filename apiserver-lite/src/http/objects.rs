@@ -20,7 +20,7 @@ pub(super) fn get(call: &Call<'_>, name: &str) -> Result<Response, ApiError> {
     let obj = call
         .app
         .store
-        .read(|s| s.get(&gr, call.path.namespace.unwrap_or_default(), name))
+        .read(|s| s.get_object(&gr, call.path.namespace.unwrap_or_default(), name).cloned())
         .ok_or_else(|| ApiError::not_found(&rt.group_resource(), name))?;
     Ok(object_response(rt, StatusCode::OK, &obj, call.shape))
 }
@@ -118,7 +118,7 @@ pub(super) fn delete(call: &Call<'_>, name: &str) -> Result<Response, ApiError> 
             StatusCode::OK,
             &json!({
                 "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-                "details": {"name": name, "group": rt.group, "kind": rt.plural, "uid": obj["metadata"]["uid"]},
+                "details": {"name": name, "group": rt.group, "kind": rt.plural, "uid": obj.value()["metadata"]["uid"]},
             }),
         ),
         Deleted::Pending(obj) => object_response(rt, StatusCode::OK, &obj, Shape::Full),
@@ -145,7 +145,7 @@ pub(super) fn delete_collection(call: &Call<'_>) -> Result<Response, ApiError> {
         }
         Ok::<_, ApiError>(out)
     })?;
-    let items: Vec<Value> = deleted.iter().map(|o| with_version(rt, o)).collect();
+    let items: Vec<Value> = deleted.iter().map(|o| with_version(rt, &o.value())).collect();
     Ok(json_response(
         StatusCode::OK,
         &json!({"kind": rt.list_kind, "apiVersion": rt.api_version(), "metadata": {}, "items": items}),

@@ -2,11 +2,13 @@
 //! `Accept` (the object itself, a Table, or PartialObjectMetadata), and
 //! the JSON bodies that carry it.
 
+use axum::body::Bytes;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
 use super::Query;
+use crate::object::Object;
 use crate::ops;
 use crate::resources::ResourceType;
 use crate::table::{self, IncludeObject};
@@ -16,8 +18,8 @@ pub(super) fn json_response(code: StatusCode, v: &Value) -> Response {
     (code, [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
-pub(super) fn bytes_response(code: StatusCode, body: Vec<u8>) -> Response {
-    (code, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+pub(super) fn bytes_response(code: StatusCode, body: impl Into<axum::body::Body>) -> Response {
+    (code, [(header::CONTENT_TYPE, "application/json")], body.into()).into_response()
 }
 
 /// What the client asked the response to be.
@@ -82,17 +84,16 @@ pub(super) fn one_row_table(rt: &ResourceType, obj: &Value, include: IncludeObje
     table::table(rt, vec![table::row(rt, obj, include)], rv, None)
 }
 
-pub(super) fn object_response(rt: &ResourceType, code: StatusCode, obj: &Value, shape: Shape) -> Response {
+/// A stored object as `rt` serves it, in the shape asked for: as stored,
+/// without parsing it, when that is what was asked.
+pub(super) fn object_response(rt: &ResourceType, code: StatusCode, obj: &Object, shape: Shape) -> Response {
     match shape {
-        Shape::Full => {
-            if obj["apiVersion"].as_str() == Some(&rt.api_version()) {
-                bytes_response(code, serde_json::to_vec(obj).unwrap_or_default())
-            } else {
-                json_response(code, &with_version(rt, obj))
-            }
+        Shape::Full if obj.api_version().as_deref() == Some(&rt.api_version()) => {
+            bytes_response(code, Bytes::from_owner(obj.json().clone()))
         }
-        Shape::Metadata => json_response(code, &table::partial_metadata(obj)),
-        Shape::Table => json_response(code, &one_row_table(rt, obj, IncludeObject::Metadata)),
+        Shape::Full => json_response(code, &with_version(rt, &obj.value())),
+        Shape::Metadata => json_response(code, &table::partial_metadata(&obj.value())),
+        Shape::Table => json_response(code, &one_row_table(rt, &obj.value(), IncludeObject::Metadata)),
     }
 }
 

@@ -28,6 +28,7 @@ use super::list::Selection;
 use super::response::{include_object, one_row_table, with_version, Shape};
 use super::{App, Query};
 use crate::error::ApiError;
+use crate::object::Object;
 use crate::resources::ResourceType;
 use crate::store::{self, EventType};
 use crate::table::{self, IncludeObject};
@@ -123,9 +124,9 @@ struct Filter {
 }
 
 impl Filter {
-    fn matches(&self, obj: &Value) -> bool {
-        let obj_ns = obj["metadata"]["namespace"].as_str().unwrap_or_default();
-        obj_ns == self.ns.as_deref().unwrap_or(obj_ns)
+    /// Whether the watcher sees `obj`, stored in namespace `ns`.
+    fn matches(&self, ns: &str, obj: &Object) -> bool {
+        self.ns.as_deref().is_none_or(|want| want == ns)
             && self.selection.selects(&self.rt, obj)
             && !self.gr.is_empty()
     }
@@ -133,7 +134,7 @@ impl Filter {
 
 /// Where a watch starts, read in the same snapshot as it subscribes.
 enum Start {
-    Initial(Vec<Arc<Value>>, u64),
+    Initial(Vec<((String, String), Object)>, u64),
     Backlog(Vec<Arc<store::Event>>, u64),
     /// Older than the history kept: the oldest version that can be served.
     Gone(u64),
@@ -147,7 +148,7 @@ impl Start {
         if initial_wanted {
             let items = s
                 .list(&filter.gr, filter.ns.as_deref())
-                .map(|(_, o)| o.clone())
+                .map(|(key, o)| (key.clone(), o.clone()))
                 .collect();
             Start::Initial(items, s.rv)
         } else {
@@ -208,7 +209,10 @@ impl Watcher {
                 None
             }
             Start::Initial(items, rv) => {
-                for o in items.iter().filter(|o| self.filter.matches(o)) {
+                for ((ns, _), o) in &items {
+                    if !self.filter.matches(ns, o) {
+                        continue;
+                    }
                     let line = self.view.render("ADDED", o);
                     if !self.send(line).await {
                         return None;
@@ -273,8 +277,8 @@ impl Watcher {
         if ev.gr != self.filter.gr {
             return None;
         }
-        let now = self.filter.matches(&ev.object);
-        let before = ev.prev.as_deref().is_some_and(|p| self.filter.matches(p));
+        let now = self.filter.matches(&ev.ns, &ev.object);
+        let before = ev.prev.as_ref().is_some_and(|p| self.filter.matches(&ev.ns, p));
         let type_ = match ev.type_ {
             EventType::Added if now => "ADDED",
             EventType::Modified if now && before => "MODIFIED",
@@ -284,11 +288,7 @@ impl Watcher {
             EventType::Deleted if before || now => "DELETED",
             _ => return None,
         };
-        let view = &mut self.view;
-        if view.shape == Shape::Full && ev.object["apiVersion"].as_str() == Some(&view.rt.api_version()) {
-            return Some(encoded_line(type_, ev.encoded()));
-        }
-        Some(view.render(type_, &ev.object))
+        Some(self.view.render(type_, &ev.object))
     }
 }
 
@@ -301,15 +301,16 @@ struct WatchView {
 }
 
 impl WatchView {
-    fn render(&mut self, type_: &str, obj: &Value) -> Bytes {
+    /// An event's line; the object goes out as stored when it is served so.
+    fn render(&mut self, type_: &str, obj: &Object) -> Bytes {
         match self.shape {
-            Shape::Full if obj["apiVersion"].as_str() == Some(&self.rt.api_version()) => {
-                event_line(type_, obj)
+            Shape::Full if obj.api_version().as_deref() == Some(&self.rt.api_version()) => {
+                encoded_line(type_, obj.json())
             }
-            Shape::Full => event_line(type_, &with_version(&self.rt, obj)),
-            Shape::Metadata => event_line(type_, &table::partial_metadata(obj)),
+            Shape::Full => event_line(type_, &with_version(&self.rt, &obj.value())),
+            Shape::Metadata => event_line(type_, &table::partial_metadata(&obj.value())),
             Shape::Table => {
-                let mut t = one_row_table(&self.rt, obj, self.include);
+                let mut t = one_row_table(&self.rt, &obj.value(), self.include);
                 // Like the real server, column definitions come with the first event only.
                 if !self.first_table {
                     t["columnDefinitions"] = json!([]);
