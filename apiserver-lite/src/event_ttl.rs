@@ -6,25 +6,52 @@
 use serde_json::Value;
 
 use crate::event_conversion::STORED_RESOURCE;
-use crate::store::Txn;
+use crate::object::Object;
+use crate::store::{Store, Txn};
 
 /// Deletes the Events last seen more than `ttl` before `now`; returns how
-/// many it deleted.
-pub fn expire_events(txn: &mut Txn<'_>, now: jiff::Timestamp, ttl: std::time::Duration) -> usize {
-    let Ok(ttl) = jiff::SignedDuration::try_from(ttl) else {
-        return 0;
-    };
-    let gr = STORED_RESOURCE;
-    let expired: Vec<(String, String)> = txn
-        .state
-        .list(gr, None)
-        .filter(|(_, event)| last_seen(&event.value()).is_some_and(|t| now.duration_since(t) > ttl))
-        .map(|(key, _)| key.clone())
+/// many it deleted. The Events are read from a snapshot outside the store
+/// lock (parsing thousands under it would stall every write), and each
+/// one found expired is checked again in the write.
+pub fn expire_events(store: &Store, now: jiff::Timestamp, ttl: std::time::Duration) -> usize {
+    let events: Vec<((String, String), Object)> = store.read(|s| {
+        s.list(STORED_RESOURCE, None)
+            .map(|(key, event)| (key.clone(), event.clone()))
+            .collect()
+    });
+    let expired: Vec<(String, String)> = events
+        .into_iter()
+        .filter(|(_, event)| is_expired(event, now, ttl))
+        .map(|(key, _)| key)
         .collect();
-    for (ns, name) in &expired {
-        txn.remove(gr, ns, name);
+    if expired.is_empty() {
+        return 0;
     }
-    expired.len()
+    store
+        .write(|txn| Ok::<_, ()>(remove_expired(txn, &expired, now, ttl)))
+        .unwrap_or(0)
+}
+
+/// Deletes those of `keys` that are Events still expired at `now`.
+fn remove_expired(txn: &mut Txn<'_>, keys: &[(String, String)], now: jiff::Timestamp, ttl: std::time::Duration) -> usize {
+    let mut removed = 0;
+    for (ns, name) in keys {
+        let still = txn
+            .state
+            .get_object(STORED_RESOURCE, ns, name)
+            .is_some_and(|event| is_expired(event, now, ttl));
+        if still && txn.remove(STORED_RESOURCE, ns, name).is_some() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
+fn is_expired(event: &Object, now: jiff::Timestamp, ttl: std::time::Duration) -> bool {
+    let Ok(ttl) = jiff::SignedDuration::try_from(ttl) else {
+        return false;
+    };
+    last_seen(&event.value()).is_some_and(|t| now.duration_since(t) > ttl)
 }
 
 /// When an Event (stored as events.k8s.io/v1) last happened: the latest of
@@ -86,9 +113,7 @@ mod tests {
             })
             .unwrap();
         let now: jiff::Timestamp = "2026-01-01T11:05:00Z".parse().unwrap();
-        let expired = store
-            .write(|txn| Ok::<_, ()>(expire_events(txn, now, Duration::from_secs(3600))))
-            .unwrap();
+        let expired = expire_events(&store, now, Duration::from_secs(3600));
         assert_eq!(expired, 1);
         let left: Vec<String> = store.read(|s| {
             s.list(STORED_RESOURCE, None)

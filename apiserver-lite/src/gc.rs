@@ -20,32 +20,38 @@ use serde_json::{json, Value};
 use crate::authz::Identity;
 use crate::ops::{commit_update, delete, meta_str, FieldValidation, Precondition, Propagation, WriteOpts};
 use crate::resources::ResourceType;
-use crate::store::Txn;
+use crate::store::{Store, Txn};
 
-/// One pass of the garbage collector; returns whether it changed anything.
-pub fn collect_garbage(txn: &mut Txn<'_>) -> bool {
-    let objects = every_object(txn);
+/// One pass of the garbage collector over `store`; returns whether it
+/// changed anything. What it decides on is read from a snapshot outside
+/// the store lock (parsing every object under it would stall every write);
+/// each change is made on the object as it stands in the write.
+pub fn collect_garbage_in(store: &Store) -> bool {
+    let snapshot = store.read(|s| {
+        let mut objects = Vec::new();
+        for gr in s.all_groups() {
+            objects.extend(s.list(&gr, None).map(|(_, obj)| (gr.clone(), obj.clone())));
+        }
+        objects
+    });
+    let objects: Vec<(String, Value)> = snapshot
+        .into_iter()
+        .map(|(gr, obj)| (gr, obj.ownership()))
+        .collect();
+    store
+        .write(|txn| Ok::<_, ()>(collect(txn, &objects)))
+        .unwrap_or(false)
+}
+
+fn collect(txn: &mut Txn<'_>, objects: &[(String, Value)]) -> bool {
     let mut changed = false;
-    for (gr, owner) in &objects {
-        changed |= finish_deletion(txn, &objects, gr, owner);
+    for (gr, owner) in objects {
+        changed |= finish_deletion(txn, objects, gr, owner);
     }
-    for (gr, dependent) in &objects {
+    for (gr, dependent) in objects {
         changed |= drop_dead_owners(txn, gr, dependent);
     }
     changed
-}
-
-/// `(group-resource, ownership)` of everything stored, as the pass began:
-/// the metadata the collector decides on, parsed without the rest of the
-/// object ([`crate::object::Object::ownership`]).
-fn every_object(txn: &Txn<'_>) -> Vec<(String, Value)> {
-    let mut objects = Vec::new();
-    for gr in txn.state.all_groups() {
-        for (_, obj) in txn.state.list(&gr, None) {
-            objects.push((gr.clone(), obj.ownership()));
-        }
-    }
-    objects
 }
 
 /// Carries out an orphan or foreground deletion of `owner`.
@@ -196,18 +202,18 @@ mod tests {
     #[test]
     fn dependents_keep_their_live_owners_and_go_with_the_last() {
         let store = Store::new(100);
-        let changed = store
+        store
             .write(|txn| {
                 txn.put("configmaps", config_map("alive", &[]));
                 txn.put("configmaps", config_map("both", &["alive", "gone"]));
                 txn.put("configmaps", config_map("orphaned", &["gone"]));
-                Ok::<_, ()>(collect_garbage(txn))
+                Ok::<_, ()>(())
             })
             .unwrap();
-        assert!(changed);
+        assert!(collect_garbage_in(&store));
         assert_eq!(owners_of(&store, "both"), Some(vec!["uid-alive".to_owned()]));
         assert_eq!(owners_of(&store, "orphaned"), None);
-        assert!(!store.write(|txn| Ok::<_, ()>(collect_garbage(txn))).unwrap());
+        assert!(!collect_garbage_in(&store));
     }
 
     #[test]
@@ -220,9 +226,10 @@ mod tests {
             .write(|txn| {
                 txn.put("configmaps", owner);
                 txn.put("configmaps", config_map("dependent", &["owner"]));
-                Ok::<_, ()>(collect_garbage(txn))
+                Ok::<_, ()>(())
             })
             .unwrap();
+        assert!(collect_garbage_in(&store));
         assert_eq!(owners_of(&store, "dependent"), Some(vec![]));
         assert_eq!(owners_of(&store, "owner"), None);
     }

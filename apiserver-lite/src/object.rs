@@ -80,6 +80,16 @@ impl Object {
         if let Some(tree) = &self.tree {
             return tree["apiVersion"].as_str().map(str::to_string);
         }
+        // Keys are written in sorted order, so `apiVersion` usually comes
+        // first: read it there when it holds no escapes, else parse.
+        const KEY: &[u8] = br#"{"apiVersion":""#;
+        if let Some(rest) = self.json.strip_prefix(KEY) {
+            if let Some(end) = rest.iter().position(|b| *b == b'"' || *b == b'\\') {
+                if rest[end] == b'"' {
+                    return std::str::from_utf8(&rest[..end]).ok().map(str::to_string);
+                }
+            }
+        }
         #[derive(Deserialize)]
         struct Head {
             #[serde(rename = "apiVersion")]
@@ -154,6 +164,20 @@ mod tests {
         assert_eq!(*obj.value(), task());
         assert_eq!(obj.api_version().as_deref(), Some("k8s4r.io/v1alpha1"));
         assert_eq!(serde_json::from_slice::<Value>(obj.json()).unwrap(), task());
+    }
+
+    #[test]
+    fn the_api_version_is_read_wherever_it_stands() {
+        for (value, want) in [
+            (json!({"apiVersion": "v1", "kind": "ConfigMap"}), Some("v1")),
+            // A key that sorts first (ClusterRoles have one).
+            (json!({"aggregationRule": {"apiVersion": "no"}, "apiVersion": "rbac/v1"}), Some("rbac/v1")),
+            (json!({"apiVersion": "we\\ird\"v1"}), Some("we\\ird\"v1")),
+            (json!({"kind": "NoVersion"}), None),
+        ] {
+            let obj = Object::new(value).stored("configmaps");
+            assert_eq!(obj.api_version().as_deref(), want);
+        }
     }
 
     #[test]

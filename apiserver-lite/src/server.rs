@@ -278,25 +278,20 @@ async fn collector(store: Arc<Store>, event_ttl: Duration, cancel: CancellationT
             _ = store.gc.notified() => {}
             _ = tick.tick() => {}
             _ = expiry.tick() => {
-                let _ = store.write(|txn| {
-                    let expired = expire_events(txn, jiff::Timestamp::now(), event_ttl);
-                    if expired > 0 {
-                        tracing::debug!(expired, "events past their TTL deleted");
-                    }
-                    Ok::<_, ()>(())
-                });
+                let expired = expire_events(&store, jiff::Timestamp::now(), event_ttl);
+                if expired > 0 {
+                    tracing::debug!(expired, "events past their TTL deleted");
+                }
                 continue;
             }
             _ = cancel.cancelled() => return,
         }
-        let _ = store.write(|txn| {
-            for _ in 0..16 {
-                if !gc::collect_garbage(txn) {
-                    break;
-                }
+        // A pass can make more garbage (a foreground deletion's dependents).
+        for _ in 0..16 {
+            if !gc::collect_garbage_in(&store) {
+                break;
             }
-            Ok::<_, ()>(())
-        });
+        }
     }
 }
 
