@@ -65,7 +65,18 @@ enum TaskCommand {
 pub fn status_of(event: TaskEvent) -> StatusUpdate {
     let mut update = StatusUpdate::new(event.uid(), event.attempt(), 0, TaskState::Running);
     match event {
-        TaskEvent::Started { at, .. } => update.start_time = Some(at),
+        TaskEvent::Started { at, restarted, .. } => {
+            update.start_time = Some(at);
+            if let Some(r) = restarted {
+                update.restart_count = r.count;
+                update.last_exit_code = r.last_exit_code;
+                update.last_restart_time = Some(r.at);
+                update.message = Some(match r.last_exit_code {
+                    Some(code) => format!("restarted on the robot ({}): the process exited with code {code}", r.count),
+                    None => format!("restarted on the robot ({}): the process was killed by a signal", r.count),
+                });
+            }
+        }
         TaskEvent::Finished { outcome, .. } => {
             update.state = outcome.state;
             update.exit_code = outcome.exit_code;
@@ -803,6 +814,7 @@ mod tests {
             attempt: 2,
             pid: 42,
             at,
+            restarted: None,
         });
         assert_eq!(
             (started.state, started.attempt, started.start_time),

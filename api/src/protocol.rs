@@ -630,6 +630,19 @@ pub struct StatusUpdate {
     /// The last few KiB of output.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_tail: Option<String>,
+    /// How often the robot restarted this attempt's process (`restart`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub restart_count: u32,
+    /// The exit code of the process the last restart replaced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_exit_code: Option<i32>,
+    /// When the robot last restarted it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_restart_time: Option<Timestamp>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl Message for StatusUpdate {
@@ -653,6 +666,9 @@ impl StatusUpdate {
             start_time: None,
             finish_time: None,
             output_tail: None,
+            restart_count: 0,
+            last_exit_code: None,
+            last_restart_time: None,
         }
     }
 
@@ -874,6 +890,9 @@ mod tests {
             start_time: Some("2026-11-22T10:00:00Z".parse().unwrap()),
             finish_time: Some("2026-11-22T10:00:30Z".parse().unwrap()),
             output_tail: Some("bye\n".into()),
+            restart_count: 3,
+            last_exit_code: Some(1),
+            last_restart_time: Some("2026-11-22T10:00:20Z".parse().unwrap()),
         });
         round_trip(Online { v: 1, online: false });
     }
@@ -980,20 +999,7 @@ mod tests {
 
     #[test]
     fn status_updates_are_ordered_by_attempt_then_seq_and_terminal_sticks() {
-        let update = |attempt, seq, state| StatusUpdate {
-            v: 1,
-            task_uid: "u".into(),
-            attempt,
-            seq,
-            state,
-            exit_code: None,
-            signal: None,
-            reason: None,
-            message: None,
-            start_time: None,
-            finish_time: None,
-            output_tail: None,
-        };
+        let update = |attempt, seq, state| StatusUpdate::new("u", attempt, seq, state);
         let running = Some(TaskState::Running);
         assert!(update(1, 2, TaskState::Completed).supersedes(1, 1, running));
         assert!(

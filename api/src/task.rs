@@ -67,6 +67,85 @@ pub struct TaskTemplate {
     /// CPU and memory the task needs; used for placement and limits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<TaskResources>,
+    /// `batch` (default): runs to completion. `service`: runs until its
+    /// Job is deleted; it never completes, and the robot restarts it
+    /// whenever it exits (by `restart`).
+    #[serde(default, skip_serializing_if = "TaskKind::is_batch")]
+    pub kind: TaskKind,
+    /// Restarts on the robot itself, with or without the cluster, before
+    /// the attempt is reported failed (Nomad's `restart` block). Unset: a
+    /// service gets [`LocalRestart::service_default`], a batch task none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart: Option<LocalRestart>,
+}
+
+/// What kind of work a task is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum TaskKind {
+    /// Runs to completion: exit 0 completes it.
+    #[default]
+    Batch,
+    /// Runs until stopped: every exit is restarted on the robot.
+    Service,
+}
+
+impl TaskKind {
+    /// Whether it is the default, batch.
+    pub fn is_batch(&self) -> bool {
+        *self == TaskKind::Batch
+    }
+}
+
+/// Restarts of an attempt on the robot (Nomad's `restart` block): at most
+/// `attempts` restarts within any `interval`, the first after `delay`, each
+/// further one in a row after twice the last (at most `maxDelay`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LocalRestart {
+    /// Restarts allowed within `interval` (0: none).
+    #[serde(default)]
+    pub attempts: u32,
+    /// The window `attempts` counts in (default 30m).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval: Option<DurationString>,
+    /// Wait before a restart (default 15s); doubled for each restart in a
+    /// row within the interval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay: Option<DurationString>,
+    /// Upper bound of that wait (default 5m).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_delay: Option<DurationString>,
+    /// When the restarts within the interval are used up: `fail` (the
+    /// attempt is reported failed; the cluster's `restartPolicy` may then
+    /// retry it) or `delay` (wait until the interval allows another).
+    #[serde(default)]
+    pub mode: LocalRestartMode,
+}
+
+impl LocalRestart {
+    /// A service's restarts when it sets none (Nomad's default for
+    /// services): 2 within 30m, after 15s, then fail.
+    pub fn service_default() -> LocalRestart {
+        LocalRestart {
+            attempts: 2,
+            interval: Some(DurationString("30m".to_owned())),
+            delay: Some(DurationString("15s".to_owned())),
+            max_delay: None,
+            mode: LocalRestartMode::Fail,
+        }
+    }
+}
+
+/// What happens when a task's restarts on the robot are used up.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum LocalRestartMode {
+    /// The attempt is reported failed.
+    #[default]
+    Fail,
+    /// The robot waits until the interval allows another restart.
+    Delay,
 }
 
 impl TaskTemplate {
@@ -329,6 +408,15 @@ pub struct TaskStatus {
     /// The last few KiB of stdout and stderr.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_tail: Option<String>,
+    /// How often the robot restarted the current attempt's process.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub restart_count: u32,
+    /// The exit code of the process the last restart replaced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_exit_code: Option<i32>,
+    /// When the robot last restarted it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_restart_time: Option<Timestamp>,
     /// Earlier attempts, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attempts: Vec<AttemptRecord>,
@@ -409,4 +497,8 @@ impl TaskCounts {
         self.completed += other.completed;
         self.failed += other.failed;
     }
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }

@@ -10,7 +10,9 @@ use crate::job::JobSpec;
 use crate::selector::{
     Constraint, ConstraintOperator, LabelSelector, SelectorOperator, CONSTRAINT_ATTRIBUTES,
 };
-use crate::task::{RestartPolicy, TaskResources, TaskSpec, TaskTemplate, DRIVERS};
+use crate::task::{
+    LocalRestart, LocalRestartMode, RestartPolicy, TaskKind, TaskResources, TaskSpec, TaskTemplate, DRIVERS,
+};
 
 /// The kill timeout when a task does not set one (Nomad's default).
 pub const DEFAULT_KILL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -31,6 +33,51 @@ pub const MAX_GROUPS: usize = 32;
 pub const DEFAULT_RESTART_DELAY: Duration = Duration::from_secs(15);
 /// The cap of the retry delay when a restart policy does not set one.
 pub const DEFAULT_RESTART_MAX_DELAY: Duration = Duration::from_secs(300);
+/// The window of a robot's restarts when `restart.interval` is not set.
+pub const DEFAULT_RESTART_INTERVAL: Duration = Duration::from_secs(30 * 60);
+/// The longest `restart.interval`.
+pub const MAX_RESTART_INTERVAL: Duration = Duration::from_secs(30 * 24 * 3600);
+/// Most restarts one interval may allow.
+pub const MAX_RESTART_ATTEMPTS: u32 = 10_000;
+
+/// A task's restarts on the robot, defaulted and capped: what the agent
+/// applies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Restarts {
+    /// Restarts allowed within `interval`.
+    pub attempts: u32,
+    /// The window they count in.
+    pub interval: Duration,
+    /// The first restart's wait.
+    pub delay: Duration,
+    /// The cap of the wait.
+    pub max_delay: Duration,
+    /// When they are used up.
+    pub mode: LocalRestartMode,
+}
+
+/// The restarts on the robot a task gets: its `restart`, a service's
+/// default, or none (a batch task that sets none).
+pub fn restarts_of(template: &TaskTemplate) -> Option<Restarts> {
+    let restart = match (&template.restart, template.kind) {
+        (Some(r), _) => r.clone(),
+        (None, TaskKind::Service) => LocalRestart::service_default(),
+        (None, TaskKind::Batch) => return None,
+    };
+    let parse = |d: &Option<crate::duration::DurationString>, default: Duration, max: Duration| {
+        d.as_ref()
+            .and_then(|d| d.parse().ok())
+            .unwrap_or(default)
+            .min(max)
+    };
+    Some(Restarts {
+        attempts: restart.attempts.min(MAX_RESTART_ATTEMPTS),
+        interval: parse(&restart.interval, DEFAULT_RESTART_INTERVAL, MAX_RESTART_INTERVAL),
+        delay: parse(&restart.delay, DEFAULT_RESTART_DELAY, MAX_RESTART_DELAY),
+        max_delay: parse(&restart.max_delay, DEFAULT_RESTART_MAX_DELAY, MAX_RESTART_DELAY),
+        mode: restart.mode,
+    })
+}
 
 /// One problem with one field.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -188,6 +235,9 @@ pub fn kill_timeout_of(template: &TaskTemplate) -> Duration {
 }
 
 fn check_template(report: &mut Report, path: &str, t: &TaskTemplate) {
+    if let Some(restart) = &t.restart {
+        check_local_restart(report, &format!("{path}.restart"), restart);
+    }
     if !DRIVERS.contains(&t.driver.as_str()) {
         report.error(
             format!("{path}.driver"),
@@ -376,6 +426,27 @@ fn check_resources(report: &mut Report, path: &str, r: &TaskResources) {
             Ok(_) => {}
             Err(e) => report.error(format!("{path}.disk"), e.to_string()),
         }
+    }
+}
+
+fn check_local_restart(report: &mut Report, path: &str, r: &LocalRestart) {
+    if r.attempts > MAX_RESTART_ATTEMPTS {
+        report.error(
+            format!("{path}.attempts"),
+            format!("must be at most {MAX_RESTART_ATTEMPTS}"),
+        );
+    }
+    if let Some(interval) = &r.interval {
+        if interval.parse().is_ok_and(|d: Duration| d.is_zero()) {
+            report.error(format!("{path}.interval"), "must be > 0");
+        }
+        check_duration_within(report, &format!("{path}.interval"), interval, MAX_RESTART_INTERVAL);
+    }
+    if let Some(delay) = &r.delay {
+        check_duration_within(report, &format!("{path}.delay"), delay, MAX_RESTART_DELAY);
+    }
+    if let Some(max) = &r.max_delay {
+        check_duration_within(report, &format!("{path}.maxDelay"), max, MAX_RESTART_DELAY);
     }
 }
 
@@ -684,6 +755,45 @@ mod tests {
         assert_eq!(
             paths(validate_task_spec(&spec).unwrap_err()),
             vec!["spec.restartPolicy.delay", "spec.restartPolicy.maxDelay"]
+        );
+    }
+
+    #[test]
+    fn restarts_on_the_robot_are_bounded_and_defaulted() {
+        let t = TaskTemplate {
+            restart: Some(LocalRestart {
+                attempts: MAX_RESTART_ATTEMPTS + 1,
+                interval: Some("0s".into()),
+                delay: Some("2d".into()),
+                max_delay: Some("soon".into()),
+                mode: LocalRestartMode::Delay,
+            }),
+            ..template()
+        };
+        assert_eq!(
+            paths(validate_task_template(&t).unwrap_err()),
+            vec![
+                "spec.restart.attempts",
+                "spec.restart.interval",
+                "spec.restart.delay",
+                "spec.restart.maxDelay"
+            ]
+        );
+        assert_eq!(restarts_of(&template()), None, "a batch task gets none unless it asks");
+        let service = TaskTemplate {
+            kind: TaskKind::Service,
+            ..template()
+        };
+        assert!(validate_task_template(&service).is_ok());
+        assert_eq!(
+            restarts_of(&service),
+            Some(Restarts {
+                attempts: 2,
+                interval: Duration::from_secs(1800),
+                delay: Duration::from_secs(15),
+                max_delay: DEFAULT_RESTART_MAX_DELAY,
+                mode: LocalRestartMode::Fail,
+            })
         );
     }
 

@@ -529,6 +529,16 @@ pub struct TaskStatusPatch {
     /// set once per attempt (the manager's backstop counts from it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub observed_running_time: Option<Timestamp>,
+    /// The robot's restarts of the attempt, when the report counts some
+    /// (a report without them leaves what an earlier one said).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub restart_count: Option<u32>,
+    /// The exit code the last restart replaced, when the report has it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_exit_code: Option<i32>,
+    /// When the robot last restarted it, when the report has it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_restart_time: Option<Timestamp>,
 }
 
 /// Why a well-formed update was not applied: at-least-once delivery makes
@@ -639,6 +649,9 @@ pub fn decide_status(
         finish_time: update.finish_time,
         output_tail: update.output_tail.clone(),
         observed_running_time: status.observed_running_time.is_none().then_some(now),
+        restart_count: (update.restart_count > 0).then_some(update.restart_count),
+        last_exit_code: update.last_exit_code,
+        last_restart_time: update.last_restart_time,
     }))
 }
 
@@ -683,6 +696,9 @@ fn replaced_attempt(
         finish_time: update.finish_time,
         output_tail: update.output_tail.clone(),
         observed_running_time: None,
+        restart_count: None,
+        last_exit_code: None,
+        last_restart_time: None,
     }))
 }
 
@@ -839,6 +855,9 @@ pub fn plan_reconcile<'a>(
                 finish_time: Some(now),
                 output_tail: None,
                 observed_running_time: None,
+                restart_count: None,
+                last_exit_code: None,
+                last_restart_time: None,
             },
         ));
     }

@@ -462,6 +462,7 @@ mod tests {
             attempt: 1,
             pid: 1,
             at: jiff::Timestamp::UNIX_EPOCH,
+            restarted: None,
         }
     }
 

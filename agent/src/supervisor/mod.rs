@@ -38,6 +38,7 @@ mod process;
 mod procfs;
 mod reaper;
 mod recovery;
+mod restarts;
 mod runner;
 mod stats;
 mod table;
@@ -166,6 +167,9 @@ pub enum TaskEvent {
         pid: u32,
         /// When it started.
         at: jiff::Timestamp,
+        /// Set when the robot started it again (`restart`), not for the
+        /// attempt's first start.
+        restarted: Option<Restarted>,
     },
     /// The attempt is over (or never started).
     Finished {
@@ -176,6 +180,17 @@ pub enum TaskEvent {
         /// How it ended.
         outcome: TaskOutcome,
     },
+}
+
+/// A restart on the robot, as the Task's status shows it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Restarted {
+    /// Restarts of the attempt so far, this one included.
+    pub count: u32,
+    /// The exit code of the process this restart replaced.
+    pub last_exit_code: Option<i32>,
+    /// When it started again.
+    pub at: jiff::Timestamp,
 }
 
 impl TaskEvent {

@@ -19,7 +19,7 @@ use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 use k8s4r_api::task::DRIVER_RAW_EXEC;
 use k8s4r_api::validation::validate_task_template;
-use k8s4r_api::{names, AgentHealth, TaskPolicy, TaskReason, TaskTemplate};
+use k8s4r_api::{names, AgentHealth, TaskKind, TaskPolicy, TaskReason, TaskState, TaskTemplate};
 use k8s4r_drivers::identity::{self, RunAs};
 use k8s4r_drivers::{Cgroups, DriverError, ExecDriver, Launch, Prepared, RawExecDriver, TaskCgroup};
 use nix::sys::signal::Signal;
@@ -39,7 +39,7 @@ use super::process::{BoxFuture, Launcher, Process};
 use super::stats::SupervisorStats;
 use super::table::{Deadline, NewTask, Phase, Running, Stop, Table, Task};
 use super::{
-    artifacts, failed_outcome, procfs, ready_health, reaper, recovery, Command, Offer, Submit,
+    artifacts, failed_outcome, procfs, ready_health, reaper, recovery, Command, Offer, Restarted, Submit,
     SupervisorConfig, SupervisorError, TaskEvent, TaskOutcome, TaskRequest,
 };
 
@@ -612,7 +612,13 @@ impl Runner {
         if task.is_running() {
             return;
         }
-        let name = format!("{}-{}", task.uid, task.attempt);
+        // A restart's cgroup is a new one: the last run's may still be
+        // waiting for its processes to die.
+        let restarting = matches!(task.phase, Phase::Waiting);
+        let name = match task.restarts.as_ref().filter(|_| restarting) {
+            Some(budget) => format!("{}-{}-r{}", task.uid, task.attempt, budget.count + 1),
+            None => format!("{}-{}", task.uid, task.attempt),
+        };
         let cgroup = self.cgroups.as_ref().and_then(|c| match c.create(&name) {
             Ok(cgroup) => Some(cgroup),
             Err(e) => {
@@ -678,12 +684,8 @@ impl Runner {
             attempt: task.attempt,
             at: started.clone(),
         };
-        let event = TaskEvent::Started {
-            uid: task.uid.clone(),
-            attempt: task.attempt,
-            pid: raw_pid,
-            at,
-        };
+        let keep_prepared = task.restarts.is_some();
+        let (uid, attempt) = (task.uid.clone(), task.attempt);
         let lineage = match cgroup {
             Some(_) => None,
             None => Some(Lineage::new(
@@ -702,11 +704,32 @@ impl Runner {
             group,
             lineage,
         };
+        let mut restarted = None;
         if let Some(task) = self.table.get_mut(id) {
             task.cgroup = cgroup;
             task.stdout = Some(stdout.clone());
             task.stderr = Some(stderr.clone());
+            if let Some(budget) = task.restarts.as_mut().filter(|_| restarting) {
+                budget.restarted(at);
+                restarted = Some(Restarted {
+                    count: budget.count,
+                    last_exit_code: budget.last_exit_code,
+                    at,
+                });
+            }
         }
+        if keep_prepared {
+            if let Some(task) = self.table.get_mut(id) {
+                task.prepared = Some(prepared);
+            }
+        }
+        let event = TaskEvent::Started {
+            uid,
+            attempt,
+            pid: raw_pid,
+            at,
+            restarted,
+        };
         self.table.started(id, running, now);
         self.logs.open(id, logs_dir);
         self.owned_pids.insert(pid);
@@ -724,6 +747,7 @@ impl Runner {
             }
             Deadline::Sweep => return self.sweep(),
             Deadline::Measure => return self.measure(),
+            Deadline::Restart(id) => return self.restart(id),
             Deadline::Term(_) | Deadline::Kill(_) => {}
         }
         let id = match deadline {
@@ -767,6 +791,19 @@ impl Runner {
                     StopCause::DiskLimit(why) => format!("stopped before it started: {why}"),
                 };
                 self.finish_unstarted(id, TaskReason::Cancelled, message);
+            }
+            Stop::Waiting => {
+                let message = match &cause {
+                    StopCause::Cancelled(why) => format!("cancelled ({why}) while waiting to restart"),
+                    StopCause::Shutdown => "agent shutting down".to_owned(),
+                    StopCause::Timeout(_) => "timed out".to_owned(),
+                    StopCause::DiskLimit(why) => format!("stopped while waiting to restart: {why}"),
+                };
+                let reason = match &cause {
+                    StopCause::DiskLimit(_) => TaskReason::DiskLimit,
+                    _ => TaskReason::Cancelled,
+                };
+                self.finish_unstarted(id, reason, message);
             }
             Stop::Terminate(group) => {
                 group.signal(Signal::SIGTERM);
@@ -814,6 +851,24 @@ impl Runner {
         self.sweeps.term.remove(&id);
         self.sweeps.kill.remove(&id);
         self.owned_pids.remove(&running.pid);
+        let exit = match status {
+            Ok(status) => Exit::from(status),
+            Err(e) => {
+                tracing::warn!(uid = %task.uid, error = %e, "cannot wait for the task's process");
+                Exit {
+                    code: None,
+                    signal: None,
+                }
+            }
+        };
+        let mut v = verdict(exit, task.stop.as_ref(), task.kill_timeout);
+        // Restarted on the robot unless it was stopped on purpose.
+        let restart = match (&task.stop, task.restarts.as_mut()) {
+            (None, Some(budget)) => budget.after_exit(v.state == TaskState::Completed, v.exit_code, Instant::now()),
+            _ => None,
+        };
+        // A task that runs again keeps its uid (its directory is its own).
+        let own_uid = task.own_uid.filter(|_| restart.is_none());
         // The task is its whole process group (and cgroup, or lineage):
         // nothing of it outlives its main process. Orphans come back to us
         // as zombies.
@@ -823,21 +878,21 @@ impl Runner {
                 self.table.remember_pids(cgroup.pids().unwrap_or_default());
                 let _ = cgroup.kill();
                 if cgroup.remove().is_err() {
-                    self.cgroups_to_remove.push((cgroup, task.own_uid));
+                    self.cgroups_to_remove.push((cgroup, own_uid));
                     self.remove_cgroups();
                 } else {
-                    self.give_back(task.own_uid);
+                    self.give_back(own_uid);
                 }
             }
             (None, Some(lineage)) => {
                 self.sweeps.lingering.push(Lingering {
                     lineage,
-                    own_uid: task.own_uid,
+                    own_uid,
                     rounds: 0,
                 });
                 self.schedule_sweep(Duration::ZERO);
             }
-            (None, None) => self.give_back(task.own_uid),
+            (None, None) => self.give_back(own_uid),
         }
         self.table.remember_group(running.pgid);
         for (stream, fd) in [
@@ -857,17 +912,32 @@ impl Runner {
             }
         }
         self.logs.close(id);
-        let exit = match status {
-            Ok(status) => Exit::from(status),
-            Err(e) => {
-                tracing::warn!(uid = %task.uid, error = %e, "cannot wait for the task's process");
-                Exit {
-                    code: None,
-                    signal: None,
-                }
+        if let Some(wait) = restart {
+            tracing::info!(
+                uid = %task.uid,
+                attempt = task.attempt,
+                exit_code = ?v.exit_code,
+                signal = ?v.signal,
+                wait = %k8s4r_api::duration::format_duration(wait),
+                "task exited; restarting it on the robot"
+            );
+            task.phase = Phase::Waiting;
+            self.table.wait_to_restart(task, wait);
+            return;
+        }
+        let restarted = task.restarts.as_ref().map_or(0, |b| b.count);
+        if task.stop.is_none() && task.template.kind == TaskKind::Service {
+            // A service that ends is a failure, however it exited.
+            if v.state == TaskState::Completed {
+                v.state = TaskState::Failed;
+                v.reason = TaskReason::Error;
             }
-        };
-        let v = verdict(exit, task.stop.as_ref(), task.kill_timeout);
+            v.message
+                .push_str(&format!("; the service's restarts on the robot are used up ({restarted} so far)"));
+        } else if restarted > 0 && task.stop.is_none() && v.state != TaskState::Completed {
+            v.message
+                .push_str(&format!("; its restarts on the robot are used up ({restarted} so far)"));
+        }
         let mut message = v.message;
         if task.dropped_output > 0 {
             tracing::warn!(uid = %task.uid, bytes = task.dropped_output, queued = self.logs.queued(), "task output dropped: log writer too slow");
@@ -902,6 +972,13 @@ impl Runner {
         // needs it back (its logs stay, they are bounded).
         let free_work = matches!(task.stop, Some(StopCause::DiskLimit(_)));
         self.end(task.uid, task.attempt, outcome, free_work);
+    }
+
+    /// Starts again a task that was waiting to restart.
+    fn restart(&mut self, id: u64) {
+        if let Some(prepared) = self.table.restart_due(id) {
+            self.start(id, prepared);
+        }
     }
 
     fn on_output(&mut self, id: u64, stream: Stream, fd: PipeFd, result: io::Result<Vec<u8>>) {
@@ -1110,7 +1187,7 @@ impl Runner {
             .tasks()
             .filter_map(|(_, t)| match &t.phase {
                 Phase::Running(r) => r.lineage.as_ref(),
-                Phase::Preparing { .. } => None,
+                Phase::Preparing { .. } | Phase::Waiting => None,
             })
             .collect();
         let lingering = &self.sweeps.lingering;

@@ -7,12 +7,14 @@
 //!
 //! ```text
 //!  insert ──► Preparing ──started──► Running ──────────── exit ──► removed
-//!   (dir, user,  │                    │                              ▲
-//!   artifacts)   │ stop               ├─ timeout: SIGTERM, Kill armed │
-//!                ▼                    │  at the deadline + killTimeout│
-//!             removed                 ├─ stop: SIGTERM, Kill armed at │
-//!         (never started)             │  now + killTimeout (once)     │
-//!                                     └─ Kill: SIGKILL ───────────────┘
+//!   (dir, user,  │                 ▲  │                              ▲
+//!   artifacts)   │ stop            │  ├─ timeout: SIGTERM, Kill armed │
+//!                ▼                 │  │  at the deadline + killTimeout│
+//!             removed              │  ├─ stop: SIGTERM, Kill armed at │
+//!         (never started)          │  │  now + killTimeout (once)     │
+//!                                  │  └─ Kill: SIGKILL ───────────────┘
+//!                          Restart │     exit, restarts left (`restart`)
+//!                                  └── Waiting ◄──┘   (stop: removed)
 //! ```
 //!
 //! Deadlines come from the spec, so no arithmetic on them may panic: a
@@ -30,7 +32,7 @@ use std::time::Duration;
 use futures::future::AbortHandle;
 use futures::StreamExt;
 use k8s4r_api::{TaskAttempt, TaskTemplate};
-use k8s4r_drivers::TaskCgroup;
+use k8s4r_drivers::{Prepared, TaskCgroup};
 use nix::sys::signal::Signal;
 use tokio::time::Instant;
 use tokio_util::time::{delay_queue, DelayQueue};
@@ -40,6 +42,7 @@ use super::journal;
 use super::outcome::StopCause;
 use super::output::{PipeFd, Tail};
 use super::process::ProcessGroup;
+use super::restarts::Budget;
 
 /// Finished (uid, attempt)s remembered to ignore redelivered dispatches.
 const REMEMBERED_FINISHED: usize = 4096;
@@ -65,6 +68,8 @@ pub(crate) enum Deadline {
     Sweep,
     /// Measure the disk.
     Measure,
+    /// Start a task waiting to restart.
+    Restart(u64),
 }
 
 pub(crate) enum Phase {
@@ -74,6 +79,9 @@ pub(crate) enum Phase {
         abort: AbortHandle,
     },
     Running(Box<Running>),
+    /// Its process exited and it restarts on the robot when its
+    /// `Restart` timer fires.
+    Waiting,
 }
 
 /// A started task's process.
@@ -111,6 +119,11 @@ pub(crate) struct Task {
     pub tail: Tail,
     pub cgroup: Option<TaskCgroup>,
     pub dropped_output: u64,
+    /// Its restarts on the robot, if it has any.
+    pub restarts: Option<Budget>,
+    /// What its driver prepared, kept to start it again (tasks with
+    /// restarts only).
+    pub prepared: Option<Prepared>,
     /// When its timeout is due, once it runs.
     due: Option<Instant>,
     /// The pending timer, if any (cleared when it fires).
@@ -136,6 +149,7 @@ impl Task {
             kill_timeout: k8s4r_api::validation::kill_timeout_of(&new.template),
             disk_limit: new.template.disk_bytes(),
             disk_used: 0,
+            restarts: Budget::of(&new.template),
             uid: new.uid,
             attempt: new.attempt,
             name: new.name,
@@ -152,6 +166,7 @@ impl Task {
             tail: Tail::new(tail_bytes),
             cgroup: None,
             dropped_output: 0,
+            prepared: None,
         }
     }
 
@@ -159,7 +174,7 @@ impl Task {
     pub(crate) fn pgid(&self) -> Option<i32> {
         match &self.phase {
             Phase::Running(running) => Some(running.pgid),
-            Phase::Preparing { .. } => None,
+            Phase::Preparing { .. } | Phase::Waiting => None,
         }
     }
 
@@ -175,6 +190,8 @@ pub(crate) enum Stop<'a> {
     Unstarted(AbortHandle),
     /// SIGTERM to its group now; SIGKILL is armed for its kill timeout.
     Terminate(&'a dyn ProcessGroup),
+    /// It was waiting to restart: it ends without running again.
+    Waiting,
     /// It is already being stopped, or is not here.
     Nothing,
 }
@@ -331,7 +348,7 @@ impl Table {
         let (id, signal) = match deadline {
             Deadline::Term(id) => (id, Signal::SIGTERM),
             Deadline::Kill(id) => (id, Signal::SIGKILL),
-            Deadline::Cleanup | Deadline::Sweep | Deadline::Measure => return None,
+            Deadline::Cleanup | Deadline::Sweep | Deadline::Measure | Deadline::Restart(_) => return None,
         };
         let task = self.tasks.get_mut(&id)?;
         task.timer = None;
@@ -376,6 +393,7 @@ impl Table {
         };
         match &task.phase {
             Phase::Preparing { abort } => Stop::Unstarted(abort.clone()),
+            Phase::Waiting => Stop::Waiting,
             Phase::Running(_) if task.stop.is_some() => Stop::Nothing,
             Phase::Running(running) => {
                 task.stop = Some(cause.clone());
@@ -386,6 +404,30 @@ impl Table {
                 Stop::Terminate(running.group.as_ref())
             }
         }
+    }
+
+    /// Puts back a task whose process exited, to start again after `wait`;
+    /// returns its new id.
+    pub(crate) fn wait_to_restart(&mut self, mut task: Task, wait: Duration) -> u64 {
+        task.phase = Phase::Waiting;
+        task.due = None;
+        let id = self.insert(task);
+        let timer = self.timers.insert(Deadline::Restart(id), wait.min(HORIZON));
+        if let Some(task) = self.tasks.get_mut(&id) {
+            task.timer = Some(timer);
+        }
+        id
+    }
+
+    /// A waiting task's `Restart` timer fired: what to start it with. None
+    /// for a task that is gone or no longer waiting.
+    pub(crate) fn restart_due(&mut self, id: u64) -> Option<Prepared> {
+        let task = self.tasks.get_mut(&id)?;
+        if !matches!(task.phase, Phase::Waiting) {
+            return None;
+        }
+        task.timer = None;
+        task.prepared.clone()
     }
 
     /// Retries the removal of leftover cgroups after `after`.

@@ -64,6 +64,12 @@ pub struct TaskStatusPatch {
     #[serde(skip_serializing_if = "Option::is_none")]
     output_tail: Option<Option<String>>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    restart_count: Option<Option<u32>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    last_exit_code: Option<Option<i32>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    last_restart_time: Option<Option<Timestamp>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     attempts: Option<Vec<AttemptRecord>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     conditions: Option<Vec<Condition>>,
@@ -392,6 +398,10 @@ async fn place(
         start_time: Some(None),
         finish_time: Some(None),
         output_tail: Some(None),
+        // Restarts on the robot count per attempt.
+        restart_count: Some(None),
+        last_exit_code: Some(None),
+        last_restart_time: Some(None),
         conditions: Some(conditions),
         attempts: None,
     };

@@ -6,7 +6,10 @@ use std::time::Duration;
 
 use std::sync::Arc;
 
-use k8s4r_api::{DurationString, TaskAttempt, TaskReason, TaskResources, TaskState, TaskTemplate};
+use k8s4r_api::{
+    DurationString, LocalRestart, LocalRestartMode, TaskAttempt, TaskKind, TaskReason, TaskResources, TaskState,
+    TaskTemplate,
+};
 use nix::sys::signal::Signal;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -15,7 +18,7 @@ use super::Runner;
 use crate::supervisor::disk::DiskSize;
 use crate::supervisor::fake::{self, FakeDriver};
 use crate::supervisor::{
-    Policy, Submit, SupervisorConfig, SupervisorHandle, TaskEvent, TaskOutcome, TaskRequest,
+    Policy, Restarted, Submit, SupervisorConfig, SupervisorHandle, TaskEvent, TaskOutcome, TaskRequest,
 };
 
 /// How long (on the paused clock) an awaited event may take.
@@ -140,6 +143,19 @@ impl Harness {
         match self.next_event().await {
             TaskEvent::Started { uid: u, pid, .. } if u == uid => pid,
             other => panic!("expected {uid} to start, got {other:?}"),
+        }
+    }
+
+    /// The next event, which must be `uid`'s Started again by a restart on
+    /// the robot; returns what the restart says.
+    async fn restarted(&mut self, uid: &str) -> Restarted {
+        match self.next_event().await {
+            TaskEvent::Started {
+                uid: u,
+                restarted: Some(r),
+                ..
+            } if u == uid => r,
+            other => panic!("expected {uid} to restart, got {other:?}"),
         }
     }
 
@@ -479,4 +495,96 @@ async fn a_dead_helper_thread_ends_the_supervisor_visibly() {
         spec: task("sleep"),
     };
     assert!(s.handle.submit(req).await.is_err());
+}
+
+/// `spec` as a task of `kind` restarted on the robot `attempts` times
+/// within an hour, 1s after the first exit, doubling up to 10s.
+fn restarting(mut spec: TaskTemplate, kind: TaskKind, attempts: u32, mode: LocalRestartMode) -> TaskTemplate {
+    spec.kind = kind;
+    spec.restart = Some(LocalRestart {
+        attempts,
+        interval: Some(DurationString::from("1h")),
+        delay: Some(DurationString::from("1s")),
+        max_delay: Some(DurationString::from("10s")),
+        mode,
+    });
+    spec
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_service_restarts_on_the_robot_with_backoff_until_its_restarts_are_used_up() {
+    let mut s = Harness::start();
+    let spec = restarting(task("sleep"), TaskKind::Service, 2, LocalRestartMode::Fail);
+    s.run("svc", spec).await;
+
+    // A service that exits 0 is restarted all the same, after `delay`.
+    let exited = Instant::now();
+    s.fake.exit("svc", 1, 0);
+    let r = s.restarted("svc").await;
+    assert_eq!((r.count, r.last_exit_code), (1, Some(0)));
+    assert_eq!(s.fake.started("svc", 1).unwrap().0, exited + Duration::from_secs(1));
+    assert_eq!(s.handle.running().await, vec![attempt("svc", 1)]);
+
+    // The next wait is doubled.
+    let exited = Instant::now();
+    s.fake.exit("svc", 1, 3);
+    let r = s.restarted("svc").await;
+    assert_eq!((r.count, r.last_exit_code), (2, Some(3)));
+    assert_eq!(s.fake.started("svc", 1).unwrap().0, exited + Duration::from_secs(2));
+
+    // Two restarts within the hour are all it gets: the attempt fails.
+    s.fake.exit("svc", 1, 4);
+    let outcome = s.finished("svc").await;
+    assert_eq!(
+        (outcome.state, outcome.reason, outcome.exit_code),
+        (TaskState::Failed, TaskReason::Error, Some(4))
+    );
+    assert!(
+        outcome.message.contains("restarts on the robot are used up (2 so far)"),
+        "{}",
+        outcome.message
+    );
+    assert_eq!(s.fake.starts(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_task_is_restarted_after_failures_only() {
+    let mut s = Harness::start();
+    let spec = restarting(task("sleep"), TaskKind::Batch, 3, LocalRestartMode::Fail);
+    s.run("b", spec).await;
+    s.fake.exit("b", 1, 1);
+    assert_eq!(s.restarted("b").await.last_exit_code, Some(1));
+    s.fake.exit("b", 1, 0);
+    let outcome = s.finished("b").await;
+    assert_eq!((outcome.state, outcome.exit_code), (TaskState::Completed, Some(0)));
+    assert_eq!(s.fake.starts(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_task_waiting_to_restart_is_cancelled_at_once_and_never_starts_again() {
+    let mut s = Harness::start();
+    let spec = restarting(task("sleep"), TaskKind::Service, 5, LocalRestartMode::Delay);
+    s.run("w", spec).await;
+    s.fake.exit("w", 1, 1);
+    // Let the runner see the exit; the restart is a second away.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let cancelled = Instant::now();
+    s.handle.cancel("w", Some(1), "job deleted".to_owned()).await;
+    let outcome = s.finished("w").await;
+    assert_eq!(Instant::now(), cancelled, "a cancel does not wait for the restart timer");
+    assert_eq!((outcome.state, outcome.reason), (TaskState::Failed, TaskReason::Cancelled));
+    assert!(outcome.message.contains("job deleted"), "{}", outcome.message);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(s.fake.starts(), 1, "started again after its cancel");
+    assert!(s.handle.running().await.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_timed_out_service_is_not_restarted() {
+    let mut s = Harness::start();
+    let spec = restarting(task("sleep").with_timeout("5s"), TaskKind::Service, 5, LocalRestartMode::Fail);
+    s.run("t", spec).await;
+    let outcome = s.finished("t").await;
+    assert_eq!(outcome.reason, TaskReason::Timeout);
+    assert_eq!(s.fake.starts(), 1);
 }
