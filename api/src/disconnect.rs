@@ -17,6 +17,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::duration::DurationString;
+use crate::task::TaskKind;
 
 /// How long a robot keeps an attempt running without the cluster, unless
 /// the group says otherwise: long enough for a Wi-Fi hand-over or a broker
@@ -38,7 +39,9 @@ pub struct DisconnectPolicy {
     pub stop_after: Option<DurationString>,
     /// Whether the manager starts a replacement attempt (on any robot that
     /// fits) once the lost attempt is fenced; `false` waits for the robot to
-    /// come back and report (default true).
+    /// come back and report, and the robot keeps the attempt running
+    /// meanwhile (default true for batch tasks, false for services: a
+    /// robot's services keep running while it is offline).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replace: Option<bool>,
     /// Which result counts when the original robot reports, after a
@@ -71,9 +74,9 @@ impl DisconnectPolicy {
             .unwrap_or(DEFAULT_STOP_AFTER)
     }
 
-    /// `replace`, default true.
-    pub fn replace(policy: Option<&Self>) -> bool {
-        policy.and_then(|p| p.replace).unwrap_or(true)
+    /// `replace`, default true for batch tasks and false for services.
+    pub fn replace(policy: Option<&Self>, kind: TaskKind) -> bool {
+        policy.and_then(|p| p.replace).unwrap_or(kind == TaskKind::Batch)
     }
 
     /// `reconcile`, default keepOriginal.
@@ -118,7 +121,8 @@ mod tests {
     #[test]
     fn defaults_are_safe_for_physical_work() {
         assert_eq!(DisconnectPolicy::stop_after(None), Duration::from_secs(120));
-        assert!(DisconnectPolicy::replace(None));
+        assert!(DisconnectPolicy::replace(None, TaskKind::Batch));
+        assert!(!DisconnectPolicy::replace(None, TaskKind::Service), "services ride out outages");
         assert_eq!(DisconnectPolicy::reconcile(None), Reconcile::KeepOriginal);
         let p = DisconnectPolicy {
             stop_after: Some("30s".into()),
@@ -126,7 +130,12 @@ mod tests {
             reconcile: Some(Reconcile::KeepReplacement),
         };
         assert_eq!(DisconnectPolicy::stop_after(Some(&p)), Duration::from_secs(30));
-        assert!(!DisconnectPolicy::replace(Some(&p)));
+        assert!(!DisconnectPolicy::replace(Some(&p), TaskKind::Batch));
+        let replaced = DisconnectPolicy {
+            replace: Some(true),
+            ..p.clone()
+        };
+        assert!(DisconnectPolicy::replace(Some(&replaced), TaskKind::Service));
         assert!(p.problems("spec.disconnect").is_empty());
     }
 

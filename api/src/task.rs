@@ -245,6 +245,7 @@ pub enum RestartMode {
         printcolumn(name = "Robot", type_ = "string", json_path = ".spec.targetRobot"),
         printcolumn(name = "Attempt", type_ = "integer", json_path = ".status.attempt"),
         printcolumn(name = "Exit", type_ = "integer", json_path = ".status.exitCode"),
+        printcolumn(name = "Restarts", type_ = "integer", json_path = ".status.restartCount"),
         printcolumn(name = "Reason", type_ = "string", json_path = ".status.reason"),
         printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
     )

@@ -263,7 +263,7 @@ fn active_step(
     }
     .unwrap_or(now);
     let fenced = fence_time(spec, heard, record_lag, cfg);
-    let replace = DisconnectPolicy::replace(spec.disconnect.as_ref());
+    let replace = DisconnectPolicy::replace(spec.disconnect.as_ref(), spec.template.kind);
     let mut recheck = None;
     if replace {
         if fenced <= now {

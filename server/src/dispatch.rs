@@ -241,7 +241,7 @@ async fn dispatch(ctx: &Context, task: &Task, robot: &str, attempt: u32, seen: I
     // The robot fences the attempt only when a replacement may start
     // (replace: true); without one it keeps running until it is back.
     let policy = task.spec.disconnect.as_ref();
-    let stop_after = DisconnectPolicy::replace(policy)
+    let stop_after = DisconnectPolicy::replace(policy, task.spec.template.kind)
         .then(|| DurationString::from_duration(DisconnectPolicy::stop_after(policy)));
     let message = Dispatch {
         expires_at: task.status.as_ref().and_then(|s| s.dispatch_deadline),

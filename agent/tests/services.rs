@@ -1,0 +1,81 @@
+//! Services and restarts on the robot, with real agent processes against a
+//! real Mosquitto: what keeps running while the robot is cut off.
+
+mod support;
+
+use std::time::Duration;
+
+use k8s4r_api::protocol::{encode, StatusUpdate};
+use k8s4r_api::{DurationString, LocalRestart, LocalRestartMode, TaskKind, TaskState};
+use support::{eventually, shell_dispatch, Agent, Broker, Server};
+
+const LONG: Duration = Duration::from_secs(30);
+
+#[tokio::test]
+async fn a_service_crashing_while_cut_off_is_restarted_each_time_and_reports_it_after_the_network_heals() {
+    let mut broker = Broker::start();
+    let mut server = Server::connect(&broker, "rs1").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let mut agent = Agent::start(&broker, "rs1", &tmp.path().join("state"), &[]);
+    server.approve("rs1").await;
+
+    // Each run appends its pid to `starts`. The first three crash (once
+    // `go` exists, so that they crash while the broker is down); the
+    // fourth stays up.
+    let starts = tmp.path().join("starts");
+    let go = tmp.path().join("go");
+    let script = format!(
+        "echo $$ >> {starts}; while [ ! -e {go} ]; do sleep 0.05; done; \
+         if [ $(wc -l < {starts}) -le 3 ]; then exit 3; fi; exec sleep 600",
+        starts = starts.display(),
+        go = go.display()
+    );
+    let mut dispatch = shell_dispatch("u-svc", 1, &script);
+    dispatch.spec.kind = TaskKind::Service;
+    dispatch.spec.restart = Some(LocalRestart {
+        attempts: 5,
+        interval: Some(DurationString::from("1h")),
+        delay: Some(DurationString::from("100ms")),
+        max_delay: Some(DurationString::from("500ms")),
+        mode: LocalRestartMode::Fail,
+    });
+    server.publish(server.topics.dispatch("rs1"), encode(&dispatch)).await;
+    let running: StatusUpdate = server.next("/tasks/u-svc/status", LONG).await.decode();
+    assert_eq!((running.state, running.restart_count), (TaskState::Running, 0));
+
+    broker.stop();
+    std::fs::write(&go, b"").unwrap();
+    let pids = eventually("three restarts while the broker is down", LONG, || {
+        let text = std::fs::read_to_string(&starts).unwrap_or_default();
+        let pids: Vec<String> = text.lines().map(str::to_owned).collect();
+        (pids.len() >= 4).then_some(pids)
+    })
+    .await;
+    assert_eq!(pids.len(), 4, "{pids:?}");
+    let distinct: std::collections::HashSet<&String> = pids.iter().collect();
+    assert_eq!(distinct.len(), 4, "each restart is a new process: {pids:?}");
+    assert!(agent.is_running(), "the agent died during the outage");
+
+    broker.restart();
+    server.approve("rs1").await;
+    let mut seen = Vec::new();
+    while seen.last().map(|u: &StatusUpdate| u.restart_count) != Some(3) {
+        let update: StatusUpdate = server.next("/tasks/u-svc/status", LONG).await.decode();
+        assert_eq!(update.state, TaskState::Running, "{update:#?}");
+        seen.push(update);
+    }
+    let counts: Vec<u32> = seen.iter().map(|u| u.restart_count).collect();
+    assert!(
+        counts.windows(2).all(|w| w[0] <= w[1]),
+        "restart counts go back: {counts:?}"
+    );
+    let last = seen.last().unwrap();
+    assert_eq!(last.last_exit_code, Some(3), "{last:#?}");
+    assert!(last.last_restart_time.is_some());
+    // The fourth run stays up: nothing terminal follows.
+    let more = server.drain(Duration::from_millis(500)).await;
+    for m in more.iter().filter(|m| m.topic.ends_with("/tasks/u-svc/status")) {
+        let update: StatusUpdate = m.decode();
+        assert_eq!(update.state, TaskState::Running, "{update:#?}");
+    }
+}
