@@ -72,8 +72,14 @@ pub fn status_of(event: TaskEvent) -> StatusUpdate {
                 update.last_exit_code = r.last_exit_code;
                 update.last_restart_time = Some(r.at);
                 update.message = Some(match r.last_exit_code {
-                    Some(code) => format!("restarted on the robot ({}): the process exited with code {code}", r.count),
-                    None => format!("restarted on the robot ({}): the process was killed by a signal", r.count),
+                    Some(code) => format!(
+                        "restarted on the robot ({}): the process exited with code {code}",
+                        r.count
+                    ),
+                    None => format!(
+                        "restarted on the robot ({}): the process was killed by a signal",
+                        r.count
+                    ),
                 });
             }
         }

@@ -39,7 +39,9 @@ async fn a_service_crashing_while_cut_off_is_restarted_each_time_and_reports_it_
         max_delay: Some(DurationString::from("500ms")),
         mode: LocalRestartMode::Fail,
     });
-    server.publish(server.topics.dispatch("rs1"), encode(&dispatch)).await;
+    server
+        .publish(server.topics.dispatch("rs1"), encode(&dispatch))
+        .await;
     let running: StatusUpdate = server.next("/tasks/u-svc/status", LONG).await.decode();
     assert_eq!((running.state, running.restart_count), (TaskState::Running, 0));
 

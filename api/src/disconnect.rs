@@ -122,7 +122,10 @@ mod tests {
     fn defaults_are_safe_for_physical_work() {
         assert_eq!(DisconnectPolicy::stop_after(None), Duration::from_secs(120));
         assert!(DisconnectPolicy::replace(None, TaskKind::Batch));
-        assert!(!DisconnectPolicy::replace(None, TaskKind::Service), "services ride out outages");
+        assert!(
+            !DisconnectPolicy::replace(None, TaskKind::Service),
+            "services ride out outages"
+        );
         assert_eq!(DisconnectPolicy::reconcile(None), Reconcile::KeepOriginal);
         let p = DisconnectPolicy {
             stop_after: Some("30s".into()),

@@ -440,7 +440,12 @@ fn check_local_restart(report: &mut Report, path: &str, r: &LocalRestart) {
         if interval.parse().is_ok_and(|d: Duration| d.is_zero()) {
             report.error(format!("{path}.interval"), "must be > 0");
         }
-        check_duration_within(report, &format!("{path}.interval"), interval, MAX_RESTART_INTERVAL);
+        check_duration_within(
+            report,
+            &format!("{path}.interval"),
+            interval,
+            MAX_RESTART_INTERVAL,
+        );
     }
     if let Some(delay) = &r.delay {
         check_duration_within(report, &format!("{path}.delay"), delay, MAX_RESTART_DELAY);
@@ -779,7 +784,11 @@ mod tests {
                 "spec.restart.maxDelay"
             ]
         );
-        assert_eq!(restarts_of(&template()), None, "a batch task gets none unless it asks");
+        assert_eq!(
+            restarts_of(&template()),
+            None,
+            "a batch task gets none unless it asks"
+        );
         let service = TaskTemplate {
             kind: TaskKind::Service,
             ..template()

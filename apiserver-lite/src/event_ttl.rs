@@ -33,7 +33,12 @@ pub fn expire_events(store: &Store, now: jiff::Timestamp, ttl: std::time::Durati
 }
 
 /// Deletes those of `keys` that are Events still expired at `now`.
-fn remove_expired(txn: &mut Txn<'_>, keys: &[(String, String)], now: jiff::Timestamp, ttl: std::time::Duration) -> usize {
+fn remove_expired(
+    txn: &mut Txn<'_>,
+    keys: &[(String, String)],
+    now: jiff::Timestamp,
+    ttl: std::time::Duration,
+) -> usize {
     let mut removed = 0;
     for (ns, name) in keys {
         let still = txn

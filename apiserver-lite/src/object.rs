@@ -171,7 +171,10 @@ mod tests {
         for (value, want) in [
             (json!({"apiVersion": "v1", "kind": "ConfigMap"}), Some("v1")),
             // A key that sorts first (ClusterRoles have one).
-            (json!({"aggregationRule": {"apiVersion": "no"}, "apiVersion": "rbac/v1"}), Some("rbac/v1")),
+            (
+                json!({"aggregationRule": {"apiVersion": "no"}, "apiVersion": "rbac/v1"}),
+                Some("rbac/v1"),
+            ),
             (json!({"apiVersion": "we\\ird\"v1"}), Some("we\\ird\"v1")),
             (json!({"kind": "NoVersion"}), None),
         ] {

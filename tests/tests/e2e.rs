@@ -413,22 +413,37 @@ async fn a_service_restarted_on_its_robot_shows_its_restarts_and_keeps_running()
     let mut task = sh(&script, "1h");
     task["kind"] = serde_json::json!("service");
     task["restart"] = serde_json::json!({"attempts": 3, "interval": "10m", "delay": "200ms"});
-    env.create_job(job_json("svc", serde_json::json!([{ "name": "g", "count": 1, "task": task }])))
-        .await;
+    env.create_job(job_json(
+        "svc",
+        serde_json::json!([{ "name": "g", "count": 1, "task": task }]),
+    ))
+    .await;
     let status = eventually("the service running after two restarts", || async {
-        let tasks = env.tasks().list(&ListParams::default().labels(&format!("{LABEL_JOB}=svc"))).await.ok()?;
+        let tasks = env
+            .tasks()
+            .list(&ListParams::default().labels(&format!("{LABEL_JOB}=svc")))
+            .await
+            .ok()?;
         let status = tasks.items.first()?.status.clone()?;
         (status.state == Some(TaskState::Running) && status.restart_count == 2).then_some(status)
     })
     .await;
-    assert_eq!(status.attempt, 1, "restarts on the robot are not new attempts: {status:?}");
+    assert_eq!(
+        status.attempt, 1,
+        "restarts on the robot are not new attempts: {status:?}"
+    );
     assert_eq!(status.last_exit_code, Some(7), "{status:?}");
     assert!(status.last_restart_time.is_some(), "{status:?}");
     let kubeconfig = kubeconfig_path(&env.data_dir);
     let out = kubectl(&kubeconfig, &["get", "rtask", "-n", "default"]);
     let header = out.lines().next().unwrap_or_default();
-    let col = header.find("RESTARTS").unwrap_or_else(|| panic!("no RESTARTS column:\n{out}"));
-    let row = out.lines().find(|l| l.starts_with("svc")).unwrap_or_else(|| panic!("{out}"));
+    let col = header
+        .find("RESTARTS")
+        .unwrap_or_else(|| panic!("no RESTARTS column:\n{out}"));
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("svc"))
+        .unwrap_or_else(|| panic!("{out}"));
     assert_eq!(row.get(col..col + 1), Some("2"), "{out}");
     // A service never completes: the Job stays running.
     let job = env.jobs().get("svc").await.expect("the Job");

@@ -49,7 +49,12 @@ impl Budget {
     /// long until it runs again, or None when the attempt ends. A batch
     /// task that succeeded is done; anything else is restarted while the
     /// interval allows.
-    pub(crate) fn after_exit(&mut self, succeeded: bool, exit_code: Option<i32>, now: Instant) -> Option<Duration> {
+    pub(crate) fn after_exit(
+        &mut self,
+        succeeded: bool,
+        exit_code: Option<i32>,
+        now: Instant,
+    ) -> Option<Duration> {
         if succeeded && self.kind == TaskKind::Batch {
             return None;
         }
@@ -154,9 +159,16 @@ mod tests {
     #[test]
     fn a_batch_task_that_succeeded_ends_and_a_service_that_exited_0_restarts() {
         let now = Instant::now();
-        assert_eq!(budget(TaskKind::Batch, 3, LocalRestartMode::Fail).after_exit(true, Some(0), now), None);
-        assert!(budget(TaskKind::Batch, 3, LocalRestartMode::Fail).after_exit(false, Some(1), now).is_some());
-        assert!(budget(TaskKind::Service, 3, LocalRestartMode::Fail).after_exit(true, Some(0), now).is_some());
+        assert_eq!(
+            budget(TaskKind::Batch, 3, LocalRestartMode::Fail).after_exit(true, Some(0), now),
+            None
+        );
+        assert!(budget(TaskKind::Batch, 3, LocalRestartMode::Fail)
+            .after_exit(false, Some(1), now)
+            .is_some());
+        assert!(budget(TaskKind::Service, 3, LocalRestartMode::Fail)
+            .after_exit(true, Some(0), now)
+            .is_some());
     }
 
     #[test]

@@ -864,7 +864,9 @@ impl Runner {
         let mut v = verdict(exit, task.stop.as_ref(), task.kill_timeout);
         // Restarted on the robot unless it was stopped on purpose.
         let restart = match (&task.stop, task.restarts.as_mut()) {
-            (None, Some(budget)) => budget.after_exit(v.state == TaskState::Completed, v.exit_code, Instant::now()),
+            (None, Some(budget)) => {
+                budget.after_exit(v.state == TaskState::Completed, v.exit_code, Instant::now())
+            }
             _ => None,
         };
         // A task that runs again keeps its uid (its directory is its own).
@@ -932,11 +934,13 @@ impl Runner {
                 v.state = TaskState::Failed;
                 v.reason = TaskReason::Error;
             }
-            v.message
-                .push_str(&format!("; the service's restarts on the robot are used up ({restarted} so far)"));
+            v.message.push_str(&format!(
+                "; the service's restarts on the robot are used up ({restarted} so far)"
+            ));
         } else if restarted > 0 && task.stop.is_none() && v.state != TaskState::Completed {
-            v.message
-                .push_str(&format!("; its restarts on the robot are used up ({restarted} so far)"));
+            v.message.push_str(&format!(
+                "; its restarts on the robot are used up ({restarted} so far)"
+            ));
         }
         let mut message = v.message;
         if task.dropped_output > 0 {

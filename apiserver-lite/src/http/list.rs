@@ -80,7 +80,11 @@ pub(super) fn serve(
     match shape {
         Shape::Table => {
             let inc = include_object(query);
-            let rows = page.items.iter().map(|o| table::row(rt, &o.value(), inc)).collect();
+            let rows = page
+                .items
+                .iter()
+                .map(|o| table::row(rt, &o.value(), inc))
+                .collect();
             Ok(json_response(
                 StatusCode::OK,
                 &table::table(rt, rows, page.rv, page.cont),
@@ -138,7 +142,11 @@ fn read_page(
 }
 
 fn metadata_list(page: Page) -> Response {
-    let items: Vec<Value> = page.items.iter().map(|o| table::partial_metadata(&o.value())).collect();
+    let items: Vec<Value> = page
+        .items
+        .iter()
+        .map(|o| table::partial_metadata(&o.value()))
+        .collect();
     let mut meta = json!({"resourceVersion": page.rv.to_string()});
     if let Some(c) = page.cont {
         meta["continue"] = json!(c);

@@ -20,7 +20,10 @@ pub(super) fn get(call: &Call<'_>, name: &str) -> Result<Response, ApiError> {
     let obj = call
         .app
         .store
-        .read(|s| s.get_object(&gr, call.path.namespace.unwrap_or_default(), name).cloned())
+        .read(|s| {
+            s.get_object(&gr, call.path.namespace.unwrap_or_default(), name)
+                .cloned()
+        })
         .ok_or_else(|| ApiError::not_found(&rt.group_resource(), name))?;
     Ok(object_response(rt, StatusCode::OK, &obj, call.shape))
 }

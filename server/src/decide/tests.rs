@@ -365,20 +365,28 @@ fn restarts_on_the_robot_reach_the_status_and_a_report_without_them_keeps_them()
         last_restart_time: Some(now()),
         ..update(1, 4, TaskState::Running)
     };
-    let Ok(StatusDecision::Apply(patch)) = decide_status(&restarted, "u1", "rb1", Some(&running), now()) else {
+    let Ok(StatusDecision::Apply(patch)) = decide_status(&restarted, "u1", "rb1", Some(&running), now())
+    else {
         panic!("not applied");
     };
     assert_eq!((patch.restart_count, patch.last_exit_code), (Some(3), Some(1)));
     let body = serde_json::to_value(&patch).unwrap();
     assert_eq!(body["restartCount"], 3);
 
-    let Ok(StatusDecision::Apply(patch)) =
-        decide_status(&update(1, 5, TaskState::Failed), "u1", "rb1", Some(&running), now())
-    else {
+    let Ok(StatusDecision::Apply(patch)) = decide_status(
+        &update(1, 5, TaskState::Failed),
+        "u1",
+        "rb1",
+        Some(&running),
+        now(),
+    ) else {
         panic!("not applied");
     };
     let body = serde_json::to_value(&patch).unwrap();
-    assert!(body.get("restartCount").is_none(), "a merge patch without restarts leaves them: {body}");
+    assert!(
+        body.get("restartCount").is_none(),
+        "a merge patch without restarts leaves them: {body}"
+    );
 }
 
 #[test]

@@ -7,8 +7,8 @@ use std::time::Duration;
 use std::sync::Arc;
 
 use k8s4r_api::{
-    DurationString, LocalRestart, LocalRestartMode, TaskAttempt, TaskKind, TaskReason, TaskResources, TaskState,
-    TaskTemplate,
+    DurationString, LocalRestart, LocalRestartMode, TaskAttempt, TaskKind, TaskReason, TaskResources,
+    TaskState, TaskTemplate,
 };
 use nix::sys::signal::Signal;
 use tokio::sync::mpsc;
@@ -522,7 +522,10 @@ async fn a_service_restarts_on_the_robot_with_backoff_until_its_restarts_are_use
     s.fake.exit("svc", 1, 0);
     let r = s.restarted("svc").await;
     assert_eq!((r.count, r.last_exit_code), (1, Some(0)));
-    assert_eq!(s.fake.started("svc", 1).unwrap().0, exited + Duration::from_secs(1));
+    assert_eq!(
+        s.fake.started("svc", 1).unwrap().0,
+        exited + Duration::from_secs(1)
+    );
     assert_eq!(s.handle.running().await, vec![attempt("svc", 1)]);
 
     // The next wait is doubled.
@@ -530,7 +533,10 @@ async fn a_service_restarts_on_the_robot_with_backoff_until_its_restarts_are_use
     s.fake.exit("svc", 1, 3);
     let r = s.restarted("svc").await;
     assert_eq!((r.count, r.last_exit_code), (2, Some(3)));
-    assert_eq!(s.fake.started("svc", 1).unwrap().0, exited + Duration::from_secs(2));
+    assert_eq!(
+        s.fake.started("svc", 1).unwrap().0,
+        exited + Duration::from_secs(2)
+    );
 
     // Two restarts within the hour are all it gets: the attempt fails.
     s.fake.exit("svc", 1, 4);
@@ -540,7 +546,9 @@ async fn a_service_restarts_on_the_robot_with_backoff_until_its_restarts_are_use
         (TaskState::Failed, TaskReason::Error, Some(4))
     );
     assert!(
-        outcome.message.contains("restarts on the robot are used up (2 so far)"),
+        outcome
+            .message
+            .contains("restarts on the robot are used up (2 so far)"),
         "{}",
         outcome.message
     );
@@ -556,7 +564,10 @@ async fn a_batch_task_is_restarted_after_failures_only() {
     assert_eq!(s.restarted("b").await.last_exit_code, Some(1));
     s.fake.exit("b", 1, 0);
     let outcome = s.finished("b").await;
-    assert_eq!((outcome.state, outcome.exit_code), (TaskState::Completed, Some(0)));
+    assert_eq!(
+        (outcome.state, outcome.exit_code),
+        (TaskState::Completed, Some(0))
+    );
     assert_eq!(s.fake.starts(), 2);
 }
 
@@ -571,8 +582,15 @@ async fn a_task_waiting_to_restart_is_cancelled_at_once_and_never_starts_again()
     let cancelled = Instant::now();
     s.handle.cancel("w", Some(1), "job deleted".to_owned()).await;
     let outcome = s.finished("w").await;
-    assert_eq!(Instant::now(), cancelled, "a cancel does not wait for the restart timer");
-    assert_eq!((outcome.state, outcome.reason), (TaskState::Failed, TaskReason::Cancelled));
+    assert_eq!(
+        Instant::now(),
+        cancelled,
+        "a cancel does not wait for the restart timer"
+    );
+    assert_eq!(
+        (outcome.state, outcome.reason),
+        (TaskState::Failed, TaskReason::Cancelled)
+    );
     assert!(outcome.message.contains("job deleted"), "{}", outcome.message);
     tokio::time::sleep(Duration::from_secs(10)).await;
     assert_eq!(s.fake.starts(), 1, "started again after its cancel");
@@ -582,7 +600,12 @@ async fn a_task_waiting_to_restart_is_cancelled_at_once_and_never_starts_again()
 #[tokio::test(start_paused = true)]
 async fn a_timed_out_service_is_not_restarted() {
     let mut s = Harness::start();
-    let spec = restarting(task("sleep").with_timeout("5s"), TaskKind::Service, 5, LocalRestartMode::Fail);
+    let spec = restarting(
+        task("sleep").with_timeout("5s"),
+        TaskKind::Service,
+        5,
+        LocalRestartMode::Fail,
+    );
     s.run("t", spec).await;
     let outcome = s.finished("t").await;
     assert_eq!(outcome.reason, TaskReason::Timeout);
