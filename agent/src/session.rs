@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use k8s4r_api::backoff::{Backoff, Jitter};
 use k8s4r_api::protocol::{encode, Cancel, Dispatch, Heartbeat, Online, Register, StatusUpdate, Topics};
-use k8s4r_api::{DeviceInfo, TaskReason, TaskState};
+use k8s4r_api::{DeviceInfo, RestartStatus, TaskReason, TaskState};
 use rumqttc::{AsyncClient, ConnectionError, Event, EventLoop, Outgoing, Packet, QoS};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
@@ -68,9 +68,11 @@ pub fn status_of(event: TaskEvent) -> StatusUpdate {
         TaskEvent::Started { at, restarted, .. } => {
             update.start_time = Some(at);
             if let Some(r) = restarted {
-                update.restart_count = r.count;
-                update.last_exit_code = r.last_exit_code;
-                update.last_restart_time = Some(r.at);
+                update.restarts = RestartStatus {
+                    restart_count: r.count,
+                    last_exit_code: r.last_exit_code,
+                    last_restart_time: Some(r.at),
+                };
                 update.message = Some(match r.last_exit_code {
                     Some(code) => format!(
                         "restarted on the robot ({}): the process exited with code {code}",

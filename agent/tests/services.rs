@@ -43,7 +43,10 @@ async fn a_service_crashing_while_cut_off_is_restarted_each_time_and_reports_it_
         .publish(server.topics.dispatch("rs1"), encode(&dispatch))
         .await;
     let running: StatusUpdate = server.next("/tasks/u-svc/status", LONG).await.decode();
-    assert_eq!((running.state, running.restart_count), (TaskState::Running, 0));
+    assert_eq!(
+        (running.state, running.restarts.restart_count),
+        (TaskState::Running, 0)
+    );
 
     broker.stop();
     std::fs::write(&go, b"").unwrap();
@@ -61,19 +64,19 @@ async fn a_service_crashing_while_cut_off_is_restarted_each_time_and_reports_it_
     broker.restart();
     server.approve("rs1").await;
     let mut seen = Vec::new();
-    while seen.last().map(|u: &StatusUpdate| u.restart_count) != Some(3) {
+    while seen.last().map(|u: &StatusUpdate| u.restarts.restart_count) != Some(3) {
         let update: StatusUpdate = server.next("/tasks/u-svc/status", LONG).await.decode();
         assert_eq!(update.state, TaskState::Running, "{update:#?}");
         seen.push(update);
     }
-    let counts: Vec<u32> = seen.iter().map(|u| u.restart_count).collect();
+    let counts: Vec<u32> = seen.iter().map(|u| u.restarts.restart_count).collect();
     assert!(
         counts.windows(2).all(|w| w[0] <= w[1]),
         "restart counts go back: {counts:?}"
     );
     let last = seen.last().unwrap();
-    assert_eq!(last.last_exit_code, Some(3), "{last:#?}");
-    assert!(last.last_restart_time.is_some());
+    assert_eq!(last.restarts.last_exit_code, Some(3), "{last:#?}");
+    assert!(last.restarts.last_restart_time.is_some());
     // The fourth run stays up: nothing terminal follows.
     let more = server.drain(Duration::from_millis(500)).await;
     for m in more.iter().filter(|m| m.topic.ends_with("/tasks/u-svc/status")) {

@@ -48,8 +48,9 @@ pub use selector::{
     Constraint, ConstraintOperator, LabelSelector, LabelSelectorRequirement, SelectorOperator,
 };
 pub use task::{
-    Artifact, AttemptRecord, EnvVar, LocalRestart, LocalRestartMode, RestartMode, RestartPolicy, TaskAttempt,
-    TaskCounts, TaskKind, TaskReason, TaskResources, TaskSpec, TaskState, TaskStatus, TaskTemplate,
+    Artifact, AttemptRecord, EnvVar, LocalRestart, LocalRestartMode, RestartMode, RestartPolicy,
+    RestartStatus, TaskAttempt, TaskCounts, TaskKind, TaskReason, TaskResources, TaskSpec, TaskState,
+    TaskStatus, TaskTemplate,
 };
 
 #[cfg(feature = "kube")]

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::duration::DurationString;
 use crate::robot::{AgentHealth, DeviceInfo, RobotPhase, TaskPolicy, Usage};
-use crate::task::{TaskAttempt, TaskReason, TaskState, TaskTemplate};
+use crate::task::{RestartStatus, TaskAttempt, TaskReason, TaskState, TaskTemplate};
 use crate::validation::validate_robot_id;
 
 /// The protocol version this build speaks.
@@ -630,19 +630,9 @@ pub struct StatusUpdate {
     /// The last few KiB of output.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_tail: Option<String>,
-    /// How often the robot restarted this attempt's process (`restart`).
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub restart_count: u32,
-    /// The exit code of the process the last restart replaced.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_exit_code: Option<i32>,
-    /// When the robot last restarted it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_restart_time: Option<Timestamp>,
-}
-
-fn is_zero(n: &u32) -> bool {
-    *n == 0
+    /// The robot's restarts of this attempt's process (`restart`).
+    #[serde(flatten)]
+    pub restarts: RestartStatus,
 }
 
 impl Message for StatusUpdate {
@@ -666,9 +656,7 @@ impl StatusUpdate {
             start_time: None,
             finish_time: None,
             output_tail: None,
-            restart_count: 0,
-            last_exit_code: None,
-            last_restart_time: None,
+            restarts: RestartStatus::default(),
         }
     }
 
@@ -890,9 +878,11 @@ mod tests {
             start_time: Some("2026-11-22T10:00:00Z".parse().unwrap()),
             finish_time: Some("2026-11-22T10:00:30Z".parse().unwrap()),
             output_tail: Some("bye\n".into()),
-            restart_count: 3,
-            last_exit_code: Some(1),
-            last_restart_time: Some("2026-11-22T10:00:20Z".parse().unwrap()),
+            restarts: RestartStatus {
+                restart_count: 3,
+                last_exit_code: Some(1),
+                last_restart_time: Some("2026-11-22T10:00:20Z".parse().unwrap()),
+            },
         });
         round_trip(Online { v: 1, online: false });
     }

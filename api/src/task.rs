@@ -409,7 +409,23 @@ pub struct TaskStatus {
     /// The last few KiB of stdout and stderr.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_tail: Option<String>,
-    /// How often the robot restarted the current attempt's process.
+    /// The robot's restarts of the current attempt.
+    #[serde(flatten)]
+    pub restarts: RestartStatus,
+    /// Earlier attempts, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attempts: Vec<AttemptRecord>,
+    /// Scheduled and similar conditions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// A robot's restarts of one attempt (`restart`), as the Task's status
+/// and the robot's status updates carry them.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RestartStatus {
+    /// How often the robot restarted the attempt's process.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub restart_count: u32,
     /// The exit code of the process the last restart replaced.
@@ -418,12 +434,6 @@ pub struct TaskStatus {
     /// When the robot last restarted it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_restart_time: Option<Timestamp>,
-    /// Earlier attempts, oldest first.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub attempts: Vec<AttemptRecord>,
-    /// Scheduled and similar conditions.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub conditions: Vec<Condition>,
 }
 
 /// How one earlier attempt ended.

@@ -16,8 +16,8 @@ use k8s4r_api::protocol::{Register, StatusUpdate};
 use k8s4r_api::robot::{AgentHealth, TaskPolicy};
 use k8s4r_api::validation::{validate_label_key, validate_label_value};
 use k8s4r_api::{
-    Condition, ConditionStatus, DeviceInfo, DisconnectPolicy, Quantity, Reconcile, Robot, RobotPhase,
-    RobotResources, Task, TaskAttempt, TaskReason, TaskState, TaskStatus, Usage,
+    Condition, ConditionStatus, DeviceInfo, DisconnectPolicy, Quantity, Reconcile, RestartStatus, Robot,
+    RobotPhase, RobotResources, Task, TaskAttempt, TaskReason, TaskState, TaskStatus, Usage,
 };
 use serde::Serialize;
 
@@ -531,14 +531,8 @@ pub struct TaskStatusPatch {
     pub observed_running_time: Option<Timestamp>,
     /// The robot's restarts of the attempt, when the report counts some
     /// (a report without them leaves what an earlier one said).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub restart_count: Option<u32>,
-    /// The exit code the last restart replaced, when the report has it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub last_exit_code: Option<i32>,
-    /// When the robot last restarted it, when the report has it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub last_restart_time: Option<Timestamp>,
+    #[serde(flatten)]
+    pub restarts: Option<RestartStatus>,
 }
 
 /// Why a well-formed update was not applied: at-least-once delivery makes
@@ -649,9 +643,7 @@ pub fn decide_status(
         finish_time: update.finish_time,
         output_tail: update.output_tail.clone(),
         observed_running_time: status.observed_running_time.is_none().then_some(now),
-        restart_count: (update.restart_count > 0).then_some(update.restart_count),
-        last_exit_code: update.last_exit_code,
-        last_restart_time: update.last_restart_time,
+        restarts: (update.restarts.restart_count > 0).then(|| update.restarts.clone()),
     }))
 }
 
@@ -696,9 +688,7 @@ fn replaced_attempt(
         finish_time: update.finish_time,
         output_tail: update.output_tail.clone(),
         observed_running_time: None,
-        restart_count: None,
-        last_exit_code: None,
-        last_restart_time: None,
+        restarts: None,
     }))
 }
 
@@ -855,9 +845,7 @@ pub fn plan_reconcile<'a>(
                 finish_time: Some(now),
                 output_tail: None,
                 observed_running_time: None,
-                restart_count: None,
-                last_exit_code: None,
-                last_restart_time: None,
+                restarts: None,
             },
         ));
     }

@@ -425,15 +425,15 @@ async fn a_service_restarted_on_its_robot_shows_its_restarts_and_keeps_running()
             .await
             .ok()?;
         let status = tasks.items.first()?.status.clone()?;
-        (status.state == Some(TaskState::Running) && status.restart_count == 2).then_some(status)
+        (status.state == Some(TaskState::Running) && status.restarts.restart_count == 2).then_some(status)
     })
     .await;
     assert_eq!(
         status.attempt, 1,
         "restarts on the robot are not new attempts: {status:?}"
     );
-    assert_eq!(status.last_exit_code, Some(7), "{status:?}");
-    assert!(status.last_restart_time.is_some(), "{status:?}");
+    assert_eq!(status.restarts.last_exit_code, Some(7), "{status:?}");
+    assert!(status.restarts.last_restart_time.is_some(), "{status:?}");
     let kubeconfig = kubeconfig_path(&env.data_dir);
     let out = kubectl(&kubeconfig, &["get", "rtask", "-n", "default"]);
     let header = out.lines().next().unwrap_or_default();
