@@ -101,6 +101,7 @@ fn request(uid: String, spec: TaskTemplate) -> TaskRequest {
         uid,
         attempt: 1,
         spec,
+        fenced: false,
     }
 }
 

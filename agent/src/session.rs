@@ -79,7 +79,7 @@ pub fn status_of(event: TaskEvent) -> StatusUpdate {
                         r.count
                     ),
                     None => format!(
-                        "restarted on the robot ({}): the process was killed by a signal",
+                        "restarted on the robot ({}): the process had stopped while the agent or the robot restarted",
                         r.count
                     ),
                 });
@@ -724,6 +724,7 @@ impl Session {
             attempt: dispatch.attempt,
             name: dispatch.task_name,
             spec: dispatch.spec,
+            fenced: stop_after.is_some(),
         })));
     }
 

@@ -84,3 +84,75 @@ async fn a_service_crashing_while_cut_off_is_restarted_each_time_and_reports_it_
         assert_eq!(update.state, TaskState::Running, "{update:#?}");
     }
 }
+
+/// Its dispatch: a service that appends its pid to `starts` and stays up.
+fn staying_service(uid: &str, starts: &std::path::Path) -> k8s4r_api::protocol::Dispatch {
+    let script = format!("echo $$ >> {}; exec sleep 600", starts.display());
+    let mut dispatch = shell_dispatch(uid, 1, &script);
+    dispatch.spec.kind = TaskKind::Service;
+    dispatch
+}
+
+fn pids_in(path: &std::path::Path) -> Vec<i32> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines().filter_map(|l| l.trim().parse().ok()).collect()
+}
+
+#[tokio::test]
+async fn a_service_runs_again_within_five_seconds_of_an_agent_restart_without_a_broker() {
+    let mut broker = Broker::start();
+    let mut server = Server::connect(&broker, "rs2").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let mut agent = Agent::start(&broker, "rs2", &state, &[]);
+    server.approve("rs2").await;
+    let starts = tmp.path().join("starts");
+    server
+        .publish(
+            server.topics.dispatch("rs2"),
+            encode(&staying_service("u-boot", &starts)),
+        )
+        .await;
+    let running: StatusUpdate = server.next("/tasks/u-boot/status", LONG).await.decode();
+    assert_eq!(running.state, TaskState::Running);
+    let first = eventually("the service's pid", LONG, || pids_in(&starts).first().copied()).await;
+
+    // The robot loses the broker, then its agent dies without a word (as in
+    // a power cut, or an OOM kill) and comes back with no broker.
+    broker.stop();
+    agent.kill();
+    let started = std::time::Instant::now();
+    let _agent = Agent::start(&broker, "rs2", &state, &[]);
+    let second = eventually("the service started again", LONG, || {
+        pids_in(&starts).get(1).copied()
+    })
+    .await;
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "the service took {took:?} to run again"
+    );
+    assert_ne!(first, second);
+    eventually("the old process gone", LONG, || {
+        let gone = std::fs::read_to_string(format!("/proc/{first}/stat"))
+            .map_or(true, |s| s.split_whitespace().nth(2) == Some("Z"));
+        gone.then_some(())
+    })
+    .await;
+
+    // Back online: the same attempt, running, one restart on the robot.
+    broker.restart();
+    server.approve("rs2").await;
+    let update = loop {
+        let update: StatusUpdate = server.next("/tasks/u-boot/status", LONG).await.decode();
+        if update.restarts.restart_count > 0 {
+            break update;
+        }
+    };
+    assert_eq!(
+        (update.state, update.attempt),
+        (TaskState::Running, 1),
+        "{update:#?}"
+    );
+    assert_eq!(update.restarts.restart_count, 1, "{update:#?}");
+}

@@ -130,6 +130,7 @@ impl Harness {
             attempt: 1,
             name: uid.to_owned(),
             spec,
+            fenced: false,
         };
         assert_eq!(self.handle.submit(req).await.unwrap(), Submit::Accepted);
     }
@@ -530,6 +531,7 @@ async fn duplicates_are_ignored() {
         attempt: 1,
         name: "dup".to_owned(),
         spec: task("sleep", &["1000"]),
+        fenced: false,
     };
     assert_eq!(h.handle.submit(req.clone()).await.unwrap(), Submit::Duplicate);
     h.handle.cancel("dup", None, "done".to_owned()).await;
@@ -923,6 +925,7 @@ async fn shutdown_terminates_everything_and_reports_it() {
         attempt: 1,
         name: "late".to_owned(),
         spec: task("true", &[]),
+        fenced: false,
     };
     assert!(matches!(
         h.handle.submit(late).await,
@@ -959,6 +962,7 @@ async fn restart_helper_agent() {
             attempt: 1,
             name: uid.to_owned(),
             spec,
+            fenced: false,
         };
         handle.submit(req).await.unwrap();
     }
@@ -1074,6 +1078,7 @@ async fn restart_kills_the_previous_runs_tasks() {
         attempt: 1,
         name: "x".to_owned(),
         spec: task("sleep", &["1000"]),
+        fenced: false,
     };
     assert_eq!(handle.submit(again).await.unwrap(), Submit::Duplicate);
     assert!(handle.running().await.is_empty());

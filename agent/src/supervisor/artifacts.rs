@@ -86,6 +86,15 @@ pub(crate) async fn fetch_all(
     limits: Limits,
 ) -> Result<(), String> {
     for (i, artifact) in artifacts.iter().enumerate() {
+        // A task started again from the journal kept its directory, and may
+        // start with no network: what is there already is not fetched again.
+        let (work_dir, wanted) = (places.work_dir.clone(), artifact.clone());
+        if tokio::task::spawn_blocking(move || in_place(&work_dir, &wanted))
+            .await
+            .unwrap_or(false)
+        {
+            continue;
+        }
         let download = places.fetch_dir.join(format!("{i}.partial"));
         fetch_with_retries(&client, artifact, &download, limits)
             .await
@@ -152,6 +161,45 @@ pub(crate) fn hand_over(places: &Places, name: &str, destination: &str) -> Resul
         }
     }
     renameat(&fetch, name, &dir, file_name).map_err(|e| format!("cannot move the file into place: {e}"))
+}
+
+/// Whether `artifact` is at its destination under `work_dir` already, with
+/// its sha256: a regular file reached through no symbolic link (they are
+/// the task's to plant). Blocking.
+fn in_place(work_dir: &Path, artifact: &Artifact) -> bool {
+    let flags = OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let Ok(mut dir) = openat(AT_FDCWD, work_dir, flags | OFlag::O_DIRECTORY, Mode::empty()) else {
+        return false;
+    };
+    let path = Path::new(&artifact.destination);
+    let Some(file_name) = path.file_name() else {
+        return false;
+    };
+    for part in path.parent().into_iter().flat_map(Path::components) {
+        if let Component::Normal(part) = part {
+            match openat(&dir, part, flags | OFlag::O_DIRECTORY, Mode::empty()) {
+                Ok(next) => dir = next,
+                Err(_) => return false,
+            }
+        }
+    }
+    let Ok(file) = openat(
+        &dir,
+        file_name,
+        flags | OFlag::O_RDONLY | OFlag::O_NONBLOCK,
+        Mode::empty(),
+    ) else {
+        return false;
+    };
+    let mut file = std::fs::File::from(file);
+    if !file.metadata().is_ok_and(|m| m.is_file()) {
+        return false;
+    }
+    let mut hasher = Sha256::new();
+    if std::io::copy(&mut file, &mut hasher).is_err() {
+        return false;
+    }
+    hex(&hasher.finalize()).eq_ignore_ascii_case(&artifact.sha256)
 }
 
 async fn fetch_with_retries(

@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::TaskEvent;
+use k8s4r_api::TaskTemplate;
 
 /// The journal's file name under the state dir.
 pub(crate) const FILE_NAME: &str = "journal.jsonl";
@@ -52,10 +53,26 @@ pub(crate) struct Started {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task_uid: Option<u32>,
     pub started_at: jiff::Timestamp,
+    /// Restarts on the robot of the attempt before this start.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub restarts: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// What starting an attempt again from the journal needs (after a reboot
+/// or an agent restart, with or without the cluster).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Resume {
+    pub name: String,
+    pub spec: TaskTemplate,
 }
 
 /// One line of the journal.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "camelCase")]
 pub(crate) enum Record {
     #[serde(rename_all = "camelCase")]
@@ -63,6 +80,11 @@ pub(crate) enum Record {
         uid: String,
         attempt: u32,
         task_dir: PathBuf,
+        /// Set for an attempt the robot starts again itself after a reboot
+        /// or an agent restart; absent for the others (and in the
+        /// journals of older agents).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        resume: Option<Resume>,
     },
     #[serde(rename_all = "camelCase")]
     Started {
@@ -76,12 +98,13 @@ pub(crate) enum Record {
 }
 
 /// A task the previous run accepted and never ended.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Unfinished {
     pub uid: String,
     pub attempt: u32,
     pub task_dir: PathBuf,
     pub started: Option<Started>,
+    pub resume: Option<Resume>,
 }
 
 /// The live records, by task: what a rewrite writes.
@@ -118,6 +141,7 @@ fn apply(live: &mut Live, record: Record) {
             uid,
             attempt,
             task_dir,
+            resume,
         } => {
             live.insert(
                 (uid.clone(), attempt),
@@ -126,6 +150,7 @@ fn apply(live: &mut Live, record: Record) {
                     attempt,
                     task_dir,
                     started: None,
+                    resume,
                 },
             );
         }
@@ -147,6 +172,7 @@ fn records_of(live: &Live) -> Vec<Record> {
             uid: task.uid.clone(),
             attempt: task.attempt,
             task_dir: task.task_dir.clone(),
+            resume: task.resume.clone(),
         });
         if let Some(at) = &task.started {
             out.push(Record::Started {
@@ -445,6 +471,7 @@ mod tests {
             cgroup: None,
             task_uid: None,
             started_at: jiff::Timestamp::UNIX_EPOCH,
+            restarts: 0,
         }
     }
 
@@ -453,6 +480,7 @@ mod tests {
             uid: uid.to_owned(),
             attempt: 1,
             task_dir: PathBuf::from("/t"),
+            resume: None,
         }
     }
 

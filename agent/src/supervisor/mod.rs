@@ -143,6 +143,10 @@ pub struct TaskRequest {
     pub name: String,
     /// What to run.
     pub spec: TaskTemplate,
+    /// The robot stops the attempt when it loses the cluster (the
+    /// dispatch carried `stopAfter`): it may have been replaced meanwhile,
+    /// so it is never started again from the journal.
+    pub fenced: bool,
 }
 
 /// The answer to a submission.

@@ -142,6 +142,16 @@ impl TaskUids {
         None
     }
 
+    /// `uid` if it is free (a task's own from the previous run); false if
+    /// it is not.
+    pub(crate) fn take_exact(&mut self, uid: u32) -> bool {
+        let free = self.range.contains(&uid) && !self.in_use.contains(&uid) && !self.barred.contains(&uid);
+        if free {
+            self.in_use.insert(uid);
+        }
+        free
+    }
+
     /// Gives a uid back once nothing runs as it any more.
     pub(crate) fn give_back(&mut self, uid: u32) {
         self.in_use.remove(&uid);

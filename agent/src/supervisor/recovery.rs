@@ -14,7 +14,26 @@ use super::{procfs, TaskOutcome};
 
 /// Kills what is left of `task` and says how it ended.
 pub(crate) fn settle(task: &Unfinished, boot_id: &str, tail_bytes: usize) -> TaskOutcome {
-    let message = match &task.started {
+    let message = kill_leftovers(task, boot_id);
+    let logs = task.task_dir.join("logs");
+    let mut tail = read_tail(&logs.join(Stream::Stdout.file_name()), tail_bytes);
+    tail.extend(read_tail(&logs.join(Stream::Stderr.file_name()), tail_bytes));
+    let tail = &tail[tail.len().saturating_sub(tail_bytes)..];
+    TaskOutcome {
+        state: TaskState::Failed,
+        exit_code: None,
+        signal: None,
+        reason: TaskReason::AgentRestarted,
+        message,
+        started_at: task.started.as_ref().map(|s| s.started_at),
+        finished_at: jiff::Timestamp::now(),
+        output_tail: lossy_tail(tail),
+    }
+}
+
+/// Kills what is left of `task`'s processes; says what it found.
+pub(crate) fn kill_leftovers(task: &Unfinished, boot_id: &str) -> String {
+    match &task.started {
         None => "the agent restarted before the task started".to_owned(),
         Some(started) if started.boot_id != boot_id => "the robot rebooted while the task ran".to_owned(),
         Some(started) => {
@@ -55,19 +74,5 @@ pub(crate) fn settle(task: &Unfinished, boot_id: &str, tail_bytes: usize) -> Tas
                 "the agent restarted while the task ran; its processes had already exited".to_owned()
             }
         }
-    };
-    let logs = task.task_dir.join("logs");
-    let mut tail = read_tail(&logs.join(Stream::Stdout.file_name()), tail_bytes);
-    tail.extend(read_tail(&logs.join(Stream::Stderr.file_name()), tail_bytes));
-    let tail = &tail[tail.len().saturating_sub(tail_bytes)..];
-    TaskOutcome {
-        state: TaskState::Failed,
-        exit_code: None,
-        signal: None,
-        reason: TaskReason::AgentRestarted,
-        message,
-        started_at: task.started.as_ref().map(|s| s.started_at),
-        finished_at: jiff::Timestamp::now(),
-        output_tail: lossy_tail(tail),
     }
 }

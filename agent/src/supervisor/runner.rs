@@ -36,8 +36,18 @@ use super::outcome::{verdict, Exit, StopCause};
 use super::output::{self, PipeFd, PipeRead};
 use super::policy::{passwd_uids, Plan, TaskUids};
 use super::process::{BoxFuture, Launcher, Process};
+use super::restarts::Budget;
 use super::stats::SupervisorStats;
 use super::table::{Deadline, NewTask, Phase, Running, Stop, Table, Task};
+
+/// An attempt of the previous run started again from the journal.
+#[derive(Clone, Copy, Debug)]
+struct Resumed {
+    /// Its restarts on the robot so far.
+    restarts: u32,
+    /// The uid it ran as, if it had one of its own.
+    uid: Option<u32>,
+}
 use super::{
     artifacts, failed_outcome, procfs, ready_health, reaper, recovery, Command, Offer, Restarted, Submit,
     SupervisorConfig, SupervisorError, TaskEvent, TaskOutcome, TaskRequest,
@@ -224,6 +234,7 @@ impl Runner {
         let mut table = Table::new();
         let mut cgroups_to_remove = Vec::new();
         let mut settled = Vec::new();
+        let mut resumed = Vec::new();
         for task in &unfinished {
             if let Some(path) = task.started.as_ref().and_then(|s| s.cgroup.clone()) {
                 cgroups_to_remove.push((TaskCgroup::at(path), None));
@@ -231,6 +242,24 @@ impl Runner {
             // Killed members re-parented to us (a subreaper) get reaped.
             if let Some(started) = &task.started {
                 table.remember_group(started.pgid);
+            }
+            // What restarts on the robot starts again, cluster or not.
+            if let Some(resume) = &task.resume {
+                let message = recovery::kill_leftovers(task, &boot_id);
+                tracing::warn!(uid = %task.uid, attempt = task.attempt, %message, "task of the previous run started again");
+                let request = TaskRequest {
+                    uid: task.uid.clone(),
+                    attempt: task.attempt,
+                    name: resume.name.clone(),
+                    spec: resume.spec.clone(),
+                    fenced: false,
+                };
+                let how = Resumed {
+                    restarts: task.started.as_ref().map_or(0, |s| s.restarts),
+                    uid: task.started.as_ref().and_then(|s| s.task_uid),
+                };
+                resumed.push((request, how));
+                continue;
             }
             let outcome = recovery::settle(task, &boot_id, config.output_tail_bytes);
             tracing::warn!(uid = %task.uid, attempt = task.attempt, message = %outcome.message, "task of the previous run settled");
@@ -323,6 +352,9 @@ impl Runner {
         };
         // Leftover cgroups of the previous run go once their processes do.
         runner.remove_cgroups();
+        for (request, how) in resumed {
+            runner.begin(request, Some(how));
+        }
         // The first measurement takes the disk reserve.
         runner.schedule_measure(Duration::ZERO);
         Ok((runner, health_rx, offer))
@@ -432,7 +464,7 @@ impl Runner {
                     return;
                 }
                 let _ = reply.send(Ok(Submit::Accepted));
-                self.begin(req);
+                self.begin(req, None);
             }
             Command::Cancel {
                 uid,
@@ -473,12 +505,16 @@ impl Runner {
     /// Checks a new task against the spec's rules, the robot's capacity
     /// and its policy, then prepares it off this thread. Every refusal
     /// becomes a Finished event.
-    fn begin(&mut self, req: TaskRequest) {
+    /// Takes a task: checks it, gives it a uid and a directory, and
+    /// prepares it. `resumed`: it is an attempt of the previous run,
+    /// started again from the journal.
+    fn begin(&mut self, req: TaskRequest, resumed: Option<Resumed>) {
         let TaskRequest {
             uid,
             attempt,
             name,
             spec,
+            fenced,
         } = req;
         if let Err(e) = validate_task_template(&spec) {
             let message = format!("invalid spec: {e}");
@@ -501,7 +537,12 @@ impl Runner {
         };
         let (run_as, own_uid) = match plan {
             Plan::Run(run_as) => (run_as, None),
-            Plan::OwnUid => match self.uids.take() {
+            // A resumed task gets its uid back if it can: its files are owned by it.
+            Plan::OwnUid => match resumed
+                .and_then(|r| r.uid)
+                .filter(|u| self.uids.take_exact(*u))
+                .or_else(|| self.uids.take())
+            {
                 Some(u) => (RunAs::TaskUid(u), Some(u)),
                 None => {
                     let message = format!(
@@ -534,6 +575,7 @@ impl Runner {
             template: spec.clone(),
             run_as,
             allow_root: self.config.policy.allow_root,
+            keep_dir: resumed.is_some(),
             client,
             limits: artifacts::Limits {
                 max_bytes: self.config.artifact_max_bytes,
@@ -542,10 +584,17 @@ impl Runner {
             },
         };
         let (abort, registration) = AbortHandle::new_pair();
+        // Started again from the journal after a reboot or an agent restart:
+        // what has restarts on the robot and cannot have been replaced.
+        let resume = (!fenced && Budget::of(&spec).is_some()).then(|| journal::Resume {
+            name: name.clone(),
+            spec: spec.clone(),
+        });
         let record = Record::Accepted {
             uid: uid.clone(),
             attempt,
             task_dir: dir.clone(),
+            resume,
         };
         let new = NewTask {
             uid,
@@ -556,9 +605,12 @@ impl Runner {
             driver,
             own_uid,
         };
-        let id = self
-            .table
-            .insert(Task::preparing(new, abort, self.config.output_tail_bytes));
+        let mut task = Task::preparing(new, abort, self.config.output_tail_bytes);
+        if let (Some(resumed), Some(budget)) = (resumed, task.restarts.as_mut()) {
+            budget.count = resumed.restarts;
+            task.resumed = true;
+        }
+        let id = self.table.insert(task);
         self.journal.write(Some(record), Vec::new());
         let prep = Abortable::new(prepare(input), registration);
         self.preparing.push(Box::pin(async move { (id, prep.await) }));
@@ -614,7 +666,7 @@ impl Runner {
         }
         // A restart's cgroup is a new one: the last run's may still be
         // waiting for its processes to die.
-        let restarting = matches!(task.phase, Phase::Waiting);
+        let restarting = matches!(task.phase, Phase::Waiting) || task.resumed;
         let name = match task.restarts.as_ref().filter(|_| restarting) {
             Some(budget) => format!("{}-{}-r{}", task.uid, task.attempt, budget.count + 1),
             None => format!("{}-{}", task.uid, task.attempt),
@@ -678,6 +730,10 @@ impl Runner {
             cgroup: cgroup.as_ref().map(|c| c.path().to_path_buf()),
             task_uid: task.own_uid,
             started_at: at,
+            restarts: task
+                .restarts
+                .as_ref()
+                .map_or(0, |b| b.count + u32::from(restarting)),
         };
         let record = Record::Started {
             uid: task.uid.clone(),
@@ -709,6 +765,7 @@ impl Runner {
             task.cgroup = cgroup;
             task.stdout = Some(stdout.clone());
             task.stderr = Some(stderr.clone());
+            task.resumed = false;
             if let Some(budget) = task.restarts.as_mut().filter(|_| restarting) {
                 budget.restarted(at);
                 restarted = Some(Restarted {
@@ -1372,6 +1429,8 @@ struct PrepInput {
     template: TaskTemplate,
     run_as: RunAs,
     allow_root: bool,
+    /// Keep what the directory holds (a task started again from the journal).
+    keep_dir: bool,
     client: Option<reqwest::Client>,
     limits: artifacts::Limits,
 }
@@ -1386,13 +1445,19 @@ async fn prepare(input: PrepInput) -> Result<Prepared, Failure> {
         template,
         run_as,
         allow_root,
+        keep_dir,
         client,
         limits,
     } = input;
     let artifacts = template.artifacts.clone();
     let task_dir = dir.clone();
     let prepared = tokio::task::spawn_blocking(move || -> Result<Prepared, Failure> {
-        make_task_dir(&task_dir).map_err(|e| {
+        let made = if keep_dir && task_dir.is_dir() {
+            reuse_task_dir(&task_dir)
+        } else {
+            make_task_dir(&task_dir)
+        };
+        made.map_err(|e| {
             Failure::new(
                 TaskReason::StartFailed,
                 format!("cannot create task directory {}: {e}", task_dir.display()),
@@ -1456,6 +1521,20 @@ fn make_task_dir(dir: &Path) -> io::Result<()> {
     std::fs::create_dir(dir)?;
     for sub in ["work", "logs", "fetch"] {
         std::fs::create_dir(dir.join(sub))?;
+    }
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))?;
+    std::fs::set_permissions(dir.join("logs"), std::fs::Permissions::from_mode(0o700))?;
+    std::fs::set_permissions(dir.join("fetch"), std::fs::Permissions::from_mode(0o700))
+}
+
+/// A task directory kept from the previous run: what is missing of it is
+/// made again.
+fn reuse_task_dir(dir: &Path) -> io::Result<()> {
+    for sub in ["work", "logs", "fetch"] {
+        let path = dir.join(sub);
+        if !path.is_dir() {
+            std::fs::create_dir(&path)?;
+        }
     }
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))?;
     std::fs::set_permissions(dir.join("logs"), std::fs::Permissions::from_mode(0o700))?;

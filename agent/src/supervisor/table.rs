@@ -124,6 +124,9 @@ pub(crate) struct Task {
     /// What its driver prepared, kept to start it again (tasks with
     /// restarts only).
     pub prepared: Option<Prepared>,
+    /// It is an attempt of the previous run, started again from the
+    /// journal: its first start here counts as a restart.
+    pub resumed: bool,
     /// When its timeout is due, once it runs.
     due: Option<Instant>,
     /// The pending timer, if any (cleared when it fires).
@@ -167,6 +170,7 @@ impl Task {
             cgroup: None,
             dropped_output: 0,
             prepared: None,
+            resumed: false,
         }
     }
 
@@ -552,6 +556,7 @@ mod tests {
                 cgroup: None,
                 task_uid: None,
                 started_at: jiff::Timestamp::UNIX_EPOCH,
+                restarts: 0,
             },
             group: Box::new(Quiet),
             lineage: None,

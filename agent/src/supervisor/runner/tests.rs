@@ -119,6 +119,7 @@ impl Harness {
             attempt,
             name: uid.to_owned(),
             spec,
+            fenced: false,
         };
         self.handle.submit(req).await.unwrap()
     }
@@ -493,6 +494,7 @@ async fn a_dead_helper_thread_ends_the_supervisor_visibly() {
         attempt: 1,
         name: "late".to_owned(),
         spec: task("sleep"),
+        fenced: false,
     };
     assert!(s.handle.submit(req).await.is_err());
 }
@@ -610,4 +612,105 @@ async fn a_timed_out_service_is_not_restarted() {
     let outcome = s.finished("t").await;
     assert_eq!(outcome.reason, TaskReason::Timeout);
     assert_eq!(s.fake.starts(), 1);
+}
+
+/// A journal left by a run that ended without settling `attempt` 1 of
+/// `uid`, which ran (in another boot) with `restarts` so far; `resume`
+/// says whether the run recorded it as one to start again.
+fn leave_journal(state_dir: &std::path::Path, uid: &str, spec: &TaskTemplate, restarts: u32, resume: bool) {
+    use crate::supervisor::journal::{Record, Resume, Started};
+    let task_dir = state_dir.join("tasks").join(format!("{uid}-1"));
+    std::fs::create_dir_all(task_dir.join("work")).unwrap();
+    std::fs::write(task_dir.join("work").join("kept"), b"state of the last run").unwrap();
+    let records = [
+        Record::Accepted {
+            uid: uid.to_owned(),
+            attempt: 1,
+            task_dir,
+            resume: resume.then(|| Resume {
+                name: uid.to_owned(),
+                spec: spec.clone(),
+            }),
+        },
+        Record::Started {
+            uid: uid.to_owned(),
+            attempt: 1,
+            at: Started {
+                pid: 1 << 22,
+                pgid: 1 << 22,
+                pid_start: 1,
+                boot_id: "a boot long gone".to_owned(),
+                cgroup: None,
+                task_uid: None,
+                started_at: jiff::Timestamp::UNIX_EPOCH,
+                restarts,
+            },
+        },
+    ];
+    let lines: Vec<String> = records
+        .iter()
+        .map(|r| serde_json::to_string(r).unwrap())
+        .collect();
+    std::fs::write(state_dir.join("journal.jsonl"), lines.join("\n") + "\n").unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_service_of_the_previous_run_starts_again_from_the_journal_with_its_directory() {
+    let spec = restarting(task("sleep"), TaskKind::Service, 2, LocalRestartMode::Fail);
+    let journal_spec = spec.clone();
+    let mut s = Harness::with(
+        move |config| leave_journal(&config.state_dir, "svc", &journal_spec, 4, true),
+        false,
+    );
+    let r = s.restarted("svc").await;
+    assert_eq!(
+        (r.count, r.last_exit_code),
+        (5, None),
+        "counts on from the journal"
+    );
+    assert_eq!(s.handle.running().await, vec![attempt("svc", 1)]);
+    let kept = s._state_dir.path().join("tasks/svc-1/work/kept");
+    assert_eq!(std::fs::read(kept).unwrap(), b"state of the last run");
+    // The restart budget applies from here on: an exit restarts it.
+    s.fake.exit("svc", 1, 1);
+    assert_eq!(s.restarted("svc").await.count, 6);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_attempt_not_recorded_to_resume_is_settled_as_before() {
+    let spec = task("sleep");
+    let mut s = Harness::with(
+        move |config| leave_journal(&config.state_dir, "b", &spec, 0, false),
+        false,
+    );
+    let outcome = s.finished("b").await;
+    assert_eq!(outcome.reason, TaskReason::AgentRestarted);
+    assert_eq!(s.fake.starts(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fenced_service_is_not_recorded_to_resume() {
+    let mut s = Harness::start();
+    let spec = restarting(task("sleep"), TaskKind::Service, 2, LocalRestartMode::Fail);
+    let req = TaskRequest {
+        uid: "f".to_owned(),
+        attempt: 1,
+        name: "f".to_owned(),
+        spec: spec.clone(),
+        fenced: true,
+    };
+    assert_eq!(s.handle.submit(req).await.unwrap(), Submit::Accepted);
+    s.started("f").await;
+    assert_eq!(s.submit("u", 1, spec).await, Submit::Accepted);
+    s.started("u").await;
+    let journal = std::fs::read_to_string(s._state_dir.path().join("journal.jsonl")).unwrap();
+    let accepted = |uid: &str| {
+        journal
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .find(|r| r["op"] == "accepted" && r["uid"] == uid)
+            .unwrap()
+    };
+    assert!(accepted("f").get("resume").is_none(), "{journal}");
+    assert_eq!(accepted("u")["resume"]["spec"]["kind"], "service", "{journal}");
 }
