@@ -76,7 +76,8 @@ impl Triggers {
 }
 
 /// A task's attempt and state.
-pub(super) type Progress = (u32, Option<TaskState>);
+/// (attempt, state, restarts on the robot) of a task.
+pub(super) type Progress = (u32, Option<TaskState>, u32);
 
 /// What every reconcile gets.
 pub struct Context {

@@ -189,17 +189,40 @@ impl Context {
     /// Also says whether the attempt was last seen running (a reconcile
     /// reads the newest object, so a short attempt may be seen dispatching,
     /// then already over).
-    pub(super) fn progress(&self, task: &Task) -> Option<(u32, TaskState, bool)> {
+    pub(super) fn progress(&self, task: &Task) -> Option<Progressed> {
         let status = task.status.as_ref();
-        let now = (status.map_or(0, |s| s.attempt), status.and_then(|s| s.state));
+        let now = (
+            status.map_or(0, |s| s.attempt),
+            status.and_then(|s| s.state),
+            status.map_or(0, |s| s.restarts.restart_count),
+        );
         let previous = lock(&self.seen).insert(key_of(task), now);
         match (previous, now) {
-            (Some(p), (attempt, Some(state))) if p != now => {
-                Some((attempt, state, p == (attempt, Some(TaskState::Running))))
+            (Some(p), (attempt, Some(state), restarts)) if p != now => {
+                let same_run = p.0 == attempt && p.1 == Some(state);
+                Some(Progressed {
+                    attempt,
+                    state,
+                    seen_running: p.0 == attempt && p.1 == Some(TaskState::Running),
+                    restarted: (p.0 == attempt && restarts > p.2).then_some(restarts),
+                    moved: !same_run,
+                })
             }
             _ => None,
         }
     }
+}
+
+/// How a task moved since it was last seen.
+pub(super) struct Progressed {
+    pub attempt: u32,
+    pub state: TaskState,
+    /// The attempt was last seen running.
+    pub seen_running: bool,
+    /// The robot restarted the attempt since (its restart count now).
+    pub restarted: Option<u32>,
+    /// The attempt or its state changed (not only its restarts).
+    pub moved: bool,
 }
 
 fn task_ref(key: &str) -> ObjectRef<Task> {

@@ -126,11 +126,24 @@ fn record_lag(lease: Option<&k8s_openapi::api::coordination::v1::Lease>, ctx: &C
 }
 
 fn publish_progress(ctx: &Context, task: &Task) {
-    let Some((attempt, state, seen_running)) = ctx.progress(task) else {
+    let Some(progressed) = ctx.progress(task) else {
         return;
     };
+    let (attempt, state, seen_running) = (progressed.attempt, progressed.state, progressed.seen_running);
     let status = task.status.clone().unwrap_or_default();
     let robot = status.robot.clone().unwrap_or_default();
+    if let Some(count) = progressed.restarted {
+        let why = status.message.clone().unwrap_or_default();
+        ctx.event(
+            task,
+            EventType::Warning,
+            "Restarted",
+            format!("attempt {attempt} restarted on robot {robot} ({count} so far): {why}"),
+        );
+    }
+    if !progressed.moved {
+        return;
+    }
     // An attempt that ran is Started in `kubectl describe` even when it was
     // over before this controller looked.
     if state.is_terminal() && !seen_running && status.start_time.is_some() {
