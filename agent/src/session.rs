@@ -73,16 +73,7 @@ pub fn status_of(event: TaskEvent) -> StatusUpdate {
                     last_exit_code: r.last_exit_code,
                     last_restart_time: Some(r.at),
                 };
-                update.message = Some(match r.last_exit_code {
-                    Some(code) => format!(
-                        "restarted on the robot ({}): the process exited with code {code}",
-                        r.count
-                    ),
-                    None => format!(
-                        "restarted on the robot ({}): the process had stopped while the agent or the robot restarted",
-                        r.count
-                    ),
-                });
+                update.message = Some(format!("restarted on the robot ({}): {}", r.count, r.cause));
             }
         }
         TaskEvent::Finished { outcome, .. } => {

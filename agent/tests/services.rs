@@ -156,3 +156,67 @@ async fn a_service_runs_again_within_five_seconds_of_an_agent_restart_without_a_
     );
     assert_eq!(update.restarts.restart_count, 1, "{update:#?}");
 }
+
+#[tokio::test]
+async fn a_failing_exec_health_check_restarts_the_service_and_says_why() {
+    let broker = Broker::start();
+    let mut server = Server::connect(&broker, "rs3").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let _agent = Agent::start(&broker, "rs3", &tmp.path().join("state"), &[]);
+    server.approve("rs3").await;
+    let starts = tmp.path().join("starts");
+    let sick = tmp.path().join("sick");
+    let mut dispatch = staying_service("u-hc", &starts);
+    dispatch.spec.restart = Some(LocalRestart {
+        attempts: 5,
+        interval: Some(DurationString::from("1h")),
+        delay: Some(DurationString::from("100ms")),
+        max_delay: None,
+        mode: LocalRestartMode::Fail,
+    });
+    dispatch.spec.checks = vec![k8s4r_api::HealthCheck {
+        name: Some("not-sick".into()),
+        exec: Some(k8s4r_api::ExecCheck {
+            command: "sh".into(),
+            args: vec!["-c".into(), format!("test ! -e {}", sick.display())],
+        }),
+        interval: Some(DurationString::from("200ms")),
+        timeout: Some(DurationString::from("200ms")),
+        failure_threshold: Some(2),
+        ..Default::default()
+    }];
+    server
+        .publish(server.topics.dispatch("rs3"), encode(&dispatch))
+        .await;
+    let running: StatusUpdate = server.next("/tasks/u-hc/status", LONG).await.decode();
+    assert_eq!(running.state, TaskState::Running);
+    let first = eventually("the service's pid", LONG, || pids_in(&starts).first().copied()).await;
+
+    // Healthy: left alone for a dozen checks (a window to watch, not a wait
+    // for a condition).
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(pids_in(&starts), vec![first], "restarted while healthy");
+
+    std::fs::write(&sick, b"").unwrap();
+    let update = loop {
+        let update: StatusUpdate = server.next("/tasks/u-hc/status", LONG).await.decode();
+        if update.restarts.restart_count > 0 {
+            break update;
+        }
+    };
+    std::fs::remove_file(&sick).unwrap();
+    assert_eq!(update.state, TaskState::Running, "{update:#?}");
+    let message = update.message.clone().unwrap_or_default();
+    assert!(
+        message.contains("health check \"not-sick\" failed 2 times in a row"),
+        "{message}"
+    );
+    let pids = pids_in(&starts);
+    assert!(pids.len() >= 2 && pids[1] != first, "{pids:?}");
+    eventually("the unhealthy process gone", LONG, || {
+        let gone = std::fs::read_to_string(format!("/proc/{first}/stat"))
+            .map_or(true, |s| s.split_whitespace().nth(2) == Some("Z"));
+        gone.then_some(())
+    })
+    .await;
+}

@@ -48,9 +48,9 @@ pub use selector::{
     Constraint, ConstraintOperator, LabelSelector, LabelSelectorRequirement, SelectorOperator,
 };
 pub use task::{
-    Artifact, AttemptRecord, EnvVar, LocalRestart, LocalRestartMode, RestartMode, RestartPolicy,
-    RestartStatus, TaskAttempt, TaskCounts, TaskKind, TaskReason, TaskResources, TaskSpec, TaskState,
-    TaskStatus, TaskTemplate,
+    Artifact, AttemptRecord, EnvVar, ExecCheck, HealthCheck, HttpCheck, LocalRestart, LocalRestartMode,
+    RestartMode, RestartPolicy, RestartStatus, TaskAttempt, TaskCounts, TaskKind, TaskReason, TaskResources,
+    TaskSpec, TaskState, TaskStatus, TaskTemplate, TcpCheck,
 };
 
 #[cfg(feature = "kube")]

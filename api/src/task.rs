@@ -77,6 +77,82 @@ pub struct TaskTemplate {
     /// service gets [`LocalRestart::service_default`], a batch task none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restart: Option<LocalRestart>,
+    /// Health checks the robot runs while the task runs: after
+    /// `failureThreshold` failures in a row the process is stopped
+    /// (SIGTERM, then SIGKILL after `killTimeout`) and restarted by
+    /// `restart`, the reason in its status and Events.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8))]
+    pub checks: Vec<HealthCheck>,
+}
+
+/// One health check: exactly one of `exec`, `tcp` and `http`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HealthCheck {
+    /// A name for messages (default: what it checks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub name: Option<String>,
+    /// Runs a command as the task runs (its driver, user, directory and
+    /// environment): healthy when it exits 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exec: Option<ExecCheck>,
+    /// Opens a TCP connection: healthy when it connects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp: Option<TcpCheck>,
+    /// Sends an HTTP GET: healthy on a 2xx or 3xx answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<HttpCheck>,
+    /// Time between checks (default 10s; 100ms to 1h).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval: Option<DurationString>,
+    /// How long one check may take (default 2s, at most the interval).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<DurationString>,
+    /// Failures in a row that make the task unhealthy (default 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_threshold: Option<u32>,
+    /// Wait after each start before the first check (default: the
+    /// interval; at most 1h).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initial_delay: Option<DurationString>,
+}
+
+/// A command run as a health check.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ExecCheck {
+    /// The program: a path, or a name looked up in PATH.
+    pub command: String,
+    /// Its arguments.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+}
+
+/// A TCP connection as a health check.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TcpCheck {
+    /// The port.
+    pub port: u16,
+    /// The host (default 127.0.0.1: the robot itself).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+}
+
+/// An HTTP GET as a health check.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpCheck {
+    /// The port.
+    pub port: u16,
+    /// The path (default `/`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// The host (default 127.0.0.1: the robot itself).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
 }
 
 /// What kind of work a task is.
@@ -352,6 +428,9 @@ pub enum TaskReason {
     /// The task's directory outgrew its `resources.disk` or the robot's
     /// disk budget, or filled the robot's disk; the task was stopped.
     DiskLimit,
+    /// Its health checks failed `failureThreshold` times in a row; the
+    /// robot stopped it.
+    Unhealthy,
     /// Some reason this version does not know.
     #[serde(other)]
     Unknown,

@@ -11,7 +11,8 @@ use crate::selector::{
     Constraint, ConstraintOperator, LabelSelector, SelectorOperator, CONSTRAINT_ATTRIBUTES,
 };
 use crate::task::{
-    LocalRestart, LocalRestartMode, RestartPolicy, TaskKind, TaskResources, TaskSpec, TaskTemplate, DRIVERS,
+    HealthCheck, LocalRestart, LocalRestartMode, RestartPolicy, TaskKind, TaskResources, TaskSpec,
+    TaskTemplate, DRIVERS,
 };
 
 /// The kill timeout when a task does not set one (Nomad's default).
@@ -39,6 +40,49 @@ pub const DEFAULT_RESTART_INTERVAL: Duration = Duration::from_secs(30 * 60);
 pub const MAX_RESTART_INTERVAL: Duration = Duration::from_secs(30 * 24 * 3600);
 /// Most restarts one interval may allow.
 pub const MAX_RESTART_ATTEMPTS: u32 = 10_000;
+
+/// Most health checks one task may have.
+pub const MAX_CHECKS: usize = 8;
+/// The shortest and longest health check interval.
+pub const MIN_CHECK_INTERVAL: Duration = Duration::from_millis(100);
+pub const MAX_CHECK_INTERVAL: Duration = Duration::from_secs(3600);
+/// Most failures in a row a health check may wait for.
+pub const MAX_FAILURE_THRESHOLD: u32 = 100;
+
+/// A health check's timing, defaulted and capped: what the agent applies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CheckTiming {
+    /// Time between checks.
+    pub interval: Duration,
+    /// Time one check may take.
+    pub timeout: Duration,
+    /// Failures in a row that make the task unhealthy.
+    pub failure_threshold: u32,
+    /// Wait after a start before the first check.
+    pub initial_delay: Duration,
+}
+
+/// The timing of `check`: its own, defaulted (10s, 2s, 3, the interval)
+/// and capped.
+pub fn check_timing(check: &HealthCheck) -> CheckTiming {
+    let parse = |d: &Option<crate::duration::DurationString>| d.as_ref().and_then(|d| d.parse().ok());
+    let interval = parse(&check.interval)
+        .unwrap_or(Duration::from_secs(10))
+        .clamp(MIN_CHECK_INTERVAL, MAX_CHECK_INTERVAL);
+    CheckTiming {
+        interval,
+        timeout: parse(&check.timeout)
+            .unwrap_or(Duration::from_secs(2))
+            .clamp(Duration::from_millis(1), interval),
+        failure_threshold: check
+            .failure_threshold
+            .unwrap_or(3)
+            .clamp(1, MAX_FAILURE_THRESHOLD),
+        initial_delay: parse(&check.initial_delay)
+            .unwrap_or(interval)
+            .min(MAX_CHECK_INTERVAL),
+    }
+}
 
 /// A task's restarts on the robot, defaulted and capped: what the agent
 /// applies.
@@ -237,6 +281,15 @@ pub fn kill_timeout_of(template: &TaskTemplate) -> Duration {
 fn check_template(report: &mut Report, path: &str, t: &TaskTemplate) {
     if let Some(restart) = &t.restart {
         check_local_restart(report, &format!("{path}.restart"), restart);
+    }
+    if t.checks.len() > MAX_CHECKS {
+        report.error(
+            format!("{path}.checks"),
+            format!("at most {MAX_CHECKS} health checks"),
+        );
+    }
+    for (i, check) in t.checks.iter().enumerate() {
+        check_health_check(report, &format!("{path}.checks[{i}]"), check);
     }
     if !DRIVERS.contains(&t.driver.as_str()) {
         report.error(
@@ -452,6 +505,83 @@ fn check_local_restart(report: &mut Report, path: &str, r: &LocalRestart) {
     }
     if let Some(max) = &r.max_delay {
         check_duration_within(report, &format!("{path}.maxDelay"), max, MAX_RESTART_DELAY);
+    }
+}
+
+fn check_health_check(report: &mut Report, path: &str, c: &HealthCheck) {
+    let kinds = usize::from(c.exec.is_some()) + usize::from(c.tcp.is_some()) + usize::from(c.http.is_some());
+    if kinds != 1 {
+        report.error(path, "needs exactly one of exec, tcp and http");
+    }
+    if c.name
+        .as_ref()
+        .is_some_and(|n| n.is_empty() || n.len() > 63 || n.chars().any(char::is_control))
+    {
+        report.error(format!("{path}.name"), "must be 1 to 63 printable characters");
+    }
+    if let Some(exec) = &c.exec {
+        if exec.command.trim().is_empty() {
+            report.error(format!("{path}.exec.command"), "required");
+        }
+    }
+    let endpoints = [
+        c.tcp.as_ref().map(|t| ("tcp", t.port, t.host.as_ref())),
+        c.http.as_ref().map(|h| ("http", h.port, h.host.as_ref())),
+    ];
+    for (kind, port, host) in endpoints.into_iter().flatten() {
+        if port == 0 {
+            report.error(format!("{path}.{kind}.port"), "must be 1 to 65535");
+        }
+        let bad_host = |h: &String| {
+            h.is_empty()
+                || h.len() > 253
+                || h.chars()
+                    .any(|ch| ch.is_whitespace() || ch.is_control() || "/@?#".contains(ch))
+        };
+        if host.is_some_and(bad_host) {
+            report.error(
+                format!("{path}.{kind}.host"),
+                "must be a host name or an IP address",
+            );
+        }
+    }
+    if let Some(p) = c.http.as_ref().and_then(|h| h.path.as_ref()) {
+        if !p.starts_with('/') || p.len() > 1024 || p.chars().any(|ch| ch.is_whitespace() || ch.is_control())
+        {
+            report.error(
+                format!("{path}.http.path"),
+                "must start with / and hold no spaces or control characters (at most 1024)",
+            );
+        }
+    }
+    let interval = c.interval.as_ref().and_then(|d| d.parse().ok());
+    if let Some(d) = &c.interval {
+        check_duration_within(report, &format!("{path}.interval"), d, MAX_CHECK_INTERVAL);
+        if interval.is_some_and(|i: Duration| i < MIN_CHECK_INTERVAL) {
+            report.error(format!("{path}.interval"), "must be at least 100ms");
+        }
+    }
+    if let Some(d) = &c.timeout {
+        check_duration_within(
+            report,
+            &format!("{path}.timeout"),
+            d,
+            interval.unwrap_or(MAX_CHECK_INTERVAL),
+        );
+        if d.parse().is_ok_and(|t: Duration| t.is_zero()) {
+            report.error(format!("{path}.timeout"), "must be > 0");
+        }
+    }
+    if let Some(d) = &c.initial_delay {
+        check_duration_within(report, &format!("{path}.initialDelay"), d, MAX_CHECK_INTERVAL);
+    }
+    if c.failure_threshold
+        .is_some_and(|n| n == 0 || n > MAX_FAILURE_THRESHOLD)
+    {
+        report.error(
+            format!("{path}.failureThreshold"),
+            format!("must be 1 to {MAX_FAILURE_THRESHOLD}"),
+        );
     }
 }
 
@@ -803,6 +933,80 @@ mod tests {
                 max_delay: DEFAULT_RESTART_MAX_DELAY,
                 mode: LocalRestartMode::Fail,
             })
+        );
+    }
+
+    #[test]
+    fn health_checks_name_one_probe_and_stay_bounded() {
+        use crate::task::{ExecCheck, HealthCheck, HttpCheck, TcpCheck};
+        let bad = TaskTemplate {
+            checks: vec![
+                HealthCheck::default(),
+                HealthCheck {
+                    tcp: Some(TcpCheck {
+                        port: 0,
+                        host: Some("a b".into()),
+                    }),
+                    interval: Some("10ms".into()),
+                    failure_threshold: Some(0),
+                    ..HealthCheck::default()
+                },
+                HealthCheck {
+                    http: Some(HttpCheck {
+                        port: 80,
+                        path: Some("healthz".into()),
+                        host: None,
+                    }),
+                    interval: Some("1s".into()),
+                    timeout: Some("2s".into()),
+                    ..HealthCheck::default()
+                },
+                HealthCheck {
+                    exec: Some(ExecCheck {
+                        command: " ".into(),
+                        args: vec![],
+                    }),
+                    tcp: Some(TcpCheck { port: 1, host: None }),
+                    ..HealthCheck::default()
+                },
+            ],
+            ..template()
+        };
+        assert_eq!(
+            paths(validate_task_template(&bad).unwrap_err()),
+            vec![
+                "spec.checks[0]",
+                "spec.checks[1].tcp.port",
+                "spec.checks[1].tcp.host",
+                "spec.checks[1].interval",
+                "spec.checks[1].failureThreshold",
+                "spec.checks[2].http.path",
+                "spec.checks[2].timeout",
+                "spec.checks[3]",
+                "spec.checks[3].exec.command",
+            ]
+        );
+        let good = HealthCheck {
+            http: Some(HttpCheck {
+                port: 8080,
+                path: Some("/healthz".into()),
+                host: Some("::1".into()),
+            }),
+            ..HealthCheck::default()
+        };
+        let t = TaskTemplate {
+            checks: vec![good.clone()],
+            ..template()
+        };
+        assert!(validate_task_template(&t).is_ok());
+        assert_eq!(
+            check_timing(&good),
+            CheckTiming {
+                interval: Duration::from_secs(10),
+                timeout: Duration::from_secs(2),
+                failure_threshold: 3,
+                initial_delay: Duration::from_secs(10),
+            }
         );
     }
 

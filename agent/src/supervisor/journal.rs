@@ -84,7 +84,7 @@ pub(crate) enum Record {
         /// or an agent restart; absent for the others (and in the
         /// journals of older agents).
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        resume: Option<Resume>,
+        resume: Option<Box<Resume>>,
     },
     #[serde(rename_all = "camelCase")]
     Started {
@@ -104,7 +104,7 @@ pub(crate) struct Unfinished {
     pub attempt: u32,
     pub task_dir: PathBuf,
     pub started: Option<Started>,
-    pub resume: Option<Resume>,
+    pub resume: Option<Box<Resume>>,
 }
 
 /// The live records, by task: what a rewrite writes.

@@ -25,6 +25,7 @@
 //! with a fake driver.
 
 mod artifacts;
+mod checks;
 mod containment;
 pub mod disk;
 #[cfg(test)]
@@ -193,6 +194,9 @@ pub struct Restarted {
     pub count: u32,
     /// The exit code of the process this restart replaced.
     pub last_exit_code: Option<i32>,
+    /// Why it was restarted, for a person ("exited with code 3", a failed
+    /// health check, ...).
+    pub cause: String,
     /// When it started again.
     pub at: jiff::Timestamp,
 }

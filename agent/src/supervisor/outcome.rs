@@ -39,6 +39,9 @@ pub enum StopCause {
     Shutdown,
     /// Its directory outgrew what it may take on disk (the reason says how).
     DiskLimit(String),
+    /// A health check failed too often in a row (the reason says which).
+    /// The only stop that `restart` may follow with a restart.
+    Unhealthy(String),
 }
 
 /// How the process ended.
@@ -117,6 +120,9 @@ pub fn verdict(exit: Exit, stop: Option<&StopCause>, kill_timeout: Duration) -> 
             TaskReason::DiskLimit,
             format!("stopped: {why}: {how}"),
         ),
+        Some(StopCause::Unhealthy(why)) => {
+            (TaskState::Failed, TaskReason::Unhealthy, format!("{why}; {how}"))
+        }
         None => match (exit.code, exit.signal) {
             (Some(0), None) => (TaskState::Completed, TaskReason::Completed, how),
             (_, Some(_)) => (TaskState::Failed, TaskReason::Signaled, how),

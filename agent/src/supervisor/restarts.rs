@@ -29,6 +29,8 @@ pub(crate) struct Budget {
     pub last_exit_code: Option<i32>,
     /// When the last restart started the process again.
     pub last_restart: Option<jiff::Timestamp>,
+    /// Why the process was last restarted, for a person.
+    pub last_cause: Option<String>,
 }
 
 impl Budget {
@@ -42,6 +44,7 @@ impl Budget {
             count: 0,
             last_exit_code: None,
             last_restart: None,
+            last_cause: None,
         })
     }
 

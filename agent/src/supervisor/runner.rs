@@ -49,8 +49,8 @@ struct Resumed {
     uid: Option<u32>,
 }
 use super::{
-    artifacts, failed_outcome, procfs, ready_health, reaper, recovery, Command, Offer, Restarted, Submit,
-    SupervisorConfig, SupervisorError, TaskEvent, TaskOutcome, TaskRequest,
+    artifacts, checks, failed_outcome, procfs, ready_health, reaper, recovery, Command, Offer, Restarted,
+    Submit, SupervisorConfig, SupervisorError, TaskEvent, TaskOutcome, TaskRequest,
 };
 
 /// Most output read from a pipe when its task's process has exited.
@@ -99,6 +99,14 @@ type Prep = BoxFuture<(u64, Result<Result<Prepared, Failure>, Aborted>)>;
 /// Work done on the blocking pool for the loop.
 enum Housework {
     Measured(Measurement),
+    /// A health check's probe came back (`pid`: an exec check's process,
+    /// now reaped).
+    Checked {
+        id: u64,
+        index: usize,
+        pid: Option<i32>,
+        probe: checks::Probe,
+    },
     Done,
 }
 
@@ -162,6 +170,8 @@ pub(crate) struct Runner {
     preparing: FuturesUnordered<Prep>,
     housework: FuturesUnordered<BoxFuture<Housework>>,
     http: Option<reqwest::Client>,
+    /// For HTTP health checks (follows no redirect).
+    check_http: Option<reqwest::Client>,
     disk: DiskState,
     sweeps: Sweeps,
     /// Lineages of finished tasks, for reaping their zombies.
@@ -332,6 +342,7 @@ impl Runner {
             preparing: FuturesUnordered::new(),
             housework: FuturesUnordered::new(),
             http: None,
+            check_http: None,
             disk: DiskState {
                 budget,
                 reserve,
@@ -412,11 +423,11 @@ impl Runner {
                 Some((id, stream, fd, result)) = self.pipes.next(), if !self.pipes.is_empty() => {
                     self.on_output(id, stream, fd, result);
                 }
-                Some(work) = self.housework.next(), if !self.housework.is_empty() => {
-                    if let Housework::Measured(m) = work {
-                        self.on_measured(m);
-                    }
-                }
+                Some(work) = self.housework.next(), if !self.housework.is_empty() => match work {
+                    Housework::Measured(m) => self.on_measured(m),
+                    Housework::Checked { id, index, pid, probe } => self.on_checked(id, index, pid, probe),
+                    Housework::Done => {}
+                },
                 Some(()) = recv_signal(&mut sigchld) => {
                     self.reap_orphans();
                 }
@@ -586,9 +597,11 @@ impl Runner {
         let (abort, registration) = AbortHandle::new_pair();
         // Started again from the journal after a reboot or an agent restart:
         // what has restarts on the robot and cannot have been replaced.
-        let resume = (!fenced && Budget::of(&spec).is_some()).then(|| journal::Resume {
-            name: name.clone(),
-            spec: spec.clone(),
+        let resume = (!fenced && Budget::of(&spec).is_some()).then(|| {
+            Box::new(journal::Resume {
+                name: name.clone(),
+                spec: spec.clone(),
+            })
         });
         let record = Record::Accepted {
             uid: uid.clone(),
@@ -740,7 +753,8 @@ impl Runner {
             attempt: task.attempt,
             at: started.clone(),
         };
-        let keep_prepared = task.restarts.is_some();
+        let keep_prepared = task.restarts.is_some() || !task.checks.is_empty();
+        let first_checks: Vec<Duration> = task.checks.iter().map(|c| c.timing.initial_delay).collect();
         let (uid, attempt) = (task.uid.clone(), task.attempt);
         let lineage = match cgroup {
             Some(_) => None,
@@ -771,6 +785,9 @@ impl Runner {
                 restarted = Some(Restarted {
                     count: budget.count,
                     last_exit_code: budget.last_exit_code,
+                    cause: budget.last_cause.clone().unwrap_or_else(|| {
+                        "the process had stopped while the agent or the robot restarted".to_owned()
+                    }),
                     at,
                 });
             }
@@ -794,6 +811,9 @@ impl Runner {
         self.pipes.push(output::read_next(id, Stream::Stdout, stdout));
         self.pipes.push(output::read_next(id, Stream::Stderr, stderr));
         self.journal.write(Some(record), vec![event]);
+        for (index, after) in first_checks.into_iter().enumerate() {
+            self.table.schedule(Deadline::Check(id, index), after);
+        }
     }
 
     fn on_deadline(&mut self, deadline: Deadline, at: Instant) {
@@ -805,6 +825,7 @@ impl Runner {
             Deadline::Sweep => return self.sweep(),
             Deadline::Measure => return self.measure(),
             Deadline::Restart(id) => return self.restart(id),
+            Deadline::Check(id, index) => return self.run_check(id, index),
             Deadline::Term(_) | Deadline::Kill(_) => {}
         }
         let id = match deadline {
@@ -845,7 +866,9 @@ impl Runner {
                     StopCause::Cancelled(why) => format!("cancelled ({why}) before it started"),
                     StopCause::Shutdown => "agent shutting down".to_owned(),
                     StopCause::Timeout(_) => "timed out".to_owned(),
-                    StopCause::DiskLimit(why) => format!("stopped before it started: {why}"),
+                    StopCause::DiskLimit(why) | StopCause::Unhealthy(why) => {
+                        format!("stopped before it started: {why}")
+                    }
                 };
                 self.finish_unstarted(id, TaskReason::Cancelled, message);
             }
@@ -854,7 +877,9 @@ impl Runner {
                     StopCause::Cancelled(why) => format!("cancelled ({why}) while waiting to restart"),
                     StopCause::Shutdown => "agent shutting down".to_owned(),
                     StopCause::Timeout(_) => "timed out".to_owned(),
-                    StopCause::DiskLimit(why) => format!("stopped while waiting to restart: {why}"),
+                    StopCause::DiskLimit(why) | StopCause::Unhealthy(why) => {
+                        format!("stopped while waiting to restart: {why}")
+                    }
                 };
                 let reason = match &cause {
                     StopCause::DiskLimit(_) => TaskReason::DiskLimit,
@@ -919,10 +944,13 @@ impl Runner {
             }
         };
         let mut v = verdict(exit, task.stop.as_ref(), task.kill_timeout);
-        // Restarted on the robot unless it was stopped on purpose.
+        // Restarted on the robot unless it was stopped on purpose (a failed
+        // health check is a failure like any other).
         let restart = match (&task.stop, task.restarts.as_mut()) {
-            (None, Some(budget)) => {
-                budget.after_exit(v.state == TaskState::Completed, v.exit_code, Instant::now())
+            (None | Some(StopCause::Unhealthy(_)), Some(budget)) => {
+                let wait = budget.after_exit(v.state == TaskState::Completed, v.exit_code, Instant::now());
+                budget.last_cause = Some(v.message.clone());
+                wait
             }
             _ => None,
         };
@@ -1033,6 +1061,116 @@ impl Runner {
         // needs it back (its logs stay, they are bounded).
         let free_work = matches!(task.stop, Some(StopCause::DiskLimit(_)));
         self.end(task.uid, task.attempt, outcome, free_work);
+    }
+
+    /// Runs health check `index` of a running task; its probe comes back
+    /// as housework.
+    fn run_check(&mut self, id: u64, index: usize) {
+        let Some(task) = self.table.get(id) else {
+            return;
+        };
+        let (Phase::Running(_), None, Some(check)) = (&task.phase, &task.stop, task.checks.get(index)) else {
+            return;
+        };
+        let timeout = check.timing.timeout;
+        let spec = check.spec.clone();
+        let done = move |probe: checks::Probe, pid: Option<i32>| Housework::Checked {
+            id,
+            index,
+            pid,
+            probe,
+        };
+        if let Some(tcp) = spec.tcp {
+            let probe = checks::tcp(tcp.host, tcp.port, timeout);
+            self.housework
+                .push(Box::pin(async move { done(probe.await, None) }));
+        } else if let Some(http) = spec.http {
+            let client = match &self.check_http {
+                Some(client) => client.clone(),
+                None => match checks::http_client() {
+                    Ok(client) => self.check_http.insert(client).clone(),
+                    Err(why) => return self.on_checked(id, index, None, Err(why)),
+                },
+            };
+            let probe = checks::http(client, http.host, http.port, http.path, timeout);
+            self.housework
+                .push(Box::pin(async move { done(probe.await, None) }));
+        } else if let Some(exec) = spec.exec {
+            match self.start_exec_check(id, exec) {
+                Ok(process) => {
+                    let pid = process.pid as i32;
+                    self.owned_pids.insert(pid);
+                    self.housework.push(Box::pin(async move {
+                        let probe = checks_exec(process, timeout).await;
+                        done(probe, Some(pid))
+                    }));
+                }
+                Err(why) => self.on_checked(id, index, None, Err(why)),
+            }
+        }
+    }
+
+    /// Starts an exec check's command as the task runs: its driver, user,
+    /// directory and environment; output discarded.
+    fn start_exec_check(&self, id: u64, exec: k8s4r_api::ExecCheck) -> Result<Process, String> {
+        let task = self.table.get(id).ok_or("the task is gone")?;
+        let prepared = task.prepared.as_ref().ok_or("the task was not prepared")?;
+        let template = TaskTemplate {
+            command: exec.command,
+            args: exec.args,
+            ..task.template.clone()
+        };
+        let null = |what: &str| {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/null")
+                .map(std::os::fd::OwnedFd::from)
+                .map_err(|e| format!("cannot open /dev/null for the check's {what}: {e}"))
+        };
+        let extra_env = vec![
+            (names::ENV_TASK_UID.to_owned(), task.uid.clone()),
+            (names::ENV_TASK_ATTEMPT.to_owned(), task.attempt.to_string()),
+            (names::ENV_TASK_NAME.to_owned(), task.name.clone()),
+            (
+                names::ENV_TASK_DIR.to_owned(),
+                prepared.task_dir.display().to_string(),
+            ),
+        ];
+        self.launchers[task.driver]
+            .start(Launch {
+                template: &template,
+                prepared,
+                extra_env: &extra_env,
+                stdout: null("stdout")?,
+                stderr: null("stderr")?,
+                cgroup: None,
+            })
+            .map_err(|e| format!("cannot run the check: {e}"))
+    }
+
+    /// A probe came back: count it, stop the task if it made it unhealthy,
+    /// else check again after the interval.
+    fn on_checked(&mut self, id: u64, index: usize, pid: Option<i32>, probe: checks::Probe) {
+        if let Some(pid) = pid {
+            self.owned_pids.remove(&pid);
+        }
+        let Some(task) = self.table.get_mut(id) else {
+            return;
+        };
+        if !task.is_running() || task.stop.is_some() {
+            return;
+        }
+        let Some(check) = task.checks.get_mut(index) else {
+            return;
+        };
+        let interval = check.timing.interval;
+        match check.record(probe) {
+            Some(why) => {
+                tracing::warn!(uid = %task.uid, attempt = task.attempt, %why, "task unhealthy; stopping it");
+                self.stop(id, StopCause::Unhealthy(why));
+            }
+            None => self.table.schedule(Deadline::Check(id, index), interval),
+        }
     }
 
     /// Starts again a task that was waiting to restart.
@@ -1433,6 +1571,29 @@ struct PrepInput {
     keep_dir: bool,
     client: Option<reqwest::Client>,
     limits: artifacts::Limits,
+}
+
+/// Waits for an exec check's process: healthy when it exits 0 within
+/// `timeout`; killed (and reaped) when it does not.
+async fn checks_exec(process: Process, timeout: Duration) -> checks::Probe {
+    let Process { exit, group, .. } = process;
+    tokio::pin!(exit);
+    match tokio::time::timeout(timeout, &mut exit).await {
+        Ok(Ok(status)) if status.success() => Ok(()),
+        Ok(Ok(status)) => Err(format!(
+            "the check command {}",
+            verdict(Exit::from(status), None, Duration::ZERO).message
+        )),
+        Ok(Err(e)) => Err(format!("cannot wait for the check command: {e}")),
+        Err(_) => {
+            group.signal(Signal::SIGKILL);
+            let _ = exit.await;
+            Err(format!(
+                "the check command did not finish within {}",
+                k8s4r_api::duration::format_duration(timeout)
+            ))
+        }
+    }
 }
 
 /// Makes the task's directory, resolves its user, lets the driver prepare

@@ -37,6 +37,7 @@ use nix::sys::signal::Signal;
 use tokio::time::Instant;
 use tokio_util::time::{delay_queue, DelayQueue};
 
+use super::checks::Check;
 use super::containment::Lineage;
 use super::journal;
 use super::outcome::StopCause;
@@ -70,6 +71,8 @@ pub(crate) enum Deadline {
     Measure,
     /// Start a task waiting to restart.
     Restart(u64),
+    /// Run health check `.1` of a running task.
+    Check(u64, usize),
 }
 
 pub(crate) enum Phase {
@@ -127,6 +130,8 @@ pub(crate) struct Task {
     /// It is an attempt of the previous run, started again from the
     /// journal: its first start here counts as a restart.
     pub resumed: bool,
+    /// Its health checks.
+    pub checks: Vec<Check>,
     /// When its timeout is due, once it runs.
     due: Option<Instant>,
     /// The pending timer, if any (cleared when it fires).
@@ -153,6 +158,7 @@ impl Task {
             disk_limit: new.template.disk_bytes(),
             disk_used: 0,
             restarts: Budget::of(&new.template),
+            checks: Check::all_of(&new.template),
             uid: new.uid,
             attempt: new.attempt,
             name: new.name,
@@ -352,7 +358,11 @@ impl Table {
         let (id, signal) = match deadline {
             Deadline::Term(id) => (id, Signal::SIGTERM),
             Deadline::Kill(id) => (id, Signal::SIGKILL),
-            Deadline::Cleanup | Deadline::Sweep | Deadline::Measure | Deadline::Restart(_) => return None,
+            Deadline::Cleanup
+            | Deadline::Sweep
+            | Deadline::Measure
+            | Deadline::Restart(_)
+            | Deadline::Check(..) => return None,
         };
         let task = self.tasks.get_mut(&id)?;
         task.timer = None;
@@ -415,6 +425,11 @@ impl Table {
     pub(crate) fn wait_to_restart(&mut self, mut task: Task, wait: Duration) -> u64 {
         task.phase = Phase::Waiting;
         task.due = None;
+        // The next run starts afresh: not being stopped, checks passing.
+        task.stop = None;
+        for check in &mut task.checks {
+            check.reset();
+        }
         let id = self.insert(task);
         let timer = self.timers.insert(Deadline::Restart(id), wait.min(HORIZON));
         if let Some(task) = self.tasks.get_mut(&id) {

@@ -627,9 +627,11 @@ fn leave_journal(state_dir: &std::path::Path, uid: &str, spec: &TaskTemplate, re
             uid: uid.to_owned(),
             attempt: 1,
             task_dir,
-            resume: resume.then(|| Resume {
-                name: uid.to_owned(),
-                spec: spec.clone(),
+            resume: resume.then(|| {
+                Box::new(Resume {
+                    name: uid.to_owned(),
+                    spec: spec.clone(),
+                })
             }),
         },
         Record::Started {
@@ -713,4 +715,76 @@ async fn a_fenced_service_is_not_recorded_to_resume() {
     };
     assert!(accepted("f").get("resume").is_none(), "{journal}");
     assert_eq!(accepted("u")["resume"]["spec"]["kind"], "service", "{journal}");
+}
+
+/// `spec` with one TCP health check on `port` every second, unhealthy at
+/// the second failure in a row.
+fn tcp_checked(mut spec: TaskTemplate, port: u16) -> TaskTemplate {
+    spec.checks = vec![k8s4r_api::HealthCheck {
+        tcp: Some(k8s4r_api::TcpCheck { port, host: None }),
+        interval: Some(DurationString::from("1s")),
+        failure_threshold: Some(2),
+        ..k8s4r_api::HealthCheck::default()
+    }];
+    spec
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failing_health_check_stops_the_service_and_it_is_restarted() {
+    let mut s = Harness::start();
+    // A port nothing listens on.
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let spec = tcp_checked(
+        restarting(task("sleep"), TaskKind::Service, 1, LocalRestartMode::Fail),
+        port,
+    );
+    let t0 = s.run("hc", spec).await;
+    let r = s.restarted("hc").await;
+    // First check at 1s, second at 2s: unhealthy, SIGTERM; restart 1s later.
+    assert_eq!(
+        s.fake.signals_while_alive("hc", 1).first().map(|(sig, _)| *sig),
+        Some(Signal::SIGTERM)
+    );
+    assert!(
+        Instant::now() >= t0 + Duration::from_secs(3),
+        "restarted too early"
+    );
+    assert!(
+        r.cause.contains(&format!(
+            "health check tcp 127.0.0.1:{port} failed 2 times in a row"
+        )),
+        "{}",
+        r.cause
+    );
+    // Still failing: its one restart is used up, and the attempt fails as unhealthy.
+    let outcome = s.finished("hc").await;
+    assert_eq!(
+        (outcome.state, outcome.reason),
+        (TaskState::Failed, TaskReason::Unhealthy)
+    );
+    assert!(outcome.message.contains("health check"), "{}", outcome.message);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_passing_health_check_leaves_the_service_alone() {
+    let mut s = Harness::start();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let spec = tcp_checked(
+        restarting(task("sleep"), TaskKind::Service, 1, LocalRestartMode::Fail),
+        port,
+    );
+    s.run("ok", spec).await;
+    for _ in 0..10 {
+        let (conn, _) = tokio::time::timeout(Duration::from_secs(5), listener.accept())
+            .await
+            .expect("a check")
+            .unwrap();
+        drop(conn);
+    }
+    assert!(s.fake.signals_while_alive("ok", 1).is_empty());
+    assert_eq!(s.fake.starts(), 1);
 }

@@ -1,0 +1,195 @@
+//! Health checks of a running task (its `checks`): what each one is, how
+//! its failures add up, and the TCP and HTTP probes. The runner runs them
+//! (an exec check goes through the task's own driver) and stops a task
+//! whose check failed `failureThreshold` times in a row; `restart` then
+//! decides whether it runs again.
+
+use std::time::Duration;
+
+use k8s4r_api::validation::{check_timing, CheckTiming};
+use k8s4r_api::{HealthCheck, TaskTemplate};
+
+/// Where TCP and HTTP checks go when they name no host: the robot itself.
+const LOCALHOST: &str = "127.0.0.1";
+
+/// One check of one task, and its failures in a row.
+#[derive(Clone, Debug)]
+pub(crate) struct Check {
+    pub spec: HealthCheck,
+    pub timing: CheckTiming,
+    /// For messages: its name, or what it checks.
+    pub label: String,
+    failures: u32,
+}
+
+/// What one probe found.
+pub(crate) type Probe = Result<(), String>;
+
+impl Check {
+    /// The checks of a task.
+    pub(crate) fn all_of(template: &TaskTemplate) -> Vec<Check> {
+        template
+            .checks
+            .iter()
+            .map(|spec| Check {
+                timing: check_timing(spec),
+                label: label_of(spec),
+                spec: spec.clone(),
+                failures: 0,
+            })
+            .collect()
+    }
+
+    /// Forgets its failures (a new run of the task).
+    pub(crate) fn reset(&mut self) {
+        self.failures = 0;
+    }
+
+    /// Counts a probe; the reason to stop the task when this failure made
+    /// it unhealthy.
+    pub(crate) fn record(&mut self, probe: Probe) -> Option<String> {
+        match probe {
+            Ok(()) => {
+                self.failures = 0;
+                None
+            }
+            Err(why) => {
+                self.failures += 1;
+                (self.failures >= self.timing.failure_threshold).then(|| {
+                    format!(
+                        "health check {} failed {} time{} in a row: {why}",
+                        self.label,
+                        self.failures,
+                        if self.failures == 1 { "" } else { "s" }
+                    )
+                })
+            }
+        }
+    }
+}
+
+fn label_of(spec: &HealthCheck) -> String {
+    if let Some(name) = &spec.name {
+        return format!("{name:?}");
+    }
+    if let Some(exec) = &spec.exec {
+        return format!("exec {}", exec.command);
+    }
+    if let Some(tcp) = &spec.tcp {
+        return format!("tcp {}:{}", tcp.host.as_deref().unwrap_or(LOCALHOST), tcp.port);
+    }
+    if let Some(http) = &spec.http {
+        return format!(
+            "http {}:{}{}",
+            http.host.as_deref().unwrap_or(LOCALHOST),
+            http.port,
+            http.path.as_deref().unwrap_or("/")
+        );
+    }
+    "(empty)".to_owned()
+}
+
+/// Connects to `host:port` within `timeout`.
+pub(crate) async fn tcp(host: Option<String>, port: u16, timeout: Duration) -> Probe {
+    let host = host.unwrap_or_else(|| LOCALHOST.to_owned());
+    match tokio::time::timeout(timeout, tokio::net::TcpStream::connect((host.as_str(), port))).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(format!("cannot connect: {e}")),
+        Err(_) => Err(format!(
+            "no connection within {}",
+            k8s4r_api::duration::format_duration(timeout)
+        )),
+    }
+}
+
+/// A client for HTTP checks: no redirects followed (a 3xx is healthy).
+pub(crate) fn http_client() -> Result<reqwest::Client, String> {
+    k8s4r_mqtt::install_crypto_provider();
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .map_err(|e| format!("cannot build an HTTP client: {e}"))
+}
+
+/// GETs `http://host:port/path` within `timeout`: healthy on 2xx and 3xx.
+pub(crate) async fn http(
+    client: reqwest::Client,
+    host: Option<String>,
+    port: u16,
+    path: Option<String>,
+    timeout: Duration,
+) -> Probe {
+    let host = host.unwrap_or_else(|| LOCALHOST.to_owned());
+    // An IPv6 literal goes in brackets in a URL.
+    let host = if host.contains(':') {
+        format!("[{host}]")
+    } else {
+        host
+    };
+    let url = format!("http://{host}:{port}{}", path.as_deref().unwrap_or("/"));
+    let response = client
+        .get(&url)
+        .timeout(timeout)
+        .send()
+        .await
+        .map_err(|e| format!("GET {url}: {e}"))?;
+    let status = response.status();
+    if status.is_success() || status.is_redirection() {
+        Ok(())
+    } else {
+        Err(format!("GET {url} answered {status}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s4r_api::TcpCheck;
+
+    fn check(threshold: u32) -> Check {
+        let spec = HealthCheck {
+            tcp: Some(TcpCheck { port: 1, host: None }),
+            failure_threshold: Some(threshold),
+            ..HealthCheck::default()
+        };
+        Check::all_of(&TaskTemplate {
+            checks: vec![spec],
+            ..TaskTemplate::default()
+        })
+        .remove(0)
+    }
+
+    #[test]
+    fn failures_in_a_row_make_it_unhealthy_and_a_success_starts_over() {
+        let mut c = check(3);
+        assert_eq!(c.record(Err("refused".into())), None);
+        assert_eq!(c.record(Err("refused".into())), None);
+        assert_eq!(c.record(Ok(())), None);
+        assert_eq!(c.record(Err("refused".into())), None);
+        assert_eq!(c.record(Err("refused".into())), None);
+        assert_eq!(
+            c.record(Err("refused".into())).as_deref(),
+            Some("health check tcp 127.0.0.1:1 failed 3 times in a row: refused")
+        );
+    }
+
+    #[tokio::test]
+    async fn tcp_and_http_probes_tell_a_listener_from_none() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        assert!(tcp(None, port, Duration::from_secs(2)).await.is_ok());
+        drop(listener);
+        let refused = tcp(None, port, Duration::from_secs(2)).await.unwrap_err();
+        assert!(refused.contains("cannot connect"), "{refused}");
+        let client = http_client().unwrap();
+        let down = http(
+            client,
+            None,
+            port,
+            Some("/healthz".into()),
+            Duration::from_secs(2),
+        )
+        .await;
+        assert!(down.unwrap_err().contains("/healthz"));
+    }
+}
