@@ -72,6 +72,12 @@ impl Outbox {
     /// `.bad` suffix rather than blocking the queue.
     pub fn open(dir: &Path, max_entries: usize) -> Result<Outbox, OutboxError> {
         fs::create_dir_all(dir).map_err(io("create", dir))?;
+        // Statuses carry tasks' output: root's alone, as the state directory
+        // is traversable by task users.
+        {
+            use std::os::unix::fs::PermissionsExt;
+            fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).map_err(io("protect", dir))?;
+        }
         let seq_path = dir.join(SEQ_FILE);
         let reserved = match fs::read_to_string(&seq_path) {
             Ok(text) => text.trim().parse::<u64>().unwrap_or_else(|_| {
@@ -281,6 +287,11 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let dir = root.path().join("outbox");
         let mut ob = Outbox::open(&dir, 100).unwrap();
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = fs::metadata(&dir).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o700, "statuses carry output: root's alone");
+        }
         let a = ob.push(update("a", 1, TaskState::Running)).unwrap();
         // The disk goes away (full, unmounted): the write fails.
         std::fs::remove_dir_all(&dir).unwrap();

@@ -165,6 +165,17 @@ fn apply(live: &mut Live, record: Record) {
     }
 }
 
+/// Options for the journal's files: readable by root alone from their
+/// creation. The state directory is traversable by task users (they walk
+/// to their own directories), and the journal holds every task's spec,
+/// environment included.
+fn private() -> OpenOptions {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut options = OpenOptions::new();
+    options.mode(0o600);
+    options
+}
+
 fn records_of(live: &Live) -> Vec<Record> {
     let mut out = Vec::with_capacity(live.len() * 2);
     for task in live.values() {
@@ -430,7 +441,7 @@ impl Writer {
             Some(file) => file,
             None => self
                 .file
-                .insert(OpenOptions::new().create(true).append(true).open(&self.path)?),
+                .insert(private().create(true).append(true).open(&self.path)?),
         };
         file.write_all(lines)
     }
@@ -440,7 +451,7 @@ impl Writer {
     fn rewrite(&mut self) -> io::Result<()> {
         let tmp = self.path.with_extension("jsonl.tmp");
         let written = (|| {
-            let mut out = io::BufWriter::new(File::create(&tmp)?);
+            let mut out = io::BufWriter::new(private().write(true).create(true).truncate(true).open(&tmp)?);
             for record in records_of(&self.live) {
                 serde_json::to_writer(&mut out, &record).map_err(io::Error::other)?;
                 out.write_all(b"\n")?;
@@ -554,6 +565,14 @@ mod tests {
             vec![],
         );
         journal.event(event("y"));
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(dir.path().join(FILE_NAME))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600, "the journal holds specs: root's alone");
+        }
         // When the event arrives, its record is in the file.
         let first = rx.blocking_recv().unwrap();
         assert_eq!(first.uid(), "x");
