@@ -44,7 +44,15 @@ fi
 install -m 0644 "$here/k8s4r-agent.service" /etc/systemd/system/k8s4r-agent.service
 systemctl daemon-reload
 if [ "$start" -eq 1 ]; then
-    systemctl enable --now k8s4r-agent
+    if systemctl is-active --quiet k8s4r-agent; then
+        # An upgrade: the new binary takes over. Services keep running (the
+        # new agent re-adopts them); batch tasks are stopped and reported.
+        echo "install.sh: restarting k8s4r-agent on the new binary (services keep running)"
+        systemctl enable k8s4r-agent
+        systemctl restart k8s4r-agent
+    else
+        systemctl enable --now k8s4r-agent
+    fi
     systemctl --no-pager status k8s4r-agent || true
 else
     systemctl enable k8s4r-agent

@@ -6,8 +6,8 @@
 //!   service writes both times itself, from the same clock). Its `restart`
 //!   asks for no delay (`delay: 0s`), so the figure is the agent's own
 //!   cost; median of 20 restarts, the slowest printed beside it.
-//! - `cold_boot_offline_s`: the agent was SIGKILLed (as in a power cut)
-//!   while the service ran and starts again with no broker; time from
+//! - `cold_boot_offline_s`: the agent and the service were SIGKILLed (as
+//!   in a power cut) and the agent starts again with no broker; time from
 //!   starting the agent binary to the service running again. Median of 5.
 //!
 //! Run: `cargo bench -p k8s4r-agent --bench services`
@@ -77,10 +77,11 @@ fn service(uid: &str, dir: &Path) -> k8s4r_api::protocol::Dispatch {
     let log = dir.join("marks");
     let crash = dir.join("crash");
     let script = format!(
-        "echo start $(date +%s%N) >> {log}; \
+        "echo $$ > {pid}; echo start $(date +%s%N) >> {log}; \
          while [ ! -e {crash} ]; do sleep 0.005; done; \
          rm -f {crash}; echo exit $(date +%s%N) >> {log}; exit 1",
         log = log.display(),
+        pid = dir.join("pid").display(),
         crash = crash.display()
     );
     let mut dispatch = shell_dispatch(uid, 1, &script);
@@ -139,7 +140,12 @@ async fn cold_boot(run: usize) -> f64 {
     let robot = format!("bench-boot-{run}");
     let (broker, mut agent) = running_offline(&robot, tmp.path()).await;
     agent.kill();
+    // The service dies with the power too (an agent restart alone would
+    // leave it running, re-adopted).
     let log = tmp.path().join("marks");
+    let pid = std::fs::read_to_string(tmp.path().join("pid")).expect("the service's pid");
+    let pid: i32 = pid.trim().parse().expect("a pid");
+    let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
     let before = now_ns();
     let _agent = Agent::start(&broker, &robot, &tmp.path().join("state"), &[]);
     let started = eventually("the service running after the agent's start", LONG, || {

@@ -11,7 +11,20 @@ use tokio_util::sync::CancellationToken;
 pub fn main() -> ExitCode {
     let args = Args::parse();
     let check_only = args.check_config;
+    let stop_left = args.stop_left_tasks;
     let config = match args.load() {
+        Ok(config) if stop_left => {
+            return match crate::supervisor::stop_left_tasks(&config.supervisor.state_dir) {
+                Ok(n) => {
+                    println!("k8s4r-agent: {n} task(s) left by the agent stopped");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("k8s4r-agent: cannot read the journal: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
         Ok(config) if check_only => {
             println!(
                 "k8s4r-agent: configuration ok: robot {}, broker {}:{}{}, state dir {}",
@@ -60,6 +73,8 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
     // This process starts no children but its tasks: every zombie it
     // inherits as their subreaper is theirs.
     config.supervisor.reap_all_orphans = true;
+    // An agent restart (an upgrade) re-adopts its services.
+    config.supervisor.leave_services_running = true;
     let shutdown = CancellationToken::new();
     let (handle, session) = crate::agent::start(&config, shutdown.clone())?;
     tokio::spawn(signals(shutdown));

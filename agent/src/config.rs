@@ -81,6 +81,12 @@ pub struct Args {
     #[arg(long)]
     pub check_config: bool,
 
+    /// Kill what is left of the tasks an agent that ended left running,
+    /// except the services the next agent re-adopts, and exit (the unit's
+    /// ExecStopPost: systemd itself leaves task processes alone).
+    #[arg(long)]
+    pub stop_left_tasks: bool,
+
     /// The settings, also accepted in the config file.
     #[command(flatten)]
     pub settings: Settings,
@@ -604,6 +610,7 @@ impl Config {
             disk_budget: s.disk_budget.unwrap_or(defaults.disk_budget),
             disk_reserve: s.disk_reserve.or(defaults.disk_reserve),
             reap_all_orphans: defaults.reap_all_orphans,
+            leave_services_running: defaults.leave_services_running,
         };
 
         Ok(Config {

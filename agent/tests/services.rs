@@ -11,6 +11,24 @@ use support::{eventually, shell_dispatch, Agent, Broker, Server};
 
 const LONG: Duration = Duration::from_secs(30);
 
+/// Kills, when dropped, the process groups of the pids listed in these
+/// files: services outlive the agent, and a test must not leave them
+/// behind, passed or failed.
+struct Services(Vec<std::path::PathBuf>);
+
+impl Drop for Services {
+    fn drop(&mut self) {
+        for file in &self.0 {
+            for pid in pids_in(file) {
+                let _ = nix::sys::signal::killpg(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_service_crashing_while_cut_off_is_restarted_each_time_and_reports_it_after_the_network_heals() {
     let mut broker = Broker::start();
@@ -23,6 +41,7 @@ async fn a_service_crashing_while_cut_off_is_restarted_each_time_and_reports_it_
     // `go` exists, so that they crash while the broker is down); the
     // fourth stays up.
     let starts = tmp.path().join("starts");
+    let _services = Services(vec![starts.clone()]);
     let go = tmp.path().join("go");
     let script = format!(
         "echo $$ >> {starts}; while [ ! -e {go} ]; do sleep 0.05; done; \
@@ -99,7 +118,7 @@ fn pids_in(path: &std::path::Path) -> Vec<i32> {
 }
 
 #[tokio::test]
-async fn a_service_runs_again_within_five_seconds_of_an_agent_restart_without_a_broker() {
+async fn a_service_runs_again_within_five_seconds_after_a_power_cut_without_a_broker() {
     let mut broker = Broker::start();
     let mut server = Server::connect(&broker, "rs2").await;
     let tmp = tempfile::tempdir().unwrap();
@@ -107,6 +126,7 @@ async fn a_service_runs_again_within_five_seconds_of_an_agent_restart_without_a_
     let mut agent = Agent::start(&broker, "rs2", &state, &[]);
     server.approve("rs2").await;
     let starts = tmp.path().join("starts");
+    let _services = Services(vec![starts.clone()]);
     server
         .publish(
             server.topics.dispatch("rs2"),
@@ -117,10 +137,14 @@ async fn a_service_runs_again_within_five_seconds_of_an_agent_restart_without_a_
     assert_eq!(running.state, TaskState::Running);
     let first = eventually("the service's pid", LONG, || pids_in(&starts).first().copied()).await;
 
-    // The robot loses the broker, then its agent dies without a word (as in
-    // a power cut, or an OOM kill) and comes back with no broker.
+    // The robot loses the broker, then loses power: the agent and the
+    // service die without a word, and the agent comes back with no broker.
     broker.stop();
     agent.kill();
+    let _ = nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(first),
+        nix::sys::signal::Signal::SIGKILL,
+    );
     let started = std::time::Instant::now();
     let _agent = Agent::start(&broker, "rs2", &state, &[]);
     let second = eventually("the service started again", LONG, || {
@@ -165,6 +189,7 @@ async fn a_failing_exec_health_check_restarts_the_service_and_says_why() {
     let _agent = Agent::start(&broker, "rs3", &tmp.path().join("state"), &[]);
     server.approve("rs3").await;
     let starts = tmp.path().join("starts");
+    let _services = Services(vec![starts.clone()]);
     let sick = tmp.path().join("sick");
     let mut dispatch = staying_service("u-hc", &starts);
     dispatch.spec.restart = Some(LocalRestart {
@@ -219,4 +244,126 @@ async fn a_failing_exec_health_check_restarts_the_service_and_says_why() {
         gone.then_some(())
     })
     .await;
+}
+
+#[tokio::test]
+async fn an_agent_restart_leaves_a_service_running_and_still_enforces_its_timeout() {
+    let broker = Broker::start();
+    let mut server = Server::connect(&broker, "rs4").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let mut agent = Agent::start(&broker, "rs4", &state, &[]);
+    server.approve("rs4").await;
+    let starts = tmp.path().join("starts");
+    let _services = Services(vec![starts.clone()]);
+    // It writes all the time: with its output piped through the agent it
+    // would die of SIGPIPE once the agent is gone.
+    let script = format!(
+        "echo $$ >> {}; while true; do echo tick; sleep 0.05; done",
+        starts.display()
+    );
+    let mut dispatch = shell_dispatch("u-keep", 1, &script);
+    dispatch.spec.kind = TaskKind::Service;
+    dispatch.spec.timeout = Some(DurationString::from("6s"));
+    dispatch.spec.kill_timeout = Some(DurationString::from("1s"));
+    server
+        .publish(server.topics.dispatch("rs4"), encode(&dispatch))
+        .await;
+    let running: StatusUpdate = server.next("/tasks/u-keep/status", LONG).await.decode();
+    assert_eq!(running.state, TaskState::Running);
+    let pid = eventually("the service's pid", LONG, || pids_in(&starts).first().copied()).await;
+    let alive = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|s| s.split_whitespace().nth(2) != Some("Z"))
+    };
+
+    // An upgrade: SIGTERM, the agent exits, a new one starts.
+    agent.signal(nix::sys::signal::Signal::SIGTERM);
+    eventually("the agent to exit", LONG, || (!agent.is_running()).then_some(())).await;
+    assert!(alive(pid), "the service died with the agent");
+    let log = state.join("tasks/u-keep-1/logs/stdout.log");
+    let size = std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
+    eventually("the service still writing its log with no agent", LONG, || {
+        (std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0) > size).then_some(())
+    })
+    .await;
+    let _agent = Agent::start(&broker, "rs4", &state, &[]);
+    server.approve("rs4").await;
+
+    // The same process, and its timeout (6s from its start) still holds.
+    let updates = server.statuses_until_terminal("u-keep", LONG).await;
+    let last = updates.last().unwrap();
+    assert_eq!(
+        (last.state, last.reason),
+        (TaskState::Failed, Some(k8s4r_api::TaskReason::Timeout)),
+        "{updates:#?}"
+    );
+    assert_eq!(
+        pids_in(&starts),
+        vec![pid],
+        "it was started again instead of re-adopted"
+    );
+    assert!(!alive(pid), "the timed-out service still runs");
+    assert!(
+        last.output_tail.as_deref().unwrap_or_default().contains("tick"),
+        "{last:#?}"
+    );
+}
+
+#[tokio::test]
+async fn after_an_agent_crash_stop_left_tasks_kills_batch_tasks_and_spares_services() {
+    let broker = Broker::start();
+    let mut server = Server::connect(&broker, "rs5").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let mut agent = Agent::start(&broker, "rs5", &state, &[]);
+    server.approve("rs5").await;
+    let service_pids = tmp.path().join("service");
+    let batch_pids = tmp.path().join("batch");
+    let _services = Services(vec![service_pids.clone(), batch_pids.clone()]);
+    server
+        .publish(
+            server.topics.dispatch("rs5"),
+            encode(&staying_service("u-svc5", &service_pids)),
+        )
+        .await;
+    let batch = shell_dispatch(
+        "u-batch5",
+        1,
+        &format!("echo $$ >> {}; exec sleep 600", batch_pids.display()),
+    );
+    server
+        .publish(server.topics.dispatch("rs5"), encode(&batch))
+        .await;
+    let service = eventually("the service's pid", LONG, || {
+        pids_in(&service_pids).first().copied()
+    })
+    .await;
+    let batch = eventually("the batch task's pid", LONG, || {
+        pids_in(&batch_pids).first().copied()
+    })
+    .await;
+
+    agent.kill();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_k8s4r-agent"))
+        .args([
+            "--config",
+            "/dev/null",
+            "--broker-url",
+            &broker.url(),
+            "--robot-id",
+            "rs5",
+        ])
+        .arg("--state-dir")
+        .arg(&state)
+        .arg("--stop-left-tasks")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let alive = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|s| s.split_whitespace().nth(2) != Some("Z"))
+    };
+    eventually("the batch task killed", LONG, || (!alive(batch)).then_some(())).await;
+    assert!(alive(service), "the service was killed too");
 }

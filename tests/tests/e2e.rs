@@ -407,8 +407,9 @@ async fn a_service_restarted_on_its_robot_shows_its_restarts_and_keeps_running()
     let counter = env.scratch.join("service-runs");
     // Crashes on its first two runs, then stays up.
     let script = format!(
-        "n=$(cat {c} 2>/dev/null || echo 0); n=$((n+1)); echo $n > {c}; [ $n -ge 3 ] || exit 7; exec sleep 600",
-        c = counter.display()
+        "n=$(cat {c} 2>/dev/null || echo 0); n=$((n+1)); echo $n > {c}; [ $n -ge 3 ] || exit 7; echo $$ > {p}; exec sleep 600",
+        c = counter.display(),
+        p = env.scratch.join("service-pid").display()
     );
     let mut task = sh(&script, "1h");
     task["kind"] = serde_json::json!("service");
@@ -448,7 +449,14 @@ async fn a_service_restarted_on_its_robot_shows_its_restarts_and_keeps_running()
     // A service never completes: the Job stays running.
     let job = env.jobs().get("svc").await.expect("the Job");
     assert_eq!(job.status.and_then(|s| s.state), Some(WorkState::Running));
+    let pid = std::fs::read_to_string(env.scratch.join("service-pid"))
+        .ok()
+        .and_then(|p| p.trim().parse::<i32>().ok());
     env.stop().await;
+    // Services outlive their agent (it would re-adopt them): end this one.
+    if let Some(pid) = pid {
+        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+    }
 }
 
 /// Sets the count of the Job's first group, retrying on a conflict.

@@ -282,6 +282,40 @@ fn rename_if_exists(from: &Path, to: &Path) -> io::Result<()> {
     }
 }
 
+/// Rotates a log file another process writes: a service's, opened with
+/// `O_APPEND` and handed to it, so that its output reaches the disk with or
+/// without the agent. Once the file holds `max_bytes`, its content is
+/// copied to `.1` (older ones shifted, `max_files` kept in all) and it is
+/// truncated in place; the writer goes on at its start. What it writes
+/// between the copy and the truncation is lost. Blocking.
+pub(crate) fn rotate_shared(path: &Path, max_bytes: u64, max_files: u32) -> io::Result<()> {
+    let len = match fs::metadata(path) {
+        Ok(meta) => meta.len(),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    if len < max_bytes {
+        return Ok(());
+    }
+    let kept = max_files.saturating_sub(1);
+    if kept > 0 {
+        remove_if_exists(&numbered(path, kept))?;
+        for i in (1..kept).rev() {
+            rename_if_exists(&numbered(path, i), &numbered(path, i + 1))?;
+        }
+        fs::copy(path, numbered(path, 1))?;
+    }
+    OpenOptions::new().write(true).open(path)?.set_len(0)
+}
+
+/// The last `max` bytes of a task's output from its log files: stdout's,
+/// then stderr's.
+pub(crate) fn files_tail(logs_dir: &Path, max: usize) -> Vec<u8> {
+    let mut tail = read_tail(&logs_dir.join(Stream::Stdout.file_name()), max);
+    tail.extend(read_tail(&logs_dir.join(Stream::Stderr.file_name()), max));
+    tail.split_off(tail.len().saturating_sub(max))
+}
+
 /// The last `max` bytes of a file (for the output tail of a task found in
 /// the journal after a restart).
 pub(crate) fn read_tail(path: &Path, max: usize) -> Vec<u8> {

@@ -95,6 +95,12 @@ pub struct SupervisorConfig {
     /// other children); wrong where the supervisor shares its process
     /// with code that waits for children of its own.
     pub reap_all_orphans: bool,
+    /// On shutdown, leave services running (those the journal can start
+    /// again) for the next agent to re-adopt, instead of stopping them.
+    /// Right for the agent's own process under systemd (an upgrade must
+    /// not stop a navigation stack); wrong where the supervisor's process
+    /// ends for good, as `k8s4r up`'s does.
+    pub leave_services_running: bool,
 }
 
 /// The disk reserve when none is configured (capped at 5% of a small disk).
@@ -129,6 +135,7 @@ impl Default for SupervisorConfig {
             disk_budget: DiskSize::Percent(50),
             disk_reserve: None,
             reap_all_orphans: false,
+            leave_services_running: false,
         }
     }
 }
@@ -347,6 +354,26 @@ impl SupervisorHandle {
             let _ = rx.await;
         }
     }
+}
+
+/// Kills what is left of the tasks an agent that ended left behind, except
+/// the services the next agent re-adopts; returns how many it found. For
+/// the unit's `ExecStopPost`: with `KillMode=process` systemd leaves the
+/// task processes of a crashed agent alone, and a batch task or a fenced
+/// service must not run on unsupervised until (or unless) the next agent
+/// starts. The journal is left as it is: the next agent reports them.
+pub fn stop_left_tasks(state_dir: &std::path::Path) -> std::io::Result<usize> {
+    let boot_id = procfs::boot_id();
+    let mut stopped = 0;
+    for task in journal::replay(state_dir)? {
+        if task.resume.is_some() || task.started.is_none() {
+            continue;
+        }
+        let message = recovery::kill_leftovers(&task, &boot_id);
+        tracing::info!(uid = %task.uid, attempt = task.attempt, %message, "task left by the agent stopped");
+        stopped += 1;
+    }
+    Ok(stopped)
 }
 
 /// Starts the supervisor on a thread of its own (with its own

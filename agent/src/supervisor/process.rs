@@ -82,6 +82,12 @@ impl<D: Driver> Launcher for D {
 /// A real process group.
 struct Group(i32);
 
+/// The process group `pgid`, to signal (a task re-adopted after an agent
+/// restart: no driver started it in this run).
+pub(crate) fn group(pgid: i32) -> Box<dyn ProcessGroup> {
+    Box::new(Group(pgid))
+}
+
 impl ProcessGroup for Group {
     fn signal(&self, signal: Signal) {
         signal_group(self.0, signal);

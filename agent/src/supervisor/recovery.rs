@@ -8,17 +8,14 @@ use nix::unistd::Pid;
 
 use super::containment::Lineage;
 use super::journal::Unfinished;
-use super::logs::{read_tail, Stream};
+use super::logs::files_tail;
 use super::output::lossy_tail;
 use super::{procfs, TaskOutcome};
 
 /// Kills what is left of `task` and says how it ended.
 pub(crate) fn settle(task: &Unfinished, boot_id: &str, tail_bytes: usize) -> TaskOutcome {
     let message = kill_leftovers(task, boot_id);
-    let logs = task.task_dir.join("logs");
-    let mut tail = read_tail(&logs.join(Stream::Stdout.file_name()), tail_bytes);
-    tail.extend(read_tail(&logs.join(Stream::Stderr.file_name()), tail_bytes));
-    let tail = &tail[tail.len().saturating_sub(tail_bytes)..];
+    let tail = files_tail(&task.task_dir.join("logs"), tail_bytes);
     TaskOutcome {
         state: TaskState::Failed,
         exit_code: None,
@@ -27,7 +24,7 @@ pub(crate) fn settle(task: &Unfinished, boot_id: &str, tail_bytes: usize) -> Tas
         message,
         started_at: task.started.as_ref().map(|s| s.started_at),
         finished_at: jiff::Timestamp::now(),
-        output_tail: lossy_tail(tail),
+        output_tail: lossy_tail(&tail),
     }
 }
 

@@ -31,11 +31,11 @@ use tokio::time::Instant;
 use super::containment::Lineage;
 use super::disk::{self, Measurement, Reserve, TaskUse};
 use super::journal::{self, JournalHandle, Record};
-use super::logs::{LogWriter, Stream};
+use super::logs::{self, LogWriter, Stream};
 use super::outcome::{verdict, Exit, StopCause};
 use super::output::{self, PipeFd, PipeRead};
 use super::policy::{passwd_uids, Plan, TaskUids};
-use super::process::{BoxFuture, Launcher, Process};
+use super::process::{self, BoxFuture, Launcher, Process};
 use super::restarts::Budget;
 use super::stats::SupervisorStats;
 use super::table::{Deadline, NewTask, Phase, Running, Stop, Table, Task};
@@ -245,7 +245,19 @@ impl Runner {
         let mut cgroups_to_remove = Vec::new();
         let mut settled = Vec::new();
         let mut resumed = Vec::new();
+        let mut adopted = Vec::new();
         for task in &unfinished {
+            // A service the last agent left running is re-adopted as it runs.
+            if let (Some(resume), Some(started)) = (&task.resume, &task.started) {
+                let alive = started.boot_id == boot_id
+                    && procfs::stat(started.pid)
+                        .is_some_and(|s| s.start_time == started.pid_start && s.is_live());
+                if alive && resume.spec.kind == k8s4r_api::TaskKind::Service {
+                    tracing::info!(uid = %task.uid, attempt = task.attempt, pid = started.pid, "re-adopting a service of the previous run");
+                    adopted.push((task.clone(), (**resume).clone(), started.clone()));
+                    continue;
+                }
+            }
             if let Some(path) = task.started.as_ref().and_then(|s| s.cgroup.clone()) {
                 cgroups_to_remove.push((TaskCgroup::at(path), None));
             }
@@ -299,6 +311,12 @@ impl Runner {
         };
         let mut barred = passwd_uids(&config.task_uids);
         barred.extend(uids_running(&config.task_uids));
+        // A re-adopted service's own uid is running: its, not barred.
+        for (_, _, started) in &adopted {
+            if let Some(uid) = started.task_uid {
+                barred.remove(&uid);
+            }
+        }
         let uids = TaskUids::new(config.task_uids.clone(), barred);
         let (max_tasks, disk_budget) = super::limits_report(config.max_tasks, budget);
         // raw_exec is offered only when it can run something: it is on, and
@@ -365,6 +383,9 @@ impl Runner {
         runner.remove_cgroups();
         for (request, how) in resumed {
             runner.begin(request, Some(how));
+        }
+        for (task, resume, started) in adopted {
+            runner.adopt(task, resume, started);
         }
         // The first measurement takes the disk reserve.
         runner.schedule_measure(Duration::ZERO);
@@ -509,17 +530,43 @@ impl Runner {
         let ids = self.table.ids();
         tracing::info!(tasks = ids.len(), "supervisor shutting down");
         for id in ids {
-            self.stop(id, StopCause::Shutdown);
+            // A fenced one is stopped: nothing would fence it while no
+            // agent runs.
+            let service = self.config.leave_services_running
+                && self
+                    .table
+                    .get(id)
+                    .is_some_and(|t| t.template.kind == TaskKind::Service && t.resumable && t.stop.is_none());
+            if service {
+                self.leave_running(id);
+            } else {
+                self.stop(id, StopCause::Shutdown);
+            }
+        }
+    }
+
+    /// Lets go of a service as the agent stops: it keeps running (or is
+    /// started again, if it was between runs) and the journal keeps it
+    /// unfinished, so that the next agent re-adopts it.
+    fn leave_running(&mut self, id: u64) {
+        let Some(task) = self.table.remove(id) else {
+            return;
+        };
+        match &task.phase {
+            Phase::Running(running) => {
+                tracing::info!(uid = %task.uid, attempt = task.attempt, pid = running.pid, "service left running for the next agent");
+            }
+            Phase::Preparing { abort } => abort.abort(),
+            Phase::Waiting => {}
         }
     }
 
     /// Checks a new task against the spec's rules, the robot's capacity
-    /// and its policy, then prepares it off this thread. Every refusal
-    /// becomes a Finished event.
-    /// Takes a task: checks it, gives it a uid and a directory, and
-    /// prepares it. `resumed`: it is an attempt of the previous run,
-    /// started again from the journal.
-    fn begin(&mut self, req: TaskRequest, resumed: Option<Resumed>) {
+    /// and its policy, gives it a uid and a directory, then prepares it off
+    /// this thread; its id, or None when it was refused (every refusal
+    /// becomes a Finished event). `resumed`: it is an attempt of the
+    /// previous run, from the journal.
+    fn begin(&mut self, req: TaskRequest, resumed: Option<Resumed>) -> Option<u64> {
         let TaskRequest {
             uid,
             attempt,
@@ -529,22 +576,37 @@ impl Runner {
         } = req;
         if let Err(e) = validate_task_template(&spec) {
             let message = format!("invalid spec: {e}");
-            return self.finish_early(uid, attempt, TaskReason::InvalidSpec, message);
+            {
+                self.finish_early(uid, attempt, TaskReason::InvalidSpec, message);
+                return None;
+            }
         }
         if !is_path_component(&uid) {
             let message = "task uid cannot name a directory".to_owned();
-            return self.finish_early(uid, attempt, TaskReason::InvalidSpec, message);
+            {
+                self.finish_early(uid, attempt, TaskReason::InvalidSpec, message);
+                return None;
+            }
         }
         if let Some(message) = self.over_capacity(&spec) {
-            return self.finish_early(uid, attempt, TaskReason::OverCapacity, message);
+            {
+                self.finish_early(uid, attempt, TaskReason::OverCapacity, message);
+                return None;
+            }
         }
         let plan = match self.config.policy.decide(&spec, self.agent_is_root) {
             Ok(plan) => plan,
-            Err(refusal) => return self.finish_early(uid, attempt, refusal.reason, refusal.message),
+            Err(refusal) => {
+                self.finish_early(uid, attempt, refusal.reason, refusal.message);
+                return None;
+            }
         };
         let Some(driver) = self.launchers.iter().position(|d| d.name() == spec.driver) else {
             let message = format!("driver {:?} is not available on this robot", spec.driver);
-            return self.finish_early(uid, attempt, TaskReason::InvalidSpec, message);
+            {
+                self.finish_early(uid, attempt, TaskReason::InvalidSpec, message);
+                return None;
+            }
         };
         let (run_as, own_uid) = match plan {
             Plan::Run(run_as) => (run_as, None),
@@ -561,7 +623,10 @@ impl Runner {
                         self.config.task_uids.start(),
                         self.config.task_uids.end()
                     );
-                    return self.finish_early(uid, attempt, TaskReason::OverCapacity, message);
+                    {
+                        self.finish_early(uid, attempt, TaskReason::OverCapacity, message);
+                        return None;
+                    }
                 }
             },
         };
@@ -575,7 +640,10 @@ impl Runner {
                     Ok(client) => Some(self.http.insert(client).clone()),
                     Err(message) => {
                         self.give_back(own_uid);
-                        return self.finish_early(uid, attempt, TaskReason::StartFailed, message);
+                        {
+                            self.finish_early(uid, attempt, TaskReason::StartFailed, message);
+                            return None;
+                        }
                     }
                 },
             }
@@ -603,6 +671,7 @@ impl Runner {
                 spec: spec.clone(),
             })
         });
+        let resumable = resume.is_some();
         let record = Record::Accepted {
             uid: uid.clone(),
             attempt,
@@ -619,6 +688,7 @@ impl Runner {
             own_uid,
         };
         let mut task = Task::preparing(new, abort, self.config.output_tail_bytes);
+        task.resumable = resumable;
         if let (Some(resumed), Some(budget)) = (resumed, task.restarts.as_mut()) {
             budget.count = resumed.restarts;
             task.resumed = true;
@@ -628,6 +698,7 @@ impl Runner {
         let prep = Abortable::new(prepare(input), registration);
         self.preparing.push(Box::pin(async move { (id, prep.await) }));
         self.schedule_measure(MEASURE_BUSY);
+        Some(id)
     }
 
     /// Why the robot cannot take `spec` now, if it cannot.
@@ -663,7 +734,13 @@ impl Runner {
     }
 
     fn on_prepared(&mut self, id: u64, result: Result<Prepared, Failure>) {
+        let running = self.table.get(id).is_some_and(Task::is_running);
         match result {
+            // A re-adopted task runs on whether or not it could be prepared
+            // again (its exec checks and restarts need it).
+            Err(Failure { reason, message }) if running => {
+                tracing::warn!(id, ?reason, %message, "a re-adopted task could not be prepared again");
+            }
             Ok(prepared) => self.start(id, prepared),
             Err(Failure { reason, message }) => self.finish_unstarted(id, reason, message),
         }
@@ -671,12 +748,15 @@ impl Runner {
 
     /// Starts a prepared task.
     fn start(&mut self, id: u64, prepared: Prepared) {
-        let Some(task) = self.table.get(id) else {
+        let Some(task) = self.table.get_mut(id) else {
             return;
         };
         if task.is_running() {
+            // Re-adopted: it was prepared again for its checks and restarts.
+            task.prepared.get_or_insert(prepared);
             return;
         }
+        let task = &*task;
         // A restart's cgroup is a new one: the last run's may still be
         // waiting for its processes to die.
         let restarting = matches!(task.phase, Phase::Waiting) || task.resumed;
@@ -691,12 +771,21 @@ impl Runner {
                 None
             }
         });
-        let pipes = output::pipe().and_then(|out| Ok((out, output::pipe()?)));
-        let ((stdout, stdout_w), (stderr, stderr_w)) = match pipes {
-            Ok(pipes) => pipes,
+        // A service writes to its log files itself, so that its output
+        // reaches the disk while no agent runs (an agent restart leaves
+        // it running); other tasks' output passes through the agent.
+        let outputs = if task.template.kind == TaskKind::Service {
+            open_log_files(&task.dir.join("logs")).map(|(out, err)| (None, out, err))
+        } else {
+            output::pipe()
+                .and_then(|out| Ok((out, output::pipe()?)))
+                .map(|((out, out_w), (err, err_w))| (Some((out, err)), out_w, err_w))
+        };
+        let (piped, stdout_w, stderr_w) = match outputs {
+            Ok(outputs) => outputs,
             Err(e) => {
                 remove_cgroup(cgroup.as_ref());
-                let message = format!("cannot create output pipes: {e}");
+                let message = format!("cannot set up the task's output: {e}");
                 return self.finish_unstarted(id, TaskReason::StartFailed, message);
             }
         };
@@ -777,8 +866,8 @@ impl Runner {
         let mut restarted = None;
         if let Some(task) = self.table.get_mut(id) {
             task.cgroup = cgroup;
-            task.stdout = Some(stdout.clone());
-            task.stderr = Some(stderr.clone());
+            task.stdout = piped.as_ref().map(|(out, _)| out.clone());
+            task.stderr = piped.as_ref().map(|(_, err)| err.clone());
             task.resumed = false;
             if let Some(budget) = task.restarts.as_mut().filter(|_| restarting) {
                 budget.restarted(at);
@@ -805,11 +894,13 @@ impl Runner {
             restarted,
         };
         self.table.started(id, running, now);
-        self.logs.open(id, logs_dir);
         self.owned_pids.insert(pid);
         self.waits.push(Box::pin(async move { (id, exit.await) }));
-        self.pipes.push(output::read_next(id, Stream::Stdout, stdout));
-        self.pipes.push(output::read_next(id, Stream::Stderr, stderr));
+        if let Some((stdout, stderr)) = piped {
+            self.logs.open(id, logs_dir);
+            self.pipes.push(output::read_next(id, Stream::Stdout, stdout));
+            self.pipes.push(output::read_next(id, Stream::Stderr, stderr));
+        }
         self.journal.write(Some(record), vec![event]);
         for (index, after) in first_checks.into_iter().enumerate() {
             self.table.schedule(Deadline::Check(id, index), after);
@@ -1055,12 +1146,86 @@ impl Runner {
             message,
             started_at: Some(running.started.started_at),
             finished_at: jiff::Timestamp::now(),
-            output_tail: task.tail.text(),
+            // A service wrote to its log files itself.
+            output_tail: if task.template.kind == TaskKind::Service {
+                output::lossy_tail(&logs::files_tail(
+                    &task.dir.join("logs"),
+                    self.config.output_tail_bytes,
+                ))
+            } else {
+                task.tail.text()
+            },
         };
         // What a task stopped for its disk use wrote goes at once: the disk
         // needs it back (its logs stay, they are bounded).
         let free_work = matches!(task.stop, Some(StopCause::DiskLimit(_)));
         self.end(task.uid, task.attempt, outcome, free_work);
+    }
+
+    /// Takes back a service the previous agent left running: the same
+    /// process, its timeout counted from its start, its checks; its
+    /// driver prepares it again (kept directory) for checks and restarts.
+    fn adopt(&mut self, task: journal::Unfinished, resume: journal::Resume, started: journal::Started) {
+        let request = TaskRequest {
+            uid: task.uid.clone(),
+            attempt: task.attempt,
+            name: resume.name,
+            spec: resume.spec,
+            fenced: false,
+        };
+        let how = Resumed {
+            restarts: started.restarts,
+            uid: started.task_uid,
+        };
+        let Some(id) = self.begin(request, Some(how)) else {
+            // Refused now (its spec or the robot's policy): stop what runs.
+            let message = recovery::kill_leftovers(&task, &self.boot_id);
+            tracing::warn!(uid = %task.uid, attempt = task.attempt, %message, "a re-adopted service was refused");
+            return;
+        };
+        let lineage = match started.cgroup {
+            Some(_) => None,
+            None => Some(Lineage::new(
+                started.pid,
+                started.pid_start,
+                started.task_uid,
+                &task.uid,
+                task.attempt,
+            )),
+        };
+        let (pid, pid_start) = (started.pid, started.pid_start);
+        let ran_for = jiff::Timestamp::now()
+            .duration_since(started.started_at)
+            .try_into()
+            .unwrap_or(Duration::ZERO);
+        let first_checks: Vec<Duration> = self
+            .table
+            .get(id)
+            .map(|t| t.checks.iter().map(|c| c.timing.initial_delay).collect())
+            .unwrap_or_default();
+        if let Some(t) = self.table.get_mut(id) {
+            t.cgroup = started.cgroup.clone().map(TaskCgroup::at);
+            t.resumed = false;
+        }
+        let record = Record::Started {
+            uid: task.uid.clone(),
+            attempt: task.attempt,
+            at: started.clone(),
+        };
+        let running = Running {
+            pid,
+            pgid: started.pgid,
+            group: process::group(started.pgid),
+            started,
+            lineage,
+        };
+        self.table.adopted(id, running, Instant::now(), ran_for);
+        self.waits
+            .push(Box::pin(async move { (id, adopted_exit(pid, pid_start).await) }));
+        self.journal.write(Some(record), Vec::new());
+        for (index, after) in first_checks.into_iter().enumerate() {
+            self.table.schedule(Deadline::Check(id, index), after);
+        }
     }
 
     /// Runs health check `index` of a running task; its probe comes back
@@ -1302,7 +1467,24 @@ impl Runner {
         self.disk.measuring = true;
         let tasks_dir = self.tasks_dir.clone();
         let reserve = self.disk.reserve.clone();
-        let handle = tokio::task::spawn_blocking(move || disk::measure(&tasks_dir, &reserve));
+        // Services write their log files themselves: rotated here.
+        let shared_logs: Vec<PathBuf> = self
+            .table
+            .tasks()
+            .filter(|(_, t)| t.template.kind == TaskKind::Service)
+            .flat_map(|(_, t)| {
+                [Stream::Stdout, Stream::Stderr].map(|s| t.dir.join("logs").join(s.file_name()))
+            })
+            .collect();
+        let (max_bytes, max_files) = (self.config.log_max_bytes, self.config.log_max_files);
+        let handle = tokio::task::spawn_blocking(move || {
+            for path in &shared_logs {
+                if let Err(e) = logs::rotate_shared(path, max_bytes, max_files) {
+                    tracing::warn!(path = %path.display(), error = %e, "cannot rotate a service's log");
+                }
+            }
+            disk::measure(&tasks_dir, &reserve)
+        });
         self.housework.push(Box::pin(async move {
             Housework::Measured(handle.await.unwrap_or_default())
         }));
@@ -1573,6 +1755,18 @@ struct PrepInput {
     limits: artifacts::Limits,
 }
 
+/// Waits for a re-adopted process to end. It is not the agent's child, so
+/// its exit status cannot be had: it is watched through /proc.
+async fn adopted_exit(pid: i32, pid_start: u64) -> io::Result<ExitStatus> {
+    const POLL: Duration = Duration::from_millis(100);
+    while procfs::stat(pid).is_some_and(|s| s.start_time == pid_start && s.is_live()) {
+        tokio::time::sleep(POLL).await;
+    }
+    Err(io::Error::other(
+        "it ended after an agent restart re-adopted it, so its exit status is unknown",
+    ))
+}
+
 /// Waits for an exec check's process: healthy when it exits 0 within
 /// `timeout`; killed (and reaped) when it does not.
 async fn checks_exec(process: Process, timeout: Duration) -> checks::Probe {
@@ -1700,6 +1894,21 @@ fn reuse_task_dir(dir: &Path) -> io::Result<()> {
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))?;
     std::fs::set_permissions(dir.join("logs"), std::fs::Permissions::from_mode(0o700))?;
     std::fs::set_permissions(dir.join("fetch"), std::fs::Permissions::from_mode(0o700))
+}
+
+/// A service's log files, opened for it to append to.
+fn open_log_files(logs_dir: &Path) -> io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let open = |stream: Stream| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(logs_dir.join(stream.file_name()))
+            .map(std::os::fd::OwnedFd::from)
+    };
+    Ok((open(Stream::Stdout)?, open(Stream::Stderr)?))
 }
 
 fn is_path_component(s: &str) -> bool {

@@ -132,6 +132,9 @@ pub(crate) struct Task {
     pub resumed: bool,
     /// Its health checks.
     pub checks: Vec<Check>,
+    /// The journal can start it again (it has restarts on the robot and
+    /// no `stopAfter`): a service that may outlive the agent.
+    pub resumable: bool,
     /// When its timeout is due, once it runs.
     due: Option<Instant>,
     /// The pending timer, if any (cleared when it fires).
@@ -159,6 +162,7 @@ impl Task {
             disk_used: 0,
             restarts: Budget::of(&new.template),
             checks: Check::all_of(&new.template),
+            resumable: false,
             uid: new.uid,
             attempt: new.attempt,
             name: new.name,
@@ -348,6 +352,20 @@ impl Table {
         if let Some(timeout) = task.timeout {
             task.due = Some(later(now, timeout));
             task.timer = Some(arm(&mut self.timers, Deadline::Term(id), now, timeout));
+        }
+    }
+
+    /// A re-adopted task runs (since `ran_for` before `now`): its timeout
+    /// counts from its start, so what is left of it is armed.
+    pub(crate) fn adopted(&mut self, id: u64, running: Running, now: Instant, ran_for: Duration) {
+        let Some(task) = self.tasks.get_mut(&id) else {
+            return;
+        };
+        task.phase = Phase::Running(Box::new(running));
+        if let Some(timeout) = task.timeout {
+            let left = timeout.saturating_sub(ran_for);
+            task.due = Some(later(now, left));
+            task.timer = Some(arm(&mut self.timers, Deadline::Term(id), now, left));
         }
     }
 

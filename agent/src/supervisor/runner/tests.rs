@@ -788,3 +788,34 @@ async fn a_passing_health_check_leaves_the_service_alone() {
     assert!(s.fake.signals_while_alive("ok", 1).is_empty());
     assert_eq!(s.fake.starts(), 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn on_shutdown_services_are_left_running_for_the_next_agent_and_batch_tasks_stopped() {
+    let mut s = Harness::with(|c| c.leave_services_running = true, false);
+    let service = restarting(task("sleep"), TaskKind::Service, 2, LocalRestartMode::Fail);
+    s.run("svc", service).await;
+    s.run("batch", task("sleep")).await;
+    s.handle.shutdown().await;
+    let outcome = s.finished("batch").await;
+    assert_eq!(outcome.reason, TaskReason::Cancelled);
+    assert!(
+        s.fake.signals_while_alive("svc", 1).is_empty(),
+        "the service was signalled"
+    );
+    let journal = std::fs::read_to_string(s._state_dir.path().join("journal.jsonl")).unwrap();
+    assert!(
+        !journal
+            .lines()
+            .any(|l| l.contains("\"ended\"") && l.contains("\"svc\"")),
+        "the service's attempt was ended: {journal}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn where_the_process_ends_for_good_shutdown_stops_services_too() {
+    let mut s = Harness::start();
+    let service = restarting(task("sleep"), TaskKind::Service, 2, LocalRestartMode::Fail);
+    s.run("svc", service).await;
+    s.handle.shutdown().await;
+    assert_eq!(s.finished("svc").await.reason, TaskReason::Cancelled);
+}
