@@ -137,9 +137,26 @@ async fn a_service_runs_again_within_five_seconds_after_a_power_cut_without_a_br
     assert_eq!(running.state, TaskState::Running);
     let first = eventually("the service's pid", LONG, || pids_in(&starts).first().copied()).await;
 
-    // The robot loses the broker, then loses power: the agent and the
-    // service die without a word, and the agent comes back with no broker.
+    // The robot loses the broker, then its agent is SIGKILLed (an OOM kill)
+    // and comes back with no broker: the service never stopped, and the
+    // new agent re-adopts it.
     broker.stop();
+    agent.kill();
+    let mut agent = Agent::start(&broker, "rs2", &state, &[]);
+    eventually("the new agent re-adopting the service", LONG, || {
+        agent
+            .log()
+            .contains("re-adopting a service of the previous run")
+            .then_some(())
+    })
+    .await;
+    assert_eq!(pids_in(&starts), vec![first], "the service was started again");
+    let alive = std::fs::read_to_string(format!("/proc/{first}/stat"))
+        .is_ok_and(|s| s.split_whitespace().nth(2) != Some("Z"));
+    assert!(alive, "the service died with the agent");
+
+    // Then the robot loses power: the agent and the service die without a
+    // word, and the agent comes back with no broker.
     agent.kill();
     let _ = nix::sys::signal::killpg(
         nix::unistd::Pid::from_raw(first),
