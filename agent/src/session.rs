@@ -250,6 +250,13 @@ impl Session {
         let (commands, commands_rx) = mpsc::unbounded_channel();
         let offer = supervisor.offer().clone();
         let health = supervisor.health();
+        // What the previous run left running (re-adopted) or is starting
+        // again is held from the first registration: its Tasks are not
+        // "not on robot".
+        let mut running = RunningSet::default();
+        for held in supervisor.held_at_start() {
+            running.insert(&held.uid, held.attempt);
+        }
         tokio::spawn(worker(supervisor, commands_rx, updates_tx.clone()));
         tokio::spawn(forward_events(events, updates_tx.clone()));
         let mut sampler = UsageSampler::new(&config.state_dir);
@@ -276,7 +283,7 @@ impl Session {
             eventloop: Some(eventloop),
             link: Link::new(mqtt::MAX_OUTSTANDING),
             registrar,
-            running: RunningSet::default(),
+            running,
             outbox,
             sampler,
             device,

@@ -305,7 +305,16 @@ async fn an_agent_restart_leaves_a_service_running_and_still_enforces_its_timeou
     })
     .await;
     let _agent = Agent::start(&broker, "rs4", &state, &[]);
-    server.approve("rs4").await;
+    // It reports the re-adopted attempt from its first registration on.
+    let register = server.approve("rs4").await;
+    assert!(
+        register
+            .running
+            .iter()
+            .any(|a| a.uid == "u-keep" && a.attempt == 1),
+        "{:?}",
+        register.running
+    );
 
     // The same process, and its timeout (6s from its start) still holds.
     let updates = server.statuses_until_terminal("u-keep", LONG).await;
@@ -383,4 +392,60 @@ async fn after_an_agent_crash_stop_left_tasks_kills_batch_tasks_and_spares_servi
     };
     eventually("the batch task killed", LONG, || (!alive(batch)).then_some(())).await;
     assert!(alive(service), "the service was killed too");
+}
+
+#[tokio::test]
+async fn a_re_adopted_service_that_dies_is_restarted_by_the_new_agent() {
+    let broker = Broker::start();
+    let mut server = Server::connect(&broker, "rs6").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let mut agent = Agent::start(&broker, "rs6", &state, &[]);
+    server.approve("rs6").await;
+    let starts = tmp.path().join("starts");
+    let _services = Services(vec![starts.clone()]);
+    let mut dispatch = staying_service("u-re", &starts);
+    dispatch.spec.restart = Some(LocalRestart {
+        attempts: 3,
+        interval: Some(DurationString::from("1h")),
+        delay: Some(DurationString::from("100ms")),
+        max_delay: None,
+        mode: LocalRestartMode::Fail,
+    });
+    server
+        .publish(server.topics.dispatch("rs6"), encode(&dispatch))
+        .await;
+    let first = eventually("the service's pid", LONG, || pids_in(&starts).first().copied()).await;
+    agent.signal(nix::sys::signal::Signal::SIGTERM);
+    eventually("the agent to exit", LONG, || (!agent.is_running()).then_some(())).await;
+    let agent = Agent::start(&broker, "rs6", &state, &[]);
+    server.approve("rs6").await;
+    eventually("the new agent re-adopting the service", LONG, || {
+        agent
+            .log()
+            .contains("re-adopting a service of the previous run")
+            .then_some(())
+    })
+    .await;
+
+    // The re-adopted process dies: the new agent, which is not its parent,
+    // notices and restarts it.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(first),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let second = eventually("the service restarted", LONG, || pids_in(&starts).get(1).copied()).await;
+    assert_ne!(first, second);
+    let update = loop {
+        let update: StatusUpdate = server.next("/tasks/u-re/status", LONG).await.decode();
+        if update.restarts.restart_count > 0 {
+            break update;
+        }
+    };
+    assert_eq!(
+        (update.state, update.restarts.restart_count),
+        (TaskState::Running, 1),
+        "{update:#?}"
+    );
 }

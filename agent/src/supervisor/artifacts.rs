@@ -89,7 +89,7 @@ pub(crate) async fn fetch_all(
         // A task started again from the journal kept its directory, and may
         // start with no network: what is there already is not fetched again.
         let (work_dir, wanted) = (places.work_dir.clone(), artifact.clone());
-        if tokio::task::spawn_blocking(move || in_place(&work_dir, &wanted))
+        if tokio::task::spawn_blocking(move || in_place(&work_dir, &wanted, limits.max_bytes))
             .await
             .unwrap_or(false)
         {
@@ -166,7 +166,7 @@ pub(crate) fn hand_over(places: &Places, name: &str, destination: &str) -> Resul
 /// Whether `artifact` is at its destination under `work_dir` already, with
 /// its sha256: a regular file reached through no symbolic link (they are
 /// the task's to plant). Blocking.
-fn in_place(work_dir: &Path, artifact: &Artifact) -> bool {
+fn in_place(work_dir: &Path, artifact: &Artifact, max_bytes: u64) -> bool {
     let flags = OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
     let Ok(mut dir) = openat(AT_FDCWD, work_dir, flags | OFlag::O_DIRECTORY, Mode::empty()) else {
         return false;
@@ -192,7 +192,8 @@ fn in_place(work_dir: &Path, artifact: &Artifact) -> bool {
         return false;
     };
     let mut file = std::fs::File::from(file);
-    if !file.metadata().is_ok_and(|m| m.is_file()) {
+    // No hashing of whatever size the task made it (it is the task's file).
+    if !file.metadata().is_ok_and(|m| m.is_file() && m.len() <= max_bytes) {
         return false;
     }
     let mut hasher = Sha256::new();

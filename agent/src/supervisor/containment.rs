@@ -34,6 +34,8 @@ pub(crate) struct Lineage {
     /// `K8S4R_TASK_UID=..` and `K8S4R_TASK_ATTEMPT=..` as the task's
     /// environment has them.
     markers: [Vec<u8>; 2],
+    /// Whether orphans are recognised by the markers.
+    by_markers: bool,
 }
 
 impl Lineage {
@@ -49,6 +51,7 @@ impl Lineage {
                 format!("{}={uid}", k8s4r_api::names::ENV_TASK_UID).into_bytes(),
                 format!("{}={attempt}", k8s4r_api::names::ENV_TASK_ATTEMPT).into_bytes(),
             ],
+            by_markers: true,
         }
     }
 
@@ -58,6 +61,15 @@ impl Lineage {
         self.pids.get(&pid) == Some(&stat.start_time)
             || self.groups.contains(&stat.pgrp)
             || self.sessions.contains(&stat.session)
+    }
+
+    /// Forgets the task's uid and environment markers: the processes are
+    /// then known by their groups, sessions and descendants only (a task
+    /// restarting under the same identity must not be taken for the old
+    /// run's leftovers).
+    pub(crate) fn forget_identity(&mut self) {
+        self.own_uid = None;
+        self.by_markers = false;
     }
 
     /// The task's live processes in `procs` (a snapshot of /proc), learning
@@ -83,7 +95,9 @@ impl Lineage {
                 let ours = self.knows(pid, stat)
                     || known_parent
                     || self.own_uid.is_some_and(|own| uid_of(pid) == Some(own))
-                    || (stat.ppid == agent && self.markers.iter().all(|m| environ_has(pid, m)));
+                    || (self.by_markers
+                        && stat.ppid == agent
+                        && self.markers.iter().all(|m| environ_has(pid, m)));
                 if ours {
                     found.insert(pid);
                     self.pids.insert(pid, stat.start_time);

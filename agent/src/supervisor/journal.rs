@@ -220,9 +220,15 @@ pub(crate) struct JournalHandle {
 impl JournalHandle {
     /// Starts the thread on a journal that holds the `live` records (the
     /// previous run's are settled: the file is rewritten with these).
-    pub(crate) fn start(state_dir: &Path, events: UnboundedSender<TaskEvent>) -> io::Result<JournalHandle> {
+    /// Starts the journal over, holding only `kept` (the previous run's
+    /// tasks that are taken over), on a thread of its own.
+    pub(crate) fn start(
+        state_dir: &Path,
+        events: UnboundedSender<TaskEvent>,
+        kept: &[Unfinished],
+    ) -> io::Result<JournalHandle> {
         let path = state_dir.join(FILE_NAME);
-        let writer = Writer::empty(path.clone())?;
+        let writer = Writer::keeping(path.clone(), kept)?;
         let (ops, rx) = mpsc::channel();
         let healthy = Arc::new(AtomicBool::new(true));
         let flag = Arc::clone(&healthy);
@@ -247,9 +253,13 @@ impl JournalHandle {
 
     /// A journal written on the caller's thread (for the unit tests).
     #[cfg(test)]
-    pub(crate) fn inline(state_dir: &Path, events: UnboundedSender<TaskEvent>) -> io::Result<JournalHandle> {
+    pub(crate) fn inline(
+        state_dir: &Path,
+        events: UnboundedSender<TaskEvent>,
+        kept: &[Unfinished],
+    ) -> io::Result<JournalHandle> {
         let path = state_dir.join(FILE_NAME);
-        let writer = Writer::empty(path.clone())?;
+        let writer = Writer::keeping(path.clone(), kept)?;
         let (ops, _) = mpsc::channel();
         Ok(JournalHandle {
             ops,
@@ -335,11 +345,15 @@ impl Writer {
     /// A writer on an empty journal at `path`. Nothing runs yet when the
     /// supervisor starts: the file is rewritten empty (which also gets rid
     /// of a torn last line).
-    fn empty(path: PathBuf) -> io::Result<Writer> {
+    fn keeping(path: PathBuf, kept: &[Unfinished]) -> io::Result<Writer> {
+        let live = kept
+            .iter()
+            .map(|task| ((task.uid.clone(), task.attempt), task.clone()))
+            .collect();
         let mut writer = Writer {
             path,
             file: None,
-            live: Live::new(),
+            live,
             appended: 0,
             dirty: false,
         };
@@ -550,7 +564,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join(FILE_NAME), b"{\"op\":\"accepted\"").unwrap();
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let journal = JournalHandle::start(dir.path(), tx).unwrap();
+        let journal = JournalHandle::start(dir.path(), tx, &[]).unwrap();
         assert!(
             replay(dir.path()).unwrap().is_empty(),
             "started from an empty journal"
@@ -589,7 +603,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(FILE_NAME);
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let mut writer = Writer::empty(path.clone()).unwrap();
+        let mut writer = Writer::keeping(path.clone(), &[]).unwrap();
         writer.handle(vec![Op::Write(Some(accepted("a")), vec![])], &tx);
         // The disk fills up: every write fails (/dev/full), and so does a
         // rewrite (its temporary file cannot be made). The event still

@@ -276,6 +276,9 @@ pub struct SupervisorHandle {
     commands: mpsc::UnboundedSender<Command>,
     health: watch::Receiver<AgentHealth>,
     offer: Offer,
+    /// The attempts of the previous run it holds from its start
+    /// (re-adopted, or started again from the journal).
+    held_at_start: Vec<TaskAttempt>,
 }
 
 /// What the robot offers tasks, fixed at start.
@@ -293,6 +296,12 @@ impl SupervisorHandle {
     /// closes when the supervisor has ended (cleanly or not).
     pub fn health(&self) -> watch::Receiver<AgentHealth> {
         self.health.clone()
+    }
+
+    /// The attempts of the previous run it held as it started: the robot
+    /// reports them from its first registration on.
+    pub fn held_at_start(&self) -> &[TaskAttempt] {
+        &self.held_at_start
     }
 
     /// The drivers and task policy to report at registration.
@@ -390,6 +399,7 @@ pub fn spawn(
     let (events_tx, events_rx) = mpsc::unbounded_channel();
     let (commands_tx, commands_rx) = mpsc::unbounded_channel();
     let (runner, health, offer) = runner::Runner::on_this_machine(config, events_tx)?;
+    let held_at_start = runner.attempts();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -401,6 +411,7 @@ pub fn spawn(
     Ok((
         SupervisorHandle {
             commands: commands_tx,
+            held_at_start,
             health,
             offer,
         },

@@ -292,10 +292,26 @@ impl Runner {
                 outcome,
             });
         }
+        // The journal starts over with what is taken over, so that a crash
+        // before their new records are written loses none of them.
+        let kept: Vec<journal::Unfinished> = adopted
+            .iter()
+            .map(|(task, _, _)| task.clone())
+            .chain(
+                unfinished
+                    .iter()
+                    .filter(|t| {
+                        resumed
+                            .iter()
+                            .any(|(r, _): &(TaskRequest, Resumed)| r.uid == t.uid && r.attempt == t.attempt)
+                    })
+                    .cloned(),
+            )
+            .collect();
         #[cfg(not(test))]
-        let journal = JournalHandle::start(&config.state_dir, events).map_err(journal_error)?;
+        let journal = JournalHandle::start(&config.state_dir, events, &kept).map_err(journal_error)?;
         #[cfg(test)]
-        let journal = JournalHandle::inline(&config.state_dir, events).map_err(journal_error)?;
+        let journal = JournalHandle::inline(&config.state_dir, events, &kept).map_err(journal_error)?;
         for event in settled {
             journal.event(event);
         }
@@ -381,12 +397,16 @@ impl Runner {
         };
         // Leftover cgroups of the previous run go once their processes do.
         runner.remove_cgroups();
-        for (request, how) in resumed {
-            runner.begin(request, Some(how));
-        }
+        // Adopted first: their uids are theirs before anything takes one.
         for (task, resume, started) in adopted {
             runner.adopt(task, resume, started);
         }
+        for (request, how) in resumed {
+            runner.begin(request, Some(how));
+        }
+        // Their directories are in use, not finished ones to clean up.
+        let table = &runner.table;
+        runner.finished_dirs.retain(|(key, _)| !table.holds(key));
         // The first measurement takes the disk reserve.
         runner.schedule_measure(Duration::ZERO);
         Ok((runner, health_rx, offer))
@@ -1038,7 +1058,7 @@ impl Runner {
         // Restarted on the robot unless it was stopped on purpose (a failed
         // health check is a failure like any other).
         let restart = match (&task.stop, task.restarts.as_mut()) {
-            (None | Some(StopCause::Unhealthy(_)), Some(budget)) => {
+            (None | Some(StopCause::Unhealthy(_)), Some(budget)) if !self.shutting_down => {
                 let wait = budget.after_exit(v.state == TaskState::Completed, v.exit_code, Instant::now());
                 budget.last_cause = Some(v.message.clone());
                 wait
@@ -1062,7 +1082,12 @@ impl Runner {
                     self.give_back(own_uid);
                 }
             }
-            (None, Some(lineage)) => {
+            (None, Some(mut lineage)) => {
+                if restart.is_some() {
+                    // The next run has the same uid and markers: the sweep
+                    // must know the old run by its groups and sessions only.
+                    lineage.forget_identity();
+                }
                 self.sweeps.lingering.push(Lingering {
                     lineage,
                     own_uid,
@@ -1160,6 +1185,11 @@ impl Runner {
         // needs it back (its logs stay, they are bounded).
         let free_work = matches!(task.stop, Some(StopCause::DiskLimit(_)));
         self.end(task.uid, task.attempt, outcome, free_work);
+    }
+
+    /// The attempts it holds.
+    pub(crate) fn attempts(&self) -> Vec<k8s4r_api::TaskAttempt> {
+        self.table.attempts()
     }
 
     /// Takes back a service the previous agent left running: the same
@@ -1261,6 +1291,11 @@ impl Runner {
             self.housework
                 .push(Box::pin(async move { done(probe.await, None) }));
         } else if let Some(exec) = spec.exec {
+            if task.prepared.is_none() {
+                // Re-adopted and not prepared again yet: check next time.
+                let interval = check.timing.interval;
+                return self.table.schedule(Deadline::Check(id, index), interval);
+            }
             match self.start_exec_check(id, exec) {
                 Ok(process) => {
                     let pid = process.pid as i32;
@@ -1308,7 +1343,8 @@ impl Runner {
                 extra_env: &extra_env,
                 stdout: null("stdout")?,
                 stderr: null("stderr")?,
-                cgroup: None,
+                // Counted against the task's limits, like the task.
+                cgroup: task.cgroup.as_ref(),
             })
             .map_err(|e| format!("cannot run the check: {e}"))
     }
@@ -1338,11 +1374,55 @@ impl Runner {
         }
     }
 
-    /// Starts again a task that was waiting to restart.
+    /// Starts again a task that was waiting to restart; one that was never
+    /// prepared in this run (re-adopted) is prepared first.
     fn restart(&mut self, id: u64) {
-        if let Some(prepared) = self.table.restart_due(id) {
-            self.start(id, prepared);
+        match self.table.restart_due(id) {
+            Some(Some(prepared)) => self.start(id, prepared),
+            Some(None) => self.prepare_again(id),
+            None => {}
         }
+    }
+
+    /// Prepares a task again in its kept directory; it starts when that is
+    /// done (or fails, as a start would).
+    fn prepare_again(&mut self, id: u64) {
+        let Some(task) = self.table.get(id) else {
+            return;
+        };
+        let run_as = match self.config.policy.decide(&task.template, self.agent_is_root) {
+            Ok(Plan::Run(run_as)) => Some(run_as),
+            Ok(Plan::OwnUid) => task.own_uid.map(RunAs::TaskUid),
+            Err(_) => None,
+        };
+        let Some(run_as) = run_as else {
+            let message = "cannot run it again: the robot's policy no longer allows it".to_owned();
+            return self.finish_unstarted(id, TaskReason::NotPermitted, message);
+        };
+        let client = if task.template.artifacts.is_empty() {
+            None
+        } else {
+            match &self.http {
+                Some(client) => Some(client.clone()),
+                None => artifacts::client().ok().map(|c| self.http.insert(c).clone()),
+            }
+        };
+        let input = PrepInput {
+            dir: task.dir.clone(),
+            launcher: Arc::clone(&self.launchers[task.driver]),
+            template: task.template.clone(),
+            run_as,
+            allow_root: self.config.policy.allow_root,
+            keep_dir: true,
+            client,
+            limits: artifacts::Limits {
+                max_bytes: self.config.artifact_max_bytes,
+                timeout: self.config.artifact_timeout,
+                retries: self.config.artifact_retries,
+            },
+        };
+        self.preparing
+            .push(Box::pin(async move { (id, Ok(prepare(input).await)) }));
     }
 
     fn on_output(&mut self, id: u64, stream: Stream, fd: PipeFd, result: io::Result<Vec<u8>>) {
@@ -1772,7 +1852,10 @@ async fn adopted_exit(pid: i32, pid_start: u64) -> io::Result<ExitStatus> {
 async fn checks_exec(process: Process, timeout: Duration) -> checks::Probe {
     let Process { exit, group, .. } = process;
     tokio::pin!(exit);
-    match tokio::time::timeout(timeout, &mut exit).await {
+    let probe = tokio::time::timeout(timeout, &mut exit).await;
+    // Whatever the check left in its group goes with it.
+    group.signal(Signal::SIGKILL);
+    match probe {
         Ok(Ok(status)) if status.success() => Ok(()),
         Ok(Ok(status)) => Err(format!(
             "the check command {}",
@@ -1780,7 +1863,6 @@ async fn checks_exec(process: Process, timeout: Duration) -> checks::Probe {
         )),
         Ok(Err(e)) => Err(format!("cannot wait for the check command: {e}")),
         Err(_) => {
-            group.signal(Signal::SIGKILL);
             let _ = exit.await;
             Err(format!(
                 "the check command did not finish within {}",

@@ -426,6 +426,13 @@ impl Table {
         match &task.phase {
             Phase::Preparing { abort } => Stop::Unstarted(abort.clone()),
             Phase::Waiting => Stop::Waiting,
+            // A task stopped for a failed check, then cancelled (or the
+            // agent stops): it ends for the new reason, without a restart,
+            // on the escalation already under way.
+            Phase::Running(_) if matches!(task.stop, Some(StopCause::Unhealthy(_))) => {
+                task.stop = Some(cause.clone());
+                Stop::Nothing
+            }
             Phase::Running(_) if task.stop.is_some() => Stop::Nothing,
             Phase::Running(running) => {
                 task.stop = Some(cause.clone());
@@ -458,13 +465,13 @@ impl Table {
 
     /// A waiting task's `Restart` timer fired: what to start it with. None
     /// for a task that is gone or no longer waiting.
-    pub(crate) fn restart_due(&mut self, id: u64) -> Option<Prepared> {
+    pub(crate) fn restart_due(&mut self, id: u64) -> Option<Option<Prepared>> {
         let task = self.tasks.get_mut(&id)?;
         if !matches!(task.phase, Phase::Waiting) {
             return None;
         }
         task.timer = None;
-        task.prepared.clone()
+        Some(task.prepared.clone())
     }
 
     /// Retries the removal of leftover cgroups after `after`.

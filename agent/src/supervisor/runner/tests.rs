@@ -105,6 +105,7 @@ impl Harness {
                 commands,
                 health,
                 offer,
+                held_at_start: Vec::new(),
             },
             events,
             fake,
@@ -818,4 +819,35 @@ async fn where_the_process_ends_for_good_shutdown_stops_services_too() {
     s.run("svc", service).await;
     s.handle.shutdown().await;
     assert_eq!(s.finished("svc").await.reason, TaskReason::Cancelled);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancel_during_an_unhealthy_stop_ends_the_task_without_a_restart() {
+    let mut s = Harness::start();
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    // It ignores SIGTERM, so the unhealthy stop waits out its kill timeout.
+    let spec = tcp_checked(
+        restarting(
+            task("stubborn").with_kill_timeout("30s"),
+            TaskKind::Service,
+            5,
+            LocalRestartMode::Fail,
+        ),
+        port,
+    );
+    s.run("hc", spec).await;
+    // Unhealthy at 2s: SIGTERM, SIGKILL armed for 32s.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        s.fake.signals_while_alive("hc", 1).len(),
+        1,
+        "not stopped as unhealthy"
+    );
+    s.handle.cancel("hc", Some(1), "job deleted".to_owned()).await;
+    let outcome = s.finished("hc").await;
+    assert_eq!(outcome.reason, TaskReason::Cancelled, "{}", outcome.message);
+    assert_eq!(s.fake.starts(), 1, "restarted after a cancel");
 }
