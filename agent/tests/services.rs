@@ -11,6 +11,40 @@ use support::{eventually, shell_dispatch, Agent, Broker, Server};
 
 const LONG: Duration = Duration::from_secs(30);
 
+/// A robot online: a broker, the test's server, and an agent with a fresh
+/// state dir, approved.
+struct Online {
+    broker: Broker,
+    server: Server,
+    agent: Agent,
+    tmp: tempfile::TempDir,
+    state: std::path::PathBuf,
+}
+
+impl Online {
+    async fn start(robot: &str) -> Online {
+        let broker = Broker::start();
+        let mut server = Server::connect(&broker, robot).await;
+        let tmp = tempfile::tempdir().unwrap();
+        let state = tmp.path().join("state");
+        let agent = Agent::start(&broker, robot, &state, &[]);
+        server.approve(robot).await;
+        Online {
+            broker,
+            server,
+            agent,
+            tmp,
+            state,
+        }
+    }
+}
+
+/// Whether `pid` runs (not gone, not a zombie).
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|s| s.split_whitespace().nth(2) != Some("Z"))
+}
+
 /// Kills, when dropped, the process groups of the pids listed in these
 /// files: services outlive the agent, and a test must not leave them
 /// behind, passed or failed.
@@ -31,11 +65,13 @@ impl Drop for Services {
 
 #[tokio::test]
 async fn a_service_crashing_while_cut_off_is_restarted_each_time_and_reports_it_after_the_network_heals() {
-    let mut broker = Broker::start();
-    let mut server = Server::connect(&broker, "rs1").await;
-    let tmp = tempfile::tempdir().unwrap();
-    let mut agent = Agent::start(&broker, "rs1", &tmp.path().join("state"), &[]);
-    server.approve("rs1").await;
+    let Online {
+        mut broker,
+        mut server,
+        mut agent,
+        tmp,
+        state: _,
+    } = Online::start("rs1").await;
 
     // Each run appends its pid to `starts`. The first three crash (once
     // `go` exists, so that they crash while the broker is down); the
@@ -119,12 +155,13 @@ fn pids_in(path: &std::path::Path) -> Vec<i32> {
 
 #[tokio::test]
 async fn a_service_runs_again_within_five_seconds_after_a_power_cut_without_a_broker() {
-    let mut broker = Broker::start();
-    let mut server = Server::connect(&broker, "rs2").await;
-    let tmp = tempfile::tempdir().unwrap();
-    let state = tmp.path().join("state");
-    let mut agent = Agent::start(&broker, "rs2", &state, &[]);
-    server.approve("rs2").await;
+    let Online {
+        mut broker,
+        mut server,
+        mut agent,
+        tmp,
+        state,
+    } = Online::start("rs2").await;
     let starts = tmp.path().join("starts");
     let _services = Services(vec![starts.clone()]);
     server
@@ -151,9 +188,7 @@ async fn a_service_runs_again_within_five_seconds_after_a_power_cut_without_a_br
     })
     .await;
     assert_eq!(pids_in(&starts), vec![first], "the service was started again");
-    let alive = std::fs::read_to_string(format!("/proc/{first}/stat"))
-        .is_ok_and(|s| s.split_whitespace().nth(2) != Some("Z"));
-    assert!(alive, "the service died with the agent");
+    assert!(alive(first), "the service died with the agent");
 
     // Then the robot loses power: the agent and the service die without a
     // word, and the agent comes back with no broker.
@@ -174,12 +209,7 @@ async fn a_service_runs_again_within_five_seconds_after_a_power_cut_without_a_br
         "the service took {took:?} to run again"
     );
     assert_ne!(first, second);
-    eventually("the old process gone", LONG, || {
-        let gone = std::fs::read_to_string(format!("/proc/{first}/stat"))
-            .map_or(true, |s| s.split_whitespace().nth(2) == Some("Z"));
-        gone.then_some(())
-    })
-    .await;
+    eventually("the old process gone", LONG, || (!alive(first)).then_some(())).await;
 
     // Back online: the same attempt, running, one restart on the robot.
     broker.restart();
@@ -200,11 +230,13 @@ async fn a_service_runs_again_within_five_seconds_after_a_power_cut_without_a_br
 
 #[tokio::test]
 async fn a_failing_exec_health_check_restarts_the_service_and_says_why() {
-    let broker = Broker::start();
-    let mut server = Server::connect(&broker, "rs3").await;
-    let tmp = tempfile::tempdir().unwrap();
-    let _agent = Agent::start(&broker, "rs3", &tmp.path().join("state"), &[]);
-    server.approve("rs3").await;
+    let Online {
+        broker: _broker,
+        mut server,
+        agent: _agent,
+        tmp,
+        state: _,
+    } = Online::start("rs3").await;
     let starts = tmp.path().join("starts");
     let _services = Services(vec![starts.clone()]);
     let sick = tmp.path().join("sick");
@@ -256,21 +288,20 @@ async fn a_failing_exec_health_check_restarts_the_service_and_says_why() {
     let pids = pids_in(&starts);
     assert!(pids.len() >= 2 && pids[1] != first, "{pids:?}");
     eventually("the unhealthy process gone", LONG, || {
-        let gone = std::fs::read_to_string(format!("/proc/{first}/stat"))
-            .map_or(true, |s| s.split_whitespace().nth(2) == Some("Z"));
-        gone.then_some(())
+        (!alive(first)).then_some(())
     })
     .await;
 }
 
 #[tokio::test]
 async fn an_agent_restart_leaves_a_service_running_and_still_enforces_its_timeout() {
-    let broker = Broker::start();
-    let mut server = Server::connect(&broker, "rs4").await;
-    let tmp = tempfile::tempdir().unwrap();
-    let state = tmp.path().join("state");
-    let mut agent = Agent::start(&broker, "rs4", &state, &[]);
-    server.approve("rs4").await;
+    let Online {
+        broker,
+        mut server,
+        mut agent,
+        tmp,
+        state,
+    } = Online::start("rs4").await;
     let starts = tmp.path().join("starts");
     let _services = Services(vec![starts.clone()]);
     // It writes all the time: with its output piped through the agent it
@@ -289,10 +320,6 @@ async fn an_agent_restart_leaves_a_service_running_and_still_enforces_its_timeou
     let running: StatusUpdate = server.next("/tasks/u-keep/status", LONG).await.decode();
     assert_eq!(running.state, TaskState::Running);
     let pid = eventually("the service's pid", LONG, || pids_in(&starts).first().copied()).await;
-    let alive = |pid: i32| {
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .is_ok_and(|s| s.split_whitespace().nth(2) != Some("Z"))
-    };
 
     // An upgrade: SIGTERM, the agent exits, a new one starts.
     agent.signal(nix::sys::signal::Signal::SIGTERM);
@@ -338,12 +365,13 @@ async fn an_agent_restart_leaves_a_service_running_and_still_enforces_its_timeou
 
 #[tokio::test]
 async fn after_an_agent_crash_stop_left_tasks_kills_batch_tasks_and_spares_services() {
-    let broker = Broker::start();
-    let mut server = Server::connect(&broker, "rs5").await;
-    let tmp = tempfile::tempdir().unwrap();
-    let state = tmp.path().join("state");
-    let mut agent = Agent::start(&broker, "rs5", &state, &[]);
-    server.approve("rs5").await;
+    let Online {
+        broker,
+        server,
+        mut agent,
+        tmp,
+        state,
+    } = Online::start("rs5").await;
     let service_pids = tmp.path().join("service");
     let batch_pids = tmp.path().join("batch");
     let _services = Services(vec![service_pids.clone(), batch_pids.clone()]);
@@ -386,22 +414,19 @@ async fn after_an_agent_crash_stop_left_tasks_kills_batch_tasks_and_spares_servi
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let alive = |pid: i32| {
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .is_ok_and(|s| s.split_whitespace().nth(2) != Some("Z"))
-    };
     eventually("the batch task killed", LONG, || (!alive(batch)).then_some(())).await;
     assert!(alive(service), "the service was killed too");
 }
 
 #[tokio::test]
 async fn a_re_adopted_service_that_dies_is_restarted_by_the_new_agent() {
-    let broker = Broker::start();
-    let mut server = Server::connect(&broker, "rs6").await;
-    let tmp = tempfile::tempdir().unwrap();
-    let state = tmp.path().join("state");
-    let mut agent = Agent::start(&broker, "rs6", &state, &[]);
-    server.approve("rs6").await;
+    let Online {
+        broker,
+        mut server,
+        mut agent,
+        tmp,
+        state,
+    } = Online::start("rs6").await;
     let starts = tmp.path().join("starts");
     let _services = Services(vec![starts.clone()]);
     let mut dispatch = staying_service("u-re", &starts);

@@ -809,15 +809,7 @@ impl Runner {
                 return self.finish_unstarted(id, TaskReason::StartFailed, message);
             }
         };
-        let extra_env = vec![
-            (names::ENV_TASK_UID.to_owned(), task.uid.clone()),
-            (names::ENV_TASK_ATTEMPT.to_owned(), task.attempt.to_string()),
-            (names::ENV_TASK_NAME.to_owned(), task.name.clone()),
-            (
-                names::ENV_TASK_DIR.to_owned(),
-                prepared.task_dir.display().to_string(),
-            ),
-        ];
+        let extra_env = task_env(task, &prepared.task_dir);
         let launched = self.launchers[task.driver].start(Launch {
             template: &task.template,
             prepared: &prepared,
@@ -1327,15 +1319,7 @@ impl Runner {
                 .map(std::os::fd::OwnedFd::from)
                 .map_err(|e| format!("cannot open /dev/null for the check's {what}: {e}"))
         };
-        let extra_env = vec![
-            (names::ENV_TASK_UID.to_owned(), task.uid.clone()),
-            (names::ENV_TASK_ATTEMPT.to_owned(), task.attempt.to_string()),
-            (names::ENV_TASK_NAME.to_owned(), task.name.clone()),
-            (
-                names::ENV_TASK_DIR.to_owned(),
-                prepared.task_dir.display().to_string(),
-            ),
-        ];
+        let extra_env = task_env(task, &prepared.task_dir);
         self.launchers[task.driver]
             .start(Launch {
                 template: &template,
@@ -1976,6 +1960,17 @@ fn reuse_task_dir(dir: &Path) -> io::Result<()> {
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))?;
     std::fs::set_permissions(dir.join("logs"), std::fs::Permissions::from_mode(0o700))?;
     std::fs::set_permissions(dir.join("fetch"), std::fs::Permissions::from_mode(0o700))
+}
+
+/// The variables the agent adds to a task's environment (and its exec
+/// checks').
+fn task_env(task: &Task, task_dir: &Path) -> Vec<(String, String)> {
+    vec![
+        (names::ENV_TASK_UID.to_owned(), task.uid.clone()),
+        (names::ENV_TASK_ATTEMPT.to_owned(), task.attempt.to_string()),
+        (names::ENV_TASK_NAME.to_owned(), task.name.clone()),
+        (names::ENV_TASK_DIR.to_owned(), task_dir.display().to_string()),
+    ]
 }
 
 /// A service's log files, opened for it to append to.
