@@ -446,6 +446,14 @@ async fn a_service_restarted_on_its_robot_shows_its_restarts_and_keeps_running()
         .find(|l| l.starts_with("svc"))
         .unwrap_or_else(|| panic!("{out}"));
     assert_eq!(row.get(col..col + 1), Some("2"), "{out}");
+    // Restarts are Events, with the robot's reason (two quick ones may be
+    // seen, and recorded, as one).
+    let task_name = row.split_whitespace().next().unwrap_or_default().to_owned();
+    eventually("the Restarted Events", || async {
+        let out = kubectl(&kubeconfig, &["describe", "rtask", &task_name, "-n", "default"]);
+        (out.contains("Restarted") && out.contains("exited with code 7")).then_some(())
+    })
+    .await;
     // A service never completes: the Job stays running.
     let job = env.jobs().get("svc").await.expect("the Job");
     assert_eq!(job.status.and_then(|s| s.state), Some(WorkState::Running));

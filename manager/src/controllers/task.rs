@@ -133,12 +133,16 @@ fn publish_progress(ctx: &Context, task: &Task) {
     let status = task.status.clone().unwrap_or_default();
     let robot = status.robot.clone().unwrap_or_default();
     if let Some(count) = progressed.restarted {
-        let why = status.message.clone().unwrap_or_default();
+        // The robot's message says how often and why.
+        let why = status
+            .message
+            .clone()
+            .unwrap_or_else(|| format!("restarted on the robot ({count})"));
         ctx.event(
             task,
             EventType::Warning,
             "Restarted",
-            format!("attempt {attempt} restarted on robot {robot} ({count} so far): {why}"),
+            format!("attempt {attempt} on robot {robot}: {why}"),
         );
     }
     if !progressed.moved {
