@@ -173,6 +173,38 @@ mod tests {
         );
     }
 
+    /// An HTTP server answering every request with `status`.
+    async fn answering(status: &'static str) -> u16 {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let mut buf = [0u8; 1024];
+                let _ = conn.read(&mut buf).await;
+                let answer = format!("HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+                let _ = conn.write_all(answer.as_bytes()).await;
+            }
+        });
+        port
+    }
+
+    #[tokio::test]
+    async fn http_probes_take_2xx_and_3xx_as_healthy_and_the_rest_as_not() {
+        let client = http_client().unwrap();
+        let t = Duration::from_secs(5);
+        for (status, healthy) in [
+            ("200 OK", true),
+            ("302 Found", true),
+            ("500 Internal Server Error", false),
+            ("404 Not Found", false),
+        ] {
+            let port = answering(status).await;
+            let probe = http(client.clone(), None, port, Some("/healthz".into()), t).await;
+            assert_eq!(probe.is_ok(), healthy, "{status}: {probe:?}");
+        }
+    }
+
     #[tokio::test]
     async fn tcp_and_http_probes_tell_a_listener_from_none() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
