@@ -51,14 +51,27 @@ pub async fn serve(
         .header_read_timeout(limiter.limits.header_read_timeout);
     let service = TowerToHyperService::new(router);
     let mut refusing = false;
+    // Said once per run of failures, not every 50 ms.
+    let mut accept_failing = false;
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok(conn) => conn,
+                Ok(conn) => {
+                    if accept_failing {
+                        tracing::info!("accepting connections again");
+                        accept_failing = false;
+                    }
+                    conn
+                }
                 Err(e) => {
                     // Out of file descriptors, mostly: let connections end
                     // rather than spin.
-                    tracing::warn!(error = %e, "accept failed");
+                    if !accept_failing {
+                        tracing::warn!(error = %e, "accept failed; retrying every 50 ms until it works again");
+                        accept_failing = true;
+                    } else {
+                        tracing::debug!(error = %e, "accept failed");
+                    }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
