@@ -36,7 +36,6 @@ use super::outcome::{verdict, Exit, StopCause};
 use super::output::{self, PipeFd, PipeRead};
 use super::policy::{passwd_uids, Plan, TaskUids};
 use super::process::{self, BoxFuture, Launcher, Process};
-use super::restarts::Budget;
 use super::stats::SupervisorStats;
 use super::table::{Deadline, NewTask, Phase, Running, Stop, Table, Task};
 
@@ -246,6 +245,9 @@ impl Runner {
         let mut settled = Vec::new();
         let mut resumed = Vec::new();
         let mut adopted = Vec::new();
+        // What is taken over: the journal starts over holding it, so that a
+        // crash before their new records are written loses none of them.
+        let mut kept: Vec<journal::Unfinished> = Vec::new();
         for task in &unfinished {
             // A service the last agent left running is re-adopted as it runs.
             if let (Some(resume), Some(started)) = (&task.resume, &task.started) {
@@ -255,6 +257,7 @@ impl Runner {
                 if alive && resume.spec.kind == k8s4r_api::TaskKind::Service {
                     tracing::info!(uid = %task.uid, attempt = task.attempt, pid = started.pid, "re-adopting a service of the previous run");
                     adopted.push((task.clone(), (**resume).clone(), started.clone()));
+                    kept.push(task.clone());
                     continue;
                 }
             }
@@ -281,6 +284,7 @@ impl Runner {
                     uid: task.started.as_ref().and_then(|s| s.task_uid),
                 };
                 resumed.push((request, how));
+                kept.push(task.clone());
                 continue;
             }
             let outcome = recovery::settle(task, &boot_id, config.output_tail_bytes);
@@ -292,22 +296,6 @@ impl Runner {
                 outcome,
             });
         }
-        // The journal starts over with what is taken over, so that a crash
-        // before their new records are written loses none of them.
-        let kept: Vec<journal::Unfinished> = adopted
-            .iter()
-            .map(|(task, _, _)| task.clone())
-            .chain(
-                unfinished
-                    .iter()
-                    .filter(|t| {
-                        resumed
-                            .iter()
-                            .any(|(r, _): &(TaskRequest, Resumed)| r.uid == t.uid && r.attempt == t.attempt)
-                    })
-                    .cloned(),
-            )
-            .collect();
         #[cfg(not(test))]
         let journal = JournalHandle::start(&config.state_dir, events, &kept).map_err(journal_error)?;
         #[cfg(test)]
@@ -594,43 +582,92 @@ impl Runner {
             spec,
             fenced,
         } = req;
-        if let Err(e) = validate_task_template(&spec) {
-            let message = format!("invalid spec: {e}");
-            {
-                self.finish_early(uid, attempt, TaskReason::InvalidSpec, message);
-                return None;
-            }
-        }
-        if !is_path_component(&uid) {
-            let message = "task uid cannot name a directory".to_owned();
-            {
-                self.finish_early(uid, attempt, TaskReason::InvalidSpec, message);
-                return None;
-            }
-        }
-        if let Some(message) = self.over_capacity(&spec) {
-            {
-                self.finish_early(uid, attempt, TaskReason::OverCapacity, message);
-                return None;
-            }
-        }
-        let plan = match self.config.policy.decide(&spec, self.agent_is_root) {
-            Ok(plan) => plan,
-            Err(refusal) => {
-                self.finish_early(uid, attempt, refusal.reason, refusal.message);
+        let (driver, run_as, own_uid, client) = match self.admit(&uid, &spec, resumed) {
+            Ok(admitted) => admitted,
+            Err((reason, message)) => {
+                self.finish_early(uid, attempt, reason, message);
                 return None;
             }
         };
+        let dir = self.tasks_dir.join(format!("{uid}-{attempt}"));
+        let input = self.prep_input(
+            dir.clone(),
+            driver,
+            spec.clone(),
+            run_as,
+            client,
+            resumed.is_some(),
+        );
+        let (abort, registration) = AbortHandle::new_pair();
+        let new = NewTask {
+            uid,
+            attempt,
+            name,
+            dir,
+            template: spec,
+            driver,
+            own_uid,
+        };
+        let mut task = Task::preparing(new, abort, self.config.output_tail_bytes);
+        // Started again from the journal after a reboot or an agent restart:
+        // what has restarts on the robot and cannot have been replaced.
+        task.resumable = !fenced && task.restarts.is_some();
+        if let (Some(resumed), Some(budget)) = (resumed, task.restarts.as_mut()) {
+            budget.count = resumed.restarts;
+            task.resumed = true;
+        }
+        let record = Record::Accepted {
+            uid: task.uid.clone(),
+            attempt,
+            task_dir: task.dir.clone(),
+            resume: task.resumable.then(|| {
+                Box::new(journal::Resume {
+                    name: task.name.clone(),
+                    spec: task.template.clone(),
+                })
+            }),
+        };
+        let id = self.table.insert(task);
+        self.journal.write(Some(record), Vec::new());
+        let prep = Abortable::new(prepare(input), registration);
+        self.preparing.push(Box::pin(async move { (id, prep.await) }));
+        self.schedule_measure(MEASURE_BUSY);
+        Some(id)
+    }
+
+    /// Whether the robot takes `spec` now: its driver, who it runs as (a
+    /// resumed task gets its own uid back if it can: its files are owned
+    /// by it), and the client for its artifacts; or why not.
+    #[allow(clippy::type_complexity)]
+    fn admit(
+        &mut self,
+        uid: &str,
+        spec: &TaskTemplate,
+        resumed: Option<Resumed>,
+    ) -> Result<(usize, RunAs, Option<u32>, Option<reqwest::Client>), (TaskReason, String)> {
+        if let Err(e) = validate_task_template(spec) {
+            return Err((TaskReason::InvalidSpec, format!("invalid spec: {e}")));
+        }
+        if !is_path_component(uid) {
+            return Err((
+                TaskReason::InvalidSpec,
+                "task uid cannot name a directory".to_owned(),
+            ));
+        }
+        if let Some(message) = self.over_capacity(spec) {
+            return Err((TaskReason::OverCapacity, message));
+        }
+        let plan = self
+            .config
+            .policy
+            .decide(spec, self.agent_is_root)
+            .map_err(|refusal| (refusal.reason, refusal.message))?;
         let Some(driver) = self.launchers.iter().position(|d| d.name() == spec.driver) else {
             let message = format!("driver {:?} is not available on this robot", spec.driver);
-            {
-                self.finish_early(uid, attempt, TaskReason::InvalidSpec, message);
-                return None;
-            }
+            return Err((TaskReason::InvalidSpec, message));
         };
         let (run_as, own_uid) = match plan {
             Plan::Run(run_as) => (run_as, None),
-            // A resumed task gets its uid back if it can: its files are owned by it.
             Plan::OwnUid => match resumed
                 .and_then(|r| r.uid)
                 .filter(|u| self.uids.take_exact(*u))
@@ -643,82 +680,57 @@ impl Runner {
                         self.config.task_uids.start(),
                         self.config.task_uids.end()
                     );
-                    {
-                        self.finish_early(uid, attempt, TaskReason::OverCapacity, message);
-                        return None;
-                    }
+                    return Err((TaskReason::OverCapacity, message));
                 }
             },
         };
-        let dir = self.tasks_dir.join(format!("{uid}-{attempt}"));
-        let client = if spec.artifacts.is_empty() {
-            None
-        } else {
-            match &self.http {
-                Some(client) => Some(client.clone()),
-                None => match artifacts::client() {
-                    Ok(client) => Some(self.http.insert(client).clone()),
-                    Err(message) => {
-                        self.give_back(own_uid);
-                        {
-                            self.finish_early(uid, attempt, TaskReason::StartFailed, message);
-                            return None;
-                        }
-                    }
-                },
+        match self.artifact_client(spec) {
+            Ok(client) => Ok((driver, run_as, own_uid, client)),
+            Err(message) => {
+                self.give_back(own_uid);
+                Err((TaskReason::StartFailed, message))
             }
-        };
-        let input = PrepInput {
-            dir: dir.clone(),
+        }
+    }
+
+    /// The HTTP client for `spec`'s artifacts (None when it has none),
+    /// made once.
+    fn artifact_client(&mut self, spec: &TaskTemplate) -> Result<Option<reqwest::Client>, String> {
+        if spec.artifacts.is_empty() {
+            return Ok(None);
+        }
+        if let Some(client) = &self.http {
+            return Ok(Some(client.clone()));
+        }
+        let client = artifacts::client()?;
+        Ok(Some(self.http.insert(client).clone()))
+    }
+
+    /// What preparing a task takes (`keep_dir`: a directory kept from an
+    /// earlier run of it).
+    fn prep_input(
+        &self,
+        dir: PathBuf,
+        driver: usize,
+        template: TaskTemplate,
+        run_as: RunAs,
+        client: Option<reqwest::Client>,
+        keep_dir: bool,
+    ) -> PrepInput {
+        PrepInput {
+            dir,
             launcher: Arc::clone(&self.launchers[driver]),
-            template: spec.clone(),
+            template,
             run_as,
             allow_root: self.config.policy.allow_root,
-            keep_dir: resumed.is_some(),
+            keep_dir,
             client,
             limits: artifacts::Limits {
                 max_bytes: self.config.artifact_max_bytes,
                 timeout: self.config.artifact_timeout,
                 retries: self.config.artifact_retries,
             },
-        };
-        let (abort, registration) = AbortHandle::new_pair();
-        // Started again from the journal after a reboot or an agent restart:
-        // what has restarts on the robot and cannot have been replaced.
-        let resume = (!fenced && Budget::of(&spec).is_some()).then(|| {
-            Box::new(journal::Resume {
-                name: name.clone(),
-                spec: spec.clone(),
-            })
-        });
-        let resumable = resume.is_some();
-        let record = Record::Accepted {
-            uid: uid.clone(),
-            attempt,
-            task_dir: dir.clone(),
-            resume,
-        };
-        let new = NewTask {
-            uid,
-            attempt,
-            name,
-            dir,
-            template: spec,
-            driver,
-            own_uid,
-        };
-        let mut task = Task::preparing(new, abort, self.config.output_tail_bytes);
-        task.resumable = resumable;
-        if let (Some(resumed), Some(budget)) = (resumed, task.restarts.as_mut()) {
-            budget.count = resumed.restarts;
-            task.resumed = true;
         }
-        let id = self.table.insert(task);
-        self.journal.write(Some(record), Vec::new());
-        let prep = Abortable::new(prepare(input), registration);
-        self.preparing.push(Box::pin(async move { (id, prep.await) }));
-        self.schedule_measure(MEASURE_BUSY);
-        Some(id)
     }
 
     /// Why the robot cannot take `spec` now, if it cannot.
@@ -855,7 +867,6 @@ impl Runner {
             at: started.clone(),
         };
         let keep_prepared = task.restarts.is_some() || !task.checks.is_empty();
-        let first_checks: Vec<Duration> = task.checks.iter().map(|c| c.timing.initial_delay).collect();
         let (uid, attempt) = (task.uid.clone(), task.attempt);
         let lineage = match cgroup {
             Some(_) => None,
@@ -914,7 +925,17 @@ impl Runner {
             self.pipes.push(output::read_next(id, Stream::Stderr, stderr));
         }
         self.journal.write(Some(record), vec![event]);
-        for (index, after) in first_checks.into_iter().enumerate() {
+        self.schedule_first_checks(id);
+    }
+
+    /// Arms a running task's health checks, each after its initial delay.
+    fn schedule_first_checks(&mut self, id: u64) {
+        let delays: Vec<Duration> = self
+            .table
+            .get(id)
+            .map(|t| t.checks.iter().map(|c| c.timing.initial_delay).collect())
+            .unwrap_or_default();
+        for (index, after) in delays.into_iter().enumerate() {
             self.table.schedule(Deadline::Check(id, index), after);
         }
     }
@@ -1220,11 +1241,6 @@ impl Runner {
             .duration_since(started.started_at)
             .try_into()
             .unwrap_or(Duration::ZERO);
-        let first_checks: Vec<Duration> = self
-            .table
-            .get(id)
-            .map(|t| t.checks.iter().map(|c| c.timing.initial_delay).collect())
-            .unwrap_or_default();
         if let Some(t) = self.table.get_mut(id) {
             t.cgroup = started.cgroup.clone().map(TaskCgroup::at);
             t.resumed = false;
@@ -1245,9 +1261,7 @@ impl Runner {
         self.waits
             .push(Box::pin(async move { (id, adopted_exit(pid, pid_start).await) }));
         self.journal.write(Some(record), Vec::new());
-        for (index, after) in first_checks.into_iter().enumerate() {
-            self.table.schedule(Deadline::Check(id, index), after);
-        }
+        self.schedule_first_checks(id);
     }
 
     /// Runs health check `index` of a running task; its probe comes back
@@ -1383,28 +1397,12 @@ impl Runner {
             let message = "cannot run it again: the robot's policy no longer allows it".to_owned();
             return self.finish_unstarted(id, TaskReason::NotPermitted, message);
         };
-        let client = if task.template.artifacts.is_empty() {
-            None
-        } else {
-            match &self.http {
-                Some(client) => Some(client.clone()),
-                None => artifacts::client().ok().map(|c| self.http.insert(c).clone()),
-            }
+        let (dir, driver, template) = (task.dir.clone(), task.driver, task.template.clone());
+        let client = match self.artifact_client(&template) {
+            Ok(client) => client,
+            Err(message) => return self.finish_unstarted(id, TaskReason::StartFailed, message),
         };
-        let input = PrepInput {
-            dir: task.dir.clone(),
-            launcher: Arc::clone(&self.launchers[task.driver]),
-            template: task.template.clone(),
-            run_as,
-            allow_root: self.config.policy.allow_root,
-            keep_dir: true,
-            client,
-            limits: artifacts::Limits {
-                max_bytes: self.config.artifact_max_bytes,
-                timeout: self.config.artifact_timeout,
-                retries: self.config.artifact_retries,
-            },
-        };
+        let input = self.prep_input(dir, driver, template, run_as, client, true);
         self.preparing
             .push(Box::pin(async move { (id, Ok(prepare(input).await)) }));
     }
