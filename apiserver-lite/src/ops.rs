@@ -492,7 +492,15 @@ pub fn commit_update(
     }
     // Nothing changed: no new resourceVersion, no event (controllers rely on this).
     if comparable(old) == comparable(&new) {
-        return Ok(Written::updated(Object::new(old.clone()), warnings));
+        // Answered with the stored bytes `old` was read from: not serialized again.
+        let stored = txn
+            .state
+            .get_object(&rt.stored_resource(), meta_str(old, "namespace"), &name)
+            .cloned();
+        return Ok(Written::updated(
+            stored.unwrap_or_else(|| Object::new(old.clone())),
+            warnings,
+        ));
     }
     escalation::check(txn.state, &opts.identity, rt, Some(old), &new)?;
     if opts.dry_run {

@@ -88,10 +88,7 @@ fn resource_list(app: &App, g: &str, v: &str) -> Result<Value, ApiError> {
 }
 
 fn wants_protobuf(headers: &HeaderMap) -> bool {
-    let accept = headers
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default();
+    let accept = super::response::accept(headers);
     accept.contains("protobuf") && !accept.contains("json")
 }
 

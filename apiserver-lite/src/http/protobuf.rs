@@ -63,10 +63,7 @@ fn request_error(e: ProtobufError) -> ApiError {
 /// that this server can answer is plain protobuf (not a Table or metadata
 /// form of it, which are served as JSON only).
 pub(super) fn wanted(headers: &HeaderMap) -> bool {
-    let accept = headers
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default();
+    let accept = super::response::accept(headers);
     for part in accept.split(',') {
         let mut params = part.split(';').map(str::trim);
         let media = params.next().unwrap_or_default().to_ascii_lowercase();

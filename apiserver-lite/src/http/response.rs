@@ -30,11 +30,16 @@ pub(super) enum Shape {
     Metadata,
 }
 
-pub(super) fn shape(headers: &HeaderMap) -> Shape {
-    let accept = headers
+/// The request's `Accept` header ("" when it has none or it is not text).
+pub(super) fn accept(headers: &HeaderMap) -> &str {
+    headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+pub(super) fn shape(headers: &HeaderMap) -> Shape {
+    let accept = accept(headers);
     // The first acceptable media type wins; we serve JSON Table and partial metadata.
     for part in accept.split(',') {
         let p = part.replace(' ', "");
