@@ -851,3 +851,20 @@ async fn a_cancel_during_an_unhealthy_stop_ends_the_task_without_a_restart() {
     assert_eq!(outcome.reason, TaskReason::Cancelled, "{}", outcome.message);
     assert_eq!(s.fake.starts(), 1, "restarted after a cancel");
 }
+
+#[tokio::test(start_paused = true)]
+async fn on_shutdown_a_fenced_service_is_stopped_not_left_running() {
+    let mut s = Harness::with(|c| c.leave_services_running = true, false);
+    let req = TaskRequest {
+        uid: "fenced".to_owned(),
+        attempt: 1,
+        name: "fenced".to_owned(),
+        spec: restarting(task("sleep"), TaskKind::Service, 2, LocalRestartMode::Fail),
+        fenced: true,
+    };
+    assert_eq!(s.handle.submit(req).await.unwrap(), Submit::Accepted);
+    s.started("fenced").await;
+    s.handle.shutdown().await;
+    // Nothing would fence it while no agent runs.
+    assert_eq!(s.finished("fenced").await.reason, TaskReason::Cancelled);
+}
