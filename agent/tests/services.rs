@@ -367,7 +367,7 @@ async fn an_agent_restart_leaves_a_service_running_and_still_enforces_its_timeou
 async fn after_an_agent_crash_stop_left_tasks_kills_batch_tasks_and_spares_services() {
     let Online {
         broker,
-        server,
+        mut server,
         mut agent,
         tmp,
         state,
@@ -397,6 +397,10 @@ async fn after_an_agent_crash_stop_left_tasks_kills_batch_tasks_and_spares_servi
         pids_in(&batch_pids).first().copied()
     })
     .await;
+    // A status leaves the agent only once the journal holds the start it
+    // reports: from then on `--stop-left-tasks` can find the task.
+    let running: StatusUpdate = server.next("/tasks/u-batch5/status", LONG).await.decode();
+    assert_eq!(running.state, TaskState::Running);
 
     agent.kill();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_k8s4r-agent"))
