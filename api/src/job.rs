@@ -1,12 +1,14 @@
 //! The Job and TaskGroup resources: what people submit, and its fan-out.
 
 use jiff::Timestamp;
-use schemars::JsonSchema;
+use std::borrow::Cow;
+
+use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::{Deserialize, Serialize};
 
 use crate::condition::Condition;
 use crate::disconnect::DisconnectPolicy;
-use crate::selector::{Constraint, LabelSelector};
+use crate::selector::{AntiAffinity, Constraint, LabelSelector, WeightedAffinity};
 use crate::task::{RestartPolicy, TaskCounts, TaskTemplate};
 
 /// A batch of work for the fleet: one or more groups of identical tasks.
@@ -44,6 +46,91 @@ pub struct JobSpec {
     /// Scheduling priority (higher first).
     #[serde(default)]
     pub priority: i32,
+    /// Groups that run one after another, in this order (a shorthand for
+    /// `after` on each of them). Groups not listed start at once.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub order: Vec<String>,
+}
+
+impl JobSpec {
+    /// The groups `group` waits for: its own `after` and, when it is listed
+    /// in `order`, the group listed before it.
+    pub fn dependencies_of<'a>(&'a self, group: &'a TaskGroupTemplate) -> Vec<&'a str> {
+        let mut deps: Vec<&str> = group.after.iter().map(String::as_str).collect();
+        if let Some(i) = self.order.iter().position(|g| *g == group.name) {
+            if let Some(before) = i.checked_sub(1).and_then(|b| self.order.get(b)) {
+                if !deps.contains(&before.as_str()) {
+                    deps.push(before);
+                }
+            }
+        }
+        deps
+    }
+}
+
+/// How a group decides how many tasks it runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum GroupMode {
+    /// `count` copies, placed by the scheduler.
+    #[default]
+    Count,
+    /// One task on every approved robot the group's selector and constraints
+    /// match, including robots that register while the group runs (Nomad's
+    /// sysbatch, a Kubernetes DaemonSet run to completion).
+    EveryRobot,
+}
+
+impl GroupMode {
+    fn is_count(&self) -> bool {
+        *self == GroupMode::Count
+    }
+}
+
+/// A number of tasks, or a percentage of the group's robots ("10%").
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum CountOrPercent {
+    /// So many tasks.
+    Count(i32),
+    /// A percentage such as "25%".
+    Percent(String),
+}
+
+impl CountOrPercent {
+    /// The number of tasks out of `total` (a percentage rounds down);
+    /// `None` for a malformed value.
+    pub fn of(&self, total: i32) -> Option<i32> {
+        match self {
+            CountOrPercent::Count(n) if *n >= 0 => Some(*n),
+            CountOrPercent::Count(_) => None,
+            CountOrPercent::Percent(p) => {
+                let pct: i64 = p.strip_suffix('%')?.trim().parse().ok()?;
+                if !(0..=100).contains(&pct) {
+                    return None;
+                }
+                i32::try_from(i64::from(total.max(0)) * pct / 100).ok()
+            }
+        }
+    }
+}
+
+impl JsonSchema for CountOrPercent {
+    fn schema_name() -> Cow<'static, str> {
+        "CountOrPercent".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        schemars::json_schema!({
+            "x-kubernetes-int-or-string": true,
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "description": "A number of tasks, or a percentage of the group's robots such as \"10%\"."
+        })
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
 }
 
 /// One group of a Job: `count` copies of one task.
@@ -52,8 +139,29 @@ pub struct JobSpec {
 pub struct TaskGroupTemplate {
     /// The group's name, unique within the job (a DNS label).
     pub name: String,
-    /// How many tasks to run.
+    /// How many tasks to run (mode `count`).
+    #[serde(default)]
     pub count: i32,
+    /// `count` (the default) or `everyRobot`: one task per matching robot.
+    #[serde(default, skip_serializing_if = "GroupMode::is_count")]
+    pub mode: GroupMode,
+    /// everyRobot: at most this many robots run the group's task at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_parallel: Option<i32>,
+    /// everyRobot: once more tasks than this have failed for good (a count
+    /// or a percentage of the matched robots), no further robot is started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_failed: Option<CountOrPercent>,
+    /// Groups of the same Job that must complete before this one starts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub after: Vec<String>,
+    /// At most one running task of this group per robot (or per value of a
+    /// robot label).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub anti_affinity: Option<AntiAffinity>,
+    /// Robots this group prefers, with weights.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub affinity: Vec<WeightedAffinity>,
     /// The task each of them runs.
     pub task: TaskTemplate,
     /// Robots this group's tasks may run on, in addition to the job's selector.
@@ -82,6 +190,8 @@ pub enum WorkState {
     Completed,
     /// Some task failed for good.
     Failed,
+    /// Never started: a group it runs after failed or was skipped.
+    Skipped,
 }
 
 impl WorkState {
@@ -102,9 +212,12 @@ impl WorkState {
         }
     }
 
-    /// Completed or Failed.
+    /// Completed, Failed or Skipped.
     pub fn is_finished(self) -> bool {
-        matches!(self, WorkState::Completed | WorkState::Failed)
+        matches!(
+            self,
+            WorkState::Completed | WorkState::Failed | WorkState::Skipped
+        )
     }
 }
 
@@ -152,6 +265,10 @@ pub struct GroupSummary {
     /// Its tasks per state.
     #[serde(default)]
     pub counts: TaskCounts,
+    /// Why it has not started: the groups it waits for, or why it was
+    /// skipped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 /// One group of a Job, as its own object (owned by the Job).
@@ -170,7 +287,7 @@ pub struct GroupSummary {
         status = "TaskGroupStatus",
         doc = "One group of a Job: count copies of one task.",
         printcolumn(name = "State", type_ = "string", json_path = ".status.state"),
-        printcolumn(name = "Count", type_ = "integer", json_path = ".spec.count"),
+        printcolumn(name = "Desired", type_ = "integer", json_path = ".status.desired"),
         printcolumn(name = "Completions", type_ = "string", json_path = ".status.completions"),
         printcolumn(name = "Running", type_ = "integer", json_path = ".status.counts.running"),
         printcolumn(name = "Failed", type_ = "integer", json_path = ".status.counts.failed"),
@@ -206,12 +323,39 @@ pub struct TaskGroupStatus {
     /// Robots the group's tasks are assigned to.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub robots: Vec<String>,
+    /// How many tasks the group should have (`count`, or the robots an
+    /// everyRobot group matched).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub desired: Option<i32>,
+    /// everyRobot: how far the rollout over the fleet got.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<Rollout>,
     /// The generation this status was computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// Conditions.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+}
+
+/// An everyRobot group's progress over the fleet.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Rollout {
+    /// Robots the group matches (and robots whose task is kept after they
+    /// stopped matching).
+    pub robots: i32,
+    /// Robots whose task was created.
+    pub started: i32,
+    /// Robots not reached yet.
+    pub waiting: i32,
+    /// Per robot, the state of its task (at most the first 100 robots by
+    /// name; the Tasks, labelled with their robot, show every one).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub per_robot: std::collections::BTreeMap<String, crate::task::TaskState>,
+    /// Set when the rollout stopped before reaching every robot, and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<String>,
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@ pub mod job;
 #[cfg(feature = "logging")]
 pub mod logging;
 pub mod names;
+pub mod periodic;
 pub mod protocol;
 pub mod quantity;
 pub mod robot;
@@ -38,14 +39,17 @@ pub use condition::{Condition, ConditionStatus};
 pub use disconnect::{DisconnectPolicy, Reconcile};
 pub use duration::{parse_duration, DurationError, DurationString};
 pub use job::{
-    GroupSummary, JobSpec, JobStatus, TaskGroupSpec, TaskGroupStatus, TaskGroupTemplate, WorkState,
+    CountOrPercent, GroupMode, GroupSummary, JobSpec, JobStatus, Rollout, TaskGroupSpec, TaskGroupStatus,
+    TaskGroupTemplate, WorkState,
 };
+pub use periodic::{ConcurrencyPolicy, JobTemplate, PeriodicJobSpec, PeriodicJobStatus};
 pub use quantity::{Quantity, QuantityError};
 pub use robot::{
     AgentHealth, DeviceInfo, RobotPhase, RobotResources, RobotSpec, RobotStatus, TaskPolicy, Usage,
 };
 pub use selector::{
-    Constraint, ConstraintOperator, LabelSelector, LabelSelectorRequirement, SelectorOperator,
+    AntiAffinity, Constraint, ConstraintOperator, LabelSelector, LabelSelectorRequirement, SelectorOperator,
+    WeightedAffinity,
 };
 pub use task::{
     Artifact, AttemptRecord, EnvVar, ExecCheck, HealthCheck, HttpCheck, LocalRestart, LocalRestartMode,
@@ -55,6 +59,8 @@ pub use task::{
 
 #[cfg(feature = "kube")]
 pub use job::{Job, TaskGroup};
+#[cfg(feature = "kube")]
+pub use periodic::PeriodicJob;
 #[cfg(feature = "kube")]
 pub use robot::Robot;
 #[cfg(feature = "kube")]

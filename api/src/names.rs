@@ -9,6 +9,13 @@ pub const LABEL_JOB: &str = "robot.k8s4r.io/job";
 pub const LABEL_GROUP: &str = "robot.k8s4r.io/group";
 /// Label on Tasks: the task's index within its group.
 pub const LABEL_INDEX: &str = "robot.k8s4r.io/index";
+/// Label on the Tasks of an everyRobot group: the robot the task is for.
+pub const LABEL_ROBOT: &str = "robot.k8s4r.io/robot";
+/// Label on the Jobs a PeriodicJob creates: the PeriodicJob's name.
+pub const LABEL_PERIODIC_JOB: &str = "robot.k8s4r.io/periodic-job";
+/// Annotation on the Jobs a PeriodicJob creates: the scheduled time of the
+/// run (RFC 3339), as Kubernetes' CronJob controller records it.
+pub const ANNOTATION_SCHEDULED_AT: &str = "robot.k8s4r.io/scheduled-at";
 /// Finalizer the server holds on a dispatched Task until the robot has
 /// stopped it (or is offline).
 pub const FINALIZER_CANCEL: &str = "robot.k8s4r.io/cancel-on-robot";

@@ -187,6 +187,36 @@ impl Constraint {
     }
 }
 
+/// Required anti-affinity: at most one running task of a group per robot,
+/// or per value of a robot label (`topologyKey`, e.g. `site`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AntiAffinity {
+    /// A robot label: at most one task of the group per value of it. A robot
+    /// without the label takes none of the group's tasks. Empty: per robot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology_key: Option<String>,
+}
+
+/// Preferred affinity: robots the selector matches score `weight` higher.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WeightedAffinity {
+    /// 1 to 100; the weights of every matching rule add up.
+    pub weight: i32,
+    /// Robots, by label, the rule prefers.
+    pub selector: LabelSelector,
+}
+
+/// The summed weight of the affinity rules a robot with `labels` matches.
+pub fn affinity_weight(rules: &[WeightedAffinity], labels: &BTreeMap<String, String>) -> i64 {
+    rules
+        .iter()
+        .filter(|r| r.selector.matches(labels))
+        .map(|r| i64::from(r.weight))
+        .sum()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

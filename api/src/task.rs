@@ -8,7 +8,7 @@ use crate::condition::Condition;
 use crate::disconnect::DisconnectPolicy;
 use crate::duration::DurationString;
 use crate::quantity::Quantity;
-use crate::selector::{Constraint, LabelSelector};
+use crate::selector::{AntiAffinity, Constraint, LabelSelector, WeightedAffinity};
 
 /// The drivers an agent may offer. A robot offers `raw_exec` only when its
 /// configuration turns it on.
@@ -346,6 +346,16 @@ pub struct TaskSpec {
     /// Scheduling priority (higher first), from the Job.
     #[serde(default)]
     pub priority: i32,
+    /// At most one running task of the task's group per robot (or per value
+    /// of a robot label), from its group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub anti_affinity: Option<AntiAffinity>,
+    /// Robots preferred, with weights, from its group.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub affinity: Vec<WeightedAffinity>,
+    /// The one robot this task may run on (an everyRobot group's task).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub robot_name: Option<String>,
     /// The robot chosen by the scheduler; empty until scheduled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_robot: Option<String>,

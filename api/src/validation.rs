@@ -6,9 +6,11 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::duration::DurationString;
-use crate::job::JobSpec;
+use crate::job::{GroupMode, JobSpec};
+use crate::periodic::PeriodicJobSpec;
 use crate::selector::{
-    Constraint, ConstraintOperator, LabelSelector, SelectorOperator, CONSTRAINT_ATTRIBUTES,
+    AntiAffinity, Constraint, ConstraintOperator, LabelSelector, SelectorOperator, WeightedAffinity,
+    CONSTRAINT_ATTRIBUTES,
 };
 use crate::task::{
     HealthCheck, LocalRestart, LocalRestartMode, RestartPolicy, TaskKind, TaskResources, TaskSpec,
@@ -203,6 +205,157 @@ pub fn validate_task_spec(spec: &TaskSpec) -> Result<(), ValidationErrors> {
             report.error("spec.targetRobot", e);
         }
     }
+    if let Some(robot) = &spec.robot_name {
+        if let Err(e) = validate_robot_id(robot) {
+            report.error("spec.robotName", e);
+        }
+    }
+    check_affinity(&mut report, "spec", spec.anti_affinity.as_ref(), &spec.affinity);
+    report.finish()
+}
+
+fn check_affinity(
+    report: &mut Report,
+    path: &str,
+    anti: Option<&AntiAffinity>,
+    affinity: &[WeightedAffinity],
+) {
+    if let Some(key) = anti.and_then(|a| a.topology_key.as_deref()) {
+        if let Err(e) = validate_label_key(key) {
+            report.error(format!("{path}.antiAffinity.topologyKey"), e);
+        }
+    }
+    for (i, rule) in affinity.iter().enumerate() {
+        let at = format!("{path}.affinity[{i}]");
+        if !(1..=100).contains(&rule.weight) {
+            report.error(
+                format!("{at}.weight"),
+                format!("must be between 1 and 100, got {}", rule.weight),
+            );
+        }
+        check_selector(report, &format!("{at}.selector"), &rule.selector);
+    }
+}
+
+/// Checks a Job's ordering: `after` and `order` name groups of the Job, and
+/// the groups do not wait for each other in a circle.
+fn check_ordering(report: &mut Report, spec: &JobSpec) {
+    let names: BTreeSet<&str> = spec.task_groups.iter().map(|g| g.name.as_str()).collect();
+    let mut listed = BTreeSet::new();
+    let mut known = true;
+    for (i, name) in spec.order.iter().enumerate() {
+        if !names.contains(name.as_str()) {
+            report.error(format!("spec.order[{i}]"), format!("no group is named {name:?}"));
+            known = false;
+        } else if !listed.insert(name.as_str()) {
+            report.error(format!("spec.order[{i}]"), format!("{name:?} is listed twice"));
+            known = false;
+        }
+    }
+    for (i, group) in spec.task_groups.iter().enumerate() {
+        for (j, dep) in group.after.iter().enumerate() {
+            let at = format!("spec.taskGroups[{i}].after[{j}]");
+            if *dep == group.name {
+                report.error(at, format!("group {dep:?} cannot run after itself"));
+                known = false;
+            } else if !names.contains(dep.as_str()) {
+                report.error(at, format!("no group is named {dep:?}"));
+                known = false;
+            }
+        }
+    }
+    if !known {
+        return;
+    }
+    if let Some(cycle) = find_cycle(spec) {
+        report.error(
+            "spec.taskGroups",
+            format!(
+                "the groups wait for each other in a circle: {}",
+                cycle.join(" -> ")
+            ),
+        );
+    }
+}
+
+/// A circle of groups each waiting for the next, if there is one (as the
+/// list of names, the first repeated at the end).
+pub fn find_cycle(spec: &JobSpec) -> Option<Vec<String>> {
+    #[derive(Clone, Copy, PartialEq)]
+    enum Mark {
+        New,
+        Open,
+        Done,
+    }
+    fn visit(spec: &JobSpec, at: usize, marks: &mut [Mark], path: &mut Vec<usize>) -> Option<Vec<String>> {
+        marks[at] = Mark::Open;
+        path.push(at);
+        for dep in spec.dependencies_of(&spec.task_groups[at]) {
+            let Some(next) = spec.task_groups.iter().position(|g| g.name == dep) else {
+                continue;
+            };
+            match marks[next] {
+                Mark::Open => {
+                    let from = path.iter().position(|&p| p == next).unwrap_or(0);
+                    let mut cycle: Vec<String> = path[from..]
+                        .iter()
+                        .map(|&p| spec.task_groups[p].name.clone())
+                        .collect();
+                    cycle.push(spec.task_groups[next].name.clone());
+                    return Some(cycle);
+                }
+                Mark::New => {
+                    if let Some(cycle) = visit(spec, next, marks, path) {
+                        return Some(cycle);
+                    }
+                }
+                Mark::Done => {}
+            }
+        }
+        path.pop();
+        marks[at] = Mark::Done;
+        None
+    }
+    let mut marks = vec![Mark::New; spec.task_groups.len()];
+    for start in 0..spec.task_groups.len() {
+        if marks[start] == Mark::New {
+            if let Some(cycle) = visit(spec, start, &mut marks, &mut Vec::new()) {
+                return Some(cycle);
+            }
+        }
+    }
+    None
+}
+
+/// Validates a PeriodicJob's spec, except its schedule and time zone (the
+/// manager parses those).
+pub fn validate_periodic_job_spec(spec: &PeriodicJobSpec) -> Result<(), ValidationErrors> {
+    let mut report = Report::default();
+    if spec.schedule.trim().is_empty() {
+        report.error("spec.schedule", "a cron schedule is required");
+    }
+    if let Some(deadline) = &spec.starting_deadline {
+        if let Err(e) = crate::duration::parse_duration(deadline) {
+            report.error("spec.startingDeadline", e.to_string());
+        }
+    }
+    for (field, limit) in [
+        (
+            "spec.successfulJobsHistoryLimit",
+            spec.successful_jobs_history_limit,
+        ),
+        ("spec.failedJobsHistoryLimit", spec.failed_jobs_history_limit),
+    ] {
+        if limit.is_some_and(|l| l < 0) {
+            report.error(field, "must be >= 0");
+        }
+    }
+    if let Err(errors) = validate_job_spec(&spec.job_template.spec) {
+        for e in errors.0 {
+            let path = e.path.strip_prefix("spec.").unwrap_or(&e.path);
+            report.error(format!("spec.jobTemplate.spec.{path}"), e.message);
+        }
+    }
     report.finish()
 }
 
@@ -233,6 +386,38 @@ pub fn validate_job_spec(spec: &JobSpec) -> Result<(), ValidationErrors> {
                 format!("must be >= 0, got {}", group.count),
             );
         }
+        match group.mode {
+            GroupMode::Count => {
+                for (field, set) in [
+                    ("maxParallel", group.max_parallel.is_some()),
+                    ("maxFailed", group.max_failed.is_some()),
+                ] {
+                    if set {
+                        report.error(format!("{path}.{field}"), "only applies to mode everyRobot");
+                    }
+                }
+            }
+            GroupMode::EveryRobot => {
+                if group.count != 0 {
+                    report.error(
+                        format!("{path}.count"),
+                        "mode everyRobot runs one task per matching robot: leave count out",
+                    );
+                }
+                if let Some(n) = group.max_parallel.filter(|n| *n < 1) {
+                    report.error(format!("{path}.maxParallel"), format!("must be >= 1, got {n}"));
+                }
+                if let Some(max) = &group.max_failed {
+                    if max.of(100).is_none() {
+                        report.error(
+                            format!("{path}.maxFailed"),
+                            format!("must be a count >= 0 or a percentage from 0% to 100%, got {max:?}"),
+                        );
+                    }
+                }
+            }
+        }
+        check_affinity(&mut report, &path, group.anti_affinity.as_ref(), &group.affinity);
         check_template(&mut report, &format!("{path}.task"), &group.task);
         if let Some(selector) = &group.robot_selector {
             check_selector(&mut report, &format!("{path}.robotSelector"), selector);
@@ -247,6 +432,7 @@ pub fn validate_job_spec(spec: &JobSpec) -> Result<(), ValidationErrors> {
             }
         }
     }
+    check_ordering(&mut report, spec);
     report.finish()
 }
 

@@ -55,6 +55,7 @@ pub fn render(job: &str, state: Option<WorkState>, c: &TaskCounts) -> String {
         Some(WorkState::Running) => "running",
         Some(WorkState::Completed) => "completed",
         Some(WorkState::Failed) => "failed",
+        Some(WorkState::Skipped) => "skipped",
     };
     format!(
         "job {job}: {state:<9} [pending {}  dispatching {}  running {}  completed {}  failed {}]  {}/{} done",

@@ -140,6 +140,7 @@ fn job(i: usize) -> Job {
                 ..TaskGroupTemplate::default()
             }],
             priority: 0,
+            order: vec![],
         },
     )
 }

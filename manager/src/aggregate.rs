@@ -1,12 +1,13 @@
 //! Status aggregation: Tasks into their TaskGroup, TaskGroups into their Job.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::Timestamp;
 use k8s4r_api::condition::set_condition;
 use k8s4r_api::names::{CONDITION_COMPLETE, CONDITION_FAILED};
 use k8s4r_api::{
-    Condition, ConditionStatus, GroupSummary, JobStatus, TaskCounts, TaskGroupStatus, TaskState, WorkState,
+    Condition, ConditionStatus, GroupSummary, JobSpec, JobStatus, TaskCounts, TaskGroupStatus, TaskState,
+    WorkState,
 };
 
 /// One Task as its group counts it.
@@ -48,6 +49,8 @@ pub fn group_status<'a>(
         completions: Some(completions(&counts, expected)),
         counts,
         robots: robots.into_iter().collect(),
+        desired: previous.and_then(|p| p.desired),
+        rollout: None,
         observed_generation: generation,
         conditions,
     }
@@ -60,10 +63,80 @@ pub struct GroupView<'a> {
     pub name: &'a str,
     /// Its TaskGroup object's name.
     pub task_group: String,
-    /// The group's `count`.
+    /// How many Tasks the group should have (`count`, or what an
+    /// everyRobot group's status says; at least 1 before it says).
     pub count: i32,
     /// The TaskGroup's status, when it exists and has one.
     pub status: Option<&'a TaskGroupStatus>,
+    /// Whether it may start (see [`gates`]).
+    pub gate: Gate,
+}
+
+/// Whether a group of a Job may start, given the groups it runs after.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Gate {
+    /// It may start (or has started).
+    Open,
+    /// It waits for these groups to complete.
+    Waiting(Vec<String>),
+    /// It will never start, and why.
+    Skipped(String),
+}
+
+/// Decides every group's gate. `state` gives the state of a group whose
+/// TaskGroup exists (a group that exists is open for good: ordering only
+/// holds back creation). The Job must have passed validation (no cycle);
+/// a cycle met anyway leaves its groups waiting.
+pub fn gates(spec: &JobSpec, state: impl Fn(&str) -> Option<WorkState>) -> BTreeMap<String, Gate> {
+    fn visit(
+        spec: &JobSpec,
+        name: &str,
+        state: &dyn Fn(&str) -> Option<WorkState>,
+        done: &mut BTreeMap<String, Gate>,
+        open: &mut BTreeSet<String>,
+    ) -> Gate {
+        if let Some(g) = done.get(name) {
+            return g.clone();
+        }
+        let Some(group) = spec.task_groups.iter().find(|g| g.name == name) else {
+            return Gate::Waiting(vec![name.to_owned()]);
+        };
+        if state(name).is_some() {
+            done.insert(name.to_owned(), Gate::Open);
+            return Gate::Open;
+        }
+        if !open.insert(name.to_owned()) {
+            return Gate::Waiting(vec![name.to_owned()]);
+        }
+        let mut waiting = Vec::new();
+        let mut skipped = None;
+        for dep in spec.dependencies_of(group) {
+            let dep_gate = visit(spec, dep, state, done, open);
+            match (dep_gate, state(dep)) {
+                (Gate::Skipped(_), _) => {
+                    skipped.get_or_insert_with(|| format!("group {dep} was skipped"));
+                }
+                (_, Some(WorkState::Failed)) => {
+                    skipped.get_or_insert_with(|| format!("group {dep} failed"));
+                }
+                (_, Some(WorkState::Completed)) => {}
+                _ => waiting.push(dep.to_owned()),
+            }
+        }
+        open.remove(name);
+        let gate = match skipped {
+            Some(why) => Gate::Skipped(why),
+            None if waiting.is_empty() => Gate::Open,
+            None => Gate::Waiting(waiting),
+        };
+        done.insert(name.to_owned(), gate.clone());
+        gate
+    }
+    let mut done = BTreeMap::new();
+    for group in &spec.task_groups {
+        visit(spec, &group.name, &state, &mut done, &mut BTreeSet::new());
+    }
+    done
 }
 
 /// The status of a Job from its groups.
@@ -76,18 +149,62 @@ pub fn job_status(
     let mut counts = TaskCounts::default();
     let mut expected = 0;
     let mut summaries = Vec::with_capacity(groups.len());
+    let mut failed_groups = Vec::new();
+    let mut skipped_groups = Vec::new();
     for g in groups {
-        let group_counts = g.status.map(|s| s.counts.clone()).unwrap_or_default();
+        let (group_counts, state, message) = match &g.gate {
+            Gate::Skipped(why) => {
+                skipped_groups.push(g.name);
+                (
+                    TaskCounts::default(),
+                    WorkState::Skipped,
+                    Some(format!("skipped: {why}")),
+                )
+            }
+            Gate::Waiting(deps) => {
+                // Its tasks are still to come: pending, so that the Job
+                // neither completes nor fails without them.
+                let n = g.count.max(0);
+                let waiting = TaskCounts {
+                    total: n,
+                    pending: n,
+                    ..TaskCounts::default()
+                };
+                expected += n;
+                (
+                    waiting,
+                    WorkState::Pending,
+                    Some(format!("waits for {}", deps.join(", "))),
+                )
+            }
+            Gate::Open => {
+                expected += g.count.max(0);
+                let state = g.status.and_then(|s| s.state).unwrap_or(WorkState::Pending);
+                if state == WorkState::Failed {
+                    failed_groups.push(g.name);
+                }
+                let rollout = g.status.and_then(|s| s.rollout.as_ref());
+                (
+                    g.status.map(|s| s.counts.clone()).unwrap_or_default(),
+                    state,
+                    rollout.and_then(|r| r.stopped.clone()),
+                )
+            }
+        };
         counts.merge(&group_counts);
-        expected += g.count.max(0);
         summaries.push(GroupSummary {
             name: g.name.to_owned(),
             task_group: g.task_group.clone(),
-            state: Some(g.status.and_then(|s| s.state).unwrap_or(WorkState::Pending)),
+            state: Some(state),
             counts: group_counts,
+            message,
         });
     }
-    let state = WorkState::of(&counts, expected);
+    let mut state = WorkState::of(&counts, expected);
+    if state == WorkState::Completed && !skipped_groups.is_empty() {
+        // Skipped groups only follow a failure; never a completed Job.
+        state = WorkState::Failed;
+    }
     let start_time = previous.and_then(|p| p.start_time).or_else(|| {
         let started = counts.dispatching + counts.running + counts.completed + counts.failed > 0;
         started.then_some(now)
@@ -99,6 +216,15 @@ pub fn job_status(
     };
     let mut conditions = previous.map(|p| p.conditions.clone()).unwrap_or_default();
     finished_conditions(&mut conditions, state, generation);
+    if state == WorkState::Failed && !failed_groups.is_empty() {
+        let mut message = format!("group {} failed", failed_groups.join(", "));
+        if !skipped_groups.is_empty() {
+            message.push_str(&format!("; skipped: {}", skipped_groups.join(", ")));
+        }
+        let mut c = Condition::new(CONDITION_FAILED, ConditionStatus::True, "GroupFailed", message);
+        c.observed_generation = generation;
+        set_condition(&mut conditions, c);
+    }
     JobStatus {
         state: Some(state),
         completions: Some(completions(&counts, expected)),
@@ -216,12 +342,14 @@ mod tests {
                 task_group: "j-a".into(),
                 count: 1,
                 status: Some(&a),
+                gate: Gate::Open,
             },
             GroupView {
                 name: "b",
                 task_group: "j-b".into(),
                 count: 1,
                 status: Some(&b),
+                gate: Gate::Open,
             },
         ];
         let s = job_status(&groups, None, Some(1), t0);
@@ -261,6 +389,7 @@ mod tests {
             task_group: "j-a".into(),
             count: 3,
             status: None,
+            gate: Gate::Open,
         }];
         let s = job_status(&groups, None, None, now);
         assert_eq!(s.state, Some(WorkState::Pending));

@@ -18,11 +18,13 @@ pub mod cli;
 pub mod config;
 pub mod controllers;
 pub mod error;
+pub mod fleet;
 pub mod leader;
 pub mod ledger;
 pub mod lifecycle;
 pub mod liveness;
 pub mod metrics;
+pub mod periodic;
 pub mod scheduler;
 
 use std::sync::Arc;

@@ -13,7 +13,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 
 /// The controllers, for labels.
-pub const CONTROLLERS: [&str; 4] = ["job", "taskgroup", "task", "robot"];
+pub const CONTROLLERS: [&str; 5] = ["job", "taskgroup", "task", "robot", "periodicjob"];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ControllerLabel {

@@ -5,15 +5,19 @@
 //! already assigned in a [`crate::ledger::Ledger`], and asks [`choose`] for
 //! each task. Filters run first (phase, cordon, whether the robot takes
 //! tasks at all, selector, constraints, driver, the robot's task policy,
-//! its task limit, free CPU, memory and disk); among the robots left, the
-//! tasks of one group spread across robots first, then the least allocated
-//! robot wins.
+//! its task limit, free CPU, memory and disk, the group's required
+//! anti-affinity); among the robots left, the one the group's preferred
+//! affinity weighs highest wins, then the tasks of one group spread across
+//! robots, then the least allocated robot wins. A task of lower priority
+//! leaves a robot to a waiting task of higher priority that fits it
+//! (`Request::reserved`).
 
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 
-use k8s4r_api::{Constraint, LabelSelector, RobotPhase, TaskPolicy};
+use k8s4r_api::selector::affinity_weight;
+use k8s4r_api::{AntiAffinity, Constraint, LabelSelector, RobotPhase, TaskPolicy, WeightedAffinity};
 
 /// What the scheduler needs to know about one robot.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -104,6 +108,15 @@ pub struct Request<'a> {
     /// A robot to use only when nothing else fits (the one whose dispatch
     /// just timed out).
     pub avoid: Option<&'a str>,
+    /// The one robot the task may run on (an everyRobot group's task).
+    pub robot: Option<&'a str>,
+    /// At most one running task of `group` per robot, or per value of a
+    /// robot label.
+    pub anti_affinity: Option<&'a AntiAffinity>,
+    /// Robots preferred, with weights.
+    pub affinity: &'a [WeightedAffinity],
+    /// Robots kept for waiting tasks of higher priority.
+    pub reserved: &'a [String],
 }
 
 /// Why one robot was filtered out. The order is the order of the filters.
@@ -125,6 +138,14 @@ pub enum Rejection {
     Driver,
     /// Its task policy refuses the task's user or groups.
     Policy,
+    /// It runs a task of the same group (required anti-affinity per robot).
+    AntiAffinity,
+    /// It lacks the anti-affinity's topology label.
+    TopologyMissing,
+    /// A robot with the same topology label value runs a task of the group.
+    TopologyTaken,
+    /// Kept for a waiting task of higher priority.
+    Reserved,
     /// It runs as many tasks as it allows.
     TaskLimit,
     /// Not enough free CPU.
@@ -136,8 +157,16 @@ pub enum Rejection {
 }
 
 impl Rejection {
-    fn describe(self) -> &'static str {
-        match self {
+    fn describe(self, topology_key: &str) -> String {
+        let fixed = match self {
+            Rejection::AntiAffinity => "already run a task of this group (anti-affinity)",
+            Rejection::TopologyMissing => {
+                return format!("lack label {topology_key} (anti-affinity)");
+            }
+            Rejection::TopologyTaken => {
+                return format!("share their {topology_key} with a task of this group (anti-affinity)");
+            }
+            Rejection::Reserved => "kept for a waiting task of higher priority",
             Rejection::Offline => "offline",
             Rejection::NotApproved => "not approved",
             Rejection::Cordoned => "unschedulable",
@@ -150,7 +179,8 @@ impl Rejection {
             Rejection::Cpu => "insufficient cpu",
             Rejection::Memory => "insufficient memory",
             Rejection::Disk => "insufficient disk",
-        }
+        };
+        fixed.to_owned()
     }
 }
 
@@ -161,18 +191,29 @@ pub struct NoFit {
     pub total: usize,
     /// Robots refused, per first failing filter.
     pub rejections: BTreeMap<Rejection, usize>,
+    /// The anti-affinity's topology label, to name it.
+    pub topology_key: Option<String>,
+    /// The one robot the task may run on, when it has one.
+    pub robot: Option<String>,
 }
 
 impl fmt::Display for NoFit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let (Some(robot), 0) = (&self.robot, self.total) {
+            return write!(f, "0/1 robots: robot {robot} (the task's own) is not registered");
+        }
         write!(f, "0/{} robots", self.total)?;
         if self.total == 0 {
             return f.write_str(" registered");
         }
         f.write_str(":")?;
+        let key = self.topology_key.as_deref().unwrap_or_default();
         for (i, (why, n)) in self.rejections.iter().enumerate() {
             let sep = if i == 0 { " " } else { ", " };
-            write!(f, "{sep}{n} {}", why.describe())?;
+            write!(f, "{sep}{n} {}", why.describe(key))?;
+        }
+        if let Some(robot) = &self.robot {
+            write!(f, " (the task runs only on robot {robot})")?;
         }
         Ok(())
     }
@@ -216,6 +257,24 @@ pub fn check(robot: &RobotFacts, request: &Request<'_>, usage: Option<&Usage>) -
             return Err(Rejection::Policy);
         }
     }
+    if let Some(anti) = request.anti_affinity {
+        match anti.topology_key.as_deref() {
+            None => {
+                let here = usage.and_then(|u| u.per_group.get(request.group)).copied();
+                if here.unwrap_or(0) > 0 {
+                    return Err(Rejection::AntiAffinity);
+                }
+            }
+            Some(key) => {
+                if !robot.labels.contains_key(key) {
+                    return Err(Rejection::TopologyMissing);
+                }
+            }
+        }
+    }
+    if request.reserved.contains(&robot.name) {
+        return Err(Rejection::Reserved);
+    }
     if let Some(max) = robot.max_tasks {
         if usage.map_or(0, |u| u.tasks) >= max {
             return Err(Rejection::TaskLimit);
@@ -246,6 +305,8 @@ pub fn check(robot: &RobotFacts, request: &Request<'_>, usage: Option<&Usage>) -
 pub struct Score {
     /// The robot to avoid sorts last.
     pub avoided: bool,
+    /// The preferred affinity's weight, negated (higher weight first).
+    pub affinity: i64,
     /// Tasks of the same group already there (spread).
     pub same_group: u32,
     /// The fuller of CPU and memory after placing the task, in per mille.
@@ -269,6 +330,7 @@ pub fn score(robot: &RobotFacts, request: &Request<'_>, usage: Option<&Usage>) -
     ));
     Score {
         avoided: request.avoid == Some(robot.name.as_str()),
+        affinity: -affinity_weight(request.affinity, &robot.labels),
         same_group: usage.per_group.get(request.group).copied().unwrap_or(0),
         load_permille,
         tasks: usage.tasks,
@@ -285,11 +347,40 @@ pub fn choose<'r, 'u>(
     usage: impl Fn(&str) -> Option<&'u Usage>,
 ) -> Result<&'r RobotFacts, NoFit> {
     let mut best: Option<(Score, &'r RobotFacts)> = None;
-    let mut nofit = NoFit::default();
+    let topology_key = request.anti_affinity.and_then(|a| a.topology_key.as_deref());
+    let mut nofit = NoFit {
+        topology_key: topology_key.map(str::to_owned),
+        robot: request.robot.map(str::to_owned),
+        ..NoFit::default()
+    };
+    let robots: Vec<&'r RobotFacts> = robots.into_iter().collect();
+    // Values of the topology label where a task of the group runs.
+    let taken: HashSet<&str> = match topology_key {
+        Some(key) => robots
+            .iter()
+            .filter(|r| {
+                usage(&r.name)
+                    .and_then(|u| u.per_group.get(request.group))
+                    .is_some_and(|n| *n > 0)
+            })
+            .filter_map(|r| r.labels.get(key).map(String::as_str))
+            .collect(),
+        None => HashSet::new(),
+    };
     for robot in robots {
+        if request.robot.is_some_and(|only| only != robot.name) {
+            continue;
+        }
         nofit.total += 1;
         let used = usage(&robot.name);
-        if let Err(why) = check(robot, request, used) {
+        let checked = check(robot, request, used).and_then(|()| {
+            let value = topology_key.and_then(|k| robot.labels.get(k));
+            match value {
+                Some(v) if taken.contains(v.as_str()) => Err(Rejection::TopologyTaken),
+                _ => Ok(()),
+            }
+        });
+        if let Err(why) = checked {
             *nofit.rejections.entry(why).or_default() += 1;
             continue;
         }
@@ -350,6 +441,10 @@ pub(crate) mod tests {
             driver: "exec",
             demand: Demand::default(),
             avoid: None,
+            robot: None,
+            anti_affinity: None,
+            affinity: &[],
+            reserved: &[],
         }
     }
 
@@ -603,6 +698,131 @@ pub(crate) mod tests {
         assert_eq!(
             choose(&none, &req, |_| None).unwrap_err().to_string(),
             "0/0 robots registered"
+        );
+    }
+    #[test]
+    fn anti_affinity_keeps_one_task_of_a_group_per_robot() {
+        let anti = AntiAffinity::default();
+        let req = Request {
+            anti_affinity: Some(&anti),
+            ..request("g")
+        };
+        let robots = [robot("a"), robot("b")];
+        let used: HashMap<String, Usage> = [("a".to_string(), usage(0, 0, 1, &[("g", 1)]))].into();
+        assert_eq!(choose(&robots, &req, |n| used.get(n)).unwrap().name, "b");
+        let used: HashMap<String, Usage> = [
+            ("a".to_string(), usage(0, 0, 1, &[("g", 1)])),
+            ("b".to_string(), usage(0, 0, 1, &[("g", 1)])),
+        ]
+        .into();
+        let err = choose(&robots, &req, |n| used.get(n)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "0/2 robots: 2 already run a task of this group (anti-affinity)"
+        );
+        assert!(
+            choose(&robots, &request("g"), |n| used.get(n)).is_ok(),
+            "without the rule the group only spreads"
+        );
+    }
+
+    #[test]
+    fn anti_affinity_by_label_keeps_one_task_per_value() {
+        let anti = AntiAffinity {
+            topology_key: Some("site".into()),
+        };
+        let req = Request {
+            anti_affinity: Some(&anti),
+            ..request("g")
+        };
+        let robots = [
+            robot("a").with_label("site", "north"),
+            robot("b").with_label("site", "north"),
+            robot("c").with_label("site", "south"),
+            robot("d"),
+        ];
+        let used: HashMap<String, Usage> = [("a".to_string(), usage(0, 0, 1, &[("g", 1)]))].into();
+        assert_eq!(choose(&robots, &req, |n| used.get(n)).unwrap().name, "c");
+        let used: HashMap<String, Usage> = [
+            ("a".to_string(), usage(0, 0, 1, &[("g", 1)])),
+            ("c".to_string(), usage(0, 0, 1, &[("g", 1)])),
+        ]
+        .into();
+        let err = choose(&robots, &req, |n| used.get(n)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "0/4 robots: 1 lack label site (anti-affinity), \
+             3 share their site with a task of this group (anti-affinity)"
+        );
+    }
+
+    #[test]
+    fn preferred_affinity_outweighs_spread_and_load() {
+        let rules = [
+            WeightedAffinity {
+                weight: 10,
+                selector: LabelSelector::from_labels([("dock", "yes")]),
+            },
+            WeightedAffinity {
+                weight: 50,
+                selector: LabelSelector::from_labels([("lidar", "v2")]),
+            },
+        ];
+        let req = Request {
+            affinity: &rules,
+            ..request("g")
+        };
+        let robots = [
+            robot("a"),
+            robot("b").with_label("dock", "yes"),
+            robot("c").with_label("lidar", "v2"),
+        ];
+        let used: HashMap<String, Usage> = [("c".to_string(), usage(3000, 0, 3, &[("g", 2)]))].into();
+        assert_eq!(choose(&robots, &req, |n| used.get(n)).unwrap().name, "c");
+        assert_eq!(
+            choose(&robots[..2], &req, |n| used.get(n)).unwrap().name,
+            "b",
+            "the lower weight still beats none"
+        );
+        assert_eq!(choose(&robots, &request("g"), |n| used.get(n)).unwrap().name, "a");
+    }
+
+    #[test]
+    fn a_pinned_task_looks_at_its_own_robot_only() {
+        let req = Request {
+            robot: Some("b"),
+            ..request("g")
+        };
+        let robots = [robot("a"), robot("b").with_phase(RobotPhase::Offline)];
+        let err = choose(&robots, &req, |_| None).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "0/1 robots: 1 offline (the task runs only on robot b)"
+        );
+        let robots = [robot("a"), robot("b")];
+        assert_eq!(choose(&robots, &req, |_| None).unwrap().name, "b");
+        let req = Request {
+            robot: Some("gone"),
+            ..request("g")
+        };
+        assert_eq!(
+            choose(&robots, &req, |_| None).unwrap_err().to_string(),
+            "0/1 robots: robot gone (the task's own) is not registered"
+        );
+    }
+
+    #[test]
+    fn a_robot_kept_for_higher_priority_is_skipped() {
+        let reserved = ["a".to_string()];
+        let req = Request {
+            reserved: &reserved,
+            ..request("g")
+        };
+        let robots = [robot("a"), robot("b")];
+        assert_eq!(choose(&robots, &req, |_| None).unwrap().name, "b");
+        assert_eq!(
+            choose(&robots[..1], &req, |_| None).unwrap_err().to_string(),
+            "0/1 robots: 1 kept for a waiting task of higher priority"
         );
     }
 }

@@ -692,3 +692,300 @@ async fn kubectl_shows_robots_jobs_and_tasks() {
     .await;
     env.stop().await;
 }
+
+fn groups_api(env: &Env) -> Api<TaskGroup> {
+    Api::namespaced(env.client.clone(), "default")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ordered_job_waits_for_its_groups_and_skips_what_follows_a_failure() {
+    let env = Env::start(&[("ord-1", &[]), ("ord-2", &[])]).await;
+    let done = env.scratch.join("first-done");
+    let first = format!("sleep 2; touch {}", done.display());
+    // The second group fails unless the first one finished before it started.
+    let second = format!("test -e {} || echo STARTED-EARLY; exit 3", done.display());
+    let mut job = job_json(
+        "ordered",
+        serde_json::json!([
+            { "name": "last", "count": 1, "task": sh("true", "1m"), "after": ["second"] },
+            { "name": "first", "count": 1, "task": sh(&first, "1m") },
+            { "name": "second", "count": 1, "task": sh(&second, "1m") },
+        ]),
+    );
+    job["spec"]["order"] = serde_json::json!(["first", "second"]);
+    env.create_job(job).await;
+
+    // While the first group runs, the others are not even created.
+    let status = eventually("the first group running, the second waiting", || async {
+        let s = env.jobs().get("ordered").await.ok()?.status?;
+        let second = s.groups.iter().find(|g| g.name == "second")?;
+        let running = env
+            .job_tasks("ordered")
+            .await
+            .iter()
+            .any(|t| t.status.as_ref().and_then(|s| s.state) == Some(TaskState::Running));
+        (running && second.message.as_deref() == Some("waits for first")).then_some(s)
+    })
+    .await;
+    let last = status.groups.iter().find(|g| g.name == "last").expect("last");
+    assert_eq!(last.message.as_deref(), Some("waits for second"));
+    assert!(groups_api(&env)
+        .get_opt("ordered-second")
+        .await
+        .unwrap()
+        .is_none());
+
+    let job = eventually("the Job failed", || async {
+        let job = env.jobs().get("ordered").await.ok()?;
+        (job.status.as_ref()?.state == Some(WorkState::Failed)).then_some(job)
+    })
+    .await;
+    let status = job.status.expect("status");
+    let state = |g: &str| status.groups.iter().find(|s| s.name == g).and_then(|s| s.state);
+    assert_eq!(state("first"), Some(WorkState::Completed));
+    assert_eq!(state("second"), Some(WorkState::Failed));
+    assert_eq!(state("last"), Some(WorkState::Skipped));
+    let last = status.groups.iter().find(|g| g.name == "last").expect("last");
+    assert_eq!(last.message.as_deref(), Some("skipped: group second failed"));
+    let failed = k8s4r_api::condition::find_condition(&status.conditions, "Failed").expect("Failed");
+    assert_eq!(failed.reason.as_deref(), Some("GroupFailed"));
+    assert_eq!(
+        failed.message.as_deref(),
+        Some("group second failed; skipped: last")
+    );
+    assert!(groups_api(&env).get_opt("ordered-last").await.unwrap().is_none());
+    let tasks = env.job_tasks("ordered").await;
+    assert_eq!(tasks.len(), 2, "the skipped group got no task");
+    let second_tail = tasks
+        .iter()
+        .find(|t| t.name_any() == "ordered-second-0")
+        .and_then(|t| t.status.as_ref()?.output_tail.clone())
+        .unwrap_or_default();
+    assert!(!second_tail.contains("STARTED-EARLY"), "{second_tail}");
+
+    // A cycle is refused with the circle named.
+    let mut cyclic = job_json(
+        "cyclic",
+        serde_json::json!([
+            { "name": "a", "count": 1, "task": sh("true", "1m"), "after": ["b"] },
+            { "name": "b", "count": 1, "task": sh("true", "1m"), "after": ["a"] },
+        ]),
+    );
+    cyclic["spec"]["order"] = serde_json::json!([]);
+    env.create_job(cyclic).await;
+    let message = eventually("the cyclic Job failed as invalid", || async {
+        let s = env.jobs().get("cyclic").await.ok()?.status?;
+        let c = k8s4r_api::condition::find_condition(&s.conditions, "Failed")?;
+        (c.reason.as_deref() == Some("InvalidSpec")).then(|| c.message.clone().unwrap_or_default())
+    })
+    .await;
+    assert!(message.contains("a -> b -> a"), "{message}");
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_job_reaches_a_robot_that_registers_later_and_stops_at_max_failed() {
+    let mut env = Env::start(&[("fl-1", &["fleet=yes"]), ("fl-2", &["fleet=yes"]), ("other", &[])]).await;
+    let mut job = job_json(
+        "rollout",
+        serde_json::json!([{
+            "name": "update", "mode": "everyRobot", "maxParallel": 1,
+            "task": sh("sleep 1", "1m"),
+        }]),
+    );
+    job["spec"]["robotSelector"] = serde_json::json!({ "matchLabels": { "fleet": "yes" } });
+    env.create_job(job).await;
+    // One robot at a time: the second waits while the first runs.
+    eventually("the first robot's task running, one robot waiting", || async {
+        let s = groups_api(&env).get("rollout-update").await.ok()?.status?;
+        let r = s.rollout?;
+        (r.robots == 2 && r.started == 1 && r.waiting == 1).then_some(())
+    })
+    .await;
+    env.spawn_agent("fl-3", &["fleet=yes"]);
+    env.wait_phase("fl-3", RobotPhase::Online).await;
+    let tasks = env.wait_tasks_final("rollout", 3).await;
+    let robots: BTreeSet<String> = tasks
+        .iter()
+        .map(|t| {
+            t.status
+                .as_ref()
+                .and_then(|s| s.robot.clone())
+                .unwrap_or_default()
+        })
+        .collect();
+    assert_eq!(
+        robots,
+        BTreeSet::from(["fl-1".into(), "fl-2".into(), "fl-3".into()])
+    );
+    for t in &tasks {
+        assert_eq!(
+            t.status.as_ref().and_then(|s| s.state),
+            Some(TaskState::Completed)
+        );
+    }
+    let job = env
+        .jobs()
+        .get("rollout")
+        .await
+        .expect("job")
+        .status
+        .expect("status");
+    assert_eq!(job.state, Some(WorkState::Completed));
+    assert_eq!(job.completions.as_deref(), Some("3/3"));
+    let rollout = groups_api(&env)
+        .get("rollout-update")
+        .await
+        .expect("group")
+        .status
+        .and_then(|s| s.rollout)
+        .expect("rollout");
+    assert_eq!(rollout.per_robot.len(), 3);
+    assert!(rollout.per_robot.values().all(|s| *s == TaskState::Completed));
+
+    // A rollout whose every task fails stops after maxFailed.
+    let mut risky = job_json(
+        "risky",
+        serde_json::json!([{
+            "name": "update", "mode": "everyRobot", "maxParallel": 1, "maxFailed": 0,
+            "task": sh("exit 1", "1m"),
+        }]),
+    );
+    risky["spec"]["robotSelector"] = serde_json::json!({ "matchLabels": { "fleet": "yes" } });
+    env.create_job(risky).await;
+    let status = eventually("the risky rollout stopped and failed", || async {
+        let s = env.jobs().get("risky").await.ok()?.status?;
+        (s.state == Some(WorkState::Failed)).then_some(s)
+    })
+    .await;
+    let group = status.groups.first().expect("group");
+    assert!(
+        group
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("rollout stopped"),
+        "{group:?}"
+    );
+    assert_eq!(
+        env.job_tasks("risky").await.len(),
+        1,
+        "no robot after the failure"
+    );
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_periodic_job_with_forbid_never_overlaps_a_slow_run() {
+    let env = Env::start(&[("cron-1", &[])]).await;
+    let lock = env.scratch.join("running");
+    let overlap = env.scratch.join("overlap");
+    let script = format!(
+        "mkdir {lock} 2>/dev/null || echo overlap >> {overlap}; sleep 3; rmdir {lock}",
+        lock = lock.display(),
+        overlap = overlap.display()
+    );
+    let periodic: k8s4r_api::PeriodicJob = serde_json::from_value(serde_json::json!({
+        "apiVersion": "robot.k8s4r.io/v1alpha1",
+        "kind": "PeriodicJob",
+        "metadata": { "name": "tick", "namespace": "default" },
+        "spec": {
+            "schedule": "*/1 * * * * *",
+            "concurrencyPolicy": "Forbid",
+            "successfulJobsHistoryLimit": 2,
+            "jobTemplate": { "spec": { "taskGroups": [
+                { "name": "work", "count": 1, "task": sh(&script, "1m") }
+            ] } },
+        },
+    }))
+    .expect("a valid PeriodicJob");
+    let api: Api<k8s4r_api::PeriodicJob> = Api::namespaced(env.client.clone(), "default");
+    api.create(&PostParams::default(), &periodic)
+        .await
+        .expect("create");
+    let runs = || async {
+        env.jobs()
+            .list(&ListParams::default().labels("robot.k8s4r.io/periodic-job=tick"))
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+    };
+    // Every second a run is due, each runs 3 s: with Forbid they queue.
+    let most_active = std::sync::atomic::AtomicUsize::new(0);
+    eventually("two runs completed", || async {
+        let jobs = runs().await;
+        let active = jobs
+            .iter()
+            .filter(|j| {
+                !j.status
+                    .as_ref()
+                    .and_then(|s| s.state)
+                    .is_some_and(WorkState::is_finished)
+            })
+            .count();
+        most_active.fetch_max(active, std::sync::atomic::Ordering::Relaxed);
+        let status = api.get("tick").await.ok()?.status?;
+        (status.last_successful_time.is_some() && jobs.len() >= 2 && status.active_count <= 1)
+            .then_some(())?;
+        let completed = jobs
+            .iter()
+            .filter(|j| j.status.as_ref().and_then(|s| s.state) == Some(WorkState::Completed))
+            .count();
+        (completed >= 2).then_some(())
+    })
+    .await;
+    let most_active = most_active.into_inner();
+    assert!(most_active <= 1, "{most_active} runs were active at once");
+    assert!(!overlap.exists(), "two runs' processes overlapped");
+    api.delete("tick", &DeleteParams::background())
+        .await
+        .expect("delete");
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anti_affinity_places_one_task_per_robot_and_leaves_the_rest_pending() {
+    let env = Env::start(&[("aa-1", &[]), ("aa-2", &[])]).await;
+    env.create_job(job_json(
+        "spread",
+        serde_json::json!([{
+            "name": "guard", "count": 3, "antiAffinity": {},
+            "task": sh("sleep 30", "1m"),
+        }]),
+    ))
+    .await;
+    let (running, pending) = eventually("two running on two robots, one pending", || async {
+        let tasks = env.job_tasks("spread").await;
+        let running: Vec<&Task> = tasks
+            .iter()
+            .filter(|t| t.status.as_ref().and_then(|s| s.state) == Some(TaskState::Running))
+            .collect();
+        let pending: Vec<&Task> = tasks
+            .iter()
+            .filter(|t| {
+                let s = t.status.as_ref();
+                s.and_then(|s| s.state) == Some(TaskState::Pending)
+                    && s.and_then(|s| s.message.as_deref()).is_some()
+            })
+            .collect();
+        (running.len() == 2 && pending.len() == 1).then(|| {
+            let robots: BTreeSet<String> = running
+                .iter()
+                .filter_map(|t| t.status.as_ref()?.robot.clone())
+                .collect();
+            let message = pending[0].status.as_ref().and_then(|s| s.message.clone());
+            (robots, message.unwrap_or_default())
+        })
+    })
+    .await;
+    assert_eq!(running.len(), 2, "one task per robot: {running:?}");
+    assert_eq!(
+        pending,
+        "0/2 robots: 2 already run a task of this group (anti-affinity)"
+    );
+    env.jobs()
+        .delete("spread", &DeleteParams::background())
+        .await
+        .expect("delete");
+    env.stop().await;
+}

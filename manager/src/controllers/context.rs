@@ -2,14 +2,14 @@
 //! caches, the scheduler's state, the triggers into the other controllers,
 //! Events, and the per-object error backoff.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use futures::channel::mpsc::UnboundedSender;
 use k8s4r_api::backoff::exponential;
-use k8s4r_api::{Job, Robot, Task, TaskGroup, TaskState};
+use k8s4r_api::{Job, PeriodicJob, Robot, Task, TaskGroup, TaskState};
 use k8s4r_service::backoff::Failures;
 use k8s4r_service::Kube;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -37,6 +37,8 @@ pub struct Stores {
     pub robots: Store<Robot>,
     /// The robots' Leases.
     pub leases: Store<Lease>,
+    /// Every Job.
+    pub jobs: Store<Job>,
 }
 
 /// The scheduler's state: one lock, held only for in-memory work.
@@ -46,8 +48,19 @@ pub struct SchedState {
     pub ledger: Ledger,
     /// What the scheduler knows of each robot, by name.
     pub robots: BTreeMap<String, RobotFacts>,
-    /// Tasks that found no robot; reconsidered when robots or capacity change.
-    pub waiting: HashSet<ObjectRef<Task>>,
+    /// Tasks that found no robot, with their priority; reconsidered when
+    /// robots or capacity change.
+    pub waiting: HashMap<ObjectRef<Task>, i32>,
+}
+
+impl SchedState {
+    /// The waiting tasks, highest priority first (the order they are woken
+    /// in, so that the first to look at freed room is the most important).
+    pub fn waiting_by_priority(&self) -> Vec<ObjectRef<Task>> {
+        let mut waiting: Vec<(&ObjectRef<Task>, i32)> = self.waiting.iter().map(|(r, p)| (r, *p)).collect();
+        waiting.sort_by_key(|w| std::cmp::Reverse(w.1));
+        waiting.into_iter().map(|(r, _)| r.clone()).collect()
+    }
 }
 
 /// Where triggers for each controller go.
@@ -57,6 +70,7 @@ pub(crate) struct Triggers {
     pub(super) group: UnboundedSender<ObjectRef<TaskGroup>>,
     pub(super) job: UnboundedSender<ObjectRef<Job>>,
     pub(super) robot: UnboundedSender<ObjectRef<Robot>>,
+    pub(super) periodic: UnboundedSender<ObjectRef<PeriodicJob>>,
 }
 
 impl Triggers {
@@ -69,6 +83,9 @@ impl Triggers {
     }
     pub(super) fn job(&self, r: ObjectRef<Job>) {
         let _ = self.job.unbounded_send(r);
+    }
+    pub(super) fn periodic(&self, r: ObjectRef<PeriodicJob>) {
+        let _ = self.periodic.unbounded_send(r);
     }
     pub(crate) fn robot(&self, name: &str) {
         let _ = self.robot.unbounded_send(ObjectRef::new(name));

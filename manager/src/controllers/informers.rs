@@ -6,7 +6,7 @@
 //! itself and its owner.
 
 use futures::StreamExt;
-use k8s4r_api::{Job, Robot, RobotPhase, Task, TaskGroup, TaskState};
+use k8s4r_api::{GroupMode, Job, PeriodicJob, Robot, RobotPhase, Task, TaskGroup, TaskState};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{watcher, WatchStreamExt};
@@ -106,8 +106,8 @@ impl Context {
             }
             if before.is_some() {
                 // Room on a robot: tasks that found none may fit now.
-                for waiting in &sched.waiting {
-                    self.triggers.task(waiting.clone());
+                for waiting in sched.waiting_by_priority() {
+                    self.triggers.task(waiting);
                 }
             }
         }
@@ -128,8 +128,9 @@ impl Context {
                 let old = sched.robots.insert(name.clone(), facts);
                 let changed = old.as_ref() != sched.robots.get(&name);
                 if changed {
-                    for waiting in &sched.waiting {
-                        self.triggers.task(waiting.clone());
+                    self.trigger_every_robot_groups();
+                    for waiting in sched.waiting_by_priority() {
+                        self.triggers.task(waiting);
                     }
                 }
                 if old.map(|o| o.phase) != Some(phase) {
@@ -141,11 +142,24 @@ impl Context {
             watcher::Event::Delete(r) => {
                 let name = r.name_any();
                 sched.robots.remove(&name);
+                self.trigger_every_robot_groups();
                 for key in sched.ledger.tasks_on(&name) {
                     self.triggers.task(task_ref(&key));
                 }
             }
             watcher::Event::Init | watcher::Event::InitDone => {}
+        }
+    }
+
+    /// A robot came, went or changed: everyRobot groups look whether it is
+    /// one of theirs now.
+    fn trigger_every_robot_groups(&self) {
+        for group in self
+            .stores
+            .groups
+            .state_filter(|g| g.spec.template.mode == GroupMode::EveryRobot)
+        {
+            self.triggers.group(ObjectRef::from_obj(group.as_ref()));
         }
     }
 
@@ -178,8 +192,20 @@ impl Context {
     }
 
     pub(super) fn on_job(&self, event: &watcher::Event<Job>) {
-        if let Some((job, false)) = event_object(event) {
+        let Some((job, deleted)) = event_object(event) else {
+            return;
+        };
+        if !deleted {
             self.triggers.job(ObjectRef::from_obj(job));
+        }
+        for periodic in owners_of::<PeriodicJob, _>(job) {
+            self.triggers.periodic(periodic);
+        }
+    }
+
+    pub(super) fn on_periodic(&self, event: &watcher::Event<PeriodicJob>) {
+        if let Some((pj, false)) = event_object(event) {
+            self.triggers.periodic(ObjectRef::from_obj(pj));
         }
     }
 

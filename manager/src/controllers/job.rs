@@ -9,8 +9,8 @@ use k8s4r_api::names::CONDITION_FAILED;
 use k8s4r_api::names::LABEL_JOB;
 use k8s4r_api::validation::validate_job_spec;
 use k8s4r_api::{
-    Condition, ConditionStatus, Job, JobSpec, JobStatus, TaskGroup, TaskGroupSpec, TaskGroupTemplate,
-    WorkState,
+    Condition, ConditionStatus, GroupMode, Job, JobSpec, JobStatus, TaskGroup, TaskGroupSpec,
+    TaskGroupTemplate, WorkState,
 };
 use kube::api::{DeleteParams, ObjectMeta};
 use kube::runtime::controller::Action;
@@ -20,7 +20,7 @@ use kube::{Api, Resource, ResourceExt};
 use tracing::instrument;
 
 use super::{key_of, Context};
-use crate::aggregate::{job_status, GroupView};
+use crate::aggregate::{gates, job_status, Gate, GroupView};
 use crate::error::{Error, Result};
 
 /// Reconciles one Job.
@@ -117,9 +117,25 @@ async fn reconcile_job(job: &Job, ctx: &Context) -> Result<Action> {
         reason: "no uid to own task groups with".into(),
     })?;
     let desired = desired_groups(&name, &job.spec);
+    let stored_state = |group: &str| -> Option<WorkState> {
+        let tg = ctx
+            .stores
+            .groups
+            .get(&ObjectRef::new(&group_name(&name, group)).within(&ns))?;
+        Some(
+            tg.status
+                .as_ref()
+                .and_then(|s| s.state)
+                .unwrap_or(WorkState::Pending),
+        )
+    };
+    let gates = gates(&job.spec, stored_state);
     for (group, spec) in &desired {
         let existing = ctx.stores.groups.get(&ObjectRef::new(group).within(&ns));
+        let open = gates.get(&spec.template.name) == Some(&Gate::Open);
         match existing {
+            // It runs after groups that have not completed (or failed).
+            None if !open => {}
             None => {
                 let obj = TaskGroup {
                     metadata: ObjectMeta {
@@ -190,11 +206,21 @@ async fn reconcile_job(job: &Job, ctx: &Context) -> Result<Action> {
         .task_groups
         .iter()
         .zip(&stored)
-        .map(|(g, tg)| GroupView {
-            name: &g.name,
-            task_group: group_name(&name, &g.name),
-            count: g.count,
-            status: tg.as_ref().and_then(|tg| tg.status.as_ref()),
+        .map(|(g, tg)| {
+            let status = tg.as_ref().and_then(|tg| tg.status.as_ref());
+            let count = match g.mode {
+                GroupMode::Count => g.count,
+                // Unknown until the group has matched robots: one, so that
+                // the Job does not complete without it.
+                GroupMode::EveryRobot => status.and_then(|s| s.desired).unwrap_or(1).max(1),
+            };
+            GroupView {
+                name: &g.name,
+                task_group: group_name(&name, &g.name),
+                count,
+                status,
+                gate: gates.get(&g.name).cloned().unwrap_or(Gate::Open),
+            }
         })
         .collect();
     let previous = job.status.as_ref();
@@ -209,12 +235,22 @@ async fn reconcile_job(job: &Job, ctx: &Context) -> Result<Action> {
                 "Completed",
                 format!("all {} tasks completed", status.counts.completed),
             ),
-            Some(WorkState::Failed) if !was_finished => ctx.event(
-                job,
-                EventType::Warning,
-                "Failed",
-                format!("{} tasks failed after their retries", status.counts.failed),
-            ),
+            Some(WorkState::Failed) if !was_finished => {
+                let skipped: Vec<&str> = status
+                    .groups
+                    .iter()
+                    .filter(|g| g.state == Some(WorkState::Skipped))
+                    .map(|g| g.name.as_str())
+                    .collect();
+                let mut message = format!("{} tasks failed after their retries", status.counts.failed);
+                if !skipped.is_empty() {
+                    message.push_str(&format!(
+                        "; skipped groups that run after them: {}",
+                        skipped.join(", ")
+                    ));
+                }
+                ctx.event(job, EventType::Warning, "Failed", message)
+            }
             _ => {}
         }
     }
@@ -254,6 +290,7 @@ mod tests {
                 },
             ],
             priority: 7,
+            order: Vec::new(),
         };
         let groups = desired_groups("j", &job);
         let a = &groups["j-a"];

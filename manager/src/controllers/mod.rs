@@ -5,7 +5,8 @@
 //! - [`informers`]: one watch per kind fills one shared cache; its handlers
 //!   keep the scheduler's state current and trigger the controllers;
 //! - [`facts`]: the scheduler's view of Tasks and Robots;
-//! - [`job`], [`taskgroup`], [`task`], [`robot`]: the reconcilers.
+//! - [`job`], [`taskgroup`], [`task`], [`robot`], [`periodic`]: the
+//!   reconcilers.
 //!
 //! A Task change is read off the wire once however many controllers care.
 //! What the informers learn that should reconcile another object enters
@@ -15,6 +16,7 @@ pub mod context;
 pub mod facts;
 mod informers;
 pub mod job;
+pub mod periodic;
 pub mod robot;
 pub mod task;
 pub mod taskgroup;
@@ -25,7 +27,7 @@ use std::time::Duration;
 use futures::channel::mpsc::unbounded;
 use futures::StreamExt;
 use k8s4r_api::names::MANAGER_CONTROLLERS;
-use k8s4r_api::{Job, Robot, Task, TaskGroup};
+use k8s4r_api::{Job, PeriodicJob, Robot, Task, TaskGroup};
 use k8s4r_service::backoff::Failures;
 use k8s4r_service::Kube;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -44,7 +46,7 @@ pub use context::{Context, SchedState, Stores};
 pub use facts::{demand_of, facts_of, group_of, key_of, placement_of};
 use informers::informer;
 
-/// Starts the caches and the four controllers; returns when `shutdown` is
+/// Starts the caches and the five controllers; returns when `shutdown` is
 /// cancelled and the controllers have drained.
 pub async fn run(
     client: Client,
@@ -57,12 +59,14 @@ pub async fn run(
     let (group_tx, group_rx) = unbounded();
     let (job_tx, job_rx) = unbounded();
     let (robot_tx, robot_rx) = unbounded();
+    let (periodic_tx, periodic_rx) = unbounded();
 
     let (tasks, task_writer) = reflector::store::<Task>();
     let (groups, group_writer) = reflector::store::<TaskGroup>();
     let (robots, robot_writer) = reflector::store::<Robot>();
     let (jobs, job_writer) = reflector::store::<Job>();
     let (leases, lease_writer) = reflector::store::<Lease>();
+    let (periodics, periodic_writer) = reflector::store::<PeriodicJob>();
 
     let (events_tx, events_rx) = tokio::sync::mpsc::channel(4096);
     let events = config.events.then_some(events_tx);
@@ -85,6 +89,7 @@ pub async fn run(
             groups: groups.clone(),
             robots: robots.clone(),
             leases: leases.clone(),
+            jobs: jobs.clone(),
         },
         sched: Mutex::default(),
         triggers: Triggers {
@@ -92,6 +97,7 @@ pub async fn run(
             group: group_tx,
             job: job_tx,
             robot: robot_tx,
+            periodic: periodic_tx,
         },
         events,
         failures: Failures::default(),
@@ -104,7 +110,20 @@ pub async fn run(
     // down).
     let lease_api = Api::<Lease>::namespaced(client.clone(), &ctx.config.robot_lease_namespace);
     let informers = {
-        let (c1, c2, c3, c4, c5) = (ctx.clone(), ctx.clone(), ctx.clone(), ctx.clone(), ctx.clone());
+        let (c1, c2, c3, c4, c5, c6) = (
+            ctx.clone(),
+            ctx.clone(),
+            ctx.clone(),
+            ctx.clone(),
+            ctx.clone(),
+            ctx.clone(),
+        );
+        let periodic_watch = informer(
+            Api::all(client.clone()),
+            periodic_writer,
+            "periodicjob watch",
+            move |e| c6.on_periodic(e),
+        );
         let all = futures::future::join5(
             informer(Api::all(client.clone()), task_writer, "task watch", move |e| {
                 c1.on_task(e)
@@ -126,7 +145,7 @@ pub async fn run(
             }),
         );
         tokio::spawn(async move {
-            all.await;
+            futures::future::join(all, periodic_watch).await;
         })
     };
 
@@ -138,7 +157,8 @@ pub async fn run(
             groups.wait_until_ready(),
             robots.wait_until_ready(),
             leases.wait_until_ready(),
-            jobs.wait_until_ready()
+            jobs.wait_until_ready(),
+            periodics.wait_until_ready()
         );
     };
     tokio::select! {
@@ -177,8 +197,13 @@ pub async fn run(
         .graceful_shutdown_on(stop())
         .run(robot::reconcile, robot::error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()));
+    let periodic_ctrl = Controller::for_stream(futures::stream::pending(), periodics)
+        .reconcile_on(periodic_rx)
+        .graceful_shutdown_on(stop())
+        .run(periodic::reconcile, periodic::error_policy, ctx.clone())
+        .for_each(|_| futures::future::ready(()));
     let drained = async {
-        tokio::join!(task_ctrl, group_ctrl, job_ctrl, robot_ctrl);
+        tokio::join!(task_ctrl, group_ctrl, job_ctrl, robot_ctrl, periodic_ctrl);
     };
     // Reconciles in flight finish (each API call is bounded by the API
     // timeout); past the grace period the controllers are dropped, so that

@@ -18,7 +18,7 @@ use serde::Serialize;
 use tracing::instrument;
 
 use super::robot::{liveness_of, robot_lease};
-use super::{demand_of, group_of, key_of, Context};
+use super::{demand_of, group_of, key_of, Context, SchedState};
 use crate::error::{Error, Result};
 use crate::ledger::Placement;
 use crate::lifecycle::{next_step, plus, RobotHealth, Step};
@@ -266,16 +266,9 @@ async fn schedule(task: &Task, ctx: &Context, now: Timestamp) -> Result<Action> 
             )
         })
         .and_then(|a| a.robot.clone());
-    let request = Request {
-        group: &group,
-        selector: task.spec.robot_selector.as_ref(),
-        constraints: &task.spec.constraints,
-        driver: &task.spec.template.driver,
-        demand: demand_of(task),
-        avoid: avoid.as_deref(),
-    };
+    let request = request_for(task, &group, avoid.as_deref());
     let obj_ref = ObjectRef::from_obj(task);
-    let decision = {
+    let (decision, outranked_by) = {
         let mut guard = ctx.sched();
         let sched = &mut *guard;
         if sched.ledger.attempt_of(&key).is_some_and(|a| a >= attempt) {
@@ -284,8 +277,28 @@ async fn schedule(task: &Task, ctx: &Context, now: Timestamp) -> Result<Action> 
             tracing::debug!(attempt, known = ?sched.ledger.attempt_of(&key), "attempt placed already");
             return Ok(Action::await_change());
         }
-        let outcome =
-            choose(sched.robots.values(), &request, |n| sched.ledger.usage(n)).map(|r| r.name.clone());
+        // A robot a waiting task of higher priority fits is left to it, and
+        // the next best is tried.
+        let mut reserved: Vec<String> = Vec::new();
+        let mut outranked_by = Vec::new();
+        let outcome = loop {
+            let attempt_request = Request {
+                reserved: &reserved,
+                ..request.clone()
+            };
+            let chosen = choose(sched.robots.values(), &attempt_request, |n| sched.ledger.usage(n))
+                .map(|r| r.name.clone());
+            let Ok(robot) = chosen else {
+                break chosen;
+            };
+            match outranking(ctx, sched, &robot, task.spec.priority) {
+                Some(higher) if reserved.len() < MAX_RESERVED => {
+                    reserved.push(robot);
+                    outranked_by.push(higher);
+                }
+                _ => break Ok(robot),
+            }
+        };
         match &outcome {
             Ok(robot) => {
                 sched.ledger.reserve(
@@ -294,18 +307,21 @@ async fn schedule(task: &Task, ctx: &Context, now: Timestamp) -> Result<Action> 
                     Placement {
                         robot: robot.clone(),
                         group: group.clone(),
-                        demand: request.demand,
+                        demand: request.demand.clone(),
                     },
                 );
                 sched.waiting.remove(&obj_ref);
             }
             Err(_) => {
-                sched.waiting.insert(obj_ref.clone());
+                sched.waiting.insert(obj_ref.clone(), task.spec.priority);
             }
         }
         ctx.metrics.set_waiting(sched.waiting.len());
-        outcome
+        (outcome, outranked_by)
     };
+    for higher in outranked_by {
+        ctx.triggers.task(higher);
+    }
 
     let robot = match decision {
         Ok(robot) => robot,
@@ -364,6 +380,66 @@ async fn schedule(task: &Task, ctx: &Context, now: Timestamp) -> Result<Action> 
         format!("attempt {attempt} assigned to robot {robot}"),
     );
     Ok(Action::requeue(ctx.config.lifecycle.dispatch_timeout))
+}
+
+/// Most robots one decision leaves to tasks of higher priority before it
+/// gives up for now.
+const MAX_RESERVED: usize = 4;
+/// Most waiting tasks of higher priority one decision looks at.
+const MAX_OUTRANKING_LOOKS: usize = 8;
+
+/// What `task` asks of the scheduler.
+fn request_for<'a>(task: &'a Task, group: &'a str, avoid: Option<&'a str>) -> Request<'a> {
+    Request {
+        group,
+        selector: task.spec.robot_selector.as_ref(),
+        constraints: &task.spec.constraints,
+        driver: &task.spec.template.driver,
+        demand: demand_of(task),
+        avoid,
+        robot: task.spec.robot_name.as_deref(),
+        anti_affinity: task.spec.anti_affinity.as_ref(),
+        affinity: &task.spec.affinity,
+        reserved: &[],
+    }
+}
+
+/// A waiting task of higher priority than `priority` that `robot` fits, if
+/// any (the highest first).
+fn outranking(ctx: &Context, sched: &SchedState, robot: &str, priority: i32) -> Option<ObjectRef<Task>> {
+    let mut higher: Vec<(&ObjectRef<Task>, i32)> = sched
+        .waiting
+        .iter()
+        .filter(|(_, p)| **p > priority)
+        .map(|(r, p)| (r, *p))
+        .collect();
+    if higher.is_empty() {
+        return None;
+    }
+    higher.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.name.cmp(&b.0.name)));
+    higher
+        .into_iter()
+        .take(MAX_OUTRANKING_LOOKS)
+        .find(|(waiting, _)| {
+            let Some(other) = ctx.stores.tasks.get(waiting) else {
+                return false;
+            };
+            let pending = other
+                .status
+                .as_ref()
+                .and_then(|s| s.state)
+                .is_none_or(|s| s == TaskState::Pending);
+            if !pending || other.spec.robot_name.as_deref().is_some_and(|r| r != robot) {
+                return false;
+            }
+            let group = group_of(&other);
+            let request = Request {
+                robot: Some(robot),
+                ..request_for(&other, &group, None)
+            };
+            choose(sched.robots.values(), &request, |n| sched.ledger.usage(n)).is_ok()
+        })
+        .map(|(r, _)| r.clone())
 }
 
 #[allow(clippy::too_many_arguments)]

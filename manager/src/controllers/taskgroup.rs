@@ -1,12 +1,13 @@
-//! TaskGroupController: `count` Tasks per group, named by index, and the
-//! group's status.
+//! TaskGroupController: `count` Tasks per group, named by index (or, for an
+//! everyRobot group, one per matching robot, named by robot: see
+//! [`crate::fleet`]), and the group's status.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use futures::{stream, TryStreamExt};
-use k8s4r_api::names::{LABEL_GROUP, LABEL_INDEX, LABEL_JOB};
-use k8s4r_api::{Task, TaskGroup, TaskSpec};
+use k8s4r_api::names::{LABEL_GROUP, LABEL_INDEX, LABEL_JOB, LABEL_ROBOT};
+use k8s4r_api::{GroupMode, RobotPhase, Task, TaskGroup, TaskSpec, TaskState, WorkState};
 use kube::api::{DeleteParams, ObjectMeta};
 use kube::runtime::controller::Action;
 use kube::{Api, Resource, ResourceExt};
@@ -15,6 +16,7 @@ use tracing::instrument;
 use super::{key_of, Context};
 use crate::aggregate::{group_status, TaskView};
 use crate::error::{Error, Result};
+use crate::fleet;
 use crate::lifecycle::effective_state;
 
 /// How many Tasks one reconcile creates or deletes at once.
@@ -35,6 +37,20 @@ pub fn error_policy(group: Arc<TaskGroup>, error: &Error, ctx: Arc<Context>) -> 
 
 /// The Task at `index` of `group`, as it should be created.
 pub fn desired_task(group: &TaskGroup, index: i32) -> Result<Task> {
+    new_task(group, &index.to_string(), (LABEL_INDEX, index.to_string()), None)
+}
+
+/// The Task of an everyRobot `group` for `robot`, as it should be created.
+pub fn robot_task(group: &TaskGroup, robot: &str) -> Result<Task> {
+    new_task(
+        group,
+        robot,
+        (LABEL_ROBOT, robot.to_owned()),
+        Some(robot.to_owned()),
+    )
+}
+
+fn new_task(group: &TaskGroup, suffix: &str, slot: (&str, String), robot: Option<String>) -> Result<Task> {
     let owner = group.controller_owner_ref(&()).ok_or_else(|| Error::Malformed {
         kind: "TaskGroup",
         name: group.name_any(),
@@ -44,11 +60,11 @@ pub fn desired_task(group: &TaskGroup, index: i32) -> Result<Task> {
     let labels = BTreeMap::from([
         (LABEL_JOB.to_owned(), group.spec.job.clone()),
         (LABEL_GROUP.to_owned(), template.name.clone()),
-        (LABEL_INDEX.to_owned(), index.to_string()),
+        (slot.0.to_owned(), slot.1),
     ]);
     Ok(Task {
         metadata: ObjectMeta {
-            name: Some(format!("{}-{index}", group.name_any())),
+            name: Some(format!("{}-{suffix}", group.name_any())),
             namespace: group.namespace(),
             labels: Some(labels),
             owner_references: Some(vec![owner]),
@@ -61,6 +77,9 @@ pub fn desired_task(group: &TaskGroup, index: i32) -> Result<Task> {
             restart_policy: template.restart_policy.clone(),
             disconnect: template.disconnect.clone(),
             priority: group.spec.priority,
+            anti_affinity: template.anti_affinity.clone(),
+            affinity: template.affinity.clone(),
+            robot_name: robot,
             target_robot: None,
         },
         status: None,
@@ -77,27 +96,154 @@ async fn reconcile_group(group: &TaskGroup, ctx: &Context) -> Result<Action> {
     }
     let ns = group.namespace().unwrap_or_default();
     let uid = group.uid().unwrap_or_default();
-    let count = group.spec.template.count.max(0);
     let owned: Vec<Arc<Task>> = ctx.stores.tasks.state_filter(|t| {
         t.namespace().as_deref() == Some(ns.as_str()) && t.owner_references().iter().any(|o| o.uid == uid)
     });
     let api: Api<Task> = Api::namespaced(ctx.client(), &ns);
+    let lifecycle = &ctx.config.lifecycle;
+    let state_of = |t: &Task| effective_state(&t.spec, t.status.as_ref(), lifecycle);
 
-    let mut present = vec![false; count as usize];
-    let mut extra = Vec::new();
-    for task in &owned {
-        match index_of(task) {
-            Some(i) if (0..count).contains(&i) => present[i as usize] = true,
-            _ => extra.push(task.name_any()),
+    let status = match group.spec.template.mode {
+        GroupMode::Count => {
+            let count = group.spec.template.count.max(0);
+            let mut present = vec![false; count as usize];
+            let mut extra = Vec::new();
+            for task in &owned {
+                match index_of(task) {
+                    Some(i) if (0..count).contains(&i) => present[i as usize] = true,
+                    _ => extra.push(task.name_any()),
+                }
+            }
+            let missing: Vec<Task> = present
+                .iter()
+                .enumerate()
+                .filter(|(_, here)| !**here)
+                .map(|(i, _)| desired_task(group, i as i32))
+                .collect::<Result<_>>()?;
+            create_tasks(ctx, &api, missing).await?;
+            delete_tasks(ctx, &api, extra).await?;
+            let views = owned
+                .iter()
+                .filter(|t| index_of(t).is_some_and(|i| (0..count).contains(&i)))
+                .map(|t| view_of(t, lifecycle));
+            let mut status = group_status(count, views, group.status.as_ref(), group.meta().generation);
+            status.desired = Some(count);
+            status
         }
+        GroupMode::EveryRobot => {
+            let template = &group.spec.template;
+            let matched: BTreeSet<String> = ctx
+                .sched()
+                .robots
+                .values()
+                .filter(|r| matches!(r.phase, Some(RobotPhase::Online | RobotPhase::Offline)))
+                .filter(|r| {
+                    template
+                        .robot_selector
+                        .as_ref()
+                        .is_none_or(|s| s.matches(&r.labels))
+                })
+                .filter(|r| {
+                    template
+                        .constraints
+                        .iter()
+                        .all(|c| c.admits(r.attribute(&c.attribute)))
+                })
+                .map(|r| r.name.clone())
+                .collect();
+            let mut existing = BTreeMap::new();
+            let mut strays = Vec::new();
+            for task in &owned {
+                match task.labels().get(LABEL_ROBOT) {
+                    Some(robot) => {
+                        existing.insert(
+                            robot.clone(),
+                            fleet::Existing {
+                                task: task.name_any(),
+                                state: state_of(task),
+                                placed: task.status.as_ref().is_some_and(|s| s.attempt > 0),
+                            },
+                        );
+                    }
+                    None => strays.push(task.name_any()),
+                }
+            }
+            let finished = group
+                .status
+                .as_ref()
+                .and_then(|s| s.state)
+                .is_some_and(WorkState::is_finished);
+            let plan = fleet::plan(
+                &matched,
+                &existing,
+                template.max_parallel,
+                template.max_failed.as_ref(),
+                finished,
+            );
+            let new: Vec<Task> = plan
+                .create
+                .iter()
+                .map(|robot| robot_task(group, robot))
+                .collect::<Result<_>>()?;
+            create_tasks(ctx, &api, new).await?;
+            strays.extend(plan.delete.iter().cloned());
+            delete_tasks(ctx, &api, strays).await?;
+            let deleted: BTreeSet<&String> = plan.delete.iter().collect();
+            let to_come = plan.create.len() + usize::try_from(plan.waiting).unwrap_or(0);
+            let views = owned
+                .iter()
+                .filter(|t| t.labels().contains_key(LABEL_ROBOT) && !deleted.contains(&t.name_any()))
+                .map(|t| view_of(t, lifecycle))
+                .chain(std::iter::repeat_n(
+                    TaskView {
+                        state: TaskState::Pending,
+                        robot: None,
+                    },
+                    to_come,
+                ));
+            let mut status = group_status(
+                plan.desired,
+                views,
+                group.status.as_ref(),
+                group.meta().generation,
+            );
+            if plan.desired == 0 {
+                // No robot matches yet: the group waits for one rather than
+                // being done with nothing.
+                status = group_status(
+                    1,
+                    std::iter::empty(),
+                    group.status.as_ref(),
+                    group.meta().generation,
+                );
+                status.completions = Some("0/0".into());
+            }
+            status.desired = Some(plan.desired);
+            status.rollout = Some(plan.rollout);
+            status
+        }
+    };
+    if group.status.as_ref() != Some(&status) {
+        let groups: Api<TaskGroup> = Api::namespaced(ctx.client(), &ns);
+        ctx.patch_status(&groups, &group.name_any(), None, &status)
+            .await?;
     }
-    let missing: Vec<Task> = present
-        .iter()
-        .enumerate()
-        .filter(|(_, here)| !**here)
-        .map(|(i, _)| desired_task(group, i as i32))
-        .collect::<Result<_>>()?;
-    stream::iter(missing.into_iter().map(Ok))
+    Ok(Action::await_change())
+}
+
+fn view_of<'a>(t: &'a Task, lifecycle: &crate::lifecycle::LifecycleConfig) -> TaskView<'a> {
+    TaskView {
+        state: effective_state(&t.spec, t.status.as_ref(), lifecycle),
+        robot: t
+            .status
+            .as_ref()
+            .and_then(|s| s.robot.as_deref())
+            .or(t.spec.target_robot.as_deref()),
+    }
+}
+
+async fn create_tasks(ctx: &Context, api: &Api<Task>, tasks: Vec<Task>) -> Result<()> {
+    stream::iter(tasks.into_iter().map(Ok))
         .try_for_each_concurrent(PARALLEL_WRITES, |task| {
             let api = api.clone();
             async move {
@@ -113,8 +259,11 @@ async fn reconcile_group(group: &TaskGroup, ctx: &Context) -> Result<Action> {
                 }
             }
         })
-        .await?;
-    stream::iter(extra.into_iter().map(Ok))
+        .await
+}
+
+async fn delete_tasks(ctx: &Context, api: &Api<Task>, names: Vec<String>) -> Result<()> {
+    stream::iter(names.into_iter().map(Ok))
         .try_for_each_concurrent(PARALLEL_WRITES, |name| {
             let api = api.clone();
             async move {
@@ -128,26 +277,5 @@ async fn reconcile_group(group: &TaskGroup, ctx: &Context) -> Result<Action> {
                 }
             }
         })
-        .await?;
-
-    let lifecycle = &ctx.config.lifecycle;
-    let views: Vec<TaskView<'_>> = owned
-        .iter()
-        .filter(|t| index_of(t).is_some_and(|i| (0..count).contains(&i)))
-        .map(|t| TaskView {
-            state: effective_state(&t.spec, t.status.as_ref(), lifecycle),
-            robot: t
-                .status
-                .as_ref()
-                .and_then(|s| s.robot.as_deref())
-                .or(t.spec.target_robot.as_deref()),
-        })
-        .collect();
-    let status = group_status(count, views, group.status.as_ref(), group.meta().generation);
-    if group.status.as_ref() != Some(&status) {
-        let groups: Api<TaskGroup> = Api::namespaced(ctx.client(), &ns);
-        ctx.patch_status(&groups, &group.name_any(), None, &status)
-            .await?;
-    }
-    Ok(Action::await_change())
+        .await
 }

@@ -306,6 +306,7 @@ pub async fn create_job(
             constraints: vec![],
             task_groups: groups,
             priority: 0,
+            order: vec![],
         },
     );
     api.create(&PostParams::default(), &job)
