@@ -1336,4 +1336,141 @@ mod tests {
         };
         assert_eq!(kill_timeout_of(&t), Duration::from_secs(2));
     }
+    fn group(name: &str, after: &[&str]) -> crate::job::TaskGroupTemplate {
+        crate::job::TaskGroupTemplate {
+            name: name.into(),
+            count: 1,
+            task: template(),
+            after: after.iter().map(|a| (*a).to_owned()).collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn ordering_names_existing_groups_without_a_circle() {
+        let ok = JobSpec {
+            task_groups: vec![group("map", &[]), group("drive", &["map"]), group("report", &[])],
+            order: vec!["drive".into(), "report".into()],
+            ..JobSpec::default()
+        };
+        validate_job_spec(&ok).unwrap();
+        assert_eq!(ok.dependencies_of(&ok.task_groups[2]), vec!["drive"]);
+        let unknown = JobSpec {
+            task_groups: vec![group("a", &["nope", "a"])],
+            order: vec!["a".into(), "ghost".into(), "a".into()],
+            ..JobSpec::default()
+        };
+        let err = validate_job_spec(&unknown).unwrap_err();
+        assert_eq!(
+            paths(err.clone()),
+            vec![
+                "spec.order[1]",
+                "spec.order[2]",
+                "spec.taskGroups[0].after[0]",
+                "spec.taskGroups[0].after[1]"
+            ]
+        );
+        assert!(err.to_string().contains("no group is named \"ghost\""), "{err}");
+        let cycle = JobSpec {
+            task_groups: vec![group("a", &["c"]), group("b", &["a"]), group("c", &[])],
+            order: vec!["b".into(), "c".into()],
+            ..JobSpec::default()
+        };
+        let err = validate_job_spec(&cycle).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "spec.taskGroups: the groups wait for each other in a circle: a -> c -> b -> a"
+        );
+    }
+
+    #[test]
+    fn every_robot_groups_take_no_count_and_bounded_rollout_limits() {
+        use crate::job::{CountOrPercent, GroupMode, TaskGroupTemplate};
+        let fleet = |count, max_parallel, max_failed| JobSpec {
+            task_groups: vec![TaskGroupTemplate {
+                mode: GroupMode::EveryRobot,
+                count,
+                max_parallel,
+                max_failed,
+                ..group("update", &[])
+            }],
+            ..JobSpec::default()
+        };
+        let mut ok = fleet(0, Some(2), Some(CountOrPercent::Percent("10%".into())));
+        ok.task_groups[0].count = 0;
+        validate_job_spec(&ok).unwrap();
+        let bad = fleet(3, Some(0), Some(CountOrPercent::Percent("150%".into())));
+        assert_eq!(
+            paths(validate_job_spec(&bad).unwrap_err()),
+            vec![
+                "spec.taskGroups[0].count",
+                "spec.taskGroups[0].maxParallel",
+                "spec.taskGroups[0].maxFailed"
+            ]
+        );
+        let counted = JobSpec {
+            task_groups: vec![TaskGroupTemplate {
+                max_parallel: Some(1),
+                ..group("g", &[])
+            }],
+            ..JobSpec::default()
+        };
+        assert_eq!(
+            paths(validate_job_spec(&counted).unwrap_err()),
+            vec!["spec.taskGroups[0].maxParallel"]
+        );
+        assert_eq!(CountOrPercent::Percent("25%".into()).of(10), Some(2));
+        assert_eq!(CountOrPercent::Count(-1).of(10), None);
+    }
+
+    #[test]
+    fn affinity_weights_and_topology_keys_are_checked() {
+        use crate::selector::{AntiAffinity, WeightedAffinity};
+        let spec = JobSpec {
+            task_groups: vec![crate::job::TaskGroupTemplate {
+                anti_affinity: Some(AntiAffinity {
+                    topology_key: Some("bad key!".into()),
+                }),
+                affinity: vec![WeightedAffinity {
+                    weight: 0,
+                    selector: LabelSelector::from_labels([("dock", "yes")]),
+                }],
+                ..group("g", &[])
+            }],
+            ..JobSpec::default()
+        };
+        assert_eq!(
+            paths(validate_job_spec(&spec).unwrap_err()),
+            vec![
+                "spec.taskGroups[0].antiAffinity.topologyKey",
+                "spec.taskGroups[0].affinity[0].weight"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_periodic_jobs_template_and_deadline_are_checked() {
+        let spec = PeriodicJobSpec {
+            schedule: " ".into(),
+            starting_deadline: Some("soon".into()),
+            failed_jobs_history_limit: Some(-1),
+            job_template: crate::periodic::JobTemplate {
+                spec: JobSpec {
+                    task_groups: vec![group("a", &["b"])],
+                    ..JobSpec::default()
+                },
+                ..Default::default()
+            },
+            ..PeriodicJobSpec::default()
+        };
+        assert_eq!(
+            paths(validate_periodic_job_spec(&spec).unwrap_err()),
+            vec![
+                "spec.schedule",
+                "spec.startingDeadline",
+                "spec.failedJobsHistoryLimit",
+                "spec.jobTemplate.spec.taskGroups[0].after[0]"
+            ]
+        );
+    }
 }

@@ -396,4 +396,116 @@ mod tests {
         assert_eq!(s.start_time, None);
         assert_eq!(s.completions.as_deref(), Some("0/3"));
     }
+    fn ordered_spec() -> JobSpec {
+        let group = |name: &str, after: &[&str]| k8s4r_api::TaskGroupTemplate {
+            name: name.into(),
+            count: 2,
+            after: after.iter().map(|a| (*a).to_owned()).collect(),
+            ..Default::default()
+        };
+        JobSpec {
+            task_groups: vec![
+                group("map", &[]),
+                group("drive", &["map"]),
+                group("report", &["drive"]),
+                group("free", &[]),
+            ],
+            ..JobSpec::default()
+        }
+    }
+
+    #[test]
+    fn groups_wait_for_theirs_and_are_skipped_after_a_failure() {
+        let spec = ordered_spec();
+        let g = gates(&spec, |n| {
+            (n == "map" || n == "free").then_some(WorkState::Running)
+        });
+        assert_eq!(g["map"], Gate::Open);
+        assert_eq!(g["free"], Gate::Open);
+        assert_eq!(g["drive"], Gate::Waiting(vec!["map".into()]));
+        assert_eq!(g["report"], Gate::Waiting(vec!["drive".into()]));
+        let g = gates(&spec, |n| match n {
+            "map" => Some(WorkState::Completed),
+            _ => None,
+        });
+        assert_eq!(g["drive"], Gate::Open);
+        let g = gates(&spec, |n| match n {
+            "map" => Some(WorkState::Failed),
+            _ => None,
+        });
+        assert_eq!(g["drive"], Gate::Skipped("group map failed".into()));
+        assert_eq!(g["report"], Gate::Skipped("group drive was skipped".into()));
+        assert_eq!(g["free"], Gate::Open);
+    }
+
+    #[test]
+    fn a_job_with_skipped_groups_fails_naming_the_cause() {
+        let failed = TaskGroupStatus {
+            state: Some(WorkState::Failed),
+            counts: TaskCounts {
+                total: 2,
+                failed: 1,
+                completed: 1,
+                ..TaskCounts::default()
+            },
+            ..TaskGroupStatus::default()
+        };
+        let groups = [
+            GroupView {
+                name: "map",
+                task_group: "j-map".into(),
+                count: 2,
+                status: Some(&failed),
+                gate: Gate::Open,
+            },
+            GroupView {
+                name: "drive",
+                task_group: "j-drive".into(),
+                count: 2,
+                status: None,
+                gate: Gate::Skipped("group map failed".into()),
+            },
+        ];
+        let s = job_status(&groups, None, Some(1), Timestamp::now());
+        assert_eq!(s.state, Some(WorkState::Failed));
+        assert_eq!(s.groups[1].state, Some(WorkState::Skipped));
+        assert_eq!(s.groups[1].message.as_deref(), Some("skipped: group map failed"));
+        let c = find_condition(&s.conditions, "Failed").unwrap();
+        assert_eq!(
+            (c.reason.as_deref(), c.message.as_deref()),
+            (Some("GroupFailed"), Some("group map failed; skipped: drive"))
+        );
+        let waiting = [
+            GroupView {
+                name: "map",
+                task_group: "j-map".into(),
+                count: 2,
+                status: Some(&TaskGroupStatus {
+                    state: Some(WorkState::Completed),
+                    counts: TaskCounts {
+                        total: 2,
+                        completed: 2,
+                        ..TaskCounts::default()
+                    },
+                    ..TaskGroupStatus::default()
+                }),
+                gate: Gate::Open,
+            },
+            GroupView {
+                name: "drive",
+                task_group: "j-drive".into(),
+                count: 2,
+                status: None,
+                gate: Gate::Waiting(vec!["map".into()]),
+            },
+        ];
+        let s = job_status(&waiting, None, Some(1), Timestamp::now());
+        assert_eq!(
+            s.state,
+            Some(WorkState::Running),
+            "not complete while a group waits"
+        );
+        assert_eq!(s.completions.as_deref(), Some("2/4"));
+        assert_eq!(s.groups[1].message.as_deref(), Some("waits for map"));
+    }
 }
