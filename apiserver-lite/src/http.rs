@@ -197,11 +197,11 @@ impl Call<'_> {
         }
         match (verb, self.path.name) {
             (Verb::List, None) => list::serve(app, rt, ns, self.query, shape),
-            (Verb::Create, None) => objects::create(self),
+            (Verb::Create, None) => objects::create(self).await,
             (Verb::DeleteCollection, None) => objects::delete_collection(self),
             (Verb::Get, Some(name)) => objects::get(self, name),
-            (Verb::Update, Some(name)) => objects::update(self, name),
-            (Verb::Patch, Some(name)) => objects::patch(self, name),
+            (Verb::Update, Some(name)) => objects::update(self, name).await,
+            (Verb::Patch, Some(name)) => objects::patch(self, name).await,
             (Verb::Delete, Some(name)) => objects::delete(self, name),
             // The verb already says whether a name comes with it; this only
             // keeps the match total.

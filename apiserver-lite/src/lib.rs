@@ -14,6 +14,7 @@
 //! # }
 //! ```
 
+pub mod admission;
 pub mod authz;
 pub mod bench;
 pub mod cli;

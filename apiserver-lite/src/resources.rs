@@ -332,6 +332,17 @@ const BUILTINS: &[Builtin] = &[
         status: false,
     },
     Builtin {
+        group: "admissionregistration.k8s.io",
+        version: "v1",
+        plural: "validatingwebhookconfigurations",
+        singular: "validatingwebhookconfiguration",
+        kind: "ValidatingWebhookConfiguration",
+        namespaced: false,
+        short_names: &[],
+        categories: &["api-extensions"],
+        status: false,
+    },
+    Builtin {
         group: "apiextensions.k8s.io",
         version: "v1",
         plural: "customresourcedefinitions",

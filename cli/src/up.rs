@@ -212,6 +212,7 @@ impl Stack {
             manager: apiserver.client_with_token(&manager_token).await?,
         };
         spawn_programs(&mut tasks, programs, &broker_url, manager, shutdown.clone())?;
+        start_webhook(&mut tasks, &client, shutdown.clone()).await?;
         let local_robot = if args.local_agent.unwrap_or(args.demo) {
             let robot = match &args.robot_id {
                 Some(id) => id.clone(),
@@ -418,6 +419,51 @@ async fn store_bootstrap_token(client: &Client, bootstrap_token: &str) -> Result
             what: "store the bootstrap token".to_owned(),
             source,
         })?;
+    Ok(())
+}
+
+/// Serves the manager's validating admission webhook on a loopback port,
+/// with a certificate made for it, and registers it with the API server, so
+/// that `kubectl apply` of a Job the controllers would refuse (a circle of
+/// groups, a bad cron schedule) is refused at once with the reason.
+async fn start_webhook(
+    tasks: &mut JoinSet<(&'static str, anyhow::Result<()>)>,
+    client: &Client,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    use k8s4r_manager::webhook;
+    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+    let loopback = std::net::IpAddr::from([127, 0, 0, 1]);
+    let tls = apiserver_lite::tls::load_or_generate(None, loopback).context("the webhook's certificate")?;
+    let config = webhook::WebhookConfig {
+        addr: SocketAddr::new(loopback, 0),
+        cert_pem: tls.cert_pem.clone(),
+        key_pem: tls.key_pem,
+    };
+    let (bound, serve) = webhook::bind(&config, shutdown)
+        .await
+        .context("serving the admission webhook")?;
+    tasks.spawn(async move {
+        serve.await;
+        ("webhook", Ok(()))
+    });
+    let url = format!("https://{bound}{}", webhook::PATH);
+    let vwc: ValidatingWebhookConfiguration =
+        serde_json::from_value(webhook::configuration(&url, &tls.cert_pem))
+            .context("the webhook's configuration")?;
+    let api: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    let name = vwc.name_any();
+    api.patch(
+        &name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&vwc),
+    )
+    .await
+    .map_err(|source| UpError::Kube {
+        what: "register the admission webhook".to_owned(),
+        source,
+    })?;
+    tracing::info!(%url, "admission webhook registered");
     Ok(())
 }
 

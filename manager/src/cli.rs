@@ -72,6 +72,16 @@ pub struct Args {
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, env = "K8S4R_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     pub metrics_addr: SocketAddr,
+    /// Serve the validating admission webhook (POST /validate, HTTPS) on this
+    /// address; needs --webhook-cert-file and --webhook-key-file.
+    #[arg(long, env = "K8S4R_WEBHOOK_ADDR", requires_all = ["webhook_cert_file", "webhook_key_file"])]
+    pub webhook_addr: Option<SocketAddr>,
+    /// The webhook's certificate chain (PEM), e.g. from a cert-manager Secret.
+    #[arg(long, env = "K8S4R_WEBHOOK_CERT_FILE")]
+    pub webhook_cert_file: Option<std::path::PathBuf>,
+    /// The webhook's private key (PEM).
+    #[arg(long, env = "K8S4R_WEBHOOK_KEY_FILE")]
+    pub webhook_key_file: Option<std::path::PathBuf>,
     /// Run controllers only while holding the leader Lease.
     #[arg(long, env = "K8S4R_LEADER_ELECTION", default_value_t = true, action = ArgAction::Set)]
     pub leader_election: bool,
@@ -94,6 +104,23 @@ pub struct Args {
 }
 
 impl Args {
+    /// The webhook these flags describe, its certificate read from disk.
+    fn webhook(&self) -> anyhow::Result<Option<crate::webhook::WebhookConfig>> {
+        let (Some(addr), Some(cert), Some(key)) =
+            (self.webhook_addr, &self.webhook_cert_file, &self.webhook_key_file)
+        else {
+            return Ok(None);
+        };
+        let read = |p: &std::path::Path| {
+            std::fs::read_to_string(p).with_context(|| format!("reading the webhook's {}", p.display()))
+        };
+        Ok(Some(crate::webhook::WebhookConfig {
+            addr,
+            cert_pem: read(cert)?,
+            key_pem: read(key)?,
+        }))
+    }
+
     /// The manager configuration these flags describe.
     pub fn config(&self) -> ManagerConfig {
         let leader = self.leader_election.then(|| {
@@ -128,7 +155,11 @@ impl Args {
         k8s4r_api::logging::init(self.log_format, self.log.as_deref())?;
         let client = k8s4r_service::process::client(self.kubeconfig.as_deref()).await?;
         let shutdown = k8s4r_service::process::shutdown_on_signals();
-        crate::run(self.config(), client, shutdown)
+        let config = ManagerConfig {
+            webhook: self.webhook()?,
+            ..self.config()
+        };
+        crate::run(config, client, shutdown)
             .await
             .context("k8s4r-manager stopped")
     }

@@ -44,6 +44,8 @@ pub struct ManagerConfig {
     pub status_debounce: Duration,
     /// Publish Kubernetes Events.
     pub events: bool,
+    /// Serve the validating admission webhook; `None`: not served.
+    pub webhook: Option<crate::webhook::WebhookConfig>,
 }
 
 impl Default for ManagerConfig {
@@ -63,6 +65,7 @@ impl Default for ManagerConfig {
             robot_debounce: Duration::from_millis(500),
             status_debounce: Duration::ZERO,
             events: true,
+            webhook: None,
         }
     }
 }

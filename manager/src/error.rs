@@ -28,6 +28,15 @@ pub enum Error {
     /// Another replica took the leader Lease.
     #[error("lost the leader Lease")]
     LeadershipLost,
+    /// The webhook could not start.
+    #[error("admission webhook on {addr}: {source}")]
+    Webhook {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
     /// The metrics endpoint could not start.
     #[error("metrics endpoint on {addr}: {source}")]
     Metrics {

@@ -26,6 +26,7 @@ pub mod liveness;
 pub mod metrics;
 pub mod periodic;
 pub mod scheduler;
+pub mod webhook;
 
 use std::sync::Arc;
 
@@ -59,6 +60,20 @@ pub async fn run_with_metrics(
         }
         None => None,
     };
+    // Every replica answers the webhook, leading or not.
+    let webhook = match &config.webhook {
+        Some(webhook) => {
+            let (bound, serve) = webhook::bind(webhook, server_stop.clone())
+                .await
+                .map_err(|source| Error::Webhook {
+                    addr: webhook.addr,
+                    source,
+                })?;
+            tracing::info!(addr = %bound, path = webhook::PATH, "serving the validating admission webhook");
+            Some(tokio::spawn(serve))
+        }
+        None => None,
+    };
     let result = match config.leader.clone() {
         Some(leader) => leader::run(client, config, leader, metrics, shutdown.clone()).await,
         None => {
@@ -66,9 +81,9 @@ pub async fn run_with_metrics(
             controllers::run(client, config, metrics, identity, shutdown.clone()).await
         }
     };
-    if let Some(server) = server {
-        server_stop.cancel();
-        let _ = server.await;
+    server_stop.cancel();
+    for task in [server, webhook].into_iter().flatten() {
+        let _ = task.await;
     }
     result
 }

@@ -96,12 +96,26 @@ fn round_trips_as<T: DeserializeOwned + Serialize>(file: &Path, doc: &Value) {
 
 #[test]
 fn every_manifest_is_a_well_formed_object_of_its_kind() {
+    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
     use k8s_openapi::api::apps::v1::Deployment;
-    use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+    use k8s_openapi::api::core::v1::{Namespace, Service, ServiceAccount};
     use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 
     let all = manifests();
+    // Kustomize patches are partial objects: only their target is checked.
+    let patches: BTreeSet<PathBuf> = all
+        .iter()
+        .filter(|(_, doc)| matches!(doc["kind"].as_str(), Some("Kustomization" | "Component")))
+        .flat_map(|(file, doc)| {
+            let dir = file.parent().unwrap().to_path_buf();
+            doc["patches"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(move |p| p["path"].as_str().map(|path| dir.join(path)))
+        })
+        .collect();
     let mut kinds = BTreeSet::new();
     for (file, doc) in &all {
         let api_version = doc["apiVersion"]
@@ -111,8 +125,15 @@ fn every_manifest_is_a_well_formed_object_of_its_kind() {
             .as_str()
             .unwrap_or_else(|| panic!("{}: no kind", file.display()));
         kinds.insert(kind.to_owned());
-        if kind == "Kustomization" {
-            for resource in doc["resources"].as_array().unwrap() {
+        if kind == "Kustomization" || kind == "Component" {
+            let listed = doc["resources"].as_array().into_iter().flatten();
+            let patched = doc["patches"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|p| &p["path"]);
+            let components = doc["components"].as_array().into_iter().flatten();
+            for resource in listed.chain(patched).chain(components) {
                 let path = file.parent().unwrap().join(resource.as_str().unwrap());
                 assert!(
                     path.exists(),
@@ -125,6 +146,16 @@ fn every_manifest_is_a_well_formed_object_of_its_kind() {
         }
         let name = doc["metadata"]["name"].as_str().unwrap_or_default();
         assert!(!name.is_empty(), "{}: a {kind} without a name", file.display());
+        if patches.contains(file) {
+            assert!(
+                all.iter().any(|(f, d)| !patches.contains(f)
+                    && d["kind"] == doc["kind"]
+                    && d["metadata"]["name"] == name),
+                "{}: patches a {kind} {name} that deploy/ does not have",
+                file.display()
+            );
+            continue;
+        }
         match (api_version, kind) {
             ("v1", "Namespace") => round_trips_as::<Namespace>(file, doc),
             ("v1", "ServiceAccount") => round_trips_as::<ServiceAccount>(file, doc),
@@ -135,6 +166,25 @@ fn every_manifest_is_a_well_formed_object_of_its_kind() {
                 round_trips_as::<ClusterRoleBinding>(file, doc)
             }
             ("apps/v1", "Deployment") => round_trips_as::<Deployment>(file, doc),
+            ("v1", "Service") => round_trips_as::<Service>(file, doc),
+            ("admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration") => {
+                round_trips_as::<ValidatingWebhookConfiguration>(file, doc)
+            }
+            // cert-manager's kinds (the webhook component): no Rust types here.
+            ("cert-manager.io/v1", "Issuer" | "Certificate") => {
+                assert!(
+                    doc["spec"].is_object(),
+                    "{}: {kind} {name} has no spec",
+                    file.display()
+                );
+            }
+            ("robot.k8s4r.io/v1alpha1", "PeriodicJob") => {
+                let pj: k8s4r_api::PeriodicJob =
+                    serde_json::from_value(doc.clone()).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+                if let Err(errors) = k8s4r_api::validation::validate_periodic_job_spec(&pj.spec) {
+                    panic!("{}: periodic job {name} is invalid: {errors}", file.display());
+                }
+            }
             ("apiextensions.k8s.io/v1", "CustomResourceDefinition") => {
                 round_trips_as::<CustomResourceDefinition>(file, doc)
             }
@@ -189,7 +239,32 @@ fn deployments_run_the_programs_with_flags_they_accept() {
         })
         .collect();
     let mut programs = BTreeSet::new();
-    for (file, deployment) in all.iter().filter(|(_, d)| d["kind"] == "Deployment") {
+    // A component's patch of the manager sets only what the manager reads.
+    let manager_env = env_names(&k8s4r_manager::cli::Args::command());
+    let is_patch = |f: &PathBuf| f.components().any(|c| c.as_os_str() == "components");
+    for (file, patch) in all
+        .iter()
+        .filter(|(f, d)| d["kind"] == "Deployment" && is_patch(f))
+    {
+        assert_eq!(patch["metadata"]["name"], "k8s4r-manager", "{}", file.display());
+        for container in patch["spec"]["template"]["spec"]["containers"]
+            .as_array()
+            .unwrap()
+        {
+            for env in container["env"].as_array().into_iter().flatten() {
+                let var = env["name"].as_str().unwrap();
+                assert!(
+                    manager_env.contains(var),
+                    "{}: k8s4r-manager does not read {var}",
+                    file.display()
+                );
+            }
+        }
+    }
+    for (file, deployment) in all
+        .iter()
+        .filter(|(f, d)| d["kind"] == "Deployment" && !is_patch(f))
+    {
         let name = deployment["metadata"]["name"].as_str().unwrap();
         let namespace = deployment["metadata"]["namespace"].as_str().unwrap();
         let what = format!("{} {name}", file.display());

@@ -10,9 +10,12 @@ use super::list::Selection;
 use super::request::Verb;
 use super::response::{json_response, object_response, with_version, written, Shape};
 use super::{protobuf, Call, Query};
+use crate::admission;
 use crate::error::ApiError;
-use crate::ops::{self, Deleted, FieldValidation, PatchType, Propagation, WriteOpts};
+use crate::object::Object;
+use crate::ops::{self, Deleted, FieldValidation, PatchType, Propagation, WriteOpts, Written};
 use crate::resources::ResourceType;
+use crate::store::Txn;
 
 pub(super) fn get(call: &Call<'_>, name: &str) -> Result<Response, ApiError> {
     let rt = &call.rt;
@@ -28,25 +31,95 @@ pub(super) fn get(call: &Call<'_>, name: &str) -> Result<Response, ApiError> {
     Ok(object_response(rt, StatusCode::OK, &obj, call.shape))
 }
 
-pub(super) fn create(call: &Call<'_>) -> Result<Response, ApiError> {
+pub(super) async fn create(call: &Call<'_>) -> Result<Response, ApiError> {
     let rt = &call.rt;
     let ns = namespace_for_write(call)?;
     let obj = decode(&call.body, call.headers, rt)?;
     let opts = write_opts(call)?;
-    let w = call
-        .app
-        .store
-        .write(|txn| ops::create(txn, rt, ns, obj, &opts, None))?;
+    let w = admitted(call, ns, None, &opts, |txn, opts| {
+        ops::create(txn, rt, ns, obj.clone(), opts, None)
+    })
+    .await?;
     Ok(written(rt, StatusCode::CREATED, w, call.shape))
 }
 
-pub(super) fn update(call: &Call<'_>, name: &str) -> Result<Response, ApiError> {
+/// Makes a write, asking the validating admission webhooks that match it
+/// first (see [`admission`]): `write` is worked out as a dry run, the
+/// webhooks see the result, and the real write must come out the same
+/// under the lock, else the round starts over.
+async fn admitted(
+    call: &Call<'_>,
+    ns: &str,
+    name: Option<&str>,
+    opts: &WriteOpts,
+    write: impl Fn(&mut Txn<'_>, &WriteOpts) -> Result<Written, ApiError>,
+) -> Result<Written, ApiError> {
+    let rt = &call.rt;
+    let store = &call.app.store;
+    let gr = rt.stored_resource();
+    let key_ns = if rt.namespaced { ns } else { "" };
+    let old_of = |name: Option<&str>| {
+        let name = name?;
+        store.read(|s| s.get_object(&gr, key_ns, name).cloned())
+    };
+    let operation_of = |old: &Option<Object>| match old {
+        Some(_) => admission::Operation::Update,
+        None => admission::Operation::Create,
+    };
+    let old = old_of(name);
+    let hooks = store.read(|s| admission::matching(s, rt, call.status, operation_of(&old)));
+    if hooks.is_empty() {
+        return store.write(|txn| write(txn, opts));
+    }
+    let dry = WriteOpts {
+        dry_run: true,
+        ..opts.clone()
+    };
+    for _ in 0..3 {
+        let old = old_of(name);
+        let preview = store.write(|txn| write(txn, &dry))?;
+        let object_name = crate::ops::meta_str(&preview.object.value(), "name").to_owned();
+        let request = admission::Request {
+            rt,
+            status: call.status,
+            operation: operation_of(&old),
+            namespace: ns,
+            name: &object_name,
+            object: &preview.object,
+            old: old.as_ref(),
+            identity: call.identity,
+            dry_run: opts.dry_run,
+        };
+        let warnings = admission::review(&hooks, &request).await?;
+        let outcome = store.write(|txn| {
+            let again = write(txn, &dry)?;
+            if !admission::same(&again.object, &preview.object) {
+                return Ok(None);
+            }
+            write(txn, opts).map(Some)
+        })?;
+        if let Some(mut w) = outcome {
+            w.warnings.extend(warnings);
+            return Ok(w);
+        }
+    }
+    Err(ApiError::new(
+        StatusCode::CONFLICT,
+        "Conflict",
+        format!(
+            "Operation cannot be fulfilled on {}: the object kept changing while admission webhooks looked at it; please try again",
+            rt.group_resource()
+        ),
+    ))
+}
+
+pub(super) async fn update(call: &Call<'_>, name: &str) -> Result<Response, ApiError> {
     let rt = &call.rt;
     let ns = namespace_for_write(call)?;
     let obj = decode(&call.body, call.headers, rt)?;
     let opts = write_opts(call)?;
     let gr = rt.stored_resource();
-    let w = call.app.store.write(|txn| {
+    let w = admitted(call, ns, Some(name), &opts, |txn, opts| {
         let old = txn
             .state
             .get(&gr, ns, name)
@@ -55,17 +128,18 @@ pub(super) fn update(call: &Call<'_>, name: &str) -> Result<Response, ApiError> 
             txn,
             rt,
             &old,
-            obj,
+            obj.clone(),
             call.status,
-            &opts,
+            opts,
             ops::Precondition::Put,
             false,
         )
-    })?;
+    })
+    .await?;
     Ok(written(rt, StatusCode::OK, w, call.shape))
 }
 
-pub(super) fn patch(call: &Call<'_>, name: &str) -> Result<Response, ApiError> {
+pub(super) async fn patch(call: &Call<'_>, name: &str) -> Result<Response, ApiError> {
     let rt = &call.rt;
     let ns = namespace_for_write(call)?;
     let ct = content_type(call.headers).unwrap_or_default();
@@ -88,10 +162,10 @@ pub(super) fn patch(call: &Call<'_>, name: &str) -> Result<Response, ApiError> {
         }
     }
     let force = call.query.get("force").is_some_and(|f| f == "true");
-    let w = call
-        .app
-        .store
-        .write(|txn| ops::patch(txn, rt, ns, name, kind, &call.body, call.status, force, &opts))?;
+    let w = admitted(call, ns, Some(name), &opts, |txn, opts| {
+        ops::patch(txn, rt, ns, name, kind, &call.body, call.status, force, opts)
+    })
+    .await?;
     let code = if w.created {
         StatusCode::CREATED
     } else {

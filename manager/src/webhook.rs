@@ -1,0 +1,272 @@
+//! The validating admission webhook: the API server asks it about every
+//! create and update of a Job, PeriodicJob or Task, and a spec the
+//! controllers would refuse (a circle of groups, an unknown `after`, a bad
+//! cron schedule, a timeout out of range) is refused at `kubectl apply`
+//! with the same message, instead of being stored and failing later.
+//!
+//! Every replica serves it (validation reads nothing but the request), over
+//! HTTPS with the certificate it is given; the API server's
+//! ValidatingWebhookConfiguration trusts that certificate's CA. The
+//! controllers validate again before acting, so a webhook that is down
+//! (failurePolicy Ignore) costs the early error, never safety.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::routing::post;
+use axum::{Json, Router};
+use hyper_util::rt::TokioIo;
+use hyper_util::service::TowerToHyperService;
+use k8s4r_api::validation::{validate_job_spec, validate_periodic_job_spec, validate_task_spec};
+use k8s4r_api::{JobSpec, PeriodicJobSpec, TaskSpec};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use serde::de::DeserializeOwned;
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+
+use crate::periodic::Schedule;
+
+/// The path the webhook answers on.
+pub const PATH: &str = "/validate";
+/// The name of the webhook in its ValidatingWebhookConfiguration (and in
+/// the API server's refusals).
+pub const NAME: &str = "validate.robot.k8s4r.io";
+/// The resources it validates.
+pub const RESOURCES: [&str; 3] = ["jobs", "periodicjobs", "tasks"];
+/// How long a TLS handshake may take.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where and with which certificate the webhook serves.
+#[derive(Clone, Debug)]
+pub struct WebhookConfig {
+    /// The address to listen on.
+    pub addr: SocketAddr,
+    /// Its certificate chain, PEM.
+    pub cert_pem: String,
+    /// Its private key, PEM.
+    pub key_pem: String,
+}
+
+/// The webhook's certificate or key is unusable.
+#[derive(Debug, thiserror::Error)]
+#[error("webhook TLS: {0}")]
+pub struct TlsError(String);
+
+fn acceptor(config: &WebhookConfig) -> Result<TlsAcceptor, TlsError> {
+    let err = |e: &dyn std::fmt::Display| TlsError(e.to_string());
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(config.cert_pem.as_bytes())
+        .collect::<Result<_, _>>()
+        .map_err(|e| err(&e))?;
+    let key = PrivateKeyDer::from_pem_slice(config.key_pem.as_bytes()).map_err(|e| err(&e))?;
+    let mut tls =
+        rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| err(&e))?
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .map_err(|e| err(&e))?;
+    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(TlsAcceptor::from(Arc::new(tls)))
+}
+
+/// Binds the webhook; returns the bound address and the future that serves
+/// it until `shutdown`.
+pub async fn bind(
+    config: &WebhookConfig,
+    shutdown: CancellationToken,
+) -> std::io::Result<(SocketAddr, impl Future<Output = ()> + Send + 'static)> {
+    let acceptor = acceptor(config).map_err(std::io::Error::other)?;
+    let listener = TcpListener::bind(config.addr).await?;
+    let bound = listener.local_addr()?;
+    let app = Router::new().route(PATH, post(validate));
+    let serve = async move {
+        loop {
+            let (stream, peer) = tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok(a) => a,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "webhook accept failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                },
+                () = shutdown.cancelled() => return,
+            };
+            let (acceptor, app, shutdown) = (acceptor.clone(), app.clone(), shutdown.clone());
+            tokio::spawn(async move {
+                let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                    Ok(Ok(tls)) => tls,
+                    Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "webhook TLS handshake failed"),
+                    Err(_) => return tracing::debug!(%peer, "webhook TLS handshake timed out"),
+                };
+                let conn = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tls), TowerToHyperService::new(app));
+                tokio::select! {
+                    result = conn => if let Err(e) = result {
+                        tracing::debug!(%peer, error = %e, "webhook connection ended");
+                    },
+                    () = shutdown.cancelled() => {}
+                }
+            });
+        }
+    };
+    Ok((bound, serve))
+}
+
+async fn validate(Json(review): Json<Value>) -> Json<Value> {
+    Json(answer(&review))
+}
+
+fn spec_of<T: DeserializeOwned>(object: &Value) -> Result<T, String> {
+    serde_json::from_value(object["spec"].clone()).map_err(|e| format!("spec: {e}"))
+}
+
+/// The problems with the object a review carries, if any.
+fn problems(request: &Value) -> Option<String> {
+    let object = &request["object"];
+    let outcome = match request["resource"]["resource"].as_str() {
+        Some("jobs") => {
+            spec_of::<JobSpec>(object).and_then(|s| validate_job_spec(&s).map_err(|e| e.to_string()))
+        }
+        Some("periodicjobs") => spec_of::<PeriodicJobSpec>(object).and_then(|s| {
+            validate_periodic_job_spec(&s).map_err(|e| e.to_string())?;
+            Schedule::parse(&s.schedule, s.time_zone.as_deref())
+                .map(drop)
+                .map_err(|e| format!("spec.schedule: {e}"))
+        }),
+        Some("tasks") => {
+            spec_of::<TaskSpec>(object).and_then(|s| validate_task_spec(&s).map_err(|e| e.to_string()))
+        }
+        _ => Ok(()),
+    };
+    outcome.err()
+}
+
+/// The AdmissionReview answering `review`: allowed, or refused with every
+/// problem and its field (HTTP 403 in the answer, as controller-runtime's
+/// webhooks refuse).
+pub fn answer(review: &Value) -> Value {
+    let request = &review["request"];
+    let uid = request["uid"].clone();
+    let response = match problems(request) {
+        None => json!({ "uid": uid, "allowed": true }),
+        Some(message) => json!({
+            "uid": uid,
+            "allowed": false,
+            "status": { "code": 403, "reason": "Forbidden", "message": message },
+        }),
+    };
+    json!({
+        "apiVersion": review["apiVersion"].as_str().unwrap_or("admission.k8s.io/v1"),
+        "kind": "AdmissionReview",
+        "response": response,
+    })
+}
+
+/// The ValidatingWebhookConfiguration that sends Job, PeriodicJob and Task
+/// writes to a webhook at `url` whose certificate `ca_pem` signs.
+pub fn configuration(url: &str, ca_pem: &str) -> Value {
+    use base64::Engine;
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": { "name": "k8s4r" },
+        "webhooks": [{
+            "name": NAME,
+            "admissionReviewVersions": ["v1"],
+            "sideEffects": "None",
+            "failurePolicy": "Ignore",
+            "timeoutSeconds": 5,
+            "clientConfig": {
+                "url": url,
+                "caBundle": base64::engine::general_purpose::STANDARD.encode(ca_pem),
+            },
+            "rules": [{
+                "apiGroups": [k8s4r_api::GROUP],
+                "apiVersions": ["*"],
+                "operations": ["CREATE", "UPDATE"],
+                "resources": RESOURCES,
+                "scope": "Namespaced",
+            }],
+        }],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn review(resource: &str, spec: Value) -> Value {
+        json!({
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "u-1",
+                "resource": { "group": "robot.k8s4r.io", "version": "v1alpha1", "resource": resource },
+                "operation": "CREATE",
+                "object": { "spec": spec },
+            },
+        })
+    }
+
+    fn task() -> Value {
+        json!({ "driver": "raw_exec", "command": "/bin/true" })
+    }
+
+    #[test]
+    fn a_valid_job_is_allowed() {
+        let spec = json!({ "taskGroups": [{ "name": "a", "count": 1, "task": task() }] });
+        let a = answer(&review("jobs", spec));
+        assert_eq!(a["response"]["uid"], "u-1");
+        assert_eq!(a["response"]["allowed"], true);
+    }
+
+    #[test]
+    fn a_circle_of_groups_is_refused_with_the_circle() {
+        let spec = json!({ "taskGroups": [
+            { "name": "a", "count": 1, "task": task(), "after": ["b"] },
+            { "name": "b", "count": 1, "task": task(), "after": ["a"] },
+        ] });
+        let a = answer(&review("jobs", spec));
+        assert_eq!(a["response"]["allowed"], false);
+        assert_eq!(a["response"]["status"]["code"], 403);
+        assert_eq!(
+            a["response"]["status"]["message"],
+            "spec.taskGroups: the groups wait for each other in a circle: a -> b -> a"
+        );
+    }
+
+    #[test]
+    fn a_bad_schedule_or_zone_is_refused() {
+        let job = json!({ "taskGroups": [{ "name": "a", "count": 1, "task": task() }] });
+        let a = answer(&review(
+            "periodicjobs",
+            json!({ "schedule": "0 9 * * *", "timeZone": "Mars/Olympus", "jobTemplate": { "spec": job } }),
+        ));
+        let message = a["response"]["status"]["message"].as_str().unwrap();
+        assert!(
+            message.starts_with("spec.schedule: time zone \"Mars/Olympus\""),
+            "{message}"
+        );
+        let a = answer(&review(
+            "periodicjobs",
+            json!({ "schedule": "0 9 * * *", "jobTemplate": { "spec": job } }),
+        ));
+        assert_eq!(a["response"]["allowed"], true);
+    }
+
+    #[test]
+    fn a_spec_of_the_wrong_shape_is_refused() {
+        let a = answer(&review("tasks", json!({ "driver": 7 })));
+        assert_eq!(a["response"]["allowed"], false);
+        assert!(a["response"]["status"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("spec: "));
+    }
+}
