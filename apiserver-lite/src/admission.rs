@@ -265,9 +265,31 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     out
 }
 
+/// The client for a webhook, kept per URL, caBundle and timeout so that
+/// its connections are reused across calls.
+fn client_for(hook: &Webhook) -> Result<reqwest::Client, String> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    type Key = (Option<String>, Option<Vec<u8>>, Duration);
+    static CLIENTS: OnceLock<Mutex<HashMap<Key, reqwest::Client>>> = OnceLock::new();
+    let key = (hook.url.clone(), hook.ca_bundle.clone(), hook.timeout);
+    let clients = CLIENTS.get_or_init(Mutex::default);
+    if let Some(client) = clients.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+        return Ok(client.clone());
+    }
+    let client = new_client(hook)?;
+    let mut clients = clients.lock().unwrap_or_else(|p| p.into_inner());
+    // A configuration that changes often must not grow this without end.
+    if clients.len() >= 64 {
+        clients.clear();
+    }
+    clients.insert(key, client.clone());
+    Ok(client)
+}
+
 /// An HTTPS client trusting the webhook's caBundle only (no caBundle: the
 /// call fails, where kube-apiserver would trust the system's roots).
-fn client_for(hook: &Webhook) -> Result<reqwest::Client, String> {
+fn new_client(hook: &Webhook) -> Result<reqwest::Client, String> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::CertificateDer;
     let mut roots = rustls::RootCertStore::empty();

@@ -125,6 +125,16 @@ const KINDS: &[(&str, &str, &str)] = &[
         "LeaseList",
         "api.coordination.v1.LeaseList",
     ),
+    (
+        "admissionregistration.k8s.io/v1",
+        "ValidatingWebhookConfiguration",
+        "api.admissionregistration.v1.ValidatingWebhookConfiguration",
+    ),
+    (
+        "admissionregistration.k8s.io/v1",
+        "ValidatingWebhookConfigurationList",
+        "api.admissionregistration.v1.ValidatingWebhookConfigurationList",
+    ),
     ("apps/v1", "Deployment", "api.apps.v1.Deployment"),
     ("apps/v1", "DeploymentList", "api.apps.v1.DeploymentList"),
     ("rbac.authorization.k8s.io/v1", "Role", "api.rbac.v1.Role"),

@@ -1,5 +1,7 @@
 //! The validating admission webhook: the API server asks it about every
-//! create and update of a Job, PeriodicJob or Task, and a spec the
+//! create and update of a Job or PeriodicJob (what people write; Tasks are
+//! the manager's own, and a Task made by hand is still validated before it
+//! is scheduled), and a spec the
 //! controllers would refuse (a circle of groups, an unknown `after`, a bad
 //! cron schedule, a timeout out of range) is refused at `kubectl apply`
 //! with the same message, instead of being stored and failing later.
@@ -37,7 +39,7 @@ pub const PATH: &str = "/validate";
 /// the API server's refusals).
 pub const NAME: &str = "validate.robot.k8s4r.io";
 /// The resources it validates.
-pub const RESOURCES: [&str; 3] = ["jobs", "periodicjobs", "tasks"];
+pub const RESOURCES: [&str; 2] = ["jobs", "periodicjobs"];
 /// How long a TLS handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -168,8 +170,7 @@ pub fn answer(review: &Value) -> Value {
     })
 }
 
-/// The ValidatingWebhookConfiguration that sends Job, PeriodicJob and Task
-/// writes to a webhook at `url` whose certificate `ca_pem` signs.
+/// The ValidatingWebhookConfiguration that sends Job and PeriodicJob writes to a webhook at `url` whose certificate `ca_pem` signs.
 pub fn configuration(url: &str, ca_pem: &str) -> Value {
     use base64::Engine;
     json!({
