@@ -14,6 +14,33 @@ use croner::Cron;
 use jiff::civil::DateTime;
 use jiff::tz::TimeZone;
 use jiff::{Span, Timestamp};
+use k8s4r_api::validation::validate_periodic_job_spec;
+use k8s4r_api::PeriodicJobSpec;
+
+/// Validates a PeriodicJob's spec and parses its schedule: every problem
+/// at once, each with its field.
+pub fn schedule_of(spec: &PeriodicJobSpec) -> Result<Schedule, String> {
+    let mut problems: Vec<String> = validate_periodic_job_spec(spec)
+        .err()
+        .map(|e| e.to_string())
+        .into_iter()
+        .collect();
+    let schedule = if spec.schedule.trim().is_empty() {
+        None
+    } else {
+        match Schedule::parse(&spec.schedule, spec.time_zone.as_deref()) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                problems.push(format!("spec.schedule: {e}"));
+                None
+            }
+        }
+    };
+    match schedule {
+        Some(s) if problems.is_empty() => Ok(s),
+        _ => Err(problems.join("; ")),
+    }
+}
 
 /// A parsed schedule in its time zone.
 #[derive(Clone, Debug)]

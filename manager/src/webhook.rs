@@ -21,7 +21,7 @@ use axum::routing::post;
 use axum::{Json, Router};
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
-use k8s4r_api::validation::{validate_job_spec, validate_periodic_job_spec, validate_task_spec};
+use k8s4r_api::validation::{validate_job_spec, validate_task_spec};
 use k8s4r_api::{JobSpec, PeriodicJobSpec, TaskSpec};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -31,7 +31,7 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
-use crate::periodic::Schedule;
+use crate::periodic::schedule_of;
 
 /// The path the webhook answers on.
 pub const PATH: &str = "/validate";
@@ -135,12 +135,7 @@ fn problems(request: &Value) -> Option<String> {
         Some("jobs") => {
             spec_of::<JobSpec>(object).and_then(|s| validate_job_spec(&s).map_err(|e| e.to_string()))
         }
-        Some("periodicjobs") => spec_of::<PeriodicJobSpec>(object).and_then(|s| {
-            validate_periodic_job_spec(&s).map_err(|e| e.to_string())?;
-            Schedule::parse(&s.schedule, s.time_zone.as_deref())
-                .map(drop)
-                .map_err(|e| format!("spec.schedule: {e}"))
-        }),
+        Some("periodicjobs") => spec_of::<PeriodicJobSpec>(object).and_then(|s| schedule_of(&s).map(drop)),
         Some("tasks") => {
             spec_of::<TaskSpec>(object).and_then(|s| validate_task_spec(&s).map_err(|e| e.to_string()))
         }

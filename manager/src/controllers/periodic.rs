@@ -8,7 +8,6 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s4r_api::condition::set_condition;
 use k8s4r_api::names::{ANNOTATION_SCHEDULED_AT, LABEL_PERIODIC_JOB};
-use k8s4r_api::validation::validate_periodic_job_spec;
 use k8s4r_api::{parse_duration, ConcurrencyPolicy, Condition, ConditionStatus, Job, PeriodicJob, WorkState};
 use kube::api::{DeleteParams, ObjectMeta};
 use kube::runtime::controller::Action;
@@ -18,7 +17,7 @@ use tracing::instrument;
 
 use super::{key_of, Context};
 use crate::error::{Error, Result};
-use crate::periodic::Schedule;
+use crate::periodic::schedule_of;
 
 /// Condition on a PeriodicJob: its schedule and template are valid.
 const CONDITION_VALID: &str = "Valid";
@@ -60,10 +59,7 @@ async fn reconcile_periodic(pj: &PeriodicJob, ctx: &Context) -> Result<Action> {
     let previous = pj.status.clone().unwrap_or_default();
     let mut status = previous.clone();
 
-    let schedule = validate_periodic_job_spec(&pj.spec)
-        .map_err(|e| e.to_string())
-        .and_then(|()| Schedule::parse(&pj.spec.schedule, pj.spec.time_zone.as_deref()));
-    let schedule = match schedule {
+    let schedule = match schedule_of(&pj.spec) {
         Ok(s) => s,
         Err(message) => {
             status.next_schedule_time = None;
