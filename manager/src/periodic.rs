@@ -9,13 +9,14 @@
 //! and a time that occurs twice runs once, at its first occurrence.
 
 use std::str::FromStr;
+use std::time::Duration;
 
 use croner::Cron;
 use jiff::civil::DateTime;
 use jiff::tz::TimeZone;
 use jiff::{Span, Timestamp};
 use k8s4r_api::validation::validate_periodic_job_spec;
-use k8s4r_api::PeriodicJobSpec;
+use k8s4r_api::{ConcurrencyPolicy, PeriodicJobSpec};
 
 /// Validates a PeriodicJob's spec and parses its schedule: every problem
 /// at once, each with its field.
@@ -39,6 +40,70 @@ pub fn schedule_of(spec: &PeriodicJobSpec) -> Result<Schedule, String> {
     match schedule {
         Some(s) if problems.is_empty() => Ok(s),
         _ => Err(problems.join("; ")),
+    }
+}
+
+/// What a PeriodicJob should do now about its runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// No run is due.
+    Nothing,
+    /// The run due at this time exists already: record it as scheduled.
+    Started(Timestamp),
+    /// Start the run due at this time (after deleting the active runs when
+    /// `replace`).
+    Start {
+        /// Its scheduled time.
+        due: Timestamp,
+        /// concurrencyPolicy Replace with runs active.
+        replace: bool,
+    },
+    /// The run due at this time waits for the active one (Forbid); look
+    /// again after `until_too_late`, when its deadline passes.
+    Wait {
+        /// Its scheduled time.
+        due: Timestamp,
+        /// How long it may still wait, if it has a deadline.
+        until_too_late: Option<Duration>,
+    },
+    /// The run due at this time is past its starting deadline: skip it.
+    Missed(Timestamp),
+}
+
+/// Decides about the latest run due in `(since, now]`.
+///
+/// `active` counts the runs not finished; `exists` says whether the run of
+/// a scheduled time was created already (by this manager before a restart,
+/// or by another).
+pub fn decide(
+    schedule: &Schedule,
+    since: Timestamp,
+    now: Timestamp,
+    policy: ConcurrencyPolicy,
+    deadline: Option<Duration>,
+    active: usize,
+    exists: impl Fn(Timestamp) -> bool,
+) -> Decision {
+    let Some(due) = schedule.last_due(since, now) else {
+        return Decision::Nothing;
+    };
+    if exists(due) {
+        return Decision::Started(due);
+    }
+    let late = Duration::try_from(now.duration_since(due)).unwrap_or_default();
+    if deadline.is_some_and(|d| late > d) {
+        return Decision::Missed(due);
+    }
+    match policy {
+        ConcurrencyPolicy::Forbid if active > 0 => Decision::Wait {
+            due,
+            until_too_late: deadline.map(|d| d.saturating_sub(late)),
+        },
+        ConcurrencyPolicy::Replace => Decision::Start {
+            due,
+            replace: active > 0,
+        },
+        _ => Decision::Start { due, replace: false },
     }
 }
 
@@ -202,6 +267,48 @@ mod tests {
             Some(ts("2026-11-23T10:05:00Z")),
             "months missed"
         );
+    }
+
+    #[test]
+    fn each_concurrency_policy_and_the_deadline() {
+        let s = Schedule::parse("*/10 * * * *", None).unwrap();
+        let since = ts("2026-11-23T10:00:00Z");
+        let now = ts("2026-11-23T10:12:00Z");
+        let due = ts("2026-11-23T10:10:00Z");
+        let none = |_| false;
+        use ConcurrencyPolicy::*;
+        assert_eq!(
+            decide(&s, since, now, Allow, None, 3, none),
+            Decision::Start { due, replace: false },
+            "Allow starts whatever runs"
+        );
+        assert_eq!(
+            decide(&s, since, now, Forbid, None, 0, none),
+            Decision::Start { due, replace: false }
+        );
+        assert_eq!(
+            decide(&s, since, now, Forbid, Some(Duration::from_secs(300)), 1, none),
+            Decision::Wait {
+                due,
+                until_too_late: Some(Duration::from_secs(180))
+            },
+            "Forbid waits for the active run, as long as the deadline allows"
+        );
+        assert_eq!(
+            decide(&s, since, now, Forbid, Some(Duration::from_secs(60)), 1, none),
+            Decision::Missed(due),
+            "two minutes late with a one-minute deadline"
+        );
+        assert_eq!(
+            decide(&s, since, now, Replace, None, 1, none),
+            Decision::Start { due, replace: true }
+        );
+        assert_eq!(
+            decide(&s, since, now, Allow, None, 0, |t| t == due),
+            Decision::Started(due),
+            "a run created before a restart is not created again"
+        );
+        assert_eq!(decide(&s, due, now, Allow, None, 0, none), Decision::Nothing);
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s4r_api::condition::set_condition;
 use k8s4r_api::names::{ANNOTATION_SCHEDULED_AT, LABEL_PERIODIC_JOB};
-use k8s4r_api::{parse_duration, ConcurrencyPolicy, Condition, ConditionStatus, Job, PeriodicJob, WorkState};
+use k8s4r_api::{parse_duration, Condition, ConditionStatus, Job, PeriodicJob, WorkState};
 use kube::api::{DeleteParams, ObjectMeta};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
@@ -17,7 +17,7 @@ use tracing::instrument;
 
 use super::{key_of, Context};
 use crate::error::{Error, Result};
-use crate::periodic::schedule_of;
+use crate::periodic::{decide, schedule_of, Decision};
 
 /// Condition on a PeriodicJob: its schedule and template are valid.
 const CONDITION_VALID: &str = "Valid";
@@ -93,7 +93,8 @@ async fn reconcile_periodic(pj: &PeriodicJob, ctx: &Context) -> Result<Action> {
     let mut runs: Vec<Arc<Job>> = ctx.stores.jobs.state_filter(|j| {
         j.namespace().as_deref() == Some(ns.as_str()) && j.owner_references().iter().any(|o| o.uid == uid)
     });
-    runs.sort_by_key(|j| j.creation_timestamp().map(|t| t.0));
+    // Oldest first: by creation, then by name (the scheduled second).
+    runs.sort_by_key(|j| (j.creation_timestamp().map(|t| t.0), j.name_any()));
     let (done, mut active): (Vec<Arc<Job>>, Vec<Arc<Job>>) =
         runs.into_iter().partition(|j| finished(j).is_some());
 
@@ -128,18 +129,28 @@ async fn reconcile_periodic(pj: &PeriodicJob, ctx: &Context) -> Result<Action> {
             .last_schedule_time
             .or_else(|| pj.creation_timestamp().map(|t| t.0))
             .unwrap_or(now);
-        if let Some(due) = schedule.last_due(since, now) {
-            let deadline = pj
-                .spec
-                .starting_deadline
-                .as_deref()
-                .and_then(|d| parse_duration(d).ok());
-            let late = Duration::try_from(now.duration_since(due)).unwrap_or_default();
+        let deadline = pj
+            .spec
+            .starting_deadline
+            .as_deref()
+            .and_then(|d| parse_duration(d).ok());
+        let exists = |due: Timestamp| {
             let run = run_name(&name, due);
-            let already = active.iter().chain(&done).any(|j| j.name_any() == run);
-            if already {
-                status.last_schedule_time = Some(due);
-            } else if deadline.is_some_and(|d| late > d) {
+            active.iter().chain(&done).any(|j| j.name_any() == run)
+        };
+        let decision = decide(
+            &schedule,
+            since,
+            now,
+            pj.spec.concurrency_policy,
+            deadline,
+            active.len(),
+            exists,
+        );
+        match decision {
+            Decision::Nothing => {}
+            Decision::Started(due) => status.last_schedule_time = Some(due),
+            Decision::Missed(due) => {
                 ctx.event(
                     pj,
                     EventType::Warning,
@@ -147,9 +158,8 @@ async fn reconcile_periodic(pj: &PeriodicJob, ctx: &Context) -> Result<Action> {
                     format!("the run scheduled at {due} could not start within its startingDeadline"),
                 );
                 status.last_schedule_time = Some(due);
-            } else if !active.is_empty() && pj.spec.concurrency_policy == ConcurrencyPolicy::Forbid {
-                // Waits: the run starts when the active one ends, if its
-                // deadline allows by then.
+            }
+            Decision::Wait { due, until_too_late } => {
                 ctx.event(
                     pj,
                     EventType::Normal,
@@ -159,9 +169,11 @@ async fn reconcile_periodic(pj: &PeriodicJob, ctx: &Context) -> Result<Action> {
                         active.iter().map(|j| j.name_any()).collect::<Vec<_>>().join(", ")
                     ),
                 );
-                requeue = deadline.map(|d| d.saturating_sub(late) + Duration::from_secs(1));
-            } else {
-                if pj.spec.concurrency_policy == ConcurrencyPolicy::Replace {
+                // The active run's end wakes this up; else its deadline.
+                requeue = until_too_late.map(|d| d + Duration::from_secs(1));
+            }
+            Decision::Start { due, replace } => {
+                if replace {
                     for job in active.drain(..) {
                         delete_run(ctx, &jobs, &job, "replaced by a newer run").await?;
                     }
