@@ -190,8 +190,11 @@ pub enum WorkState {
     Completed,
     /// Some task failed for good.
     Failed,
-    /// Never started: a group it runs after failed or was skipped.
+    /// Never started: a group it runs after failed or was skipped, or the
+    /// Job was cancelled first.
     Skipped,
+    /// Cancelled by a person; nothing of it runs any more.
+    Cancelled,
 }
 
 impl WorkState {
@@ -203,9 +206,11 @@ impl WorkState {
         let active = counts.dispatching + counts.running;
         if counts.failed > 0 && active == 0 && counts.pending == 0 {
             WorkState::Failed
+        } else if counts.cancelled > 0 && active == 0 && counts.pending == 0 {
+            WorkState::Cancelled
         } else if counts.completed >= expected && counts.total >= expected && counts.failed == 0 {
             WorkState::Completed
-        } else if active > 0 || counts.completed > 0 || counts.failed > 0 {
+        } else if active > 0 || counts.completed > 0 || counts.failed > 0 || counts.cancelled > 0 {
             WorkState::Running
         } else {
             WorkState::Pending
@@ -249,6 +254,13 @@ pub struct JobStatus {
     /// Complete, Failed and similar conditions.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// The last `robot.k8s4r.io/retry` acted on (passed to its failed
+    /// Tasks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<crate::task::ManualAction>,
+    /// The `robot.k8s4r.io/cancel` acted on (passed to its groups).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancellation: Option<crate::task::ManualAction>,
 }
 
 /// A group's line in its Job's status.
@@ -336,6 +348,13 @@ pub struct TaskGroupStatus {
     /// Conditions.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// The last `robot.k8s4r.io/retry` acted on (passed to its failed
+    /// Tasks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<crate::task::ManualAction>,
+    /// The `robot.k8s4r.io/cancel` acted on (passed to its Tasks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancellation: Option<crate::task::ManualAction>,
 }
 
 /// An everyRobot group's progress over the fleet.

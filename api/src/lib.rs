@@ -53,8 +53,8 @@ pub use selector::{
 };
 pub use task::{
     Artifact, AttemptRecord, EnvVar, ExecCheck, HealthCheck, HttpCheck, LocalRestart, LocalRestartMode,
-    RestartMode, RestartPolicy, RestartStatus, TaskAttempt, TaskCounts, TaskKind, TaskReason, TaskResources,
-    TaskSpec, TaskState, TaskStatus, TaskTemplate, TcpCheck,
+    ManualAction, RestartMode, RestartPolicy, RestartStatus, TaskAttempt, TaskCounts, TaskKind, TaskReason,
+    TaskResources, TaskSpec, TaskState, TaskStatus, TaskTemplate, TcpCheck,
 };
 
 #[cfg(feature = "kube")]

@@ -26,6 +26,16 @@ pub const ANNOTATION_TOKEN_SHA256: &str = "robot.k8s4r.io/bootstrap-token-sha256
 /// acknowledged (the server writes it, the manager's dispatch timeout
 /// reads it).
 pub const ANNOTATION_DISPATCHED_ATTEMPT: &str = "robot.k8s4r.io/dispatched-attempt";
+/// Annotation on a Task, TaskGroup or Job: stop what runs and mark it
+/// cancelled, keeping it. Each new value acts once.
+pub const ANNOTATION_CANCEL: &str = "robot.k8s4r.io/cancel";
+/// Annotation on a failed Task (or a TaskGroup or Job: their failed
+/// Tasks): start a new attempt with the retry budget reset. Each new value
+/// acts once.
+pub const ANNOTATION_RETRY: &str = "robot.k8s4r.io/retry";
+/// Annotation beside `cancel` or `retry`: who asked (`k8s4r cancel|retry`
+/// write the user's name).
+pub const ANNOTATION_REQUESTED_BY: &str = "robot.k8s4r.io/requested-by";
 /// Field manager of the server's writes.
 pub const MANAGER_SERVER: &str = "k8s4r-server";
 /// Field manager of the manager's writes.

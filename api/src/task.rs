@@ -375,12 +375,19 @@ pub enum TaskState {
     Completed,
     /// Failed for good (after its retries) or for this attempt.
     Failed,
+    /// Stopped for good by a person (the `robot.k8s4r.io/cancel`
+    /// annotation); the manager's state, never a robot's.
+    Cancelled,
 }
 
 impl TaskState {
-    /// Completed or Failed: a robot's later `running` never replaces it.
+    /// Completed, Failed or Cancelled: a robot's later `running` never
+    /// replaces it.
     pub fn is_terminal(self) -> bool {
-        matches!(self, TaskState::Completed | TaskState::Failed)
+        matches!(
+            self,
+            TaskState::Completed | TaskState::Failed | TaskState::Cancelled
+        )
     }
 
     /// The lower-case name used in status and on the wire.
@@ -391,6 +398,7 @@ impl TaskState {
             TaskState::Running => "running",
             TaskState::Completed => "completed",
             TaskState::Failed => "failed",
+            TaskState::Cancelled => "cancelled",
         }
     }
 }
@@ -504,9 +512,53 @@ pub struct TaskStatus {
     /// Earlier attempts, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attempts: Vec<AttemptRecord>,
+    /// The last `robot.k8s4r.io/retry` acted on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<ManualAction>,
+    /// The `robot.k8s4r.io/cancel` acted on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancellation: Option<ManualAction>,
     /// Scheduled and similar conditions.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+}
+
+impl TaskStatus {
+    /// Whether the current attempt is cancelled: a cancel covers the
+    /// attempt it was made at and the ones before; a retry made after it
+    /// starts anew.
+    pub fn cancel_requested(&self) -> bool {
+        let Some(cancel) = &self.cancellation else {
+            return false;
+        };
+        let retried = self
+            .retry
+            .as_ref()
+            .is_some_and(|r| r.at >= cancel.at && r.attempt >= cancel.attempt);
+        cancel.attempt >= self.attempt && !retried
+    }
+}
+
+/// A person's retry or cancel (an annotation), as the manager acted on it.
+/// The same annotation value acts once.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ManualAction {
+    /// The annotation's value.
+    pub value: String,
+    /// Who asked: the `robot.k8s4r.io/requested-by` annotation (`k8s4r
+    /// retry|cancel` set it to the user), else the field manager that wrote
+    /// the annotation (e.g. `kubectl-annotate`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    /// When the manager acted on it.
+    pub at: Timestamp,
+    /// The attempt it acted at (a Task's), 0 for a Job or TaskGroup.
+    #[serde(default)]
+    pub attempt: u32,
+    /// What it did, for a person.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 /// A robot's restarts of one attempt (`restart`), as the Task's status
@@ -573,6 +625,9 @@ pub struct TaskCounts {
     pub completed: i32,
     /// Failed for good.
     pub failed: i32,
+    /// Cancelled by a person.
+    #[serde(default)]
+    pub cancelled: i32,
 }
 
 impl TaskCounts {
@@ -585,6 +640,7 @@ impl TaskCounts {
             TaskState::Running => self.running += 1,
             TaskState::Completed => self.completed += 1,
             TaskState::Failed => self.failed += 1,
+            TaskState::Cancelled => self.cancelled += 1,
         }
     }
 
@@ -596,6 +652,7 @@ impl TaskCounts {
         self.running += other.running;
         self.completed += other.completed;
         self.failed += other.failed;
+        self.cancelled += other.cancelled;
     }
 }
 

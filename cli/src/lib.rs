@@ -1,8 +1,10 @@
-//! `k8s4r`: the whole stack on one machine (`k8s4r up`), and small helpers
-//! around it (`crds`, `kubeconfig`).
+//! `k8s4r`: the whole stack on one machine (`k8s4r up`), small helpers
+//! around it (`crds`, `kubeconfig`), and the operator's commands that work
+//! on any cluster (`retry`, `cancel`).
 
 pub mod broker;
 pub mod error;
+pub mod operate;
 pub mod progress;
 pub mod up;
 
@@ -61,6 +63,14 @@ pub enum Command {
         #[arg(long)]
         print: bool,
     },
+    /// Start a new attempt of a failed or cancelled Task (or of every such
+    /// Task of a TaskGroup or Job), its retry budget counted afresh: sets
+    /// the robot.k8s4r.io/retry annotation, as `kubectl annotate` would.
+    Retry(operate::ManualArgs),
+    /// Stop a Task, TaskGroup or Job (its processes through the usual
+    /// SIGTERM, then SIGKILL) and mark it cancelled, keeping it and its
+    /// history: sets the robot.k8s4r.io/cancel annotation.
+    Cancel(operate::ManualArgs),
 }
 
 impl Args {
@@ -87,6 +97,8 @@ impl Args {
                 }
                 Ok(())
             }
+            Command::Retry(args) => operate::run(operate::Manual::Retry, args, &data_dir).await,
+            Command::Cancel(args) => operate::run(operate::Manual::Cancel, args, &data_dir).await,
             Command::Up(args) => {
                 let default = if args.demo { DEMO_LOG } else { DEFAULT_LOG };
                 k8s4r_api::logging::init_with_default(self.log_format, self.log.as_deref(), default)?;

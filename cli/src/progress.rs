@@ -56,6 +56,7 @@ pub fn render(job: &str, state: Option<WorkState>, c: &TaskCounts) -> String {
         Some(WorkState::Completed) => "completed",
         Some(WorkState::Failed) => "failed",
         Some(WorkState::Skipped) => "skipped",
+        Some(WorkState::Cancelled) => "cancelled",
     };
     format!(
         "job {job}: {state:<9} [pending {}  dispatching {}  running {}  completed {}  failed {}]  {}/{} done",

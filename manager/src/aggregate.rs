@@ -53,6 +53,8 @@ pub fn group_status<'a>(
         rollout: None,
         observed_generation: generation,
         conditions,
+        retry: previous.and_then(|p| p.retry.clone()),
+        cancellation: previous.and_then(|p| p.cancellation.clone()),
     }
 }
 
@@ -118,6 +120,9 @@ pub fn gates(spec: &JobSpec, state: impl Fn(&str) -> Option<WorkState>) -> BTree
                 }
                 (_, Some(WorkState::Failed)) => {
                     skipped.get_or_insert_with(|| format!("group {dep} failed"));
+                }
+                (_, Some(WorkState::Cancelled)) => {
+                    skipped.get_or_insert_with(|| format!("group {dep} was cancelled"));
                 }
                 (_, Some(WorkState::Completed)) => {}
                 _ => waiting.push(dep.to_owned()),
@@ -234,6 +239,8 @@ pub fn job_status(
         completion_time,
         observed_generation: generation,
         conditions,
+        retry: previous.and_then(|p| p.retry.clone()),
+        cancellation: previous.and_then(|p| p.cancellation.clone()),
     }
 }
 

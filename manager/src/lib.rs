@@ -23,6 +23,7 @@ pub mod leader;
 pub mod ledger;
 pub mod lifecycle;
 pub mod liveness;
+pub mod manual;
 pub mod metrics;
 pub mod periodic;
 pub mod scheduler;

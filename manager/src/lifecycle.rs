@@ -135,15 +135,15 @@ pub fn retry_delay(
     if matches!(
         status.reason,
         Some(TaskReason::InvalidSpec | TaskReason::Cancelled)
-    ) {
+    ) || status.cancel_requested()
+    {
         return None;
     }
-    let infra_used = status
-        .attempts
-        .iter()
-        .filter(|a| is_infrastructure(a.reason))
-        .count() as u32;
-    let own_used = status.attempts.len() as u32 - infra_used;
+    // A person's retry counts the budget afresh from the attempt it acted at.
+    let base = status.retry.as_ref().map_or(0, |r| r.attempt);
+    let counted = || status.attempts.iter().filter(|a| a.attempt > base);
+    let infra_used = counted().filter(|a| is_infrastructure(a.reason)).count() as u32;
+    let own_used = counted().count() as u32 - infra_used;
     if is_infrastructure(status.reason) {
         return (infra_used < cfg.lost_retries).then_some(Duration::ZERO);
     }
@@ -201,7 +201,7 @@ pub fn next_step(
             Some(at) if at > now => Step::Wait(Some(until(now, at))),
             _ => Step::Schedule,
         },
-        Some(TaskState::Completed) => Step::Done,
+        Some(TaskState::Completed | TaskState::Cancelled) => Step::Done,
         Some(TaskState::Failed) => match retry_delay(status, spec.restart_policy.as_ref(), cfg) {
             Some(delay) => Step::Retry { delay },
             None => Step::Done,

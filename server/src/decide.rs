@@ -753,6 +753,10 @@ fn unwanted(held: &TaskAttempt, robot: &str, task: &Task) -> Option<String> {
             task.spec.target_robot.as_deref().unwrap_or("no robot")
         ));
     }
+    if status.cancel_requested() && matches!(status.state, Some(TaskState::Dispatching | TaskState::Running))
+    {
+        return Some("the Task was cancelled".into());
+    }
     match status.state {
         // Over: the robot lists it until its final status is confirmed.
         Some(TaskState::Dispatching | TaskState::Running | TaskState::Completed | TaskState::Failed) => None,
@@ -902,6 +906,14 @@ pub enum TaskAction {
         /// The attempt.
         attempt: u32,
     },
+    /// A person cancelled the Task (it stays): publish a cancel and look
+    /// again after a while, until the robot reports the attempt ended.
+    Cancel {
+        /// The robot.
+        robot: String,
+        /// The attempt.
+        attempt: u32,
+    },
     /// Publish a cancel (best effort) and release the finalizer now.
     CancelAndRelease {
         /// The robot.
@@ -936,6 +948,16 @@ pub fn decide_task(task: &Task, robot_phase: Option<RobotPhase>, now: Timestamp)
             (true, true) => TaskAction::CancelAndWait { robot, attempt },
             (true, false) => TaskAction::CancelAndRelease { robot, attempt },
             (false, _) => TaskAction::Release,
+        };
+    }
+    if status.cancel_requested() {
+        let active = matches!(status.state, Some(TaskState::Dispatching | TaskState::Running));
+        // A dispatch never sent is not sent now; one sent is stopped.
+        return match robot {
+            Some(robot) if active && attempt >= 1 && dispatched_attempt(task) >= attempt => {
+                TaskAction::Cancel { robot, attempt }
+            }
+            _ => TaskAction::Nothing,
         };
     }
     // A dispatch past its deadline would be refused by the robot; the

@@ -187,6 +187,13 @@ async fn reconcile(task: Arc<Task>, ctx: Arc<Context>) -> Result<Action> {
             record(&ctx, &task, "CancelSent", "Cancel", note).await;
             Ok(Action::requeue(CANCEL_RETRY))
         }
+        TaskAction::Cancel { robot, attempt } => {
+            cancel(bridge, &task, &robot, attempt).await?;
+            let note =
+                format!("cancelled: asked robot {robot} to stop attempt {attempt}; waiting for its report");
+            record(&ctx, &task, "CancelSent", "Cancel", note).await;
+            Ok(Action::requeue(CANCEL_RETRY))
+        }
         TaskAction::CancelAndRelease { robot, attempt } => {
             if let Err(error) = cancel(bridge, &task, &robot, attempt).await {
                 warn!(%error, "cancel not delivered; releasing the task anyway (robot offline or never dispatched)");

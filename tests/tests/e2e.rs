@@ -1000,3 +1000,173 @@ async fn anti_affinity_places_one_task_per_robot_and_leaves_the_rest_pending() {
         .expect("delete");
     env.stop().await;
 }
+
+/// A person's retry through `kubectl annotate`: a failed task runs again
+/// with its retry budget counted afresh, and the same value acts once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_annotate_retries_a_failed_task_once_per_value() {
+    let env = Env::start(&[("rt-1", &[])]).await;
+    let runs = env.scratch.join("runs");
+    // Fails on its first two runs, succeeds on the third.
+    let script = format!(
+        "echo run >> {runs}; [ $(wc -l < {runs}) -ge 3 ]",
+        runs = runs.display()
+    );
+    env.create_job(job_json(
+        "flaky",
+        serde_json::json!([{ "name": "w", "count": 1, "task": sh(&script, "1m") }]),
+    ))
+    .await;
+    let tasks = env.tasks();
+    let failed = |attempt: u32| {
+        let tasks = tasks.clone();
+        async move {
+            eventually(&format!("attempt {attempt} failed for good"), || async {
+                let s = tasks.get("flaky-w-0").await.ok()?.status?;
+                (s.state == Some(TaskState::Failed) && s.attempt == attempt).then_some(s)
+            })
+            .await
+        }
+    };
+    failed(1).await;
+    let kubeconfig = kubeconfig_path(&env.data_dir);
+    let annotate = |value: &str| {
+        kubectl(
+            &kubeconfig,
+            &[
+                "annotate",
+                "--overwrite",
+                "-n",
+                "default",
+                "rtask",
+                "flaky-w-0",
+                &format!("robot.k8s4r.io/retry={value}"),
+            ],
+        )
+    };
+    annotate("first");
+    let status = failed(2).await;
+    let retry = status.retry.expect("the retry is recorded");
+    assert_eq!(retry.value, "first");
+    assert_eq!(retry.by.as_deref(), Some("kubectl-annotate"), "{retry:?}");
+    assert_eq!(status.attempts.len(), 1, "attempt 1 kept in the history");
+    // The same value again (a no-op write, then a real one with an
+    // unrelated annotation) does not retry.
+    annotate("first");
+    kubectl(
+        &kubeconfig,
+        &["annotate", "-n", "default", "rtask", "flaky-w-0", "note=hello"],
+    );
+    tokio::time::timeout(Duration::from_secs(3), async {
+        loop {
+            let s = env.tasks().get("flaky-w-0").await.unwrap().status.unwrap();
+            assert_eq!(s.attempt, 2, "the same value acted twice: {s:?}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await
+    .unwrap_err();
+    annotate("second");
+    let done = eventually("attempt 3 completed", || async {
+        let s = env.tasks().get("flaky-w-0").await.ok()?.status?;
+        (s.state == Some(TaskState::Completed)).then_some(s)
+    })
+    .await;
+    assert_eq!(done.attempt, 3);
+    assert_eq!(std::fs::read_to_string(&runs).unwrap().lines().count(), 3);
+    let job = eventually("the Job completed", || async {
+        let s = env.jobs().get("flaky").await.ok()?.status?;
+        (s.state == Some(WorkState::Completed)).then_some(s)
+    })
+    .await;
+    assert_eq!(job.completions.as_deref(), Some("1/1"));
+    env.stop().await;
+}
+
+/// `k8s4r cancel job/NAME`: every process of the running Job is gone, its
+/// Tasks stay, cancelled, with who asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_running_job_stops_its_processes_and_keeps_its_history() {
+    let env = Env::start(&[("cx-1", &[]), ("cx-2", &[])]).await;
+    let pids = env.scratch.join("pids");
+    std::fs::create_dir_all(&pids).unwrap();
+    let script = format!("echo $$ > {}/$K8S4R_TASK_UID; exec sleep 300", pids.display());
+    env.create_job(job_json(
+        "long",
+        serde_json::json!([
+            { "name": "a", "count": 2, "task": sh(&script, "10m") },
+            { "name": "b", "count": 1, "task": sh("true", "1m"), "after": ["a"] },
+        ]),
+    ))
+    .await;
+    let running: Vec<i32> = eventually("two tasks running with their pids written", || async {
+        let tasks = env.job_tasks("long").await;
+        let running: Vec<&Task> = tasks
+            .iter()
+            .filter(|t| t.status.as_ref().and_then(|s| s.state) == Some(TaskState::Running))
+            .collect();
+        if running.len() < 2 {
+            return None;
+        }
+        let pids: Vec<i32> = running
+            .iter()
+            .filter_map(|t| {
+                let uid = t.metadata.uid.clone()?;
+                std::fs::read_to_string(pids.join(uid)).ok()?.trim().parse().ok()
+            })
+            .collect();
+        (pids.len() == 2).then_some(pids)
+    })
+    .await;
+    let args = k8s4r::operate::ManualArgs {
+        target: Some("job/long".into()),
+        job: None,
+        group: None,
+        no_wait: false,
+        timeout: Duration::from_secs(30),
+        kube: k8s4r::operate::KubeArgs {
+            kubeconfig: Some(kubeconfig_path(&env.data_dir)),
+            context: None,
+            namespace: Some("default".into()),
+        },
+    };
+    k8s4r::operate::run(k8s4r::operate::Manual::Cancel, args, &env.data_dir)
+        .await
+        .expect("k8s4r cancel");
+    let tasks = eventually("both tasks cancelled", || async {
+        let tasks = env.job_tasks("long").await;
+        tasks
+            .iter()
+            .all(|t| t.status.as_ref().and_then(|s| s.state) == Some(TaskState::Cancelled))
+            .then_some(tasks)
+    })
+    .await;
+    assert_eq!(tasks.len(), 2, "the tasks stay, and group b never started");
+    for t in &tasks {
+        let s = t.status.as_ref().unwrap();
+        let c = s.cancellation.as_ref().expect("recorded");
+        assert_eq!(c.by.as_deref(), Some("apiserver-lite:admin"), "{c:?}");
+        assert!(
+            s.message
+                .as_deref()
+                .unwrap_or_default()
+                .starts_with("cancelled by apiserver-lite:admin"),
+            "{s:?}"
+        );
+    }
+    for pid in running {
+        eventually(&format!("process {pid} gone"), || async {
+            (!Path::new(&format!("/proc/{pid}")).exists() || pgrp(pid).is_none()).then_some(())
+        })
+        .await;
+    }
+    let job = eventually("the Job cancelled", || async {
+        let s = env.jobs().get("long").await.ok()?.status?;
+        (s.state == Some(WorkState::Cancelled)).then_some(s)
+    })
+    .await;
+    let b = job.groups.iter().find(|g| g.name == "b").unwrap();
+    assert_eq!(b.state, Some(WorkState::Skipped));
+    assert_eq!(b.message.as_deref(), Some("skipped: the Job was cancelled"));
+    env.stop().await;
+}

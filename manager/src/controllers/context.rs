@@ -194,6 +194,32 @@ impl Context {
             .await?)
     }
 
+    /// Merge-patches `patch` (annotations) onto each of `names`, a few at a
+    /// time; one already gone is skipped.
+    pub async fn annotate_all<K>(
+        &self,
+        api: &Api<K>,
+        names: &[String],
+        patch: &serde_json::Value,
+    ) -> Result<()>
+    where
+        K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        use futures::{stream, TryStreamExt};
+        stream::iter(names.iter().map(Ok))
+            .try_for_each_concurrent(16, |name| async move {
+                let params = self.kube.patch_params();
+                let merge = kube::api::Patch::Merge(patch);
+                let call = api.patch(name, &params, &merge);
+                match self.api::<K, _>("annotate", name, call).await {
+                    Ok(_) => Ok(()),
+                    Err(Error::Api(e)) if e.is_not_found() => Ok(()),
+                    Err(e) => Err(e),
+                }
+            })
+            .await
+    }
+
     /// Wraps a reconcile: metrics, and the error count for the backoff.
     pub async fn instrumented(
         &self,

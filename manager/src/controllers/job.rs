@@ -6,7 +6,7 @@ use std::sync::Arc;
 use jiff::Timestamp;
 use k8s4r_api::condition::set_condition;
 use k8s4r_api::names::CONDITION_FAILED;
-use k8s4r_api::names::LABEL_JOB;
+use k8s4r_api::names::{ANNOTATION_CANCEL, ANNOTATION_RETRY, LABEL_JOB};
 use k8s4r_api::validation::validate_job_spec;
 use k8s4r_api::{
     Condition, ConditionStatus, GroupMode, Job, JobSpec, JobStatus, TaskGroup, TaskGroupSpec,
@@ -22,6 +22,7 @@ use tracing::instrument;
 use super::{key_of, Context};
 use crate::aggregate::{gates, job_status, Gate, GroupView};
 use crate::error::{Error, Result};
+use crate::manual;
 
 /// Reconciles one Job.
 #[instrument(skip_all, fields(job = %key_of(job.as_ref())))]
@@ -117,6 +118,62 @@ async fn reconcile_job(job: &Job, ctx: &Context) -> Result<Action> {
         reason: "no uid to own task groups with".into(),
     })?;
     let desired = desired_groups(&name, &job.spec);
+
+    // A person's cancel or retry of the Job goes to its TaskGroups.
+    let before = job.status.clone().unwrap_or_default();
+    let now = Timestamp::now();
+    let asked = manual::decide_owner(&job.metadata, before.cancellation.as_ref(), before.retry.as_ref());
+    let mut cancellation = before.cancellation.clone();
+    let mut retry = before.retry.clone();
+    let uid = job.uid().unwrap_or_default();
+    let owned_groups = |filter: &dyn Fn(&TaskGroup) -> bool| -> Vec<String> {
+        ctx.stores
+            .groups
+            .state_filter(|g| {
+                g.namespace().as_deref() == Some(ns.as_str())
+                    && g.owner_references().iter().any(|o| o.uid == uid)
+                    && filter(g)
+            })
+            .iter()
+            .map(|g| g.name_any())
+            .collect()
+    };
+    if let Some(cancel) = asked.cancel {
+        let names = owned_groups(&|_| true);
+        ctx.annotate_all(
+            &groups_api,
+            &names,
+            &manual::passed_on(ANNOTATION_CANCEL, &cancel),
+        )
+        .await?;
+        let action = cancel.acted(now, 0, format!("cancel passed to {} task groups", names.len()));
+        ctx.event(
+            job,
+            EventType::Normal,
+            "Cancelled",
+            action.message.clone().unwrap_or_default(),
+        );
+        cancellation = Some(action);
+    }
+    if let Some(again) = asked.retry {
+        let names = owned_groups(&|g| {
+            g.status
+                .as_ref()
+                .is_some_and(|s| s.counts.failed + s.counts.cancelled > 0)
+        });
+        ctx.annotate_all(&groups_api, &names, &manual::passed_on(ANNOTATION_RETRY, &again))
+            .await?;
+        let action = again.acted(now, 0, format!("retry passed to {} task groups", names.len()));
+        ctx.event(
+            job,
+            EventType::Normal,
+            "Retried",
+            action.message.clone().unwrap_or_default(),
+        );
+        retry = Some(action);
+    }
+    let cancelled = manual::still_cancelled(cancellation.as_ref(), retry.as_ref());
+
     let stored_state = |group: &str| -> Option<WorkState> {
         let tg = ctx
             .stores
@@ -129,7 +186,15 @@ async fn reconcile_job(job: &Job, ctx: &Context) -> Result<Action> {
                 .unwrap_or(WorkState::Pending),
         )
     };
-    let gates = gates(&job.spec, stored_state);
+    let mut gates = gates(&job.spec, stored_state);
+    if cancelled {
+        // What has not started never will.
+        for (group, gate) in gates.iter_mut() {
+            if *gate != Gate::Open || stored_state(group).is_none() {
+                *gate = Gate::Skipped("the Job was cancelled".into());
+            }
+        }
+    }
     for (group, spec) in &desired {
         let existing = ctx.stores.groups.get(&ObjectRef::new(group).within(&ns));
         let open = gates.get(&spec.template.name) == Some(&Gate::Open);
@@ -224,7 +289,16 @@ async fn reconcile_job(job: &Job, ctx: &Context) -> Result<Action> {
         })
         .collect();
     let previous = job.status.as_ref();
-    let status = job_status(&views, previous, job.meta().generation, Timestamp::now());
+    let mut status = job_status(&views, previous, job.meta().generation, Timestamp::now());
+    let skipped = status.groups.iter().any(|g| g.state == Some(WorkState::Skipped));
+    if cancelled
+        && status.state.is_some_and(WorkState::is_finished)
+        && (status.counts.cancelled > 0 || skipped)
+    {
+        status.state = Some(WorkState::Cancelled);
+    }
+    status.cancellation = cancellation;
+    status.retry = retry;
     if previous != Some(&status) {
         ctx.patch_status(&jobs, &name, None, &status).await?;
         let was_finished = previous.and_then(|p| p.state).is_some_and(WorkState::is_finished);

@@ -6,9 +6,11 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s4r_api::condition::{find_condition, set_condition};
-use k8s4r_api::names::CONDITION_SCHEDULED;
+use k8s4r_api::names::{ANNOTATION_CANCEL, ANNOTATION_RETRY, CONDITION_SCHEDULED};
 use k8s4r_api::validation::validate_task_spec;
-use k8s4r_api::{AttemptRecord, Condition, ConditionStatus, Task, TaskReason, TaskState};
+use k8s4r_api::{
+    AttemptRecord, Condition, ConditionStatus, ManualAction, Task, TaskReason, TaskState, TaskStatus,
+};
 use kube::api::Patch;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
@@ -21,7 +23,8 @@ use super::robot::{liveness_of, robot_lease};
 use super::{demand_of, group_of, key_of, Context, SchedState};
 use crate::error::{Error, Result};
 use crate::ledger::Placement;
-use crate::lifecycle::{next_step, plus, RobotHealth, Step};
+use crate::lifecycle::{next_step, plus, retry_delay, RobotHealth, Step};
+use crate::manual::{self, TaskManual};
 use crate::scheduler::{choose, Request};
 use k8s4r_service::patch::Guarded;
 
@@ -71,6 +74,10 @@ pub struct TaskStatusPatch {
     last_restart_time: Option<Option<Timestamp>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     attempts: Option<Vec<AttemptRecord>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retry: Option<ManualAction>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cancellation: Option<ManualAction>,
     #[serde(skip_serializing_if = "Option::is_none")]
     conditions: Option<Vec<Condition>>,
 }
@@ -192,7 +199,7 @@ fn publish_progress(ctx: &Context, task: &Task) {
                 format!("attempt {attempt} failed on robot {robot}{exit}: {why}"),
             );
         }
-        TaskState::Pending | TaskState::Dispatching => {}
+        TaskState::Pending | TaskState::Dispatching | TaskState::Cancelled => {}
     }
 }
 
@@ -201,12 +208,15 @@ async fn reconcile_task(task: &Task, ctx: &Context) -> Result<Action> {
         return Ok(Action::await_change());
     }
     publish_progress(ctx, task);
+    let now = Timestamp::now();
+    if let Some(manual) = manual_request(task, ctx, now) {
+        return apply_manual(task, ctx, manual, now).await;
+    }
     let status = task.status.as_ref();
     let robot = status
         .and_then(|s| s.robot.as_deref())
         .or(task.spec.target_robot.as_deref());
     let health = robot_health(ctx, robot);
-    let now = Timestamp::now();
     let step = next_step(&task.spec, status, health, now, &ctx.config.lifecycle);
     tracing::debug!(?step, uid = ?task.metadata.uid, "next step");
     match step {
@@ -216,6 +226,135 @@ async fn reconcile_task(task: &Task, ctx: &Context) -> Result<Action> {
         Step::Fail { reason, message } => fail(task, ctx, reason, message, now).await,
         Step::Retry { delay } => retry(task, ctx, delay, now).await,
     }
+}
+
+/// What a person's retry or cancel annotation asks of the Task now, if
+/// anything.
+fn manual_request(task: &Task, ctx: &Context, now: Timestamp) -> Option<TaskManual> {
+    let default = TaskStatus::default();
+    let status = task.status.as_ref().unwrap_or(&default);
+    let finished = match status.state {
+        Some(TaskState::Completed | TaskState::Cancelled) => true,
+        Some(TaskState::Failed) => {
+            retry_delay(status, task.spec.restart_policy.as_ref(), &ctx.config.lifecycle).is_none()
+        }
+        _ => false,
+    };
+    manual::decide_task(
+        status,
+        manual::request(&task.metadata, ANNOTATION_CANCEL),
+        manual::request(&task.metadata, ANNOTATION_RETRY),
+        finished,
+        now,
+    )
+}
+
+/// Carries out a person's retry or cancel, and says so in an Event.
+async fn apply_manual(task: &Task, ctx: &Context, manual: TaskManual, now: Timestamp) -> Result<Action> {
+    let (ns, name) = names(task)?;
+    let api: Api<Task> = Api::namespaced(ctx.client(), &ns);
+    let status = task.status.clone().unwrap_or_default();
+    let note = |a: &ManualAction| a.message.clone().unwrap_or_default();
+    let (patch, event) = match manual {
+        TaskManual::CancelNow(action) => {
+            ctx.sched().waiting.remove(&ObjectRef::from_obj(task));
+            let message = note(&action);
+            (
+                TaskStatusPatch {
+                    state: Some(TaskState::Cancelled),
+                    reason: Some(Some(TaskReason::Cancelled)),
+                    message: Some(Some(message.clone())),
+                    finish_time: Some(Some(now)),
+                    next_attempt_time: Some(None),
+                    cancellation: Some(action),
+                    ..TaskStatusPatch::default()
+                },
+                Some((EventType::Normal, "Cancelled", message)),
+            )
+        }
+        TaskManual::CancelRunning(action) => {
+            let message = note(&action);
+            (
+                TaskStatusPatch {
+                    cancellation: Some(action),
+                    ..TaskStatusPatch::default()
+                },
+                Some((EventType::Normal, "Cancelling", message)),
+            )
+        }
+        TaskManual::Cancelled => {
+            let by = status.cancellation.as_ref().and_then(|c| c.by.clone());
+            let robot = status.robot.clone().unwrap_or_default();
+            let message = match by {
+                Some(by) => format!(
+                    "cancelled by {by}: attempt {} stopped on robot {robot}",
+                    status.attempt
+                ),
+                None => format!("cancelled: attempt {} stopped on robot {robot}", status.attempt),
+            };
+            (
+                TaskStatusPatch {
+                    state: Some(TaskState::Cancelled),
+                    reason: Some(Some(TaskReason::Cancelled)),
+                    message: Some(Some(message.clone())),
+                    finish_time: Some(status.finish_time.or(Some(now))),
+                    ..TaskStatusPatch::default()
+                },
+                Some((EventType::Normal, "Cancelled", message)),
+            )
+        }
+        TaskManual::Record { cancel, action } => {
+            let message = note(&action);
+            let patch = if cancel {
+                TaskStatusPatch {
+                    cancellation: Some(action),
+                    ..TaskStatusPatch::default()
+                }
+            } else {
+                TaskStatusPatch {
+                    retry: Some(action),
+                    ..TaskStatusPatch::default()
+                }
+            };
+            let reason = if cancel {
+                "NothingToCancel"
+            } else {
+                "NothingToRetry"
+            };
+            (patch, Some((EventType::Normal, reason, message)))
+        }
+        TaskManual::Retry(action) => {
+            let mut attempts = status.attempts.clone();
+            if status.attempt > 0 && !attempts.iter().any(|a| a.attempt == status.attempt) {
+                attempts.push(AttemptRecord {
+                    attempt: status.attempt,
+                    robot: status.robot.clone(),
+                    state: status.state.unwrap_or(TaskState::Failed),
+                    exit_code: status.exit_code,
+                    reason: status.reason,
+                    finish_time: status.finish_time.or(Some(now)),
+                });
+            }
+            let message = note(&action);
+            (
+                TaskStatusPatch {
+                    state: Some(TaskState::Pending),
+                    next_attempt_time: Some(None),
+                    message: Some(Some(message.clone())),
+                    attempts: Some(attempts),
+                    retry: Some(action),
+                    ..TaskStatusPatch::default()
+                },
+                Some((EventType::Normal, "Retried", message)),
+            )
+        }
+    };
+    ctx.patch_status(&api, &name, task.resource_version(), patch)
+        .await?;
+    if let Some((kind, reason, message)) = event {
+        ctx.event(task, kind, reason, message);
+    }
+    Ok(Action::await_change())
 }
 
 fn names(task: &Task) -> Result<(String, String)> {
@@ -497,6 +636,8 @@ async fn place(
         last_restart_time: Some(None),
         conditions: Some(conditions),
         attempts: None,
+        retry: None,
+        cancellation: None,
     };
     ctx.patch_status(api, name, updated.resource_version(), patch)
         .await?;

@@ -6,10 +6,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use futures::{stream, TryStreamExt};
-use k8s4r_api::names::{LABEL_GROUP, LABEL_INDEX, LABEL_JOB, LABEL_ROBOT};
-use k8s4r_api::{GroupMode, RobotPhase, Task, TaskGroup, TaskSpec, TaskState, WorkState};
+use jiff::Timestamp;
+use k8s4r_api::names::{
+    ANNOTATION_CANCEL, ANNOTATION_RETRY, LABEL_GROUP, LABEL_INDEX, LABEL_JOB, LABEL_ROBOT,
+};
+use k8s4r_api::{GroupMode, RobotPhase, Task, TaskGroup, TaskGroupStatus, TaskSpec, TaskState, WorkState};
 use kube::api::{DeleteParams, ObjectMeta};
 use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
 use kube::{Api, Resource, ResourceExt};
 use tracing::instrument;
 
@@ -18,6 +22,7 @@ use crate::aggregate::{group_status, TaskView};
 use crate::error::{Error, Result};
 use crate::fleet;
 use crate::lifecycle::effective_state;
+use crate::manual;
 
 /// How many Tasks one reconcile creates or deletes at once.
 const PARALLEL_WRITES: usize = 16;
@@ -103,6 +108,52 @@ async fn reconcile_group(group: &TaskGroup, ctx: &Context) -> Result<Action> {
     let lifecycle = &ctx.config.lifecycle;
     let state_of = |t: &Task| effective_state(&t.spec, t.status.as_ref(), lifecycle);
 
+    // A person's cancel or retry of the group goes to its Tasks.
+    let previous = group.status.clone().unwrap_or_default();
+    let now = Timestamp::now();
+    let asked = manual::decide_owner(
+        &group.metadata,
+        previous.cancellation.as_ref(),
+        previous.retry.as_ref(),
+    );
+    let mut cancellation = previous.cancellation.clone();
+    let mut retry = previous.retry.clone();
+    if let Some(cancel) = asked.cancel {
+        let names: Vec<String> = owned.iter().map(|t| t.name_any()).collect();
+        ctx.annotate_all(&api, &names, &manual::passed_on(ANNOTATION_CANCEL, &cancel))
+            .await?;
+        let action = cancel.acted(now, 0, format!("cancel passed to {} tasks", names.len()));
+        ctx.event(
+            group,
+            EventType::Normal,
+            "Cancelled",
+            action.message.clone().unwrap_or_default(),
+        );
+        cancellation = Some(action);
+    }
+    if let Some(again) = asked.retry {
+        let names: Vec<String> = owned
+            .iter()
+            .filter(|t| matches!(state_of(t), TaskState::Failed | TaskState::Cancelled))
+            .map(|t| t.name_any())
+            .collect();
+        ctx.annotate_all(&api, &names, &manual::passed_on(ANNOTATION_RETRY, &again))
+            .await?;
+        let action = again.acted(
+            now,
+            0,
+            format!("retry passed to {} failed or cancelled tasks", names.len()),
+        );
+        ctx.event(
+            group,
+            EventType::Normal,
+            "Retried",
+            action.message.clone().unwrap_or_default(),
+        );
+        retry = Some(action);
+    }
+    let cancelled = manual::still_cancelled(cancellation.as_ref(), retry.as_ref());
+
     let status = match group.spec.template.mode {
         GroupMode::Count => {
             let count = group.spec.template.count.max(0);
@@ -117,7 +168,8 @@ async fn reconcile_group(group: &TaskGroup, ctx: &Context) -> Result<Action> {
             let missing: Vec<Task> = present
                 .iter()
                 .enumerate()
-                .filter(|(_, here)| !**here)
+                // A cancelled group makes no new task.
+                .filter(|(_, here)| !**here && !cancelled)
                 .map(|(i, _)| desired_task(group, i as i32))
                 .collect::<Result<_>>()?;
             create_tasks(ctx, &api, missing).await?;
@@ -168,11 +220,12 @@ async fn reconcile_group(group: &TaskGroup, ctx: &Context) -> Result<Action> {
                     None => strays.push(task.name_any()),
                 }
             }
-            let finished = group
-                .status
-                .as_ref()
-                .and_then(|s| s.state)
-                .is_some_and(WorkState::is_finished);
+            let finished = cancelled
+                || group
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.state)
+                    .is_some_and(WorkState::is_finished);
             let plan = fleet::plan(
                 &matched,
                 &existing,
@@ -222,6 +275,11 @@ async fn reconcile_group(group: &TaskGroup, ctx: &Context) -> Result<Action> {
             status.rollout = Some(plan.rollout);
             status
         }
+    };
+    let status = TaskGroupStatus {
+        cancellation,
+        retry,
+        ..status
     };
     if group.status.as_ref() != Some(&status) {
         let groups: Api<TaskGroup> = Api::namespaced(ctx.client(), &ns);
