@@ -87,6 +87,13 @@ impl GroupMode {
     }
 }
 
+impl TaskGroupTemplate {
+    /// The tasks a `count` group runs (none when it says none).
+    pub fn count(&self) -> i32 {
+        self.count.unwrap_or(0).max(0)
+    }
+}
+
 /// A number of tasks, or a percentage of the group's robots ("10%").
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(untagged)]
@@ -139,9 +146,10 @@ impl JsonSchema for CountOrPercent {
 pub struct TaskGroupTemplate {
     /// The group's name, unique within the job (a DNS label).
     pub name: String,
-    /// How many tasks to run (mode `count`).
-    #[serde(default)]
-    pub count: i32,
+    /// How many tasks to run: required in mode `count`, left out in mode
+    /// `everyRobot`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<i32>,
     /// `count` (the default) or `everyRobot`: one task per matching robot.
     #[serde(default, skip_serializing_if = "GroupMode::is_count")]
     pub mode: GroupMode,

@@ -30,6 +30,13 @@ pub const MAX_TIMEOUT: Duration = Duration::from_secs(30 * 24 * 3600);
 pub const MAX_RESTART_DELAY: Duration = Duration::from_secs(24 * 3600);
 /// Most artifacts one task may download.
 pub const MAX_ARTIFACTS: usize = 64;
+/// Most groups one Job may have (an ordered Job's checks walk them).
+pub const MAX_TASK_GROUPS: usize = 64;
+/// The longest `startingDeadline` of a PeriodicJob.
+pub const MAX_STARTING_DEADLINE: Duration = Duration::from_secs(30 * 24 * 3600);
+/// The longest PeriodicJob name: its runs are named `<name>-<10 digits>`
+/// and carry it in a label (Kubernetes holds CronJobs to 52 as well).
+pub const MAX_PERIODIC_JOB_NAME: usize = 52;
 /// Most supplementary groups one task may ask for.
 pub const MAX_GROUPS: usize = 32;
 /// The first retry's delay when a restart policy does not set one.
@@ -243,6 +250,13 @@ fn check_ordering(report: &mut Report, spec: &JobSpec) {
     let names: BTreeSet<&str> = spec.task_groups.iter().map(|g| g.name.as_str()).collect();
     let mut listed = BTreeSet::new();
     let mut known = true;
+    if spec.order.len() > MAX_TASK_GROUPS {
+        report.error(
+            "spec.order",
+            format!("at most {MAX_TASK_GROUPS} groups, got {}", spec.order.len()),
+        );
+        return;
+    }
     for (i, name) in spec.order.iter().enumerate() {
         if !names.contains(name.as_str()) {
             report.error(format!("spec.order[{i}]"), format!("no group is named {name:?}"));
@@ -253,6 +267,14 @@ fn check_ordering(report: &mut Report, spec: &JobSpec) {
         }
     }
     for (i, group) in spec.task_groups.iter().enumerate() {
+        if group.after.len() > MAX_TASK_GROUPS {
+            report.error(
+                format!("spec.taskGroups[{i}].after"),
+                format!("at most {MAX_TASK_GROUPS} groups, got {}", group.after.len()),
+            );
+            known = false;
+            continue;
+        }
         for (j, dep) in group.after.iter().enumerate() {
             let at = format!("spec.taskGroups[{i}].after[{j}]");
             if *dep == group.name {
@@ -327,6 +349,17 @@ pub fn find_cycle(spec: &JobSpec) -> Option<Vec<String>> {
     None
 }
 
+/// Checks a PeriodicJob's name: its runs' names and labels are made of it.
+pub fn validate_periodic_job_name(name: &str) -> Result<(), String> {
+    if name.len() > MAX_PERIODIC_JOB_NAME {
+        return Err(format!(
+            "at most {MAX_PERIODIC_JOB_NAME} characters (its runs are named <name>-<10 digits>), got {}",
+            name.len()
+        ));
+    }
+    Ok(())
+}
+
 /// Validates a PeriodicJob's spec, except its schedule and time zone (the
 /// manager parses those).
 pub fn validate_periodic_job_spec(spec: &PeriodicJobSpec) -> Result<(), ValidationErrors> {
@@ -335,8 +368,17 @@ pub fn validate_periodic_job_spec(spec: &PeriodicJobSpec) -> Result<(), Validati
         report.error("spec.schedule", "a cron schedule is required");
     }
     if let Some(deadline) = &spec.starting_deadline {
-        if let Err(e) = crate::duration::parse_duration(deadline) {
-            report.error("spec.startingDeadline", e.to_string());
+        match crate::duration::parse_duration(deadline) {
+            Err(e) => report.error("spec.startingDeadline", e.to_string()),
+            Ok(d) if d > MAX_STARTING_DEADLINE => report.error(
+                "spec.startingDeadline",
+                format!(
+                    "at most {}s, got {}s",
+                    MAX_STARTING_DEADLINE.as_secs(),
+                    d.as_secs()
+                ),
+            ),
+            Ok(_) => {}
         }
     }
     for (field, limit) in [
@@ -369,6 +411,14 @@ pub fn validate_job_spec(spec: &JobSpec) -> Result<(), ValidationErrors> {
     if spec.task_groups.is_empty() {
         report.error("spec.taskGroups", "at least one group is required");
     }
+    if spec.task_groups.len() > MAX_TASK_GROUPS {
+        report.error(
+            "spec.taskGroups",
+            format!("at most {MAX_TASK_GROUPS} groups, got {}", spec.task_groups.len()),
+        );
+        // Too many to walk for order: the count is the problem.
+        return report.finish();
+    }
     let mut names = BTreeSet::new();
     for (i, group) in spec.task_groups.iter().enumerate() {
         let path = format!("spec.taskGroups[{i}]");
@@ -380,14 +430,14 @@ pub fn validate_job_spec(spec: &JobSpec) -> Result<(), ValidationErrors> {
                 format!("duplicate group name {:?}", group.name),
             );
         }
-        if group.count < 0 {
-            report.error(
-                format!("{path}.count"),
-                format!("must be >= 0, got {}", group.count),
-            );
+        if let Some(count) = group.count.filter(|c| *c < 0) {
+            report.error(format!("{path}.count"), format!("must be >= 0, got {count}"));
         }
         match group.mode {
             GroupMode::Count => {
+                if group.count.is_none() {
+                    report.error(format!("{path}.count"), "required (or mode: everyRobot)");
+                }
                 for (field, set) in [
                     ("maxParallel", group.max_parallel.is_some()),
                     ("maxFailed", group.max_failed.is_some()),
@@ -398,7 +448,7 @@ pub fn validate_job_spec(spec: &JobSpec) -> Result<(), ValidationErrors> {
                 }
             }
             GroupMode::EveryRobot => {
-                if group.count != 0 {
+                if group.count.is_some_and(|c| c != 0) {
                     report.error(
                         format!("{path}.count"),
                         "mode everyRobot runs one task per matching robot: leave count out",
@@ -1274,19 +1324,19 @@ mod tests {
             task_groups: vec![
                 TaskGroupTemplate {
                     name: "a".into(),
-                    count: 1,
+                    count: Some(1),
                     task: template(),
                     ..Default::default()
                 },
                 TaskGroupTemplate {
                     name: "a".into(),
-                    count: -1,
+                    count: Some(-1),
                     task: template(),
                     ..Default::default()
                 },
                 TaskGroupTemplate {
                     name: "Bad_Name".into(),
-                    count: 1,
+                    count: Some(1),
                     task: TaskTemplate {
                         command: String::new(),
                         ..template()
@@ -1339,7 +1389,7 @@ mod tests {
     fn group(name: &str, after: &[&str]) -> crate::job::TaskGroupTemplate {
         crate::job::TaskGroupTemplate {
             name: name.into(),
-            count: 1,
+            count: Some(1),
             task: template(),
             after: after.iter().map(|a| (*a).to_owned()).collect(),
             ..Default::default()
@@ -1396,10 +1446,9 @@ mod tests {
             }],
             ..JobSpec::default()
         };
-        let mut ok = fleet(0, Some(2), Some(CountOrPercent::Percent("10%".into())));
-        ok.task_groups[0].count = 0;
+        let ok = fleet(None, Some(2), Some(CountOrPercent::Percent("10%".into())));
         validate_job_spec(&ok).unwrap();
-        let bad = fleet(3, Some(0), Some(CountOrPercent::Percent("150%".into())));
+        let bad = fleet(Some(3), Some(0), Some(CountOrPercent::Percent("150%".into())));
         assert_eq!(
             paths(validate_job_spec(&bad).unwrap_err()),
             vec![

@@ -259,6 +259,17 @@ fn comparable(obj: &Value) -> Value {
     v
 }
 
+/// Gives an object that asks for a generated name (`generateName`, no
+/// `name`) its name.
+pub fn settle_generated_name(obj: &mut Value) {
+    if meta_str(obj, "name").is_empty() {
+        let prefix = meta_str(obj, "generateName").to_string();
+        if !prefix.is_empty() && obj["metadata"].is_object() {
+            obj["metadata"]["name"] = json!(format!("{prefix}{}", random_suffix()));
+        }
+    }
+}
+
 pub fn create(
     txn: &mut Txn<'_>,
     rt: &ResourceType,
@@ -286,12 +297,7 @@ pub fn create(
     } else if let Some(m) = obj["metadata"].as_object_mut() {
         m.remove("namespace");
     }
-    if meta_str(&obj, "name").is_empty() {
-        let prefix = meta_str(&obj, "generateName").to_string();
-        if !prefix.is_empty() {
-            obj["metadata"]["name"] = json!(format!("{prefix}{}", random_suffix()));
-        }
-    }
+    settle_generated_name(&mut obj);
     obj["apiVersion"] = json!(rt.stored_api_version());
     obj["kind"] = json!(rt.kind);
     validate_metadata(rt, &obj)?;

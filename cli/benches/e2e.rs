@@ -112,7 +112,7 @@ async fn measure_dispatch() -> Vec<f64> {
             JobSpec {
                 task_groups: vec![TaskGroupTemplate {
                     name: "one".to_owned(),
-                    count: 1,
+                    count: Some(1),
                     task: TaskTemplate {
                         driver: "raw_exec".to_owned(),
                         command: "/bin/true".to_owned(),

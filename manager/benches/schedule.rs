@@ -135,7 +135,7 @@ fn job(i: usize) -> Job {
             constraints: vec![],
             task_groups: vec![TaskGroupTemplate {
                 name: "work".into(),
-                count: TASKS_PER_JOB,
+                count: Some(TASKS_PER_JOB),
                 task,
                 ..TaskGroupTemplate::default()
             }],

@@ -406,7 +406,7 @@ mod tests {
     fn ordered_spec() -> JobSpec {
         let group = |name: &str, after: &[&str]| k8s4r_api::TaskGroupTemplate {
             name: name.into(),
-            count: 2,
+            count: Some(2),
             after: after.iter().map(|a| (*a).to_owned()).collect(),
             ..Default::default()
         };

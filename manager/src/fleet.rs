@@ -19,6 +19,9 @@ pub struct Existing {
     pub state: TaskState,
     /// It was ever placed on its robot (attempt > 0).
     pub placed: bool,
+    /// It waits for a robot that is not online now: it holds no place
+    /// under `maxParallel`.
+    pub parked: bool,
 }
 
 /// What the group's controller should do.
@@ -26,8 +29,8 @@ pub struct Existing {
 pub struct Plan {
     /// Robots to create a Task for now, by name.
     pub create: Vec<String>,
-    /// Tasks to delete: never placed, for a robot the group no longer
-    /// matches.
+    /// Tasks to delete: waiting for a robot that is gone, or never placed
+    /// and for a robot the group no longer matches.
     pub delete: Vec<String>,
     /// Robots still to be reached (not counting `create`).
     pub waiting: i32,
@@ -39,12 +42,13 @@ pub struct Plan {
 
 /// Plans one reconcile of an everyRobot group.
 ///
-/// `matched` are the approved robots the group's selector and constraints
-/// match; `existing` the group's Tasks by robot. A group that already
-/// finished (`finished`) reaches no new robot: a robot registering after
-/// the rollout completed does not reopen it.
+/// `matched` are the robots the group's task can run on; `known` every
+/// Robot there is; `existing` the group's Tasks by robot. A group that
+/// already completed (`finished`) reaches no new robot: a robot
+/// registering after the rollout completed does not reopen it.
 pub fn plan(
     matched: &BTreeSet<String>,
+    known: &BTreeSet<String>,
     existing: &BTreeMap<String, Existing>,
     max_parallel: Option<i32>,
     max_failed: Option<&CountOrPercent>,
@@ -52,17 +56,26 @@ pub fn plan(
 ) -> Plan {
     let mut delete = Vec::new();
     let mut kept = BTreeMap::new();
+    let mut parked = BTreeSet::new();
     for (robot, task) in existing {
-        if !matched.contains(robot) && !task.placed && task.state == TaskState::Pending {
+        let gone = !known.contains(robot);
+        let unwanted = !matched.contains(robot) && !task.placed;
+        if task.state == TaskState::Pending && (gone || unwanted) {
             delete.push(task.task.clone());
         } else {
             kept.insert(robot.clone(), task.state);
+            if task.parked {
+                parked.insert(robot.clone());
+            }
         }
     }
     let unreached: Vec<&String> = matched.iter().filter(|r| !kept.contains_key(*r)).collect();
     let robots = i32::try_from(kept.len() + unreached.len()).unwrap_or(i32::MAX);
     let failed = kept.values().filter(|s| **s == TaskState::Failed).count();
-    let active = kept.values().filter(|s| !s.is_terminal()).count();
+    let active = kept
+        .iter()
+        .filter(|(r, s)| !s.is_terminal() && !parked.contains(*r))
+        .count();
     let limit = max_failed.and_then(|m| m.of(robots));
     let stopped = match limit {
         Some(limit) if i32::try_from(failed).unwrap_or(i32::MAX) > limit => Some(format!(
@@ -120,6 +133,11 @@ pub fn plan(
 mod tests {
     use super::*;
 
+    /// Every robot the tests name exists, but `gone`.
+    fn known() -> BTreeSet<String> {
+        robots(&["a", "b", "c", "d", "e", "late"])
+    }
+
     fn robots(names: &[&str]) -> BTreeSet<String> {
         names.iter().map(|n| (*n).to_owned()).collect()
     }
@@ -134,6 +152,7 @@ mod tests {
                         task: format!("g-{r}"),
                         state: *s,
                         placed: *s != TaskState::Pending,
+                        parked: false,
                     },
                 )
             })
@@ -144,6 +163,7 @@ mod tests {
     fn every_matching_robot_gets_a_task() {
         let p = plan(
             &robots(&["a", "b", "c"]),
+            &known(),
             &tasks(&[("a", TaskState::Running)]),
             None,
             None,
@@ -158,11 +178,12 @@ mod tests {
     #[test]
     fn max_parallel_bounds_the_robots_running_at_once() {
         let all = robots(&["a", "b", "c", "d", "e"]);
-        let p = plan(&all, &tasks(&[]), Some(2), None, false);
+        let p = plan(&all, &known(), &tasks(&[]), Some(2), None, false);
         assert_eq!(p.create, vec!["a", "b"]);
         assert_eq!((p.waiting, p.desired), (3, 5));
         let p = plan(
             &all,
+            &known(),
             &tasks(&[("a", TaskState::Completed), ("b", TaskState::Running)]),
             Some(2),
             None,
@@ -177,7 +198,7 @@ mod tests {
         let all = robots(&["a", "b", "c", "d"]);
         let one = CountOrPercent::Count(1);
         let two_failed = tasks(&[("a", TaskState::Failed), ("b", TaskState::Failed)]);
-        let p = plan(&all, &two_failed, Some(2), Some(&one), false);
+        let p = plan(&all, &known(), &two_failed, Some(2), Some(&one), false);
         assert!(p.create.is_empty());
         assert_eq!((p.waiting, p.desired), (0, 2));
         assert_eq!(
@@ -186,6 +207,7 @@ mod tests {
         );
         let p = plan(
             &all,
+            &known(),
             &tasks(&[("a", TaskState::Failed)]),
             Some(2),
             Some(&one),
@@ -193,7 +215,7 @@ mod tests {
         );
         assert_eq!(p.create, vec!["b", "c"], "one failure is tolerated");
         let quarter = CountOrPercent::Percent("25%".into());
-        let p = plan(&all, &two_failed, None, Some(&quarter), false);
+        let p = plan(&all, &known(), &two_failed, None, Some(&quarter), false);
         assert!(p.rollout.stopped.is_some(), "25% of 4 is 1");
     }
 
@@ -204,16 +226,51 @@ mod tests {
             t.extend(tasks(&[("gone", TaskState::Pending)]));
             t
         };
-        let p = plan(&robots(&["b"]), &existing, None, None, false);
+        let p = plan(&robots(&["b"]), &known(), &existing, None, None, false);
         assert_eq!(p.delete, vec!["g-gone"]);
         assert_eq!(p.create, vec!["b"]);
         assert_eq!(p.desired, 2, "a's running task is kept");
     }
 
     #[test]
+    fn a_robot_that_is_gone_or_offline_does_not_hold_the_rollout() {
+        let mut existing = tasks(&[("a", TaskState::Running)]);
+        existing.insert(
+            "gone".into(),
+            Existing {
+                task: "g-gone".into(),
+                state: TaskState::Pending,
+                placed: true,
+                parked: true,
+            },
+        );
+        existing.insert(
+            "b".into(),
+            Existing {
+                task: "g-b".into(),
+                state: TaskState::Pending,
+                placed: false,
+                parked: true,
+            },
+        );
+        let p = plan(
+            &robots(&["a", "b", "c", "d"]),
+            &known(),
+            &existing,
+            Some(2),
+            None,
+            false,
+        );
+        assert_eq!(p.delete, vec!["g-gone"], "its robot was deleted");
+        assert_eq!(p.create, vec!["c"], "b waits for its robot outside maxParallel");
+        assert_eq!(p.waiting, 1);
+    }
+
+    #[test]
     fn a_finished_group_reaches_no_new_robot() {
         let p = plan(
             &robots(&["a", "late"]),
+            &known(),
             &tasks(&[("a", TaskState::Completed)]),
             None,
             None,

@@ -15,17 +15,18 @@ use croner::Cron;
 use jiff::civil::DateTime;
 use jiff::tz::TimeZone;
 use jiff::{Span, Timestamp};
-use k8s4r_api::validation::validate_periodic_job_spec;
+use k8s4r_api::validation::{validate_periodic_job_name, validate_periodic_job_spec};
 use k8s4r_api::{ConcurrencyPolicy, PeriodicJobSpec};
 
-/// Validates a PeriodicJob's spec and parses its schedule: every problem
-/// at once, each with its field.
-pub fn schedule_of(spec: &PeriodicJobSpec) -> Result<Schedule, String> {
-    let mut problems: Vec<String> = validate_periodic_job_spec(spec)
+/// Validates a PeriodicJob (its name and spec) and parses its schedule:
+/// every problem at once, each with its field.
+pub fn schedule_of(name: &str, spec: &PeriodicJobSpec) -> Result<Schedule, String> {
+    let mut problems: Vec<String> = validate_periodic_job_name(name)
         .err()
-        .map(|e| e.to_string())
+        .map(|e| format!("metadata.name: {e}"))
         .into_iter()
         .collect();
+    problems.extend(validate_periodic_job_spec(spec).err().map(|e| e.to_string()));
     let schedule = if spec.schedule.trim().is_empty() {
         None
     } else {

@@ -219,6 +219,27 @@ impl fmt::Display for NoFit {
     }
 }
 
+/// Whether a robot that [`check`] answered so may take the task later: it
+/// passed, or was refused only for now (offline, not accepting tasks, busy,
+/// full, or the group's task already there).
+pub fn may_take_later(checked: Result<(), Rejection>) -> bool {
+    match checked {
+        Ok(()) => true,
+        Err(r) => matches!(
+            r,
+            Rejection::Offline
+                | Rejection::NotAccepting
+                | Rejection::AntiAffinity
+                | Rejection::TopologyTaken
+                | Rejection::Reserved
+                | Rejection::TaskLimit
+                | Rejection::Cpu
+                | Rejection::Memory
+                | Rejection::Disk
+        ),
+    }
+}
+
 /// Runs every filter over one robot; the first that refuses it wins.
 pub fn check(robot: &RobotFacts, request: &Request<'_>, usage: Option<&Usage>) -> Result<(), Rejection> {
     match robot.phase {

@@ -128,14 +128,29 @@ fn spec_of<T: DeserializeOwned>(object: &Value) -> Result<T, String> {
     serde_json::from_value(object["spec"].clone()).map_err(|e| format!("spec: {e}"))
 }
 
-/// The problems with the object a review carries, if any.
+/// The problems with the object a review carries, if any. An update that
+/// leaves the spec as it was (labels, annotations, finalizers, a cancel or
+/// retry) or of an object being deleted is not held to the spec: an
+/// object stored while the webhook was down must stay manageable.
 fn problems(request: &Value) -> Option<String> {
     let object = &request["object"];
+    if request["operation"] == "UPDATE"
+        && (object["spec"] == request["oldObject"]["spec"]
+            || !object["metadata"]["deletionTimestamp"].is_null())
+    {
+        return None;
+    }
     let outcome = match request["resource"]["resource"].as_str() {
         Some("jobs") => {
             spec_of::<JobSpec>(object).and_then(|s| validate_job_spec(&s).map_err(|e| e.to_string()))
         }
-        Some("periodicjobs") => spec_of::<PeriodicJobSpec>(object).and_then(|s| schedule_of(&s).map(drop)),
+        Some("periodicjobs") => spec_of::<PeriodicJobSpec>(object).and_then(|s| {
+            let name = object["metadata"]["name"]
+                .as_str()
+                .or(request["name"].as_str())
+                .unwrap_or_default();
+            schedule_of(name, &s).map(drop)
+        }),
         Some("tasks") => {
             spec_of::<TaskSpec>(object).and_then(|s| validate_task_spec(&s).map_err(|e| e.to_string()))
         }
@@ -254,6 +269,26 @@ mod tests {
             json!({ "schedule": "0 9 * * *", "jobTemplate": { "spec": job } }),
         ));
         assert_eq!(a["response"]["allowed"], true);
+    }
+
+    #[test]
+    fn an_update_leaving_the_spec_alone_is_allowed() {
+        let bad = json!({ "taskGroups": [{ "name": "a", "count": 1, "task": task(), "after": ["a"] }] });
+        let mut r = review("jobs", bad.clone());
+        assert_eq!(answer(&r)["response"]["allowed"], false);
+        r["request"]["operation"] = json!("UPDATE");
+        r["request"]["oldObject"] = json!({ "spec": bad });
+        assert_eq!(
+            answer(&r)["response"]["allowed"],
+            true,
+            "an annotation on a stored bad Job"
+        );
+        r["request"]["oldObject"] = json!({ "spec": {} });
+        assert_eq!(
+            answer(&r)["response"]["allowed"],
+            false,
+            "a spec change is checked"
+        );
     }
 
     #[test]

@@ -384,7 +384,7 @@ async fn deleting_a_job_removes_everything_it_owns() {
 async fn set_count(jobs: &Api<Job>, name: &str, count: i32) {
     eventually(WAIT, "count updated", || async {
         let mut job = jobs.get(name).await.ok()?;
-        job.spec.task_groups[0].count = count;
+        job.spec.task_groups[0].count = Some(count);
         jobs.replace(name, &PostParams::default(), &job)
             .await
             .ok()

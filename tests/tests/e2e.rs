@@ -471,7 +471,7 @@ async fn a_service_restarted_on_its_robot_shows_its_restarts_and_keeps_running()
 async fn scale(env: &Env, job: &str, count: i32) {
     eventually(&format!("{job} scaled to {count}"), || async {
         let mut current = env.jobs().get(job).await.ok()?;
-        current.spec.task_groups[0].count = count;
+        current.spec.task_groups[0].count = Some(count);
         env.jobs()
             .replace(job, &PostParams::default(), &current)
             .await

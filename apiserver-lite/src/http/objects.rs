@@ -34,7 +34,10 @@ pub(super) fn get(call: &Call<'_>, name: &str) -> Result<Response, ApiError> {
 pub(super) async fn create(call: &Call<'_>) -> Result<Response, ApiError> {
     let rt = &call.rt;
     let ns = namespace_for_write(call)?;
-    let obj = decode(&call.body, call.headers, rt)?;
+    let mut obj = decode(&call.body, call.headers, rt)?;
+    // A generated name is settled once, so that the webhooks' dry run and
+    // the real write make the same object.
+    ops::settle_generated_name(&mut obj);
     let opts = write_opts(call)?;
     let w = admitted(call, ns, None, &opts, |txn, opts| {
         ops::create(txn, rt, ns, obj.clone(), opts, None)

@@ -51,6 +51,9 @@ pub struct SchedState {
     /// Tasks that found no robot, with their priority; reconsidered when
     /// robots or capacity change.
     pub waiting: HashMap<ObjectRef<Task>, i32>,
+    /// Per waiting task, the tasks of lower priority that left it a robot
+    /// and wait: woken when it is placed or gone.
+    pub yielded: HashMap<ObjectRef<Task>, Vec<ObjectRef<Task>>>,
 }
 
 impl SchedState {

@@ -94,6 +94,14 @@ impl Context {
         if deleted {
             sched.ledger.remove(&key);
             sched.waiting.remove(&ObjectRef::from_obj(task));
+            for lower in sched
+                .yielded
+                .remove(&ObjectRef::from_obj(task))
+                .into_iter()
+                .flatten()
+            {
+                self.triggers.task(lower);
+            }
             self.metrics.set_waiting(sched.waiting.len());
         } else {
             let attempt = task.status.as_ref().map_or(0, |s| s.attempt);

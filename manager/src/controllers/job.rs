@@ -274,7 +274,7 @@ async fn reconcile_job(job: &Job, ctx: &Context) -> Result<Action> {
         .map(|(g, tg)| {
             let status = tg.as_ref().and_then(|tg| tg.status.as_ref());
             let count = match g.mode {
-                GroupMode::Count => g.count,
+                GroupMode::Count => g.count(),
                 // Unknown until the group has matched robots: one, so that
                 // the Job does not complete without it.
                 GroupMode::EveryRobot => status.and_then(|s| s.desired).unwrap_or(1).max(1),
@@ -352,14 +352,14 @@ mod tests {
             task_groups: vec![
                 TaskGroupTemplate {
                     name: "a".into(),
-                    count: 2,
+                    count: Some(2),
                     robot_selector: Some(LabelSelector::from_labels([("tier", "gold")])),
                     constraints: vec![constraint("os")],
                     ..TaskGroupTemplate::default()
                 },
                 TaskGroupTemplate {
                     name: "b".into(),
-                    count: 1,
+                    count: Some(1),
                     ..TaskGroupTemplate::default()
                 },
             ],

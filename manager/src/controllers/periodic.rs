@@ -59,7 +59,7 @@ async fn reconcile_periodic(pj: &PeriodicJob, ctx: &Context) -> Result<Action> {
     let previous = pj.status.clone().unwrap_or_default();
     let mut status = previous.clone();
 
-    let schedule = match schedule_of(&pj.spec) {
+    let schedule = match schedule_of(&name, &pj.spec) {
         Ok(s) => s,
         Err(message) => {
             status.next_schedule_time = None;
@@ -115,9 +115,19 @@ async fn reconcile_periodic(pj: &PeriodicJob, ctx: &Context) -> Result<Action> {
     if let Some(last) = ok.iter().filter_map(|j| j.status.as_ref()?.completion_time).max() {
         status.last_successful_time = Some(last);
     }
+    // Only runs the status already records as started are deleted: a run
+    // deleted before its start was recorded would look not started.
+    let recorded = |j: &Job| {
+        let at = j
+            .annotations()
+            .get(ANNOTATION_SCHEDULED_AT)
+            .and_then(|a| a.parse::<Timestamp>().ok());
+        at.zip(previous.last_schedule_time)
+            .is_some_and(|(at, last)| at <= last)
+    };
     for (list, keep) in [(&ok, keep_ok), (&failed, keep_failed)] {
         let excess = list.len().saturating_sub(usize::try_from(keep).unwrap_or(0));
-        for job in list.iter().take(excess) {
+        for job in list.iter().take(excess).filter(|j| recorded(j)) {
             delete_run(ctx, &jobs, job, "history limit").await?;
         }
     }
@@ -170,7 +180,7 @@ async fn reconcile_periodic(pj: &PeriodicJob, ctx: &Context) -> Result<Action> {
                     ),
                 );
                 // The active run's end wakes this up; else its deadline.
-                requeue = until_too_late.map(|d| d + Duration::from_secs(1));
+                requeue = until_too_late.map(|d| d.saturating_add(Duration::from_secs(1)));
             }
             Decision::Start { due, replace } => {
                 if replace {

@@ -257,7 +257,13 @@ async fn apply_manual(task: &Task, ctx: &Context, manual: TaskManual, now: Times
     let note = |a: &ManualAction| a.message.clone().unwrap_or_default();
     let (patch, event) = match manual {
         TaskManual::CancelNow(action) => {
-            ctx.sched().waiting.remove(&ObjectRef::from_obj(task));
+            let me = ObjectRef::from_obj(task);
+            let mut sched = ctx.sched();
+            sched.waiting.remove(&me);
+            for lower in sched.yielded.remove(&me).into_iter().flatten() {
+                ctx.triggers.task(lower);
+            }
+            drop(sched);
             let message = note(&action);
             (
                 TaskStatusPatch {
@@ -430,7 +436,7 @@ async fn schedule(task: &Task, ctx: &Context, now: Timestamp) -> Result<Action> 
             let Ok(robot) = chosen else {
                 break chosen;
             };
-            match outranking(ctx, sched, &robot, task.spec.priority) {
+            match outranking(ctx, sched, &robot, task.spec.priority, &outranked_by) {
                 Some(higher) if reserved.len() < MAX_RESERVED => {
                     reserved.push(robot);
                     outranked_by.push(higher);
@@ -450,9 +456,20 @@ async fn schedule(task: &Task, ctx: &Context, now: Timestamp) -> Result<Action> 
                     },
                 );
                 sched.waiting.remove(&obj_ref);
+                // The tasks that left it a robot look again.
+                for lower in sched.yielded.remove(&obj_ref).into_iter().flatten() {
+                    ctx.triggers.task(lower);
+                }
             }
             Err(_) => {
                 sched.waiting.insert(obj_ref.clone(), task.spec.priority);
+                for higher in &outranked_by {
+                    sched
+                        .yielded
+                        .entry(higher.clone())
+                        .or_default()
+                        .push(obj_ref.clone());
+                }
             }
         }
         ctx.metrics.set_waiting(sched.waiting.len());
@@ -544,12 +561,18 @@ fn request_for<'a>(task: &'a Task, group: &'a str, avoid: Option<&'a str>) -> Re
 }
 
 /// A waiting task of higher priority than `priority` that `robot` fits, if
-/// any (the highest first).
-fn outranking(ctx: &Context, sched: &SchedState, robot: &str, priority: i32) -> Option<ObjectRef<Task>> {
+/// any (the highest first), other than those `already` given a robot.
+fn outranking(
+    ctx: &Context,
+    sched: &SchedState,
+    robot: &str,
+    priority: i32,
+    already: &[ObjectRef<Task>],
+) -> Option<ObjectRef<Task>> {
     let mut higher: Vec<(&ObjectRef<Task>, i32)> = sched
         .waiting
         .iter()
-        .filter(|(_, p)| **p > priority)
+        .filter(|(r, p)| **p > priority && !already.contains(r))
         .map(|(r, p)| (r, *p))
         .collect();
     if higher.is_empty() {

@@ -23,6 +23,7 @@ use crate::error::{Error, Result};
 use crate::fleet;
 use crate::lifecycle::effective_state;
 use crate::manual;
+use crate::scheduler::{self, Request};
 
 /// How many Tasks one reconcile creates or deletes at once.
 const PARALLEL_WRITES: usize = 16;
@@ -45,14 +46,41 @@ pub fn desired_task(group: &TaskGroup, index: i32) -> Result<Task> {
     new_task(group, &index.to_string(), (LABEL_INDEX, index.to_string()), None)
 }
 
-/// The Task of an everyRobot `group` for `robot`, as it should be created.
+/// The Task of an everyRobot `group` for `robot`, as it should be created:
+/// named and labelled after the robot where a name and a label value can
+/// hold it (robot ids may be longer than either), else after a hash of it;
+/// `spec.robotName` always holds it.
 pub fn robot_task(group: &TaskGroup, robot: &str) -> Result<Task> {
-    new_task(
-        group,
-        robot,
-        (LABEL_ROBOT, robot.to_owned()),
-        Some(robot.to_owned()),
-    )
+    let full = format!("{}-{robot}", group.name_any());
+    let suffix = if full.len() <= 253 {
+        robot.to_owned()
+    } else {
+        short_hash(robot)
+    };
+    let label = if robot.len() <= 63 {
+        robot.to_owned()
+    } else {
+        short_hash(robot)
+    };
+    new_task(group, &suffix, (LABEL_ROBOT, label), Some(robot.to_owned()))
+}
+
+/// 16 hex digits of the SHA-256 of `s`.
+fn short_hash(s: &str) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(s.as_bytes());
+    digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+/// What each task of an everyRobot group asks of a robot, as far as the
+/// robot's policy goes.
+fn fleet_demand(group: &TaskGroup) -> scheduler::Demand {
+    let template = &group.spec.template.task;
+    scheduler::Demand {
+        user: template.user.clone(),
+        groups: template.groups.clone(),
+        ..scheduler::Demand::default()
+    }
 }
 
 fn new_task(group: &TaskGroup, suffix: &str, slot: (&str, String), robot: Option<String>) -> Result<Task> {
@@ -156,7 +184,7 @@ async fn reconcile_group(group: &TaskGroup, ctx: &Context) -> Result<Action> {
 
     let status = match group.spec.template.mode {
         GroupMode::Count => {
-            let count = group.spec.template.count.max(0);
+            let count = group.spec.template.count();
             let mut present = vec![false; count as usize];
             let mut extra = Vec::new();
             for task in &owned {
@@ -184,50 +212,65 @@ async fn reconcile_group(group: &TaskGroup, ctx: &Context) -> Result<Action> {
         }
         GroupMode::EveryRobot => {
             let template = &group.spec.template;
-            let matched: BTreeSet<String> = ctx
-                .sched()
-                .robots
-                .values()
-                .filter(|r| matches!(r.phase, Some(RobotPhase::Online | RobotPhase::Offline)))
-                .filter(|r| {
-                    template
-                        .robot_selector
-                        .as_ref()
-                        .is_none_or(|s| s.matches(&r.labels))
-                })
-                .filter(|r| {
-                    template
-                        .constraints
-                        .iter()
-                        .all(|c| c.admits(r.attribute(&c.attribute)))
-                })
-                .map(|r| r.name.clone())
-                .collect();
+            // The robots the task can ever run on: the scheduler's lasting
+            // filters (approval, cordon, selector, constraints, driver, the
+            // robot's policy, the anti-affinity label); being offline, busy
+            // or full passes, and the task waits.
+            let demand = fleet_demand(group);
+            let request = Request {
+                group: "",
+                selector: template.robot_selector.as_ref(),
+                constraints: &template.constraints,
+                driver: &template.task.driver,
+                demand,
+                avoid: None,
+                robot: None,
+                anti_affinity: template.anti_affinity.as_ref(),
+                affinity: &template.affinity,
+                reserved: &[],
+            };
+            let (matched, known, online): (BTreeSet<String>, BTreeSet<String>, BTreeSet<String>) = {
+                let sched = ctx.sched();
+                let matched = sched
+                    .robots
+                    .values()
+                    .filter(|r| scheduler::may_take_later(scheduler::check(r, &request, None)))
+                    .map(|r| r.name.clone())
+                    .collect();
+                let online = sched
+                    .robots
+                    .values()
+                    .filter(|r| r.phase == Some(RobotPhase::Online) && r.refusing.is_none())
+                    .map(|r| r.name.clone())
+                    .collect();
+                (matched, sched.robots.keys().cloned().collect(), online)
+            };
             let mut existing = BTreeMap::new();
             let mut strays = Vec::new();
             for task in &owned {
-                match task.labels().get(LABEL_ROBOT) {
+                match &task.spec.robot_name {
                     Some(robot) => {
+                        let state = state_of(task);
                         existing.insert(
                             robot.clone(),
                             fleet::Existing {
                                 task: task.name_any(),
-                                state: state_of(task),
+                                state,
                                 placed: task.status.as_ref().is_some_and(|s| s.attempt > 0),
+                                parked: state == TaskState::Pending && !online.contains(robot),
                             },
                         );
                     }
                     None => strays.push(task.name_any()),
                 }
             }
-            let finished = cancelled
-                || group
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.state)
-                    .is_some_and(WorkState::is_finished);
+            // A completed rollout reaches no robot that comes later; a
+            // failed one goes on once its failures are retried.
+            let finished =
+                cancelled || group.status.as_ref().and_then(|s| s.state) == Some(WorkState::Completed);
             let plan = fleet::plan(
                 &matched,
+                &known,
                 &existing,
                 template.max_parallel,
                 template.max_failed.as_ref(),
@@ -245,7 +288,7 @@ async fn reconcile_group(group: &TaskGroup, ctx: &Context) -> Result<Action> {
             let to_come = plan.create.len() + usize::try_from(plan.waiting).unwrap_or(0);
             let views = owned
                 .iter()
-                .filter(|t| t.labels().contains_key(LABEL_ROBOT) && !deleted.contains(&t.name_any()))
+                .filter(|t| t.spec.robot_name.is_some() && !deleted.contains(&t.name_any()))
                 .map(|t| view_of(t, lifecycle))
                 .chain(std::iter::repeat_n(
                     TaskView {

@@ -256,7 +256,7 @@ pub fn template() -> TaskTemplate {
 pub fn group(name: &str, count: i32) -> TaskGroupTemplate {
     TaskGroupTemplate {
         name: name.into(),
-        count,
+        count: Some(count),
         task: template(),
         ..TaskGroupTemplate::default()
     }
