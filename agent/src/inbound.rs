@@ -3,7 +3,7 @@
 //! Pure: no I/O, so every bad message has a unit test.
 
 use k8s4r_api::protocol::{
-    self, Cancel, Dispatch, ProtocolError, RegisterResponse, StatusAck, Topic, TopicKind, Topics,
+    self, Cancel, Dispatch, LogRequest, ProtocolError, RegisterResponse, StatusAck, Topic, TopicKind, Topics,
 };
 use k8s4r_api::validation::{validate_task_template, ValidationErrors};
 
@@ -18,6 +18,8 @@ pub enum Inbound {
     Cancel(Cancel),
     /// The server applied these statuses, or recorded a heartbeat.
     StatusAck(StatusAck),
+    /// Read, follow, renew or stop reading a task's output.
+    LogRequest(LogRequest),
 }
 
 /// Why a message was refused.
@@ -88,6 +90,9 @@ pub fn classify(topics: &Topics, robot_id: &str, topic: &str, payload: &[u8]) ->
         TopicKind::Cancel => protocol::decode(payload)
             .map(Inbound::Cancel)
             .map_err(|e| refuse(e.into())),
+        TopicKind::LogRequest => protocol::decode(payload)
+            .map(Inbound::LogRequest)
+            .map_err(|e| refuse(e.into())),
         TopicKind::StatusAck => protocol::decode(payload)
             .map(Inbound::StatusAck)
             .map_err(|e| refuse(e.into())),
@@ -128,11 +133,13 @@ pub fn classify(topics: &Topics, robot_id: &str, topic: &str, payload: &[u8]) ->
                 })
             }
         },
-        TopicKind::Register | TopicKind::Heartbeat | TopicKind::Status { .. } | TopicKind::Online => {
-            Err(refuse(InboundError::NotForAgent {
-                topic: topic.to_owned(),
-            }))
-        }
+        TopicKind::Register
+        | TopicKind::Heartbeat
+        | TopicKind::Status { .. }
+        | TopicKind::Online
+        | TopicKind::LogChunk { .. } => Err(refuse(InboundError::NotForAgent {
+            topic: topic.to_owned(),
+        })),
     }
 }
 

@@ -7,6 +7,7 @@ pub mod fence;
 pub mod host;
 pub mod inbound;
 pub mod link;
+pub mod log_reader;
 pub mod mqtt;
 pub mod outbox;
 pub mod session;

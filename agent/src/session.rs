@@ -26,6 +26,7 @@ use crate::fence::Fence;
 use crate::host::UsageSampler;
 use crate::inbound::{classify, Inbound, Refused};
 use crate::link::{Link, RegisterAction, Registrar, RunningSet, Tag};
+use crate::log_reader::LogReaders;
 use crate::mqtt;
 use crate::outbox::Outbox;
 use crate::supervisor::{Submit, SupervisorHandle, TaskEvent, TaskRequest};
@@ -234,6 +235,8 @@ pub struct Session {
     updates_tx: mpsc::UnboundedSender<StatusUpdate>,
     status: watch::Sender<SessionStatus>,
     flush_timeout: Duration,
+    /// Readers of task output the server asked for.
+    log_readers: LogReaders,
 }
 
 impl Session {
@@ -274,6 +277,12 @@ impl Session {
             outbox_len: outbox.len(),
             ..Default::default()
         });
+        let log_readers = LogReaders::new(
+            client.clone(),
+            Topics::new(&config.topic_prefix),
+            config.robot_id.clone(),
+            config.state_dir.join("tasks"),
+        );
         let session = Session {
             robot_id: config.robot_id.clone(),
             token: config.token.clone(),
@@ -305,6 +314,7 @@ impl Session {
             updates_tx,
             status,
             flush_timeout: config.shutdown_flush_timeout,
+            log_readers,
         };
         (session, status_rx)
     }
@@ -339,6 +349,7 @@ impl Session {
                 _ = shutdown.cancelled(), if matches!(phase, Phase::Running) => {
                     tracing::info!("shutting down: stopping tasks");
                     self.next_heartbeat = None;
+                    self.log_readers.stop_all();
                     let (tx, rx) = oneshot::channel();
                     let _ = self.commands.send(TaskCommand::Shutdown(tx));
                     stopping = Some(rx);
@@ -626,6 +637,10 @@ impl Session {
             }
             Ok(Inbound::Dispatch(dispatch)) => self.on_dispatch(*dispatch, phase),
             Ok(Inbound::Cancel(cancel)) => self.on_cancel(cancel),
+            Ok(Inbound::LogRequest(request)) => {
+                tracing::debug!(task = %request.task_uid, attempt = request.attempt, follow = request.follow, stop = request.stop, "log request");
+                self.log_readers.handle(request);
+            }
             Ok(Inbound::StatusAck(ack)) => {
                 if let Some(heartbeat) = ack.heartbeat {
                     self.fence

@@ -120,6 +120,14 @@ pub enum TopicKind {
     Online,
     /// `robots/{id}/tasks/acks`: server → robot, the statuses it applied.
     StatusAck,
+    /// `robots/{id}/logs/request`: server → robot, read or follow a task's
+    /// output.
+    LogRequest,
+    /// `robots/{id}/tasks/{uid}/log`: robot → server, a piece of it (QoS 0).
+    LogChunk {
+        /// The Task's uid.
+        task_uid: String,
+    },
 }
 
 /// A parsed topic.
@@ -199,6 +207,14 @@ impl Topics {
     pub fn status_ack(&self, id: &str) -> String {
         self.robot(id, "tasks/acks")
     }
+    /// `{prefix}/robots/{id}/logs/request`
+    pub fn log_request(&self, id: &str) -> String {
+        self.robot(id, "logs/request")
+    }
+    /// `{prefix}/robots/{id}/tasks/{uid}/log`
+    pub fn log_chunk(&self, id: &str, task_uid: &str) -> String {
+        self.robot(id, &format!("tasks/{task_uid}/log"))
+    }
     /// The seed protocol's `{prefix}/register`.
     pub fn legacy_register(&self) -> String {
         format!("{}/register", self.prefix)
@@ -215,6 +231,7 @@ impl Topics {
             self.robot("+", "heartbeat"),
             self.robot("+", "tasks/+/status"),
             self.robot("+", "online"),
+            self.robot("+", "tasks/+/log"),
         ]
     }
 
@@ -225,6 +242,7 @@ impl Topics {
             self.dispatch(id),
             self.cancel(id),
             self.status_ack(id),
+            self.log_request(id),
         ]
     }
 
@@ -255,6 +273,13 @@ impl Topics {
             ["tasks", "dispatch"] => TopicKind::Dispatch,
             ["tasks", "cancel"] => TopicKind::Cancel,
             ["tasks", "acks"] => TopicKind::StatusAck,
+            ["logs", "request"] => TopicKind::LogRequest,
+            ["tasks", uid, "log"] => {
+                check_topic_level("task uid", uid, topic)?;
+                TopicKind::LogChunk {
+                    task_uid: (*uid).to_owned(),
+                }
+            }
             ["tasks", uid, "status"] => {
                 check_topic_level("task uid", uid, topic)?;
                 TopicKind::Status {
@@ -592,6 +617,100 @@ impl Cancel {
             reason: reason.into(),
         }
     }
+}
+
+/// Which output of a task.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum LogStream {
+    /// Its standard output.
+    #[default]
+    Stdout,
+    /// Its standard error.
+    Stderr,
+    /// Both (interleaved as they are read while following; stdout, then
+    /// stderr, when reading what is on disk).
+    All,
+}
+
+/// Most bytes of output one chunk carries.
+pub const MAX_LOG_CHUNK_BYTES: usize = 16 * 1024;
+/// Longest a follow lasts without the server asking again: the robot
+/// stops sending once nobody follows.
+pub const LOG_FOLLOW_LEASE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// `logs/request`: send (part of) a task's output on `tasks/{uid}/log`,
+/// and with `follow` go on sending what it writes until told to stop or
+/// [`LOG_FOLLOW_LEASE`] passes without the same request again.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LogRequest {
+    /// Protocol version.
+    #[serde(default = "version")]
+    pub v: u32,
+    /// Names the reader; every chunk answering it carries it. The same id
+    /// again renews a follow.
+    pub request_id: String,
+    /// The Task's uid.
+    pub task_uid: String,
+    /// Its attempt.
+    pub attempt: u32,
+    /// Which output.
+    #[serde(default)]
+    pub stream: LogStream,
+    /// Only the last lines of what is on disk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tail_lines: Option<u32>,
+    /// Only what was written since (to the precision of the log files'
+    /// modification times).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<Timestamp>,
+    /// Go on sending what the task writes.
+    #[serde(default)]
+    pub follow: bool,
+    /// Stop the reader with this id.
+    #[serde(default)]
+    pub stop: bool,
+}
+
+impl Message for LogRequest {
+    const KIND: &'static str = "log request";
+}
+
+/// `tasks/{uid}/log`: a piece of a task's output, for one reader.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LogChunk {
+    /// Protocol version.
+    #[serde(default = "version")]
+    pub v: u32,
+    /// The request it answers.
+    pub request_id: String,
+    /// Counts the reader's chunks from 0: a missing number is a chunk lost
+    /// on the way (QoS 0).
+    pub seq: u64,
+    /// The output, as text (invalid UTF-8 replaced); at most
+    /// [`MAX_LOG_CHUNK_BYTES`].
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub data: String,
+    /// Bytes of output skipped before this chunk (over the rate limit, or
+    /// lost to a rotation).
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub skipped: u64,
+    /// The reader has sent everything and stopped.
+    #[serde(default)]
+    pub eof: bool,
+    /// Why the reader could not (go on) read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+fn is_zero_u64(n: &u64) -> bool {
+    *n == 0
+}
+
+impl Message for LogChunk {
+    const KIND: &'static str = "log chunk";
 }
 
 /// `tasks/{uid}/status`: where an attempt is.
