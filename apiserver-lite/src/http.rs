@@ -55,6 +55,10 @@ pub struct App {
     pub shutdown: tokio_util::sync::CancellationToken,
     /// The in-flight and watch limits every request is admitted by.
     pub limiter: Arc<Limiter>,
+    /// The client certificate aggregated APIs are called with.
+    pub front: Arc<crate::aggregator::FrontProxy>,
+    /// Where the services APIServices name listen.
+    pub endpoints: Arc<crate::aggregator::Endpoints>,
 }
 
 pub fn router(app: App) -> axum::Router {
@@ -121,7 +125,30 @@ async fn route(
             discovery::serve(app, &doc, &parts.headers)
         }
         Target::Resource(path) => {
-            let (rt, status) = resolve(app, &path)?;
+            let (rt, status) = match resolve(app, &path) {
+                Ok(resolved) => resolved,
+                Err(no_route) => {
+                    // A group/version an APIService hands to its backend.
+                    let backend = app
+                        .store
+                        .read(|s| crate::aggregator::backend(s, path.group, path.version));
+                    let Some(backend) = backend else {
+                        return Err(no_route);
+                    };
+                    let verb = info.verb.ok_or_else(ApiError::method_not_allowed)?;
+                    let attrs = path.attributes(verb);
+                    app.store.read(|s| app.auth.authorize(s, identity, &attrs))?;
+                    return crate::aggregator::proxy(
+                        &app.front,
+                        &app.endpoints,
+                        &backend,
+                        identity,
+                        parts,
+                        body,
+                    )
+                    .await;
+                }
+            };
             let verb = info.verb.ok_or_else(ApiError::method_not_allowed)?;
             let call = Call {
                 app,

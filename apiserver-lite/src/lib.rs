@@ -15,6 +15,7 @@
 //! ```
 
 pub mod admission;
+pub mod aggregator;
 pub mod authz;
 pub mod bench;
 pub mod cli;

@@ -126,6 +126,16 @@ const KINDS: &[(&str, &str, &str)] = &[
         "api.coordination.v1.LeaseList",
     ),
     (
+        "apiregistration.k8s.io/v1",
+        "APIService",
+        "kube_aggregator.pkg.apis.apiregistration.v1.APIService",
+    ),
+    (
+        "apiregistration.k8s.io/v1",
+        "APIServiceList",
+        "kube_aggregator.pkg.apis.apiregistration.v1.APIServiceList",
+    ),
+    (
         "admissionregistration.k8s.io/v1",
         "ValidatingWebhookConfiguration",
         "api.admissionregistration.v1.ValidatingWebhookConfiguration",
@@ -188,6 +198,11 @@ const KINDS: &[(&str, &str, &str)] = &[
         "authorization.k8s.io/v1",
         "SelfSubjectRulesReview",
         "api.authorization.v1.SelfSubjectRulesReview",
+    ),
+    (
+        "authorization.k8s.io/v1",
+        "SubjectAccessReview",
+        "api.authorization.v1.SubjectAccessReview",
     ),
 ];
 

@@ -332,6 +332,17 @@ const BUILTINS: &[Builtin] = &[
         status: false,
     },
     Builtin {
+        group: "apiregistration.k8s.io",
+        version: "v1",
+        plural: "apiservices",
+        singular: "apiservice",
+        kind: "APIService",
+        namespaced: false,
+        short_names: &[],
+        categories: &["api-extensions"],
+        status: true,
+    },
+    Builtin {
         group: "admissionregistration.k8s.io",
         version: "v1",
         plural: "validatingwebhookconfigurations",
@@ -376,6 +387,12 @@ const REVIEWS: &[(&str, &str, &str, &str)] = &[
         "v1",
         "selfsubjectaccessreviews",
         "SelfSubjectAccessReview",
+    ),
+    (
+        "authorization.k8s.io",
+        "v1",
+        "subjectaccessreviews",
+        "SubjectAccessReview",
     ),
     (
         "authorization.k8s.io",

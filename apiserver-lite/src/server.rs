@@ -11,6 +11,7 @@ use serde_json::json;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::aggregator::{Endpoints, FrontProxy, AUTHENTICATION_CONFIGMAP};
 use crate::authz::{Authenticator, Identity, User};
 use crate::error::{Error, Result};
 use crate::event_ttl::expire_events;
@@ -147,6 +148,7 @@ pub struct RunningServer {
     store: Arc<Store>,
     auth: Arc<Authenticator>,
     limiter: Arc<Limiter>,
+    endpoints: Arc<Endpoints>,
     cancel: CancellationToken,
     serve: Option<JoinHandle<std::io::Result<()>>>,
     persist: Option<JoinHandle<()>>,
@@ -209,6 +211,12 @@ pub async fn start(config: Config) -> Result<RunningServer> {
     };
     let auth = Arc::new(Authenticator::new(token.clone(), config.users.clone()));
     let limiter = Arc::new(Limiter::new(config.limits.clone()));
+    let front = tokio::task::spawn_blocking(FrontProxy::generate)
+        .await
+        .map_err(|e| Error::Tls(e.to_string()))?
+        .map_err(Error::Tls)?;
+    publish_front_proxy_ca(&store, &front);
+    let endpoints = Arc::new(Endpoints::default());
     let app = App {
         store: store.clone(),
         auth: auth.clone(),
@@ -216,6 +224,8 @@ pub async fn start(config: Config) -> Result<RunningServer> {
         bookmark_interval: config.bookmark_interval,
         shutdown: cancel.clone(),
         limiter: limiter.clone(),
+        front: Arc::new(front),
+        endpoints: endpoints.clone(),
     };
     let router = http::router(app);
     let (acceptor, ca_pem) = tls.unzip();
@@ -235,11 +245,45 @@ pub async fn start(config: Config) -> Result<RunningServer> {
         store,
         auth,
         limiter,
+        endpoints,
         cancel,
         serve: Some(serve),
         persist: persist_task,
         gc: Some(gc),
     })
+}
+
+/// Writes (or renews) the ConfigMap backends of aggregated APIs read the
+/// front proxy's CA from: it changes every start.
+fn publish_front_proxy_ca(store: &Store, front: &FrontProxy) {
+    let opts = WriteOpts {
+        manager: "apiserver-lite".into(),
+        dry_run: false,
+        field_validation: FieldValidation::Ignore,
+        identity: Identity::Admin,
+    };
+    let result = store.write(|txn| {
+        let rt = txn
+            .state
+            .registry
+            .get("", "v1", "configmaps")
+            .expect("configmaps are built in");
+        let obj = front.configmap();
+        match txn
+            .state
+            .get("configmaps", "kube-system", AUTHENTICATION_CONFIGMAP)
+        {
+            None => ops::create(txn, &rt, "kube-system", obj, &opts, None).map(drop),
+            Some(old) => {
+                let mut new = obj;
+                new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"].clone();
+                ops::commit_update(txn, &rt, &old, new, false, &opts, ops::Precondition::Put, false).map(drop)
+            }
+        }
+    });
+    if let Err(e) = result {
+        tracing::warn!(error = %e.message, "cannot publish the front proxy's CA; aggregated APIs will refuse its requests");
+    }
 }
 
 fn ensure_namespaces(store: &Store) {
@@ -301,6 +345,12 @@ const EVENT_EXPIRY_INTERVAL: Duration = Duration::from_secs(30);
 impl RunningServer {
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Says that the service `namespace/name` (as an APIService names its
+    /// backend) listens on `addr`: there is no cluster DNS to ask.
+    pub fn set_service_endpoint(&self, namespace: &str, name: &str, addr: SocketAddr) {
+        self.endpoints.set(namespace, name, addr);
     }
 
     pub fn token(&self) -> &str {

@@ -1,8 +1,10 @@
 //! The reviews a user asks about itself: who am I (SelfSubjectReview,
 //! `kubectl auth whoami`), may I (SelfSubjectAccessReview, `kubectl auth
 //! can-i`) and what may I (SelfSubjectRulesReview, `kubectl auth can-i
-//! --list`). Each is answered at once from the same bindings that authorize
-//! requests, and never stored.
+//! --list`); and the one a program asks about another user, to authorize
+//! what it serves for the API server (SubjectAccessReview, delegated
+//! authorization). Each is answered at once from the same bindings that
+//! authorize requests, and never stored.
 
 use axum::http::StatusCode;
 use axum::response::Response;
@@ -32,6 +34,16 @@ pub(super) fn create(call: &Call<'_>) -> Result<Response, ApiError> {
             }
             status
         }
+        "SubjectAccessReview" => {
+            let request = access_request(spec)?;
+            let subject = subject_of(spec)?;
+            let decision = app.store.read(|s| app.auth.review(s, &subject, &request));
+            let mut status = json!({"allowed": decision.allowed});
+            if !decision.reason.is_empty() {
+                status["reason"] = json!(decision.reason);
+            }
+            status
+        }
         "SelfSubjectRulesReview" => {
             let namespace = spec["namespace"].as_str().filter(|n| !n.is_empty());
             let (resources, paths) = app.store.read(|s| authz::rules_for(s, identity, namespace));
@@ -49,6 +61,40 @@ pub(super) fn create(call: &Call<'_>) -> Result<Response, ApiError> {
         answer["spec"] = spec.clone();
     }
     Ok(json_response(StatusCode::CREATED, &answer))
+}
+
+/// Whom a SubjectAccessReview asks about: `spec.user` and `spec.groups`.
+fn subject_of(spec: &Value) -> Result<authz::Identity, ApiError> {
+    let user = spec["user"].as_str().unwrap_or_default();
+    let groups: Vec<String> = spec["groups"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(str::to_owned)
+        .collect();
+    if user.is_empty() && groups.is_empty() {
+        return Err(ApiError::invalid(
+            "SubjectAccessReview",
+            "authorization.k8s.io",
+            "",
+            &[FieldError::invalid(
+                "spec.user",
+                &json!(""),
+                "at least one of user or groups must be specified",
+            )],
+        ));
+    }
+    let mut subject = authz::User::new(user, groups);
+    // Only what the request says: not `system:authenticated` unless listed.
+    subject.groups = spec["groups"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(str::to_owned)
+        .collect();
+    Ok(authz::Identity::User(subject))
 }
 
 /// What a SelfSubjectAccessReview asks: exactly one of a resource request

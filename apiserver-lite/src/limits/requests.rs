@@ -48,9 +48,14 @@ pub enum Kind {
 /// request info names, and for a path that names nothing we serve, by its
 /// method (`GET` reads, anything else counts as mutating).
 pub fn classify(method: &Method, path: &str, query: &HashMap<String, String>) -> Kind {
-    let verb = request::parse(method, path, query)
-        .ok()
-        .and_then(|info| info.verb);
+    let info = request::parse(method, path, query).ok();
+    // Reading logs is long-running, as kube-apiserver counts it.
+    if let Some(request::Target::Resource(p)) = info.as_ref().map(|i| &i.target) {
+        if p.subresource == Some("log") {
+            return Kind::Watch;
+        }
+    }
+    let verb = info.and_then(|info| info.verb);
     match verb {
         Some(Verb::Watch) => Kind::Watch,
         Some(Verb::Get | Verb::List) => Kind::ReadOnly,
