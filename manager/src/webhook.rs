@@ -14,21 +14,14 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::Duration;
 
 use axum::routing::post;
 use axum::{Json, Router};
-use hyper_util::rt::TokioIo;
-use hyper_util::service::TowerToHyperService;
 use k8s4r_api::validation::{validate_job_spec, validate_task_spec};
 use k8s4r_api::{JobSpec, PeriodicJobSpec, TaskSpec};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use k8s4r_service::https;
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
-use tokio::net::TcpListener;
-use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use crate::periodic::schedule_of;
@@ -40,8 +33,6 @@ pub const PATH: &str = "/validate";
 pub const NAME: &str = "validate.robot.k8s4r.io";
 /// The resources it validates.
 pub const RESOURCES: [&str; 2] = ["jobs", "periodicjobs"];
-/// How long a TLS handshake may take.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where and with which certificate the webhook serves.
 #[derive(Clone, Debug)]
@@ -54,70 +45,15 @@ pub struct WebhookConfig {
     pub key_pem: String,
 }
 
-/// The webhook's certificate or key is unusable.
-#[derive(Debug, thiserror::Error)]
-#[error("webhook TLS: {0}")]
-pub struct TlsError(String);
-
-fn acceptor(config: &WebhookConfig) -> Result<TlsAcceptor, TlsError> {
-    let err = |e: &dyn std::fmt::Display| TlsError(e.to_string());
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(config.cert_pem.as_bytes())
-        .collect::<Result<_, _>>()
-        .map_err(|e| err(&e))?;
-    let key = PrivateKeyDer::from_pem_slice(config.key_pem.as_bytes()).map_err(|e| err(&e))?;
-    let mut tls =
-        rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .map_err(|e| err(&e))?
-            .with_no_client_auth()
-            .with_single_cert(certs, key)
-            .map_err(|e| err(&e))?;
-    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(TlsAcceptor::from(Arc::new(tls)))
-}
-
 /// Binds the webhook; returns the bound address and the future that serves
 /// it until `shutdown`.
 pub async fn bind(
     config: &WebhookConfig,
     shutdown: CancellationToken,
 ) -> std::io::Result<(SocketAddr, impl Future<Output = ()> + Send + 'static)> {
-    let acceptor = acceptor(config).map_err(std::io::Error::other)?;
-    let listener = TcpListener::bind(config.addr).await?;
-    let bound = listener.local_addr()?;
+    let tls = https::server_config(&config.cert_pem, &config.key_pem, None).map_err(std::io::Error::other)?;
     let app = Router::new().route(PATH, post(validate));
-    let serve = async move {
-        loop {
-            let (stream, peer) = tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok(a) => a,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "webhook accept failed");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
-                },
-                () = shutdown.cancelled() => return,
-            };
-            let (acceptor, app, shutdown) = (acceptor.clone(), app.clone(), shutdown.clone());
-            tokio::spawn(async move {
-                let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                    Ok(Ok(tls)) => tls,
-                    Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "webhook TLS handshake failed"),
-                    Err(_) => return tracing::debug!(%peer, "webhook TLS handshake timed out"),
-                };
-                let conn = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(tls), TowerToHyperService::new(app));
-                tokio::select! {
-                    result = conn => if let Err(e) = result {
-                        tracing::debug!(%peer, error = %e, "webhook connection ended");
-                    },
-                    () = shutdown.cancelled() => {}
-                }
-            });
-        }
-    };
-    Ok((bound, serve))
+    https::bind(config.addr, tls, app, shutdown).await
 }
 
 async fn validate(Json(review): Json<Value>) -> Json<Value> {

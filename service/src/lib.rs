@@ -14,6 +14,7 @@
 pub mod backoff;
 pub mod call;
 pub mod health;
+pub mod https;
 pub mod leader;
 pub mod metrics;
 pub mod patch;
