@@ -431,14 +431,30 @@ fn bound<'s>(
 /// Why `user` may make a resource request (the real authorizer's reason),
 /// or `None`.
 pub fn allowed(state: &State, user: &User, attrs: &Attributes<'_>) -> Option<String> {
+    if let Some(why) = master(user) {
+        return Some(why);
+    }
     bindings(state, user, attrs.namespace)
         .find(|b| b.rules().iter().any(|rule| rule_allows(rule, attrs)))
         .map(|b| format!("RBAC: allowed by {}", b.describe()))
 }
 
+/// As kube-apiserver: whoever is in the group system:masters may do
+/// everything (a user a token file puts there, or the administrator a
+/// SubjectAccessReview asks about).
+fn master(user: &User) -> Option<String> {
+    user.groups
+        .iter()
+        .any(|g| g == ADMIN_GROUP)
+        .then(|| format!("allowed: in group {ADMIN_GROUP}"))
+}
+
 /// Why `user` may make a request for a path outside the resource APIs, or
 /// `None`. Only ClusterRoleBindings grant paths, as on a real server.
 pub fn allowed_path(state: &State, user: &User, attrs: &PathAttributes<'_>) -> Option<String> {
+    if let Some(why) = master(user) {
+        return Some(why);
+    }
     bindings(state, user, None)
         .find(|b| b.rules().iter().any(|rule| rule_allows_path(rule, attrs)))
         .map(|b| format!("RBAC: allowed by {}", b.describe()))

@@ -4,6 +4,7 @@
 
 pub mod broker;
 pub mod error;
+pub mod logs;
 pub mod operate;
 pub mod progress;
 pub mod up;
@@ -63,6 +64,10 @@ pub enum Command {
         #[arg(long)]
         print: bool,
     },
+    /// Print a task's output, read from its robot (like `kubectl logs`):
+    /// live with -f, the last lines with --tail; a robot that is offline
+    /// is said so, with the last output the cluster has.
+    Logs(logs::LogsArgs),
     /// Start a new attempt of a failed or cancelled Task (or of every such
     /// Task of a TaskGroup or Job), its retry budget counted afresh: sets
     /// the robot.k8s4r.io/retry annotation, as `kubectl annotate` would.
@@ -97,6 +102,7 @@ impl Args {
                 }
                 Ok(())
             }
+            Command::Logs(args) => logs::run(args, &data_dir).await,
             Command::Retry(args) => operate::run(operate::Manual::Retry, args, &data_dir).await,
             Command::Cancel(args) => operate::run(operate::Manual::Cancel, args, &data_dir).await,
             Command::Up(args) => {

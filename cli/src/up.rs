@@ -32,11 +32,17 @@ pub const CLUSTER_MANIFESTS: &[(&str, &str)] = &[
         "deploy/cluster/20-manager.yaml",
         include_str!("../../deploy/cluster/20-manager.yaml"),
     ),
+    (
+        "deploy/cluster/30-logs.yaml",
+        include_str!("../../deploy/cluster/30-logs.yaml"),
+    ),
 ];
 /// The ServiceAccounts of the server and the manager.
 pub const SERVER_ACCOUNT: &str = "k8s4r-server";
 /// See [`SERVER_ACCOUNT`].
 pub const MANAGER_ACCOUNT: &str = "k8s4r-manager";
+/// The Service the logs APIService names.
+pub const LOGS_SERVICE: &str = "k8s4r-server-logs";
 /// The demo job `--demo` submits.
 pub const DEMO_JOB: &str = include_str!("../../deploy/examples/demo-job.yaml");
 /// Field manager of what `up` writes itself.
@@ -211,8 +217,9 @@ impl Stack {
             server: apiserver.client_with_token(&server_token).await?,
             manager: apiserver.client_with_token(&manager_token).await?,
         };
-        spawn_programs(&mut tasks, programs, &broker_url, manager, shutdown.clone())?;
+        let logs = spawn_programs(&mut tasks, programs, &broker_url, manager, shutdown.clone())?;
         start_webhook(&mut tasks, &client, shutdown.clone()).await?;
+        register_logs_api(&apiserver, &client, logs).await?;
         let local_robot = if args.local_agent.unwrap_or(args.demo) {
             let robot = match &args.robot_id {
                 Some(id) => id.clone(),
@@ -563,6 +570,13 @@ struct Clients {
     manager: Client,
 }
 
+/// Where the server's logs API listens, once it does, and the CA of its
+/// certificate.
+struct LogsApi {
+    bound: tokio::sync::oneshot::Receiver<SocketAddr>,
+    ca_pem: String,
+}
+
 /// Starts the server and the manager on the embedded API server.
 fn spawn_programs(
     tasks: &mut JoinSet<(&'static str, anyhow::Result<()>)>,
@@ -570,8 +584,14 @@ fn spawn_programs(
     broker_url: &str,
     manager: k8s4r_manager::ManagerConfig,
     shutdown: CancellationToken,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<LogsApi> {
     let mut server = k8s4r_server::ServerConfig::new(broker_url);
+    let (cert_pem, key_pem) = k8s4r_server::logs::self_signed(&[]).map_err(|e| anyhow::anyhow!(e))?;
+    server.logs = Some(k8s4r_server::logs::LogsConfig {
+        addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        cert_pem: cert_pem.clone(),
+        key_pem,
+    });
     server.lease_namespace = LEASE_NAMESPACE.to_owned();
     // A lab fleet is small: renewing Leases every 10 s costs nothing, and
     // the manager's fencing (which allows for the renewal interval) moves a
@@ -579,8 +599,10 @@ fn spawn_programs(
     server.coalescing.lease_interval = std::time::Duration::from_secs(10);
     let server_client = clients.server;
     let server_stop = shutdown.clone();
+    let mut program = k8s4r_server::Server::new(server, server_client);
+    let bound = program.logs_addr();
     tasks.spawn(async move {
-        let result = k8s4r_server::run(server, server_client, server_stop).await;
+        let result = program.run(server_stop).await;
         ("server", result.map_err(anyhow::Error::from))
     });
 
@@ -589,7 +611,59 @@ fn spawn_programs(
         let result = k8s4r_manager::run(manager, manager_client, shutdown).await;
         ("manager", result.map_err(anyhow::Error::from))
     });
+    Ok(LogsApi { bound, ca_pem: cert_pem })
+}
+
+/// Registers the server's logs API with the embedded API server (an
+/// APIService, and where its service listens), as a cluster's
+/// deploy/cluster/30-logs.yaml does.
+async fn register_logs_api(
+    apiserver: &apiserver_lite::RunningServer,
+    client: &Client,
+    logs: LogsApi,
+) -> anyhow::Result<()> {
+    use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
+    let addr = match tokio::time::timeout(Duration::from_secs(30), logs.bound).await {
+        Ok(Ok(addr)) => addr,
+        _ => {
+            tracing::warn!("the server's logs API did not start: `k8s4r logs` will not work");
+            return Ok(());
+        }
+    };
+    apiserver.set_service_endpoint(SYSTEM_NAMESPACE, LOGS_SERVICE, addr);
+    let service: APIService = serde_json::from_value(serde_json::json!({
+        "apiVersion": "apiregistration.k8s.io/v1",
+        "kind": "APIService",
+        "metadata": {"name": "v1alpha1.logs.k8s4r.io"},
+        "spec": {
+            "group": "logs.k8s4r.io",
+            "version": "v1alpha1",
+            "groupPriorityMinimum": 1000,
+            "versionPriority": 15,
+            "caBundle": base64_encode(logs.ca_pem.as_bytes()),
+            "service": {"name": LOGS_SERVICE, "namespace": SYSTEM_NAMESPACE, "port": 443},
+        },
+    }))?;
+    let api: Api<APIService> = Api::all(client.clone());
+    api.patch(
+        "v1alpha1.logs.k8s4r.io",
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&service),
+    )
+    .await
+    .map_err(|source| UpError::Kube {
+        what: "register the logs API".to_owned(),
+        source,
+    })?;
     Ok(())
+}
+
+fn base64_encode(bytes: &[u8]) -> String {
+    use k8s_openapi::ByteString;
+    serde_json::to_value(ByteString(bytes.to_vec()))
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
 }
 
 /// The manager configuration `k8s4r up` runs with.

@@ -193,9 +193,12 @@ impl Bridge {
                 TopicKind::Heartbeat => "heartbeat",
                 TopicKind::Status { .. } => "status",
                 TopicKind::Online => "online",
-                TopicKind::Response | TopicKind::Dispatch | TopicKind::Cancel | TopicKind::StatusAck => {
-                    "server_topic"
-                }
+                TopicKind::LogChunk { .. } => "log",
+                TopicKind::Response
+                | TopicKind::Dispatch
+                | TopicKind::Cancel
+                | TopicKind::StatusAck
+                | TopicKind::LogRequest => "server_topic",
             },
             Ok(Topic::LegacyRegister) => "legacy_register",
             Ok(Topic::LegacyHeartbeat) => "legacy_heartbeat",
@@ -283,9 +286,16 @@ impl Bridge {
                     Ok(msg) => self.online(&robot_id, msg.online).await,
                     Err(e) => Ok(rejected(e)),
                 },
-                TopicKind::Response | TopicKind::Dispatch | TopicKind::Cancel | TopicKind::StatusAck => Ok(
-                    Outcome::Rejected("a server-to-robot topic".into(), "rejected_topic"),
-                ),
+                // Taken by the log hub before the lanes.
+                TopicKind::LogChunk { .. } => Ok(Outcome::Done("log")),
+                TopicKind::Response
+                | TopicKind::Dispatch
+                | TopicKind::Cancel
+                | TopicKind::StatusAck
+                | TopicKind::LogRequest => Ok(Outcome::Rejected(
+                    "a server-to-robot topic".into(),
+                    "rejected_topic",
+                )),
             },
             Topic::LegacyRegister | Topic::LegacyHeartbeat if !self.config.legacy_topics => Ok(
                 Outcome::Rejected("legacy topics are disabled".into(), "rejected_topic"),

@@ -86,6 +86,20 @@ pub struct Args {
     #[arg(long, env = "K8S4R_METRICS_ADDR", default_value = "0.0.0.0:9090")]
     pub metrics_addr: SocketAddr,
 
+    /// Serve the logs API (`logs.k8s4r.io/v1alpha1`, the backend of its
+    /// APIService) on this address, HTTPS.
+    #[arg(long, env = "K8S4R_LOGS_ADDR")]
+    pub logs_addr: Option<SocketAddr>,
+    /// The logs API's certificate (PEM); without it and --logs-key-file, a
+    /// self-signed one is made at start (for an APIService with
+    /// insecureSkipTLSVerify, or whose caBundle a tool such as cert-manager
+    /// keeps).
+    #[arg(long, env = "K8S4R_LOGS_CERT_FILE", requires = "logs_key_file")]
+    pub logs_cert_file: Option<std::path::PathBuf>,
+    /// The logs API's key (PEM).
+    #[arg(long, env = "K8S4R_LOGS_KEY_FILE", requires = "logs_cert_file")]
+    pub logs_key_file: Option<std::path::PathBuf>,
+
     /// This replica's name (default: $HOSTNAME, the pod name).
     #[arg(long, env = "K8S4R_IDENTITY")]
     pub identity: Option<String>,
@@ -190,6 +204,28 @@ impl Args {
         config
     }
 
+    /// The logs API these flags describe, its certificate read (or made).
+    fn logs_config(&self) -> Result<Option<crate::logs::LogsConfig>> {
+        let Some(addr) = self.logs_addr else {
+            return Ok(None);
+        };
+        let (cert_pem, key_pem) = match (&self.logs_cert_file, &self.logs_key_file) {
+            (Some(cert), Some(key)) => {
+                let read = |p: &std::path::Path| {
+                    std::fs::read_to_string(p).map_err(|e| Error::Config(format!("reading {}: {e}", p.display())))
+                };
+                (read(cert)?, read(key)?)
+            }
+            _ => crate::logs::self_signed(&[self.identity.clone().unwrap_or_default()])
+                .map_err(Error::Config)?,
+        };
+        Ok(Some(crate::logs::LogsConfig {
+            addr,
+            cert_pem,
+            key_pem,
+        }))
+    }
+
     /// Sets up logging, connects to Kubernetes, runs until SIGTERM or SIGINT.
     pub async fn run(self) -> Result<()> {
         k8s4r_api::logging::init(self.log_format, self.log.as_deref())
@@ -200,7 +236,9 @@ impl Args {
             .await
             .map_err(|e| Error::Config(e.to_string()))?;
         let shutdown = k8s4r_service::process::shutdown_on_signals();
-        crate::run(self.server_config(), client, shutdown).await
+        let mut config = self.server_config();
+        config.logs = self.logs_config()?;
+        crate::run(config, client, shutdown).await
     }
 }
 

@@ -69,6 +69,9 @@ pub struct ServerConfig {
     pub coalescing: Coalescing,
     /// Where to serve /metrics, /healthz and /readyz; None: not served.
     pub metrics_addr: Option<SocketAddr>,
+    /// Where to serve the logs API (the backend of the APIService
+    /// `v1alpha1.logs.k8s4r.io`); None: not served.
+    pub logs: Option<crate::logs::LogsConfig>,
     /// This replica's name (the Events it records say so).
     pub identity: String,
     /// Leader election among replicas: only the holder of this Lease (in
@@ -99,6 +102,7 @@ impl ServerConfig {
             lease_namespace: DEFAULT_LEASE_NAMESPACE.to_owned(),
             coalescing: Coalescing::default(),
             metrics_addr: None,
+            logs: None,
             identity,
             leader: None,
             api_timeout: Duration::from_secs(10),

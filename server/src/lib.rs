@@ -19,6 +19,7 @@ pub mod dispatch;
 pub mod error;
 pub mod ingress;
 pub mod leader;
+pub mod logs;
 pub mod metrics;
 pub mod mqtt;
 
@@ -60,6 +61,7 @@ pub struct Server {
     client: Client,
     metrics: Arc<Metrics>,
     bound: Option<oneshot::Sender<SocketAddr>>,
+    logs_bound: Option<oneshot::Sender<SocketAddr>>,
 }
 
 /// The MQTT topic filters the server subscribes to.
@@ -70,10 +72,13 @@ pub fn subscriptions(config: &ServerConfig) -> Vec<String> {
         filters.push(topics.legacy_register());
         filters.push(topics.legacy_heartbeat());
     }
+    // Log chunks go to every replica: only the one that asked for them has
+    // the reader waiting.
+    let logs = topics.log_chunk("+", "+");
     match &config.shared_group {
         Some(group) => filters
             .into_iter()
-            .map(|f| format!("$share/{group}/{f}"))
+            .map(|f| if f == logs { f } else { format!("$share/{group}/{f}") })
             .collect(),
         None => filters,
     }
@@ -87,6 +92,7 @@ impl Server {
             client,
             metrics: Arc::new(Metrics::default()),
             bound: None,
+            logs_bound: None,
         }
     }
 
@@ -100,6 +106,13 @@ impl Server {
     pub fn metrics_addr(&mut self) -> oneshot::Receiver<SocketAddr> {
         let (tx, rx) = oneshot::channel();
         self.bound = Some(tx);
+        rx
+    }
+
+    /// Resolves to the address the logs API is served on once it is bound.
+    pub fn logs_addr(&mut self) -> oneshot::Receiver<SocketAddr> {
+        let (tx, rx) = oneshot::channel();
+        self.logs_bound = Some(tx);
         rx
     }
 
@@ -131,6 +144,9 @@ impl Server {
             tokio::spawn(serve);
         }
         let parts = Parts::build(self.config, self.client, self.metrics)?;
+        if let Some(logs) = parts.logs_api() {
+            serve_logs(logs, self.logs_bound, &shutdown).await;
+        }
         parts.start(&shutdown).stop_when(shutdown).await;
         Ok(())
     }
@@ -149,6 +165,43 @@ struct Parts {
     task_cache: reflector::Store<Task>,
     robot_events: BoxStream<'static, std::result::Result<Robot, watcher::Error>>,
     lease_events: BoxStream<'static, std::result::Result<watcher::Event<Lease>, watcher::Error>>,
+    log_hub: Arc<logs::LogHub>,
+}
+
+/// The parts the logs API is made of.
+struct LogsApi {
+    config: logs::LogsConfig,
+    hub: Arc<logs::LogHub>,
+    client: Client,
+    publisher: mqtt::Publisher,
+    topics: Topics,
+    robots: reflector::Store<Robot>,
+    tasks: reflector::Store<Task>,
+}
+
+/// Starts the logs API (it reads the request-header CA first; without it,
+/// it is not served, and says why).
+async fn serve_logs(api: LogsApi, bound: Option<oneshot::Sender<SocketAddr>>, shutdown: &CancellationToken) {
+    let served = logs::bind(
+        &api.config,
+        api.hub,
+        api.client,
+        api.publisher,
+        api.topics,
+        api.robots,
+        api.tasks,
+        shutdown.clone(),
+    )
+    .await;
+    match served {
+        Ok((addr, serve)) => {
+            if let Some(tx) = bound {
+                let _ = tx.send(addr);
+            }
+            tokio::spawn(serve);
+        }
+        Err(e) => warn!(error = %e, "not serving the logs API"),
+    }
 }
 
 /// The running parts, in the order they stop.
@@ -164,6 +217,7 @@ struct Running {
 
 impl Parts {
     fn build(config: ServerConfig, client: Client, metrics: Arc<Metrics>) -> Result<Self> {
+        let log_hub = Arc::new(logs::LogHub::new(Topics::new(&config.topic_prefix)));
         let (connection, publisher, inbound) = mqtt::connect(
             &config.broker,
             subscriptions(&config),
@@ -172,6 +226,7 @@ impl Parts {
             config.publish_timeout,
             config.max_backoff,
             metrics.clone(),
+            log_hub.clone(),
         )?;
         // Robots: one cache for every lookup, and its stream answers robots
         // waiting for their registration's outcome.
@@ -213,6 +268,20 @@ impl Parts {
             task_cache,
             robot_events,
             lease_events,
+            log_hub,
+        })
+    }
+
+    /// What the logs API needs, when it is configured.
+    fn logs_api(&self) -> Option<LogsApi> {
+        Some(LogsApi {
+            config: self.config.logs.clone()?,
+            hub: self.log_hub.clone(),
+            client: self.client.clone(),
+            publisher: self.bridge.publisher().clone(),
+            topics: Topics::new(&self.config.topic_prefix),
+            robots: self.robot_cache.clone(),
+            tasks: self.task_cache.clone(),
         })
     }
 

@@ -144,6 +144,8 @@ pub struct Connection {
     limits: Limits,
     metrics: Arc<Metrics>,
     max_backoff: Duration,
+    /// Log chunks go straight to their readers, not through the lanes.
+    log_hub: Arc<crate::logs::LogHub>,
 }
 
 /// Opens (lazily) the broker connection. Returns the connection to run, the
@@ -157,6 +159,7 @@ pub fn connect(
     publish_timeout: Duration,
     max_backoff: Duration,
     metrics: Arc<Metrics>,
+    log_hub: Arc<crate::logs::LogHub>,
 ) -> Result<(Connection, Publisher, Vec<Arc<Lane>>)> {
     let options = mqtt_options(broker)?;
     let (client, eventloop) = AsyncClient::new(options, PUBLISH_QUEUE);
@@ -172,6 +175,7 @@ pub fn connect(
             limits,
             metrics,
             max_backoff,
+            log_hub,
         },
         Publisher {
             tx,
@@ -269,6 +273,9 @@ impl Connection {
                 return true;
             }
             Event::Incoming(Packet::Publish(publish)) => {
+                if publish.topic.ends_with("/log") && self.log_hub.offer(&publish.topic, &publish.payload) {
+                    return false;
+                }
                 let topic = publish.topic.clone();
                 let lane = &self.lanes[worker_for(&topic, self.lanes.len())];
                 let robot = robot_of(&topic).to_owned();

@@ -1,0 +1,215 @@
+//! `k8s4r logs`: a task's output, read live from its robot through the
+//! cluster's logs API (`logs.k8s4r.io`, served by k8s4r-server behind the
+//! API server, which checks the caller's RBAC for `get` on `tasks/log`).
+
+use std::io::Write as _;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use clap::Args as ClapArgs;
+use futures::StreamExt;
+use http_body_util::BodyExt;
+use k8s4r_api::names::{LABEL_GROUP, LABEL_JOB};
+use k8s4r_api::Task;
+use kube::api::ListParams;
+use kube::{Api, Client};
+
+use crate::operate::KubeArgs;
+
+/// `k8s4r logs`.
+#[derive(Debug, Clone, ClapArgs)]
+pub struct LogsArgs {
+    /// The Task.
+    #[arg(required_unless_present = "job")]
+    pub task: Option<String>,
+    /// Every Task of this Job, each line prefixed by its task's name.
+    #[arg(long, conflicts_with = "task")]
+    pub job: Option<String>,
+    /// With --job: only this group.
+    #[arg(long, requires = "job")]
+    pub group: Option<String>,
+    /// Go on printing what the task writes, until it ends or Ctrl-C.
+    #[arg(short, long)]
+    pub follow: bool,
+    /// Only the last N lines of what was written so far.
+    #[arg(long)]
+    pub tail: Option<u32>,
+    /// Only what was written this long ago or later (e.g. 10m; to the
+    /// precision of the robot's log files).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub since: Option<Duration>,
+    /// Standard error instead of standard output.
+    #[arg(long, conflicts_with = "all")]
+    pub stderr: bool,
+    /// Standard output and standard error.
+    #[arg(long)]
+    pub all: bool,
+    /// The attempt before the current one.
+    #[arg(short, long)]
+    pub previous: bool,
+    #[command(flatten)]
+    pub kube: KubeArgs,
+}
+
+impl LogsArgs {
+    fn query(&self) -> String {
+        let mut q = vec![format!(
+            "stream={}",
+            if self.all {
+                "all"
+            } else if self.stderr {
+                "stderr"
+            } else {
+                "stdout"
+            }
+        )];
+        if self.follow {
+            q.push("follow=true".into());
+        }
+        if self.previous {
+            q.push("previous=true".into());
+        }
+        if let Some(n) = self.tail {
+            q.push(format!("tailLines={n}"));
+        }
+        if let Some(d) = self.since {
+            q.push(format!("sinceSeconds={}", d.as_secs().max(1)));
+        }
+        q.join("&")
+    }
+}
+
+/// Prints the logs asked for; with several tasks, each line prefixed by
+/// its task's name. Ends on Ctrl-C.
+pub async fn run(args: LogsArgs, data_dir: &Path) -> anyhow::Result<()> {
+    let (client, ns) = args.kube.connect(data_dir).await?;
+    let (tasks, prefixed) = match (&args.task, &args.job) {
+        (Some(task), _) => (vec![task.clone()], false),
+        (None, Some(job)) => {
+            let mut selector = format!("{LABEL_JOB}={job}");
+            if let Some(group) = &args.group {
+                selector.push_str(&format!(",{LABEL_GROUP}={group}"));
+            }
+            let api: Api<Task> = Api::namespaced(client.clone(), &ns);
+            let list = api
+                .list(&ListParams::default().labels(&selector))
+                .await
+                .with_context(|| format!("listing the tasks of job {job} in namespace {ns}"))?;
+            let mut names: Vec<String> = list.items.iter().filter_map(|t| t.metadata.name.clone()).collect();
+            names.sort();
+            if names.is_empty() {
+                bail!("job {job} has no tasks in namespace {ns} (yet?)");
+            }
+            (names, true)
+        }
+        (None, None) => bail!("say which task, or --job"),
+    };
+    let query = args.query();
+    let readers = futures::future::join_all(tasks.iter().map(|name| {
+        let prefix = prefixed.then(|| format!("[{name}] "));
+        stream_one(&client, &ns, name, &query, prefix, args.follow)
+    }));
+    let results = tokio::select! {
+        results = readers => results,
+        _ = tokio::signal::ctrl_c() => return Ok(()),
+    };
+    let failed: Vec<String> = results
+        .into_iter()
+        .zip(&tasks)
+        .filter_map(|(r, name)| r.err().map(|e| format!("task {name}: {e:#}")))
+        .collect();
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        bail!("{}", failed.join("\n"))
+    }
+}
+
+/// What a refusal from the API server or the logs API means for a person.
+fn refusal(code: u16, message: &str, name: &str, ns: &str) -> anyhow::Error {
+    match code {
+        401 => anyhow::anyhow!("the API server did not accept your credentials: {message}"),
+        403 => anyhow::anyhow!(
+            "you may not read the logs of task {name} in namespace {ns}: it takes `get` on `tasks/log` in API group logs.k8s4r.io ({message})"
+        ),
+        404 if message.contains("not found") && message.contains(name) => {
+            anyhow::anyhow!("task {name} not found in namespace {ns}")
+        }
+        404 => anyhow::anyhow!(
+            "this cluster does not serve k8s4r logs (no APIService v1alpha1.logs.k8s4r.io; see deploy/cluster/30-logs.yaml): {message}"
+        ),
+        503 => anyhow::anyhow!("the logs API (k8s4r-server) is unavailable: {message}"),
+        _ => anyhow::anyhow!("{message} (HTTP {code})"),
+    }
+}
+
+async fn stream_one(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    query: &str,
+    prefix: Option<String>,
+    follow: bool,
+) -> anyhow::Result<()> {
+    let path = format!("/apis/logs.k8s4r.io/v1alpha1/namespaces/{ns}/tasks/{name}/log?{query}");
+    let request = http::Request::get(&path)
+        .body(kube::client::Body::empty())
+        .context("building the request")?;
+    let response = client
+        .send(request)
+        .await
+        .context("asking the API server for the logs")?;
+    let status = response.status();
+    let headers = response.headers().clone();
+    let mut body = response.into_body().into_data_stream();
+    if !status.is_success() {
+        let mut raw = Vec::new();
+        while let Some(chunk) = body.next().await {
+            raw.extend_from_slice(&chunk.map_err(|e| anyhow::anyhow!("{e}"))?);
+        }
+        let message = serde_json::from_slice::<serde_json::Value>(&raw)
+            .ok()
+            .and_then(|v| v["message"].as_str().map(str::to_owned))
+            .unwrap_or_else(|| String::from_utf8_lossy(&raw).into_owned());
+        return Err(refusal(status.as_u16(), &message, name, ns));
+    }
+    if let Some(notice) = headers.get("x-k8s4r-notice").and_then(|v| v.to_str().ok()) {
+        eprintln!("warning: task {name}: {notice}");
+    } else if follow {
+        let robot = headers
+            .get("x-k8s4r-robot")
+            .and_then(|v| v.to_str().ok())
+            .map(|r| format!(" on robot {r}"))
+            .unwrap_or_default();
+        eprintln!("following task {name}{robot} (Ctrl-C to stop)");
+    }
+    let mut partial = Vec::new();
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.map_err(|e| anyhow::anyhow!("the logs stream broke: {e}"))?;
+        match &prefix {
+            None => {
+                let mut out = std::io::stdout().lock();
+                out.write_all(&chunk)?;
+                out.flush()?;
+            }
+            Some(prefix) => {
+                partial.extend_from_slice(&chunk);
+                let mut out = std::io::stdout().lock();
+                while let Some(end) = partial.iter().position(|b| *b == b'\n') {
+                    let line: Vec<u8> = partial.drain(..=end).collect();
+                    out.write_all(prefix.as_bytes())?;
+                    out.write_all(&line)?;
+                }
+                out.flush()?;
+            }
+        }
+    }
+    if let (Some(prefix), false) = (&prefix, partial.is_empty()) {
+        let mut out = std::io::stdout().lock();
+        out.write_all(prefix.as_bytes())?;
+        out.write_all(&partial)?;
+        out.write_all(b"\n")?;
+    }
+    Ok(())
+}

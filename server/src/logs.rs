@@ -1,0 +1,536 @@
+//! Task logs, live from the robots: the aggregated API
+//! `logs.k8s4r.io/v1alpha1`, read as
+//! `GET /apis/logs.k8s4r.io/v1alpha1/namespaces/{ns}/tasks/{name}/log`.
+//!
+//! The Kubernetes API server authenticates the user and proxies the request
+//! here (an APIService), as it proxies `kubectl logs` to a kubelet: the
+//! user's own credentials, whatever kind they are, and no tunnel. This
+//! server trusts the proxy by its client certificate (the request-header CA
+//! of `kube-system/extension-apiserver-authentication`), asks the API server
+//! whether the user may `get` `tasks/log` (a SubjectAccessReview), and
+//! then asks the task's robot for the output over MQTT
+//! (`logs/request`), relaying the chunks it sends back (`tasks/{uid}/log`,
+//! QoS 0, numbered: a gap is shown). While following, it renews the
+//! request so that the robot keeps sending, and ends the answer once the
+//! attempt is over. A robot that is offline, or does not answer, is said
+//! so at once, with the last output the cluster has (`status.outputTail`).
+//! Logs never pass through the API server's storage.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use k8s4r_api::condition::find_condition;
+use k8s4r_api::names::CONDITION_CONNECTED;
+use k8s4r_api::protocol::{decode, encode, LogChunk, LogRequest, LogStream, Topic, TopicKind, Topics};
+use k8s4r_api::{ConditionStatus, Robot, RobotPhase, Task, TaskState};
+use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::PostParams;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Api, Client};
+use serde::Deserialize;
+use serde_json::json;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::mqtt::Publisher;
+
+/// The API group and version served.
+pub const GROUP: &str = "logs.k8s4r.io";
+/// The version.
+pub const VERSION: &str = "v1alpha1";
+/// How long the robot has to send its first chunk.
+const FIRST_CHUNK: Duration = Duration::from_secs(5);
+/// How often a follow is renewed (well within the robot's lease).
+const RENEW: Duration = Duration::from_secs(10);
+/// After the attempt ended, how long to wait for the last of its output.
+const DRAIN: Duration = Duration::from_millis(1500);
+/// Readers at once, for the whole server.
+const MAX_SESSIONS: usize = 256;
+/// Chunks waiting for a slow reader before more are dropped (and shown as
+/// a gap).
+const CHUNK_QUEUE: usize = 256;
+
+/// Where the logs API listens and with which certificate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogsConfig {
+    /// The address.
+    pub addr: SocketAddr,
+    /// Its certificate chain, PEM.
+    pub cert_pem: String,
+    /// Its key, PEM.
+    pub key_pem: String,
+}
+
+/// A self-signed certificate and key (PEM) for the loopback names, the
+/// service's cluster names and `extra`.
+pub fn self_signed(extra: &[String]) -> Result<(String, String), String> {
+    let mut names = vec![
+        "127.0.0.1".to_owned(),
+        "localhost".to_owned(),
+        "k8s4r-server-logs.k8s4r-system.svc".to_owned(),
+    ];
+    names.extend(extra.iter().filter(|n| !n.is_empty()).cloned());
+    let generated = rcgen::generate_simple_self_signed(names).map_err(|e| e.to_string())?;
+    Ok((generated.cert.pem(), generated.signing_key.serialize_pem()))
+}
+
+struct Route {
+    robot: String,
+    task_uid: String,
+    tx: mpsc::Sender<LogChunk>,
+}
+
+/// Routes the chunks robots send to the readers waiting for them.
+pub struct LogHub {
+    topics: Topics,
+    routes: Mutex<HashMap<String, Route>>,
+}
+
+impl LogHub {
+    /// A hub for topics under `topics`.
+    pub fn new(topics: Topics) -> Self {
+        LogHub {
+            topics,
+            routes: Mutex::default(),
+        }
+    }
+
+    /// Takes one message from the broker if it is a log chunk (true), for
+    /// the reader it names; one for nobody, or from the wrong robot or
+    /// task, is dropped.
+    pub fn offer(&self, topic: &str, payload: &[u8]) -> bool {
+        let Ok(Topic::Robot {
+            robot_id,
+            kind: TopicKind::LogChunk { task_uid },
+        }) = self.topics.parse(topic)
+        else {
+            return false;
+        };
+        let Ok(chunk) = decode::<LogChunk>(payload) else {
+            debug!(topic, "undecodable log chunk dropped");
+            return true;
+        };
+        let routes = crate::bridge::lock(&self.routes);
+        match routes.get(&chunk.request_id) {
+            Some(route) if route.robot == robot_id && route.task_uid == task_uid => {
+                // A full queue drops it: the reader sees the gap.
+                let _ = route.tx.try_send(chunk);
+            }
+            _ => debug!(topic, request = %chunk.request_id, "log chunk for no reader here"),
+        }
+        true
+    }
+
+    fn open(&self, id: &str, robot: &str, task_uid: &str) -> Option<mpsc::Receiver<LogChunk>> {
+        let mut routes = crate::bridge::lock(&self.routes);
+        if routes.len() >= MAX_SESSIONS {
+            return None;
+        }
+        let (tx, rx) = mpsc::channel(CHUNK_QUEUE);
+        routes.insert(
+            id.to_owned(),
+            Route {
+                robot: robot.to_owned(),
+                task_uid: task_uid.to_owned(),
+                tx,
+            },
+        );
+        Some(rx)
+    }
+
+    fn close(&self, id: &str) {
+        crate::bridge::lock(&self.routes).remove(id);
+    }
+}
+
+#[derive(Clone)]
+struct LogsState {
+    hub: Arc<LogHub>,
+    client: Client,
+    publisher: Publisher,
+    topics: Topics,
+    robots: Store<Robot>,
+    tasks: Store<Task>,
+}
+
+/// What a reader asks, as kubectl's `logs` names it (plus `stream`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct LogQuery {
+    #[serde(default)]
+    follow: Option<String>,
+    #[serde(default)]
+    tail_lines: Option<u32>,
+    #[serde(default)]
+    since_seconds: Option<u64>,
+    #[serde(default)]
+    previous: Option<String>,
+    #[serde(default)]
+    stream: Option<String>,
+}
+
+fn truthy(v: &Option<String>) -> bool {
+    matches!(v.as_deref(), Some("true" | "1" | ""))
+}
+
+/// A Kubernetes Status answer.
+fn status(code: StatusCode, reason: &str, message: String) -> Response {
+    let body = json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {},
+        "status": "Failure", "message": message, "reason": reason, "code": code.as_u16(),
+    });
+    (code, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+}
+
+/// Reads the request-header CA kube-apiserver (or apiserver-lite)
+/// publishes for the backends of aggregated APIs.
+pub async fn request_header_ca(client: &Client) -> Result<String, String> {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), "kube-system");
+    let cm = api
+        .get_opt("extension-apiserver-authentication")
+        .await
+        .map_err(|e| format!("reading kube-system/extension-apiserver-authentication: {e}"))?
+        .ok_or("kube-system/extension-apiserver-authentication does not exist")?;
+    cm.data
+        .and_then(|d| d.get("requestheader-client-ca-file").cloned())
+        .filter(|ca| !ca.trim().is_empty())
+        .ok_or_else(|| "extension-apiserver-authentication has no requestheader-client-ca-file".into())
+}
+
+/// Binds the logs API; returns the bound address and the future serving it.
+#[allow(clippy::too_many_arguments)]
+pub async fn bind(
+    config: &LogsConfig,
+    hub: Arc<LogHub>,
+    client: Client,
+    publisher: Publisher,
+    topics: Topics,
+    robots: Store<Robot>,
+    tasks: Store<Task>,
+    shutdown: CancellationToken,
+) -> Result<(SocketAddr, impl std::future::Future<Output = ()> + Send + 'static), String> {
+    let ca = request_header_ca(&client).await?;
+    let tls = k8s4r_service::https::server_config(&config.cert_pem, &config.key_pem, Some(&ca))
+        .map_err(|e| e.to_string())?;
+    let state = LogsState {
+        hub,
+        client,
+        publisher,
+        topics,
+        robots,
+        tasks,
+    };
+    let base = format!("/apis/{GROUP}/{VERSION}");
+    let app = Router::new()
+        .route(&format!("/apis/{GROUP}"), get(group_doc))
+        .route(&base, get(resources_doc))
+        .route(&format!("{base}/namespaces/{{ns}}/tasks/{{name}}/log"), get(task_log))
+        .with_state(state);
+    let (bound, serve) = k8s4r_service::https::bind(config.addr, tls, app, shutdown)
+        .await
+        .map_err(|e| format!("binding {}: {e}", config.addr))?;
+    info!(addr = %bound, "serving the logs API ({GROUP}/{VERSION})");
+    Ok((bound, serve))
+}
+
+async fn group_doc() -> Response {
+    let gv = json!({"groupVersion": format!("{GROUP}/{VERSION}"), "version": VERSION});
+    axum::Json(json!({
+        "kind": "APIGroup", "apiVersion": "v1", "name": GROUP,
+        "versions": [gv], "preferredVersion": gv,
+    }))
+    .into_response()
+}
+
+async fn resources_doc() -> Response {
+    axum::Json(json!({
+        "kind": "APIResourceList", "apiVersion": "v1", "groupVersion": format!("{GROUP}/{VERSION}"),
+        "resources": [{"name": "tasks/log", "singularName": "", "namespaced": true, "kind": "Task", "verbs": ["get"]}],
+    }))
+    .into_response()
+}
+
+/// The user the front proxy vouches for.
+fn user_of(headers: &HeaderMap) -> Option<(String, Vec<String>)> {
+    let user = headers.get("x-remote-user")?.to_str().ok()?.to_owned();
+    let groups = headers
+        .get_all("x-remote-group")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .collect();
+    Some((user, groups))
+}
+
+async fn allowed(state: &LogsState, user: &str, groups: Vec<String>, ns: &str, name: &str) -> Result<bool, String> {
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(user.to_owned()),
+            groups: Some(groups),
+            resource_attributes: Some(ResourceAttributes {
+                namespace: Some(ns.to_owned()),
+                verb: Some("get".into()),
+                group: Some(GROUP.into()),
+                resource: Some("tasks".into()),
+                subresource: Some("log".into()),
+                name: Some(name.to_owned()),
+                ..ResourceAttributes::default()
+            }),
+            ..SubjectAccessReviewSpec::default()
+        },
+        ..SubjectAccessReview::default()
+    };
+    let api: Api<SubjectAccessReview> = Api::all(state.client.clone());
+    let answer = tokio::time::timeout(Duration::from_secs(10), api.create(&PostParams::default(), &review))
+        .await
+        .map_err(|_| "the API server did not answer the access review in 10s".to_owned())?
+        .map_err(|e| format!("access review: {e}"))?;
+    Ok(answer.status.is_some_and(|s| s.allowed))
+}
+
+/// Why the robot cannot be asked now, if it cannot.
+fn unreachable(robots: &Store<Robot>, robot: &str) -> Option<String> {
+    let Some(r) = robots.get(&ObjectRef::new(robot)) else {
+        return Some(format!("robot {robot} is not registered"));
+    };
+    let status = r.status.clone().unwrap_or_default();
+    if status.phase == Some(RobotPhase::Offline) {
+        return Some(format!("robot {robot} is offline"));
+    }
+    let connected = find_condition(&status.conditions, CONDITION_CONNECTED);
+    if connected.is_some_and(|c| c.status == ConditionStatus::False) {
+        return Some(format!("robot {robot} is not connected to the broker"));
+    }
+    None
+}
+
+/// The answer when the robot cannot be asked: the output the cluster has.
+fn from_the_cluster(task: &Task, why: &str) -> Response {
+    let tail = task
+        .status
+        .as_ref()
+        .and_then(|s| s.output_tail.clone())
+        .unwrap_or_default();
+    let notice = format!("{why}: showing the last output the cluster has (status.outputTail)");
+    let mut response = (StatusCode::OK, tail).into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    if let Ok(v) = HeaderValue::from_str(&notice) {
+        headers.insert("x-k8s4r-notice", v);
+    }
+    response
+}
+
+fn request_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
+    format!("{:016x}{:08x}", h.finish(), std::process::id())
+}
+
+async fn task_log(
+    State(state): State<LogsState>,
+    Path((ns, name)): Path<(String, String)>,
+    Query(query): Query<LogQuery>,
+    headers: HeaderMap,
+) -> Response {
+    let Some((user, groups)) = user_of(&headers) else {
+        return status(StatusCode::UNAUTHORIZED, "Unauthorized", "no user: requests come through the API server".into());
+    };
+    match allowed(&state, &user, groups, &ns, &name).await {
+        Ok(true) => {}
+        Ok(false) => {
+            return status(
+                StatusCode::FORBIDDEN,
+                "Forbidden",
+                format!("tasks.{GROUP} \"{name}\" is forbidden: User \"{user}\" cannot get resource \"tasks/log\" in API group \"{GROUP}\" in the namespace \"{ns}\""),
+            )
+        }
+        Err(e) => return status(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable", e),
+    }
+    let tasks: Api<Task> = Api::namespaced(state.client.clone(), &ns);
+    let task = match tokio::time::timeout(Duration::from_secs(10), tasks.get_opt(&name)).await {
+        Ok(Ok(Some(task))) => task,
+        Ok(Ok(None)) => {
+            return status(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                format!("tasks.robot.k8s4r.io \"{name}\" not found in namespace \"{ns}\""),
+            )
+        }
+        Ok(Err(e)) => return status(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable", e.to_string()),
+        Err(_) => return status(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable", "the API server did not answer in 10s".into()),
+    };
+    let st = task.status.clone().unwrap_or_default();
+    let previous = truthy(&query.previous);
+    let (attempt, robot) = if previous {
+        let before = st.attempt.saturating_sub(1);
+        let robot = st.attempts.iter().find(|a| a.attempt == before).and_then(|a| a.robot.clone());
+        (before, robot)
+    } else {
+        (st.attempt, st.robot.clone().or(task.spec.target_robot.clone()))
+    };
+    let Some(robot) = robot.filter(|_| attempt > 0) else {
+        let why = st.message.clone().unwrap_or_else(|| "waiting for a robot".into());
+        let what = if previous { "has no previous attempt" } else { "has not been placed on a robot yet" };
+        return status(StatusCode::BAD_REQUEST, "BadRequest", format!("task {name} {what} ({why})"));
+    };
+    if let Some(why) = unreachable(&state.robots, &robot) {
+        return from_the_cluster(&task, &why);
+    }
+    let uid = task.metadata.uid.clone().unwrap_or_default();
+    let stream = match query.stream.as_deref() {
+        None | Some("" | "stdout") => LogStream::Stdout,
+        Some("stderr") => LogStream::Stderr,
+        Some("all") => LogStream::All,
+        Some(other) => {
+            return status(StatusCode::BAD_REQUEST, "BadRequest", format!("stream must be stdout, stderr or all, not {other:?}"))
+        }
+    };
+    let follow = truthy(&query.follow);
+    let request = LogRequest {
+        v: k8s4r_api::protocol::PROTOCOL_VERSION,
+        request_id: request_id(),
+        task_uid: uid.clone(),
+        attempt,
+        stream,
+        tail_lines: query.tail_lines,
+        since: query.since_seconds.and_then(|s| {
+            jiff::Timestamp::now()
+                .checked_sub(jiff::SignedDuration::from_secs(i64::try_from(s).unwrap_or(i64::MAX)))
+                .ok()
+        }),
+        follow,
+        stop: false,
+    };
+    let Some(mut chunks) = state.hub.open(&request.request_id, &robot, &uid) else {
+        return status(StatusCode::TOO_MANY_REQUESTS, "TooManyRequests", "too many log readers; try again later".into());
+    };
+    let topic = state.topics.log_request(&robot);
+    if let Err(e) = state.publisher.publish(topic.clone(), encode(&request)).await {
+        state.hub.close(&request.request_id);
+        return from_the_cluster(&task, &format!("cannot ask robot {robot}: {e}"));
+    }
+    let first = match tokio::time::timeout(FIRST_CHUNK, chunks.recv()).await {
+        Ok(Some(chunk)) => chunk,
+        _ => {
+            state.hub.close(&request.request_id);
+            return from_the_cluster(
+                &task,
+                &format!("robot {robot} did not answer in {}s (its agent may be too old, or cut off)", FIRST_CHUNK.as_secs()),
+            );
+        }
+    };
+    let (tx, rx) = mpsc::channel::<Bytes>(64);
+    let relay = Relay {
+        state: state.clone(),
+        request,
+        topic,
+        task_ref: ObjectRef::new(&name).within(&ns),
+    };
+    tokio::spawn(relay.run(first, chunks, tx));
+    let body = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|b| (Ok::<Bytes, std::convert::Infallible>(b), rx))
+    });
+    let mut response = Response::new(Body::from_stream(body));
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    if let Ok(v) = HeaderValue::from_str(&robot) {
+        headers.insert("x-k8s4r-robot", v);
+    }
+    response
+}
+
+/// Carries one reader's chunks to its HTTP answer.
+struct Relay {
+    state: LogsState,
+    request: LogRequest,
+    topic: String,
+    task_ref: ObjectRef<Task>,
+}
+
+impl Relay {
+    /// Whether the attempt read is over (or the Task gone).
+    fn over(&self) -> bool {
+        match self.state.tasks.get(&self.task_ref) {
+            None => true,
+            Some(task) => {
+                let s = task.status.clone().unwrap_or_default();
+                s.attempt != self.request.attempt || s.state.is_some_and(TaskState::is_terminal)
+            }
+        }
+    }
+
+    async fn run(self, first: LogChunk, mut chunks: mpsc::Receiver<LogChunk>, out: mpsc::Sender<Bytes>) {
+        let mut next_seq = 0;
+        let mut pending = Some(first);
+        let mut renew = tokio::time::interval(RENEW);
+        renew.tick().await;
+        let mut check = tokio::time::interval(Duration::from_millis(250));
+        let mut last_chunk = Instant::now();
+        let mut over_since: Option<Instant> = None;
+        loop {
+            let chunk = match pending.take() {
+                Some(c) => Some(c),
+                None => tokio::select! {
+                    c = chunks.recv() => c,
+                    _ = renew.tick(), if self.request.follow => {
+                        let _ = self.state.publisher.publish(self.topic.clone(), encode(&self.request)).await;
+                        continue;
+                    }
+                    _ = check.tick(), if self.request.follow => {
+                        if out.is_closed() {
+                            break;
+                        }
+                        if self.over() {
+                            let since = *over_since.get_or_insert_with(Instant::now);
+                            // The last output arrives within the robot's poll.
+                            if since.elapsed() >= DRAIN && last_chunk.elapsed() >= Duration::from_millis(500) {
+                                break;
+                            }
+                        }
+                        continue;
+                    }
+                },
+            };
+            let Some(chunk) = chunk else { break };
+            last_chunk = Instant::now();
+            let mut text = String::new();
+            if chunk.seq > next_seq {
+                text.push_str(&format!("[k8s4r: {} chunk(s) of output lost on the way]\n", chunk.seq - next_seq));
+            }
+            next_seq = chunk.seq + 1;
+            if chunk.skipped > 0 {
+                text.push_str(&format!("[k8s4r: {} bytes of output skipped on the robot]\n", chunk.skipped));
+            }
+            text.push_str(&chunk.data);
+            if let Some(error) = &chunk.error {
+                text.push_str(&format!("[k8s4r: {error}]\n"));
+            }
+            if !text.is_empty() && out.send(Bytes::from(text)).await.is_err() {
+                break;
+            }
+            if chunk.eof {
+                break;
+            }
+        }
+        self.state.hub.close(&self.request.request_id);
+        let stop = LogRequest {
+            stop: true,
+            ..self.request.clone()
+        };
+        if let Err(e) = self.state.publisher.publish(self.topic.clone(), encode(&stop)).await {
+            warn!(error = %e, "could not tell the robot to stop a log reader; it stops by itself");
+        }
+    }
+}
