@@ -136,7 +136,7 @@ pub struct PathAttributes<'a> {
 #[derive(Debug)]
 pub struct Authenticator {
     admin_token: String,
-    users: HashMap<String, User>,
+    users: std::sync::RwLock<HashMap<String, User>>,
     denied: Mutex<VecDeque<String>>,
     used: Mutex<BTreeSet<String>>,
 }
@@ -145,7 +145,7 @@ impl Authenticator {
     pub fn new(admin_token: String, users: HashMap<String, User>) -> Authenticator {
         Authenticator {
             admin_token,
-            users,
+            users: std::sync::RwLock::new(users),
             denied: Mutex::new(VecDeque::new()),
             used: Mutex::new(BTreeSet::new()),
         }
@@ -157,7 +157,14 @@ impl Authenticator {
         if token == self.admin_token {
             return Some(Identity::Admin);
         }
-        self.users.get(token).cloned().map(Identity::User)
+        let users = self.users.read().unwrap_or_else(|e| e.into_inner());
+        users.get(token).cloned().map(Identity::User)
+    }
+
+    /// Accepts `token` as `user` from now on.
+    pub fn add_user(&self, token: &str, user: User) {
+        let mut users = self.users.write().unwrap_or_else(|e| e.into_inner());
+        users.insert(token.to_owned(), user);
     }
 
     /// Lets the request through, or answers 403 as the real server does.

@@ -347,6 +347,12 @@ impl RunningServer {
         self.addr
     }
 
+    /// Accepts `token` as `user` from now on (tests: a person with only
+    /// the permissions RBAC gives them).
+    pub fn add_user(&self, token: &str, user: User) {
+        self.auth.add_user(token, user);
+    }
+
     /// Says that the service `namespace/name` (as an APIService names its
     /// backend) listens on `addr`: there is no cluster DNS to ask.
     pub fn set_service_endpoint(&self, namespace: &str, name: &str, addr: SocketAddr) {

@@ -96,7 +96,11 @@ pub async fn run(args: LogsArgs, data_dir: &Path) -> anyhow::Result<()> {
                 .list(&ListParams::default().labels(&selector))
                 .await
                 .with_context(|| format!("listing the tasks of job {job} in namespace {ns}"))?;
-            let mut names: Vec<String> = list.items.iter().filter_map(|t| t.metadata.name.clone()).collect();
+            let mut names: Vec<String> = list
+                .items
+                .iter()
+                .filter_map(|t| t.metadata.name.clone())
+                .collect();
             names.sort();
             if names.is_empty() {
                 bail!("job {job} has no tasks in namespace {ns} (yet?)");
@@ -144,14 +148,21 @@ fn refusal(code: u16, message: &str, name: &str, ns: &str) -> anyhow::Error {
     }
 }
 
-async fn stream_one(
-    client: &Client,
-    ns: &str,
-    name: &str,
-    query: &str,
-    prefix: Option<String>,
-    follow: bool,
-) -> anyhow::Result<()> {
+/// An answer of the logs API: what it says beside the output, and the
+/// output as it arrives.
+pub struct Reading {
+    /// Said instead of reading live (the robot is offline, or did not
+    /// answer): the output is the last the cluster has.
+    pub notice: Option<String>,
+    /// The robot the output comes from, live.
+    pub robot: Option<String>,
+    /// The output.
+    pub body: std::pin::Pin<Box<dyn futures::Stream<Item = anyhow::Result<bytes::Bytes>> + Send>>,
+}
+
+/// Asks the logs API for task `name`'s output (`query` as kubectl's logs
+/// has it: `follow=true&tailLines=10&stream=all`...).
+pub async fn open(client: &Client, ns: &str, name: &str, query: &str) -> anyhow::Result<Reading> {
     let path = format!("/apis/logs.k8s4r.io/v1alpha1/namespaces/{ns}/tasks/{name}/log?{query}");
     let request = http::Request::get(&path)
         .body(kube::client::Body::empty())
@@ -174,19 +185,36 @@ async fn stream_one(
             .unwrap_or_else(|| String::from_utf8_lossy(&raw).into_owned());
         return Err(refusal(status.as_u16(), &message, name, ns));
     }
-    if let Some(notice) = headers.get("x-k8s4r-notice").and_then(|v| v.to_str().ok()) {
+    let text = |h: &str| headers.get(h).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    Ok(Reading {
+        notice: text("x-k8s4r-notice"),
+        robot: text("x-k8s4r-robot"),
+        body: Box::pin(body.map(|c| c.map_err(|e| anyhow::anyhow!("the logs stream broke: {e}")))),
+    })
+}
+
+async fn stream_one(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    query: &str,
+    prefix: Option<String>,
+    follow: bool,
+) -> anyhow::Result<()> {
+    let Reading {
+        notice,
+        robot,
+        mut body,
+    } = open(client, ns, name, query).await?;
+    if let Some(notice) = notice {
         eprintln!("warning: task {name}: {notice}");
     } else if follow {
-        let robot = headers
-            .get("x-k8s4r-robot")
-            .and_then(|v| v.to_str().ok())
-            .map(|r| format!(" on robot {r}"))
-            .unwrap_or_default();
+        let robot = robot.map(|r| format!(" on robot {r}")).unwrap_or_default();
         eprintln!("following task {name}{robot} (Ctrl-C to stop)");
     }
     let mut partial = Vec::new();
     while let Some(chunk) = body.next().await {
-        let chunk = chunk.map_err(|e| anyhow::anyhow!("the logs stream broke: {e}"))?;
+        let chunk = chunk?;
         match &prefix {
             None => {
                 let mut out = std::io::stdout().lock();

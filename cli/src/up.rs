@@ -248,6 +248,17 @@ impl Stack {
         })
     }
 
+    /// A client for a user with only what RBAC gives `user` (its token is
+    /// accepted from now on).
+    pub async fn client_as(&self, user: &str, groups: &[&str]) -> anyhow::Result<Client> {
+        let token = random_secret()?;
+        self.apiserver.add_user(
+            &token,
+            apiserver_lite::User::new(user, groups.iter().map(|g| (*g).to_owned())),
+        );
+        Ok(self.apiserver.client_with_token(&token).await?)
+    }
+
     /// The API server's URL.
     pub fn api_url(&self) -> String {
         self.apiserver.url()
@@ -611,7 +622,10 @@ fn spawn_programs(
         let result = k8s4r_manager::run(manager, manager_client, shutdown).await;
         ("manager", result.map_err(anyhow::Error::from))
     });
-    Ok(LogsApi { bound, ca_pem: cert_pem })
+    Ok(LogsApi {
+        bound,
+        ca_pem: cert_pem,
+    })
 }
 
 /// Registers the server's logs API with the embedded API server (an

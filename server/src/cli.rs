@@ -212,7 +212,8 @@ impl Args {
         let (cert_pem, key_pem) = match (&self.logs_cert_file, &self.logs_key_file) {
             (Some(cert), Some(key)) => {
                 let read = |p: &std::path::Path| {
-                    std::fs::read_to_string(p).map_err(|e| Error::Config(format!("reading {}: {e}", p.display())))
+                    std::fs::read_to_string(p)
+                        .map_err(|e| Error::Config(format!("reading {}: {e}", p.display())))
                 };
                 (read(cert)?, read(key)?)
             }

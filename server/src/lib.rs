@@ -78,7 +78,13 @@ pub fn subscriptions(config: &ServerConfig) -> Vec<String> {
     match &config.shared_group {
         Some(group) => filters
             .into_iter()
-            .map(|f| if f == logs { f } else { format!("$share/{group}/{f}") })
+            .map(|f| {
+                if f == logs {
+                    f
+                } else {
+                    format!("$share/{group}/{f}")
+                }
+            })
             .collect(),
         None => filters,
     }

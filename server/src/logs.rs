@@ -189,7 +189,12 @@ fn status(code: StatusCode, reason: &str, message: String) -> Response {
         "kind": "Status", "apiVersion": "v1", "metadata": {},
         "status": "Failure", "message": message, "reason": reason, "code": code.as_u16(),
     });
-    (code, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+    (
+        code,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
 }
 
 /// Reads the request-header CA kube-apiserver (or apiserver-lite)
@@ -234,7 +239,10 @@ pub async fn bind(
     let app = Router::new()
         .route(&format!("/apis/{GROUP}"), get(group_doc))
         .route(&base, get(resources_doc))
-        .route(&format!("{base}/namespaces/{{ns}}/tasks/{{name}}/log"), get(task_log))
+        .route(
+            &format!("{base}/namespaces/{{ns}}/tasks/{{name}}/log"),
+            get(task_log),
+        )
         .with_state(state);
     let (bound, serve) = k8s4r_service::https::bind(config.addr, tls, app, shutdown)
         .await
@@ -272,7 +280,13 @@ fn user_of(headers: &HeaderMap) -> Option<(String, Vec<String>)> {
     Some((user, groups))
 }
 
-async fn allowed(state: &LogsState, user: &str, groups: Vec<String>, ns: &str, name: &str) -> Result<bool, String> {
+async fn allowed(
+    state: &LogsState,
+    user: &str,
+    groups: Vec<String>,
+    ns: &str,
+    name: &str,
+) -> Result<bool, String> {
     let review = SubjectAccessReview {
         spec: SubjectAccessReviewSpec {
             user: Some(user.to_owned()),
@@ -291,10 +305,13 @@ async fn allowed(state: &LogsState, user: &str, groups: Vec<String>, ns: &str, n
         ..SubjectAccessReview::default()
     };
     let api: Api<SubjectAccessReview> = Api::all(state.client.clone());
-    let answer = tokio::time::timeout(Duration::from_secs(10), api.create(&PostParams::default(), &review))
-        .await
-        .map_err(|_| "the API server did not answer the access review in 10s".to_owned())?
-        .map_err(|e| format!("access review: {e}"))?;
+    let answer = tokio::time::timeout(
+        Duration::from_secs(10),
+        api.create(&PostParams::default(), &review),
+    )
+    .await
+    .map_err(|_| "the API server did not answer the access review in 10s".to_owned())?
+    .map_err(|e| format!("access review: {e}"))?;
     Ok(answer.status.is_some_and(|s| s.allowed))
 }
 
@@ -324,7 +341,10 @@ fn from_the_cluster(task: &Task, why: &str) -> Response {
     let notice = format!("{why}: showing the last output the cluster has (status.outputTail)");
     let mut response = (StatusCode::OK, tail).into_response();
     let headers = response.headers_mut();
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     if let Ok(v) = HeaderValue::from_str(&notice) {
         headers.insert("x-k8s4r-notice", v);
     }
@@ -334,7 +354,12 @@ fn from_the_cluster(task: &Task, why: &str) -> Response {
 fn request_id() -> String {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos(),
+    );
     format!("{:016x}{:08x}", h.finish(), std::process::id())
 }
 
@@ -345,7 +370,11 @@ async fn task_log(
     headers: HeaderMap,
 ) -> Response {
     let Some((user, groups)) = user_of(&headers) else {
-        return status(StatusCode::UNAUTHORIZED, "Unauthorized", "no user: requests come through the API server".into());
+        return status(
+            StatusCode::UNAUTHORIZED,
+            "Unauthorized",
+            "no user: requests come through the API server".into(),
+        );
     };
     match allowed(&state, &user, groups, &ns, &name).await {
         Ok(true) => {}
@@ -368,22 +397,46 @@ async fn task_log(
                 format!("tasks.robot.k8s4r.io \"{name}\" not found in namespace \"{ns}\""),
             )
         }
-        Ok(Err(e)) => return status(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable", e.to_string()),
-        Err(_) => return status(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable", "the API server did not answer in 10s".into()),
+        Ok(Err(e)) => {
+            return status(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "ServiceUnavailable",
+                e.to_string(),
+            )
+        }
+        Err(_) => {
+            return status(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "ServiceUnavailable",
+                "the API server did not answer in 10s".into(),
+            )
+        }
     };
     let st = task.status.clone().unwrap_or_default();
     let previous = truthy(&query.previous);
     let (attempt, robot) = if previous {
         let before = st.attempt.saturating_sub(1);
-        let robot = st.attempts.iter().find(|a| a.attempt == before).and_then(|a| a.robot.clone());
+        let robot = st
+            .attempts
+            .iter()
+            .find(|a| a.attempt == before)
+            .and_then(|a| a.robot.clone());
         (before, robot)
     } else {
         (st.attempt, st.robot.clone().or(task.spec.target_robot.clone()))
     };
     let Some(robot) = robot.filter(|_| attempt > 0) else {
         let why = st.message.clone().unwrap_or_else(|| "waiting for a robot".into());
-        let what = if previous { "has no previous attempt" } else { "has not been placed on a robot yet" };
-        return status(StatusCode::BAD_REQUEST, "BadRequest", format!("task {name} {what} ({why})"));
+        let what = if previous {
+            "has no previous attempt"
+        } else {
+            "has not been placed on a robot yet"
+        };
+        return status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            format!("task {name} {what} ({why})"),
+        );
     };
     if let Some(why) = unreachable(&state.robots, &robot) {
         return from_the_cluster(&task, &why);
@@ -394,7 +447,11 @@ async fn task_log(
         Some("stderr") => LogStream::Stderr,
         Some("all") => LogStream::All,
         Some(other) => {
-            return status(StatusCode::BAD_REQUEST, "BadRequest", format!("stream must be stdout, stderr or all, not {other:?}"))
+            return status(
+                StatusCode::BAD_REQUEST,
+                "BadRequest",
+                format!("stream must be stdout, stderr or all, not {other:?}"),
+            )
         }
     };
     let follow = truthy(&query.follow);
@@ -407,14 +464,20 @@ async fn task_log(
         tail_lines: query.tail_lines,
         since: query.since_seconds.and_then(|s| {
             jiff::Timestamp::now()
-                .checked_sub(jiff::SignedDuration::from_secs(i64::try_from(s).unwrap_or(i64::MAX)))
+                .checked_sub(jiff::SignedDuration::from_secs(
+                    i64::try_from(s).unwrap_or(i64::MAX),
+                ))
                 .ok()
         }),
         follow,
         stop: false,
     };
     let Some(mut chunks) = state.hub.open(&request.request_id, &robot, &uid) else {
-        return status(StatusCode::TOO_MANY_REQUESTS, "TooManyRequests", "too many log readers; try again later".into());
+        return status(
+            StatusCode::TOO_MANY_REQUESTS,
+            "TooManyRequests",
+            "too many log readers; try again later".into(),
+        );
     };
     let topic = state.topics.log_request(&robot);
     if let Err(e) = state.publisher.publish(topic.clone(), encode(&request)).await {
@@ -427,7 +490,10 @@ async fn task_log(
             state.hub.close(&request.request_id);
             return from_the_cluster(
                 &task,
-                &format!("robot {robot} did not answer in {}s (its agent may be too old, or cut off)", FIRST_CHUNK.as_secs()),
+                &format!(
+                    "robot {robot} did not answer in {}s (its agent may be too old, or cut off)",
+                    FIRST_CHUNK.as_secs()
+                ),
             );
         }
     };
@@ -440,11 +506,16 @@ async fn task_log(
     };
     tokio::spawn(relay.run(first, chunks, tx));
     let body = futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|b| (Ok::<Bytes, std::convert::Infallible>(b), rx))
+        rx.recv()
+            .await
+            .map(|b| (Ok::<Bytes, std::convert::Infallible>(b), rx))
     });
     let mut response = Response::new(Body::from_stream(body));
     let headers = response.headers_mut();
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     if let Ok(v) = HeaderValue::from_str(&robot) {
         headers.insert("x-k8s4r-robot", v);
     }
@@ -507,11 +578,17 @@ impl Relay {
             last_chunk = Instant::now();
             let mut text = String::new();
             if chunk.seq > next_seq {
-                text.push_str(&format!("[k8s4r: {} chunk(s) of output lost on the way]\n", chunk.seq - next_seq));
+                text.push_str(&format!(
+                    "[k8s4r: {} chunk(s) of output lost on the way]\n",
+                    chunk.seq - next_seq
+                ));
             }
             next_seq = chunk.seq + 1;
             if chunk.skipped > 0 {
-                text.push_str(&format!("[k8s4r: {} bytes of output skipped on the robot]\n", chunk.skipped));
+                text.push_str(&format!(
+                    "[k8s4r: {} bytes of output skipped on the robot]\n",
+                    chunk.skipped
+                ));
             }
             text.push_str(&chunk.data);
             if let Some(error) = &chunk.error {
@@ -529,7 +606,12 @@ impl Relay {
             stop: true,
             ..self.request.clone()
         };
-        if let Err(e) = self.state.publisher.publish(self.topic.clone(), encode(&stop)).await {
+        if let Err(e) = self
+            .state
+            .publisher
+            .publish(self.topic.clone(), encode(&stop))
+            .await
+        {
             warn!(error = %e, "could not tell the robot to stop a log reader; it stops by itself");
         }
     }

@@ -50,9 +50,10 @@ pub fn server_config(
             for cert in CertificateDer::pem_slice_iter(ca.as_bytes()) {
                 roots.add(cert.map_err(err)?).map_err(err)?;
             }
-            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-                .build()
-                .map_err(err)?;
+            let verifier =
+                rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                    .build()
+                    .map_err(err)?;
             builder.with_client_cert_verifier(verifier)
         }
         None => builder.with_no_client_auth(),

@@ -109,6 +109,11 @@ impl Env {
     }
 
     fn spawn_agent(&mut self, robot: &str, labels: &[&str]) {
+        self.spawn_agent_with(robot, labels, &[]);
+    }
+
+    /// An agent with further flags.
+    fn spawn_agent_with(&mut self, robot: &str, labels: &[&str], extra: &[&str]) {
         let token = std::fs::read_to_string(self.data_dir.join("bootstrap-token")).expect("bootstrap token");
         let state_dir = self.dir.path().join("agents").join(robot);
         std::fs::create_dir_all(&state_dir).expect("state dir");
@@ -129,6 +134,7 @@ impl Env {
         for label in labels {
             cmd.arg("--label").arg(label);
         }
+        cmd.args(extra);
         let child = cmd
             .stdout(Stdio::null())
             .stderr(log)
@@ -214,7 +220,12 @@ impl Env {
         if let Some(stack) = self.stack.take() {
             let record = stack.authenticator();
             let _ = stack.stop().await;
-            let denied = record.denied();
+            // Only the programs' own accounts: a test's person may be refused.
+            let denied: Vec<String> = record
+                .denied()
+                .into_iter()
+                .filter(|d| d.contains("system:serviceaccount:"))
+                .collect();
             assert!(
                 denied.is_empty(),
                 "deploy/cluster's RBAC denied the server or the manager:\n{}",
@@ -1168,5 +1179,158 @@ async fn cancelling_a_running_job_stops_its_processes_and_keeps_its_history() {
     let b = job.groups.iter().find(|g| g.name == "b").unwrap();
     assert_eq!(b.state, Some(WorkState::Skipped));
     assert_eq!(b.message.as_deref(), Some("skipped: the Job was cancelled"));
+    env.stop().await;
+}
+
+/// Reads a whole log answer (until the stream ends), with the notice.
+async fn read_log(client: &kube::Client, task: &str, query: &str) -> (Option<String>, String) {
+    use futures::StreamExt;
+    let mut reading = k8s4r::logs::open(client, "default", task, query)
+        .await
+        .expect("the logs API answers");
+    let mut text = Vec::new();
+    while let Some(chunk) = reading.body.next().await {
+        text.extend_from_slice(&chunk.expect("the stream holds"));
+    }
+    (reading.notice, String::from_utf8_lossy(&text).into_owned())
+}
+
+/// `k8s4r logs -f` against real agents: lines arrive within a second of
+/// being written and the stream ends with the task; a finished task's log
+/// is read whole, across its rotated files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_logs_follow_live_and_read_whole_after_rotation() {
+    use futures::StreamExt;
+    let mut env = Env::start(&[]).await;
+    env.spawn_agent_with("lg-1", &[], &["--log-max-bytes", "8192", "--log-max-files", "3"]);
+    env.wait_phase("lg-1", RobotPhase::Online).await;
+    let live = "for i in $(seq 1 15); do echo \"$(date +%s%3N) line $i\"; sleep 0.2; done";
+    env.create_job(job_json(
+        "live",
+        serde_json::json!([{ "name": "t", "count": 1, "task": sh(live, "1m") }]),
+    ))
+    .await;
+    eventually("the task running", || async {
+        let s = env.tasks().get("live-t-0").await.ok()?.status?;
+        (s.state == Some(TaskState::Running)).then_some(())
+    })
+    .await;
+    let mut reading = k8s4r::logs::open(&env.client, "default", "live-t-0", "follow=true")
+        .await
+        .expect("follow");
+    assert_eq!(reading.notice, None);
+    assert_eq!(reading.robot.as_deref(), Some("lg-1"));
+    let mut partial = String::new();
+    let mut lines = Vec::new();
+    let mut worst = 0i64;
+    let followed = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(chunk) = reading.body.next().await {
+            partial.push_str(&String::from_utf8_lossy(&chunk.expect("chunk")));
+            let now = jiff::Timestamp::now().as_millisecond();
+            while let Some(end) = partial.find('\n') {
+                let line: String = partial.drain(..=end).collect();
+                let written: i64 = line
+                    .split_whitespace()
+                    .next()
+                    .unwrap()
+                    .parse()
+                    .expect("a timestamp");
+                worst = worst.max(now - written);
+                lines.push(line.trim().split_once(' ').unwrap().1.to_owned());
+            }
+        }
+    })
+    .await;
+    assert!(followed.is_ok(), "the follow did not end with the task");
+    let expected: Vec<String> = (1..=15).map(|i| format!("line {i}")).collect();
+    assert_eq!(lines, expected);
+    assert!(
+        worst < 1000,
+        "a line took {worst} ms from the robot's file to the reader"
+    );
+
+    let chatty = "for i in $(seq 1 400); do printf '%05d %090d\\n' $i 0; done";
+    env.create_job(job_json(
+        "chatty",
+        serde_json::json!([{ "name": "t", "count": 1, "task": sh(chatty, "1m") }]),
+    ))
+    .await;
+    env.wait_tasks_final("chatty", 1).await;
+    let (notice, text) = read_log(&env.client, "chatty-t-0", "").await;
+    assert_eq!(notice, None);
+    // The oldest file may start inside a line (rotation cuts by size).
+    let numbers: Vec<u32> = text
+        .lines()
+        .filter(|l| l.len() == 96)
+        .map(|l| l[..5].parse().expect("numbered"))
+        .collect();
+    assert_eq!(numbers.last(), Some(&400), "ends with the last line");
+    assert!(
+        numbers.windows(2).all(|w| w[1] == w[0] + 1),
+        "contiguous, oldest first: {:?}",
+        &numbers[..5]
+    );
+    assert!(
+        numbers.len() > 8192 / 96 + 1,
+        "more than the current file holds: {} lines",
+        numbers.len()
+    );
+    assert!(numbers[0] > 1, "the oldest output is gone with the rotation");
+    let (_, tail) = read_log(&env.client, "chatty-t-0", "tailLines=3").await;
+    assert_eq!(
+        tail.lines().map(|l| &l[..5]).collect::<Vec<_>>(),
+        ["00398", "00399", "00400"]
+    );
+    env.stop().await;
+}
+
+/// A robot that is offline is said so at once, with the last output the
+/// cluster has; a user without `get` on `tasks/log` is refused until a
+/// RoleBinding gives it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_logs_of_an_offline_robot_and_for_a_user_without_permission() {
+    let mut env = Env::start(&[("off-1", &[])]).await;
+    env.create_job(job_json(
+        "said",
+        serde_json::json!([{ "name": "t", "count": 1, "task": sh("echo hello from the robot", "1m") }]),
+    ))
+    .await;
+    env.wait_tasks_final("said", 1).await;
+    let (notice, text) = read_log(&env.client, "said-t-0", "").await;
+    assert_eq!(notice, None, "read live from the robot");
+    assert_eq!(text, "hello from the robot\n");
+
+    let bob = env.stack.as_ref().unwrap().client_as("bob", &[]).await.unwrap();
+    let refused = k8s4r::logs::open(&bob, "default", "said-t-0", "")
+        .await
+        .err()
+        .expect("refused");
+    let message = format!("{refused:#}");
+    assert!(
+        message.contains("you may not read the logs of task said-t-0"),
+        "{message}"
+    );
+    let kubeconfig = kubeconfig_path(&env.data_dir);
+    kubectl(
+        &kubeconfig,
+        &[
+            "create",
+            "rolebinding",
+            "bob-logs",
+            "-n",
+            "default",
+            "--clusterrole=k8s4r-log-reader",
+            "--user=bob",
+        ],
+    );
+
+    env.kill_agent("off-1");
+    env.wait_phase("off-1", RobotPhase::Offline).await;
+    let started = std::time::Instant::now();
+    let (notice, text) = read_log(&bob, "said-t-0", "").await;
+    assert!(started.elapsed() < Duration::from_secs(3), "said at once");
+    let notice = notice.expect("a notice");
+    assert!(notice.contains("robot off-1 is offline"), "{notice}");
+    assert!(text.contains("hello from the robot"), "the output tail: {text:?}");
     env.stop().await;
 }
