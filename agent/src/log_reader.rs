@@ -30,6 +30,11 @@ pub const MAX_READERS: usize = 8;
 pub const RATE_BYTES_PER_S: u64 = 1 << 20;
 /// How often a follower looks for new output.
 const POLL: Duration = Duration::from_millis(100);
+/// Chunks in a row that may find the client's queue full before a reader
+/// gives up (about a second each).
+const MAX_SEND_FAILURES: u32 = 5;
+/// Bytes read from a file at a time.
+const BLOCK: usize = 64 * 1024;
 /// Most of what is on disk a reader sends before following (older output
 /// is skipped and counted).
 const MAX_HISTORY_BYTES: u64 = 64 << 20;
@@ -101,10 +106,25 @@ impl LogReaders {
             reader.lease_until.store(self.lease_end(), Ordering::Relaxed);
             return;
         }
+        if !valid_uid(&request.task_uid) {
+            tracing::warn!(uid = %request.task_uid, "log request for an invalid task uid refused");
+            return;
+        }
         let sink = Mqtt {
             client: self.client.clone(),
             topic: self.topics.log_chunk(&self.robot_id, &request.task_uid),
         };
+        if request.renew {
+            sink.send(&LogChunk {
+                eof: true,
+                error: Some(format!(
+                    "robot {} no longer has this log reader (its agent restarted, or the follow lapsed)",
+                    self.robot_id
+                )),
+                ..chunk(&request.request_id, 0)
+            });
+            return;
+        }
         if self.readers.len() >= MAX_READERS {
             let refusal = chunk(&request.request_id, 0);
             sink.send(&LogChunk {
@@ -155,6 +175,12 @@ impl LogReaders {
     }
 }
 
+/// A task uid as Kubernetes makes them (a UUID): letters, digits and
+/// dashes, so that it never names another path.
+fn valid_uid(uid: &str) -> bool {
+    !uid.is_empty() && uid.len() <= 64 && uid.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+}
+
 /// The directory an attempt's logs are in.
 pub fn task_logs_dir(tasks_dir: &Path, uid: &str, attempt: u32) -> PathBuf {
     tasks_dir.join(format!("{uid}-{attempt}")).join("logs")
@@ -168,6 +194,7 @@ fn chunk(request_id: &str, seq: u64) -> LogChunk {
         data: String::new(),
         skipped: 0,
         eof: false,
+        caught_up: false,
         error: None,
     }
 }
@@ -253,13 +280,26 @@ struct Out<'s> {
     skipped: u64,
     rate: Rate,
     stop: Arc<AtomicBool>,
+    lease_until: Arc<AtomicU64>,
+    epoch: Instant,
+    /// Chunks in a row that found no room: past a few, the link is down
+    /// and the reader gives up.
+    failures: u32,
 }
 
 impl Out<'_> {
+    /// Whether to go on: not stopped, renewed in time, the link alive.
+    fn alive(&self) -> bool {
+        let now = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        !self.stop.load(Ordering::Relaxed)
+            && now <= self.lease_until.load(Ordering::Relaxed)
+            && self.failures < MAX_SEND_FAILURES
+    }
+
     /// Sends `data` in chunks; waits for room in the client's queue, and
     /// skips (counting) what exceeds the rate when `may_skip`.
     fn data(&mut self, mut data: &[u8], may_skip: bool) {
-        while !data.is_empty() && !self.stop.load(Ordering::Relaxed) {
+        while !data.is_empty() && self.alive() {
             let n = utf8_boundary(data, MAX_LOG_CHUNK_BYTES);
             if !self.rate.take(n) {
                 if may_skip {
@@ -283,13 +323,23 @@ impl Out<'_> {
         for _ in 0..50 {
             if self.sink.send(&c) {
                 self.seq += 1;
+                self.failures = 0;
                 return true;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
         // Lost to a full queue: the receiver sees the gap in the numbers.
         self.seq += 1;
+        self.failures += 1;
         false
+    }
+
+    /// Says that everything written before the request is sent.
+    fn caught_up(&mut self) {
+        let mut c = chunk(&self.request_id, self.seq);
+        c.caught_up = true;
+        c.skipped = std::mem::take(&mut self.skipped);
+        self.send(c);
     }
 
     fn end(&mut self, error: Option<String>) {
@@ -344,11 +394,6 @@ impl Job {
         }
     }
 
-    fn leased(&self) -> bool {
-        let now = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
-        now <= self.lease_until.load(Ordering::Relaxed)
-    }
-
     fn run(&self, sink: &dyn ChunkSink) {
         let mut out = Out {
             sink,
@@ -357,6 +402,9 @@ impl Job {
             skipped: 0,
             rate: Rate::new(),
             stop: Arc::clone(&self.stop),
+            lease_until: Arc::clone(&self.lease_until),
+            epoch: self.epoch,
+            failures: 0,
         };
         if !self.dir.is_dir() {
             out.end(Some(format!(
@@ -369,10 +417,12 @@ impl Job {
         for stream in self.streams() {
             let files = files_oldest_first(&self.dir, stream);
             let since = self.request.since.map(SystemTime::from);
-            let mut history = Vec::new();
             let current = files.last().cloned().unwrap_or_default();
+            // What is on disk now, each file up to its length now: what
+            // comes later is followed.
+            let mut history: Vec<(File, u64)> = Vec::new();
             for path in &files {
-                let Ok(mut file) = File::open(path) else {
+                let Ok(file) = File::open(path) else {
                     continue;
                 };
                 let Ok(meta) = file.metadata() else {
@@ -380,21 +430,18 @@ impl Job {
                 };
                 let recent = since.is_none_or(|s| meta.modified().is_ok_and(|m| m >= s));
                 if *path == current {
-                    let mut data = Vec::new();
-                    let _ = (&mut file).take(MAX_HISTORY_BYTES).read_to_end(&mut data);
-                    let offset = meta.len().min(MAX_HISTORY_BYTES);
-                    if recent {
-                        history.extend_from_slice(&data);
+                    if let Ok(again) = file.try_clone() {
+                        followed.push(Followed {
+                            stream,
+                            path: path.clone(),
+                            inode: meta.ino(),
+                            offset: meta.len(),
+                            file: Some(again),
+                        });
                     }
-                    followed.push(Followed {
-                        stream,
-                        path: path.clone(),
-                        inode: meta.ino(),
-                        offset,
-                        file: Some(file),
-                    });
-                } else if recent {
-                    let _ = file.take(MAX_HISTORY_BYTES).read_to_end(&mut history);
+                }
+                if recent {
+                    history.push((file, meta.len()));
                 }
             }
             if followed.iter().all(|f| f.stream != stream) {
@@ -406,23 +453,18 @@ impl Job {
                     file: None,
                 });
             }
-            let keep = match self.request.tail_lines {
-                Some(n) => last_lines(&history, n),
-                None => {
-                    // The oldest beyond the cap is skipped, and said so.
-                    let cut = history.len().saturating_sub(MAX_HISTORY_BYTES as usize);
-                    out.skipped += cut as u64;
-                    &history[cut..]
-                }
-            };
-            out.data(keep, false);
+            match self.request.tail_lines {
+                Some(n) => out.data(&tail_of(&mut history, n), false),
+                None => send_history(&mut history, &mut out),
+            }
         }
         if !self.request.follow {
             out.end(None);
             return;
         }
+        out.caught_up();
         let mut buf = vec![0u8; MAX_LOG_CHUNK_BYTES * 4];
-        while !self.stop.load(Ordering::Relaxed) && self.leased() {
+        while out.alive() {
             for f in &mut followed {
                 follow_once(f, &mut buf, &mut out);
             }
@@ -433,6 +475,59 @@ impl Job {
         }
         out.end(Some("nobody follows any more".into()));
     }
+}
+
+/// Sends the files' contents in order, a block at a time; beyond
+/// [`MAX_HISTORY_BYTES`] the oldest is skipped, and said so.
+fn send_history(files: &mut [(File, u64)], out: &mut Out<'_>) {
+    let total: u64 = files.iter().map(|(_, len)| *len).sum();
+    let mut skip = total.saturating_sub(MAX_HISTORY_BYTES);
+    out.skipped += skip;
+    let mut block = vec![0u8; BLOCK];
+    for (file, len) in files.iter_mut() {
+        let start = skip.min(*len);
+        skip -= start;
+        if file.seek(SeekFrom::Start(start)).is_err() {
+            continue;
+        }
+        let mut left = *len - start;
+        while left > 0 && out.alive() {
+            let want = usize::try_from(left).unwrap_or(BLOCK).min(BLOCK);
+            let n = match file.read(&mut block[..want]) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            left -= n as u64;
+            out.data(&block[..n], false);
+        }
+    }
+}
+
+/// The last `lines` lines of the files (newest last), read backwards a
+/// block at a time, at most [`MAX_HISTORY_BYTES`] of them.
+fn tail_of(files: &mut [(File, u64)], lines: u32) -> Vec<u8> {
+    let mut blocks: Vec<Vec<u8>> = Vec::new();
+    let mut newlines = 0u64;
+    let mut taken = 0u64;
+    'files: for (file, len) in files.iter_mut().rev() {
+        let mut end = *len;
+        while end > 0 {
+            if newlines > u64::from(lines) || taken >= MAX_HISTORY_BYTES {
+                break 'files;
+            }
+            let start = end.saturating_sub(BLOCK as u64);
+            let mut block = vec![0u8; usize::try_from(end - start).unwrap_or(BLOCK)];
+            if file.seek(SeekFrom::Start(start)).is_err() || file.read_exact(&mut block).is_err() {
+                break;
+            }
+            newlines += block.iter().filter(|b| **b == b'\n').count() as u64;
+            taken += block.len() as u64;
+            blocks.push(block);
+            end = start;
+        }
+    }
+    let all: Vec<u8> = blocks.into_iter().rev().flatten().collect();
+    last_lines(&all, lines).to_vec()
 }
 
 /// Reads what a followed file gained since the last look, across a
@@ -521,6 +616,7 @@ mod tests {
             since: None,
             follow,
             stop: false,
+            renew: false,
         }
     }
 
@@ -627,6 +723,32 @@ mod tests {
             chunks.last().unwrap().error.as_deref(),
             Some("nobody follows any more")
         );
+    }
+
+    #[test]
+    fn a_tail_is_read_from_the_end_across_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let big: String = (0..20_000).map(|i| format!("{i}\n")).collect();
+        std::fs::write(dir.path().join("stdout.log.1"), &big).unwrap();
+        std::fs::write(dir.path().join("stdout.log"), "last\n").unwrap();
+        let sink = Collect::default();
+        job(
+            dir.path(),
+            LogRequest {
+                tail_lines: Some(3),
+                ..request(false)
+            },
+        )
+        .run(&sink);
+        assert_eq!(sink.text(), "19998\n19999\nlast\n");
+    }
+
+    #[test]
+    fn only_a_task_uid_names_a_directory() {
+        assert!(valid_uid("0b8c9e2a-5f0e-4f5e-9a3c-1d2e3f4a5b6c"));
+        assert!(!valid_uid("../../etc"));
+        assert!(!valid_uid("/etc/passwd"));
+        assert!(!valid_uid(""));
     }
 
     #[test]

@@ -225,11 +225,11 @@ impl WorkState {
         }
     }
 
-    /// Completed, Failed or Skipped.
+    /// Completed, Failed, Skipped or Cancelled.
     pub fn is_finished(self) -> bool {
         matches!(
             self,
-            WorkState::Completed | WorkState::Failed | WorkState::Skipped
+            WorkState::Completed | WorkState::Failed | WorkState::Skipped | WorkState::Cancelled
         )
     }
 }

@@ -671,6 +671,11 @@ pub struct LogRequest {
     /// Stop the reader with this id.
     #[serde(default)]
     pub stop: bool,
+    /// Only renew the reader with this id: one the robot does not have
+    /// (it restarted, or the follow lapsed) is answered with an error, not
+    /// started again from the beginning.
+    #[serde(default)]
+    pub renew: bool,
 }
 
 impl Message for LogRequest {
@@ -700,6 +705,10 @@ pub struct LogChunk {
     /// The reader has sent everything and stopped.
     #[serde(default)]
     pub eof: bool,
+    /// Everything written before the request is sent (set once, on the
+    /// chunk that ends the history); what follows is live.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub caught_up: bool,
     /// Why the reader could not (go on) read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,

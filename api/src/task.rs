@@ -528,13 +528,13 @@ impl TaskStatus {
     /// attempt it was made at and the ones before; a retry made after it
     /// starts anew.
     pub fn cancel_requested(&self) -> bool {
-        let Some(cancel) = &self.cancellation else {
+        let Some(cancel) = self.cancellation.as_ref().filter(|c| !c.noop) else {
             return false;
         };
         let retried = self
             .retry
             .as_ref()
-            .is_some_and(|r| r.at >= cancel.at && r.attempt >= cancel.attempt);
+            .is_some_and(|r| !r.noop && r.at >= cancel.at && r.attempt >= cancel.attempt);
         cancel.attempt >= self.attempt && !retried
     }
 }
@@ -559,6 +559,11 @@ pub struct ManualAction {
     /// What it did, for a person.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// It found nothing to do (retrying a running task, cancelling a
+    /// finished one): recorded so that the value acts once, but it neither
+    /// cancels nor lifts a cancel.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub noop: bool,
 }
 
 /// A robot's restarts of one attempt (`restart`), as the Task's status

@@ -199,6 +199,7 @@ pub async fn run(manual: Manual, args: ManualArgs, data_dir: &Path) -> anyhow::R
         return Ok(());
     }
     let deadline = Instant::now() + args.timeout;
+    let (mut said, mut waiting) = (false, false);
     loop {
         let acted = match &target {
             Target::Task(name) => {
@@ -207,6 +208,7 @@ pub async fn run(manual: Manual, args: ManualArgs, data_dir: &Path) -> anyhow::R
                     Some((
                         pick(manual, &s.retry, &s.cancellation)?,
                         s.state.map(|s| s.as_str().to_owned()),
+                        s.state.is_some_and(k8s4r_api::TaskState::is_terminal),
                     ))
                 })
                 .await?
@@ -217,6 +219,7 @@ pub async fn run(manual: Manual, args: ManualArgs, data_dir: &Path) -> anyhow::R
                     Some((
                         pick(manual, &s.retry, &s.cancellation)?,
                         s.state.map(|s| format!("{s:?}")),
+                        s.state.is_some_and(k8s4r_api::WorkState::is_finished),
                     ))
                 })
                 .await?
@@ -227,20 +230,38 @@ pub async fn run(manual: Manual, args: ManualArgs, data_dir: &Path) -> anyhow::R
                     Some((
                         pick(manual, &s.retry, &s.cancellation)?,
                         s.state.map(|s| format!("{s:?}")),
+                        s.state.is_some_and(k8s4r_api::WorkState::is_finished),
                     ))
                 })
                 .await?
             }
         };
-        if let Some((action, state)) = acted.filter(|(a, _)| a.value == value) {
-            let message = action.message.unwrap_or_default();
+        if let Some((action, state, finished)) = acted.filter(|(a, _, _)| a.value == value) {
             let state = state
                 .map(|s| format!(" (now {})", s.to_lowercase()))
                 .unwrap_or_default();
-            println!("{what}: {message}{state}");
-            return Ok(());
+            if !said {
+                println!("{what}: {}", action.message.unwrap_or_default());
+                said = true;
+            }
+            // A cancel is done when what ran has stopped on its robot.
+            if manual == Manual::Cancel && !finished {
+                if !waiting {
+                    eprintln!("waiting for its robot to stop what runs...");
+                    waiting = true;
+                }
+            } else {
+                println!("{what}: done{state}");
+                return Ok(());
+            }
         }
         if Instant::now() > deadline {
+            if said {
+                bail!(
+                    "{what} has not stopped within {:?}: its robot may be offline (it is stopped when the robot is back)",
+                    args.timeout
+                );
+            }
             bail!(
                 "the manager has not acted on the {} of {what} within {:?}: is k8s4r-manager running? \
                  (the request stays and is acted on when it is)",
@@ -301,8 +322,8 @@ async fn acted_on<K>(
     ns: &str,
     name: &str,
     manual: Manual,
-    read: impl Fn(&K) -> Option<(ManualAction, Option<String>)>,
-) -> anyhow::Result<Option<(ManualAction, Option<String>)>>
+    read: impl Fn(&K) -> Option<(ManualAction, Option<String>, bool)>,
+) -> anyhow::Result<Option<(ManualAction, Option<String>, bool)>>
 where
     K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
         + Clone

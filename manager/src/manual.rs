@@ -31,6 +31,15 @@ impl Request {
             at: now,
             attempt,
             message: Some(message.into()),
+            noop: false,
+        }
+    }
+
+    /// The record of finding nothing to do about it at `now`.
+    pub fn nothing(&self, now: Timestamp, attempt: u32, message: impl Into<String>) -> ManualAction {
+        ManualAction {
+            noop: true,
+            ..self.acted(now, attempt, message)
         }
     }
 }
@@ -98,11 +107,13 @@ pub enum TaskManual {
 
 /// Decides about `status`'s Task's requests. `finished` says whether the
 /// task is done for good (completed, or failed with no retry to come).
+/// `dispatched` says whether the current attempt was sent to its robot.
 pub fn decide_task(
     status: &TaskStatus,
     cancel: Option<Request>,
     retry: Option<Request>,
     finished: bool,
+    dispatched: bool,
     now: Timestamp,
 ) -> Option<TaskManual> {
     let state = status.state.unwrap_or(TaskState::Pending);
@@ -116,7 +127,7 @@ pub fn decide_task(
         return Some(match state {
             TaskState::Completed | TaskState::Cancelled => TaskManual::Record {
                 cancel: true,
-                action: cancel.acted(
+                action: cancel.nothing(
                     now,
                     attempt,
                     format!("nothing to cancel: the task is {}", state.as_str()),
@@ -124,8 +135,12 @@ pub fn decide_task(
             },
             TaskState::Failed if finished => TaskManual::Record {
                 cancel: true,
-                action: cancel.acted(now, attempt, "nothing to cancel: the task failed for good"),
+                action: cancel.nothing(now, attempt, "nothing to cancel: the task failed for good"),
             },
+            // Never sent to its robot: nothing runs there.
+            TaskState::Dispatching if !dispatched => {
+                TaskManual::CancelNow(cancel.acted(now, attempt, format!("cancelled{by}")))
+            }
             TaskState::Dispatching | TaskState::Running => TaskManual::CancelRunning(cancel.acted(
                 now,
                 attempt,
@@ -156,7 +171,7 @@ pub fn decide_task(
         } else {
             TaskManual::Record {
                 cancel: false,
-                action: retry.acted(
+                action: retry.nothing(
                     now,
                     attempt,
                     format!("nothing to retry: the task is {}", state.as_str()),
@@ -181,7 +196,9 @@ pub fn passed_on(annotation: &str, request: &Request) -> serde_json::Value {
 /// Whether a Job or TaskGroup stays cancelled: it was, and no retry came
 /// after.
 pub fn still_cancelled(cancel: Option<&ManualAction>, retry: Option<&ManualAction>) -> bool {
-    cancel.is_some_and(|c| retry.is_none_or(|r| r.at < c.at))
+    cancel
+        .filter(|c| !c.noop)
+        .is_some_and(|c| retry.filter(|r| !r.noop).is_none_or(|r| r.at < c.at))
 }
 
 /// What a Job or TaskGroup does about its requests: the ones to pass on.
@@ -277,7 +294,7 @@ mod tests {
     #[test]
     fn a_cancel_stops_what_runs_and_cancels_what_waits() {
         let running = status(TaskState::Running, 2);
-        match decide_task(&running, req("c1"), None, false, now()) {
+        match decide_task(&running, req("c1"), None, false, true, now()) {
             Some(TaskManual::CancelRunning(a)) => {
                 assert_eq!((a.value.as_str(), a.attempt), ("c1", 2));
                 assert_eq!(
@@ -289,20 +306,20 @@ mod tests {
         }
         let pending = status(TaskState::Pending, 1);
         assert!(matches!(
-            decide_task(&pending, req("c1"), None, false, now()),
+            decide_task(&pending, req("c1"), None, false, true, now()),
             Some(TaskManual::CancelNow(_))
         ));
         let retrying = status(TaskState::Failed, 1);
         assert!(
             matches!(
-                decide_task(&retrying, req("c1"), None, false, now()),
+                decide_task(&retrying, req("c1"), None, false, true, now()),
                 Some(TaskManual::CancelNow(_))
             ),
             "a failure waiting for its retry is cancelled at once"
         );
         let done = status(TaskState::Completed, 1);
         assert!(matches!(
-            decide_task(&done, req("c1"), None, true, now()),
+            decide_task(&done, req("c1"), None, true, true, now()),
             Some(TaskManual::Record { cancel: true, .. })
         ));
     }
@@ -311,28 +328,69 @@ mod tests {
     fn the_same_value_acts_once() {
         let mut s = status(TaskState::Running, 1);
         s.cancellation = Some(req("c1").unwrap().acted(now(), 1, "cancelled"));
-        assert_eq!(decide_task(&s, req("c1"), None, false, now()), None);
+        assert_eq!(decide_task(&s, req("c1"), None, false, true, now()), None);
         s.state = Some(TaskState::Failed);
         assert_eq!(
-            decide_task(&s, req("c1"), None, false, now()),
+            decide_task(&s, req("c1"), None, false, true, now()),
             Some(TaskManual::Cancelled),
             "the robot's report of the stopped attempt makes it cancelled"
         );
         s.state = Some(TaskState::Cancelled);
-        assert_eq!(decide_task(&s, req("c1"), None, true, now()), None);
+        assert_eq!(decide_task(&s, req("c1"), None, true, true, now()), None);
         let mut f = status(TaskState::Failed, 3);
         f.retry = Some(req("r1").unwrap().acted(now(), 2, "retried"));
-        assert_eq!(decide_task(&f, None, req("r1"), true, now()), None);
+        assert_eq!(decide_task(&f, None, req("r1"), true, true, now()), None);
         assert!(matches!(
-            decide_task(&f, None, req("r2"), true, now()),
+            decide_task(&f, None, req("r2"), true, true, now()),
             Some(TaskManual::Retry(_))
+        ));
+    }
+
+    #[test]
+    fn records_of_nothing_to_do_neither_cancel_nor_lift_a_cancel() {
+        let mut s = status(TaskState::Running, 1);
+        s.cancellation = Some(req("c1").unwrap().acted(now(), 1, "stopping"));
+        let later: Timestamp = "2026-11-23T10:00:05Z".parse().unwrap();
+        match decide_task(&s, req("c1"), req("r1"), false, true, later) {
+            Some(TaskManual::Record {
+                cancel: false,
+                action,
+            }) => s.retry = Some(action),
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            s.cancel_requested(),
+            "a retry of a running task did not lift the cancel"
+        );
+        let mut f = status(TaskState::Failed, 2);
+        match decide_task(&f, req("c9"), None, true, true, now()) {
+            Some(TaskManual::Record { cancel: true, action }) => f.cancellation = Some(action),
+            other => panic!("{other:?}"),
+        }
+        assert!(!f.cancel_requested());
+        assert_eq!(
+            decide_task(&f, req("c9"), None, true, true, now()),
+            None,
+            "a task that failed for good keeps its failure"
+        );
+        let sending = status(TaskState::Dispatching, 1);
+        assert!(matches!(
+            decide_task(&sending, req("c"), None, false, false, now()),
+            Some(TaskManual::CancelNow(_))
         ));
     }
 
     #[test]
     fn only_a_finished_failure_or_a_cancel_is_retried() {
         assert!(matches!(
-            decide_task(&status(TaskState::Cancelled, 1), None, req("r"), true, now()),
+            decide_task(
+                &status(TaskState::Cancelled, 1),
+                None,
+                req("r"),
+                true,
+                true,
+                now()
+            ),
             Some(TaskManual::Retry(_))
         ));
         for (state, finished) in [
@@ -342,7 +400,7 @@ mod tests {
         ] {
             assert!(
                 matches!(
-                    decide_task(&status(state, 1), None, req("r"), finished, now()),
+                    decide_task(&status(state, 1), None, req("r"), finished, true, now()),
                     Some(TaskManual::Record { cancel: false, .. })
                 ),
                 "{state:?}"
@@ -379,7 +437,7 @@ mod tests {
             !s.cancel_requested(),
             "retried after the cancel, not yet scheduled"
         );
-        assert_eq!(decide_task(&s, req("c1"), req("r1"), false, now()), None);
+        assert_eq!(decide_task(&s, req("c1"), req("r1"), false, true, now()), None);
         s.attempt = 3;
         s.retry = None;
         assert!(!s.cancel_requested(), "the cancel covered attempt 2");

@@ -311,11 +311,15 @@ async fn record(ctx: &Context, task: &Task, reason: &str, action: &str, note: St
 }
 
 async fn cancel(bridge: &Bridge, task: &Task, robot: &str, attempt: u32) -> Result<()> {
-    let message = Cancel::new(
-        task.metadata.uid.clone().unwrap_or_default(),
-        attempt,
-        "Task deleted",
-    );
+    let why = match task.status.as_ref().and_then(|s| s.cancellation.as_ref()) {
+        _ if task.metadata.deletion_timestamp.is_some() => "Task deleted".to_owned(),
+        Some(c) => match &c.by {
+            Some(by) => format!("cancelled by {by}"),
+            None => "cancelled".to_owned(),
+        },
+        None => "Task deleted".to_owned(),
+    };
+    let message = Cancel::new(task.metadata.uid.clone().unwrap_or_default(), attempt, why);
     match bridge
         .publisher()
         .publish(bridge.topics().cancel(robot), encode(&message))

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, Query, State};
+use axum::extract::{Extension, Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -31,6 +31,7 @@ use k8s4r_api::condition::find_condition;
 use k8s4r_api::names::CONDITION_CONNECTED;
 use k8s4r_api::protocol::{decode, encode, LogChunk, LogRequest, LogStream, Topic, TopicKind, Topics};
 use k8s4r_api::{ConditionStatus, Robot, RobotPhase, Task, TaskState};
+use k8s4r_service::https::PeerName;
 use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::PostParams;
@@ -54,6 +55,8 @@ const FIRST_CHUNK: Duration = Duration::from_secs(5);
 const RENEW: Duration = Duration::from_secs(10);
 /// After the attempt ended, how long to wait for the last of its output.
 const DRAIN: Duration = Duration::from_millis(1500);
+/// A read (not a follow) that hears nothing from its robot this long ends.
+const IDLE: Duration = Duration::from_secs(10);
 /// Readers at once, for the whole server.
 const MAX_SESSIONS: usize = 256;
 /// Chunks waiting for a slow reader before more are dropped (and shown as
@@ -116,6 +119,14 @@ impl LogHub {
         else {
             return false;
         };
+        // Nobody reads this robot's task here: dropped before decoding, so
+        // that a robot sending unasked costs nothing.
+        let asked = crate::bridge::lock(&self.routes)
+            .values()
+            .any(|r| r.robot == robot_id && r.task_uid == task_uid);
+        if !asked {
+            return true;
+        }
         let Ok(chunk) = decode::<LogChunk>(payload) else {
             debug!(topic, "undecodable log chunk dropped");
             return true;
@@ -155,6 +166,9 @@ impl LogHub {
 
 #[derive(Clone)]
 struct LogsState {
+    /// Common names the front proxy's client certificate may have (empty:
+    /// any the request-header CA signed), from the API server.
+    allowed_names: Arc<Vec<String>>,
     hub: Arc<LogHub>,
     client: Client,
     publisher: Publisher,
@@ -198,18 +212,26 @@ fn status(code: StatusCode, reason: &str, message: String) -> Response {
 }
 
 /// Reads the request-header CA kube-apiserver (or apiserver-lite)
-/// publishes for the backends of aggregated APIs.
-pub async fn request_header_ca(client: &Client) -> Result<String, String> {
+/// publishes for the backends of aggregated APIs, and the common names
+/// its client certificate may have.
+pub async fn request_header_ca(client: &Client) -> Result<(String, Vec<String>), String> {
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), "kube-system");
     let cm = api
         .get_opt("extension-apiserver-authentication")
         .await
         .map_err(|e| format!("reading kube-system/extension-apiserver-authentication: {e}"))?
         .ok_or("kube-system/extension-apiserver-authentication does not exist")?;
-    cm.data
-        .and_then(|d| d.get("requestheader-client-ca-file").cloned())
+    let data = cm.data.unwrap_or_default();
+    let ca = data
+        .get("requestheader-client-ca-file")
+        .cloned()
         .filter(|ca| !ca.trim().is_empty())
-        .ok_or_else(|| "extension-apiserver-authentication has no requestheader-client-ca-file".into())
+        .ok_or("extension-apiserver-authentication has no requestheader-client-ca-file")?;
+    let names = data
+        .get("requestheader-allowed-names")
+        .and_then(|n| serde_json::from_str::<Vec<String>>(n).ok())
+        .unwrap_or_default();
+    Ok((ca, names))
 }
 
 /// Binds the logs API; returns the bound address and the future serving it.
@@ -224,10 +246,11 @@ pub async fn bind(
     tasks: Store<Task>,
     shutdown: CancellationToken,
 ) -> Result<(SocketAddr, impl std::future::Future<Output = ()> + Send + 'static), String> {
-    let ca = request_header_ca(&client).await?;
+    let (ca, allowed_names) = request_header_ca(&client).await?;
     let tls = k8s4r_service::https::server_config(&config.cert_pem, &config.key_pem, Some(&ca))
         .map_err(|e| e.to_string())?;
     let state = LogsState {
+        allowed_names: Arc::new(allowed_names),
         hub,
         client,
         publisher,
@@ -367,8 +390,23 @@ async fn task_log(
     State(state): State<LogsState>,
     Path((ns, name)): Path<(String, String)>,
     Query(query): Query<LogQuery>,
+    Extension(peer): Extension<PeerName>,
     headers: HeaderMap,
 ) -> Response {
+    // Only the front proxy speaks for users: its certificate (the TLS layer
+    // checked the CA) must carry one of the names the API server allows.
+    let trusted =
+        state.allowed_names.is_empty() || peer.0.as_ref().is_some_and(|n| state.allowed_names.contains(n));
+    if !trusted {
+        return status(
+            StatusCode::UNAUTHORIZED,
+            "Unauthorized",
+            format!(
+                "client certificate {:?} is not the API server's front proxy",
+                peer.0
+            ),
+        );
+    }
     let Some((user, groups)) = user_of(&headers) else {
         return status(
             StatusCode::UNAUTHORIZED,
@@ -439,6 +477,17 @@ async fn task_log(
         );
     };
     if let Some(why) = unreachable(&state.robots, &robot) {
+        if previous {
+            // The cluster keeps only the current attempt's last output.
+            let mut answer = from_the_cluster(&task, &why);
+            *answer.body_mut() = Body::empty();
+            if let Ok(v) = HeaderValue::from_str(&format!(
+                "{why}: the cluster keeps no output of attempt {attempt}"
+            )) {
+                answer.headers_mut().insert("x-k8s4r-notice", v);
+            }
+            return answer;
+        }
         return from_the_cluster(&task, &why);
     }
     let uid = task.metadata.uid.clone().unwrap_or_default();
@@ -471,6 +520,7 @@ async fn task_log(
         }),
         follow,
         stop: false,
+        renew: false,
     };
     let Some(mut chunks) = state.hub.open(&request.request_id, &robot, &uid) else {
         return status(
@@ -488,6 +538,12 @@ async fn task_log(
         Ok(Some(chunk)) => chunk,
         _ => {
             state.hub.close(&request.request_id);
+            // A reader that starts late stops at once.
+            let stop = LogRequest {
+                stop: true,
+                ..request.clone()
+            };
+            let _ = state.publisher.publish(topic.clone(), encode(&stop)).await;
             return from_the_cluster(
                 &task,
                 &format!(
@@ -550,23 +606,46 @@ impl Relay {
         let mut check = tokio::time::interval(Duration::from_millis(250));
         let mut last_chunk = Instant::now();
         let mut over_since: Option<Instant> = None;
+        let mut caught_up = !self.request.follow;
+        let renewal = LogRequest {
+            renew: true,
+            ..self.request.clone()
+        };
+        let robot = self.topic.split('/').nth(2).unwrap_or_default().to_owned();
         loop {
             let chunk = match pending.take() {
                 Some(c) => Some(c),
                 None => tokio::select! {
                     c = chunks.recv() => c,
                     _ = renew.tick(), if self.request.follow => {
-                        let _ = self.state.publisher.publish(self.topic.clone(), encode(&self.request)).await;
+                        let _ = self.state.publisher.publish(self.topic.clone(), encode(&renewal)).await;
                         continue;
                     }
-                    _ = check.tick(), if self.request.follow => {
+                    _ = check.tick() => {
                         if out.is_closed() {
                             break;
                         }
+                        if !self.request.follow {
+                            // A read has its output coming: silence is a
+                            // robot gone mid-read.
+                            if last_chunk.elapsed() >= IDLE {
+                                let note = format!("[k8s4r: robot {robot} stopped answering; the output may be cut short]\n");
+                                let _ = out.send(Bytes::from(note)).await;
+                                break;
+                            }
+                            continue;
+                        }
                         if self.over() {
                             let since = *over_since.get_or_insert_with(Instant::now);
-                            // The last output arrives within the robot's poll.
-                            if since.elapsed() >= DRAIN && last_chunk.elapsed() >= Duration::from_millis(500) {
+                            // The last output arrives within the robot's
+                            // poll, once what was on disk is through.
+                            let quiet = last_chunk.elapsed() >= Duration::from_millis(500);
+                            if caught_up && since.elapsed() >= DRAIN && quiet {
+                                break;
+                            }
+                            if since.elapsed() >= IDLE && quiet {
+                                let note = "[k8s4r: the task ended before all of its output arrived]\n";
+                                let _ = out.send(Bytes::from(note)).await;
                                 break;
                             }
                         }
@@ -576,6 +655,16 @@ impl Relay {
             };
             let Some(chunk) = chunk else { break };
             last_chunk = Instant::now();
+            if chunk.seq < next_seq {
+                // Numbered from the start again: not the reader that began.
+                let _ = out
+                    .send(Bytes::from(
+                        "[k8s4r: the robot's log reader started over; stopping]\n",
+                    ))
+                    .await;
+                break;
+            }
+            caught_up |= chunk.caught_up;
             let mut text = String::new();
             if chunk.seq > next_seq {
                 text.push_str(&format!(

@@ -63,6 +63,17 @@ pub fn server_config(
     Ok(config)
 }
 
+/// The common name of the client certificate a connection presented, if
+/// any: in every request's extensions.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PeerName(pub Option<String>);
+
+fn common_name(der: &[u8]) -> Option<String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    let cn = cert.subject().iter_common_name().next()?;
+    cn.as_str().ok().map(str::to_owned)
+}
+
 /// Binds `addr` and returns the bound address and the future that serves
 /// `app` over TLS until `shutdown`.
 pub async fn bind(
@@ -94,6 +105,13 @@ pub async fn bind(
                     Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                     Err(_) => return tracing::debug!(%peer, "TLS handshake timed out"),
                 };
+                let peer_name = tls
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|certs| certs.first())
+                    .and_then(|cert| common_name(cert));
+                let app = app.layer(axum::Extension(PeerName(peer_name)));
                 let conn = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(tls), TowerToHyperService::new(app));
                 tokio::select! {

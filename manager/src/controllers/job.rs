@@ -139,13 +139,8 @@ async fn reconcile_job(job: &Job, ctx: &Context) -> Result<Action> {
             .collect()
     };
     if let Some(cancel) = asked.cancel {
+        // Passed on below, with every reconcile while it holds.
         let names = owned_groups(&|_| true);
-        ctx.annotate_all(
-            &groups_api,
-            &names,
-            &manual::passed_on(ANNOTATION_CANCEL, &cancel),
-        )
-        .await?;
         let action = cancel.acted(now, 0, format!("cancel passed to {} task groups", names.len()));
         ctx.event(
             job,
@@ -159,7 +154,7 @@ async fn reconcile_job(job: &Job, ctx: &Context) -> Result<Action> {
         let names = owned_groups(&|g| {
             g.status
                 .as_ref()
-                .is_some_and(|s| s.counts.failed + s.counts.cancelled > 0)
+                .is_some_and(|s| s.counts.failed + s.counts.cancelled > 0 || s.cancellation.is_some())
         });
         ctx.annotate_all(&groups_api, &names, &manual::passed_on(ANNOTATION_RETRY, &again))
             .await?;
@@ -173,6 +168,20 @@ async fn reconcile_job(job: &Job, ctx: &Context) -> Result<Action> {
         retry = Some(action);
     }
     let cancelled = manual::still_cancelled(cancellation.as_ref(), retry.as_ref());
+    if let Some(cancel) = cancellation.as_ref().filter(|_| cancelled) {
+        // Groups the cache showed late get it too.
+        let late = owned_groups(&|g| g.annotations().get(ANNOTATION_CANCEL) != Some(&cancel.value));
+        let request = manual::Request {
+            value: cancel.value.clone(),
+            by: cancel.by.clone(),
+        };
+        ctx.annotate_all(
+            &groups_api,
+            &late,
+            &manual::passed_on(ANNOTATION_CANCEL, &request),
+        )
+        .await?;
+    }
 
     let stored_state = |group: &str| -> Option<WorkState> {
         let tg = ctx

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s4r_api::condition::{find_condition, set_condition};
-use k8s4r_api::names::{ANNOTATION_CANCEL, ANNOTATION_RETRY, CONDITION_SCHEDULED};
+use k8s4r_api::names::{
+    ANNOTATION_CANCEL, ANNOTATION_DISPATCHED_ATTEMPT, ANNOTATION_RETRY, CONDITION_SCHEDULED,
+};
 use k8s4r_api::validation::validate_task_spec;
 use k8s4r_api::{
     AttemptRecord, Condition, ConditionStatus, ManualAction, Task, TaskReason, TaskState, TaskStatus,
@@ -240,11 +242,17 @@ fn manual_request(task: &Task, ctx: &Context, now: Timestamp) -> Option<TaskManu
         }
         _ => false,
     };
+    let dispatched = task
+        .annotations()
+        .get(ANNOTATION_DISPATCHED_ATTEMPT)
+        .and_then(|a| a.parse::<u32>().ok())
+        .is_some_and(|a| a >= status.attempt);
     manual::decide_task(
         status,
         manual::request(&task.metadata, ANNOTATION_CANCEL),
         manual::request(&task.metadata, ANNOTATION_RETRY),
         finished,
+        dispatched,
         now,
     )
 }

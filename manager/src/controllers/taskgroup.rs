@@ -147,10 +147,8 @@ async fn reconcile_group(group: &TaskGroup, ctx: &Context) -> Result<Action> {
     let mut cancellation = previous.cancellation.clone();
     let mut retry = previous.retry.clone();
     if let Some(cancel) = asked.cancel {
-        let names: Vec<String> = owned.iter().map(|t| t.name_any()).collect();
-        ctx.annotate_all(&api, &names, &manual::passed_on(ANNOTATION_CANCEL, &cancel))
-            .await?;
-        let action = cancel.acted(now, 0, format!("cancel passed to {} tasks", names.len()));
+        // Passed on below, with every reconcile while it holds.
+        let action = cancel.acted(now, 0, format!("cancel passed to {} tasks", owned.len()));
         ctx.event(
             group,
             EventType::Normal,
@@ -181,6 +179,20 @@ async fn reconcile_group(group: &TaskGroup, ctx: &Context) -> Result<Action> {
         retry = Some(action);
     }
     let cancelled = manual::still_cancelled(cancellation.as_ref(), retry.as_ref());
+    if let Some(cancel) = cancellation.as_ref().filter(|_| cancelled) {
+        // Tasks the cache showed late get it too.
+        let late: Vec<String> = owned
+            .iter()
+            .filter(|t| t.annotations().get(ANNOTATION_CANCEL) != Some(&cancel.value))
+            .map(|t| t.name_any())
+            .collect();
+        let request = manual::Request {
+            value: cancel.value.clone(),
+            by: cancel.by.clone(),
+        };
+        ctx.annotate_all(&api, &late, &manual::passed_on(ANNOTATION_CANCEL, &request))
+            .await?;
+    }
 
     let status = match group.spec.template.mode {
         GroupMode::Count => {
@@ -319,11 +331,17 @@ async fn reconcile_group(group: &TaskGroup, ctx: &Context) -> Result<Action> {
             status
         }
     };
-    let status = TaskGroupStatus {
+    let mut status = TaskGroupStatus {
         cancellation,
         retry,
         ..status
     };
+    let c = &status.counts;
+    if cancelled && c.running + c.dispatching + c.pending == 0 {
+        // Nothing runs or waits: a group cancelled before its tasks were
+        // made is done too.
+        status.state = Some(WorkState::Cancelled);
+    }
     if group.status.as_ref() != Some(&status) {
         let groups: Api<TaskGroup> = Api::namespaced(ctx.client(), &ns);
         ctx.patch_status(&groups, &group.name_any(), None, &status)
