@@ -570,7 +570,15 @@ fn follow_once(f: &mut Followed, buf: &mut [u8], out: &mut Out<'_>) {
         }
         let renamed = std::fs::metadata(&f.path).map_or(true, |m| m.ino() != f.inode);
         if renamed {
-            // The old file is read to its end above; go on with the new one.
+            // What reached the old file between the read above and the
+            // rename is read now; then on with the new one.
+            while let Ok(n) = file.read(buf) {
+                if n == 0 {
+                    break;
+                }
+                f.offset += n as u64;
+                out.data(&buf[..n], true);
+            }
             f.file = None;
             continue;
         }

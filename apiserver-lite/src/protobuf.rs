@@ -113,6 +113,8 @@ const KINDS: &[(&str, &str, &str)] = &[
     ("v1", "ConfigMapList", "api.core.v1.ConfigMapList"),
     ("v1", "Secret", "api.core.v1.Secret"),
     ("v1", "SecretList", "api.core.v1.SecretList"),
+    ("v1", "Service", "api.core.v1.Service"),
+    ("v1", "ServiceList", "api.core.v1.ServiceList"),
     ("v1", "ServiceAccount", "api.core.v1.ServiceAccount"),
     ("v1", "ServiceAccountList", "api.core.v1.ServiceAccountList"),
     ("v1", "Event", "api.core.v1.Event"),

@@ -246,6 +246,17 @@ const BUILTINS: &[Builtin] = &[
     Builtin {
         group: "",
         version: "v1",
+        plural: "services",
+        singular: "service",
+        kind: "Service",
+        namespaced: true,
+        short_names: &["svc"],
+        categories: &["all"],
+        status: true,
+    },
+    Builtin {
+        group: "",
+        version: "v1",
         plural: "serviceaccounts",
         singular: "serviceaccount",
         kind: "ServiceAccount",

@@ -101,6 +101,7 @@ fn every_manifest_is_a_well_formed_object_of_its_kind() {
     use k8s_openapi::api::core::v1::{Namespace, Service, ServiceAccount};
     use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
 
     let all = manifests();
     // Kustomize patches are partial objects: only their target is checked.
@@ -167,6 +168,7 @@ fn every_manifest_is_a_well_formed_object_of_its_kind() {
             }
             ("apps/v1", "Deployment") => round_trips_as::<Deployment>(file, doc),
             ("v1", "Service") => round_trips_as::<Service>(file, doc),
+            ("apiregistration.k8s.io/v1", "APIService") => round_trips_as::<APIService>(file, doc),
             ("admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration") => {
                 round_trips_as::<ValidatingWebhookConfiguration>(file, doc)
             }
