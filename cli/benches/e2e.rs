@@ -11,8 +11,9 @@
 //! `cargo bench -p k8s4r --bench e2e` (loopback only, bounded: gives up
 //! after 10 minutes).
 
+mod common;
+use common::{free_port, percentile};
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -23,14 +24,6 @@ use kube::Api;
 use tokio_util::sync::CancellationToken;
 
 const JOBS: usize = 200;
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn up_args() -> UpArgs {
     UpArgs {
@@ -43,11 +36,6 @@ fn up_args() -> UpArgs {
         demo: false,
         in_memory: false,
     }
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 fn measure_up_ready() -> f64 {
@@ -155,16 +143,9 @@ async fn measure_dispatch() -> Vec<f64> {
 }
 
 fn main() {
-    // `cargo bench` passes --bench; `cargo test` runs benches with no such flag
-    // and only wants them to build.
-    if !std::env::args().any(|a| a == "--bench") {
+    if !common::start() {
         return;
     }
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    println!(
-        "INFO load average at start: {}",
-        load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
-    );
     let mut ready: Vec<f64> = (0..3).map(|_| measure_up_ready()).collect();
     ready.sort_by(f64::total_cmp);
     println!("INFO up ready over 3 starts: {ready:.3?} s");

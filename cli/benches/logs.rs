@@ -7,7 +7,8 @@
 //!
 //! `cargo bench -p k8s4r --bench logs` (loopback only).
 
-use std::net::TcpListener;
+mod common;
+use common::{free_port, percentile};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -18,19 +19,6 @@ use kube::Api;
 use tokio_util::sync::CancellationToken;
 
 const LINES: usize = 300;
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
 
 async fn wait_for(what: &str, mut check: impl AsyncFnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -124,14 +112,9 @@ async fn measure() -> Vec<f64> {
 }
 
 fn main() {
-    if !std::env::args().any(|a| a == "--bench") {
+    if !common::start() {
         return;
     }
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    println!(
-        "INFO load average at start: {}",
-        load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
-    );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use futures::channel::mpsc::UnboundedSender;
 use k8s4r_api::backoff::exponential;
-use k8s4r_api::{Job, PeriodicJob, Robot, Task, TaskGroup, TaskState};
+use k8s4r_api::{Job, ManualAction, PeriodicJob, Robot, Task, TaskGroup, TaskState};
 use k8s4r_service::backoff::Failures;
 use k8s4r_service::Kube;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -221,6 +221,72 @@ impl Context {
                 }
             })
             .await
+    }
+
+    /// Acts on a person's cancel and retry of a Job or TaskGroup (`owner`,
+    /// whose status last recorded `previous`): records a new request with
+    /// an Event, passes a new retry to the children named `retry_to`, and
+    /// passes a cancel that holds to every child lacking it (also those
+    /// the cache showed late). `children` are the owner's children (name,
+    /// their cancel annotation) and `what` names them ("tasks").
+    /// Returns the records to keep and whether the owner stays cancelled.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn pass_on_requests<O, C>(
+        &self,
+        owner: &O,
+        previous: (Option<&ManualAction>, Option<&ManualAction>),
+        api: &Api<C>,
+        children: &[(String, Option<String>)],
+        retry_to: &[String],
+        what: &str,
+    ) -> Result<(Option<ManualAction>, Option<ManualAction>, bool)>
+    where
+        O: Resource<DynamicType = ()>,
+        C: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        use crate::manual;
+        use k8s4r_api::names::{ANNOTATION_CANCEL, ANNOTATION_RETRY};
+        let now = jiff::Timestamp::now();
+        let asked = manual::decide_owner(owner.meta(), previous.0, previous.1);
+        let mut cancellation = previous.0.cloned();
+        let mut retry = previous.1.cloned();
+        if let Some(cancel) = asked.cancel {
+            let action = cancel.acted(now, 0, format!("cancel passed to {} {what}", children.len()));
+            self.event(
+                owner,
+                EventType::Normal,
+                "Cancelled",
+                action.message.clone().unwrap_or_default(),
+            );
+            cancellation = Some(action);
+        }
+        if let Some(again) = asked.retry {
+            self.annotate_all(api, retry_to, &manual::passed_on(ANNOTATION_RETRY, &again))
+                .await?;
+            let action = again.acted(now, 0, format!("retry passed to {} {what}", retry_to.len()));
+            self.event(
+                owner,
+                EventType::Normal,
+                "Retried",
+                action.message.clone().unwrap_or_default(),
+            );
+            retry = Some(action);
+        }
+        let cancelled = manual::still_cancelled(cancellation.as_ref(), retry.as_ref());
+        if let Some(cancel) = cancellation.as_ref().filter(|_| cancelled) {
+            let lacking: Vec<String> = children
+                .iter()
+                .filter(|(_, value)| value.as_deref() != Some(cancel.value.as_str()))
+                .map(|(name, _)| name.clone())
+                .collect();
+            let request = manual::Request {
+                value: cancel.value.clone(),
+                by: cancel.by.clone(),
+            };
+            self.annotate_all(api, &lacking, &manual::passed_on(ANNOTATION_CANCEL, &request))
+                .await?;
+        }
+        Ok((cancellation, retry, cancelled))
     }
 
     /// Wraps a reconcile: metrics, and the error count for the backoff.

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use jiff::Timestamp;
 use k8s4r_api::condition::set_condition;
 use k8s4r_api::names::CONDITION_FAILED;
-use k8s4r_api::names::{ANNOTATION_CANCEL, ANNOTATION_RETRY, LABEL_JOB};
+use k8s4r_api::names::{ANNOTATION_CANCEL, LABEL_JOB};
 use k8s4r_api::validation::validate_job_spec;
 use k8s4r_api::{
     Condition, ConditionStatus, GroupMode, Job, JobSpec, JobStatus, TaskGroup, TaskGroupSpec,
@@ -22,7 +22,6 @@ use tracing::instrument;
 use super::{key_of, Context};
 use crate::aggregate::{gates, job_status, Gate, GroupView};
 use crate::error::{Error, Result};
-use crate::manual;
 
 /// Reconciles one Job.
 #[instrument(skip_all, fields(job = %key_of(job.as_ref())))]
@@ -121,67 +120,33 @@ async fn reconcile_job(job: &Job, ctx: &Context) -> Result<Action> {
 
     // A person's cancel or retry of the Job goes to its TaskGroups.
     let before = job.status.clone().unwrap_or_default();
-    let now = Timestamp::now();
-    let asked = manual::decide_owner(&job.metadata, before.cancellation.as_ref(), before.retry.as_ref());
-    let mut cancellation = before.cancellation.clone();
-    let mut retry = before.retry.clone();
     let uid = job.uid().unwrap_or_default();
-    let owned_groups = |filter: &dyn Fn(&TaskGroup) -> bool| -> Vec<String> {
-        ctx.stores
-            .groups
-            .state_filter(|g| {
-                g.namespace().as_deref() == Some(ns.as_str())
-                    && g.owner_references().iter().any(|o| o.uid == uid)
-                    && filter(g)
-            })
-            .iter()
-            .map(|g| g.name_any())
-            .collect()
-    };
-    if let Some(cancel) = asked.cancel {
-        // Passed on below, with every reconcile while it holds.
-        let names = owned_groups(&|_| true);
-        let action = cancel.acted(now, 0, format!("cancel passed to {} task groups", names.len()));
-        ctx.event(
-            job,
-            EventType::Normal,
-            "Cancelled",
-            action.message.clone().unwrap_or_default(),
-        );
-        cancellation = Some(action);
-    }
-    if let Some(again) = asked.retry {
-        let names = owned_groups(&|g| {
+    let owned: Vec<Arc<TaskGroup>> = ctx.stores.groups.state_filter(|g| {
+        g.namespace().as_deref() == Some(ns.as_str()) && g.owner_references().iter().any(|o| o.uid == uid)
+    });
+    let children: Vec<(String, Option<String>)> = owned
+        .iter()
+        .map(|g| (g.name_any(), g.annotations().get(ANNOTATION_CANCEL).cloned()))
+        .collect();
+    let retry_to: Vec<String> = owned
+        .iter()
+        .filter(|g| {
             g.status
                 .as_ref()
                 .is_some_and(|s| s.counts.failed + s.counts.cancelled > 0 || s.cancellation.is_some())
-        });
-        ctx.annotate_all(&groups_api, &names, &manual::passed_on(ANNOTATION_RETRY, &again))
-            .await?;
-        let action = again.acted(now, 0, format!("retry passed to {} task groups", names.len()));
-        ctx.event(
+        })
+        .map(|g| g.name_any())
+        .collect();
+    let (cancellation, retry, cancelled) = ctx
+        .pass_on_requests(
             job,
-            EventType::Normal,
-            "Retried",
-            action.message.clone().unwrap_or_default(),
-        );
-        retry = Some(action);
-    }
-    let cancelled = manual::still_cancelled(cancellation.as_ref(), retry.as_ref());
-    if let Some(cancel) = cancellation.as_ref().filter(|_| cancelled) {
-        // Groups the cache showed late get it too.
-        let late = owned_groups(&|g| g.annotations().get(ANNOTATION_CANCEL) != Some(&cancel.value));
-        let request = manual::Request {
-            value: cancel.value.clone(),
-            by: cancel.by.clone(),
-        };
-        ctx.annotate_all(
+            (before.cancellation.as_ref(), before.retry.as_ref()),
             &groups_api,
-            &late,
-            &manual::passed_on(ANNOTATION_CANCEL, &request),
+            &children,
+            &retry_to,
+            "task groups",
         )
         .await?;
-    }
 
     let stored_state = |group: &str| -> Option<WorkState> {
         let tg = ctx

@@ -6,14 +6,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use futures::{stream, TryStreamExt};
-use jiff::Timestamp;
-use k8s4r_api::names::{
-    ANNOTATION_CANCEL, ANNOTATION_RETRY, LABEL_GROUP, LABEL_INDEX, LABEL_JOB, LABEL_ROBOT,
-};
+use k8s4r_api::names::{ANNOTATION_CANCEL, LABEL_GROUP, LABEL_INDEX, LABEL_JOB, LABEL_ROBOT};
 use k8s4r_api::{GroupMode, RobotPhase, Task, TaskGroup, TaskGroupStatus, TaskSpec, TaskState, WorkState};
 use kube::api::{DeleteParams, ObjectMeta};
 use kube::runtime::controller::Action;
-use kube::runtime::events::EventType;
 use kube::{Api, Resource, ResourceExt};
 use tracing::instrument;
 
@@ -22,7 +18,6 @@ use crate::aggregate::{group_status, TaskView};
 use crate::error::{Error, Result};
 use crate::fleet;
 use crate::lifecycle::effective_state;
-use crate::manual;
 use crate::scheduler::{self, Request};
 
 /// How many Tasks one reconcile creates or deletes at once.
@@ -138,61 +133,25 @@ async fn reconcile_group(group: &TaskGroup, ctx: &Context) -> Result<Action> {
 
     // A person's cancel or retry of the group goes to its Tasks.
     let previous = group.status.clone().unwrap_or_default();
-    let now = Timestamp::now();
-    let asked = manual::decide_owner(
-        &group.metadata,
-        previous.cancellation.as_ref(),
-        previous.retry.as_ref(),
-    );
-    let mut cancellation = previous.cancellation.clone();
-    let mut retry = previous.retry.clone();
-    if let Some(cancel) = asked.cancel {
-        // Passed on below, with every reconcile while it holds.
-        let action = cancel.acted(now, 0, format!("cancel passed to {} tasks", owned.len()));
-        ctx.event(
+    let children: Vec<(String, Option<String>)> = owned
+        .iter()
+        .map(|t| (t.name_any(), t.annotations().get(ANNOTATION_CANCEL).cloned()))
+        .collect();
+    let retry_to: Vec<String> = owned
+        .iter()
+        .filter(|t| matches!(state_of(t), TaskState::Failed | TaskState::Cancelled))
+        .map(|t| t.name_any())
+        .collect();
+    let (cancellation, retry, cancelled) = ctx
+        .pass_on_requests(
             group,
-            EventType::Normal,
-            "Cancelled",
-            action.message.clone().unwrap_or_default(),
-        );
-        cancellation = Some(action);
-    }
-    if let Some(again) = asked.retry {
-        let names: Vec<String> = owned
-            .iter()
-            .filter(|t| matches!(state_of(t), TaskState::Failed | TaskState::Cancelled))
-            .map(|t| t.name_any())
-            .collect();
-        ctx.annotate_all(&api, &names, &manual::passed_on(ANNOTATION_RETRY, &again))
-            .await?;
-        let action = again.acted(
-            now,
-            0,
-            format!("retry passed to {} failed or cancelled tasks", names.len()),
-        );
-        ctx.event(
-            group,
-            EventType::Normal,
-            "Retried",
-            action.message.clone().unwrap_or_default(),
-        );
-        retry = Some(action);
-    }
-    let cancelled = manual::still_cancelled(cancellation.as_ref(), retry.as_ref());
-    if let Some(cancel) = cancellation.as_ref().filter(|_| cancelled) {
-        // Tasks the cache showed late get it too.
-        let late: Vec<String> = owned
-            .iter()
-            .filter(|t| t.annotations().get(ANNOTATION_CANCEL) != Some(&cancel.value))
-            .map(|t| t.name_any())
-            .collect();
-        let request = manual::Request {
-            value: cancel.value.clone(),
-            by: cancel.by.clone(),
-        };
-        ctx.annotate_all(&api, &late, &manual::passed_on(ANNOTATION_CANCEL, &request))
-            .await?;
-    }
+            (previous.cancellation.as_ref(), previous.retry.as_ref()),
+            &api,
+            &children,
+            &retry_to,
+            "tasks",
+        )
+        .await?;
 
     let status = match group.spec.template.mode {
         GroupMode::Count => {
