@@ -1,0 +1,376 @@
+//! A fleet simulator: N robots in one process, each a real MQTT client that
+//! speaks the agent's protocol through the agent's own code (the protocol
+//! types and topics of `k8s4r_api::protocol`, incoming messages read by the
+//! agent's `inbound::classify`): it registers with a bootstrap token,
+//! heartbeats with jitter, takes dispatches, "runs" each for a drawn
+//! duration, reports running then completed (or failed, for a chosen
+//! fraction), answers cancels, and disconnects and reconnects on request.
+//! The server and the manager cannot tell it from agents.
+//!
+//! What it does not do: run processes, keep a journal or an outbox across
+//! its own restarts, fence attempts (it never loses the cluster for long
+//! enough in the benchmarks), or read logs.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s4r_agent::inbound::{classify, Inbound};
+use k8s4r_api::protocol::{encode, Heartbeat, Online, Register, StatusUpdate, Topics};
+use k8s4r_api::{DeviceInfo, RobotPhase, TaskAttempt, TaskReason, TaskState, Usage};
+use rumqttc::{AsyncClient, Event, LastWill, MqttOptions, Packet, QoS};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+/// How the simulated robots behave.
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    /// `mqtt://host:port`.
+    pub broker: String,
+    /// The bootstrap token they register with.
+    pub token: String,
+    /// How many robots.
+    pub robots: usize,
+    /// Robot ids are `<prefix>-<n>`.
+    pub prefix: String,
+    /// Heartbeat interval (each robot ±10%, and starting at a random point
+    /// of it).
+    pub heartbeat: Duration,
+    /// How long a task "runs": uniformly between these.
+    pub task_duration: (Duration, Duration),
+    /// The fraction of tasks that fail (exit code 1).
+    pub fail_fraction: f64,
+    /// Robots connecting per second at most (0: all at once).
+    pub connect_rate: u32,
+    /// The MQTT keep-alive.
+    pub keep_alive: Duration,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            broker: "mqtt://127.0.0.1:1883".into(),
+            token: String::new(),
+            robots: 100,
+            prefix: "sim".into(),
+            heartbeat: Duration::from_secs(30),
+            task_duration: (Duration::from_millis(100), Duration::from_millis(500)),
+            fail_fraction: 0.0,
+            connect_rate: 0,
+            keep_alive: Duration::from_secs(60),
+        }
+    }
+}
+
+/// What the fleet saw, in counters.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Connections made (reconnects included).
+    pub connects: AtomicUsize,
+    /// Robots whose registration was answered Online (at least once).
+    pub online: AtomicUsize,
+    /// Heartbeats sent.
+    pub heartbeats: AtomicU64,
+    /// Dispatches taken (duplicates of one attempt not counted).
+    pub dispatches: AtomicU64,
+    /// The same attempt dispatched again while held or after it ended.
+    pub duplicate_dispatches: AtomicU64,
+    /// Tasks finished (completed or failed).
+    pub finished: AtomicU64,
+    /// Bytes published by the robots (MQTT payloads).
+    pub bytes_out: AtomicU64,
+    /// Bytes received by the robots (MQTT payloads).
+    pub bytes_in: AtomicU64,
+}
+
+/// The running fleet.
+pub struct Fleet {
+    /// Counters.
+    pub counters: Arc<Counters>,
+    /// When each robot was first answered Online, by robot index.
+    pub online_at: Arc<Mutex<HashMap<usize, Instant>>>,
+    /// Increments to make every robot drop its connection and reconnect.
+    reconnect: watch::Sender<u64>,
+    stop: CancellationToken,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Fleet {
+    /// Starts every robot (at `connect_rate` per second, or all at once).
+    pub fn start(config: SimConfig) -> Fleet {
+        let counters = Arc::new(Counters::default());
+        let online_at = Arc::new(Mutex::new(HashMap::new()));
+        let (reconnect, reconnect_rx) = watch::channel(0u64);
+        let stop = CancellationToken::new();
+        let config = Arc::new(config);
+        let mut tasks = Vec::with_capacity(config.robots);
+        for i in 0..config.robots {
+            let robot = SimRobot {
+                index: i,
+                id: format!("{}-{i}", config.prefix),
+                config: Arc::clone(&config),
+                counters: Arc::clone(&counters),
+                online_at: Arc::clone(&online_at),
+                reconnect: reconnect_rx.clone(),
+                stop: stop.clone(),
+            };
+            let delay = match config.connect_rate {
+                0 => Duration::ZERO,
+                rate => Duration::from_secs_f64(i as f64 / f64::from(rate)),
+            };
+            tasks.push(tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                robot.run().await;
+            }));
+        }
+        Fleet {
+            counters,
+            online_at,
+            reconnect,
+            stop,
+            tasks,
+        }
+    }
+
+    /// Makes every robot drop its connection and connect again.
+    pub fn reconnect_all(&self) {
+        self.reconnect.send_modify(|n| *n += 1);
+    }
+
+    /// Stops every robot (without a clean disconnect: as if they vanished).
+    pub async fn stop(self) {
+        self.stop.cancel();
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+}
+
+struct SimRobot {
+    index: usize,
+    id: String,
+    config: Arc<SimConfig>,
+    counters: Arc<Counters>,
+    online_at: Arc<Mutex<HashMap<usize, Instant>>>,
+    reconnect: watch::Receiver<u64>,
+    stop: CancellationToken,
+}
+
+/// A small xorshift: jitter and durations need no cryptography.
+struct Rng(u64);
+
+impl Rng {
+    fn next_f64(&mut self) -> f64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// One attempt the robot holds.
+struct Held {
+    seq: u64,
+}
+
+impl SimRobot {
+    fn options(&self) -> MqttOptions {
+        let url = self.config.broker.trim_start_matches("mqtt://");
+        let (host, port) = url.rsplit_once(':').unwrap_or((url, "1883"));
+        let mut options = MqttOptions::new(
+            format!("k8s4r-agent-{}", self.id),
+            host,
+            port.parse().unwrap_or(1883),
+        );
+        options.set_keep_alive(self.config.keep_alive);
+        options.set_clean_session(false);
+        options.set_max_packet_size(
+            k8s4r_api::protocol::MAX_INCOMING_PACKET_BYTES,
+            k8s4r_api::protocol::MAX_PACKET_BYTES,
+        );
+        let topics = Topics::default();
+        options.set_last_will(LastWill::new(
+            topics.online(&self.id),
+            encode(&Online {
+                v: k8s4r_api::protocol::PROTOCOL_VERSION,
+                online: false,
+            }),
+            QoS::AtLeastOnce,
+            true,
+        ));
+        options
+    }
+
+    fn publish(&self, client: &AsyncClient, topic: String, payload: Vec<u8>, retain: bool) {
+        self.counters
+            .bytes_out
+            .fetch_add(payload.len() as u64, Ordering::Relaxed);
+        let _ = client.try_publish(topic, QoS::AtLeastOnce, retain, payload);
+    }
+
+    fn register(&self, client: &AsyncClient, held: &HashMap<(String, u32), Held>) {
+        let register = Register {
+            token: Some(self.config.token.clone()),
+            drivers: vec!["exec".into(), "raw_exec".into()],
+            running: held
+                .keys()
+                .map(|(uid, attempt)| TaskAttempt {
+                    uid: uid.clone(),
+                    attempt: *attempt,
+                })
+                .collect(),
+            reconcile: true,
+            ..Register::new(
+                &self.id,
+                "sim",
+                DeviceInfo {
+                    arch: "x86_64".into(),
+                    os: "linux".into(),
+                    cpus: 4,
+                    memory_bytes: 4 << 30,
+                    ..DeviceInfo::default()
+                },
+            )
+        };
+        self.publish(
+            client,
+            Topics::default().register(&self.id),
+            encode(&register),
+            false,
+        );
+    }
+
+    async fn run(mut self) {
+        let topics = Topics::default();
+        let mut rng =
+            Rng(0x9E37_79B9_7F4A_7C15 ^ (self.index as u64 + 1).wrapping_mul(0x2545_F491_4F6C_DD1D));
+        let mut held: HashMap<(String, u32), Held> = HashMap::new();
+        let mut finished: std::collections::HashSet<(String, u32)> = std::collections::HashSet::new();
+        let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<(String, u32, bool)>();
+        'connection: loop {
+            let (client, mut eventloop) = AsyncClient::new(self.options(), 64);
+            let mut approved = false;
+            let first = self.config.heartbeat.mul_f64(rng.next_f64());
+            let mut next_heartbeat = tokio::time::Instant::now() + first;
+            let mut heartbeat_seq = 0u64;
+            // Registration is sent again until answered, backing off, as the
+            // agent's registrar does (a server not yet subscribed drops it).
+            let mut register_retry = Duration::from_secs(5);
+            let mut next_register: Option<tokio::time::Instant> = None;
+            loop {
+                tokio::select! {
+                    () = self.stop.cancelled() => return,
+                    changed = self.reconnect.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                        drop(eventloop);
+                        continue 'connection;
+                    }
+                    Some((uid, attempt, failed)) = done_rx.recv() => {
+                        if let Some(h) = held.remove(&(uid.clone(), attempt)) {
+                            let mut update = StatusUpdate::new(
+                                &uid,
+                                attempt,
+                                h.seq + 1,
+                                if failed { TaskState::Failed } else { TaskState::Completed },
+                            );
+                            update.exit_code = Some(i32::from(failed));
+                            update.reason = Some(if failed { TaskReason::Error } else { TaskReason::Completed });
+                            update.finish_time = Some(jiff::Timestamp::now());
+                            self.publish(&client, topics.status(&self.id, &uid), encode(&update), false);
+                            finished.insert((uid, attempt));
+                            self.counters.finished.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    () = async { if let Some(at) = next_register { tokio::time::sleep_until(at).await } }, if next_register.is_some() && !approved => {
+                        self.register(&client, &held);
+                        let jitter = 0.8 + 0.4 * rng.next_f64();
+                        next_register = Some(tokio::time::Instant::now() + register_retry.mul_f64(jitter));
+                        register_retry = (register_retry * 2).min(Duration::from_secs(60));
+                    }
+                    () = tokio::time::sleep_until(next_heartbeat), if approved => {
+                        heartbeat_seq += 1;
+                        let running = held
+                            .keys()
+                            .map(|(uid, attempt)| TaskAttempt { uid: uid.clone(), attempt: *attempt })
+                            .collect();
+                        let heartbeat = Heartbeat {
+                            running,
+                            reconcile: true,
+                            ..Heartbeat::new(&self.id, heartbeat_seq, jiff::Timestamp::now(), Usage::default())
+                        };
+                        self.publish(&client, topics.heartbeat(&self.id), encode(&heartbeat), false);
+                        self.counters.heartbeats.fetch_add(1, Ordering::Relaxed);
+                        let jitter = 0.9 + 0.2 * rng.next_f64();
+                        next_heartbeat = tokio::time::Instant::now() + self.config.heartbeat.mul_f64(jitter);
+                    }
+                    polled = eventloop.poll() => match polled {
+                        Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                            self.counters.connects.fetch_add(1, Ordering::Relaxed);
+                            for filter in topics.agent_subscriptions(&self.id) {
+                                let _ = client.try_subscribe(filter, QoS::AtLeastOnce);
+                            }
+                            self.publish(&client, topics.online(&self.id), encode(&Online { v: k8s4r_api::protocol::PROTOCOL_VERSION, online: true }), true);
+                            self.register(&client, &held);
+                            next_register = Some(tokio::time::Instant::now() + register_retry);
+                        }
+                        Ok(Event::Incoming(Packet::Publish(p))) => {
+                            self.counters.bytes_in.fetch_add(p.payload.len() as u64, Ordering::Relaxed);
+                            match classify(&topics, &self.id, &p.topic, &p.payload) {
+                                Ok(Inbound::Response(r)) if r.phase == RobotPhase::Online && !approved => {
+                                    approved = true;
+                                    let mut online = self.online_at.lock().unwrap_or_else(|e| e.into_inner());
+                                    if online.insert(self.index, Instant::now()).is_none() {
+                                        self.counters.online.fetch_add(1, Ordering::Relaxed);
+                                    }
+                                }
+                                Ok(Inbound::Dispatch(d)) => {
+                                    let key = (d.task_uid.clone(), d.attempt);
+                                    if held.contains_key(&key) || finished.contains(&key) {
+                                        self.counters.duplicate_dispatches.fetch_add(1, Ordering::Relaxed);
+                                        continue;
+                                    }
+                                    self.counters.dispatches.fetch_add(1, Ordering::Relaxed);
+                                    let mut update = StatusUpdate::new(&d.task_uid, d.attempt, 1, TaskState::Running);
+                                    update.start_time = Some(jiff::Timestamp::now());
+                                    self.publish(&client, topics.status(&self.id, &d.task_uid), encode(&update), false);
+                                    held.insert(key.clone(), Held { seq: 1 });
+                                    let (lo, hi) = self.config.task_duration;
+                                    let run = lo + (hi.saturating_sub(lo)).mul_f64(rng.next_f64());
+                                    let failed = rng.next_f64() < self.config.fail_fraction;
+                                    let done = done_tx.clone();
+                                    tokio::spawn(async move {
+                                        tokio::time::sleep(run).await;
+                                        let _ = done.send((key.0, key.1, failed));
+                                    });
+                                }
+                                Ok(Inbound::Cancel(c)) => {
+                                    let keys: Vec<(String, u32)> = held
+                                        .keys()
+                                        .filter(|(uid, attempt)| *uid == c.task_uid && (c.attempt == 0 || *attempt == c.attempt))
+                                        .cloned()
+                                        .collect();
+                                    for (uid, attempt) in keys {
+                                        held.remove(&(uid.clone(), attempt));
+                                        let mut update = StatusUpdate::new(&uid, attempt, 2, TaskState::Failed);
+                                        update.reason = Some(TaskReason::Cancelled);
+                                        self.publish(&client, topics.status(&self.id, &uid), encode(&update), false);
+                                        finished.insert((uid, attempt));
+                                    }
+                                }
+                                _ => {}
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(_) => {
+                            approved = false;
+                            tokio::time::sleep(Duration::from_millis(500 + (rng.next_f64() * 1000.0) as u64)).await;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

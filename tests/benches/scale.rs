@@ -1,0 +1,335 @@
+//! Scale benchmarks with the fleet simulator (`k8s4r-sim`, issue 20):
+//! every cluster program a process of its own (API server, server, manager,
+//! a real Mosquitto), and N simulated robots in this process, each a real
+//! MQTT client speaking the agent's protocol.
+//!
+//!     cargo bench -p k8s4r-e2e --bench scale -- register-storm [--robots 10000]
+//!     cargo bench -p k8s4r-e2e --bench scale -- heartbeats [--robots 10000] [--seconds 120]
+//!
+//! Each prints `BENCH <name> <value> <unit>` lines (BENCHMARKS.md) and a
+//! short summary. The server and manager run with their production
+//! defaults (Lease renewals at most every 60 s, lastHeartbeatTime every
+//! 240 s, disconnect grace 30 s).
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use k8s4r_api::{Robot, RobotPhase};
+use k8s4r_sim::{Fleet, SimConfig};
+use k8s4r_testbed::{free_port, Mosquitto, Program};
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::{Api, Client};
+
+const TOKEN: &str = "sim-bootstrap-token";
+
+fn arg(name: &str, default: u64) -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// CPU time (user + system) of a process so far, in seconds.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime are fields 14 and 15 of stat: 11 and 12 after ')'.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// A process's peak resident memory, MiB.
+fn peak_rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// Raises this process's open-files limit to its hard limit (Mosquitto,
+/// started from here, inherits it): 10,000 robots are 10,000 sockets.
+fn raise_open_files() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    }
+}
+
+struct Cluster {
+    _dir: tempfile::TempDir,
+    broker: Mosquitto,
+    _api: Program,
+    server: Program,
+    manager: Program,
+    client: Client,
+}
+
+fn args(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| (*s).to_owned()).collect()
+}
+
+async fn start_cluster() -> Cluster {
+    raise_open_files();
+    let mut dir = tempfile::tempdir().expect("scratch dir");
+    // K8S4R_SCALE_KEEP=1 keeps the programs' logs for a look.
+    if std::env::var_os("K8S4R_SCALE_KEEP").is_some() {
+        dir.disable_cleanup(true);
+        println!("INFO cluster in {}", dir.path().display());
+    }
+    let path = |p: &str| -> PathBuf { dir.path().join(p) };
+    let broker = Mosquitto::start_with(|port, _| {
+        format!(
+            "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n\
+             max_queued_messages 10000\nmax_packet_size {}\n",
+            k8s4r_api::protocol::MAX_PACKET_BYTES
+        )
+    });
+    let api_port = free_port();
+    let kubeconfig = path("kubeconfig");
+    let api = Program::start(
+        "apiserver",
+        Path::new(env!("CARGO_BIN_EXE_e2e-apiserver")),
+        args(&[
+            "--bind",
+            &format!("127.0.0.1:{api_port}"),
+            "--data-dir",
+            &path("api").display().to_string(),
+            "--token",
+            "admin-token",
+            "--write-kubeconfig",
+            &kubeconfig.display().to_string(),
+            "--log",
+            "warn",
+        ]),
+        &path("apiserver.log"),
+    );
+    let client = k8s4r_testbed::eventually(Duration::from_secs(60), "the API server answers", || async {
+        let config = kube::Config::from_custom_kubeconfig(
+            kube::config::Kubeconfig::read_from(&kubeconfig).ok()?,
+            &kube::config::KubeConfigOptions::default(),
+        )
+        .await
+        .ok()?;
+        let client = Client::try_from(config).ok()?;
+        client.apiserver_version().await.ok()?;
+        Some(client)
+    })
+    .await;
+    k8s4r::up::install_crds(&client).await.expect("CRDs");
+    k8s4r::up::apply_cluster_rbac(&client).await.expect("RBAC");
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), "k8s4r-system");
+    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "k8s4r-bootstrap-tokens"},
+        "stringData": {"sim": TOKEN},
+    }))
+    .unwrap();
+    secrets
+        .patch(
+            "k8s4r-bootstrap-tokens",
+            &PatchParams::apply("bench").force(),
+            &Patch::Apply(&secret),
+        )
+        .await
+        .expect("bootstrap token");
+    let kc = kubeconfig.display().to_string();
+    let server = Program::start(
+        "server",
+        Path::new(env!("CARGO_BIN_EXE_e2e-server")),
+        args(&[
+            "--kubeconfig",
+            &kc,
+            "--broker-url",
+            &broker.url(),
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--log",
+            "warn",
+        ]),
+        &path("server.log"),
+    );
+    let manager = Program::start(
+        "manager",
+        Path::new(env!("CARGO_BIN_EXE_e2e-manager")),
+        args(&[
+            "--kubeconfig",
+            &kc,
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--log",
+            "warn",
+        ]),
+        &path("manager.log"),
+    );
+    Cluster {
+        _dir: dir,
+        broker,
+        _api: api,
+        server,
+        manager,
+        client,
+    }
+}
+
+/// The cluster's write counter: every write moves the global resourceVersion.
+async fn resource_version(client: &Client) -> u64 {
+    let robots: Api<Robot> = Api::all(client.clone());
+    let list = robots
+        .list_metadata(&ListParams::default().limit(1))
+        .await
+        .expect("list");
+    list.metadata
+        .resource_version
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+async fn count_online(client: &Client) -> usize {
+    let robots: Api<Robot> = Api::all(client.clone());
+    let mut online = 0;
+    let mut params = ListParams::default().limit(2000);
+    loop {
+        let page = robots.list(&params).await.expect("list robots");
+        online += page
+            .items
+            .iter()
+            .filter(|r| r.status.as_ref().and_then(|s| s.phase) == Some(RobotPhase::Online))
+            .count();
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => return online,
+        }
+    }
+}
+
+fn sim(cluster: &Cluster, robots: usize, heartbeat: Duration) -> SimConfig {
+    SimConfig {
+        broker: cluster.broker.url(),
+        token: TOKEN.into(),
+        robots,
+        heartbeat,
+        ..SimConfig::default()
+    }
+}
+
+/// All robots connect and register at once: time until every Robot is
+/// Online, and how many never were.
+async fn register_storm(robots: usize) {
+    let cluster = start_cluster().await;
+    let started = Instant::now();
+    let fleet = Fleet::start(sim(&cluster, robots, Duration::from_secs(30)));
+    let deadline = Duration::from_secs(arg("--deadline", 300));
+    let mut online = 0;
+    while started.elapsed() < deadline {
+        online = count_online(&cluster.client).await;
+        if online >= robots {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let took = started.elapsed().as_secs_f64();
+    println!(
+        "INFO {online}/{robots} Online after {took:.1} s; {} connects, {} registrations answered Online",
+        fleet.counters.connects.load(Ordering::Relaxed),
+        fleet.counters.online.load(Ordering::Relaxed)
+    );
+    println!("BENCH register_storm_{}_s {took:.1} s", label(robots));
+    println!("BENCH register_storm_lost {} robots", robots - online);
+    fleet.stop().await;
+}
+
+fn label(robots: usize) -> String {
+    if robots.is_multiple_of(1000) {
+        format!("{}k", robots / 1000)
+    } else {
+        robots.to_string()
+    }
+}
+
+/// Robots heartbeating for a while once all are Online: the server's and
+/// the manager's CPU and memory, API writes per heartbeat, MQTT bytes per
+/// idle robot; then 100 robots vanish and the time until they are Offline.
+async fn heartbeats(robots: usize, seconds: u64) {
+    let cluster = start_cluster().await;
+    let fleet = Fleet::start(sim(&cluster, robots, Duration::from_secs(arg("--interval", 30))));
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while count_online(&cluster.client).await < robots {
+        assert!(Instant::now() < deadline, "not every robot came Online");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // Let the registration burst settle before measuring.
+    tokio::time::sleep(Duration::from_secs(arg("--settle", 30))).await;
+    let server_pid = cluster.server.pid().expect("server pid");
+    let manager_pid = cluster.manager.pid().expect("manager pid");
+    let (s0, m0) = (cpu_seconds(server_pid), cpu_seconds(manager_pid));
+    let rv0 = resource_version(&cluster.client).await;
+    let hb0 = fleet.counters.heartbeats.load(Ordering::Relaxed);
+    let bytes0 =
+        fleet.counters.bytes_out.load(Ordering::Relaxed) + fleet.counters.bytes_in.load(Ordering::Relaxed);
+    let window = Instant::now();
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    let secs = window.elapsed().as_secs_f64();
+    let server_cores = (cpu_seconds(server_pid) - s0) / secs;
+    let manager_cores = (cpu_seconds(manager_pid) - m0) / secs;
+    let writes = resource_version(&cluster.client).await.saturating_sub(rv0);
+    let beats = fleet.counters.heartbeats.load(Ordering::Relaxed) - hb0;
+    let bytes = fleet.counters.bytes_out.load(Ordering::Relaxed)
+        + fleet.counters.bytes_in.load(Ordering::Relaxed)
+        - bytes0;
+    let kbit = bytes as f64 * 8.0 / 1000.0 / secs / robots as f64;
+    println!(
+        "INFO {robots} robots, {beats} heartbeats in {secs:.0} s; {writes} API writes; server {server_cores:.3} cores, manager {manager_cores:.3} cores"
+    );
+    println!(
+        "BENCH api_writes_per_heartbeat {:.3} writes",
+        writes as f64 / beats.max(1) as f64
+    );
+    println!("BENCH server_cpu_cores_{} {server_cores:.3} cores", label(robots));
+    println!(
+        "BENCH manager_cpu_cores_{} {manager_cores:.3} cores",
+        label(robots)
+    );
+    println!(
+        "BENCH server_rss_mib_{} {:.1} MiB",
+        label(robots),
+        peak_rss_mib(server_pid)
+    );
+    println!(
+        "BENCH manager_rss_mib_{} {:.1} MiB",
+        label(robots),
+        peak_rss_mib(manager_pid)
+    );
+    println!("BENCH idle_robot_kbit_per_s {kbit:.3} kbit/s");
+    fleet.stop().await;
+}
+
+fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!(
+        "INFO load average at start: {}",
+        load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+    );
+    let scenario = std::env::args()
+        .skip(1)
+        .find(|a| !a.starts_with('-') && a.parse::<u64>().is_err())
+        .unwrap_or_default();
+    let robots = usize::try_from(arg("--robots", 10_000)).unwrap_or(10_000);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    match scenario.as_str() {
+        "register-storm" => runtime.block_on(register_storm(robots)),
+        "heartbeats" => runtime.block_on(heartbeats(robots, arg("--seconds", 120))),
+        other => eprintln!("unknown scenario {other:?}: register-storm or heartbeats"),
+    }
+}
