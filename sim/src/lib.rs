@@ -70,6 +70,9 @@ pub struct Counters {
     pub connects: AtomicUsize,
     /// Robots whose registration was answered Online (at least once).
     pub online: AtomicUsize,
+    /// Registrations answered Online, every time (a reconnect registers
+    /// again).
+    pub registrations: AtomicUsize,
     /// Heartbeats sent.
     pub heartbeats: AtomicU64,
     /// Dispatches taken (duplicates of one attempt not counted).
@@ -92,6 +95,9 @@ pub struct Fleet {
     pub online_at: Arc<Mutex<HashMap<usize, Instant>>>,
     /// Increments to make every robot drop its connection and reconnect.
     reconnect: watch::Sender<u64>,
+    /// Robots with a lower index vanish: their connection drops without a
+    /// goodbye, as a robot that loses power.
+    vanish: watch::Sender<usize>,
     stop: CancellationToken,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -102,6 +108,7 @@ impl Fleet {
         let counters = Arc::new(Counters::default());
         let online_at = Arc::new(Mutex::new(HashMap::new()));
         let (reconnect, reconnect_rx) = watch::channel(0u64);
+        let (vanish, vanish_rx) = watch::channel(0usize);
         let stop = CancellationToken::new();
         let config = Arc::new(config);
         let mut tasks = Vec::with_capacity(config.robots);
@@ -113,6 +120,7 @@ impl Fleet {
                 counters: Arc::clone(&counters),
                 online_at: Arc::clone(&online_at),
                 reconnect: reconnect_rx.clone(),
+                vanish: vanish_rx.clone(),
                 stop: stop.clone(),
             };
             let delay = match config.connect_rate {
@@ -128,6 +136,7 @@ impl Fleet {
             counters,
             online_at,
             reconnect,
+            vanish,
             stop,
             tasks,
         }
@@ -136,6 +145,13 @@ impl Fleet {
     /// Makes every robot drop its connection and connect again.
     pub fn reconnect_all(&self) {
         self.reconnect.send_modify(|n| *n += 1);
+    }
+
+    /// Makes the first `n` robots vanish (`<prefix>-0` ...): their
+    /// connections drop without a DISCONNECT, so the broker publishes their
+    /// last will, as for a robot that lost power.
+    pub fn vanish(&self, n: usize) {
+        self.vanish.send_replace(n);
     }
 
     /// Stops every robot (without a clean disconnect: as if they vanished).
@@ -154,6 +170,7 @@ struct SimRobot {
     counters: Arc<Counters>,
     online_at: Arc<Mutex<HashMap<usize, Instant>>>,
     reconnect: watch::Receiver<u64>,
+    vanish: watch::Receiver<usize>,
     stop: CancellationToken,
 }
 
@@ -261,6 +278,11 @@ impl SimRobot {
             loop {
                 tokio::select! {
                     () = self.stop.cancelled() => return,
+                    changed = self.vanish.changed() => {
+                        if changed.is_err() || self.index < *self.vanish.borrow() {
+                            return;
+                        }
+                    }
                     changed = self.reconnect.changed() => {
                         if changed.is_err() {
                             return;
@@ -321,6 +343,7 @@ impl SimRobot {
                             match classify(&topics, &self.id, &p.topic, &p.payload) {
                                 Ok(Inbound::Response(r)) if r.phase == RobotPhase::Online && !approved => {
                                     approved = true;
+                                    self.counters.registrations.fetch_add(1, Ordering::Relaxed);
                                     let mut online = self.online_at.lock().unwrap_or_else(|e| e.into_inner());
                                     if online.insert(self.index, Instant::now()).is_none() {
                                         self.counters.online.fetch_add(1, Ordering::Relaxed);

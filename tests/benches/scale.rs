@@ -5,6 +5,7 @@
 //!
 //!     cargo bench -p k8s4r-e2e --bench scale -- register-storm [--robots 10000]
 //!     cargo bench -p k8s4r-e2e --bench scale -- heartbeats [--robots 10000] [--seconds 120]
+//!     cargo bench -p k8s4r-e2e --bench scale -- dispatch [--robots 10000] [--jobs 10000] [--rate 200]
 //!
 //! Each prints `BENCH <name> <value> <unit>` lines (BENCHMARKS.md) and a
 //! short summary. The server and manager run with their production
@@ -19,7 +20,7 @@ use k8s4r_api::{Robot, RobotPhase};
 use k8s4r_sim::{Fleet, SimConfig};
 use k8s4r_testbed::{free_port, Mosquitto, Program};
 use kube::api::{ListParams, Patch, PatchParams};
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 
 const TOKEN: &str = "sim-bootstrap-token";
 
@@ -306,6 +307,131 @@ async fn heartbeats(robots: usize, seconds: u64) {
         peak_rss_mib(manager_pid)
     );
     println!("BENCH idle_robot_kbit_per_s {kbit:.3} kbit/s");
+
+    // 100 robots lose power: their connections drop without a goodbye.
+    let vanished = 100.min(robots);
+    let robots_api: Api<Robot> = Api::all(cluster.client.clone());
+    let gone = Instant::now();
+    fleet.vanish(vanished);
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let mut offline = 0;
+        for i in 0..vanished {
+            let phase = robots_api
+                .get_opt(&format!("sim-{i}"))
+                .await
+                .ok()
+                .flatten()
+                .and_then(|r| r.status?.phase);
+            offline += usize::from(phase == Some(RobotPhase::Offline));
+        }
+        if offline == vanished {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{offline}/{vanished} vanished robots Offline after 300 s"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    println!("BENCH offline_detection_s {:.1} s", gone.elapsed().as_secs_f64());
+    fleet.stop().await;
+}
+
+/// Single-task Jobs created at a steady rate onto a connected fleet:
+/// created → running (the simulated robot's `startTime`) p50 and p99, and
+/// tasks completed per second.
+async fn dispatch(robots: usize, jobs: usize, rate: u64) {
+    use futures::StreamExt;
+    use k8s4r_api::{Job, Task};
+    let cluster = start_cluster().await;
+    let fleet = Fleet::start(sim(&cluster, robots, Duration::from_secs(30)));
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while count_online(&cluster.client).await < robots {
+        assert!(Instant::now() < deadline, "not every robot came Online");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(arg("--settle", 10))).await;
+    let jobs_api: Api<Job> = Api::namespaced(cluster.client.clone(), "default");
+    let started = Instant::now();
+    let created: std::collections::HashMap<String, jiff::Timestamp> = futures::stream::iter(0..jobs)
+        .map(|i| {
+            let jobs_api = jobs_api.clone();
+            async move {
+                // A steady rate: job i is created at i / rate seconds.
+                let at = started + Duration::from_secs_f64(i as f64 / rate as f64);
+                tokio::time::sleep_until(at.into()).await;
+                let name = format!("d-{i}");
+                let job: Job = serde_json::from_value(serde_json::json!({
+                    "apiVersion": "robot.k8s4r.io/v1alpha1", "kind": "Job",
+                    "metadata": {"name": name, "namespace": "default"},
+                    "spec": {"taskGroups": [{"name": "t", "count": 1,
+                        "task": {"driver": "raw_exec", "command": "/bin/true"}}]},
+                }))
+                .unwrap();
+                let at = jiff::Timestamp::now();
+                jobs_api
+                    .create(&kube::api::PostParams::default(), &job)
+                    .await
+                    .expect("create job");
+                (name, at)
+            }
+        })
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    let all_created = started.elapsed().as_secs_f64();
+    let deadline = Instant::now() + Duration::from_secs(900);
+    while (fleet.counters.finished.load(Ordering::Relaxed) as usize) < jobs {
+        assert!(Instant::now() < deadline, "not every task finished");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let all_done = started.elapsed().as_secs_f64();
+    let tasks_api: Api<Task> = Api::namespaced(cluster.client.clone(), "default");
+    let mut latencies = Vec::with_capacity(jobs);
+    let mut params = ListParams::default().limit(2000);
+    loop {
+        let page = tasks_api.list(&params).await.expect("list tasks");
+        for t in &page.items {
+            let job = t
+                .labels()
+                .get(k8s4r_api::names::LABEL_JOB)
+                .cloned()
+                .unwrap_or_default();
+            if let (Some(at), Some(start)) = (created.get(&job), t.status.as_ref().and_then(|s| s.start_time))
+            {
+                latencies.push(start.duration_since(*at).as_secs_f64() * 1000.0);
+            }
+        }
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => break,
+        }
+    }
+    latencies.sort_by(f64::total_cmp);
+    let pct = |p: f64| {
+        let rank = ((p / 100.0) * latencies.len() as f64).ceil() as usize;
+        latencies[rank.clamp(1, latencies.len()) - 1]
+    };
+    println!(
+        "INFO {jobs} jobs at {rate}/s onto {robots} robots: created in {all_created:.1} s, all finished after {all_done:.1} s; {} dispatches, {} duplicates",
+        fleet.counters.dispatches.load(Ordering::Relaxed),
+        fleet.counters.duplicate_dispatches.load(Ordering::Relaxed)
+    );
+    println!(
+        "BENCH dispatch_p50_ms_{}_robots {:.1} ms",
+        label(robots),
+        pct(50.0)
+    );
+    println!(
+        "BENCH dispatch_p99_ms_{}_robots {:.1} ms",
+        label(robots),
+        pct(99.0)
+    );
+    println!(
+        "BENCH tasks_completed_per_s {:.1} tasks/s",
+        jobs as f64 / all_done
+    );
     fleet.stop().await;
 }
 
@@ -330,6 +456,11 @@ fn main() {
     match scenario.as_str() {
         "register-storm" => runtime.block_on(register_storm(robots)),
         "heartbeats" => runtime.block_on(heartbeats(robots, arg("--seconds", 120))),
-        other => eprintln!("unknown scenario {other:?}: register-storm or heartbeats"),
+        "dispatch" => runtime.block_on(dispatch(
+            robots,
+            usize::try_from(arg("--jobs", 10_000)).unwrap_or(10_000),
+            arg("--rate", 200),
+        )),
+        other => eprintln!("unknown scenario {other:?}: register-storm, heartbeats or dispatch"),
     }
 }
