@@ -362,11 +362,15 @@ pub fn score(robot: &RobotFacts, request: &Request<'_>, usage: Option<&Usage>) -
 ///
 /// `usage` looks up what is already assigned to a robot by name. Ties go to
 /// the robot whose name sorts first, so decisions are reproducible.
-pub fn choose<'r, 'u>(
-    robots: impl IntoIterator<Item = &'r RobotFacts>,
+pub fn choose<'r, 'u, I>(
+    robots: I,
     request: &Request<'_>,
     usage: impl Fn(&str) -> Option<&'u Usage>,
-) -> Result<&'r RobotFacts, NoFit> {
+) -> Result<&'r RobotFacts, NoFit>
+where
+    I: IntoIterator<Item = &'r RobotFacts>,
+    I::IntoIter: Clone,
+{
     let mut best: Option<(Score, &'r RobotFacts)> = None;
     let topology_key = request.anti_affinity.and_then(|a| a.topology_key.as_deref());
     let mut nofit = NoFit {
@@ -374,11 +378,12 @@ pub fn choose<'r, 'u>(
         robot: request.robot.map(str::to_owned),
         ..NoFit::default()
     };
-    let robots: Vec<&'r RobotFacts> = robots.into_iter().collect();
-    // Values of the topology label where a task of the group runs.
+    // One pass more, only for a topology anti-affinity: the values of the
+    // label where a task of the group runs.
+    let robots = robots.into_iter();
     let taken: HashSet<&str> = match topology_key {
         Some(key) => robots
-            .iter()
+            .clone()
             .filter(|r| {
                 usage(&r.name)
                     .and_then(|u| u.per_group.get(request.group))

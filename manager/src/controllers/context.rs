@@ -116,6 +116,10 @@ pub struct Context {
     /// Per task: the (attempt, state) last seen, to publish an
     /// Event once per transition.
     pub(super) seen: Mutex<HashMap<String, Progress>>,
+    /// The everyRobot TaskGroups, woken when robots come, go or change
+    /// (kept apart so that a robot's change costs nothing when there are
+    /// none, however many other groups there are).
+    pub(super) every_robot_groups: Mutex<std::collections::HashSet<ObjectRef<TaskGroup>>>,
 }
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

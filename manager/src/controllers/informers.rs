@@ -162,12 +162,8 @@ impl Context {
     /// A robot came, went or changed: everyRobot groups look whether it is
     /// one of theirs now.
     fn trigger_every_robot_groups(&self) {
-        for group in self
-            .stores
-            .groups
-            .state_filter(|g| g.spec.template.mode == GroupMode::EveryRobot)
-        {
-            self.triggers.group(ObjectRef::from_obj(group.as_ref()));
+        for group in lock(&self.every_robot_groups).iter() {
+            self.triggers.group(group.clone());
         }
     }
 
@@ -191,6 +187,14 @@ impl Context {
         let Some((group, deleted)) = event_object(event) else {
             return;
         };
+        let every_robot = !deleted && group.spec.template.mode == GroupMode::EveryRobot;
+        let mut fleet = lock(&self.every_robot_groups);
+        if every_robot {
+            fleet.insert(ObjectRef::from_obj(group));
+        } else {
+            fleet.remove(&ObjectRef::from_obj(group));
+        }
+        drop(fleet);
         if !deleted {
             self.triggers.group(ObjectRef::from_obj(group));
         }

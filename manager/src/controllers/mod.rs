@@ -102,6 +102,7 @@ pub async fn run(
         events,
         failures: Failures::default(),
         seen: Mutex::default(),
+        every_robot_groups: Mutex::default(),
         config,
     });
 
