@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use k8s4r_api::{Robot, RobotPhase};
 use k8s4r_sim::{Fleet, SimConfig};
-use k8s4r_testbed::{free_port, Mosquitto, Program};
+use k8s4r_testbed::{Mosquitto, Program};
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 
@@ -91,37 +91,8 @@ async fn start_cluster() -> Cluster {
             k8s4r_api::protocol::MAX_PACKET_BYTES
         )
     });
-    let api_port = free_port();
-    let kubeconfig = path("kubeconfig");
-    let api = Program::start(
-        "apiserver",
-        Path::new(env!("CARGO_BIN_EXE_e2e-apiserver")),
-        args(&[
-            "--bind",
-            &format!("127.0.0.1:{api_port}"),
-            "--data-dir",
-            &path("api").display().to_string(),
-            "--token",
-            "admin-token",
-            "--write-kubeconfig",
-            &kubeconfig.display().to_string(),
-            "--log",
-            "warn",
-        ]),
-        &path("apiserver.log"),
-    );
-    let client = k8s4r_testbed::eventually(Duration::from_secs(60), "the API server answers", || async {
-        let config = kube::Config::from_custom_kubeconfig(
-            kube::config::Kubeconfig::read_from(&kubeconfig).ok()?,
-            &kube::config::KubeConfigOptions::default(),
-        )
-        .await
-        .ok()?;
-        let client = Client::try_from(config).ok()?;
-        client.apiserver_version().await.ok()?;
-        Some(client)
-    })
-    .await;
+    let (api, client, kubeconfig) =
+        k8s4r_e2e::faults::start_api(Path::new(env!("CARGO_BIN_EXE_e2e-apiserver")), dir.path()).await;
     k8s4r::up::install_crds(&client).await.expect("CRDs");
     k8s4r::up::apply_cluster_rbac(&client).await.expect("RBAC");
     let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), "k8s4r-system");

@@ -32,6 +32,45 @@ pub const STOP_AFTER: &str = "5s";
 /// The tasks' kill timeout.
 pub const KILL_TIMEOUT: &str = "1s";
 
+/// Starts `e2e-apiserver` (binary `bin`) with its data, log and kubeconfig
+/// in `dir`, and waits until it answers; the CRDs and the deployment's
+/// namespaces and RBAC are installed. Returns the process, an
+/// administrator's client and the kubeconfig's path.
+pub async fn start_api(bin: &Path, dir: &Path) -> (Program, Client, PathBuf) {
+    let api_port = free_port();
+    let kubeconfig = dir.join("kubeconfig");
+    let api = Program::start(
+        "apiserver",
+        bin,
+        args(&[
+            "--bind",
+            &format!("127.0.0.1:{api_port}"),
+            "--data-dir",
+            &dir.join("api").display().to_string(),
+            "--token",
+            "admin-token",
+            "--write-kubeconfig",
+            &kubeconfig.display().to_string(),
+            "--log",
+            "warn",
+        ]),
+        &dir.join("apiserver.log"),
+    );
+    let client = eventually(DEADLINE, "the API server answers", || async {
+        let config = kube::Config::from_custom_kubeconfig(
+            kube::config::Kubeconfig::read_from(&kubeconfig).ok()?,
+            &kube::config::KubeConfigOptions::default(),
+        )
+        .await
+        .ok()?;
+        let client = Client::try_from(config).ok()?;
+        client.apiserver_version().await.ok()?;
+        Some(client)
+    })
+    .await;
+    (api, client, kubeconfig)
+}
+
 /// The binaries of this package, as built by cargo.
 #[derive(Debug, Clone)]
 pub struct Binaries {
@@ -152,37 +191,7 @@ impl Stack {
                 k8s4r_api::protocol::MAX_PACKET_BYTES
             )
         });
-        let api_port = free_port();
-        let kubeconfig = path("kubeconfig");
-        let api = Program::start(
-            "apiserver",
-            &bins.apiserver,
-            args(&[
-                "--bind",
-                &format!("127.0.0.1:{api_port}"),
-                "--data-dir",
-                &path("api").display().to_string(),
-                "--token",
-                "admin-token",
-                "--write-kubeconfig",
-                &kubeconfig.display().to_string(),
-                "--log",
-                "warn",
-            ]),
-            &path("apiserver.log"),
-        );
-        let client = eventually(DEADLINE, "the API server answers", || async {
-            let config = kube::Config::from_custom_kubeconfig(
-                kube::config::Kubeconfig::read_from(&kubeconfig).ok()?,
-                &kube::config::KubeConfigOptions::default(),
-            )
-            .await
-            .ok()?;
-            let client = Client::try_from(config).ok()?;
-            client.apiserver_version().await.ok()?;
-            Some(client)
-        })
-        .await;
+        let (api, client, kubeconfig) = start_api(&bins.apiserver, dir.path()).await;
         k8s4r::up::install_crds(&client).await.expect("CRDs installed");
         // The namespaces (and RBAC) a deployment has.
         k8s4r::up::apply_cluster_rbac(&client)
