@@ -24,6 +24,8 @@ use k8s4r_api::protocol::{
 };
 use rumqttc::{AsyncClient, QoS};
 
+use crate::supervisor::LogFile;
+
 /// Readers at once, per robot.
 pub const MAX_READERS: usize = 8;
 /// Output a reader sends per second, at most (bursts up to four times).
@@ -183,7 +185,7 @@ fn valid_uid(uid: &str) -> bool {
 
 /// The directory an attempt's logs are in.
 pub fn task_logs_dir(tasks_dir: &Path, uid: &str, attempt: u32) -> PathBuf {
-    tasks_dir.join(format!("{uid}-{attempt}")).join("logs")
+    crate::supervisor::task_dir(tasks_dir, uid, attempt).join("logs")
 }
 
 fn chunk(request_id: &str, seq: u64) -> LogChunk {
@@ -201,9 +203,10 @@ fn chunk(request_id: &str, seq: u64) -> LogChunk {
 
 fn file_name(stream: LogStream) -> &'static str {
     match stream {
-        LogStream::Stderr => "stderr.log",
-        _ => "stdout.log",
+        LogStream::Stderr => LogFile::Stderr,
+        _ => LogFile::Stdout,
     }
+    .file_name()
 }
 
 /// A log's files, oldest first: `name.N` ... `name.1`, `name`.

@@ -52,9 +52,16 @@ use k8s4r_api::{AgentHealth, Quantity, TaskAttempt, TaskPolicy, TaskReason, Task
 use tokio::sync::{mpsc, oneshot, watch};
 
 pub use disk::DiskSize;
+pub(crate) use logs::Stream as LogFile;
 pub use outcome::TaskOutcome;
 pub use policy::Policy;
 pub use stats::{Histogram, SupervisorStats};
+
+/// The directory of `attempt` of the Task `uid` under the agent's tasks
+/// directory.
+pub fn task_dir(tasks_dir: &std::path::Path, uid: &str, attempt: u32) -> PathBuf {
+    tasks_dir.join(format!("{uid}-{attempt}"))
+}
 
 /// Settings of the supervisor.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -589,7 +589,7 @@ impl Runner {
                 return None;
             }
         };
-        let dir = self.tasks_dir.join(format!("{uid}-{attempt}"));
+        let dir = super::task_dir(&self.tasks_dir, &uid, attempt);
         let input = self.prep_input(
             dir.clone(),
             driver,
@@ -1727,7 +1727,7 @@ impl Runner {
     /// to everyone but root: a later task given the same uid must not
     /// reach its files.
     fn retire_dir(&mut self, uid: String, attempt: u32, free_work: bool) {
-        let dir = self.tasks_dir.join(format!("{uid}-{attempt}"));
+        let dir = super::task_dir(&self.tasks_dir, &uid, attempt);
         self.finished_dirs.push_back(((uid, attempt), dir.clone()));
         let mut remove = Vec::new();
         while self.finished_dirs.len() > KEEP_FINISHED_DIRS {
