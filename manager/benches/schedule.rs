@@ -20,6 +20,7 @@ use k8s4r_api::{
     TaskGroupTemplate, TaskState, TaskTemplate,
 };
 use k8s4r_manager::{ManagerConfig, Metrics};
+use k8s4r_testbed::bench_arg as arg;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
@@ -36,15 +37,6 @@ const NS: &str = "bench";
 #[derive(Debug, Serialize)]
 struct StatusBody<'a> {
     status: &'a RobotStatus,
-}
-
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
 }
 
 async fn setup(client: &Client) -> anyhow::Result<()> {

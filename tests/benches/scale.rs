@@ -18,20 +18,11 @@ use std::time::{Duration, Instant};
 
 use k8s4r_api::{Robot, RobotPhase};
 use k8s4r_sim::{Fleet, SimConfig};
-use k8s4r_testbed::{Mosquitto, Program};
+use k8s4r_testbed::{bench_arg as arg, Mosquitto, Program};
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 
 const TOKEN: &str = "sim-bootstrap-token";
-
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 /// CPU time (user + system) of a process so far, in seconds.
 fn cpu_seconds(pid: u32) -> f64 {
@@ -53,15 +44,6 @@ fn peak_rss_mib(pid: u32) -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
-/// Raises this process's open-files limit to its hard limit (Mosquitto,
-/// started from here, inherits it): 10,000 robots are 10,000 sockets.
-fn raise_open_files() {
-    use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
-        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
-    }
-}
-
 struct Cluster {
     _dir: tempfile::TempDir,
     broker: Mosquitto,
@@ -76,7 +58,9 @@ fn args(list: &[&str]) -> Vec<String> {
 }
 
 async fn start_cluster() -> Cluster {
-    raise_open_files();
+    // 10,000 robots are 10,000 sockets, here and in Mosquitto (which
+    // inherits the limit).
+    let _ = apiserver_lite::limits::raise_open_files_limit();
     let mut dir = tempfile::tempdir().expect("scratch dir");
     // K8S4R_SCALE_KEEP=1 keeps the programs' logs for a look.
     if std::env::var_os("K8S4R_SCALE_KEEP").is_some() {
