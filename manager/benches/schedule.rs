@@ -4,7 +4,8 @@
 //! Timed from the first Job's creation to the moment the watch shows all
 //! 10,000 Tasks `dispatching`: fan-out (Job → TaskGroups → Tasks), the
 //! scheduling decisions, and both writes per placement (target robot, then
-//! status) included. Bounded: gives up after `--deadline` seconds.
+//! status) included. Bounded: gives up after `--deadline` seconds. API
+//! writes per decision count every write in that time (creations too).
 //!
 //! `cargo bench -p k8s4r-manager --bench schedule`
 
@@ -20,7 +21,7 @@ use k8s4r_api::{
     TaskGroupTemplate, TaskState, TaskTemplate,
 };
 use k8s4r_manager::{ManagerConfig, Metrics};
-use k8s4r_testbed::bench_arg as arg;
+use k8s4r_testbed::{bench_arg as arg, resource_version};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
@@ -185,6 +186,7 @@ async fn main() -> anyhow::Result<()> {
         Instant::now()
     });
 
+    let writes_before = resource_version(&client).await;
     let start = Instant::now();
     let jobs: Api<Job> = Api::namespaced(client.clone(), NS);
     stream::iter(0..JOBS)
@@ -199,6 +201,9 @@ async fn main() -> anyhow::Result<()> {
         .await?;
     let done = tokio::time::timeout(deadline, watch).await;
     let decisions = metrics.decisions.get();
+    // Every write moves the store's resourceVersion: Job, TaskGroup and
+    // Task creations, placements, Events, Robot and status patches.
+    let writes = resource_version(&client).await.saturating_sub(writes_before);
     shutdown.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(10), manager).await;
     let finished = match done {
@@ -219,6 +224,22 @@ async fn main() -> anyhow::Result<()> {
     println!(
         "BENCH schedule_decisions_per_s {:.0} decisions/s",
         decisions as f64 / secs
+    );
+    println!(
+        "BENCH api_writes_per_decision {:.2} writes",
+        writes as f64 / decisions.max(1) as f64
+    );
+    // Where the writes went: creations and two per placement are known;
+    // Events are counted; the rest is Robot `allocated` and group and Job
+    // status.
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), NS);
+    let event_count = events.list_metadata(&Default::default()).await?.items.len() as u64;
+    let created = (JOBS * 2) as u64 + total as u64;
+    eprintln!(
+        "{writes} API writes for {decisions} decisions: {created} creations, {} placement patches, {event_count} Events ({} routine ones not published, --event-qps), {} others",
+        2 * decisions,
+        metrics.events_dropped.get(),
+        writes.saturating_sub(created + 2 * decisions + event_count)
     );
     server.shutdown().await?;
     Ok(())

@@ -5,13 +5,16 @@
 //! heartbeats with jitter, takes dispatches, "runs" each for a drawn
 //! duration, reports running then completed (or failed, for a chosen
 //! fraction), answers cancels, and disconnects and reconnects on request.
-//! The server and the manager cannot tell it from agents.
+//! Like the agent, it keeps each status update until the server says it
+//! recorded it (`tasks/acks`), and sends what is unconfirmed again after
+//! every registration and when a confirmation is overdue. The server and
+//! the manager cannot tell it from agents.
 //!
-//! What it does not do: run processes, keep a journal or an outbox across
-//! its own restarts, fence attempts (it never loses the cluster for long
+//! What it does not do: run processes, keep its outbox on disk across its
+//! own restarts, fence attempts (it never loses the cluster for long
 //! enough in the benchmarks), or read logs.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -45,6 +48,9 @@ pub struct SimConfig {
     pub connect_rate: u32,
     /// The MQTT keep-alive.
     pub keep_alive: Duration,
+    /// How long a status update may wait for the server's confirmation
+    /// before it is sent again.
+    pub confirm_timeout: Duration,
 }
 
 impl Default for SimConfig {
@@ -59,6 +65,7 @@ impl Default for SimConfig {
             fail_fraction: 0.0,
             connect_rate: 0,
             keep_alive: Duration::from_secs(60),
+            confirm_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -79,6 +86,12 @@ pub struct Counters {
     pub dispatches: AtomicU64,
     /// The same attempt dispatched again while held or after it ended.
     pub duplicate_dispatches: AtomicU64,
+    /// A task dispatched to a robot while another robot held it: the task
+    /// would run twice at once.
+    pub overlapping_dispatches: AtomicU64,
+    /// Status updates sent again because the server had not confirmed
+    /// them.
+    pub resent_statuses: AtomicU64,
     /// Tasks finished (completed or failed).
     pub finished: AtomicU64,
     /// Bytes published by the robots (MQTT payloads).
@@ -87,12 +100,26 @@ pub struct Counters {
     pub bytes_in: AtomicU64,
 }
 
+/// The fleet's shared record: which robot holds which task, the tasks whose
+/// end was reported, and each robot's latest registration.
+struct Ledger {
+    started: Instant,
+    holders: Mutex<HashMap<String, usize>>,
+    finished: Mutex<HashSet<String>>,
+    /// Milliseconds after `started` (plus one; 0: never) of each robot's
+    /// latest registration answered Online.
+    registered: Vec<AtomicU64>,
+}
+
 /// The running fleet.
 pub struct Fleet {
     /// Counters.
     pub counters: Arc<Counters>,
     /// When each robot was first answered Online, by robot index.
     pub online_at: Arc<Mutex<HashMap<usize, Instant>>>,
+    /// What the fleet holds and has finished, and when each robot was last
+    /// answered Online.
+    ledger: Arc<Ledger>,
     /// Increments to make every robot drop its connection and reconnect.
     reconnect: watch::Sender<u64>,
     /// Robots with a lower index vanish: their connection drops without a
@@ -107,6 +134,12 @@ impl Fleet {
     pub fn start(config: SimConfig) -> Fleet {
         let counters = Arc::new(Counters::default());
         let online_at = Arc::new(Mutex::new(HashMap::new()));
+        let ledger = Arc::new(Ledger {
+            started: Instant::now(),
+            holders: Mutex::new(HashMap::new()),
+            finished: Mutex::new(HashSet::new()),
+            registered: (0..config.robots).map(|_| AtomicU64::new(0)).collect(),
+        });
         let (reconnect, reconnect_rx) = watch::channel(0u64);
         let (vanish, vanish_rx) = watch::channel(0usize);
         let stop = CancellationToken::new();
@@ -119,6 +152,7 @@ impl Fleet {
                 config: Arc::clone(&config),
                 counters: Arc::clone(&counters),
                 online_at: Arc::clone(&online_at),
+                ledger: Arc::clone(&ledger),
                 reconnect: reconnect_rx.clone(),
                 vanish: vanish_rx.clone(),
                 stop: stop.clone(),
@@ -135,11 +169,28 @@ impl Fleet {
         Fleet {
             counters,
             online_at,
+            ledger,
             reconnect,
             vanish,
             stop,
             tasks,
         }
+    }
+
+    /// How many robots were answered Online at or after `since`.
+    pub fn registered_since(&self, since: Instant) -> usize {
+        let mark = since.saturating_duration_since(self.ledger.started).as_millis() as u64 + 1;
+        self.ledger
+            .registered
+            .iter()
+            .filter(|r| r.load(Ordering::Relaxed) >= mark)
+            .count()
+    }
+
+    /// The uids of the tasks whose end (completed, failed or cancelled) a
+    /// robot reported.
+    pub fn finished_tasks(&self) -> HashSet<String> {
+        lock(&self.ledger.finished).clone()
     }
 
     /// Makes every robot drop its connection and connect again.
@@ -163,12 +214,17 @@ impl Fleet {
     }
 }
 
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 struct SimRobot {
     index: usize,
     id: String,
     config: Arc<SimConfig>,
     counters: Arc<Counters>,
     online_at: Arc<Mutex<HashMap<usize, Instant>>>,
+    ledger: Arc<Ledger>,
     reconnect: watch::Receiver<u64>,
     vanish: watch::Receiver<usize>,
     stop: CancellationToken,
@@ -186,9 +242,20 @@ impl Rng {
     }
 }
 
-/// One attempt the robot holds.
-struct Held {
-    seq: u64,
+/// Status updates sent and not yet confirmed by the server, by seq: the
+/// topic, the payload, and when each was last sent. Seqs grow across every
+/// attempt the robot runs, as the agent's outbox ids do.
+#[derive(Default)]
+struct Outbox {
+    next_seq: u64,
+    unconfirmed: BTreeMap<u64, (String, Vec<u8>, tokio::time::Instant)>,
+}
+
+impl Outbox {
+    fn seq(&mut self) -> u64 {
+        self.next_seq += 1;
+        self.next_seq
+    }
 }
 
 impl SimRobot {
@@ -226,12 +293,46 @@ impl SimRobot {
         let _ = client.try_publish(topic, QoS::AtLeastOnce, retain, payload);
     }
 
-    fn register(&self, client: &AsyncClient, held: &HashMap<(String, u32), Held>) {
+    /// Sends a status update and keeps it until the server confirms it.
+    fn send_status(&self, client: &AsyncClient, outbox: &mut Outbox, update: &StatusUpdate) {
+        let topic = Topics::default().status(&self.id, &update.task_uid);
+        let payload = encode(update);
+        self.publish(client, topic.clone(), payload.clone(), false);
+        outbox
+            .unconfirmed
+            .insert(update.seq, (topic, payload, tokio::time::Instant::now()));
+    }
+
+    /// Sends again the updates unconfirmed since `before` (all: `None`),
+    /// oldest first.
+    fn resend(&self, client: &AsyncClient, outbox: &mut Outbox, before: Option<tokio::time::Instant>) {
+        let now = tokio::time::Instant::now();
+        for (topic, payload, sent) in outbox.unconfirmed.values_mut() {
+            if before.is_some_and(|b| *sent > b) {
+                continue;
+            }
+            self.counters.resent_statuses.fetch_add(1, Ordering::Relaxed);
+            self.publish(client, topic.clone(), payload.clone(), false);
+            *sent = now;
+        }
+    }
+
+    /// The robot's task `uid` ended: it is no longer held.
+    fn ended(&self, uid: &str) {
+        let mut holders = lock(&self.ledger.holders);
+        if holders.get(uid) == Some(&self.index) {
+            holders.remove(uid);
+        }
+        drop(holders);
+        lock(&self.ledger.finished).insert(uid.to_owned());
+    }
+
+    fn register(&self, client: &AsyncClient, held: &HashSet<(String, u32)>) {
         let register = Register {
             token: Some(self.config.token.clone()),
             drivers: vec!["exec".into(), "raw_exec".into()],
             running: held
-                .keys()
+                .iter()
                 .map(|(uid, attempt)| TaskAttempt {
                     uid: uid.clone(),
                     attempt: *attempt,
@@ -262,8 +363,9 @@ impl SimRobot {
         let topics = Topics::default();
         let mut rng =
             Rng(0x9E37_79B9_7F4A_7C15 ^ (self.index as u64 + 1).wrapping_mul(0x2545_F491_4F6C_DD1D));
-        let mut held: HashMap<(String, u32), Held> = HashMap::new();
-        let mut finished: std::collections::HashSet<(String, u32)> = std::collections::HashSet::new();
+        let mut held: HashSet<(String, u32)> = HashSet::new();
+        let mut finished: HashSet<(String, u32)> = HashSet::new();
+        let mut outbox = Outbox::default();
         let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<(String, u32, bool)>();
         'connection: loop {
             let (client, mut eventloop) = AsyncClient::new(self.options(), 64);
@@ -291,20 +393,30 @@ impl SimRobot {
                         continue 'connection;
                     }
                     Some((uid, attempt, failed)) = done_rx.recv() => {
-                        if let Some(h) = held.remove(&(uid.clone(), attempt)) {
+                        if held.remove(&(uid.clone(), attempt)) {
                             let mut update = StatusUpdate::new(
                                 &uid,
                                 attempt,
-                                h.seq + 1,
+                                outbox.seq(),
                                 if failed { TaskState::Failed } else { TaskState::Completed },
                             );
                             update.exit_code = Some(i32::from(failed));
                             update.reason = Some(if failed { TaskReason::Error } else { TaskReason::Completed });
                             update.finish_time = Some(jiff::Timestamp::now());
-                            self.publish(&client, topics.status(&self.id, &uid), encode(&update), false);
+                            self.send_status(&client, &mut outbox, &update);
+                            self.ended(&uid);
                             finished.insert((uid, attempt));
                             self.counters.finished.fetch_add(1, Ordering::Relaxed);
                         }
+                    }
+                    () = async {
+                        match outbox.unconfirmed.values().map(|(_, _, sent)| *sent).min() {
+                            Some(oldest) => tokio::time::sleep_until(oldest + self.config.confirm_timeout).await,
+                            None => std::future::pending().await,
+                        }
+                    }, if approved => {
+                        let overdue = tokio::time::Instant::now().checked_sub(self.config.confirm_timeout);
+                        self.resend(&client, &mut outbox, overdue);
                     }
                     () = async { if let Some(at) = next_register { tokio::time::sleep_until(at).await } }, if next_register.is_some() && !approved => {
                         self.register(&client, &held);
@@ -315,7 +427,7 @@ impl SimRobot {
                     () = tokio::time::sleep_until(next_heartbeat), if approved => {
                         heartbeat_seq += 1;
                         let running = held
-                            .keys()
+                            .iter()
                             .map(|(uid, attempt)| TaskAttempt { uid: uid.clone(), attempt: *attempt })
                             .collect();
                         let heartbeat = Heartbeat {
@@ -344,22 +456,36 @@ impl SimRobot {
                                 Ok(Inbound::Response(r)) if r.phase == RobotPhase::Online && !approved => {
                                     approved = true;
                                     self.counters.registrations.fetch_add(1, Ordering::Relaxed);
-                                    let mut online = self.online_at.lock().unwrap_or_else(|e| e.into_inner());
+                                    let mut online = lock(&self.online_at);
                                     if online.insert(self.index, Instant::now()).is_none() {
                                         self.counters.online.fetch_add(1, Ordering::Relaxed);
+                                    }
+                                    drop(online);
+                                    let at = self.ledger.started.elapsed().as_millis() as u64 + 1;
+                                    self.ledger.registered[self.index].store(at, Ordering::Relaxed);
+                                    // What the server may not have recorded goes again.
+                                    self.resend(&client, &mut outbox, None);
+                                }
+                                Ok(Inbound::StatusAck(ack)) => {
+                                    for seq in ack.seqs {
+                                        outbox.unconfirmed.remove(&seq);
                                     }
                                 }
                                 Ok(Inbound::Dispatch(d)) => {
                                     let key = (d.task_uid.clone(), d.attempt);
-                                    if held.contains_key(&key) || finished.contains(&key) {
+                                    if held.contains(&key) || finished.contains(&key) {
                                         self.counters.duplicate_dispatches.fetch_add(1, Ordering::Relaxed);
                                         continue;
                                     }
                                     self.counters.dispatches.fetch_add(1, Ordering::Relaxed);
-                                    let mut update = StatusUpdate::new(&d.task_uid, d.attempt, 1, TaskState::Running);
+                                    let previous = lock(&self.ledger.holders).insert(d.task_uid.clone(), self.index);
+                                    if previous.is_some_and(|other| other != self.index) {
+                                        self.counters.overlapping_dispatches.fetch_add(1, Ordering::Relaxed);
+                                    }
+                                    let mut update = StatusUpdate::new(&d.task_uid, d.attempt, outbox.seq(), TaskState::Running);
                                     update.start_time = Some(jiff::Timestamp::now());
-                                    self.publish(&client, topics.status(&self.id, &d.task_uid), encode(&update), false);
-                                    held.insert(key.clone(), Held { seq: 1 });
+                                    self.send_status(&client, &mut outbox, &update);
+                                    held.insert(key.clone());
                                     let (lo, hi) = self.config.task_duration;
                                     let run = lo + (hi.saturating_sub(lo)).mul_f64(rng.next_f64());
                                     let failed = rng.next_f64() < self.config.fail_fraction;
@@ -371,15 +497,16 @@ impl SimRobot {
                                 }
                                 Ok(Inbound::Cancel(c)) => {
                                     let keys: Vec<(String, u32)> = held
-                                        .keys()
+                                        .iter()
                                         .filter(|(uid, attempt)| *uid == c.task_uid && (c.attempt == 0 || *attempt == c.attempt))
                                         .cloned()
                                         .collect();
                                     for (uid, attempt) in keys {
                                         held.remove(&(uid.clone(), attempt));
-                                        let mut update = StatusUpdate::new(&uid, attempt, 2, TaskState::Failed);
+                                        let mut update = StatusUpdate::new(&uid, attempt, outbox.seq(), TaskState::Failed);
                                         update.reason = Some(TaskReason::Cancelled);
-                                        self.publish(&client, topics.status(&self.id, &uid), encode(&update), false);
+                                        self.send_status(&client, &mut outbox, &update);
+                                        self.ended(&uid);
                                         finished.insert((uid, attempt));
                                     }
                                 }

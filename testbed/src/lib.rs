@@ -2,7 +2,8 @@
 //! a deadline instead of sleeping, the machine's kubectl, the Mosquitto
 //! binary, TLS certificates made with openssl, and fault injection: a TCP
 //! proxy a test can cut, blackhole or slow down ([`proxy`]), and programs it
-//! can SIGKILL and restart ([`process`]).
+//! can SIGKILL and restart ([`process`]); for benchmarks, their flags and
+//! the API server's write counter.
 
 pub mod process;
 pub mod proxy;
@@ -24,6 +25,21 @@ pub fn bench_arg(name: &str, default: u64) -> u64 {
         .and_then(|i| args.get(i + 1))
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
+}
+
+/// The API server's resourceVersion now: it moves with every write, so
+/// the difference over a stretch of time counts the writes in it (a list's
+/// version is the store's, whatever was listed).
+pub async fn resource_version(client: &kube::Client) -> u64 {
+    let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(client.clone());
+    let list = namespaces
+        .list_metadata(&kube::api::ListParams::default().limit(1))
+        .await
+        .expect("list namespaces");
+    list.metadata
+        .resource_version
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 /// A port on 127.0.0.1 that was free a moment ago.

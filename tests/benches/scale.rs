@@ -6,6 +6,7 @@
 //!     cargo bench -p k8s4r-e2e --bench scale -- register-storm [--robots 10000]
 //!     cargo bench -p k8s4r-e2e --bench scale -- heartbeats [--robots 10000] [--seconds 120]
 //!     cargo bench -p k8s4r-e2e --bench scale -- dispatch [--robots 10000] [--jobs 10000] [--rate 200]
+//!     cargo bench -p k8s4r-e2e --bench scale -- reconnect-storm [--robots 5000] [--jobs 2000] [--rate 50]
 //!
 //! Each prints `BENCH <name> <value> <unit>` lines (BENCHMARKS.md) and a
 //! short summary. The server and manager run with their production
@@ -18,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use k8s4r_api::{Robot, RobotPhase};
 use k8s4r_sim::{Fleet, SimConfig};
-use k8s4r_testbed::{bench_arg as arg, Mosquitto, Program};
+use k8s4r_testbed::{bench_arg as arg, resource_version, Mosquitto, Program};
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 
@@ -133,19 +134,6 @@ async fn start_cluster() -> Cluster {
     }
 }
 
-/// The cluster's write counter: every write moves the global resourceVersion.
-async fn resource_version(client: &Client) -> u64 {
-    let robots: Api<Robot> = Api::all(client.clone());
-    let list = robots
-        .list_metadata(&ListParams::default().limit(1))
-        .await
-        .expect("list");
-    list.metadata
-        .resource_version
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
 async fn count_online(client: &Client) -> usize {
     let robots: Api<Robot> = Api::all(client.clone());
     let mut online = 0;
@@ -160,6 +148,68 @@ async fn count_online(client: &Client) -> usize {
         match page.metadata.continue_ {
             Some(token) if !token.is_empty() => params = params.continue_token(&token),
             _ => return online,
+        }
+    }
+}
+
+/// Waits (up to 10 minutes) until every robot is Online.
+async fn all_online(client: &Client, robots: usize) {
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while count_online(client).await < robots {
+        assert!(Instant::now() < deadline, "not every robot came Online");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Creates single-task Jobs `d-0`... at a steady rate (job i at i / rate
+/// seconds after `started`), each running `/bin/true`: their names and
+/// when each was created.
+async fn create_jobs(
+    client: &Client,
+    jobs: usize,
+    rate: u64,
+    started: Instant,
+) -> std::collections::HashMap<String, jiff::Timestamp> {
+    use futures::StreamExt;
+    let jobs_api: Api<k8s4r_api::Job> = Api::namespaced(client.clone(), "default");
+    futures::stream::iter(0..jobs)
+        .map(|i| {
+            let jobs_api = jobs_api.clone();
+            async move {
+                let at = started + Duration::from_secs_f64(i as f64 / rate as f64);
+                tokio::time::sleep_until(at.into()).await;
+                let name = format!("d-{i}");
+                let job: k8s4r_api::Job = serde_json::from_value(serde_json::json!({
+                    "apiVersion": "robot.k8s4r.io/v1alpha1", "kind": "Job",
+                    "metadata": {"name": name, "namespace": "default"},
+                    "spec": {"taskGroups": [{"name": "t", "count": 1,
+                        "task": {"driver": "raw_exec", "command": "/bin/true"}}]},
+                }))
+                .unwrap();
+                let at = jiff::Timestamp::now();
+                jobs_api
+                    .create(&kube::api::PostParams::default(), &job)
+                    .await
+                    .expect("create job");
+                (name, at)
+            }
+        })
+        .buffer_unordered(64)
+        .collect()
+        .await
+}
+
+/// Every Task in `default`, page by page.
+async fn all_tasks(client: &Client) -> Vec<k8s4r_api::Task> {
+    let tasks_api: Api<k8s4r_api::Task> = Api::namespaced(client.clone(), "default");
+    let mut tasks = Vec::new();
+    let mut params = ListParams::default().limit(2000);
+    loop {
+        let page = tasks_api.list(&params).await.expect("list tasks");
+        tasks.extend(page.items);
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => return tasks,
         }
     }
 }
@@ -214,11 +264,7 @@ fn label(robots: usize) -> String {
 async fn heartbeats(robots: usize, seconds: u64) {
     let cluster = start_cluster().await;
     let fleet = Fleet::start(sim(&cluster, robots, Duration::from_secs(arg("--interval", 30))));
-    let deadline = Instant::now() + Duration::from_secs(600);
-    while count_online(&cluster.client).await < robots {
-        assert!(Instant::now() < deadline, "not every robot came Online");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    all_online(&cluster.client, robots).await;
     // Let the registration burst settle before measuring.
     tokio::time::sleep(Duration::from_secs(arg("--settle", 30))).await;
     let server_pid = cluster.server.pid().expect("server pid");
@@ -297,44 +343,12 @@ async fn heartbeats(robots: usize, seconds: u64) {
 /// created → running (the simulated robot's `startTime`) p50 and p99, and
 /// tasks completed per second.
 async fn dispatch(robots: usize, jobs: usize, rate: u64) {
-    use futures::StreamExt;
-    use k8s4r_api::{Job, Task};
     let cluster = start_cluster().await;
     let fleet = Fleet::start(sim(&cluster, robots, Duration::from_secs(30)));
-    let deadline = Instant::now() + Duration::from_secs(600);
-    while count_online(&cluster.client).await < robots {
-        assert!(Instant::now() < deadline, "not every robot came Online");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    all_online(&cluster.client, robots).await;
     tokio::time::sleep(Duration::from_secs(arg("--settle", 10))).await;
-    let jobs_api: Api<Job> = Api::namespaced(cluster.client.clone(), "default");
     let started = Instant::now();
-    let created: std::collections::HashMap<String, jiff::Timestamp> = futures::stream::iter(0..jobs)
-        .map(|i| {
-            let jobs_api = jobs_api.clone();
-            async move {
-                // A steady rate: job i is created at i / rate seconds.
-                let at = started + Duration::from_secs_f64(i as f64 / rate as f64);
-                tokio::time::sleep_until(at.into()).await;
-                let name = format!("d-{i}");
-                let job: Job = serde_json::from_value(serde_json::json!({
-                    "apiVersion": "robot.k8s4r.io/v1alpha1", "kind": "Job",
-                    "metadata": {"name": name, "namespace": "default"},
-                    "spec": {"taskGroups": [{"name": "t", "count": 1,
-                        "task": {"driver": "raw_exec", "command": "/bin/true"}}]},
-                }))
-                .unwrap();
-                let at = jiff::Timestamp::now();
-                jobs_api
-                    .create(&kube::api::PostParams::default(), &job)
-                    .await
-                    .expect("create job");
-                (name, at)
-            }
-        })
-        .buffer_unordered(64)
-        .collect()
-        .await;
+    let created = create_jobs(&cluster.client, jobs, rate, started).await;
     let all_created = started.elapsed().as_secs_f64();
     let deadline = Instant::now() + Duration::from_secs(900);
     while (fleet.counters.finished.load(Ordering::Relaxed) as usize) < jobs {
@@ -342,25 +356,15 @@ async fn dispatch(robots: usize, jobs: usize, rate: u64) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let all_done = started.elapsed().as_secs_f64();
-    let tasks_api: Api<Task> = Api::namespaced(cluster.client.clone(), "default");
     let mut latencies = Vec::with_capacity(jobs);
-    let mut params = ListParams::default().limit(2000);
-    loop {
-        let page = tasks_api.list(&params).await.expect("list tasks");
-        for t in &page.items {
-            let job = t
-                .labels()
-                .get(k8s4r_api::names::LABEL_JOB)
-                .cloned()
-                .unwrap_or_default();
-            if let (Some(at), Some(start)) = (created.get(&job), t.status.as_ref().and_then(|s| s.start_time))
-            {
-                latencies.push(start.duration_since(*at).as_secs_f64() * 1000.0);
-            }
-        }
-        match page.metadata.continue_ {
-            Some(token) if !token.is_empty() => params = params.continue_token(&token),
-            _ => break,
+    for t in all_tasks(&cluster.client).await {
+        let job = t
+            .labels()
+            .get(k8s4r_api::names::LABEL_JOB)
+            .cloned()
+            .unwrap_or_default();
+        if let (Some(at), Some(start)) = (created.get(&job), t.status.as_ref().and_then(|s| s.start_time)) {
+            latencies.push(start.duration_since(*at).as_secs_f64() * 1000.0);
         }
     }
     latencies.sort_by(f64::total_cmp);
@@ -390,6 +394,100 @@ async fn dispatch(robots: usize, jobs: usize, rate: u64) {
     fleet.stop().await;
 }
 
+/// The broker restarts (without persistence: every session and retained
+/// message is gone) under a fleet running work: time until every robot is
+/// connected and registered again, dispatches that reached a robot twice
+/// (or a second robot while the first held the task), and status updates
+/// a robot reported that the cluster never recorded.
+async fn reconnect_storm(robots: usize, jobs: usize, rate: u64) {
+    let mut cluster = start_cluster().await;
+    let mut config = sim(&cluster, robots, Duration::from_secs(30));
+    // Tasks long enough to be running when the broker goes.
+    config.task_duration = (
+        Duration::from_secs(arg("--task-min-s", 5)),
+        Duration::from_secs(arg("--task-max-s", 20)),
+    );
+    let fleet = Fleet::start(config);
+    all_online(&cluster.client, robots).await;
+    tokio::time::sleep(Duration::from_secs(arg("--settle", 10))).await;
+    // Jobs arrive before, during and after the restart.
+    let client = cluster.client.clone();
+    let creating = tokio::spawn(async move { create_jobs(&client, jobs, rate, Instant::now()).await });
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while (fleet.counters.dispatches.load(Ordering::Relaxed) as usize) < jobs / 3 {
+        assert!(Instant::now() < deadline, "work did not reach the robots");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let held =
+        fleet.counters.dispatches.load(Ordering::Relaxed) - fleet.counters.finished.load(Ordering::Relaxed);
+    let rv0 = resource_version(&cluster.client).await;
+    let restarted = Instant::now();
+    tokio::task::block_in_place(|| cluster.broker.restart());
+    let deadline = Instant::now() + Duration::from_secs(arg("--deadline", 600));
+    loop {
+        let again = fleet.registered_since(restarted);
+        if again >= robots && count_online(&cluster.client).await >= robots {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{again}/{robots} robots registered again after the broker restarted"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let took = restarted.elapsed().as_secs_f64();
+    let storm_writes = resource_version(&cluster.client).await.saturating_sub(rv0);
+    let created = creating.await.expect("jobs created");
+    // Every task ends: its robot reported it, or the manager moved it.
+    let deadline = Instant::now() + Duration::from_secs(900);
+    let tasks = loop {
+        let tasks = all_tasks(&cluster.client).await;
+        let ended = tasks
+            .iter()
+            .filter(|t| {
+                t.status
+                    .as_ref()
+                    .and_then(|s| s.state)
+                    .is_some_and(|s| s.is_terminal())
+            })
+            .count();
+        if ended >= created.len() {
+            break tasks;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{ended}/{} tasks ended 900 s after the restart",
+            created.len()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    // A robot reported these tasks' end; the cluster must show it.
+    let finished = fleet.finished_tasks();
+    let lost = tasks
+        .iter()
+        .filter(|t| t.metadata.uid.as_ref().is_some_and(|uid| finished.contains(uid)))
+        .filter(|t| t.status.as_ref().and_then(|s| s.state) != Some(k8s4r_api::TaskState::Completed))
+        .count();
+    let retried = tasks
+        .iter()
+        .filter(|t| t.status.as_ref().is_some_and(|s| s.attempt > 1))
+        .count();
+    let duplicates = fleet.counters.duplicate_dispatches.load(Ordering::Relaxed)
+        + fleet.counters.overlapping_dispatches.load(Ordering::Relaxed);
+    println!(
+        "INFO broker restarted under {robots} robots holding {held} tasks; {} jobs; all registered again after {took:.1} s with {storm_writes} API writes meanwhile (the jobs' included); {} tasks retried; {} status updates sent again; {} duplicate and {} overlapping dispatches",
+        created.len(),
+        retried,
+        fleet.counters.resent_statuses.load(Ordering::Relaxed),
+        fleet.counters.duplicate_dispatches.load(Ordering::Relaxed),
+        fleet.counters.overlapping_dispatches.load(Ordering::Relaxed),
+    );
+    println!("BENCH reconnect_storm_{}_s {took:.1} s", label(robots));
+    println!("BENCH reconnect_duplicates {duplicates} dispatches");
+    println!("BENCH reconnect_lost {lost} statuses");
+    fleet.stop().await;
+}
+
 fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         return;
@@ -416,6 +514,13 @@ fn main() {
             usize::try_from(arg("--jobs", 10_000)).unwrap_or(10_000),
             arg("--rate", 200),
         )),
-        other => eprintln!("unknown scenario {other:?}: register-storm, heartbeats or dispatch"),
+        "reconnect-storm" => runtime.block_on(reconnect_storm(
+            robots,
+            usize::try_from(arg("--jobs", 2_000)).unwrap_or(2_000),
+            arg("--rate", 50),
+        )),
+        other => {
+            eprintln!("unknown scenario {other:?}: register-storm, heartbeats, dispatch or reconnect-storm")
+        }
     }
 }
