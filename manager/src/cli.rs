@@ -94,6 +94,13 @@ pub struct Args {
     /// Limit on every call to the API server.
     #[arg(long, env = "K8S4R_API_TIMEOUT", default_value = "10s", value_parser = duration)]
     pub api_timeout: Duration,
+    /// Routine (Normal) Events published per second at most; Warnings are
+    /// never held back. 0: no limit.
+    #[arg(long, env = "K8S4R_EVENT_QPS", default_value_t = 50)]
+    pub event_qps: u32,
+    /// The burst of routine Events allowed above --event-qps.
+    #[arg(long, env = "K8S4R_EVENT_BURST", default_value_t = 100)]
+    pub event_burst: u32,
     /// Log format.
     #[arg(long, env = "K8S4R_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -146,6 +153,8 @@ impl Args {
             leader,
             metrics_addr: Some(self.metrics_addr),
             api_timeout: self.api_timeout,
+            event_qps: self.event_qps,
+            event_burst: self.event_burst,
             ..ManagerConfig::default()
         }
     }

@@ -39,11 +39,22 @@ pub struct ManagerConfig {
     /// Coalesces bursts of changes to one Robot (allocation follows every
     /// task placed on it) into one reconcile.
     pub robot_debounce: Duration,
+    /// A Robot's `status.allocated` (what people read; the scheduler keeps
+    /// its own ledger) is written at most this often while tasks land on
+    /// it, unless its status is written anyway.
+    pub allocation_interval: Duration,
     /// Coalesces bursts of Task changes into one status write of their
     /// TaskGroup (and of TaskGroup changes into one of their Job).
     pub status_debounce: Duration,
     /// Publish Kubernetes Events.
     pub events: bool,
+    /// Routine (Normal) Events published per second at most, with bursts
+    /// of `event_burst`, as kubelet's `--event-qps`: at scale a Scheduled
+    /// or Started Event per task would double the API writes. Warnings are
+    /// never held back. 0: no limit.
+    pub event_qps: u32,
+    /// The burst of routine Events allowed above `event_qps`.
+    pub event_burst: u32,
     /// Serve the validating admission webhook; `None`: not served.
     pub webhook: Option<crate::webhook::WebhookConfig>,
 }
@@ -63,8 +74,11 @@ impl Default for ManagerConfig {
             error_backoff: Duration::from_millis(500),
             error_backoff_max: Duration::from_secs(300),
             robot_debounce: Duration::from_millis(500),
+            allocation_interval: Duration::from_secs(5),
             status_debounce: Duration::ZERO,
             events: true,
+            event_qps: 50,
+            event_burst: 100,
             webhook: None,
         }
     }

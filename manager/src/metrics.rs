@@ -44,6 +44,8 @@ pub struct Metrics {
     pub decisions: Counter,
     /// Scheduling attempts that found no robot.
     pub unschedulable: Counter,
+    /// Routine Events not published: over the Event rate limit.
+    pub events_dropped: Counter,
     /// Tasks waiting for a robot that fits.
     waiting: Gauge,
     /// From a task becoming schedulable to its placement.
@@ -96,6 +98,7 @@ impl Default for Metrics {
             .collect();
         let decisions = Counter::default();
         let unschedulable = Counter::default();
+        let events_dropped = Counter::default();
         let waiting = Gauge::default();
         let scheduling_latency = metrics::latency();
         let leader = Gauge::default();
@@ -108,6 +111,11 @@ impl Default for Metrics {
             "scheduling_failures",
             "Scheduling attempts that found no robot.",
             unschedulable.clone(),
+        );
+        registry.register(
+            "events_dropped",
+            "Routine (Normal) Events not published: over --event-qps.",
+            events_dropped.clone(),
         );
         registry.register(
             "tasks_waiting",
@@ -129,6 +137,7 @@ impl Default for Metrics {
             controllers,
             decisions,
             unschedulable,
+            events_dropped,
             waiting,
             scheduling_latency,
             leader,

@@ -11,10 +11,16 @@
 //! robots, then the least allocated robot wins. A task of lower priority
 //! leaves a robot to a waiting task of higher priority that fits it
 //! (`Request::reserved`).
+//!
+//! A large fleet is not scored whole for every task: [`choose_sampled`]
+//! looks at robots from where the last decision left off and scores the
+//! first [`SAMPLE`] that fit, as Nomad limits the feasible nodes it ranks.
+//! A task with a preferred affinity still sees every robot.
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
+use std::ops::Bound;
 
 use k8s4r_api::selector::affinity_weight;
 use k8s4r_api::{AntiAffinity, Constraint, LabelSelector, RobotPhase, TaskPolicy, WeightedAffinity};
@@ -358,6 +364,43 @@ pub fn score(robot: &RobotFacts, request: &Request<'_>, usage: Option<&Usage>) -
     }
 }
 
+/// How many robots that fit one decision scores at most (when the task
+/// has no preferred affinity). Robots are looked at from just after the
+/// one chosen last, so successive decisions walk the fleet and spread.
+pub const SAMPLE: usize = 16;
+
+/// Picks a robot for `request` from a fleet kept by name: the best of the
+/// first [`SAMPLE`] robots that fit, looking from just after `cursor` (the
+/// robot chosen last) and wrapping round; every robot when the task
+/// prefers some (affinity). A task pinned to one robot looks only at it
+/// (unless a topology anti-affinity needs to see where its group runs).
+/// Ties go to the robot looked at first, so a fleet of equals is walked in
+/// turn. When nothing fits, every robot was looked at, so the [`NoFit`] counts
+/// are the fleet's.
+pub fn choose_sampled<'r, 'u>(
+    robots: &'r BTreeMap<String, RobotFacts>,
+    cursor: &str,
+    request: &Request<'_>,
+    usage: impl Fn(&str) -> Option<&'u Usage>,
+) -> Result<&'r RobotFacts, NoFit> {
+    let topology = request.anti_affinity.is_some_and(|a| a.topology_key.is_some());
+    if let (Some(only), false) = (request.robot, topology) {
+        return choose(robots.get(only), request, usage);
+    }
+    let limit = if request.affinity.is_empty() {
+        SAMPLE
+    } else {
+        usize::MAX
+    };
+    let after = robots.range::<str, _>((Bound::Excluded(cursor), Bound::Unbounded));
+    let through = robots.range::<str, _>((Bound::Unbounded, Bound::Included(cursor)));
+    let scan = Scan {
+        limit,
+        ties_by_name: false,
+    };
+    choose_among(after.chain(through).map(|(_, r)| r), request, usage, scan)
+}
+
 /// Picks the best robot for `request`, or says why none fits.
 ///
 /// `usage` looks up what is already assigned to a robot by name. Ties go to
@@ -371,6 +414,33 @@ where
     I: IntoIterator<Item = &'r RobotFacts>,
     I::IntoIter: Clone,
 {
+    let scan = Scan {
+        limit: usize::MAX,
+        ties_by_name: true,
+    };
+    choose_among(robots, request, usage, scan)
+}
+
+/// How far a choice looks, and how it breaks ties.
+struct Scan {
+    /// Stop once this many robots that fit have been scored.
+    limit: usize,
+    /// Ties go to the name that sorts first; otherwise to the robot looked
+    /// at first.
+    ties_by_name: bool,
+}
+
+fn choose_among<'r, 'u, I>(
+    robots: I,
+    request: &Request<'_>,
+    usage: impl Fn(&str) -> Option<&'u Usage>,
+    scan: Scan,
+) -> Result<&'r RobotFacts, NoFit>
+where
+    I: IntoIterator<Item = &'r RobotFacts>,
+    I::IntoIter: Clone,
+{
+    let mut scored = 0;
     let mut best: Option<(Score, &'r RobotFacts)> = None;
     let topology_key = request.anti_affinity.and_then(|a| a.topology_key.as_deref());
     let mut nofit = NoFit {
@@ -415,12 +485,16 @@ where
             None => true,
             Some((bs, br)) => match s.cmp(bs) {
                 Ordering::Less => true,
-                Ordering::Equal => robot.name < br.name,
+                Ordering::Equal => scan.ties_by_name && robot.name < br.name,
                 Ordering::Greater => false,
             },
         };
         if better {
             best = Some((s, robot));
+        }
+        scored += 1;
+        if scored >= scan.limit {
+            break;
         }
     }
     best.map(|(_, r)| r).ok_or(nofit)
@@ -685,6 +759,88 @@ pub(crate) mod tests {
         assert_eq!(choose(&robots, &req, |n| used.get(n)).unwrap().name, "c");
         let robots = [robot("a"), robot("b")];
         assert_eq!(choose(&robots, &req, |n| used.get(n)).unwrap().name, "b");
+    }
+
+    fn fleet(n: usize) -> BTreeMap<String, RobotFacts> {
+        (0..n)
+            .map(|i| {
+                let r = robot(&format!("r{i:02}"));
+                (r.name.clone(), r)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_sampled_choice_walks_a_fleet_of_equals_from_the_cursor() {
+        let robots = fleet(40);
+        let pick = |cursor: &str| {
+            choose_sampled(&robots, cursor, &request("g"), |_| None)
+                .unwrap()
+                .name
+                .clone()
+        };
+        assert_eq!(pick(""), "r00");
+        assert_eq!(pick("r05"), "r06");
+        assert_eq!(pick("r39"), "r00", "wraps round");
+    }
+
+    #[test]
+    fn a_sampled_choice_scores_only_the_first_robots_that_fit() {
+        let robots = fleet(40);
+        // r30 is the idlest robot, but 24 robots past the cursor.
+        let used: HashMap<String, Usage> = robots
+            .keys()
+            .filter(|n| *n != "r30")
+            .map(|n| (n.clone(), usage(1000, 0, 1, &[])))
+            .collect();
+        let sampled = choose_sampled(&robots, "r05", &request("g"), |n| used.get(n)).unwrap();
+        assert_eq!(sampled.name, "r06", "r30 is not among the first {SAMPLE}");
+        let near = choose_sampled(&robots, "r20", &request("g"), |n| used.get(n)).unwrap();
+        assert_eq!(near.name, "r30", "within the sample the best still wins");
+        let whole = choose(robots.values(), &request("g"), |n| used.get(n)).unwrap();
+        assert_eq!(whole.name, "r30");
+    }
+
+    #[test]
+    fn a_sampled_choice_skips_what_does_not_fit_and_reports_the_whole_fleet() {
+        let mut robots = fleet(40);
+        for (i, r) in robots.values_mut().enumerate() {
+            if i != 35 {
+                r.phase = Some(RobotPhase::Offline);
+            }
+        }
+        let chosen = choose_sampled(&robots, "r00", &request("g"), |_| None).unwrap();
+        assert_eq!(chosen.name, "r35");
+        robots.get_mut("r35").unwrap().phase = Some(RobotPhase::Offline);
+        let nofit = choose_sampled(&robots, "r00", &request("g"), |_| None).unwrap_err();
+        assert_eq!(nofit.total, 40);
+        assert_eq!(nofit.rejections.get(&Rejection::Offline), Some(&40));
+    }
+
+    #[test]
+    fn a_preferred_affinity_or_a_pinned_robot_is_not_sampled() {
+        let mut robots = fleet(40);
+        robots.get_mut("r30").unwrap().labels = [("dock".to_string(), "yes".to_string())].into();
+        let affinity = [WeightedAffinity {
+            weight: 50,
+            selector: LabelSelector::from_labels([("dock", "yes")]),
+        }];
+        let req = Request {
+            affinity: &affinity,
+            ..request("g")
+        };
+        assert_eq!(
+            choose_sampled(&robots, "r00", &req, |_| None).unwrap().name,
+            "r30"
+        );
+        let pinned = Request {
+            robot: Some("r39"),
+            ..request("g")
+        };
+        assert_eq!(
+            choose_sampled(&robots, "r00", &pinned, |_| None).unwrap().name,
+            "r39"
+        );
     }
 
     #[test]

@@ -54,6 +54,8 @@ pub struct SchedState {
     /// Per waiting task, the tasks of lower priority that left it a robot
     /// and wait: woken when it is placed or gone.
     pub yielded: HashMap<ObjectRef<Task>, Vec<ObjectRef<Task>>>,
+    /// The robot chosen last: the next decision looks at robots from there.
+    pub cursor: String,
 }
 
 impl SchedState {
@@ -111,7 +113,7 @@ pub struct Context {
     pub stores: Stores,
     pub(super) sched: Mutex<SchedState>,
     pub(crate) triggers: Triggers,
-    pub(super) events: Option<tokio::sync::mpsc::Sender<(ObjectReference, Event)>>,
+    pub(super) events: Option<EventSink>,
     pub(super) failures: Failures<String>,
     /// Per task: the (attempt, state) last seen, to publish an
     /// Event once per transition.
@@ -120,6 +122,8 @@ pub struct Context {
     /// (kept apart so that a robot's change costs nothing when there are
     /// none, however many other groups there are).
     pub(super) every_robot_groups: Mutex<std::collections::HashSet<ObjectRef<TaskGroup>>>,
+    /// When each Robot's `allocated` was last written.
+    pub(super) allocation_written: Mutex<HashMap<String, std::time::Instant>>,
 }
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -152,9 +156,13 @@ impl Context {
         reason: &str,
         note: String,
     ) {
-        let Some(tx) = &self.events else {
+        let Some(sink) = &self.events else {
             return;
         };
+        if type_ == EventType::Normal && sink.routine.as_ref().is_some_and(|r| r.check().is_err()) {
+            self.metrics.events_dropped.inc();
+            return;
+        }
         let event = Event {
             type_,
             reason: reason.to_owned(),
@@ -162,7 +170,7 @@ impl Context {
             action: reason.to_owned(),
             secondary: None,
         };
-        if tx.try_send((obj.object_ref(&()), event)).is_err() {
+        if sink.tx.try_send((obj.object_ref(&()), event)).is_err() {
             tracing::debug!(reason, "event queue full, dropping event");
         }
     }
@@ -338,6 +346,26 @@ impl Context {
             self.config.error_backoff
         };
         Action::requeue(exponential(base, self.config.error_backoff_max, n - 1))
+    }
+}
+
+/// Where Events go: the publisher's queue, and the limit on routine ones.
+pub(super) struct EventSink {
+    pub(super) tx: tokio::sync::mpsc::Sender<(ObjectReference, Event)>,
+    /// Routine (Normal) Events pass at this rate; `None`: all pass.
+    pub(super) routine: Option<governor::DefaultDirectRateLimiter>,
+}
+
+impl EventSink {
+    /// A sink into `tx` that lets routine Events through at `qps` per
+    /// second with bursts of `burst` (0: no limit).
+    pub(super) fn new(tx: tokio::sync::mpsc::Sender<(ObjectReference, Event)>, qps: u32, burst: u32) -> Self {
+        use std::num::NonZeroU32;
+        let routine = NonZeroU32::new(qps).map(|qps| {
+            let burst = NonZeroU32::new(burst).unwrap_or(qps);
+            governor::RateLimiter::direct(governor::Quota::per_second(qps).allow_burst(burst))
+        });
+        EventSink { tx, routine }
     }
 }
 

@@ -41,7 +41,7 @@ use crate::config::ManagerConfig;
 use crate::error::Result;
 use crate::metrics::Metrics;
 
-use context::{publish_events, Triggers};
+use context::{publish_events, EventSink, Triggers};
 pub use context::{Context, SchedState, Stores};
 pub use facts::{demand_of, facts_of, group_of, key_of, placement_of};
 use informers::informer;
@@ -69,7 +69,9 @@ pub async fn run(
     let (periodics, periodic_writer) = reflector::store::<PeriodicJob>();
 
     let (events_tx, events_rx) = tokio::sync::mpsc::channel(4096);
-    let events = config.events.then_some(events_tx);
+    let events = config
+        .events
+        .then(|| EventSink::new(events_tx, config.event_qps, config.event_burst));
     if events.is_some() {
         let recorder = Recorder::new(
             client.clone(),
@@ -103,6 +105,7 @@ pub async fn run(
         failures: Failures::default(),
         seen: Mutex::default(),
         every_robot_groups: Mutex::default(),
+        allocation_written: Mutex::default(),
         config,
     });
 

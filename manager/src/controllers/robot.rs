@@ -94,6 +94,28 @@ pub(crate) fn liveness_of(robot: &Robot, lease: Option<&Lease>) -> Liveness {
     }
 }
 
+/// `None` when a Robot's `allocated` may be written now (and then it is
+/// taken as written); else how long until it may.
+fn allocation_due(ctx: &Context, robot: &str, writing_anyway: bool) -> Option<std::time::Duration> {
+    let now = std::time::Instant::now();
+    let mut written = ctx
+        .allocation_written
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let wait = written
+        .get(robot)
+        .map(|at| {
+            ctx.config
+                .allocation_interval
+                .saturating_sub(now.duration_since(*at))
+        })
+        .filter(|wait| !wait.is_zero() && !writing_anyway);
+    if wait.is_none() {
+        written.insert(robot.to_owned(), now);
+    }
+    wait
+}
+
 fn allocated(ctx: &Context, robot: &str) -> RobotResources {
     let sched = ctx.sched();
     let usage = sched.ledger.usage(robot);
@@ -206,14 +228,20 @@ async fn reconcile_robot(robot: &Robot, ctx: &Context) -> Result<Action> {
         }
     }
 
-    let alloc = allocated(ctx, &name);
-    if status.allocated.as_ref() != Some(&alloc) {
-        patch.allocated = Some(alloc);
-    }
     if conditions != status.conditions {
         patch.conditions = Some(conditions);
     }
     let phase_change = patch.phase.is_some() || patch.conditions.is_some();
+    let alloc = allocated(ctx, &name);
+    if status.allocated.as_ref() != Some(&alloc) {
+        // `allocated` is for people (the scheduler keeps its own ledger):
+        // a robot taking tasks in a burst gets it written at most once per
+        // interval, unless something else is written anyway.
+        match allocation_due(ctx, &name, phase_change || patch.message.is_some()) {
+            None => patch.allocated = Some(alloc),
+            Some(wait) => requeue = Some(requeue.map_or(wait, |r| r.min(wait))),
+        }
+    }
     if phase_change || patch.allocated.is_some() || patch.message.is_some() {
         // Conditions are a list the server writes too: guard the whole
         // read-modify-write with the version it was read at.

@@ -27,7 +27,7 @@ use crate::error::{Error, Result};
 use crate::ledger::Placement;
 use crate::lifecycle::{next_step, plus, retry_delay, RobotHealth, Step};
 use crate::manual::{self, TaskManual};
-use crate::scheduler::{choose, Request};
+use crate::scheduler::{choose_sampled, Request};
 use k8s4r_service::patch::Guarded;
 
 /// How long a task that found no robot waits before looking again on its
@@ -439,8 +439,10 @@ async fn schedule(task: &Task, ctx: &Context, now: Timestamp) -> Result<Action> 
                 reserved: &reserved,
                 ..request.clone()
             };
-            let chosen = choose(sched.robots.values(), &attempt_request, |n| sched.ledger.usage(n))
-                .map(|r| r.name.clone());
+            let chosen = choose_sampled(&sched.robots, &sched.cursor, &attempt_request, |n| {
+                sched.ledger.usage(n)
+            })
+            .map(|r| r.name.clone());
             let Ok(robot) = chosen else {
                 break chosen;
             };
@@ -454,6 +456,8 @@ async fn schedule(task: &Task, ctx: &Context, now: Timestamp) -> Result<Action> 
         };
         match &outcome {
             Ok(robot) => {
+                // The next decision looks on from here.
+                sched.cursor.clone_from(robot);
                 sched.ledger.reserve(
                     &key,
                     attempt,
@@ -607,7 +611,7 @@ fn outranking(
                 robot: Some(robot),
                 ..request_for(&other, &group, None)
             };
-            choose(sched.robots.values(), &request, |n| sched.ledger.usage(n)).is_ok()
+            choose_sampled(&sched.robots, "", &request, |n| sched.ledger.usage(n)).is_ok()
         })
         .map(|(r, _)| r.clone())
 }
