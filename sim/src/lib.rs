@@ -2,25 +2,28 @@
 //! speaks the agent's protocol through the agent's own code (the protocol
 //! types and topics of `k8s4r_api::protocol`, incoming messages read by the
 //! agent's `inbound::classify`): it registers with a bootstrap token,
-//! heartbeats with jitter, takes dispatches, "runs" each for a drawn
-//! duration, reports running then completed (or failed, for a chosen
-//! fraction), answers cancels, and disconnects and reconnects on request.
+//! heartbeats with jitter, takes dispatches (admitted by the agent's own
+//! fence: the server's clock, dispatch deadlines, attempts seen; held until
+//! the registration is answered), "runs" each for a drawn duration, reports
+//! running then completed (or failed, for a chosen fraction), answers
+//! cancels, and disconnects and reconnects on request.
 //! Like the agent, it keeps each status update until the server says it
 //! recorded it (`tasks/acks`), and sends what is unconfirmed again after
 //! every registration and when a confirmation is overdue. The server and
 //! the manager cannot tell it from agents.
 //!
 //! What it does not do: run processes, keep its outbox on disk across its
-//! own restarts, fence attempts (it never loses the cluster for long
-//! enough in the benchmarks), or read logs.
+//! own restarts, stop attempts when its lease on them runs out (it never
+//! loses the cluster for that long in the benchmarks), or read logs.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use k8s4r_agent::fence::{Fence, Refusal};
 use k8s4r_agent::inbound::{classify, Inbound};
-use k8s4r_api::protocol::{encode, Heartbeat, Online, Register, StatusUpdate, Topics};
+use k8s4r_api::protocol::{encode, Dispatch, Heartbeat, Online, Register, StatusUpdate, Topics};
 use k8s4r_api::{DeviceInfo, RobotPhase, TaskAttempt, TaskReason, TaskState, Usage};
 use rumqttc::{AsyncClient, Event, LastWill, MqttOptions, Packet, QoS};
 use tokio::sync::watch;
@@ -89,6 +92,9 @@ pub struct Counters {
     /// A task dispatched to a robot while another robot held it: the task
     /// would run twice at once.
     pub overlapping_dispatches: AtomicU64,
+    /// Dispatches refused for arriving after their deadline (reported
+    /// failed, as the agent does).
+    pub expired_dispatches: AtomicU64,
     /// Status updates sent again because the server had not confirmed
     /// them.
     pub resent_statuses: AtomicU64,
@@ -359,20 +365,123 @@ impl SimRobot {
         );
     }
 
+    fn now(&self) -> Duration {
+        self.ledger.started.elapsed()
+    }
+
+    /// A dispatch the registration allows: refused as the agent refuses it
+    /// (after its deadline by the server's clock, or an attempt seen
+    /// already), else "run" for a drawn duration.
+    fn take(&self, client: &AsyncClient, state: &mut State, d: Dispatch) {
+        let key = (d.task_uid.clone(), d.attempt);
+        if state.held.contains(&key) || state.finished.contains(&key) {
+            self.counters.duplicate_dispatches.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let wall = jiff::Timestamp::now();
+        if let Err(refusal) = state.fence.admit(&d, wall) {
+            if matches!(refusal, Refusal::Expired { .. }) {
+                self.counters.expired_dispatches.fetch_add(1, Ordering::Relaxed);
+                let mut update =
+                    StatusUpdate::new(&d.task_uid, d.attempt, state.outbox.seq(), TaskState::Failed);
+                update.reason = Some(TaskReason::DispatchTimeout);
+                update.message = Some(refusal.to_string());
+                update.finish_time = Some(wall);
+                self.send_status(client, &mut state.outbox, &update);
+            } else {
+                self.counters.duplicate_dispatches.fetch_add(1, Ordering::Relaxed);
+            }
+            return;
+        }
+        self.counters.dispatches.fetch_add(1, Ordering::Relaxed);
+        let previous = lock(&self.ledger.holders).insert(d.task_uid.clone(), self.index);
+        if previous.is_some_and(|other| other != self.index) {
+            self.counters
+                .overlapping_dispatches
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        let mut update = StatusUpdate::new(&d.task_uid, d.attempt, state.outbox.seq(), TaskState::Running);
+        update.start_time = Some(wall);
+        self.send_status(client, &mut state.outbox, &update);
+        state.held.insert(key.clone());
+        let (lo, hi) = self.config.task_duration;
+        let run = lo + (hi.saturating_sub(lo)).mul_f64(state.rng.next_f64());
+        let failed = state.rng.next_f64() < self.config.fail_fraction;
+        let done = state.done_tx.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(run).await;
+            let _ = done.send((key.0, key.1, failed));
+        });
+    }
+
+    /// A held attempt ended: its end is reported.
+    fn finish(&self, client: &AsyncClient, state: &mut State, uid: String, attempt: u32, end: End) {
+        if !state.held.remove(&(uid.clone(), attempt)) {
+            return;
+        }
+        let (state_now, reason, exit) = match end {
+            End::Completed => (TaskState::Completed, TaskReason::Completed, Some(0)),
+            End::Failed => (TaskState::Failed, TaskReason::Error, Some(1)),
+            End::Cancelled => (TaskState::Failed, TaskReason::Cancelled, None),
+        };
+        let mut update = StatusUpdate::new(&uid, attempt, state.outbox.seq(), state_now);
+        update.exit_code = exit;
+        update.reason = Some(reason);
+        update.finish_time = Some(jiff::Timestamp::now());
+        self.send_status(client, &mut state.outbox, &update);
+        self.ended(&uid);
+        state.finished.insert((uid, attempt));
+        if end != End::Cancelled {
+            self.counters.finished.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn heartbeat(&self, client: &AsyncClient, state: &mut State) {
+        state.heartbeat_seq += 1;
+        let wall = jiff::Timestamp::now();
+        state.fence.heartbeat_sent(state.heartbeat_seq, self.now());
+        let heartbeat = Heartbeat {
+            running: state
+                .held
+                .iter()
+                .map(|(uid, attempt)| TaskAttempt {
+                    uid: uid.clone(),
+                    attempt: *attempt,
+                })
+                .collect(),
+            reconcile: true,
+            // The list speaks for every status assigned so far.
+            last_seq: (state.outbox.next_seq > 0).then_some(state.outbox.next_seq),
+            server_time: state.fence.server_now(wall),
+            ..Heartbeat::new(&self.id, state.heartbeat_seq, wall, Usage::default())
+        };
+        self.publish(
+            client,
+            Topics::default().heartbeat(&self.id),
+            encode(&heartbeat),
+            false,
+        );
+        self.counters.heartbeats.fetch_add(1, Ordering::Relaxed);
+    }
+
     async fn run(mut self) {
         let topics = Topics::default();
-        let mut rng =
-            Rng(0x9E37_79B9_7F4A_7C15 ^ (self.index as u64 + 1).wrapping_mul(0x2545_F491_4F6C_DD1D));
-        let mut held: HashSet<(String, u32)> = HashSet::new();
-        let mut finished: HashSet<(String, u32)> = HashSet::new();
-        let mut outbox = Outbox::default();
         let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<(String, u32, bool)>();
+        let mut state = State {
+            rng: Rng(0x9E37_79B9_7F4A_7C15 ^ (self.index as u64 + 1).wrapping_mul(0x2545_F491_4F6C_DD1D)),
+            held: HashSet::new(),
+            finished: HashSet::new(),
+            outbox: Outbox::default(),
+            fence: Fence::new(self.now()),
+            heartbeat_seq: 0,
+            waiting: Vec::new(),
+            done_tx,
+        };
         'connection: loop {
             let (client, mut eventloop) = AsyncClient::new(self.options(), 64);
             let mut approved = false;
-            let first = self.config.heartbeat.mul_f64(rng.next_f64());
+            let first = self.config.heartbeat.mul_f64(state.rng.next_f64());
             let mut next_heartbeat = tokio::time::Instant::now() + first;
-            let mut heartbeat_seq = 0u64;
             // Registration is sent again until answered, backing off, as the
             // agent's registrar does (a server not yet subscribed drops it).
             let mut register_retry = Duration::from_secs(5);
@@ -393,67 +502,48 @@ impl SimRobot {
                         continue 'connection;
                     }
                     Some((uid, attempt, failed)) = done_rx.recv() => {
-                        if held.remove(&(uid.clone(), attempt)) {
-                            let mut update = StatusUpdate::new(
-                                &uid,
-                                attempt,
-                                outbox.seq(),
-                                if failed { TaskState::Failed } else { TaskState::Completed },
-                            );
-                            update.exit_code = Some(i32::from(failed));
-                            update.reason = Some(if failed { TaskReason::Error } else { TaskReason::Completed });
-                            update.finish_time = Some(jiff::Timestamp::now());
-                            self.send_status(&client, &mut outbox, &update);
-                            self.ended(&uid);
-                            finished.insert((uid, attempt));
-                            self.counters.finished.fetch_add(1, Ordering::Relaxed);
-                        }
+                        let end = if failed { End::Failed } else { End::Completed };
+                        self.finish(&client, &mut state, uid, attempt, end);
                     }
                     () = async {
-                        match outbox.unconfirmed.values().map(|(_, _, sent)| *sent).min() {
+                        match state.outbox.unconfirmed.values().map(|(_, _, sent)| *sent).min() {
                             Some(oldest) => tokio::time::sleep_until(oldest + self.config.confirm_timeout).await,
                             None => std::future::pending().await,
                         }
                     }, if approved => {
                         let overdue = tokio::time::Instant::now().checked_sub(self.config.confirm_timeout);
-                        self.resend(&client, &mut outbox, overdue);
+                        self.resend(&client, &mut state.outbox, overdue);
                     }
                     () = async { if let Some(at) = next_register { tokio::time::sleep_until(at).await } }, if next_register.is_some() && !approved => {
-                        self.register(&client, &held);
-                        let jitter = 0.8 + 0.4 * rng.next_f64();
+                        self.register(&client, &state.held);
+                        let jitter = 0.8 + 0.4 * state.rng.next_f64();
                         next_register = Some(tokio::time::Instant::now() + register_retry.mul_f64(jitter));
                         register_retry = (register_retry * 2).min(Duration::from_secs(60));
                     }
                     () = tokio::time::sleep_until(next_heartbeat), if approved => {
-                        heartbeat_seq += 1;
-                        let running = held
-                            .iter()
-                            .map(|(uid, attempt)| TaskAttempt { uid: uid.clone(), attempt: *attempt })
-                            .collect();
-                        let heartbeat = Heartbeat {
-                            running,
-                            reconcile: true,
-                            ..Heartbeat::new(&self.id, heartbeat_seq, jiff::Timestamp::now(), Usage::default())
-                        };
-                        self.publish(&client, topics.heartbeat(&self.id), encode(&heartbeat), false);
-                        self.counters.heartbeats.fetch_add(1, Ordering::Relaxed);
-                        let jitter = 0.9 + 0.2 * rng.next_f64();
+                        self.heartbeat(&client, &mut state);
+                        let jitter = 0.9 + 0.2 * state.rng.next_f64();
                         next_heartbeat = tokio::time::Instant::now() + self.config.heartbeat.mul_f64(jitter);
                     }
                     polled = eventloop.poll() => match polled {
                         Ok(Event::Incoming(Packet::ConnAck(_))) => {
                             self.counters.connects.fetch_add(1, Ordering::Relaxed);
+                            state.fence.connected(state.heartbeat_seq + 1);
                             for filter in topics.agent_subscriptions(&self.id) {
                                 let _ = client.try_subscribe(filter, QoS::AtLeastOnce);
                             }
                             self.publish(&client, topics.online(&self.id), encode(&Online { v: k8s4r_api::protocol::PROTOCOL_VERSION, online: true }), true);
-                            self.register(&client, &held);
+                            self.register(&client, &state.held);
                             next_register = Some(tokio::time::Instant::now() + register_retry);
                         }
                         Ok(Event::Incoming(Packet::Publish(p))) => {
                             self.counters.bytes_in.fetch_add(p.payload.len() as u64, Ordering::Relaxed);
                             match classify(&topics, &self.id, &p.topic, &p.payload) {
-                                Ok(Inbound::Response(r)) if r.phase == RobotPhase::Online && !approved => {
+                                Ok(Inbound::Response(r)) => {
+                                    state.fence.registered(r.status_acks, r.server_time, self.now(), jiff::Timestamp::now());
+                                    if r.phase != RobotPhase::Online || approved {
+                                        continue;
+                                    }
                                     approved = true;
                                     self.counters.registrations.fetch_add(1, Ordering::Relaxed);
                                     let mut online = lock(&self.online_at);
@@ -463,51 +553,33 @@ impl SimRobot {
                                     drop(online);
                                     let at = self.ledger.started.elapsed().as_millis() as u64 + 1;
                                     self.ledger.registered[self.index].store(at, Ordering::Relaxed);
-                                    // What the server may not have recorded goes again.
-                                    self.resend(&client, &mut outbox, None);
+                                    // What the server may not have recorded goes again;
+                                    // dispatches held until now are taken.
+                                    self.resend(&client, &mut state.outbox, None);
+                                    for d in std::mem::take(&mut state.waiting) {
+                                        self.take(&client, &mut state, d);
+                                    }
                                 }
                                 Ok(Inbound::StatusAck(ack)) => {
+                                    if let Some(seq) = ack.heartbeat {
+                                        state.fence.heartbeat_recorded(seq, ack.time, jiff::Timestamp::now());
+                                    }
                                     for seq in ack.seqs {
-                                        outbox.unconfirmed.remove(&seq);
+                                        state.outbox.unconfirmed.remove(&seq);
                                     }
                                 }
-                                Ok(Inbound::Dispatch(d)) => {
-                                    let key = (d.task_uid.clone(), d.attempt);
-                                    if held.contains(&key) || finished.contains(&key) {
-                                        self.counters.duplicate_dispatches.fetch_add(1, Ordering::Relaxed);
-                                        continue;
-                                    }
-                                    self.counters.dispatches.fetch_add(1, Ordering::Relaxed);
-                                    let previous = lock(&self.ledger.holders).insert(d.task_uid.clone(), self.index);
-                                    if previous.is_some_and(|other| other != self.index) {
-                                        self.counters.overlapping_dispatches.fetch_add(1, Ordering::Relaxed);
-                                    }
-                                    let mut update = StatusUpdate::new(&d.task_uid, d.attempt, outbox.seq(), TaskState::Running);
-                                    update.start_time = Some(jiff::Timestamp::now());
-                                    self.send_status(&client, &mut outbox, &update);
-                                    held.insert(key.clone());
-                                    let (lo, hi) = self.config.task_duration;
-                                    let run = lo + (hi.saturating_sub(lo)).mul_f64(rng.next_f64());
-                                    let failed = rng.next_f64() < self.config.fail_fraction;
-                                    let done = done_tx.clone();
-                                    tokio::spawn(async move {
-                                        tokio::time::sleep(run).await;
-                                        let _ = done.send((key.0, key.1, failed));
-                                    });
-                                }
+                                // Held until the registration is answered, as the agent holds them.
+                                Ok(Inbound::Dispatch(d)) if !approved => state.waiting.push(*d),
+                                Ok(Inbound::Dispatch(d)) => self.take(&client, &mut state, *d),
                                 Ok(Inbound::Cancel(c)) => {
-                                    let keys: Vec<(String, u32)> = held
+                                    let keys: Vec<(String, u32)> = state
+                                        .held
                                         .iter()
                                         .filter(|(uid, attempt)| *uid == c.task_uid && (c.attempt == 0 || *attempt == c.attempt))
                                         .cloned()
                                         .collect();
                                     for (uid, attempt) in keys {
-                                        held.remove(&(uid.clone(), attempt));
-                                        let mut update = StatusUpdate::new(&uid, attempt, outbox.seq(), TaskState::Failed);
-                                        update.reason = Some(TaskReason::Cancelled);
-                                        self.send_status(&client, &mut outbox, &update);
-                                        self.ended(&uid);
-                                        finished.insert((uid, attempt));
+                                        self.finish(&client, &mut state, uid, attempt, End::Cancelled);
                                     }
                                 }
                                 _ => {}
@@ -516,11 +588,34 @@ impl SimRobot {
                         Ok(_) => {}
                         Err(_) => {
                             approved = false;
-                            tokio::time::sleep(Duration::from_millis(500 + (rng.next_f64() * 1000.0) as u64)).await;
+                            tokio::time::sleep(Duration::from_millis(500 + (state.rng.next_f64() * 1000.0) as u64)).await;
                         }
                     }
                 }
             }
         }
     }
+}
+
+/// How a held attempt ended.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum End {
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+/// One robot's memory across its connections.
+struct State {
+    rng: Rng,
+    held: HashSet<(String, u32)>,
+    finished: HashSet<(String, u32)>,
+    outbox: Outbox,
+    /// The agent's own fencing: the server's clock (dispatch deadlines,
+    /// the heartbeat's `serverTime`) and the attempts seen.
+    fence: Fence,
+    heartbeat_seq: u64,
+    /// Dispatches that came before the registration was answered.
+    waiting: Vec<Dispatch>,
+    done_tx: tokio::sync::mpsc::UnboundedSender<(String, u32, bool)>,
 }
