@@ -121,9 +121,7 @@ async fn reconcile_job(job: &Job, ctx: &Context) -> Result<Action> {
     // A person's cancel or retry of the Job goes to its TaskGroups.
     let before = job.status.clone().unwrap_or_default();
     let uid = job.uid().unwrap_or_default();
-    let owned: Vec<Arc<TaskGroup>> = ctx.stores.groups.state_filter(|g| {
-        g.namespace().as_deref() == Some(ns.as_str()) && g.owner_references().iter().any(|o| o.uid == uid)
-    });
+    let owned: Vec<Arc<TaskGroup>> = ctx.job_groups.of(&ctx.stores.groups, &uid);
     let children: Vec<(String, Option<String>)> = owned
         .iter()
         .map(|g| (g.name_any(), g.annotations().get(ANNOTATION_CANCEL).cloned()))
@@ -206,17 +204,10 @@ async fn reconcile_job(job: &Job, ctx: &Context) -> Result<Action> {
             Some(_) => {}
         }
     }
-    let uid = job.uid().unwrap_or_default();
-    let stale: Vec<String> = ctx
-        .stores
-        .groups
-        .state_filter(|g| {
-            g.namespace().as_deref() == Some(ns.as_str())
-                && g.owner_references().iter().any(|o| o.uid == uid)
-                && !desired.contains_key(&g.name_any())
-        })
+    let stale: Vec<String> = owned
         .iter()
         .map(|g| g.name_any())
+        .filter(|name| !desired.contains_key(name))
         .collect();
     for group in stale {
         let deleted = ctx

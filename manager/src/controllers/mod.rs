@@ -106,6 +106,8 @@ pub async fn run(
         seen: Mutex::default(),
         every_robot_groups: Mutex::default(),
         allocation_written: Mutex::default(),
+        group_tasks: Default::default(),
+        job_groups: Default::default(),
         config,
     });
 

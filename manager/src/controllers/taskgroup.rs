@@ -124,9 +124,7 @@ async fn reconcile_group(group: &TaskGroup, ctx: &Context) -> Result<Action> {
     }
     let ns = group.namespace().unwrap_or_default();
     let uid = group.uid().unwrap_or_default();
-    let owned: Vec<Arc<Task>> = ctx.stores.tasks.state_filter(|t| {
-        t.namespace().as_deref() == Some(ns.as_str()) && t.owner_references().iter().any(|o| o.uid == uid)
-    });
+    let owned: Vec<Arc<Task>> = ctx.group_tasks.of(&ctx.stores.tasks, &uid);
     let api: Api<Task> = Api::namespaced(ctx.client(), &ns);
     let lifecycle = &ctx.config.lifecycle;
     let state_of = |t: &Task| effective_state(&t.spec, t.status.as_ref(), lifecycle);
