@@ -23,7 +23,7 @@ use k8s4r_service::patch::Guarded;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
+use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Resource, ResourceExt};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
@@ -73,8 +73,14 @@ struct Annotations {
 pub fn controller(client: kube::Client) -> Controller<Task> {
     let tasks: Api<Task> = Api::all(client.clone());
     let robots: Api<Robot> = Api::all(client);
-    let controller = Controller::new(tasks, watcher::Config::default());
-    let cache = controller.store();
+    let (cache, writer) = kube::runtime::reflector::store();
+    let events = watcher(tasks, watcher::Config::default())
+        .default_backoff()
+        .reflect(writer);
+    // A Task a relist brings is reconciled once the cache holds it (else a
+    // Task made dispatching while the watch was down would be skipped).
+    let triggers = k8s4r_service::watch::settle_relists(events, cache.clone()).applied_objects();
+    let controller = Controller::for_stream(triggers, cache.clone());
     controller.watches(robots, watcher::Config::default(), move |robot: Robot| {
         let name = robot.name_any();
         cache

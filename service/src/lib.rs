@@ -7,7 +7,9 @@
 //! - [`backoff`]: a per-object retry delay for reconcilers;
 //! - [`metrics`] and [`health`]: Prometheus metrics on `prometheus-client`
 //!   and the `/metrics`, `/healthz`, `/readyz` endpoints;
-//! - [`leader`]: leader election on a Lease, with `kube-lease-manager`.
+//! - [`leader`]: leader election on a Lease, with `kube-lease-manager`;
+//! - [`watch`]: watch streams whose relists reach controllers only once
+//!   the cache holds them.
 //!
 //! It holds no decisions: what to write and when stays in each program.
 
@@ -19,5 +21,6 @@ pub mod leader;
 pub mod metrics;
 pub mod patch;
 pub mod process;
+pub mod watch;
 
 pub use call::{ApiError, Kube};

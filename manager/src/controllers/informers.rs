@@ -33,52 +33,10 @@ pub(super) async fn informer<K>(
     let events = watcher(api, watcher::Config::default())
         .default_backoff()
         .reflect(writer);
-    relay(events, &reader, what, handle).await;
-}
-
-/// Hands `events` (already taken into the cache `reader` reads) to
-/// `handle`. A relist (the first list, and every one after the watch
-/// expired) is handed on only once it is complete: the cache takes the
-/// listed objects in all at once at its end, and a controller triggered
-/// before that would look its object up in the old cache, not find one
-/// created meanwhile, and never look again. What the old cache held and
-/// the relist does not (deleted while the watch was down, with no event of
-/// its own) is handed on as deleted.
-async fn relay<K, S>(
-    events: S,
-    reader: &reflector::Store<K>,
-    what: &'static str,
-    handle: impl Fn(&watcher::Event<K>),
-) where
-    K: Resource + Clone + Debug + Send + Sync + 'static,
-    K::DynamicType: Eq + Hash + Clone + Default,
-    S: futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
-{
-    let mut relist: Option<(Vec<std::sync::Arc<K>>, Vec<K>)> = None;
-    events
+    // A relist reaches the handlers only once the cache holds it.
+    k8s4r_service::watch::settle_relists(events, reader)
         .for_each(|event| {
             match event {
-                Ok(watcher::Event::Init) => {
-                    relist = Some((reader.state(), Vec::new()));
-                    handle(&watcher::Event::Init);
-                }
-                Ok(watcher::Event::InitApply(obj)) => match &mut relist {
-                    Some((_, listed)) => listed.push(obj),
-                    None => handle(&watcher::Event::InitApply(obj)),
-                },
-                Ok(watcher::Event::InitDone) => {
-                    if let Some((before, listed)) = relist.take() {
-                        for gone in before {
-                            if reader.get(&ObjectRef::from_obj(gone.as_ref())).is_none() {
-                                handle(&watcher::Event::Delete(K::clone(&gone)));
-                            }
-                        }
-                        for obj in listed {
-                            handle(&watcher::Event::InitApply(obj));
-                        }
-                    }
-                    handle(&watcher::Event::InitDone);
-                }
                 Ok(event) => handle(&event),
                 Err(error) => tracing::warn!(%error, "{what}"),
             }
@@ -314,73 +272,5 @@ fn task_ref(key: &str) -> ObjectRef<Task> {
     match key.split_once('/') {
         Some((ns, name)) => ObjectRef::new(name).within(ns),
         None => ObjectRef::new(key),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use k8s_openapi::api::core::v1::ConfigMap;
-    use std::sync::Mutex;
-
-    fn map(name: &str) -> ConfigMap {
-        let mut m = ConfigMap::default();
-        m.metadata.name = Some(name.into());
-        m.metadata.namespace = Some("ns".into());
-        m
-    }
-
-    /// A relist after the watch expired: what it brings is handed on only
-    /// when the cache holds it, and what it no longer lists is handed on
-    /// as deleted.
-    #[tokio::test]
-    async fn a_relist_is_handed_on_once_the_cache_holds_it() {
-        let (reader, writer) = reflector::store::<ConfigMap>();
-        let events = vec![
-            watcher::Event::Init,
-            watcher::Event::InitApply(map("kept")),
-            watcher::Event::InitApply(map("deleted-later")),
-            watcher::Event::InitDone,
-            watcher::Event::Apply(map("seen-live")),
-            // The watch expired; meanwhile `new` was created and
-            // `deleted-later` deleted.
-            watcher::Event::Init,
-            watcher::Event::InitApply(map("kept")),
-            watcher::Event::InitApply(map("seen-live")),
-            watcher::Event::InitApply(map("new")),
-            watcher::Event::InitDone,
-        ];
-        let stream = futures::stream::iter(events.into_iter().map(Ok)).reflect(writer);
-        let seen: Mutex<Vec<String>> = Mutex::default();
-        relay(stream, &reader, "test watch", |event| {
-            let line = match event {
-                watcher::Event::InitApply(o) | watcher::Event::Apply(o) => {
-                    let name = o.name_any();
-                    let cached = reader.get(&ObjectRef::from_obj(o)).is_some();
-                    format!("apply {name} cached={cached}")
-                }
-                watcher::Event::Delete(o) => format!("delete {}", o.name_any()),
-                watcher::Event::Init => "init".into(),
-                watcher::Event::InitDone => "done".into(),
-            };
-            seen.lock().unwrap().push(line);
-        })
-        .await;
-        assert_eq!(
-            seen.into_inner().unwrap(),
-            [
-                "init",
-                "apply kept cached=true",
-                "apply deleted-later cached=true",
-                "done",
-                "apply seen-live cached=true",
-                "init",
-                "delete deleted-later",
-                "apply kept cached=true",
-                "apply seen-live cached=true",
-                "apply new cached=true",
-                "done",
-            ]
-        );
     }
 }

@@ -1,0 +1,131 @@
+//! Watch streams whose relists reach the controllers only when the cache
+//! holds them.
+//!
+//! A reflector's cache takes a relist (the first list, and every one after
+//! a watch expired) in all at once, at its end (`InitDone`). A controller
+//! triggered by an object of the relist before then looks the object up in
+//! the old cache; one created while the watch was down is not there, the
+//! controller skips it and never looks again. [`settle_relists`] holds a
+//! relist's objects back until the cache has them, and hands on as deleted
+//! what the old cache held and the relist no longer shows (deleted while
+//! the watch was down, with no event of its own).
+
+use std::hash::Hash;
+use std::sync::Arc;
+
+use futures::{Stream, StreamExt};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::Resource;
+
+/// `events` (already taken into the cache `reader` reads), with each
+/// relist's objects handed on after its `InitDone` and its missing objects
+/// as deletions before them.
+pub fn settle_relists<K, S>(
+    events: S,
+    reader: Store<K>,
+) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>>
+where
+    K: Resource + Clone + Send + Sync + 'static,
+    K::DynamicType: Eq + Hash + Clone + Default,
+    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
+{
+    let mut relist: Option<(Vec<Arc<K>>, Vec<K>)> = None;
+    events
+        .map(move |event| {
+            let out = match event {
+                Ok(watcher::Event::Init) => {
+                    relist = Some((reader.state(), Vec::new()));
+                    vec![watcher::Event::Init]
+                }
+                Ok(watcher::Event::InitApply(obj)) => match &mut relist {
+                    Some((_, listed)) => {
+                        listed.push(obj);
+                        Vec::new()
+                    }
+                    None => vec![watcher::Event::InitApply(obj)],
+                },
+                Ok(watcher::Event::InitDone) => {
+                    let (before, listed) = relist.take().unwrap_or_default();
+                    let gone = before
+                        .into_iter()
+                        .filter(|old| reader.get(&ObjectRef::from_obj(old.as_ref())).is_none())
+                        .map(|old| watcher::Event::Delete(K::clone(&old)));
+                    let listed = listed.into_iter().map(watcher::Event::InitApply);
+                    gone.chain(listed)
+                        .chain(std::iter::once(watcher::Event::InitDone))
+                        .collect()
+                }
+                Ok(event) => vec![event],
+                Err(error) => return futures::stream::iter(vec![Err(error)]),
+            };
+            futures::stream::iter(out.into_iter().map(Ok).collect::<Vec<_>>())
+        })
+        .flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::runtime::{reflector, WatchStreamExt};
+    use kube::ResourceExt;
+
+    fn map(name: &str) -> ConfigMap {
+        let mut m = ConfigMap::default();
+        m.metadata.name = Some(name.into());
+        m.metadata.namespace = Some("ns".into());
+        m
+    }
+
+    /// A relist after the watch expired: what it brings is handed on only
+    /// when the cache holds it, and what it no longer lists is handed on
+    /// as deleted.
+    #[tokio::test]
+    async fn a_relist_is_handed_on_once_the_cache_holds_it() {
+        let (reader, writer) = reflector::store::<ConfigMap>();
+        let events = vec![
+            watcher::Event::Init,
+            watcher::Event::InitApply(map("kept")),
+            watcher::Event::InitApply(map("deleted-later")),
+            watcher::Event::InitDone,
+            watcher::Event::Apply(map("seen-live")),
+            // The watch expired; meanwhile `new` was created and
+            // `deleted-later` deleted.
+            watcher::Event::Init,
+            watcher::Event::InitApply(map("kept")),
+            watcher::Event::InitApply(map("seen-live")),
+            watcher::Event::InitApply(map("new")),
+            watcher::Event::InitDone,
+        ];
+        let reflected = futures::stream::iter(events.into_iter().map(Ok)).reflect(writer);
+        let seen: Vec<String> = settle_relists(reflected, reader.clone())
+            .map(|event| match event.expect("no error") {
+                watcher::Event::InitApply(o) | watcher::Event::Apply(o) => {
+                    let cached = reader.get(&ObjectRef::from_obj(&o)).is_some();
+                    format!("apply {} cached={cached}", o.name_any())
+                }
+                watcher::Event::Delete(o) => format!("delete {}", o.name_any()),
+                watcher::Event::Init => "init".into(),
+                watcher::Event::InitDone => "done".into(),
+            })
+            .collect()
+            .await;
+        assert_eq!(
+            seen,
+            [
+                "init",
+                "apply kept cached=true",
+                "apply deleted-later cached=true",
+                "done",
+                "apply seen-live cached=true",
+                "init",
+                "delete deleted-later",
+                "apply kept cached=true",
+                "apply seen-live cached=true",
+                "apply new cached=true",
+                "done",
+            ]
+        );
+    }
+}
