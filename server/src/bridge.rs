@@ -380,6 +380,9 @@ impl Bridge {
                 .await?;
             rv = patched.metadata.resource_version;
         }
+        if !plan.write_status {
+            return Ok(());
+        }
         self.patch_robot_status(name, &plan.status, rv.as_deref(), "robot_register")
             .await
     }

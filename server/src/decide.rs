@@ -174,6 +174,10 @@ pub struct RegisterPlan {
     pub metadata: MetadataPatch,
     /// The status patch (always non-empty: lastRegistrationTime changes).
     pub status: RobotStatusPatch,
+    /// Whether to write `status`: not for a robot registering again within
+    /// [`REGISTRATION_REFRESH`] with nothing new to say (a registration
+    /// sent again while the first waited for its answer, a reconnect storm).
+    pub write_status: bool,
     /// Answer on `response` at once with this phase (Online or Rejected);
     /// otherwise wait for the manager's decision.
     pub respond: Option<RobotPhase>,
@@ -194,6 +198,12 @@ pub fn token_sha256(token: &str) -> String {
 /// from what the robot reported last time (a person set or changed it). A
 /// key the robot stops reporting is removed only if it still holds the value
 /// the robot reported. Keys the robot never reported are never touched.
+/// How old a Robot's `lastRegistrationTime` may be before a registration
+/// that changes nothing else is written anyway. Nothing fences on it: the
+/// agent's lease on its attempts never runs from a registration, only from
+/// heartbeats the Lease records.
+pub const REGISTRATION_REFRESH: std::time::Duration = std::time::Duration::from_secs(60);
+
 pub fn plan_register(
     msg: &Register,
     existing: Option<&Robot>,
@@ -291,10 +301,30 @@ pub fn plan_register(
         task_policy: msg.task_policy.clone(),
         ..Default::default()
     };
+    let recent = existing
+        .and_then(|r| r.status.as_ref()?.last_registration_time)
+        .is_some_and(|at| {
+            jiff::SignedDuration::try_from(REGISTRATION_REFRESH)
+                .is_ok_and(|refresh| now.duration_since(at) < refresh)
+        });
+    let same = existing.and_then(|r| r.status.as_ref()).is_some_and(|old| {
+        old.device == status.device
+            && old.drivers == msg.drivers
+            && old.agent_version == status.agent_version
+            && old.capacity == status.capacity
+            && old.task_policy == status.task_policy
+    });
+    let write_status = !(recent
+        && same
+        && phase.is_some()
+        && metadata.is_empty()
+        && status.reported_labels.is_none()
+        && !changed);
     Ok(RegisterPlan {
         create: existing.is_none(),
         metadata,
         status,
+        write_status,
         respond: phase.filter(|p| matches!(p, RobotPhase::Online | RobotPhase::Rejected)),
     })
 }

@@ -188,6 +188,61 @@ fn register_of_an_online_robot_is_answered_at_once_and_keeps_the_phase() {
 }
 
 #[test]
+fn a_registration_sent_again_soon_with_nothing_new_is_not_written() {
+    let now = t("2026-11-22T10:00:00Z");
+    let first = plan_register(&register(&[("site", "lab")]), None, t("2026-11-22T09:59:50Z")).unwrap();
+    assert!(first.write_status);
+    // The Robot as the first registration left it, approved since.
+    let mut robot = RobotBuilder::new()
+        .phase(RobotPhase::Online)
+        .connected(true)
+        .label("site", "lab")
+        .reported("site", "lab")
+        .0;
+    robot.metadata.annotations = Some(
+        [(
+            ANNOTATION_TOKEN_SHA256.to_owned(),
+            first.metadata.annotations[ANNOTATION_TOKEN_SHA256]
+                .clone()
+                .unwrap(),
+        )]
+        .into(),
+    );
+    let status = robot.status.as_mut().unwrap();
+    status.device = first.status.device.clone();
+    status.drivers = first.status.drivers.clone().unwrap();
+    status.agent_version = first.status.agent_version.clone();
+    status.capacity = first.status.capacity.clone();
+    status.last_registration_time = Some(t("2026-11-22T09:59:50Z"));
+
+    let again = plan_register(&register(&[("site", "lab")]), Some(&robot), now).unwrap();
+    assert!(
+        !again.write_status,
+        "10 s later, nothing new: answered, not written"
+    );
+    assert_eq!(again.respond, Some(RobotPhase::Online));
+    let later = plan_register(
+        &register(&[("site", "lab")]),
+        Some(&robot),
+        t("2026-11-22T10:01:00Z"),
+    )
+    .unwrap();
+    assert!(
+        later.write_status,
+        "70 s later: lastRegistrationTime is refreshed"
+    );
+    let mut upgraded = register(&[("site", "lab")]);
+    upgraded.drivers.push("raw_exec".into());
+    assert!(plan_register(&upgraded, Some(&robot), now).unwrap().write_status);
+    let relabelled = register(&[("site", "field")]);
+    assert!(
+        plan_register(&relabelled, Some(&robot), now)
+            .unwrap()
+            .write_status
+    );
+}
+
+#[test]
 fn labels_a_person_set_are_never_clobbered() {
     let robot = RobotBuilder::new()
         .label("site", "lab")
