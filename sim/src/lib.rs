@@ -337,13 +337,7 @@ impl SimRobot {
         let register = Register {
             token: Some(self.config.token.clone()),
             drivers: vec!["exec".into(), "raw_exec".into()],
-            running: held
-                .iter()
-                .map(|(uid, attempt)| TaskAttempt {
-                    uid: uid.clone(),
-                    attempt: *attempt,
-                })
-                .collect(),
+            running: holding(held),
             reconcile: true,
             ..Register::new(
                 &self.id,
@@ -441,14 +435,7 @@ impl SimRobot {
         let wall = jiff::Timestamp::now();
         state.fence.heartbeat_sent(state.heartbeat_seq, self.now());
         let heartbeat = Heartbeat {
-            running: state
-                .held
-                .iter()
-                .map(|(uid, attempt)| TaskAttempt {
-                    uid: uid.clone(),
-                    attempt: *attempt,
-                })
-                .collect(),
+            running: holding(&state.held),
             reconcile: true,
             // The list speaks for every status assigned so far.
             last_seq: (state.outbox.next_seq > 0).then_some(state.outbox.next_seq),
@@ -595,6 +582,17 @@ impl SimRobot {
             }
         }
     }
+}
+
+/// The attempts a robot holds, as its registration and heartbeats list
+/// them.
+fn holding(held: &HashSet<(String, u32)>) -> Vec<TaskAttempt> {
+    held.iter()
+        .map(|(uid, attempt)| TaskAttempt {
+            uid: uid.clone(),
+            attempt: *attempt,
+        })
+        .collect()
 }
 
 /// How a held attempt ended.

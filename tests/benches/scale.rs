@@ -6,7 +6,7 @@
 //!     cargo bench -p k8s4r-e2e --bench scale -- register-storm [--robots 10000]
 //!     cargo bench -p k8s4r-e2e --bench scale -- heartbeats [--robots 10000] [--seconds 120]
 //!     cargo bench -p k8s4r-e2e --bench scale -- dispatch [--robots 10000] [--jobs 10000] [--rate 200]
-//!     cargo bench -p k8s4r-e2e --bench scale -- reconnect-storm [--robots 5000] [--jobs 2000] [--rate 50]
+//!     cargo bench -p k8s4r-e2e --bench scale -- reconnect-storm [--robots 5000] [--jobs 2000] [--rate 50] [--settle 70]
 //!
 //! Each prints `BENCH <name> <value> <unit>` lines (BENCHMARKS.md) and a
 //! short summary. The server and manager run with their production
