@@ -136,20 +136,6 @@ impl Queues {
             return Err(Refusal::RateLimited);
         }
         let cost = message.cost();
-        // A registration sent again while the last one still waits here (a
-        // robot retrying an answer that a storm slowed) takes its place:
-        // only what the robot says now is applied, once.
-        if message.topic.ends_with("/register") {
-            if let Some(queued) = queue.messages.iter_mut().find(|m| m.topic == message.topic) {
-                let old = queued.cost();
-                if queue.bytes - old + cost <= limits.queue_bytes {
-                    queue.bytes = queue.bytes - old + cost;
-                    self.bytes = self.bytes - old + cost;
-                    *queued = message;
-                    return Ok(());
-                }
-            }
-        }
         // One message always fits an empty queue, whatever its size (the
         // protocol check refuses it later, with a reason).
         if !queue.messages.is_empty() && queue.bytes + cost > limits.queue_bytes {
@@ -261,35 +247,6 @@ mod tests {
             rate: 10.0,
             burst: 5.0,
         }
-    }
-
-    #[test]
-    fn a_registration_sent_again_replaces_the_one_still_queued() {
-        let (l, now) = (limits(), Instant::now());
-        let mut q = Queues::default();
-        q.push("rb1", msg("k8s4r/robots/rb1/register", 10), &l, now)
-            .unwrap();
-        q.push("rb1", msg("k8s4r/robots/rb1/tasks/u/status", 10), &l, now)
-            .unwrap();
-        q.push("rb1", msg("k8s4r/robots/rb1/register", 30), &l, now)
-            .unwrap();
-        assert_eq!(q.bytes(), (25 + 30) + (31 + 10), "the bytes of the newer one");
-        let order: Vec<(String, usize)> = std::iter::from_fn(|| q.pop())
-            .map(|m| (m.topic, m.payload.len()))
-            .collect();
-        assert_eq!(
-            order,
-            [
-                ("k8s4r/robots/rb1/register".to_owned(), 30),
-                ("k8s4r/robots/rb1/tasks/u/status".to_owned(), 10),
-            ],
-            "the newer registration, in the older one's place, once"
-        );
-        assert_eq!(q.bytes(), 0);
-        // Once applied, a registration sent again is queued as usual.
-        q.push("rb1", msg("k8s4r/robots/rb1/register", 10), &l, now)
-            .unwrap();
-        assert!(q.pop().is_some());
     }
 
     #[test]
