@@ -198,11 +198,20 @@ pub fn token_sha256(token: &str) -> String {
 /// from what the robot reported last time (a person set or changed it). A
 /// key the robot stops reporting is removed only if it still holds the value
 /// the robot reported. Keys the robot never reported are never touched.
+/// Whether what was written `at` is `every` old or older at `now` (never
+/// written: stale). A time ahead of ours (another replica's clock) is
+/// fresh.
+fn stale(at: Option<Timestamp>, every: Duration, now: Timestamp) -> bool {
+    at.is_none_or(|at| {
+        jiff::SignedDuration::try_from(every).is_ok_and(|every| now.duration_since(at) >= every)
+    })
+}
+
 /// How old a Robot's `lastRegistrationTime` may be before a registration
 /// that changes nothing else is written anyway. Nothing fences on it: the
 /// agent's lease on its attempts never runs from a registration, only from
 /// heartbeats the Lease records.
-pub const REGISTRATION_REFRESH: std::time::Duration = std::time::Duration::from_secs(60);
+pub const REGISTRATION_REFRESH: Duration = Duration::from_secs(60);
 
 pub fn plan_register(
     msg: &Register,
@@ -301,12 +310,11 @@ pub fn plan_register(
         task_policy: msg.task_policy.clone(),
         ..Default::default()
     };
-    let recent = existing
-        .and_then(|r| r.status.as_ref()?.last_registration_time)
-        .is_some_and(|at| {
-            jiff::SignedDuration::try_from(REGISTRATION_REFRESH)
-                .is_ok_and(|refresh| now.duration_since(at) < refresh)
-        });
+    let recent = !stale(
+        existing.and_then(|r| r.status.as_ref()?.last_registration_time),
+        REGISTRATION_REFRESH,
+        now,
+    );
     let same = existing.and_then(|r| r.status.as_ref()).is_some_and(|old| {
         old.device == status.device
             && old.drivers == msg.drivers
@@ -476,11 +484,7 @@ pub fn plan_heartbeat(
     limits: Coalescing,
 ) -> HeartbeatPlan {
     let status = robot.status.as_ref();
-    let stale = |at: Option<Timestamp>, every: Duration| match at {
-        None => true,
-        // A time ahead of ours (another replica's clock) is fresh.
-        Some(at) => jiff::SignedDuration::try_from(every).is_ok_and(|every| now.duration_since(at) >= every),
-    };
+    let stale = |at: Option<Timestamp>, every: Duration| stale(at, every, now);
     // Another replica (shared subscriptions spread a robot's heartbeats)
     // may have written more recently than this one remembers: the caches
     // show it, so the budget does not grow with the number of replicas.

@@ -17,6 +17,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 use tracing::instrument;
 
+use super::context::lock;
 use super::Context;
 use crate::error::{Error, Result};
 use crate::liveness::{approval, verdict, Approval, Liveness, Verdict};
@@ -98,10 +99,7 @@ pub(crate) fn liveness_of(robot: &Robot, lease: Option<&Lease>) -> Liveness {
 /// taken as written); else how long until it may.
 fn allocation_due(ctx: &Context, robot: &str, writing_anyway: bool) -> Option<std::time::Duration> {
     let now = std::time::Instant::now();
-    let mut written = ctx
-        .allocation_written
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut written = lock(&ctx.allocation_written);
     let wait = written
         .get(robot)
         .map(|at| {
