@@ -573,6 +573,7 @@ impl Config {
         let state_dir = s.state_dir.unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
         let defaults = SupervisorConfig::default();
         let supervisor = SupervisorConfig {
+            robot_id: robot_id.clone(),
             state_dir: state_dir.clone(),
             log_max_bytes: s.log_max_bytes.unwrap_or(defaults.log_max_bytes),
             log_max_files: s.log_max_files.unwrap_or(defaults.log_max_files),
@@ -890,6 +891,7 @@ cgroup_root = "/sys/fs/cgroup/k8s4r"
         let config = Config::resolve(args.settings.over(file)).unwrap();
         let defaults = SupervisorConfig::default();
         let expected = SupervisorConfig {
+            robot_id: "rb1".to_owned(),
             state_dir: PathBuf::from("/srv/k8s4r"),
             log_max_bytes: 2000,
             artifact_timeout: Duration::from_secs(7),
@@ -905,6 +907,7 @@ cgroup_root = "/sys/fs/cgroup/k8s4r"
 
         let config = Config::resolve(settings("rb1")).unwrap();
         let expected = SupervisorConfig {
+            robot_id: "rb1".to_owned(),
             state_dir: PathBuf::from(DEFAULT_STATE_DIR),
             ..defaults
         };

@@ -17,13 +17,23 @@
 //! broker, the server, the API server). Time is measured on `CLOCK_BOOTTIME`
 //! by the caller, so a suspended robot does not stop its clock.
 //!
-//! Fencing is armed only when the server said at registration that it
-//! confirms statuses and heartbeats; against an older server the agent
-//! behaves as before. Dispatch deadlines are read on the server's clock, as
-//! the server last said it in a confirmation of a heartbeat sent on the
-//! current connection (never from a message that may have waited in the
-//! broker), so a robot whose own clock is wrong neither refuses every
-//! dispatch nor accepts late ones.
+//! Fencing is armed only when the server said, in the answer to a
+//! registration this process sent (its nonce), that it confirms statuses
+//! and heartbeats; against an older server the agent behaves as before.
+//! Contact comes only from confirmations of heartbeats this process sent
+//! (the confirmation echoes the process's session id), never from a
+//! registration answer.
+//!
+//! Dispatch deadlines are read on the server's clock, reckoned on
+//! `CLOCK_BOOTTIME`, never on the robot's wall clock: each answer or
+//! confirmation says the server's clock was at least its time when it
+//! arrived, so the offset kept is the largest of those lower bounds. A
+//! message that waited in the broker gives a smaller bound and changes
+//! nothing, the reckoning never moves backwards, and a wall-clock step
+//! (NTP, a wrong RTC) does not move it at all. A fenced attempt is admitted
+//! only while contact is fresh (younger than half its `stopAfter`);
+//! otherwise the caller asks for a heartbeat and the dispatch waits for its
+//! confirmation.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::Duration;
@@ -73,29 +83,33 @@ impl std::fmt::Display for Refusal {
 #[derive(Debug)]
 pub struct Fence {
     armed: bool,
-    contact: Duration,
+    /// When this process sent the newest heartbeat the server confirmed.
+    contact: Option<Duration>,
     /// Heartbeats sent: seq → when.
     sent: BTreeMap<u64, Duration>,
-    /// Heartbeats below this seq were sent on an earlier connection.
-    connection_first: u64,
     /// Held attempts and their `stopAfter`.
     leases: BTreeMap<(String, u32), Duration>,
     /// Attempts this fence asked to stop, until their end is reported.
     stopped: HashSet<(String, u32)>,
-    /// Server clock minus this robot's clock.
+    /// Server clock minus the boot clock: the largest lower bound seen.
     offset: Option<SignedDuration>,
     highest: HashMap<String, u32>,
     order: VecDeque<String>,
 }
 
+impl Default for Fence {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Fence {
     /// Not armed, no contact yet.
-    pub fn new(now: Duration) -> Self {
+    pub fn new() -> Self {
         Self {
             armed: false,
-            contact: now,
+            contact: None,
             sent: BTreeMap::new(),
-            connection_first: 0,
             leases: BTreeMap::new(),
             stopped: HashSet::new(),
             offset: None,
@@ -104,29 +118,15 @@ impl Fence {
         }
     }
 
-    /// The server answered a registration; `confirms`: it confirms
-    /// heartbeats. The first answer arms fencing and counts as contact
-    /// (nothing is held yet); later ones change nothing: an answer may have
-    /// waited in the broker.
-    pub fn registered(
-        &mut self,
-        confirms: bool,
-        server_time: Option<Timestamp>,
-        now: Duration,
-        wall: Timestamp,
-    ) {
-        if confirms && !self.armed {
+    /// The server answered a registration this process sent (the caller
+    /// checked its nonce), at `now`; `confirms`: it confirms heartbeats,
+    /// which arms fencing. An answer is not contact: it may have waited in
+    /// the broker, and the cluster may not have written anything for it.
+    pub fn registered(&mut self, confirms: bool, server_time: Option<Timestamp>, now: Duration) {
+        if confirms {
             self.armed = true;
-            self.contact = now;
-            if let Some(server) = server_time {
-                self.offset = Some(server.duration_since(wall));
-            }
         }
-    }
-
-    /// A new connection: heartbeats from `next_seq` on are sent on it.
-    pub fn connected(&mut self, next_seq: u64) {
-        self.connection_first = next_seq;
+        self.observe_clock(server_time, now);
     }
 
     /// Heartbeat `seq` is being sent.
@@ -137,28 +137,67 @@ impl Fence {
         }
     }
 
-    /// The server recorded heartbeat `seq` at `server_time`.
-    pub fn heartbeat_recorded(&mut self, seq: u64, server_time: Option<Timestamp>, wall: Timestamp) {
+    /// The server recorded heartbeat `seq` of this process (the caller
+    /// checked the session) at `server_time`; the confirmation arrived at
+    /// `now`.
+    pub fn heartbeat_recorded(&mut self, seq: u64, server_time: Option<Timestamp>, now: Duration) {
         let Some(&sent) = self.sent.get(&seq) else {
             return;
         };
-        self.contact = self.contact.max(sent);
-        if seq >= self.connection_first {
-            if let Some(server) = server_time {
-                self.offset = Some(server.duration_since(wall));
-            }
+        self.contact = Some(self.contact.map_or(sent, |c| c.max(sent)));
+        self.observe_clock(server_time, now);
+    }
+
+    /// The server's clock read `server_time` no later than `now` (its
+    /// message arrived then): a lower bound of the offset.
+    fn observe_clock(&mut self, server_time: Option<Timestamp>, now: Duration) {
+        let (Some(server), Ok(boot)) = (server_time, SignedDuration::try_from(now)) else {
+            return;
+        };
+        let Some(bound) = server.duration_since(Timestamp::UNIX_EPOCH).checked_sub(boot) else {
+            return;
+        };
+        self.offset = Some(self.offset.map_or(bound, |o| o.max(bound)));
+    }
+
+    /// The server's time at `now` (boot clock) as this robot reckons it, if
+    /// the server told it.
+    pub fn server_now(&self, now: Duration) -> Option<Timestamp> {
+        let offset = self.offset?;
+        let boot = SignedDuration::try_from(now).ok()?;
+        Timestamp::UNIX_EPOCH.checked_add(offset.checked_add(boot)?).ok()
+    }
+
+    /// Whether contact is fresh enough to admit an attempt with this
+    /// `stopAfter` (younger than half of it): it then keeps running at
+    /// least half its lease even if the next heartbeat is lost. Always true
+    /// when fencing is not armed.
+    pub fn fresh_for(&self, stop_after: Duration, now: Duration) -> bool {
+        if !self.armed {
+            return true;
         }
+        self.contact
+            .is_some_and(|c| now.saturating_sub(c) < stop_after / 2)
     }
 
-    /// The server's time as this robot reckons it, if the server told it.
-    pub fn server_now(&self, wall: Timestamp) -> Option<Timestamp> {
-        self.offset.map(|offset| wall.checked_add(offset).unwrap_or(wall))
+    /// How long ago the last confirmed heartbeat was sent, if any was.
+    pub fn contact_age(&self, now: Duration) -> Option<Duration> {
+        self.contact.map(|c| now.saturating_sub(c))
     }
 
-    /// Whether this dispatch may run: not past its deadline, and newer than
-    /// any attempt dispatched here before (the caller drops a redelivery of
-    /// one still running first). Remembers the attempt.
-    pub fn admit(&mut self, dispatch: &Dispatch, wall: Timestamp) -> Result<(), Refusal> {
+    /// Whether this dispatch may run at `now` (boot clock; `wall` is the
+    /// robot's own clock, used only when the server never said its time):
+    /// not past its deadline, and newer than any attempt dispatched here
+    /// before (the caller drops a redelivery of one still running first).
+    /// Remembers the attempt.
+    pub fn admit(&mut self, dispatch: &Dispatch, now: Duration, wall: Timestamp) -> Result<(), Refusal> {
+        self.check(dispatch, now, wall)?;
+        self.remember(&dispatch.task_uid, dispatch.attempt);
+        Ok(())
+    }
+
+    /// [`Fence::admit`] without remembering: for a dispatch that waits.
+    pub fn check(&self, dispatch: &Dispatch, now: Duration, wall: Timestamp) -> Result<(), Refusal> {
         if let Some(&highest) = self.highest.get(&dispatch.task_uid) {
             if dispatch.attempt <= highest {
                 return Err(Refusal::Seen { highest });
@@ -166,12 +205,11 @@ impl Fence {
         }
         if let Some(deadline) = dispatch.expires_at {
             // Without the server's clock, the robot's own is all there is.
-            let server_now = self.server_now(wall).unwrap_or(wall);
+            let server_now = self.server_now(now).unwrap_or(wall);
             if server_now >= deadline {
                 return Err(Refusal::Expired { deadline, server_now });
             }
         }
-        self.remember(&dispatch.task_uid, dispatch.attempt);
         Ok(())
     }
 
@@ -216,7 +254,8 @@ impl Fence {
         if !self.armed {
             return Vec::new();
         }
-        let silent = now.saturating_sub(self.contact);
+        // No contact at all yet: silent since boot.
+        let silent = now.saturating_sub(self.contact.unwrap_or_default());
         let due: Vec<_> = self
             .leases
             .iter()
@@ -237,7 +276,7 @@ impl Fence {
         self.leases
             .iter()
             .filter(|(key, _)| !self.stopped.contains(*key))
-            .map(|(_, stop_after)| self.contact.saturating_add(*stop_after))
+            .map(|(_, stop_after)| self.contact.unwrap_or_default().saturating_add(*stop_after))
             .min()
     }
 
@@ -272,15 +311,15 @@ mod tests {
 
     #[test]
     fn an_attempt_is_stopped_once_no_heartbeat_was_recorded_for_its_stop_after() {
-        let mut f = Fence::new(secs(0));
+        let mut f = Fence::new();
         f.hold("u", 1, Some(secs(10)));
         assert!(f.due(secs(60)).is_empty(), "not armed: an older server");
-        f.registered(true, None, secs(100), wall(NOW));
-        assert_eq!(f.next_deadline(), Some(secs(110)));
+        f.registered(true, None, secs(100));
         // Heartbeat 1 goes out at 103 and is recorded; heartbeat 2 at 106
         // never is (the uplink, the server or the API server failed).
         f.heartbeat_sent(1, secs(103));
-        f.heartbeat_recorded(1, None, wall(NOW));
+        f.heartbeat_recorded(1, None, secs(103));
+        assert_eq!(f.next_deadline(), Some(secs(113)));
         f.heartbeat_sent(2, secs(106));
         assert!(f.due(secs(112)).is_empty());
         assert_eq!(
@@ -295,16 +334,16 @@ mod tests {
 
     #[test]
     fn a_late_confirmation_of_an_old_heartbeat_does_not_renew_the_lease() {
-        let mut f = Fence::new(secs(0));
-        f.registered(true, None, secs(0), wall(NOW));
+        let mut f = Fence::new();
+        f.registered(true, None, secs(0));
         f.hold("u", 1, Some(secs(10)));
         f.heartbeat_sent(1, secs(1));
         f.heartbeat_sent(2, secs(8));
-        f.heartbeat_recorded(2, None, wall(NOW));
+        f.heartbeat_recorded(2, None, secs(8));
         // Heartbeat 1's confirmation arrives last: contact stays at 8.
-        f.heartbeat_recorded(1, None, wall(NOW));
+        f.heartbeat_recorded(1, None, secs(9));
         assert_eq!(f.next_deadline(), Some(secs(18)));
-        f.heartbeat_recorded(99, None, wall(NOW));
+        f.heartbeat_recorded(99, None, secs(9));
         assert_eq!(
             f.next_deadline(),
             Some(secs(18)),
@@ -312,49 +351,108 @@ mod tests {
         );
         // A second registration answer (it may have waited in the broker)
         // does not renew it either.
-        f.registered(true, None, secs(17), wall(NOW));
+        f.registered(true, None, secs(17));
         assert_eq!(f.next_deadline(), Some(secs(18)));
     }
 
     #[test]
-    fn dispatches_are_refused_late_or_seen_before() {
-        let mut f = Fence::new(secs(0));
-        // The robot's clock is a year behind; the server said its time.
-        let robot_wall = wall("2025-11-22T10:00:00Z");
-        f.registered(true, Some(wall(NOW)), secs(0), robot_wall);
-        assert_eq!(f.server_now(robot_wall), Some(wall(NOW)));
-        assert_eq!(
-            f.admit(&dispatch("u", 2, Some("2026-11-22T10:01:00Z")), robot_wall),
-            Ok(())
+    fn a_registration_answer_is_not_contact() {
+        let mut f = Fence::new();
+        f.registered(true, Some(wall(NOW)), secs(50));
+        assert_eq!(f.contact_age(secs(50)), None);
+        assert!(
+            !f.fresh_for(secs(5), secs(50)),
+            "a fenced attempt waits for a confirmed heartbeat"
         );
-        assert!(matches!(
-            f.admit(&dispatch("v", 1, Some("2026-11-22T09:59:00Z")), robot_wall),
-            Err(Refusal::Expired { .. })
-        ));
-        assert_eq!(
-            f.admit(&dispatch("u", 1, None), robot_wall),
-            Err(Refusal::Seen { highest: 2 })
-        );
-        assert_eq!(
-            f.admit(&dispatch("u", 2, None), robot_wall),
-            Err(Refusal::Seen { highest: 2 }),
-            "a redelivery of an attempt that ended does not run it again"
-        );
-        assert_eq!(f.admit(&dispatch("u", 3, None), robot_wall), Ok(()));
+        f.heartbeat_sent(1, secs(51));
+        f.heartbeat_recorded(1, None, secs(51));
+        assert!(f.fresh_for(secs(5), secs(53)));
+        assert!(!f.fresh_for(secs(5), secs(54)), "half its stopAfter has gone");
+        assert!(Fence::new().fresh_for(secs(5), secs(0)), "not armed: no fencing");
     }
 
     #[test]
-    fn the_clock_is_taken_only_from_confirmations_on_this_connection() {
-        let mut f = Fence::new(secs(0));
-        let robot_wall = wall(NOW);
-        f.registered(true, Some(wall(NOW)), secs(0), robot_wall);
-        f.heartbeat_sent(1, secs(1));
-        f.connected(2);
-        // A confirmation from before the reconnect, with a stale time.
-        f.heartbeat_recorded(1, Some(wall("2026-11-22T09:50:00Z")), robot_wall);
-        assert_eq!(f.server_now(robot_wall), Some(wall(NOW)));
-        f.heartbeat_sent(2, secs(2));
-        f.heartbeat_recorded(2, Some(wall("2026-11-22T10:00:05Z")), robot_wall);
-        assert_eq!(f.server_now(robot_wall), Some(wall("2026-11-22T10:00:05Z")));
+    fn dispatches_are_refused_late_or_seen_before() {
+        let mut f = Fence::new();
+        // The robot's clock is a year behind; the server said its time.
+        let robot_wall = wall("2025-11-22T10:00:00Z");
+        f.registered(true, Some(wall(NOW)), secs(0));
+        assert_eq!(f.server_now(secs(0)), Some(wall(NOW)));
+        assert_eq!(
+            f.admit(
+                &dispatch("u", 2, Some("2026-11-22T10:01:00Z")),
+                secs(0),
+                robot_wall
+            ),
+            Ok(())
+        );
+        assert!(matches!(
+            f.admit(
+                &dispatch("v", 1, Some("2026-11-22T09:59:00Z")),
+                secs(0),
+                robot_wall
+            ),
+            Err(Refusal::Expired { .. })
+        ));
+        assert_eq!(
+            f.admit(&dispatch("u", 1, None), secs(0), robot_wall),
+            Err(Refusal::Seen { highest: 2 })
+        );
+        assert_eq!(
+            f.admit(&dispatch("u", 2, None), secs(0), robot_wall),
+            Err(Refusal::Seen { highest: 2 }),
+            "a redelivery of an attempt that ended does not run it again"
+        );
+        assert_eq!(f.admit(&dispatch("u", 3, None), secs(0), robot_wall), Ok(()));
+        assert!(f.check(&dispatch("w", 1, None), secs(0), robot_wall).is_ok());
+        assert_eq!(
+            f.admit(&dispatch("w", 1, None), secs(0), robot_wall),
+            Ok(()),
+            "check does not remember"
+        );
+    }
+
+    /// The stale answer of issue 26: the answer to a registration waited in
+    /// the broker while the robot was away (its time is 10 minutes old by
+    /// the time it arrives), the robot's wall clock is an hour ahead, and a
+    /// dispatch whose deadline passed while it was away is delivered after
+    /// it. The answer was taken for its own registration's by the caller
+    /// (the nonce check is the session's); even so the reckoning keeps the
+    /// fresher bound and refuses the dispatch.
+    #[test]
+    fn a_stale_answer_never_moves_the_clock_back_nor_admits_an_expired_dispatch() {
+        let mut f = Fence::new();
+        let robot_wall = wall("2026-11-22T11:00:00Z");
+        // Boot second 1000: a fresh confirmation says the server reads 10:00.
+        f.registered(true, None, secs(1000));
+        f.heartbeat_sent(1, secs(1000));
+        f.heartbeat_recorded(1, Some(wall(NOW)), secs(1000));
+        // The stale answer, sent by the server at 09:50, arrives now.
+        f.registered(true, Some(wall("2026-11-22T09:50:00Z")), secs(1001));
+        assert_eq!(f.server_now(secs(1001)), Some(wall("2026-11-22T10:00:01Z")));
+        // The dispatch expired at 09:51.
+        assert!(matches!(
+            f.admit(
+                &dispatch("u", 1, Some("2026-11-22T09:51:00Z")),
+                secs(1001),
+                robot_wall
+            ),
+            Err(Refusal::Expired { .. })
+        ));
+        // A wall-clock step (NTP) changes nothing: the boot clock reckons.
+        assert_eq!(f.server_now(secs(1061)), Some(wall("2026-11-22T10:01:01Z")));
+    }
+
+    #[test]
+    fn the_server_clock_only_moves_forwards() {
+        let mut f = Fence::new();
+        f.registered(true, Some(wall(NOW)), secs(10));
+        f.heartbeat_sent(1, secs(11));
+        // A confirmation that waited 30 s on the way gives an older bound.
+        f.heartbeat_recorded(1, Some(wall("2026-11-22T10:00:01Z")), secs(41));
+        assert_eq!(f.server_now(secs(41)), Some(wall("2026-11-22T10:00:31Z")));
+        f.heartbeat_sent(2, secs(50));
+        f.heartbeat_recorded(2, Some(wall("2026-11-22T10:00:45Z")), secs(50));
+        assert_eq!(f.server_now(secs(50)), Some(wall("2026-11-22T10:00:45Z")));
     }
 }

@@ -202,7 +202,8 @@ mod tests {
             classify(&t, "rb1", &t.status_ack("rb1"), &encode(&ack)),
             Ok(Inbound::StatusAck(ack))
         );
-        let recorded = k8s4r_api::protocol::StatusAck::heartbeat(3, "2026-11-22T10:00:00Z".parse().unwrap());
+        let recorded =
+            k8s4r_api::protocol::StatusAck::heartbeat(3, None, "2026-11-22T10:00:00Z".parse().unwrap());
         assert_eq!(
             classify(&t, "rb1", &t.status_ack("rb1"), &encode(&recorded)),
             Ok(Inbound::StatusAck(recorded))

@@ -136,7 +136,14 @@ pub struct Registrar {
     state: Registration,
     backoff: Backoff,
     last_phase: Option<RobotPhase>,
+    /// This process's session id: every nonce starts with it.
+    session: String,
+    /// Registrations sent so far by this process.
+    sent: u64,
 }
+
+/// Registrations whose answers are still taken: older ones are stale.
+const ANSWERED_REGISTRATIONS: u64 = 16;
 
 /// What the registrar wants done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,12 +158,34 @@ pub enum RegisterAction {
 
 impl Registrar {
     /// Retries spaced by `backoff`.
-    pub fn new(backoff: Backoff) -> Self {
+    pub fn new(backoff: Backoff, session: impl Into<String>) -> Self {
         Self {
             state: Registration::Offline,
             backoff,
             last_phase: None,
+            session: session.into(),
+            sent: 0,
         }
+    }
+
+    /// The nonce of the next registration sent.
+    pub fn next_nonce(&mut self) -> String {
+        self.sent += 1;
+        format!("{}-{}", self.session, self.sent)
+    }
+
+    /// Whether an answer carrying `nonce` answers one of this process's
+    /// last registrations. An answer to a registration of a previous
+    /// process (it waited in the broker while the robot restarted) is not.
+    pub fn asked(&self, nonce: &str) -> bool {
+        let Some(n) = nonce
+            .strip_prefix(self.session.as_str())
+            .and_then(|rest| rest.strip_prefix('-'))
+            .and_then(|n| n.parse::<u64>().ok())
+        else {
+            return false;
+        };
+        n >= 1 && n <= self.sent && self.sent - n < ANSWERED_REGISTRATIONS
     }
 
     /// The current state.
@@ -261,10 +290,7 @@ impl RunningSet {
     pub fn to_vec(&self) -> Vec<k8s4r_api::TaskAttempt> {
         self.attempts
             .iter()
-            .map(|(uid, attempt)| k8s4r_api::TaskAttempt {
-                uid: uid.clone(),
-                attempt: *attempt,
-            })
+            .map(|(uid, attempt)| k8s4r_api::TaskAttempt::new(uid.clone(), *attempt))
             .collect()
     }
 
@@ -327,11 +353,28 @@ mod tests {
     }
 
     fn registrar() -> Registrar {
-        Registrar::new(Backoff::new(
-            Duration::from_secs(1),
-            Duration::from_secs(8),
-            Jitter::with_seed(1),
-        ))
+        Registrar::new(
+            Backoff::new(
+                Duration::from_secs(1),
+                Duration::from_secs(8),
+                Jitter::with_seed(1),
+            ),
+            "s1",
+        )
+    }
+
+    #[test]
+    fn only_answers_to_this_processs_recent_registrations_are_taken() {
+        let mut r = registrar();
+        assert!(!r.asked("s1-1"), "nothing sent yet");
+        let first = r.next_nonce();
+        assert!(r.asked(&first));
+        assert!(!r.asked("s0-1"), "a previous process's registration");
+        assert!(!r.asked("s1-2") && !r.asked("s1-0") && !r.asked("s1") && !r.asked("s1-x"));
+        for _ in 0..ANSWERED_REGISTRATIONS {
+            r.next_nonce();
+        }
+        assert!(!r.asked(&first), "too old");
     }
 
     #[test]

@@ -8,13 +8,15 @@
 //! `poll` runs in a future that owns the event loop and is never cancelled
 //! half-way (`poll` is not cancel-safe).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
 use k8s4r_api::backoff::{Backoff, Jitter};
-use k8s4r_api::protocol::{encode, Cancel, Dispatch, Heartbeat, Online, Register, StatusUpdate, Topics};
+use k8s4r_api::protocol::{
+    encode, Cancel, Dispatch, Heartbeat, Online, Register, StatusUpdate, Topics, MAX_HELD_ATTEMPTS,
+};
 use k8s4r_api::{DeviceInfo, RestartStatus, TaskReason, TaskState};
 use rumqttc::{AsyncClient, ConnectionError, Event, EventLoop, Outgoing, Packet, QoS};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -89,6 +91,18 @@ pub fn status_of(event: TaskEvent) -> StatusUpdate {
         }
     }
     update
+}
+
+/// A random id for this agent process (hex), from the kernel's random
+/// source; the clock and pid if it cannot be read.
+pub fn session_id() -> String {
+    use std::io::Read;
+    let mut bytes = [0u8; 8];
+    let random = std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map(|()| u64::from_le_bytes(bytes));
+    let id = random.unwrap_or_else(|_| Jitter::from_entropy().next_f64().to_bits());
+    format!("{id:016x}")
 }
 
 /// Now, on the clock that keeps running while the robot is suspended
@@ -214,7 +228,16 @@ pub struct Session {
     heartbeat_interval: Duration,
     heartbeat_seq: u64,
     next_heartbeat: Option<Instant>,
+    /// Dispatches waiting for the registration's approval, or for fresh
+    /// contact (a fenced attempt is admitted only while contact is fresh).
     held: VecDeque<Dispatch>,
+    /// This process's id: heartbeats carry it and their confirmations
+    /// echo it; registration nonces start with it.
+    session_id: String,
+    /// The `namespace/name` of each Task uid held, from its dispatch: sent
+    /// with what the robot holds and with its statuses, so that a server
+    /// whose cache lacks the uid can read the Task.
+    names: HashMap<String, String>,
     /// Contact with the cluster and the leases of the attempts held.
     fence: Fence,
     /// The server confirms statuses it applied (it said so at
@@ -257,9 +280,14 @@ impl Session {
         // again is held from the first registration: its Tasks are not
         // "not on robot".
         let mut running = RunningSet::default();
+        let mut names = HashMap::new();
         for held in supervisor.held_at_start() {
             running.insert(&held.uid, held.attempt);
+            if let Some(name) = &held.name {
+                names.insert(held.uid.clone(), name.clone());
+            }
         }
+        let session_id = session_id();
         tokio::spawn(worker(supervisor, commands_rx, updates_tx.clone()));
         tokio::spawn(forward_events(events, updates_tx.clone()));
         let mut sampler = UsageSampler::new(&config.state_dir);
@@ -268,11 +296,14 @@ impl Session {
         let reconnect = Backoff::new(config.reconnect_min, config.reconnect_max, jitter.clone());
         // Advance so the two backoffs do not share a sequence.
         jitter.next_f64();
-        let registrar = Registrar::new(Backoff::new(
-            config.register_retry_min,
-            config.register_retry_max,
-            Jitter::with_seed(jitter.next_f64().to_bits()),
-        ));
+        let registrar = Registrar::new(
+            Backoff::new(
+                config.register_retry_min,
+                config.register_retry_max,
+                Jitter::with_seed(jitter.next_f64().to_bits()),
+            ),
+            session_id.clone(),
+        );
         let (status, status_rx) = watch::channel(SessionStatus {
             outbox_len: outbox.len(),
             ..Default::default()
@@ -302,7 +333,9 @@ impl Session {
             heartbeat_seq: 0,
             next_heartbeat: None,
             held: VecDeque::new(),
-            fence: Fence::new(boot_clock()),
+            session_id,
+            names,
+            fence: Fence::new(),
             status_acks: false,
             delivered: BTreeMap::new(),
             confirm_timeout: (config.heartbeat_interval * 2)
@@ -458,6 +491,13 @@ impl Session {
                 self.reconnect.reset();
                 self.on_connected(matches!(phase, Phase::Running));
             }
+            // Every topic the agent reads is a command from the server, which
+            // never retains one: a retained message was left by someone
+            // else (a robot before the ACL was tightened) and would act
+            // again at every start.
+            Ok(Event::Incoming(Packet::Publish(p))) if p.retain => {
+                tracing::warn!(topic = %p.topic, "ignored a retained message on a command topic");
+            }
             Ok(Event::Incoming(Packet::Publish(p))) => self.on_message(&p.topic, &p.payload, phase),
             Ok(Event::Incoming(Packet::PubAck(ack))) => {
                 if let Some(Tag::Status(id)) = self.link.acked(ack.pkid) {
@@ -499,7 +539,6 @@ impl Session {
         self.link.connected();
         // Everything unconfirmed goes out again on this connection.
         self.delivered.clear();
-        self.fence.connected(self.heartbeat_seq + 1);
         let subscriptions = self
             .topics
             .agent_subscriptions(&self.robot_id)
@@ -529,28 +568,47 @@ impl Session {
 
     /// The attempts this robot holds, for register and heartbeat: those it
     /// runs or was given, and those whose final status is not settled yet
-    /// (so the server never fails a Task whose result is on its way).
-    fn holding(&self) -> Vec<k8s4r_api::TaskAttempt> {
-        let mut held = self.running.to_vec();
+    /// (so the server never fails a Task whose result is on its way); and
+    /// whether that is all of them (the protocol bounds the list).
+    fn holding(&mut self) -> (Vec<k8s4r_api::TaskAttempt>, bool) {
+        let mut held: Vec<k8s4r_api::TaskAttempt> = self.running.to_vec();
+        let mut listed: std::collections::HashSet<(String, u32)> =
+            held.iter().map(|a| (a.uid.clone(), a.attempt)).collect();
         for (_, update) in self.outbox.iter() {
-            let attempt = k8s4r_api::TaskAttempt {
-                uid: update.task_uid.clone(),
-                attempt: update.attempt,
-            };
-            if !held.contains(&attempt) {
-                held.push(attempt);
+            if listed.insert((update.task_uid.clone(), update.attempt)) {
+                held.push(k8s4r_api::TaskAttempt::new(
+                    update.task_uid.clone(),
+                    update.attempt,
+                ));
             }
         }
-        held
+        // Names of uids no longer held are forgotten.
+        let uids: std::collections::HashSet<&str> = listed.iter().map(|(u, _)| u.as_str()).collect();
+        self.names.retain(|uid, _| uids.contains(uid.as_str()));
+        for attempt in &mut held {
+            attempt.name = self.names.get(&attempt.uid).cloned();
+        }
+        let complete = held.len() <= MAX_HELD_ATTEMPTS;
+        if !complete {
+            tracing::warn!(
+                held = held.len(),
+                limit = MAX_HELD_ATTEMPTS,
+                "holding more attempts than one message lists; reporting the first ones as incomplete"
+            );
+            held.truncate(MAX_HELD_ATTEMPTS);
+        }
+        (held, complete)
     }
 
     fn register(&mut self) {
+        let (running, complete) = self.holding();
         let register = Register {
             token: self.token.clone(),
             drivers: self.offer.drivers.clone(),
             labels: self.labels.clone(),
-            running: self.holding(),
-            reconcile: true,
+            running,
+            reconcile: complete,
+            nonce: Some(self.registrar.next_nonce()),
             last_seq: self.outbox.peek_seq().checked_sub(1),
             task_policy: Some(self.offer.policy.clone()),
             health: Some(self.health.borrow().clone()),
@@ -601,6 +659,9 @@ impl Session {
             self.running.insert(&update.task_uid, update.attempt);
         }
         tracing::info!(task = %update.task_uid, attempt = update.attempt, state = update.state.as_str(), "status");
+        if update.task_name.is_none() {
+            update.task_name = self.names.get(&update.task_uid).cloned();
+        }
         match self.outbox.push(update.clone()) {
             Ok(_) => self.pump(),
             Err(e) => {
@@ -617,22 +678,28 @@ impl Session {
     fn on_message(&mut self, topic: &str, payload: &[u8], phase: &Phase) {
         match classify(&self.topics, &self.robot_id, topic, payload) {
             Ok(Inbound::Response(response)) => {
+                let ours = match &response.nonce {
+                    Some(nonce) => self.registrar.asked(nonce),
+                    // A server too old to echo nonces: its answers are
+                    // taken as before, without fencing or its clock.
+                    None => false,
+                };
+                if response.nonce.is_some() && !ours {
+                    tracing::warn!(phase = ?response.phase, nonce = response.nonce.as_deref().unwrap_or(""), "ignored a registration answer this process did not ask for (it waited in the broker)");
+                    return;
+                }
                 tracing::info!(phase = ?response.phase, message = response.message.as_deref().unwrap_or(""), "registration response");
-                self.status_acks = response.status_acks;
-                self.fence.registered(
-                    response.status_acks,
-                    response.server_time,
-                    boot_clock(),
-                    jiff::Timestamp::now(),
-                );
+                self.status_acks = ours && response.status_acks;
+                if ours {
+                    self.fence
+                        .registered(response.status_acks, response.server_time, boot_clock());
+                }
                 if self.registrar.response(response.phase, Instant::now().into_std())
                     == RegisterAction::Approved
                 {
                     tracing::info!("registration approved");
                     self.next_heartbeat = matches!(phase, Phase::Running).then(Instant::now);
-                    while let Some(d) = self.held.pop_front() {
-                        self.on_dispatch(d, phase);
-                    }
+                    self.release_held(phase);
                 }
             }
             Ok(Inbound::Dispatch(dispatch)) => self.on_dispatch(*dispatch, phase),
@@ -643,8 +710,17 @@ impl Session {
             }
             Ok(Inbound::StatusAck(ack)) => {
                 if let Some(heartbeat) = ack.heartbeat {
-                    self.fence
-                        .heartbeat_recorded(heartbeat, ack.time, jiff::Timestamp::now());
+                    // Seqs restart with every process: a confirmation meant
+                    // for a previous one must not renew this one's leases.
+                    if ack.session.as_deref() == Some(self.session_id.as_str()) {
+                        self.fence.heartbeat_recorded(heartbeat, ack.time, boot_clock());
+                        self.release_held(phase);
+                    } else {
+                        tracing::debug!(
+                            heartbeat,
+                            "a heartbeat confirmation for another agent process: ignored"
+                        );
+                    }
                 }
                 for seq in ack.seqs {
                     self.forget(seq);
@@ -706,17 +782,22 @@ impl Session {
         }
         if !self.registrar.approved() {
             tracing::info!(task = %dispatch.task_uid, attempt = dispatch.attempt, "dispatch held until registration is approved");
-            if self.held.len() >= MAX_HELD_DISPATCHES {
-                self.held.pop_front();
-            }
-            self.held.push_back(dispatch);
+            self.push_held(dispatch);
             return;
         }
         if self.running.contains(&dispatch.task_uid, dispatch.attempt) {
             tracing::info!(task = %dispatch.task_uid, attempt = dispatch.attempt, "duplicate dispatch ignored");
             return;
         }
-        if let Err(refusal) = self.fence.admit(&dispatch, jiff::Timestamp::now()) {
+        let stop_after: Option<Duration> = dispatch.stop_after.as_ref().and_then(|d| d.parse().ok());
+        let now = boot_clock();
+        let fresh = stop_after.is_none_or(|lease| self.fence.fresh_for(lease, now));
+        let checked = if fresh {
+            self.fence.admit(&dispatch, now, jiff::Timestamp::now())
+        } else {
+            self.fence.check(&dispatch, now, jiff::Timestamp::now())
+        };
+        if let Err(refusal) = checked {
             tracing::warn!(task = %dispatch.task_uid, attempt = dispatch.attempt, %refusal, "dispatch refused");
             if matches!(refusal, crate::fence::Refusal::Expired { .. }) {
                 let _ = self.updates_tx.send(failed_status(
@@ -728,9 +809,22 @@ impl Session {
             }
             return;
         }
+        if !fresh {
+            // Contact is too old for this attempt's stopAfter: a heartbeat
+            // now, and the dispatch waits for its confirmation (or its
+            // deadline, or a cancel).
+            tracing::info!(task = %dispatch.task_uid, attempt = dispatch.attempt, contact_age = ?self.fence.contact_age(now), "dispatch waits for a confirmed heartbeat");
+            self.push_held(dispatch);
+            self.next_heartbeat = Some(Instant::now());
+            return;
+        }
         tracing::info!(task = %dispatch.task_uid, attempt = dispatch.attempt, name = %dispatch.task_name, "dispatch");
-        let stop_after = dispatch.stop_after.as_ref().and_then(|d| d.parse().ok());
         self.fence.hold(&dispatch.task_uid, dispatch.attempt, stop_after);
+        if let Some(lease) = stop_after {
+            self.heartbeat_for(lease, now);
+        }
+        self.names
+            .insert(dispatch.task_uid.clone(), dispatch.task_name.clone());
         self.running.insert(&dispatch.task_uid, dispatch.attempt);
         let _ = self.commands.send(TaskCommand::Submit(Box::new(TaskRequest {
             uid: dispatch.task_uid,
@@ -741,6 +835,38 @@ impl Session {
         })));
     }
 
+    fn push_held(&mut self, dispatch: Dispatch) {
+        if self.held.len() >= MAX_HELD_DISPATCHES {
+            self.held.pop_front();
+        }
+        self.held.push_back(dispatch);
+    }
+
+    /// Tries the held dispatches again (approval or contact came); those
+    /// still waiting are held again.
+    fn release_held(&mut self, phase: &Phase) {
+        if !self.registrar.approved() {
+            return;
+        }
+        for dispatch in std::mem::take(&mut self.held) {
+            self.on_dispatch(dispatch, phase);
+        }
+    }
+
+    /// A fenced attempt with this `stopAfter` was admitted: heartbeats go
+    /// several times within it from now on, the first at once when contact
+    /// is older than a quarter of it, so that one lost heartbeat never
+    /// stops it.
+    fn heartbeat_for(&mut self, lease: Duration, now: Duration) {
+        let every = self.heartbeat_interval.min(lease / 4);
+        let soon = if self.fence.contact_age(now).is_none_or(|age| age > lease / 4) {
+            Instant::now()
+        } else {
+            Instant::now() + every
+        };
+        self.next_heartbeat = Some(self.next_heartbeat.map_or(soon, |at| at.min(soon)));
+    }
+
     fn on_tick(&mut self, now: Instant, running: bool) {
         if self.registrar.tick(now.into_std()) == RegisterAction::Register {
             tracing::info!(last_phase = ?self.registrar.last_phase(), "no approval yet; registering again");
@@ -749,9 +875,14 @@ impl Session {
         if let Some(at) = self.next_heartbeat {
             if now >= at && running {
                 self.heartbeat();
-                // PUBACKs of heartbeats are half of the contact that keeps
-                // attempts running: several per shortest stopAfter.
-                let every = match self.fence.shortest_lease() {
+                // Confirmed heartbeats are the contact that keeps attempts
+                // running (and lets waiting ones start): several per
+                // shortest stopAfter.
+                let waiting = self
+                    .held
+                    .iter()
+                    .filter_map(|d| d.stop_after.as_ref()?.parse().ok());
+                let every = match self.fence.shortest_lease().into_iter().chain(waiting).min() {
                     Some(lease) => self.heartbeat_interval.min(lease / 4),
                     None => self.heartbeat_interval,
                 };
@@ -789,13 +920,14 @@ impl Session {
             return;
         }
         self.heartbeat_seq += 1;
-        let wall = jiff::Timestamp::now();
+        let (running, complete) = self.holding();
         let heartbeat = Heartbeat {
-            running: self.holding(),
-            reconcile: true,
+            running,
+            reconcile: complete,
             last_seq: self.outbox.peek_seq().checked_sub(1),
-            server_time: self.fence.server_now(wall),
+            server_time: self.fence.server_now(boot_clock()),
             health: Some(self.health.borrow().clone()),
+            session: Some(self.session_id.clone()),
             ..Heartbeat::new(
                 &self.robot_id,
                 self.heartbeat_seq,

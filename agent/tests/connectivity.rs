@@ -215,6 +215,78 @@ async fn a_status_in_the_outbox_is_delivered_after_sigkill_and_restart() {
     assert!(last.seq > running.seq);
 }
 
+/// The stale answer of issue 26: the answer to an agent's registration
+/// waited in the broker while the robot was away, the manager gave the
+/// attempt up meanwhile, and a dispatch whose deadline has passed waits
+/// behind it. The next agent process ignores the answer it did not ask
+/// for, takes the server's time from the answer to its own registration,
+/// and refuses the expired dispatch instead of running it.
+#[tokio::test]
+async fn a_stale_registration_answer_never_starts_an_expired_dispatch() {
+    let broker = Broker::start();
+    let mut server = Server::connect(&broker, "rb-stale").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let marker = tmp.path().join("ran");
+    let mut agent = Agent::start(&broker, "rb-stale", &state, &[]);
+    let first = server.approve_current("rb-stale").await;
+    // The first process took its answer: none is left for the next one.
+    eventually("the first agent approved", LONG, || {
+        agent.log().contains("registration approved").then_some(())
+    })
+    .await;
+    agent.kill();
+    loop {
+        let presence: Online = server.next("/online", LONG).await.decode();
+        if !presence.online {
+            break;
+        }
+    }
+
+    // Queued for the robot's persistent session: the answer to the last
+    // registration, with the server's time of then (ten minutes ago), and
+    // a dispatch whose deadline passed a minute ago.
+    let now = jiff::Timestamp::now();
+    let stale = k8s4r_api::protocol::RegisterResponse {
+        server_time: Some(now - jiff::SignedDuration::from_mins(10)),
+        status_acks: true,
+        nonce: first.nonce.clone(),
+        ..k8s4r_api::protocol::RegisterResponse::new(k8s4r_api::RobotPhase::Online, None)
+    };
+    server
+        .publish(server.topics.response("rb-stale"), encode(&stale))
+        .await;
+    let expired = k8s4r_api::protocol::Dispatch {
+        expires_at: Some(now - jiff::SignedDuration::from_mins(1)),
+        ..shell_dispatch("u-stale", 1, &format!("touch {}", marker.display()))
+    };
+    server
+        .publish(server.topics.dispatch("rb-stale"), encode(&expired))
+        .await;
+
+    let agent = Agent::start(&broker, "rb-stale", &state, &[]);
+    let second = server.approve_current("rb-stale").await;
+    assert_ne!(second.nonce, first.nonce, "each registration has its own nonce");
+    let updates = server.statuses_until_terminal("u-stale", LONG).await;
+    let last = updates.last().unwrap();
+    assert_eq!(last.state, TaskState::Failed, "{updates:#?}");
+    assert_eq!(
+        last.reason,
+        Some(k8s4r_api::TaskReason::DispatchTimeout),
+        "{updates:#?}"
+    );
+    assert!(
+        updates.iter().all(|u| u.state != TaskState::Running),
+        "{updates:#?}"
+    );
+    assert!(!marker.exists(), "the expired dispatch ran");
+    assert!(
+        agent.log().contains("did not ask for"),
+        "the stale answer was not recognised:\n{}",
+        agent.log()
+    );
+}
+
 #[tokio::test]
 async fn a_dispatch_queued_while_the_robot_was_away_runs_when_it_returns() {
     let broker = Broker::start();

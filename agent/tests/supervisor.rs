@@ -735,6 +735,93 @@ async fn exec_runs_isolated_as_a_uid_of_its_own() {
     .await;
 }
 
+/// A task uid comes back to a new task only once what its earlier tasks
+/// left in /tmp, /var/tmp, /dev/shm and System V IPC is gone, and the uid
+/// rotation goes on where it was after an agent restart (issue 26, hole 7).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_uid_comes_back_clean_and_its_rotation_survives_a_restart() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root to switch users");
+        return;
+    }
+    // Two uids of their own, outside the range the other tests share.
+    let range = 88_000..=88_001;
+    let dir = state_dir();
+    let exec_config = || SupervisorConfig {
+        task_uids: range.clone(),
+        ..config(dir.path())
+    };
+    let tag = format!("k8s4r-leftover-{}", std::process::id());
+    let leave = format!(
+        "id -u; touch /tmp/{tag}; mkdir /var/tmp/{tag}; echo x > /var/tmp/{tag}/f; echo x > /dev/shm/{tag}; \
+         ipcmk -M 4096 >/dev/null && ipcmk -S 1 >/dev/null && ipcmk -Q >/dev/null && echo ipc"
+    );
+    let run = |handle: SupervisorHandle,
+               mut events: UnboundedReceiver<TaskEvent>,
+               uid: &'static str,
+               script: String| async move {
+        let req = TaskRequest {
+            uid: uid.to_owned(),
+            attempt: 1,
+            name: uid.to_owned(),
+            spec: sh(&script).with_driver("exec"),
+            fenced: false,
+        };
+        assert_eq!(handle.submit(req).await.unwrap(), Submit::Accepted);
+        let outcome = tokio::time::timeout(PATIENCE, async {
+            while let Some(event) = events.recv().await {
+                if let TaskEvent::Finished { uid: u, outcome, .. } = event {
+                    if u == uid {
+                        return outcome;
+                    }
+                }
+            }
+            panic!("the supervisor stopped");
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{uid} did not finish"));
+        assert_eq!(
+            outcome.reason,
+            TaskReason::Completed,
+            "{uid}: {}",
+            outcome.message
+        );
+        let task_uid: u32 = outcome.output_tail.lines().next().unwrap().parse().unwrap();
+        (handle, events, task_uid, outcome.output_tail)
+    };
+    let owned_ipc = |uid: u32| {
+        ["shm", "sem", "msg"]
+            .iter()
+            .map(|t| std::fs::read_to_string(format!("/proc/sysvipc/{t}")).unwrap_or_default())
+            .flat_map(|text| text.lines().skip(1).map(str::to_owned).collect::<Vec<_>>())
+            .filter(|line| line.split_whitespace().any(|f| f == uid.to_string()))
+            .count()
+    };
+
+    let (handle, events) = supervisor::spawn(exec_config()).unwrap();
+    let (handle, _events, first, out) = run(handle, events, "leave", leave).await;
+    assert!(out.contains("ipc"), "{out}");
+    assert!(std::path::Path::new(&format!("/tmp/{tag}")).exists());
+    assert!(owned_ipc(first) >= 3, "the task's IPC objects");
+    handle.shutdown().await;
+
+    // The agent restarts: the next task gets the other uid, not the first
+    // one again.
+    let (handle, events) = supervisor::spawn(exec_config()).unwrap();
+    let (handle, events, second, _) = run(handle, events, "next", "id -u".to_owned()).await;
+    assert_ne!(second, first, "the rotation started over after the restart");
+    // The one after comes back to the first uid: its leftovers are gone
+    // before it starts.
+    let check = format!(
+        "id -u; for p in /tmp/{tag} /var/tmp/{tag} /dev/shm/{tag}; do [ -e $p ] && echo found $p; done; true"
+    );
+    let (handle, _events, third, out) = run(handle, events, "again", check).await;
+    assert_eq!(third, first);
+    assert!(!out.contains("found"), "{out}");
+    assert_eq!(owned_ipc(first), 0, "System V IPC of the earlier task");
+    handle.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exec_runs_as_a_named_user_only_when_the_robot_allows_it() {
     if !nix::unistd::geteuid().is_root() {

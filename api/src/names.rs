@@ -26,6 +26,11 @@ pub const ANNOTATION_TOKEN_SHA256: &str = "robot.k8s4r.io/bootstrap-token-sha256
 /// acknowledged (the server writes it, the manager's dispatch timeout
 /// reads it).
 pub const ANNOTATION_DISPATCHED_ATTEMPT: &str = "robot.k8s4r.io/dispatched-attempt";
+/// Annotation on a Task: the highest attempt the server is about to
+/// publish (written, guarded by the Task's resourceVersion, before the
+/// publish): an attempt at or below it may be running on its robot, so a
+/// cancel must reach the robot (see [`crate::task::sent_attempt`]).
+pub const ANNOTATION_SENDING_ATTEMPT: &str = "robot.k8s4r.io/sending-attempt";
 /// Annotation on a Task, TaskGroup or Job: stop what runs and mark it
 /// cancelled, keeping it. Each new value acts once.
 pub const ANNOTATION_CANCEL: &str = "robot.k8s4r.io/cancel";
@@ -72,5 +77,7 @@ pub const ENV_TASK_UID: &str = "K8S4R_TASK_UID";
 pub const ENV_TASK_ATTEMPT: &str = "K8S4R_TASK_ATTEMPT";
 /// Environment of every task: `namespace/name` of the Task.
 pub const ENV_TASK_NAME: &str = "K8S4R_TASK_NAME";
+/// Environment of every task: the id of the robot it runs on.
+pub const ENV_ROBOT_ID: &str = "K8S4R_ROBOT_ID";
 /// Environment of every task: its task directory on the robot.
 pub const ENV_TASK_DIR: &str = "K8S4R_TASK_DIR";

@@ -35,6 +35,22 @@ pub const MAX_INCOMING_PACKET_BYTES: usize = 16 * MAX_PACKET_BYTES;
 /// The default topic prefix.
 pub const DEFAULT_PREFIX: &str = "k8s4r";
 
+/// Most attempts a `running` list (register, heartbeat) names. Far above
+/// what a robot runs at once; an agent holding more (statuses of many
+/// finished attempts waiting for confirmation) sends the first this many
+/// and says the list is not complete.
+pub const MAX_HELD_ATTEMPTS: usize = 1024;
+/// Most drivers a registration names.
+pub const MAX_DRIVERS: usize = 16;
+/// Most labels a registration reports.
+pub const MAX_LABELS: usize = 64;
+/// Most users, and most groups, a task policy names.
+pub const MAX_POLICY_NAMES: usize = 64;
+/// Most status seqs one acknowledgement settles.
+pub const MAX_ACK_SEQS: usize = 1024;
+/// Longest registration nonce or agent session id, in bytes.
+pub const MAX_NONCE_BYTES: usize = 64;
+
 /// What went wrong with a topic or a body.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ProtocolError {
@@ -87,6 +103,19 @@ pub enum ProtocolError {
         topic: String,
         /// Why it was refused.
         reason: String,
+    },
+    /// A list, or a string the server echoes, is longer than the protocol
+    /// allows (see the `MAX_*` constants of this module).
+    #[error("{kind} message: {field} has {count} entries or bytes, the limit is {limit}")]
+    TooMany {
+        /// The message type.
+        kind: &'static str,
+        /// The field.
+        field: &'static str,
+        /// How many it has.
+        count: usize,
+        /// The most allowed.
+        limit: usize,
     },
     /// The robot id in the body differs from the topic's.
     #[error("robot id {body:?} in the body does not match {topic:?} in the topic")]
@@ -320,10 +349,38 @@ fn check_topic_level(what: &'static str, value: &str, topic: &str) -> Result<(),
     })
 }
 
-/// A protocol message: knows its name for error messages.
+/// A protocol message: knows its name for error messages, and the bounds
+/// of its lists.
 pub trait Message: Serialize + DeserializeOwned {
     /// The message type, as errors name it.
     const KIND: &'static str;
+
+    /// Refuses a message whose lists are longer than the protocol allows;
+    /// [`decode`] calls it, so no handler ever sees one.
+    fn check_limits(&self) -> Result<(), ProtocolError> {
+        Ok(())
+    }
+}
+
+/// `Err(TooMany)` when `count` exceeds `limit`.
+fn bound(kind: &'static str, field: &'static str, count: usize, limit: usize) -> Result<(), ProtocolError> {
+    if count > limit {
+        return Err(ProtocolError::TooMany {
+            kind,
+            field,
+            count,
+            limit,
+        });
+    }
+    Ok(())
+}
+
+fn bound_nonce(kind: &'static str, field: &'static str, nonce: Option<&String>) -> Result<(), ProtocolError> {
+    bound(kind, field, nonce.map_or(0, String::len), MAX_NONCE_BYTES)
+}
+
+fn bound_held(kind: &'static str, held: &[TaskAttempt]) -> Result<(), ProtocolError> {
+    bound(kind, "running", held.len(), MAX_HELD_ATTEMPTS)
 }
 
 /// Encodes a message as JSON (its `v` field included).
@@ -367,7 +424,9 @@ pub fn decode<M: Message>(body: &[u8]) -> Result<M, ProtocolError> {
             })
         }
     }
-    serde_json::from_slice(body).map_err(malformed)
+    let message: M = serde_json::from_slice(body).map_err(malformed)?;
+    message.check_limits()?;
+    Ok(message)
 }
 
 fn version() -> u32 {
@@ -414,10 +473,36 @@ pub struct Register {
     /// Whether the agent can take tasks now, and why not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<AgentHealth>,
+    /// Fresh for each registration sent; the answer carries it back, so an
+    /// answer that waited in the broker for an earlier registration (of
+    /// this process or a previous one) is known for what it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nonce: Option<String>,
 }
 
 impl Message for Register {
     const KIND: &'static str = "register";
+
+    fn check_limits(&self) -> Result<(), ProtocolError> {
+        bound_held(Self::KIND, &self.running)?;
+        bound(Self::KIND, "drivers", self.drivers.len(), MAX_DRIVERS)?;
+        bound(Self::KIND, "labels", self.labels.len(), MAX_LABELS)?;
+        if let Some(policy) = &self.task_policy {
+            bound(
+                Self::KIND,
+                "taskPolicy.allowedUsers",
+                policy.allowed_users.len(),
+                MAX_POLICY_NAMES,
+            )?;
+            bound(
+                Self::KIND,
+                "taskPolicy.allowedGroups",
+                policy.allowed_groups.len(),
+                MAX_POLICY_NAMES,
+            )?;
+        }
+        bound_nonce(Self::KIND, "nonce", self.nonce.as_ref())
+    }
 }
 
 impl Register {
@@ -436,6 +521,7 @@ impl Register {
             last_seq: None,
             task_policy: None,
             health: None,
+            nonce: None,
         }
     }
 }
@@ -472,10 +558,20 @@ pub struct Heartbeat {
     /// the Robot's `AcceptingTasks` condition from it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<AgentHealth>,
+    /// Names the agent process that sent it (random, fresh at each start):
+    /// `seq` restarts with every process, so the confirmation echoes this
+    /// and a process never takes contact from one meant for another.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
 }
 
 impl Message for Heartbeat {
     const KIND: &'static str = "heartbeat";
+
+    fn check_limits(&self) -> Result<(), ProtocolError> {
+        bound_held(Self::KIND, &self.running)?;
+        bound_nonce(Self::KIND, "session", self.session.as_ref())
+    }
 }
 
 impl Heartbeat {
@@ -492,6 +588,7 @@ impl Heartbeat {
             last_seq: None,
             server_time: None,
             health: None,
+            session: None,
         }
     }
 }
@@ -519,10 +616,17 @@ pub struct RegisterResponse {
     /// the old behaviour.
     #[serde(default)]
     pub status_acks: bool,
+    /// The nonce of the registration this answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nonce: Option<String>,
 }
 
 impl Message for RegisterResponse {
     const KIND: &'static str = "response";
+
+    fn check_limits(&self) -> Result<(), ProtocolError> {
+        bound_nonce(Self::KIND, "nonce", self.nonce.as_ref())
+    }
 }
 
 impl RegisterResponse {
@@ -534,6 +638,7 @@ impl RegisterResponse {
             message,
             server_time: None,
             status_acks: false,
+            nonce: None,
         }
     }
 }
@@ -761,6 +866,10 @@ pub struct StatusUpdate {
     /// The robot's restarts of this attempt's process (`restart`).
     #[serde(flatten)]
     pub restarts: RestartStatus,
+    /// The Task's `namespace/name`, as its dispatch gave it: a server whose
+    /// cache lacks the uid reads the Task by this name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_name: Option<String>,
 }
 
 impl Message for StatusUpdate {
@@ -785,6 +894,7 @@ impl StatusUpdate {
             finish_time: None,
             output_tail: None,
             restarts: RestartStatus::default(),
+            task_name: None,
         }
     }
 
@@ -849,10 +959,19 @@ pub struct StatusAck {
     /// The server's clock when it answered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time: Option<Timestamp>,
+    /// The `session` of the heartbeat confirmed: only the process that
+    /// sent it takes contact from the confirmation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
 }
 
 impl Message for StatusAck {
     const KIND: &'static str = "ack";
+
+    fn check_limits(&self) -> Result<(), ProtocolError> {
+        bound(Self::KIND, "seqs", self.seqs.len(), MAX_ACK_SEQS)?;
+        bound_nonce(Self::KIND, "session", self.session.as_ref())
+    }
 }
 
 impl StatusAck {
@@ -863,14 +982,17 @@ impl StatusAck {
             seqs,
             heartbeat: None,
             time: None,
+            session: None,
         }
     }
 
-    /// Says heartbeat `seq` is recorded, at `time` on the server's clock.
-    pub fn heartbeat(seq: u64, time: Timestamp) -> Self {
+    /// Says heartbeat `seq` of the agent process `session` is recorded, at
+    /// `time` on the server's clock.
+    pub fn heartbeat(seq: u64, session: Option<String>, time: Timestamp) -> Self {
         Self {
             heartbeat: Some(seq),
             time: Some(time),
+            session,
             ..Self::new(Vec::new())
         }
     }
@@ -915,10 +1037,7 @@ mod tests {
 
     #[test]
     fn every_message_round_trips() {
-        let running = vec![TaskAttempt {
-            uid: "u1".into(),
-            attempt: 2,
-        }];
+        let running = vec![TaskAttempt::new("u1", 2).named(Some("default/job-a-0".into()))];
         round_trip(Register {
             v: 1,
             robot_id: "rb1".into(),
@@ -938,6 +1057,7 @@ mod tests {
                 accepting_tasks: true,
                 ..AgentHealth::default()
             }),
+            nonce: Some("5f1c".into()),
         });
         round_trip(Heartbeat {
             v: 1,
@@ -958,6 +1078,7 @@ mod tests {
             last_seq: Some(41),
             server_time: Some("2026-11-22T10:00:00Z".parse().unwrap()),
             health: None,
+            session: Some("a1b2".into()),
         });
         round_trip(RegisterResponse {
             v: 1,
@@ -965,9 +1086,14 @@ mod tests {
             message: Some("approved".into()),
             server_time: Some("2026-11-22T10:00:00Z".parse().unwrap()),
             status_acks: true,
+            nonce: Some("5f1c".into()),
         });
         round_trip(StatusAck::new(vec![3, 4]));
-        round_trip(StatusAck::heartbeat(9, "2026-11-22T10:00:00Z".parse().unwrap()));
+        round_trip(StatusAck::heartbeat(
+            9,
+            Some("a1b2".into()),
+            "2026-11-22T10:00:00Z".parse().unwrap(),
+        ));
         round_trip(Dispatch {
             v: 1,
             task_uid: "u1".into(),
@@ -1011,6 +1137,7 @@ mod tests {
                 last_exit_code: Some(1),
                 last_restart_time: Some("2026-11-22T10:00:20Z".parse().unwrap()),
             },
+            task_name: Some("default/job-a-0".into()),
         });
         round_trip(Online { v: 1, online: false });
     }
@@ -1113,6 +1240,54 @@ mod tests {
         let err = decode::<Online>(b"{\"v\":1}").unwrap_err();
         assert!(err.to_string().contains("missing field `online`"), "{err}");
         assert!(check_robot_id("rb2", "rb1").is_err());
+    }
+
+    #[test]
+    fn lists_longer_than_the_protocol_allows_are_refused_at_decode() {
+        let mut heartbeat = Heartbeat::new(
+            "rb1",
+            1,
+            "2026-11-22T10:00:00Z".parse().unwrap(),
+            Usage::default(),
+        );
+        // One uid repeated is as long a list as distinct ones.
+        heartbeat.running = vec![TaskAttempt::new("u", 1); MAX_HELD_ATTEMPTS];
+        assert!(decode::<Heartbeat>(&encode(&heartbeat)).is_ok());
+        heartbeat.running.push(TaskAttempt::new("u", 1));
+        assert_eq!(
+            decode::<Heartbeat>(&encode(&heartbeat)),
+            Err(ProtocolError::TooMany {
+                kind: "heartbeat",
+                field: "running",
+                count: MAX_HELD_ATTEMPTS + 1,
+                limit: MAX_HELD_ATTEMPTS,
+            })
+        );
+        let mut register = Register::new("rb1", "0.1.0", device());
+        register.drivers = vec!["exec".into(); MAX_DRIVERS + 1];
+        assert!(matches!(
+            decode::<Register>(&encode(&register)),
+            Err(ProtocolError::TooMany { field: "drivers", .. })
+        ));
+        register.drivers.clear();
+        register.labels = (0..=MAX_LABELS)
+            .map(|i| (format!("l{i}"), "v".to_owned()))
+            .collect();
+        assert!(matches!(
+            decode::<Register>(&encode(&register)),
+            Err(ProtocolError::TooMany { field: "labels", .. })
+        ));
+        register.labels.clear();
+        register.nonce = Some("x".repeat(MAX_NONCE_BYTES + 1));
+        assert!(matches!(
+            decode::<Register>(&encode(&register)),
+            Err(ProtocolError::TooMany { field: "nonce", .. })
+        ));
+        let ack = StatusAck::new(vec![1; MAX_ACK_SEQS + 1]);
+        assert!(matches!(
+            decode::<StatusAck>(&encode(&ack)),
+            Err(ProtocolError::TooMany { field: "seqs", .. })
+        ));
     }
 
     #[test]

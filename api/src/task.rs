@@ -604,6 +604,20 @@ pub struct AttemptRecord {
     pub finish_time: Option<Timestamp>,
 }
 
+/// The highest attempt of a Task that may have reached its robot, from its
+/// annotations: the one the server recorded it was about to publish, or
+/// the one whose publish the broker acknowledged. A cancel of an attempt
+/// at or below it must go to the robot and wait for its report.
+pub fn sent_attempt(annotations: Option<&std::collections::BTreeMap<String, String>>) -> u32 {
+    let read = |key: &str| {
+        annotations
+            .and_then(|a| a.get(key))
+            .and_then(|v| v.parse::<u32>().ok())
+            .unwrap_or(0)
+    };
+    read(crate::names::ANNOTATION_SENDING_ATTEMPT).max(read(crate::names::ANNOTATION_DISPATCHED_ATTEMPT))
+}
+
 /// A compact handle on one attempt of one task.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -612,6 +626,27 @@ pub struct TaskAttempt {
     pub uid: String,
     /// The attempt number.
     pub attempt: u32,
+    /// The Task's `namespace/name`, as its dispatch gave it: a server whose
+    /// cache lacks the uid reads the Task by this name before it cancels
+    /// the attempt (agents before this field leave it out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+impl TaskAttempt {
+    /// Attempt `attempt` of the Task with uid `uid`, without its name.
+    pub fn new(uid: impl Into<String>, attempt: u32) -> Self {
+        Self {
+            uid: uid.into(),
+            attempt,
+            name: None,
+        }
+    }
+
+    /// The same attempt, naming its Task (`namespace/name`).
+    pub fn named(self, name: Option<String>) -> Self {
+        Self { name, ..self }
+    }
 }
 
 /// Counts of tasks per state.

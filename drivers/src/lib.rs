@@ -24,6 +24,7 @@ pub mod cgroup;
 mod exec;
 pub mod identity;
 mod launch;
+pub mod leftovers;
 mod raw_exec;
 mod sys;
 

@@ -81,3 +81,34 @@ pub(crate) fn install(command: &mut tokio::process::Command, setup: ChildSetup) 
         command.pre_exec(hook);
     }
 }
+
+/// A System V IPC object's kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ipc {
+    /// Shared memory (`shmget`).
+    Shm,
+    /// A semaphore set (`semget`).
+    Sem,
+    /// A message queue (`msgget`).
+    Msg,
+}
+
+/// Removes the System V IPC object `id` (`IPC_RMID`). nix has no wrapper
+/// for these calls.
+pub(crate) fn remove_ipc(kind: Ipc, id: i32) -> std::io::Result<()> {
+    use nix::libc;
+    // SAFETY: IPC_RMID reads nothing through the pointer argument (it may
+    // be null), and `id` is a plain integer; a stale or foreign id makes
+    // the call fail with EINVAL or EPERM, which is returned.
+    let rc = unsafe {
+        match kind {
+            Ipc::Shm => libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut()),
+            Ipc::Sem => libc::semctl(id, 0, libc::IPC_RMID),
+            Ipc::Msg => libc::msgctl(id, libc::IPC_RMID, std::ptr::null_mut()),
+        }
+    };
+    if rc == -1 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}

@@ -13,9 +13,10 @@ use k8s4r_api::protocol::{
     check_robot_id, decode, encode, Cancel, Heartbeat, Message, Online, ProtocolError, Register,
     RegisterResponse, StatusAck, StatusUpdate, Topic, TopicKind, Topics,
 };
-use k8s4r_api::validation::validate_robot_id;
+use k8s4r_api::validation::{validate_dns_label, validate_robot_id};
 use k8s4r_api::{Robot, RobotPhase, Task, TaskAttempt};
 use k8s4r_service::patch::Guarded;
+use k8s4r_service::watch::InSync;
 use k8s4r_service::Kube;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
@@ -29,6 +30,7 @@ use crate::decide::{
     self, connected, plan_heartbeat, plan_register, HeartbeatMemory, RobotStatusPatch, StatusDecision,
 };
 use crate::error::{Error, Result};
+use crate::held::{HeldMemory, Permit};
 use crate::ingress::{Inbound, Lane};
 use crate::metrics::Metrics;
 use crate::mqtt::Publisher;
@@ -37,9 +39,6 @@ use crate::mqtt::Publisher;
 const CONFLICT_TRIES: u32 = 5;
 /// How often a write that failed for another reason is retried.
 const ERROR_TRIES: u32 = 4;
-/// How long a Task uid a robot mentions must stay unknown before the server
-/// treats the Task as gone (cancels its attempt, settles its statuses).
-const UNKNOWN_GRACE: Duration = Duration::from_secs(30);
 /// The first retry delay of such a write; doubled per try.
 const RETRY_BASE: Duration = Duration::from_millis(500);
 
@@ -56,9 +55,64 @@ pub struct Bridge {
     topics: Topics,
     metrics: Arc<Metrics>,
     config: ServerConfig,
-    awaiting_response: Mutex<HashSet<String>>,
-    /// Task uids robots mention that this server does not know, and since when.
-    unknown_since: Mutex<HashMap<String, Instant>>,
+    /// Robots whose registration waits for the manager's decision, with
+    /// the nonce of the registration to answer.
+    awaiting_response: Mutex<HashMap<String, Option<String>>>,
+    /// Whether the Task watch is in sync: a uid the cache lacks is taken
+    /// for gone only then (and only after reading it from the API server).
+    task_sync: InSync,
+}
+
+/// What one worker remembers of one robot. All of a robot's messages go to
+/// the same worker, so none of it is shared between workers.
+pub struct RobotMemory {
+    heartbeat: HeartbeatMemory,
+    held: HeldMemory,
+    /// When a refused message of this robot was last logged, and how many
+    /// were not logged since: one line per robot per [`REJECTION_LOG_EVERY`].
+    rejections: (Option<tokio::time::Instant>, u64),
+}
+
+/// A robot's refused messages are logged at most this often (the rest are
+/// counted, and logged at debug level).
+const REJECTION_LOG_EVERY: Duration = Duration::from_secs(10);
+
+impl Default for RobotMemory {
+    fn default() -> Self {
+        Self {
+            heartbeat: HeartbeatMemory::default(),
+            held: HeldMemory::new(tokio::time::Instant::now()),
+            rejections: (None, 0),
+        }
+    }
+}
+
+impl RobotMemory {
+    /// Whether a refusal may be logged now; if so, how many were not
+    /// logged since the last one.
+    fn log_rejection(&mut self) -> Option<u64> {
+        let now = tokio::time::Instant::now();
+        let (last, quiet) = &mut self.rejections;
+        if last.is_some_and(|at| now.saturating_duration_since(at) < REJECTION_LOG_EVERY) {
+            *quiet += 1;
+            return None;
+        }
+        *last = Some(now);
+        Some(std::mem::take(quiet))
+    }
+}
+
+/// One worker's memory of the robots it serves.
+pub type Memory = HashMap<String, RobotMemory>;
+
+/// What a look-up of a uid the cache lacks found.
+enum Lookup {
+    /// The Task exists (the cache lags).
+    Found(Arc<Task>),
+    /// No Task has this uid: it was deleted (uids are never reused).
+    Gone,
+    /// Not known now; nothing may be concluded (why, and the counter's label).
+    Deferred(String, &'static str),
 }
 
 #[derive(Default)]
@@ -74,15 +128,22 @@ struct UidIndex {
 /// What became of one message, for the counter and the log.
 enum Outcome {
     Done(&'static str),
+    /// Refused for good: a status is confirmed all the same, so the robot
+    /// forgets it.
     Rejected(String, &'static str),
+    /// Not applied now and not confirmed: the robot sends it again.
+    Deferred(String, &'static str),
 }
 
 impl Bridge {
-    /// A bridge over caches that the caller keeps filled.
+    /// A bridge over caches that the caller keeps filled; `task_sync`
+    /// says whether the Task cache's watch is in sync.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         client: Client,
         robot_cache: Store<Robot>,
         task_cache: Store<Task>,
+        task_sync: InSync,
         lease_cache: Store<Lease>,
         publisher: Publisher,
         metrics: Arc<Metrics>,
@@ -101,7 +162,7 @@ impl Bridge {
             metrics,
             config,
             awaiting_response: Mutex::default(),
-            unknown_since: Mutex::default(),
+            task_sync,
         }
     }
 
@@ -156,12 +217,12 @@ impl Bridge {
     }
 
     /// Handles one received message; never fails: problems are logged and counted.
-    pub async fn handle(&self, inbound: Inbound, heartbeats: &mut HashMap<String, HeartbeatMemory>) {
+    pub async fn handle(&self, inbound: Inbound, memory: &mut Memory) {
         let kind = self.kind_label(&inbound.topic);
         let mut tries = 0;
         let outcome = loop {
             tries += 1;
-            match self.dispatch_message(&inbound, heartbeats).await {
+            match self.dispatch_message(&inbound, memory).await {
                 Err(error) if tries < ERROR_TRIES && error.is_transient() => {
                     let delay = exponential(RETRY_BASE, self.config.max_backoff, tries);
                     debug!(topic = %inbound.topic, %error, retry_in = ?delay, "retrying");
@@ -176,7 +237,17 @@ impl Bridge {
                 self.metrics.message_in(kind, outcome);
             }
             Ok(Outcome::Rejected(reason, outcome)) => {
-                warn!(topic = %inbound.topic, %reason, "message rejected");
+                let robot = crate::mqtt::robot_of(&inbound.topic).to_owned();
+                match memory.entry(robot).or_default().log_rejection() {
+                    Some(not_logged) => {
+                        warn!(topic = %inbound.topic, %reason, not_logged, "message rejected");
+                    }
+                    None => debug!(topic = %inbound.topic, %reason, "message rejected"),
+                }
+                self.metrics.message_in(kind, outcome);
+            }
+            Ok(Outcome::Deferred(reason, outcome)) => {
+                debug!(topic = %inbound.topic, %reason, "message not applied now");
                 self.metrics.message_in(kind, outcome);
             }
             Err(error) => {
@@ -206,11 +277,7 @@ impl Bridge {
         }
     }
 
-    async fn dispatch_message(
-        &self,
-        inbound: &Inbound,
-        heartbeats: &mut HashMap<String, HeartbeatMemory>,
-    ) -> Result<Outcome> {
+    async fn dispatch_message(&self, inbound: &Inbound, memory: &mut Memory) -> Result<Outcome> {
         let topic = match self.topics.parse(&inbound.topic) {
             Ok(topic) => topic,
             Err(e) => return Ok(rejected(e)),
@@ -222,16 +289,14 @@ impl Bridge {
                     Ok(msg) => {
                         let outcome = self.register(&msg).await?;
                         if matches!(outcome, Outcome::Done(_)) {
-                            self.reconcile(
-                                &robot_id,
-                                &Heartbeat {
-                                    running: msg.running.clone(),
-                                    reconcile: msg.reconcile,
-                                    last_seq: msg.last_seq,
-                                    ..Heartbeat::new(&robot_id, 0, Timestamp::now(), Default::default())
-                                },
-                            )
-                            .await?;
+                            let report = Heartbeat {
+                                running: msg.running.clone(),
+                                reconcile: msg.reconcile,
+                                last_seq: msg.last_seq,
+                                ..Heartbeat::new(&robot_id, 0, Timestamp::now(), Default::default())
+                            };
+                            let held = &mut memory.entry(robot_id.clone()).or_default().held;
+                            self.reconcile(&robot_id, &report, held).await?;
                         }
                         Ok(outcome)
                     }
@@ -239,7 +304,8 @@ impl Bridge {
                 },
                 TopicKind::Heartbeat => match decode_for::<Heartbeat>(body, &robot_id, |m| &m.robot_id) {
                     Ok(msg) => {
-                        let outcome = self.heartbeat(&msg, heartbeats).await?;
+                        let mine = memory.entry(robot_id.clone()).or_default();
+                        let outcome = self.heartbeat(&msg, &mut mine.heartbeat).await?;
                         if matches!(&outcome, Outcome::Rejected(_, "rejected_unknown_robot")) {
                             // A deleted Robot's agent may still run attempts
                             // that moved elsewhere: stop those, fail nothing.
@@ -247,14 +313,15 @@ impl Bridge {
                                 reconcile: false,
                                 ..msg.clone()
                             };
-                            self.reconcile(&robot_id, &partial).await?;
+                            self.reconcile(&robot_id, &partial, &mut mine.held).await?;
                         }
                         if matches!(outcome, Outcome::Done(_)) {
                             // The Lease is fresh (renewed now, or recently
                             // enough to coalesce): the robot's lease on its
                             // attempts may run from this heartbeat.
-                            self.acknowledge(&robot_id, StatusAck::heartbeat(msg.seq, Timestamp::now()));
-                            self.reconcile(&robot_id, &msg).await?;
+                            let ack = StatusAck::heartbeat(msg.seq, msg.session.clone(), Timestamp::now());
+                            self.acknowledge(&robot_id, ack, "heartbeat_ack");
+                            self.reconcile(&robot_id, &msg, &mut mine.held).await?;
                         }
                         Ok(outcome)
                     }
@@ -262,20 +329,14 @@ impl Bridge {
                 },
                 TopicKind::Status { task_uid } => match decode::<StatusUpdate>(body) {
                     Ok(msg) => {
-                        let outcome = self.status(&msg, &task_uid, &robot_id).await?;
+                        let held = &mut memory.entry(robot_id.clone()).or_default().held;
+                        let outcome = self.status(&msg, &task_uid, &robot_id, held).await?;
                         // Applied, or refused for good: the robot may forget
-                        // it. An error (the API away) is not acknowledged,
-                        // and the robot sends the status again; nor is a
-                        // status of a Task this server has not known for
-                        // long (its cache may lag).
-                        let young = matches!(&outcome, Outcome::Rejected(_, "rejected_unknown_task"))
-                            && self
-                                .long_unknown(&[TaskAttempt {
-                                    uid: task_uid.clone(),
-                                    attempt: msg.attempt,
-                                }])
-                                .is_empty();
-                        if !young {
+                        // it. An error (the API away) is not confirmed, and
+                        // the robot sends the status again; nor is a status
+                        // this server could not judge now (a Task its cache
+                        // lacks and it could not read).
+                        if !matches!(outcome, Outcome::Deferred(..)) {
                             self.settle(&robot_id, msg.seq);
                         }
                         Ok(outcome)
@@ -305,7 +366,10 @@ impl Bridge {
                 Err(reason) => Ok(Outcome::Rejected(reason, "rejected_body")),
             },
             Topic::LegacyHeartbeat => match decode_legacy::<Heartbeat>(body, |m| &m.robot_id) {
-                Ok(msg) => self.heartbeat(&msg, heartbeats).await,
+                Ok(msg) => {
+                    let mine = memory.entry(msg.robot_id.clone()).or_default();
+                    self.heartbeat(&msg, &mut mine.heartbeat).await
+                }
                 Err(reason) => Ok(Outcome::Rejected(reason, "rejected_body")),
             },
         }
@@ -339,9 +403,9 @@ impl Bridge {
                     .robot_cache
                     .get(&ObjectRef::new(name))
                     .and_then(|r| r.status.as_ref().and_then(|s| s.message.clone()));
-                self.respond(name, phase, message).await;
+                self.respond(name, phase, message, msg.nonce.clone()).await;
             }
-            None => self.await_decision(name).await,
+            None => self.await_decision(name, msg.nonce.clone()).await,
         }
         Ok(Outcome::Done("applied"))
     }
@@ -404,8 +468,8 @@ impl Bridge {
 
     /// Remembers that `name` waits for the manager's decision; answers at
     /// once if the cache already shows it (the watch may have gone by).
-    async fn await_decision(&self, name: &str) {
-        lock(&self.awaiting_response).insert(name.to_owned());
+    async fn await_decision(&self, name: &str, nonce: Option<String>) {
+        lock(&self.awaiting_response).insert(name.to_owned(), nonce);
         if let Some(robot) = self.robot_cache.get(&ObjectRef::new(name)) {
             self.robot_changed(&robot).await;
         }
@@ -421,16 +485,18 @@ impl Bridge {
             return;
         };
         let name = robot.metadata.name.clone().unwrap_or_default();
-        if !lock(&self.awaiting_response).remove(&name) {
+        let Some(nonce) = lock(&self.awaiting_response).remove(&name) else {
             return;
-        }
-        self.respond(&name, phase, status.message.clone()).await;
+        };
+        self.respond(&name, phase, status.message.clone(), nonce).await;
     }
 
-    async fn respond(&self, name: &str, phase: RobotPhase, message: Option<String>) {
+    /// Answers the registration that carried `nonce`.
+    async fn respond(&self, name: &str, phase: RobotPhase, message: Option<String>, nonce: Option<String>) {
         let body = encode(&RegisterResponse {
             server_time: Some(Timestamp::now()),
             status_acks: true,
+            nonce,
             ..RegisterResponse::new(phase, message)
         });
         match self.publisher.publish(self.topics.response(name), body).await {
@@ -449,24 +515,21 @@ impl Bridge {
     /// lost acknowledgement only makes the robot send the status again,
     /// which is then a duplicate and acknowledged again.
     fn settle(&self, robot: &str, seq: u64) {
-        self.acknowledge(robot, StatusAck::new(vec![seq]));
+        self.acknowledge(robot, StatusAck::new(vec![seq]), "status_ack");
     }
 
-    /// Publishes an acknowledgement without waiting for its PUBACK.
-    fn acknowledge(&self, robot: &str, ack: StatusAck) {
+    /// Publishes a confirmation without waiting for its PUBACK; `kind`
+    /// labels it in the counter (`status_ack`, `heartbeat_ack`).
+    fn acknowledge(&self, robot: &str, ack: StatusAck, kind: &str) {
         let sent = self.publisher.send(self.topics.status_ack(robot), encode(&ack));
         self.metrics
-            .message_out("ack", if sent { "queued" } else { "failed" });
+            .message_out(kind, if sent { "queued" } else { "failed" });
     }
 
     // ------------------------------------------------------------ heartbeat
 
     #[instrument(skip_all, fields(robot = %msg.robot_id))]
-    async fn heartbeat(
-        &self,
-        msg: &Heartbeat,
-        memory: &mut HashMap<String, HeartbeatMemory>,
-    ) -> Result<Outcome> {
+    async fn heartbeat(&self, msg: &Heartbeat, entry: &mut HeartbeatMemory) -> Result<Outcome> {
         let name = msg.robot_id.as_str();
         let Some(robot) = self.robot(name).await? else {
             let r = decide::Rejection::UnknownRobot {
@@ -474,8 +537,10 @@ impl Bridge {
             };
             return Ok(Outcome::Rejected(r.to_string(), r.outcome()));
         };
+        if let Some(refusal) = not_approved(&robot) {
+            return Ok(refusal);
+        }
         let now = Timestamp::now();
-        let entry = memory.entry(name.to_owned()).or_default();
         let lease_renewed = self
             .lease_cache
             .get(&ObjectRef::new(name).within(&self.config.lease_namespace))
@@ -511,7 +576,7 @@ impl Bridge {
         .await;
         if let Err(e) = result {
             // Forget what was planned so the next heartbeat tries again.
-            memory.remove(name);
+            *entry = HeartbeatMemory::default();
             return Err(e);
         }
         Ok(Outcome::Done("applied"))
@@ -615,23 +680,64 @@ impl Bridge {
         }
     }
 
-    /// Of these attempts of uids this server does not know, the ones it has
-    /// not known for [`UNKNOWN_GRACE`]: a replica whose cache lags must not
-    /// cancel an attempt that was just dispatched, or settle its status.
-    fn long_unknown(&self, attempts: &[TaskAttempt]) -> Vec<TaskAttempt> {
-        let now = Instant::now();
-        let mut unknown = lock(&self.unknown_since);
-        if unknown.len() > 65_536 {
-            unknown.retain(|_, since| now.duration_since(*since) < UNKNOWN_GRACE * 10);
+    /// Looks up a uid the cache lacks in the API server, by the Task's
+    /// name (from the robot's message, else from what this server saw),
+    /// when the robot's budget and the uid's interval allow and the Task
+    /// watch is in sync. `wait`: only after the uid has been missing for a
+    /// while (see [`crate::held`]).
+    async fn look_up(
+        &self,
+        uid: &str,
+        name: Option<&str>,
+        wait: bool,
+        held: &mut HeldMemory,
+    ) -> Result<Lookup> {
+        if !self.task_sync.is_synced() {
+            return Ok(Lookup::Deferred(
+                "this server's Task watch is not in sync".into(),
+                "deferred_unsynced",
+            ));
         }
-        attempts
-            .iter()
-            .filter(|a| {
-                let since = *unknown.entry(a.uid.clone()).or_insert(now);
-                now.duration_since(since) >= UNKNOWN_GRACE
-            })
-            .cloned()
-            .collect()
+        let indexed = || {
+            lock(&self.uid_index)
+                .refs
+                .get(uid)
+                .map(|r| format!("{}/{}", r.namespace.clone().unwrap_or_default(), r.name))
+        };
+        let Some((namespace, task)) = name
+            .map(str::to_owned)
+            .or_else(indexed)
+            .and_then(|n| split_task_name(&n))
+        else {
+            return Ok(Lookup::Deferred(
+                "the robot did not name the Task, and this server never saw it".into(),
+                "deferred_no_name",
+            ));
+        };
+        let permit = held.may_check(uid, wait, tokio::time::Instant::now());
+        if permit != Permit::Granted {
+            self.metrics.message_out("task_read", permit.outcome());
+            return Ok(Lookup::Deferred(
+                format!("not read now ({})", permit.outcome()),
+                "deferred_unknown_task",
+            ));
+        }
+        let api: Api<Task> = Api::namespaced(self.kube.client().clone(), &namespace);
+        let read = self
+            .kube
+            .read(|| format!("reading task {namespace}/{task}"), api.get_opt(&task))
+            .await?;
+        self.metrics.message_out("task_read", "read");
+        match read {
+            Some(found) if found.metadata.uid.as_deref() == Some(uid) => {
+                held.known(uid);
+                Ok(Lookup::Found(Arc::new(found)))
+            }
+            _ => {
+                held.gone(uid);
+                Ok(Lookup::Gone)
+            }
+        }
     }
 
     /// The Tasks targeting `robot`, from the cache.
@@ -660,10 +766,21 @@ impl Bridge {
     /// Compares what `robot` says it holds with what the Tasks want of it:
     /// cancels what no Task wants, and fails at once a Task whose attempt
     /// the robot's complete list shows it will never run (docs/fencing.md,
-    /// "reconcile").
-    async fn reconcile(&self, robot: &str, report: &Heartbeat) -> Result<()> {
+    /// "reconcile"). What this costs is bounded per robot by `held`.
+    async fn reconcile(&self, robot: &str, report: &Heartbeat, held: &mut HeldMemory) -> Result<()> {
+        // A uid listed twice counts once.
+        let mut seen = HashSet::new();
+        let listed: Vec<TaskAttempt> = report
+            .running
+            .iter()
+            .filter(|a| seen.insert((a.uid.as_str(), a.attempt)))
+            .cloned()
+            .collect();
+        if report.reconcile {
+            held.retain_listed(&listed);
+        }
         let holding = decide::Holding {
-            held: &report.running,
+            held: &listed,
             complete: report.reconcile,
             last_seq: report.last_seq,
             sent_at: report.server_time,
@@ -680,18 +797,23 @@ impl Bridge {
             assigned.iter().map(|t| t.as_ref()),
             Timestamp::now(),
         );
-        let mut cancels = plan.cancel.clone();
-        cancels.extend(
-            self.long_unknown(&plan.unknown)
-                .into_iter()
-                .map(|a| (a, "the Task no longer exists".to_owned())),
-        );
-        for (attempt, why) in &cancels {
-            let body = encode(&Cancel::new(&attempt.uid, attempt.attempt, why.clone()));
-            let sent = self.publisher.send(self.topics.cancel(robot), body);
-            info!(task_uid = %attempt.uid, attempt = attempt.attempt, reason = %why, sent, "cancelling an attempt no Task wants");
-            self.metrics
-                .message_out("cancel", if sent { "queued" } else { "failed" });
+        for (attempt, why) in &plan.cancel {
+            held.known(&attempt.uid);
+            self.cancel_held(robot, attempt, why, held);
+        }
+        for attempt in &plan.unknown {
+            match self
+                .look_up(&attempt.uid, attempt.name.as_deref(), true, held)
+                .await?
+            {
+                Lookup::Found(task) => {
+                    if let Some(why) = decide::unwanted(attempt, robot, &task) {
+                        self.cancel_held(robot, attempt, &why, held);
+                    }
+                }
+                Lookup::Gone => self.cancel_held(robot, attempt, "the Task no longer exists", held),
+                Lookup::Deferred(_, outcome) => self.metrics.message_out("cancel", outcome),
+            }
         }
         for (uid, patch) in &plan.lost {
             let Some(task) = assigned
@@ -728,6 +850,22 @@ impl Bridge {
         Ok(())
     }
 
+    /// Cancels an attempt the robot lists and should not hold: on the bulk
+    /// queue, at most once per uid per interval and within the robot's
+    /// budget (the robot's next report calls for it again).
+    fn cancel_held(&self, robot: &str, attempt: &TaskAttempt, why: &str, held: &mut HeldMemory) {
+        let permit = held.may_cancel(&attempt.uid, tokio::time::Instant::now());
+        if permit != Permit::Granted {
+            self.metrics.message_out("cancel", permit.outcome());
+            return;
+        }
+        let body = encode(&Cancel::new(&attempt.uid, attempt.attempt, why));
+        let sent = self.publisher.send_bulk(self.topics.cancel(robot), body);
+        info!(task_uid = %attempt.uid, attempt = attempt.attempt, reason = %why, sent, "cancelling an attempt no Task wants");
+        self.metrics
+            .message_out("cancel", if sent { "queued" } else { "failed" });
+    }
+
     fn task_by_uid(&self, uid: &str) -> Option<Arc<Task>> {
         let mut index = lock(&self.uid_index);
         // Entries of deleted Tasks are dropped by a rebuild now and then.
@@ -759,9 +897,32 @@ impl Bridge {
     }
 
     #[instrument(skip_all, fields(robot = robot, task_uid = uid))]
-    async fn status(&self, msg: &StatusUpdate, uid: &str, robot: &str) -> Result<Outcome> {
+    async fn status(
+        &self,
+        msg: &StatusUpdate,
+        uid: &str,
+        robot: &str,
+        held: &mut HeldMemory,
+    ) -> Result<Outcome> {
+        if let Some(robot) = self.robot_cache.get(&ObjectRef::new(robot)) {
+            if let Some(refusal) = not_approved(&robot) {
+                return Ok(refusal);
+            }
+        }
         let mut task = self.task_by_uid(uid);
         let mut fresh = false;
+        if task.is_none() {
+            // Gone, or not in this replica's cache yet: only the API server
+            // can say which.
+            match self.look_up(uid, msg.task_name.as_deref(), false, held).await? {
+                Lookup::Found(found) => {
+                    task = Some(found);
+                    fresh = true;
+                }
+                Lookup::Gone => {}
+                Lookup::Deferred(why, outcome) => return Ok(Outcome::Deferred(why, outcome)),
+            }
+        }
         for tries in 1.. {
             let decision = decide::decide_status(msg, uid, robot, task.as_deref(), Timestamp::now());
             let patch = match decision {
@@ -839,15 +1000,45 @@ impl Bridge {
 /// for a reason other than a conflict is retried with capped backoff; the
 /// robot's messages wait meanwhile, which keeps them in order.
 pub async fn worker(bridge: Arc<Bridge>, lane: Arc<Lane>) {
-    let mut heartbeats = HashMap::new();
+    let mut memory = Memory::new();
     while let Some(message) = lane.next().await {
-        bridge.handle(message, &mut heartbeats).await;
+        bridge.handle(message, &mut memory).await;
     }
+}
+
+/// A robot that is not approved (Pending, Rejected) costs nothing: its
+/// heartbeats and statuses are dropped and counted.
+fn not_approved(robot: &Robot) -> Option<Outcome> {
+    let phase = robot
+        .status
+        .as_ref()
+        .and_then(|s| s.phase)
+        .unwrap_or(RobotPhase::Pending);
+    match phase {
+        RobotPhase::Online | RobotPhase::Offline => None,
+        RobotPhase::Pending | RobotPhase::Rejected => Some(Outcome::Deferred(
+            format!(
+                "robot {} is {phase:?}, not approved",
+                robot.metadata.name.as_deref().unwrap_or_default()
+            ),
+            "rejected_not_approved",
+        )),
+    }
+}
+
+/// `namespace/name` split and checked (it comes from a robot).
+fn split_task_name(name: &str) -> Option<(String, String)> {
+    let (namespace, task) = name.split_once('/')?;
+    validate_dns_label(namespace).ok()?;
+    // A Task's name is a DNS-1123 subdomain, as a robot id is.
+    validate_robot_id(task).ok()?;
+    Some((namespace.to_owned(), task.to_owned()))
 }
 
 fn rejected(e: ProtocolError) -> Outcome {
     let outcome = match e {
         ProtocolError::TooLarge { .. } => "rejected_too_large",
+        ProtocolError::TooMany { .. } => "rejected_too_many",
         ProtocolError::Malformed { .. } => "rejected_malformed",
         ProtocolError::MissingVersion { .. } | ProtocolError::UnsupportedVersion { .. } => "rejected_version",
         ProtocolError::UnknownTopic { .. } | ProtocolError::InvalidTopicId { .. } => "rejected_topic",

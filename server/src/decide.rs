@@ -750,8 +750,12 @@ pub struct Holding<'a> {
 pub struct ReconcilePlan {
     /// Attempts the robot holds that no Task wants any more: cancel them.
     pub cancel: Vec<(TaskAttempt, String)>,
-    /// Attempts of Tasks this server does not know: gone, or not in its
-    /// cache yet (a lagging replica); cancel only once that has lasted.
+    /// Attempts of Tasks this server's cache does not know: gone, or not
+    /// in its cache yet (a lagging replica, a watch out of sync). Nothing
+    /// may be concluded from the cache: the bridge reads each Task from
+    /// the API server (by the name the robot gives), within the robot's
+    /// budget and only while its watch is in sync, before it cancels
+    /// ([`crate::held`]).
     pub unknown: Vec<TaskAttempt>,
     /// Tasks that show an attempt on the robot that the robot's complete
     /// list lacks: fail them at once, by this patch.
@@ -767,7 +771,7 @@ impl ReconcilePlan {
 
 /// Why the robot should not hold `held`, if it should not. An attempt newer
 /// than the Task shows is left alone: this server's cache is behind.
-fn unwanted(held: &TaskAttempt, robot: &str, task: &Task) -> Option<String> {
+pub fn unwanted(held: &TaskAttempt, robot: &str, task: &Task) -> Option<String> {
     if task.metadata.deletion_timestamp.is_some() {
         return Some("the Task is being deleted".into());
     }
@@ -911,6 +915,13 @@ pub fn dispatched_attempt(task: &Task) -> u32 {
         .unwrap_or(0)
 }
 
+/// The highest attempt that may have reached the robot (see
+/// [`k8s4r_api::task::sent_attempt`]): cancels and deletions of an attempt
+/// at or below it wait for the robot.
+pub fn sent_attempt(task: &Task) -> u32 {
+    k8s4r_api::task::sent_attempt(task.metadata.annotations.as_ref())
+}
+
 /// Whether the Task carries the server's finalizer.
 pub fn has_finalizer(task: &Task) -> bool {
     task.metadata
@@ -924,8 +935,11 @@ pub fn has_finalizer(task: &Task) -> bool {
 pub enum TaskAction {
     /// Nothing to do until the Task changes.
     Nothing,
-    /// Add the finalizer if missing, publish the dispatch, then record the
-    /// attempt in the annotation.
+    /// Record the attempt as being sent (and add the finalizer if
+    /// missing) in one write guarded by the Task's resourceVersion, publish
+    /// the dispatch, then record the broker's PUBACK in the annotation. The
+    /// guard orders the send against a person's cancel: see
+    /// [`sent_attempt`].
     Dispatch {
         /// The robot.
         robot: String,
@@ -974,10 +988,9 @@ pub fn decide_task(task: &Task, robot_phase: Option<RobotPhase>, now: Timestamp)
         };
         let active = matches!(status.state, Some(TaskState::Dispatching | TaskState::Running));
         let reachable = matches!(robot_phase, Some(RobotPhase::Online | RobotPhase::Pending));
-        // A dispatch that was never acknowledged may still have reached the
-        // robot (a crash between PUBACK and the annotation): cancel it, but
-        // do not hold the Task for a report that may never come.
-        let sent = dispatched_attempt(task) >= attempt;
+        // A dispatch never about to be published is not on the robot: the
+        // Task need not wait for a report that would never come.
+        let sent = sent_attempt(task) >= attempt;
         return match (active, reachable && sent) {
             (true, true) => TaskAction::CancelAndWait { robot, attempt },
             (true, false) => TaskAction::CancelAndRelease { robot, attempt },
@@ -986,9 +999,10 @@ pub fn decide_task(task: &Task, robot_phase: Option<RobotPhase>, now: Timestamp)
     }
     if status.cancel_requested() {
         let active = matches!(status.state, Some(TaskState::Dispatching | TaskState::Running));
-        // A dispatch never sent is not sent now; one sent is stopped.
+        // A dispatch never sent is not sent now; one that may have been
+        // sent is stopped.
         return match robot {
-            Some(robot) if active && attempt >= 1 && dispatched_attempt(task) >= attempt => {
+            Some(robot) if active && attempt >= 1 && sent_attempt(task) >= attempt => {
                 TaskAction::Cancel { robot, attempt }
             }
             _ => TaskAction::Nothing,

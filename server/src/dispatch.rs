@@ -1,13 +1,21 @@
 //! Kubernetes → MQTT: a kube-runtime controller over Tasks that publishes
 //! dispatches and cancels and holds the cancel finalizer.
 //!
-//! Exactly once per (uid, attempt), as far as the agent can tell: the
-//! finalizer is added before the publish, and the annotation
-//! `robot.k8s4r.io/dispatched-attempt` is set to the attempt after the
-//! broker's PUBACK. A crash between the two republishes the same (uid,
-//! attempt) after the restart, which the agent ignores as a duplicate; a
-//! crash before the PUBACK publishes it again, which is what at-least-once
-//! needs. Nothing is remembered in memory across reconciles.
+//! Exactly once per (uid, attempt), as far as the agent can tell: before
+//! the publish, one write guarded by the Task's resourceVersion adds the
+//! finalizer and sets `robot.k8s4r.io/sending-attempt` to the attempt, and
+//! after the broker's PUBACK the annotation
+//! `robot.k8s4r.io/dispatched-attempt` is set to it. A crash between the
+//! two republishes the same (uid, attempt) after the restart, which the
+//! agent ignores as a duplicate; a crash before the PUBACK publishes it
+//! again, which is what at-least-once needs.
+//!
+//! The guarded write before the publish closes the window in which a
+//! cancel could find the attempt "never sent" while it is on its way: the
+//! manager's cancel is guarded by the same resourceVersion, so either the
+//! cancel lands first (this write fails, nothing is published) or the
+//! sending annotation does (the manager sees it and has the robot stop the
+//! attempt). Nothing is remembered in memory across reconciles.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -15,11 +23,12 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s4r_api::backoff::exponential;
-use k8s4r_api::names::FINALIZER_CANCEL;
+use k8s4r_api::names::{ANNOTATION_SENDING_ATTEMPT, FINALIZER_CANCEL};
 use k8s4r_api::protocol::{encode, Cancel, Dispatch};
 use k8s4r_api::{DisconnectPolicy, DurationString, Robot, Task};
 use k8s4r_service::backoff::Failures;
 use k8s4r_service::patch::Guarded;
+use k8s4r_service::watch::InSync;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -61,27 +70,38 @@ struct Finalizers {
     finalizers: Vec<String>,
 }
 
+/// Metadata fields written before a publish (guarded): the finalizer when
+/// it is missing, and the attempt about to be sent.
+#[derive(Debug, Serialize)]
+struct Sending {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    finalizers: Option<Vec<String>>,
+    annotations: BTreeMap<String, String>,
+}
+
 /// Metadata fields of the annotation patch (merged key by key).
 #[derive(Debug, Serialize)]
 struct Annotations {
     annotations: BTreeMap<String, String>,
 }
 
-/// Builds the Task controller; `tasks_cache` is filled by its watch. Robot
-/// changes wake the Tasks being deleted on that robot, so that a robot going
-/// Offline releases their finalizers.
-pub fn controller(client: kube::Client) -> Controller<Task> {
+/// Builds the Task controller; `tasks_cache` is filled by its watch, whose
+/// health the returned flag follows. Robot changes wake the Tasks being
+/// deleted on that robot, so that a robot going Offline releases their
+/// finalizers.
+pub fn controller(client: kube::Client) -> (Controller<Task>, InSync) {
     let tasks: Api<Task> = Api::all(client.clone());
     let robots: Api<Robot> = Api::all(client);
     let (cache, writer) = kube::runtime::reflector::store();
-    let events = watcher(tasks, watcher::Config::default())
-        .default_backoff()
+    let in_sync = InSync::default();
+    let events = in_sync
+        .track(watcher(tasks, watcher::Config::default()).default_backoff())
         .reflect(writer);
     // A Task a relist brings is reconciled once the cache holds it (else a
     // Task made dispatching while the watch was down would be skipped).
     let triggers = k8s4r_service::watch::settle_relists(events, cache.clone()).applied_objects();
     let controller = Controller::for_stream(triggers, cache.clone());
-    controller.watches(robots, watcher::Config::default(), move |robot: Robot| {
+    let controller = controller.watches(robots, watcher::Config::default(), move |robot: Robot| {
         let name = robot.name_any();
         cache
             .state()
@@ -92,7 +112,8 @@ pub fn controller(client: kube::Client) -> Controller<Task> {
             })
             .map(|t| ObjectRef::from_obj(t.as_ref()))
             .collect::<Vec<_>>()
-    })
+    });
+    (controller, in_sync)
 }
 
 /// Runs the controller until `shutdown`.
@@ -184,8 +205,14 @@ async fn reconcile(task: Arc<Task>, ctx: Arc<Context>) -> Result<Action> {
     let result = match action {
         TaskAction::Nothing => Ok(Action::await_change()),
         TaskAction::Dispatch { robot, attempt } => {
-            dispatch(&ctx, &task, &robot, attempt, seen).await?;
-            Ok(Action::await_change())
+            if dispatch(&ctx, &task, &robot, attempt, seen).await? {
+                Ok(Action::await_change())
+            } else {
+                // A conflict on the sending write left nothing published;
+                // the change that caused it wakes this Task again (and
+                // this, if it does not).
+                Ok(Action::requeue(RETRY_BASE))
+            }
         }
         TaskAction::CancelAndWait { robot, attempt } => {
             cancel(bridge, &task, &robot, attempt).await?;
@@ -232,24 +259,41 @@ fn api_for(bridge: &Bridge, task: &Task) -> Api<Task> {
     )
 }
 
-async fn dispatch(ctx: &Context, task: &Task, robot: &str, attempt: u32, seen: Instant) -> Result<()> {
+/// Records the attempt as being sent, publishes it and records that it
+/// was; false when the Task changed first (nothing sent).
+async fn dispatch(ctx: &Context, task: &Task, robot: &str, attempt: u32, seen: Instant) -> Result<bool> {
     let bridge = ctx.bridge.as_ref();
     let api = api_for(bridge, task);
     let name = task.name_any();
     let full = decide::task_name(task);
-    if !decide::has_finalizer(task) {
+    let finalizers = (!decide::has_finalizer(task)).then(|| {
         let mut finalizers = task.finalizers().to_vec();
         finalizers.push(FINALIZER_CANCEL.to_owned());
-        let body = Guarded::metadata(
-            task.metadata.resource_version.as_deref(),
-            Finalizers { finalizers },
-        );
-        bridge
-            .kube()
-            .patch("task_finalizer", &api, &name, &body, || {
-                format!("adding the finalizer to task {full}")
-            })
-            .await?;
+        finalizers
+    });
+    let body = Guarded::metadata(
+        task.metadata.resource_version.as_deref(),
+        Sending {
+            finalizers,
+            annotations: [(ANNOTATION_SENDING_ATTEMPT.to_owned(), attempt.to_string())].into(),
+        },
+    );
+    let written = bridge
+        .kube()
+        .patch("task_sending", &api, &name, &body, || {
+            format!("recording that attempt {attempt} of task {full} is being sent")
+        })
+        .await
+        .map_err(Error::from);
+    match written {
+        Ok(_) => {}
+        // The Task changed since it was read (a cancel, a deletion, a new
+        // attempt): nothing was sent; the next reconcile reads it again.
+        Err(e) if e.is_conflict() || e.is_not_found() => {
+            info!(robot, attempt, "task changed before its dispatch; not sent");
+            return Ok(false);
+        }
+        Err(e) => return Err(e),
     }
     // The robot fences the attempt only when a replacement may start
     // (replace: true); without one it keeps running until it is back.
@@ -288,7 +332,7 @@ async fn dispatch(ctx: &Context, task: &Task, robot: &str, attempt: u32, seen: I
             format!("recording the dispatch of task {full}")
         })
         .await?;
-    Ok(())
+    Ok(true)
 }
 
 /// Records an Event on the Task for `kubectl describe`; best effort, since

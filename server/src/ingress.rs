@@ -75,22 +75,24 @@ impl Refusal {
 
 /// A token bucket: `rate` tokens a second, at most `burst` saved up.
 #[derive(Debug, Clone)]
-struct Bucket {
+pub(crate) struct Bucket {
     tokens: f64,
     at: Instant,
 }
 
 impl Bucket {
-    fn new(limits: &Limits, now: Instant) -> Self {
+    /// A full bucket of `burst` tokens.
+    pub(crate) fn full(burst: f64, now: Instant) -> Self {
         Self {
-            tokens: limits.burst,
+            tokens: burst,
             at: now,
         }
     }
 
-    fn take(&mut self, limits: &Limits, now: Instant) -> bool {
-        let earned = now.saturating_duration_since(self.at).as_secs_f64() * limits.rate;
-        self.tokens = (self.tokens + earned).min(limits.burst);
+    /// Takes a token if one is there, after adding what `rate` earned since.
+    pub(crate) fn take(&mut self, rate: f64, burst: f64, now: Instant) -> bool {
+        let earned = now.saturating_duration_since(self.at).as_secs_f64() * rate;
+        self.tokens = (self.tokens + earned).min(burst);
         self.at = now;
         if self.tokens >= 1.0 {
             self.tokens -= 1.0;
@@ -130,9 +132,9 @@ impl Queues {
         let queue = self.robots.entry(robot.to_owned()).or_insert_with(|| RobotQueue {
             messages: VecDeque::new(),
             bytes: 0,
-            bucket: Bucket::new(limits, now),
+            bucket: Bucket::full(limits.burst, now),
         });
-        if !queue.bucket.take(limits, now) {
+        if !queue.bucket.take(limits.rate, limits.burst, now) {
             return Err(Refusal::RateLimited);
         }
         let cost = message.cost();

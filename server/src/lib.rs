@@ -17,11 +17,13 @@ pub mod config;
 pub mod decide;
 pub mod dispatch;
 pub mod error;
+pub mod held;
 pub mod ingress;
 pub mod leader;
 pub mod logs;
 pub mod metrics;
 pub mod mqtt;
+pub mod retained;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -251,12 +253,13 @@ impl Parts {
         let lease_events = reflector(lease_writer, watcher(leases, watcher::Config::default()))
             .default_backoff()
             .boxed();
-        let dispatcher = dispatch::controller(client.clone());
+        let (dispatcher, task_sync) = dispatch::controller(client.clone());
         let task_cache = dispatcher.store();
         let bridge = Arc::new(Bridge::new(
             client.clone(),
             robot_cache.clone(),
             task_cache.clone(),
+            task_sync,
             lease_cache,
             publisher,
             metrics.clone(),
@@ -309,6 +312,11 @@ impl Parts {
         tokio::spawn(log_errors(
             self.lease_events,
             "watching robot leases",
+            shutdown.clone(),
+        ));
+        tokio::spawn(retained::run(
+            self.config.broker.clone(),
+            Topics::new(&self.config.topic_prefix),
             shutdown.clone(),
         ));
         let responder = {

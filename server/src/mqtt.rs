@@ -28,6 +28,14 @@ use std::sync::Arc;
 
 /// Publishes not yet handed to rumqttc, at most.
 const PUBLISH_QUEUE: usize = 1024;
+/// Bulk publishes (cancels the robots' own lists call for) waiting, at
+/// most: beyond this they are dropped and counted, and the robot's next
+/// heartbeat calls for them again.
+const BULK_QUEUE: usize = 256;
+/// Bulk publishes are handed to rumqttc only while fewer than this many
+/// publishes are outstanding, so confirmations, answers and dispatches
+/// always find room.
+const BULK_OUTSTANDING: usize = PUBLISH_QUEUE / 4;
 /// The first reconnect delay; doubled per failure up to the configured cap.
 const RECONNECT_BASE: Duration = Duration::from_millis(500);
 pub use crate::ingress::Inbound;
@@ -40,9 +48,16 @@ struct PublishRequest {
 }
 
 /// A cheap, cloneable handle that publishes at QoS 1 and waits for PUBACK.
+///
+/// Two queues: the control queue (dispatches, cancels of Tasks, answers,
+/// confirmations) is always served first; the bulk queue (cancels that
+/// robots' own lists call for) only when the control queue is empty and
+/// the connection has room, so that no robot's list can starve another
+/// robot's confirmations.
 #[derive(Clone)]
 pub struct Publisher {
     tx: mpsc::Sender<PublishRequest>,
+    bulk: mpsc::Sender<PublishRequest>,
     timeout: Duration,
 }
 
@@ -87,6 +102,17 @@ impl Publisher {
             done: None,
         };
         self.tx.try_send(request).is_ok()
+    }
+
+    /// Like [`Publisher::send`], on the bulk queue: for messages the
+    /// robot's next report calls for again.
+    pub fn send_bulk(&self, topic: String, payload: Vec<u8>) -> bool {
+        let request = PublishRequest {
+            topic,
+            payload,
+            done: None,
+        };
+        self.bulk.try_send(request).is_ok()
     }
 }
 
@@ -139,6 +165,7 @@ pub struct Connection {
     client: AsyncClient,
     eventloop: EventLoop,
     requests: mpsc::Receiver<PublishRequest>,
+    bulk: mpsc::Receiver<PublishRequest>,
     subscriptions: Vec<String>,
     lanes: Vec<Arc<Lane>>,
     limits: Limits,
@@ -164,12 +191,14 @@ pub fn connect(
     let options = mqtt_options(broker)?;
     let (client, eventloop) = AsyncClient::new(options, PUBLISH_QUEUE);
     let (tx, requests) = mpsc::channel(PUBLISH_QUEUE);
+    let (bulk_tx, bulk) = mpsc::channel(BULK_QUEUE);
     let lanes: Vec<Arc<Lane>> = (0..workers.max(1)).map(|_| Arc::new(Lane::default())).collect();
     Ok((
         Connection {
             client,
             eventloop,
             requests,
+            bulk,
             subscriptions,
             lanes: lanes.clone(),
             limits,
@@ -179,6 +208,7 @@ pub fn connect(
         },
         Publisher {
             tx,
+            bulk: bulk_tx,
             timeout: publish_timeout,
         },
         lanes,
@@ -216,14 +246,12 @@ impl Connection {
                     }
                 },
                 Some(request) = self.requests.recv(), if waiters.outstanding() < PUBLISH_QUEUE => {
-                    match self.client.try_publish(request.topic, QoS::AtLeastOnce, false, request.payload) {
-                        Ok(()) => waiters.handed_over(request.done),
-                        Err(e) => {
-                            if let Some(done) = request.done {
-                                let _ = done.send(Err(format!("not queued: {e}")));
-                            }
-                        }
-                    }
+                    self.hand_over(request, &mut waiters);
+                }
+                // Bulk only when no control publish waits: a robot's cancels
+                // never delay another robot's confirmation.
+                Some(request) = self.bulk.recv(), if waiters.outstanding() < BULK_OUTSTANDING && self.requests.is_empty() => {
+                    self.hand_over(request, &mut waiters);
                 }
             }
         }
@@ -242,6 +270,20 @@ impl Connection {
         // The workers finish what is queued, then stop.
         for lane in &self.lanes {
             lane.close();
+        }
+    }
+
+    fn hand_over(&self, request: PublishRequest, waiters: &mut PacketIds<Waiter>) {
+        match self
+            .client
+            .try_publish(request.topic, QoS::AtLeastOnce, false, request.payload)
+        {
+            Ok(()) => waiters.handed_over(request.done),
+            Err(e) => {
+                if let Some(done) = request.done {
+                    let _ = done.send(Err(format!("not queued: {e}")));
+                }
+            }
         }
     }
 

@@ -5,12 +5,12 @@ mod support;
 
 use k8s4r_api::condition::find_condition;
 use k8s4r_api::protocol::{decode, Cancel, Dispatch, RegisterResponse};
-use k8s4r_api::{names, ConditionStatus, RobotPhase, TaskState};
+use k8s4r_api::{names, ConditionStatus, RobotPhase, TaskAttempt, TaskState};
 use k8s4r_server::decide::{ANNOTATION_DISPATCHED_ATTEMPT, ANNOTATION_TOKEN_SHA256};
 use k8s4r_service::leader::LeaderConfig;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::DeleteParams;
-use kube::{Api, ResourceExt};
+use kube::{Api, Client, ResourceExt};
 use std::time::Duration;
 use support::{eventually, Env, FakeRobot, LEASES};
 
@@ -276,7 +276,7 @@ async fn bad_input_is_rejected_counted_and_never_written() {
         .items
         .is_empty());
 
-    // Status for an unknown task, and for a task assigned to another robot.
+    // A robot not approved yet costs nothing: its statuses are dropped.
     robot.registered(&env).await;
     robot
         .send(
@@ -284,7 +284,31 @@ async fn bad_input_is_rejected_counted_and_never_written() {
             &robot.status("no-such-uid", 1, 1, TaskState::Running),
         )
         .await;
-    server.wait_in("status", "rejected_unknown_task", 1).await;
+    server.wait_in("status", "rejected_not_approved", 1).await;
+    env.set_phase("rb1", RobotPhase::Online).await;
+    // Status for an unknown task (read by its name: it is gone), for one
+    // the robot does not name (nothing can be concluded), and for a task
+    // assigned to another robot.
+    eventually("a status of a deleted task refused", || async {
+        robot
+            .send(
+                t.status("rb1", "no-such-uid"),
+                &k8s4r_api::protocol::StatusUpdate {
+                    task_name: Some("default/no-such-task".into()),
+                    ..robot.status("no-such-uid", 1, 1, TaskState::Running)
+                },
+            )
+            .await;
+        (server.metrics.messages_in("status", "rejected_unknown_task") >= 1).then_some(())
+    })
+    .await;
+    robot
+        .send(
+            t.status("rb1", "nameless-uid"),
+            &robot.status("nameless-uid", 1, 2, TaskState::Running),
+        )
+        .await;
+    server.wait_in("status", "deferred_no_name", 1).await;
     let uid = env.dispatch_task("job-a-0", "rb9", 1).await;
     robot
         .send(
@@ -304,6 +328,7 @@ async fn the_last_will_marks_the_robot_disconnected() {
     let server = env.server().await;
     let robot = FakeRobot::connect(&env.broker, "rb1").await;
     robot.registered(&env).await;
+    env.set_phase("rb1", RobotPhase::Online).await;
     let connected = |status: ConditionStatus| {
         let env = &env;
         async move {
@@ -363,12 +388,17 @@ async fn legacy_topics_work_behind_the_flag_and_metrics_are_served() {
         .send(robot.topics.legacy_register(), &robot.register())
         .await;
     eventually("the robot exists", || async { env.robot("rb7").await }).await;
-    robot
-        .send(robot.topics.legacy_heartbeat(), &robot.heartbeat(1, 1.0))
-        .await;
+    env.set_phase("rb7", RobotPhase::Online).await;
+    // Until the server's cache has the approval, heartbeats are dropped.
     eventually("legacy heartbeat applied", || {
         let m = metrics.clone();
-        async move { (m.messages_in("legacy_heartbeat", "applied") == 1).then_some(()) }
+        let robot = &robot;
+        async move {
+            robot
+                .send(robot.topics.legacy_heartbeat(), &robot.heartbeat(1, 1.0))
+                .await;
+            (m.messages_in("legacy_heartbeat", "applied") >= 1).then_some(())
+        }
     })
     .await;
 
@@ -434,8 +464,12 @@ async fn two_replicas_share_the_messages_and_one_dispatches() {
             .send(robot.topics.heartbeat("rb1"), &robot.heartbeat(seq, 10.0))
             .await;
     }
+    // Applied, or dropped while a replica's cache did not show the
+    // approval yet: handled either way, by one replica.
     let handled = |m: &k8s4r_server::Metrics| {
-        m.messages_in("heartbeat", "applied") + m.messages_in("heartbeat", "coalesced")
+        m.messages_in("heartbeat", "applied")
+            + m.messages_in("heartbeat", "coalesced")
+            + m.messages_in("heartbeat", "rejected_not_approved")
     };
     eventually("every heartbeat handled once", || async {
         (handled(&a.metrics) + handled(&b.metrics) == 20).then_some(())
@@ -528,4 +562,188 @@ async fn a_robot_going_offline_releases_its_deleted_tasks() {
     })
     .await;
     server.stop().await;
+}
+
+/// Issue 26, hole 3: a replica whose Task cache is stale (its watch cut,
+/// and its ServiceAccount no longer allowed to list, watch or read Tasks,
+/// as a misconfigured or throttled replica would be) never confirms a
+/// status of a Task its cache lacks, nor cancels the attempt, however long
+/// the robot insists: the same status twice, 31 s apart, and heartbeats
+/// listing the attempt all along. A healthy replica beside it applies the
+/// status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_with_a_stale_task_cache_neither_confirms_nor_cancels() {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
+    let env = Env::start().await;
+    env.api.add_user(
+        "stale-token",
+        apiserver_lite::authz::User::service_account("default", "stale"),
+    );
+    let rule = |groups: &[&str], resources: &[&str], verbs: &[&str]| PolicyRule {
+        api_groups: Some(groups.iter().map(|s| (*s).to_owned()).collect()),
+        resources: Some(resources.iter().map(|s| (*s).to_owned()).collect()),
+        verbs: verbs.iter().map(|s| (*s).to_owned()).collect(),
+        ..Default::default()
+    };
+    let role = |rules: Vec<PolicyRule>| ClusterRole {
+        metadata: kube::api::ObjectMeta {
+            name: Some("stale-server".into()),
+            ..Default::default()
+        },
+        rules: Some(rules),
+        ..Default::default()
+    };
+    let roles: Api<ClusterRole> = Api::all(env.client.clone());
+    roles
+        .create(&Default::default(), &role(vec![rule(&["*"], &["*"], &["*"])]))
+        .await
+        .unwrap();
+    let binding = ClusterRoleBinding {
+        metadata: kube::api::ObjectMeta {
+            name: Some("stale-server".into()),
+            ..Default::default()
+        },
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "ClusterRole".into(),
+            name: "stale-server".into(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: "stale".into(),
+            namespace: Some("default".into()),
+            ..Default::default()
+        }]),
+    };
+    Api::<ClusterRoleBinding>::all(env.client.clone())
+        .create(&Default::default(), &binding)
+        .await
+        .unwrap();
+    // The stale replica reaches the API server through a link the test cuts.
+    let link = k8s4r_testbed::Proxy::start(env.api.addr()).await;
+    let yaml = apiserver_lite::server::kubeconfig_yaml(
+        &env.api
+            .url()
+            .replace(&env.api.addr().to_string(), &link.addr().to_string()),
+        "stale-token",
+        env.api.ca_pem(),
+    );
+    let kubeconfig = kube::config::Kubeconfig::from_yaml(&yaml).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
+    let stale_client = Client::try_from(config).unwrap();
+    let replica = |name: &str| {
+        let mut config = env.config();
+        config.identity = name.into();
+        config.broker.client_id = format!("k8s4r-server-{name}");
+        config
+    };
+    let stale = env.server_using(replica("stale"), stale_client).await;
+    let healthy = env.server_with(replica("healthy")).await;
+
+    let mut robot = FakeRobot::connect(&env.broker, "rb1").await;
+    robot.registered(&env).await;
+    env.set_phase("rb1", RobotPhase::Online).await;
+    // The stale replica's watch ends, and it may no longer list, watch or
+    // read Tasks: nothing it learns of Tasks from now on.
+    roles
+        .replace(
+            "stale-server",
+            &Default::default(),
+            &role(vec![
+                rule(
+                    &["*"],
+                    &[
+                        "robots",
+                        "robots/status",
+                        "leases",
+                        "events",
+                        "namespaces",
+                        "tasks/status",
+                    ],
+                    &["*"],
+                ),
+                rule(&["robot.k8s4r.io"], &["tasks"], &["patch", "update"]),
+            ]),
+        )
+        .await
+        .unwrap();
+    link.set(k8s4r_testbed::Fault::Cut);
+    link.heal();
+    let uid = env.dispatch_task("late", "rb1", 1).await;
+    env.move_task("late", "rb1", TaskState::Running, 1).await;
+
+    let status = k8s4r_api::protocol::StatusUpdate {
+        task_name: Some("default/late".into()),
+        ..robot.status(&uid, 1, 7, TaskState::Running)
+    };
+    let listed = vec![TaskAttempt::new(&uid, 1).named(Some("default/late".into()))];
+    let started = std::time::Instant::now();
+    let mut seq = 0;
+    let mut sent_again = false;
+    robot.send(robot.topics.status("rb1", &uid), &status).await;
+    while started.elapsed() < Duration::from_secs(36) {
+        seq += 1;
+        let heartbeat = k8s4r_api::protocol::Heartbeat {
+            running: listed.clone(),
+            reconcile: true,
+            session: Some("s".into()),
+            ..robot.heartbeat(seq, 5.0)
+        };
+        robot.send(robot.topics.heartbeat("rb1"), &heartbeat).await;
+        if !sent_again && started.elapsed() >= Duration::from_secs(31) {
+            robot.send(robot.topics.status("rb1", &uid), &status).await;
+            sent_again = true;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    // Both statuses reached the stale replica, whatever it made of them.
+    let handled = |m: &k8s4r_server::Metrics| {
+        [
+            "applied",
+            "error",
+            "deferred_unsynced",
+            "deferred_unknown_task",
+            "deferred_no_name",
+            "rejected_unknown_task",
+        ]
+        .iter()
+        .map(|outcome| m.messages_in("status", outcome))
+        .sum::<u64>()
+    };
+    eventually("both statuses handled by the stale replica", || async {
+        (handled(&stale.metrics) >= 2).then_some(())
+    })
+    .await;
+    assert_eq!(
+        stale.metrics.messages_out("status_ack", "queued"),
+        0,
+        "the stale replica confirmed a status"
+    );
+    assert_eq!(
+        stale.metrics.messages_out("cancel", "queued"),
+        0,
+        "the stale replica cancelled the attempt"
+    );
+    // It could not judge them: its watch is not in sync (or, before it
+    // noticed, it could not read).
+    assert_eq!(
+        stale.metrics.messages_in("status", "deferred_unsynced")
+            + stale.metrics.messages_in("status", "error"),
+        2
+    );
+    assert_eq!(healthy.metrics.messages_out("cancel", "queued"), 0);
+    assert!(
+        healthy.metrics.messages_out("status_ack", "queued") >= 1,
+        "the healthy replica applied it"
+    );
+    let cancels: Vec<_> = robot
+        .drain()
+        .into_iter()
+        .filter(|(topic, _)| topic.ends_with("/tasks/cancel"))
+        .collect();
+    assert!(cancels.is_empty(), "{cancels:?}");
+    stale.stop().await;
+    healthy.stop().await;
 }

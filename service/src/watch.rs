@@ -11,6 +11,7 @@
 //! the watch was down, with no event of its own).
 
 use std::hash::Hash;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use futures::{Stream, StreamExt};
@@ -64,6 +65,58 @@ where
         .flatten()
 }
 
+/// Whether a watch is in sync with the API server: false from the start,
+/// after an error, and while a relist is under way; true once a list is
+/// complete or a watch resumed. A cheap, cloneable flag.
+///
+/// A watch that hangs without an error (a blackholed connection) still
+/// reads as in sync: whoever concludes something from what a cache lacks
+/// reads the object from the API server as well.
+#[derive(Debug, Clone, Default)]
+pub struct InSync {
+    synced: Arc<AtomicBool>,
+    /// A relist is under way.
+    relisting: Arc<AtomicBool>,
+}
+
+impl InSync {
+    /// Whether the watch is in sync now.
+    pub fn is_synced(&self) -> bool {
+        self.synced.load(Ordering::Acquire)
+    }
+
+    /// Follows `events` (passing them on unchanged).
+    pub fn track<K, S>(&self, events: S) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>>
+    where
+        S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
+    {
+        let flag = self.clone();
+        events.inspect(move |event| flag.observe(event))
+    }
+
+    fn observe<K>(&self, event: &Result<watcher::Event<K>, watcher::Error>) {
+        let synced = match event {
+            Err(_) => {
+                self.relisting.store(false, Ordering::Release);
+                false
+            }
+            Ok(watcher::Event::Init) => {
+                self.relisting.store(true, Ordering::Release);
+                false
+            }
+            Ok(watcher::Event::InitApply(_)) => false,
+            Ok(watcher::Event::InitDone) => {
+                self.relisting.store(false, Ordering::Release);
+                true
+            }
+            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => {
+                !self.relisting.load(Ordering::Acquire)
+            }
+        };
+        self.synced.store(synced, Ordering::Release);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -76,6 +129,27 @@ mod tests {
         m.metadata.name = Some(name.into());
         m.metadata.namespace = Some("ns".into());
         m
+    }
+
+    #[tokio::test]
+    async fn in_sync_follows_lists_errors_and_resumed_watches() {
+        let flag = InSync::default();
+        assert!(!flag.is_synced(), "not before the first list");
+        let steps: Vec<(Result<watcher::Event<ConfigMap>, watcher::Error>, bool)> = vec![
+            (Ok(watcher::Event::Init), false),
+            (Ok(watcher::Event::InitApply(map("a"))), false),
+            (Ok(watcher::Event::InitDone), true),
+            (Ok(watcher::Event::Apply(map("a"))), true),
+            (Err(watcher::Error::NoResourceVersion), false),
+            // The watch resumed from its resourceVersion.
+            (Ok(watcher::Event::Delete(map("a"))), true),
+            (Ok(watcher::Event::Init), false),
+        ];
+        for (event, expected) in steps {
+            let mut stream = std::pin::pin!(flag.track(futures::stream::iter(vec![event])));
+            let _ = stream.next().await;
+            assert_eq!(flag.is_synced(), expected);
+        }
     }
 
     /// A relist after the watch expired: what it brings is handed on only

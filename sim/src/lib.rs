@@ -333,12 +333,14 @@ impl SimRobot {
         lock(&self.ledger.finished).insert(uid.to_owned());
     }
 
-    fn register(&self, client: &AsyncClient, held: &HashSet<(String, u32)>) {
+    fn register(&self, client: &AsyncClient, state: &mut State) {
+        state.registrations += 1;
         let register = Register {
             token: Some(self.config.token.clone()),
             drivers: vec!["exec".into(), "raw_exec".into()],
-            running: holding(held),
+            running: holding(&state.held),
             reconcile: true,
+            nonce: Some(format!("{}-{}", state.session, state.registrations)),
             ..Register::new(
                 &self.id,
                 "sim",
@@ -373,7 +375,7 @@ impl SimRobot {
             return;
         }
         let wall = jiff::Timestamp::now();
-        if let Err(refusal) = state.fence.admit(&d, wall) {
+        if let Err(refusal) = state.fence.admit(&d, self.now(), wall) {
             if matches!(refusal, Refusal::Expired { .. }) {
                 self.counters.expired_dispatches.fetch_add(1, Ordering::Relaxed);
                 let mut update =
@@ -439,7 +441,8 @@ impl SimRobot {
             reconcile: true,
             // The list speaks for every status assigned so far.
             last_seq: (state.outbox.next_seq > 0).then_some(state.outbox.next_seq),
-            server_time: state.fence.server_now(wall),
+            server_time: state.fence.server_now(self.now()),
+            session: Some(state.session.clone()),
             ..Heartbeat::new(&self.id, state.heartbeat_seq, wall, Usage::default())
         };
         self.publish(
@@ -459,7 +462,9 @@ impl SimRobot {
             held: HashSet::new(),
             finished: HashSet::new(),
             outbox: Outbox::default(),
-            fence: Fence::new(self.now()),
+            fence: Fence::new(),
+            session: k8s4r_agent::session::session_id(),
+            registrations: 0,
             heartbeat_seq: 0,
             waiting: Vec::new(),
             done_tx,
@@ -502,7 +507,7 @@ impl SimRobot {
                         self.resend(&client, &mut state.outbox, overdue);
                     }
                     () = async { if let Some(at) = next_register { tokio::time::sleep_until(at).await } }, if next_register.is_some() && !approved => {
-                        self.register(&client, &state.held);
+                        self.register(&client, &mut state);
                         let jitter = 0.8 + 0.4 * state.rng.next_f64();
                         next_register = Some(tokio::time::Instant::now() + register_retry.mul_f64(jitter));
                         register_retry = (register_retry * 2).min(Duration::from_secs(60));
@@ -515,19 +520,22 @@ impl SimRobot {
                     polled = eventloop.poll() => match polled {
                         Ok(Event::Incoming(Packet::ConnAck(_))) => {
                             self.counters.connects.fetch_add(1, Ordering::Relaxed);
-                            state.fence.connected(state.heartbeat_seq + 1);
                             for filter in topics.agent_subscriptions(&self.id) {
                                 let _ = client.try_subscribe(filter, QoS::AtLeastOnce);
                             }
                             self.publish(&client, topics.online(&self.id), encode(&Online { v: k8s4r_api::protocol::PROTOCOL_VERSION, online: true }), true);
-                            self.register(&client, &state.held);
+                            self.register(&client, &mut state);
                             next_register = Some(tokio::time::Instant::now() + register_retry);
                         }
                         Ok(Event::Incoming(Packet::Publish(p))) => {
                             self.counters.bytes_in.fetch_add(p.payload.len() as u64, Ordering::Relaxed);
                             match classify(&topics, &self.id, &p.topic, &p.payload) {
                                 Ok(Inbound::Response(r)) => {
-                                    state.fence.registered(r.status_acks, r.server_time, self.now(), jiff::Timestamp::now());
+                                    // Only answers to this process's own registrations, as the agent.
+                                    if !r.nonce.as_deref().is_some_and(|n| n.starts_with(state.session.as_str())) {
+                                        continue;
+                                    }
+                                    state.fence.registered(r.status_acks, r.server_time, self.now());
                                     if r.phase != RobotPhase::Online || approved {
                                         continue;
                                     }
@@ -548,8 +556,8 @@ impl SimRobot {
                                     }
                                 }
                                 Ok(Inbound::StatusAck(ack)) => {
-                                    if let Some(seq) = ack.heartbeat {
-                                        state.fence.heartbeat_recorded(seq, ack.time, jiff::Timestamp::now());
+                                    if let Some(seq) = ack.heartbeat.filter(|_| ack.session.as_ref() == Some(&state.session)) {
+                                        state.fence.heartbeat_recorded(seq, ack.time, self.now());
                                     }
                                     for seq in ack.seqs {
                                         state.outbox.unconfirmed.remove(&seq);
@@ -588,10 +596,7 @@ impl SimRobot {
 /// them.
 fn holding(held: &HashSet<(String, u32)>) -> Vec<TaskAttempt> {
     held.iter()
-        .map(|(uid, attempt)| TaskAttempt {
-            uid: uid.clone(),
-            attempt: *attempt,
-        })
+        .map(|(uid, attempt)| TaskAttempt::new(uid.clone(), *attempt))
         .collect()
 }
 
@@ -612,6 +617,10 @@ struct State {
     /// The agent's own fencing: the server's clock (dispatch deadlines,
     /// the heartbeat's `serverTime`) and the attempts seen.
     fence: Fence,
+    /// This simulated process's id (heartbeats carry it, nonces start with it).
+    session: String,
+    /// Registrations sent.
+    registrations: u64,
     heartbeat_seq: u64,
     /// Dispatches that came before the registration was answered.
     waiting: Vec<Dispatch>,

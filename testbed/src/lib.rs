@@ -280,6 +280,19 @@ impl Mosquitto {
         }
     }
 
+    /// The broker's process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(std::process::Child::id)
+    }
+
+    /// Starts it again after [`Mosquitto::kill`] or [`Mosquitto::stop`],
+    /// on the same port with the same directory.
+    pub fn resume(&mut self) {
+        if self.child.is_none() {
+            self.spawn();
+        }
+    }
+
     /// Stops the broker (SIGTERM) and starts it again on the same port
     /// with the same directory.
     pub fn restart(&mut self) {

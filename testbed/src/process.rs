@@ -102,6 +102,25 @@ impl Program {
         }
     }
 
+    /// Whether it was started and has exited since (it crashed, or was
+    /// killed from outside): a supervisor would start it again.
+    pub fn exited(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(child) => matches!(child.try_wait(), Ok(Some(_))),
+            None => false,
+        }
+    }
+
+    /// Whether it runs now (not killed, stopped or exited).
+    pub fn is_running(&mut self) -> bool {
+        self.child.is_some() && !self.exited()
+    }
+
+    /// The program and its arguments, to run it again with more flags.
+    pub fn command(&self) -> (&Path, &[String]) {
+        (&self.program, &self.args)
+    }
+
     /// What it logged so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()

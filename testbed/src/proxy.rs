@@ -118,46 +118,61 @@ async fn forward(client: TcpStream, upstream: SocketAddr, fault: watch::Receiver
     }
 }
 
-/// Copies one direction, obeying the fault before each read.
+/// Copies one direction, obeying the fault before each read. A delay is
+/// latency, not a throttle: each chunk is forwarded its delay after it was
+/// read, while the next ones are read meanwhile.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
-    mut fault: watch::Receiver<Fault>,
+    fault: watch::Receiver<Fault>,
 ) {
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        // A blackhole stops reading: the sender's kernel buffers fill and
-        // its TCP stalls, and nothing is lost when the link heals.
-        let delay = loop {
-            let now = *fault.borrow_and_update();
-            match now {
-                Fault::Blackhole => {
-                    if fault.changed().await.is_err() {
-                        return;
+    let (chunks, mut due) = tokio::sync::mpsc::channel::<(tokio::time::Instant, Vec<u8>)>(1024);
+    let mut read_fault = fault.clone();
+    let reader = async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            // A blackhole stops reading: the sender's kernel buffers fill and
+            // its TCP stalls, and nothing is lost when the link heals.
+            let delay = loop {
+                let now = *read_fault.borrow_and_update();
+                match now {
+                    Fault::Blackhole => {
+                        if read_fault.changed().await.is_err() {
+                            return;
+                        }
                     }
+                    Fault::Cut => return,
+                    Fault::Delay(d) => break d,
+                    Fault::None => break Duration::ZERO,
                 }
-                Fault::Cut => return,
-                Fault::Delay(d) => break Some(d),
-                Fault::None => break None,
-            }
-        };
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
-        };
-        if let Some(d) = delay {
-            tokio::time::sleep(d).await;
-        }
-        // Read before the blackhole began: hold it until the link heals.
-        while *fault.borrow() == Fault::Blackhole {
-            if fault.changed().await.is_err() {
+            };
+            let n = match from.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            let at = tokio::time::Instant::now() + delay;
+            if chunks.send((at, buf[..n].to_vec())).await.is_err() {
                 return;
             }
         }
-        if *fault.borrow() == Fault::Cut || to.write_all(&buf[..n]).await.is_err() {
-            return;
+    };
+    let mut write_fault = fault;
+    let writer = async move {
+        while let Some((at, bytes)) = due.recv().await {
+            tokio::time::sleep_until(at).await;
+            // Read before the blackhole began: hold it until the link heals.
+            while *write_fault.borrow() == Fault::Blackhole {
+                if write_fault.changed().await.is_err() {
+                    return;
+                }
+            }
+            if *write_fault.borrow() == Fault::Cut || to.write_all(&bytes).await.is_err() {
+                return;
+            }
         }
-    }
+    };
+    // The reader's end lets the writer forward what is left, then stop.
+    tokio::join!(reader, writer);
 }
 
 #[cfg(test)]

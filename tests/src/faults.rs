@@ -140,6 +140,8 @@ pub struct Stack {
     pub manager: Program,
     /// Each robot's agent and the proxy between it and the broker.
     pub robots: BTreeMap<String, (Program, Proxy)>,
+    /// The proxy between the server and the API server, if asked for.
+    pub server_api: Option<Proxy>,
     /// An administrator's client.
     pub client: Client,
     bins: Binaries,
@@ -151,15 +153,54 @@ pub struct Stack {
 #[derive(Debug, Clone)]
 pub struct Options {
     /// The robots.
-    pub robots: Vec<&'static str>,
+    pub robots: Vec<String>,
+    /// The server reaches the API server through a proxy the scenario can
+    /// slow down or cut ([`Stack::server_api`]).
+    pub server_api_proxy: bool,
 }
 
 impl Default for Options {
     fn default() -> Self {
+        Self::robots(&["r1", "r2"])
+    }
+}
+
+impl Options {
+    /// A stack with these robots.
+    pub fn robots(names: &[&str]) -> Self {
         Self {
-            robots: vec!["r1", "r2"],
+            robots: names.iter().map(|n| (*n).to_owned()).collect(),
+            server_api_proxy: false,
         }
     }
+}
+
+/// A copy of the kubeconfig at `kubeconfig` that reaches the API server
+/// through `proxy` (the certificate names the address, not the port).
+pub fn kubeconfig_through(kubeconfig: &Path, proxy: &Proxy, copy: &Path) {
+    let text = std::fs::read_to_string(kubeconfig).expect("the kubeconfig");
+    let server = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("server:"))
+        .map(|s| s.trim().trim_matches('"').to_owned())
+        .expect("a server in the kubeconfig");
+    let through = format!("https://{}", proxy.addr());
+    std::fs::write(copy, text.replace(&server, &through)).expect("write the kubeconfig copy");
+}
+
+/// The `host:port` a kubeconfig's server is at.
+pub fn api_addr(kubeconfig: &Path) -> std::net::SocketAddr {
+    let text = std::fs::read_to_string(kubeconfig).expect("the kubeconfig");
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix("server:"))
+        .and_then(|s| {
+            s.trim()
+                .trim_matches('"')
+                .strip_prefix("https://")
+                .map(str::to_owned)
+        })
+        .and_then(|a| a.parse().ok())
+        .expect("an https://ip:port server in the kubeconfig")
 }
 
 fn args(list: &[&str]) -> Vec<String> {
@@ -198,12 +239,24 @@ impl Stack {
             .await
             .expect("namespaces and RBAC");
         let kc = kubeconfig.display().to_string();
+        let server_api = match options.server_api_proxy {
+            true => Some(Proxy::start(api_addr(&kubeconfig)).await),
+            false => None,
+        };
+        let server_kc = match &server_api {
+            Some(proxy) => {
+                let copy = dir.path().join("server-kubeconfig");
+                kubeconfig_through(&kubeconfig, proxy, &copy);
+                copy.display().to_string()
+            }
+            None => kc.clone(),
+        };
         let server = Program::start(
             "server",
             &bins.server,
             args(&[
                 "--kubeconfig",
-                &kc,
+                &server_kc,
                 "--broker-url",
                 &broker.url(),
                 "--lease-interval",
@@ -226,8 +279,10 @@ impl Stack {
                 "--kubeconfig",
                 &kc,
                 "--auto-approve",
+                // Above the agents' default heartbeat interval (30 s) with
+                // its jitter: an idle robot is never timed out.
                 "--heartbeat-timeout",
-                "30s",
+                "90s",
                 "--disconnect-grace",
                 "2s",
                 "--dispatch-timeout",
@@ -252,12 +307,13 @@ impl Stack {
             server,
             manager,
             robots: BTreeMap::new(),
+            server_api,
             client,
             bins: bins.clone(),
             kubeconfig,
             marks,
         };
-        for robot in options.robots {
+        for robot in &options.robots {
             stack.add_robot(robot).await;
         }
         for robot in stack.robots.keys().cloned().collect::<Vec<_>>() {
@@ -282,8 +338,9 @@ impl Stack {
                 &proxy.mqtt_url(),
                 "--state-dir",
                 &state.display().to_string(),
-                "--heartbeat-interval",
-                "500ms",
+                // The agents' default heartbeat interval: they heartbeat
+                // faster only while they hold fenced attempts, as users'
+                // agents do.
                 "--keep-alive",
                 "2s",
                 "--label",
@@ -326,29 +383,66 @@ impl Stack {
     /// Submits a Job of `count` tasks running [`Stack::marking_script`] for
     /// `seconds` each; `disconnect` is the group's disconnect block.
     pub async fn submit(&self, name: &str, count: i32, seconds: f64, disconnect: serde_json::Value) {
+        self.submit_group(name, serde_json::json!({ "count": count }), seconds, disconnect)
+            .await;
+    }
+
+    /// Submits a Job of one group whose other fields (`count`, `mode`, ...)
+    /// are `shape`'s, running [`Stack::marking_script`] for `seconds`.
+    pub async fn submit_group(
+        &self,
+        name: &str,
+        shape: serde_json::Value,
+        seconds: f64,
+        disconnect: serde_json::Value,
+    ) {
+        let mut group = serde_json::json!({
+            "name": "g",
+            "disconnect": disconnect,
+            "task": {
+                "driver": "exec",
+                "command": "/bin/sh",
+                "args": ["-c", self.marking_script(seconds)],
+                "timeout": "10m",
+                "killTimeout": KILL_TIMEOUT,
+            },
+            "restartPolicy": { "attempts": 3, "delay": "1s" },
+        });
+        if let (Some(group), Some(shape)) = (group.as_object_mut(), shape.as_object()) {
+            group.extend(shape.clone());
+        }
         let job: Job = serde_json::from_value(serde_json::json!({
             "apiVersion": "robot.k8s4r.io/v1alpha1",
             "kind": "Job",
             "metadata": { "name": name, "namespace": NS },
-            "spec": { "taskGroups": [{
-                "name": "g",
-                "count": count,
-                "disconnect": disconnect,
-                "task": {
-                    "driver": "exec",
-                    "command": "/bin/sh",
-                    "args": ["-c", self.marking_script(seconds)],
-                    "timeout": "10m",
-                    "killTimeout": KILL_TIMEOUT,
-                },
-                "restartPolicy": { "attempts": 3, "delay": "1s" },
-            }]}
+            "spec": { "taskGroups": [group] }
         }))
         .expect("a Job");
         Api::<Job>::namespaced(self.client.clone(), NS)
             .create(&PostParams::default(), &job)
             .await
             .expect("the Job is created");
+    }
+
+    /// The server's metric `name` with these labels, from its /metrics
+    /// (the address it logged at start); 0 when it is not there yet.
+    pub async fn server_metric(&self, name: &str, labels: &str) -> f64 {
+        let log = strip_ansi(&self.server.log());
+        let Some(addr) = log
+            .lines()
+            .rev()
+            .find(|l| l.contains("serving /metrics"))
+            .and_then(|l| l.split("addr=").nth(1))
+            .and_then(|rest| rest.split_whitespace().next())
+        else {
+            return 0.0;
+        };
+        let text = http_get(addr, "/metrics").await.unwrap_or_default();
+        let wanted = format!("{name}{{{labels}}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&wanted))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
     }
 
     /// The Tasks of Job `job`.
@@ -390,6 +484,23 @@ impl Stack {
             Some((task, robot))
         })
         .await
+    }
+
+    /// Asks for a cancel or retry of Task `name` as `k8s4r cancel|retry`
+    /// does (`annotation`: [`k8s4r_api::names::ANNOTATION_CANCEL`] or
+    /// `ANNOTATION_RETRY`, a fresh value each time).
+    pub async fn request(&self, name: &str, annotation: &str) {
+        let patch = serde_json::json!({ "metadata": { "annotations": {
+            annotation: jiff::Timestamp::now().to_string(),
+        }}});
+        Api::<Task>::namespaced(self.client.clone(), NS)
+            .patch(
+                name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await
+            .expect("the request is written");
     }
 
     /// Deletes a Task and waits until it is gone (its TaskGroup may create
@@ -689,13 +800,7 @@ pub async fn api_server_down(bins: &Binaries) -> Report {
 /// e. The broker restarted under 3 robots and 30 running tasks: nothing is
 /// lost or run twice.
 pub async fn broker_restarted(bins: &Binaries) -> Report {
-    let mut stack = Stack::start(
-        bins,
-        Options {
-            robots: vec!["r1", "r2", "r3"],
-        },
-    )
-    .await;
+    let mut stack = Stack::start(bins, Options::robots(&["r1", "r2", "r3"])).await;
     stack.submit("restart", 30, 6.0, serde_json::json!({})).await;
     stack.wait_all("restart", 30, TaskState::Running).await;
     stack.broker.restart();
@@ -837,11 +942,437 @@ async fn robots_online(stack: &Stack) -> bool {
     ok
 }
 
+/// `text` without terminal colour sequences (`ESC [ ... m`).
+pub fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for d in chars.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// A plain HTTP GET of `path` on `addr`; the body.
+async fn http_get(addr: &str, path: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await.ok()?;
+    let text = String::from_utf8_lossy(&response).into_owned();
+    text.split_once("\r\n\r\n").map(|(_, body)| body.to_owned())
+}
+
+/// What the test saw on the robots' heartbeat and confirmation topics:
+/// each heartbeat (robot, session, seq) and each confirmation of one.
+#[derive(Debug, Default)]
+struct Confirmations {
+    /// (robot, session, seq) → when the heartbeat was seen.
+    sent: BTreeMap<(String, String, u64), Instant>,
+    confirmed: BTreeSet<(String, String, u64)>,
+    /// When listening stopped.
+    stopped: Option<Instant>,
+}
+
+/// Listens to every robot's heartbeats and their confirmations until
+/// `stop`.
+async fn listen_confirmations(port: u16, stop: std::sync::Arc<tokio::sync::Notify>) -> Confirmations {
+    use k8s4r_api::protocol::{decode, Heartbeat, StatusAck};
+    let mut options = rumqttc::MqttOptions::new("confirmation-listener", "127.0.0.1", port);
+    options.set_max_packet_size(4 << 20, 4 << 20);
+    let (client, mut events) = rumqttc::AsyncClient::new(options, 100);
+    let mut seen = Confirmations::default();
+    let stopped = stop.notified();
+    tokio::pin!(stopped);
+    loop {
+        let event = tokio::select! {
+            _ = &mut stopped => {
+                seen.stopped = Some(Instant::now());
+                break;
+            }
+            event = events.poll() => event,
+        };
+        match event {
+            Ok(rumqttc::Event::Incoming(rumqttc::Packet::ConnAck(_))) => {
+                for filter in ["k8s4r/robots/+/heartbeat", "k8s4r/robots/+/tasks/acks"] {
+                    let _ = client.try_subscribe(filter, rumqttc::QoS::AtLeastOnce);
+                }
+            }
+            Ok(rumqttc::Event::Incoming(rumqttc::Packet::Publish(p))) => {
+                let robot = p.topic.split('/').nth(2).unwrap_or_default().to_owned();
+                // The flooder's own are not decoded: the test's time is
+                // the machine's too.
+                if robot == "evil" {
+                    continue;
+                }
+                if p.topic.ends_with("/heartbeat") {
+                    if let Ok(hb) = decode::<Heartbeat>(&p.payload) {
+                        seen.sent
+                            .insert((robot, hb.session.unwrap_or_default(), hb.seq), Instant::now());
+                    }
+                } else if let Ok(ack) = decode::<StatusAck>(&p.payload) {
+                    if let Some(seq) = ack.heartbeat {
+                        seen.confirmed
+                            .insert((robot, ack.session.unwrap_or_default(), seq));
+                    }
+                }
+            }
+            Ok(_) => {}
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    seen
+}
+
+/// The flood of issue 26: an approved robot within its rate limit (50
+/// heartbeats a second) whose heartbeats list unknown attempts: half of
+/// them the protocol's longest list of distinct uids (each named, so the
+/// server may read it), half one uid repeated 9,000 times (longer than the
+/// protocol allows). Returns how many it sent.
+async fn flood_unknown_attempts(port: u16, stop: std::sync::Arc<tokio::sync::Notify>) -> usize {
+    use k8s4r_api::protocol::{encode, Heartbeat, Register, MAX_HELD_ATTEMPTS};
+    let mut options = rumqttc::MqttOptions::new("evil", "127.0.0.1", port);
+    options.set_max_packet_size(4 << 20, 4 << 20);
+    options.set_inflight(1000);
+    let (client, mut events) = rumqttc::AsyncClient::new(options, 1000);
+    let driver = tokio::spawn(async move {
+        loop {
+            if events.poll().await.is_err() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    });
+    let register = Register::new("evil", "0.1.0", k8s4r_api::DeviceInfo::default());
+    let _ = client
+        .publish(
+            "k8s4r/robots/evil/register",
+            rumqttc::QoS::AtLeastOnce,
+            false,
+            encode(&register),
+        )
+        .await;
+    let distinct: Vec<k8s4r_api::TaskAttempt> = (0..MAX_HELD_ATTEMPTS)
+        .map(|i| k8s4r_api::TaskAttempt::new(format!("ghost-{i}"), 1).named(Some(format!("{NS}/ghost-{i}"))))
+        .collect();
+    // One uid, short enough that 9,000 of it stay under the broker's packet
+    // limit (the protocol's list limit refuses it, not the broker).
+    let repeated = vec![k8s4r_api::TaskAttempt::new("g", 1); 9_000];
+    // Encoded once: the flood costs the server, not this process.
+    let bodies: Vec<Vec<u8>> = [distinct, repeated]
+        .into_iter()
+        .map(|running| {
+            let mut heartbeat = Heartbeat::new("evil", 1, jiff::Timestamp::now(), Default::default());
+            heartbeat.running = running;
+            heartbeat.reconcile = true;
+            heartbeat.session = Some("evil".into());
+            encode(&heartbeat)
+        })
+        .collect();
+    let mut sent = 0usize;
+    let stopped = stop.notified();
+    tokio::pin!(stopped);
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        tokio::select! {
+            _ = &mut stopped => break,
+            _ = tick.tick() => {}
+        }
+        let body = bodies[sent % 2].clone();
+        if client
+            .try_publish(
+                "k8s4r/robots/evil/heartbeat",
+                rumqttc::QoS::AtMostOnce,
+                false,
+                body,
+            )
+            .is_ok()
+        {
+            sent += 1;
+        }
+    }
+    driver.abort();
+    sent
+}
+
+/// h. One approved robot floods heartbeats listing unknown attempts at its
+/// rate limit while `robots` others run fenced tasks (stopAfter 5 s) at
+/// the default heartbeat interval: none of them misses a confirmation or
+/// stops its task, and what the flood costs the server (log lines, reads,
+/// cancels published) stays within the per-robot budgets of
+/// `k8s4r_server::held`.
+pub async fn flood_of_unknown_attempts(bins: &Binaries, robots: usize, flood: Duration) -> Report {
+    use k8s4r_server::held::{CANCEL_BURST, CHECK_BURST, CHECK_RATE};
+    let names: Vec<String> = (1..=robots).map(|i| format!("r{i}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let stack = Stack::start(bins, Options::robots(&names)).await;
+    let seconds = flood.as_secs_f64() + 15.0;
+    stack
+        .submit_group(
+            "steady",
+            serde_json::json!({ "mode": "everyRobot" }),
+            seconds,
+            serde_json::json!({ "stopAfter": "5s", "replace": true }),
+        )
+        .await;
+    stack.wait_all("steady", robots, TaskState::Running).await;
+    let stop_listening = stop_signal();
+    let listener = tokio::spawn(listen_confirmations(stack.broker.port, stop_listening.clone()));
+    let log_before = stack.server.log().lines().count();
+    let stop = stop_signal();
+    let flooder = tokio::spawn(flood_unknown_attempts(stack.broker.port, stop.clone()));
+    let robots_api: Api<k8s4r_api::Robot> = Api::all(stack.client.clone());
+    eventually(DEADLINE, "the flooding robot approved", || async {
+        let r = robots_api.get_opt("evil").await.ok()??;
+        (r.status?.phase? == k8s4r_api::RobotPhase::Online).then_some(())
+    })
+    .await;
+    let flood_started = Instant::now();
+    while flood_started.elapsed() < flood {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    stop.notify_one();
+    let sent = flooder.await.unwrap_or_default();
+    // The last heartbeats' confirmations may still be on their way.
+    let settle = Instant::now();
+    while settle.elapsed() < Duration::from_secs(3) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    stop_listening.notify_one();
+    let seen = listener.await.unwrap_or_default();
+    stack.wait_all("steady", robots, TaskState::Completed).await;
+    let mut report = stack
+        .report("h_a_robot_flooding_unknown_attempts", "steady")
+        .await;
+    stack.first_attempts_only("steady", &mut report).await;
+
+    // Heartbeats seen in the last seconds may have their confirmation
+    // still on the way when listening stopped.
+    let cutoff = seen.stopped.unwrap_or_else(Instant::now) - Duration::from_secs(3);
+    let good: Vec<&(String, String, u64)> = seen
+        .sent
+        .iter()
+        .filter(|(key, at)| key.0 != "evil" && **at < cutoff)
+        .map(|(key, _)| key)
+        .collect();
+    let missed: Vec<&&(String, String, u64)> =
+        good.iter().filter(|h| !seen.confirmed.contains(**h)).collect();
+    let flood_secs = flood_started.elapsed().as_secs_f64();
+    let log = stack.server.log();
+    let flood_lines: Vec<&str> = log.lines().skip(log_before).collect();
+    let cancel_lines = flood_lines
+        .iter()
+        .filter(|l| l.contains("cancelling an attempt no Task wants"))
+        .count();
+    let evil_lines = flood_lines.iter().filter(|l| l.contains("evil")).count();
+    let cancels = stack
+        .server_metric(
+            "k8s4r_server_messages_published_total",
+            "topic=\"cancel\",outcome=\"queued\"",
+        )
+        .await;
+    // Reads of unknown uids are the robot's read budget; a cancel of an
+    // unknown uid follows a read; rejected messages are logged once per
+    // robot per interval.
+    let read_bound = CHECK_BURST + CHECK_RATE * flood_secs;
+    let log_bound = read_bound as usize + (flood_secs / 10.0).ceil() as usize + 20;
+    report.notes.push(format!(
+        "flood of {sent} heartbeats in {flood_secs:.0} s; {} heartbeats of {robots} robots, {} unconfirmed; \
+         {cancel_lines} cancel log lines, {evil_lines} lines naming the flooder (bound {log_bound}), {cancels} cancels published",
+        good.len(),
+        missed.len()
+    ));
+    if sent < (flood_secs * 20.0) as usize {
+        report
+            .problems
+            .push(format!("the flood sent only {sent} heartbeats"));
+    }
+    if good.is_empty() {
+        report
+            .problems
+            .push("no heartbeat of the working robots was seen".into());
+    }
+    if !missed.is_empty() {
+        report.problems.push(format!(
+            "{} heartbeats of working robots were never confirmed: {:?}",
+            missed.len(),
+            missed.iter().take(5).collect::<Vec<_>>()
+        ));
+    }
+    if cancel_lines > read_bound as usize || evil_lines > log_bound {
+        report.problems.push(format!(
+            "the flood cost {cancel_lines} cancel lines (bound {read_bound:.0}) and {evil_lines} lines naming it (bound {log_bound})"
+        ));
+    }
+    if cancels > read_bound.max(CANCEL_BURST) {
+        report
+            .problems
+            .push(format!("{cancels} cancels published (bound {read_bound:.0})"));
+    }
+    report
+}
+
+/// Sums the reports of several Jobs into one named `name`.
+fn merge(name: &'static str, reports: Vec<Report>) -> Report {
+    let mut all = Report {
+        name,
+        ..Report::default()
+    };
+    for r in reports {
+        all.tasks += r.tasks;
+        all.runs += r.runs;
+        all.finished += r.finished;
+        all.applied += r.applied;
+        all.overlapping += r.overlapping;
+        all.finished_twice += r.finished_twice;
+        all.not_completed += r.not_completed;
+        all.problems.extend(r.problems);
+        all.notes.extend(r.notes);
+    }
+    all
+}
+
+/// i. Robots on a healthy network, at their default heartbeat interval
+/// (30 s), run fenced tasks with the shortest `stopAfter` the schema
+/// allows (5 s), Jobs arriving at every phase of the heartbeats for
+/// `length`: no attempt is stopped by its robot, every task completes at
+/// its first attempt.
+pub async fn short_stop_after_on_healthy_robots(bins: &Binaries, length: Duration) -> Report {
+    let stack = Stack::start(bins, Options::robots(&["r1", "r2", "r3"])).await;
+    let started = Instant::now();
+    let mut jobs = Vec::new();
+    while started.elapsed() < length {
+        let n = jobs.len();
+        let job = format!("short-{n}");
+        // 3 to 12 s of work, arriving every 7 s: tasks start just after a
+        // heartbeat, just before one, and while the robot is idle.
+        let seconds = 3.0 + (n * 7 % 10) as f64;
+        stack
+            .submit(
+                &job,
+                3,
+                seconds,
+                serde_json::json!({ "stopAfter": "5s", "replace": true }),
+            )
+            .await;
+        jobs.push(job);
+        let next = started + Duration::from_secs(7) * jobs.len() as u32;
+        while Instant::now() < next {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    let mut reports = Vec::new();
+    for job in &jobs {
+        stack.wait_all(job, 3, TaskState::Completed).await;
+        let mut report = stack.report("i", job).await;
+        stack.first_attempts_only(job, &mut report).await;
+        reports.push(report);
+    }
+    let mut report = merge("i_short_stop_after_on_healthy_robots", reports);
+    let stopped = stack
+        .robots
+        .values()
+        .map(|(agent, _)| {
+            agent
+                .log()
+                .matches("no contact with the cluster for the attempt's stopAfter")
+                .count()
+        })
+        .sum::<usize>();
+    if stopped > 0 {
+        report
+            .problems
+            .push(format!("{stopped} attempts were stopped by their own robot"));
+    }
+    report.notes.push(format!(
+        "{} jobs of 3 tasks over {:?} at the default heartbeat interval, stopAfter 5s",
+        jobs.len(),
+        started.elapsed()
+    ));
+    report
+}
+
+/// j. A person cancels a Task in the window between the server's publish
+/// of its dispatch and the server's record of it (the server's link to the
+/// API server slowed by 1 s each way, so the window lasts seconds; slower,
+/// and the server's 3 s API timeout would stop it confirming heartbeats),
+/// then retries it once it shows cancelled: the robot stops the first
+/// attempt, and the second never overlaps it.
+pub async fn cancel_while_a_dispatch_is_recorded(bins: &Binaries) -> Report {
+    use k8s4r_api::names::{ANNOTATION_CANCEL, ANNOTATION_RETRY};
+    let stack = Stack::start(
+        bins,
+        Options {
+            server_api_proxy: true,
+            ..Options::robots(&["r1"])
+        },
+    )
+    .await;
+    if let Some(proxy) = &stack.server_api {
+        proxy.set(Fault::Delay(Duration::from_secs(1)));
+    }
+    stack.submit("window", 1, 20.0, serde_json::json!({})).await;
+    let task = eventually(
+        DEADLINE,
+        "the task's first attempt running on the robot",
+        || async {
+            let task = stack.tasks("window").await.into_iter().next()?;
+            let uid = task.uid()?;
+            stack.marks().runs.contains_key(&uid).then_some(task)
+        },
+    )
+    .await;
+    let name = task.name_any();
+    stack.request(&name, ANNOTATION_CANCEL).await;
+    eventually(DEADLINE, "the task cancelled", || async {
+        let t = stack.tasks("window").await.into_iter().next()?;
+        (t.status?.state? == TaskState::Cancelled).then_some(())
+    })
+    .await;
+    stack.request(&name, ANNOTATION_RETRY).await;
+    if let Some(proxy) = &stack.server_api {
+        proxy.heal();
+    }
+    stack.wait_all("window", 1, TaskState::Completed).await;
+    let mut report = stack
+        .report("j_cancel_while_a_dispatch_is_recorded", "window")
+        .await;
+    let status = stack.tasks("window").await.remove(0).status.unwrap_or_default();
+    if status.attempt < 2 {
+        report
+            .problems
+            .push(format!("expected the retry to run as attempt 2: {status:?}"));
+    }
+    let uid = task.uid().unwrap_or_default();
+    let first = stack.marks().runs.get(&uid).and_then(|r| r.get(&1).copied());
+    if let Some((from, to)) = first {
+        report.notes.push(format!(
+            "attempt 1 ran {:.1} s before the robot stopped it",
+            (to - from) as f64 / 1e9
+        ));
+        if to - from > 19_000_000_000 {
+            report
+                .problems
+                .push("attempt 1 ran to its end: the cancel never reached the robot".into());
+        }
+    }
+    report
+}
+
 /// g. Deleting a Task whose attempt the robot holds without having started
 /// it (the dispatch arrived while the robot was cut off, and the Task is
 /// deleted meanwhile): the deletion completes instead of hanging.
 pub async fn deleting_a_held_task(bins: &Binaries) -> Report {
-    let stack = Stack::start(bins, Options { robots: vec!["r1"] }).await;
+    let stack = Stack::start(bins, Options::robots(&["r1"])).await;
     // The robot is cut off: the dispatch waits in its broker session.
     stack.link("r1").set(Fault::Cut);
     stack.submit("held", 1, 30.0, serde_json::json!({})).await;

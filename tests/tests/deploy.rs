@@ -581,7 +581,8 @@ async fn deployed_mosquitto_enforces_tls_passwords_and_the_per_robot_acl() {
     let mut to_server = received(server_events);
     let mut to_r1 = received(r1_events);
     server.subscribe("k8s4r/#", QoS::AtLeastOnce).await.unwrap();
-    // r1 asks for r2's messages too; the ACL must keep them from it.
+    // r1 asks for its own and r2's messages; the ACL lets it read only its
+    // own downlink.
     r1.subscribe("k8s4r/robots/r1/#", QoS::AtLeastOnce).await.unwrap();
     r1.subscribe("k8s4r/robots/r2/#", QoS::AtLeastOnce).await.unwrap();
     assert_eq!(next(&mut to_server, "the server's SUBACK").await.0, "SUBACK");
@@ -589,19 +590,38 @@ async fn deployed_mosquitto_enforces_tls_passwords_and_the_per_robot_acl() {
         assert_eq!(next(&mut to_r1, "r1's SUBACKs").await.0, "SUBACK");
     }
 
-    r1.publish("k8s4r/robots/r1/heartbeat", QoS::AtLeastOnce, false, "hello")
-        .await
-        .unwrap();
-    assert_eq!(next(&mut to_server, "r1's heartbeat").await.1, "hello");
-    assert_eq!(next(&mut to_r1, "r1's own heartbeat").await.1, "hello");
+    // Its uplink reaches the server.
+    for topic in [
+        "k8s4r/robots/r1/register",
+        "k8s4r/robots/r1/heartbeat",
+        "k8s4r/robots/r1/online",
+        "k8s4r/robots/r1/tasks/u1/status",
+        "k8s4r/robots/r1/tasks/u1/log",
+    ] {
+        r1.publish(topic, QoS::AtLeastOnce, false, "up").await.unwrap();
+        assert_eq!(
+            next(&mut to_server, topic).await,
+            (topic.to_owned(), "up".to_owned())
+        );
+    }
 
     // The server may write to any robot; each robot reads only its own.
     server
-        .publish("k8s4r/robots/r2/dispatch", QoS::AtLeastOnce, false, "for r2")
+        .publish(
+            "k8s4r/robots/r2/tasks/dispatch",
+            QoS::AtLeastOnce,
+            false,
+            "for r2",
+        )
         .await
         .unwrap();
     server
-        .publish("k8s4r/robots/r1/dispatch", QoS::AtLeastOnce, false, "for r1")
+        .publish(
+            "k8s4r/robots/r1/tasks/dispatch",
+            QoS::AtLeastOnce,
+            false,
+            "for r1",
+        )
         .await
         .unwrap();
     let mut seen_by_server = Vec::new();
@@ -612,24 +632,196 @@ async fn deployed_mosquitto_enforces_tls_passwords_and_the_per_robot_acl() {
     let (topic, body) = next(&mut to_r1, "r1's dispatch").await;
     assert_eq!(
         (topic.as_str(), body.as_str()),
-        ("k8s4r/robots/r1/dispatch", "for r1"),
-        "r1 read r2's dispatch"
+        ("k8s4r/robots/r1/tasks/dispatch", "for r1"),
+        "r1 read r2's dispatch, or its own uplink"
     );
 
-    // A robot cannot speak for another: r1's status as r2 never arrives,
-    // while its own, sent after it, does.
-    r1.publish("k8s4r/robots/r2/status", QoS::AtLeastOnce, false, "spoofed")
-        .await
-        .unwrap();
-    r1.publish("k8s4r/robots/r1/status", QoS::AtLeastOnce, false, "own")
+    // A robot cannot speak for another, nor write its own commands (not
+    // even retained ones): none of these arrives, while its own status,
+    // sent after them, does.
+    r1.publish(
+        "k8s4r/robots/r2/tasks/u2/status",
+        QoS::AtLeastOnce,
+        false,
+        "spoofed",
+    )
+    .await
+    .unwrap();
+    for topic in [
+        "k8s4r/robots/r1/response",
+        "k8s4r/robots/r1/tasks/dispatch",
+        "k8s4r/robots/r1/tasks/cancel",
+        "k8s4r/robots/r1/tasks/acks",
+        "k8s4r/robots/r1/logs/request",
+    ] {
+        r1.publish(topic, QoS::AtLeastOnce, true, "forged").await.unwrap();
+    }
+    r1.publish("k8s4r/robots/r1/tasks/u1/status", QoS::AtLeastOnce, false, "own")
         .await
         .unwrap();
     let (topic, body) = next(&mut to_server, "r1's status").await;
     assert_eq!(
         (topic.as_str(), body.as_str()),
-        ("k8s4r/robots/r1/status", "own"),
-        "r1 wrote as r2"
+        ("k8s4r/robots/r1/tasks/u1/status", "own"),
+        "r1 wrote as r2, or wrote a command"
     );
+    // Nothing it tried to retain is in the broker.
+    let (fresh, fresh_events) = connect(tls_options(
+        "fresh",
+        port,
+        &ca,
+        Some(("k8s4r-server", "server-pw")),
+    ))
+    .await
+    .unwrap();
+    let mut to_fresh = received(fresh_events);
+    fresh
+        .subscribe("k8s4r/robots/r1/#", QoS::AtLeastOnce)
+        .await
+        .unwrap();
+    assert_eq!(next(&mut to_fresh, "the SUBACK").await.0, "SUBACK");
+    let retained = tokio::time::timeout(Duration::from_secs(2), to_fresh.recv()).await;
+    assert!(retained.is_err(), "a robot retained a message: {retained:?}");
+}
+
+/// Retained commands left in the broker (by a robot before the ACL was
+/// tightened, or by anyone with more rights) act on nobody: the agent
+/// ignores retained messages on its command topics (a retained Online
+/// answer and dispatch start nothing), and the server's sweep clears them.
+#[tokio::test]
+async fn retained_commands_are_ignored_by_the_agent_and_cleared_by_the_server() {
+    use k8s4r_api::protocol::{encode, Dispatch, RegisterResponse};
+    k8s4r_mqtt::install_crypto_provider();
+    let broker = start_deployed_mosquitto(&[("k8s4r-server", "server-pw"), ("r1", "r1-pw")]);
+    let port = broker.port;
+    let ca_file = broker.dir().join("ca.pem");
+    let ca = std::fs::read(&ca_file).unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let marker = work.path().join("ran");
+    std::fs::set_permissions(work.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+
+    // What an attacker left: an Online answer and a dispatch, retained.
+    let (attacker, attacker_events) = connect(tls_options(
+        "leftover",
+        port,
+        &ca,
+        Some(("k8s4r-server", "server-pw")),
+    ))
+    .await
+    .unwrap();
+    let _drive = received(attacker_events);
+    let answer = RegisterResponse {
+        server_time: Some(jiff::Timestamp::now()),
+        status_acks: true,
+        ..RegisterResponse::new(k8s4r_api::RobotPhase::Online, None)
+    };
+    let dispatch = Dispatch {
+        expires_at: Some(jiff::Timestamp::now() + jiff::SignedDuration::from_hours(24)),
+        ..Dispatch::new(
+            "evil-uid",
+            "default/evil",
+            1,
+            k8s4r_api::TaskTemplate {
+                driver: "exec".into(),
+                command: "/bin/sh".into(),
+                args: vec!["-c".into(), format!("touch {}", marker.display())],
+                ..Default::default()
+            },
+        )
+    };
+    attacker
+        .publish(
+            "k8s4r/robots/r1/response",
+            QoS::AtLeastOnce,
+            true,
+            encode(&answer),
+        )
+        .await
+        .unwrap();
+    attacker
+        .publish(
+            "k8s4r/robots/r1/tasks/dispatch",
+            QoS::AtLeastOnce,
+            true,
+            encode(&dispatch),
+        )
+        .await
+        .unwrap();
+
+    let state = work.path().join("state");
+    let log = work.path().join("agent.log");
+    let mut agent = k8s4r_testbed::Program::start(
+        "r1",
+        Path::new(env!("CARGO_BIN_EXE_e2e-agent")),
+        [
+            "--robot-id",
+            "r1",
+            "--broker-url",
+            &format!("mqtts://127.0.0.1:{port}"),
+            "--ca-file",
+            &ca_file.display().to_string(),
+            "--username",
+            "r1",
+            "--password",
+            "r1-pw",
+            "--state-dir",
+            &state.display().to_string(),
+            "--log",
+            "info",
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect(),
+        &log,
+    );
+    // Either the agent says it ignored both, or the retained dispatch ran.
+    k8s4r_testbed::eventually(WAIT, "the agent acting on both retained messages", || async {
+        (marker.exists() || agent.log().matches("ignored a retained message").count() >= 2).then_some(())
+    })
+    .await;
+    agent.stop();
+    assert!(!marker.exists(), "the retained dispatch ran\n{}", agent.log());
+    assert!(
+        !agent.log().contains("registration approved"),
+        "the retained answer approved the agent\n{}",
+        agent.log()
+    );
+
+    // The server's sweep clears both.
+    let mut config = k8s4r_server::BrokerConfig::new(format!("mqtts://127.0.0.1:{port}"), "k8s4r-server");
+    config.ca_file = Some(ca_file.clone());
+    config.username = Some("k8s4r-server".into());
+    config.password = Some("server-pw".into());
+    let mut cleared = k8s4r_server::retained::sweep(&config, &k8s4r_api::protocol::Topics::default())
+        .await
+        .unwrap();
+    cleared.sort();
+    assert_eq!(
+        cleared,
+        ["k8s4r/robots/r1/response", "k8s4r/robots/r1/tasks/dispatch"]
+    );
+    let (fresh, fresh_events) = connect(tls_options(
+        "fresh",
+        port,
+        &ca,
+        Some(("k8s4r-server", "server-pw")),
+    ))
+    .await
+    .unwrap();
+    let mut to_fresh = received(fresh_events);
+    fresh
+        .subscribe("k8s4r/robots/r1/#", QoS::AtLeastOnce)
+        .await
+        .unwrap();
+    assert_eq!(next(&mut to_fresh, "the SUBACK").await.0, "SUBACK");
+    // Only the agent's own retained presence is left.
+    loop {
+        match tokio::time::timeout(Duration::from_secs(2), to_fresh.recv()).await {
+            Err(_) => break,
+            Ok(Some((topic, _))) => assert_eq!(topic, "k8s4r/robots/r1/online", "still retained"),
+            Ok(None) => panic!("the subscriber's event loop ended"),
+        }
+    }
 }
 
 /// The RBAC of deploy/cluster is enough for leader election too, which

@@ -72,3 +72,27 @@ async fn g_deleting_a_task_whose_dispatch_is_in_flight_completes() {
     let _one = SERIAL.lock().await;
     check(faults::deleting_a_held_task(&bins()).await);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h_a_robot_flooding_unknown_attempts_costs_the_others_nothing() {
+    let _one = SERIAL.lock().await;
+    check(faults::flood_of_unknown_attempts(&bins(), 20, std::time::Duration::from_secs(40)).await);
+}
+
+/// At the agents' default heartbeat interval, for `K8S4R_SHORT_STOP_AFTER_SECS`
+/// (default 120 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn i_a_short_stop_after_never_stops_a_healthy_robots_task() {
+    let _one = SERIAL.lock().await;
+    let secs = std::env::var("K8S4R_SHORT_STOP_AFTER_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(120);
+    check(faults::short_stop_after_on_healthy_robots(&bins(), std::time::Duration::from_secs(secs)).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn j_a_cancel_while_the_dispatch_is_recorded_stops_the_attempt() {
+    let _one = SERIAL.lock().await;
+    check(faults::cancel_while_a_dispatch_is_recorded(&bins()).await);
+}

@@ -66,6 +66,9 @@ pub fn task_dir(tasks_dir: &std::path::Path, uid: &str, attempt: u32) -> PathBuf
 /// Settings of the supervisor.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SupervisorConfig {
+    /// The robot's id, given to each task as `K8S4R_ROBOT_ID` (none when
+    /// empty).
+    pub robot_id: String,
     /// Task directories go under `state_dir/tasks/<uid>-<attempt>/`, the
     /// journal and the disk reserve under `state_dir/`.
     pub state_dir: PathBuf,
@@ -121,6 +124,7 @@ pub const DEFAULT_TASK_UIDS: RangeInclusive<u32> = 70_000..=79_999;
 impl Default for SupervisorConfig {
     fn default() -> Self {
         SupervisorConfig {
+            robot_id: String::new(),
             state_dir: PathBuf::from("/var/lib/k8s4r"),
             log_max_bytes: 10 * 1024 * 1024,
             log_max_files: 10,

@@ -127,6 +127,20 @@ impl TaskUids {
         }
     }
 
+    /// The rotation goes on from `next` (kept in the state directory
+    /// across agent restarts), when it is in the range.
+    pub(crate) fn starting_at(mut self, next: Option<u32>) -> Self {
+        if let Some(next) = next.filter(|n| self.range.contains(n)) {
+            self.next = next;
+        }
+        self
+    }
+
+    /// Where the rotation goes on from: the uid tried next.
+    pub(crate) fn position(&self) -> u32 {
+        self.next
+    }
+
     /// The next free uid, or None when every one is taken.
     pub(crate) fn take(&mut self) -> Option<u32> {
         let (first, last) = (*self.range.start(), *self.range.end());
@@ -288,7 +302,7 @@ mod tests {
 
     #[test]
     fn task_uids_go_round_skip_what_is_taken_and_run_out() {
-        let mut uids = TaskUids::new(10..=13, HashSet::from([11]));
+        let mut uids = TaskUids::new(10..=13, HashSet::from([11])).starting_at(Some(99));
         assert_eq!(uids.take(), Some(10));
         assert_eq!(uids.take(), Some(12));
         uids.give_back(10);
@@ -304,5 +318,17 @@ mod tests {
         assert_eq!(uids.take(), None, "a barred uid never comes back");
         uids.give_back(13);
         assert_eq!(uids.take(), Some(13));
+    }
+
+    #[test]
+    fn the_rotation_goes_on_where_the_last_run_left_it() {
+        let mut first = TaskUids::new(10..=13, HashSet::new());
+        assert_eq!(first.take(), Some(10));
+        assert_eq!(first.take(), Some(11));
+        // The agent restarts; the position was kept.
+        let mut second = TaskUids::new(10..=13, HashSet::new()).starting_at(Some(first.position()));
+        assert_eq!(second.take(), Some(12), "not 10 again");
+        assert_eq!(second.take(), Some(13));
+        assert_eq!(second.take(), Some(10));
     }
 }

@@ -150,6 +150,8 @@ pub(crate) struct Runner {
     agent_is_root: bool,
     agent_pid: i32,
     uids: TaskUids,
+    /// Where the uid rotation's position is kept across restarts.
+    uid_file: PathBuf,
     cgroups: Option<Cgroups>,
     journal: JournalHandle,
     logs: LogWriter,
@@ -321,7 +323,11 @@ impl Runner {
                 barred.remove(&uid);
             }
         }
-        let uids = TaskUids::new(config.task_uids.clone(), barred);
+        let uid_file = config.state_dir.join(UID_POSITION_FILE);
+        let kept = std::fs::read_to_string(&uid_file)
+            .ok()
+            .and_then(|t| t.trim().parse::<u32>().ok());
+        let uids = TaskUids::new(config.task_uids.clone(), barred).starting_at(kept);
         let (max_tasks, disk_budget) = super::limits_report(config.max_tasks, budget);
         // raw_exec is offered only when it can run something: it is on, and
         // the agent is not root or root is allowed.
@@ -349,6 +355,7 @@ impl Runner {
             config,
             launchers,
             uids,
+            uid_file,
             cgroups,
             journal,
             logs,
@@ -590,7 +597,7 @@ impl Runner {
             }
         };
         let dir = super::task_dir(&self.tasks_dir, &uid, attempt);
-        let input = self.prep_input(
+        let mut input = self.prep_input(
             dir.clone(),
             driver,
             spec.clone(),
@@ -598,6 +605,9 @@ impl Runner {
             client,
             resumed.is_some(),
         );
+        if resumed.is_none() && own_uid.is_some() {
+            input.new_uid_position = Some((self.uid_file.clone(), self.uids.position()));
+        }
         let (abort, registration) = AbortHandle::new_pair();
         let new = NewTask {
             uid,
@@ -730,6 +740,7 @@ impl Runner {
                 timeout: self.config.artifact_timeout,
                 retries: self.config.artifact_retries,
             },
+            new_uid_position: None,
         }
     }
 
@@ -821,7 +832,7 @@ impl Runner {
                 return self.finish_unstarted(id, TaskReason::StartFailed, message);
             }
         };
-        let extra_env = task_env(task, &prepared.task_dir);
+        let extra_env = task_env(task, &prepared.task_dir, &self.config.robot_id);
         let launched = self.launchers[task.driver].start(Launch {
             template: &task.template,
             prepared: &prepared,
@@ -1333,7 +1344,7 @@ impl Runner {
                 .map(std::os::fd::OwnedFd::from)
                 .map_err(|e| format!("cannot open /dev/null for the check's {what}: {e}"))
         };
-        let extra_env = task_env(task, &prepared.task_dir);
+        let extra_env = task_env(task, &prepared.task_dir, &self.config.robot_id);
         self.launchers[task.driver]
             .start(Launch {
                 template: &template,
@@ -1815,6 +1826,10 @@ struct PrepInput {
     keep_dir: bool,
     client: Option<reqwest::Client>,
     limits: artifacts::Limits,
+    /// The task got a uid of its own, new to it: the rotation's position
+    /// after it is kept in this file, and what the uid's earlier tasks
+    /// left in the shared places is removed first.
+    new_uid_position: Option<(PathBuf, u32)>,
 }
 
 /// Waits for a re-adopted process to end. It is not the agent's child, so
@@ -1867,10 +1882,15 @@ async fn prepare(input: PrepInput) -> Result<Prepared, Failure> {
         keep_dir,
         client,
         limits,
+        new_uid_position,
     } = input;
     let artifacts = template.artifacts.clone();
     let task_dir = dir.clone();
     let prepared = tokio::task::spawn_blocking(move || -> Result<Prepared, Failure> {
+        if let (Some((file, position)), RunAs::TaskUid(uid)) = (&new_uid_position, &run_as) {
+            keep_uid_position(file, *position);
+            clean_leftovers(*uid)?;
+        }
         let made = if keep_dir && task_dir.is_dir() {
             reuse_task_dir(&task_dir)
         } else {
@@ -1898,6 +1918,42 @@ async fn prepare(input: PrepInput) -> Result<Prepared, Failure> {
             .map_err(|message| Failure::new(TaskReason::ArtifactFailed, message))?;
     }
     Ok(prepared)
+}
+
+/// Keeps the uid rotation's position for the next agent run (written
+/// whole, then renamed; a failure only means the next run starts the
+/// rotation elsewhere, which the clean-up below makes safe).
+fn keep_uid_position(file: &Path, position: u32) {
+    let tmp = file.with_extension("tmp");
+    let written = std::fs::write(&tmp, format!("{position}\n")).and_then(|()| std::fs::rename(&tmp, file));
+    if let Err(e) = written {
+        tracing::warn!(path = %file.display(), error = %e, "cannot keep the task uid rotation's position");
+    }
+}
+
+/// Removes what earlier tasks of `uid` left in the shared places before a
+/// new task gets it; a leftover that cannot be removed fails the start
+/// rather than hand it to another author's task.
+fn clean_leftovers(uid: u32) -> Result<(), Failure> {
+    let removed = k8s4r_drivers::leftovers::remove(uid);
+    if !removed.files.is_empty() || removed.ipc > 0 {
+        tracing::info!(
+            uid,
+            files = removed.files.len(),
+            ipc = removed.ipc,
+            "removed what earlier tasks of this uid left behind"
+        );
+    }
+    if !removed.errors.is_empty() {
+        return Err(Failure::new(
+            TaskReason::StartFailed,
+            format!(
+                "cannot remove what an earlier task of uid {uid} left: {}",
+                removed.errors.join("; ")
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn driver_reason(e: &DriverError) -> TaskReason {
@@ -1931,6 +1987,10 @@ fn remove_dir(dir: &Path) {
     }
 }
 
+/// The file under the state directory that keeps the task uid rotation's
+/// position across agent restarts.
+const UID_POSITION_FILE: &str = "task-uid-next";
+
 /// `<dir>/work` (the task's own), `<dir>/logs` and `<dir>/fetch` (root's
 /// alone: logs, and artifacts until they are handed over), fresh.
 fn make_task_dir(dir: &Path) -> io::Result<()> {
@@ -1962,13 +2022,17 @@ fn reuse_task_dir(dir: &Path) -> io::Result<()> {
 
 /// The variables the agent adds to a task's environment (and its exec
 /// checks').
-fn task_env(task: &Task, task_dir: &Path) -> Vec<(String, String)> {
-    vec![
+fn task_env(task: &Task, task_dir: &Path, robot_id: &str) -> Vec<(String, String)> {
+    let mut env = vec![
         (names::ENV_TASK_UID.to_owned(), task.uid.clone()),
         (names::ENV_TASK_ATTEMPT.to_owned(), task.attempt.to_string()),
         (names::ENV_TASK_NAME.to_owned(), task.name.clone()),
         (names::ENV_TASK_DIR.to_owned(), task_dir.display().to_string()),
-    ]
+    ];
+    if !robot_id.is_empty() {
+        env.push((names::ENV_ROBOT_ID.to_owned(), robot_id.to_owned()));
+    }
+    env
 }
 
 /// A service's log files, opened for it to append to.

@@ -324,10 +324,7 @@ impl Table {
         let mut attempts: Vec<TaskAttempt> = self
             .tasks
             .values()
-            .map(|t| TaskAttempt {
-                uid: t.uid.clone(),
-                attempt: t.attempt,
-            })
+            .map(|t| TaskAttempt::new(t.uid.clone(), t.attempt).named(Some(t.name.clone())))
             .collect();
         attempts.sort_by(|a, b| (&a.uid, a.attempt).cmp(&(&b.uid, b.attempt)));
         attempts

@@ -219,6 +219,22 @@ impl Server {
         register
     }
 
+    /// Waits for a register from `robot` and approves it as the current
+    /// server does: with the registration's nonce, the server's clock and
+    /// status confirmations on.
+    pub async fn approve_current(&mut self, robot: &str) -> k8s4r_api::protocol::Register {
+        let register: k8s4r_api::protocol::Register =
+            self.next("/register", Duration::from_secs(20)).await.decode();
+        let answer = RegisterResponse {
+            server_time: Some(jiff::Timestamp::now()),
+            status_acks: true,
+            nonce: register.nonce.clone(),
+            ..RegisterResponse::new(RobotPhase::Online, Some("approved".into()))
+        };
+        self.publish(self.topics.response(robot), encode(&answer)).await;
+        register
+    }
+
     /// The status updates of task `uid` until one is terminal.
     pub async fn statuses_until_terminal(&mut self, uid: &str, timeout: Duration) -> Vec<StatusUpdate> {
         let suffix = format!("/tasks/{uid}/status");

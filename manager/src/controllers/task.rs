@@ -6,9 +6,7 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s4r_api::condition::{find_condition, set_condition};
-use k8s4r_api::names::{
-    ANNOTATION_CANCEL, ANNOTATION_DISPATCHED_ATTEMPT, ANNOTATION_RETRY, CONDITION_SCHEDULED,
-};
+use k8s4r_api::names::{ANNOTATION_CANCEL, ANNOTATION_RETRY, CONDITION_SCHEDULED};
 use k8s4r_api::validation::validate_task_spec;
 use k8s4r_api::{
     AttemptRecord, Condition, ConditionStatus, ManualAction, Task, TaskReason, TaskState, TaskStatus,
@@ -242,11 +240,9 @@ fn manual_request(task: &Task, ctx: &Context, now: Timestamp) -> Option<TaskManu
         }
         _ => false,
     };
-    let dispatched = task
-        .annotations()
-        .get(ANNOTATION_DISPATCHED_ATTEMPT)
-        .and_then(|a| a.parse::<u32>().ok())
-        .is_some_and(|a| a >= status.attempt);
+    // Sent, or about to be: the server records that before it publishes,
+    // under the same resourceVersion guard as this controller's writes.
+    let dispatched = k8s4r_api::task::sent_attempt(task.metadata.annotations.as_ref()) >= status.attempt;
     manual::decide_task(
         status,
         manual::request(&task.metadata, ANNOTATION_CANCEL),

@@ -770,10 +770,7 @@ fn an_expired_dispatch_is_not_published() {
 
 #[test]
 fn reconcile_cancels_what_no_task_wants_and_fails_what_the_robot_lost() {
-    let held = |uid: &str, attempt: u32| TaskAttempt {
-        uid: uid.into(),
-        attempt,
-    };
+    let held = |uid: &str, attempt: u32| TaskAttempt::new(uid, attempt);
     let mut current = TaskBuilder::new().target("rb1").state(TaskState::Running, 2, 4).0;
     current.metadata.uid = Some("now".into());
     let mut elsewhere = TaskBuilder::new().target("rb2").state(TaskState::Running, 1, 1).0;

@@ -86,7 +86,12 @@ impl Env {
     }
 
     pub async fn server_with(&self, config: ServerConfig) -> Running {
-        let server = Server::new(config, self.client.clone());
+        self.server_using(config, self.client.clone()).await
+    }
+
+    /// A server that reaches the API server with `client`.
+    pub async fn server_using(&self, config: ServerConfig, client: Client) -> Running {
+        let server = Server::new(config, client);
         let metrics = server.metrics();
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(server.run(shutdown.clone()));

@@ -170,11 +170,10 @@ impl Harness {
     }
 }
 
+/// An attempt as the supervisor lists it (the test requests are named
+/// after their uid).
 fn attempt(uid: &str, attempt: u32) -> TaskAttempt {
-    TaskAttempt {
-        uid: uid.to_owned(),
-        attempt,
-    }
+    TaskAttempt::new(uid, attempt).named(Some(uid.to_owned()))
 }
 
 #[tokio::test(start_paused = true)]

@@ -1,0 +1,115 @@
+//! Clears retained messages on the robots' topics.
+//!
+//! The server never retains a message, and since the ACL lets a robot write
+//! only its uplink (deploy/mosquitto/k8s4r.acl) no robot can retain a
+//! command either. But a retained message lives in the broker until it is
+//! replaced: one left by a robot before the ACL was tightened (a retained
+//! dispatch, a retained "Online" answer), or by anyone with more rights,
+//! would reach a robot at every subscription, however often the robot is
+//! re-imaged or its password revoked. The agent ignores retained messages on
+//! its command topics; this sweep removes them from the broker.
+//!
+//! A sweep connects as its own clean session (retained messages are not
+//! sent to shared subscriptions, so the server's main connection never sees
+//! them), subscribes to every topic under the prefix, and clears each
+//! retained message it receives (an empty retained publish) except the
+//! robots' `online` presence, which is retained by design. It ends once no
+//! retained message has arrived for a moment.
+
+use std::time::Duration;
+
+use k8s4r_api::protocol::{Topic, TopicKind, Topics};
+use rumqttc::{AsyncClient, Event, Packet, QoS};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::config::BrokerConfig;
+use crate::error::{Error, Result};
+use crate::mqtt::mqtt_options;
+
+/// How long a sweep waits for the next retained message before it ends.
+const QUIET: Duration = Duration::from_secs(2);
+/// The longest a sweep lasts.
+const LONGEST: Duration = Duration::from_secs(120);
+/// How often the server sweeps (and once at start).
+pub const SWEEP_EVERY: Duration = Duration::from_secs(3600);
+
+/// Whether a retained message on `topic` is one to keep.
+fn keep(topics: &Topics, topic: &str) -> bool {
+    matches!(
+        topics.parse(topic),
+        Ok(Topic::Robot {
+            kind: TopicKind::Online,
+            ..
+        })
+    )
+}
+
+/// One sweep: returns the topics whose retained message it cleared.
+pub async fn sweep(broker: &BrokerConfig, topics: &Topics) -> Result<Vec<String>> {
+    let mut options = mqtt_options(broker)?;
+    options.set_client_id(format!("{}-sweep", broker.client_id));
+    options.set_clean_session(true);
+    let (client, mut events) = AsyncClient::new(options, 64);
+    let filter = format!("{}/#", topics.prefix());
+    let mut cleared = Vec::new();
+    let mut subscribed = false;
+    let started = tokio::time::Instant::now();
+    loop {
+        let event = tokio::time::timeout(QUIET, events.poll()).await;
+        let event = match event {
+            // Quiet since the subscription: every retained message came.
+            Err(_) if subscribed => break,
+            Err(_) => continue,
+            Ok(Err(e)) => return Err(Error::Mqtt(format!("sweeping retained messages: {e}"))),
+            Ok(Ok(event)) => event,
+        };
+        match event {
+            Event::Incoming(Packet::ConnAck(_)) => {
+                client
+                    .try_subscribe(filter.clone(), QoS::AtMostOnce)
+                    .map_err(|e| Error::Mqtt(e.to_string()))?;
+            }
+            Event::Incoming(Packet::SubAck(_)) => subscribed = true,
+            Event::Incoming(Packet::Publish(p))
+                if p.retain && !p.payload.is_empty() && !keep(topics, &p.topic) =>
+            {
+                warn!(topic = %p.topic, bytes = p.payload.len(), "clearing a retained message on a robot topic");
+                client
+                    .try_publish(p.topic.clone(), QoS::AtLeastOnce, true, Vec::new())
+                    .map_err(|e| Error::Mqtt(e.to_string()))?;
+                cleared.push(p.topic.clone());
+            }
+            _ => {}
+        }
+        if started.elapsed() > LONGEST {
+            break;
+        }
+    }
+    // The clearing publishes go out before the DISCONNECT.
+    let _ = client.try_disconnect();
+    let flush = async {
+        while let Ok(event) = events.poll().await {
+            if matches!(event, Event::Outgoing(rumqttc::Outgoing::Disconnect)) {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(5), flush).await;
+    Ok(cleared)
+}
+
+/// Sweeps at start and every [`SWEEP_EVERY`] until `shutdown`.
+pub async fn run(broker: BrokerConfig, topics: Topics, shutdown: CancellationToken) {
+    loop {
+        match sweep(&broker, &topics).await {
+            Ok(cleared) if cleared.is_empty() => {}
+            Ok(cleared) => info!(count = cleared.len(), "cleared retained messages on robot topics"),
+            Err(error) => warn!(%error, "could not sweep retained messages"),
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(SWEEP_EVERY) => {}
+        }
+    }
+}
