@@ -4,4 +4,5 @@
 //! the fault-injection stack and its scenarios, shared by the tests and by
 //! `benches/faults.rs`, which prints their figures.
 
+pub mod chaos;
 pub mod faults;
