@@ -52,7 +52,10 @@ base() {
     # gcc and libc6-dev: the linker rustc calls, and ring's C parts.
     # mosquitto-clients: mosquitto_pub and _sub, to poke a broker by hand
     # (e.g. the oversized-message check in RELIABILITY.md).
-    apt_install gcc libc6-dev mosquitto mosquitto-clients systemd openssl
+    # libfaketime: the randomized fault run steps robots' wall clocks with
+    # it (tests/src/chaos.rs). util-linux: mount (a tmpfs per robot for the
+    # full-disk faults) and ipcmk (the task uid clean-up test).
+    apt_install gcc libc6-dev mosquitto mosquitto-clients systemd openssl libfaketime util-linux
     # Tests start their own broker on a free port; the packaged service is
     # not needed and would hold port 1883.
     if command -v systemctl >/dev/null && systemctl is-active --quiet mosquitto 2>/dev/null; then
