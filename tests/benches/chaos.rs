@@ -15,17 +15,11 @@
 use std::time::Duration;
 
 use k8s4r_e2e::chaos::{self, Settings};
-use k8s4r_e2e::faults::Binaries;
 use k8s4r_testbed::bench_arg;
 
 #[tokio::main]
 async fn main() {
-    let bins = Binaries {
-        apiserver: env!("CARGO_BIN_EXE_e2e-apiserver").into(),
-        server: env!("CARGO_BIN_EXE_e2e-server").into(),
-        manager: env!("CARGO_BIN_EXE_e2e-manager").into(),
-        agent: env!("CARGO_BIN_EXE_e2e-agent").into(),
-    };
+    let bins = k8s4r_e2e::binaries!();
     let seed = bench_arg("--seed", chaos::fresh_seed());
     let minutes = bench_arg("--minutes", 30);
     let mut settings = Settings::new(seed, Duration::from_secs(minutes * 60));

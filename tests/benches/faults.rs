@@ -7,16 +7,11 @@
 //! (The dev profile reuses the test build; the figures are counts, not
 //! timings, so the profile does not change them.)
 
-use k8s4r_e2e::faults::{self, Binaries};
+use k8s4r_e2e::faults;
 
 #[tokio::main]
 async fn main() {
-    let bins = Binaries {
-        apiserver: env!("CARGO_BIN_EXE_e2e-apiserver").into(),
-        server: env!("CARGO_BIN_EXE_e2e-server").into(),
-        manager: env!("CARGO_BIN_EXE_e2e-manager").into(),
-        agent: env!("CARGO_BIN_EXE_e2e-agent").into(),
-    };
+    let bins = k8s4r_e2e::binaries!();
     let reports = faults::all(&bins).await;
     println!(
         "| scenario | tasks | runs | finished | applied | overlapping attempts | lost statuses | passed |"

@@ -36,7 +36,7 @@ use k8s4r_testbed::{eventually, Fault, Mosquitto, Program, Proxy};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 
-use crate::faults::{api_addr, kubeconfig_through, start_api, Binaries, NS};
+use crate::faults::{api_addr, kubeconfig_through, start_api, start_manager, start_server, Binaries, NS};
 
 /// What a run is told.
 #[derive(Debug, Clone)]
@@ -176,6 +176,48 @@ impl Robot {
     }
 }
 
+/// What writes an attempt's history: the file and the run's tag.
+#[derive(Clone)]
+struct Scripts {
+    history: PathBuf,
+    tag: String,
+}
+
+impl Scripts {
+    /// The shell script of an attempt: records its start, marks itself
+    /// every 200 ms for `seconds` (forever when None: a service), records
+    /// its end; `fail_first` fails the first attempt with exit 1.
+    fn script(&self, seconds: Option<f64>, fail_first: bool) -> String {
+        let h = self.history.display();
+        let id = "$K8S4R_TASK_UID $K8S4R_TASK_ATTEMPT $K8S4R_ROBOT_ID $$ $K8S4R_TASK_NAME";
+        let until = match seconds {
+            Some(s) => format!("end=$(( $(date +%s%N) + {} ))", (s * 1e9) as u64),
+            None => "end=99999999999999999999".to_owned(),
+        };
+        let finish = if fail_first {
+            format!("if [ \"$K8S4R_TASK_ATTEMPT\" = 1 ]; then echo \"end {id} $(date +%s%N) fail\" >> {h}; exit 1; fi; ")
+        } else {
+            String::new()
+        };
+        format!(
+            "echo \"start {id} $(date +%s%N)\" >> {h}; \
+             trap 'echo \"end {id} $(date +%s%N) stopped\" >> {h}; exit 143' TERM INT; {until}; \
+             while [ $(date +%s%N) -lt $end ]; do echo \"mark {id} $(date +%s%N)\" >> {h}; sleep 0.2; done; \
+             {finish}echo \"end {id} $(date +%s%N) done\" >> {h} # {}",
+            self.tag
+        )
+    }
+}
+
+/// How long any one call of the checker or the workload to the API server
+/// may take: the nemesis may have stopped it.
+const CALL: Duration = Duration::from_secs(10);
+
+/// `call`, or None after [`CALL`].
+async fn bounded<T>(call: impl std::future::Future<Output = T>) -> Option<T> {
+    tokio::time::timeout(CALL, call).await.ok()
+}
+
 /// The cluster under test.
 struct Cluster {
     dir: tempfile::TempDir,
@@ -231,64 +273,28 @@ impl Cluster {
         let servers = (1..=2)
             .map(|i| {
                 let id = format!("s{i}");
-                Program::start(
-                    &format!("server-{id}"),
+                let extra = ["--shared-group", "chaos", "--leader-election", "--identity", &id];
+                let log = path(&format!("server-{id}.log"));
+                start_server(
                     &bins.server,
-                    args(&[
-                        "--kubeconfig",
-                        &kc,
-                        "--broker-url",
-                        &broker.url(),
-                        "--shared-group",
-                        "chaos",
-                        "--leader-election",
-                        "--identity",
-                        &id,
-                        "--lease-interval",
-                        "1s",
-                        "--heartbeat-refresh",
-                        "2s",
-                        "--metrics-addr",
-                        "127.0.0.1:0",
-                        "--api-timeout",
-                        "3s",
-                        "--log",
-                        "info",
-                    ]),
-                    &path(&format!("server-{id}.log")),
+                    &kc,
+                    &broker.url(),
+                    &extra,
+                    &log,
+                    &format!("server-{id}"),
                 )
             })
             .collect();
         let managers = (1..=2)
             .map(|i| {
                 let id = format!("m{i}");
-                Program::start(
-                    &format!("manager-{id}"),
+                let log = path(&format!("manager-{id}.log"));
+                start_manager(
                     &bins.manager,
-                    args(&[
-                        "--kubeconfig",
-                        &kc,
-                        "--identity",
-                        &id,
-                        "--auto-approve",
-                        "--heartbeat-timeout",
-                        "90s",
-                        "--disconnect-grace",
-                        "2s",
-                        "--dispatch-timeout",
-                        "15s",
-                        "--robot-lost-grace",
-                        "1s",
-                        "--backstop-grace",
-                        "5s",
-                        "--metrics-addr",
-                        "127.0.0.1:0",
-                        "--api-timeout",
-                        "3s",
-                        "--log",
-                        "info",
-                    ]),
-                    &path(&format!("manager-{id}.log")),
+                    &kc,
+                    &["--identity", &id],
+                    &log,
+                    &format!("manager-{id}"),
                 )
             })
             .collect();
@@ -375,28 +381,11 @@ impl Cluster {
         });
     }
 
-    /// The shell script of an attempt: records its start, marks itself
-    /// every 200 ms for `seconds` (forever when None: a service), records
-    /// its end; `fail_first` fails the first attempt with exit 1.
-    fn script(&self, seconds: Option<f64>, fail_first: bool) -> String {
-        let h = self.history.display();
-        let id = "$K8S4R_TASK_UID $K8S4R_TASK_ATTEMPT $K8S4R_ROBOT_ID $$ $K8S4R_TASK_NAME";
-        let until = match seconds {
-            Some(s) => format!("end=$(( $(date +%s%N) + {} ))", (s * 1e9) as u64),
-            None => "end=99999999999999999999".to_owned(),
-        };
-        let finish = if fail_first {
-            format!("if [ \"$K8S4R_TASK_ATTEMPT\" = 1 ]; then echo \"end {id} $(date +%s%N) fail\" >> {h}; exit 1; fi; ")
-        } else {
-            String::new()
-        };
-        format!(
-            "echo \"start {id} $(date +%s%N)\" >> {h}; \
-             trap 'echo \"end {id} $(date +%s%N) stopped\" >> {h}; exit 143' TERM INT; {until}; \
-             while [ $(date +%s%N) -lt $end ]; do echo \"mark {id} $(date +%s%N)\" >> {h}; sleep 0.2; done; \
-             {finish}echo \"end {id} $(date +%s%N) done\" >> {h} # {}",
-            self.tag
-        )
+    fn scripts(&self) -> Scripts {
+        Scripts {
+            history: self.history.clone(),
+            tag: self.tag.clone(),
+        }
     }
 
     /// The server replica, manager or other program `name`.
@@ -415,12 +404,21 @@ impl Cluster {
     fn stop_left_tasks(&self, robot: usize) {
         let Some(r) = self.robots.get(robot) else { return };
         let (program, args) = r.agent.command();
-        let _ = std::process::Command::new(program)
+        let Ok(mut child) = std::process::Command::new(program)
             .args(args)
             .arg("--stop-left-tasks")
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
-            .status();
+            .spawn()
+        else {
+            return;
+        };
+        let give_up = Instant::now() + CALL;
+        while matches!(child.try_wait(), Ok(None)) && Instant::now() < give_up {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
     }
 
     /// Restarts whatever exited on its own (systemd's `Restart=always`,
@@ -733,6 +731,8 @@ enum Shape {
 }
 
 struct Workload {
+    client: Client,
+    scripts: Scripts,
     dice: Dice,
     jobs: Vec<(String, Shape)>,
     manual: usize,
@@ -740,11 +740,11 @@ struct Workload {
 }
 
 impl Workload {
-    fn task(&mut self, cluster: &Cluster, seconds: Option<f64>, fail_first: bool) -> serde_json::Value {
+    fn task(&mut self, seconds: Option<f64>, fail_first: bool) -> serde_json::Value {
         let mut task = serde_json::json!({
             "driver": "exec",
             "command": "/bin/sh",
-            "args": ["-c", cluster.script(seconds, fail_first)],
+            "args": ["-c", self.scripts.script(seconds, fail_first)],
             "timeout": "5m",
             "killTimeout": "1s",
         });
@@ -765,10 +765,10 @@ impl Workload {
         }
     }
 
-    fn group(&mut self, cluster: &Cluster, name: &str, count: usize, after: &[&str]) -> serde_json::Value {
+    fn group(&mut self, name: &str, count: usize, after: &[&str]) -> serde_json::Value {
         let seconds = 4.0 + self.dice.unit() * 16.0;
         let fail_first = self.dice.chance(0.3);
-        let task = self.task(cluster, Some(seconds), fail_first);
+        let task = self.task(Some(seconds), fail_first);
         let disconnect = self.disconnect();
         let mut group = serde_json::json!({
             "name": name,
@@ -783,7 +783,7 @@ impl Workload {
         group
     }
 
-    async fn submit(&mut self, cluster: &Cluster) {
+    async fn submit(&mut self) {
         let n = self.jobs.len();
         let shape = match self.dice.below(10) {
             0..=3 => Shape::Batch,
@@ -795,14 +795,11 @@ impl Workload {
         let groups = match shape {
             Shape::Batch => {
                 let count = 1 + self.dice.below(4);
-                vec![self.group(cluster, "g", count, &[])]
+                vec![self.group("g", count, &[])]
             }
-            Shape::Ordered => vec![
-                self.group(cluster, "first", 1, &[]),
-                self.group(cluster, "then", 2, &["first"]),
-            ],
+            Shape::Ordered => vec![self.group("first", 1, &[]), self.group("then", 2, &["first"])],
             Shape::EveryRobot => {
-                let mut group = self.group(cluster, "g", 1, &[]);
+                let mut group = self.group("g", 1, &[]);
                 if let Some(g) = group.as_object_mut() {
                     g.remove("count");
                 }
@@ -812,7 +809,7 @@ impl Workload {
                 vec![group]
             }
             Shape::Service => {
-                let task = self.task(cluster, None, false);
+                let task = self.task(None, false);
                 let disconnect = self.disconnect();
                 vec![serde_json::json!({
                     "name": "svc",
@@ -831,22 +828,24 @@ impl Workload {
             Ok(job) => job,
             Err(e) => panic!("a chaos Job of shape {shape:?}: {e}"),
         };
-        match Api::<Job>::namespaced(cluster.client.clone(), NS)
-            .create(&PostParams::default(), &job)
+        match bounded(Api::<Job>::namespaced(self.client.clone(), NS).create(&PostParams::default(), &job))
             .await
         {
-            Ok(_) => {
+            Some(Ok(_)) => {
                 self.log.push(format!("job {name}: {shape:?}"));
                 self.jobs.push((name, shape));
             }
-            Err(e) => self.log.push(format!("job {name} not created: {e}")),
+            Some(Err(e)) => self.log.push(format!("job {name} not created: {e}")),
+            None => self
+                .log
+                .push(format!("job {name}: no answer (the API server may be stopped)")),
         }
     }
 
     /// A person's cancel of a running Task, or retry of a finished one.
-    async fn act(&mut self, cluster: &Cluster) {
-        let api: Api<Task> = Api::namespaced(cluster.client.clone(), NS);
-        let Ok(tasks) = api.list(&ListParams::default()).await else {
+    async fn act(&mut self) {
+        let api: Api<Task> = Api::namespaced(self.client.clone(), NS);
+        let Some(Ok(tasks)) = bounded(api.list(&ListParams::default())).await else {
             return;
         };
         let tasks: Vec<Task> = tasks.items;
@@ -863,11 +862,9 @@ impl Workload {
         let patch = serde_json::json!({ "metadata": { "annotations": {
             annotation: jiff::Timestamp::now().to_string(),
         }}});
-        if api
-            .patch(&task.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .is_ok()
-        {
+        let patched =
+            bounded(api.patch(&task.name_any(), &PatchParams::default(), &Patch::Merge(&patch))).await;
+        if matches!(patched, Some(Ok(_))) {
             self.manual += 1;
             self.log.push(format!(
                 "{} {}",
@@ -878,6 +875,29 @@ impl Workload {
                 },
                 task.name_any()
             ));
+        }
+    }
+}
+
+/// Submits Jobs and acts as a person until `stop`; gives the workload back.
+async fn drive(mut workload: Workload, stop: std::sync::Arc<tokio::sync::Notify>) -> Workload {
+    let stopped = stop.notified();
+    tokio::pin!(stopped);
+    let mut next_job = tokio::time::Instant::now();
+    let mut next_act = next_job + Duration::from_secs(20);
+    loop {
+        tokio::select! {
+            _ = &mut stopped => return workload,
+            _ = tokio::time::sleep_until(next_job.min(next_act)) => {}
+        }
+        let now = tokio::time::Instant::now();
+        if now >= next_job {
+            workload.submit().await;
+            next_job = tokio::time::Instant::now() + workload.dice.secs(6.0, 18.0);
+        }
+        if now >= next_act {
+            workload.act().await;
+            next_act = tokio::time::Instant::now() + workload.dice.secs(10.0, 40.0);
         }
     }
 }
@@ -902,7 +922,7 @@ async fn create_periodic(cluster: &Cluster) {
                     "task": {
                         "driver": "exec",
                         "command": "/bin/sh",
-                        "args": ["-c", cluster.script(Some(75.0), false)],
+                        "args": ["-c", cluster.scripts().script(Some(75.0), false)],
                         "timeout": "5m",
                         "killTimeout": "1s",
                     },
@@ -1112,16 +1132,20 @@ pub async fn run(bins: &Binaries, settings: Settings) -> Outcome {
         log: Vec::new(),
         started: Instant::now(),
     };
-    let mut workload = Workload {
+    let workload = Workload {
+        client: cluster.client.clone(),
+        scripts: cluster.scripts(),
         dice: Dice(Jitter::with_seed(settings.seed ^ 0x5eed)),
         jobs: Vec::new(),
         manual: 0,
         log: Vec::new(),
     };
+    // The workload runs on its own: a call it makes to an API server the
+    // nemesis stopped must never hold up the nemesis (which continues it).
+    let stop_workload = std::sync::Arc::new(tokio::sync::Notify::new());
+    let workload = tokio::spawn(drive(workload, stop_workload.clone()));
     let started = Instant::now();
     let mut next_fault = started + Duration::from_secs(5);
-    let mut next_job = started;
-    let mut next_act = started + Duration::from_secs(20);
     let mut faults = 0;
     let gap = settings.mean_gap.as_secs_f64();
     while started.elapsed() < settings.length {
@@ -1134,16 +1158,9 @@ pub async fn run(bins: &Binaries, settings: Settings) -> Outcome {
             }
             next_fault = now + nemesis.dice.secs(gap * 0.3, gap * 1.7);
         }
-        if now >= next_job {
-            workload.submit(&cluster).await;
-            next_job = Instant::now() + workload.dice.secs(6.0, 18.0);
-        }
-        if now >= next_act {
-            workload.act(&cluster).await;
-            next_act = Instant::now() + workload.dice.secs(10.0, 40.0);
-        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    stop_workload.notify_one();
     let minutes = started.elapsed().as_secs_f64() / 60.0;
     // The last fault ends: everything heals, every program runs again.
     nemesis.heal(&mut cluster, true);
@@ -1157,6 +1174,10 @@ pub async fn run(bins: &Binaries, settings: Settings) -> Outcome {
     }
     let last_fault = Instant::now();
     eprintln!("chaos: {faults} faults in {minutes:.1} min; recovering");
+    let workload = match workload.await {
+        Ok(workload) => workload,
+        Err(e) => panic!("the workload task failed: {e}"),
+    };
 
     let services: BTreeSet<String> = workload
         .jobs
@@ -1167,17 +1188,17 @@ pub async fn run(bins: &Binaries, settings: Settings) -> Outcome {
     let jobs_api: Api<Job> = Api::namespaced(cluster.client.clone(), NS);
     // Runs of the PeriodicJob keep coming: it is suspended so that the
     // runs it has settle.
-    let _ = Api::<PeriodicJob>::namespaced(cluster.client.clone(), NS)
-        .patch(
-            "chaos-periodic",
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({ "spec": { "suspend": true } })),
-        )
-        .await;
-    let mut unsettled: Vec<String> = Vec::new();
+    let suspend = serde_json::json!({ "spec": { "suspend": true } });
+    let _ = bounded(Api::<PeriodicJob>::namespaced(cluster.client.clone(), NS).patch(
+        "chaos-periodic",
+        &PatchParams::default(),
+        &Patch::Merge(suspend),
+    ))
+    .await;
+    let mut unsettled: Vec<String> = vec!["(the Jobs could not be listed)".to_owned()];
     while last_fault.elapsed() < settings.recovery {
         cluster.supervise();
-        if let Ok(jobs) = jobs_api.list(&ListParams::default()).await {
+        if let Some(Ok(jobs)) = bounded(jobs_api.list(&ListParams::default())).await {
             unsettled = jobs
                 .items
                 .iter()
@@ -1191,23 +1212,15 @@ pub async fn run(bins: &Binaries, settings: Settings) -> Outcome {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let recovered_in = last_fault.elapsed();
-    let tasks = Api::<Task>::namespaced(cluster.client.clone(), NS)
-        .list(&ListParams::default())
+    let tasks = bounded(Api::<Task>::namespaced(cluster.client.clone(), NS).list(&ListParams::default()))
         .await
+        .and_then(Result::ok)
         .map(|l| l.items)
         .unwrap_or_default();
-    // The observer sees the last confirmations, then stops.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    stop_observing.notify_one();
-    let observed = observer.await.unwrap_or_default();
-
     // Every Job goes: nothing may be left running anywhere.
-    let _ = Api::<PeriodicJob>::namespaced(cluster.client.clone(), NS)
-        .delete("chaos-periodic", &DeleteParams::default())
-        .await;
-    let _ = jobs_api
-        .delete_collection(&DeleteParams::default(), &ListParams::default())
-        .await;
+    let periodic = Api::<PeriodicJob>::namespaced(cluster.client.clone(), NS);
+    let _ = bounded(periodic.delete("chaos-periodic", &DeleteParams::default())).await;
+    let _ = bounded(jobs_api.delete_collection(&DeleteParams::default(), &ListParams::default())).await;
     let tag = cluster.tag.clone();
     let gone_by = Instant::now() + Duration::from_secs(120);
     let mut leftovers = processes_with(&tag);
@@ -1217,6 +1230,9 @@ pub async fn run(bins: &Binaries, settings: Settings) -> Outcome {
         leftovers = processes_with(&tag);
     }
 
+    // The observer has seen the last confirmations by now.
+    stop_observing.notify_one();
+    let observed = observer.await.unwrap_or_default();
     let spans = read_history(&cluster.history);
     let overlapping = overlaps(&spans);
     let periodic = periodic_overlaps(&spans);

@@ -207,6 +207,82 @@ fn args(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| (*s).to_owned()).collect()
 }
 
+/// Starts `e2e-server` (`bin`) against `kubeconfig` and the broker at
+/// `broker_url`, on the scenarios' short timings (Lease renewals every
+/// second, 3 s API timeout), with `extra` flags; logs to `log`.
+pub fn start_server(
+    bin: &Path,
+    kubeconfig: &str,
+    broker_url: &str,
+    extra: &[&str],
+    log: &Path,
+    name: &str,
+) -> Program {
+    let mut list = args(&[
+        "--kubeconfig",
+        kubeconfig,
+        "--broker-url",
+        broker_url,
+        "--lease-interval",
+        "1s",
+        "--heartbeat-refresh",
+        "2s",
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--api-timeout",
+        "3s",
+        "--log",
+        "info",
+    ]);
+    list.extend(args(extra));
+    Program::start(name, bin, list, log)
+}
+
+/// Starts `e2e-manager` (`bin`) against `kubeconfig` on the scenarios'
+/// short timings (auto-approval, 15 s dispatch timeout, 1 s lost-robot
+/// grace), with `extra` flags; logs to `log`.
+pub fn start_manager(bin: &Path, kubeconfig: &str, extra: &[&str], log: &Path, name: &str) -> Program {
+    let mut list = args(&[
+        "--kubeconfig",
+        kubeconfig,
+        "--auto-approve",
+        // Above the agents' default heartbeat interval (30 s) with its
+        // jitter: an idle robot is never timed out.
+        "--heartbeat-timeout",
+        "90s",
+        "--disconnect-grace",
+        "2s",
+        "--dispatch-timeout",
+        "15s",
+        "--robot-lost-grace",
+        "1s",
+        "--backstop-grace",
+        "5s",
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--api-timeout",
+        "3s",
+        "--log",
+        "info",
+    ]);
+    list.extend(args(extra));
+    Program::start(name, bin, list, log)
+}
+
+/// The binaries of this package, from the calling test's or bench's
+/// `CARGO_BIN_EXE_*` (only those targets see them).
+#[macro_export]
+macro_rules! binaries {
+    () => {
+        $crate::faults::Binaries {
+            apiserver: env!("CARGO_BIN_EXE_e2e-apiserver").into(),
+            server: env!("CARGO_BIN_EXE_e2e-server").into(),
+            manager: env!("CARGO_BIN_EXE_e2e-manager").into(),
+            agent: env!("CARGO_BIN_EXE_e2e-agent").into(),
+        }
+    };
+}
+
 impl Stack {
     /// Starts everything and waits until every robot is Online.
     pub async fn start(bins: &Binaries, options: Options) -> Stack {
@@ -251,55 +327,15 @@ impl Stack {
             }
             None => kc.clone(),
         };
-        let server = Program::start(
-            "server",
+        let server = start_server(
             &bins.server,
-            args(&[
-                "--kubeconfig",
-                &server_kc,
-                "--broker-url",
-                &broker.url(),
-                "--lease-interval",
-                "1s",
-                "--heartbeat-refresh",
-                "2s",
-                "--metrics-addr",
-                "127.0.0.1:0",
-                "--api-timeout",
-                "3s",
-                "--log",
-                "info",
-            ]),
+            &server_kc,
+            &broker.url(),
+            &[],
             &path("server.log"),
+            "server",
         );
-        let manager = Program::start(
-            "manager",
-            &bins.manager,
-            args(&[
-                "--kubeconfig",
-                &kc,
-                "--auto-approve",
-                // Above the agents' default heartbeat interval (30 s) with
-                // its jitter: an idle robot is never timed out.
-                "--heartbeat-timeout",
-                "90s",
-                "--disconnect-grace",
-                "2s",
-                "--dispatch-timeout",
-                "15s",
-                "--robot-lost-grace",
-                "1s",
-                "--backstop-grace",
-                "5s",
-                "--metrics-addr",
-                "127.0.0.1:0",
-                "--api-timeout",
-                "3s",
-                "--log",
-                "info",
-            ]),
-            &path("manager.log"),
-        );
+        let manager = start_manager(&bins.manager, &kc, &[], &path("manager.log"), "manager");
         let mut stack = Stack {
             dir,
             broker,

@@ -6,16 +6,10 @@
 use std::time::Duration;
 
 use k8s4r_e2e::chaos::{self, Settings};
-use k8s4r_e2e::faults::Binaries;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_randomized_fault_run_breaks_no_invariant() {
-    let bins = Binaries {
-        apiserver: env!("CARGO_BIN_EXE_e2e-apiserver").into(),
-        server: env!("CARGO_BIN_EXE_e2e-server").into(),
-        manager: env!("CARGO_BIN_EXE_e2e-manager").into(),
-        agent: env!("CARGO_BIN_EXE_e2e-agent").into(),
-    };
+    let bins = k8s4r_e2e::binaries!();
     let seed = std::env::var("K8S4R_CHAOS_SEED")
         .ok()
         .and_then(|s| s.parse().ok())

@@ -8,12 +8,7 @@ use k8s4r_e2e::faults::{self, Binaries, Report};
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn bins() -> Binaries {
-    Binaries {
-        apiserver: env!("CARGO_BIN_EXE_e2e-apiserver").into(),
-        server: env!("CARGO_BIN_EXE_e2e-server").into(),
-        manager: env!("CARGO_BIN_EXE_e2e-manager").into(),
-        agent: env!("CARGO_BIN_EXE_e2e-agent").into(),
-    }
+    k8s4r_e2e::binaries!()
 }
 
 fn check(report: Report) {
