@@ -262,7 +262,18 @@ fn active_step(
         (h, d) => h.or(d),
     }
     .unwrap_or(now);
-    let fenced = fence_time(spec, heard, record_lag, cfg);
+    let mut fenced = fence_time(spec, heard, record_lag, cfg);
+    // A dispatch the robot has not taken may still be waiting for it (in
+    // its broker session while it was cut off): the robot takes it, with
+    // fresh contact, whenever it comes back before the deadline, so a
+    // silent robot's dispatch is fenced only once the deadline has passed
+    // too (robot_lost_grace covers the robot's reckoning of the server's
+    // clock, which errs early by the delay of its freshest answer).
+    if state == TaskState::Dispatching {
+        if let Some(deadline) = status.dispatch_deadline {
+            fenced = fenced.max(plus(deadline, cfg.robot_lost_grace));
+        }
+    }
     let replace = DisconnectPolicy::replace(spec.disconnect.as_ref(), spec.template.kind);
     let mut recheck = None;
     if replace {
@@ -477,6 +488,28 @@ mod tests {
             next_step(&spec(), Some(&s), up(20), t(40), &cfg()),
             Step::Wait(Some(Duration::from_secs(115)))
         );
+        let step = next_step(&spec(), Some(&s), up(20), t(155), &cfg());
+        assert!(is_fail(&step, TaskReason::RobotLost), "{step:?}");
+    }
+
+    #[test]
+    fn a_dispatch_still_waiting_for_its_robot_is_fenced_only_after_its_deadline() {
+        // Dispatched at t(20) with a deadline at t(400); the robot was last
+        // heard at t(20) and cut off: the dispatch waits in its broker
+        // session, and the robot takes it, with fresh contact, if it comes
+        // back before t(400). The fence (t(155)) alone is not enough.
+        let mut s = status(TaskState::Dispatching);
+        s.dispatch_time = Some(t(20));
+        s.dispatch_deadline = Some(t(400));
+        assert_eq!(
+            next_step(&spec(), Some(&s), up(20), t(155), &cfg()),
+            Step::Wait(Some(Duration::from_secs(255))),
+            "the deadline plus the grace: 400 + 10"
+        );
+        let step = next_step(&spec(), Some(&s), up(20), t(410), &cfg());
+        assert!(is_fail(&step, TaskReason::RobotLost), "{step:?}");
+        // Once it runs, the deadline no longer matters.
+        s.state = Some(TaskState::Running);
         let step = next_step(&spec(), Some(&s), up(20), t(155), &cfg());
         assert!(is_fail(&step, TaskReason::RobotLost), "{step:?}");
     }

@@ -52,7 +52,20 @@ pub fn free_port() -> u16 {
 
 /// Polls `check` until it returns `Some`, or panics with `what` after
 /// `timeout`. The pause between polls only paces the loop.
-pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
+pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    match eventually_or(timeout, check).await {
+        Some(v) => v,
+        None => panic!("timed out waiting for: {what}"),
+    }
+}
+
+/// Polls `check` until it returns `Some`, or returns None after `timeout`:
+/// for watching that something does *not* happen within a window.
+pub async fn eventually_or<T, F, Fut>(timeout: Duration, mut check: F) -> Option<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
@@ -60,9 +73,11 @@ where
     let until = Instant::now() + timeout;
     loop {
         if let Some(v) = check().await {
-            return v;
+            return Some(v);
         }
-        assert!(Instant::now() < until, "timed out waiting for: {what}");
+        if Instant::now() >= until {
+            return None;
+        }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }

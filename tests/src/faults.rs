@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use k8s4r_api::{Job, Task, TaskState};
-use k8s4r_testbed::{eventually, free_port, Fault, Mosquitto, Program, Proxy};
+use k8s4r_testbed::{eventually, eventually_or, free_port, Fault, Mosquitto, Program, Proxy};
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 
@@ -157,6 +157,8 @@ pub struct Options {
     /// The server reaches the API server through a proxy the scenario can
     /// slow down or cut ([`Stack::server_api`]).
     pub server_api_proxy: bool,
+    /// Flags of the manager's that differ from [`start_manager`]'s.
+    pub manager_args: Vec<&'static str>,
 }
 
 impl Default for Options {
@@ -171,6 +173,7 @@ impl Options {
         Self {
             robots: names.iter().map(|n| (*n).to_owned()).collect(),
             server_api_proxy: false,
+            manager_args: Vec::new(),
         }
     }
 }
@@ -207,6 +210,21 @@ fn args(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| (*s).to_owned()).collect()
 }
 
+/// `defaults` (flag, value) as arguments, but for the flags `extra` gives,
+/// followed by `extra`: a scenario may change one setting.
+fn with_defaults(defaults: &[(&str, Option<&str>)], extra: &[&str]) -> Vec<String> {
+    let mut list = Vec::new();
+    for (flag, value) in defaults {
+        if extra.contains(flag) {
+            continue;
+        }
+        list.push((*flag).to_owned());
+        list.extend(value.map(str::to_owned));
+    }
+    list.extend(args(extra));
+    list
+}
+
 /// Starts `e2e-server` (`bin`) against `kubeconfig` and the broker at
 /// `broker_url`, on the scenarios' short timings (Lease renewals every
 /// second, 3 s API timeout), with `extra` flags; logs to `log`.
@@ -218,23 +236,18 @@ pub fn start_server(
     log: &Path,
     name: &str,
 ) -> Program {
-    let mut list = args(&[
-        "--kubeconfig",
-        kubeconfig,
-        "--broker-url",
-        broker_url,
-        "--lease-interval",
-        "1s",
-        "--heartbeat-refresh",
-        "2s",
-        "--metrics-addr",
-        "127.0.0.1:0",
-        "--api-timeout",
-        "3s",
-        "--log",
-        "info",
-    ]);
-    list.extend(args(extra));
+    let list = with_defaults(
+        &[
+            ("--kubeconfig", Some(kubeconfig)),
+            ("--broker-url", Some(broker_url)),
+            ("--lease-interval", Some("1s")),
+            ("--heartbeat-refresh", Some("2s")),
+            ("--metrics-addr", Some("127.0.0.1:0")),
+            ("--api-timeout", Some("3s")),
+            ("--log", Some("info")),
+        ],
+        extra,
+    );
     Program::start(name, bin, list, log)
 }
 
@@ -242,30 +255,23 @@ pub fn start_server(
 /// short timings (auto-approval, 15 s dispatch timeout, 1 s lost-robot
 /// grace), with `extra` flags; logs to `log`.
 pub fn start_manager(bin: &Path, kubeconfig: &str, extra: &[&str], log: &Path, name: &str) -> Program {
-    let mut list = args(&[
-        "--kubeconfig",
-        kubeconfig,
-        "--auto-approve",
-        // Above the agents' default heartbeat interval (30 s) with its
-        // jitter: an idle robot is never timed out.
-        "--heartbeat-timeout",
-        "90s",
-        "--disconnect-grace",
-        "2s",
-        "--dispatch-timeout",
-        "15s",
-        "--robot-lost-grace",
-        "1s",
-        "--backstop-grace",
-        "5s",
-        "--metrics-addr",
-        "127.0.0.1:0",
-        "--api-timeout",
-        "3s",
-        "--log",
-        "info",
-    ]);
-    list.extend(args(extra));
+    let list = with_defaults(
+        &[
+            ("--kubeconfig", Some(kubeconfig)),
+            ("--auto-approve", None),
+            // Above the agents' default heartbeat interval (30 s) with its
+            // jitter: an idle robot is never timed out.
+            ("--heartbeat-timeout", Some("90s")),
+            ("--disconnect-grace", Some("2s")),
+            ("--dispatch-timeout", Some("15s")),
+            ("--robot-lost-grace", Some("1s")),
+            ("--backstop-grace", Some("5s")),
+            ("--metrics-addr", Some("127.0.0.1:0")),
+            ("--api-timeout", Some("3s")),
+            ("--log", Some("info")),
+        ],
+        extra,
+    );
     Program::start(name, bin, list, log)
 }
 
@@ -335,7 +341,13 @@ impl Stack {
             &path("server.log"),
             "server",
         );
-        let manager = start_manager(&bins.manager, &kc, &[], &path("manager.log"), "manager");
+        let manager = start_manager(
+            &bins.manager,
+            &kc,
+            &options.manager_args,
+            &path("manager.log"),
+            "manager",
+        );
         let mut stack = Stack {
             dir,
             broker,
@@ -1400,6 +1412,86 @@ pub async fn cancel_while_a_dispatch_is_recorded(bins: &Binaries) -> Report {
                 .problems
                 .push("attempt 1 ran to its end: the cancel never reached the robot".into());
         }
+    }
+    report
+}
+
+/// k. A robot cut off before its dispatch arrives (the dispatch waits in
+/// its broker session) and back after the manager's fence time of a silent
+/// robot but before the dispatch's deadline: the robot takes the dispatch
+/// with fresh contact then, so the manager must not have replaced it. (The
+/// 30-minute fault run found this: a replacement ran beside the late
+/// taker, four times.) With the deadline at 90 s the window is wide; the
+/// attempt completes on its robot, once.
+pub async fn a_dispatch_that_waited_for_its_robot(bins: &Binaries) -> Report {
+    let stack = Stack::start(
+        bins,
+        Options {
+            manager_args: vec!["--dispatch-timeout", "90s"],
+            ..Options::robots(&["r1"])
+        },
+    )
+    .await;
+    // The cluster's record of r1's contact (its Lease, from its first
+    // heartbeat) is what the manager fences from; without one it waits
+    // minutes, and the window below would not be.
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(
+        stack.client.clone(),
+        k8s4r_api::names::DEFAULT_ROBOT_LEASE_NAMESPACE,
+    );
+    let lease_secs = eventually(DEADLINE, "r1's Lease", || async {
+        leases.get_opt("r1").await.ok()??.spec?.lease_duration_seconds
+    })
+    .await;
+    stack.link("r1").set(Fault::Cut);
+    stack.submit("late", 1, 8.0, replaceable()).await;
+    let task = eventually(DEADLINE, "the task dispatched to r1", || async {
+        let t = stack.tasks("late").await.into_iter().next()?;
+        (t.status.as_ref()?.state == Some(TaskState::Dispatching)).then_some(t)
+    })
+    .await;
+    let dispatched = Instant::now();
+    // A robot the manager could move the attempt to.
+    let mut stack = stack;
+    stack.add_robot("r2").await;
+    stack.wait_online("r2").await;
+    // Past the fence time of a silent robot (stopAfter 5 s + kill timeout
+    // 1 s + the Lease's record lag + 1 s grace, from the dispatch) but well
+    // before the deadline: the manager must still wait. A replacement
+    // before this is the bug.
+    let fence = Duration::from_secs(5 + 1 + u64::try_from(lease_secs / 3).unwrap_or(0) + 1);
+    let watch = (fence + Duration::from_secs(5)).saturating_sub(dispatched.elapsed());
+    let replaced = eventually_or(watch, || async {
+        let s = stack.tasks("late").await.into_iter().next()?.status?;
+        (s.attempt > 1).then_some(s.attempt)
+    })
+    .await;
+    let healed_after = dispatched.elapsed();
+    stack.link("r1").heal();
+    stack.wait_all("late", 1, TaskState::Completed).await;
+    let mut report = stack
+        .report("k_a_dispatch_that_waited_for_its_robot", "late")
+        .await;
+    let status = stack.tasks("late").await.remove(0).status.unwrap_or_default();
+    if let Some(attempt) = replaced {
+        report.problems.push(format!(
+            "attempt {attempt} was placed before attempt 1's deadline, while r1 could still take it"
+        ));
+    }
+    if status.attempt != 1 || status.robot.as_deref() != Some("r1") {
+        report.problems.push(format!(
+            "expected attempt 1 to complete on r1, which came back before its deadline: {status:?}"
+        ));
+    }
+    report.notes.push(format!(
+        "r1 healed {:.1} s after the dispatch of {} (fence time {fence:?}, deadline 90 s)",
+        healed_after.as_secs_f64(),
+        task.name_any()
+    ));
+    if fence + Duration::from_secs(20) > Duration::from_secs(90) {
+        report.problems.push(format!(
+            "the fence time {fence:?} leaves no window before the 90 s deadline"
+        ));
     }
     report
 }

@@ -12,6 +12,9 @@ fn bins() -> Binaries {
 }
 
 fn check(report: Report) {
+    for note in &report.notes {
+        eprintln!("{}: {note}", report.name);
+    }
     assert!(
         report.passed(),
         "{}: overlapping attempts {}, lost statuses {}, finished twice {}, not completed {}, problems {:?}\n{report:#?}",
@@ -90,4 +93,10 @@ async fn i_a_short_stop_after_never_stops_a_healthy_robots_task() {
 async fn j_a_cancel_while_the_dispatch_is_recorded_stops_the_attempt() {
     let _one = SERIAL.lock().await;
     check(faults::cancel_while_a_dispatch_is_recorded(&bins()).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn k_a_dispatch_that_waited_for_its_robot_never_runs_beside_a_replacement() {
+    let _one = SERIAL.lock().await;
+    check(faults::a_dispatch_that_waited_for_its_robot(&bins()).await);
 }
