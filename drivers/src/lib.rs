@@ -283,3 +283,16 @@ pub(crate) fn user_name(identity: Option<&Identity>) -> String {
 
 /// PATH of a task that does not set its own.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// The nice value of the agent's deadline thread: the robot's own software
+/// and the tasks (at 0) never keep a SIGTERM or SIGKILL waiting for the
+/// CPU, while a busy robot still runs them.
+pub const SUPERVISOR_NICE: i32 = -5;
+
+/// Gives the calling thread [`SUPERVISOR_NICE`], where the agent may (as
+/// root); says why not otherwise, at debug level.
+pub fn favour_current_thread() {
+    if let Err(e) = sys::set_thread_nice(SUPERVISOR_NICE) {
+        tracing::debug!(error = %e, "the supervisor's thread keeps the default priority");
+    }
+}

@@ -112,3 +112,18 @@ pub(crate) fn remove_ipc(kind: Ipc, id: i32) -> std::io::Result<()> {
     }
     Ok(())
 }
+
+/// Gives the calling thread the nice value `nice` (negative: more CPU
+/// than the robot's other work when the CPU is short), where the agent is
+/// allowed to (root, or CAP_SYS_NICE).
+pub(crate) fn set_thread_nice(nice: i32) -> std::io::Result<()> {
+    use nix::libc;
+    let tid = nix::unistd::gettid().as_raw();
+    // SAFETY: setpriority takes plain integers and reads no memory; with
+    // PRIO_PROCESS and a thread id, Linux sets that thread's nice value.
+    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice) };
+    if rc == -1 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}

@@ -4,10 +4,18 @@
 //! whose check failed `failureThreshold` times in a row; `restart` then
 //! decides whether it runs again.
 
+use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s4r_api::validation::{check_timing, CheckTiming};
 use k8s4r_api::{HealthCheck, TaskTemplate};
+use k8s4r_drivers::{Prepared, TaskCgroup};
+use nix::sys::signal::Signal;
+
+use super::launching::{self, OwnedPids};
+use super::outcome::{verdict, Exit};
+use super::process::{Launcher, Process};
 
 /// Where TCP and HTTP checks go when they name no host: the robot itself.
 const LOCALHOST: &str = "127.0.0.1";
@@ -90,7 +98,7 @@ fn label_of(spec: &HealthCheck) -> String {
 }
 
 /// Connects to `host:port` within `timeout`.
-pub(crate) async fn tcp(host: Option<String>, port: u16, timeout: Duration) -> Probe {
+pub(crate) async fn tcp_probe(host: Option<String>, port: u16, timeout: Duration) -> Probe {
     let host = host.unwrap_or_else(|| LOCALHOST.to_owned());
     match tokio::time::timeout(timeout, tokio::net::TcpStream::connect((host.as_str(), port))).await {
         Ok(Ok(_)) => Ok(()),
@@ -99,6 +107,117 @@ pub(crate) async fn tcp(host: Option<String>, port: u16, timeout: Duration) -> P
             "no connection within {}",
             k8s4r_api::duration::format_duration(timeout)
         )),
+    }
+}
+
+/// The HTTP client of every HTTP check, built once, on the blocking pool:
+/// it reads the robot's CA bundle, which the supervisor's thread must not
+/// wait for.
+#[derive(Clone, Default)]
+pub(crate) struct HttpClient(std::sync::Arc<std::sync::OnceLock<Result<reqwest::Client, String>>>);
+
+impl HttpClient {
+    /// GETs `http://host:port/path` within `timeout` (see [`http`]).
+    async fn probe(self, host: Option<String>, port: u16, path: Option<String>, timeout: Duration) -> Probe {
+        let cell = self.0;
+        let client = tokio::task::spawn_blocking(move || cell.get_or_init(http_client).clone())
+            .await
+            .map_err(|e| format!("cannot build an HTTP client: {e}"))??;
+        http(client, host, port, path, timeout).await
+    }
+}
+
+/// What an exec check runs as: its task's driver, spec, preparation,
+/// environment and cgroup.
+pub(crate) struct AsTask {
+    pub launcher: Arc<dyn Launcher>,
+    pub template: TaskTemplate,
+    pub prepared: Option<Prepared>,
+    pub env: Vec<(String, String)>,
+    pub cgroup: Option<TaskCgroup>,
+    pub owned: OwnedPids,
+}
+
+/// The probe of `check`: what it found, and the pid of an exec check's
+/// process (now reaped). None when it cannot run yet (an exec check of a
+/// re-adopted task not prepared again).
+pub(crate) fn probe(
+    check: &Check,
+    http_client: &HttpClient,
+    task: impl FnOnce() -> AsTask,
+) -> Option<impl Future<Output = (Probe, Option<i32>)> + Send + 'static> {
+    let timeout = check.timing.timeout;
+    let spec = check.spec.clone();
+    let http_client = http_client.clone();
+    let exec = match spec.exec {
+        Some(exec) => {
+            let task = task();
+            let prepared = task.prepared?;
+            let template = TaskTemplate {
+                command: exec.command,
+                args: exec.args,
+                ..task.template
+            };
+            Some(move || {
+                launching::launch_check(
+                    task.launcher,
+                    template,
+                    prepared,
+                    task.env,
+                    task.cgroup,
+                    task.owned,
+                )
+            })
+        }
+        None => None,
+    };
+    Some(async move {
+        if let Some(tcp) = spec.tcp {
+            return (tcp_probe(tcp.host, tcp.port, timeout).await, None);
+        }
+        if let Some(http) = spec.http {
+            return (
+                http_client.probe(http.host, http.port, http.path, timeout).await,
+                None,
+            );
+        }
+        let Some(start) = exec else {
+            return (Ok(()), None);
+        };
+        // Its fork and exec wait on the blocking pool, not on the loop.
+        match tokio::task::spawn_blocking(start).await {
+            Ok(Ok(process)) => {
+                let pid = process.pid as i32;
+                (exec_probe(process, timeout).await, Some(pid))
+            }
+            Ok(Err(why)) => (Err(why), None),
+            Err(e) => (Err(format!("cannot run the check: {e}")), None),
+        }
+    })
+}
+
+/// Waits for an exec check's process: healthy when it exits 0 within
+/// `timeout`; killed (and reaped) when it does not.
+async fn exec_probe(process: Process, timeout: Duration) -> Probe {
+    let Process { exit, group, .. } = process;
+    tokio::pin!(exit);
+    let probe = tokio::time::timeout(timeout, &mut exit).await;
+    // Whatever the check left in its group goes with it.
+    group.signal(Signal::SIGKILL);
+    match probe {
+        Ok(Ok(status)) if status.success() => Ok(()),
+        Ok(Ok(status)) => Err(format!(
+            "the check command {}",
+            verdict(Exit::from(status), None, Duration::ZERO).message
+        )),
+        Ok(Err(e)) => Err(format!("cannot wait for the check command: {e}")),
+        Err(_) => {
+            let _ = exit.await;
+            Err(format!(
+                "the check command did not finish within {}",
+                k8s4r_api::duration::format_duration(timeout)
+            ))
+        }
     }
 }
 
@@ -209,9 +328,9 @@ mod tests {
     async fn tcp_and_http_probes_tell_a_listener_from_none() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
-        assert!(tcp(None, port, Duration::from_secs(2)).await.is_ok());
+        assert!(tcp_probe(None, port, Duration::from_secs(2)).await.is_ok());
         drop(listener);
-        let refused = tcp(None, port, Duration::from_secs(2)).await.unwrap_err();
+        let refused = tcp_probe(None, port, Duration::from_secs(2)).await.unwrap_err();
         assert!(refused.contains("cannot connect"), "{refused}");
         let client = http_client().unwrap();
         let down = http(

@@ -8,7 +8,7 @@
 //! only once its record is written (in the page cache, which survives the
 //! agent being killed), and the batch is then fsynced (which survives a
 //! power cut, for the report after the reboot). When the disk refuses a
-//! write (full, I/O error), the journal says so ([`JournalHandle::healthy`])
+//! write (full, I/O error), the journal says so ([`Journal::healthy`])
 //! and rewrites itself from what it holds in memory as soon as the disk
 //! takes it again. Replay skips every line it cannot read, whatever the
 //! bytes.
@@ -203,6 +203,44 @@ enum Op {
     Flush(std::sync::mpsc::Sender<()>),
 }
 
+/// The journal as the runner uses it. Production runs it on a thread of
+/// its own ([`JournalHandle`]); the unit tests write it on the runner's own
+/// thread (a thread tokio does not know of would let its paused clock run
+/// on while an event is on its way).
+pub(crate) trait Journal: Send {
+    /// Journals `record` and then sends `events`.
+    fn write(&self, record: Option<Record>, events: Vec<TaskEvent>);
+
+    /// Sends an event that needs no record, in order with the others.
+    fn event(&self, event: TaskEvent) {
+        self.write(None, vec![event]);
+    }
+
+    /// Whether the last write reached the disk.
+    fn healthy(&self) -> bool;
+
+    /// Whether it still works (its thread ends only when the handle is
+    /// dropped, or by a bug).
+    fn is_alive(&self) -> bool;
+
+    /// Resolves when everything written so far is on disk (or could not
+    /// be); for shutdown.
+    fn flush(&self) -> Receiver<()>;
+
+    /// The file.
+    fn path(&self) -> &Path;
+}
+
+/// How the runner starts its journal: on `state_dir`, sending events to
+/// the channel, holding the `kept` tasks of the previous run.
+pub(crate) type JournalStart =
+    Box<dyn FnOnce(&Path, UnboundedSender<TaskEvent>, &[Unfinished]) -> io::Result<Box<dyn Journal>> + Send>;
+
+/// The production journal: a thread of its own.
+pub(crate) fn on_its_thread() -> JournalStart {
+    Box::new(|state_dir, events, kept| Ok(Box::new(JournalHandle::start(state_dir, events, kept)?)))
+}
+
 /// The supervisor's side of the journal thread. Dropping it lets the thread
 /// finish what is queued and end.
 pub(crate) struct JournalHandle {
@@ -210,16 +248,9 @@ pub(crate) struct JournalHandle {
     healthy: Arc<AtomicBool>,
     alive: Arc<AtomicBool>,
     path: PathBuf,
-    /// The unit tests' journal, written on the caller's thread: a thread
-    /// tokio does not know of would let its paused clock run on while an
-    /// event is on its way.
-    #[cfg(test)]
-    inline: Option<(std::sync::Mutex<Writer>, UnboundedSender<TaskEvent>)>,
 }
 
 impl JournalHandle {
-    /// Starts the thread on a journal that holds the `live` records (the
-    /// previous run's are settled: the file is rewritten with these).
     /// Starts the journal over, holding only `kept` (the previous run's
     /// tasks that are taken over), on a thread of its own.
     pub(crate) fn start(
@@ -246,79 +277,88 @@ impl JournalHandle {
             healthy,
             alive,
             path,
-            #[cfg(test)]
-            inline: None,
         })
     }
+}
 
-    /// A journal written on the caller's thread (for the unit tests).
-    #[cfg(test)]
-    pub(crate) fn inline(
-        state_dir: &Path,
-        events: UnboundedSender<TaskEvent>,
-        kept: &[Unfinished],
-    ) -> io::Result<JournalHandle> {
-        let path = state_dir.join(FILE_NAME);
-        let writer = Writer::keeping(path.clone(), kept)?;
-        let (ops, _) = mpsc::channel();
-        Ok(JournalHandle {
-            ops,
-            healthy: Arc::new(AtomicBool::new(true)),
-            alive: Arc::new(AtomicBool::new(true)),
-            path,
-            inline: Some((std::sync::Mutex::new(writer), events)),
-        })
-    }
-
-    /// Whether the thread still runs (it ends only when the handle is
-    /// dropped, or by a bug).
-    pub(crate) fn is_alive(&self) -> bool {
-        self.alive.load(Ordering::Relaxed)
-    }
-
-    /// Makes the supervisor believe the thread died.
-    #[cfg(test)]
-    pub(crate) fn pretend_dead(&self) {
-        self.alive.store(false, Ordering::Relaxed);
-    }
-
-    /// Journals `record` and then sends `events`.
-    pub(crate) fn write(&self, record: Option<Record>, events: Vec<TaskEvent>) {
-        #[cfg(test)]
-        if let Some((writer, tx)) = &self.inline {
-            let mut writer = writer.lock().unwrap_or_else(|e| e.into_inner());
-            writer.handle(vec![Op::Write(record, events)], tx);
-            self.healthy.store(!writer.dirty, Ordering::Relaxed);
-            return;
-        }
+impl Journal for JournalHandle {
+    fn write(&self, record: Option<Record>, events: Vec<TaskEvent>) {
         let _ = self.ops.send(Op::Write(record, events));
     }
 
-    /// Sends an event that needs no record, in order with the others.
-    pub(crate) fn event(&self, event: TaskEvent) {
-        self.write(None, vec![event]);
-    }
-
-    /// Whether the last write reached the disk.
-    pub(crate) fn healthy(&self) -> bool {
+    fn healthy(&self) -> bool {
         self.healthy.load(Ordering::Relaxed)
     }
 
-    /// Resolves when everything written so far is on disk (or could not
-    /// be); for shutdown.
-    pub(crate) fn flush(&self) -> Receiver<()> {
+    fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::Relaxed)
+    }
+
+    fn flush(&self) -> Receiver<()> {
         let (tx, rx) = mpsc::channel();
-        #[cfg(test)]
-        if self.inline.is_some() {
-            let _ = tx.send(());
-            return rx;
-        }
         let _ = self.ops.send(Op::Flush(tx));
         rx
     }
 
-    pub(crate) fn path(&self) -> &Path {
+    fn path(&self) -> &Path {
         &self.path
+    }
+}
+
+/// The unit tests' journal: written on the caller's thread, and made to
+/// look dead on demand.
+#[cfg(test)]
+pub(crate) mod inline {
+    use super::*;
+
+    /// A journal written in line; `alive` is the flag a test clears to
+    /// make the runner believe it died.
+    pub(crate) fn start(alive: Arc<AtomicBool>) -> JournalStart {
+        Box::new(move |state_dir, events, kept| {
+            let path = state_dir.join(FILE_NAME);
+            let writer = Writer::keeping(path.clone(), kept)?;
+            Ok(Box::new(Inline {
+                writer: std::sync::Mutex::new(writer),
+                events,
+                healthy: AtomicBool::new(true),
+                alive,
+                path,
+            }))
+        })
+    }
+
+    struct Inline {
+        writer: std::sync::Mutex<Writer>,
+        events: UnboundedSender<TaskEvent>,
+        healthy: AtomicBool,
+        alive: Arc<AtomicBool>,
+        path: PathBuf,
+    }
+
+    impl Journal for Inline {
+        fn write(&self, record: Option<Record>, events: Vec<TaskEvent>) {
+            let mut writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+            writer.handle(vec![Op::Write(record, events)], &self.events);
+            self.healthy.store(!writer.dirty, Ordering::Relaxed);
+        }
+
+        fn healthy(&self) -> bool {
+            self.healthy.load(Ordering::Relaxed)
+        }
+
+        fn is_alive(&self) -> bool {
+            self.alive.load(Ordering::Relaxed)
+        }
+
+        fn flush(&self) -> Receiver<()> {
+            let (tx, rx) = mpsc::channel();
+            let _ = tx.send(());
+            rx
+        }
+
+        fn path(&self) -> &Path {
+            &self.path
+        }
     }
 }
 

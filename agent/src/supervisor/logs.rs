@@ -13,7 +13,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, Sender};
+use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 
 /// Bytes of output queued for the writer before more is dropped.
@@ -35,11 +35,21 @@ impl Stream {
     }
 }
 
-enum Op {
+pub(crate) enum Op {
     Open { id: u64, dir: PathBuf },
     Write { id: u64, stream: Stream, data: Vec<u8> },
     Close { id: u64 },
     Flush(tokio::sync::oneshot::Sender<()>),
+}
+
+/// How the writer thread takes its operations from the channel: as they
+/// come in production; the unit tests hold them at a gate, as a stalled
+/// disk would.
+pub(crate) type OpSource = Box<dyn FnOnce(Receiver<Op>) -> Box<dyn Iterator<Item = Op> + Send> + Send>;
+
+/// Operations as they come.
+pub(crate) fn as_they_come() -> OpSource {
+    Box::new(|rx| Box::new(rx.into_iter()))
 }
 
 /// The sending side, owned by the supervisor.
@@ -47,39 +57,25 @@ pub(crate) struct LogWriter {
     tx: Sender<Op>,
     queued: Arc<AtomicU64>,
     alive: Arc<std::sync::atomic::AtomicBool>,
-    #[cfg(test)]
-    gate: Arc<test_gate::Gate>,
 }
 
 impl LogWriter {
-    pub(crate) fn start(max_bytes: u64, max_files: u32) -> io::Result<Self> {
+    /// Starts the writer thread, which takes its operations through
+    /// `source`.
+    pub(crate) fn start(max_bytes: u64, max_files: u32, source: OpSource) -> io::Result<Self> {
         let (tx, rx) = mpsc::channel();
         let queued = Arc::new(AtomicU64::new(0));
         let counter = Arc::clone(&queued);
         let alive = Arc::new(std::sync::atomic::AtomicBool::new(true));
         let guard = super::journal::Alive(Arc::clone(&alive));
-        #[cfg(test)]
-        let gate = Arc::new(test_gate::Gate::default());
-        #[cfg(test)]
-        let thread_gate = Arc::clone(&gate);
         std::thread::Builder::new()
             .name("k8s4r-logs".to_owned())
             .stack_size(256 * 1024)
             .spawn(move || {
                 let _alive = guard;
-                #[cfg(test)]
-                let ops = test_gate::gated(rx, thread_gate);
-                #[cfg(not(test))]
-                let ops = rx.into_iter();
-                write_loop(ops, counter, max_bytes.max(1), max_files.max(1))
+                write_loop(source(rx), counter, max_bytes.max(1), max_files.max(1))
             })?;
-        Ok(LogWriter {
-            tx,
-            queued,
-            alive,
-            #[cfg(test)]
-            gate,
-        })
+        Ok(LogWriter { tx, queued, alive })
     }
 
     /// Logs of task `id` go to `dir/stdout.log` and `dir/stderr.log`.
@@ -124,13 +120,6 @@ impl LogWriter {
         let _ = self.tx.send(Op::Flush(tx));
         rx
     }
-
-    /// Holds the writer still until the guard is dropped, as a stalled
-    /// disk would.
-    #[cfg(test)]
-    pub(crate) fn stall(&self) -> test_gate::Stall {
-        self.gate.close()
-    }
 }
 
 fn write_loop(rx: impl Iterator<Item = Op>, queued: Arc<AtomicU64>, max_bytes: u64, max_files: u32) {
@@ -165,7 +154,7 @@ fn write_loop(rx: impl Iterator<Item = Op>, queued: Arc<AtomicU64>, max_bytes: u
 /// before each operation while it is closed.
 #[cfg(test)]
 pub(crate) mod test_gate {
-    use std::sync::mpsc::Receiver;
+    use super::Receiver;
     use std::sync::{Arc, Condvar, Mutex};
 
     #[derive(Default)]
@@ -190,14 +179,17 @@ pub(crate) mod test_gate {
         }
     }
 
-    pub(crate) fn gated<T>(rx: Receiver<T>, gate: Arc<Gate>) -> impl Iterator<Item = T> {
-        std::iter::from_fn(move || {
-            let op = rx.recv().ok()?;
-            let mut closed = gate.closed.lock().unwrap();
-            while *closed {
-                closed = gate.opened.wait(closed).unwrap();
-            }
-            Some(op)
+    /// Operations held at `gate` while it is closed.
+    pub(crate) fn gated(gate: Arc<Gate>) -> super::OpSource {
+        Box::new(move |rx: Receiver<super::Op>| {
+            Box::new(std::iter::from_fn(move || {
+                let op = rx.recv().ok()?;
+                let mut closed = gate.closed.lock().unwrap();
+                while *closed {
+                    closed = gate.opened.wait(closed).unwrap();
+                }
+                Some(op)
+            }))
         })
     }
 }
@@ -364,9 +356,10 @@ mod tests {
     #[test]
     fn a_stalled_writer_never_blocks_and_drops_what_does_not_fit() {
         let dir = tempfile::tempdir().unwrap();
-        let logs = LogWriter::start(1 << 30, 2).unwrap();
+        let gate = std::sync::Arc::new(test_gate::Gate::default());
+        let logs = LogWriter::start(1 << 30, 2, test_gate::gated(gate.clone())).unwrap();
         logs.open(1, dir.path().to_path_buf());
-        let stall = logs.stall();
+        let stall = gate.close();
         let chunk = vec![b'x'; 1 << 20];
         let mut taken = 0u64;
         let mut dropped = 0u64;

@@ -24,13 +24,18 @@
 //! processes through `process::Launcher`, the seam its unit tests fill
 //! with a fake driver.
 
+mod admission;
 mod artifacts;
 mod checks;
+mod cleanup;
 mod containment;
 pub mod disk;
+mod disk_watch;
 #[cfg(test)]
 mod fake;
+mod health;
 mod journal;
+mod launching;
 mod logs;
 pub mod outcome;
 mod output;
@@ -41,6 +46,7 @@ mod reaper;
 mod recovery;
 mod restarts;
 mod runner;
+mod startup;
 mod stats;
 mod table;
 
@@ -48,7 +54,7 @@ use std::ops::RangeInclusive;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use k8s4r_api::{AgentHealth, Quantity, TaskAttempt, TaskPolicy, TaskReason, TaskState, TaskTemplate};
+use k8s4r_api::{AgentHealth, Quantity, TaskAttempt, TaskPolicy, TaskTemplate};
 use tokio::sync::{mpsc, oneshot, watch};
 
 pub use disk::DiskSize;
@@ -411,13 +417,20 @@ pub fn spawn(
     let (commands_tx, commands_rx) = mpsc::unbounded_channel();
     let (runner, health, offer) = runner::Runner::on_this_machine(config, events_tx)?;
     let held_at_start = runner.attempts();
+    // A bounded blocking pool: a burst of 500 tasks made as many threads,
+    // which then took the CPU from the thread that fires deadlines.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        .max_blocking_threads(BLOCKING_THREADS)
+        .thread_name("k8s4r-supervisor-work")
         .build()
         .map_err(SupervisorError::Thread)?;
     std::thread::Builder::new()
         .name("k8s4r-supervisor".to_owned())
-        .spawn(move || runtime.block_on(runner.run(commands_rx)))
+        .spawn(move || {
+            k8s4r_drivers::favour_current_thread();
+            runtime.block_on(runner.run(commands_rx))
+        })
         .map_err(SupervisorError::Thread)?;
     Ok((
         SupervisorHandle {
@@ -430,36 +443,13 @@ pub fn spawn(
     ))
 }
 
+/// Threads of the supervisor's blocking pool, at most.
+const BLOCKING_THREADS: usize = 8;
+
 /// The capacity part of the robot's task policy.
 fn limits_report(max_tasks: usize, disk_budget: u64) -> (u32, Option<Quantity>) {
     (
         u32::try_from(max_tasks).unwrap_or(u32::MAX),
         Some(Quantity::from_bytes(disk_budget)),
     )
-}
-
-/// Health of a supervisor that takes tasks.
-fn ready_health(tasks: usize, disk_used_bytes: u64, dropped_output_bytes: u64) -> AgentHealth {
-    AgentHealth {
-        accepting_tasks: true,
-        reason: Some(AgentHealth::REASON_READY.to_owned()),
-        message: None,
-        tasks: u32::try_from(tasks).unwrap_or(u32::MAX),
-        disk_used_bytes,
-        dropped_output_bytes,
-    }
-}
-
-/// A task that ended before it could run: bad spec, start failure, ...
-pub(crate) fn failed_outcome(reason: TaskReason, message: String, tail: String) -> TaskOutcome {
-    TaskOutcome {
-        state: TaskState::Failed,
-        exit_code: None,
-        signal: None,
-        reason,
-        message,
-        started_at: None,
-        finished_at: jiff::Timestamp::now(),
-        output_tail: tail,
-    }
 }

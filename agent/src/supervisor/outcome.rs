@@ -1,10 +1,13 @@
 //! How an attempt ended, decided from the exit status and why the
-//! supervisor stopped it (if it did). Pure: no processes here.
+//! supervisor stopped it (if it did), with every rule of the message a
+//! person reads: a service that ends is a failure, restarts used up, output
+//! not logged, a full disk. Pure: no processes, no files, no clock.
 
 use std::process::ExitStatus;
 use std::time::Duration;
 
-use k8s4r_api::{TaskReason, TaskState};
+use k8s4r_api::{TaskKind, TaskReason, TaskState};
+use k8s4r_drivers::DriverError;
 use nix::sys::signal::Signal;
 
 /// The end of one attempt, as reported in `TaskEvent::Finished`.
@@ -138,6 +141,122 @@ pub fn verdict(exit: Exit, stop: Option<&StopCause>, kill_timeout: Duration) -> 
     }
 }
 
+/// What the runner knows of an attempt that will not run again, beyond its
+/// exit: what the message rules read.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Ending<'a> {
+    /// Why the supervisor stopped it, if it did.
+    pub stop: Option<&'a StopCause>,
+    /// Batch or service.
+    pub kind: TaskKind,
+    /// Its restarts on the robot so far.
+    pub restarts: u32,
+    /// Bytes of its output the log writer could not keep.
+    pub dropped_output: u64,
+    /// The robot's disk was full (below the agent's reserve) at the last
+    /// measurement: the free bytes then.
+    pub disk_full: Option<u64>,
+}
+
+/// The final verdict of an attempt: [`verdict`], then the rules that only
+/// apply once it will not run again.
+pub(crate) fn final_verdict(exit: Exit, kill_timeout: Duration, ending: &Ending<'_>) -> Verdict {
+    let mut v = verdict(exit, ending.stop, kill_timeout);
+    let restarted = ending.restarts;
+    if ending.stop.is_none() && ending.kind == TaskKind::Service {
+        // A service that ends is a failure, however it exited.
+        if v.state == TaskState::Completed {
+            v.state = TaskState::Failed;
+            v.reason = TaskReason::Error;
+        }
+        v.message.push_str(&format!(
+            "; the service's restarts on the robot are used up ({restarted} so far)"
+        ));
+    } else if restarted > 0 && ending.stop.is_none() && v.state != TaskState::Completed {
+        v.message.push_str(&format!(
+            "; its restarts on the robot are used up ({restarted} so far)"
+        ));
+    }
+    if ending.dropped_output > 0 {
+        v.message.push_str(&format!(
+            "; {} bytes of its output were not logged (the disk could not keep up)",
+            ending.dropped_output
+        ));
+    }
+    // A task that failed on a full disk should say so: it most likely
+    // failed because of it.
+    let disk_stop = matches!(ending.stop, Some(StopCause::DiskLimit(_)));
+    if let (false, Some(free), false) = (v.state == TaskState::Completed, ending.disk_full, disk_stop) {
+        v.message.push_str(&format!(
+            "; the robot's disk was full when it ended ({} free)",
+            super::disk::mib(free)
+        ));
+    }
+    v
+}
+
+/// Whether the supervisor may start an attempt again on the robot after
+/// this exit: it was not stopped on purpose (a failed health check is a
+/// failure like any other), and the agent is not stopping.
+pub(crate) fn may_restart(stop: Option<&StopCause>, shutting_down: bool) -> bool {
+    matches!(stop, None | Some(StopCause::Unhealthy(_))) && !shutting_down
+}
+
+/// When a stop found the attempt with no process (`waiting`: between two
+/// runs on the robot; else still being prepared).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Unstarted {
+    /// Being prepared or launched.
+    Preparing,
+    /// Waiting to be started again.
+    Waiting,
+}
+
+/// The reason and message of an attempt stopped before (or between) its
+/// runs.
+pub(crate) fn unstarted(cause: &StopCause, when: Unstarted) -> (TaskReason, String) {
+    let (before, stopped) = match when {
+        Unstarted::Preparing => ("before it started", "stopped before it started"),
+        Unstarted::Waiting => ("while waiting to restart", "stopped while waiting to restart"),
+    };
+    let message = match cause {
+        StopCause::Cancelled(why) => format!("cancelled ({why}) {before}"),
+        StopCause::Shutdown => "agent shutting down".to_owned(),
+        StopCause::Timeout(_) => "timed out".to_owned(),
+        StopCause::DiskLimit(why) | StopCause::Unhealthy(why) => format!("{stopped}: {why}"),
+    };
+    let reason = match (cause, when) {
+        (StopCause::DiskLimit(_), Unstarted::Waiting) => TaskReason::DiskLimit,
+        _ => TaskReason::Cancelled,
+    };
+    (reason, message)
+}
+
+/// The reason of a start the driver refused.
+pub(crate) fn driver_reason(e: &DriverError) -> TaskReason {
+    if e.is_invalid_spec() {
+        TaskReason::InvalidSpec
+    } else if e.is_not_permitted() {
+        TaskReason::NotPermitted
+    } else {
+        TaskReason::StartFailed
+    }
+}
+
+/// A task that ended before it could run: bad spec, start failure, ...
+pub(crate) fn failed_outcome(reason: TaskReason, message: String, tail: String) -> TaskOutcome {
+    TaskOutcome {
+        state: TaskState::Failed,
+        exit_code: None,
+        signal: None,
+        reason,
+        message,
+        started_at: None,
+        finished_at: jiff::Timestamp::now(),
+        output_tail: tail,
+    }
+}
+
 fn signal_name(signal: i32) -> String {
     match Signal::try_from(signal) {
         Ok(s) => format!("{} ({signal})", s.as_str()),
@@ -237,6 +356,94 @@ mod tests {
             "{}",
             v.message
         );
+    }
+
+    #[test]
+    fn a_service_that_ends_has_failed_and_used_up_restarts_are_said() {
+        let service = Ending {
+            kind: TaskKind::Service,
+            restarts: 2,
+            ..Ending::default()
+        };
+        let v = final_verdict(code(0), KILL, &service);
+        assert_eq!((v.state, v.reason), (TaskState::Failed, TaskReason::Error));
+        assert!(
+            v.message
+                .ends_with("the service's restarts on the robot are used up (2 so far)"),
+            "{}",
+            v.message
+        );
+        let batch = Ending {
+            restarts: 3,
+            ..Ending::default()
+        };
+        let v = final_verdict(code(1), KILL, &batch);
+        assert!(
+            v.message
+                .ends_with("its restarts on the robot are used up (3 so far)"),
+            "{}",
+            v.message
+        );
+        let v = final_verdict(code(0), KILL, &batch);
+        assert_eq!(
+            v.message, "exited with code 0",
+            "a completed task says nothing more"
+        );
+    }
+
+    #[test]
+    fn dropped_output_and_a_full_disk_are_said() {
+        let ending = Ending {
+            dropped_output: 4096,
+            disk_full: Some(1 << 20),
+            ..Ending::default()
+        };
+        let v = final_verdict(code(2), KILL, &ending);
+        assert!(
+            v.message.contains("; 4096 bytes of its output were not logged"),
+            "{}",
+            v.message
+        );
+        assert!(
+            v.message
+                .ends_with("; the robot's disk was full when it ended (1.0 MiB free)"),
+            "{}",
+            v.message
+        );
+        let disk = StopCause::DiskLimit("too big".to_owned());
+        let stopped = Ending {
+            stop: Some(&disk),
+            disk_full: Some(1 << 20),
+            ..Ending::default()
+        };
+        let v = final_verdict(signal(Signal::SIGKILL), KILL, &stopped);
+        assert!(
+            !v.message.contains("disk was full"),
+            "a disk stop says it already"
+        );
+    }
+
+    #[test]
+    fn unstarted_stops_say_when() {
+        let cancelled = StopCause::Cancelled("deleted".to_owned());
+        assert_eq!(
+            unstarted(&cancelled, Unstarted::Preparing),
+            (
+                TaskReason::Cancelled,
+                "cancelled (deleted) before it started".to_owned()
+            )
+        );
+        let disk = StopCause::DiskLimit("too big".to_owned());
+        assert_eq!(
+            unstarted(&disk, Unstarted::Waiting),
+            (
+                TaskReason::DiskLimit,
+                "stopped while waiting to restart: too big".to_owned()
+            )
+        );
+        assert_eq!(unstarted(&disk, Unstarted::Preparing).0, TaskReason::Cancelled);
+        assert!(may_restart(None, false) && !may_restart(None, true));
+        assert!(!may_restart(Some(&cancelled), false));
     }
 
     #[test]

@@ -13,11 +13,13 @@ use std::os::fd::OwnedFd;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use futures::stream::FuturesUnordered;
+use futures::StreamExt;
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
-use super::logs::Stream;
+use super::logs::{LogWriter, Stream};
 
 /// Bytes read from a pipe at a time.
 const CHUNK: usize = 8192;
@@ -73,6 +75,109 @@ pub(crate) fn drain(fd: &AsyncFd<OwnedFd>, max: usize) -> Vec<u8> {
         }
     }
     out
+}
+
+/// Most output read from a pipe when its task's process has exited.
+const DRAIN_MAX: usize = 1 << 20;
+
+/// The output of running tasks: one pending read per pipe, what is read
+/// goes to the task's tail and, through the log writer's thread, to its
+/// log files; what the writer cannot take in time is dropped and counted.
+pub(crate) struct Output {
+    logs: LogWriter,
+    pipes: FuturesUnordered<PipeRead>,
+    /// Bytes dropped since the agent started.
+    dropped: u64,
+}
+
+/// What a task keeps of its output.
+pub(crate) struct Kept<'a> {
+    pub tail: &'a mut Tail,
+    pub dropped: &'a mut u64,
+}
+
+impl Output {
+    pub(crate) fn new(logs: LogWriter) -> Self {
+        Output {
+            logs,
+            pipes: FuturesUnordered::new(),
+            dropped: 0,
+        }
+    }
+
+    /// Bytes of output dropped since the agent started.
+    pub(crate) fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    /// Whether the writer thread still runs.
+    pub(crate) fn is_alive(&self) -> bool {
+        self.logs.is_alive()
+    }
+
+    /// Bytes waiting for the writer.
+    pub(crate) fn queued(&self) -> u64 {
+        self.logs.queued()
+    }
+
+    /// Resolves when what is queued is written.
+    pub(crate) fn flush(&self) -> tokio::sync::oneshot::Receiver<()> {
+        self.logs.flush()
+    }
+
+    /// Task `id`'s pipes are read from now on, into `logs_dir`.
+    pub(crate) fn attach(&mut self, id: u64, logs_dir: std::path::PathBuf, stdout: PipeFd, stderr: PipeFd) {
+        self.logs.open(id, logs_dir);
+        self.pipes.push(read_next(id, Stream::Stdout, stdout));
+        self.pipes.push(read_next(id, Stream::Stderr, stderr));
+    }
+
+    /// The next read that completed. Cancel-safe.
+    pub(crate) async fn next(&mut self) -> Option<(u64, Stream, PipeFd, io::Result<Vec<u8>>)> {
+        self.pipes.next().await
+    }
+
+    /// Whether no pipe is read.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.pipes.is_empty()
+    }
+
+    /// A read came back: kept (for a task still held) and read again.
+    pub(crate) fn received(&mut self, id: u64, stream: Stream, fd: PipeFd, data: Vec<u8>, task: Kept<'_>) {
+        self.keep(id, stream, data, task);
+        self.pipes.push(read_next(id, stream, fd));
+    }
+
+    fn keep(&mut self, id: u64, stream: Stream, data: Vec<u8>, task: Kept<'_>) {
+        task.tail.push(&data);
+        let len = data.len() as u64;
+        if !self.logs.write(id, stream, data) {
+            *task.dropped += len;
+            self.dropped += len;
+        }
+    }
+
+    /// Task `id`'s process ended: what is left in its pipes is kept, and
+    /// its log files closed.
+    pub(crate) fn finish(&mut self, id: u64, pipes: [Option<PipeFd>; 2], task: Kept<'_>) {
+        for (stream, fd) in [Stream::Stdout, Stream::Stderr].into_iter().zip(pipes) {
+            if let Some(fd) = fd {
+                let rest = drain(&fd, DRAIN_MAX);
+                if !rest.is_empty() {
+                    self.keep(
+                        id,
+                        stream,
+                        rest,
+                        Kept {
+                            tail: &mut *task.tail,
+                            dropped: &mut *task.dropped,
+                        },
+                    );
+                }
+            }
+        }
+        self.logs.close(id);
+    }
 }
 
 /// The last bytes of a task's output, stdout and stderr interleaved as read.

@@ -4,8 +4,6 @@
 //! for are left to it; of the others, those the caller recognises as its
 //! tasks' (every one, in the agent's own process) are reaped.
 
-use std::collections::HashSet;
-
 use nix::sys::wait::{waitpid, WaitPidFlag};
 use nix::unistd::Pid;
 
@@ -19,11 +17,11 @@ pub(crate) fn become_subreaper() {
 }
 
 /// Reaps zombie children that tokio does not own (`owned`) and that `ours`
-/// recognises. Returns how many.
-pub(crate) fn reap_orphans(owned: &HashSet<i32>, ours: impl Fn(i32, &Stat) -> bool) -> usize {
+/// recognises. Returns how many. Blocking: it reads /proc.
+pub(crate) fn reap_orphans(owned: impl Fn(i32) -> bool, ours: impl Fn(i32, &Stat) -> bool) -> usize {
     let mut reaped = 0;
     for pid in procfs::own_children() {
-        if owned.contains(&pid) {
+        if owned(pid) {
             continue;
         }
         let Some(stat) = procfs::stat(pid) else { continue };

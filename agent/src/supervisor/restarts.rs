@@ -90,9 +90,17 @@ impl Budget {
     }
 
     /// The process was started again at `at`.
-    pub(crate) fn restarted(&mut self, at: jiff::Timestamp) {
+    pub(crate) fn restarted(&mut self, at: jiff::Timestamp) -> super::Restarted {
         self.count = self.count.saturating_add(1);
         self.last_restart = Some(at);
+        super::Restarted {
+            count: self.count,
+            last_exit_code: self.last_exit_code,
+            cause: self.last_cause.clone().unwrap_or_else(|| {
+                "the process had stopped while the agent or the robot restarted".to_owned()
+            }),
+            at,
+        }
     }
 
     /// `delay` doubled `n` times, at most `maxDelay`.

@@ -67,13 +67,24 @@ impl Histogram {
     }
 }
 
-/// Signal lateness since the supervisor started.
+/// Signal lateness since the supervisor started, and how long the loop's
+/// handlers held its thread (a deadline waits for the handler before it).
 #[derive(Clone, Debug, Default)]
 pub struct SupervisorStats {
     /// Deadline -> SIGTERM sent, for timeouts.
     pub sigterm_late: Histogram,
     /// Deadline + killTimeout -> SIGKILL sent (timeouts, cancels, shutdown).
     pub sigkill_late: Histogram,
+    /// Per branch of the loop (deadline, exit, command, prepared, output,
+    /// housework, sigchld): how long one handling took.
+    pub handlers: std::collections::BTreeMap<&'static str, Histogram>,
+}
+
+impl SupervisorStats {
+    /// One handling of the loop's `branch` took `took`.
+    pub(crate) fn handled(&mut self, branch: &'static str, took: Duration) {
+        self.handlers.entry(branch).or_default().record(took);
+    }
 }
 
 #[cfg(test)]

@@ -81,6 +81,13 @@ pub(crate) enum Phase {
     Preparing {
         abort: AbortHandle,
     },
+    /// Its process is being started on the blocking pool (`restarting`:
+    /// a restart on the robot); a stop that came meanwhile (`stop`) acts
+    /// once it runs.
+    Launching {
+        restarting: bool,
+        stop: Option<StopCause>,
+    },
     Running(Box<Running>),
     /// Its process exited and it restarts on the robot when its
     /// `Restart` timer fires.
@@ -188,7 +195,7 @@ impl Task {
     pub(crate) fn pgid(&self) -> Option<i32> {
         match &self.phase {
             Phase::Running(running) => Some(running.pgid),
-            Phase::Preparing { .. } | Phase::Waiting => None,
+            Phase::Preparing { .. } | Phase::Launching { .. } | Phase::Waiting => None,
         }
     }
 
@@ -330,13 +337,30 @@ impl Table {
         attempts
     }
 
-    /// Whether a process (by pid and process group) is a task's, running
-    /// or recently finished.
-    pub(crate) fn task_groups(&self) -> impl Fn(i32, i32) -> bool + '_ {
-        let live: HashSet<i32> = self.tasks.values().filter_map(Task::pgid).collect();
-        move |pid, pgrp| {
-            live.contains(&pgrp) || self.recent_groups.contains(&pgrp) || self.recent_pids.contains(&pid)
-        }
+    /// What marks a process as a task's, running or recently finished:
+    /// its process group, or its pid (seen in a task's cgroup).
+    pub(crate) fn orphan_marks(&self) -> (HashSet<i32>, HashSet<i32>) {
+        let mut groups: HashSet<i32> = self.tasks.values().filter_map(Task::pgid).collect();
+        groups.extend(self.recent_groups.set.iter().copied());
+        (groups, self.recent_pids.set.clone())
+    }
+
+    /// A prepared (or waiting) task is being started; false if it is gone
+    /// or already running.
+    pub(crate) fn launching(&mut self, id: u64) -> bool {
+        let Some(task) = self.tasks.get_mut(&id) else {
+            return false;
+        };
+        let restarting = match task.phase {
+            Phase::Waiting => true,
+            Phase::Preparing { .. } => task.resumed,
+            Phase::Launching { .. } | Phase::Running(_) => return false,
+        };
+        task.phase = Phase::Launching {
+            restarting,
+            stop: None,
+        };
+        true
     }
 
     /// A preparing task's process has started at `now`: its timeout runs
@@ -420,9 +444,13 @@ impl Table {
         let Some(task) = self.tasks.get_mut(&id) else {
             return Stop::Nothing;
         };
-        match &task.phase {
+        match &mut task.phase {
             Phase::Preparing { abort } => Stop::Unstarted(abort.clone()),
             Phase::Waiting => Stop::Waiting,
+            Phase::Launching { stop, .. } => {
+                stop.get_or_insert_with(|| cause.clone());
+                Stop::Nothing
+            }
             // A task stopped for a failed check, then cancelled (or the
             // agent stops): it ends for the new reason, without a restart,
             // on the escalation already under way.
@@ -431,13 +459,16 @@ impl Table {
                 Stop::Nothing
             }
             Phase::Running(_) if task.stop.is_some() => Stop::Nothing,
-            Phase::Running(running) => {
+            Phase::Running(_) => {
                 task.stop = Some(cause.clone());
                 if let Some(key) = task.timer.take() {
                     self.timers.try_remove(&key);
                 }
                 task.timer = Some(arm(&mut self.timers, Deadline::Kill(id), now, task.kill_timeout));
-                Stop::Terminate(running.group.as_ref())
+                match &task.phase {
+                    Phase::Running(running) => Stop::Terminate(running.group.as_ref()),
+                    _ => Stop::Nothing,
+                }
             }
         }
     }
@@ -758,9 +789,9 @@ mod tests {
         table.started(running_id, running(42), Instant::now());
         table.remember_group(7);
         table.remember_pids([99]);
-        let is_task_group = table.task_groups();
-        assert!(is_task_group(1, 42) && is_task_group(1, 7) && is_task_group(99, 1));
-        assert!(!is_task_group(1, 8));
+        let (groups, pids) = table.orphan_marks();
+        assert!(groups.contains(&42) && groups.contains(&7) && pids.contains(&99));
+        assert!(!groups.contains(&8) && !groups.contains(&1));
     }
 
     #[test]

@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use super::Runner;
 use crate::supervisor::disk::DiskSize;
 use crate::supervisor::fake::{self, FakeDriver};
+use crate::supervisor::startup::Parts;
 use crate::supervisor::{
     Policy, Restarted, Submit, SupervisorConfig, SupervisorHandle, TaskEvent, TaskOutcome, TaskRequest,
 };
@@ -77,7 +78,7 @@ impl Harness {
     fn with_runner(
         adjust: impl FnOnce(&mut SupervisorConfig),
         stalled: bool,
-        before_run: impl FnOnce(&Runner),
+        before_run: impl FnOnce(&std::sync::atomic::AtomicBool),
     ) -> Self {
         let state_dir = tempfile::tempdir().unwrap();
         let mut config = SupervisorConfig {
@@ -95,10 +96,17 @@ impl Harness {
         let fake = FakeDriver::default();
         let (events_tx, events) = mpsc::unbounded_channel();
         let (commands, commands_rx) = mpsc::unbounded_channel();
-        let (runner, health, offer) =
-            Runner::new(config, events_tx, vec![Arc::new(fake.clone())], None).unwrap();
-        let stall = stalled.then(|| runner.logs.stall());
-        before_run(&runner);
+        let gate = Arc::new(crate::supervisor::logs::test_gate::Gate::default());
+        let stall = stalled.then(|| gate.close());
+        let journal_alive = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let parts = Parts {
+            launchers: vec![Arc::new(fake.clone())],
+            cgroups: None,
+            journal: crate::supervisor::journal::inline::start(Arc::clone(&journal_alive)),
+            log_ops: crate::supervisor::logs::test_gate::gated(gate),
+        };
+        let (runner, health, offer) = Runner::new(config, events_tx, parts).unwrap();
+        before_run(&journal_alive);
         tokio::spawn(runner.run(commands_rx));
         Harness {
             handle: SupervisorHandle {
@@ -485,7 +493,11 @@ async fn the_robots_policy_refuses_what_it_does_not_allow() {
 
 #[tokio::test(start_paused = true)]
 async fn a_dead_helper_thread_ends_the_supervisor_visibly() {
-    let s = Harness::with_runner(|_| {}, false, |runner| runner.journal.pretend_dead());
+    let s = Harness::with_runner(
+        |_| {},
+        false,
+        |journal_alive| journal_alive.store(false, std::sync::atomic::Ordering::Relaxed),
+    );
     let mut health = s.handle.health();
     // The health channel closes: what the agent watches to exit non-zero.
     while health.changed().await.is_ok() {}
