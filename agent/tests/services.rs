@@ -285,8 +285,14 @@ async fn a_failing_exec_health_check_restarts_the_service_and_says_why() {
         message.contains("health check \"not-sick\" failed 2 times in a row"),
         "{message}"
     );
-    let pids = pids_in(&starts);
-    assert!(pids.len() >= 2 && pids[1] != first, "{pids:?}");
+    // The status says it started again; the new shell writes its pid a
+    // moment later.
+    let pids = eventually("the service's second pid", LONG, || {
+        let pids = pids_in(&starts);
+        (pids.len() >= 2).then_some(pids)
+    })
+    .await;
+    assert_ne!(pids[1], first, "{pids:?}");
     eventually("the unhealthy process gone", LONG, || {
         (!alive(first)).then_some(())
     })

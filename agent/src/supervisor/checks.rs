@@ -10,12 +10,12 @@ use std::time::Duration;
 
 use k8s4r_api::validation::{check_timing, CheckTiming};
 use k8s4r_api::{HealthCheck, TaskTemplate};
-use k8s4r_drivers::{Prepared, TaskCgroup};
+use k8s4r_drivers::{Launch, Prepared, TaskCgroup};
 use nix::sys::signal::Signal;
 
-use super::launching::{self, OwnedPids};
 use super::outcome::{verdict, Exit};
 use super::process::{Launcher, Process};
+use super::reaper::OwnedPids;
 
 /// Where TCP and HTTP checks go when they name no host: the robot itself.
 const LOCALHOST: &str = "127.0.0.1";
@@ -159,7 +159,7 @@ pub(crate) fn probe(
                 ..task.template
             };
             Some(move || {
-                launching::launch_check(
+                launch_check(
                     task.launcher,
                     template,
                     prepared,
@@ -258,6 +258,38 @@ pub(crate) async fn http(
     } else {
         Err(format!("GET {url} answered {status}"))
     }
+}
+
+/// An exec health check's command, started as the task runs (its driver,
+/// user, directory, environment and cgroup); output discarded. Blocking.
+pub(crate) fn launch_check(
+    launcher: Arc<dyn Launcher>,
+    template: TaskTemplate,
+    prepared: Prepared,
+    env: Vec<(String, String)>,
+    cgroup: Option<TaskCgroup>,
+    owned: OwnedPids,
+) -> Result<Process, String> {
+    let null = |what: &str| {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/null")
+            .map(std::os::fd::OwnedFd::from)
+            .map_err(|e| format!("cannot open /dev/null for the check's {what}: {e}"))
+    };
+    let process = launcher
+        .start(Launch {
+            template: &template,
+            prepared: &prepared,
+            extra_env: &env,
+            stdout: null("stdout")?,
+            stderr: null("stderr")?,
+            // Counted against the task's limits, like the task.
+            cgroup: cgroup.as_ref(),
+        })
+        .map_err(|e| format!("cannot run the check: {e}"))?;
+    owned.insert(process.pid as i32);
+    Ok(process)
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 
 use super::containment::Lineage;
-use super::launching::OwnedPids;
+use super::reaper::OwnedPids;
 use super::{procfs, reaper};
 
 /// Between two looks for the processes of a task without a cgroup.

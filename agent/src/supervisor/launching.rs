@@ -4,9 +4,8 @@
 //! the median and up to 407 ms under load when the runner did it itself
 //! (BENCHMARKS.md): every deadline due meanwhile waited.
 
-use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use k8s4r_api::{names, TaskReason, TaskTemplate};
 use k8s4r_drivers::{Cgroups, Launch, Prepared, TaskCgroup};
@@ -17,32 +16,9 @@ use super::logs::Stream;
 use super::outcome::driver_reason;
 use super::output::{self, PipeFd};
 use super::process::{BoxFuture, Launcher, Process};
+use super::reaper::OwnedPids;
 use super::table::{Running, Task};
 use super::{procfs, Restarted};
-
-/// Pids tokio waits for (task leaders, exec checks): the orphan reaper
-/// must never take one. Shared with the blocking pool, which adds a pid
-/// the moment it is spawned.
-#[derive(Clone, Default)]
-pub(crate) struct OwnedPids(Arc<Mutex<HashSet<i32>>>);
-
-impl OwnedPids {
-    pub(crate) fn insert(&self, pid: i32) {
-        self.lock().insert(pid);
-    }
-
-    pub(crate) fn remove(&self, pid: i32) {
-        self.lock().remove(&pid);
-    }
-
-    pub(crate) fn contains(&self, pid: i32) -> bool {
-        self.lock().contains(&pid)
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<i32>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
 
 /// Everything a start takes, owned.
 pub(crate) struct LaunchJob {
@@ -211,38 +187,6 @@ pub(crate) fn hand_over(task: &mut Task, restarting: bool, boot_id: &str, launch
         pid: process.pid,
         at,
     }
-}
-
-/// An exec health check's command, started as the task runs (its driver,
-/// user, directory, environment and cgroup); output discarded. Blocking.
-pub(crate) fn launch_check(
-    launcher: Arc<dyn Launcher>,
-    template: TaskTemplate,
-    prepared: Prepared,
-    env: Vec<(String, String)>,
-    cgroup: Option<TaskCgroup>,
-    owned: OwnedPids,
-) -> Result<Process, String> {
-    let null = |what: &str| {
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open("/dev/null")
-            .map(std::os::fd::OwnedFd::from)
-            .map_err(|e| format!("cannot open /dev/null for the check's {what}: {e}"))
-    };
-    let process = launcher
-        .start(Launch {
-            template: &template,
-            prepared: &prepared,
-            extra_env: &env,
-            stdout: null("stdout")?,
-            stderr: null("stderr")?,
-            // Counted against the task's limits, like the task.
-            cgroup: cgroup.as_ref(),
-        })
-        .map_err(|e| format!("cannot run the check: {e}"))?;
-    owned.insert(process.pid as i32);
-    Ok(process)
 }
 
 /// The variables the agent adds to a task's environment (and its exec

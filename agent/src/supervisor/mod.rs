@@ -17,12 +17,16 @@
 //!
 //! The pieces, in the rumqttc split the agent follows: `table` (the task
 //! records, their deadlines and transitions), [`outcome`] (how an attempt
-//! ended), `policy` (who a task may run as), `disk` (budget and reserve)
-//! and `containment` (a task's processes without cgroups) are the pure
-//! state and decisions, `runner` the event loop that owns processes and
-//! pipes, [`SupervisorHandle`] the cheap cloneable front. The runner starts
-//! processes through `process::Launcher`, the seam its unit tests fill
-//! with a fake driver.
+//! ended, and whether it runs again), `policy` (who a task may run as),
+//! `disk` (budget and reserve) and `containment` (a task's processes
+//! without cgroups) are the pure state and decisions; `admission`,
+//! `launching`, `checks`, `cleanup`, `disk_watch`, `output`, `journal` and
+//! `health` the components that own a concern's state; `runner` the event
+//! loop that owns processes and pipes (its module doc draws the
+//! lifecycle); [`SupervisorHandle`] the cheap cloneable front. The runner
+//! starts processes through `process::Launcher`, the seam its unit tests
+//! fill with a fake driver; the journal and the log source have seams of
+//! their own (`journal::Journal`, `logs::OpSource`).
 
 mod admission;
 mod artifacts;

@@ -176,12 +176,6 @@ impl TaskUids {
         self.in_use.remove(&uid);
         self.barred.insert(uid);
     }
-
-    /// How many are handed out now.
-    #[cfg(test)]
-    pub(crate) fn in_use(&self) -> usize {
-        self.in_use.len()
-    }
 }
 
 /// Uids of /etc/passwd in `range`: a task must never share one with a
@@ -313,7 +307,7 @@ mod tests {
         );
         assert_eq!(uids.take(), Some(10));
         assert_eq!(uids.take(), None);
-        assert_eq!(uids.in_use(), 3);
+        assert_eq!(uids.in_use.len(), 3);
         uids.bar(12);
         assert_eq!(uids.take(), None, "a barred uid never comes back");
         uids.give_back(13);

@@ -4,10 +4,37 @@
 //! for are left to it; of the others, those the caller recognises as its
 //! tasks' (every one, in the agent's own process) are reaped.
 
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
 use nix::sys::wait::{waitpid, WaitPidFlag};
 use nix::unistd::Pid;
 
 use super::procfs::{self, Stat};
+
+/// Pids tokio waits for (task leaders, exec checks): the orphan reaper
+/// must never take one. Shared with the blocking pool, which adds a pid
+/// the moment it is spawned.
+#[derive(Clone, Default)]
+pub(crate) struct OwnedPids(Arc<Mutex<HashSet<i32>>>);
+
+impl OwnedPids {
+    pub(crate) fn insert(&self, pid: i32) {
+        self.lock().insert(pid);
+    }
+
+    pub(crate) fn remove(&self, pid: i32) {
+        self.lock().remove(&pid);
+    }
+
+    pub(crate) fn contains(&self, pid: i32) -> bool {
+        self.lock().contains(&pid)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<i32>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
 
 /// Marks the agent as a child subreaper (process-wide).
 pub(crate) fn become_subreaper() {

@@ -1,26 +1,45 @@
 //! The supervisor's event loop: the one task that owns every process.
 //!
+//! A task's life, and the component each step belongs to:
+//!
 //! ```text
-//!  Submit ──admission──► Preparing ──(dirs, user, artifacts: blocking pool)──► Launching
-//!     │ refused              │ stop: aborted                                    │ (cgroup, fork+exec:
-//!     ▼                      ▼                                                  │  blocking pool)
-//!  Finished ◄──────────── Finished ◄── verdict ◄── exit ◄── Running ◄────────────┘
-//!                                        │ restarts left     │ deadline: SIGTERM, then SIGKILL
-//!                                        ▼                   │ stop (cancel, check, disk, shutdown)
-//!                                     Waiting ──Restart──► Launching
+//!            admission (policy, uids, capacity, artifact client)
+//!  Submit ───────────────► Preparing ── dirs, user, artifacts: blocking pool, fetch thread
+//!     │ refused                │ stop: aborted
+//!     ▼                        ▼
+//!  Finished ◄───────────── Finished
+//!     ▲                                      launching: cgroup, pipes, fork+exec
+//!     │                        Launching ◄── on the blocking pool (8 threads)
+//!     │                            │ started: hand_over
+//!     │ ending (outcome.rs:        ▼
+//!     │ verdict, restart     ┌─ Running ──── deadlines: SIGTERM, SIGKILL (runner)
+//!     │ and message rules)   │     │         checks: probes off the loop (checking)
+//!     └──── exit ◄───────────┘     │         disk_watch: measure, kill over the limit
+//!             │ restarts left      │         stop: cancel, check, disk, shutdown
+//!             ▼                    │
+//!          Waiting ──restart──► Launching
+//!
+//!  after every exit: cleanup (cgroups removed, lineages swept, orphans
+//!  reaped: blocking jobs) · the journal (record + event, one write, its
+//!  own thread) · output (pipes read here, written by the log thread)
 //! ```
 //!
-//! The runner keeps the task table (its timers included), the processes
-//! and the loop; each concern is a component that owns its state:
-//! [`Admission`] (policy, uids, preparation), [`Containment`] (cgroups,
-//! sweeps, reaping), [`DiskWatch`], [`Output`], the [`Journal`], [`Health`]
-//! and the pure rules of [`outcome`](super::outcome). It runs on a thread
-//! of its own and does nothing there that can take a millisecond: every
-//! walk of /proc, fork and exec, cgroup removal, disk walk, file read or
-//! write, TLS and hashing runs on the blocking pool, the journal's and the
-//! log writer's threads, or the artifact fetcher's, and comes back as an
-//! event. Everything a task can get wrong fails that task (a `Finished`
-//! event with the reason), never the loop.
+//! The runner keeps only the loop, the task table (its timers included)
+//! and the processes (it alone signals them). Each concern is a component
+//! that owns its state and answers the lifecycle's events:
+//! [`Admission`], [`Containment`] (cleanup.rs), [`DiskWatch`], [`Output`],
+//! the [`Journal`], [`Health`], the restart [`Budget`](super::restarts::Budget)
+//! and the pure rules of [`outcome`](super::outcome). The runner's side of
+//! each lives in a child module: `starting` (admission to hand-over),
+//! `checking`, `ending`, `upkeep` (cleanup and disk) and `shutdown`.
+//!
+//! Nothing on its thread can take a millisecond: every walk of /proc,
+//! fork and exec, cgroup removal, disk walk, file read or write, TLS and
+//! hashing runs on the blocking pool, the journal's and the log writer's
+//! threads, or the artifact fetcher's, and comes back as an event. What a
+//! handler took is counted per branch of the loop
+//! ([`SupervisorStats::handlers`]). Everything a task can get wrong fails
+//! that task (a `Finished` event with the reason), never the loop.
 
 use std::io;
 use std::path::PathBuf;
@@ -184,42 +203,6 @@ impl Runner {
         self.finish_shutdown().await;
     }
 
-    /// After the loop: what containment still does is given two seconds,
-    /// the rest of the housework five, then the logs and the journal are
-    /// flushed and the waiters answered.
-    async fn finish_shutdown(&mut self) {
-        self.reap();
-        let give_up = Instant::now() + Duration::from_secs(2);
-        while self.containment.busy() && Instant::now() < give_up {
-            match tokio::time::timeout_at(give_up, self.housework.next()).await {
-                Ok(Some(work)) => self.on_housework(work),
-                _ => break,
-            }
-        }
-        let _ = tokio::time::timeout(Duration::from_secs(5), async {
-            while let Some(work) = self.housework.next().await {
-                if let Housework::Ended {
-                    uid,
-                    attempt,
-                    outcome,
-                    free_work,
-                } = work
-                {
-                    self.end(uid, attempt, *outcome, free_work);
-                }
-            }
-        })
-        .await;
-        let _ = self.output.flush().await;
-        let flushed = self.journal.flush();
-        let _ = tokio::task::spawn_blocking(move || flushed.recv_timeout(Duration::from_secs(5))).await;
-        self.health.stopped();
-        for waiter in self.shutdown_waiters.drain(..) {
-            let _ = waiter.send(());
-        }
-        // Commands still queued get their senders dropped: `Stopped`.
-    }
-
     fn on_command(&mut self, command: Command) {
         match command {
             Command::Submit(req, reply) => {
@@ -256,228 +239,6 @@ impl Runner {
                 self.shutdown_waiters.push(done);
                 self.begin_shutdown();
             }
-        }
-    }
-
-    fn begin_shutdown(&mut self) {
-        if self.shutting_down {
-            return;
-        }
-        self.shutting_down = true;
-        let ids = self.table.ids();
-        tracing::info!(tasks = ids.len(), "supervisor shutting down");
-        for id in ids {
-            // A fenced one is stopped: nothing would fence it while no
-            // agent runs.
-            let service = self.config.leave_services_running
-                && self.table.get(id).is_some_and(|t| {
-                    t.template.kind == TaskKind::Service
-                        && t.resumable
-                        && t.stop.is_none()
-                        && !matches!(t.phase, Phase::Launching { .. })
-                });
-            if service {
-                self.leave_running(id);
-            } else {
-                self.stop(id, StopCause::Shutdown);
-            }
-        }
-    }
-
-    /// Lets go of a service as the agent stops: it keeps running (or is
-    /// started again, if it was between runs) and the journal keeps it
-    /// unfinished, so that the next agent re-adopts it.
-    fn leave_running(&mut self, id: u64) {
-        let Some(task) = self.table.remove(id) else {
-            return;
-        };
-        match &task.phase {
-            Phase::Running(running) => {
-                tracing::info!(uid = %task.uid, attempt = task.attempt, pid = running.pid, "service left running for the next agent");
-            }
-            Phase::Preparing { abort } => abort.abort(),
-            Phase::Launching { .. } | Phase::Waiting => {}
-        }
-    }
-
-    /// Checks a new task against the spec's rules, the robot's capacity
-    /// and its policy, gives it a uid and a directory, then prepares it off
-    /// this thread; its id, or None when it was refused (every refusal
-    /// becomes a Finished event). `resumed`: it is an attempt of the
-    /// previous run, from the journal.
-    pub(super) fn begin(&mut self, req: TaskRequest, resumed: Option<Resumed>) -> Option<u64> {
-        let TaskRequest {
-            uid,
-            attempt,
-            name,
-            spec,
-            fenced,
-        } = req;
-        let capacity = Capacity::of(&self.table, &self.disk);
-        let drivers: Vec<&str> = self.launchers.iter().map(|l| l.name()).collect();
-        let admitted = match self.admission.admit(&uid, &spec, resumed, &drivers, &capacity) {
-            Ok(admitted) => admitted,
-            Err(Failure { reason, message }) => {
-                self.finish_early(uid, attempt, reason, message);
-                return None;
-            }
-        };
-        let dir = super::task_dir(&self.tasks_dir, &uid, attempt);
-        let launcher = Arc::clone(&self.launchers[admitted.driver]);
-        let new_uid = resumed.is_none() && admitted.own_uid.is_some();
-        let input = self.admission.prep_input(
-            dir.clone(),
-            launcher,
-            spec.clone(),
-            admitted.run_as,
-            resumed.is_some(),
-            new_uid,
-        );
-        let (abort, registration) = AbortHandle::new_pair();
-        let new = NewTask {
-            uid,
-            attempt,
-            name,
-            dir,
-            template: spec,
-            driver: admitted.driver,
-            own_uid: admitted.own_uid,
-        };
-        let mut task = Task::preparing(new, abort, self.config.output_tail_bytes);
-        // Started again from the journal after a reboot or an agent restart:
-        // what has restarts on the robot and cannot have been replaced.
-        task.resumable = !fenced && task.restarts.is_some();
-        if let (Some(resumed), Some(budget)) = (resumed, task.restarts.as_mut()) {
-            budget.count = resumed.restarts;
-            task.resumed = true;
-        }
-        let record = Record::Accepted {
-            uid: task.uid.clone(),
-            attempt,
-            task_dir: task.dir.clone(),
-            resume: task.resumable.then(|| {
-                Box::new(journal::Resume {
-                    name: task.name.clone(),
-                    spec: task.template.clone(),
-                })
-            }),
-        };
-        let id = self.table.insert(task);
-        self.journal.write(Some(record), Vec::new());
-        let prep = Abortable::new(prepare(input), registration);
-        self.preparing.push(Box::pin(async move { (id, prep.await) }));
-        self.schedule_measure(MEASURE_BUSY);
-        Some(id)
-    }
-
-    fn on_prepared(&mut self, id: u64, result: Result<Prepared, Failure>) {
-        let running = self.table.get(id).is_some_and(Task::is_running);
-        match result {
-            // A re-adopted task runs on whether or not it could be prepared
-            // again (its exec checks and restarts need it).
-            Err(Failure { reason, message }) if running => {
-                tracing::warn!(id, ?reason, %message, "a re-adopted task could not be prepared again");
-            }
-            Ok(prepared) => self.start(id, prepared),
-            Err(Failure { reason, message }) => self.finish_unstarted(id, reason, message),
-        }
-    }
-
-    /// Starts a prepared task: its cgroup, output and process are made on
-    /// the blocking pool, and come back as [`Housework::Launched`].
-    fn start(&mut self, id: u64, prepared: Prepared) {
-        if let Some(task) = self.table.get_mut(id).filter(|t| t.is_running()) {
-            // Re-adopted: it was prepared again for its checks and restarts.
-            task.prepared.get_or_insert(prepared);
-            return;
-        }
-        if !self.table.launching(id) {
-            return;
-        }
-        let Some(task) = self.table.get(id) else {
-            return;
-        };
-        // A restart's cgroup is a new one: the last run's may still be
-        // waiting for its processes to die.
-        let restarting = matches!(task.phase, Phase::Launching { restarting: true, .. });
-        let cgroup_name = match task.restarts.as_ref().filter(|_| restarting) {
-            Some(budget) => format!("{}-{}-r{}", task.uid, task.attempt, budget.count + 1),
-            None => format!("{}-{}", task.uid, task.attempt),
-        };
-        let job = LaunchJob {
-            cgroup_name,
-            cgroups: self.containment.cgroups(),
-            service: task.template.kind == TaskKind::Service,
-            logs_dir: task.dir.join("logs"),
-            launcher: Arc::clone(&self.launchers[task.driver]),
-            env: task_env(
-                &task.uid,
-                task.attempt,
-                &task.name,
-                &prepared.task_dir,
-                &self.config.robot_id,
-            ),
-            template: task.template.clone(),
-            prepared,
-            owned: self.containment.owned(),
-        };
-        self.offload_with(move || Housework::Launched {
-            id,
-            result: launching::launch(job).map(Box::new),
-        });
-    }
-
-    /// A process started (or could not): it is the task's from now on.
-    fn on_launched(&mut self, id: u64, result: Result<Box<Launched>, Refused>) {
-        let launched = match result {
-            Ok(launched) => *launched,
-            Err((reason, message)) => return self.finish_unstarted(id, reason, message),
-        };
-        let Some(task) = self.table.get_mut(id) else {
-            // Cannot happen: a launching task is never taken out. Whatever
-            // started is not left running unsupervised.
-            launched.process.group.signal(Signal::SIGKILL);
-            return;
-        };
-        let Phase::Launching { restarting, stop } = std::mem::replace(&mut task.phase, Phase::Waiting) else {
-            return;
-        };
-        let logs_dir = task.dir.join("logs");
-        let handed = launching::hand_over(task, restarting, &self.boot_id, launched);
-        let record = Record::Started {
-            uid: task.uid.clone(),
-            attempt: task.attempt,
-            at: handed.record,
-        };
-        let event = TaskEvent::Started {
-            uid: task.uid.clone(),
-            attempt: task.attempt,
-            pid: handed.pid,
-            at: handed.at,
-            restarted: handed.restarted,
-        };
-        self.table.started(id, handed.running, handed.now);
-        let exit = handed.exit;
-        self.waits.push(Box::pin(async move { (id, exit.await) }));
-        if let Some((stdout, stderr)) = handed.piped {
-            self.output.attach(id, logs_dir, stdout, stderr);
-        }
-        self.journal.write(Some(record), vec![event]);
-        self.schedule_first_checks(id);
-        if let Some(cause) = stop {
-            self.stop(id, cause);
-        }
-    }
-
-    /// Arms a running task's health checks, each after its initial delay.
-    pub(super) fn schedule_first_checks(&mut self, id: u64) {
-        let delays: Vec<Duration> = self
-            .table
-            .get(id)
-            .map(|t| t.checks.iter().map(|c| c.timing.initial_delay).collect())
-            .unwrap_or_default();
-        for (index, after) in delays.into_iter().enumerate() {
-            self.table.schedule(Deadline::Check(id, index), after);
         }
     }
 
@@ -648,161 +409,9 @@ impl Runner {
         self.table.wait_to_restart(task, wait);
     }
 
-    /// The attempt is over: its outcome by the rules, its tail (a service's
-    /// from its log files, read off the loop), its end.
-    fn finish(&mut self, task: Task, exit: Exit, started_at: jiff::Timestamp) {
-        let ending = Ending {
-            stop: task.stop.as_ref(),
-            kind: task.template.kind,
-            restarts: task.restarts.as_ref().map_or(0, |b| b.count),
-            dropped_output: task.dropped_output,
-            disk_full: self.disk.full().map(|(free, _)| free),
-        };
-        let v = final_verdict(exit, task.kill_timeout, &ending);
-        if task.dropped_output > 0 {
-            tracing::warn!(uid = %task.uid, bytes = task.dropped_output, queued = self.output.queued(), "task output dropped: log writer too slow");
-        }
-        // What a task stopped for its disk use wrote goes at once: the disk
-        // needs it back (its logs stay, they are bounded).
-        let free_work = matches!(task.stop, Some(StopCause::DiskLimit(_)));
-        let mut outcome = TaskOutcome {
-            state: v.state,
-            exit_code: v.exit_code,
-            signal: v.signal,
-            reason: v.reason,
-            message: v.message,
-            started_at: Some(started_at),
-            finished_at: jiff::Timestamp::now(),
-            output_tail: String::new(),
-        };
-        // Known finished from now: a dispatch of it again is a duplicate.
-        self.table.remember_finished(task.uid.clone(), task.attempt);
-        if task.template.kind != TaskKind::Service {
-            outcome.output_tail = task.tail.text();
-            return self.end(task.uid, task.attempt, outcome, free_work);
-        }
-        // A service wrote to its log files itself.
-        let (logs_dir, max) = (task.dir.join("logs"), self.config.output_tail_bytes);
-        let (uid, attempt) = (task.uid, task.attempt);
-        self.offload_with(move || {
-            outcome.output_tail = output::lossy_tail(&logs::files_tail(&logs_dir, max));
-            Housework::Ended {
-                uid,
-                attempt,
-                outcome: Box::new(outcome),
-                free_work,
-            }
-        });
-    }
-
     /// The attempts it holds.
     pub(crate) fn attempts(&self) -> Vec<k8s4r_api::TaskAttempt> {
         self.table.attempts()
-    }
-
-    /// Runs health check `index` of a running task; its probe comes back
-    /// as housework.
-    fn run_check(&mut self, id: u64, index: usize) {
-        let Some(task) = self.table.get(id) else {
-            return;
-        };
-        let (Phase::Running(_), None, Some(check)) = (&task.phase, &task.stop, task.checks.get(index)) else {
-            return;
-        };
-        let as_task = || checks::AsTask {
-            launcher: Arc::clone(&self.launchers[task.driver]),
-            template: task.template.clone(),
-            env: task
-                .prepared
-                .as_ref()
-                .map(|p| {
-                    task_env(
-                        &task.uid,
-                        task.attempt,
-                        &task.name,
-                        &p.task_dir,
-                        &self.config.robot_id,
-                    )
-                })
-                .unwrap_or_default(),
-            prepared: task.prepared.clone(),
-            cgroup: task.cgroup.clone(),
-            owned: self.containment.owned(),
-        };
-        match checks::probe(check, &self.http_checks, as_task) {
-            Some(probe) => self.housework.push(Box::pin(async move {
-                let (probe, pid) = probe.await;
-                Housework::Checked {
-                    id,
-                    index,
-                    pid,
-                    probe,
-                }
-            })),
-            // Re-adopted and not prepared again yet: check next time.
-            None => {
-                let interval = check.timing.interval;
-                self.table.schedule(Deadline::Check(id, index), interval);
-            }
-        }
-    }
-
-    /// A probe came back: count it, stop the task if it made it unhealthy,
-    /// else check again after the interval.
-    fn on_checked(&mut self, id: u64, index: usize, pid: Option<i32>, probe: checks::Probe) {
-        if let Some(pid) = pid {
-            self.containment.owned().remove(pid);
-        }
-        let Some(task) = self.table.get_mut(id) else {
-            return;
-        };
-        if !task.is_running() || task.stop.is_some() {
-            return;
-        }
-        let Some(check) = task.checks.get_mut(index) else {
-            return;
-        };
-        let interval = check.timing.interval;
-        match check.record(probe) {
-            Some(why) => {
-                tracing::warn!(uid = %task.uid, attempt = task.attempt, %why, "task unhealthy; stopping it");
-                self.stop(id, StopCause::Unhealthy(why));
-            }
-            None => self.table.schedule(Deadline::Check(id, index), interval),
-        }
-    }
-
-    /// Starts again a task that was waiting to restart; one that was never
-    /// prepared in this run (re-adopted) is prepared first.
-    fn restart(&mut self, id: u64) {
-        match self.table.restart_due(id) {
-            Some(Some(prepared)) => self.start(id, prepared),
-            Some(None) => self.prepare_again(id),
-            None => {}
-        }
-    }
-
-    /// Prepares a task again in its kept directory; it starts when that is
-    /// done (or fails, as a start would).
-    fn prepare_again(&mut self, id: u64) {
-        let Some(task) = self.table.get(id) else {
-            return;
-        };
-        let Some(run_as) = self.admission.rerun_as(&task.template, task.own_uid) else {
-            let message = "cannot run it again: the robot's policy no longer allows it".to_owned();
-            return self.finish_unstarted(id, TaskReason::NotPermitted, message);
-        };
-        let launcher = Arc::clone(&self.launchers[task.driver]);
-        let input = self.admission.prep_input(
-            task.dir.clone(),
-            launcher,
-            task.template.clone(),
-            run_as,
-            true,
-            false,
-        );
-        self.preparing
-            .push(Box::pin(async move { (id, Ok(prepare(input).await)) }));
     }
 
     fn on_output(&mut self, id: u64, stream: Stream, fd: PipeFd, result: io::Result<Vec<u8>>) {
@@ -840,156 +449,6 @@ impl Runner {
             } => self.end(uid, attempt, *outcome, free_work),
             Housework::Done => {}
         }
-    }
-
-    /// SIGCHLD: the orphans the tasks left are reaped off the loop.
-    fn reap(&mut self) {
-        let (groups, pids) = self.table.orphan_marks();
-        let lineages = self
-            .table
-            .tasks()
-            .filter_map(|(_, t)| match &t.phase {
-                Phase::Running(r) => r.lineage.clone(),
-                _ => None,
-            })
-            .collect();
-        let wants = self.containment.reap(groups, pids, lineages);
-        self.apply(wants);
-    }
-
-    fn on_contained(&mut self, done: cleanup::Done) {
-        let follow = match &done {
-            cleanup::Done::Reaped => Some(self.containment.reaped()),
-            cleanup::Done::Swept { .. } => Some(true),
-            cleanup::Done::CgroupsRemoved { .. } => None,
-        };
-        let (wants, lineages) = self.containment.done(done);
-        for (id, lineage) in lineages {
-            if let Some(Phase::Running(running)) = self.table.get_mut(id).map(|t| &mut t.phase) {
-                running.lineage = Some(lineage);
-            }
-        }
-        self.apply(wants);
-        match follow {
-            // After a sweep, what it killed is reaped.
-            Some(true) => self.reap(),
-            // Reaped zombies may free a cgroup.
-            Some(false) => {
-                let wants = self.containment.remove_cgroups();
-                self.apply(wants);
-            }
-            None => {}
-        }
-    }
-
-    /// Does what containment asks: its jobs on the blocking pool, its
-    /// timers, the uids it is done with.
-    fn apply(&mut self, wants: Wants) {
-        for job in wants.jobs {
-            self.offload_with(move || Housework::Contained(job.run()));
-        }
-        if let Some(after) = wants.sweep_after {
-            self.table.schedule(Deadline::Sweep, after);
-        }
-        if let Some(after) = wants.cleanup_after {
-            self.table.schedule_cleanup(after);
-        }
-        self.table.remember_pids(wants.seen);
-        for fate in wants.uids {
-            match fate {
-                UidFate::Free(uid) => self.admission.release(Some(uid)),
-                UidFate::Barred(uid) => self.admission.bar(uid),
-            }
-        }
-    }
-
-    /// Measures the disk `after` from now, unless a measurement is due
-    /// sooner already.
-    pub(super) fn schedule_measure(&mut self, after: Duration) {
-        if self.disk.schedule(after) {
-            self.table.schedule(Deadline::Measure, after);
-        }
-    }
-
-    /// Measures the disk on the blocking pool.
-    fn measure(&mut self) {
-        let services = self
-            .table
-            .tasks()
-            .filter(|(_, t)| t.template.kind == TaskKind::Service)
-            .flat_map(|(_, t)| disk_watch::service_logs(&t.dir))
-            .collect();
-        if let Some(work) = self.disk.measure(services) {
-            self.offload_with(move || Housework::Measured(work()));
-        }
-    }
-
-    /// Applies the disk rules to a measurement.
-    fn on_measured(&mut self, m: Measurement) {
-        let mut seen = Vec::new();
-        for (id, task) in self.table.tasks_mut() {
-            task.disk_used = m.dirs.get(&task.dir).copied().unwrap_or(0);
-            seen.push(Seen {
-                id,
-                dir: task.dir.clone(),
-                running: task.is_running(),
-                limit: task.disk_limit,
-            });
-        }
-        let actions = self.disk.measured(&m, &seen, self.table.is_empty());
-        for (id, why) in actions.stop {
-            self.kill_now(id, StopCause::DiskLimit(why));
-        }
-        if !actions.remove.is_empty() {
-            let remove = actions.remove;
-            self.offload(move || remove.iter().for_each(|dir| disk_watch::remove_dir(dir)));
-        }
-        if let Some(next) = actions.next {
-            self.schedule_measure(next);
-        }
-    }
-
-    /// A task that never got a record (bad spec, refused).
-    fn finish_early(&mut self, uid: String, attempt: u32, reason: TaskReason, message: String) {
-        tracing::warn!(%uid, attempt, ?reason, %message, "task not started");
-        self.table.remember_finished(uid.clone(), attempt);
-        self.journal.event(TaskEvent::Finished {
-            uid,
-            attempt,
-            outcome: failed_outcome(reason, message, String::new()),
-        });
-    }
-
-    /// A task that has a record but no process.
-    fn finish_unstarted(&mut self, id: u64, reason: TaskReason, message: String) {
-        let Some(task) = self.table.remove(id) else {
-            return;
-        };
-        if reason != TaskReason::Cancelled {
-            tracing::warn!(uid = %task.uid, attempt = task.attempt, ?reason, %message, "task not started");
-        }
-        self.admission.release(task.own_uid);
-        let outcome = failed_outcome(reason, message, String::new());
-        self.end(task.uid, task.attempt, outcome, false);
-    }
-
-    fn end(&mut self, uid: String, attempt: u32, outcome: TaskOutcome, free_work: bool) {
-        self.table.remember_finished(uid.clone(), attempt);
-        let table = &self.table;
-        let retire = self
-            .disk
-            .retire((uid.clone(), attempt), free_work, |key| table.holds(key));
-        self.offload(retire);
-        let record = Record::Ended {
-            uid: uid.clone(),
-            attempt,
-        };
-        let event = TaskEvent::Finished {
-            uid,
-            attempt,
-            outcome,
-        };
-        self.journal.write(Some(record), vec![event]);
     }
 
     /// Runs `work` on the blocking pool at once; the loop only keeps its
@@ -1047,5 +506,10 @@ async fn recv_signal(signal: &mut Option<tokio::signal::unix::Signal>) -> Option
     }
 }
 
+mod checking;
+mod ending;
+mod shutdown;
+mod starting;
 #[cfg(test)]
 mod tests;
+mod upkeep;
