@@ -483,51 +483,11 @@ pub struct Config {
 impl Config {
     /// Applies defaults and checks every value.
     pub fn resolve(s: Settings) -> Result<Config, ConfigError> {
-        let robot_id = match s.robot_id {
-            Some(id) => id,
-            None => default_robot_id().ok_or(ConfigError::Invalid {
-                key: "robot_id",
-                reason: "not set, and neither /etc/machine-id nor the host name gives a usable id".into(),
-            })?,
-        };
-        validate_robot_id(&robot_id).map_err(|reason| ConfigError::Invalid {
-            key: "robot_id",
-            reason,
-        })?;
-
-        let url = s.broker_url.as_deref().unwrap_or(DEFAULT_BROKER_URL);
-        let parsed = BrokerUrl::parse(url).map_err(|e| ConfigError::Invalid {
-            key: "broker_url",
-            reason: e.to_string(),
-        })?;
-        let tls = TlsFiles::resolve(&parsed, s.ca_file, s.client_cert, s.client_key).map_err(|e| {
-            let key = match &e {
-                TlsError::Settings { key, .. } => key,
-                _ => "ca_file",
-            };
-            ConfigError::Invalid {
-                key,
-                reason: e.to_string(),
-            }
-        })?;
-        let BrokerUrl { host, port, .. } = parsed;
-        let credentials = match (s.username, s.password) {
-            (Some(u), p) => Some((u, p.unwrap_or_default())),
-            // The broker's ACL (`pattern readwrite k8s4r/robots/%u/#`) wants
-            // the robot id as the user name, so that is the default.
-            (None, Some(p)) => Some((robot_id.clone(), p)),
-            (None, None) => None,
-        };
-        let keep_alive = positive("keep_alive", s.keep_alive, Duration::from_secs(30))?;
-        if keep_alive < Duration::from_secs(1) {
-            return Err(ConfigError::Invalid {
-                key: "keep_alive",
-                reason: "must be at least 1s (MQTT counts it in seconds)".into(),
-            });
-        }
-
+        let robot_id = resolve_robot_id(s.robot_id.clone())?;
+        let broker = resolve_broker(&s, &robot_id)?;
         let topic_prefix = s
             .topic_prefix
+            .clone()
             .unwrap_or_else(|| k8s4r_api::protocol::DEFAULT_PREFIX.to_owned());
         if topic_prefix.is_empty() || topic_prefix.contains(['+', '#']) {
             return Err(ConfigError::Invalid {
@@ -535,24 +495,7 @@ impl Config {
                 reason: format!("{topic_prefix:?} must be non-empty and free of MQTT wildcards"),
             });
         }
-
-        let mut labels = BTreeMap::new();
-        for item in s.labels {
-            let (k, v) = item.split_once('=').ok_or_else(|| ConfigError::Invalid {
-                key: "labels",
-                reason: format!("{item:?} is not key=value"),
-            })?;
-            validate_label_key(k).map_err(|reason| ConfigError::Invalid {
-                key: "labels",
-                reason,
-            })?;
-            validate_label_value(v).map_err(|reason| ConfigError::Invalid {
-                key: "labels",
-                reason,
-            })?;
-            labels.insert(k.to_owned(), v.to_owned());
-        }
-
+        let labels = resolve_labels(&s.labels)?;
         let reconnect_min = positive("reconnect_min", s.reconnect_min, Duration::from_secs(1))?;
         let reconnect_max = positive("reconnect_max", s.reconnect_max, Duration::from_secs(60))?;
         let register_retry_min =
@@ -569,61 +512,15 @@ impl Config {
                 reason: "must be > 0".into(),
             });
         }
-
-        let state_dir = s.state_dir.unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
-        let defaults = SupervisorConfig::default();
-        let supervisor = SupervisorConfig {
-            robot_id: robot_id.clone(),
-            state_dir: state_dir.clone(),
-            log_max_bytes: s.log_max_bytes.unwrap_or(defaults.log_max_bytes),
-            log_max_files: s.log_max_files.unwrap_or(defaults.log_max_files),
-            output_tail_bytes: s.output_tail_bytes.unwrap_or(defaults.output_tail_bytes),
-            artifact_max_bytes: s.artifact_max_bytes.unwrap_or(defaults.artifact_max_bytes),
-            artifact_timeout: s.artifact_timeout.unwrap_or(defaults.artifact_timeout),
-            artifact_retries: s.artifact_retries.unwrap_or(defaults.artifact_retries),
-            cgroup_root: s.cgroup_root.or(defaults.cgroup_root),
-            policy: Policy {
-                raw_exec: s.raw_exec.unwrap_or(defaults.policy.raw_exec),
-                allow_root: s.allow_root.unwrap_or(defaults.policy.allow_root),
-                allowed_users: names("allowed_users", s.allowed_users)?,
-                allowed_groups: names("allowed_groups", s.allowed_groups)?,
-                default_user: s.exec_default_user,
-            },
-            task_uids: match s.task_uids {
-                Some(text) => parse_uid_range(&text)?,
-                None => defaults.task_uids,
-            },
-            max_tasks: match s.max_tasks {
-                Some(0) => {
-                    return Err(ConfigError::Invalid {
-                        key: "max_tasks",
-                        reason: "must be > 0".into(),
-                    })
-                }
-                Some(n) => n,
-                None => defaults.max_tasks,
-            },
-            task_pids_max: match s.task_pids_max {
-                Some(0) => None,
-                Some(n) => Some(n),
-                None => defaults.task_pids_max,
-            },
-            disk_budget: s.disk_budget.unwrap_or(defaults.disk_budget),
-            disk_reserve: s.disk_reserve.or(defaults.disk_reserve),
-            reap_all_orphans: defaults.reap_all_orphans,
-            leave_services_running: defaults.leave_services_running,
-        };
-
+        let state_dir = s
+            .state_dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
+        let supervisor = resolve_supervisor(&s, &robot_id, &state_dir)?;
         Ok(Config {
             robot_id,
             token: s.token,
-            broker: BrokerConfig {
-                host,
-                port,
-                tls,
-                credentials,
-                keep_alive,
-            },
+            broker,
             topic_prefix,
             state_dir,
             heartbeat_interval: positive(
@@ -643,6 +540,142 @@ impl Config {
             log: s.log,
         })
     }
+}
+
+/// The robot id as set, or the machine's, checked.
+fn resolve_robot_id(set: Option<String>) -> Result<String, ConfigError> {
+    let robot_id = match set {
+        Some(id) => id,
+        None => default_robot_id().ok_or(ConfigError::Invalid {
+            key: "robot_id",
+            reason: "not set, and neither /etc/machine-id nor the host name gives a usable id".into(),
+        })?,
+    };
+    validate_robot_id(&robot_id).map_err(|reason| ConfigError::Invalid {
+        key: "robot_id",
+        reason,
+    })?;
+    Ok(robot_id)
+}
+
+/// Where the broker is, how to reach it (TLS files, credentials) and the
+/// keep-alive.
+fn resolve_broker(s: &Settings, robot_id: &str) -> Result<BrokerConfig, ConfigError> {
+    let url = s.broker_url.as_deref().unwrap_or(DEFAULT_BROKER_URL);
+    let parsed = BrokerUrl::parse(url).map_err(|e| ConfigError::Invalid {
+        key: "broker_url",
+        reason: e.to_string(),
+    })?;
+    let tls = TlsFiles::resolve(
+        &parsed,
+        s.ca_file.clone(),
+        s.client_cert.clone(),
+        s.client_key.clone(),
+    )
+    .map_err(|e| {
+        let key = match &e {
+            TlsError::Settings { key, .. } => key,
+            _ => "ca_file",
+        };
+        ConfigError::Invalid {
+            key,
+            reason: e.to_string(),
+        }
+    })?;
+    let BrokerUrl { host, port, .. } = parsed;
+    let credentials = match (s.username.clone(), s.password.clone()) {
+        (Some(u), p) => Some((u, p.unwrap_or_default())),
+        // The broker's ACL (`pattern readwrite k8s4r/robots/%u/#`) wants
+        // the robot id as the user name, so that is the default.
+        (None, Some(p)) => Some((robot_id.to_owned(), p)),
+        (None, None) => None,
+    };
+    let keep_alive = positive("keep_alive", s.keep_alive, Duration::from_secs(30))?;
+    if keep_alive < Duration::from_secs(1) {
+        return Err(ConfigError::Invalid {
+            key: "keep_alive",
+            reason: "must be at least 1s (MQTT counts it in seconds)".into(),
+        });
+    }
+    Ok(BrokerConfig {
+        host,
+        port,
+        tls,
+        credentials,
+        keep_alive,
+    })
+}
+
+/// `key=value` labels, each key and value checked as Kubernetes checks them.
+fn resolve_labels(items: &[String]) -> Result<BTreeMap<String, String>, ConfigError> {
+    let mut labels = BTreeMap::new();
+    for item in items {
+        let (k, v) = item.split_once('=').ok_or_else(|| ConfigError::Invalid {
+            key: "labels",
+            reason: format!("{item:?} is not key=value"),
+        })?;
+        validate_label_key(k).map_err(|reason| ConfigError::Invalid {
+            key: "labels",
+            reason,
+        })?;
+        validate_label_value(v).map_err(|reason| ConfigError::Invalid {
+            key: "labels",
+            reason,
+        })?;
+        labels.insert(k.to_owned(), v.to_owned());
+    }
+    Ok(labels)
+}
+
+/// The supervisor's settings: the configured ones over its defaults.
+fn resolve_supervisor(
+    s: &Settings,
+    robot_id: &str,
+    state_dir: &Path,
+) -> Result<SupervisorConfig, ConfigError> {
+    let defaults = SupervisorConfig::default();
+    let max_tasks = match s.max_tasks {
+        Some(0) => {
+            return Err(ConfigError::Invalid {
+                key: "max_tasks",
+                reason: "must be > 0".into(),
+            })
+        }
+        Some(n) => n,
+        None => defaults.max_tasks,
+    };
+    Ok(SupervisorConfig {
+        robot_id: robot_id.to_owned(),
+        state_dir: state_dir.to_owned(),
+        log_max_bytes: s.log_max_bytes.unwrap_or(defaults.log_max_bytes),
+        log_max_files: s.log_max_files.unwrap_or(defaults.log_max_files),
+        output_tail_bytes: s.output_tail_bytes.unwrap_or(defaults.output_tail_bytes),
+        artifact_max_bytes: s.artifact_max_bytes.unwrap_or(defaults.artifact_max_bytes),
+        artifact_timeout: s.artifact_timeout.unwrap_or(defaults.artifact_timeout),
+        artifact_retries: s.artifact_retries.unwrap_or(defaults.artifact_retries),
+        cgroup_root: s.cgroup_root.clone().or(defaults.cgroup_root),
+        policy: Policy {
+            raw_exec: s.raw_exec.unwrap_or(defaults.policy.raw_exec),
+            allow_root: s.allow_root.unwrap_or(defaults.policy.allow_root),
+            allowed_users: names("allowed_users", s.allowed_users.clone())?,
+            allowed_groups: names("allowed_groups", s.allowed_groups.clone())?,
+            default_user: s.exec_default_user.clone(),
+        },
+        task_uids: match &s.task_uids {
+            Some(text) => parse_uid_range(text)?,
+            None => defaults.task_uids,
+        },
+        max_tasks,
+        task_pids_max: match s.task_pids_max {
+            Some(0) => None,
+            Some(n) => Some(n),
+            None => defaults.task_pids_max,
+        },
+        disk_budget: s.disk_budget.unwrap_or(defaults.disk_budget),
+        disk_reserve: s.disk_reserve.or(defaults.disk_reserve),
+        reap_all_orphans: defaults.reap_all_orphans,
+        leave_services_running: defaults.leave_services_running,
+    })
 }
 
 /// User or group names, each checked.

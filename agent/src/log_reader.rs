@@ -259,7 +259,6 @@ impl Rate {
 
 /// One file being followed.
 struct Followed {
-    stream: LogStream,
     path: PathBuf,
     file: Option<File>,
     inode: u64,
@@ -397,6 +396,46 @@ impl Job {
         }
     }
 
+    /// What is on disk now of `stream` (each file up to its length now,
+    /// those changed since `since` only), and its current file to follow
+    /// from there: what comes later is followed.
+    fn open_stream(&self, stream: LogStream) -> (Vec<(File, u64)>, Followed) {
+        let files = files_oldest_first(&self.dir, stream);
+        let since = self.request.since.map(SystemTime::from);
+        let current = files.last().cloned().unwrap_or_default();
+        let mut history: Vec<(File, u64)> = Vec::new();
+        let mut followed = None;
+        for path in &files {
+            let Ok(file) = File::open(path) else {
+                continue;
+            };
+            let Ok(meta) = file.metadata() else {
+                continue;
+            };
+            let recent = since.is_none_or(|s| meta.modified().is_ok_and(|m| m >= s));
+            if *path == current {
+                if let Ok(again) = file.try_clone() {
+                    followed = Some(Followed {
+                        path: path.clone(),
+                        inode: meta.ino(),
+                        offset: meta.len(),
+                        file: Some(again),
+                    });
+                }
+            }
+            if recent {
+                history.push((file, meta.len()));
+            }
+        }
+        let followed = followed.unwrap_or(Followed {
+            path: current,
+            inode: 0,
+            offset: 0,
+            file: None,
+        });
+        (history, followed)
+    }
+
     fn run(&self, sink: &dyn ChunkSink) {
         let mut out = Out {
             sink,
@@ -418,44 +457,8 @@ impl Job {
         }
         let mut followed = Vec::new();
         for stream in self.streams() {
-            let files = files_oldest_first(&self.dir, stream);
-            let since = self.request.since.map(SystemTime::from);
-            let current = files.last().cloned().unwrap_or_default();
-            // What is on disk now, each file up to its length now: what
-            // comes later is followed.
-            let mut history: Vec<(File, u64)> = Vec::new();
-            for path in &files {
-                let Ok(file) = File::open(path) else {
-                    continue;
-                };
-                let Ok(meta) = file.metadata() else {
-                    continue;
-                };
-                let recent = since.is_none_or(|s| meta.modified().is_ok_and(|m| m >= s));
-                if *path == current {
-                    if let Ok(again) = file.try_clone() {
-                        followed.push(Followed {
-                            stream,
-                            path: path.clone(),
-                            inode: meta.ino(),
-                            offset: meta.len(),
-                            file: Some(again),
-                        });
-                    }
-                }
-                if recent {
-                    history.push((file, meta.len()));
-                }
-            }
-            if followed.iter().all(|f| f.stream != stream) {
-                followed.push(Followed {
-                    stream,
-                    path: current,
-                    inode: 0,
-                    offset: 0,
-                    file: None,
-                });
-            }
+            let (mut history, follow) = self.open_stream(stream);
+            followed.push(follow);
             match self.request.tail_lines {
                 Some(n) => out.data(&tail_of(&mut history, n), false),
                 None => send_history(&mut history, &mut out),

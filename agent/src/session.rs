@@ -262,6 +262,21 @@ pub struct Session {
     log_readers: LogReaders,
 }
 
+/// What the previous run left running (re-adopted) or is starting again,
+/// held from the first registration so that its Tasks are not "not on
+/// robot"; and the Task names the supervisor kept for them.
+fn held_at_start(supervisor: &SupervisorHandle) -> (RunningSet, HashMap<String, String>) {
+    let mut running = RunningSet::default();
+    let mut names = HashMap::new();
+    for held in supervisor.held_at_start() {
+        running.insert(&held.uid, held.attempt);
+        if let Some(name) = &held.name {
+            names.insert(held.uid.clone(), name.clone());
+        }
+    }
+    (running, names)
+}
+
 impl Session {
     /// Wires a session; spawns the worker and event-forwarding tasks.
     pub fn new(
@@ -276,17 +291,7 @@ impl Session {
         let (commands, commands_rx) = mpsc::unbounded_channel();
         let offer = supervisor.offer().clone();
         let health = supervisor.health();
-        // What the previous run left running (re-adopted) or is starting
-        // again is held from the first registration: its Tasks are not
-        // "not on robot".
-        let mut running = RunningSet::default();
-        let mut names = HashMap::new();
-        for held in supervisor.held_at_start() {
-            running.insert(&held.uid, held.attempt);
-            if let Some(name) = &held.name {
-                names.insert(held.uid.clone(), name.clone());
-            }
-        }
+        let (running, names) = held_at_start(&supervisor);
         let session_id = session_id();
         tokio::spawn(worker(supervisor, commands_rx, updates_tx.clone()));
         tokio::spawn(forward_events(events, updates_tx.clone()));
@@ -296,14 +301,12 @@ impl Session {
         let reconnect = Backoff::new(config.reconnect_min, config.reconnect_max, jitter.clone());
         // Advance so the two backoffs do not share a sequence.
         jitter.next_f64();
-        let registrar = Registrar::new(
-            Backoff::new(
-                config.register_retry_min,
-                config.register_retry_max,
-                Jitter::with_seed(jitter.next_f64().to_bits()),
-            ),
-            session_id.clone(),
+        let register_backoff = Backoff::new(
+            config.register_retry_min,
+            config.register_retry_max,
+            Jitter::with_seed(jitter.next_f64().to_bits()),
         );
+        let registrar = Registrar::new(register_backoff, session_id.clone());
         let (status, status_rx) = watch::channel(SessionStatus {
             outbox_len: outbox.len(),
             ..Default::default()

@@ -260,21 +260,11 @@ pub(crate) fn assess(
     running: &[TaskUse],
     finished: &[(PathBuf, u64)],
 ) -> Verdict {
-    let mut v = Verdict::default();
-    let mut stopped = std::collections::HashSet::new();
-    for task in running {
-        if let Some(limit) = task.limit.filter(|l| task.used > *l) {
-            v.stop.push((
-                task.id,
-                format!(
-                    "its directory grew to {}, over its resources.disk of {}",
-                    mib(task.used),
-                    mib(limit)
-                ),
-            ));
-            stopped.insert(task.id);
-        }
-    }
+    let mut v = Verdict {
+        stop: over_own_limits(running),
+        ..Verdict::default()
+    };
+    let mut stopped: std::collections::HashSet<u64> = v.stop.iter().map(|(id, _)| *id).collect();
     let largest = |stopped: &std::collections::HashSet<u64>| {
         running
             .iter()
@@ -334,6 +324,25 @@ pub(crate) fn assess(
         }
     }
     v
+}
+
+/// The running tasks whose directory grew over their own
+/// `resources.disk`, each with why it stops.
+fn over_own_limits(running: &[TaskUse]) -> Vec<(u64, String)> {
+    running
+        .iter()
+        .filter_map(|task| {
+            let limit = task.limit.filter(|l| task.used > *l)?;
+            Some((
+                task.id,
+                format!(
+                    "its directory grew to {}, over its resources.disk of {}",
+                    mib(task.used),
+                    mib(limit)
+                ),
+            ))
+        })
+        .collect()
 }
 
 impl Verdict {
