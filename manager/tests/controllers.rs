@@ -198,13 +198,16 @@ async fn failed_attempts_are_retried_with_backoff_then_fail_for_good() {
 
 #[tokio::test]
 async fn an_unacknowledged_dispatch_moves_to_another_robot_once_fenced() {
-    let (env, manager) = start(config()).await;
+    let mut cfg = config();
+    cfg.lifecycle.dispatch_timeout = Duration::from_secs(8);
+    let (env, manager) = start(cfg).await;
     let c = &env.client;
     robot("a").create(c).await;
     robot("b").create(c).await;
     // The robot that got the dispatch goes quiet: it may have taken it, so
     // it is fenced (stopAfter 5 s + kill timeout 1 s after it was last
-    // heard from) before the attempt moves.
+    // heard from), and it may still take it until the dispatch's deadline
+    // (8 s), before the attempt moves.
     let mut fenced = group("g", 1);
     fenced.disconnect = Some(k8s4r_api::DisconnectPolicy {
         stop_after: Some("5s".into()),
@@ -224,6 +227,12 @@ async fn an_unacknowledged_dispatch_moves_to_another_robot_once_fenced() {
     let status = t.status.as_ref().unwrap();
     assert_eq!(status.attempts[0].reason, Some(TaskReason::RobotLost));
     assert_eq!(dispatching_on(&t), Some(other), "the silent robot is avoided");
+    let deadline = first.status.as_ref().and_then(|s| s.dispatch_deadline).unwrap();
+    let given_up = status.attempts[0].finish_time.unwrap();
+    assert!(
+        given_up >= deadline,
+        "attempt 1 given up at {given_up}, before its deadline {deadline}, while its robot could still take it"
+    );
     manager.stop().await;
 }
 
