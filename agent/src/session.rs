@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use k8s4r_api::backoff::{Backoff, Jitter};
 use k8s4r_api::protocol::{
-    encode, Cancel, Dispatch, Heartbeat, Online, Register, StatusUpdate, Topics, MAX_HELD_ATTEMPTS,
+    encode, Cancel, Dispatch, Heartbeat, HeldList, Online, Register, StatusUpdate, Topics, MAX_HELD_ATTEMPTS,
 };
 use k8s4r_api::{DeviceInfo, RestartStatus, TaskReason, TaskState};
 use rumqttc::{AsyncClient, ConnectionError, Event, EventLoop, Outgoing, Packet, QoS};
@@ -609,10 +609,12 @@ impl Session {
             token: self.token.clone(),
             drivers: self.offer.drivers.clone(),
             labels: self.labels.clone(),
-            running,
-            reconcile: complete,
+            held: HeldList {
+                running,
+                reconcile: complete,
+                last_seq: self.outbox.peek_seq().checked_sub(1),
+            },
             nonce: Some(self.registrar.next_nonce()),
-            last_seq: self.outbox.peek_seq().checked_sub(1),
             task_policy: Some(self.offer.policy.clone()),
             health: Some(self.health.borrow().clone()),
             ..Register::new(&self.robot_id, env!("CARGO_PKG_VERSION"), self.device.clone())
@@ -925,9 +927,11 @@ impl Session {
         self.heartbeat_seq += 1;
         let (running, complete) = self.holding();
         let heartbeat = Heartbeat {
-            running,
-            reconcile: complete,
-            last_seq: self.outbox.peek_seq().checked_sub(1),
+            held: HeldList {
+                running,
+                reconcile: complete,
+                last_seq: self.outbox.peek_seq().checked_sub(1),
+            },
             server_time: self.fence.server_now(boot_clock()),
             health: Some(self.health.borrow().clone()),
             session: Some(self.session_id.clone()),

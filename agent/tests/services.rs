@@ -342,11 +342,12 @@ async fn an_agent_restart_leaves_a_service_running_and_still_enforces_its_timeou
     let register = server.approve("rs4").await;
     assert!(
         register
+            .held
             .running
             .iter()
             .any(|a| a.uid == "u-keep" && a.attempt == 1),
         "{:?}",
-        register.running
+        register.held.running
     );
 
     // The same process, and its timeout (6s from its start) still holds.

@@ -17,7 +17,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::duration::DurationString;
-use crate::task::TaskKind;
+use crate::task_kind::TaskKind;
 
 /// How long a robot keeps an attempt running without the cluster, unless
 /// the group says otherwise: long enough for a Wi-Fi hand-over or a broker

@@ -25,6 +25,7 @@ pub mod quantity;
 pub mod robot;
 pub mod selector;
 pub mod task;
+pub mod task_kind;
 pub mod validation;
 
 #[cfg(feature = "kube")]
@@ -53,9 +54,10 @@ pub use selector::{
 };
 pub use task::{
     Artifact, AttemptRecord, EnvVar, ExecCheck, HealthCheck, HttpCheck, LocalRestart, LocalRestartMode,
-    ManualAction, RestartMode, RestartPolicy, RestartStatus, TaskAttempt, TaskCounts, TaskKind, TaskReason,
+    ManualAction, RestartMode, RestartPolicy, RestartStatus, TaskAttempt, TaskCounts, TaskReason,
     TaskResources, TaskSpec, TaskState, TaskStatus, TaskTemplate, TcpCheck,
 };
+pub use task_kind::TaskKind;
 
 #[cfg(feature = "kube")]
 pub use job::{Job, TaskGroup};

@@ -379,10 +379,6 @@ fn bound_nonce(kind: &'static str, field: &'static str, nonce: Option<&String>) 
     bound(kind, field, nonce.map_or(0, String::len), MAX_NONCE_BYTES)
 }
 
-fn bound_held(kind: &'static str, held: &[TaskAttempt]) -> Result<(), ProtocolError> {
-    bound(kind, "running", held.len(), MAX_HELD_ATTEMPTS)
-}
-
 /// Encodes a message as JSON (its `v` field included).
 pub fn encode<M: Message>(message: &M) -> Vec<u8> {
     // Serialising these plain structs cannot fail: no maps with non-string
@@ -433,6 +429,33 @@ fn version() -> u32 {
     PROTOCOL_VERSION
 }
 
+/// What a robot holds, as [`Register`] and [`Heartbeat`] both report it:
+/// the attempts it runs, holds, or has not had the final status of
+/// confirmed. Its fields sit on the message itself on the wire (flattened),
+/// between the same neighbours as before it was one type.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HeldList {
+    /// The attempts, at most [`MAX_HELD_ATTEMPTS`].
+    #[serde(default)]
+    pub running: Vec<TaskAttempt>,
+    /// `running` is complete: every attempt the robot runs, holds, or has
+    /// not had its final status confirmed. The server then fails Tasks that
+    /// show an attempt running here that the list lacks.
+    #[serde(default)]
+    pub reconcile: bool,
+    /// The highest status `seq` the robot had assigned when it built
+    /// `running`: the list speaks for every status up to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_seq: Option<u64>,
+}
+
+impl HeldList {
+    fn check_limits(&self, kind: &'static str) -> Result<(), ProtocolError> {
+        bound(kind, "running", self.running.len(), MAX_HELD_ATTEMPTS)
+    }
+}
+
 /// `register`: a robot introduces itself, on every connect.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -454,18 +477,9 @@ pub struct Register {
     /// Labels the robot reports about itself.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
-    /// Tasks the agent is running now, so the cloud can reconcile.
-    #[serde(default)]
-    pub running: Vec<TaskAttempt>,
-    /// `running` is complete: every attempt the robot runs, holds, or has
-    /// not had its final status confirmed. The server then fails Tasks that
-    /// show an attempt running here that the list lacks.
-    #[serde(default)]
-    pub reconcile: bool,
-    /// The highest status `seq` the robot had assigned when it built
-    /// `running` (see [`Heartbeat::last_seq`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_seq: Option<u64>,
+    /// What the robot holds, so the cloud can reconcile.
+    #[serde(flatten)]
+    pub held: HeldList,
     /// Who tasks may run as and how much the robot takes (its own config):
     /// the scheduler respects it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -484,7 +498,7 @@ impl Message for Register {
     const KIND: &'static str = "register";
 
     fn check_limits(&self) -> Result<(), ProtocolError> {
-        bound_held(Self::KIND, &self.running)?;
+        self.held.check_limits(Self::KIND)?;
         bound(Self::KIND, "drivers", self.drivers.len(), MAX_DRIVERS)?;
         bound(Self::KIND, "labels", self.labels.len(), MAX_LABELS)?;
         if let Some(policy) = &self.task_policy {
@@ -516,9 +530,7 @@ impl Register {
             device,
             drivers: Vec::new(),
             labels: BTreeMap::new(),
-            running: Vec::new(),
-            reconcile: false,
-            last_seq: None,
+            held: HeldList::default(),
             task_policy: None,
             health: None,
             nonce: None,
@@ -541,17 +553,10 @@ pub struct Heartbeat {
     pub time: Timestamp,
     /// Usage figures.
     pub usage: Usage,
-    /// Tasks running now (see [`Register::running`]).
-    #[serde(default)]
-    pub running: Vec<TaskAttempt>,
-    /// `running` is complete (see [`Register::reconcile`]).
-    #[serde(default)]
-    pub reconcile: bool,
-    /// The highest status `seq` the robot had assigned when it built
-    /// `running`: the list speaks for every status up to it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_seq: Option<u64>,
-    /// The server's clock as the robot reckoned it when it built `running`.
+    /// What the robot holds now.
+    #[serde(flatten)]
+    pub held: HeldList,
+    /// The server's clock as the robot reckoned it when it built `held`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server_time: Option<Timestamp>,
     /// Whether the agent can take tasks now, and why not: the server keeps
@@ -569,7 +574,7 @@ impl Message for Heartbeat {
     const KIND: &'static str = "heartbeat";
 
     fn check_limits(&self) -> Result<(), ProtocolError> {
-        bound_held(Self::KIND, &self.running)?;
+        self.held.check_limits(Self::KIND)?;
         bound_nonce(Self::KIND, "session", self.session.as_ref())
     }
 }
@@ -583,9 +588,7 @@ impl Heartbeat {
             seq,
             time,
             usage,
-            running: Vec::new(),
-            reconcile: false,
-            last_seq: None,
+            held: HeldList::default(),
             server_time: None,
             health: None,
             session: None,
@@ -1035,6 +1038,107 @@ mod tests {
         assert_eq!(decode::<M>(&bytes).unwrap(), m);
     }
 
+    /// A registration with every field set (the nested ones too).
+    fn full_register() -> Register {
+        Register {
+            v: 1,
+            robot_id: "rb1".into(),
+            token: Some("s3cret".into()),
+            agent_version: "0.1.0".into(),
+            device: device(),
+            drivers: vec!["exec".into(), "raw_exec".into()],
+            labels: [("site".to_string(), "lab".to_string())].into(),
+            held: HeldList {
+                running: vec![TaskAttempt::new("u1", 2).named(Some("default/job-a-0".into()))],
+                reconcile: true,
+                last_seq: Some(40),
+            },
+            task_policy: Some(TaskPolicy {
+                max_tasks: 8,
+                disk_budget: Some("10Gi".into()),
+                allow_root: true,
+                allowed_users: vec!["robot".into()],
+                allowed_groups: vec!["dialout".into()],
+            }),
+            health: Some(full_health()),
+            nonce: Some("5f1c".into()),
+        }
+    }
+
+    /// A heartbeat with every field set (the nested ones too).
+    fn full_heartbeat() -> Heartbeat {
+        Heartbeat {
+            v: 1,
+            robot_id: "rb1".into(),
+            seq: 7,
+            time: "2026-11-22T10:00:00Z".parse().unwrap(),
+            usage: Usage {
+                cpu_percent: 12.5,
+                memory_used_bytes: 1 << 30,
+                memory_total_bytes: 4 << 30,
+                disk_free_bytes: 10 << 30,
+                load1: 0.5,
+                load5: 0.25,
+                load15: 0.125,
+            },
+            held: HeldList {
+                running: vec![
+                    TaskAttempt::new("u1", 2).named(Some("default/job-a-0".into())),
+                    TaskAttempt::new("u2", 1),
+                ],
+                reconcile: true,
+                last_seq: Some(41),
+            },
+            server_time: Some("2026-11-22T10:00:01Z".parse().unwrap()),
+            health: Some(full_health()),
+            session: Some("a1b2".into()),
+        }
+    }
+
+    fn full_health() -> AgentHealth {
+        AgentHealth {
+            accepting_tasks: false,
+            reason: Some(AgentHealth::REASON_DISK_FULL.into()),
+            message: Some("the task disk is full".into()),
+            tasks: 3,
+            disk_used_bytes: 5 << 30,
+            dropped_output_bytes: 1024,
+        }
+    }
+
+    /// The JSON of a registration and a heartbeat, byte for byte as this
+    /// build's predecessors sent it (before `HeldList` was one type): what
+    /// robots and servers of either age read.
+    #[test]
+    fn register_and_heartbeat_keep_their_wire_form() {
+        let json = |bytes: Vec<u8>| String::from_utf8(bytes).unwrap();
+        assert_eq!(
+            json(encode(&full_register())),
+            r#"{"v":1,"robotId":"rb1","token":"s3cret","agentVersion":"0.1.0","device":{"arch":"aarch64","os":"linux","osVersion":"Debian GNU/Linux 12","kernel":"6.1.0","hostname":"rb1","cpus":4,"memoryBytes":4294967296,"diskBytes":34359738368},"drivers":["exec","raw_exec"],"labels":{"site":"lab"},"running":[{"uid":"u1","attempt":2,"name":"default/job-a-0"}],"reconcile":true,"lastSeq":40,"taskPolicy":{"maxTasks":8,"diskBudget":"10Gi","allowRoot":true,"allowedUsers":["robot"],"allowedGroups":["dialout"]},"health":{"acceptingTasks":false,"reason":"DiskFull","message":"the task disk is full","tasks":3,"diskUsedBytes":5368709120,"droppedOutputBytes":1024},"nonce":"5f1c"}"#
+        );
+        assert_eq!(
+            json(encode(&full_heartbeat())),
+            r#"{"v":1,"robotId":"rb1","seq":7,"time":"2026-11-22T10:00:00Z","usage":{"cpuPercent":12.5,"memoryUsedBytes":1073741824,"memoryTotalBytes":4294967296,"diskFreeBytes":10737418240,"load1":0.5,"load5":0.25,"load15":0.125},"running":[{"uid":"u1","attempt":2,"name":"default/job-a-0"},{"uid":"u2","attempt":1}],"reconcile":true,"lastSeq":41,"serverTime":"2026-11-22T10:00:01Z","health":{"acceptingTasks":false,"reason":"DiskFull","message":"the task disk is full","tasks":3,"diskUsedBytes":5368709120,"droppedOutputBytes":1024},"session":"a1b2"}"#
+        );
+        assert_eq!(
+            json(encode(&Register::new("rb1", "0.1.0", DeviceInfo::default()))),
+            r#"{"v":1,"robotId":"rb1","agentVersion":"0.1.0","device":{"arch":"","os":"","cpus":0,"memoryBytes":0,"diskBytes":0},"drivers":[],"labels":{},"running":[],"reconcile":false}"#
+        );
+        let time = "2026-11-22T10:00:00Z".parse().unwrap();
+        assert_eq!(
+            json(encode(&Heartbeat::new("rb1", 1, time, Usage::default()))),
+            r#"{"v":1,"robotId":"rb1","seq":1,"time":"2026-11-22T10:00:00Z","usage":{"cpuPercent":0.0,"memoryUsedBytes":0,"memoryTotalBytes":0,"diskFreeBytes":0,"load1":0.0,"load5":0.0,"load15":0.0},"running":[],"reconcile":false}"#
+        );
+        assert_eq!(
+            decode::<Register>(&encode(&full_register())).unwrap(),
+            full_register()
+        );
+        assert_eq!(
+            decode::<Heartbeat>(&encode(&full_heartbeat())).unwrap(),
+            full_heartbeat()
+        );
+    }
+
     #[test]
     fn every_message_round_trips() {
         let running = vec![TaskAttempt::new("u1", 2).named(Some("default/job-a-0".into()))];
@@ -1046,9 +1150,11 @@ mod tests {
             device: device(),
             drivers: vec!["exec".into(), "raw_exec".into()],
             labels: [("site".to_string(), "lab".to_string())].into(),
-            running: running.clone(),
-            reconcile: true,
-            last_seq: Some(40),
+            held: HeldList {
+                running: running.clone(),
+                reconcile: true,
+                last_seq: Some(40),
+            },
             task_policy: Some(TaskPolicy {
                 max_tasks: 8,
                 ..TaskPolicy::default()
@@ -1073,9 +1179,11 @@ mod tests {
                 load5: 0.25,
                 load15: 0.125,
             },
-            running,
-            reconcile: true,
-            last_seq: Some(41),
+            held: HeldList {
+                running,
+                reconcile: true,
+                last_seq: Some(41),
+            },
             server_time: Some("2026-11-22T10:00:00Z".parse().unwrap()),
             health: None,
             session: Some("a1b2".into()),
@@ -1251,9 +1359,9 @@ mod tests {
             Usage::default(),
         );
         // One uid repeated is as long a list as distinct ones.
-        heartbeat.running = vec![TaskAttempt::new("u", 1); MAX_HELD_ATTEMPTS];
+        heartbeat.held.running = vec![TaskAttempt::new("u", 1); MAX_HELD_ATTEMPTS];
         assert!(decode::<Heartbeat>(&encode(&heartbeat)).is_ok());
-        heartbeat.running.push(TaskAttempt::new("u", 1));
+        heartbeat.held.running.push(TaskAttempt::new("u", 1));
         assert_eq!(
             decode::<Heartbeat>(&encode(&heartbeat)),
             Err(ProtocolError::TooMany {

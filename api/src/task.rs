@@ -9,6 +9,7 @@ use crate::disconnect::DisconnectPolicy;
 use crate::duration::DurationString;
 use crate::quantity::Quantity;
 use crate::selector::{AntiAffinity, Constraint, LabelSelector, WeightedAffinity};
+use crate::task_kind::TaskKind;
 
 /// The drivers an agent may offer. A robot offers `raw_exec` only when its
 /// configuration turns it on.
@@ -153,24 +154,6 @@ pub struct HttpCheck {
     /// The host (default 127.0.0.1: the robot itself).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
-}
-
-/// What kind of work a task is.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub enum TaskKind {
-    /// Runs to completion: exit 0 completes it.
-    #[default]
-    Batch,
-    /// Runs until stopped: every exit is restarted on the robot.
-    Service,
-}
-
-impl TaskKind {
-    /// Whether it is the default, batch.
-    pub fn is_batch(&self) -> bool {
-        *self == TaskKind::Batch
-    }
 }
 
 /// Restarts of an attempt on the robot (Nomad's `restart` block): at most

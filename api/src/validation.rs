@@ -13,9 +13,10 @@ use crate::selector::{
     CONSTRAINT_ATTRIBUTES,
 };
 use crate::task::{
-    HealthCheck, LocalRestart, LocalRestartMode, RestartPolicy, TaskKind, TaskResources, TaskSpec,
-    TaskTemplate, DRIVERS,
+    HealthCheck, LocalRestart, LocalRestartMode, RestartPolicy, TaskResources, TaskSpec, TaskTemplate,
+    DRIVERS,
 };
+use crate::task_kind::TaskKind;
 
 /// The kill timeout when a task does not set one (Nomad's default).
 pub const DEFAULT_KILL_TIMEOUT: Duration = Duration::from_secs(5);

@@ -5,12 +5,8 @@
 
 use serde_json::{json, Value};
 
-use crate::ops::{meta_str, now};
-use crate::resources::{self, Registry};
+use crate::metadata::{meta_str, now};
 use crate::store::Txn;
-
-/// Where CRDs are stored, as the store names group-resources.
-pub const STORED_RESOURCE: &str = "customresourcedefinitions.apiextensions.k8s.io";
 
 /// Sets the status of a CRD being written: its names accepted, its storage
 /// versions recorded, `NamesAccepted` and `Established`.
@@ -37,14 +33,7 @@ pub fn accept(crd: &mut Value) {
 
 /// Serves a stored CRD's kinds (again, when it is rewritten or loaded).
 pub fn register(txn: &mut Txn<'_>, crd: &Value) {
-    serve(&mut txn.state.registry, crd);
-}
-
-/// Serves a CRD's kinds from `registry`.
-pub fn serve(registry: &mut Registry, crd: &Value) {
-    if let Ok(types) = resources::from_crd(crd) {
-        registry.register_crd(meta_str(crd, "name"), types);
-    }
+    txn.state.registry.serve_crd(crd);
 }
 
 /// Removes a deleted CRD's kinds and every object of them.

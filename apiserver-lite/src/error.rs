@@ -1,5 +1,6 @@
-//! Errors: the Kubernetes `Status` answers the HTTP layer sends, and the
-//! crate-level error for starting and stopping the server.
+//! Errors: the Kubernetes `Status` answers the HTTP layer sends, the
+//! crate-level error for starting and stopping the server, and the store's
+//! failure to commit. It imports nothing of this crate: every layer uses it.
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -258,8 +259,14 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-impl From<crate::store::NotStored> for ApiError {
-    fn from(e: crate::store::NotStored) -> Self {
+/// A request saw a change that storage then lost (see
+/// [`crate::store::Store::settle`]).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("storage failed to commit a change this request depends on: {0}")]
+pub struct NotStored(pub std::sync::Arc<str>);
+
+impl From<NotStored> for ApiError {
+    fn from(e: NotStored) -> Self {
         ApiError::internal(e.to_string())
     }
 }

@@ -3,10 +3,10 @@
 //! records Events through events.k8s.io/v1 while `kubectl describe` reads
 //! core/v1, so here both are stored as events.k8s.io/v1 and core/v1 is
 //! converted field by field, the way the real server's conversion does.
+//! (The core/v1 Events that earlier versions stored apart are moved by
+//! [`crate::persist::migrate_core_events`].)
 
 use serde_json::{Map, Value};
-
-use crate::store::Txn;
 
 /// The apiVersion Events are stored under.
 pub const STORED_API_VERSION: &str = "events.k8s.io/v1";
@@ -69,21 +69,6 @@ fn rename(
     Value::Object(out)
 }
 
-/// Moves the core/v1 Events that earlier versions stored apart (under
-/// `events`) to the storage both Event APIs now share, converted; returns
-/// how many it moved. Without this they would stay in the database, served
-/// by nothing and never expired.
-pub fn migrate_core_events(txn: &mut Txn<'_>) -> usize {
-    const LEGACY: &str = "events";
-    let keys: Vec<(String, String)> = txn.state.list(LEGACY, None).map(|(key, _)| key.clone()).collect();
-    for (ns, name) in &keys {
-        if let Some(old) = txn.remove(LEGACY, ns, name) {
-            txn.put(STORED_RESOURCE, from_core(&old.value()));
-        }
-    }
-    keys.len()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -132,30 +117,5 @@ mod tests {
             from_core(&core),
             json!({"apiVersion": STORED_API_VERSION, "note": "kept"})
         );
-    }
-
-    #[test]
-    fn core_events_stored_apart_by_earlier_versions_move_to_the_shared_storage() {
-        let store = crate::store::Store::new(100);
-        let legacy = json!({
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"name": "t.1", "namespace": "default", "uid": "e1"},
-            "involvedObject": {"kind": "Task", "name": "t"},
-            "message": "attempt 1 started",
-        });
-        store
-            .write(|txn| {
-                txn.put("events", legacy);
-                Ok::<_, ()>(migrate_core_events(txn))
-            })
-            .unwrap();
-        assert!(store.read(|s| s.list("events", None).next().is_none()));
-        let moved = store
-            .read(|s| s.get(STORED_RESOURCE, "default", "t.1"))
-            .expect("moved");
-        assert_eq!(moved["apiVersion"], "events.k8s.io/v1");
-        assert_eq!(moved["note"], "attempt 1 started");
-        assert_eq!(moved["regarding"]["name"], "t");
-        assert_eq!(moved["metadata"]["uid"], "e1");
     }
 }

@@ -18,7 +18,8 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 
 use crate::authz::Identity;
-use crate::ops::{commit_update, delete, meta_str, FieldValidation, Precondition, Propagation, WriteOpts};
+use crate::metadata::meta_str;
+use crate::ops::{commit_update, delete, FieldValidation, Precondition, Propagation, WriteOpts};
 use crate::resources::ResourceType;
 use crate::store::{Store, Txn};
 

@@ -28,6 +28,7 @@ pub mod fields;
 pub mod gc;
 pub mod http;
 pub mod limits;
+pub mod metadata;
 pub mod object;
 pub mod openapi;
 pub mod ops;

@@ -21,7 +21,7 @@ const KEPT_PARSED: &[&str] = &[
     "clusterrolebindings.rbac.authorization.k8s.io",
     "roles.rbac.authorization.k8s.io",
     "rolebindings.rbac.authorization.k8s.io",
-    crate::crd::STORED_RESOURCE,
+    crate::resources::CRD_RESOURCE,
 ];
 
 #[derive(Debug, Clone)]

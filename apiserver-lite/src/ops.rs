@@ -11,15 +11,12 @@ use serde_json::{json, Value};
 use crate::authz::Identity;
 use crate::error::ApiError;
 use crate::fields::{self, Scope};
+use crate::metadata::{meta_str, now};
 use crate::object::Object;
 use crate::resources::{self, ResourceType};
 use crate::schema;
 use crate::store::Txn;
 use crate::{crd, escalation};
-
-pub fn now() -> String {
-    jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
-}
 
 fn qualified(rt: &ResourceType) -> String {
     rt.group_resource()
@@ -89,10 +86,6 @@ impl PatchType {
             _ => None,
         }
     }
-}
-
-pub(crate) fn meta_str<'a>(obj: &'a Value, key: &str) -> &'a str {
-    obj["metadata"][key].as_str().unwrap_or_default()
 }
 
 fn scope_of(rt: &ResourceType, status: bool) -> Scope {

@@ -4,6 +4,9 @@
 //! batch is committed (see [`crate::store`]); when a commit fails, the file
 //! is reopened and memory is rolled back to what it holds. On shutdown the
 //! task commits what is queued, then ends.
+//!
+//! What earlier versions stored differently is moved once the file is
+//! loaded ([`migrate_core_events`]).
 
 use std::path::{Path, PathBuf};
 
@@ -15,7 +18,8 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use crate::error::Error;
-use crate::store::{Batch, PersistOp, Store};
+use crate::event_conversion::{from_core, STORED_RESOURCE as EVENTS};
+use crate::store::{Batch, PersistOp, Store, Txn};
 
 const OBJECTS: TableDefinition<&str, &[u8]> = TableDefinition::new("objects");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
@@ -187,5 +191,49 @@ async fn reopen(path: &Path, rx: &mpsc::UnboundedReceiver<Batch>) -> Option<(Per
             return None;
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Moves the core/v1 Events that earlier versions stored apart (under
+/// `events`) to the storage both Event APIs now share, converted; returns
+/// how many it moved. Without this they would stay in the database, served
+/// by nothing and never expired.
+pub fn migrate_core_events(txn: &mut Txn<'_>) -> usize {
+    const LEGACY: &str = "events";
+    let keys: Vec<(String, String)> = txn.state.list(LEGACY, None).map(|(key, _)| key.clone()).collect();
+    for (ns, name) in &keys {
+        if let Some(old) = txn.remove(LEGACY, ns, name) {
+            txn.put(EVENTS, from_core(&old.value()));
+        }
+    }
+    keys.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn core_events_stored_apart_by_earlier_versions_move_to_the_shared_storage() {
+        let store = Store::new(100);
+        let legacy = json!({
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": "t.1", "namespace": "default", "uid": "e1"},
+            "involvedObject": {"kind": "Task", "name": "t"},
+            "message": "attempt 1 started",
+        });
+        store
+            .write(|txn| {
+                txn.put("events", legacy);
+                Ok::<_, ()>(migrate_core_events(txn))
+            })
+            .unwrap();
+        assert!(store.read(|s| s.list("events", None).next().is_none()));
+        let moved = store.read(|s| s.get(EVENTS, "default", "t.1")).expect("moved");
+        assert_eq!(moved["apiVersion"], "events.k8s.io/v1");
+        assert_eq!(moved["note"], "attempt 1 started");
+        assert_eq!(moved["regarding"]["name"], "t");
+        assert_eq!(moved["metadata"]["uid"], "e1");
     }
 }

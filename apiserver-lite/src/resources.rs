@@ -8,6 +8,10 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 
 use crate::error::FieldError;
+use crate::metadata::meta_str;
+
+/// Where CRDs are stored, as the store names group-resources.
+pub const CRD_RESOURCE: &str = "customresourcedefinitions.apiextensions.k8s.io";
 
 /// A column of `kubectl get` output, as in a CRD's `additionalPrinterColumns`.
 #[derive(Debug, Clone, PartialEq)]
@@ -641,6 +645,14 @@ impl Registry {
         }
         for rt in types {
             self.insert(rt);
+        }
+    }
+
+    /// Serves a stored CRD's kinds (again, when it is rewritten or
+    /// loaded); one whose types do not parse serves nothing.
+    pub fn serve_crd(&mut self, crd: &Value) {
+        if let Ok(types) = from_crd(crd) {
+            self.register_crd(meta_str(crd, "name"), types);
         }
     }
 

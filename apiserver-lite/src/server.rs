@@ -15,12 +15,12 @@ use crate::aggregator::{Endpoints, FrontProxy, AUTHENTICATION_CONFIGMAP};
 use crate::authz::{Authenticator, Identity, User};
 use crate::error::{Error, Result};
 use crate::event_ttl::expire_events;
+use crate::gc;
 use crate::http::{self, App};
 use crate::limits::{self, Limiter, Limits};
 use crate::ops::{self, FieldValidation, WriteOpts};
-use crate::persist::Persistence;
+use crate::persist::{self, Persistence};
 use crate::store::Store;
-use crate::{event_conversion, gc};
 
 /// The file the server keeps its objects in, inside the data directory.
 pub const DATA_FILE: &str = "apiserver.redb";
@@ -183,7 +183,7 @@ pub async fn start(config: Config) -> Result<RunningServer> {
         store.set_persist(Some(tx));
         persist_task = Some(tokio::spawn(db.run(rx, store.clone())));
         let moved = store
-            .write(|txn| Ok::<_, ()>(event_conversion::migrate_core_events(txn)))
+            .write(|txn| Ok::<_, ()>(persist::migrate_core_events(txn)))
             .unwrap_or(0);
         if moved > 0 {
             tracing::info!(moved, "core/v1 Events moved to the storage both Event APIs share");

@@ -26,8 +26,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use serde_json::Value;
 use tokio::sync::{broadcast, mpsc, watch, Notify};
 
+use crate::error::NotStored;
 use crate::object::Object;
-use crate::resources::Registry;
+use crate::resources::{Registry, CRD_RESOURCE};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventType {
@@ -259,8 +260,8 @@ impl State {
                 self.uids
                     .insert(uid.to_string(), (gr.clone(), ns.clone(), name.clone()));
             }
-            if gr == crate::crd::STORED_RESOURCE {
-                crate::crd::serve(&mut self.registry, &obj);
+            if gr == CRD_RESOURCE {
+                self.registry.serve_crd(&obj);
             }
             let obj = Object::new(obj).stored(&gr);
             self.objects.entry(gr).or_default().insert((ns, name), obj);
@@ -386,11 +387,6 @@ pub struct Store {
 /// How many rollbacks the store had been through when a request began.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Generation(u64);
-
-/// A request saw a change that storage then lost.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("storage failed to commit a change this request depends on: {0}")]
-pub struct NotStored(pub Arc<str>);
 
 impl Store {
     pub fn new(history_limit: usize) -> Self {

@@ -10,14 +10,14 @@ use jiff::Timestamp;
 use k8s4r_api::backoff::exponential;
 use k8s4r_api::names::MANAGER_SERVER;
 use k8s4r_api::protocol::{
-    check_robot_id, decode, encode, Cancel, Heartbeat, Message, Online, ProtocolError, Register,
+    check_robot_id, decode, encode, Cancel, Heartbeat, HeldList, Message, Online, ProtocolError, Register,
     RegisterResponse, StatusAck, StatusUpdate, Topic, TopicKind, Topics,
 };
 use k8s4r_api::validation::{validate_dns_label, validate_robot_id};
 use k8s4r_api::{Robot, RobotPhase, Task, TaskAttempt};
 use k8s4r_service::patch::Guarded;
 use k8s4r_service::watch::InSync;
-use k8s4r_service::Kube;
+use k8s4r_service::{lock, Kube};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{Patch, PatchParams};
@@ -289,14 +289,8 @@ impl Bridge {
                     Ok(msg) => {
                         let outcome = self.register(&msg).await?;
                         if matches!(outcome, Outcome::Done(_)) {
-                            let report = Heartbeat {
-                                running: msg.running.clone(),
-                                reconcile: msg.reconcile,
-                                last_seq: msg.last_seq,
-                                ..Heartbeat::new(&robot_id, 0, Timestamp::now(), Default::default())
-                            };
                             let held = &mut memory.entry(robot_id.clone()).or_default().held;
-                            self.reconcile(&robot_id, &report, held).await?;
+                            self.reconcile(&robot_id, &msg.held, None, held).await?;
                         }
                         Ok(outcome)
                     }
@@ -309,11 +303,12 @@ impl Bridge {
                         if matches!(&outcome, Outcome::Rejected(_, "rejected_unknown_robot")) {
                             // A deleted Robot's agent may still run attempts
                             // that moved elsewhere: stop those, fail nothing.
-                            let partial = Heartbeat {
+                            let partial = HeldList {
                                 reconcile: false,
-                                ..msg.clone()
+                                ..msg.held.clone()
                             };
-                            self.reconcile(&robot_id, &partial, &mut mine.held).await?;
+                            self.reconcile(&robot_id, &partial, msg.server_time, &mut mine.held)
+                                .await?;
                         }
                         if matches!(outcome, Outcome::Done(_)) {
                             // The Lease is fresh (renewed now, or recently
@@ -321,7 +316,8 @@ impl Bridge {
                             // attempts may run from this heartbeat.
                             let ack = StatusAck::heartbeat(msg.seq, msg.session.clone(), Timestamp::now());
                             self.acknowledge(&robot_id, ack, "heartbeat_ack");
-                            self.reconcile(&robot_id, &msg, &mut mine.held).await?;
+                            self.reconcile(&robot_id, &msg.held, msg.server_time, &mut mine.held)
+                                .await?;
                         }
                         Ok(outcome)
                     }
@@ -766,8 +762,16 @@ impl Bridge {
     /// Compares what `robot` says it holds with what the Tasks want of it:
     /// cancels what no Task wants, and fails at once a Task whose attempt
     /// the robot's complete list shows it will never run (docs/fencing.md,
-    /// "reconcile"). What this costs is bounded per robot by `held`.
-    async fn reconcile(&self, robot: &str, report: &Heartbeat, held: &mut HeldMemory) -> Result<()> {
+    /// "reconcile"), `sent_at` being the server's time as the robot
+    /// reckoned it when it built the list. What this costs is bounded per
+    /// robot by `held`.
+    async fn reconcile(
+        &self,
+        robot: &str,
+        report: &HeldList,
+        sent_at: Option<Timestamp>,
+        held: &mut HeldMemory,
+    ) -> Result<()> {
         // A uid listed twice counts once.
         let mut seen = HashSet::new();
         let listed: Vec<TaskAttempt> = report
@@ -783,7 +787,7 @@ impl Bridge {
             held: &listed,
             complete: report.reconcile,
             last_seq: report.last_seq,
-            sent_at: report.server_time,
+            sent_at,
         };
         let assigned = if holding.complete {
             self.tasks_on(robot)
@@ -1069,8 +1073,4 @@ fn set_values(
     map.iter()
         .filter_map(|(k, v)| Some((k.clone(), v.clone()?)))
         .collect()
-}
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -205,7 +205,7 @@ impl Args {
     }
 
     /// The logs API these flags describe, its certificate read (or made).
-    fn logs_config(&self) -> Result<Option<crate::logs::LogsConfig>> {
+    fn logs_config(&self) -> Result<Option<crate::config::LogsConfig>> {
         let Some(addr) = self.logs_addr else {
             return Ok(None);
         };
@@ -220,7 +220,7 @@ impl Args {
             _ => crate::logs::self_signed(&[self.identity.clone().unwrap_or_default()])
                 .map_err(Error::Config)?,
         };
-        Ok(Some(crate::logs::LogsConfig {
+        Ok(Some(crate::config::LogsConfig {
             addr,
             cert_pem,
             key_pem,

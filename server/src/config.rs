@@ -51,6 +51,17 @@ impl BrokerConfig {
     }
 }
 
+/// Where the logs API ([`crate::logs`]) listens and with which certificate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogsConfig {
+    /// The address.
+    pub addr: SocketAddr,
+    /// Its certificate chain, PEM.
+    pub cert_pem: String,
+    /// Its key, PEM.
+    pub key_pem: String,
+}
+
 /// Everything the bridge needs besides a kube client.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServerConfig {
@@ -71,7 +82,7 @@ pub struct ServerConfig {
     pub metrics_addr: Option<SocketAddr>,
     /// Where to serve the logs API (the backend of the APIService
     /// `v1alpha1.logs.k8s4r.io`); None: not served.
-    pub logs: Option<crate::logs::LogsConfig>,
+    pub logs: Option<LogsConfig>,
     /// This replica's name (the Events it records say so).
     pub identity: String,
     /// Leader election among replicas: only the holder of this Lease (in

@@ -27,6 +27,7 @@ use k8s4r_api::names::{ANNOTATION_SENDING_ATTEMPT, FINALIZER_CANCEL};
 use k8s4r_api::protocol::{encode, Cancel, Dispatch};
 use k8s4r_api::{DisconnectPolicy, DurationString, Robot, Task};
 use k8s4r_service::backoff::Failures;
+use k8s4r_service::lock;
 use k8s4r_service::patch::Guarded;
 use k8s4r_service::watch::InSync;
 use kube::runtime::controller::{Action, Controller};
@@ -38,7 +39,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, instrument, warn};
 
-use crate::bridge::{lock, Bridge};
+use crate::bridge::Bridge;
 use crate::decide::{self, decide_task, TaskAction, ANNOTATION_DISPATCHED_ATTEMPT};
 use crate::error::{Error, Result};
 use crate::leader::Leadership;

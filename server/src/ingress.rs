@@ -13,6 +13,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use k8s4r_service::lock;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -226,10 +227,6 @@ impl Lane {
     pub fn bytes(&self) -> usize {
         lock(&self.queues).bytes()
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]

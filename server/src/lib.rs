@@ -20,6 +20,7 @@ pub mod error;
 pub mod held;
 pub mod ingress;
 pub mod leader;
+pub mod log_hub;
 pub mod logs;
 pub mod metrics;
 pub mod mqtt;
@@ -173,13 +174,13 @@ struct Parts {
     task_cache: reflector::Store<Task>,
     robot_events: BoxStream<'static, std::result::Result<Robot, watcher::Error>>,
     lease_events: BoxStream<'static, std::result::Result<watcher::Event<Lease>, watcher::Error>>,
-    log_hub: Arc<logs::LogHub>,
+    log_hub: Arc<log_hub::LogHub>,
 }
 
 /// The parts the logs API is made of.
 struct LogsApi {
-    config: logs::LogsConfig,
-    hub: Arc<logs::LogHub>,
+    config: config::LogsConfig,
+    hub: Arc<log_hub::LogHub>,
     client: Client,
     publisher: mqtt::Publisher,
     topics: Topics,
@@ -225,7 +226,7 @@ struct Running {
 
 impl Parts {
     fn build(config: ServerConfig, client: Client, metrics: Arc<Metrics>) -> Result<Self> {
-        let log_hub = Arc::new(logs::LogHub::new(Topics::new(&config.topic_prefix)));
+        let log_hub = Arc::new(log_hub::LogHub::new(Topics::new(&config.topic_prefix)));
         let (connection, publisher, inbound) = mqtt::connect(
             &config.broker,
             subscriptions(&config),

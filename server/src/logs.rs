@@ -16,9 +16,8 @@
 //! so at once, with the last output the cluster has (`status.outputTail`).
 //! Logs never pass through the API server's storage.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
@@ -29,7 +28,7 @@ use axum::routing::get;
 use axum::Router;
 use k8s4r_api::condition::find_condition;
 use k8s4r_api::names::CONDITION_CONNECTED;
-use k8s4r_api::protocol::{decode, encode, LogChunk, LogRequest, LogStream, Topic, TopicKind, Topics};
+use k8s4r_api::protocol::{encode, LogChunk, LogRequest, LogStream, Topics};
 use k8s4r_api::{ConditionStatus, Robot, RobotPhase, Task, TaskState};
 use k8s4r_service::https::PeerName;
 use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
@@ -41,9 +40,14 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
+use crate::log_hub::LogHub;
 use crate::mqtt::Publisher;
+
+/// Where the logs API listens and with which certificate; the settings
+/// live with the server's others.
+pub use crate::config::LogsConfig;
 
 /// The API group and version served.
 pub const GROUP: &str = "logs.k8s4r.io";
@@ -57,22 +61,6 @@ const RENEW: Duration = Duration::from_secs(10);
 const DRAIN: Duration = Duration::from_millis(1500);
 /// A read (not a follow) that hears nothing from its robot this long ends.
 const IDLE: Duration = Duration::from_secs(10);
-/// Readers at once, for the whole server.
-const MAX_SESSIONS: usize = 256;
-/// Chunks waiting for a slow reader before more are dropped (and shown as
-/// a gap).
-const CHUNK_QUEUE: usize = 256;
-
-/// Where the logs API listens and with which certificate.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LogsConfig {
-    /// The address.
-    pub addr: SocketAddr,
-    /// Its certificate chain, PEM.
-    pub cert_pem: String,
-    /// Its key, PEM.
-    pub key_pem: String,
-}
 
 /// A self-signed certificate and key (PEM) for the loopback names, the
 /// service's cluster names and `extra`.
@@ -85,83 +73,6 @@ pub fn self_signed(extra: &[String]) -> Result<(String, String), String> {
     names.extend(extra.iter().filter(|n| !n.is_empty()).cloned());
     let generated = rcgen::generate_simple_self_signed(names).map_err(|e| e.to_string())?;
     Ok((generated.cert.pem(), generated.signing_key.serialize_pem()))
-}
-
-struct Route {
-    robot: String,
-    task_uid: String,
-    tx: mpsc::Sender<LogChunk>,
-}
-
-/// Routes the chunks robots send to the readers waiting for them.
-pub struct LogHub {
-    topics: Topics,
-    routes: Mutex<HashMap<String, Route>>,
-}
-
-impl LogHub {
-    /// A hub for topics under `topics`.
-    pub fn new(topics: Topics) -> Self {
-        LogHub {
-            topics,
-            routes: Mutex::default(),
-        }
-    }
-
-    /// Takes one message from the broker if it is a log chunk (true), for
-    /// the reader it names; one for nobody, or from the wrong robot or
-    /// task, is dropped.
-    pub fn offer(&self, topic: &str, payload: &[u8]) -> bool {
-        let Ok(Topic::Robot {
-            robot_id,
-            kind: TopicKind::LogChunk { task_uid },
-        }) = self.topics.parse(topic)
-        else {
-            return false;
-        };
-        // Nobody reads this robot's task here: dropped before decoding, so
-        // that a robot sending unasked costs nothing.
-        let asked = crate::bridge::lock(&self.routes)
-            .values()
-            .any(|r| r.robot == robot_id && r.task_uid == task_uid);
-        if !asked {
-            return true;
-        }
-        let Ok(chunk) = decode::<LogChunk>(payload) else {
-            debug!(topic, "undecodable log chunk dropped");
-            return true;
-        };
-        let routes = crate::bridge::lock(&self.routes);
-        match routes.get(&chunk.request_id) {
-            Some(route) if route.robot == robot_id && route.task_uid == task_uid => {
-                // A full queue drops it: the reader sees the gap.
-                let _ = route.tx.try_send(chunk);
-            }
-            _ => debug!(topic, request = %chunk.request_id, "log chunk for no reader here"),
-        }
-        true
-    }
-
-    fn open(&self, id: &str, robot: &str, task_uid: &str) -> Option<mpsc::Receiver<LogChunk>> {
-        let mut routes = crate::bridge::lock(&self.routes);
-        if routes.len() >= MAX_SESSIONS {
-            return None;
-        }
-        let (tx, rx) = mpsc::channel(CHUNK_QUEUE);
-        routes.insert(
-            id.to_owned(),
-            Route {
-                robot: robot.to_owned(),
-                task_uid: task_uid.to_owned(),
-                tx,
-            },
-        );
-        Some(rx)
-    }
-
-    fn close(&self, id: &str) {
-        crate::bridge::lock(&self.routes).remove(id);
-    }
 }
 
 #[derive(Clone)]

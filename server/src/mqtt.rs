@@ -23,6 +23,7 @@ use tracing::{debug, info, warn};
 use crate::config::BrokerConfig;
 use crate::error::{Error, Result};
 use crate::ingress::{Lane, Limits};
+use crate::log_hub::LogHub;
 use crate::metrics::Metrics;
 use std::sync::Arc;
 
@@ -172,7 +173,7 @@ pub struct Connection {
     metrics: Arc<Metrics>,
     max_backoff: Duration,
     /// Log chunks go straight to their readers, not through the lanes.
-    log_hub: Arc<crate::logs::LogHub>,
+    log_hub: Arc<LogHub>,
 }
 
 /// Opens (lazily) the broker connection. Returns the connection to run, the
@@ -186,7 +187,7 @@ pub fn connect(
     publish_timeout: Duration,
     max_backoff: Duration,
     metrics: Arc<Metrics>,
-    log_hub: Arc<crate::logs::LogHub>,
+    log_hub: Arc<LogHub>,
 ) -> Result<(Connection, Publisher, Vec<Arc<Lane>>)> {
     let options = mqtt_options(broker)?;
     let (client, eventloop) = AsyncClient::new(options, PUBLISH_QUEUE);

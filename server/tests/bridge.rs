@@ -686,8 +686,11 @@ async fn a_replica_with_a_stale_task_cache_neither_confirms_nor_cancels() {
     while started.elapsed() < Duration::from_secs(36) {
         seq += 1;
         let heartbeat = k8s4r_api::protocol::Heartbeat {
-            running: listed.clone(),
-            reconcile: true,
+            held: k8s4r_api::protocol::HeldList {
+                running: listed.clone(),
+                reconcile: true,
+                last_seq: None,
+            },
             session: Some("s".into()),
             ..robot.heartbeat(seq, 5.0)
         };

@@ -8,6 +8,8 @@ use std::sync::Mutex;
 
 pub use k8s4r_api::backoff::exponential;
 
+use crate::lock;
+
 /// Consecutive failures per object.
 #[derive(Debug)]
 pub struct Failures<K> {
@@ -41,11 +43,6 @@ impl<K: Eq + Hash> Failures<K> {
     pub fn failing(&self) -> usize {
         lock(&self.counts).len()
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // Plain counters survive a panic elsewhere; keep counting.
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 #[cfg(test)]

@@ -9,7 +9,8 @@
 //!   and the `/metrics`, `/healthz`, `/readyz` endpoints;
 //! - [`leader`]: leader election on a Lease, with `kube-lease-manager`;
 //! - [`watch`]: watch streams whose relists reach controllers only once
-//!   the cache holds them.
+//!   the cache holds them;
+//! - [`lock()`]: a `Mutex` lock that survives a panic elsewhere.
 //!
 //! It holds no decisions: what to write and when stays in each program.
 
@@ -18,9 +19,11 @@ pub mod call;
 pub mod health;
 pub mod https;
 pub mod leader;
+mod lock;
 pub mod metrics;
 pub mod patch;
 pub mod process;
 pub mod watch;
 
 pub use call::{ApiError, Kube};
+pub use lock::lock;

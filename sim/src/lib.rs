@@ -23,8 +23,9 @@ use std::time::{Duration, Instant};
 
 use k8s4r_agent::fence::{Fence, Refusal};
 use k8s4r_agent::inbound::{classify, Inbound};
-use k8s4r_api::protocol::{encode, Dispatch, Heartbeat, Online, Register, StatusUpdate, Topics};
+use k8s4r_api::protocol::{encode, Dispatch, Heartbeat, HeldList, Online, Register, StatusUpdate, Topics};
 use k8s4r_api::{DeviceInfo, RobotPhase, TaskAttempt, TaskReason, TaskState, Usage};
+use k8s4r_service::lock;
 use rumqttc::{AsyncClient, Event, LastWill, MqttOptions, Packet, QoS};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -220,10 +221,6 @@ impl Fleet {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 struct SimRobot {
     index: usize,
     id: String,
@@ -338,8 +335,11 @@ impl SimRobot {
         let register = Register {
             token: Some(self.config.token.clone()),
             drivers: vec!["exec".into(), "raw_exec".into()],
-            running: holding(&state.held),
-            reconcile: true,
+            held: HeldList {
+                running: holding(&state.held),
+                reconcile: true,
+                last_seq: None,
+            },
             nonce: Some(format!("{}-{}", state.session, state.registrations)),
             ..Register::new(
                 &self.id,
@@ -437,10 +437,12 @@ impl SimRobot {
         let wall = jiff::Timestamp::now();
         state.fence.heartbeat_sent(state.heartbeat_seq, self.now());
         let heartbeat = Heartbeat {
-            running: holding(&state.held),
-            reconcile: true,
-            // The list speaks for every status assigned so far.
-            last_seq: (state.outbox.next_seq > 0).then_some(state.outbox.next_seq),
+            held: HeldList {
+                running: holding(&state.held),
+                reconcile: true,
+                // The list speaks for every status assigned so far.
+                last_seq: (state.outbox.next_seq > 0).then_some(state.outbox.next_seq),
+            },
             server_time: state.fence.server_now(self.now()),
             session: Some(state.session.clone()),
             ..Heartbeat::new(&self.id, state.heartbeat_seq, wall, Usage::default())

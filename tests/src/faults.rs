@@ -1119,8 +1119,8 @@ async fn flood_unknown_attempts(port: u16, stop: std::sync::Arc<tokio::sync::Not
         .into_iter()
         .map(|running| {
             let mut heartbeat = Heartbeat::new("evil", 1, jiff::Timestamp::now(), Default::default());
-            heartbeat.running = running;
-            heartbeat.reconcile = true;
+            heartbeat.held.running = running;
+            heartbeat.held.reconcile = true;
             heartbeat.session = Some("evil".into());
             encode(&heartbeat)
         })

@@ -81,7 +81,7 @@ async fn admitted(
     for _ in 0..3 {
         let old = old_of(name);
         let preview = store.write(|txn| write(txn, &dry))?;
-        let object_name = crate::ops::meta_str(&preview.object.value(), "name").to_owned();
+        let object_name = crate::metadata::meta_str(&preview.object.value(), "name").to_owned();
         let request = admission::Request {
             rt,
             status: call.status,
