@@ -157,45 +157,17 @@ pub fn job_status(
     let mut failed_groups = Vec::new();
     let mut skipped_groups = Vec::new();
     for g in groups {
-        let (group_counts, state, message) = match &g.gate {
-            Gate::Skipped(why) => {
-                skipped_groups.push(g.name);
-                (
-                    TaskCounts::default(),
-                    WorkState::Skipped,
-                    Some(format!("skipped: {why}")),
-                )
-            }
-            Gate::Waiting(deps) => {
-                // Its tasks are still to come: pending, so that the Job
-                // neither completes nor fails without them.
-                let n = g.count.max(0);
-                let waiting = TaskCounts {
-                    total: n,
-                    pending: n,
-                    ..TaskCounts::default()
-                };
-                expected += n;
-                (
-                    waiting,
-                    WorkState::Pending,
-                    Some(format!("waits for {}", deps.join(", "))),
-                )
-            }
+        let (group_counts, state, message) = group_part(g);
+        match g.gate {
+            Gate::Skipped(_) => skipped_groups.push(g.name),
+            Gate::Waiting(_) => expected += g.count.max(0),
             Gate::Open => {
                 expected += g.count.max(0);
-                let state = g.status.and_then(|s| s.state).unwrap_or(WorkState::Pending);
                 if state == WorkState::Failed {
                     failed_groups.push(g.name);
                 }
-                let rollout = g.status.and_then(|s| s.rollout.as_ref());
-                (
-                    g.status.map(|s| s.counts.clone()).unwrap_or_default(),
-                    state,
-                    rollout.and_then(|r| r.stopped.clone()),
-                )
             }
-        };
+        }
         counts.merge(&group_counts);
         summaries.push(GroupSummary {
             name: g.name.to_owned(),
@@ -222,13 +194,7 @@ pub fn job_status(
     let mut conditions = previous.map(|p| p.conditions.clone()).unwrap_or_default();
     finished_conditions(&mut conditions, state, generation);
     if state == WorkState::Failed && !failed_groups.is_empty() {
-        let mut message = format!("group {} failed", failed_groups.join(", "));
-        if !skipped_groups.is_empty() {
-            message.push_str(&format!("; skipped: {}", skipped_groups.join(", ")));
-        }
-        let mut c = Condition::new(CONDITION_FAILED, ConditionStatus::True, "GroupFailed", message);
-        c.observed_generation = generation;
-        set_condition(&mut conditions, c);
+        group_failed_condition(&mut conditions, &failed_groups, &skipped_groups, generation);
     }
     JobStatus {
         state: Some(state),
@@ -242,6 +208,58 @@ pub fn job_status(
         retry: previous.and_then(|p| p.retry.clone()),
         cancellation: previous.and_then(|p| p.cancellation.clone()),
     }
+}
+
+/// One group's part of its Job's status: its counts, state and message.
+fn group_part(g: &GroupView<'_>) -> (TaskCounts, WorkState, Option<String>) {
+    match &g.gate {
+        Gate::Skipped(why) => (
+            TaskCounts::default(),
+            WorkState::Skipped,
+            Some(format!("skipped: {why}")),
+        ),
+        Gate::Waiting(deps) => {
+            // Its tasks are still to come: pending, so that the Job
+            // neither completes nor fails without them.
+            let n = g.count.max(0);
+            let waiting = TaskCounts {
+                total: n,
+                pending: n,
+                ..TaskCounts::default()
+            };
+            (
+                waiting,
+                WorkState::Pending,
+                Some(format!("waits for {}", deps.join(", "))),
+            )
+        }
+        Gate::Open => {
+            let state = g.status.and_then(|s| s.state).unwrap_or(WorkState::Pending);
+            let rollout = g.status.and_then(|s| s.rollout.as_ref());
+            (
+                g.status.map(|s| s.counts.clone()).unwrap_or_default(),
+                state,
+                rollout.and_then(|r| r.stopped.clone()),
+            )
+        }
+    }
+}
+
+/// Says in the `Failed` condition which groups failed, and which were
+/// skipped after them.
+fn group_failed_condition(
+    conditions: &mut Vec<Condition>,
+    failed_groups: &[&str],
+    skipped_groups: &[&str],
+    generation: Option<i64>,
+) {
+    let mut message = format!("group {} failed", failed_groups.join(", "));
+    if !skipped_groups.is_empty() {
+        message.push_str(&format!("; skipped: {}", skipped_groups.join(", ")));
+    }
+    let mut c = Condition::new(CONDITION_FAILED, ConditionStatus::True, "GroupFailed", message);
+    c.observed_generation = generation;
+    set_condition(conditions, c);
 }
 
 /// Keeps `Complete` and `Failed` conditions in step with the state.

@@ -76,18 +76,7 @@ pub fn plan(
         .iter()
         .filter(|(r, s)| !s.is_terminal() && !parked.contains(*r))
         .count();
-    let limit = max_failed.and_then(|m| m.of(robots));
-    let stopped = match limit {
-        Some(limit) if i32::try_from(failed).unwrap_or(i32::MAX) > limit => Some(format!(
-            "rollout stopped: {failed} robots failed, more than maxFailed {} allows ({limit})",
-            match max_failed {
-                Some(CountOrPercent::Percent(p)) => p.clone(),
-                Some(CountOrPercent::Count(n)) => n.to_string(),
-                None => String::new(),
-            }
-        )),
-        _ => None,
-    };
+    let stopped = stopped(max_failed, robots, failed);
     let room = match max_parallel {
         Some(max) => usize::try_from(max).unwrap_or(0).saturating_sub(active),
         None => usize::MAX,
@@ -127,6 +116,23 @@ pub fn plan(
             }),
         },
     }
+}
+
+/// Why the rollout stops: more of its `robots` `failed` than `maxFailed`
+/// allows.
+fn stopped(max_failed: Option<&CountOrPercent>, robots: i32, failed: usize) -> Option<String> {
+    let limit = max_failed.and_then(|m| m.of(robots))?;
+    if i32::try_from(failed).unwrap_or(i32::MAX) <= limit {
+        return None;
+    }
+    let allowed = match max_failed {
+        Some(CountOrPercent::Percent(p)) => p.clone(),
+        Some(CountOrPercent::Count(n)) => n.to_string(),
+        None => String::new(),
+    };
+    Some(format!(
+        "rollout stopped: {failed} robots failed, more than maxFailed {allowed} allows ({limit})"
+    ))
 }
 
 #[cfg(test)]

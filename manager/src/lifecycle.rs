@@ -262,18 +262,7 @@ fn active_step(
         (h, d) => h.or(d),
     }
     .unwrap_or(now);
-    let mut fenced = fence_time(spec, heard, record_lag, cfg);
-    // A dispatch the robot has not taken may still be waiting for it (in
-    // its broker session while it was cut off): the robot takes it, with
-    // fresh contact, whenever it comes back before the deadline, so a
-    // silent robot's dispatch is fenced only once the deadline has passed
-    // too (robot_lost_grace covers the robot's reckoning of the server's
-    // clock, which errs early by the delay of its freshest answer).
-    if state == TaskState::Dispatching {
-        if let Some(deadline) = status.dispatch_deadline {
-            fenced = fenced.max(plus(deadline, cfg.robot_lost_grace));
-        }
-    }
+    let fenced = attempt_fenced(spec, status, state, heard, record_lag, cfg);
     let replace = DisconnectPolicy::replace(spec.disconnect.as_ref(), spec.template.kind);
     let mut recheck = None;
     if replace {
@@ -294,31 +283,68 @@ fn active_step(
     let own = if state == TaskState::Dispatching {
         None
     } else {
-        let since = status.observed_running_time.or(status.start_time);
-        match (timeout_of(&spec.template), since) {
-            (Some(timeout), Some(since)) => {
-                let limit = timeout
-                    .saturating_add(kill_timeout_of(&spec.template))
-                    .saturating_add(cfg.backstop_grace);
-                let deadline = plus(since, limit);
-                if deadline <= now {
-                    return Step::Fail {
-                        reason: TaskReason::TimeoutBackstop,
-                        message: format!(
-                            "robot {robot_name} reported no end {}s after the {}s timeout",
-                            limit.saturating_sub(timeout).as_secs(),
-                            timeout.as_secs()
-                        ),
-                    };
-                }
-                Some(until(now, deadline))
-            }
-            _ => None,
+        match backstop(spec, status, robot_name, now, cfg) {
+            Ok(left) => left,
+            Err(fail) => return fail,
         }
     };
     // Without replacement the attempt waits for its robot, however long.
     let idle = (!replace).then_some(Duration::from_secs(60));
     Step::Wait(earliest(earliest(recheck, own), idle))
+}
+
+/// When the attempt of a robot last `heard` from is certainly stopped (see
+/// [`fence_time`]).
+fn attempt_fenced(
+    spec: &TaskSpec,
+    status: &TaskStatus,
+    state: TaskState,
+    heard: Timestamp,
+    record_lag: Duration,
+    cfg: &LifecycleConfig,
+) -> Timestamp {
+    let fenced = fence_time(spec, heard, record_lag, cfg);
+    // A dispatch the robot has not taken may still be waiting for it (in
+    // its broker session while it was cut off): the robot takes it, with
+    // fresh contact, whenever it comes back before the deadline, so a
+    // silent robot's dispatch is fenced only once the deadline has passed
+    // too (robot_lost_grace covers the robot's reckoning of the server's
+    // clock, which errs early by the delay of its freshest answer).
+    match (state, status.dispatch_deadline) {
+        (TaskState::Dispatching, Some(deadline)) => fenced.max(plus(deadline, cfg.robot_lost_grace)),
+        _ => fenced,
+    }
+}
+
+/// The backstop for a running attempt whose robot never reports its end:
+/// how long until it applies (`None`: the task has no timeout, or has not
+/// started), or the failure once it does.
+fn backstop(
+    spec: &TaskSpec,
+    status: &TaskStatus,
+    robot_name: &str,
+    now: Timestamp,
+    cfg: &LifecycleConfig,
+) -> Result<Option<Duration>, Step> {
+    let since = status.observed_running_time.or(status.start_time);
+    let (Some(timeout), Some(since)) = (timeout_of(&spec.template), since) else {
+        return Ok(None);
+    };
+    let limit = timeout
+        .saturating_add(kill_timeout_of(&spec.template))
+        .saturating_add(cfg.backstop_grace);
+    let deadline = plus(since, limit);
+    if deadline <= now {
+        return Err(Step::Fail {
+            reason: TaskReason::TimeoutBackstop,
+            message: format!(
+                "robot {robot_name} reported no end {}s after the {}s timeout",
+                limit.saturating_sub(timeout).as_secs(),
+                timeout.as_secs()
+            ),
+        });
+    }
+    Ok(Some(until(now, deadline)))
 }
 
 #[cfg(test)]

@@ -58,44 +58,7 @@ pub struct Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("k8s4r_manager");
-        let reconciles = Family::<ControllerLabel, Counter>::default();
-        let errors = Family::<ControllerLabel, Counter>::default();
-        let in_flight = Family::<ControllerLabel, Gauge>::default();
-        let backing_off = Family::<ControllerLabel, Gauge>::default();
-        let duration =
-            Family::<ControllerLabel, Histogram, fn() -> Histogram>::new_with_constructor(metrics::latency);
-        registry.register("reconciles", "Reconciles run.", reconciles.clone());
-        registry.register("reconcile_errors", "Reconciles that failed.", errors.clone());
-        registry.register(
-            "reconciles_in_flight",
-            "Reconciles running now.",
-            in_flight.clone(),
-        );
-        registry.register(
-            "queue_backoff",
-            "Objects waiting for a retry after a failed reconcile.",
-            backing_off.clone(),
-        );
-        registry.register(
-            "reconcile_duration_seconds",
-            "Reconcile duration.",
-            duration.clone(),
-        );
-        let controllers = CONTROLLERS
-            .iter()
-            .map(|c| {
-                let label = ControllerLabel {
-                    controller: (*c).to_owned(),
-                };
-                ControllerMetrics {
-                    reconciles: reconciles.get_or_create_owned(&label),
-                    errors: errors.get_or_create_owned(&label),
-                    in_flight: in_flight.get_or_create_owned(&label),
-                    backing_off: backing_off.get_or_create_owned(&label),
-                    duration: duration.get_or_create_owned(&label),
-                }
-            })
-            .collect();
+        let controllers = controller_metrics(&mut registry);
         let decisions = Counter::default();
         let unschedulable = Counter::default();
         let events_dropped = Counter::default();
@@ -145,6 +108,49 @@ impl Default for Metrics {
             ready: AtomicBool::new(false),
         }
     }
+}
+
+/// Registers the per-controller families in `registry` and returns each
+/// controller's figures, in the order of [`CONTROLLERS`].
+fn controller_metrics(registry: &mut Registry) -> Vec<ControllerMetrics> {
+    let reconciles = Family::<ControllerLabel, Counter>::default();
+    let errors = Family::<ControllerLabel, Counter>::default();
+    let in_flight = Family::<ControllerLabel, Gauge>::default();
+    let backing_off = Family::<ControllerLabel, Gauge>::default();
+    let duration =
+        Family::<ControllerLabel, Histogram, fn() -> Histogram>::new_with_constructor(metrics::latency);
+    registry.register("reconciles", "Reconciles run.", reconciles.clone());
+    registry.register("reconcile_errors", "Reconciles that failed.", errors.clone());
+    registry.register(
+        "reconciles_in_flight",
+        "Reconciles running now.",
+        in_flight.clone(),
+    );
+    registry.register(
+        "queue_backoff",
+        "Objects waiting for a retry after a failed reconcile.",
+        backing_off.clone(),
+    );
+    registry.register(
+        "reconcile_duration_seconds",
+        "Reconcile duration.",
+        duration.clone(),
+    );
+    CONTROLLERS
+        .iter()
+        .map(|c| {
+            let label = ControllerLabel {
+                controller: (*c).to_owned(),
+            };
+            ControllerMetrics {
+                reconciles: reconciles.get_or_create_owned(&label),
+                errors: errors.get_or_create_owned(&label),
+                in_flight: in_flight.get_or_create_owned(&label),
+                backing_off: backing_off.get_or_create_owned(&label),
+                duration: duration.get_or_create_owned(&label),
+            }
+        })
+        .collect()
 }
 
 impl Metrics {

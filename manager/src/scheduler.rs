@@ -401,6 +401,47 @@ pub fn choose_sampled<'r, 'u>(
     choose_among(after.chain(through).map(|(_, r)| r), request, usage, scan)
 }
 
+/// Most robots one decision leaves to tasks of higher priority before it
+/// gives up for now.
+pub const MAX_RESERVED: usize = 4;
+
+/// Picks a robot as [`choose_sampled`] does, but leaves a robot that a
+/// waiting task of higher priority fits to that task and tries the next
+/// best, at most [`MAX_RESERVED`] times. `outranking(robot, already)` names
+/// such a task, other than those `already` left a robot.
+///
+/// Returns the chosen robot's name (or why none fits) and the tasks robots
+/// were left to, in the order they were found: the caller wakes them, and
+/// when nothing was chosen, they wake the caller's task in turn.
+pub fn choose_outranked<'u, T>(
+    robots: &BTreeMap<String, RobotFacts>,
+    cursor: &str,
+    request: &Request<'_>,
+    usage: impl Fn(&str) -> Option<&'u Usage>,
+    outranking: impl Fn(&str, &[T]) -> Option<T>,
+) -> (Result<String, NoFit>, Vec<T>) {
+    let mut reserved: Vec<String> = Vec::new();
+    let mut outranked_by = Vec::new();
+    let outcome = loop {
+        let attempt_request = Request {
+            reserved: &reserved,
+            ..request.clone()
+        };
+        let chosen = choose_sampled(robots, cursor, &attempt_request, &usage).map(|r| r.name.clone());
+        let Ok(robot) = chosen else {
+            break chosen;
+        };
+        match outranking(&robot, &outranked_by) {
+            Some(higher) if reserved.len() < MAX_RESERVED => {
+                reserved.push(robot);
+                outranked_by.push(higher);
+            }
+            _ => break Ok(robot),
+        }
+    };
+    (outcome, outranked_by)
+}
+
 /// Picks the best robot for `request`, or says why none fits.
 ///
 /// `usage` looks up what is already assigned to a robot by name. Ties go to
@@ -1006,5 +1047,48 @@ pub(crate) mod tests {
             choose(&robots[..1], &req, |_| None).unwrap_err().to_string(),
             "0/1 robots: 1 kept for a waiting task of higher priority"
         );
+    }
+
+    #[test]
+    fn a_robot_a_waiting_task_of_higher_priority_fits_is_left_to_it() {
+        let robots = fleet(3);
+        let req = request("g");
+        // r00 is chosen first (the cursor is past r02); "hi" wants it.
+        let wanted =
+            |robot: &str, already: &[&str]| (robot == "r00" && !already.contains(&"hi")).then_some("hi");
+        let (chosen, outranked_by) = choose_outranked(&robots, "r02", &req, |_| None, wanted);
+        assert_eq!(chosen.unwrap(), "r01");
+        assert_eq!(outranked_by, ["hi"]);
+
+        let (chosen, outranked_by) = choose_outranked(&robots, "r02", &req, |_| None, |_, _| None::<&str>);
+        assert_eq!(chosen.unwrap(), "r00");
+        assert!(outranked_by.is_empty());
+    }
+
+    #[test]
+    fn a_task_every_robot_is_left_to_finds_none_and_says_why() {
+        let robots = fleet(1);
+        let (chosen, outranked_by) =
+            choose_outranked(&robots, "", &request("g"), |_| None, |_, _: &[&str]| Some("hi"));
+        assert_eq!(
+            chosen.unwrap_err().to_string(),
+            "0/1 robots: 1 kept for a waiting task of higher priority"
+        );
+        assert_eq!(outranked_by, ["hi"]);
+    }
+
+    #[test]
+    fn at_most_max_reserved_robots_are_left_to_others() {
+        let robots = fleet(MAX_RESERVED + 2);
+        let names = ["a", "b", "c", "d", "e", "f"];
+        let (chosen, outranked_by) = choose_outranked(
+            &robots,
+            "",
+            &request("g"),
+            |_| None,
+            |_, already: &[&str]| Some(names[already.len()]),
+        );
+        assert!(chosen.is_ok());
+        assert_eq!(outranked_by.len(), MAX_RESERVED);
     }
 }

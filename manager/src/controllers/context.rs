@@ -22,7 +22,7 @@ use serde::Serialize;
 
 use crate::config::ManagerConfig;
 use crate::error::{Error, Result};
-use crate::ledger::Ledger;
+use crate::ledger::{Ledger, Placement};
 use crate::metrics::Metrics;
 use crate::scheduler::RobotFacts;
 
@@ -66,6 +66,83 @@ impl SchedState {
         waiting.sort_by_key(|w| std::cmp::Reverse(w.1));
         waiting.into_iter().map(|(r, _)| r.clone()).collect()
     }
+
+    /// Forgets that `task` waits for a robot (it was placed, cancelled or
+    /// is gone) and hands back the tasks of lower priority that left it a
+    /// robot: they should look again.
+    pub fn stop_waiting(&mut self, task: &ObjectRef<Task>) -> Vec<ObjectRef<Task>> {
+        self.waiting.remove(task);
+        self.yielded.remove(task).unwrap_or_default()
+    }
+
+    /// Records that `attempt` of `task` (key `key`) goes where `placement`
+    /// says before the Task says so, so that the next decision counts it
+    /// and looks on from its robot. Hands back the tasks to wake, as
+    /// [`SchedState::stop_waiting`] does.
+    pub fn placed(
+        &mut self,
+        key: &str,
+        task: &ObjectRef<Task>,
+        attempt: u32,
+        placement: Placement,
+    ) -> Vec<ObjectRef<Task>> {
+        self.cursor.clone_from(&placement.robot);
+        self.ledger.reserve(key, attempt, placement);
+        self.stop_waiting(task)
+    }
+
+    /// Records that `task` (of `priority`) found no robot, and that it left
+    /// robots to `outranked_by`: each of them wakes it once placed or gone.
+    pub fn unplaced(&mut self, task: &ObjectRef<Task>, priority: i32, outranked_by: &[ObjectRef<Task>]) {
+        self.waiting.insert(task.clone(), priority);
+        for higher in outranked_by {
+            self.yielded.entry(higher.clone()).or_default().push(task.clone());
+        }
+    }
+}
+
+/// An Event a plan asks for; the controller publishes it once the write it
+/// goes with succeeded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Note {
+    /// Normal or Warning.
+    pub type_: EventType,
+    /// The reason `kubectl describe` shows (`Completed`, `Rejected`, ...).
+    pub reason: &'static str,
+    /// For a person.
+    pub message: String,
+}
+
+impl Note {
+    /// A Normal Event.
+    pub fn normal(reason: &'static str, message: impl Into<String>) -> Self {
+        Note {
+            type_: EventType::Normal,
+            reason,
+            message: message.into(),
+        }
+    }
+
+    /// A Warning Event.
+    pub fn warning(reason: &'static str, message: impl Into<String>) -> Self {
+        Note {
+            type_: EventType::Warning,
+            reason,
+            message: message.into(),
+        }
+    }
+}
+
+/// What became of a person's cancel and retry of a Job or TaskGroup (see
+/// [`Context::pass_on_requests`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Requests {
+    /// The cancel to record in the owner's status.
+    pub cancellation: Option<ManualAction>,
+    /// The retry to record in the owner's status.
+    pub retry: Option<ManualAction>,
+    /// The owner stays cancelled: nothing new starts.
+    pub cancelled: bool,
 }
 
 /// Where triggers for each controller go.
@@ -178,10 +255,7 @@ impl<K: Resource<DynamicType = ()> + Clone> Children<K> {
     }
 }
 
-pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding the lock leaves plain data behind; keep going.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+pub(super) use k8s4r_service::lock;
 
 /// The kind of `K`, for messages.
 fn kind_of<K: Resource<DynamicType = ()>>() -> std::borrow::Cow<'static, str> {
@@ -225,6 +299,11 @@ impl Context {
         if sink.tx.try_send((obj.object_ref(&()), event)).is_err() {
             tracing::debug!(reason, "event queue full, dropping event");
         }
+    }
+
+    /// Publishes the Event a plan asked for (see [`Context::event`]).
+    pub fn publish<K: Resource<DynamicType = ()>>(&self, obj: &K, note: Note) {
+        self.event(obj, note.type_, note.reason, note.message);
     }
 
     /// Runs an API call about the `K` named `name` under the configured
@@ -303,7 +382,7 @@ impl Context {
         children: &[(String, Option<String>)],
         retry_to: &[String],
         what: &str,
-    ) -> Result<(Option<ManualAction>, Option<ManualAction>, bool)>
+    ) -> Result<Requests>
     where
         O: Resource<DynamicType = ()>,
         C: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
@@ -350,7 +429,11 @@ impl Context {
             self.annotate_all(api, &lacking, &manual::passed_on(ANNOTATION_CANCEL, &request))
                 .await?;
         }
-        Ok((cancellation, retry, cancelled))
+        Ok(Requests {
+            cancellation,
+            retry,
+            cancelled,
+        })
     }
 
     /// Wraps a reconcile: metrics, and the error count for the backoff.
@@ -485,5 +568,30 @@ mod tests {
         apply(&mut writer, &owned("b", "u2"), false);
         assert!(names("u1").is_empty());
         assert_eq!(names("u2"), ["b", "c"]);
+    }
+
+    fn task_ref(name: &str) -> ObjectRef<Task> {
+        ObjectRef::new(name).within("ns")
+    }
+
+    #[test]
+    fn a_task_placed_wakes_the_tasks_that_yielded_to_it() {
+        let mut sched = SchedState::default();
+        let (hi, lo) = (task_ref("hi"), task_ref("lo"));
+        sched.unplaced(&hi, 10, &[]);
+        sched.unplaced(&lo, 1, std::slice::from_ref(&hi));
+        assert_eq!(sched.waiting_by_priority(), [hi.clone(), lo.clone()]);
+        let placement = Placement {
+            robot: "r1".into(),
+            group: "ns/j-g".into(),
+            demand: Default::default(),
+        };
+        assert_eq!(sched.placed("ns/hi", &hi, 1, placement), vec![lo.clone()]);
+        assert_eq!(sched.cursor, "r1");
+        assert_eq!(sched.ledger.attempt_of("ns/hi"), Some(1));
+        assert_eq!(sched.ledger.usage("r1").map(|u| u.tasks), Some(1));
+        assert_eq!(sched.waiting_by_priority(), vec![lo.clone()]);
+        assert!(sched.stop_waiting(&lo).is_empty());
+        assert!(sched.waiting.is_empty());
     }
 }

@@ -9,9 +9,10 @@ use k8s4r_api::names::CONDITION_FAILED;
 use k8s4r_api::names::{ANNOTATION_CANCEL, LABEL_JOB};
 use k8s4r_api::validation::validate_job_spec;
 use k8s4r_api::{
-    Condition, ConditionStatus, GroupMode, Job, JobSpec, JobStatus, TaskGroup, TaskGroupSpec,
-    TaskGroupTemplate, WorkState,
+    ConditionStatus, GroupMode, Job, JobSpec, JobStatus, TaskGroup, TaskGroupSpec, TaskGroupTemplate,
+    WorkState,
 };
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{DeleteParams, ObjectMeta};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
@@ -19,7 +20,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use tracing::instrument;
 
-use super::{key_of, Context};
+use super::{condition_at, key_of, Context, Note, Requests};
 use crate::aggregate::{gates, job_status, Gate, GroupView};
 use crate::error::{Error, Result};
 
@@ -89,24 +90,10 @@ async fn reconcile_job(job: &Job, ctx: &Context) -> Result<Action> {
     let groups_api: Api<TaskGroup> = Api::namespaced(ctx.client(), &ns);
 
     if let Err(errors) = validate_job_spec(&job.spec) {
-        let previous = job.status.clone().unwrap_or_default();
-        let mut status = JobStatus {
-            state: Some(WorkState::Failed),
-            observed_generation: job.meta().generation,
-            ..previous.clone()
-        };
-        set_condition(
-            &mut status.conditions,
-            Condition::new(
-                CONDITION_FAILED,
-                ConditionStatus::True,
-                "InvalidSpec",
-                errors.to_string(),
-            ),
-        );
-        if status != previous {
+        let message = errors.to_string();
+        if let Some(status) = plan_invalid(job, &message, Timestamp::now()) {
             ctx.patch_status(&jobs, &name, None, &status).await?;
-            ctx.event(job, EventType::Warning, "InvalidSpec", errors.to_string());
+            ctx.event(job, EventType::Warning, "InvalidSpec", message);
         }
         return Ok(Action::await_change());
     }
@@ -116,26 +103,13 @@ async fn reconcile_job(job: &Job, ctx: &Context) -> Result<Action> {
         name: name.clone(),
         reason: "no uid to own task groups with".into(),
     })?;
-    let desired = desired_groups(&name, &job.spec);
 
     // A person's cancel or retry of the Job goes to its TaskGroups.
     let before = job.status.clone().unwrap_or_default();
     let uid = job.uid().unwrap_or_default();
     let owned: Vec<Arc<TaskGroup>> = ctx.job_groups.of(&ctx.stores.groups, &uid);
-    let children: Vec<(String, Option<String>)> = owned
-        .iter()
-        .map(|g| (g.name_any(), g.annotations().get(ANNOTATION_CANCEL).cloned()))
-        .collect();
-    let retry_to: Vec<String> = owned
-        .iter()
-        .filter(|g| {
-            g.status
-                .as_ref()
-                .is_some_and(|s| s.counts.failed + s.counts.cancelled > 0 || s.cancellation.is_some())
-        })
-        .map(|g| g.name_any())
-        .collect();
-    let (cancellation, retry, cancelled) = ctx
+    let (children, retry_to) = requests_to_pass(&owned);
+    let requests = ctx
         .pass_on_requests(
             job,
             (before.cancellation.as_ref(), before.retry.as_ref()),
@@ -146,11 +120,157 @@ async fn reconcile_job(job: &Job, ctx: &Context) -> Result<Action> {
         )
         .await?;
 
+    let owned: Vec<String> = owned.iter().map(|g| g.name_any()).collect();
+    let plan = plan_groups(job, &owner, &stored_groups(ctx, job), &owned, requests.cancelled);
+    write_groups(ctx, &groups_api, plan.writes, plan.delete).await?;
+
+    // The status counts what the cache shows after those writes.
+    let stored = stored_groups(ctx, job);
+    let plan = plan_job_status(job, &stored, &plan.gates, requests, Timestamp::now());
+    if let Some(status) = plan.status {
+        ctx.patch_status(&jobs, &name, None, &status).await?;
+        if let Some(note) = plan.event {
+            ctx.publish(job, note);
+        }
+    }
+    Ok(Action::await_change())
+}
+
+/// The TaskGroups of the Job's groups the cache holds, by name.
+fn stored_groups(ctx: &Context, job: &Job) -> BTreeMap<String, Arc<TaskGroup>> {
+    let ns = job.namespace().unwrap_or_default();
+    let name = job.name_any();
+    job.spec
+        .task_groups
+        .iter()
+        .filter_map(|g| {
+            let group = group_name(&name, &g.name);
+            let tg = ctx.stores.groups.get(&ObjectRef::new(&group).within(&ns))?;
+            Some((group, tg))
+        })
+        .collect()
+}
+
+/// What a cancel or retry of the Job is passed to: every TaskGroup (name,
+/// its cancel annotation), and the names of those a retry has work for
+/// (some of their tasks failed or were cancelled, or they were cancelled).
+fn requests_to_pass(owned: &[Arc<TaskGroup>]) -> (Vec<(String, Option<String>)>, Vec<String>) {
+    let children = owned
+        .iter()
+        .map(|g| (g.name_any(), g.annotations().get(ANNOTATION_CANCEL).cloned()))
+        .collect();
+    let retry_to = owned
+        .iter()
+        .filter(|g| {
+            g.status
+                .as_ref()
+                .is_some_and(|s| s.counts.failed + s.counts.cancelled > 0 || s.cancellation.is_some())
+        })
+        .map(|g| g.name_any())
+        .collect();
+    (children, retry_to)
+}
+
+/// Carries out the writes [`plan_groups`] planned, in its order: a create
+/// the cache had not seen yet (409) and a delete of what is gone already
+/// (404) are not errors.
+async fn write_groups(
+    ctx: &Context,
+    api: &Api<TaskGroup>,
+    writes: Vec<GroupWrite>,
+    delete: Vec<String>,
+) -> Result<()> {
+    for write in writes {
+        match write {
+            GroupWrite::Create(obj) => {
+                let group = obj.name_any();
+                let created = ctx
+                    .api::<TaskGroup, _>("create", &group, api.create(&ctx.kube.post_params(), &obj))
+                    .await
+                    .map(|_| ());
+                ignore(409, created)?;
+            }
+            GroupWrite::Replace(updated) => {
+                let group = updated.name_any();
+                ctx.api::<TaskGroup, _>(
+                    "update",
+                    &group,
+                    api.replace(&group, &ctx.kube.post_params(), &updated),
+                )
+                .await?;
+            }
+        }
+    }
+    for group in delete {
+        let deleted = ctx
+            .api::<TaskGroup, _>("delete", &group, api.delete(&group, &DeleteParams::background()))
+            .await
+            .map(|_| ());
+        ignore(404, deleted)?;
+    }
+    Ok(())
+}
+
+/// The status of a Job whose spec is invalid (`message` says why), or
+/// `None` when its status says so already.
+pub fn plan_invalid(job: &Job, message: &str, now: Timestamp) -> Option<JobStatus> {
+    let previous = job.status.clone().unwrap_or_default();
+    let mut status = JobStatus {
+        state: Some(WorkState::Failed),
+        observed_generation: job.meta().generation,
+        ..previous.clone()
+    };
+    set_condition(
+        &mut status.conditions,
+        condition_at(
+            CONDITION_FAILED,
+            ConditionStatus::True,
+            "InvalidSpec",
+            message,
+            now,
+        ),
+    );
+    (status != previous).then_some(status)
+}
+
+/// A write to one of a Job's TaskGroups.
+#[derive(Clone, Debug)]
+pub enum GroupWrite {
+    /// Create it (the cache does not hold it).
+    Create(TaskGroup),
+    /// Replace it: its spec no longer says what the Job does.
+    Replace(TaskGroup),
+}
+
+/// What a Job's reconcile does to its TaskGroups.
+#[derive(Clone, Debug)]
+pub struct GroupsPlan {
+    /// Every group's gate, by its name in the Job. The status is counted
+    /// with these.
+    pub gates: BTreeMap<String, Gate>,
+    /// Creates and replacements, by TaskGroup name.
+    pub writes: Vec<GroupWrite>,
+    /// TaskGroups the Job owns and no longer has a group for, deleted
+    /// after the writes.
+    pub delete: Vec<String>,
+}
+
+/// Plans the writes to a Job's TaskGroups. `stored` are the TaskGroups of
+/// its groups the cache holds (by name), `owned` the names of every
+/// TaskGroup it owns, `owner` the reference its TaskGroups carry, and
+/// `cancelled` whether the Job stays cancelled.
+pub fn plan_groups(
+    job: &Job,
+    owner: &OwnerReference,
+    stored: &BTreeMap<String, Arc<TaskGroup>>,
+    owned: &[String],
+    cancelled: bool,
+) -> GroupsPlan {
+    let ns = job.namespace().unwrap_or_default();
+    let name = job.name_any();
+    let desired = desired_groups(&name, &job.spec);
     let stored_state = |group: &str| -> Option<WorkState> {
-        let tg = ctx
-            .stores
-            .groups
-            .get(&ObjectRef::new(&group_name(&name, group)).within(&ns))?;
+        let tg = stored.get(&group_name(&name, group))?;
         Some(
             tg.status
                 .as_ref()
@@ -167,77 +287,69 @@ async fn reconcile_job(job: &Job, ctx: &Context) -> Result<Action> {
             }
         }
     }
+    let mut writes = Vec::new();
     for (group, spec) in &desired {
-        let existing = ctx.stores.groups.get(&ObjectRef::new(group).within(&ns));
         let open = gates.get(&spec.template.name) == Some(&Gate::Open);
-        match existing {
+        match stored.get(group) {
             // It runs after groups that have not completed (or failed).
             None if !open => {}
-            None => {
-                let obj = TaskGroup {
-                    metadata: ObjectMeta {
-                        name: Some(group.clone()),
-                        namespace: Some(ns.clone()),
-                        labels: Some(BTreeMap::from([(LABEL_JOB.to_owned(), name.clone())])),
-                        owner_references: Some(vec![owner.clone()]),
-                        ..ObjectMeta::default()
-                    },
-                    spec: spec.clone(),
-                    status: None,
-                };
-                let created = ctx
-                    .api::<TaskGroup, _>("create", group, groups_api.create(&ctx.kube.post_params(), &obj))
-                    .await
-                    .map(|_| ());
-                ignore(409, created)?;
-            }
+            None => writes.push(GroupWrite::Create(TaskGroup {
+                metadata: ObjectMeta {
+                    name: Some(group.clone()),
+                    namespace: Some(ns.clone()),
+                    labels: Some(BTreeMap::from([(LABEL_JOB.to_owned(), name.clone())])),
+                    owner_references: Some(vec![owner.clone()]),
+                    ..ObjectMeta::default()
+                },
+                spec: spec.clone(),
+                status: None,
+            })),
             Some(existing) if existing.spec != *spec => {
-                let mut updated = (*existing).clone();
+                let mut updated = (**existing).clone();
                 updated.spec = spec.clone();
-                ctx.api::<TaskGroup, _>(
-                    "update",
-                    group,
-                    groups_api.replace(group, &ctx.kube.post_params(), &updated),
-                )
-                .await?;
+                writes.push(GroupWrite::Replace(updated));
             }
             Some(_) => {}
         }
     }
-    let stale: Vec<String> = owned
+    let delete = owned
         .iter()
-        .map(|g| g.name_any())
-        .filter(|name| !desired.contains_key(name))
+        .filter(|name| !desired.contains_key(*name))
+        .cloned()
         .collect();
-    for group in stale {
-        let deleted = ctx
-            .api::<TaskGroup, _>(
-                "delete",
-                &group,
-                groups_api.delete(&group, &DeleteParams::background()),
-            )
-            .await
-            .map(|_| ());
-        ignore(404, deleted)?;
+    GroupsPlan {
+        gates,
+        writes,
+        delete,
     }
+}
 
-    let stored: Vec<Option<Arc<TaskGroup>>> = job
-        .spec
-        .task_groups
-        .iter()
-        .map(|g| {
-            ctx.stores
-                .groups
-                .get(&ObjectRef::new(&group_name(&name, &g.name)).within(&ns))
-        })
-        .collect();
+/// The status a Job's reconcile writes and the Event that goes with it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct JobStatusPlan {
+    /// The new status; `None` when the Job's says the same.
+    pub status: Option<JobStatus>,
+    /// Completed or Failed, once, when the Job finishes.
+    pub event: Option<Note>,
+}
+
+/// Plans a Job's status from its groups' TaskGroups (`stored`, by name),
+/// their `gates` and what became of a person's cancel and retry.
+pub fn plan_job_status(
+    job: &Job,
+    stored: &BTreeMap<String, Arc<TaskGroup>>,
+    gates: &BTreeMap<String, Gate>,
+    requests: Requests,
+    now: Timestamp,
+) -> JobStatusPlan {
+    let name = job.name_any();
     let views: Vec<GroupView<'_>> = job
         .spec
         .task_groups
         .iter()
-        .zip(&stored)
-        .map(|(g, tg)| {
-            let status = tg.as_ref().and_then(|tg| tg.status.as_ref());
+        .map(|g| {
+            let tg = stored.get(&group_name(&name, &g.name));
+            let status = tg.and_then(|tg| tg.status.as_ref());
             let count = match g.mode {
                 GroupMode::Count => g.count(),
                 // Unknown until the group has matched robots: one, so that
@@ -254,52 +366,57 @@ async fn reconcile_job(job: &Job, ctx: &Context) -> Result<Action> {
         })
         .collect();
     let previous = job.status.as_ref();
-    let mut status = job_status(&views, previous, job.meta().generation, Timestamp::now());
+    let mut status = job_status(&views, previous, job.meta().generation, now);
     let skipped = status.groups.iter().any(|g| g.state == Some(WorkState::Skipped));
-    if cancelled
+    if requests.cancelled
         && status.state.is_some_and(WorkState::is_finished)
         && (status.counts.cancelled > 0 || skipped)
     {
         status.state = Some(WorkState::Cancelled);
     }
-    status.cancellation = cancellation;
-    status.retry = retry;
-    if previous != Some(&status) {
-        ctx.patch_status(&jobs, &name, None, &status).await?;
-        let was_finished = previous.and_then(|p| p.state).is_some_and(WorkState::is_finished);
-        match status.state {
-            Some(WorkState::Completed) if !was_finished => ctx.event(
-                job,
-                EventType::Normal,
-                "Completed",
-                format!("all {} tasks completed", status.counts.completed),
-            ),
-            Some(WorkState::Failed) if !was_finished => {
-                let skipped: Vec<&str> = status
-                    .groups
-                    .iter()
-                    .filter(|g| g.state == Some(WorkState::Skipped))
-                    .map(|g| g.name.as_str())
-                    .collect();
-                let mut message = format!("{} tasks failed after their retries", status.counts.failed);
-                if !skipped.is_empty() {
-                    message.push_str(&format!(
-                        "; skipped groups that run after them: {}",
-                        skipped.join(", ")
-                    ));
-                }
-                ctx.event(job, EventType::Warning, "Failed", message)
-            }
-            _ => {}
-        }
+    status.cancellation = requests.cancellation;
+    status.retry = requests.retry;
+    if previous == Some(&status) {
+        return JobStatusPlan::default();
     }
-    Ok(Action::await_change())
+    let was_finished = previous.and_then(|p| p.state).is_some_and(WorkState::is_finished);
+    let event = match status.state {
+        Some(WorkState::Completed) if !was_finished => Some(Note::normal(
+            "Completed",
+            format!("all {} tasks completed", status.counts.completed),
+        )),
+        Some(WorkState::Failed) if !was_finished => Some(Note::warning("Failed", failed_message(&status))),
+        _ => None,
+    };
+    JobStatusPlan {
+        status: Some(status),
+        event,
+    }
+}
+
+/// The note of a Job's Failed Event: how many tasks failed, and the groups
+/// skipped because of it.
+fn failed_message(status: &JobStatus) -> String {
+    let skipped: Vec<&str> = status
+        .groups
+        .iter()
+        .filter(|g| g.state == Some(WorkState::Skipped))
+        .map(|g| g.name.as_str())
+        .collect();
+    let mut message = format!("{} tasks failed after their retries", status.counts.failed);
+    if !skipped.is_empty() {
+        message.push_str(&format!(
+            "; skipped groups that run after them: {}",
+            skipped.join(", ")
+        ));
+    }
+    message
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s4r_api::{Constraint, ConstraintOperator, LabelSelector};
+    use k8s4r_api::{Constraint, ConstraintOperator, LabelSelector, TaskCounts, TaskGroupStatus};
 
     fn constraint(attr: &str) -> Constraint {
         Constraint {
@@ -341,5 +458,176 @@ mod tests {
         let b = &groups["j-b"];
         assert_eq!(b.template.robot_selector, job.robot_selector);
         assert_eq!(b.template.constraints, vec![constraint("arch")]);
+    }
+
+    fn now() -> Timestamp {
+        "2026-11-25T10:00:00Z".parse().unwrap()
+    }
+
+    fn template(name: &str, count: i32, after: &[&str]) -> TaskGroupTemplate {
+        TaskGroupTemplate {
+            name: name.into(),
+            count: Some(count),
+            after: after.iter().map(|a| (*a).to_owned()).collect(),
+            ..TaskGroupTemplate::default()
+        }
+    }
+
+    /// Job `j` in namespace `ns`, with a uid to own its groups with.
+    fn job(groups: Vec<TaskGroupTemplate>) -> Job {
+        let mut job = Job::new(
+            "j",
+            JobSpec {
+                task_groups: groups,
+                ..JobSpec::default()
+            },
+        );
+        job.metadata.namespace = Some("ns".into());
+        job.metadata.uid = Some("uid-j".into());
+        job.metadata.generation = Some(1);
+        job
+    }
+
+    fn owner(job: &Job) -> OwnerReference {
+        job.controller_owner_ref(&()).unwrap()
+    }
+
+    /// The TaskGroup of `job`'s group `group` as it should be, in `state`
+    /// with `counts`.
+    fn stored(job: &Job, group: &str, state: WorkState, counts: TaskCounts) -> (String, Arc<TaskGroup>) {
+        let name = group_name("j", group);
+        let mut tg = TaskGroup::new(&name, desired_groups("j", &job.spec)[&name].clone());
+        tg.status = Some(TaskGroupStatus {
+            state: Some(state),
+            counts,
+            ..TaskGroupStatus::default()
+        });
+        (name, Arc::new(tg))
+    }
+
+    fn counts(completed: i32, failed: i32) -> TaskCounts {
+        TaskCounts {
+            total: completed + failed,
+            completed,
+            failed,
+            ..TaskCounts::default()
+        }
+    }
+
+    #[test]
+    fn an_invalid_spec_fails_the_job_once() {
+        let mut j = job(vec![template("a", 1, &[])]);
+        let status = plan_invalid(&j, "spec.taskGroups: empty", now()).unwrap();
+        assert_eq!(status.state, Some(WorkState::Failed));
+        assert_eq!(status.observed_generation, Some(1));
+        assert_eq!(status.conditions[0].reason.as_deref(), Some("InvalidSpec"));
+        assert_eq!(status.conditions[0].last_transition_time, Some(now()));
+        j.status = Some(status);
+        assert_eq!(plan_invalid(&j, "spec.taskGroups: empty", now()), None);
+    }
+
+    #[test]
+    fn groups_are_created_once_the_groups_they_run_after_complete() {
+        let j = job(vec![template("a", 1, &[]), template("b", 1, &["a"])]);
+        let plan = plan_groups(&j, &owner(&j), &BTreeMap::new(), &[], false);
+        let created: Vec<String> = plan
+            .writes
+            .iter()
+            .map(|w| match w {
+                GroupWrite::Create(tg) => tg.name_any(),
+                GroupWrite::Replace(tg) => panic!("replaced {}", tg.name_any()),
+            })
+            .collect();
+        assert_eq!(created, ["j-a"]);
+        assert_eq!(plan.gates["b"], Gate::Waiting(vec!["a".into()]));
+        let GroupWrite::Create(a) = &plan.writes[0] else {
+            unreachable!()
+        };
+        assert_eq!(a.namespace().as_deref(), Some("ns"));
+        assert_eq!(a.labels()[LABEL_JOB], "j");
+        assert_eq!(a.owner_references()[0].uid, "uid-j");
+
+        let stored = BTreeMap::from([stored(&j, "a", WorkState::Completed, counts(1, 0))]);
+        let plan = plan_groups(&j, &owner(&j), &stored, &["j-a".into()], false);
+        assert_eq!(plan.gates["b"], Gate::Open);
+        assert!(matches!(&plan.writes[..], [GroupWrite::Create(b)] if b.name_any() == "j-b"));
+        assert!(plan.delete.is_empty());
+    }
+
+    #[test]
+    fn a_changed_group_is_replaced_and_a_removed_one_deleted() {
+        let j = job(vec![template("a", 2, &[])]);
+        let (name, a) = stored(&j, "a", WorkState::Running, counts(0, 0));
+        let mut old = (*a).clone();
+        old.spec.template.count = Some(1);
+        let stored = BTreeMap::from([(name, Arc::new(old))]);
+        let owned = ["j-a".to_owned(), "j-gone".to_owned()];
+        let plan = plan_groups(&j, &owner(&j), &stored, &owned, false);
+        assert!(matches!(&plan.writes[..], [GroupWrite::Replace(a)] if a.spec.template.count == Some(2)));
+        assert_eq!(plan.delete, ["j-gone"]);
+    }
+
+    #[test]
+    fn a_cancelled_job_starts_nothing_new() {
+        let j = job(vec![template("a", 1, &[]), template("b", 1, &[])]);
+        let stored = BTreeMap::from([stored(&j, "a", WorkState::Running, counts(0, 0))]);
+        let plan = plan_groups(&j, &owner(&j), &stored, &["j-a".into()], true);
+        assert!(plan.writes.is_empty());
+        assert_eq!(plan.gates["a"], Gate::Open);
+        assert_eq!(plan.gates["b"], Gate::Skipped("the Job was cancelled".into()));
+    }
+
+    #[test]
+    fn a_completed_job_says_so_once() {
+        let mut j = job(vec![template("a", 2, &[])]);
+        let stored = BTreeMap::from([stored(&j, "a", WorkState::Completed, counts(2, 0))]);
+        let gates = BTreeMap::from([("a".to_owned(), Gate::Open)]);
+        let plan = plan_job_status(&j, &stored, &gates, Requests::default(), now());
+        let status = plan.status.unwrap();
+        assert_eq!(status.state, Some(WorkState::Completed));
+        assert_eq!(status.completion_time, Some(now()));
+        assert_eq!(
+            plan.event,
+            Some(Note::normal("Completed", "all 2 tasks completed"))
+        );
+        j.status = Some(status);
+        let again = plan_job_status(&j, &stored, &gates, Requests::default(), now());
+        assert_eq!(again, JobStatusPlan::default());
+    }
+
+    #[test]
+    fn a_failed_job_names_the_groups_it_skipped() {
+        let j = job(vec![template("a", 1, &[]), template("b", 1, &["a"])]);
+        let stored = BTreeMap::from([stored(&j, "a", WorkState::Failed, counts(0, 1))]);
+        let gates = BTreeMap::from([
+            ("a".to_owned(), Gate::Open),
+            ("b".to_owned(), Gate::Skipped("group a failed".into())),
+        ]);
+        let plan = plan_job_status(&j, &stored, &gates, Requests::default(), now());
+        assert_eq!(plan.status.unwrap().state, Some(WorkState::Failed));
+        assert_eq!(
+            plan.event,
+            Some(Note::warning(
+                "Failed",
+                "1 tasks failed after their retries; skipped groups that run after them: b"
+            ))
+        );
+    }
+
+    #[test]
+    fn a_cancelled_job_that_skipped_groups_is_cancelled() {
+        let j = job(vec![template("a", 1, &[]), template("b", 1, &[])]);
+        let stored = BTreeMap::from([stored(&j, "a", WorkState::Completed, counts(1, 0))]);
+        let gates = BTreeMap::from([
+            ("a".to_owned(), Gate::Open),
+            ("b".to_owned(), Gate::Skipped("the Job was cancelled".into())),
+        ]);
+        let requests = Requests {
+            cancelled: true,
+            ..Requests::default()
+        };
+        let plan = plan_job_status(&j, &stored, &gates, requests, now());
+        assert_eq!(plan.status.unwrap().state, Some(WorkState::Cancelled));
+        assert_eq!(plan.event, None);
     }
 }

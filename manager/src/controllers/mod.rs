@@ -24,15 +24,16 @@ pub mod taskgroup;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::channel::mpsc::unbounded;
+use futures::channel::mpsc::{unbounded, UnboundedReceiver};
 use futures::StreamExt;
+use jiff::Timestamp;
 use k8s4r_api::names::MANAGER_CONTROLLERS;
-use k8s4r_api::{Job, PeriodicJob, Robot, Task, TaskGroup};
+use k8s4r_api::{Condition, ConditionStatus, Job, PeriodicJob, Robot, Task, TaskGroup};
 use k8s4r_service::backoff::Failures;
 use k8s4r_service::Kube;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector;
+use kube::runtime::reflector::{self, store::Writer, ObjectRef, Store};
 use kube::runtime::Controller;
 use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
@@ -42,9 +43,28 @@ use crate::error::Result;
 use crate::metrics::Metrics;
 
 use context::{publish_events, EventSink, Triggers};
-pub use context::{Context, SchedState, Stores};
+pub use context::{Context, Note, Requests, SchedState, Stores};
 pub use facts::{demand_of, facts_of, group_of, key_of, placement_of};
 use informers::informer;
+
+/// A condition that changed at `now`. (`Condition::new` reads the clock;
+/// the plans are given it, so that they can be tested.)
+pub(crate) fn condition_at(
+    type_: &str,
+    status: ConditionStatus,
+    reason: &str,
+    message: impl Into<String>,
+    now: Timestamp,
+) -> Condition {
+    Condition {
+        type_: type_.to_owned(),
+        status,
+        reason: Some(reason.to_owned()),
+        message: Some(message.into()),
+        last_transition_time: Some(now),
+        observed_generation: None,
+    }
+}
 
 /// Starts the caches and the five controllers; returns when `shutdown` is
 /// cancelled and the controllers have drained.
@@ -55,52 +75,15 @@ pub async fn run(
     identity: String,
     shutdown: CancellationToken,
 ) -> Result<()> {
-    let (task_tx, task_rx) = unbounded();
-    let (group_tx, group_rx) = unbounded();
-    let (job_tx, job_rx) = unbounded();
-    let (robot_tx, robot_rx) = unbounded();
-    let (periodic_tx, periodic_rx) = unbounded();
-
-    let (tasks, task_writer) = reflector::store::<Task>();
-    let (groups, group_writer) = reflector::store::<TaskGroup>();
-    let (robots, robot_writer) = reflector::store::<Robot>();
-    let (jobs, job_writer) = reflector::store::<Job>();
-    let (leases, lease_writer) = reflector::store::<Lease>();
-    let (periodics, periodic_writer) = reflector::store::<PeriodicJob>();
-
-    let (events_tx, events_rx) = tokio::sync::mpsc::channel(4096);
-    let events = config
-        .events
-        .then(|| EventSink::new(events_tx, config.event_qps, config.event_burst));
-    if events.is_some() {
-        let recorder = Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: MANAGER_CONTROLLERS.to_owned(),
-                instance: Some(identity),
-            },
-        );
-        tokio::spawn(publish_events(recorder, events_rx, config.api_timeout));
-    }
-
+    let (triggers, receivers) = triggers();
+    let (stores, periodics, writers) = caches();
+    let events = event_sink(&client, &config, identity);
     let ctx = Arc::new(Context {
         kube: Kube::new(client.clone(), config.api_timeout, MANAGER_CONTROLLERS),
         metrics: metrics.clone(),
-        stores: Stores {
-            tasks: tasks.clone(),
-            groups: groups.clone(),
-            robots: robots.clone(),
-            leases: leases.clone(),
-            jobs: jobs.clone(),
-        },
+        stores: stores.clone(),
         sched: Mutex::default(),
-        triggers: Triggers {
-            task: task_tx,
-            group: group_tx,
-            job: job_tx,
-            robot: robot_tx,
-            periodic: periodic_tx,
-        },
+        triggers,
         events,
         failures: Failures::default(),
         seen: Mutex::default(),
@@ -110,60 +93,17 @@ pub async fn run(
         job_groups: Default::default(),
         config,
     });
-
-    // The Job cache is filled before its controller starts, like the others
-    // (a controller with a cache of its own waits for it even while shutting
-    // down).
-    let lease_api = Api::<Lease>::namespaced(client.clone(), &ctx.config.robot_lease_namespace);
-    let informers = {
-        let (c1, c2, c3, c4, c5, c6) = (
-            ctx.clone(),
-            ctx.clone(),
-            ctx.clone(),
-            ctx.clone(),
-            ctx.clone(),
-            ctx.clone(),
-        );
-        let periodic_watch = informer(
-            Api::all(client.clone()),
-            periodic_writer,
-            "periodicjob watch",
-            move |e| c6.on_periodic(e),
-        );
-        let all = futures::future::join5(
-            informer(Api::all(client.clone()), task_writer, "task watch", move |e| {
-                c1.on_task(e)
-            }),
-            informer(Api::all(client.clone()), robot_writer, "robot watch", move |e| {
-                c2.on_robot(e)
-            }),
-            informer(
-                Api::all(client.clone()),
-                group_writer,
-                "taskgroup watch",
-                move |e| c3.on_group(e),
-            ),
-            informer(lease_api, lease_writer, "robot lease watch", move |e| {
-                c4.on_lease(e)
-            }),
-            informer(Api::all(client.clone()), job_writer, "job watch", move |e| {
-                c5.on_job(e)
-            }),
-        );
-        tokio::spawn(async move {
-            futures::future::join(all, periodic_watch).await;
-        })
-    };
+    let informers = start_informers(&client, &ctx, writers);
 
     // Scheduling before every robot and every assignment is known would
     // double-book robots: wait for the caches first.
     let ready = async {
         let _ = tokio::join!(
-            tasks.wait_until_ready(),
-            groups.wait_until_ready(),
-            robots.wait_until_ready(),
-            leases.wait_until_ready(),
-            jobs.wait_until_ready(),
+            stores.tasks.wait_until_ready(),
+            stores.groups.wait_until_ready(),
+            stores.robots.wait_until_ready(),
+            stores.leases.wait_until_ready(),
+            stores.jobs.wait_until_ready(),
             periodics.wait_until_ready()
         );
     };
@@ -177,40 +117,7 @@ pub async fn run(
     tracing::info!("caches filled, starting controllers");
     metrics.set_ready(true);
 
-    let stop = || shutdown.clone().cancelled_owned();
-    // Every trigger comes from the watch handlers through `reconcile_on`.
-    let task_ctrl = Controller::for_stream(futures::stream::pending(), tasks)
-        .reconcile_on(task_rx)
-        .graceful_shutdown_on(stop())
-        .run(task::reconcile, task::error_policy, ctx.clone())
-        .for_each(|_| futures::future::ready(()));
-    let status_config = || kube::runtime::controller::Config::default().debounce(ctx.config.status_debounce);
-    let group_ctrl = Controller::for_stream(futures::stream::pending(), groups)
-        .with_config(status_config())
-        .reconcile_on(group_rx)
-        .graceful_shutdown_on(stop())
-        .run(taskgroup::reconcile, taskgroup::error_policy, ctx.clone())
-        .for_each(|_| futures::future::ready(()));
-    let job_ctrl = Controller::for_stream(futures::stream::pending(), jobs)
-        .with_config(status_config())
-        .reconcile_on(job_rx)
-        .graceful_shutdown_on(stop())
-        .run(job::reconcile, job::error_policy, ctx.clone())
-        .for_each(|_| futures::future::ready(()));
-    let robot_ctrl = Controller::for_stream(futures::stream::pending(), robots)
-        .with_config(kube::runtime::controller::Config::default().debounce(ctx.config.robot_debounce))
-        .reconcile_on(robot_rx)
-        .graceful_shutdown_on(stop())
-        .run(robot::reconcile, robot::error_policy, ctx.clone())
-        .for_each(|_| futures::future::ready(()));
-    let periodic_ctrl = Controller::for_stream(futures::stream::pending(), periodics)
-        .reconcile_on(periodic_rx)
-        .graceful_shutdown_on(stop())
-        .run(periodic::reconcile, periodic::error_policy, ctx.clone())
-        .for_each(|_| futures::future::ready(()));
-    let drained = async {
-        tokio::join!(task_ctrl, group_ctrl, job_ctrl, robot_ctrl, periodic_ctrl);
-    };
+    let drained = controllers(&ctx, stores, periodics, receivers, &shutdown);
     // Reconciles in flight finish (each API call is bounded by the API
     // timeout); past the grace period the controllers are dropped, so that
     // a stop or a lost Lease always ends.
@@ -225,4 +132,182 @@ pub async fn run(
     metrics.set_ready(false);
     tracing::info!("controllers stopped");
     Ok(())
+}
+
+/// The receiving ends of the triggers, one per controller.
+struct Receivers {
+    task: UnboundedReceiver<ObjectRef<Task>>,
+    group: UnboundedReceiver<ObjectRef<TaskGroup>>,
+    job: UnboundedReceiver<ObjectRef<Job>>,
+    robot: UnboundedReceiver<ObjectRef<Robot>>,
+    periodic: UnboundedReceiver<ObjectRef<PeriodicJob>>,
+}
+
+/// A channel into each controller.
+fn triggers() -> (Triggers, Receivers) {
+    let (task_tx, task_rx) = unbounded();
+    let (group_tx, group_rx) = unbounded();
+    let (job_tx, job_rx) = unbounded();
+    let (robot_tx, robot_rx) = unbounded();
+    let (periodic_tx, periodic_rx) = unbounded();
+    let triggers = Triggers {
+        task: task_tx,
+        group: group_tx,
+        job: job_tx,
+        robot: robot_tx,
+        periodic: periodic_tx,
+    };
+    let receivers = Receivers {
+        task: task_rx,
+        group: group_rx,
+        job: job_rx,
+        robot: robot_rx,
+        periodic: periodic_rx,
+    };
+    (triggers, receivers)
+}
+
+/// What fills the caches, one per kind.
+struct Writers {
+    task: Writer<Task>,
+    group: Writer<TaskGroup>,
+    robot: Writer<Robot>,
+    job: Writer<Job>,
+    lease: Writer<Lease>,
+    periodic: Writer<PeriodicJob>,
+}
+
+/// The empty caches: those the reconciles share, the PeriodicJobs' (only
+/// their controller reads it), and their writers.
+fn caches() -> (Stores, Store<PeriodicJob>, Writers) {
+    let (tasks, task) = reflector::store::<Task>();
+    let (groups, group) = reflector::store::<TaskGroup>();
+    let (robots, robot) = reflector::store::<Robot>();
+    let (jobs, job) = reflector::store::<Job>();
+    let (leases, lease) = reflector::store::<Lease>();
+    let (periodics, periodic) = reflector::store::<PeriodicJob>();
+    let stores = Stores {
+        tasks,
+        groups,
+        robots,
+        leases,
+        jobs,
+    };
+    let writers = Writers {
+        task,
+        group,
+        robot,
+        job,
+        lease,
+        periodic,
+    };
+    (stores, periodics, writers)
+}
+
+/// Where Events go, with their publisher started; `None` when the
+/// configuration turns Events off.
+fn event_sink(client: &Client, config: &ManagerConfig, identity: String) -> Option<EventSink> {
+    let (events_tx, events_rx) = tokio::sync::mpsc::channel(4096);
+    let events = config
+        .events
+        .then(|| EventSink::new(events_tx, config.event_qps, config.event_burst));
+    if events.is_some() {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: MANAGER_CONTROLLERS.to_owned(),
+                instance: Some(identity),
+            },
+        );
+        tokio::spawn(publish_events(recorder, events_rx, config.api_timeout));
+    }
+    events
+}
+
+/// Starts one watch per kind, each filling its cache and calling its
+/// handler on `ctx`.
+fn start_informers(client: &Client, ctx: &Arc<Context>, writers: Writers) -> tokio::task::JoinHandle<()> {
+    // The Job cache is filled before its controller starts, like the others
+    // (a controller with a cache of its own waits for it even while shutting
+    // down).
+    let lease_api = Api::<Lease>::namespaced(client.clone(), &ctx.config.robot_lease_namespace);
+    let (c1, c2, c3, c4, c5, c6) = (
+        ctx.clone(),
+        ctx.clone(),
+        ctx.clone(),
+        ctx.clone(),
+        ctx.clone(),
+        ctx.clone(),
+    );
+    let periodic_watch = informer(
+        Api::all(client.clone()),
+        writers.periodic,
+        "periodicjob watch",
+        move |e| c6.on_periodic(e),
+    );
+    let all = futures::future::join5(
+        informer(Api::all(client.clone()), writers.task, "task watch", move |e| {
+            c1.on_task(e)
+        }),
+        informer(Api::all(client.clone()), writers.robot, "robot watch", move |e| {
+            c2.on_robot(e)
+        }),
+        informer(
+            Api::all(client.clone()),
+            writers.group,
+            "taskgroup watch",
+            move |e| c3.on_group(e),
+        ),
+        informer(lease_api, writers.lease, "robot lease watch", move |e| {
+            c4.on_lease(e)
+        }),
+        informer(Api::all(client.clone()), writers.job, "job watch", move |e| {
+            c5.on_job(e)
+        }),
+    );
+    tokio::spawn(async move {
+        futures::future::join(all, periodic_watch).await;
+    })
+}
+
+/// The five controllers, run until `shutdown` and drained.
+async fn controllers(
+    ctx: &Arc<Context>,
+    stores: Stores,
+    periodics: Store<PeriodicJob>,
+    receivers: Receivers,
+    shutdown: &CancellationToken,
+) {
+    let stop = || shutdown.clone().cancelled_owned();
+    // Every trigger comes from the watch handlers through `reconcile_on`.
+    let task_ctrl = Controller::for_stream(futures::stream::pending(), stores.tasks)
+        .reconcile_on(receivers.task)
+        .graceful_shutdown_on(stop())
+        .run(task::reconcile, task::error_policy, ctx.clone())
+        .for_each(|_| futures::future::ready(()));
+    let status_config = || kube::runtime::controller::Config::default().debounce(ctx.config.status_debounce);
+    let group_ctrl = Controller::for_stream(futures::stream::pending(), stores.groups)
+        .with_config(status_config())
+        .reconcile_on(receivers.group)
+        .graceful_shutdown_on(stop())
+        .run(taskgroup::reconcile, taskgroup::error_policy, ctx.clone())
+        .for_each(|_| futures::future::ready(()));
+    let job_ctrl = Controller::for_stream(futures::stream::pending(), stores.jobs)
+        .with_config(status_config())
+        .reconcile_on(receivers.job)
+        .graceful_shutdown_on(stop())
+        .run(job::reconcile, job::error_policy, ctx.clone())
+        .for_each(|_| futures::future::ready(()));
+    let robot_ctrl = Controller::for_stream(futures::stream::pending(), stores.robots)
+        .with_config(kube::runtime::controller::Config::default().debounce(ctx.config.robot_debounce))
+        .reconcile_on(receivers.robot)
+        .graceful_shutdown_on(stop())
+        .run(robot::reconcile, robot::error_policy, ctx.clone())
+        .for_each(|_| futures::future::ready(()));
+    let periodic_ctrl = Controller::for_stream(futures::stream::pending(), periodics)
+        .reconcile_on(receivers.periodic)
+        .graceful_shutdown_on(stop())
+        .run(periodic::reconcile, periodic::error_policy, ctx.clone())
+        .for_each(|_| futures::future::ready(()));
+    tokio::join!(task_ctrl, group_ctrl, job_ctrl, robot_ctrl, periodic_ctrl);
 }

@@ -6,11 +6,10 @@ use std::sync::Arc;
 use jiff::Timestamp;
 use k8s4r_api::condition::{find_condition, set_condition};
 use k8s4r_api::names::{CONDITION_APPROVED, CONDITION_CONNECTED, CONDITION_READY};
-use k8s4r_api::{Condition, ConditionStatus, Quantity, Robot, RobotPhase, RobotResources};
+use k8s4r_api::{Condition, ConditionStatus, Quantity, Robot, RobotPhase, RobotResources, RobotStatus};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
 use kube::runtime::controller::Action;
-use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use serde::Serialize;
@@ -18,7 +17,7 @@ use sha2::{Digest, Sha256};
 use tracing::instrument;
 
 use super::context::lock;
-use super::Context;
+use super::{condition_at, Context, Note};
 use crate::error::{Error, Result};
 use crate::liveness::{approval, verdict, Approval, Liveness, Verdict};
 
@@ -26,9 +25,9 @@ use crate::liveness::{approval, verdict, Approval, Liveness, Verdict};
 const SECRET_RECHECK: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The Robot status fields the manager writes.
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Default, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
-struct RobotStatusPatch {
+pub struct RobotStatusPatch {
     #[serde(skip_serializing_if = "Option::is_none")]
     phase: Option<RobotPhase>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -131,12 +130,12 @@ async fn reconcile_robot(robot: &Robot, ctx: &Context) -> Result<Action> {
     let name = robot.name_any();
     let api: Api<Robot> = Api::all(ctx.client());
     let status = robot.status.clone().unwrap_or_default();
-    let mut patch = RobotStatusPatch::default();
-    let mut conditions = status.conditions.clone();
-    let mut requeue = None;
-    let mut event = None;
 
-    match status.phase {
+    let PhasePlan {
+        mut patch,
+        event,
+        mut requeue,
+    } = match status.phase {
         None | Some(RobotPhase::Pending) | Some(RobotPhase::Rejected) => {
             let known = if ctx.config.auto_approve {
                 None
@@ -147,88 +146,16 @@ async fn reconcile_robot(robot: &Robot, ctx: &Context) -> Result<Action> {
                 .annotations()
                 .get(k8s4r_api::names::ANNOTATION_TOKEN_SHA256)
                 .map(String::as_str);
-            match approval(presented, known.as_deref(), ctx.config.auto_approve) {
-                Approval::Approve(message) => {
-                    patch.phase = Some(RobotPhase::Online);
-                    set_condition(
-                        &mut conditions,
-                        Condition::new(
-                            CONDITION_APPROVED,
-                            ConditionStatus::True,
-                            "Approved",
-                            message.clone(),
-                        ),
-                    );
-                    set_condition(
-                        &mut conditions,
-                        Condition::new(
-                            CONDITION_READY,
-                            ConditionStatus::True,
-                            "Registered",
-                            "registered and approved",
-                        ),
-                    );
-                    event = Some((EventType::Normal, "Approved", message.clone()));
-                    patch.message = Some(message);
-                }
-                Approval::Reject(message) => {
-                    if status.phase != Some(RobotPhase::Rejected)
-                        || status.message.as_deref() != Some(&message)
-                    {
-                        patch.phase = Some(RobotPhase::Rejected);
-                        set_condition(
-                            &mut conditions,
-                            Condition::new(
-                                CONDITION_APPROVED,
-                                ConditionStatus::False,
-                                "Rejected",
-                                message.clone(),
-                            ),
-                        );
-                        event = Some((EventType::Warning, "Rejected", message.clone()));
-                        patch.message = Some(message);
-                    }
-                }
-                Approval::Wait(message) => {
-                    if status.phase.is_none() {
-                        patch.phase = Some(RobotPhase::Pending);
-                    }
-                    if status.message.as_deref() != Some(&message) {
-                        patch.message = Some(message);
-                    }
-                    requeue = Some(SECRET_RECHECK);
-                }
-            }
+            let decision = approval(presented, known.as_deref(), ctx.config.auto_approve);
+            plan_approval(&status, decision, Timestamp::now())
         }
         Some(phase @ (RobotPhase::Online | RobotPhase::Offline)) => {
             let live = liveness_of(robot, robot_lease(ctx, &robot.name_any()).as_deref());
-            match verdict(phase, &live, Timestamp::now(), &ctx.config.liveness) {
-                Verdict::Stay(after) => requeue = after,
-                Verdict::Offline { reason, message } => {
-                    patch.phase = Some(RobotPhase::Offline);
-                    set_condition(
-                        &mut conditions,
-                        Condition::new(CONDITION_READY, ConditionStatus::False, reason, message.clone()),
-                    );
-                    event = Some((EventType::Warning, "Offline", message.clone()));
-                    patch.message = Some(message);
-                }
-                Verdict::Online { reason, message } => {
-                    patch.phase = Some(RobotPhase::Online);
-                    set_condition(
-                        &mut conditions,
-                        Condition::new(CONDITION_READY, ConditionStatus::True, reason, message.clone()),
-                    );
-                    event = Some((EventType::Normal, "Online", message.clone()));
-                    patch.message = Some(message);
-                }
-            }
+            let now = Timestamp::now();
+            plan_liveness(&status, verdict(phase, &live, now, &ctx.config.liveness), now)
         }
-    }
+    };
 
-    if conditions != status.conditions {
-        patch.conditions = Some(conditions);
-    }
     let phase_change = patch.phase.is_some() || patch.conditions.is_some();
     let alloc = allocated(ctx, &name);
     if status.allocated.as_ref() != Some(&alloc) {
@@ -249,9 +176,9 @@ async fn reconcile_robot(robot: &Robot, ctx: &Context) -> Result<Action> {
             None
         };
         ctx.patch_status(&api, &name, version, &patch).await?;
-        if let Some((kind, reason, note)) = event {
-            tracing::info!(robot = %name, reason, %note, "robot phase");
-            ctx.event(robot, kind, reason, note);
+        if let Some(note) = event {
+            tracing::info!(robot = %name, reason = note.reason, note = %note.message, "robot phase");
+            ctx.publish(robot, note);
         }
     }
     Ok(match requeue {
@@ -260,9 +187,220 @@ async fn reconcile_robot(robot: &Robot, ctx: &Context) -> Result<Action> {
     })
 }
 
+/// What a Robot's phase calls for.
+#[derive(Debug, Default, PartialEq)]
+pub struct PhasePlan {
+    /// The status fields to write; `conditions` only when they changed.
+    pub patch: RobotStatusPatch,
+    /// The Event that goes with the write.
+    pub event: Option<Note>,
+    /// When to look again; `None`: on a change only.
+    pub requeue: Option<std::time::Duration>,
+}
+
+/// Plans the status of a robot waiting for approval (Pending, Rejected or
+/// new) from the approval `decision`.
+pub fn plan_approval(status: &RobotStatus, decision: Approval, now: Timestamp) -> PhasePlan {
+    let mut plan = PhasePlan::default();
+    let mut conditions = status.conditions.clone();
+    match decision {
+        Approval::Approve(message) => {
+            plan.patch.phase = Some(RobotPhase::Online);
+            set_condition(
+                &mut conditions,
+                condition_at(
+                    CONDITION_APPROVED,
+                    ConditionStatus::True,
+                    "Approved",
+                    message.clone(),
+                    now,
+                ),
+            );
+            set_condition(
+                &mut conditions,
+                condition_at(
+                    CONDITION_READY,
+                    ConditionStatus::True,
+                    "Registered",
+                    "registered and approved",
+                    now,
+                ),
+            );
+            plan.event = Some(Note::normal("Approved", message.clone()));
+            plan.patch.message = Some(message);
+        }
+        Approval::Reject(message) => {
+            if status.phase != Some(RobotPhase::Rejected) || status.message.as_deref() != Some(&message) {
+                plan.patch.phase = Some(RobotPhase::Rejected);
+                set_condition(
+                    &mut conditions,
+                    condition_at(
+                        CONDITION_APPROVED,
+                        ConditionStatus::False,
+                        "Rejected",
+                        message.clone(),
+                        now,
+                    ),
+                );
+                plan.event = Some(Note::warning("Rejected", message.clone()));
+                plan.patch.message = Some(message);
+            }
+        }
+        Approval::Wait(message) => {
+            if status.phase.is_none() {
+                plan.patch.phase = Some(RobotPhase::Pending);
+            }
+            if status.message.as_deref() != Some(&message) {
+                plan.patch.message = Some(message);
+            }
+            plan.requeue = Some(SECRET_RECHECK);
+        }
+    }
+    if conditions != status.conditions {
+        plan.patch.conditions = Some(conditions);
+    }
+    plan
+}
+
+/// Plans the status of an approved robot (Online or Offline) from the
+/// liveness `verdict`.
+pub fn plan_liveness(status: &RobotStatus, verdict: Verdict, now: Timestamp) -> PhasePlan {
+    let mut plan = PhasePlan::default();
+    let mut conditions = status.conditions.clone();
+    match verdict {
+        Verdict::Stay(after) => plan.requeue = after,
+        Verdict::Offline { reason, message } => {
+            plan.patch.phase = Some(RobotPhase::Offline);
+            set_condition(
+                &mut conditions,
+                condition_at(
+                    CONDITION_READY,
+                    ConditionStatus::False,
+                    reason,
+                    message.clone(),
+                    now,
+                ),
+            );
+            plan.event = Some(Note::warning("Offline", message.clone()));
+            plan.patch.message = Some(message);
+        }
+        Verdict::Online { reason, message } => {
+            plan.patch.phase = Some(RobotPhase::Online);
+            set_condition(
+                &mut conditions,
+                condition_at(
+                    CONDITION_READY,
+                    ConditionStatus::True,
+                    reason,
+                    message.clone(),
+                    now,
+                ),
+            );
+            plan.event = Some(Note::normal("Online", message.clone()));
+            plan.patch.message = Some(message);
+        }
+    }
+    if conditions != status.conditions {
+        plan.patch.conditions = Some(conditions);
+    }
+    plan
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
+    fn now() -> Timestamp {
+        "2026-11-25T10:00:00Z".parse().unwrap()
+    }
+
+    fn in_phase(phase: Option<RobotPhase>) -> RobotStatus {
+        RobotStatus {
+            phase,
+            ..RobotStatus::default()
+        }
+    }
+
+    #[test]
+    fn an_approved_robot_goes_online_and_ready() {
+        let plan = plan_approval(&in_phase(None), Approval::Approve("token accepted".into()), now());
+        assert_eq!(plan.patch.phase, Some(RobotPhase::Online));
+        assert_eq!(plan.patch.message.as_deref(), Some("token accepted"));
+        let conditions = plan.patch.conditions.unwrap();
+        let approved = find_condition(&conditions, CONDITION_APPROVED).unwrap();
+        assert_eq!(approved.status, ConditionStatus::True);
+        assert_eq!(approved.last_transition_time, Some(now()));
+        let ready = find_condition(&conditions, CONDITION_READY).unwrap();
+        assert_eq!(ready.reason.as_deref(), Some("Registered"));
+        assert_eq!(plan.event, Some(Note::normal("Approved", "token accepted")));
+        assert_eq!(plan.requeue, None);
+    }
+
+    #[test]
+    fn a_rejection_is_written_once() {
+        let plan = plan_approval(&in_phase(None), Approval::Reject("unknown token".into()), now());
+        assert_eq!(plan.patch.phase, Some(RobotPhase::Rejected));
+        assert_eq!(plan.event, Some(Note::warning("Rejected", "unknown token")));
+        let rejected = RobotStatus {
+            phase: Some(RobotPhase::Rejected),
+            message: Some("unknown token".into()),
+            conditions: plan.patch.conditions.unwrap(),
+            ..RobotStatus::default()
+        };
+        let again = plan_approval(&rejected, Approval::Reject("unknown token".into()), now());
+        assert_eq!(again, PhasePlan::default());
+    }
+
+    #[test]
+    fn a_robot_waiting_for_its_secret_is_pending_and_looks_again() {
+        let wait = || Approval::Wait("no bootstrap secret yet".into());
+        let plan = plan_approval(&in_phase(None), wait(), now());
+        assert_eq!(plan.patch.phase, Some(RobotPhase::Pending));
+        assert_eq!(plan.patch.message.as_deref(), Some("no bootstrap secret yet"));
+        assert_eq!(plan.patch.conditions, None);
+        assert_eq!(plan.requeue, Some(SECRET_RECHECK));
+        let waiting = RobotStatus {
+            phase: Some(RobotPhase::Pending),
+            message: Some("no bootstrap secret yet".into()),
+            ..RobotStatus::default()
+        };
+        let again = plan_approval(&waiting, wait(), now());
+        assert_eq!(again.patch, RobotStatusPatch::default());
+        assert_eq!(again.requeue, Some(SECRET_RECHECK));
+    }
+
+    #[test]
+    fn liveness_moves_a_robot_offline_and_back() {
+        let online = in_phase(Some(RobotPhase::Online));
+        let stay = plan_liveness(&online, Verdict::Stay(Some(Duration::from_secs(5))), now());
+        assert_eq!(stay.patch, RobotStatusPatch::default());
+        assert_eq!(stay.requeue, Some(Duration::from_secs(5)));
+
+        let offline = Verdict::Offline {
+            reason: "HeartbeatTimeout",
+            message: "silent for 2m".into(),
+        };
+        let plan = plan_liveness(&online, offline, now());
+        assert_eq!(plan.patch.phase, Some(RobotPhase::Offline));
+        assert_eq!(plan.event, Some(Note::warning("Offline", "silent for 2m")));
+        let conditions = plan.patch.conditions.unwrap();
+        let ready = find_condition(&conditions, CONDITION_READY).unwrap();
+        assert_eq!(ready.status, ConditionStatus::False);
+
+        let back = Verdict::Online {
+            reason: "Heartbeat",
+            message: "heard again".into(),
+        };
+        let status = RobotStatus {
+            phase: Some(RobotPhase::Offline),
+            conditions,
+            ..RobotStatus::default()
+        };
+        let plan = plan_liveness(&status, back, now());
+        assert_eq!(plan.patch.phase, Some(RobotPhase::Online));
+        assert_eq!(plan.event, Some(Note::normal("Online", "heard again")));
+    }
 
     #[test]
     fn token_hash_is_lowercase_hex_sha256() {

@@ -20,12 +20,12 @@ use serde::Serialize;
 use tracing::instrument;
 
 use super::robot::{liveness_of, robot_lease};
-use super::{demand_of, group_of, key_of, Context, SchedState};
+use super::{condition_at, demand_of, group_of, key_of, Context, Note, SchedState};
 use crate::error::{Error, Result};
 use crate::ledger::Placement;
 use crate::lifecycle::{next_step, plus, retry_delay, RobotHealth, Step};
 use crate::manual::{self, TaskManual};
-use crate::scheduler::{choose_sampled, Request};
+use crate::scheduler::{choose_outranked, choose_sampled, NoFit, Request};
 use k8s4r_service::patch::Guarded;
 
 /// How long a task that found no robot waits before looking again on its
@@ -33,7 +33,7 @@ use k8s4r_service::patch::Guarded;
 const UNSCHEDULABLE_RECHECK: Duration = Duration::from_secs(300);
 
 /// The Task status fields the manager writes. `Some(None)` clears a field.
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Default, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TaskStatusPatch {
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -258,19 +258,37 @@ async fn apply_manual(task: &Task, ctx: &Context, manual: TaskManual, now: Times
     let (ns, name) = names(task)?;
     let api: Api<Task> = Api::namespaced(ctx.client(), &ns);
     let status = task.status.clone().unwrap_or_default();
+    if matches!(manual, TaskManual::CancelNow(_)) {
+        // A task cancelled while it waits for a robot waits no more.
+        let mut sched = ctx.sched();
+        for lower in sched.stop_waiting(&ObjectRef::from_obj(task)) {
+            ctx.triggers.task(lower);
+        }
+    }
+    let plan = plan_manual(&status, manual, now);
+    ctx.patch_status(&api, &name, task.resource_version(), plan.patch)
+        .await?;
+    ctx.publish(task, plan.event);
+    Ok(Action::await_change())
+}
+
+/// What carrying out a person's retry or cancel writes and says.
+#[derive(Debug, PartialEq)]
+pub struct ManualPlan {
+    /// The Task's status patch.
+    pub patch: TaskStatusPatch,
+    /// The Event that says so.
+    pub event: Note,
+}
+
+/// Plans carrying out `manual` on a Task whose status is `status`.
+pub fn plan_manual(status: &TaskStatus, manual: TaskManual, now: Timestamp) -> ManualPlan {
     let note = |a: &ManualAction| a.message.clone().unwrap_or_default();
-    let (patch, event) = match manual {
+    match manual {
         TaskManual::CancelNow(action) => {
-            let me = ObjectRef::from_obj(task);
-            let mut sched = ctx.sched();
-            sched.waiting.remove(&me);
-            for lower in sched.yielded.remove(&me).into_iter().flatten() {
-                ctx.triggers.task(lower);
-            }
-            drop(sched);
             let message = note(&action);
-            (
-                TaskStatusPatch {
+            ManualPlan {
+                patch: TaskStatusPatch {
                     state: Some(TaskState::Cancelled),
                     reason: Some(Some(TaskReason::Cancelled)),
                     message: Some(Some(message.clone())),
@@ -279,92 +297,92 @@ async fn apply_manual(task: &Task, ctx: &Context, manual: TaskManual, now: Times
                     cancellation: Some(action),
                     ..TaskStatusPatch::default()
                 },
-                Some((EventType::Normal, "Cancelled", message)),
-            )
+                event: Note::normal("Cancelled", message),
+            }
         }
         TaskManual::CancelRunning(action) => {
             let message = note(&action);
-            (
-                TaskStatusPatch {
+            ManualPlan {
+                patch: TaskStatusPatch {
                     cancellation: Some(action),
                     ..TaskStatusPatch::default()
                 },
-                Some((EventType::Normal, "Cancelling", message)),
-            )
+                event: Note::normal("Cancelling", message),
+            }
         }
-        TaskManual::Cancelled => {
-            let by = status.cancellation.as_ref().and_then(|c| c.by.clone());
-            let robot = status.robot.clone().unwrap_or_default();
-            let message = match by {
-                Some(by) => format!(
-                    "cancelled by {by}: attempt {} stopped on robot {robot}",
-                    status.attempt
-                ),
-                None => format!("cancelled: attempt {} stopped on robot {robot}", status.attempt),
-            };
-            (
-                TaskStatusPatch {
-                    state: Some(TaskState::Cancelled),
-                    reason: Some(Some(TaskReason::Cancelled)),
-                    message: Some(Some(message.clone())),
-                    finish_time: Some(status.finish_time.or(Some(now))),
-                    ..TaskStatusPatch::default()
-                },
-                Some((EventType::Normal, "Cancelled", message)),
-            )
-        }
+        TaskManual::Cancelled => plan_cancelled(status, now),
         TaskManual::Record { cancel, action } => {
             let message = note(&action);
-            let patch = if cancel {
-                TaskStatusPatch {
+            let (patch, reason) = if cancel {
+                let patch = TaskStatusPatch {
                     cancellation: Some(action),
                     ..TaskStatusPatch::default()
-                }
+                };
+                (patch, "NothingToCancel")
             } else {
-                TaskStatusPatch {
+                let patch = TaskStatusPatch {
                     retry: Some(action),
                     ..TaskStatusPatch::default()
-                }
+                };
+                (patch, "NothingToRetry")
             };
-            let reason = if cancel {
-                "NothingToCancel"
-            } else {
-                "NothingToRetry"
-            };
-            (patch, Some((EventType::Normal, reason, message)))
-        }
-        TaskManual::Retry(action) => {
-            let mut attempts = status.attempts.clone();
-            if status.attempt > 0 && !attempts.iter().any(|a| a.attempt == status.attempt) {
-                attempts.push(AttemptRecord {
-                    attempt: status.attempt,
-                    robot: status.robot.clone(),
-                    state: status.state.unwrap_or(TaskState::Failed),
-                    exit_code: status.exit_code,
-                    reason: status.reason,
-                    finish_time: status.finish_time.or(Some(now)),
-                });
+            ManualPlan {
+                patch,
+                event: Note::normal(reason, message),
             }
-            let message = note(&action);
-            (
-                TaskStatusPatch {
-                    state: Some(TaskState::Pending),
-                    next_attempt_time: Some(None),
-                    message: Some(Some(message.clone())),
-                    attempts: Some(attempts),
-                    retry: Some(action),
-                    ..TaskStatusPatch::default()
-                },
-                Some((EventType::Normal, "Retried", message)),
-            )
         }
-    };
-    ctx.patch_status(&api, &name, task.resource_version(), patch)
-        .await?;
-    if let Some((kind, reason, message)) = event {
-        ctx.event(task, kind, reason, message);
+        TaskManual::Retry(action) => plan_manual_retry(status, action, now),
     }
-    Ok(Action::await_change())
+}
+
+/// The cancelled attempt ended on its robot: the Task is cancelled.
+fn plan_cancelled(status: &TaskStatus, now: Timestamp) -> ManualPlan {
+    let by = status.cancellation.as_ref().and_then(|c| c.by.clone());
+    let robot = status.robot.clone().unwrap_or_default();
+    let message = match by {
+        Some(by) => format!(
+            "cancelled by {by}: attempt {} stopped on robot {robot}",
+            status.attempt
+        ),
+        None => format!("cancelled: attempt {} stopped on robot {robot}", status.attempt),
+    };
+    ManualPlan {
+        patch: TaskStatusPatch {
+            state: Some(TaskState::Cancelled),
+            reason: Some(Some(TaskReason::Cancelled)),
+            message: Some(Some(message.clone())),
+            finish_time: Some(status.finish_time.or(Some(now))),
+            ..TaskStatusPatch::default()
+        },
+        event: Note::normal("Cancelled", message),
+    }
+}
+
+/// A person's retry: back to pending now, the ended attempt recorded.
+fn plan_manual_retry(status: &TaskStatus, action: ManualAction, now: Timestamp) -> ManualPlan {
+    let mut attempts = status.attempts.clone();
+    if status.attempt > 0 && !attempts.iter().any(|a| a.attempt == status.attempt) {
+        attempts.push(AttemptRecord {
+            attempt: status.attempt,
+            robot: status.robot.clone(),
+            state: status.state.unwrap_or(TaskState::Failed),
+            exit_code: status.exit_code,
+            reason: status.reason,
+            finish_time: status.finish_time.or(Some(now)),
+        });
+    }
+    let message = action.message.clone().unwrap_or_default();
+    ManualPlan {
+        patch: TaskStatusPatch {
+            state: Some(TaskState::Pending),
+            next_attempt_time: Some(None),
+            message: Some(Some(message.clone())),
+            attempts: Some(attempts),
+            retry: Some(action),
+            ..TaskStatusPatch::default()
+        },
+        event: Note::normal("Retried", message),
+    }
 }
 
 fn names(task: &Task) -> Result<(String, String)> {
@@ -397,124 +415,25 @@ async fn schedule(task: &Task, ctx: &Context, now: Timestamp) -> Result<Action> 
     let key = key_of(task);
     let group = group_of(task);
     let attempt = status.attempt + 1;
-    let avoid = status
-        .attempts
-        .last()
-        // A robot that lost the last attempt (silent, or it never started
-        // it) is not given the next one while another robot fits.
-        .filter(|a| {
-            matches!(
-                a.reason,
-                Some(
-                    TaskReason::DispatchTimeout
-                        | TaskReason::RobotLost
-                        | TaskReason::NotOnRobot
-                        | TaskReason::OverCapacity
-                        | TaskReason::NotPermitted
-                )
-            )
-        })
-        .and_then(|a| a.robot.clone());
+    let avoid = avoided_robot(&status);
     let request = request_for(task, &group, avoid.as_deref());
-    let obj_ref = ObjectRef::from_obj(task);
-    let (decision, outranked_by) = {
-        let mut guard = ctx.sched();
-        let sched = &mut *guard;
-        if sched.ledger.attempt_of(&key).is_some_and(|a| a >= attempt) {
-            // This attempt was placed already; the cache has not caught up.
-            // Its watch event will bring the Task back.
-            tracing::debug!(attempt, known = ?sched.ledger.attempt_of(&key), "attempt placed already");
-            return Ok(Action::await_change());
-        }
-        // A robot a waiting task of higher priority fits is left to it, and
-        // the next best is tried.
-        let mut reserved: Vec<String> = Vec::new();
-        let mut outranked_by = Vec::new();
-        let outcome = loop {
-            let attempt_request = Request {
-                reserved: &reserved,
-                ..request.clone()
-            };
-            let chosen = choose_sampled(&sched.robots, &sched.cursor, &attempt_request, |n| {
-                sched.ledger.usage(n)
-            })
-            .map(|r| r.name.clone());
-            let Ok(robot) = chosen else {
-                break chosen;
-            };
-            match outranking(ctx, sched, &robot, task.spec.priority, &outranked_by) {
-                Some(higher) if reserved.len() < MAX_RESERVED => {
-                    reserved.push(robot);
-                    outranked_by.push(higher);
-                }
-                _ => break Ok(robot),
-            }
-        };
-        match &outcome {
-            Ok(robot) => {
-                // The next decision looks on from here.
-                sched.cursor.clone_from(robot);
-                sched.ledger.reserve(
-                    &key,
-                    attempt,
-                    Placement {
-                        robot: robot.clone(),
-                        group: group.clone(),
-                        demand: request.demand.clone(),
-                    },
-                );
-                sched.waiting.remove(&obj_ref);
-                // The tasks that left it a robot look again.
-                for lower in sched.yielded.remove(&obj_ref).into_iter().flatten() {
-                    ctx.triggers.task(lower);
-                }
-            }
-            Err(_) => {
-                sched.waiting.insert(obj_ref.clone(), task.spec.priority);
-                for higher in &outranked_by {
-                    sched
-                        .yielded
-                        .entry(higher.clone())
-                        .or_default()
-                        .push(obj_ref.clone());
-                }
-            }
-        }
-        ctx.metrics.set_waiting(sched.waiting.len());
-        (outcome, outranked_by)
+    let Some(choice) = decide(task, ctx, &key, attempt, &request) else {
+        return Ok(Action::await_change());
     };
-    for higher in outranked_by {
+    for higher in choice.outranked_by {
         ctx.triggers.task(higher);
     }
 
-    let robot = match decision {
+    let robot = match choice.robot {
         Ok(robot) => robot,
         Err(nofit) => {
             ctx.metrics.unschedulable.inc();
             let message = nofit.to_string();
-            let previous = find_condition(&status.conditions, CONDITION_SCHEDULED);
-            if status.state.is_some() && previous.and_then(|c| c.message.as_deref()) == Some(&message) {
-                return Ok(Action::requeue(UNSCHEDULABLE_RECHECK));
+            if let Some(patch) = plan_unschedulable(&status, &message, now) {
+                ctx.patch_status(&api, &name, task.resource_version(), patch)
+                    .await?;
+                ctx.event(task, EventType::Warning, "FailedScheduling", message);
             }
-            let mut conditions = status.conditions.clone();
-            set_condition(
-                &mut conditions,
-                Condition::new(
-                    CONDITION_SCHEDULED,
-                    ConditionStatus::False,
-                    "Unschedulable",
-                    message.clone(),
-                ),
-            );
-            let patch = TaskStatusPatch {
-                state: Some(TaskState::Pending),
-                message: Some(Some(message.clone())),
-                conditions: Some(conditions),
-                ..TaskStatusPatch::default()
-            };
-            ctx.patch_status(&api, &name, task.resource_version(), patch)
-                .await?;
-            ctx.event(task, EventType::Warning, "FailedScheduling", message);
             return Ok(Action::requeue(UNSCHEDULABLE_RECHECK));
         }
     };
@@ -546,9 +465,108 @@ async fn schedule(task: &Task, ctx: &Context, now: Timestamp) -> Result<Action> 
     Ok(Action::requeue(ctx.config.lifecycle.dispatch_timeout))
 }
 
-/// Most robots one decision leaves to tasks of higher priority before it
-/// gives up for now.
-const MAX_RESERVED: usize = 4;
+/// The robot the next attempt avoids: the one that lost the last attempt
+/// (silent, or it never started it), which is not given the next one while
+/// another robot fits.
+fn avoided_robot(status: &TaskStatus) -> Option<String> {
+    status
+        .attempts
+        .last()
+        .filter(|a| {
+            matches!(
+                a.reason,
+                Some(
+                    TaskReason::DispatchTimeout
+                        | TaskReason::RobotLost
+                        | TaskReason::NotOnRobot
+                        | TaskReason::OverCapacity
+                        | TaskReason::NotPermitted
+                )
+            )
+        })
+        .and_then(|a| a.robot.clone())
+}
+
+/// One scheduling decision.
+struct Choice {
+    /// The robot chosen, or why none fits.
+    robot: Result<String, NoFit>,
+    /// The waiting tasks of higher priority that robots were left to.
+    outranked_by: Vec<ObjectRef<Task>>,
+}
+
+/// Chooses a robot for `attempt` of `task` under the scheduler's lock and
+/// records the choice there: the robot reserved in the ledger, or the task
+/// waiting. `None` when this attempt was placed already.
+fn decide(task: &Task, ctx: &Context, key: &str, attempt: u32, request: &Request<'_>) -> Option<Choice> {
+    let obj_ref = ObjectRef::from_obj(task);
+    let priority = task.spec.priority;
+    let mut guard = ctx.sched();
+    let sched = &mut *guard;
+    if sched.ledger.attempt_of(key).is_some_and(|a| a >= attempt) {
+        // This attempt was placed already; the cache has not caught up.
+        // Its watch event will bring the Task back.
+        tracing::debug!(attempt, known = ?sched.ledger.attempt_of(key), "attempt placed already");
+        return None;
+    }
+    // A robot a waiting task of higher priority fits is left to it, and
+    // the next best is tried.
+    let view: &SchedState = sched;
+    let (outcome, outranked_by) = choose_outranked(
+        &view.robots,
+        &view.cursor,
+        request,
+        |n| view.ledger.usage(n),
+        |robot, already| outranking(ctx, view, robot, priority, already),
+    );
+    match &outcome {
+        Ok(robot) => {
+            let placement = Placement {
+                robot: robot.clone(),
+                group: request.group.to_owned(),
+                demand: request.demand.clone(),
+            };
+            // The next decision looks on from here, and the tasks that
+            // left it a robot look again.
+            for lower in sched.placed(key, &obj_ref, attempt, placement) {
+                ctx.triggers.task(lower);
+            }
+        }
+        Err(_) => sched.unplaced(&obj_ref, priority, &outranked_by),
+    }
+    ctx.metrics.set_waiting(sched.waiting.len());
+    Some(Choice {
+        robot: outcome,
+        outranked_by,
+    })
+}
+
+/// The status patch of a Task no robot fits (`message` says why), or
+/// `None` when its status says so already.
+pub fn plan_unschedulable(status: &TaskStatus, message: &str, now: Timestamp) -> Option<TaskStatusPatch> {
+    let previous = find_condition(&status.conditions, CONDITION_SCHEDULED);
+    if status.state.is_some() && previous.and_then(|c| c.message.as_deref()) == Some(message) {
+        return None;
+    }
+    let mut conditions = status.conditions.clone();
+    set_condition(
+        &mut conditions,
+        condition_at(
+            CONDITION_SCHEDULED,
+            ConditionStatus::False,
+            "Unschedulable",
+            message,
+            now,
+        ),
+    );
+    Some(TaskStatusPatch {
+        state: Some(TaskState::Pending),
+        message: Some(Some(message.to_owned())),
+        conditions: Some(conditions),
+        ..TaskStatusPatch::default()
+    })
+}
+
 /// Most waiting tasks of higher priority one decision looks at.
 const MAX_OUTRANKING_LOOKS: usize = 8;
 
@@ -618,7 +636,7 @@ async fn place(
     ctx: &Context,
     api: &Api<Task>,
     name: &str,
-    status: &k8s4r_api::TaskStatus,
+    status: &TaskStatus,
     attempt: u32,
     robot: &str,
     now: Timestamp,
@@ -635,23 +653,40 @@ async fn place(
             api.patch(name, &ctx.kube.patch_params(), &Patch::Merge(&spec)),
         )
         .await?;
+    let patch = plan_dispatch(status, attempt, robot, now, ctx.config.lifecycle.dispatch_timeout);
+    ctx.patch_status(api, name, updated.resource_version(), patch)
+        .await?;
+    Ok(())
+}
+
+/// The status patch that starts `attempt` on `robot`: dispatching, with a
+/// deadline `dispatch_timeout` from `now`, and what the last attempt left
+/// behind cleared.
+pub fn plan_dispatch(
+    status: &TaskStatus,
+    attempt: u32,
+    robot: &str,
+    now: Timestamp,
+    dispatch_timeout: Duration,
+) -> TaskStatusPatch {
     let mut conditions = status.conditions.clone();
     set_condition(
         &mut conditions,
-        Condition::new(
+        condition_at(
             CONDITION_SCHEDULED,
             ConditionStatus::True,
             "Scheduled",
             format!("attempt {attempt} assigned to robot {robot}"),
+            now,
         ),
     );
-    let patch = TaskStatusPatch {
+    TaskStatusPatch {
         state: Some(TaskState::Dispatching),
         attempt: Some(attempt),
         seq: Some(0),
         robot: Some(Some(robot.to_owned())),
         dispatch_time: Some(Some(now)),
-        dispatch_deadline: Some(Some(plus(now, ctx.config.lifecycle.dispatch_timeout))),
+        dispatch_deadline: Some(Some(plus(now, dispatch_timeout))),
         observed_running_time: Some(None),
         next_attempt_time: Some(None),
         exit_code: Some(None),
@@ -669,10 +704,7 @@ async fn place(
         attempts: None,
         retry: None,
         cancellation: None,
-    };
-    ctx.patch_status(api, name, updated.resource_version(), patch)
-        .await?;
-    Ok(())
+    }
 }
 
 async fn fail(
@@ -743,4 +775,154 @@ async fn retry(task: &Task, ctx: &Context, delay: Duration, now: Timestamp) -> R
         ),
     );
     Ok(Action::requeue(delay))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn now() -> Timestamp {
+        "2026-11-25T10:00:00Z".parse().unwrap()
+    }
+
+    fn action(message: &str) -> ManualAction {
+        ManualAction {
+            value: "1".into(),
+            by: Some("ann".into()),
+            at: now(),
+            attempt: 2,
+            message: Some(message.into()),
+            noop: false,
+        }
+    }
+
+    fn failed(attempt: u32, robot: &str) -> TaskStatus {
+        TaskStatus {
+            state: Some(TaskState::Failed),
+            attempt,
+            robot: Some(robot.into()),
+            exit_code: Some(3),
+            reason: Some(TaskReason::Error),
+            ..TaskStatus::default()
+        }
+    }
+
+    #[test]
+    fn a_cancel_before_the_robot_has_the_task_ends_it_now() {
+        let plan = plan_manual(
+            &TaskStatus::default(),
+            TaskManual::CancelNow(action("cancelled by ann")),
+            now(),
+        );
+        assert_eq!(plan.patch.state, Some(TaskState::Cancelled));
+        assert_eq!(plan.patch.reason, Some(Some(TaskReason::Cancelled)));
+        assert_eq!(plan.patch.finish_time, Some(Some(now())));
+        assert_eq!(plan.patch.next_attempt_time, Some(None));
+        assert_eq!(plan.event, Note::normal("Cancelled", "cancelled by ann"));
+    }
+
+    #[test]
+    fn a_cancel_of_a_running_attempt_is_only_recorded() {
+        let plan = plan_manual(
+            &TaskStatus::default(),
+            TaskManual::CancelRunning(action("stopping")),
+            now(),
+        );
+        assert_eq!(plan.patch.state, None);
+        assert_eq!(plan.patch.cancellation, Some(action("stopping")));
+        assert_eq!(plan.event.reason, "Cancelling");
+    }
+
+    #[test]
+    fn a_stopped_attempt_is_cancelled_by_whoever_asked() {
+        let status = TaskStatus {
+            cancellation: Some(action("x")),
+            finish_time: Some(Timestamp::UNIX_EPOCH),
+            ..failed(2, "r1")
+        };
+        let plan = plan_manual(&status, TaskManual::Cancelled, now());
+        let message = "cancelled by ann: attempt 2 stopped on robot r1";
+        assert_eq!(plan.patch.state, Some(TaskState::Cancelled));
+        assert_eq!(plan.patch.message, Some(Some(message.into())));
+        assert_eq!(plan.patch.finish_time, Some(Some(Timestamp::UNIX_EPOCH)));
+        assert_eq!(plan.event, Note::normal("Cancelled", message));
+    }
+
+    #[test]
+    fn a_request_with_nothing_to_do_is_recorded() {
+        let nothing = |cancel| TaskManual::Record {
+            cancel,
+            action: action("nothing"),
+        };
+        let plan = plan_manual(&TaskStatus::default(), nothing(true), now());
+        assert_eq!(plan.patch.cancellation, Some(action("nothing")));
+        assert_eq!(plan.event.reason, "NothingToCancel");
+        let plan = plan_manual(&TaskStatus::default(), nothing(false), now());
+        assert_eq!(plan.patch.retry, Some(action("nothing")));
+        assert_eq!(plan.event.reason, "NothingToRetry");
+    }
+
+    #[test]
+    fn a_retry_records_the_attempt_that_ended() {
+        let plan = plan_manual(&failed(2, "r1"), TaskManual::Retry(action("retried")), now());
+        assert_eq!(plan.patch.state, Some(TaskState::Pending));
+        let attempts = plan.patch.attempts.unwrap();
+        assert_eq!(attempts.len(), 1);
+        assert_eq!(attempts[0].attempt, 2);
+        assert_eq!(attempts[0].robot.as_deref(), Some("r1"));
+        assert_eq!(attempts[0].exit_code, Some(3));
+        assert_eq!(attempts[0].finish_time, Some(now()));
+        assert_eq!(plan.event, Note::normal("Retried", "retried"));
+    }
+
+    #[test]
+    fn an_unschedulable_task_is_told_once_per_reason() {
+        let status = TaskStatus {
+            state: Some(TaskState::Pending),
+            ..TaskStatus::default()
+        };
+        let patch = plan_unschedulable(&status, "0/2 robots: 2 offline", now()).unwrap();
+        assert_eq!(patch.state, Some(TaskState::Pending));
+        let conditions = patch.conditions.unwrap();
+        assert_eq!(conditions[0].reason.as_deref(), Some("Unschedulable"));
+        assert_eq!(conditions[0].last_transition_time, Some(now()));
+        let told = TaskStatus { conditions, ..status };
+        assert_eq!(plan_unschedulable(&told, "0/2 robots: 2 offline", now()), None);
+        assert!(plan_unschedulable(&told, "0/3 robots: 3 offline", now()).is_some());
+    }
+
+    #[test]
+    fn a_dispatch_starts_a_clean_attempt_with_a_deadline() {
+        let patch = plan_dispatch(&failed(1, "r1"), 2, "r2", now(), Duration::from_secs(60));
+        assert_eq!(patch.state, Some(TaskState::Dispatching));
+        assert_eq!(patch.attempt, Some(2));
+        assert_eq!(patch.robot, Some(Some("r2".into())));
+        assert_eq!(
+            patch.dispatch_deadline,
+            Some(Some(plus(now(), Duration::from_secs(60))))
+        );
+        assert_eq!(patch.exit_code, Some(None));
+        assert_eq!(patch.reason, Some(None));
+        let conditions = patch.conditions.unwrap();
+        assert_eq!(
+            conditions[0].message.as_deref(),
+            Some("attempt 2 assigned to robot r2")
+        );
+    }
+
+    #[test]
+    fn the_robot_that_lost_the_last_attempt_is_avoided() {
+        let mut status = failed(1, "r1");
+        status.attempts.push(AttemptRecord {
+            attempt: 1,
+            robot: Some("r1".into()),
+            state: TaskState::Failed,
+            exit_code: None,
+            reason: Some(TaskReason::RobotLost),
+            finish_time: None,
+        });
+        assert_eq!(avoided_robot(&status).as_deref(), Some("r1"));
+        status.attempts[0].reason = Some(TaskReason::Error);
+        assert_eq!(avoided_robot(&status), None);
+    }
 }

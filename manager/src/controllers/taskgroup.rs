@@ -13,11 +13,11 @@ use kube::runtime::controller::Action;
 use kube::{Api, Resource, ResourceExt};
 use tracing::instrument;
 
-use super::{key_of, Context};
+use super::{key_of, Context, Requests};
 use crate::aggregate::{group_status, TaskView};
 use crate::error::{Error, Result};
 use crate::fleet;
-use crate::lifecycle::effective_state;
+use crate::lifecycle::{effective_state, LifecycleConfig};
 use crate::scheduler::{self, Request};
 
 /// How many Tasks one reconcile creates or deletes at once.
@@ -127,20 +127,11 @@ async fn reconcile_group(group: &TaskGroup, ctx: &Context) -> Result<Action> {
     let owned: Vec<Arc<Task>> = ctx.group_tasks.of(&ctx.stores.tasks, &uid);
     let api: Api<Task> = Api::namespaced(ctx.client(), &ns);
     let lifecycle = &ctx.config.lifecycle;
-    let state_of = |t: &Task| effective_state(&t.spec, t.status.as_ref(), lifecycle);
 
     // A person's cancel or retry of the group goes to its Tasks.
     let previous = group.status.clone().unwrap_or_default();
-    let children: Vec<(String, Option<String>)> = owned
-        .iter()
-        .map(|t| (t.name_any(), t.annotations().get(ANNOTATION_CANCEL).cloned()))
-        .collect();
-    let retry_to: Vec<String> = owned
-        .iter()
-        .filter(|t| matches!(state_of(t), TaskState::Failed | TaskState::Cancelled))
-        .map(|t| t.name_any())
-        .collect();
-    let (cancellation, retry, cancelled) = ctx
+    let (children, retry_to) = requests_to_pass(&owned, lifecycle);
+    let requests = ctx
         .pass_on_requests(
             group,
             (previous.cancellation.as_ref(), previous.retry.as_ref()),
@@ -151,155 +142,14 @@ async fn reconcile_group(group: &TaskGroup, ctx: &Context) -> Result<Action> {
         )
         .await?;
 
-    let status = match group.spec.template.mode {
-        GroupMode::Count => {
-            let count = group.spec.template.count();
-            let mut present = vec![false; count as usize];
-            let mut extra = Vec::new();
-            for task in &owned {
-                match index_of(task) {
-                    Some(i) if (0..count).contains(&i) => present[i as usize] = true,
-                    _ => extra.push(task.name_any()),
-                }
-            }
-            let missing: Vec<Task> = present
-                .iter()
-                .enumerate()
-                // A cancelled group makes no new task.
-                .filter(|(_, here)| !**here && !cancelled)
-                .map(|(i, _)| desired_task(group, i as i32))
-                .collect::<Result<_>>()?;
-            create_tasks(ctx, &api, missing).await?;
-            delete_tasks(ctx, &api, extra).await?;
-            let views = owned
-                .iter()
-                .filter(|t| index_of(t).is_some_and(|i| (0..count).contains(&i)))
-                .map(|t| view_of(t, lifecycle));
-            let mut status = group_status(count, views, group.status.as_ref(), group.meta().generation);
-            status.desired = Some(count);
-            status
-        }
-        GroupMode::EveryRobot => {
-            let template = &group.spec.template;
-            // The robots the task can ever run on: the scheduler's lasting
-            // filters (approval, cordon, selector, constraints, driver, the
-            // robot's policy, the anti-affinity label); being offline, busy
-            // or full passes, and the task waits.
-            let demand = fleet_demand(group);
-            let request = Request {
-                group: "",
-                selector: template.robot_selector.as_ref(),
-                constraints: &template.constraints,
-                driver: &template.task.driver,
-                demand,
-                avoid: None,
-                robot: None,
-                anti_affinity: template.anti_affinity.as_ref(),
-                affinity: &template.affinity,
-                reserved: &[],
-            };
-            let (matched, known, online): (BTreeSet<String>, BTreeSet<String>, BTreeSet<String>) = {
-                let sched = ctx.sched();
-                let matched = sched
-                    .robots
-                    .values()
-                    .filter(|r| scheduler::may_take_later(scheduler::check(r, &request, None)))
-                    .map(|r| r.name.clone())
-                    .collect();
-                let online = sched
-                    .robots
-                    .values()
-                    .filter(|r| r.phase == Some(RobotPhase::Online) && r.refusing.is_none())
-                    .map(|r| r.name.clone())
-                    .collect();
-                (matched, sched.robots.keys().cloned().collect(), online)
-            };
-            let mut existing = BTreeMap::new();
-            let mut strays = Vec::new();
-            for task in &owned {
-                match &task.spec.robot_name {
-                    Some(robot) => {
-                        let state = state_of(task);
-                        existing.insert(
-                            robot.clone(),
-                            fleet::Existing {
-                                task: task.name_any(),
-                                state,
-                                placed: task.status.as_ref().is_some_and(|s| s.attempt > 0),
-                                parked: state == TaskState::Pending && !online.contains(robot),
-                            },
-                        );
-                    }
-                    None => strays.push(task.name_any()),
-                }
-            }
-            // A completed rollout reaches no robot that comes later; a
-            // failed one goes on once its failures are retried.
-            let finished =
-                cancelled || group.status.as_ref().and_then(|s| s.state) == Some(WorkState::Completed);
-            let plan = fleet::plan(
-                &matched,
-                &known,
-                &existing,
-                template.max_parallel,
-                template.max_failed.as_ref(),
-                finished,
-            );
-            let new: Vec<Task> = plan
-                .create
-                .iter()
-                .map(|robot| robot_task(group, robot))
-                .collect::<Result<_>>()?;
-            create_tasks(ctx, &api, new).await?;
-            strays.extend(plan.delete.iter().cloned());
-            delete_tasks(ctx, &api, strays).await?;
-            let deleted: BTreeSet<&String> = plan.delete.iter().collect();
-            let to_come = plan.create.len() + usize::try_from(plan.waiting).unwrap_or(0);
-            let views = owned
-                .iter()
-                .filter(|t| t.spec.robot_name.is_some() && !deleted.contains(&t.name_any()))
-                .map(|t| view_of(t, lifecycle))
-                .chain(std::iter::repeat_n(
-                    TaskView {
-                        state: TaskState::Pending,
-                        robot: None,
-                    },
-                    to_come,
-                ));
-            let mut status = group_status(
-                plan.desired,
-                views,
-                group.status.as_ref(),
-                group.meta().generation,
-            );
-            if plan.desired == 0 {
-                // No robot matches yet: the group waits for one rather than
-                // being done with nothing.
-                status = group_status(
-                    1,
-                    std::iter::empty(),
-                    group.status.as_ref(),
-                    group.meta().generation,
-                );
-                status.completions = Some("0/0".into());
-            }
-            status.desired = Some(plan.desired);
-            status.rollout = Some(plan.rollout);
-            status
-        }
+    let fleet = match group.spec.template.mode {
+        GroupMode::Count => None,
+        GroupMode::EveryRobot => Some(fleet_view(ctx, group)),
     };
-    let mut status = TaskGroupStatus {
-        cancellation,
-        retry,
-        ..status
-    };
-    let c = &status.counts;
-    if cancelled && c.running + c.dispatching + c.pending == 0 {
-        // Nothing runs or waits: a group cancelled before its tasks were
-        // made is done too.
-        status.state = Some(WorkState::Cancelled);
-    }
-    if group.status.as_ref() != Some(&status) {
+    let plan = plan_group(group, &owned, fleet.as_ref(), requests, lifecycle)?;
+    create_tasks(ctx, &api, plan.create).await?;
+    delete_tasks(ctx, &api, plan.delete).await?;
+    if let Some(status) = plan.status {
         let groups: Api<TaskGroup> = Api::namespaced(ctx.client(), &ns);
         ctx.patch_status(&groups, &group.name_any(), None, &status)
             .await?;
@@ -307,7 +157,256 @@ async fn reconcile_group(group: &TaskGroup, ctx: &Context) -> Result<Action> {
     Ok(Action::await_change())
 }
 
-fn view_of<'a>(t: &'a Task, lifecycle: &crate::lifecycle::LifecycleConfig) -> TaskView<'a> {
+/// What a cancel or retry of the group is passed to: every Task (name, its
+/// cancel annotation), and the names of those a retry has work for (failed
+/// or cancelled).
+fn requests_to_pass(
+    owned: &[Arc<Task>],
+    lifecycle: &LifecycleConfig,
+) -> (Vec<(String, Option<String>)>, Vec<String>) {
+    let children = owned
+        .iter()
+        .map(|t| (t.name_any(), t.annotations().get(ANNOTATION_CANCEL).cloned()))
+        .collect();
+    let retry_to = owned
+        .iter()
+        .filter(|t| {
+            matches!(
+                effective_state(&t.spec, t.status.as_ref(), lifecycle),
+                TaskState::Failed | TaskState::Cancelled
+            )
+        })
+        .map(|t| t.name_any())
+        .collect();
+    (children, retry_to)
+}
+
+/// The robots as an everyRobot group sees them, read from the scheduler's
+/// state.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FleetView {
+    /// The robots the group's task can ever run on: the scheduler's lasting
+    /// filters (approval, cordon, selector, constraints, driver, the
+    /// robot's policy, the anti-affinity label); being offline, busy or
+    /// full passes, and the task waits.
+    pub matched: BTreeSet<String>,
+    /// Every robot the scheduler knows.
+    pub known: BTreeSet<String>,
+    /// The robots online and taking tasks.
+    pub online: BTreeSet<String>,
+}
+
+/// Reads the robots an everyRobot `group` may reach.
+fn fleet_view(ctx: &Context, group: &TaskGroup) -> FleetView {
+    let template = &group.spec.template;
+    let request = Request {
+        group: "",
+        selector: template.robot_selector.as_ref(),
+        constraints: &template.constraints,
+        driver: &template.task.driver,
+        demand: fleet_demand(group),
+        avoid: None,
+        robot: None,
+        anti_affinity: template.anti_affinity.as_ref(),
+        affinity: &template.affinity,
+        reserved: &[],
+    };
+    let sched = ctx.sched();
+    let matched = sched
+        .robots
+        .values()
+        .filter(|r| scheduler::may_take_later(scheduler::check(r, &request, None)))
+        .map(|r| r.name.clone())
+        .collect();
+    let online = sched
+        .robots
+        .values()
+        .filter(|r| r.phase == Some(RobotPhase::Online) && r.refusing.is_none())
+        .map(|r| r.name.clone())
+        .collect();
+    FleetView {
+        matched,
+        known: sched.robots.keys().cloned().collect(),
+        online,
+    }
+}
+
+/// What a TaskGroup's reconcile writes.
+#[derive(Clone, Debug, Default)]
+pub struct GroupPlan {
+    /// Tasks to create.
+    pub create: Vec<Task>,
+    /// Tasks to delete, by name, after the creates.
+    pub delete: Vec<String>,
+    /// The new status; `None` when the group's says the same.
+    pub status: Option<TaskGroupStatus>,
+}
+
+/// Plans one reconcile of a TaskGroup from the Tasks it owns, the robots
+/// (for an everyRobot group: `fleet`) and what became of a person's cancel
+/// and retry. Fails only for a group without a uid to own Tasks with.
+pub fn plan_group(
+    group: &TaskGroup,
+    owned: &[Arc<Task>],
+    fleet: Option<&FleetView>,
+    requests: Requests,
+    lifecycle: &LifecycleConfig,
+) -> Result<GroupPlan> {
+    let (mut plan, status) = match fleet {
+        None => plan_count(group, owned, requests.cancelled, lifecycle)?,
+        Some(fleet) => plan_every_robot(group, owned, fleet, requests.cancelled, lifecycle)?,
+    };
+    let mut status = TaskGroupStatus {
+        cancellation: requests.cancellation,
+        retry: requests.retry,
+        ..status
+    };
+    let c = &status.counts;
+    if requests.cancelled && c.running + c.dispatching + c.pending == 0 {
+        // Nothing runs or waits: a group cancelled before its tasks were
+        // made is done too.
+        status.state = Some(WorkState::Cancelled);
+    }
+    plan.status = (group.status.as_ref() != Some(&status)).then_some(status);
+    Ok(plan)
+}
+
+/// A `count` group: one Task per index, the Tasks of other indexes deleted.
+fn plan_count(
+    group: &TaskGroup,
+    owned: &[Arc<Task>],
+    cancelled: bool,
+    lifecycle: &LifecycleConfig,
+) -> Result<(GroupPlan, TaskGroupStatus)> {
+    let count = group.spec.template.count();
+    let mut present = vec![false; count as usize];
+    let mut extra = Vec::new();
+    for task in owned {
+        match index_of(task) {
+            Some(i) if (0..count).contains(&i) => present[i as usize] = true,
+            _ => extra.push(task.name_any()),
+        }
+    }
+    let missing: Vec<Task> = present
+        .iter()
+        .enumerate()
+        // A cancelled group makes no new task.
+        .filter(|(_, here)| !**here && !cancelled)
+        .map(|(i, _)| desired_task(group, i as i32))
+        .collect::<Result<_>>()?;
+    let views = owned
+        .iter()
+        .filter(|t| index_of(t).is_some_and(|i| (0..count).contains(&i)))
+        .map(|t| view_of(t, lifecycle));
+    let mut status = group_status(count, views, group.status.as_ref(), group.meta().generation);
+    status.desired = Some(count);
+    let plan = GroupPlan {
+        create: missing,
+        delete: extra,
+        status: None,
+    };
+    Ok((plan, status))
+}
+
+/// An everyRobot group: one Task per robot it matches, rolled out as
+/// [`fleet::plan`] says.
+fn plan_every_robot(
+    group: &TaskGroup,
+    owned: &[Arc<Task>],
+    fleet: &FleetView,
+    cancelled: bool,
+    lifecycle: &LifecycleConfig,
+) -> Result<(GroupPlan, TaskGroupStatus)> {
+    let template = &group.spec.template;
+    let mut existing = BTreeMap::new();
+    let mut strays = Vec::new();
+    for task in owned {
+        match &task.spec.robot_name {
+            Some(robot) => {
+                let state = effective_state(&task.spec, task.status.as_ref(), lifecycle);
+                existing.insert(
+                    robot.clone(),
+                    fleet::Existing {
+                        task: task.name_any(),
+                        state,
+                        placed: task.status.as_ref().is_some_and(|s| s.attempt > 0),
+                        parked: state == TaskState::Pending && !fleet.online.contains(robot),
+                    },
+                );
+            }
+            None => strays.push(task.name_any()),
+        }
+    }
+    // A completed rollout reaches no robot that comes later; a
+    // failed one goes on once its failures are retried.
+    let finished = cancelled || group.status.as_ref().and_then(|s| s.state) == Some(WorkState::Completed);
+    let plan = fleet::plan(
+        &fleet.matched,
+        &fleet.known,
+        &existing,
+        template.max_parallel,
+        template.max_failed.as_ref(),
+        finished,
+    );
+    let new: Vec<Task> = plan
+        .create
+        .iter()
+        .map(|robot| robot_task(group, robot))
+        .collect::<Result<_>>()?;
+    strays.extend(plan.delete.iter().cloned());
+    let status = every_robot_status(group, owned, &plan, lifecycle);
+    let writes = GroupPlan {
+        create: new,
+        delete: strays,
+        status: None,
+    };
+    Ok((writes, status))
+}
+
+/// The status of an everyRobot group: its kept Tasks, and those still to
+/// come counted as pending.
+fn every_robot_status(
+    group: &TaskGroup,
+    owned: &[Arc<Task>],
+    plan: &fleet::Plan,
+    lifecycle: &LifecycleConfig,
+) -> TaskGroupStatus {
+    let deleted: BTreeSet<&String> = plan.delete.iter().collect();
+    let to_come = plan.create.len() + usize::try_from(plan.waiting).unwrap_or(0);
+    let views = owned
+        .iter()
+        .filter(|t| t.spec.robot_name.is_some() && !deleted.contains(&t.name_any()))
+        .map(|t| view_of(t, lifecycle))
+        .chain(std::iter::repeat_n(
+            TaskView {
+                state: TaskState::Pending,
+                robot: None,
+            },
+            to_come,
+        ));
+    let mut status = group_status(
+        plan.desired,
+        views,
+        group.status.as_ref(),
+        group.meta().generation,
+    );
+    if plan.desired == 0 {
+        // No robot matches yet: the group waits for one rather than
+        // being done with nothing.
+        status = group_status(
+            1,
+            std::iter::empty(),
+            group.status.as_ref(),
+            group.meta().generation,
+        );
+        status.completions = Some("0/0".into());
+    }
+    status.desired = Some(plan.desired);
+    status.rollout = Some(plan.rollout.clone());
+    status
+}
+
+fn view_of<'a>(t: &'a Task, lifecycle: &LifecycleConfig) -> TaskView<'a> {
     TaskView {
         state: effective_state(&t.spec, t.status.as_ref(), lifecycle),
         robot: t
@@ -354,4 +453,131 @@ async fn delete_tasks(ctx: &Context, api: &Api<Task>, names: Vec<String>) -> Res
             }
         })
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s4r_api::{TaskGroupSpec, TaskGroupTemplate, TaskStatus};
+
+    /// TaskGroup `j-g` of Job `j`, with a uid to own its Tasks with.
+    fn group(mode: GroupMode, count: Option<i32>) -> TaskGroup {
+        let mut g = TaskGroup::new(
+            "j-g",
+            TaskGroupSpec {
+                template: TaskGroupTemplate {
+                    name: "g".into(),
+                    count,
+                    mode,
+                    ..TaskGroupTemplate::default()
+                },
+                job: "j".into(),
+                priority: 0,
+            },
+        );
+        g.metadata.namespace = Some("ns".into());
+        g.metadata.uid = Some("uid-g".into());
+        g
+    }
+
+    fn in_state(mut task: Task, state: TaskState) -> Arc<Task> {
+        task.status = Some(TaskStatus {
+            state: Some(state),
+            attempt: 1,
+            ..TaskStatus::default()
+        });
+        Arc::new(task)
+    }
+
+    fn names(tasks: &[Task]) -> Vec<String> {
+        tasks.iter().map(|t| t.name_any()).collect()
+    }
+
+    fn robots(names: &[&str]) -> BTreeSet<String> {
+        names.iter().map(|n| (*n).to_owned()).collect()
+    }
+
+    #[test]
+    fn a_count_group_makes_its_missing_indexes_and_drops_the_rest() {
+        let g = group(GroupMode::Count, Some(3));
+        let owned = vec![
+            in_state(desired_task(&g, 1).unwrap(), TaskState::Running),
+            in_state(desired_task(&g, 5).unwrap(), TaskState::Pending),
+        ];
+        let lifecycle = LifecycleConfig::default();
+        let plan = plan_group(&g, &owned, None, Requests::default(), &lifecycle).unwrap();
+        assert_eq!(names(&plan.create), ["j-g-0", "j-g-2"]);
+        assert_eq!(plan.delete, ["j-g-5"]);
+        let status = plan.status.unwrap();
+        assert_eq!(status.desired, Some(3));
+        assert_eq!(status.counts.running, 1);
+        assert_eq!(status.state, Some(WorkState::Running));
+    }
+
+    #[test]
+    fn an_unchanged_status_is_not_written() {
+        let mut g = group(GroupMode::Count, Some(1));
+        let owned = vec![in_state(desired_task(&g, 0).unwrap(), TaskState::Completed)];
+        let lifecycle = LifecycleConfig::default();
+        let plan = plan_group(&g, &owned, None, Requests::default(), &lifecycle).unwrap();
+        assert!(plan.create.is_empty());
+        g.status = plan.status;
+        let again = plan_group(&g, &owned, None, Requests::default(), &lifecycle).unwrap();
+        assert_eq!(again.status, None);
+    }
+
+    #[test]
+    fn a_cancelled_group_makes_nothing_and_is_done_when_nothing_runs() {
+        let g = group(GroupMode::Count, Some(2));
+        let owned = vec![in_state(desired_task(&g, 0).unwrap(), TaskState::Cancelled)];
+        let requests = Requests {
+            cancelled: true,
+            ..Requests::default()
+        };
+        let lifecycle = LifecycleConfig::default();
+        let plan = plan_group(&g, &owned, None, requests, &lifecycle).unwrap();
+        assert!(plan.create.is_empty());
+        assert_eq!(plan.status.unwrap().state, Some(WorkState::Cancelled));
+    }
+
+    #[test]
+    fn an_every_robot_group_reaches_the_robots_it_matches() {
+        let g = group(GroupMode::EveryRobot, None);
+        let mut stray = desired_task(&g, 0).unwrap();
+        stray.metadata.name = Some("j-g-stray".into());
+        let owned = vec![
+            in_state(robot_task(&g, "a").unwrap(), TaskState::Running),
+            // Never placed, for a robot the group no longer matches.
+            Arc::new(robot_task(&g, "c").unwrap()),
+            Arc::new(stray),
+        ];
+        let fleet = FleetView {
+            matched: robots(&["a", "b"]),
+            known: robots(&["a", "b", "c"]),
+            online: robots(&["a", "b", "c"]),
+        };
+        let lifecycle = LifecycleConfig::default();
+        let plan = plan_group(&g, &owned, Some(&fleet), Requests::default(), &lifecycle).unwrap();
+        assert_eq!(names(&plan.create), ["j-g-b"]);
+        assert_eq!(plan.create[0].spec.robot_name.as_deref(), Some("b"));
+        assert_eq!(plan.delete, ["j-g-stray", "j-g-c"]);
+        let status = plan.status.unwrap();
+        assert_eq!(status.desired, Some(2));
+        assert_eq!(status.counts.running, 1);
+        assert_eq!(status.counts.pending, 1);
+        assert_eq!(status.rollout.unwrap().started, 2);
+    }
+
+    #[test]
+    fn an_every_robot_group_without_robots_waits_for_one() {
+        let g = group(GroupMode::EveryRobot, None);
+        let fleet = FleetView::default();
+        let lifecycle = LifecycleConfig::default();
+        let plan = plan_group(&g, &[], Some(&fleet), Requests::default(), &lifecycle).unwrap();
+        assert!(plan.create.is_empty());
+        let status = plan.status.unwrap();
+        assert_eq!(status.state, Some(WorkState::Pending));
+        assert_eq!(status.completions.as_deref(), Some("0/0"));
+        assert_eq!(status.desired, Some(0));
+    }
 }
