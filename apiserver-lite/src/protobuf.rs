@@ -808,26 +808,6 @@ fn runtime_type_name(t: &RuntimeType) -> &'static str {
     }
 }
 
-/// The full names of the messages `from` holds, itself included, to
-/// check in tests what the served kinds contain.
-#[cfg(test)]
-fn reachable(from: &MessageDescriptor, seen: &mut std::collections::BTreeSet<String>) {
-    if !seen.insert(from.full_name().to_owned()) {
-        return;
-    }
-    for field in from.fields() {
-        let types = match field.runtime_field_type() {
-            RuntimeFieldType::Singular(t) | RuntimeFieldType::Repeated(t) => vec![t],
-            RuntimeFieldType::Map(k, v) => vec![k, v],
-        };
-        for t in types {
-            if let RuntimeType::Message(m) = t {
-                reachable(&m, seen);
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests;
 

@@ -510,3 +510,22 @@ fn the_cost_walk_refuses_malformed_wire_forms() {
         assert!(check_cost(&role, bad).is_err(), "{bad:?}");
     }
 }
+
+/// The full names of the messages `from` holds, itself included, to
+/// check in tests what the served kinds contain.
+fn reachable(from: &MessageDescriptor, seen: &mut std::collections::BTreeSet<String>) {
+    if !seen.insert(from.full_name().to_owned()) {
+        return;
+    }
+    for field in from.fields() {
+        let types = match field.runtime_field_type() {
+            RuntimeFieldType::Singular(t) | RuntimeFieldType::Repeated(t) => vec![t],
+            RuntimeFieldType::Map(k, v) => vec![k, v],
+        };
+        for t in types {
+            if let RuntimeType::Message(m) = t {
+                reachable(&m, seen);
+            }
+        }
+    }
+}
