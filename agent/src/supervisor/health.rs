@@ -104,3 +104,167 @@ fn ready(tasks: usize, disk_used_bytes: u64, dropped_output_bytes: u64) -> Agent
         dropped_output_bytes,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn snapshot(journal: &Path) -> Snapshot<'_> {
+        Snapshot {
+            shutting_down: false,
+            disk_full: None,
+            journal_healthy: true,
+            journal,
+            tasks: 2,
+            disk_used: 300,
+            dropped_output: 7,
+        }
+    }
+
+    /// The health the channel holds, if it changed since last seen.
+    fn changed(rx: &mut watch::Receiver<AgentHealth>) -> Option<AgentHealth> {
+        rx.has_changed().unwrap().then(|| rx.borrow_and_update().clone())
+    }
+
+    #[test]
+    fn a_new_supervisor_takes_tasks_and_holds_none() {
+        let (_health, rx) = Health::new(PathBuf::from("/state"));
+        assert_eq!(
+            *rx.borrow(),
+            AgentHealth {
+                accepting_tasks: true,
+                reason: Some("Ready".into()),
+                message: None,
+                tasks: 0,
+                disk_used_bytes: 0,
+                dropped_output_bytes: 0,
+            }
+        );
+    }
+
+    #[test]
+    fn the_counts_are_published_and_an_unchanged_health_is_not_sent_again() {
+        let journal = PathBuf::from("/state/journal");
+        let (mut health, mut rx) = Health::new(PathBuf::from("/state"));
+        health.publish(&snapshot(&journal));
+        let sent = changed(&mut rx).expect("published");
+        assert!(sent.accepting_tasks);
+        assert_eq!(sent.reason.as_deref(), Some("Ready"));
+        assert_eq!(
+            (sent.tasks, sent.disk_used_bytes, sent.dropped_output_bytes),
+            (2, 300, 7)
+        );
+
+        health.publish(&snapshot(&journal));
+        assert_eq!(changed(&mut rx), None, "nothing changed: nothing sent");
+
+        for changed_one in [
+            Snapshot {
+                tasks: 3,
+                ..snapshot(&journal)
+            },
+            Snapshot {
+                disk_used: 301,
+                ..snapshot(&journal)
+            },
+            Snapshot {
+                dropped_output: 8,
+                ..snapshot(&journal)
+            },
+        ] {
+            health.publish(&changed_one);
+            let sent = changed(&mut rx).expect("a change is published");
+            assert_eq!(
+                (sent.tasks, sent.disk_used_bytes, sent.dropped_output_bytes),
+                (
+                    changed_one.tasks as u32,
+                    changed_one.disk_used,
+                    changed_one.dropped_output
+                )
+            );
+        }
+    }
+
+    #[test]
+    fn shutting_down_comes_before_a_full_disk_which_comes_before_a_failing_journal() {
+        let journal = PathBuf::from("/state/journal");
+        let (mut health, mut rx) = Health::new(PathBuf::from("/state"));
+        let everything_wrong = Snapshot {
+            shutting_down: true,
+            disk_full: Some((MIB, 2 * MIB)),
+            journal_healthy: false,
+            ..snapshot(&journal)
+        };
+        health.publish(&everything_wrong);
+        let sent = changed(&mut rx).unwrap();
+        assert!(!sent.accepting_tasks);
+        assert_eq!(sent.reason.as_deref(), Some("ShuttingDown"));
+        assert_eq!(sent.message.as_deref(), Some("the agent is shutting down"));
+        assert_eq!(
+            (sent.tasks, sent.disk_used_bytes),
+            (2, 300),
+            "the counts still go"
+        );
+
+        health.publish(&Snapshot {
+            shutting_down: false,
+            ..everything_wrong
+        });
+        let sent = changed(&mut rx).unwrap();
+        assert_eq!(sent.reason.as_deref(), Some("DiskFull"));
+        assert_eq!(
+            sent.message.as_deref(),
+            Some("the disk holding /state is full (1.0 MiB free, 2.0 MiB kept for the agent)")
+        );
+
+        health.publish(&Snapshot {
+            journal_healthy: false,
+            ..snapshot(&journal)
+        });
+        let sent = changed(&mut rx).unwrap();
+        assert!(!sent.accepting_tasks);
+        assert_eq!(sent.reason.as_deref(), Some("JournalFailing"));
+        assert_eq!(
+            sent.message.as_deref(),
+            Some("cannot write the journal /state/journal: a task started now could not be settled after a crash")
+        );
+
+        health.publish(&snapshot(&journal));
+        let sent = changed(&mut rx).unwrap();
+        assert!(sent.accepting_tasks);
+        assert_eq!((sent.reason.as_deref(), sent.message), (Some("Ready"), None));
+    }
+
+    #[test]
+    fn a_count_beyond_u32_is_capped() {
+        let journal = PathBuf::from("/state/journal");
+        let (mut health, rx) = Health::new(PathBuf::from("/state"));
+        health.publish(&Snapshot {
+            tasks: usize::MAX,
+            ..snapshot(&journal)
+        });
+        assert_eq!(rx.borrow().tasks, u32::MAX);
+    }
+
+    #[test]
+    fn a_stopped_supervisor_takes_nothing_and_holds_nothing() {
+        let journal = PathBuf::from("/state/journal");
+        let (mut health, mut rx) = Health::new(PathBuf::from("/state"));
+        health.publish(&snapshot(&journal));
+        changed(&mut rx).unwrap();
+        health.stopped();
+        assert_eq!(
+            changed(&mut rx),
+            Some(AgentHealth {
+                accepting_tasks: false,
+                reason: Some("ShuttingDown".into()),
+                message: Some("the agent has stopped its tasks".into()),
+                tasks: 0,
+                disk_used_bytes: 0,
+                dropped_output_bytes: 0,
+            })
+        );
+    }
+}

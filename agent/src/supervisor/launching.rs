@@ -230,3 +230,251 @@ fn open_log_files(logs_dir: &Path) -> std::io::Result<(std::os::fd::OwnedFd, std
     };
     Ok((open(Stream::Stdout)?, open(Stream::Stderr)?))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use futures::future::AbortHandle;
+    use k8s4r_api::TaskKind;
+    use k8s4r_drivers::DriverError;
+
+    use super::*;
+    use crate::supervisor::fake::{self, FakeDriver};
+    use crate::supervisor::procfs::Stat;
+    use crate::supervisor::table::NewTask;
+
+    const UID: &str = "launch-test";
+
+    fn template(command: &str, kind: TaskKind) -> TaskTemplate {
+        TaskTemplate {
+            driver: fake::DRIVER.into(),
+            command: command.into(),
+            args: vec!["hello".into(), "robot".into()],
+            kind,
+            ..TaskTemplate::default()
+        }
+    }
+
+    /// The task, being prepared, that a start is handed to.
+    fn task(template: TaskTemplate, own_uid: Option<u32>) -> Task {
+        let new = NewTask {
+            uid: UID.into(),
+            attempt: 1,
+            name: "nav".into(),
+            dir: PathBuf::from("/t"),
+            template,
+            driver: 0,
+            own_uid,
+        };
+        Task::preparing(new, AbortHandle::new_pair().0, 64)
+    }
+
+    /// A start of `template` by the fake driver, without a cgroup.
+    fn job(fake: &FakeDriver, template: TaskTemplate, logs_dir: &Path) -> LaunchJob {
+        let prepared = fake.prepare(&template, Path::new("/t/work"), None).unwrap();
+        LaunchJob {
+            cgroup_name: format!("{UID}-1"),
+            cgroups: None,
+            service: template.kind == TaskKind::Service,
+            logs_dir: logs_dir.to_path_buf(),
+            launcher: Arc::new(fake.clone()),
+            template,
+            prepared,
+            env: task_env(UID, 1, "nav", Path::new("/t"), ""),
+            owned: OwnedPids::default(),
+        }
+    }
+
+    fn launched(job: LaunchJob) -> Launched {
+        launch(job).unwrap_or_else(|(reason, message)| panic!("refused ({reason:?}): {message}"))
+    }
+
+    #[test]
+    fn the_task_env_names_the_task_and_the_robot() {
+        let pairs =
+            |env: Vec<(String, String)>| env.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>();
+        assert_eq!(
+            pairs(task_env(
+                "u-1",
+                3,
+                "nav",
+                Path::new("/state/tasks/u-1-3"),
+                "robot-7"
+            )),
+            vec![
+                "K8S4R_TASK_UID=u-1",
+                "K8S4R_TASK_ATTEMPT=3",
+                "K8S4R_TASK_NAME=nav",
+                "K8S4R_TASK_DIR=/state/tasks/u-1-3",
+                "K8S4R_ROBOT_ID=robot-7",
+            ]
+        );
+        let without_robot = pairs(task_env("u-1", 3, "nav", Path::new("/t"), ""));
+        assert_eq!(without_robot.len(), 4);
+        assert!(!without_robot.iter().any(|v| v.starts_with("K8S4R_ROBOT_ID=")));
+    }
+
+    #[tokio::test]
+    async fn a_started_process_is_handed_to_its_task_with_its_pipes_and_lineage() {
+        let fake = FakeDriver::default();
+        let job = job(
+            &fake,
+            template("sleep", TaskKind::Batch),
+            Path::new("/nonexistent"),
+        );
+        let owned = job.owned.clone();
+        let started = launched(job);
+        let (_, pid) = fake.started(UID, 1).expect("the fake process started");
+        assert_eq!(started.process.pid, pid);
+        assert!(
+            owned.contains(pid as i32),
+            "tokio waits for it: the reaper must not"
+        );
+        assert!(started.cgroup.is_none());
+        assert_eq!(started.pid_start, 0, "a fake pid is in no /proc");
+
+        let mut task = task(template("sleep", TaskKind::Batch), Some(70_001));
+        task.resumed = true;
+        let at = started.at;
+        let handed = hand_over(&mut task, false, "boot-1", started);
+        assert_eq!(
+            handed.record,
+            journal::Started {
+                pid: pid as i32,
+                pgid: pid as i32,
+                pid_start: 0,
+                boot_id: "boot-1".into(),
+                cgroup: None,
+                task_uid: Some(70_001),
+                started_at: at,
+                restarts: 0,
+            }
+        );
+        assert_eq!((handed.pid, handed.at), (pid, at));
+        assert_eq!(handed.running.started, handed.record);
+        assert_eq!(
+            (handed.running.pid, handed.running.pgid),
+            (pid as i32, pid as i32)
+        );
+        let lineage = handed.running.lineage.as_ref().expect("no cgroup: a lineage");
+        let leader = Stat {
+            state: 'S',
+            ppid: 1,
+            pgrp: pid as i32,
+            session: pid as i32,
+            start_time: 0,
+        };
+        assert!(lineage.knows(pid as i32, &leader));
+        assert!(handed.restarted.is_none());
+        assert!(!task.resumed, "it runs in this run now");
+        assert!(task.prepared.is_none(), "nothing will start it again");
+
+        // The task reads the pipes the process writes to.
+        let (out, _) = handed.piped.clone().expect("a batch task's output is piped");
+        assert!(Arc::ptr_eq(task.stdout.as_ref().unwrap(), &out));
+        let (_, _, _, line) = output::read_next(1, Stream::Stdout, out).await;
+        assert_eq!(line.unwrap(), b"hello robot\n");
+        fake.exit(UID, 1, 3);
+        assert_eq!(handed.exit.await.unwrap().code(), Some(3));
+    }
+
+    #[tokio::test]
+    async fn a_restart_counts_in_its_record_and_the_task_keeps_its_preparation() {
+        let fake = FakeDriver::default();
+        let logs = tempfile::tempdir().unwrap();
+        let mut restarting = task(template("sleep", TaskKind::Service), None);
+        restarting.restarts.as_mut().unwrap().last_exit_code = Some(2);
+        let started = launched(job(&fake, template("sleep", TaskKind::Service), logs.path()));
+        let at = started.at;
+        let handed = hand_over(&mut restarting, true, "boot-1", started);
+        assert_eq!(handed.record.restarts, 1);
+        let restarted = handed.restarted.expect("a restart");
+        assert_eq!(
+            (restarted.count, restarted.last_exit_code, restarted.at),
+            (1, Some(2), at)
+        );
+        assert_eq!(restarting.restarts.as_ref().unwrap().count, 1);
+        assert!(restarting.prepared.is_some(), "it may start again");
+
+        // Its first start is no restart, and counts none.
+        let mut first = task(template("sleep", TaskKind::Service), None);
+        let started = launched(job(&fake, template("sleep", TaskKind::Service), logs.path()));
+        let handed = hand_over(&mut first, false, "boot-1", started);
+        assert_eq!(handed.record.restarts, 0);
+        assert!(handed.restarted.is_none());
+        assert_eq!(first.restarts.as_ref().unwrap().count, 0);
+        assert!(first.prepared.is_some());
+    }
+
+    #[tokio::test]
+    async fn a_service_writes_its_output_to_its_log_files_itself() {
+        let fake = FakeDriver::default();
+        let logs = tempfile::tempdir().unwrap();
+        let started = launched(job(&fake, template("sleep", TaskKind::Service), logs.path()));
+        assert!(started.piped.is_none(), "nothing passes through the agent");
+        let stdout = logs.path().join("stdout.log");
+        assert_eq!(std::fs::read_to_string(&stdout).unwrap(), "hello robot\n");
+        let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(
+            (mode(&stdout), mode(&logs.path().join("stderr.log"))),
+            (0o600, 0o600)
+        );
+
+        let mut task = task(template("sleep", TaskKind::Service), None);
+        let handed = hand_over(&mut task, false, "boot-1", started);
+        assert!(handed.piped.is_none() && task.stdout.is_none() && task.stderr.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_service_whose_log_files_cannot_be_opened_is_not_started() {
+        let fake = FakeDriver::default();
+        let logs = tempfile::tempdir().unwrap();
+        let missing = logs.path().join("missing");
+        let refused = launch(job(&fake, template("sleep", TaskKind::Service), &missing));
+        let Err((reason, message)) = refused else {
+            panic!("started");
+        };
+        assert_eq!(reason, TaskReason::StartFailed);
+        assert!(
+            message.starts_with("cannot set up the task's output: "),
+            "{message}"
+        );
+        assert_eq!(fake.starts(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_command_the_driver_cannot_start_is_refused() {
+        let fake = FakeDriver::default();
+        let job = job(
+            &fake,
+            template("missing", TaskKind::Batch),
+            Path::new("/nonexistent"),
+        );
+        let Err((reason, message)) = launch(job) else {
+            panic!("started");
+        };
+        let expected = DriverError::CommandNotFound {
+            command: "missing".into(),
+        };
+        assert_eq!((reason, message), (TaskReason::StartFailed, expected.to_string()));
+        assert_eq!(fake.starts(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_process_in_a_cgroup_needs_no_lineage() {
+        let fake = FakeDriver::default();
+        let mut started = launched(job(
+            &fake,
+            template("sleep", TaskKind::Batch),
+            Path::new("/nonexistent"),
+        ));
+        let path = PathBuf::from("/sys/fs/cgroup/k8s4r/launch-test-1");
+        started.cgroup = Some(TaskCgroup::at(path.clone()));
+        let mut task = task(template("sleep", TaskKind::Batch), None);
+        let handed = hand_over(&mut task, false, "boot-1", started);
+        assert_eq!(handed.record.cgroup, Some(path.clone()));
+        assert!(handed.running.lineage.is_none());
+        assert_eq!(task.cgroup.as_ref().map(|c| c.path().to_path_buf()), Some(path));
+    }
+}
