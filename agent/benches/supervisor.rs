@@ -6,6 +6,13 @@
 //!   adds the end as observed from outside (signal, death, reaping, event).
 //! - `sigkill_late_p99_ms`: 500 tasks that ignore SIGTERM; the same for
 //!   SIGKILL after deadline + killTimeout.
+//! - `sigterm_late_max_ms`: 2,000 tasks with staggered timeouts; the
+//!   latest SIGTERM after its deadline (the worst stall of the loop while
+//!   2,000 processes run and end).
+//!
+//! After each lateness run an INFO line per branch of the supervisor's
+//! loop says how long one handling took (count, p50, p99, max): a late
+//! signal waited for the slowest of them.
 //! - `agent_rss_{0,100,1000}_tasks_mib`: this process's RSS (the agent:
 //!   runtime + supervisor; the children are not counted) with that many
 //!   `sleep` tasks running.
@@ -26,6 +33,7 @@ use k8s4r_api::{DurationString, TaskReason, TaskTemplate};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 const LATENESS_TASKS: usize = 500;
+const MANY_TASKS: usize = 2000;
 const FIRST_DEADLINE_MS: u64 = 3000;
 const STAGGER_MS: u64 = 7;
 const KILL_TIMEOUT_MS: u64 = 500;
@@ -43,10 +51,13 @@ fn main() {
 async fn bench() {
     println!("INFO load average at start: {}", load_average());
     start_latency_and_rss().await;
-    let sigterm = lateness(false).await;
-    println!("BENCH sigterm_late_p99_ms {:.2} ms", sigterm);
-    let sigkill = lateness(true).await;
-    println!("BENCH sigkill_late_p99_ms {:.2} ms", sigkill);
+    let sigterm = lateness(LATENESS_TASKS, false).await;
+    println!("BENCH sigterm_late_p99_ms {:.2} ms", sigterm.p99);
+    let sigkill = lateness(LATENESS_TASKS, true).await;
+    println!("BENCH sigkill_late_p99_ms {:.2} ms", sigkill.p99);
+    let many = lateness(MANY_TASKS, false).await;
+    println!("INFO sigterm at {MANY_TASKS} tasks: p99 {:.2} ms", many.p99);
+    println!("BENCH sigterm_late_max_ms {:.2} ms", many.max);
     println!("INFO load average at end: {}", load_average());
 }
 
@@ -165,11 +176,18 @@ async fn start_latency_and_rss() {
     handle.shutdown().await;
 }
 
-/// p99 lateness (ms) of the signal after each task's deadline, as the
+/// How late the signals were (ms).
+struct Lateness {
+    p99: f64,
+    max: f64,
+}
+
+/// Lateness of the signal after each of `tasks` tasks' deadline, as the
 /// supervisor measured it right after `killpg` returned. Also prints the
 /// lateness of the end as observed from outside (signal sent, process
-/// dead, reaped, event received), a looser upper bound.
-async fn lateness(ignore_sigterm: bool) -> f64 {
+/// dead, reaped, event received), a looser upper bound, and how long the
+/// loop's handlers took.
+async fn lateness(tasks: usize, ignore_sigterm: bool) -> Lateness {
     let dir = state_dir();
     let (handle, mut events) = start(dir.path());
     let script = if ignore_sigterm {
@@ -179,7 +197,7 @@ async fn lateness(ignore_sigterm: bool) -> f64 {
     };
     let mut due: HashMap<String, jiff::Timestamp> = HashMap::new();
     let mut timeouts = HashMap::new();
-    for i in 0..LATENESS_TASKS {
+    for i in 0..tasks {
         let timeout = Duration::from_millis(FIRST_DEADLINE_MS + i as u64 * STAGGER_MS);
         let mut spec = template(script);
         spec.timeout = Some(DurationString::from(
@@ -190,8 +208,8 @@ async fn lateness(ignore_sigterm: bool) -> f64 {
         timeouts.insert(uid.clone(), timeout);
         handle.submit(request(uid, spec)).await.expect("submit");
     }
-    let mut late = Vec::with_capacity(LATENESS_TASKS);
-    while late.len() < LATENESS_TASKS {
+    let mut late = Vec::with_capacity(tasks);
+    while late.len() < tasks {
         match next_event(&mut events).await {
             TaskEvent::Started { uid, at, .. } => {
                 let mut after = timeouts[&uid];
@@ -212,21 +230,35 @@ async fn lateness(ignore_sigterm: bool) -> f64 {
     let max = late.iter().copied().fold(f64::MIN, f64::max);
     let which = if ignore_sigterm { "sigkill" } else { "sigterm" };
     println!(
-        "INFO {which}: end observed after the deadline over {LATENESS_TASKS} tasks: p99 {:.2} ms, max {max:.2} ms",
+        "INFO {which} ({tasks} tasks): end observed after the deadline: p99 {:.2} ms, max {max:.2} ms",
         p99(late)
     );
     let stats = handle.stats().await;
     let signals = if ignore_sigterm {
-        stats.sigkill_late
+        &stats.sigkill_late
     } else {
-        stats.sigterm_late
+        &stats.sigterm_late
     };
-    assert_eq!(signals.count(), LATENESS_TASKS as u64);
+    assert_eq!(signals.count(), tasks as u64);
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     println!(
-        "INFO {which}: signal sent after the deadline: p50 {:.2} ms, max {:.2} ms",
-        signals.quantile(0.5).unwrap_or_default().as_secs_f64() * 1000.0,
-        signals.max().as_secs_f64() * 1000.0
+        "INFO {which} ({tasks} tasks): signal sent after the deadline: p50 {:.2} ms, max {:.2} ms",
+        ms(signals.quantile(0.5).unwrap_or_default()),
+        ms(signals.max())
     );
+    for (branch, took) in &stats.handlers {
+        println!(
+            "INFO {which} ({tasks} tasks): loop branch {branch}: {} handled, p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
+            took.count(),
+            ms(took.quantile(0.5).unwrap_or_default()),
+            ms(took.quantile(0.99).unwrap_or_default()),
+            ms(took.max())
+        );
+    }
+    let result = Lateness {
+        p99: ms(signals.quantile(0.99).unwrap_or_default()),
+        max: ms(signals.max()),
+    };
     handle.shutdown().await;
-    signals.quantile(0.99).unwrap_or_default().as_secs_f64() * 1000.0
+    result
 }
