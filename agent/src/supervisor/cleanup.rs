@@ -335,10 +335,17 @@ impl Containment {
         }
     }
 
-    /// Removes the cgroups of finished tasks (the cleanup timer fired, or
-    /// one was added).
-    pub(crate) fn remove_cgroups(&mut self) -> Wants {
+    /// The cleanup timer fired: removes the cgroups of finished tasks (and
+    /// a later failure may arm the timer again).
+    pub(crate) fn cleanup_due(&mut self) -> Wants {
         self.cleanup_armed = false;
+        self.remove_cgroups()
+    }
+
+    /// Removes the cgroups of finished tasks (one was added, or reaped
+    /// zombies may have freed one). A timer already armed stays the only
+    /// one.
+    pub(crate) fn remove_cgroups(&mut self) -> Wants {
         if self.removing || self.to_remove.is_empty() {
             return Wants::default();
         }
@@ -649,6 +656,29 @@ mod tests {
     }
 
     #[test]
+    fn a_retry_timer_already_armed_stays_the_only_one() {
+        let mut c = containment();
+        let _ = c.exited(Some(cgroup("a")), None, None);
+        let held = || Done::CgroupsRemoved {
+            left: vec![(cgroup("a"), None)],
+            freed: Vec::new(),
+            seen: Vec::new(),
+        };
+        let (w, _) = c.done(held());
+        assert_eq!(w.cleanup_after, Some(CLEANUP_EVERY));
+        // Reaped zombies may have freed it: tried again before the timer.
+        let w = c.remove_cgroups();
+        assert_eq!(removal(&w).len(), 1);
+        let (w, _) = c.done(held());
+        assert_eq!(w.cleanup_after, None, "the armed timer stays the only one");
+        // The timer fires: tried again, and a failure arms it again.
+        let w = c.cleanup_due();
+        assert_eq!(removal(&w).len(), 1);
+        let (w, _) = c.done(held());
+        assert_eq!(w.cleanup_after, Some(CLEANUP_EVERY));
+    }
+
+    #[test]
     fn cgroups_are_removed_one_job_at_a_time_and_retried_every_second() {
         let mut c = containment();
         let w = c.exited(Some(cgroup("a")), None, Some(70_001));
@@ -688,7 +718,7 @@ mod tests {
         assert!(w.jobs.is_empty() && w.uids.is_empty());
         assert_eq!(w.cleanup_after, Some(CLEANUP_EVERY));
         assert!(c.busy());
-        let w = c.remove_cgroups();
+        let w = c.cleanup_due();
         assert_eq!(
             removal(&w),
             vec![(cgroup("b").path().to_path_buf(), Some(70_002))]

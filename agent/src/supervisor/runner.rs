@@ -245,7 +245,7 @@ impl Runner {
     fn on_deadline(&mut self, deadline: Deadline, at: Instant) {
         match deadline {
             Deadline::Cleanup => {
-                let wants = self.containment.remove_cgroups();
+                let wants = self.containment.cleanup_due();
                 return self.apply(wants);
             }
             Deadline::Sweep => {
