@@ -14,7 +14,7 @@
 //!   robot was told.
 //! - **Checks**: no two attempts of one Task overlap in time; no
 //!   acknowledged terminal status of a Task's current attempt is missing
-//!   from the Task; no two runs of the PeriodicJob (`Forbid`) overlap; no
+//!   from the Task; no two runs of the PeriodicJob (`Forbid`) run at once; no
 //!   task process is left once every Job is deleted; every Job is terminal
 //!   (or running, for services) within the recovery time after the last
 //!   fault.
@@ -84,7 +84,7 @@ pub struct Outcome {
     pub lost_statuses: usize,
     /// Jobs neither terminal nor (services) running after the recovery.
     pub stuck_jobs: usize,
-    /// Runs of the PeriodicJob that overlapped despite `Forbid`.
+    /// Attempts of different runs of the PeriodicJob that ran at once despite `Forbid`.
     pub periodic_overlaps: usize,
     /// Task processes left once every Job was deleted.
     pub leftover_processes: usize,
@@ -1041,11 +1041,13 @@ fn overlaps(spans: &BTreeMap<(String, u32), Span>) -> Vec<String> {
     found
 }
 
-/// Runs of the PeriodicJob that overlap (its Jobs are `chaos-periodic-*`;
-/// a Task's name is `<job>-g-<index>`).
+/// Attempts of different runs of the PeriodicJob (`Forbid`) that ran at
+/// the same time (its Jobs are `chaos-periodic-*`; a Task's name is
+/// `<job>-g-<index>`). Attempts, not a run's whole span: a run retried
+/// after a later one ended is no overlap.
 fn periodic_overlaps(spans: &BTreeMap<(String, u32), Span>) -> Vec<String> {
-    let mut runs: BTreeMap<String, (u128, u128)> = BTreeMap::new();
-    for span in spans.values() {
+    let mut attempts: Vec<(String, u32, &Span)> = Vec::new();
+    for ((_, attempt), span) in spans {
         let Some(task) = span.name.strip_prefix(&format!("{NS}/")) else {
             continue;
         };
@@ -1053,17 +1055,17 @@ fn periodic_overlaps(spans: &BTreeMap<(String, u32), Span>) -> Vec<String> {
             continue;
         }
         let job = task.rsplitn(3, '-').nth(2).unwrap_or(task).to_owned();
-        let run = runs.entry(job).or_insert((span.first, span.last));
-        run.0 = run.0.min(span.first);
-        run.1 = run.1.max(span.last);
+        attempts.push((job, *attempt, span));
     }
-    let mut ordered: Vec<(&String, &(u128, u128))> = runs.iter().collect();
-    ordered.sort_by_key(|(_, (first, _))| *first);
-    ordered
-        .windows(2)
-        .filter(|w| w[1].1 .0 <= w[0].1 .1)
-        .map(|w| format!("{} and {}", w[0].0, w[1].0))
-        .collect()
+    let mut found = Vec::new();
+    for (i, (job_a, a, sa)) in attempts.iter().enumerate() {
+        for (job_b, b, sb) in &attempts[i + 1..] {
+            if job_a != job_b && sa.first <= sb.last && sb.first <= sa.last {
+                found.push(format!("{job_a} attempt {a} and {job_b} attempt {b}"));
+            }
+        }
+    }
+    found
 }
 
 /// Acknowledged terminal statuses of a Task's current attempt that the

@@ -11,7 +11,7 @@ use std::time::Duration;
 use k8s4r::up::{kubeconfig_path, manager_config, Stack, UpArgs};
 use k8s4r_api::names::LABEL_JOB;
 use k8s4r_api::{Job, Robot, RobotPhase, Task, TaskGroup, TaskReason, TaskState, WorkState};
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
@@ -960,6 +960,84 @@ async fn a_periodic_job_with_forbid_never_overlaps_a_slow_run() {
     assert!(most_active <= 1, "{most_active} runs were active at once");
     assert!(!overlap.exists(), "two runs' processes overlapped");
     api.delete("tick", &DeleteParams::background())
+        .await
+        .expect("delete");
+    env.stop().await;
+}
+
+/// A person's retry of a failed task of an old run of a PeriodicJob that
+/// forbids overlapping runs, while a newer run is active: refused and said
+/// why, the task left failed (its new attempt would run beside the active
+/// run). The randomized fault run found such retries making runs overlap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_never_makes_a_forbid_periodic_jobs_runs_overlap() {
+    let env = Env::start(&[("pr-1", &[])]).await;
+    let first = env.scratch.join("first");
+    // The first run fails at once; every later one runs 30 s.
+    let script = format!(
+        "if [ ! -e {f} ]; then touch {f}; exit 1; fi; sleep 30",
+        f = first.display()
+    );
+    let periodic: k8s4r_api::PeriodicJob = serde_json::from_value(serde_json::json!({
+        "apiVersion": "robot.k8s4r.io/v1alpha1",
+        "kind": "PeriodicJob",
+        "metadata": { "name": "gate", "namespace": "default" },
+        "spec": {
+            "schedule": "*/1 * * * * *",
+            "concurrencyPolicy": "Forbid",
+            "jobTemplate": { "spec": { "taskGroups": [
+                { "name": "work", "count": 1, "task": sh(&script, "1m") }
+            ] } },
+        },
+    }))
+    .expect("a valid PeriodicJob");
+    let api: Api<k8s4r_api::PeriodicJob> = Api::namespaced(env.client.clone(), "default");
+    api.create(&PostParams::default(), &periodic)
+        .await
+        .expect("create");
+    let (failed, active) = eventually("a failed run, and a later one running", || async {
+        let jobs = env
+            .jobs()
+            .list(&ListParams::default().labels("robot.k8s4r.io/periodic-job=gate"))
+            .await
+            .ok()?
+            .items;
+        let state = |j: &Job| j.status.as_ref().and_then(|s| s.state);
+        let failed = jobs.iter().find(|j| state(j) == Some(WorkState::Failed))?;
+        let active = jobs
+            .iter()
+            .find(|j| !state(j).is_some_and(WorkState::is_finished))?;
+        let running = env
+            .job_tasks(&active.name_any())
+            .await
+            .into_iter()
+            .any(|t| t.status.and_then(|s| s.state) == Some(TaskState::Running));
+        running.then(|| (failed.name_any(), active.name_any()))
+    })
+    .await;
+    let task = format!("{failed}-work-0");
+    let patch = serde_json::json!({ "metadata": { "annotations": {
+        "robot.k8s4r.io/retry": "now",
+    }}});
+    env.tasks()
+        .patch(&task, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("the retry is asked for");
+    let status = eventually("the retry recorded", || async {
+        let s = env.tasks().get(&task).await.ok()?.status?;
+        s.retry.is_some().then_some(s)
+    })
+    .await;
+    let retry = status.retry.clone().unwrap();
+    assert!(retry.noop, "the retry was carried out: {status:?}");
+    let message = retry.message.unwrap_or_default();
+    assert!(
+        message.contains(&active) && message.contains("Forbid"),
+        "{message}"
+    );
+    assert_eq!(status.state, Some(TaskState::Failed), "{status:?}");
+    assert_eq!(status.attempt, 1, "{status:?}");
+    api.delete("gate", &DeleteParams::background())
         .await
         .expect("delete");
     env.stop().await;

@@ -8,10 +8,13 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s4r_api::condition::set_condition;
 use k8s4r_api::names::{ANNOTATION_SCHEDULED_AT, LABEL_PERIODIC_JOB};
-use k8s4r_api::{parse_duration, ConditionStatus, Job, PeriodicJob, PeriodicJobStatus, WorkState};
+use k8s4r_api::{
+    parse_duration, ConcurrencyPolicy, ConditionStatus, Job, PeriodicJob, PeriodicJobStatus, WorkState,
+};
 use kube::api::{DeleteParams, ObjectMeta};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use tracing::instrument;
 
@@ -113,6 +116,39 @@ fn runs_of(ctx: &Context, pj: &PeriodicJob) -> Runs {
     runs.sort_by_key(|j| (j.creation_timestamp().map(|t| t.0), j.name_any()));
     let (done, active) = runs.into_iter().partition(|j| finished(j).is_some());
     Runs { active, done }
+}
+
+/// When `job` (in `ns`) is a run of a PeriodicJob that forbids overlapping
+/// runs, another run of it that is active now: a person's retry of one of
+/// `job`'s Tasks would run beside it, and is refused. None otherwise.
+pub(super) async fn forbidding_run(ctx: &Context, ns: &str, job: &str) -> Result<Option<String>> {
+    let Some(run) = ctx.stores.jobs.get(&ObjectRef::new(job).within(ns)) else {
+        return Ok(None);
+    };
+    let Some(periodic) = run.labels().get(LABEL_PERIODIC_JOB).cloned() else {
+        return Ok(None);
+    };
+    let api: Api<PeriodicJob> = Api::namespaced(ctx.client(), ns);
+    let Some(pj) = ctx
+        .api::<PeriodicJob, _>("read", &periodic, api.get_opt(&periodic))
+        .await?
+    else {
+        return Ok(None);
+    };
+    if pj.spec.concurrency_policy != ConcurrencyPolicy::Forbid
+        || !run
+            .owner_references()
+            .iter()
+            .any(|o| Some(&o.uid) == pj.uid().as_ref())
+    {
+        return Ok(None);
+    }
+    Ok(other_active_run(job, &runs_of(ctx, &pj).active))
+}
+
+/// The first of `active` that is not `job`.
+pub fn other_active_run(job: &str, active: &[Arc<Job>]) -> Option<String> {
+    active.iter().map(|j| j.name_any()).find(|name| name != job)
 }
 
 /// The status of a PeriodicJob whose schedule or template is invalid
@@ -562,5 +598,17 @@ mod tests {
         assert_eq!(plan.start, None);
         assert_eq!(plan.requeue, None);
         assert_eq!(plan.status.unwrap().next_schedule_time, None);
+    }
+
+    #[test]
+    fn a_retry_of_a_run_is_forbidden_by_any_other_active_run() {
+        let old = run_name("nightly", t("09:10:00"));
+        let active = vec![run("09:10:00", None), run("09:20:00", None)];
+        assert_eq!(
+            other_active_run(&old, &active),
+            Some(run_name("nightly", t("09:20:00")))
+        );
+        assert_eq!(other_active_run(&old, &active[..1]), None, "only itself");
+        assert_eq!(other_active_run(&old, &[]), None);
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s4r_api::condition::{find_condition, set_condition};
-use k8s4r_api::names::{ANNOTATION_CANCEL, ANNOTATION_RETRY, CONDITION_SCHEDULED};
+use k8s4r_api::names::{ANNOTATION_CANCEL, ANNOTATION_RETRY, CONDITION_SCHEDULED, LABEL_JOB};
 use k8s4r_api::validation::validate_task_spec;
 use k8s4r_api::{
     AttemptRecord, Condition, ConditionStatus, ManualAction, Task, TaskReason, TaskState, TaskStatus,
@@ -210,6 +210,11 @@ async fn reconcile_task(task: &Task, ctx: &Context) -> Result<Action> {
     publish_progress(ctx, task);
     let now = Timestamp::now();
     if let Some(manual) = manual_request(task, ctx, now) {
+        if let TaskManual::Retry(action) = &manual {
+            if let Some(run) = retry_forbidden_by(task, ctx).await? {
+                return refuse_retry(task, ctx, action.clone(), &run).await;
+            }
+        }
         return apply_manual(task, ctx, manual, now).await;
     }
     let status = task.status.as_ref();
@@ -251,6 +256,48 @@ fn manual_request(task: &Task, ctx: &Context, now: Timestamp) -> Option<TaskManu
         dispatched,
         now,
     )
+}
+
+/// The active run that forbids a retry of `task` now: its Job is a run of
+/// a PeriodicJob whose `concurrencyPolicy` is Forbid, and another run of
+/// it is active (the retried attempt would run beside it).
+async fn retry_forbidden_by(task: &Task, ctx: &Context) -> Result<Option<String>> {
+    let Some(job) = task.labels().get(LABEL_JOB) else {
+        return Ok(None);
+    };
+    let ns = task.namespace().unwrap_or_default();
+    super::periodic::forbidding_run(ctx, &ns, job).await
+}
+
+/// Records a refused retry (so that its value acts once) and says why in
+/// a Warning Event; the Task stays as it is.
+async fn refuse_retry(task: &Task, ctx: &Context, action: ManualAction, run: &str) -> Result<Action> {
+    let (ns, name) = names(task)?;
+    let api: Api<Task> = Api::namespaced(ctx.client(), &ns);
+    let plan = plan_refused_retry(action, run);
+    ctx.patch_status(&api, &name, task.resource_version(), plan.patch)
+        .await?;
+    ctx.publish(task, plan.event);
+    Ok(Action::await_change())
+}
+
+/// A retry refused because run `run` of the Task's PeriodicJob is active
+/// and the PeriodicJob forbids overlapping runs.
+pub fn plan_refused_retry(action: ManualAction, run: &str) -> ManualPlan {
+    let message = format!(
+        "retry refused: the PeriodicJob forbids overlapping runs (concurrencyPolicy: Forbid) and its run {run} is active; retry once it has ended"
+    );
+    ManualPlan {
+        patch: TaskStatusPatch {
+            retry: Some(ManualAction {
+                noop: true,
+                message: Some(message.clone()),
+                ..action
+            }),
+            ..TaskStatusPatch::default()
+        },
+        event: Note::warning("RetryRefused", message),
+    }
 }
 
 /// Carries out a person's retry or cancel, and says so in an Event.
@@ -924,5 +971,27 @@ mod tests {
         assert_eq!(avoided_robot(&status).as_deref(), Some("r1"));
         status.attempts[0].reason = Some(TaskReason::Error);
         assert_eq!(avoided_robot(&status), None);
+    }
+
+    #[test]
+    fn a_refused_retry_is_recorded_once_and_leaves_the_task_alone() {
+        let plan = plan_refused_retry(action("retried"), "nightly-1795630020");
+        let recorded = plan.patch.retry.clone().unwrap();
+        assert!(recorded.noop, "the value acts once");
+        assert_eq!(recorded.value, "1");
+        let message = recorded.message.unwrap();
+        assert!(
+            message.contains("Forbid") && message.contains("nightly-1795630020"),
+            "{message}"
+        );
+        assert_eq!(
+            plan.patch,
+            TaskStatusPatch {
+                retry: plan.patch.retry.clone(),
+                ..TaskStatusPatch::default()
+            },
+            "no state, attempt or message of the Task changes"
+        );
+        assert_eq!(plan.event.reason, "RetryRefused");
     }
 }
