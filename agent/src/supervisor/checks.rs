@@ -277,19 +277,23 @@ pub(crate) fn launch_check(
             .map(std::os::fd::OwnedFd::from)
             .map_err(|e| format!("cannot open /dev/null for the check's {what}: {e}"))
     };
-    let process = launcher
-        .start(Launch {
-            template: &template,
-            prepared: &prepared,
-            extra_env: &env,
-            stdout: null("stdout")?,
-            stderr: null("stderr")?,
-            // Counted against the task's limits, like the task.
-            cgroup: cgroup.as_ref(),
-        })
-        .map_err(|e| format!("cannot run the check: {e}"))?;
-    owned.insert(process.pid as i32);
-    Ok(process)
+    let (stdout, stderr) = (null("stdout")?, null("stderr")?);
+    owned
+        .spawn(
+            || {
+                launcher.start(Launch {
+                    template: &template,
+                    prepared: &prepared,
+                    extra_env: &env,
+                    stdout,
+                    stderr,
+                    // Counted against the task's limits, like the task.
+                    cgroup: cgroup.as_ref(),
+                })
+            },
+            |process| process.pid as i32,
+        )
+        .map_err(|e| format!("cannot run the check: {e}"))
 }
 
 #[cfg(test)]

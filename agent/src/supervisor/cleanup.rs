@@ -108,15 +108,12 @@ impl Job {
             } => sweep(signal, lingering, agent),
             Job::RemoveCgroups(cgroups) => remove_cgroups(cgroups),
             Job::Reap(filter) => {
-                reaper::reap_orphans(
-                    |pid| filter.owned.contains(pid),
-                    |pid, stat| {
-                        filter.reap_all
-                            || filter.groups.contains(&stat.pgrp)
-                            || filter.pids.contains(&pid)
-                            || filter.lineages.iter().any(|l| l.knows(pid, stat))
-                    },
-                );
+                reaper::reap_orphans(&filter.owned, |pid, stat| {
+                    filter.reap_all
+                        || filter.groups.contains(&stat.pgrp)
+                        || filter.pids.contains(&pid)
+                        || filter.lineages.iter().any(|l| l.knows(pid, stat))
+                });
                 Done::Reaped
             }
         }

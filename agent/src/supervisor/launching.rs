@@ -80,14 +80,19 @@ pub(crate) fn launch(job: LaunchJob) -> Result<Launched, Refused> {
             ));
         }
     };
-    let launched = job.launcher.start(Launch {
-        template: &job.template,
-        prepared: &job.prepared,
-        extra_env: &job.env,
-        stdout,
-        stderr,
-        cgroup: cgroup.as_ref(),
-    });
+    let launched = job.owned.spawn(
+        || {
+            job.launcher.start(Launch {
+                template: &job.template,
+                prepared: &job.prepared,
+                extra_env: &job.env,
+                stdout,
+                stderr,
+                cgroup: cgroup.as_ref(),
+            })
+        },
+        |process| process.pid as i32,
+    );
     let process = match launched {
         Ok(process) => process,
         Err(e) => {
@@ -98,7 +103,6 @@ pub(crate) fn launch(job: LaunchJob) -> Result<Launched, Refused> {
     let now = tokio::time::Instant::now();
     let at = jiff::Timestamp::now();
     let pid = process.pid as i32;
-    job.owned.insert(pid);
     let pid_start = procfs::stat(pid).map(|s| s.start_time).unwrap_or(0);
     Ok(Launched {
         process,

@@ -5,7 +5,7 @@
 //! tasks' (every one, in the agent's own process) are reaped.
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock, RwLockWriteGuard};
 
 use nix::sys::wait::{waitpid, WaitPidFlag};
 use nix::unistd::Pid;
@@ -13,12 +13,40 @@ use nix::unistd::Pid;
 use super::procfs::{self, Stat};
 
 /// Pids tokio waits for (task leaders, exec checks): the orphan reaper
-/// must never take one. Shared with the blocking pool, which adds a pid
-/// the moment it is spawned.
+/// must never take one. Shared with the blocking pool, whose starts go
+/// through [`OwnedPids::spawn`].
+///
+/// A process may exit before its start has returned its pid (a task that
+/// fails at once, `echo`): between the fork and the pid's recording it is
+/// a zombie the set does not hold. Starts therefore hold a shared gate
+/// from before the fork until the pid is recorded, and the reaper decides
+/// about each zombie under the exclusive side of that gate: it waits for
+/// starts in flight, then finds the pid recorded.
 #[derive(Clone, Default)]
-pub(crate) struct OwnedPids(Arc<Mutex<HashSet<i32>>>);
+pub(crate) struct OwnedPids(Arc<Owned>);
+
+#[derive(Default)]
+struct Owned {
+    pids: Mutex<HashSet<i32>>,
+    /// Held shared by a start between its fork and the pid's recording,
+    /// exclusively by the reaper while it decides about one zombie.
+    starting: RwLock<()>,
+}
 
 impl OwnedPids {
+    /// Runs `start` (which forks) and records the pid `pid_of` reads from
+    /// what it returns, with no reaping decision in between.
+    pub(crate) fn spawn<T, E>(
+        &self,
+        start: impl FnOnce() -> Result<T, E>,
+        pid_of: impl Fn(&T) -> i32,
+    ) -> Result<T, E> {
+        let _gate = self.0.starting.read().unwrap_or_else(|e| e.into_inner());
+        let started = start()?;
+        self.insert(pid_of(&started));
+        Ok(started)
+    }
+
     pub(crate) fn insert(&self, pid: i32) {
         self.lock().insert(pid);
     }
@@ -32,7 +60,12 @@ impl OwnedPids {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<i32>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.0.pids.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Blocks starts while the reaper decides about one zombie.
+    fn deciding(&self) -> RwLockWriteGuard<'_, ()> {
+        self.0.starting.write().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -45,14 +78,20 @@ pub(crate) fn become_subreaper() {
 
 /// Reaps zombie children that tokio does not own (`owned`) and that `ours`
 /// recognises. Returns how many. Blocking: it reads /proc.
-pub(crate) fn reap_orphans(owned: impl Fn(i32) -> bool, ours: impl Fn(i32, &Stat) -> bool) -> usize {
+pub(crate) fn reap_orphans(owned: &OwnedPids, ours: impl Fn(i32, &Stat) -> bool) -> usize {
     let mut reaped = 0;
     for pid in procfs::own_children() {
-        if owned(pid) {
+        if owned.contains(pid) {
             continue;
         }
         let Some(stat) = procfs::stat(pid) else { continue };
         if stat.is_live() || !ours(pid, &stat) {
+            continue;
+        }
+        // A start in flight may be about to record this pid: decide only
+        // once it has.
+        let _deciding = owned.deciding();
+        if owned.contains(pid) {
             continue;
         }
         if waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)).is_ok() {
@@ -60,4 +99,59 @@ pub(crate) fn reap_orphans(owned: impl Fn(i32) -> bool, ours: impl Fn(i32, &Stat
         }
     }
     reaped
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::{Child, Command};
+    use std::sync::atomic::{AtomicI32, Ordering};
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+
+    /// A task that exits at once is a zombie before its start returns; a
+    /// reaper pass at that moment must leave it to its waiter, or the
+    /// task's exit status is lost (it then reads as failed).
+    #[test]
+    fn a_process_that_exits_before_its_start_returns_is_left_to_its_waiter() {
+        let owned = OwnedPids::default();
+        let target = Arc::new(AtomicI32::new(0));
+        let (go, go_rx) = mpsc::channel();
+        let (decided, decided_rx) = mpsc::channel();
+        let reaper = {
+            let (owned, target) = (owned.clone(), target.clone());
+            std::thread::spawn(move || {
+                go_rx.recv().expect("go");
+                // Only this test's process: the other tests' children are
+                // not ours to take.
+                let n = reap_orphans(&owned, |pid, _| pid == target.load(Ordering::SeqCst));
+                decided.send(n).expect("decided");
+            })
+        };
+        let mut child = owned
+            .spawn(
+                || -> std::io::Result<Child> {
+                    let child = Command::new("true").spawn()?;
+                    let pid = child.id() as i32;
+                    target.store(pid, Ordering::SeqCst);
+                    let deadline = Instant::now() + Duration::from_secs(10);
+                    while procfs::stat(pid).is_some_and(|s| s.is_live()) {
+                        assert!(Instant::now() < deadline, "`true` did not exit");
+                        std::thread::yield_now();
+                    }
+                    // A zombie, its pid not yet recorded: the reaper runs
+                    // now, and must not decide until the start is over.
+                    go.send(()).expect("go");
+                    let early = decided_rx.recv_timeout(Duration::from_millis(300));
+                    assert!(early.is_err(), "the reaper decided during the start: {early:?}");
+                    Ok(child)
+                },
+                |c| c.id() as i32,
+            )
+            .expect("spawn");
+        reaper.join().expect("reaper");
+        assert_eq!(decided_rx.recv().expect("decided"), 0, "nothing reaped");
+        let status = child.wait().expect("the waiter reaps its own child");
+        assert!(status.success(), "{status:?}");
+    }
 }
