@@ -536,7 +536,10 @@ pub struct ManualAction {
     pub by: Option<String>,
     /// When the manager acted on it.
     pub at: Timestamp,
-    /// The attempt it acted at (a Task's), 0 for a Job or TaskGroup.
+    /// The attempt it acted at (a Task's), 0 for a Job or TaskGroup. A
+    /// Task's retry budget counts the attempts after it; a retry that did
+    /// nothing (`noop`) keeps the attempt of the retry before it (0 if
+    /// none), so that it neither resets nor loses that budget.
     #[serde(default)]
     pub attempt: u32,
     /// What it did, for a person.

@@ -140,7 +140,7 @@ pub fn retry_delay(
         return None;
     }
     // A person's retry counts the budget afresh from the attempt it acted at.
-    let base = status.retry.as_ref().map_or(0, |r| r.attempt);
+    let base = crate::manual::retry_base(status);
     let counted = || status.attempts.iter().filter(|a| a.attempt > base);
     let infra_used = counted().filter(|a| is_infrastructure(a.reason)).count() as u32;
     let own_used = counted().count() as u32 - infra_used;

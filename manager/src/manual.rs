@@ -79,6 +79,15 @@ fn owner_of_annotation(meta: &ObjectMeta, annotation: &str) -> Option<String> {
         .and_then(|m| m.manager.clone())
 }
 
+/// The attempt a Task's retry budget counts from: the one a person's last
+/// retry that acted was made at (0 if none). A retry that finds nothing to
+/// do records this again rather than the current attempt, so that it
+/// neither resets the budget (a refused retry would otherwise buy the
+/// Task its retries again) nor loses the base of the retry before it.
+pub fn retry_base(status: &TaskStatus) -> u32 {
+    status.retry.as_ref().map_or(0, |r| r.attempt)
+}
+
 /// A new request: set, and not the value acted on last.
 pub fn pending(request: Option<Request>, last: Option<&ManualAction>) -> Option<Request> {
     request.filter(|r| last.is_none_or(|l| l.value != r.value))
@@ -173,7 +182,7 @@ pub fn decide_task(
                 cancel: false,
                 action: retry.nothing(
                     now,
-                    attempt,
+                    retry_base(status),
                     format!("nothing to retry: the task is {}", state.as_str()),
                 ),
             }
@@ -406,6 +415,23 @@ mod tests {
                 "{state:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_retry_with_nothing_to_do_keeps_the_retry_budgets_base() {
+        // A failure that will be retried (not finished) at attempt 5.
+        let mut s = status(TaskState::Failed, 5);
+        let Some(TaskManual::Record { action, .. }) = decide_task(&s, None, req("r1"), false, true, now())
+        else {
+            panic!("a record");
+        };
+        assert_eq!((action.attempt, action.noop), (0, true), "no retry acted before");
+        s.retry = Some(req("r0").unwrap().acted(now(), 3, "retried"));
+        let Some(TaskManual::Record { action, .. }) = decide_task(&s, None, req("r1"), false, true, now())
+        else {
+            panic!("a record");
+        };
+        assert_eq!(action.attempt, 3, "the retry that acted at attempt 3");
     }
 
     #[test]

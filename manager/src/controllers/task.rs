@@ -24,7 +24,7 @@ use super::{condition_at, demand_of, group_of, key_of, Context, Note, SchedState
 use crate::error::{Error, Result};
 use crate::ledger::Placement;
 use crate::lifecycle::{next_step, plus, retry_delay, RobotHealth, Step};
-use crate::manual::{self, TaskManual};
+use crate::manual::{self, retry_base, TaskManual};
 use crate::scheduler::{choose_outranked, choose_sampled, NoFit, Request};
 use k8s4r_service::patch::Guarded;
 
@@ -274,7 +274,8 @@ async fn retry_forbidden_by(task: &Task, ctx: &Context) -> Result<Option<String>
 async fn refuse_retry(task: &Task, ctx: &Context, action: ManualAction, run: &str) -> Result<Action> {
     let (ns, name) = names(task)?;
     let api: Api<Task> = Api::namespaced(ctx.client(), &ns);
-    let plan = plan_refused_retry(action, run);
+    let base = task.status.as_ref().map_or(0, retry_base);
+    let plan = plan_refused_retry(action, run, base);
     ctx.patch_status(&api, &name, task.resource_version(), plan.patch)
         .await?;
     ctx.publish(task, plan.event);
@@ -282,8 +283,9 @@ async fn refuse_retry(task: &Task, ctx: &Context, action: ManualAction, run: &st
 }
 
 /// A retry refused because run `run` of the Task's PeriodicJob is active
-/// and the PeriodicJob forbids overlapping runs.
-pub fn plan_refused_retry(action: ManualAction, run: &str) -> ManualPlan {
+/// and the PeriodicJob forbids overlapping runs. It records the retry
+/// budget's base (`base`, see [`retry_base`]) as it was.
+pub fn plan_refused_retry(action: ManualAction, run: &str, base: u32) -> ManualPlan {
     let message = format!(
         "retry refused: the PeriodicJob forbids overlapping runs (concurrencyPolicy: Forbid) and its run {run} is active; retry once it has ended"
     );
@@ -291,6 +293,7 @@ pub fn plan_refused_retry(action: ManualAction, run: &str) -> ManualPlan {
         patch: TaskStatusPatch {
             retry: Some(ManualAction {
                 noop: true,
+                attempt: base,
                 message: Some(message.clone()),
                 ..action
             }),
@@ -975,7 +978,7 @@ mod tests {
 
     #[test]
     fn a_refused_retry_is_recorded_once_and_leaves_the_task_alone() {
-        let plan = plan_refused_retry(action("retried"), "nightly-1795630020");
+        let plan = plan_refused_retry(action("retried"), "nightly-1795630020", 0);
         let recorded = plan.patch.retry.clone().unwrap();
         assert!(recorded.noop, "the value acts once");
         assert_eq!(recorded.value, "1");
@@ -993,5 +996,49 @@ mod tests {
             "no state, attempt or message of the Task changes"
         );
         assert_eq!(plan.event.reason, "RetryRefused");
+    }
+
+    /// The 30-minute fault run (third run) saw a refused retry of an old
+    /// run's Task start it again: the refusal recorded the current attempt
+    /// as the retry budget's base, which bought the Task its lost-robot
+    /// retries afresh, and they ran beside the newer run.
+    #[test]
+    fn a_refused_retry_buys_the_task_no_retries() {
+        use crate::lifecycle::{retry_delay, LifecycleConfig};
+        let cfg = LifecycleConfig::default();
+        let mut status = failed(4, "r1");
+        status.reason = Some(TaskReason::RobotLost);
+        status.attempts = (1..=4)
+            .map(|attempt| AttemptRecord {
+                attempt,
+                robot: Some("r1".into()),
+                state: TaskState::Failed,
+                exit_code: None,
+                reason: Some(TaskReason::RobotLost),
+                finish_time: None,
+            })
+            .collect();
+        assert_eq!(
+            retry_delay(&status, None, &cfg),
+            None,
+            "the lost-robot retries are used up"
+        );
+        let refused = plan_refused_retry(action("retried"), "nightly-1795630020", retry_base(&status));
+        status.retry = refused.patch.retry;
+        assert_eq!(
+            retry_delay(&status, None, &cfg),
+            None,
+            "a refused retry is no retry"
+        );
+
+        // After a person's retry that acted at attempt 4, a refused one
+        // keeps counting from 4.
+        status.retry = Some(action("retried"));
+        status.retry.as_mut().unwrap().attempt = 4;
+        let before = retry_delay(&status, None, &cfg);
+        let refused = plan_refused_retry(action("again"), "nightly-1795630020", retry_base(&status));
+        status.retry = refused.patch.retry;
+        assert_eq!(retry_base(&status), 4);
+        assert_eq!(retry_delay(&status, None, &cfg), before);
     }
 }
