@@ -1274,6 +1274,11 @@ pub async fn run(bins: &Binaries, settings: Settings) -> Outcome {
     outcome
         .problems
         .extend(leftovers.iter().map(|p| format!("left running: {p}")));
+    outcome.problems.extend(
+        lost_exits(&cluster)
+            .into_iter()
+            .map(|l| format!("an exit status the agent could not read: {l}")),
+    );
     if spans.is_empty() {
         outcome.problems.push("no attempt ran at all".into());
     }
@@ -1293,6 +1298,25 @@ pub async fn run(bins: &Binaries, settings: Settings) -> Outcome {
         }
     }
     outcome
+}
+
+/// The agents' log lines about a task process of their own whose exit
+/// status they could not read (a process re-adopted after an agent
+/// restart is not a child, and its status is unknown by design). Each is a
+/// task that ended as failed whatever it did.
+fn lost_exits(cluster: &Cluster) -> Vec<String> {
+    cluster
+        .robots
+        .iter()
+        .flat_map(|r| {
+            let log = cluster.dir.path().join(format!("{}.log", r.name));
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            text.lines()
+                .filter(|l| l.contains("cannot wait for the task's process") && !l.contains("re-adopted"))
+                .map(|l| format!("{}: {l}", r.name))
+                .collect::<Vec<_>>()
+        })
+        .collect()
 }
 
 /// Processes whose command line names `tag`.
