@@ -154,20 +154,24 @@ impl Runner {
                 return;
             }
             self.publish_health();
-            let handling = std::time::Instant::now();
             // Biased: timers first so that a flood of output or commands
-            // never delays a deadline.
-            let branch = tokio::select! {
+            // never delays a deadline. Each arm notes when its handling
+            // began (the wait before it is not the handler's).
+            let now = std::time::Instant::now;
+            let (branch, handling) = tokio::select! {
                 biased;
                 Some((deadline, at)) = self.table.next_deadline(), if self.table.has_deadlines() => {
+                    let handling = now();
                     self.on_deadline(deadline, at);
-                    "deadline"
+                    ("deadline", handling)
                 }
                 Some((id, status)) = self.waits.next(), if !self.waits.is_empty() => {
+                    let handling = now();
                     self.on_exit(id, status);
-                    "exit"
+                    ("exit", handling)
                 }
                 command = commands.recv(), if commands_open => {
+                    let handling = now();
                     match command {
                         Some(command) => self.on_command(command),
                         None => {
@@ -177,25 +181,29 @@ impl Runner {
                             self.begin_shutdown();
                         }
                     }
-                    "command"
+                    ("command", handling)
                 }
                 Some((id, result)) = self.preparing.next(), if !self.preparing.is_empty() => {
+                    let handling = now();
                     if let Ok(result) = result {
                         self.on_prepared(id, result);
                     }
-                    "prepared"
+                    ("prepared", handling)
                 }
                 Some((id, stream, fd, result)) = self.output.next(), if !self.output.is_empty() => {
+                    let handling = now();
                     self.on_output(id, stream, fd, result);
-                    "output"
+                    ("output", handling)
                 }
                 Some(work) = self.housework.next(), if !self.housework.is_empty() => {
+                    let handling = now();
                     self.on_housework(work);
-                    "housework"
+                    ("housework", handling)
                 }
                 Some(()) = recv_signal(&mut sigchld) => {
+                    let handling = now();
                     self.reap();
-                    "sigchld"
+                    ("sigchld", handling)
                 }
             };
             self.stats.handled(branch, handling.elapsed());
