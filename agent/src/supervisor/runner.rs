@@ -142,15 +142,7 @@ impl Runner {
             if self.shutting_down && self.table.is_empty() && !self.containment.lingering() {
                 break;
             }
-            if !self.journal.is_alive() || !self.output.is_alive() {
-                // A bug killed a helper thread: without the journal no event
-                // leaves. End, so that the agent exits and is restarted, and
-                // the journal settles what runs.
-                tracing::error!(
-                    journal = self.journal.is_alive(),
-                    logs = self.output.is_alive(),
-                    "a thread of the supervisor died; the supervisor stops"
-                );
+            if self.a_helper_died() {
                 return;
             }
             self.publish_health();
@@ -209,6 +201,21 @@ impl Runner {
             self.stats.handled(branch, handling.elapsed());
         }
         self.finish_shutdown().await;
+    }
+
+    /// Whether a bug killed a helper thread: without the journal no event
+    /// leaves. The loop then ends, so that the agent exits and is
+    /// restarted, and the journal settles what runs.
+    fn a_helper_died(&self) -> bool {
+        let died = !self.journal.is_alive() || !self.output.is_alive();
+        if died {
+            tracing::error!(
+                journal = self.journal.is_alive(),
+                logs = self.output.is_alive(),
+                "a thread of the supervisor died; the supervisor stops"
+            );
+        }
+        died
     }
 
     fn on_command(&mut self, command: Command) {
