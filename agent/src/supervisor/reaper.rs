@@ -4,7 +4,7 @@
 //! for are left to it; of the others, those the caller recognises as its
 //! tasks' (every one, in the agent's own process) are reaped.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock, RwLockWriteGuard};
 
 use nix::sys::wait::{waitpid, WaitPidFlag};
@@ -27,7 +27,10 @@ pub(crate) struct OwnedPids(Arc<Owned>);
 
 #[derive(Default)]
 struct Owned {
-    pids: Mutex<HashSet<i32>>,
+    /// Each pid with how many of our processes hold it: a pid is removed
+    /// only once its exit has been handled, after tokio reaped it, and the
+    /// kernel may have given it to a new start in between.
+    pids: Mutex<HashMap<i32, u32>>,
     /// Held shared by a start between its fork and the pid's recording,
     /// exclusively by the reaper while it decides about one zombie.
     starting: RwLock<()>,
@@ -47,19 +50,27 @@ impl OwnedPids {
         Ok(started)
     }
 
-    pub(crate) fn insert(&self, pid: i32) {
-        self.lock().insert(pid);
+    fn insert(&self, pid: i32) {
+        *self.lock().entry(pid).or_default() += 1;
     }
 
+    /// The process that held `pid` is gone (its exit handled, or it was
+    /// given up).
     pub(crate) fn remove(&self, pid: i32) {
-        self.lock().remove(&pid);
+        let mut pids = self.lock();
+        if let Some(count) = pids.get_mut(&pid) {
+            *count -= 1;
+            if *count == 0 {
+                pids.remove(&pid);
+            }
+        }
     }
 
     pub(crate) fn contains(&self, pid: i32) -> bool {
-        self.lock().contains(&pid)
+        self.lock().contains_key(&pid)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<i32>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i32, u32>> {
         self.0.pids.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -108,6 +119,22 @@ mod tests {
     use std::sync::atomic::{AtomicI32, Ordering};
     use std::sync::mpsc;
     use std::time::{Duration, Instant};
+
+    /// A pid is given up only once its exit is handled, after tokio reaped
+    /// it: the kernel may have given it to a new start in between, which
+    /// must stay owned.
+    #[test]
+    fn a_pid_reused_before_its_first_holder_is_given_up_stays_owned() {
+        let owned = OwnedPids::default();
+        owned.insert(4242);
+        owned.insert(4242);
+        owned.remove(4242);
+        assert!(owned.contains(4242), "the new holder's");
+        owned.remove(4242);
+        assert!(!owned.contains(4242));
+        owned.remove(4242);
+        assert!(!owned.contains(4242), "a remove of what is not held is nothing");
+    }
 
     /// A task that exits at once is a zombie before its start returns; a
     /// reaper pass at that moment must leave it to its waiter, or the

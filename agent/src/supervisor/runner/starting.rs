@@ -138,14 +138,13 @@ impl Runner {
             Ok(launched) => *launched,
             Err((reason, message)) => return self.finish_unstarted(id, reason, message),
         };
+        // Neither can happen (a launching task is never taken out nor
+        // moved on): whatever started is not left running unsupervised.
         let Some(task) = self.table.get_mut(id) else {
-            // Cannot happen: a launching task is never taken out. Whatever
-            // started is not left running unsupervised.
-            launched.process.group.signal(Signal::SIGKILL);
-            return;
+            return self.abandon(launched);
         };
         let Phase::Launching { restarting, stop } = std::mem::replace(&mut task.phase, Phase::Waiting) else {
-            return;
+            return self.abandon(launched);
         };
         let logs_dir = task.dir.join("logs");
         let handed = launching::hand_over(task, restarting, &self.boot_id, launched);
@@ -172,6 +171,12 @@ impl Runner {
         if let Some(cause) = stop {
             self.stop(id, cause);
         }
+    }
+
+    /// Kills a started process that no task takes, and gives its pid up.
+    fn abandon(&mut self, launched: Launched) {
+        launched.process.group.signal(Signal::SIGKILL);
+        self.containment.owned().remove(launched.process.pid as i32);
     }
 
     /// Arms a running task's health checks, each after its initial delay.
