@@ -266,40 +266,34 @@ pub fn plan_approval(status: &RobotStatus, decision: Approval, now: Timestamp) -
 /// liveness `verdict`.
 pub fn plan_liveness(status: &RobotStatus, verdict: Verdict, now: Timestamp) -> PhasePlan {
     let mut plan = PhasePlan::default();
+    let (phase, ready, event, reason, message) = match verdict {
+        Verdict::Stay(after) => {
+            plan.requeue = after;
+            return plan;
+        }
+        Verdict::Offline { reason, message } => (
+            RobotPhase::Offline,
+            ConditionStatus::False,
+            Note::warning("Offline", message.clone()),
+            reason,
+            message,
+        ),
+        Verdict::Online { reason, message } => (
+            RobotPhase::Online,
+            ConditionStatus::True,
+            Note::normal("Online", message.clone()),
+            reason,
+            message,
+        ),
+    };
+    plan.patch.phase = Some(phase);
     let mut conditions = status.conditions.clone();
-    match verdict {
-        Verdict::Stay(after) => plan.requeue = after,
-        Verdict::Offline { reason, message } => {
-            plan.patch.phase = Some(RobotPhase::Offline);
-            set_condition(
-                &mut conditions,
-                condition_at(
-                    CONDITION_READY,
-                    ConditionStatus::False,
-                    reason,
-                    message.clone(),
-                    now,
-                ),
-            );
-            plan.event = Some(Note::warning("Offline", message.clone()));
-            plan.patch.message = Some(message);
-        }
-        Verdict::Online { reason, message } => {
-            plan.patch.phase = Some(RobotPhase::Online);
-            set_condition(
-                &mut conditions,
-                condition_at(
-                    CONDITION_READY,
-                    ConditionStatus::True,
-                    reason,
-                    message.clone(),
-                    now,
-                ),
-            );
-            plan.event = Some(Note::normal("Online", message.clone()));
-            plan.patch.message = Some(message);
-        }
-    }
+    set_condition(
+        &mut conditions,
+        condition_at(CONDITION_READY, ready, reason, message.clone(), now),
+    );
+    plan.event = Some(event);
+    plan.patch.message = Some(message);
     if conditions != status.conditions {
         plan.patch.conditions = Some(conditions);
     }
