@@ -15,6 +15,7 @@ pub mod backoff;
 pub mod condition;
 pub mod disconnect;
 pub mod duration;
+pub mod facts;
 pub mod job;
 #[cfg(feature = "logging")]
 pub mod logging;
@@ -38,6 +39,7 @@ pub const VERSION: &str = "v1alpha1";
 
 pub use condition::{Condition, ConditionStatus};
 pub use disconnect::{DisconnectPolicy, Reconcile};
+pub use facts::{FactOperator, FactRequirement, FactValue, Facts, WhileRunning};
 pub use duration::{parse_duration, DurationError, DurationString};
 pub use job::{
     CountOrPercent, GroupMode, GroupSummary, JobSpec, JobStatus, Rollout, TaskGroupSpec, TaskGroupStatus,
@@ -54,8 +56,8 @@ pub use selector::{
 };
 pub use task::{
     Artifact, AttemptRecord, EnvVar, ExecCheck, HealthCheck, HttpCheck, LocalRestart, LocalRestartMode,
-    ManualAction, RestartMode, RestartPolicy, RestartStatus, TaskAttempt, TaskCounts, TaskReason,
-    TaskResources, TaskSpec, TaskState, TaskStatus, TaskTemplate, TcpCheck,
+    ManualAction, PreStop, RestartMode, RestartPolicy, RestartStatus, TaskAttempt, TaskCounts, TaskReason,
+    StopSignal, TaskResources, TaskSpec, TaskState, TaskStatus, TaskTemplate, TcpCheck,
 };
 pub use task_kind::TaskKind;
 

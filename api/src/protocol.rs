@@ -568,6 +568,10 @@ pub struct Heartbeat {
     /// and a process never takes contact from one meant for another.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<String>,
+    /// The robot's facts, all of them, from an agent that reads some
+    /// (`[facts]` in agent.toml); None from one that reads none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub facts: Option<crate::facts::Facts>,
 }
 
 impl Message for Heartbeat {
@@ -575,6 +579,12 @@ impl Message for Heartbeat {
 
     fn check_limits(&self) -> Result<(), ProtocolError> {
         self.held.check_limits(Self::KIND)?;
+        if let Some(facts) = &self.facts {
+            crate::facts::check_facts(facts).map_err(|why| ProtocolError::Malformed {
+                kind: Self::KIND,
+                reason: format!("facts: {why}"),
+            })?;
+        }
         bound_nonce(Self::KIND, "session", self.session.as_ref())
     }
 }
@@ -592,6 +602,7 @@ impl Heartbeat {
             server_time: None,
             health: None,
             session: None,
+            facts: None,
         }
     }
 }
@@ -709,6 +720,10 @@ pub struct Cancel {
     /// Why, for the task's status message.
     #[serde(default)]
     pub reason: String,
+    /// True when the robot is being drained: the attempt ends `Drained`
+    /// (the task waits for another robot) rather than `Cancelled`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub drain: bool,
 }
 
 impl Message for Cancel {
@@ -723,6 +738,7 @@ impl Cancel {
             task_uid: task_uid.into(),
             attempt,
             reason: reason.into(),
+            drain: false,
         }
     }
 }
@@ -1092,6 +1108,10 @@ mod tests {
             server_time: Some("2026-11-22T10:00:01Z".parse().unwrap()),
             health: Some(full_health()),
             session: Some("a1b2".into()),
+            facts: Some(crate::facts::Facts::from([
+                ("battery".to_owned(), crate::facts::FactValue::Number(80.0)),
+                ("docked".to_owned(), crate::facts::FactValue::Bool(true)),
+            ])),
         }
     }
 
@@ -1118,7 +1138,7 @@ mod tests {
         );
         assert_eq!(
             json(encode(&full_heartbeat())),
-            r#"{"v":1,"robotId":"rb1","seq":7,"time":"2026-11-22T10:00:00Z","usage":{"cpuPercent":12.5,"memoryUsedBytes":1073741824,"memoryTotalBytes":4294967296,"diskFreeBytes":10737418240,"load1":0.5,"load5":0.25,"load15":0.125},"running":[{"uid":"u1","attempt":2,"name":"default/job-a-0"},{"uid":"u2","attempt":1}],"reconcile":true,"lastSeq":41,"serverTime":"2026-11-22T10:00:01Z","health":{"acceptingTasks":false,"reason":"DiskFull","message":"the task disk is full","tasks":3,"diskUsedBytes":5368709120,"droppedOutputBytes":1024},"session":"a1b2"}"#
+            r#"{"v":1,"robotId":"rb1","seq":7,"time":"2026-11-22T10:00:00Z","usage":{"cpuPercent":12.5,"memoryUsedBytes":1073741824,"memoryTotalBytes":4294967296,"diskFreeBytes":10737418240,"load1":0.5,"load5":0.25,"load15":0.125},"running":[{"uid":"u1","attempt":2,"name":"default/job-a-0"},{"uid":"u2","attempt":1}],"reconcile":true,"lastSeq":41,"serverTime":"2026-11-22T10:00:01Z","health":{"acceptingTasks":false,"reason":"DiskFull","message":"the task disk is full","tasks":3,"diskUsedBytes":5368709120,"droppedOutputBytes":1024},"session":"a1b2","facts":{"battery":80.0,"docked":true}}"#
         );
         assert_eq!(
             json(encode(&Register::new("rb1", "0.1.0", DeviceInfo::default()))),
@@ -1193,6 +1213,7 @@ mod tests {
             task_uid: "u1".into(),
             attempt: 1,
             reason: "Task deleted".into(),
+            drain: true,
         });
         round_trip(StatusUpdate {
             v: 1,

@@ -33,6 +33,12 @@ use crate::quantity::Quantity;
             json_path = ".status.agentVersion",
             priority = "1"
         ),
+        printcolumn(
+            name = "Facts",
+            type_ = "string",
+            json_path = ".status.shownFacts",
+            priority = "1"
+        ),
         printcolumn(name = "Heartbeat", type_ = "date", json_path = ".status.lastHeartbeatTime"),
         printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
     )
@@ -105,6 +111,14 @@ pub struct RobotStatus {
     /// Ready, Connected and similar conditions.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// The robot's own state as its agent last reported it (battery,
+    /// docked, e-stop, ...): what tasks' `when` conditions read.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub facts: crate::facts::Facts,
+    /// The facts the Robot's `robot.k8s4r.io/show-facts` label names, as
+    /// `battery=80 docked=true` (the FACTS column of `-o wide`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shown_facts: Option<String>,
 }
 
 /// Hardware and operating system of a robot.

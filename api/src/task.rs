@@ -85,6 +85,83 @@ pub struct TaskTemplate {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 8))]
     pub checks: Vec<HealthCheck>,
+    /// The signal that asks the task to stop, sent to its process group on
+    /// every stop (timeout, cancel, failed check, lost contact, drain,
+    /// agent shutdown); SIGKILL follows after `killTimeout`. Default
+    /// SIGTERM; `SIGINT` for `ros2 launch`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_signal: Option<StopSignal>,
+    /// A command run in the task's sandbox before its stop signal, on every
+    /// stop, with `K8S4R_STOP_REASON` in its environment. Its time counts
+    /// in `killTimeout`: SIGKILL comes `killTimeout` after the stop began.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pre_stop: Option<PreStop>,
+    /// Facts the robot must report for the task to start there (all of
+    /// them), e.g. `battery Gt 30`; a condition with `whileRunning: stop`
+    /// also stops the task when it no longer holds.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub when: Vec<crate::facts::FactRequirement>,
+}
+
+/// The signal a task is asked to stop with.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum StopSignal {
+    #[default]
+    #[serde(rename = "SIGTERM")]
+    Term,
+    #[serde(rename = "SIGINT")]
+    Int,
+    #[serde(rename = "SIGHUP")]
+    Hup,
+    #[serde(rename = "SIGQUIT")]
+    Quit,
+    #[serde(rename = "SIGUSR1")]
+    Usr1,
+    #[serde(rename = "SIGUSR2")]
+    Usr2,
+}
+
+impl StopSignal {
+    /// Its name, as a spec writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            StopSignal::Term => "SIGTERM",
+            StopSignal::Int => "SIGINT",
+            StopSignal::Hup => "SIGHUP",
+            StopSignal::Quit => "SIGQUIT",
+            StopSignal::Usr1 => "SIGUSR1",
+            StopSignal::Usr2 => "SIGUSR2",
+        }
+    }
+
+    /// Its number on Linux.
+    pub fn number(self) -> i32 {
+        match self {
+            StopSignal::Term => 15,
+            StopSignal::Int => 2,
+            StopSignal::Hup => 1,
+            StopSignal::Quit => 3,
+            StopSignal::Usr1 => 10,
+            StopSignal::Usr2 => 12,
+        }
+    }
+}
+
+/// A command run before a task's stop signal.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PreStop {
+    /// The program: a path, or a name looked up in PATH.
+    #[schemars(length(min = 1, max = 4096))]
+    pub command: String,
+    /// Its arguments.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    /// How long it may take, at most the task's `killTimeout` (default:
+    /// half of it); then it is killed and the stop goes on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<DurationString>,
 }
 
 /// One health check: exactly one of `exec`, `tcp` and `http`.
@@ -432,6 +509,15 @@ pub enum TaskReason {
     /// Its health checks failed `failureThreshold` times in a row; the
     /// robot stopped it.
     Unhealthy,
+    /// The robot's facts did not satisfy the task's `when` when it was
+    /// about to start it: the task waits again (no retry used).
+    NotReady,
+    /// A `whileRunning: stop` condition stopped holding on the robot, which
+    /// stopped the task.
+    ConditionLost,
+    /// The robot was drained (`k8s4r drain`): the attempt was stopped and
+    /// the task waits for another robot (no retry used).
+    Drained,
     /// Some reason this version does not know.
     #[serde(other)]
     Unknown,

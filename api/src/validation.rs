@@ -515,10 +515,69 @@ pub fn kill_timeout_of(template: &TaskTemplate) -> Duration {
         .min(MAX_KILL_TIMEOUT)
 }
 
+/// How long the task's `preStop` may take: its `timeout`, or half the
+/// kill timeout, never more than the kill timeout. None without one.
+pub fn pre_stop_timeout_of(template: &TaskTemplate) -> Option<Duration> {
+    let pre_stop = template.pre_stop.as_ref()?;
+    let kill = kill_timeout_of(template);
+    Some(
+        pre_stop
+            .timeout
+            .as_ref()
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(kill / 2)
+            .min(kill),
+    )
+}
+
+/// The signal the task is asked to stop with.
+pub fn stop_signal_of(template: &TaskTemplate) -> crate::task::StopSignal {
+    template.stop_signal.unwrap_or_default()
+}
+
+fn check_stopping(report: &mut Report, path: &str, t: &TaskTemplate) {
+    if let Some(pre_stop) = &t.pre_stop {
+        let ppath = format!("{path}.preStop");
+        if pre_stop.command.trim().is_empty() {
+            report.error(format!("{ppath}.command"), "must not be empty");
+        }
+        if pre_stop.command.contains('\0') || pre_stop.args.iter().any(|a| a.contains('\0')) {
+            report.error(ppath.clone(), "must not contain NUL");
+        }
+        if let Some(timeout) = &pre_stop.timeout {
+            let kill = kill_timeout_of(t);
+            match timeout.parse() {
+                Ok(d) if d.is_zero() => report.error(format!("{ppath}.timeout"), "must be > 0"),
+                Ok(d) if d > kill => report.error(
+                    format!("{ppath}.timeout"),
+                    format!(
+                        "{timeout} exceeds the task's killTimeout of {} (the preStop's time counts in it)",
+                        crate::duration::format_duration(kill)
+                    ),
+                ),
+                Ok(_) => {}
+                Err(e) => report.error(format!("{ppath}.timeout"), e.to_string()),
+            }
+        }
+    }
+    if t.when.len() > crate::facts::MAX_START_CONDITIONS {
+        report.error(
+            format!("{path}.when"),
+            format!("at most {} start conditions", crate::facts::MAX_START_CONDITIONS),
+        );
+    }
+    for (i, condition) in t.when.iter().enumerate() {
+        if let Some(problem) = condition.problem() {
+            report.error(format!("{path}.when[{i}]"), problem);
+        }
+    }
+}
+
 fn check_template(report: &mut Report, path: &str, t: &TaskTemplate) {
     if let Some(restart) = &t.restart {
         check_local_restart(report, &format!("{path}.restart"), restart);
     }
+    check_stopping(report, path, t);
     if t.checks.len() > MAX_CHECKS {
         report.error(
             format!("{path}.checks"),
