@@ -38,6 +38,10 @@ pub const ANNOTATION_CANCEL: &str = "robot.k8s4r.io/cancel";
 /// Tasks): start a new attempt with the retry budget reset. Each new value
 /// acts once.
 pub const ANNOTATION_RETRY: &str = "robot.k8s4r.io/retry";
+/// Annotation on a Task (`k8s4r drain` sets it): stop the current attempt
+/// on its robot and run the task elsewhere, without using a retry. Each
+/// new value acts once.
+pub const ANNOTATION_EVICT: &str = "robot.k8s4r.io/evict";
 /// Annotation beside `cancel` or `retry`: who asked (`k8s4r cancel|retry`
 /// write the user's name).
 pub const ANNOTATION_REQUESTED_BY: &str = "robot.k8s4r.io/requested-by";

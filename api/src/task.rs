@@ -587,12 +587,26 @@ pub struct TaskStatus {
     /// The `robot.k8s4r.io/cancel` acted on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cancellation: Option<ManualAction>,
+    /// The last `robot.k8s4r.io/evict` acted on (`k8s4r drain`): its
+    /// `attempt` is the one the robot was asked to stop so that the task
+    /// runs elsewhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eviction: Option<ManualAction>,
     /// Scheduled and similar conditions.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }
 
 impl TaskStatus {
+    /// Whether the current attempt is being evicted (`k8s4r drain`): its
+    /// robot is asked to stop it, and the task then waits for another
+    /// robot without using a retry.
+    pub fn eviction_requested(&self) -> bool {
+        self.eviction
+            .as_ref()
+            .is_some_and(|e| !e.noop && e.attempt >= self.attempt && self.attempt > 0)
+    }
+
     /// Whether the current attempt is cancelled: a cancel covers the
     /// attempt it was made at and the ones before; a retry made after it
     /// starts anew.
