@@ -5,7 +5,7 @@
 //! already assigned in a [`crate::ledger::Ledger`], and asks [`choose`] for
 //! each task. Filters run first (phase, cordon, whether the robot takes
 //! tasks at all, selector, constraints, driver, the robot's task policy,
-//! its task limit, free CPU, memory and disk, the group's required
+//! the task's start conditions on the robot's facts, its task limit, free CPU, memory and disk, the group's required
 //! anti-affinity); among the robots left, the one the group's preferred
 //! affinity weighs highest wins, then the tasks of one group spread across
 //! robots, then the least allocated robot wins. A task of lower priority
@@ -23,7 +23,9 @@ use std::fmt;
 use std::ops::Bound;
 
 use k8s4r_api::selector::affinity_weight;
-use k8s4r_api::{AntiAffinity, Constraint, LabelSelector, RobotPhase, TaskPolicy, WeightedAffinity};
+use k8s4r_api::{
+    AntiAffinity, Constraint, FactRequirement, Facts, LabelSelector, RobotPhase, TaskPolicy, WeightedAffinity,
+};
 
 /// What the scheduler needs to know about one robot.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -55,6 +57,9 @@ pub struct RobotFacts {
     /// Who it lets tasks run as; `None` for an agent that does not say (no
     /// policy filter then: the agent still refuses what it does not allow).
     pub policy: Option<TaskPolicy>,
+    /// What it last said about its own state (battery, docked, ...): what
+    /// a task's start conditions read.
+    pub facts: Facts,
 }
 
 impl RobotFacts {
@@ -123,6 +128,8 @@ pub struct Request<'a> {
     pub affinity: &'a [WeightedAffinity],
     /// Robots kept for waiting tasks of higher priority.
     pub reserved: &'a [String],
+    /// The start conditions (`when`) the robot's facts must all satisfy.
+    pub when: &'a [FactRequirement],
 }
 
 /// Why one robot was filtered out. The order is the order of the filters.
@@ -144,6 +151,9 @@ pub enum Rejection {
     Driver,
     /// Its task policy refuses the task's user or groups.
     Policy,
+    /// Its facts do not satisfy the task's start condition at this index
+    /// (the first one that fails).
+    Unmet(usize),
     /// It runs a task of the same group (required anti-affinity per robot).
     AntiAffinity,
     /// It lacks the anti-affinity's topology label.
@@ -163,8 +173,16 @@ pub enum Rejection {
 }
 
 impl Rejection {
-    fn describe(self, topology_key: &str) -> String {
+    /// For a person; `topology_key` and `conditions` (the texts of the
+    /// task's start conditions) name what some rejections refer to.
+    fn describe(self, topology_key: &str, conditions: &[String]) -> String {
         let fixed = match self {
+            Rejection::Unmet(i) => {
+                return match conditions.get(i) {
+                    Some(condition) => format!("don't meet {condition}"),
+                    None => "don't meet a start condition".to_owned(),
+                };
+            }
             Rejection::AntiAffinity => "already run a task of this group (anti-affinity)",
             Rejection::TopologyMissing => {
                 return format!("lack label {topology_key} (anti-affinity)");
@@ -201,6 +219,9 @@ pub struct NoFit {
     pub topology_key: Option<String>,
     /// The one robot the task may run on, when it has one.
     pub robot: Option<String>,
+    /// The task's start conditions as text (`battery Gt 30`), to name the
+    /// one a robot does not meet.
+    pub conditions: Vec<String>,
 }
 
 impl fmt::Display for NoFit {
@@ -216,7 +237,7 @@ impl fmt::Display for NoFit {
         let key = self.topology_key.as_deref().unwrap_or_default();
         for (i, (why, n)) in self.rejections.iter().enumerate() {
             let sep = if i == 0 { " " } else { ", " };
-            write!(f, "{sep}{n} {}", why.describe(key))?;
+            write!(f, "{sep}{n} {}", why.describe(key, &self.conditions))?;
         }
         if let Some(robot) = &self.robot {
             write!(f, " (the task runs only on robot {robot})")?;
@@ -226,8 +247,9 @@ impl fmt::Display for NoFit {
 }
 
 /// Whether a robot that [`check`] answered so may take the task later: it
-/// passed, or was refused only for now (offline, not accepting tasks, busy,
-/// full, or the group's task already there).
+/// passed, or was refused only for now (offline, not accepting tasks, its
+/// facts not meeting a start condition, busy, full, or the group's task
+/// already there).
 pub fn may_take_later(checked: Result<(), Rejection>) -> bool {
     match checked {
         Ok(()) => true,
@@ -235,6 +257,7 @@ pub fn may_take_later(checked: Result<(), Rejection>) -> bool {
             r,
             Rejection::Offline
                 | Rejection::NotAccepting
+                | Rejection::Unmet(_)
                 | Rejection::AntiAffinity
                 | Rejection::TopologyTaken
                 | Rejection::Reserved
@@ -283,6 +306,11 @@ pub fn check(robot: &RobotFacts, request: &Request<'_>, usage: Option<&Usage>) -
         {
             return Err(Rejection::Policy);
         }
+    }
+    // The robot's facts are its own word, checked again by its agent at
+    // admission with a fresher view.
+    if let Some(index) = request.when.iter().position(|c| !c.admits(&robot.facts)) {
+        return Err(Rejection::Unmet(index));
     }
     if let Some(anti) = request.anti_affinity {
         match anti.topology_key.as_deref() {
@@ -538,7 +566,10 @@ where
             break;
         }
     }
-    best.map(|(_, r)| r).ok_or(nofit)
+    best.map(|(_, r)| r).ok_or_else(|| NoFit {
+        conditions: request.when.iter().map(ToString::to_string).collect(),
+        ..nofit
+    })
 }
 
 #[cfg(test)]
@@ -586,6 +617,7 @@ pub(crate) mod tests {
             anti_affinity: None,
             affinity: &[],
             reserved: &[],
+            when: &[],
         }
     }
 
@@ -763,6 +795,81 @@ pub(crate) mod tests {
             Ok(()),
             "an agent that reports none"
         );
+    }
+
+    fn condition(text: &str) -> FactRequirement {
+        let mut words = text.split(' ');
+        let key = words.next().unwrap_or_default().to_owned();
+        let operator = serde_json::from_value(serde_json::json!(words.next())).unwrap();
+        FactRequirement {
+            key,
+            operator,
+            values: words.map(str::to_owned).collect(),
+            ..FactRequirement::default()
+        }
+    }
+
+    impl RobotFacts {
+        pub(crate) fn with_fact(mut self, name: &str, value: serde_json::Value) -> Self {
+            self.facts.insert(name.into(), serde_json::from_value(value).unwrap());
+            self
+        }
+    }
+
+    #[test]
+    fn start_conditions_read_the_robots_facts() {
+        let when = [condition("battery Gt 30"), condition("estop NotIn true")];
+        let req = Request {
+            when: &when,
+            ..request("g")
+        };
+        let charged = robot("a").with_fact("battery", serde_json::json!(80));
+        assert_eq!(check(&charged, &req, None), Ok(()));
+        let low = robot("a").with_fact("battery", serde_json::json!(8));
+        assert_eq!(check(&low, &req, None), Err(Rejection::Unmet(0)));
+        assert_eq!(check(&robot("a"), &req, None), Err(Rejection::Unmet(0)), "no battery fact");
+        let stopped = charged.clone().with_fact("estop", serde_json::json!(true));
+        assert_eq!(check(&stopped, &req, None), Err(Rejection::Unmet(1)), "the first unmet");
+        assert!(may_take_later(check(&low, &req, None)), "facts change");
+        let cordoned = RobotFacts {
+            unschedulable: true,
+            ..low
+        };
+        assert_eq!(
+            check(&cordoned, &req, None),
+            Err(Rejection::Cordoned),
+            "the lasting filters come first"
+        );
+    }
+
+    #[test]
+    fn no_fit_names_the_condition_a_robot_does_not_meet() {
+        let when = [condition("battery Gt 30"), condition("docked In true")];
+        let req = Request {
+            when: &when,
+            ..request("g")
+        };
+        let robots = [
+            robot("a").with_phase(RobotPhase::Offline),
+            robot("b").with_fact("battery", serde_json::json!(10)),
+            robot("c").with_fact("battery", serde_json::json!("12")),
+        ];
+        let err = choose(&robots, &req, |_| None).unwrap_err();
+        assert_eq!(err.to_string(), "0/3 robots: 1 offline, 2 don't meet battery Gt 30");
+        let robots = [
+            robot("b").with_fact("battery", serde_json::json!(10)),
+            robot("c").with_fact("battery", serde_json::json!(90)),
+        ];
+        let err = choose(&robots, &req, |_| None).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "0/2 robots: 1 don't meet battery Gt 30, 1 don't meet docked In [true]"
+        );
+        let docked = robot("d")
+            .with_fact("battery", serde_json::json!(90))
+            .with_fact("docked", serde_json::json!(true));
+        let robots = [robots[0].clone(), robots[1].clone(), docked];
+        assert_eq!(choose(&robots, &req, |_| None).unwrap().name, "d");
     }
 
     #[test]

@@ -115,6 +115,7 @@ pub fn facts_of(robot: &Robot) -> RobotFacts {
             .and_then(|p| p.disk_budget.as_ref())
             .and_then(|q| q.to_units().ok()),
         policy: policy.cloned(),
+        facts: status.facts.clone(),
     }
 }
 
@@ -217,6 +218,10 @@ mod tests {
             (None, None, None)
         );
         assert_eq!(f.policy, None, "an agent that reports no policy");
+        assert!(f.facts.is_empty(), "a robot that reports no facts");
+        let status = robot.status.as_mut().unwrap();
+        status.facts = serde_json::from_str(r#"{"battery": 80, "docked": true}"#).unwrap();
+        assert_eq!(facts_of(&robot).facts, robot.status.unwrap().facts);
     }
 
     #[test]

@@ -436,6 +436,7 @@ fn request_for<'a>(task: &'a Task, group: &'a str, avoid: Option<&'a str>) -> Re
         anti_affinity: task.spec.anti_affinity.as_ref(),
         affinity: &task.spec.affinity,
         reserved: &[],
+        when: &task.spec.template.when,
     }
 }
 

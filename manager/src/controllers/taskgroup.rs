@@ -187,8 +187,8 @@ fn requests_to_pass(
 pub struct FleetView {
     /// The robots the group's task can ever run on: the scheduler's lasting
     /// filters (approval, cordon, selector, constraints, driver, the
-    /// robot's policy, the anti-affinity label); being offline, busy or
-    /// full passes, and the task waits.
+    /// robot's policy, the anti-affinity label); being offline, busy, full
+    /// or short of a start condition passes, and the task waits.
     pub matched: BTreeSet<String>,
     /// Every robot the scheduler knows.
     pub known: BTreeSet<String>,
@@ -210,6 +210,7 @@ fn fleet_view(ctx: &Context, group: &TaskGroup) -> FleetView {
         anti_affinity: template.anti_affinity.as_ref(),
         affinity: &template.affinity,
         reserved: &[],
+        when: &template.task.when,
     };
     let sched = ctx.sched();
     let matched = sched
