@@ -31,6 +31,7 @@ use crate::link::{Link, RegisterAction, Registrar, RunningSet, Tag};
 use crate::log_reader::LogReaders;
 use crate::mqtt;
 use crate::outbox::Outbox;
+use crate::supervisor::outcome::StopCause;
 use crate::supervisor::{Submit, SupervisorHandle, TaskEvent, TaskRequest};
 
 /// Dispatches kept while waiting for approval; older ones beyond this are
@@ -59,7 +60,12 @@ pub struct SessionStatus {
 /// Supervisor calls, run in order by the worker task.
 enum TaskCommand {
     Submit(Box<TaskRequest>),
-    Cancel(Cancel),
+    Stop {
+        uid: String,
+        /// None: whatever attempt runs.
+        attempt: Option<u32>,
+        cause: StopCause,
+    },
     Shutdown(oneshot::Sender<()>),
 }
 
@@ -152,9 +158,8 @@ async fn worker(
                     }
                 }
             }
-            TaskCommand::Cancel(cancel) => {
-                let attempt = (cancel.attempt != 0).then_some(cancel.attempt);
-                supervisor.cancel(&cancel.task_uid, attempt, cancel.reason).await;
+            TaskCommand::Stop { uid, attempt, cause } => {
+                supervisor.stop(&uid, attempt, cause).await;
             }
             TaskCommand::Shutdown(done) => {
                 supervisor.shutdown().await;
@@ -758,7 +763,17 @@ impl Session {
         self.held.retain(|d| !matches(&d.task_uid, d.attempt));
         let runs = self.running.to_vec().iter().any(|a| matches(&a.uid, a.attempt));
         if runs {
-            let _ = self.commands.send(TaskCommand::Cancel(cancel));
+            let attempt = (cancel.attempt != 0).then_some(cancel.attempt);
+            let cause = if cancel.drain {
+                StopCause::Drained(cancel.reason)
+            } else {
+                StopCause::Cancelled(cancel.reason)
+            };
+            let _ = self.commands.send(TaskCommand::Stop {
+                uid: cancel.task_uid,
+                attempt,
+                cause,
+            });
             return;
         }
         // One admitted here and over already sent its end (it may wait in
@@ -900,9 +915,11 @@ impl Session {
                 "stopped by the robot: no contact with the cluster for {}s (disconnect.stopAfter)",
                 stop_after.as_secs()
             );
-            let _ = self
-                .commands
-                .send(TaskCommand::Cancel(Cancel::new(uid, attempt, reason)));
+            let _ = self.commands.send(TaskCommand::Stop {
+                uid,
+                attempt: Some(attempt),
+                cause: StopCause::Disconnected(reason),
+            });
         }
         let stale = self
             .delivered

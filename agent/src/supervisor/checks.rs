@@ -277,7 +277,32 @@ pub(crate) fn launch_check(
             .map(std::os::fd::OwnedFd::from)
             .map_err(|e| format!("cannot open /dev/null for the check's {what}: {e}"))
     };
-    let (stdout, stderr) = (null("stdout")?, null("stderr")?);
+    let task = AsTask {
+        launcher,
+        template,
+        prepared: Some(prepared),
+        env,
+        cgroup,
+        owned,
+    };
+    launch_as_task(task, (null("stdout")?, null("stderr")?)).map_err(|e| format!("cannot run the check: {e}"))
+}
+
+/// Starts `task.template`'s command as the task runs (its driver, user,
+/// directory, environment and cgroup), its output to `outputs`. Blocking.
+pub(crate) fn launch_as_task(
+    task: AsTask,
+    (stdout, stderr): (std::os::fd::OwnedFd, std::os::fd::OwnedFd),
+) -> Result<Process, String> {
+    let AsTask {
+        launcher,
+        template,
+        prepared,
+        env,
+        cgroup,
+        owned,
+    } = task;
+    let prepared = prepared.ok_or("the task is not prepared in this run of the agent")?;
     owned
         .spawn(
             || {
@@ -293,7 +318,7 @@ pub(crate) fn launch_check(
             },
             |process| process.pid as i32,
         )
-        .map_err(|e| format!("cannot run the check: {e}"))
+        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

@@ -45,6 +45,7 @@ pub mod outcome;
 mod output;
 pub mod policy;
 mod process;
+mod prestop;
 mod procfs;
 mod reaper;
 mod recovery;
@@ -283,7 +284,7 @@ pub(crate) enum Command {
     Cancel {
         uid: String,
         attempt: Option<u32>,
-        reason: String,
+        cause: outcome::StopCause,
         done: oneshot::Sender<()>,
     },
     Running(oneshot::Sender<Vec<TaskAttempt>>),
@@ -341,15 +342,22 @@ impl SupervisorHandle {
         rx.await.map_err(|_| SupervisorError::Stopped)?
     }
 
-    /// Stops a task (every attempt of it when `attempt` is None): SIGTERM,
-    /// SIGKILL after its kill timeout, then `Finished` with reason
-    /// Cancelled. Returns once the signal is sent, not when the task is gone.
+    /// Cancels a task (every attempt of it when `attempt` is None): see
+    /// [`Self::stop`]; it ends with reason Cancelled.
     pub async fn cancel(&self, uid: &str, attempt: Option<u32>, reason: String) {
+        self.stop(uid, attempt, outcome::StopCause::Cancelled(reason)).await;
+    }
+
+    /// Stops a task (every attempt of it when `attempt` is None) for
+    /// `cause`: its `preStop`, its stop signal, SIGKILL after its kill
+    /// timeout, then `Finished` with the cause's reason. Returns once the
+    /// stop has begun, not when the task is gone.
+    pub async fn stop(&self, uid: &str, attempt: Option<u32>, cause: outcome::StopCause) {
         let (tx, rx) = oneshot::channel();
         let command = Command::Cancel {
             uid: uid.to_owned(),
             attempt,
-            reason,
+            cause,
             done: tx,
         };
         if self.commands.send(command).is_ok() {

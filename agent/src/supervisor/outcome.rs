@@ -45,6 +45,30 @@ pub enum StopCause {
     /// A health check failed too often in a row (the reason says which).
     /// The only stop that `restart` may follow with a restart.
     Unhealthy(String),
+    /// The robot heard nothing from the cluster for the attempt's
+    /// `disconnect.stopAfter` (the reason says how long).
+    Disconnected(String),
+    /// The robot is being drained (`k8s4r drain`): the task runs elsewhere.
+    Drained(String),
+    /// A `whileRunning: stop` condition no longer holds (the reason names
+    /// it and the fact).
+    ConditionLost(String),
+}
+
+impl StopCause {
+    /// What a `preStop` action finds in `K8S4R_STOP_REASON`.
+    pub(crate) fn env_name(&self) -> &'static str {
+        match self {
+            StopCause::Timeout(_) => "Timeout",
+            StopCause::Cancelled(_) => "Cancelled",
+            StopCause::Shutdown => "Shutdown",
+            StopCause::DiskLimit(_) => "DiskLimit",
+            StopCause::Unhealthy(_) => "Unhealthy",
+            StopCause::Disconnected(_) => "Disconnected",
+            StopCause::Drained(_) => "Drained",
+            StopCause::ConditionLost(_) => "ConditionLost",
+        }
+    }
 }
 
 /// How the process ended.
@@ -126,6 +150,21 @@ pub fn verdict(exit: Exit, stop: Option<&StopCause>, kill_timeout: Duration) -> 
         Some(StopCause::Unhealthy(why)) => {
             (TaskState::Failed, TaskReason::Unhealthy, format!("{why}; {how}"))
         }
+        Some(StopCause::Disconnected(why)) => (
+            TaskState::Failed,
+            TaskReason::Disconnected,
+            format!("{why}: {how}"),
+        ),
+        Some(StopCause::Drained(why)) => (
+            TaskState::Failed,
+            TaskReason::Drained,
+            format!("stopped: {why}: {how}"),
+        ),
+        Some(StopCause::ConditionLost(why)) => (
+            TaskState::Failed,
+            TaskReason::ConditionLost,
+            format!("stopped: {why}: {how}"),
+        ),
         None => match (exit.code, exit.signal) {
             (Some(0), None) => (TaskState::Completed, TaskReason::Completed, how),
             (_, Some(_)) => (TaskState::Failed, TaskReason::Signaled, how),
@@ -223,10 +262,19 @@ pub(crate) fn unstarted(cause: &StopCause, when: Unstarted) -> (TaskReason, Stri
         StopCause::Cancelled(why) => format!("cancelled ({why}) {before}"),
         StopCause::Shutdown => "agent shutting down".to_owned(),
         StopCause::Timeout(_) => "timed out".to_owned(),
-        StopCause::DiskLimit(why) | StopCause::Unhealthy(why) => format!("{stopped}: {why}"),
+        StopCause::DiskLimit(why)
+        | StopCause::Unhealthy(why)
+        | StopCause::Disconnected(why)
+        | StopCause::Drained(why)
+        | StopCause::ConditionLost(why) => format!("{stopped}: {why}"),
     };
     let reason = match (cause, when) {
         (StopCause::DiskLimit(_), Unstarted::Waiting) => TaskReason::DiskLimit,
+        (StopCause::Disconnected(_), _) => TaskReason::Disconnected,
+        (StopCause::Drained(_), _) => TaskReason::Drained,
+        // It had not run yet: it waits for the robot to be ready again.
+        (StopCause::ConditionLost(_), Unstarted::Preparing) => TaskReason::NotReady,
+        (StopCause::ConditionLost(_), Unstarted::Waiting) => TaskReason::ConditionLost,
         _ => TaskReason::Cancelled,
     };
     (reason, message)

@@ -97,6 +97,12 @@ pub(crate) enum Housework {
     },
     /// Containment's work came back.
     Contained(cleanup::Done),
+    /// A task's `preStop` ended (`pid`: its process, now reaped).
+    PreStopped {
+        id: u64,
+        pid: Option<i32>,
+        result: Result<(), String>,
+    },
     /// A service's end, once its output tail was read from its log files.
     Ended {
         uid: String,
@@ -236,11 +242,11 @@ impl Runner {
             Command::Cancel {
                 uid,
                 attempt,
-                reason,
+                cause,
                 done,
             } => {
                 for id in self.table.ids_of(&uid, attempt) {
-                    self.stop(id, StopCause::Cancelled(reason.clone()));
+                    self.stop(id, cause.clone());
                 }
                 let _ = done.send(());
             }
@@ -276,78 +282,18 @@ impl Runner {
         let Some((signal, task)) = self.table.deadline_passed(deadline, at) else {
             return;
         };
-        let Phase::Running(running) = &task.phase else {
-            return;
-        };
-        running.group.signal(signal);
         let late = Instant::now().saturating_duration_since(at);
-        let has_lineage = running.lineage.is_some();
-        let mut seen = Vec::new();
+        let (Deadline::Term(id) | Deadline::Kill(id)) = deadline else {
+            return;
+        };
         if signal == Signal::SIGTERM {
+            // The timeout: the escalation begins (preStop, stop signal).
             self.stats.sigterm_late.record(late);
-        } else {
+            return self.escalate(id);
+        }
+        if task.is_running() {
             self.stats.sigkill_late.record(late);
-            // One write: the kernel kills the whole cgroup.
-            if let Some(cgroup) = &task.cgroup {
-                seen = cgroup.pids().unwrap_or_default();
-                let _ = cgroup.kill();
-            }
-        }
-        self.table.remember_pids(seen);
-        if has_lineage {
-            let id = match deadline {
-                Deadline::Term(id) | Deadline::Kill(id) => id,
-                _ => return,
-            };
-            let wants = self.containment.sweep_soon(id, signal);
-            self.apply(wants);
-        }
-    }
-
-    /// Cancel or shutdown: SIGTERM now, SIGKILL after the kill timeout. A
-    /// task already being stopped keeps its cause and its escalation.
-    fn stop(&mut self, id: u64, cause: StopCause) {
-        let when = match self.table.stop(id, &cause, Instant::now()) {
-            Stop::Unstarted(abort) => {
-                abort.abort();
-                Unstarted::Preparing
-            }
-            Stop::Waiting => Unstarted::Waiting,
-            Stop::Terminate(group) => {
-                group.signal(Signal::SIGTERM);
-                if self.table.get(id).is_some_and(has_lineage) {
-                    let wants = self.containment.sweep_soon(id, Signal::SIGTERM);
-                    self.apply(wants);
-                }
-                return;
-            }
-            Stop::Nothing => return,
-        };
-        let (reason, message) = outcome::unstarted(&cause, when);
-        self.finish_unstarted(id, reason, message);
-    }
-
-    /// Kills a running task at once (the disk cannot wait for its kill
-    /// timeout).
-    fn kill_now(&mut self, id: u64, cause: StopCause) {
-        let Some(task) = self.table.kill_now(id, cause) else {
-            return;
-        };
-        let Phase::Running(running) = &task.phase else {
-            return;
-        };
-        tracing::warn!(uid = %task.uid, attempt = task.attempt, "stopping a task for its disk use");
-        running.group.signal(Signal::SIGKILL);
-        let lineage = running.lineage.is_some();
-        let mut seen = Vec::new();
-        if let Some(cgroup) = &task.cgroup {
-            seen = cgroup.pids().unwrap_or_default();
-            let _ = cgroup.kill();
-        }
-        self.table.remember_pids(seen);
-        if lineage {
-            let wants = self.containment.sweep_soon(id, Signal::SIGKILL);
-            self.apply(wants);
+            self.kill_group(id);
         }
     }
 
@@ -456,6 +402,7 @@ impl Runner {
             } => self.on_checked(id, index, pid, probe),
             Housework::Launched { id, result } => self.on_launched(id, result),
             Housework::Contained(done) => self.on_contained(done),
+            Housework::PreStopped { id, pid, result } => self.on_pre_stopped(id, pid, result),
             Housework::Ended {
                 uid,
                 attempt,
@@ -510,10 +457,6 @@ fn lineage_of(table: &Table, id: u64) -> Option<Lineage> {
     }
 }
 
-fn has_lineage(task: &Task) -> bool {
-    matches!(&task.phase, Phase::Running(r) if r.lineage.is_some())
-}
-
 async fn recv_signal(signal: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
     match signal {
         Some(signal) => signal.recv().await,
@@ -525,6 +468,7 @@ mod checking;
 mod ending;
 mod shutdown;
 mod starting;
+mod stopping;
 #[cfg(test)]
 mod tests;
 mod upkeep;

@@ -8,14 +8,19 @@
 //! ```text
 //!  insert ──► Preparing ──started──► Running ──────────── exit ──► removed
 //!   (dir, user,  │                 ▲  │                              ▲
-//!   artifacts)   │ stop            │  ├─ timeout: SIGTERM, Kill armed │
+//!   artifacts)   │ stop            │  ├─ timeout: escalate, Kill armed│
 //!                ▼                 │  │  at the deadline + killTimeout│
-//!             removed              │  ├─ stop: SIGTERM, Kill armed at │
+//!             removed              │  ├─ stop: escalate, Kill armed at│
 //!         (never started)          │  │  now + killTimeout (once)     │
 //!                                  │  └─ Kill: SIGKILL ───────────────┘
 //!                          Restart │     exit, restarts left (`restart`)
 //!                                  └── Waiting ◄──┘   (stop: removed)
 //! ```
+//!
+//! To escalate is to run the task's `preStop` (once per stop; the runner
+//! does it) and then send its `stopSignal` (SIGTERM by default): the Kill
+//! deadline stays `killTimeout` after the stop began, whatever the
+//! `preStop` took, so that no stop takes longer than the fence counts.
 //!
 //! Deadlines come from the spec, so no arithmetic on them may panic: a
 //! timer beyond the timer wheel's horizon is armed at the horizon and
@@ -59,9 +64,9 @@ pub(crate) const HORIZON: Duration = Duration::from_secs(365 * 24 * 3600);
 /// A timer that fired.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Deadline {
-    /// The task's timeout: SIGTERM.
+    /// The task's timeout: its escalation begins (preStop, stop signal).
     Term(u64),
-    /// The kill timeout after SIGTERM: SIGKILL.
+    /// The kill timeout after the stop began: SIGKILL.
     Kill(u64),
     /// Retry removing the cgroups that still had dying processes.
     Cleanup,
@@ -122,6 +127,14 @@ pub(crate) struct Task {
     pub disk_used: u64,
     pub timeout: Option<Duration>,
     pub kill_timeout: Duration,
+    /// The signal that asks it to stop (`stopSignal`).
+    pub stop_signal: Signal,
+    /// How long its `preStop` may take, when it has one.
+    pub pre_stop: Option<Duration>,
+    /// Its `preStop` has begun for this run (it runs once per stop).
+    pub pre_stop_begun: bool,
+    /// What went wrong with its `preStop`, for its status.
+    pub pre_stop_failed: Option<String>,
     /// Why the supervisor is stopping it, once it is.
     pub stop: Option<StopCause>,
     pub stdout: Option<PipeFd>,
@@ -165,6 +178,10 @@ impl Task {
         Task {
             timeout: k8s4r_api::validation::timeout_of(&new.template),
             kill_timeout: k8s4r_api::validation::kill_timeout_of(&new.template),
+            stop_signal: stop_signal(&new.template),
+            pre_stop: k8s4r_api::validation::pre_stop_timeout_of(&new.template),
+            pre_stop_begun: false,
+            pre_stop_failed: None,
             disk_limit: new.template.disk_bytes(),
             disk_used: 0,
             restarts: Budget::of(&new.template),
@@ -206,11 +223,12 @@ impl Task {
 }
 
 /// What stopping a task takes.
-pub(crate) enum Stop<'a> {
+pub(crate) enum Stop {
     /// It was still being prepared: abort that; it never started.
     Unstarted(AbortHandle),
-    /// SIGTERM to its group now; SIGKILL is armed for its kill timeout.
-    Terminate(&'a dyn ProcessGroup),
+    /// Its escalation begins now (its `preStop`, then its stop signal);
+    /// SIGKILL is armed for its kill timeout.
+    Escalate,
     /// It was waiting to restart: it ends without running again.
     Waiting,
     /// It is already being stopped, or is not here.
@@ -390,7 +408,8 @@ impl Table {
         }
     }
 
-    /// A task's deadline has come: the signal for its group, with the next
+    /// A task's deadline has come: SIGTERM for "escalate now" (its preStop,
+    /// then its stop signal), SIGKILL for "kill its group", with the next
     /// step armed. None for a task that is gone, not running, or whose
     /// deadline lies beyond the horizon (armed again).
     pub(crate) fn deadline_passed(&mut self, deadline: Deadline, at: Instant) -> Option<(Signal, &Task)> {
@@ -440,7 +459,7 @@ impl Table {
 
     /// Cancel or shutdown at `now`. A task already being stopped keeps its
     /// cause and its escalation.
-    pub(crate) fn stop(&mut self, id: u64, cause: &StopCause, now: Instant) -> Stop<'_> {
+    pub(crate) fn stop(&mut self, id: u64, cause: &StopCause, now: Instant) -> Stop {
         let Some(task) = self.tasks.get_mut(&id) else {
             return Stop::Nothing;
         };
@@ -465,10 +484,7 @@ impl Table {
                     self.timers.try_remove(&key);
                 }
                 task.timer = Some(arm(&mut self.timers, Deadline::Kill(id), now, task.kill_timeout));
-                match &task.phase {
-                    Phase::Running(running) => Stop::Terminate(running.group.as_ref()),
-                    _ => Stop::Nothing,
-                }
+                Stop::Escalate
             }
         }
     }
@@ -480,6 +496,8 @@ impl Table {
         task.due = None;
         // The next run starts afresh: not being stopped, checks passing.
         task.stop = None;
+        task.pre_stop_begun = false;
+        task.pre_stop_failed = None;
         for check in &mut task.checks {
             check.reset();
         }
@@ -523,6 +541,12 @@ impl Table {
         let at = expired.deadline();
         Some((expired.into_inner(), at))
     }
+}
+
+/// The signal `template` is asked to stop with.
+pub(crate) fn stop_signal(template: &TaskTemplate) -> Signal {
+    let number = k8s4r_api::validation::stop_signal_of(template).number();
+    Signal::try_from(number).unwrap_or(Signal::SIGTERM)
 }
 
 /// `now + after`, or the furthest instant the clock can hold.

@@ -16,7 +16,10 @@ impl Runner {
             dropped_output: task.dropped_output,
             disk_full: self.disk.full().map(|(free, _)| free),
         };
-        let v = final_verdict(exit, task.kill_timeout, &ending);
+        let mut v = final_verdict(exit, task.kill_timeout, &ending);
+        if let Some(why) = &task.pre_stop_failed {
+            v.message.push_str(&format!("; its preStop {why}"));
+        }
         if task.dropped_output > 0 {
             tracing::warn!(uid = %task.uid, bytes = task.dropped_output, queued = self.output.queued(), "task output dropped: log writer too slow");
         }

@@ -150,7 +150,7 @@ async fn a_timeout_beyond_the_timer_wheel_is_armed_at_the_horizon_and_again() {
     assert!(table.has_deadlines(), "armed, without panicking");
     assert!(matches!(
         table.stop(id, &StopCause::Shutdown, Instant::now()),
-        Stop::Terminate(_)
+        Stop::Escalate
     ));
 }
 
@@ -160,7 +160,7 @@ async fn a_stop_replaces_the_timeout_and_arms_the_kill_timeout_once() {
     let (id, t0) = started(&mut table, "c", Some("1h"));
 
     let cancelled = StopCause::Cancelled("deleted".into());
-    assert!(matches!(table.stop(id, &cancelled, t0), Stop::Terminate(_)));
+    assert!(matches!(table.stop(id, &cancelled, t0), Stop::Escalate));
     let later = t0 + Duration::from_secs(3);
     assert!(matches!(
         table.stop(id, &StopCause::Shutdown, later),
