@@ -109,8 +109,12 @@ pub fn start(
         allow_root = config.supervisor.policy.allow_root,
         "agent starting"
     );
-    let (session, status) = Session::new(config, options, outbox, supervisor, events);
+    let (mut session, status) = Session::new(config, options, outbox, supervisor, events);
     let stop = shutdown.child_token();
+    if let Some(source) = &config.facts {
+        tracing::info!(file = ?source.file, command = ?source.command, "reading the robot's facts");
+        session = session.with_facts(crate::facts::watch(source.clone(), stop.clone()));
+    }
     let failure = Arc::new(OnceLock::new());
     tokio::spawn(watch_supervisor(
         health.clone(),

@@ -343,6 +343,25 @@ pub struct Settings {
     #[arg(long, env = "K8S4R_CGROUP_ROOT", value_name = "DIR")]
     pub cgroup_root: Option<PathBuf>,
 
+    /// A JSON file of the robot's own state ("facts": `{"battery": 80,
+    /// "docked": true}`), written by the robot's software; re-read as soon
+    /// as it changes (inotify). Tasks' `when` conditions read it. Default:
+    /// none.
+    #[arg(long, env = "K8S4R_FACTS_FILE", value_name = "FILE")]
+    pub facts_file: Option<PathBuf>,
+
+    /// A program (no arguments: wrap them in a script) that prints the
+    /// robot's facts as a JSON object, run every facts_interval; its facts
+    /// win over the file's. Default: none.
+    #[arg(long, env = "K8S4R_FACTS_COMMAND", value_name = "PROGRAM")]
+    pub facts_command: Option<PathBuf>,
+
+    /// How often the facts command runs, and the file is read again even
+    /// without a change. Default: 10s.
+    #[arg(long, env = "K8S4R_FACTS_INTERVAL", value_name = "DURATION", value_parser = parse_duration)]
+    #[serde(default, deserialize_with = "de_duration")]
+    pub facts_interval: Option<Duration>,
+
     /// Log format. Default: text.
     #[arg(long, env = "K8S4R_LOG_FORMAT", value_name = "FORMAT")]
     pub log_format: Option<LogFormat>,
@@ -406,6 +425,9 @@ impl Settings {
             disk_budget: self.disk_budget.or(file.disk_budget),
             disk_reserve: self.disk_reserve.or(file.disk_reserve),
             cgroup_root: self.cgroup_root.or(file.cgroup_root),
+            facts_file: self.facts_file.or(file.facts_file),
+            facts_command: self.facts_command.or(file.facts_command),
+            facts_interval: self.facts_interval.or(file.facts_interval),
             log_format: self.log_format.or(file.log_format),
             log: self.log.or(file.log),
         }
@@ -474,6 +496,8 @@ pub struct Config {
     /// The supervisor's settings: the configured ones over its defaults,
     /// with the same state directory.
     pub supervisor: SupervisorConfig,
+    /// Where the robot's facts come from, if anywhere.
+    pub facts: Option<crate::facts::FactsSource>,
     /// Log format.
     pub log_format: LogFormat,
     /// Log filter, if set.
@@ -517,6 +541,7 @@ impl Config {
             .clone()
             .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
         let supervisor = resolve_supervisor(&s, &robot_id, &state_dir)?;
+        let facts = resolve_facts(&s)?;
         Ok(Config {
             robot_id,
             token: s.token,
@@ -536,10 +561,32 @@ impl Config {
             shutdown_flush_timeout: s.shutdown_flush_timeout.unwrap_or(Duration::from_secs(5)),
             labels,
             supervisor,
+            facts,
             log_format: s.log_format.unwrap_or_default(),
             log: s.log,
         })
     }
+}
+
+/// Where the facts come from: a file, a command, or both.
+fn resolve_facts(s: &Settings) -> Result<Option<crate::facts::FactsSource>, ConfigError> {
+    let interval = positive("facts_interval", s.facts_interval, Duration::from_secs(10))?;
+    if s.facts_file.is_none() && s.facts_command.is_none() {
+        return Ok(None);
+    }
+    for (key, path) in [("facts_file", &s.facts_file), ("facts_command", &s.facts_command)] {
+        if path.as_ref().is_some_and(|p| !p.is_absolute()) {
+            return Err(ConfigError::Invalid {
+                key,
+                reason: "must be an absolute path".into(),
+            });
+        }
+    }
+    Ok(Some(crate::facts::FactsSource {
+        file: s.facts_file.clone(),
+        command: s.facts_command.clone(),
+        interval,
+    }))
 }
 
 /// The robot id as set, or the machine's, checked.

@@ -3,6 +3,7 @@
 pub mod agent;
 pub mod cli;
 pub mod config;
+pub mod facts;
 pub mod fence;
 pub mod host;
 pub mod inbound;

@@ -24,6 +24,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
+use crate::facts::FactsNow;
 use crate::fence::Fence;
 use crate::host::UsageSampler;
 use crate::inbound::{classify, Inbound, Refused};
@@ -43,6 +44,21 @@ const LEAVE_TIMEOUT: Duration = Duration::from_secs(2);
 /// During the shutdown flush, how long the update channel must stay quiet
 /// before the outbox counts as final.
 const QUIET: Duration = Duration::from_millis(100);
+/// The shortest time between two heartbeats a change of facts sends early:
+/// a robot whose facts flap costs the cluster at most five a second.
+const FACTS_EVERY: Duration = Duration::from_millis(200);
+
+/// Resolves when the facts changed; pending forever without facts (or once
+/// their reader is gone).
+async fn facts_changed(facts: &mut Option<watch::Receiver<FactsNow>>) -> Option<()> {
+    match facts {
+        Some(rx) => match rx.changed().await {
+            Ok(()) => Some(()),
+            Err(_) => std::future::pending().await,
+        },
+        None => std::future::pending().await,
+    }
+}
 
 /// What the session shows the outside (tests, benchmarks, logs).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -60,6 +76,8 @@ pub struct SessionStatus {
 /// Supervisor calls, run in order by the worker task.
 enum TaskCommand {
     Submit(Box<TaskRequest>),
+    /// The robot's facts changed.
+    Facts(k8s4r_api::Facts),
     Stop {
         uid: String,
         /// None: whatever attempt runs.
@@ -158,6 +176,7 @@ async fn worker(
                     }
                 }
             }
+            TaskCommand::Facts(facts) => supervisor.set_facts(facts),
             TaskCommand::Stop { uid, attempt, cause } => {
                 supervisor.stop(&uid, attempt, cause).await;
             }
@@ -265,6 +284,10 @@ pub struct Session {
     flush_timeout: Duration,
     /// Readers of task output the server asked for.
     log_readers: LogReaders,
+    /// The robot's facts, when the agent reads some.
+    facts: Option<watch::Receiver<FactsNow>>,
+    /// When a change of facts last sent a heartbeat early.
+    facts_sent: Option<Instant>,
 }
 
 /// What the previous run left running (re-adopted) or is starting again,
@@ -356,8 +379,45 @@ impl Session {
             status,
             flush_timeout: config.shutdown_flush_timeout,
             log_readers,
+            facts: None,
+            facts_sent: None,
         };
         (session, status_rx)
+    }
+
+    /// Reads the robot's facts from `facts`: they go to the supervisor and
+    /// with every heartbeat, and a change sends one at once.
+    pub fn with_facts(mut self, facts: watch::Receiver<FactsNow>) -> Self {
+        self.facts = Some(facts);
+        self
+    }
+
+    /// The facts changed: the supervisor checks tasks against them, and a
+    /// heartbeat carries them now (at most one per [`FACTS_EVERY`]).
+    fn on_facts(&mut self, now: Instant) {
+        let Some(rx) = self.facts.as_mut() else {
+            return;
+        };
+        let facts = rx.borrow_and_update().facts.clone();
+        let _ = self.commands.send(TaskCommand::Facts(facts));
+        let Some(next) = self.next_heartbeat else {
+            // Not registered yet: the first heartbeat carries them.
+            return;
+        };
+        let soonest = self.facts_sent.map_or(now, |sent| (sent + FACTS_EVERY).max(now));
+        self.next_heartbeat = Some(next.min(soonest));
+    }
+
+    /// The health the robot reports: the supervisor's, with a refused
+    /// facts file or command named while nothing worse is wrong.
+    fn current_health(&self) -> k8s4r_api::AgentHealth {
+        let mut health = self.health.borrow().clone();
+        let error = self.facts.as_ref().and_then(|rx| rx.borrow().error.clone());
+        if let (Some(error), None) = (error, &health.reason) {
+            health.reason = Some("FactsRefused".to_owned());
+            health.message = Some(format!("{error}; the robot's facts are unknown until it is fixed"));
+        }
+        health
     }
 
     /// Runs until `shutdown` is cancelled and the shutdown sequence is
@@ -381,6 +441,7 @@ impl Session {
                         After::Stop => break,
                     }
                 }
+                Some(()) = facts_changed(&mut self.facts) => self.on_facts(Instant::now()),
                 Some(update) = self.updates.recv() => {
                     self.on_update(update);
                     if let Phase::Flushing { quiet_since, .. } = &mut phase {
@@ -621,7 +682,7 @@ impl Session {
             },
             nonce: Some(self.registrar.next_nonce()),
             task_policy: Some(self.offer.policy.clone()),
-            health: Some(self.health.borrow().clone()),
+            health: Some(self.current_health()),
             ..Register::new(&self.robot_id, env!("CARGO_PKG_VERSION"), self.device.clone())
         };
         tracing::info!(running = self.running.len(), "registering");
@@ -950,8 +1011,9 @@ impl Session {
                 last_seq: self.outbox.peek_seq().checked_sub(1),
             },
             server_time: self.fence.server_now(boot_clock()),
-            health: Some(self.health.borrow().clone()),
+            health: Some(self.current_health()),
             session: Some(self.session_id.clone()),
+            facts: self.facts.as_ref().map(|rx| rx.borrow().facts.clone()),
             ..Heartbeat::new(
                 &self.robot_id,
                 self.heartbeat_seq,
@@ -960,6 +1022,9 @@ impl Session {
             )
         };
         self.fence.heartbeat_sent(self.heartbeat_seq, boot_clock());
+        if self.facts.is_some() {
+            self.facts_sent = Some(Instant::now());
+        }
         let topic = self.topics.heartbeat(&self.robot_id);
         self.publish_control(&topic, encode(&heartbeat), false);
     }

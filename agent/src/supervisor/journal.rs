@@ -56,6 +56,34 @@ pub(crate) struct Started {
     /// Restarts on the robot of the attempt before this start.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub restarts: u32,
+    /// How the task asks to be stopped, when not SIGTERM and 5s: what
+    /// `--stop-left-tasks` honours.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub asks: Option<StopAsk>,
+}
+
+/// A task's stop signal and kill timeout, kept for `--stop-left-tasks`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct StopAsk {
+    pub signal: i32,
+    pub kill_timeout_ms: u64,
+}
+
+impl StopAsk {
+    /// What `task` asks, when it asks for more than SIGTERM and SIGKILL 5s
+    /// later.
+    pub(crate) fn of(task: &super::table::Task) -> Option<StopAsk> {
+        let ask = StopAsk {
+            signal: task.stop_signal as i32,
+            kill_timeout_ms: u64::try_from(task.kill_timeout.as_millis()).unwrap_or(u64::MAX),
+        };
+        let default = StopAsk {
+            signal: nix::sys::signal::Signal::SIGTERM as i32,
+            kill_timeout_ms: 5_000,
+        };
+        (ask != default).then_some(ask)
+    }
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -537,6 +565,7 @@ mod tests {
             task_uid: None,
             started_at: jiff::Timestamp::UNIX_EPOCH,
             restarts: 0,
+            asks: None,
         }
     }
 

@@ -159,6 +159,7 @@ pub(crate) fn hand_over(task: &mut Task, restarting: bool, boot_id: &str, launch
             .restarts
             .as_ref()
             .map_or(0, |b| b.count + u32::from(restarting)),
+        asks: journal::StopAsk::of(task),
     };
     let lineage = cgroup
         .is_none()
@@ -353,6 +354,7 @@ mod tests {
                 task_uid: Some(70_001),
                 started_at: at,
                 restarts: 0,
+                asks: None,
             }
         );
         assert_eq!((handed.pid, handed.at), (pid, at));

@@ -290,6 +290,8 @@ pub(crate) enum Command {
     Running(oneshot::Sender<Vec<TaskAttempt>>),
     Stats(oneshot::Sender<SupervisorStats>),
     Shutdown(oneshot::Sender<()>),
+    /// The robot's facts changed (or were read for the first time).
+    Facts(k8s4r_api::Facts),
 }
 
 /// The cheap, cloneable front of the supervisor.
@@ -340,6 +342,13 @@ impl SupervisorHandle {
             .send(Command::Submit(Box::new(req), tx))
             .map_err(|_| SupervisorError::Stopped)?;
         rx.await.map_err(|_| SupervisorError::Stopped)?
+    }
+
+    /// The robot's facts now: new tasks' `when` is checked against them,
+    /// and running tasks whose `whileRunning: stop` condition no longer
+    /// holds are stopped (reason ConditionLost).
+    pub fn set_facts(&self, facts: k8s4r_api::Facts) {
+        let _ = self.commands.send(Command::Facts(facts));
     }
 
     /// Cancels a task (every attempt of it when `attempt` is None): see
@@ -394,8 +403,10 @@ impl SupervisorHandle {
     }
 }
 
-/// Kills what is left of the tasks an agent that ended left behind, except
-/// the services the next agent re-adopts; returns how many it found. For
+/// Stops what is left of the tasks an agent that ended left behind, except
+/// the services the next agent re-adopts (each with its stop signal, then
+/// SIGKILL after its kill timeout; its `preStop` needs the agent and is not
+/// run); returns how many it found. For
 /// the unit's `ExecStopPost`: with `KillMode=process` systemd leaves the
 /// task processes of a crashed agent alone, and a batch task or a fenced
 /// service must not run on unsupervised until (or unless) the next agent
@@ -407,6 +418,7 @@ pub fn stop_left_tasks(state_dir: &std::path::Path) -> std::io::Result<usize> {
         if task.resume.is_some() || task.started.is_none() {
             continue;
         }
+        recovery::ask_leftovers_to_stop(&task, &boot_id);
         let message = recovery::kill_leftovers(&task, &boot_id);
         tracing::info!(uid = %task.uid, attempt = task.attempt, %message, "task left by the agent stopped");
         stopped += 1;

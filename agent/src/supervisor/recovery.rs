@@ -28,6 +28,41 @@ pub(crate) fn settle(task: &Unfinished, boot_id: &str, tail_bytes: usize) -> Tas
     }
 }
 
+/// Asks what is left of `task` to stop as it asked to be stopped: its
+/// stop signal to its process group, then up to its kill timeout for the
+/// group (and its cgroup) to empty. [`kill_leftovers`] does the rest.
+/// Blocking: for `--stop-left-tasks`, which systemd runs after the agent.
+pub(crate) fn ask_leftovers_to_stop(task: &Unfinished, boot_id: &str) {
+    let Some(started) = task.started.as_ref().filter(|s| s.boot_id == boot_id) else {
+        return;
+    };
+    let ours = procfs::stat(started.pid).is_some_and(|s| s.start_time == started.pid_start);
+    if !ours {
+        return;
+    }
+    let ask = started.asks.unwrap_or(super::journal::StopAsk {
+        signal: Signal::SIGTERM as i32,
+        kill_timeout_ms: 5_000,
+    });
+    let signal = Signal::try_from(ask.signal).unwrap_or(Signal::SIGTERM);
+    let group = Pid::from_raw(started.pgid);
+    if killpg(group, signal).is_err() {
+        return;
+    }
+    let cgroup = started.cgroup.clone().map(TaskCgroup::at);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(ask.kill_timeout_ms);
+    // Polled with a deadline: nothing tells a process outside our children
+    // that another has exited.
+    while std::time::Instant::now() < deadline {
+        let group_alive = killpg(group, None).is_ok();
+        let cgroup_alive = cgroup.as_ref().is_some_and(|c| c.pids().is_ok_and(|p| !p.is_empty()));
+        if !group_alive && !cgroup_alive {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// Kills what is left of `task`'s processes; says what it found.
 pub(crate) fn kill_leftovers(task: &Unfinished, boot_id: &str) -> String {
     match &task.started {

@@ -132,6 +132,8 @@ pub(crate) struct Runner {
     pub(super) stats: SupervisorStats,
     pub(super) shutting_down: bool,
     pub(super) shutdown_waiters: Vec<oneshot::Sender<()>>,
+    /// The robot's facts, once its agent has read them.
+    pub(super) facts: Option<k8s4r_api::Facts>,
 }
 
 impl Runner {
@@ -260,6 +262,7 @@ impl Runner {
                 self.shutdown_waiters.push(done);
                 self.begin_shutdown();
             }
+            Command::Facts(facts) => self.on_facts(facts),
         }
     }
 
@@ -465,6 +468,7 @@ async fn recv_signal(signal: &mut Option<tokio::signal::unix::Signal>) -> Option
 }
 
 mod checking;
+mod conditions;
 mod ending;
 mod shutdown;
 mod starting;

@@ -154,6 +154,7 @@ impl Runner {
             stats: SupervisorStats::default(),
             shutting_down: false,
             shutdown_waiters: Vec::new(),
+            facts: None,
         };
         runner.take_over(recovered.adopted, recovered.resumed);
         Ok((runner, health_rx, offer))

@@ -18,6 +18,10 @@ impl Runner {
             spec,
             fenced,
         } = req;
+        if let (None, Some(why)) = (resumed, self.not_ready_for(&spec)) {
+            self.finish_early(uid, attempt, TaskReason::NotReady, why);
+            return None;
+        }
         let capacity = Capacity::of(&self.table, &self.disk);
         let drivers: Vec<&str> = self.launchers.iter().map(|l| l.name()).collect();
         let admitted = match self.admission.admit(&uid, &spec, resumed, &drivers, &capacity) {

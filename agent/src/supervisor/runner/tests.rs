@@ -658,6 +658,7 @@ fn leave_journal(state_dir: &std::path::Path, uid: &str, spec: &TaskTemplate, re
                 task_uid: None,
                 started_at: jiff::Timestamp::UNIX_EPOCH,
                 restarts,
+                asks: None,
             },
         },
     ];

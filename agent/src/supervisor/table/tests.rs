@@ -41,6 +41,7 @@ fn running(pgid: i32) -> Running {
             task_uid: None,
             started_at: jiff::Timestamp::UNIX_EPOCH,
             restarts: 0,
+            asks: None,
         },
         group: Box::new(Quiet),
         lineage: None,
