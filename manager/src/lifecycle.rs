@@ -90,12 +90,22 @@ pub enum Step {
         /// The backoff before the next attempt.
         delay: Duration,
     },
+    /// The attempt ended without failing: its robot was not ready for it
+    /// or was drained. Back to pending after `delay`, no retry used.
+    Return {
+        /// How it ended, as its record keeps it: `NotReady` or `Drained`.
+        reason: TaskReason,
+        /// The wait before the next attempt.
+        delay: Duration,
+    },
     /// Completed, or failed for good.
     Done,
 }
 
 /// Failures that are not the task's fault: they do not use up its restart
 /// policy (they have their own budget, [`LifecycleConfig::lost_retries`]).
+/// `ConditionLost` is one: the robot's state changed under the task (its
+/// e-stop pressed, its battery low), and the robot stopped it.
 pub fn is_infrastructure(reason: Option<TaskReason>) -> bool {
     matches!(
         reason,
@@ -105,8 +115,61 @@ pub fn is_infrastructure(reason: Option<TaskReason>) -> bool {
                 | TaskReason::Disconnected
                 | TaskReason::NotOnRobot
                 | TaskReason::OverCapacity
+                | TaskReason::ConditionLost
         )
     )
+}
+
+/// Ends that are no failure at all: the robot was not ready for the task
+/// (at admission its fresher facts failed a start condition) or it was
+/// drained. The task waits for a robot again as a new attempt, using no
+/// retry of either budget.
+pub fn is_returned(reason: Option<TaskReason>) -> bool {
+    matches!(reason, Some(TaskReason::NotReady | TaskReason::Drained))
+}
+
+/// How the current attempt ended, as the budgets count it: one that was
+/// being evicted (`k8s4r drain`) ended `Drained` whatever its end says (an
+/// agent before drains answers a draining cancel with `Cancelled`; a robot
+/// that went silent is fenced `RobotLost`; neither is the task's doing).
+pub fn ended_as(status: &TaskStatus) -> Option<TaskReason> {
+    if status.eviction_requested() {
+        Some(TaskReason::Drained)
+    } else {
+        status.reason
+    }
+}
+
+/// The wait after a robot refused an attempt as not ready, when it did so
+/// fewer than [`NOT_READY_FREE`] times in a row: its facts as the cluster
+/// knows them lag its own view, and the update is on its way.
+pub const NOT_READY_DELAY: Duration = Duration::from_secs(1);
+/// How many `NotReady` ends in a row wait only [`NOT_READY_DELAY`]; each
+/// one after doubles the wait, up to [`NOT_READY_MAX_DELAY`], so that a
+/// robot whose reported facts never catch up with its admission check does
+/// not bounce the task once a second for ever (each bounce is an attempt).
+pub const NOT_READY_FREE: u32 = 4;
+/// The longest wait after a `NotReady` end.
+pub const NOT_READY_MAX_DELAY: Duration = Duration::from_secs(60);
+
+/// The wait before the next attempt of a task whose current attempt ended
+/// `reason` ([`is_returned`]): none after a drain (the task goes elsewhere
+/// at once); after `NotReady`, see [`NOT_READY_DELAY`].
+fn return_delay(status: &TaskStatus, reason: Option<TaskReason>) -> Duration {
+    if reason != Some(TaskReason::NotReady) {
+        return Duration::ZERO;
+    }
+    let in_a_row = status
+        .attempts
+        .iter()
+        .rev()
+        .take_while(|a| a.reason == Some(TaskReason::NotReady))
+        .count() as u32;
+    let doublings = in_a_row.saturating_sub(NOT_READY_FREE - 1).min(31);
+    NOT_READY_DELAY
+        .checked_mul(1 << doublings)
+        .unwrap_or(NOT_READY_MAX_DELAY)
+        .min(NOT_READY_MAX_DELAY)
 }
 
 /// The delay before retry number `retry` (0 for the first), doubling from
@@ -126,25 +189,35 @@ pub fn backoff(policy: &RestartPolicy, retry: u32) -> Duration {
     base.checked_mul(factor).unwrap_or(cap).min(cap)
 }
 
-/// Whether the failed current attempt is retried, and after what delay.
+/// Whether the failed current attempt is retried (or, [`is_returned`],
+/// goes back to pending without a retry), and after what delay.
 pub fn retry_delay(
     status: &TaskStatus,
     policy: Option<&RestartPolicy>,
     cfg: &LifecycleConfig,
 ) -> Option<Duration> {
-    if matches!(
-        status.reason,
-        Some(TaskReason::InvalidSpec | TaskReason::Cancelled)
-    ) || status.cancel_requested()
-    {
+    if status.cancel_requested() {
         return None;
     }
-    // A person's retry counts the budget afresh from the attempt it acted at.
+    let ended = ended_as(status);
+    if is_returned(ended) {
+        return Some(return_delay(status, ended));
+    }
+    if matches!(ended, Some(TaskReason::InvalidSpec | TaskReason::Cancelled)) {
+        return None;
+    }
+    // A person's retry counts the budget afresh from the attempt it acted at;
+    // attempts that returned use neither budget.
     let base = crate::manual::retry_base(status);
-    let counted = || status.attempts.iter().filter(|a| a.attempt > base);
+    let counted = || {
+        status
+            .attempts
+            .iter()
+            .filter(|a| a.attempt > base && !is_returned(a.reason))
+    };
     let infra_used = counted().filter(|a| is_infrastructure(a.reason)).count() as u32;
     let own_used = counted().count() as u32 - infra_used;
-    if is_infrastructure(status.reason) {
+    if is_infrastructure(ended) {
         return (infra_used < cfg.lost_retries).then_some(Duration::ZERO);
     }
     let policy = policy?;
@@ -203,7 +276,10 @@ pub fn next_step(
         },
         Some(TaskState::Completed | TaskState::Cancelled) => Step::Done,
         Some(TaskState::Failed) => match retry_delay(status, spec.restart_policy.as_ref(), cfg) {
-            Some(delay) => Step::Retry { delay },
+            Some(delay) => match ended_as(status) {
+                Some(reason) if is_returned(Some(reason)) => Step::Return { reason, delay },
+                _ => Step::Retry { delay },
+            },
             None => Step::Done,
         },
         Some(state @ (TaskState::Dispatching | TaskState::Running)) => {
@@ -470,6 +546,115 @@ mod tests {
             Some(Duration::from_secs(3)),
             "own failures are counted apart"
         );
+    }
+
+    #[test]
+    fn a_robot_not_ready_or_drained_uses_no_retry() {
+        let p = policy(1, "1s", "1m");
+        let mut s = status(TaskState::Failed);
+        s.attempt = 5;
+        // Both budgets used up: one own failure, two lost robots.
+        s.attempts = vec![
+            record(1, TaskReason::Error),
+            record(2, TaskReason::RobotLost),
+            record(3, TaskReason::DispatchTimeout),
+            record(4, TaskReason::Drained),
+        ];
+        s.reason = Some(TaskReason::NotReady);
+        assert_eq!(retry_delay(&s, Some(&p), &cfg()), Some(NOT_READY_DELAY));
+        assert_eq!(retry_delay(&s, None, &cfg()), Some(NOT_READY_DELAY), "no policy");
+        assert_eq!(
+            next_step(&spec(), Some(&s), up(0), t(0), &cfg()),
+            Step::Return {
+                reason: TaskReason::NotReady,
+                delay: NOT_READY_DELAY
+            }
+        );
+        assert_eq!(effective_state(&spec(), Some(&s), &cfg()), TaskState::Pending);
+        s.reason = Some(TaskReason::Drained);
+        assert_eq!(
+            next_step(&spec(), Some(&s), up(0), t(0), &cfg()),
+            Step::Return {
+                reason: TaskReason::Drained,
+                delay: Duration::ZERO
+            },
+            "a drained task goes elsewhere at once"
+        );
+        // Ends that returned count in neither budget.
+        s.attempts = vec![record(1, TaskReason::NotReady), record(2, TaskReason::Drained)];
+        s.reason = Some(TaskReason::Error);
+        assert_eq!(retry_delay(&s, Some(&p), &cfg()), Some(Duration::from_secs(1)));
+        s.reason = Some(TaskReason::RobotLost);
+        assert_eq!(retry_delay(&s, None, &cfg()), Some(Duration::ZERO));
+    }
+
+    #[test]
+    fn a_robot_that_keeps_refusing_as_not_ready_is_waited_for_longer() {
+        let mut s = status(TaskState::Failed);
+        s.reason = Some(TaskReason::NotReady);
+        let after = |n: u32, s: &mut TaskStatus| {
+            s.attempts = (1..=n).map(|a| record(a, TaskReason::NotReady)).collect();
+            retry_delay(s, None, &cfg()).unwrap().as_secs()
+        };
+        let waits: Vec<u64> = [0, 3, 4, 5, 6, 100].iter().map(|n| after(*n, &mut s)).collect();
+        assert_eq!(waits, [1, 1, 2, 4, 8, 60]);
+        s.attempts.push(record(101, TaskReason::Error));
+        assert_eq!(retry_delay(&s, None, &cfg()), Some(NOT_READY_DELAY), "only ends in a row");
+    }
+
+    #[test]
+    fn an_evicted_attempt_ends_drained_whatever_its_robot_says() {
+        let p = policy(0, "1s", "1m");
+        let mut s = status(TaskState::Running);
+        s.eviction = Some(k8s4r_api::ManualAction {
+            value: "drain-1".into(),
+            attempt: 1,
+            at: t(0),
+            ..Default::default()
+        });
+        assert!(
+            matches!(next_step(&spec(), Some(&s), up(0), t(1), &cfg()), Step::Wait(_)),
+            "it runs until its robot reports its end"
+        );
+        for said in [TaskReason::Drained, TaskReason::Cancelled, TaskReason::Error, TaskReason::RobotLost] {
+            s.state = Some(TaskState::Failed);
+            s.reason = Some(said);
+            assert_eq!(
+                next_step(&spec(), Some(&s), up(0), t(1), &cfg()),
+                Step::Return {
+                    reason: TaskReason::Drained,
+                    delay: Duration::ZERO
+                },
+                "{said:?}"
+            );
+            assert_eq!(retry_delay(&s, Some(&p), &cfg()), Some(Duration::ZERO));
+        }
+        s.state = Some(TaskState::Completed);
+        assert_eq!(next_step(&spec(), Some(&s), up(0), t(1), &cfg()), Step::Done, "it finished first");
+        // An eviction of an earlier attempt says nothing about this one.
+        s.attempt = 2;
+        s.state = Some(TaskState::Failed);
+        s.reason = Some(TaskReason::Cancelled);
+        assert_eq!(next_step(&spec(), Some(&s), up(0), t(1), &cfg()), Step::Done);
+        // A person's cancel wins over a drain.
+        s.attempt = 1;
+        s.cancellation = s.eviction.clone();
+        assert_eq!(retry_delay(&s, Some(&p), &cfg()), None);
+    }
+
+    #[test]
+    fn a_lost_condition_is_not_the_tasks_fault() {
+        let mut s = status(TaskState::Failed);
+        s.reason = Some(TaskReason::ConditionLost);
+        assert_eq!(retry_delay(&s, None, &cfg()), Some(Duration::ZERO), "no policy needed");
+        s.attempts = vec![
+            record(1, TaskReason::ConditionLost),
+            record(2, TaskReason::RobotLost),
+        ];
+        assert_eq!(retry_delay(&s, None, &cfg()), None, "the lost budget (2) is used up");
+        s.reason = Some(TaskReason::Error);
+        let p = policy(1, "3s", "1m");
+        assert_eq!(retry_delay(&s, Some(&p), &cfg()), Some(Duration::from_secs(3)));
     }
 
     #[test]

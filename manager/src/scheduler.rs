@@ -330,6 +330,11 @@ pub fn check(robot: &RobotFacts, request: &Request<'_>, usage: Option<&Usage>) -
     if request.reserved.contains(&robot.name) {
         return Err(Rejection::Reserved);
     }
+    room(robot, request, usage)
+}
+
+/// The capacity filters: the robot's task limit, free CPU, memory and disk.
+fn room(robot: &RobotFacts, request: &Request<'_>, usage: Option<&Usage>) -> Result<(), Rejection> {
     if let Some(max) = robot.max_tasks {
         if usage.map_or(0, |u| u.tasks) >= max {
             return Err(Rejection::TaskLimit);

@@ -23,7 +23,7 @@ use super::robot::{liveness_of, robot_lease};
 use super::{condition_at, demand_of, group_of, key_of, Context, Note, SchedState};
 use crate::error::{Error, Result};
 use crate::ledger::Placement;
-use crate::lifecycle::{next_step, plus, RobotHealth, Step};
+use crate::lifecycle::{ended_as, next_step, plus, RobotHealth, Step};
 use crate::manual::TaskManual;
 use crate::scheduler::{choose_outranked, choose_sampled, NoFit, Request};
 use k8s4r_service::patch::Guarded;
@@ -184,12 +184,18 @@ fn publish_progress(ctx: &Context, task: &Task) {
             format!("attempt {attempt} completed on robot {robot}"),
         ),
         TaskState::Failed => {
-            let (kind, reason) = match status.reason {
+            let (kind, reason) = match ended_as(&status) {
                 Some(TaskReason::Timeout) => (EventType::Warning, "TimedOut"),
-                // The manager's own failures got their Event when decided.
-                Some(TaskReason::RobotLost | TaskReason::DispatchTimeout | TaskReason::TimeoutBackstop) => {
-                    return
-                }
+                Some(TaskReason::ConditionLost) => (EventType::Warning, "ConditionLost"),
+                // The manager's own failures got their Event when decided,
+                // and an attempt that returns gets its own when it does.
+                Some(
+                    TaskReason::RobotLost
+                    | TaskReason::DispatchTimeout
+                    | TaskReason::TimeoutBackstop
+                    | TaskReason::NotReady
+                    | TaskReason::Drained,
+                ) => return,
                 _ => (EventType::Warning, "Failed"),
             };
             let exit = status
@@ -235,6 +241,7 @@ async fn reconcile_task(task: &Task, ctx: &Context) -> Result<Action> {
         Step::Schedule => schedule(task, ctx, now).await,
         Step::Fail { reason, message } => fail(task, ctx, reason, message, now).await,
         Step::Retry { delay } => retry(task, ctx, delay, now).await,
+        Step::Return { reason, delay } => give_back(task, ctx, reason, delay, now).await,
     }
 }
 
@@ -319,8 +326,9 @@ async fn schedule(task: &Task, ctx: &Context, now: Timestamp) -> Result<Action> 
 }
 
 /// The robot the next attempt avoids: the one that lost the last attempt
-/// (silent, or it never started it), which is not given the next one while
-/// another robot fits.
+/// (silent, or it never started it, or was not ready for it, or was
+/// drained, or lost a start condition), which is not given the next one
+/// while another robot fits.
 fn avoided_robot(status: &TaskStatus) -> Option<String> {
     status
         .attempts
@@ -334,6 +342,9 @@ fn avoided_robot(status: &TaskStatus) -> Option<String> {
                         | TaskReason::NotOnRobot
                         | TaskReason::OverCapacity
                         | TaskReason::NotPermitted
+                        | TaskReason::NotReady
+                        | TaskReason::Drained
+                        | TaskReason::ConditionLost
                 )
             )
         })
@@ -589,10 +600,15 @@ async fn fail(
     Ok(Action::await_change())
 }
 
-async fn retry(task: &Task, ctx: &Context, delay: Duration, now: Timestamp) -> Result<Action> {
-    let (ns, name) = names(task)?;
-    let api: Api<Task> = Api::namespaced(ctx.client(), &ns);
-    let status = task.status.clone().unwrap_or_default();
+/// The status patch that sends a Task whose current attempt failed back to
+/// pending until `at`, the attempt kept in `attempts[]` (once) as ended
+/// for `reason`.
+pub fn plan_pending_again(
+    status: &TaskStatus,
+    reason: Option<TaskReason>,
+    at: Timestamp,
+    now: Timestamp,
+) -> TaskStatusPatch {
     let mut attempts = status.attempts.clone();
     if !attempts.iter().any(|a| a.attempt == status.attempt) {
         attempts.push(AttemptRecord {
@@ -600,17 +616,78 @@ async fn retry(task: &Task, ctx: &Context, delay: Duration, now: Timestamp) -> R
             robot: status.robot.clone(),
             state: TaskState::Failed,
             exit_code: status.exit_code,
-            reason: status.reason,
+            reason,
             finish_time: status.finish_time.or(Some(now)),
         });
     }
-    let at = plus(now, delay);
-    let patch = TaskStatusPatch {
+    TaskStatusPatch {
         state: Some(TaskState::Pending),
         next_attempt_time: Some(Some(at)),
         attempts: Some(attempts),
         ..TaskStatusPatch::default()
+    }
+}
+
+/// What sending back a Task whose attempt ended without failing (`reason`:
+/// `NotReady` or `Drained`) writes and says: pending again after `delay`,
+/// the attempt recorded as ended for `reason`, and a Warning Event named
+/// after it.
+pub fn plan_return(
+    status: &TaskStatus,
+    reason: TaskReason,
+    delay: Duration,
+    now: Timestamp,
+) -> (TaskStatusPatch, Note) {
+    let robot = status.robot.as_deref().unwrap_or("?");
+    // The robot's own words, when it said why (an older agent answers a
+    // drain with Cancelled, which would only mislead).
+    let said = status.message.as_deref().filter(|m| !m.is_empty());
+    let why = match (reason, said) {
+        (_, Some(said)) if status.reason == Some(reason) => said.to_owned(),
+        (TaskReason::NotReady, _) => "its facts did not meet a start condition".to_owned(),
+        _ => "the robot was drained".to_owned(),
     };
+    let message = format!(
+        "attempt {} on robot {robot}: {why}; the task waits for a robot again (no retry used)",
+        status.attempt
+    );
+    let patch = TaskStatusPatch {
+        reason: Some(Some(reason)),
+        message: Some(Some(message.clone())),
+        ..plan_pending_again(status, Some(reason), plus(now, delay), now)
+    };
+    let event = if reason == TaskReason::NotReady {
+        Note::warning("NotReady", message)
+    } else {
+        Note::warning("Drained", message)
+    };
+    (patch, event)
+}
+
+/// Sends a Task whose attempt ended without failing back to pending (see
+/// [`plan_return`]).
+async fn give_back(
+    task: &Task,
+    ctx: &Context,
+    reason: TaskReason,
+    delay: Duration,
+    now: Timestamp,
+) -> Result<Action> {
+    let (ns, name) = names(task)?;
+    let api: Api<Task> = Api::namespaced(ctx.client(), &ns);
+    let status = task.status.clone().unwrap_or_default();
+    let (patch, event) = plan_return(&status, reason, delay, now);
+    ctx.patch_status(&api, &name, task.resource_version(), patch)
+        .await?;
+    ctx.publish(task, event);
+    Ok(Action::requeue(delay))
+}
+
+async fn retry(task: &Task, ctx: &Context, delay: Duration, now: Timestamp) -> Result<Action> {
+    let (ns, name) = names(task)?;
+    let api: Api<Task> = Api::namespaced(ctx.client(), &ns);
+    let status = task.status.clone().unwrap_or_default();
+    let patch = plan_pending_again(&status, status.reason, plus(now, delay), now);
     ctx.patch_status(&api, &name, task.resource_version(), patch)
         .await?;
     let why = status
@@ -778,6 +855,83 @@ mod tests {
         assert_eq!(avoided_robot(&status).as_deref(), Some("r1"));
         status.attempts[0].reason = Some(TaskReason::Error);
         assert_eq!(avoided_robot(&status), None);
+    }
+
+    fn running(attempt: u32, robot: &str) -> TaskStatus {
+        TaskStatus {
+            state: Some(TaskState::Running),
+            exit_code: None,
+            reason: None,
+            ..failed(attempt, robot)
+        }
+    }
+
+    /// The whole of an eviction as the manager sees it: recorded, the
+    /// attempt runs on, the robot reports its end (an older agent says
+    /// Cancelled), the task is pending again with no retry used and goes
+    /// to another robot.
+    #[test]
+    fn a_drained_end_returns_the_task_to_pending() {
+        use crate::lifecycle::{next_step, retry_delay, LifecycleConfig, RobotHealth, Step};
+        let cfg = LifecycleConfig::default();
+        let spec = k8s4r_api::TaskSpec::default();
+        let health = RobotHealth::heard_at(now());
+        let mut status = running(2, "r1");
+        status.eviction = Some(action("evicted by ann"));
+        assert!(matches!(
+            next_step(&spec, Some(&status), health, now(), &cfg),
+            Step::Wait(_)
+        ));
+        status.state = Some(TaskState::Failed);
+        status.reason = Some(TaskReason::Cancelled);
+        status.message = Some("cancelled".into());
+        let step = next_step(&spec, Some(&status), health, now(), &cfg);
+        let Step::Return { reason, delay } = step else {
+            panic!("{step:?}");
+        };
+        assert_eq!((reason, delay), (TaskReason::Drained, Duration::ZERO));
+        let (patch, event) = plan_return(&status, reason, delay, now());
+        assert_eq!(patch.state, Some(TaskState::Pending));
+        assert_eq!(patch.reason, Some(Some(TaskReason::Drained)));
+        assert_eq!(patch.next_attempt_time, Some(Some(now())));
+        assert_eq!(patch.cancellation, None, "never marked cancelled");
+        assert_eq!(event.reason, "Drained");
+        assert_eq!(event.type_, EventType::Warning);
+        assert_eq!(
+            event.message,
+            "attempt 2 on robot r1: the robot was drained; the task waits for a robot again (no retry used)"
+        );
+        status.attempts = patch.attempts.unwrap();
+        assert_eq!(status.attempts[0].reason, Some(TaskReason::Drained));
+        assert_eq!(avoided_robot(&status).as_deref(), Some("r1"));
+        // The next attempt fails: no retry was used by the drain.
+        status.attempt = 3;
+        status.reason = Some(TaskReason::RobotLost);
+        assert_eq!(retry_delay(&status, None, &cfg), Some(Duration::ZERO));
+    }
+
+    #[test]
+    fn a_robot_not_ready_says_why_in_its_own_words() {
+        let status = TaskStatus {
+            reason: Some(TaskReason::NotReady),
+            message: Some("battery Gt 30 is not met (battery=12)".into()),
+            ..failed(1, "r1")
+        };
+        let (patch, event) = plan_return(&status, TaskReason::NotReady, Duration::from_secs(1), now());
+        assert_eq!(event.reason, "NotReady");
+        assert_eq!(
+            event.message,
+            "attempt 1 on robot r1: battery Gt 30 is not met (battery=12); \
+             the task waits for a robot again (no retry used)"
+        );
+        assert_eq!(
+            patch.next_attempt_time,
+            Some(Some(plus(now(), Duration::from_secs(1))))
+        );
+        let attempts = patch.attempts.unwrap();
+        assert_eq!(attempts[0].reason, Some(TaskReason::NotReady));
+        let status = TaskStatus { attempts, ..status };
+        assert_eq!(avoided_robot(&status).as_deref(), Some("r1"));
     }
 
     #[test]
