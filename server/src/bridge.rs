@@ -30,6 +30,7 @@ use crate::decide::{
     self, connected, plan_heartbeat, plan_register, HeartbeatMemory, RobotStatusPatch, StatusDecision,
 };
 use crate::error::{Error, Result};
+use crate::facts::FactsMemory;
 use crate::held::{HeldMemory, Permit};
 use crate::ingress::{Inbound, Lane};
 use crate::metrics::Metrics;
@@ -41,6 +42,8 @@ const CONFLICT_TRIES: u32 = 5;
 const ERROR_TRIES: u32 = 4;
 /// The first retry delay of such a write; doubled per try.
 const RETRY_BASE: Duration = Duration::from_millis(500);
+
+mod facts;
 
 /// State shared by every handler.
 pub struct Bridge {
@@ -68,6 +71,7 @@ pub struct Bridge {
 pub struct RobotMemory {
     heartbeat: HeartbeatMemory,
     held: HeldMemory,
+    facts: FactsMemory,
     /// When a refused message of this robot was last logged, and how many
     /// were not logged since: one line per robot per [`REJECTION_LOG_EVERY`].
     rejections: (Option<tokio::time::Instant>, u64),
@@ -82,6 +86,7 @@ impl Default for RobotMemory {
         Self {
             heartbeat: HeartbeatMemory::default(),
             held: HeldMemory::new(tokio::time::Instant::now()),
+            facts: FactsMemory::default(),
             rejections: (None, 0),
         }
     }
@@ -103,7 +108,19 @@ impl RobotMemory {
 }
 
 /// One worker's memory of the robots it serves.
-pub type Memory = HashMap<String, RobotMemory>;
+#[derive(Default)]
+pub struct Memory {
+    robots: HashMap<String, RobotMemory>,
+    /// The robots whose newest facts wait for their write.
+    facts_waiting: HashSet<String>,
+}
+
+impl Memory {
+    /// What is remembered of `robot` (nothing yet, at first).
+    fn robot(&mut self, robot: &str) -> &mut RobotMemory {
+        self.robots.entry(robot.to_owned()).or_default()
+    }
+}
 
 /// What a look-up of a uid the cache lacks found.
 enum Lookup {
@@ -238,7 +255,7 @@ impl Bridge {
             }
             Ok(Outcome::Rejected(reason, outcome)) => {
                 let robot = crate::mqtt::robot_of(&inbound.topic).to_owned();
-                match memory.entry(robot).or_default().log_rejection() {
+                match memory.robot(&robot).log_rejection() {
                     Some(not_logged) => {
                         warn!(topic = %inbound.topic, %reason, not_logged, "message rejected");
                     }
@@ -289,7 +306,7 @@ impl Bridge {
                     Ok(msg) => {
                         let outcome = self.register(&msg).await?;
                         if matches!(outcome, Outcome::Done(_)) {
-                            let held = &mut memory.entry(robot_id.clone()).or_default().held;
+                            let held = &mut memory.robot(&robot_id).held;
                             self.reconcile(&robot_id, &msg.held, None, held).await?;
                         }
                         Ok(outcome)
@@ -298,8 +315,8 @@ impl Bridge {
                 },
                 TopicKind::Heartbeat => match decode_for::<Heartbeat>(body, &robot_id, |m| &m.robot_id) {
                     Ok(msg) => {
-                        let mine = memory.entry(robot_id.clone()).or_default();
-                        let outcome = self.heartbeat(&msg, &mut mine.heartbeat).await?;
+                        let outcome = self.heartbeat(&msg, memory).await?;
+                        let mine = memory.robot(&robot_id);
                         if matches!(&outcome, Outcome::Rejected(_, "rejected_unknown_robot")) {
                             // A deleted Robot's agent may still run attempts
                             // that moved elsewhere: stop those, fail nothing.
@@ -325,7 +342,7 @@ impl Bridge {
                 },
                 TopicKind::Status { task_uid } => match decode::<StatusUpdate>(body) {
                     Ok(msg) => {
-                        let held = &mut memory.entry(robot_id.clone()).or_default().held;
+                        let held = &mut memory.robot(&robot_id).held;
                         let outcome = self.status(&msg, &task_uid, &robot_id, held).await?;
                         // Applied, or refused for good: the robot may forget
                         // it. An error (the API away) is not confirmed, and
@@ -363,8 +380,11 @@ impl Bridge {
             },
             Topic::LegacyHeartbeat => match decode_legacy::<Heartbeat>(body, |m| &m.robot_id) {
                 Ok(msg) => {
-                    let mine = memory.entry(msg.robot_id.clone()).or_default();
-                    self.heartbeat(&msg, &mut mine.heartbeat).await
+                    // A shared topic does not say which robot sent it:
+                    // facts, which decide where tasks start, come only
+                    // from a robot's own topic.
+                    let msg = Heartbeat { facts: None, ..msg };
+                    self.heartbeat(&msg, memory).await
                 }
                 Err(reason) => Ok(Outcome::Rejected(reason, "rejected_body")),
             },
@@ -450,7 +470,7 @@ impl Bridge {
     async fn patch_robot_status(
         &self,
         name: &str,
-        status: &RobotStatusPatch,
+        status: &(impl serde::Serialize + std::fmt::Debug),
         rv: Option<&str>,
         write: &'static str,
     ) -> Result<()> {
@@ -472,8 +492,10 @@ impl Bridge {
     }
 
     /// Called for every Robot the watch sees: answers a waiting robot once
-    /// its phase is decided.
+    /// its phase is decided, and makes the shown facts follow the Robot's
+    /// show-facts label.
     pub async fn robot_changed(&self, robot: &Robot) {
+        self.follow_show_facts(robot).await;
         let Some(status) = robot.status.as_ref() else {
             return;
         };
@@ -525,7 +547,7 @@ impl Bridge {
     // ------------------------------------------------------------ heartbeat
 
     #[instrument(skip_all, fields(robot = %msg.robot_id))]
-    async fn heartbeat(&self, msg: &Heartbeat, entry: &mut HeartbeatMemory) -> Result<Outcome> {
+    async fn heartbeat(&self, msg: &Heartbeat, memory: &mut Memory) -> Result<Outcome> {
         let name = msg.robot_id.as_str();
         let Some(robot) = self.robot(name).await? else {
             let r = decide::Rejection::UnknownRobot {
@@ -536,6 +558,11 @@ impl Bridge {
         if let Some(refusal) = not_approved(&robot) {
             return Ok(refusal);
         }
+        // Before the heartbeat's own writes: a task may wait for them.
+        if let Some(facts) = &msg.facts {
+            self.offer_facts(&robot, facts.clone(), memory).await;
+        }
+        let entry = &mut memory.robot(name).heartbeat;
         let now = Timestamp::now();
         let lease_renewed = self
             .lease_cache
@@ -1002,11 +1029,39 @@ impl Bridge {
 
 /// Runs one inbound worker until its channel closes. A write that failed
 /// for a reason other than a conflict is retried with capped backoff; the
-/// robot's messages wait meanwhile, which keeps them in order.
+/// robot's messages wait meanwhile, which keeps them in order. Facts that
+/// wait for their robot's write budget are written when it allows, also
+/// after the channel closed (within a second).
 pub async fn worker(bridge: Arc<Bridge>, lane: Arc<Lane>) {
-    let mut memory = Memory::new();
-    while let Some(message) = lane.next().await {
+    let mut memory = Memory::default();
+    loop {
+        let due = memory.facts_due();
+        let message = tokio::select! {
+            // Deadlines first: the lane is never so busy that waiting
+            // facts are starved.
+            biased;
+            () = sleep_until_due(due) => {
+                bridge.write_due_facts(&mut memory).await;
+                continue;
+            }
+            message = lane.next() => message,
+        };
+        let Some(message) = message else { break };
         bridge.handle(message, &mut memory).await;
+    }
+    // A retry after a failed write is left to the robot's next heartbeat.
+    let until = tokio::time::Instant::now() + Duration::from_secs(1);
+    while let Some(due) = memory.facts_due().filter(|d| *d <= until) {
+        tokio::time::sleep_until(due).await;
+        bridge.write_due_facts(&mut memory).await;
+    }
+}
+
+/// Sleeps until `due`, or forever without one.
+async fn sleep_until_due(due: Option<tokio::time::Instant>) {
+    match due {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

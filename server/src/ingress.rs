@@ -102,6 +102,22 @@ impl Bucket {
             false
         }
     }
+
+    /// When a token will be there at `rate` (`now` if one is; an hour
+    /// on for a rate that never earns one).
+    pub(crate) fn ready_at(&self, rate: f64, now: Instant) -> Instant {
+        let earned = now.saturating_duration_since(self.at).as_secs_f64() * rate;
+        let missing = 1.0 - (self.tokens + earned);
+        if missing <= 0.0 {
+            return now;
+        }
+        // A microsecond over, so that the token is there then, whatever
+        // the rounding of the float arithmetic.
+        let wait = Duration::try_from_secs_f64(missing / rate)
+            .map_or(Duration::from_secs(3600), |d| d + Duration::from_micros(1))
+            .min(Duration::from_secs(3600));
+        now + wait
+    }
 }
 
 #[derive(Debug)]
@@ -295,6 +311,23 @@ mod tests {
         q.push("r", msg("t", 1), &l, later).unwrap();
         q.push("r", msg("t", 1), &l, later).unwrap();
         assert_eq!(q.push("r", msg("t", 1), &l, later), Err(Refusal::RateLimited));
+    }
+
+    #[test]
+    fn a_bucket_says_when_its_next_token_comes() {
+        let start = Instant::now();
+        let mut bucket = Bucket::full(2.0, start);
+        assert_eq!(bucket.ready_at(4.0, start), start, "a token is there");
+        assert!(bucket.take(4.0, 2.0, start) && bucket.take(4.0, 2.0, start));
+        let at = bucket.ready_at(4.0, start);
+        assert!(at >= start + Duration::from_millis(250) && at < start + Duration::from_millis(251));
+        assert!(!bucket.take(4.0, 2.0, at - Duration::from_millis(1)));
+        assert!(bucket.take(4.0, 2.0, at), "the token is there when it says");
+        assert_eq!(
+            bucket.ready_at(0.0, at),
+            at + Duration::from_secs(3600),
+            "a rate of nothing"
+        );
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub mod config;
 pub mod decide;
 pub mod dispatch;
 pub mod error;
+pub mod facts;
 pub mod held;
 pub mod ingress;
 pub mod leader;
