@@ -55,7 +55,7 @@ base() {
     # libfaketime: the randomized fault run steps robots' wall clocks with
     # it (tests/src/chaos.rs). util-linux: mount (a tmpfs per robot for the
     # full-disk faults) and ipcmk (the task uid clean-up test).
-    apt_install gcc libc6-dev mosquitto mosquitto-clients systemd openssl libfaketime util-linux
+    apt_install gcc libc6-dev mosquitto mosquitto-clients systemd openssl libfaketime util-linux python3
     # Tests start their own broker on a free port; the packaged service is
     # not needed and would hold port 1883.
     if command -v systemctl >/dev/null && systemctl is-active --quiet mosquitto 2>/dev/null; then

@@ -271,3 +271,100 @@ impl std::os::fd::AsRawFd for InotifyFd {
         self.0.as_fd().as_raw_fd()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    const PATIENCE: Duration = Duration::from_secs(10);
+
+    async fn until(rx: &mut watch::Receiver<FactsNow>, what: &str, f: impl Fn(&FactsNow) -> bool) -> FactsNow {
+        let found = tokio::time::timeout(PATIENCE, rx.wait_for(|now| f(now)))
+            .await
+            .map(|r| r.unwrap().clone());
+        found.unwrap_or_else(|_| panic!("timed out waiting for {what}: {:?}", rx.borrow()))
+    }
+
+    fn source(file: Option<PathBuf>, command: Option<PathBuf>) -> FactsSource {
+        FactsSource {
+            file,
+            command,
+            // Long: a change must be seen through inotify, not the interval.
+            interval: Duration::from_secs(3600),
+        }
+    }
+
+    #[test]
+    fn only_an_object_of_scalars_within_bounds_is_taken() {
+        assert_eq!(parse(br#"{"battery": 80, "docked": true, "mode": "idle"}"#).unwrap().len(), 3);
+        assert!(parse(b"[1, 2]").unwrap_err().contains("not a JSON object"));
+        assert!(parse(br#"{"pose": {"x": 1}}"#).unwrap_err().contains("\"pose\""));
+        assert!(parse(br#"{"battery": null}"#).is_err());
+        assert!(parse(b"{\"battery\": 8").unwrap_err().contains("not JSON"));
+        assert!(parse(br#"{"bad name": 1}"#).is_err());
+        let huge = format!(r#"{{"a": "{}"}}"#, "x".repeat(MAX_FACTS_BYTES as usize));
+        assert!(parse(huge.as_bytes()).unwrap_err().contains("more than"));
+    }
+
+    #[tokio::test]
+    async fn a_written_or_renamed_file_is_read_at_once_and_a_bad_one_is_refused_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("facts.json");
+        std::fs::write(&file, r#"{"battery": 10}"#).unwrap();
+        let stop = CancellationToken::new();
+        let mut rx = watch(source(Some(file.clone()), None), stop.clone());
+        until(&mut rx, "the first read", |n| n.facts.get("battery") == Some(&FactValue::Number(10.0))).await;
+
+        let written = Instant::now();
+        std::fs::write(&file, r#"{"battery": 80}"#).unwrap();
+        until(&mut rx, "the new value", |n| n.facts.get("battery") == Some(&FactValue::Number(80.0))).await;
+        assert!(written.elapsed() < Duration::from_secs(1), "{:?}", written.elapsed());
+
+        // Written elsewhere and renamed into place, as careful writers do.
+        let tmp = dir.path().join(".facts.json.tmp");
+        std::fs::write(&tmp, r#"{"battery": 81, "estop": false}"#).unwrap();
+        std::fs::rename(&tmp, &file).unwrap();
+        until(&mut rx, "the renamed file", |n| n.facts.get("estop") == Some(&FactValue::Bool(false))).await;
+
+        std::fs::write(&file, "{not json").unwrap();
+        let bad = until(&mut rx, "the refusal", |n| n.error.is_some()).await;
+        assert!(bad.facts.is_empty(), "unknown, not stale: {bad:?}");
+        assert!(bad.error.unwrap().contains("facts.json"), "the file is named");
+
+        std::fs::write(&file, format!(r#"{{"note": "{}"}}"#, "x".repeat(300))).unwrap();
+        let big = until(&mut rx, "the oversized refusal", |n| n.error.as_ref().is_some_and(|e| e.contains("256"))).await;
+        assert!(big.facts.is_empty());
+
+        std::fs::write(&file, r#"{"battery": 55}"#).unwrap();
+        let good = until(&mut rx, "the good file again", |n| n.error.is_none()).await;
+        assert_eq!(good.facts.get("battery"), Some(&FactValue::Number(55.0)));
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_command_adds_its_facts_and_wins_over_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("facts.json");
+        std::fs::write(&file, r#"{"battery": 10, "docked": false}"#).unwrap();
+        let command = dir.path().join("state.sh");
+        std::fs::write(&command, "#!/bin/sh\necho '{\"docked\": true, \"mission\": \"idle\"}'\n").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&command, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let stop = CancellationToken::new();
+        let mut rx = watch(source(Some(file), Some(command.clone())), stop.clone());
+        let now = until(&mut rx, "the first read", |n| n.read).await;
+        assert_eq!(now.error, None);
+        assert_eq!(now.facts.get("battery"), Some(&FactValue::Number(10.0)));
+        assert_eq!(now.facts.get("docked"), Some(&FactValue::Bool(true)));
+        assert_eq!(now.facts.get("mission"), Some(&FactValue::String("idle".into())));
+        stop.cancel();
+
+        std::fs::write(&command, "#!/bin/sh\nexit 4\n").unwrap();
+        let stop = CancellationToken::new();
+        let mut rx = watch(source(None, Some(command)), stop.clone());
+        let failed = until(&mut rx, "the failure", |n| n.read).await;
+        assert!(failed.error.unwrap().contains("failed"), "the command's failure is named");
+        stop.cancel();
+    }
+}

@@ -173,7 +173,9 @@ pub(crate) fn hand_over(task: &mut Task, restarting: bool, boot_id: &str, launch
         .as_mut()
         .filter(|_| restarting)
         .map(|budget| budget.restarted(at));
-    if task.restarts.is_some() || !task.checks.is_empty() {
+    // Kept for what runs again as the task: a restart, exec checks, its
+    // preStop.
+    if task.restarts.is_some() || !task.checks.is_empty() || task.pre_stop.is_some() {
         task.prepared = Some(prepared);
     }
     HandedOver {
