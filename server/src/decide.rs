@@ -17,7 +17,7 @@ use k8s4r_api::robot::{AgentHealth, TaskPolicy};
 use k8s4r_api::validation::{validate_label_key, validate_label_value};
 use k8s4r_api::{
     Condition, ConditionStatus, DeviceInfo, DisconnectPolicy, Quantity, Reconcile, RestartStatus, Robot,
-    RobotPhase, RobotResources, Task, TaskAttempt, TaskReason, TaskState, TaskStatus, Usage,
+    RobotPhase, RobotResources, Task, TaskReason, TaskState, TaskStatus, Usage,
 };
 use serde::Serialize;
 
@@ -190,14 +190,6 @@ pub fn token_sha256(token: &str) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Plans the writes for a `register` of a robot whose Robot object is
-/// `existing` (None: unknown so far).
-///
-/// Labels: a key the robot reports is applied to `metadata.labels` unless a
-/// person owns it, i.e. unless the label exists with a value that differs
-/// from what the robot reported last time (a person set or changed it). A
-/// key the robot stops reporting is removed only if it still holds the value
-/// the robot reported. Keys the robot never reported are never touched.
 /// Whether what was written `at` is `every` old or older at `now` (never
 /// written: stale). A time ahead of ours (another replica's clock) is
 /// fresh.
@@ -213,6 +205,14 @@ fn stale(at: Option<Timestamp>, every: Duration, now: Timestamp) -> bool {
 /// heartbeats the Lease records.
 pub const REGISTRATION_REFRESH: Duration = Duration::from_secs(60);
 
+/// Plans the writes for a `register` of a robot whose Robot object is
+/// `existing` (None: unknown so far).
+///
+/// Labels: a key the robot reports is applied to `metadata.labels` unless a
+/// person owns it, i.e. unless the label exists with a value that differs
+/// from what the robot reported last time (a person set or changed it). A
+/// key the robot stops reporting is removed only if it still holds the value
+/// the robot reported. Keys the robot never reported are never touched.
 pub fn plan_register(
     msg: &Register,
     existing: Option<&Robot>,
@@ -726,173 +726,11 @@ fn replaced_attempt(
     }))
 }
 
-/// How long after a dispatch's deadline a robot's list without the attempt
-/// proves the attempt will never start (the list left the robot after the
-/// deadline, by the robot's reckoning of the server's clock).
-pub const DISPATCH_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+mod dispatch;
+mod reconcile;
 
-/// What a robot said it holds, in a register or heartbeat.
-#[derive(Debug, Clone, Copy)]
-pub struct Holding<'a> {
-    /// The attempts it runs, holds, or has not had its end confirmed.
-    pub held: &'a [TaskAttempt],
-    /// The list is complete (`reconcile: true`): absences mean something.
-    pub complete: bool,
-    /// The highest status seq the robot had assigned when it built the list.
-    pub last_seq: Option<u64>,
-    /// The server's time as the robot reckoned it when it built the list.
-    pub sent_at: Option<Timestamp>,
-}
-
-/// What the server does after comparing what a robot says it holds with
-/// what the Tasks want of it.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct ReconcilePlan {
-    /// Attempts the robot holds that no Task wants any more: cancel them.
-    pub cancel: Vec<(TaskAttempt, String)>,
-    /// Attempts of Tasks this server's cache does not know: gone, or not
-    /// in its cache yet (a lagging replica, a watch out of sync). Nothing
-    /// may be concluded from the cache: the bridge reads each Task from
-    /// the API server (by the name the robot gives), within the robot's
-    /// budget and only while its watch is in sync, before it cancels
-    /// ([`crate::held`]).
-    pub unknown: Vec<TaskAttempt>,
-    /// Tasks that show an attempt on the robot that the robot's complete
-    /// list lacks: fail them at once, by this patch.
-    pub lost: Vec<(String, TaskStatusPatch)>,
-}
-
-impl ReconcilePlan {
-    /// Whether there is nothing to do.
-    pub fn is_empty(&self) -> bool {
-        self.cancel.is_empty() && self.unknown.is_empty() && self.lost.is_empty()
-    }
-}
-
-/// Why the robot should not hold `held`, if it should not. An attempt newer
-/// than the Task shows is left alone: this server's cache is behind.
-pub fn unwanted(held: &TaskAttempt, robot: &str, task: &Task) -> Option<String> {
-    if task.metadata.deletion_timestamp.is_some() {
-        return Some("the Task is being deleted".into());
-    }
-    let status = task.status.clone().unwrap_or_default();
-    if held.attempt > status.attempt {
-        return None;
-    }
-    if held.attempt < status.attempt {
-        return Some(format!(
-            "the Task is at attempt {}, not {}",
-            status.attempt, held.attempt
-        ));
-    }
-    if task.spec.target_robot.as_deref() != Some(robot) {
-        return Some(format!(
-            "the Task is assigned to {}",
-            task.spec.target_robot.as_deref().unwrap_or("no robot")
-        ));
-    }
-    if status.cancel_requested() && matches!(status.state, Some(TaskState::Dispatching | TaskState::Running))
-    {
-        return Some("the Task was cancelled".into());
-    }
-    match status.state {
-        // Over: the robot lists it until its final status is confirmed.
-        Some(TaskState::Dispatching | TaskState::Running | TaskState::Completed | TaskState::Failed) => None,
-        Some(state) => Some(format!("attempt {} is {} already", held.attempt, state.as_str())),
-        None => Some("the Task has no attempt".into()),
-    }
-}
-
-/// Compares what `robot` holds with what the Tasks want. `lookup` finds a
-/// Task by uid; `assigned` are the Tasks targeting the robot. Only a
-/// complete list fails Tasks, and only for what it can speak for: a running
-/// attempt whose latest status the list postdates (`last_seq`), a dispatch
-/// whose deadline had passed when the list was built (`sent_at`).
-pub fn plan_reconcile<'a>(
-    robot: &str,
-    holding: Holding<'_>,
-    lookup: impl Fn(&str) -> Option<std::sync::Arc<Task>>,
-    assigned: impl IntoIterator<Item = &'a Task>,
-    now: Timestamp,
-) -> ReconcilePlan {
-    let mut plan = ReconcilePlan::default();
-    for attempt in holding.held {
-        match lookup(&attempt.uid) {
-            None => plan.unknown.push(attempt.clone()),
-            Some(task) => {
-                if let Some(why) = unwanted(attempt, robot, &task) {
-                    plan.cancel.push((attempt.clone(), why));
-                }
-            }
-        }
-    }
-    if !holding.complete {
-        return plan;
-    }
-    for task in assigned {
-        let Some(uid) = task.metadata.uid.as_deref() else {
-            continue;
-        };
-        let status = task.status.clone().unwrap_or_default();
-        let here =
-            task.spec.target_robot.as_deref() == Some(robot) && task.metadata.deletion_timestamp.is_none();
-        // Holding this attempt, or a newer one this server has not seen yet.
-        if !here
-            || holding
-                .held
-                .iter()
-                .any(|h| h.uid == uid && h.attempt >= status.attempt)
-        {
-            continue;
-        }
-        let (reason, message) = match status.state {
-            // The list was built after the robot reported this status: it
-            // would hold the attempt if it still had it.
-            Some(TaskState::Running) if holding.last_seq.is_some_and(|s| s >= status.seq) => (
-                TaskReason::NotOnRobot,
-                format!(
-                    "robot {robot} reported in without attempt {} (the agent lost it, e.g. across a restart)",
-                    status.attempt
-                ),
-            ),
-            // The robot refuses a dispatch after its deadline; a list built
-            // well after it without the attempt means it never starts.
-            Some(TaskState::Dispatching)
-                if status
-                    .dispatch_deadline
-                    .and_then(|d| d.checked_add(DISPATCH_GRACE).ok())
-                    .zip(holding.sent_at)
-                    .is_some_and(|(late, sent)| sent >= late) =>
-            {
-                (
-                    TaskReason::DispatchTimeout,
-                    format!(
-                        "robot {robot} did not take attempt {} before its dispatch deadline",
-                        status.attempt
-                    ),
-                )
-            }
-            _ => continue,
-        };
-        plan.lost.push((
-            uid.to_owned(),
-            TaskStatusPatch {
-                state: TaskState::Failed,
-                seq: status.seq,
-                exit_code: None,
-                signal: None,
-                reason: Some(reason),
-                message: Some(message),
-                start_time: None,
-                finish_time: Some(now),
-                output_tail: None,
-                observed_running_time: None,
-                restarts: None,
-            },
-        ));
-    }
-    plan
-}
+pub use dispatch::{decide_task, dispatched_attempt, has_finalizer, sent_attempt, TaskAction};
+pub use reconcile::{plan_reconcile, unwanted, Holding, ReconcilePlan, DISPATCH_GRACE};
 
 /// `namespace/name` of a Task, for logs and errors.
 pub fn task_name(task: &Task) -> String {
@@ -901,124 +739,6 @@ pub fn task_name(task: &Task) -> String {
         task.metadata.namespace.as_deref().unwrap_or_default(),
         task.metadata.name.as_deref().unwrap_or_default()
     )
-}
-
-// ---------------------------------------------------------------- dispatch and cancel
-
-/// The attempt whose dispatch the broker acknowledged, from the annotation.
-pub fn dispatched_attempt(task: &Task) -> u32 {
-    task.metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(ANNOTATION_DISPATCHED_ATTEMPT))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
-/// The highest attempt that may have reached the robot (see
-/// [`k8s4r_api::task::sent_attempt`]): cancels and deletions of an attempt
-/// at or below it wait for the robot.
-pub fn sent_attempt(task: &Task) -> u32 {
-    k8s4r_api::task::sent_attempt(task.metadata.annotations.as_ref())
-}
-
-/// Whether the Task carries the server's finalizer.
-pub fn has_finalizer(task: &Task) -> bool {
-    task.metadata
-        .finalizers
-        .as_ref()
-        .is_some_and(|f| f.iter().any(|f| f == k8s4r_api::names::FINALIZER_CANCEL))
-}
-
-/// What the Kubernetes → MQTT side does about one Task.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TaskAction {
-    /// Nothing to do until the Task changes.
-    Nothing,
-    /// Record the attempt as being sent (and add the finalizer if
-    /// missing) in one write guarded by the Task's resourceVersion, publish
-    /// the dispatch, then record the broker's PUBACK in the annotation. The
-    /// guard orders the send against a person's cancel: see
-    /// [`sent_attempt`].
-    Dispatch {
-        /// The robot.
-        robot: String,
-        /// The attempt.
-        attempt: u32,
-    },
-    /// Publish a cancel and keep the finalizer until the robot reports the
-    /// attempt ended (or goes Offline); look again after a while.
-    CancelAndWait {
-        /// The robot.
-        robot: String,
-        /// The attempt.
-        attempt: u32,
-    },
-    /// A person cancelled the Task (it stays): publish a cancel and look
-    /// again after a while, until the robot reports the attempt ended.
-    Cancel {
-        /// The robot.
-        robot: String,
-        /// The attempt.
-        attempt: u32,
-    },
-    /// Publish a cancel (best effort) and release the finalizer now.
-    CancelAndRelease {
-        /// The robot.
-        robot: String,
-        /// The attempt.
-        attempt: u32,
-    },
-    /// Release the finalizer now.
-    Release,
-}
-
-/// Decides what to do about `task`, given its robot's phase (None: no such
-/// Robot), at `now`.
-pub fn decide_task(task: &Task, robot_phase: Option<RobotPhase>, now: Timestamp) -> TaskAction {
-    let status = task.status.clone().unwrap_or_default();
-    let robot = task.spec.target_robot.clone().filter(|r| !r.is_empty());
-    let attempt = status.attempt;
-    if task.metadata.deletion_timestamp.is_some() {
-        if !has_finalizer(task) {
-            return TaskAction::Nothing;
-        }
-        let Some(robot) = robot else {
-            return TaskAction::Release;
-        };
-        let active = matches!(status.state, Some(TaskState::Dispatching | TaskState::Running));
-        let reachable = matches!(robot_phase, Some(RobotPhase::Online | RobotPhase::Pending));
-        // A dispatch never about to be published is not on the robot: the
-        // Task need not wait for a report that would never come.
-        let sent = sent_attempt(task) >= attempt;
-        return match (active, reachable && sent) {
-            (true, true) => TaskAction::CancelAndWait { robot, attempt },
-            (true, false) => TaskAction::CancelAndRelease { robot, attempt },
-            (false, _) => TaskAction::Release,
-        };
-    }
-    if status.cancel_requested() {
-        let active = matches!(status.state, Some(TaskState::Dispatching | TaskState::Running));
-        // A dispatch never sent is not sent now; one that may have been
-        // sent is stopped.
-        return match robot {
-            Some(robot) if active && attempt >= 1 && sent_attempt(task) >= attempt => {
-                TaskAction::Cancel { robot, attempt }
-            }
-            _ => TaskAction::Nothing,
-        };
-    }
-    // A dispatch past its deadline would be refused by the robot; the
-    // manager gives the attempt up and schedules the next one.
-    let expired = status.dispatch_deadline.is_some_and(|d| d <= now);
-    match (status.state, robot) {
-        (Some(TaskState::Dispatching), Some(robot))
-            if attempt >= 1 && dispatched_attempt(task) < attempt && !expired =>
-        {
-            TaskAction::Dispatch { robot, attempt }
-        }
-        _ => TaskAction::Nothing,
-    }
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@ fn now() -> Timestamp {
     "2026-11-22T10:00:00Z".parse().unwrap()
 }
 use k8s4r_api::protocol::Register;
-use k8s4r_api::{AttemptRecord, RobotSpec, RobotStatus, TaskSpec, TaskStatus};
+use k8s4r_api::{AttemptRecord, RobotSpec, RobotStatus, TaskAttempt, TaskSpec, TaskStatus};
 
 fn t(s: &str) -> Timestamp {
     s.parse().unwrap()

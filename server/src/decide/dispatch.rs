@@ -1,0 +1,123 @@
+//! Kubernetes → MQTT: what the server does about one Task (dispatch it,
+//! cancel it, release its finalizer), from what the Task shows.
+
+use jiff::Timestamp;
+use k8s4r_api::{RobotPhase, Task, TaskState};
+
+use super::ANNOTATION_DISPATCHED_ATTEMPT;
+
+/// The attempt whose dispatch the broker acknowledged, from the annotation.
+pub fn dispatched_attempt(task: &Task) -> u32 {
+    task.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION_DISPATCHED_ATTEMPT))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The highest attempt that may have reached the robot (see
+/// [`k8s4r_api::task::sent_attempt`]): cancels and deletions of an attempt
+/// at or below it wait for the robot.
+pub fn sent_attempt(task: &Task) -> u32 {
+    k8s4r_api::task::sent_attempt(task.metadata.annotations.as_ref())
+}
+
+/// Whether the Task carries the server's finalizer.
+pub fn has_finalizer(task: &Task) -> bool {
+    task.metadata
+        .finalizers
+        .as_ref()
+        .is_some_and(|f| f.iter().any(|f| f == k8s4r_api::names::FINALIZER_CANCEL))
+}
+
+/// What the Kubernetes → MQTT side does about one Task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TaskAction {
+    /// Nothing to do until the Task changes.
+    Nothing,
+    /// Record the attempt as being sent (and add the finalizer if
+    /// missing) in one write guarded by the Task's resourceVersion, publish
+    /// the dispatch, then record the broker's PUBACK in the annotation. The
+    /// guard orders the send against a person's cancel: see
+    /// [`sent_attempt`].
+    Dispatch {
+        /// The robot.
+        robot: String,
+        /// The attempt.
+        attempt: u32,
+    },
+    /// Publish a cancel and keep the finalizer until the robot reports the
+    /// attempt ended (or goes Offline); look again after a while.
+    CancelAndWait {
+        /// The robot.
+        robot: String,
+        /// The attempt.
+        attempt: u32,
+    },
+    /// A person cancelled the Task (it stays): publish a cancel and look
+    /// again after a while, until the robot reports the attempt ended.
+    Cancel {
+        /// The robot.
+        robot: String,
+        /// The attempt.
+        attempt: u32,
+    },
+    /// Publish a cancel (best effort) and release the finalizer now.
+    CancelAndRelease {
+        /// The robot.
+        robot: String,
+        /// The attempt.
+        attempt: u32,
+    },
+    /// Release the finalizer now.
+    Release,
+}
+
+/// Decides what to do about `task`, given its robot's phase (None: no such
+/// Robot), at `now`.
+pub fn decide_task(task: &Task, robot_phase: Option<RobotPhase>, now: Timestamp) -> TaskAction {
+    let status = task.status.clone().unwrap_or_default();
+    let robot = task.spec.target_robot.clone().filter(|r| !r.is_empty());
+    let attempt = status.attempt;
+    if task.metadata.deletion_timestamp.is_some() {
+        if !has_finalizer(task) {
+            return TaskAction::Nothing;
+        }
+        let Some(robot) = robot else {
+            return TaskAction::Release;
+        };
+        let active = matches!(status.state, Some(TaskState::Dispatching | TaskState::Running));
+        let reachable = matches!(robot_phase, Some(RobotPhase::Online | RobotPhase::Pending));
+        // A dispatch never about to be published is not on the robot: the
+        // Task need not wait for a report that would never come.
+        let sent = sent_attempt(task) >= attempt;
+        return match (active, reachable && sent) {
+            (true, true) => TaskAction::CancelAndWait { robot, attempt },
+            (true, false) => TaskAction::CancelAndRelease { robot, attempt },
+            (false, _) => TaskAction::Release,
+        };
+    }
+    if status.cancel_requested() {
+        let active = matches!(status.state, Some(TaskState::Dispatching | TaskState::Running));
+        // A dispatch never sent is not sent now; one that may have been
+        // sent is stopped.
+        return match robot {
+            Some(robot) if active && attempt >= 1 && sent_attempt(task) >= attempt => {
+                TaskAction::Cancel { robot, attempt }
+            }
+            _ => TaskAction::Nothing,
+        };
+    }
+    // A dispatch past its deadline would be refused by the robot; the
+    // manager gives the attempt up and schedules the next one.
+    let expired = status.dispatch_deadline.is_some_and(|d| d <= now);
+    match (status.state, robot) {
+        (Some(TaskState::Dispatching), Some(robot))
+            if attempt >= 1 && dispatched_attempt(task) < attempt && !expired =>
+        {
+            TaskAction::Dispatch { robot, attempt }
+        }
+        _ => TaskAction::Nothing,
+    }
+}
