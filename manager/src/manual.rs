@@ -1,6 +1,7 @@
 //! A person's retry and cancel, asked with annotations
 //! (`robot.k8s4r.io/retry`, `robot.k8s4r.io/cancel`) so that kubectl alone
-//! can drive them. Each value acts once: the object's status records the
+//! can drive them, and a Task's eviction (`robot.k8s4r.io/evict`, which
+//! `k8s4r drain` sets on the tasks of the robot it drains). Each value acts once: the object's status records the
 //! value acted on, and the same value seen again does nothing. A Job passes
 //! its request on to its TaskGroups and a TaskGroup to its Tasks (as
 //! annotations, so that each level records and shows what it did); the
@@ -112,6 +113,16 @@ pub enum TaskManual {
     },
     /// Start a new attempt now, the retry budget counted afresh.
     Retry(ManualAction),
+    /// Record the eviction; the attempt may be on its robot, which the
+    /// server now asks to stop it (a cancel that drains). Its end, however
+    /// the robot words it, sends the task back to pending without a retry
+    /// ([`crate::lifecycle::ended_as`]).
+    Evict(ManualAction),
+    /// Record the eviction; the attempt was never sent to its robot: the
+    /// task is pending again now, as a new attempt, without a retry.
+    EvictNow(ManualAction),
+    /// Record an eviction that has nothing to act on (so that it acts once).
+    NothingToEvict(ManualAction),
 }
 
 /// Decides about `status`'s Task's requests. `finished` says whether the
@@ -189,6 +200,47 @@ pub fn decide_task(
         });
     }
     None
+}
+
+/// Decides about a Task's eviction (`robot.k8s4r.io/evict`), once its
+/// cancel and retry had nothing to do. `dispatched` says whether the
+/// current attempt was sent to its robot, as for [`decide_task`].
+pub fn decide_eviction(
+    status: &TaskStatus,
+    evict: Option<Request>,
+    dispatched: bool,
+    now: Timestamp,
+) -> Option<TaskManual> {
+    let evict = pending(evict, status.eviction.as_ref())?;
+    let state = status.state.unwrap_or(TaskState::Pending);
+    let attempt = status.attempt;
+    let robot = status.robot.as_deref().unwrap_or("?");
+    let by = evict
+        .by
+        .as_deref()
+        .map(|b| format!(" by {b}"))
+        .unwrap_or_default();
+    let nothing = |why: String| {
+        TaskManual::NothingToEvict(evict.nothing(now, attempt, format!("nothing to evict: {why}")))
+    };
+    if status.cancel_requested() {
+        return Some(nothing("the task is being cancelled".into()));
+    }
+    Some(match state {
+        TaskState::Dispatching if !dispatched => TaskManual::EvictNow(evict.acted(
+            now,
+            attempt,
+            format!("evicted{by}: attempt {attempt} was never sent to robot {robot}; the task waits for another robot"),
+        )),
+        TaskState::Dispatching | TaskState::Running => TaskManual::Evict(evict.acted(
+            now,
+            attempt,
+            format!("evicted{by}: stopping attempt {attempt} on robot {robot}; the task then runs elsewhere"),
+        )),
+        TaskState::Pending | TaskState::Failed | TaskState::Completed | TaskState::Cancelled => {
+            nothing(format!("the task is {} (no attempt on a robot)", state.as_str()))
+        }
+    })
 }
 
 /// The annotations a Job or TaskGroup passes on to its children for the
@@ -432,6 +484,65 @@ mod tests {
             panic!("a record");
         };
         assert_eq!(action.attempt, 3, "the retry that acted at attempt 3");
+    }
+
+    #[test]
+    fn an_eviction_stops_what_may_be_on_the_robot_and_moves_what_is_not() {
+        let mut running = status(TaskState::Running, 2);
+        running.robot = Some("r1".into());
+        match decide_eviction(&running, req("d1"), true, now()) {
+            Some(TaskManual::Evict(a)) => {
+                assert_eq!((a.value.as_str(), a.attempt, a.noop), ("d1", 2, false));
+                assert_eq!(
+                    a.message.as_deref(),
+                    Some("evicted by alice: stopping attempt 2 on robot r1; the task then runs elsewhere")
+                );
+                running.eviction = Some(a);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(running.eviction_requested(), "what the server acts on");
+        assert_eq!(decide_eviction(&running, req("d1"), true, now()), None, "acts once");
+
+        let sent = status(TaskState::Dispatching, 1);
+        assert!(matches!(
+            decide_eviction(&sent, req("d1"), true, now()),
+            Some(TaskManual::Evict(_))
+        ));
+        let unsent = status(TaskState::Dispatching, 1);
+        match decide_eviction(&unsent, req("d1"), false, now()) {
+            Some(TaskManual::EvictNow(a)) => assert_eq!((a.attempt, a.noop), (1, false)),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_eviction_with_no_attempt_on_a_robot_is_only_recorded() {
+        for state in [
+            TaskState::Pending,
+            TaskState::Failed,
+            TaskState::Completed,
+            TaskState::Cancelled,
+        ] {
+            let mut s = status(state, 3);
+            match decide_eviction(&s, req("d1"), true, now()) {
+                Some(TaskManual::NothingToEvict(a)) => {
+                    assert!(a.noop, "{state:?}");
+                    let message = a.message.clone().unwrap_or_default();
+                    assert!(message.starts_with("nothing to evict: the task is"), "{message}");
+                    s.eviction = Some(a);
+                }
+                other => panic!("{state:?}: {other:?}"),
+            }
+            assert!(!s.eviction_requested(), "{state:?}: a record of nothing evicts nothing");
+        }
+        let mut cancelling = status(TaskState::Running, 1);
+        cancelling.cancellation = Some(req("c1").unwrap().acted(now(), 1, "stopping"));
+        assert!(matches!(
+            decide_eviction(&cancelling, req("d1"), true, now()),
+            Some(TaskManual::NothingToEvict(_))
+        ));
+        assert_eq!(decide_eviction(&status(TaskState::Running, 1), None, true, now()), None);
     }
 
     #[test]

@@ -84,6 +84,8 @@ pub struct TaskStatusPatch {
     #[serde(skip_serializing_if = "Option::is_none")]
     cancellation: Option<ManualAction>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    eviction: Option<ManualAction>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     conditions: Option<Vec<Condition>>,
 }
 
@@ -569,6 +571,7 @@ pub fn plan_dispatch(
         attempts: None,
         retry: None,
         cancellation: None,
+        eviction: None,
     }
 }
 
@@ -864,6 +867,44 @@ mod tests {
             reason: None,
             ..failed(attempt, robot)
         }
+    }
+
+    #[test]
+    fn an_eviction_of_an_attempt_on_its_robot_is_recorded_for_the_server() {
+        let status = running(2, "r1");
+        let plan = plan_manual(&status, TaskManual::Evict(action("evicted by ann")), now());
+        assert_eq!(
+            plan.patch,
+            TaskStatusPatch {
+                eviction: Some(action("evicted by ann")),
+                ..TaskStatusPatch::default()
+            },
+            "the attempt runs on until its robot reports its end"
+        );
+        assert_eq!(plan.event, Note::normal("Evicted", "evicted by ann"));
+        let plan = plan_manual(&status, TaskManual::NothingToEvict(action("nothing")), now());
+        assert_eq!(plan.patch.eviction, Some(action("nothing")));
+        assert_eq!(plan.patch.state, None);
+        assert_eq!(plan.event.reason, "NothingToEvict");
+    }
+
+    #[test]
+    fn an_eviction_of_an_attempt_never_sent_moves_the_task_at_once() {
+        let status = TaskStatus {
+            state: Some(TaskState::Dispatching),
+            ..running(2, "r1")
+        };
+        let plan = plan_manual(&status, TaskManual::EvictNow(action("evicted")), now());
+        assert_eq!(plan.patch.state, Some(TaskState::Pending));
+        assert_eq!(plan.patch.next_attempt_time, Some(None), "no wait");
+        assert_eq!(plan.patch.eviction, Some(action("evicted")));
+        let attempts = plan.patch.attempts.unwrap();
+        assert_eq!(attempts.len(), 1);
+        assert_eq!(
+            (attempts[0].attempt, attempts[0].reason, attempts[0].robot.as_deref()),
+            (2, Some(TaskReason::Drained), Some("r1"))
+        );
+        assert_eq!(plan.event.reason, "Evicted");
     }
 
     /// The whole of an eviction as the manager sees it: recorded, the

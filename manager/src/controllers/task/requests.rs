@@ -1,21 +1,21 @@
-//! A person's requests on a Task: what a retry or cancel annotation asks
-//! now, the plan that carries it out, and a retry refused because a
+//! A person's requests on a Task: what a retry, cancel or evict annotation
+//! asks now, the plan that carries it out, and a retry refused because a
 //! `Forbid` PeriodicJob's other run is active.
 
 use jiff::Timestamp;
-use k8s4r_api::names::{ANNOTATION_CANCEL, ANNOTATION_RETRY, LABEL_JOB};
+use k8s4r_api::names::{ANNOTATION_CANCEL, ANNOTATION_EVICT, ANNOTATION_RETRY, LABEL_JOB};
 use k8s4r_api::{AttemptRecord, ManualAction, Task, TaskReason, TaskState, TaskStatus};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 
-use super::{names, Context, Note, TaskStatusPatch};
+use super::{names, plan_pending_again, Context, Note, TaskStatusPatch};
 use crate::error::Result;
 use crate::lifecycle::retry_delay;
 use crate::manual::{self, retry_base, TaskManual};
 
-/// What a person's retry or cancel annotation asks of the Task now, if
-/// anything.
+/// What a person's retry, cancel or evict annotation asks of the Task now,
+/// if anything.
 pub(super) fn manual_request(task: &Task, ctx: &Context, now: Timestamp) -> Option<TaskManual> {
     let default = TaskStatus::default();
     let status = task.status.as_ref().unwrap_or(&default);
@@ -37,6 +37,10 @@ pub(super) fn manual_request(task: &Task, ctx: &Context, now: Timestamp) -> Opti
         dispatched,
         now,
     )
+    .or_else(|| {
+        let evict = manual::request(&task.metadata, ANNOTATION_EVICT);
+        manual::decide_eviction(status, evict, dispatched, now)
+    })
 }
 
 /// The active run that forbids a retry of `task` now: its Job is a run of
@@ -173,6 +177,41 @@ pub fn plan_manual(status: &TaskStatus, manual: TaskManual, now: Timestamp) -> M
             }
         }
         TaskManual::Retry(action) => plan_manual_retry(status, action, now),
+        TaskManual::Evict(action) => plan_recorded_eviction(action, "Evicted"),
+        TaskManual::EvictNow(action) => plan_eviction_now(status, action, now),
+        TaskManual::NothingToEvict(action) => plan_recorded_eviction(action, "NothingToEvict"),
+    }
+}
+
+/// An eviction recorded in `status.eviction` and said in an Event named
+/// `reason`: for an attempt that may be on its robot, the server now asks
+/// the robot to stop it (a cancel that drains); otherwise it records that
+/// there was nothing to evict.
+fn plan_recorded_eviction(action: ManualAction, reason: &'static str) -> ManualPlan {
+    let message = action.message.clone().unwrap_or_default();
+    ManualPlan {
+        patch: TaskStatusPatch {
+            eviction: Some(action),
+            ..TaskStatusPatch::default()
+        },
+        event: Note::normal(reason, message),
+    }
+}
+
+/// An eviction of an attempt never sent to its robot: the task is pending
+/// again at once, the attempt kept as `Drained` (no retry used).
+fn plan_eviction_now(status: &TaskStatus, action: ManualAction, now: Timestamp) -> ManualPlan {
+    let message = action.message.clone().unwrap_or_default();
+    let patch = TaskStatusPatch {
+        reason: Some(Some(TaskReason::Drained)),
+        message: Some(Some(message.clone())),
+        eviction: Some(action),
+        next_attempt_time: Some(None),
+        ..plan_pending_again(status, Some(TaskReason::Drained), now, now)
+    };
+    ManualPlan {
+        patch,
+        event: Note::normal("Evicted", message),
     }
 }
 
