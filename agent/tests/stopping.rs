@@ -15,8 +15,8 @@ use k8s4r_api::{
     FactOperator, FactRequirement, Facts, PreStop, StopSignal, TaskReason, TaskTemplate, WhileRunning,
 };
 
-mod support;
-use support::*;
+mod supervising;
+use supervising::*;
 
 /// A launcher like `ros2 launch`: it ignores SIGTERM, starts two nodes
 /// (which ignore it too), and on SIGINT passes it on to them and waits for

@@ -13,8 +13,8 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc::UnboundedReceiver;
 
-mod support;
-use support::*;
+mod supervising;
+use supervising::*;
 
 // ------------------------------------------------------------------- exits
 
