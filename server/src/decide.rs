@@ -729,7 +729,7 @@ fn replaced_attempt(
 mod dispatch;
 mod reconcile;
 
-pub use dispatch::{decide_task, dispatched_attempt, has_finalizer, sent_attempt, TaskAction};
+pub use dispatch::{decide_task, dispatched_attempt, has_finalizer, sent_attempt, Stop, TaskAction};
 pub use reconcile::{plan_reconcile, unwanted, Holding, ReconcilePlan, DISPATCH_GRACE};
 
 /// `namespace/name` of a Task, for logs and errors.

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s4r_api::backoff::exponential;
 use k8s4r_api::names::{ANNOTATION_SENDING_ATTEMPT, FINALIZER_CANCEL};
-use k8s4r_api::protocol::{encode, Cancel, Dispatch};
+use k8s4r_api::protocol::{encode, Dispatch};
 use k8s4r_api::{DisconnectPolicy, DurationString, Robot, Task};
 use k8s4r_service::backoff::Failures;
 use k8s4r_service::lock;
@@ -40,7 +40,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, instrument, warn};
 
 use crate::bridge::Bridge;
-use crate::decide::{self, decide_task, TaskAction, ANNOTATION_DISPATCHED_ATTEMPT};
+use crate::decide::{self, decide_task, Stop, TaskAction, ANNOTATION_DISPATCHED_ATTEMPT};
 use crate::error::{Error, Result};
 use crate::leader::Leadership;
 
@@ -228,6 +228,15 @@ async fn reconcile(task: Arc<Task>, ctx: Arc<Context>) -> Result<Action> {
             record(&ctx, &task, "CancelSent", "Cancel", note).await;
             Ok(Action::requeue(CANCEL_RETRY))
         }
+        TaskAction::Evict { robot, attempt } => {
+            let stop = Stop::eviction(task.status.as_ref().unwrap_or(&Default::default()));
+            publish_stop(bridge, &task, &robot, attempt, &stop).await?;
+            let note = format!(
+                "robot {robot} is drained: asked it to stop attempt {attempt}, which then runs elsewhere; waiting for its report"
+            );
+            record(&ctx, &task, "EvictionSent", "Evict", note).await;
+            Ok(Action::requeue(CANCEL_RETRY))
+        }
         TaskAction::CancelAndRelease { robot, attempt } => {
             if let Err(error) = cancel(bridge, &task, &robot, attempt).await {
                 warn!(%error, "cancel not delivered; releasing the task anyway (robot offline or never dispatched)");
@@ -361,16 +370,15 @@ async fn record(ctx: &Context, task: &Task, reason: &str, action: &str, note: St
     }
 }
 
+/// Publishes the cancel of a deleted or cancelled Task's attempt.
 async fn cancel(bridge: &Bridge, task: &Task, robot: &str, attempt: u32) -> Result<()> {
-    let why = match task.status.as_ref().and_then(|s| s.cancellation.as_ref()) {
-        _ if task.metadata.deletion_timestamp.is_some() => "Task deleted".to_owned(),
-        Some(c) => match &c.by {
-            Some(by) => format!("cancelled by {by}"),
-            None => "cancelled".to_owned(),
-        },
-        None => "Task deleted".to_owned(),
-    };
-    let message = Cancel::new(task.metadata.uid.clone().unwrap_or_default(), attempt, why);
+    publish_stop(bridge, task, robot, attempt, &Stop::of_task(task)).await
+}
+
+/// Publishes a cancel of `attempt` saying `stop`, and waits for the
+/// broker's PUBACK.
+async fn publish_stop(bridge: &Bridge, task: &Task, robot: &str, attempt: u32, stop: &Stop) -> Result<()> {
+    let message = stop.message(task.metadata.uid.clone().unwrap_or_default(), attempt);
     match bridge
         .publisher()
         .publish(bridge.topics().cancel(robot), encode(&message))
@@ -378,7 +386,7 @@ async fn cancel(bridge: &Bridge, task: &Task, robot: &str, attempt: u32) -> Resu
     {
         Ok(()) => {
             bridge.metrics().message_out("cancel", "acked");
-            info!(robot, attempt, "cancel published");
+            info!(robot, attempt, drain = stop.drain, "cancel published");
             Ok(())
         }
         Err(e) => {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
-use k8s4r_api::protocol::{encode, Cancel, HeldList, StatusUpdate};
+use k8s4r_api::protocol::{encode, HeldList, StatusUpdate};
 use k8s4r_api::validation::{validate_dns_label, validate_robot_id};
 use k8s4r_api::{Task, TaskAttempt};
 use k8s4r_service::lock;
@@ -15,7 +15,7 @@ use kube::Api;
 use tracing::{info, instrument, warn};
 
 use super::{not_approved, Bridge, Outcome, CONFLICT_TRIES};
-use crate::decide::{self, StatusDecision};
+use crate::decide::{self, StatusDecision, Stop};
 use crate::error::{Error, Result};
 use crate::held::{HeldMemory, Permit};
 
@@ -206,7 +206,10 @@ impl Bridge {
                         self.cancel_held(robot, attempt, &why, held);
                     }
                 }
-                Lookup::Gone => self.cancel_held(robot, attempt, "the Task no longer exists", held),
+                Lookup::Gone => {
+                    let gone = Stop::cancel("the Task no longer exists");
+                    self.cancel_held(robot, attempt, &gone, held);
+                }
                 Lookup::Deferred(_, outcome) => self.metrics.message_out("cancel", outcome),
             }
         }
@@ -245,18 +248,19 @@ impl Bridge {
         Ok(())
     }
 
-    /// Cancels an attempt the robot lists and should not hold: on the bulk
-    /// queue, at most once per uid per interval and within the robot's
-    /// budget (the robot's next report calls for it again).
-    fn cancel_held(&self, robot: &str, attempt: &TaskAttempt, why: &str, held: &mut HeldMemory) {
+    /// Cancels an attempt the robot lists and should not hold (or drains
+    /// it, for `k8s4r drain`): on the bulk queue, at most once per uid per
+    /// interval and within the robot's budget (the robot's next report
+    /// calls for it again).
+    fn cancel_held(&self, robot: &str, attempt: &TaskAttempt, stop: &Stop, held: &mut HeldMemory) {
         let permit = held.may_cancel(&attempt.uid, tokio::time::Instant::now());
         if permit != Permit::Granted {
             self.metrics.message_out("cancel", permit.outcome());
             return;
         }
-        let body = encode(&Cancel::new(&attempt.uid, attempt.attempt, why));
+        let body = encode(&stop.message(&attempt.uid, attempt.attempt));
         let sent = self.publisher.send_bulk(self.topics.cancel(robot), body);
-        info!(task_uid = %attempt.uid, attempt = attempt.attempt, reason = %why, sent, "cancelling an attempt no Task wants");
+        info!(task_uid = %attempt.uid, attempt = attempt.attempt, reason = %stop.reason, drain = stop.drain, sent, "cancelling an attempt no Task wants");
         self.metrics
             .message_out("cancel", if sent { "queued" } else { "failed" });
     }

@@ -1,8 +1,10 @@
 //! Kubernetes → MQTT: what the server does about one Task (dispatch it,
-//! cancel it, release its finalizer), from what the Task shows.
+//! cancel it, evict it from a robot being drained, release its
+//! finalizer), from what the Task shows, and what a cancel says.
 
 use jiff::Timestamp;
-use k8s4r_api::{RobotPhase, Task, TaskState};
+use k8s4r_api::protocol::Cancel;
+use k8s4r_api::{RobotPhase, Task, TaskState, TaskStatus};
 
 use super::ANNOTATION_DISPATCHED_ATTEMPT;
 
@@ -63,6 +65,15 @@ pub enum TaskAction {
         /// The attempt.
         attempt: u32,
     },
+    /// The attempt is evicted (`k8s4r drain`): publish a cancel that
+    /// drains, and look again after a while, until the robot reports the
+    /// attempt ended.
+    Evict {
+        /// The robot.
+        robot: String,
+        /// The attempt.
+        attempt: u32,
+    },
     /// Publish a cancel (best effort) and release the finalizer now.
     CancelAndRelease {
         /// The robot.
@@ -98,14 +109,17 @@ pub fn decide_task(task: &Task, robot_phase: Option<RobotPhase>, now: Timestamp)
             (false, _) => TaskAction::Release,
         };
     }
-    if status.cancel_requested() {
+    // A cancel wins over an eviction: the task is not to run anywhere.
+    let cancel = status.cancel_requested();
+    if cancel || status.eviction_requested() {
         let active = matches!(status.state, Some(TaskState::Dispatching | TaskState::Running));
         // A dispatch never sent is not sent now; one that may have been
         // sent is stopped.
         return match robot {
-            Some(robot) if active && attempt >= 1 && sent_attempt(task) >= attempt => {
-                TaskAction::Cancel { robot, attempt }
-            }
+            Some(robot) if active && attempt >= 1 && sent_attempt(task) >= attempt => match cancel {
+                true => TaskAction::Cancel { robot, attempt },
+                false => TaskAction::Evict { robot, attempt },
+            },
             _ => TaskAction::Nothing,
         };
     }
@@ -119,5 +133,57 @@ pub fn decide_task(task: &Task, robot_phase: Option<RobotPhase>, now: Timestamp)
             TaskAction::Dispatch { robot, attempt }
         }
         _ => TaskAction::Nothing,
+    }
+}
+
+/// What a cancel tells a robot: why, and whether the robot is being
+/// drained (the attempt then ends `Drained` and the task waits for another
+/// robot, without using a retry).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stop {
+    /// For the task's status message.
+    pub reason: String,
+    /// The robot is being drained.
+    pub drain: bool,
+}
+
+impl Stop {
+    /// A plain cancel, saying `reason`.
+    pub fn cancel(reason: impl Into<String>) -> Self {
+        Self {
+            reason: reason.into(),
+            drain: false,
+        }
+    }
+
+    /// The cancel of a deleted or cancelled Task: who cancelled it, when
+    /// the status says.
+    pub fn of_task(task: &Task) -> Self {
+        let cancellation = task.status.as_ref().and_then(|s| s.cancellation.as_ref());
+        Self::cancel(match cancellation {
+            _ if task.metadata.deletion_timestamp.is_some() => "Task deleted".to_owned(),
+            Some(c) => match &c.by {
+                Some(by) => format!("cancelled by {by}"),
+                None => "cancelled".to_owned(),
+            },
+            None => "Task deleted".to_owned(),
+        })
+    }
+
+    /// The cancel of an attempt being evicted (`k8s4r drain`).
+    pub fn eviction(status: &TaskStatus) -> Self {
+        let reason = match status.eviction.as_ref().and_then(|e| e.by.as_deref()) {
+            Some(by) => format!("robot drained (k8s4r drain by {by})"),
+            None => "robot drained (k8s4r drain)".to_owned(),
+        };
+        Self { reason, drain: true }
+    }
+
+    /// The message that stops `attempt` of the Task `uid`.
+    pub fn message(&self, uid: impl Into<String>, attempt: u32) -> Cancel {
+        Cancel {
+            drain: self.drain,
+            ..Cancel::new(uid, attempt, self.reason.clone())
+        }
     }
 }

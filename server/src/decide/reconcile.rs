@@ -5,7 +5,7 @@
 use jiff::Timestamp;
 use k8s4r_api::{Task, TaskAttempt, TaskReason, TaskState};
 
-use super::TaskStatusPatch;
+use super::{Stop, TaskStatusPatch};
 
 /// How long after a dispatch's deadline a robot's list without the attempt
 /// proves the attempt will never start (the list left the robot after the
@@ -30,7 +30,7 @@ pub struct Holding<'a> {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ReconcilePlan {
     /// Attempts the robot holds that no Task wants any more: cancel them.
-    pub cancel: Vec<(TaskAttempt, String)>,
+    pub cancel: Vec<(TaskAttempt, Stop)>,
     /// Attempts of Tasks this server's cache does not know: gone, or not
     /// in its cache yet (a lagging replica, a watch out of sync). Nothing
     /// may be concluded from the cache: the bridge reads each Task from
@@ -50,37 +50,45 @@ impl ReconcilePlan {
     }
 }
 
-/// Why the robot should not hold `held`, if it should not. An attempt newer
-/// than the Task shows is left alone: this server's cache is behind.
-pub fn unwanted(held: &TaskAttempt, robot: &str, task: &Task) -> Option<String> {
+/// Why the robot should not hold `held`, if it should not, as the cancel
+/// will say it. An attempt newer than the Task shows is left alone: this
+/// server's cache is behind.
+pub fn unwanted(held: &TaskAttempt, robot: &str, task: &Task) -> Option<Stop> {
     if task.metadata.deletion_timestamp.is_some() {
-        return Some("the Task is being deleted".into());
+        return Some(Stop::cancel("the Task is being deleted"));
     }
     let status = task.status.clone().unwrap_or_default();
     if held.attempt > status.attempt {
         return None;
     }
     if held.attempt < status.attempt {
-        return Some(format!(
+        return Some(Stop::cancel(format!(
             "the Task is at attempt {}, not {}",
             status.attempt, held.attempt
-        ));
+        )));
     }
     if task.spec.target_robot.as_deref() != Some(robot) {
-        return Some(format!(
+        return Some(Stop::cancel(format!(
             "the Task is assigned to {}",
             task.spec.target_robot.as_deref().unwrap_or("no robot")
-        ));
+        )));
     }
-    if status.cancel_requested() && matches!(status.state, Some(TaskState::Dispatching | TaskState::Running))
-    {
-        return Some("the Task was cancelled".into());
+    let active = matches!(status.state, Some(TaskState::Dispatching | TaskState::Running));
+    if status.cancel_requested() && active {
+        return Some(Stop::cancel("the Task was cancelled"));
+    }
+    if status.eviction_requested() && active {
+        return Some(Stop::eviction(&status));
     }
     match status.state {
         // Over: the robot lists it until its final status is confirmed.
         Some(TaskState::Dispatching | TaskState::Running | TaskState::Completed | TaskState::Failed) => None,
-        Some(state) => Some(format!("attempt {} is {} already", held.attempt, state.as_str())),
-        None => Some("the Task has no attempt".into()),
+        Some(state) => Some(Stop::cancel(format!(
+            "attempt {} is {} already",
+            held.attempt,
+            state.as_str()
+        ))),
+        None => Some(Stop::cancel("the Task has no attempt")),
     }
 }
 

@@ -852,3 +852,5 @@ fn reconcile_cancels_what_no_task_wants_and_fails_what_the_robot_lost() {
     let plan = plan_reconcile("rb1", partial, lookup, assigned, now());
     assert!(plan.lost.is_empty() && plan.cancel.len() == 2);
 }
+
+mod eviction;
