@@ -599,7 +599,11 @@ mod tests {
         let waits: Vec<u64> = [0, 3, 4, 5, 6, 100].iter().map(|n| after(*n, &mut s)).collect();
         assert_eq!(waits, [1, 1, 2, 4, 8, 60]);
         s.attempts.push(record(101, TaskReason::Error));
-        assert_eq!(retry_delay(&s, None, &cfg()), Some(NOT_READY_DELAY), "only ends in a row");
+        assert_eq!(
+            retry_delay(&s, None, &cfg()),
+            Some(NOT_READY_DELAY),
+            "only ends in a row"
+        );
     }
 
     #[test]
@@ -616,7 +620,12 @@ mod tests {
             matches!(next_step(&spec(), Some(&s), up(0), t(1), &cfg()), Step::Wait(_)),
             "it runs until its robot reports its end"
         );
-        for said in [TaskReason::Drained, TaskReason::Cancelled, TaskReason::Error, TaskReason::RobotLost] {
+        for said in [
+            TaskReason::Drained,
+            TaskReason::Cancelled,
+            TaskReason::Error,
+            TaskReason::RobotLost,
+        ] {
             s.state = Some(TaskState::Failed);
             s.reason = Some(said);
             assert_eq!(
@@ -630,7 +639,11 @@ mod tests {
             assert_eq!(retry_delay(&s, Some(&p), &cfg()), Some(Duration::ZERO));
         }
         s.state = Some(TaskState::Completed);
-        assert_eq!(next_step(&spec(), Some(&s), up(0), t(1), &cfg()), Step::Done, "it finished first");
+        assert_eq!(
+            next_step(&spec(), Some(&s), up(0), t(1), &cfg()),
+            Step::Done,
+            "it finished first"
+        );
         // An eviction of an earlier attempt says nothing about this one.
         s.attempt = 2;
         s.state = Some(TaskState::Failed);
@@ -646,12 +659,20 @@ mod tests {
     fn a_lost_condition_is_not_the_tasks_fault() {
         let mut s = status(TaskState::Failed);
         s.reason = Some(TaskReason::ConditionLost);
-        assert_eq!(retry_delay(&s, None, &cfg()), Some(Duration::ZERO), "no policy needed");
+        assert_eq!(
+            retry_delay(&s, None, &cfg()),
+            Some(Duration::ZERO),
+            "no policy needed"
+        );
         s.attempts = vec![
             record(1, TaskReason::ConditionLost),
             record(2, TaskReason::RobotLost),
         ];
-        assert_eq!(retry_delay(&s, None, &cfg()), None, "the lost budget (2) is used up");
+        assert_eq!(
+            retry_delay(&s, None, &cfg()),
+            None,
+            "the lost budget (2) is used up"
+        );
         s.reason = Some(TaskReason::Error);
         let p = policy(1, "3s", "1m");
         assert_eq!(retry_delay(&s, Some(&p), &cfg()), Some(Duration::from_secs(3)));

@@ -502,7 +502,11 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(running.eviction_requested(), "what the server acts on");
-        assert_eq!(decide_eviction(&running, req("d1"), true, now()), None, "acts once");
+        assert_eq!(
+            decide_eviction(&running, req("d1"), true, now()),
+            None,
+            "acts once"
+        );
 
         let sent = status(TaskState::Dispatching, 1);
         assert!(matches!(
@@ -534,7 +538,10 @@ mod tests {
                 }
                 other => panic!("{state:?}: {other:?}"),
             }
-            assert!(!s.eviction_requested(), "{state:?}: a record of nothing evicts nothing");
+            assert!(
+                !s.eviction_requested(),
+                "{state:?}: a record of nothing evicts nothing"
+            );
         }
         let mut cancelling = status(TaskState::Running, 1);
         cancelling.cancellation = Some(req("c1").unwrap().acted(now(), 1, "stopping"));
@@ -542,7 +549,10 @@ mod tests {
             decide_eviction(&cancelling, req("d1"), true, now()),
             Some(TaskManual::NothingToEvict(_))
         ));
-        assert_eq!(decide_eviction(&status(TaskState::Running, 1), None, true, now()), None);
+        assert_eq!(
+            decide_eviction(&status(TaskState::Running, 1), None, true, now()),
+            None
+        );
     }
 
     #[test]

@@ -816,7 +816,8 @@ pub(crate) mod tests {
 
     impl RobotFacts {
         pub(crate) fn with_fact(mut self, name: &str, value: serde_json::Value) -> Self {
-            self.facts.insert(name.into(), serde_json::from_value(value).unwrap());
+            self.facts
+                .insert(name.into(), serde_json::from_value(value).unwrap());
             self
         }
     }
@@ -832,9 +833,17 @@ pub(crate) mod tests {
         assert_eq!(check(&charged, &req, None), Ok(()));
         let low = robot("a").with_fact("battery", serde_json::json!(8));
         assert_eq!(check(&low, &req, None), Err(Rejection::Unmet(0)));
-        assert_eq!(check(&robot("a"), &req, None), Err(Rejection::Unmet(0)), "no battery fact");
+        assert_eq!(
+            check(&robot("a"), &req, None),
+            Err(Rejection::Unmet(0)),
+            "no battery fact"
+        );
         let stopped = charged.clone().with_fact("estop", serde_json::json!(true));
-        assert_eq!(check(&stopped, &req, None), Err(Rejection::Unmet(1)), "the first unmet");
+        assert_eq!(
+            check(&stopped, &req, None),
+            Err(Rejection::Unmet(1)),
+            "the first unmet"
+        );
         assert!(may_take_later(check(&low, &req, None)), "facts change");
         let cordoned = RobotFacts {
             unschedulable: true,
@@ -860,7 +869,10 @@ pub(crate) mod tests {
             robot("c").with_fact("battery", serde_json::json!("12")),
         ];
         let err = choose(&robots, &req, |_| None).unwrap_err();
-        assert_eq!(err.to_string(), "0/3 robots: 1 offline, 2 don't meet battery Gt 30");
+        assert_eq!(
+            err.to_string(),
+            "0/3 robots: 1 offline, 2 don't meet battery Gt 30"
+        );
         let robots = [
             robot("b").with_fact("battery", serde_json::json!(10)),
             robot("c").with_fact("battery", serde_json::json!(90)),

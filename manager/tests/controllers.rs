@@ -7,9 +7,10 @@ use std::time::Duration;
 
 use common::*;
 use k8s4r_api::condition::find_condition;
-use k8s4r_api::names::LABEL_JOB;
+use k8s4r_api::names::{ANNOTATION_EVICT, LABEL_JOB};
 use k8s4r_api::{
-    ConditionStatus, Job, LabelSelector, Robot, RobotPhase, Task, TaskGroup, TaskReason, TaskState, WorkState,
+    ConditionStatus, FactOperator, FactRequirement, Job, LabelSelector, Robot, RobotPhase, Task, TaskGroup,
+    TaskReason, TaskState, WorkState,
 };
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
@@ -193,6 +194,108 @@ async fn failed_attempts_are_retried_with_backoff_then_fail_for_good() {
     let t = task(c, name).await.unwrap();
     assert_eq!(state_of(&t), Some(TaskState::Failed), "no retries left");
     assert_eq!(t.status.unwrap().attempt, 2);
+    manager.stop().await;
+}
+
+/// A task with a start condition waits while no robot's facts meet it,
+/// says which rule, and is placed as soon as a robot's facts change.
+#[tokio::test]
+async fn a_task_waits_for_a_robots_facts_and_starts_when_they_change() {
+    let (env, manager) = start(config()).await;
+    let c = &env.client;
+    robot("low").create(c).await;
+    set_facts(c, "low", serde_json::json!({ "battery": 10 })).await;
+    robot("gone").phase(Some(RobotPhase::Offline)).create(c).await;
+    let mut g = group("g", 1);
+    g.task.when = vec![FactRequirement {
+        key: "battery".into(),
+        operator: FactOperator::Gt,
+        values: vec!["30".into()],
+        ..FactRequirement::default()
+    }];
+    create_job(c, "facts", None, vec![g]).await;
+    let name = "facts-g-0";
+    let t = task_where(c, name, "waiting", |t| {
+        t.status
+            .as_ref()
+            .and_then(|s| find_condition(&s.conditions, "Scheduled"))
+            .is_some()
+    })
+    .await;
+    let cond = find_condition(&t.status.as_ref().unwrap().conditions, "Scheduled").unwrap();
+    assert_eq!(
+        cond.message.as_deref(),
+        Some("0/2 robots: 1 offline, 1 don't meet battery Gt 30")
+    );
+
+    let changed = std::time::Instant::now();
+    set_facts(c, "low", serde_json::json!({ "battery": 80 })).await;
+    let t = task_where(c, name, "placed", |t| dispatching_on(t).is_some()).await;
+    let took = changed.elapsed();
+    assert_eq!(dispatching_on(&t), Some("low"));
+    assert!(
+        took < Duration::from_secs(2),
+        "placed {took:?} after the facts changed"
+    );
+
+    // The robot's fresher view refuses it: it waits again, no retry used.
+    report(c, name, TaskState::Failed, Some(TaskReason::NotReady), None).await;
+    set_facts(c, "low", serde_json::json!({ "battery": 5 })).await;
+    let t = task_where(c, name, "pending again", |t| {
+        t.status
+            .as_ref()
+            .is_some_and(|s| s.attempts.len() == 1 && s.state == Some(TaskState::Pending))
+    })
+    .await;
+    assert_eq!(t.status.unwrap().attempts[0].reason, Some(TaskReason::NotReady));
+    set_facts(c, "low", serde_json::json!({ "battery": 90 })).await;
+    let t = task_where(c, name, "attempt 2", |t| {
+        dispatching_on(t).is_some() && t.status.as_ref().unwrap().attempt == 2
+    })
+    .await;
+    assert_eq!(dispatching_on(&t), Some("low"));
+    manager.stop().await;
+}
+
+/// `k8s4r drain`'s eviction: recorded for the server, the attempt runs on
+/// until its robot reports its end (here as an older agent does,
+/// Cancelled), then the task runs elsewhere, never cancelled, no retry used.
+#[tokio::test]
+async fn an_evicted_task_runs_elsewhere_once_its_robot_stopped_it() {
+    let (env, manager) = start(config()).await;
+    let c = &env.client;
+    robot("a").create(c).await;
+    create_job(c, "drain", None, vec![group("g", 1)]).await;
+    let name = "drain-g-0";
+    task_where(c, name, "dispatched", |t| dispatching_on(t).is_some()).await;
+    report(c, name, TaskState::Running, None, None).await;
+    robot("b").create(c).await;
+
+    annotate_task(c, name, ANNOTATION_EVICT, "drain-1").await;
+    let t = task_where(c, name, "eviction recorded", |t| {
+        t.status.as_ref().is_some_and(|s| s.eviction.is_some())
+    })
+    .await;
+    let status = t.status.unwrap();
+    assert!(status.eviction_requested(), "what the server acts on");
+    assert_eq!(status.eviction.as_ref().unwrap().attempt, 1);
+    assert_eq!(status.state, Some(TaskState::Running), "nothing replaces it yet");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t = task(c, name).await.unwrap();
+    assert_eq!(
+        (state_of(&t), t.status.unwrap().attempt),
+        (Some(TaskState::Running), 1)
+    );
+
+    report(c, name, TaskState::Failed, Some(TaskReason::Cancelled), Some(143)).await;
+    let t = task_where(c, name, "attempt 2 elsewhere", |t| {
+        dispatching_on(t).is_some() && t.status.as_ref().unwrap().attempt == 2
+    })
+    .await;
+    assert_eq!(dispatching_on(&t), Some("b"), "the drained robot is avoided");
+    let status = t.status.unwrap();
+    assert_eq!(status.attempts[0].reason, Some(TaskReason::Drained));
+    assert!(!status.cancel_requested());
     manager.stop().await;
 }
 

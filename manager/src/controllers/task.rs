@@ -901,7 +901,11 @@ mod tests {
         let attempts = plan.patch.attempts.unwrap();
         assert_eq!(attempts.len(), 1);
         assert_eq!(
-            (attempts[0].attempt, attempts[0].reason, attempts[0].robot.as_deref()),
+            (
+                attempts[0].attempt,
+                attempts[0].reason,
+                attempts[0].robot.as_deref()
+            ),
             (2, Some(TaskReason::Drained), Some("r1"))
         );
         assert_eq!(plan.event.reason, "Evicted");

@@ -245,6 +245,24 @@ pub async fn disconnect(client: &Client, name: &str) {
     .expect("disconnect");
 }
 
+/// What the server does when a robot's facts change: writes them.
+pub async fn set_facts(client: &Client, name: &str, facts: serde_json::Value) {
+    let api: Api<Robot> = Api::all(client.clone());
+    let patch = json!({ "status": { "facts": facts } });
+    api.patch_status(name, &server_params(), &Patch::Merge(&patch))
+        .await
+        .expect("facts recorded");
+}
+
+/// Sets annotation `key` of task `name` to `value`, as kubectl or k8s4r do.
+pub async fn annotate_task(client: &Client, name: &str, key: &str, value: &str) {
+    let api: Api<Task> = Api::namespaced(client.clone(), NS);
+    let patch = json!({ "metadata": { "annotations": { key: value } } });
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("task annotated");
+}
+
 pub fn template() -> TaskTemplate {
     TaskTemplate {
         driver: "exec".into(),
