@@ -246,6 +246,46 @@ impl fmt::Display for NoFit {
     }
 }
 
+/// How a robot's change can matter to tasks waiting for a robot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RobotChange {
+    /// Nothing the scheduler reads changed.
+    None,
+    /// Only its facts changed: only a task whose start conditions they
+    /// meet now and did not before ([`newly_met`]) may fit where it did
+    /// not. (Facts such as a battery level change often; waking every
+    /// waiting task on each change would cost a reconcile per task.)
+    Facts,
+    /// Anything else: any waiting task may fit now.
+    Other,
+}
+
+/// How `new` differs from `old` (`None`: a robot not seen before).
+pub fn robot_change(old: Option<&RobotFacts>, new: &RobotFacts) -> RobotChange {
+    let Some(old) = old else {
+        return RobotChange::Other;
+    };
+    if old == new {
+        return RobotChange::None;
+    }
+    let with_old_facts = RobotFacts {
+        facts: old.facts.clone(),
+        ..new.clone()
+    };
+    if with_old_facts == *old {
+        RobotChange::Facts
+    } else {
+        RobotChange::Other
+    }
+}
+
+/// Whether facts that changed from `old` to `new` meet every one of
+/// `when` now and did not before: a task waiting with those conditions may
+/// fit on the robot now.
+pub fn newly_met(when: &[FactRequirement], old: &Facts, new: &Facts) -> bool {
+    !when.is_empty() && when.iter().all(|c| c.admits(new)) && !when.iter().all(|c| c.admits(old))
+}
+
 /// Whether a robot that [`check`] answered so may take the task later: it
 /// passed, or was refused only for now (offline, not accepting tasks, its
 /// facts not meeting a start condition, busy, full, or the group's task
@@ -887,6 +927,30 @@ pub(crate) mod tests {
             .with_fact("docked", serde_json::json!(true));
         let robots = [robots[0].clone(), robots[1].clone(), docked];
         assert_eq!(choose(&robots, &req, |_| None).unwrap().name, "d");
+    }
+
+    #[test]
+    fn a_change_of_facts_alone_wakes_only_tasks_it_lets_in() {
+        let low = robot("a").with_fact("battery", serde_json::json!(10));
+        let high = robot("a").with_fact("battery", serde_json::json!(80));
+        assert_eq!(robot_change(Some(&low), &low.clone()), RobotChange::None);
+        assert_eq!(robot_change(Some(&low), &high), RobotChange::Facts);
+        assert_eq!(robot_change(None, &high), RobotChange::Other, "a new robot");
+        let cordoned = RobotFacts {
+            unschedulable: true,
+            ..high.clone()
+        };
+        assert_eq!(robot_change(Some(&low), &cordoned), RobotChange::Other);
+
+        let when = [condition("battery Gt 30")];
+        let lower = robot("a").with_fact("battery", serde_json::json!(70));
+        assert!(newly_met(&when, &low.facts, &high.facts));
+        assert!(!newly_met(&when, &high.facts, &lower.facts), "met before too");
+        assert!(!newly_met(&when, &high.facts, &low.facts), "no longer met");
+        assert!(
+            !newly_met(&[], &low.facts, &high.facts),
+            "facts do not matter to it"
+        );
     }
 
     #[test]

@@ -1,12 +1,12 @@
 //! The informers: one watch per kind fills one shared cache, and the
 //! handlers here see every change before the controllers do. They keep the
-//! scheduler's state (robot facts, the allocation ledger) current, carry
+//! scheduler's state (what it knows of robots, the allocation ledger) current, carry
 //! deletions (a deleted Task must free its robot and make its group
 //! re-count), and trigger the controllers that should look: the object
 //! itself and its owner.
 
 use futures::StreamExt;
-use k8s4r_api::{GroupMode, Job, PeriodicJob, Robot, RobotPhase, Task, TaskGroup, TaskState};
+use k8s4r_api::{Facts, GroupMode, Job, PeriodicJob, Robot, RobotPhase, Task, TaskGroup, TaskState};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{watcher, WatchStreamExt};
@@ -15,8 +15,9 @@ use serde::de::DeserializeOwned;
 use std::fmt::Debug;
 use std::hash::Hash;
 
-use super::context::{lock, Context};
+use super::context::{lock, Context, SchedState};
 use super::facts::{facts_of, key_of, placement_of};
+use crate::scheduler::{newly_met, robot_change, RobotChange};
 
 /// Watches `api` into `writer`, handing every event to `handle` after the
 /// cache took it in; errors are logged as `what` and the watch backs off.
@@ -138,11 +139,15 @@ impl Context {
                 let name = facts.name.clone();
                 let phase = facts.phase;
                 let old = sched.robots.insert(name.clone(), facts);
-                let changed = old.as_ref() != sched.robots.get(&name);
-                if changed {
-                    self.trigger_every_robot_groups();
-                    for waiting in sched.waiting_by_priority() {
-                        self.triggers.task(waiting);
+                let new = &sched.robots[&name];
+                match (robot_change(old.as_ref(), new), &old) {
+                    (RobotChange::None, _) => {}
+                    (RobotChange::Facts, Some(old)) => self.wake_for_facts(&sched, &old.facts, &new.facts),
+                    _ => {
+                        self.trigger_every_robot_groups();
+                        for waiting in sched.waiting_by_priority() {
+                            self.triggers.task(waiting);
+                        }
                     }
                 }
                 if old.map(|o| o.phase) != Some(phase) {
@@ -160,6 +165,23 @@ impl Context {
                 }
             }
             watcher::Event::Init | watcher::Event::InitDone => {}
+        }
+    }
+
+    /// A robot's facts changed from `old` to `new`, and nothing else: the
+    /// waiting tasks whose start conditions they meet now and did not
+    /// before look again (at once: a task waiting for a battery level
+    /// starts as soon as the robot reports it).
+    fn wake_for_facts(&self, sched: &SchedState, old: &Facts, new: &Facts) {
+        for waiting in sched.waiting_by_priority() {
+            let wakes = self
+                .stores
+                .tasks
+                .get(&waiting)
+                .is_none_or(|t| newly_met(&t.spec.template.when, old, new));
+            if wakes {
+                self.triggers.task(waiting);
+            }
         }
     }
 
