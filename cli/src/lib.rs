@@ -1,8 +1,10 @@
 //! `k8s4r`: the whole stack on one machine (`k8s4r up`), small helpers
 //! around it (`crds`, `kubeconfig`), and the operator's commands that work
-//! on any cluster (`retry`, `cancel`).
+//! on any cluster (`logs`, `retry`, `cancel`, `cordon`, `uncordon`,
+//! `drain`).
 
 pub mod broker;
+pub mod drain;
 pub mod error;
 pub mod logs;
 pub mod operate;
@@ -76,6 +78,17 @@ pub enum Command {
     /// SIGTERM, then SIGKILL) and mark it cancelled, keeping it and its
     /// history: sets the robot.k8s4r.io/cancel annotation.
     Cancel(operate::ManualArgs),
+    /// Mark a robot unschedulable: no new task is placed on it; what runs
+    /// there goes on (sets the Robot's spec.unschedulable).
+    Cordon(drain::RobotArgs),
+    /// Mark a robot schedulable again.
+    Uncordon(drain::RobotArgs),
+    /// Take a robot out of service: cordon it, stop its batch tasks
+    /// gracefully (their preStop, their stop signal) so that they run
+    /// elsewhere without using a retry, and wait until it holds nothing.
+    /// Its services are left running unless --services stop. Tasks of
+    /// every namespace unless -n names one.
+    Drain(drain::DrainArgs),
 }
 
 impl Args {
@@ -105,6 +118,9 @@ impl Args {
             Command::Logs(args) => logs::run(args, &data_dir).await,
             Command::Retry(args) => operate::run(operate::Manual::Retry, args, &data_dir).await,
             Command::Cancel(args) => operate::run(operate::Manual::Cancel, args, &data_dir).await,
+            Command::Cordon(args) => drain::cordon(args, true, &data_dir).await,
+            Command::Uncordon(args) => drain::cordon(args, false, &data_dir).await,
+            Command::Drain(args) => drain::drain(args, &data_dir).await,
             Command::Up(args) => {
                 let default = if args.demo { DEMO_LOG } else { DEFAULT_LOG };
                 k8s4r_api::logging::init_with_default(self.log_format, self.log.as_deref(), default)?;

@@ -17,7 +17,7 @@ use kube::{Api, Client, Config};
 use serde_json::json;
 
 /// The field manager of the CLI's writes.
-const FIELD_MANAGER: &str = "k8s4r-cli";
+pub const FIELD_MANAGER: &str = "k8s4r-cli";
 
 /// Where to find the cluster, as kubectl's flags say it.
 #[derive(Debug, Clone, ClapArgs)]
@@ -301,19 +301,28 @@ where
     };
     match api.patch(name, &params, &Patch::Merge(patch)).await {
         Ok(_) => Ok(()),
-        Err(kube::Error::Api(e)) if e.code == 404 => bail!("{what} not found in namespace {ns}"),
-        Err(kube::Error::Api(e)) if e.code == 403 => bail!(
-            "you may not {} {what} in namespace {ns}: it takes `patch` on {} ({})",
-            manual.verb(),
-            K::plural(&()),
+        Err(e) => {
+            let place = format!(" in namespace {ns}");
+            Err(explain(e, manual.verb(), what, &place, &K::plural(&())))
+        }
+    }
+}
+
+/// What a refused patch of `what` means for a person: not found, not
+/// allowed (and the permission it takes: `patch` on `plural`), credentials
+/// not accepted; else the error with what was being done. `place` follows
+/// `what` (` in namespace NS`, or nothing for a cluster-wide object).
+pub fn explain(error: kube::Error, verb: &str, what: &str, place: &str, plural: &str) -> anyhow::Error {
+    match error {
+        kube::Error::Api(e) if e.code == 404 => anyhow::anyhow!("{what} not found{place}"),
+        kube::Error::Api(e) if e.code == 403 => anyhow::anyhow!(
+            "you may not {verb} {what}{place}: it takes `patch` on {plural} ({})",
             e.message
         ),
-        Err(kube::Error::Api(e)) if e.code == 401 => {
-            bail!("the API server did not accept your credentials: {}", e.message)
+        kube::Error::Api(e) if e.code == 401 => {
+            anyhow::anyhow!("the API server did not accept your credentials: {}", e.message)
         }
-        Err(e) => {
-            Err(anyhow::Error::new(e).context(format!("asking the API server to {} {what}", manual.verb())))
-        }
+        e => anyhow::Error::new(e).context(format!("asking the API server to {verb} {what}")),
     }
 }
 
