@@ -24,9 +24,9 @@ use tokio::time::Instant;
 use crate::ingress::Bucket;
 
 /// Fact writes one robot may cost at once.
-pub const WRITE_BURST: f64 = 4.0;
+pub const WRITE_BURST: f64 = 10.0;
 /// Fact writes one robot may cost a second, after its burst.
-pub const WRITE_RATE: f64 = 2.0;
+pub const WRITE_RATE: f64 = 5.0;
 /// How long what this server wrote stands for the Robot rather than its
 /// cache, which shows the write only a moment later.
 pub const OWN_WRITE_TRUSTED: Duration = Duration::from_secs(10);

@@ -87,7 +87,9 @@ async fn facts_reach_the_robot_at_once_and_a_flood_costs_few_writes() {
     let last = Facts::from([("counter".to_owned(), FactValue::Number(99.0))]);
     shows(&env, &last).await;
     let writes = server.metrics.api_writes("robot_facts", "ok") - before;
-    let allowed = 4.0 + 2.0 * flood.elapsed().as_secs_f64() + 1.0;
+    let allowed = k8s4r_server::facts::WRITE_BURST
+        + k8s4r_server::facts::WRITE_RATE * flood.elapsed().as_secs_f64()
+        + 1.0;
     assert!(
         (writes as f64) <= allowed,
         "{writes} fact writes in {:?}",
