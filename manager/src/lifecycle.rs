@@ -142,8 +142,9 @@ pub fn ended_as(status: &TaskStatus) -> Option<TaskReason> {
 
 /// The wait after a robot refused an attempt as not ready, when it did so
 /// fewer than [`NOT_READY_FREE`] times in a row: its facts as the cluster
-/// knows them lag its own view, and the update is on its way.
-pub const NOT_READY_DELAY: Duration = Duration::from_secs(1);
+/// knows them lag its own view, and the update is on its way (the agent
+/// sends a change within 200 ms, and the server writes it at once).
+pub const NOT_READY_DELAY: Duration = Duration::from_millis(250);
 /// How many `NotReady` ends in a row wait only [`NOT_READY_DELAY`]; each
 /// one after doubles the wait, up to [`NOT_READY_MAX_DELAY`], so that a
 /// robot whose reported facts never catch up with its admission check does
@@ -594,10 +595,10 @@ mod tests {
         s.reason = Some(TaskReason::NotReady);
         let after = |n: u32, s: &mut TaskStatus| {
             s.attempts = (1..=n).map(|a| record(a, TaskReason::NotReady)).collect();
-            retry_delay(s, None, &cfg()).unwrap().as_secs()
+            retry_delay(s, None, &cfg()).unwrap().as_millis()
         };
-        let waits: Vec<u64> = [0, 3, 4, 5, 6, 100].iter().map(|n| after(*n, &mut s)).collect();
-        assert_eq!(waits, [1, 1, 2, 4, 8, 60]);
+        let waits: Vec<u128> = [0, 3, 4, 5, 6, 100].iter().map(|n| after(*n, &mut s)).collect();
+        assert_eq!(waits, [250, 250, 500, 1000, 2000, 60_000]);
         s.attempts.push(record(101, TaskReason::Error));
         assert_eq!(
             retry_delay(&s, None, &cfg()),
