@@ -147,6 +147,7 @@ pub struct Stack {
     bins: Binaries,
     kubeconfig: PathBuf,
     marks: PathBuf,
+    facts: bool,
 }
 
 /// What a scenario may change.
@@ -159,6 +160,9 @@ pub struct Options {
     pub server_api_proxy: bool,
     /// Flags of the manager's that differ from [`start_manager`]'s.
     pub manager_args: Vec<&'static str>,
+    /// Each agent reads the robot's facts from a file of its own
+    /// ([`Stack::facts_file`]).
+    pub facts: bool,
 }
 
 impl Default for Options {
@@ -174,6 +178,7 @@ impl Options {
             robots: names.iter().map(|n| (*n).to_owned()).collect(),
             server_api_proxy: false,
             manager_args: Vec::new(),
+            facts: false,
         }
     }
 }
@@ -360,6 +365,7 @@ impl Stack {
             bins: bins.clone(),
             kubeconfig,
             marks,
+            facts: options.facts,
         };
         for robot in &options.robots {
             stack.add_robot(robot).await;
@@ -376,6 +382,12 @@ impl Stack {
         let proxy = Proxy::start(upstream).await;
         let state = self.dir.path().join("agents").join(robot);
         std::fs::create_dir_all(&state).expect("agent state dir");
+        let mut flags = Vec::new();
+        if self.facts {
+            let file = self.facts_file(robot);
+            std::fs::create_dir_all(file.parent().expect("a facts dir")).expect("facts dir");
+            flags = vec!["--facts-file".to_owned(), file.display().to_string()];
+        }
         let agent = Program::start(
             robot,
             &self.bins.agent,
@@ -395,7 +407,10 @@ impl Stack {
                 "fleet=faults",
                 "--log",
                 "info",
-            ]),
+            ])
+            .into_iter()
+            .chain(flags)
+            .collect(),
             &self.dir.path().join(format!("{robot}.log")),
         );
         self.robots.insert(robot.to_owned(), (agent, proxy));
@@ -414,6 +429,25 @@ impl Stack {
             (r.status?.phase? == k8s4r_api::RobotPhase::Online).then_some(())
         })
         .await;
+    }
+
+    /// The facts file of `robot`'s agent (with [`Options::facts`]).
+    pub fn facts_file(&self, robot: &str) -> PathBuf {
+        self.dir.path().join("facts").join(format!("{robot}.json"))
+    }
+
+    /// Writes `robot`'s facts as a careful robot does: a temporary file
+    /// renamed into place.
+    pub fn write_facts(&self, robot: &str, facts: serde_json::Value) {
+        let file = self.facts_file(robot);
+        let tmp = file.with_extension("tmp");
+        std::fs::write(&tmp, facts.to_string()).expect("write the facts");
+        std::fs::rename(&tmp, &file).expect("rename the facts into place");
+    }
+
+    /// The file every task of the scenario appends its marks to.
+    pub fn marks_file(&self) -> PathBuf {
+        self.marks.join("marks")
     }
 
     /// A shell script that marks itself every 100 ms for `seconds`, then
@@ -501,6 +535,13 @@ impl Stack {
             .await
             .map(|l| l.items)
             .unwrap_or_default()
+    }
+
+    /// Deletes Job `job` (its running tasks are cancelled on their robots).
+    pub async fn delete_job(&self, job: &str) {
+        let _ = Api::<Job>::namespaced(self.client.clone(), NS)
+            .delete(job, &DeleteParams::default())
+            .await;
     }
 
     /// Waits until `job` has `n` Tasks, all with `state`; returns them.

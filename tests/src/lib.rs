@@ -6,3 +6,4 @@
 
 pub mod chaos;
 pub mod faults;
+pub mod stopping;

@@ -100,3 +100,28 @@ async fn k_a_dispatch_that_waited_for_its_robot_never_runs_beside_a_replacement(
     let _one = SERIAL.lock().await;
     check(faults::a_dispatch_that_waited_for_its_robot(&bins()).await);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn l_a_fenced_attempt_runs_its_pre_stop_and_stops_on_sigint_before_its_replacement() {
+    let _one = SERIAL.lock().await;
+    check(k8s4r_e2e::stopping::fenced_attempt_stops_gracefully_before_its_replacement(&bins()).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn m_the_robots_facts_start_a_waiting_task_and_stop_a_running_one_at_once() {
+    let _one = SERIAL.lock().await;
+    let (to_start, to_stop) = k8s4r_e2e::stopping::fact_latencies(&bins(), 3).await;
+    eprintln!("fact to start {to_start:?}, fact to stop {to_stop:?}");
+    for d in &to_start {
+        assert!(
+            *d < std::time::Duration::from_secs(1),
+            "a task started {d:?} after the facts allowed it"
+        );
+    }
+    for d in &to_stop {
+        assert!(
+            *d < std::time::Duration::from_millis(500),
+            "a task was stopped {d:?} after its condition broke"
+        );
+    }
+}
