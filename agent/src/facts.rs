@@ -193,8 +193,7 @@ pub fn parse(bytes: &[u8]) -> Result<Facts, String> {
     if bytes.len() as u64 > MAX_FACTS_BYTES {
         return Err(format!("more than {MAX_FACTS_BYTES} bytes"));
     }
-    let value: serde_json::Value =
-        serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
+    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
     let serde_json::Value::Object(map) = value else {
         return Err("not a JSON object".to_owned());
     };
@@ -253,7 +252,10 @@ async fn next_change(changes: &mut Option<FileChanges>) -> bool {
         };
         match guard.get_inner().0.read_events() {
             Ok(events) => {
-                if events.iter().any(|e| e.name.as_deref() == Some(changes.name.as_os_str())) {
+                if events
+                    .iter()
+                    .any(|e| e.name.as_deref() == Some(changes.name.as_os_str()))
+                {
                     return true;
                 }
             }
@@ -279,7 +281,11 @@ mod tests {
 
     const PATIENCE: Duration = Duration::from_secs(10);
 
-    async fn until(rx: &mut watch::Receiver<FactsNow>, what: &str, f: impl Fn(&FactsNow) -> bool) -> FactsNow {
+    async fn until(
+        rx: &mut watch::Receiver<FactsNow>,
+        what: &str,
+        f: impl Fn(&FactsNow) -> bool,
+    ) -> FactsNow {
         let found = tokio::time::timeout(PATIENCE, rx.wait_for(|now| f(now)))
             .await
             .map(|r| r.unwrap().clone());
@@ -297,7 +303,12 @@ mod tests {
 
     #[test]
     fn only_an_object_of_scalars_within_bounds_is_taken() {
-        assert_eq!(parse(br#"{"battery": 80, "docked": true, "mode": "idle"}"#).unwrap().len(), 3);
+        assert_eq!(
+            parse(br#"{"battery": 80, "docked": true, "mode": "idle"}"#)
+                .unwrap()
+                .len(),
+            3
+        );
         assert!(parse(b"[1, 2]").unwrap_err().contains("not a JSON object"));
         assert!(parse(br#"{"pose": {"x": 1}}"#).unwrap_err().contains("\"pose\""));
         assert!(parse(br#"{"battery": null}"#).is_err());
@@ -314,18 +325,31 @@ mod tests {
         std::fs::write(&file, r#"{"battery": 10}"#).unwrap();
         let stop = CancellationToken::new();
         let mut rx = watch(source(Some(file.clone()), None), stop.clone());
-        until(&mut rx, "the first read", |n| n.facts.get("battery") == Some(&FactValue::Number(10.0))).await;
+        until(&mut rx, "the first read", |n| {
+            n.facts.get("battery") == Some(&FactValue::Number(10.0))
+        })
+        .await;
 
         let written = Instant::now();
         std::fs::write(&file, r#"{"battery": 80}"#).unwrap();
-        until(&mut rx, "the new value", |n| n.facts.get("battery") == Some(&FactValue::Number(80.0))).await;
-        assert!(written.elapsed() < Duration::from_secs(1), "{:?}", written.elapsed());
+        until(&mut rx, "the new value", |n| {
+            n.facts.get("battery") == Some(&FactValue::Number(80.0))
+        })
+        .await;
+        assert!(
+            written.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            written.elapsed()
+        );
 
         // Written elsewhere and renamed into place, as careful writers do.
         let tmp = dir.path().join(".facts.json.tmp");
         std::fs::write(&tmp, r#"{"battery": 81, "estop": false}"#).unwrap();
         std::fs::rename(&tmp, &file).unwrap();
-        until(&mut rx, "the renamed file", |n| n.facts.get("estop") == Some(&FactValue::Bool(false))).await;
+        until(&mut rx, "the renamed file", |n| {
+            n.facts.get("estop") == Some(&FactValue::Bool(false))
+        })
+        .await;
 
         std::fs::write(&file, "{not json").unwrap();
         let bad = until(&mut rx, "the refusal", |n| n.error.is_some()).await;
@@ -333,7 +357,10 @@ mod tests {
         assert!(bad.error.unwrap().contains("facts.json"), "the file is named");
 
         std::fs::write(&file, format!(r#"{{"note": "{}"}}"#, "x".repeat(300))).unwrap();
-        let big = until(&mut rx, "the oversized refusal", |n| n.error.as_ref().is_some_and(|e| e.contains("256"))).await;
+        let big = until(&mut rx, "the oversized refusal", |n| {
+            n.error.as_ref().is_some_and(|e| e.contains("256"))
+        })
+        .await;
         assert!(big.facts.is_empty());
 
         std::fs::write(&file, r#"{"battery": 55}"#).unwrap();
@@ -348,7 +375,11 @@ mod tests {
         let file = dir.path().join("facts.json");
         std::fs::write(&file, r#"{"battery": 10, "docked": false}"#).unwrap();
         let command = dir.path().join("state.sh");
-        std::fs::write(&command, "#!/bin/sh\necho '{\"docked\": true, \"mission\": \"idle\"}'\n").unwrap();
+        std::fs::write(
+            &command,
+            "#!/bin/sh\necho '{\"docked\": true, \"mission\": \"idle\"}'\n",
+        )
+        .unwrap();
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&command, std::fs::Permissions::from_mode(0o755)).unwrap();
         let stop = CancellationToken::new();
@@ -364,7 +395,10 @@ mod tests {
         let stop = CancellationToken::new();
         let mut rx = watch(source(None, Some(command)), stop.clone());
         let failed = until(&mut rx, "the failure", |n| n.read).await;
-        assert!(failed.error.unwrap().contains("failed"), "the command's failure is named");
+        assert!(
+            failed.error.unwrap().contains("failed"),
+            "the command's failure is named"
+        );
         stop.cancel();
     }
 }

@@ -415,7 +415,9 @@ impl Session {
         let error = self.facts.as_ref().and_then(|rx| rx.borrow().error.clone());
         if let (Some(error), None) = (error, &health.reason) {
             health.reason = Some("FactsRefused".to_owned());
-            health.message = Some(format!("{error}; the robot's facts are unknown until it is fixed"));
+            health.message = Some(format!(
+                "{error}; the robot's facts are unknown until it is fixed"
+            ));
         }
         health
     }

@@ -87,13 +87,19 @@ enum Path_ {
     Shutdown,
 }
 
-async fn stop_launcher(signal: Option<StopSignal>, path: Path_) -> (String, k8s4r_agent::supervisor::TaskOutcome, Duration) {
+async fn stop_launcher(
+    signal: Option<StopSignal>,
+    path: Path_,
+) -> (String, k8s4r_agent::supervisor::TaskOutcome, Duration) {
     let mut h = Harness::new();
     let dir = scratch();
     let mut spec = launcher(dir.path());
     spec.stop_signal = signal;
     // Each test's own uid: the tests' supervisors share one cgroup root.
-    let uid = format!("ros-{}", signal.map_or("default", StopSignal::name).to_lowercase());
+    let uid = format!(
+        "ros-{}",
+        signal.map_or("default", StopSignal::name).to_lowercase()
+    );
     if matches!(path, Path_::Timeout) {
         spec = spec.with_timeout("2s");
     }
@@ -105,7 +111,9 @@ async fn stop_launcher(signal: Option<StopSignal>, path: Path_) -> (String, k8s4
         Path_::Cancel => h.handle.cancel(&uid, Some(1), "job deleted".into()).await,
         Path_::Fence => {
             let why = "stopped by the robot: no contact with the cluster for 10s (disconnect.stopAfter)";
-            h.handle.stop(&uid, Some(1), StopCause::Disconnected(why.into())).await
+            h.handle
+                .stop(&uid, Some(1), StopCause::Disconnected(why.into()))
+                .await
         }
         Path_::Shutdown => {
             let handle = h.handle.clone();
@@ -126,8 +134,16 @@ async fn with_stop_signal_sigint_a_ros_like_launch_shuts_its_nodes_down_cleanly_
                 && marks.contains("launcher: all nodes down"),
             "{path:?}: {marks}"
         );
-        assert_ne!(outcome.signal, Some(9), "{path:?}: nothing is SIGKILLed: {outcome:?}");
-        assert!(!outcome.message.contains("SIGKILL"), "{path:?}: {}", outcome.message);
+        assert_ne!(
+            outcome.signal,
+            Some(9),
+            "{path:?}: nothing is SIGKILLed: {outcome:?}"
+        );
+        assert!(
+            !outcome.message.contains("SIGKILL"),
+            "{path:?}: {}",
+            outcome.message
+        );
         let reason = match path {
             Path_::Timeout => TaskReason::Timeout,
             Path_::Fence => TaskReason::Disconnected,
@@ -142,8 +158,17 @@ async fn with_the_default_signal_a_launcher_that_ignores_sigterm_is_sigkilled_af
     let (marks, outcome, took) = stop_launcher(None, Path_::Cancel).await;
     assert!(!marks.contains("clean shutdown"), "{marks}");
     assert_eq!(outcome.signal, Some(9), "{outcome:?}");
-    assert!(outcome.message.contains("killed by SIGKILL after the kill timeout of 5s"), "{}", outcome.message);
-    assert!(took >= Duration::from_secs(5), "SIGKILL only after killTimeout: {took:?}");
+    assert!(
+        outcome
+            .message
+            .contains("killed by SIGKILL after the kill timeout of 5s"),
+        "{}",
+        outcome.message
+    );
+    assert!(
+        took >= Duration::from_secs(5),
+        "SIGKILL only after killTimeout: {took:?}"
+    );
 }
 
 /// A task that notes SIGTERM and exits, and a `preStop` that notes its
@@ -165,7 +190,10 @@ fn with_pre_stop(dir: &Path, pre_stop_script: &str, timeout: Option<&str>) -> Ta
 const NOTE_PRE_STOP: &str =
     "echo \"prestop: $K8S4R_STOP_REASON $K8S4R_TASK_UID $(pwd)\" >> MARKS; echo 'parking the arm'";
 
-async fn pre_stop_on(cause: Option<StopCause>, timeout: bool) -> (String, String, k8s4r_agent::supervisor::TaskOutcome) {
+async fn pre_stop_on(
+    cause: Option<StopCause>,
+    timeout: bool,
+) -> (String, String, k8s4r_agent::supervisor::TaskOutcome) {
     let mut h = Harness::new();
     let dir = scratch();
     let mut spec = with_pre_stop(dir.path(), NOTE_PRE_STOP, None);
@@ -188,11 +216,29 @@ async fn pre_stop_on(cause: Option<StopCause>, timeout: bool) -> (String, String
 async fn pre_stop_runs_once_in_the_tasks_sandbox_before_the_signal_with_the_reason() {
     let cases = [
         (None, true, "Timeout"),
-        (Some(StopCause::Cancelled("job deleted".into())), false, "Cancelled"),
-        (Some(StopCause::Disconnected("no contact".into())), false, "Disconnected"),
+        (
+            Some(StopCause::Cancelled("job deleted".into())),
+            false,
+            "Cancelled",
+        ),
+        (
+            Some(StopCause::Disconnected("no contact".into())),
+            false,
+            "Disconnected",
+        ),
         (Some(StopCause::Drained("robot drained".into())), false, "Drained"),
-        (Some(StopCause::Unhealthy("check failed".into())), false, "Unhealthy"),
-        (Some(StopCause::ConditionLost("estop In [false] no longer holds".into())), false, "ConditionLost"),
+        (
+            Some(StopCause::Unhealthy("check failed".into())),
+            false,
+            "Unhealthy",
+        ),
+        (
+            Some(StopCause::ConditionLost(
+                "estop In [false] no longer holds".into(),
+            )),
+            false,
+            "ConditionLost",
+        ),
     ];
     for (cause, timeout, reason) in cases {
         let (marks, stdout, outcome) = pre_stop_on(cause, timeout).await;
@@ -201,8 +247,15 @@ async fn pre_stop_runs_once_in_the_tasks_sandbox_before_the_signal_with_the_reas
             format!("up\nprestop: {reason} park TASKDIR/work\ntask: TERM\n"),
             "once, before the signal, in the task's directory with its env: {outcome:?}"
         );
-        assert!(stdout.contains("parking the arm"), "its output is in the task's log: {stdout:?}");
-        assert!(!outcome.message.contains("preStop"), "a preStop that worked is not news: {}", outcome.message);
+        assert!(
+            stdout.contains("parking the arm"),
+            "its output is in the task's log: {stdout:?}"
+        );
+        assert!(
+            !outcome.message.contains("preStop"),
+            "a preStop that worked is not news: {}",
+            outcome.message
+        );
     }
 }
 
@@ -210,16 +263,32 @@ async fn pre_stop_runs_once_in_the_tasks_sandbox_before_the_signal_with_the_reas
 async fn a_pre_stop_that_hangs_is_cut_at_its_timeout_and_the_stop_goes_on() {
     let mut h = Harness::new();
     let dir = scratch();
-    h.submit("hang", with_pre_stop(dir.path(), "echo 'prestop: hanging' >> MARKS; sleep 1000", Some("500ms")))
-        .await;
+    h.submit(
+        "hang",
+        with_pre_stop(
+            dir.path(),
+            "echo 'prestop: hanging' >> MARKS; sleep 1000",
+            Some("500ms"),
+        ),
+    )
+    .await;
     poll_until("the task is up", || marks(dir.path()).contains("up")).await;
     let began = Instant::now();
     h.handle.cancel("hang", Some(1), "job deleted".into()).await;
     let outcome = h.finished("hang").await;
     let took = began.elapsed();
     assert_eq!(marks(dir.path()), "up\nprestop: hanging\ntask: TERM\n");
-    assert!(outcome.message.contains("its preStop did not finish within 500ms"), "{}", outcome.message);
-    assert!(took < Duration::from_secs(3), "the signal came at the preStop's timeout, not the kill: {took:?}");
+    assert!(
+        outcome
+            .message
+            .contains("its preStop did not finish within 500ms"),
+        "{}",
+        outcome.message
+    );
+    assert!(
+        took < Duration::from_secs(3),
+        "the signal came at the preStop's timeout, not the kill: {took:?}"
+    );
     poll_until("the hanging preStop is gone", || !sleepers_of(&dir)).await;
 }
 
@@ -227,13 +296,20 @@ async fn a_pre_stop_that_hangs_is_cut_at_its_timeout_and_the_stop_goes_on() {
 async fn a_failing_pre_stop_is_recorded_and_the_stop_goes_on() {
     let mut h = Harness::new();
     let dir = scratch();
-    h.submit("fail", with_pre_stop(dir.path(), "echo 'prestop: failing' >> MARKS; exit 3", None))
-        .await;
+    h.submit(
+        "fail",
+        with_pre_stop(dir.path(), "echo 'prestop: failing' >> MARKS; exit 3", None),
+    )
+    .await;
     poll_until("the task is up", || marks(dir.path()).contains("up")).await;
     h.handle.cancel("fail", Some(1), "job deleted".into()).await;
     let outcome = h.finished("fail").await;
     assert_eq!(marks(dir.path()), "up\nprestop: failing\ntask: TERM\n");
-    assert!(outcome.message.contains("its preStop exited with code 3"), "{}", outcome.message);
+    assert!(
+        outcome.message.contains("its preStop exited with code 3"),
+        "{}",
+        outcome.message
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -244,7 +320,13 @@ async fn the_kill_timeout_counts_from_the_stop_whatever_the_pre_stop_takes() {
     let mut h = Harness::new();
     let dir = scratch();
     let mut spec = with_pre_stop(dir.path(), "sleep 1000", Some("2s"));
-    spec.args = vec!["-c".into(), format!("trap '' TERM; echo up >> {}; while :; do sleep 0.05; done", dir.path().join("marks").display())];
+    spec.args = vec![
+        "-c".into(),
+        format!(
+            "trap '' TERM; echo up >> {}; while :; do sleep 0.05; done",
+            dir.path().join("marks").display()
+        ),
+    ];
     spec.kill_timeout = Some("2s".into());
     h.submit("slow", spec).await;
     poll_until("the task is up", || marks(dir.path()).contains("up")).await;
@@ -253,7 +335,10 @@ async fn the_kill_timeout_counts_from_the_stop_whatever_the_pre_stop_takes() {
     let outcome = h.finished("slow").await;
     let took = began.elapsed();
     assert_eq!(outcome.signal, Some(9), "{outcome:?}");
-    assert!(took < Duration::from_millis(2_900), "SIGKILL 2s after the stop began: {took:?}");
+    assert!(
+        took < Duration::from_millis(2_900),
+        "SIGKILL 2s after the stop began: {took:?}"
+    );
 }
 
 /// Whether a `sleep 1000` that a test's preStop started still runs.
@@ -274,7 +359,12 @@ fn facts(json: &str) -> Facts {
     serde_json::from_str(json).unwrap()
 }
 
-fn condition(key: &str, operator: FactOperator, values: &[&str], while_running: WhileRunning) -> FactRequirement {
+fn condition(
+    key: &str,
+    operator: FactOperator,
+    values: &[&str],
+    while_running: WhileRunning,
+) -> FactRequirement {
     FactRequirement {
         key: key.into(),
         operator,
@@ -296,9 +386,11 @@ async fn submit_attempt(h: &Harness, uid: &str, attempt: u32, spec: TaskTemplate
 
 async fn finished_attempt(h: &mut Harness, uid: &str, attempt: u32) -> k8s4r_agent::supervisor::TaskOutcome {
     h.wait_for(&format!("{uid} attempt {attempt} finished"), |e| match e {
-        k8s4r_agent::supervisor::TaskEvent::Finished { uid: u, attempt: a, outcome } if u == uid && *a == attempt => {
-            Some(outcome.clone())
-        }
+        k8s4r_agent::supervisor::TaskEvent::Finished {
+            uid: u,
+            attempt: a,
+            outcome,
+        } if u == uid && *a == attempt => Some(outcome.clone()),
         _ => None,
     })
     .await
@@ -308,7 +400,12 @@ async fn finished_attempt(h: &mut Harness, uid: &str, attempt: u32) -> k8s4r_age
 async fn a_task_starts_only_when_the_robots_facts_meet_its_conditions() {
     let mut h = Harness::new();
     let mut spec = sh("echo ran");
-    spec.when = vec![condition("battery", FactOperator::Gt, &["30"], WhileRunning::Ignore)];
+    spec.when = vec![condition(
+        "battery",
+        FactOperator::Gt,
+        &["30"],
+        WhileRunning::Ignore,
+    )];
     submit_attempt(&h, "charge", 1, spec.clone()).await;
     let refused = finished_attempt(&mut h, "charge", 1).await;
     assert_eq!(refused.reason, TaskReason::NotReady, "{refused:?}");
@@ -351,12 +448,22 @@ async fn a_condition_that_stops_holding_stops_the_task_through_its_escalation() 
     let outcome = h.finished("motion").await;
     assert_eq!(outcome.reason, TaskReason::ConditionLost, "{outcome:?}");
     assert!(
-        outcome.message.contains("estop In [false] no longer holds (estop is true)"),
+        outcome
+            .message
+            .contains("estop In [false] no longer holds (estop is true)"),
         "{}",
         outcome.message
     );
-    assert!(marks(dir.path()).contains("prestop: ConditionLost"), "{}", marks(dir.path()));
-    assert!(pressed.elapsed() < Duration::from_secs(2), "{:?}", pressed.elapsed());
+    assert!(
+        marks(dir.path()).contains("prestop: ConditionLost"),
+        "{}",
+        marks(dir.path())
+    );
+    assert!(
+        pressed.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        pressed.elapsed()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -386,5 +493,9 @@ async fn an_exec_tasks_pre_stop_runs_as_the_task_user() {
             .unwrap_or_default()
     };
     assert_eq!(uid_of("prestop "), uid_of("task "), "{marks}");
-    assert_ne!(uid_of("task "), "0", "an exec task runs as a uid of its own: {marks}");
+    assert_ne!(
+        uid_of("task "),
+        "0",
+        "an exec task runs as a uid of its own: {marks}"
+    );
 }

@@ -6,7 +6,9 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
 
-use k8s4r_agent::supervisor::{self, Submit, SupervisorConfig, SupervisorError, SupervisorHandle, TaskEvent, TaskRequest};
+use k8s4r_agent::supervisor::{
+    self, Submit, SupervisorConfig, SupervisorError, SupervisorHandle, TaskEvent, TaskRequest,
+};
 use k8s4r_api::{EnvVar, TaskReason, TaskResources, TaskState, TaskTemplate};
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};

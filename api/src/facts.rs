@@ -220,8 +220,12 @@ impl FactRequirement {
             FactOperator::NotIn => !fact.is_some_and(|f| self.values.iter().any(|v| f.equals(v))),
             FactOperator::Exists => fact.is_some(),
             FactOperator::DoesNotExist => fact.is_none(),
-            FactOperator::Gt => matches!((fact.and_then(FactValue::as_number), bound()), (Some(f), Some(b)) if f > b),
-            FactOperator::Lt => matches!((fact.and_then(FactValue::as_number), bound()), (Some(f), Some(b)) if f < b),
+            FactOperator::Gt => {
+                matches!((fact.and_then(FactValue::as_number), bound()), (Some(f), Some(b)) if f > b)
+            }
+            FactOperator::Lt => {
+                matches!((fact.and_then(FactValue::as_number), bound()), (Some(f), Some(b)) if f < b)
+            }
         }
     }
 
@@ -231,10 +235,16 @@ impl FactRequirement {
             return Some(e);
         }
         if self.values.len() > MAX_CONDITION_VALUES {
-            return Some(format!("at most {MAX_CONDITION_VALUES} values, got {}", self.values.len()));
+            return Some(format!(
+                "at most {MAX_CONDITION_VALUES} values, got {}",
+                self.values.len()
+            ));
         }
         if let Some(v) = self.values.iter().find(|v| v.len() > MAX_FACT_STRING) {
-            return Some(format!("a value of at most {MAX_FACT_STRING} bytes, got {}", v.len()));
+            return Some(format!(
+                "a value of at most {MAX_FACT_STRING} bytes, got {}",
+                v.len()
+            ));
         }
         let op = self.operator.as_str();
         match self.operator {
@@ -310,12 +320,21 @@ mod tests {
         let f = facts(r#"{"battery": 80, "docked": true, "mode": "idle", "volts": "24.5"}"#);
         assert!(req("battery", FactOperator::Gt, &["30"]).admits(&f));
         assert!(!req("battery", FactOperator::Lt, &["30"]).admits(&f));
-        assert!(req("volts", FactOperator::Gt, &["24"]).admits(&f), "a string that reads as a number");
+        assert!(
+            req("volts", FactOperator::Gt, &["24"]).admits(&f),
+            "a string that reads as a number"
+        );
         assert!(req("docked", FactOperator::In, &["true"]).admits(&f));
         assert!(!req("docked", FactOperator::NotIn, &["true"]).admits(&f));
         assert!(req("mode", FactOperator::In, &["idle", "charging"]).admits(&f));
-        assert!(req("battery", FactOperator::In, &["80.0"]).admits(&f), "numbers equal as numbers");
-        assert!(!req("mode", FactOperator::Gt, &["1"]).admits(&f), "not a number: not greater");
+        assert!(
+            req("battery", FactOperator::In, &["80.0"]).admits(&f),
+            "numbers equal as numbers"
+        );
+        assert!(
+            !req("mode", FactOperator::Gt, &["1"]).admits(&f),
+            "not a number: not greater"
+        );
     }
 
     #[test]
@@ -331,14 +350,26 @@ mod tests {
 
     #[test]
     fn bad_conditions_are_named() {
-        assert!(req("battery", FactOperator::Gt, &["thirty"]).problem().unwrap().contains("one number"));
+        assert!(req("battery", FactOperator::Gt, &["thirty"])
+            .problem()
+            .unwrap()
+            .contains("one number"));
         assert!(req("battery", FactOperator::Gt, &["1", "2"]).problem().is_some());
-        assert!(req("docked", FactOperator::In, &[]).problem().unwrap().contains("at least one"));
+        assert!(req("docked", FactOperator::In, &[])
+            .problem()
+            .unwrap()
+            .contains("at least one"));
         assert!(req("docked", FactOperator::Exists, &["x"]).problem().is_some());
         assert!(req("9lives", FactOperator::Exists, &[]).problem().is_some());
         assert_eq!(req("battery", FactOperator::Gt, &["30"]).problem(), None);
-        assert_eq!(req("battery", FactOperator::Gt, &["30"]).to_string(), "battery Gt 30");
-        assert_eq!(req("estop", FactOperator::NotIn, &["true"]).to_string(), "estop NotIn [true]");
+        assert_eq!(
+            req("battery", FactOperator::Gt, &["30"]).to_string(),
+            "battery Gt 30"
+        );
+        assert_eq!(
+            req("estop", FactOperator::NotIn, &["true"]).to_string(),
+            "estop NotIn [true]"
+        );
     }
 
     #[test]
@@ -347,7 +378,9 @@ mod tests {
         let long = format!(r#"{{"note": "{}"}}"#, "x".repeat(MAX_FACT_STRING + 1));
         assert!(check_facts(&facts(&long)).unwrap_err().contains("at most 256"));
         assert!(check_facts(&facts(r#"{"bad name": 1}"#)).is_err());
-        let many: Facts = (0..=MAX_FACTS).map(|i| (format!("f{i}"), FactValue::Number(i as f64))).collect();
+        let many: Facts = (0..=MAX_FACTS)
+            .map(|i| (format!("f{i}"), FactValue::Number(i as f64)))
+            .collect();
         assert!(check_facts(&many).is_err());
         assert!(check_facts(&facts(r#"{"note": "a\u0007b"}"#)).is_err());
     }

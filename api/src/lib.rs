@@ -39,8 +39,8 @@ pub const VERSION: &str = "v1alpha1";
 
 pub use condition::{Condition, ConditionStatus};
 pub use disconnect::{DisconnectPolicy, Reconcile};
-pub use facts::{FactOperator, FactRequirement, FactValue, Facts, WhileRunning};
 pub use duration::{parse_duration, DurationError, DurationString};
+pub use facts::{FactOperator, FactRequirement, FactValue, Facts, WhileRunning};
 pub use job::{
     CountOrPercent, GroupMode, GroupSummary, JobSpec, JobStatus, Rollout, TaskGroupSpec, TaskGroupStatus,
     TaskGroupTemplate, WorkState,
@@ -56,8 +56,8 @@ pub use selector::{
 };
 pub use task::{
     Artifact, AttemptRecord, EnvVar, ExecCheck, HealthCheck, HttpCheck, LocalRestart, LocalRestartMode,
-    ManualAction, PreStop, RestartMode, RestartPolicy, RestartStatus, TaskAttempt, TaskCounts, TaskReason,
-    StopSignal, TaskResources, TaskSpec, TaskState, TaskStatus, TaskTemplate, TcpCheck,
+    ManualAction, PreStop, RestartMode, RestartPolicy, RestartStatus, StopSignal, TaskAttempt, TaskCounts,
+    TaskReason, TaskResources, TaskSpec, TaskState, TaskStatus, TaskTemplate, TcpCheck,
 };
 pub use task_kind::TaskKind;
 

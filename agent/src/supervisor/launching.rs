@@ -224,7 +224,9 @@ fn remove_cgroup(cgroup: Option<&TaskCgroup>) {
 }
 
 /// A service's log files, opened for it to append to.
-pub(crate) fn open_log_files(logs_dir: &Path) -> std::io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
+pub(crate) fn open_log_files(
+    logs_dir: &Path,
+) -> std::io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
     use std::os::unix::fs::OpenOptionsExt;
     let open = |stream: Stream| {
         std::fs::OpenOptions::new()

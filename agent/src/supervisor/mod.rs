@@ -44,8 +44,8 @@ mod logs;
 pub mod outcome;
 mod output;
 pub mod policy;
-mod process;
 mod prestop;
+mod process;
 mod procfs;
 mod reaper;
 mod recovery;
@@ -354,7 +354,8 @@ impl SupervisorHandle {
     /// Cancels a task (every attempt of it when `attempt` is None): see
     /// [`Self::stop`]; it ends with reason Cancelled.
     pub async fn cancel(&self, uid: &str, attempt: Option<u32>, reason: String) {
-        self.stop(uid, attempt, outcome::StopCause::Cancelled(reason)).await;
+        self.stop(uid, attempt, outcome::StopCause::Cancelled(reason))
+            .await;
     }
 
     /// Stops a task (every attempt of it when `attempt` is None) for

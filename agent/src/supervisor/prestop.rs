@@ -31,9 +31,14 @@ pub(crate) fn template_of(task: &TaskTemplate) -> Option<TaskTemplate> {
 /// Runs a `preStop` to its end or its `timeout`: the pid it ran as (now
 /// reaped), and how it went (Err says what went wrong, for the task's
 /// status).
-pub(crate) async fn run(task: AsTask, logs_dir: PathBuf, timeout: Duration) -> (Option<i32>, Result<(), String>) {
+pub(crate) async fn run(
+    task: AsTask,
+    logs_dir: PathBuf,
+    timeout: Duration,
+) -> (Option<i32>, Result<(), String>) {
     let start = move || {
-        let outputs = open_log_files(&logs_dir).map_err(|e| format!("cannot open the task's log files: {e}"))?;
+        let outputs =
+            open_log_files(&logs_dir).map_err(|e| format!("cannot open the task's log files: {e}"))?;
         launch_as_task(task, outputs)
     };
     // Its fork and exec wait on the blocking pool, not on the loop.

@@ -55,7 +55,9 @@ pub(crate) fn ask_leftovers_to_stop(task: &Unfinished, boot_id: &str) {
     // that another has exited.
     while std::time::Instant::now() < deadline {
         let group_alive = killpg(group, None).is_ok();
-        let cgroup_alive = cgroup.as_ref().is_some_and(|c| c.pids().is_ok_and(|p| !p.is_empty()));
+        let cgroup_alive = cgroup
+            .as_ref()
+            .is_some_and(|c| c.pids().is_ok_and(|p| !p.is_empty()));
         if !group_alive && !cgroup_alive {
             return;
         }

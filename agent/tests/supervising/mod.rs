@@ -220,4 +220,3 @@ pub fn elapsed(outcome: &TaskOutcome) -> Duration {
     let d = outcome.finished_at.duration_since(started);
     Duration::try_from(d).unwrap()
 }
-

@@ -16,7 +16,9 @@ impl Runner {
             return None;
         }
         let Some(facts) = &self.facts else {
-            return Some("the robot has reported no facts yet; the task's `when` cannot be checked".to_owned());
+            return Some(
+                "the robot has reported no facts yet; the task's `when` cannot be checked".to_owned(),
+            );
         };
         let condition = unmet(&spec.when, facts)?;
         Some(format!(

@@ -30,7 +30,10 @@ impl Runner {
         let Some(task) = self.table.get_mut(id) else {
             return;
         };
-        let Some(timeout) = task.pre_stop.filter(|_| !task.pre_stop_begun && task.is_running()) else {
+        let Some(timeout) = task
+            .pre_stop
+            .filter(|_| !task.pre_stop_begun && task.is_running())
+        else {
             return self.signal_stop(id);
         };
         task.pre_stop_begun = true;
@@ -38,7 +41,8 @@ impl Runner {
             // Re-adopted and not prepared again in this run: nothing to
             // run it with.
             if let Some(task) = self.table.get_mut(id) {
-                task.pre_stop_failed = Some("not run: the task was re-adopted after an agent restart".to_owned());
+                task.pre_stop_failed =
+                    Some("not run: the task was re-adopted after an agent restart".to_owned());
             }
             return self.signal_stop(id);
         };
