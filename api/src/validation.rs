@@ -1084,6 +1084,35 @@ mod tests {
     }
 
     #[test]
+    fn pre_stop_fits_in_the_kill_timeout_and_conditions_are_well_formed() {
+        use crate::facts::{FactOperator, FactRequirement};
+        let mut t = template();
+        t.kill_timeout = Some("10s".into());
+        t.pre_stop = Some(crate::task::PreStop {
+            command: "/usr/bin/park".into(),
+            args: vec![],
+            timeout: Some("15s".into()),
+        });
+        t.when = vec![FactRequirement {
+            key: "battery".into(),
+            operator: FactOperator::Gt,
+            values: vec!["thirty".into()],
+            ..Default::default()
+        }];
+        let err = validate_task_template(&t).unwrap_err();
+        assert!(err.to_string().contains("exceeds the task's killTimeout of 10s"), "{err}");
+        assert_eq!(paths(err), ["spec.preStop.timeout", "spec.when[0]"]);
+        t.pre_stop.as_mut().unwrap().timeout = Some("4s".into());
+        t.when[0].values = vec!["30".into()];
+        assert!(validate_task_template(&t).is_ok());
+        assert_eq!(pre_stop_timeout_of(&t), Some(Duration::from_secs(4)));
+        t.pre_stop.as_mut().unwrap().timeout = None;
+        assert_eq!(pre_stop_timeout_of(&t), Some(Duration::from_secs(5)), "half the kill timeout");
+        t.pre_stop.as_mut().unwrap().command = " ".into();
+        assert_eq!(paths(validate_task_template(&t).unwrap_err()), ["spec.preStop.command"]);
+    }
+
+    #[test]
     fn a_minimal_task_is_valid() {
         validate_task_template(&template()).unwrap();
     }
