@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use k8s4r_api::backoff::exponential;
 use k8s4r_api::facts::{shown, FactValue, Facts};
-use k8s4r_api::Robot;
+use k8s4r_api::{Robot, RobotStatus};
 use serde::Serialize;
 use tokio::time::Instant;
 
@@ -109,7 +109,8 @@ impl FactsMemory {
         let empty = BTreeMap::new();
         let labels = robot.metadata.labels.as_ref().unwrap_or(&empty);
         let text = shown(labels, facts);
-        let status = robot.status.clone().unwrap_or_default();
+        let none = RobotStatus::default();
+        let status = robot.status.as_ref().unwrap_or(&none);
         let trusted = self
             .written
             .as_ref()
