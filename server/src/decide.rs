@@ -373,11 +373,16 @@ pub fn accepting(
 ) -> Option<Vec<Condition>> {
     let health = health?;
     let (status, reason, message) = if health.accepting_tasks {
-        (
-            ConditionStatus::True,
-            AgentHealth::REASON_READY.to_owned(),
-            "the agent takes tasks".to_owned(),
-        )
+        // A robot that takes tasks may still say something is wrong (its
+        // facts file refused): the condition carries it.
+        match (&health.reason, &health.message) {
+            (Some(reason), Some(message)) => (ConditionStatus::True, reason.clone(), message.clone()),
+            _ => (
+                ConditionStatus::True,
+                AgentHealth::REASON_READY.to_owned(),
+                "the agent takes tasks".to_owned(),
+            ),
+        }
     } else {
         (
             ConditionStatus::False,

@@ -376,6 +376,23 @@ fn accepting_tasks_follows_the_agents_health_and_is_written_on_change_only() {
         (ConditionStatus::True, Some("Ready"))
     );
     assert_eq!(accepting(&list, None, now), None, "an older agent says nothing");
+    // A robot that takes tasks but whose facts file is refused says so.
+    let refused = AgentHealth {
+        accepting_tasks: true,
+        reason: Some("FactsRefused".into()),
+        message: Some("facts file /run/robot/facts.json: not JSON".into()),
+        ..AgentHealth::default()
+    };
+    let said = accepting(&back, Some(&refused), now).unwrap();
+    let c = find_condition(&said, CONDITION_ACCEPTING_TASKS).unwrap();
+    assert_eq!(
+        (c.status, c.reason.as_deref(), c.message.as_deref()),
+        (
+            ConditionStatus::True,
+            Some("FactsRefused"),
+            Some("facts file /run/robot/facts.json: not JSON")
+        )
+    );
     // A heartbeat that changes it writes, however recently the status was.
     let robot = RobotBuilder::new().phase(RobotPhase::Online).connected(true).0;
     let mut memory = HeartbeatMemory {
