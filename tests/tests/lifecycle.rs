@@ -1,0 +1,247 @@
+//! End-to-end, issue 28: the robot's state and its maintenance, on the
+//! whole stack with real agent processes and a real Mosquitto. A robot's
+//! facts (a file its software writes) decide which tasks start there and
+//! which keep running; a malformed file is refused and said so while the
+//! robot keeps working; `k8s4r drain` empties a robot, its batch tasks
+//! finishing elsewhere exactly once.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use k8s4r::up::kubeconfig_path;
+use k8s4r_api::names::CONDITION_ACCEPTING_TASKS;
+use k8s4r_api::{Robot, RobotPhase, TaskReason, TaskState};
+use kube::Api;
+
+mod support;
+use support::*;
+
+/// Writes `robot`'s facts file as a careful robot does (rename into place).
+fn write_facts(file: &Path, text: &str) {
+    let tmp = file.with_extension("tmp");
+    std::fs::write(&tmp, text).expect("write the facts");
+    std::fs::rename(&tmp, file).expect("rename the facts into place");
+}
+
+/// An agent for `robot` reading its facts from a file (written first).
+async fn robot_with_facts(env: &mut Env, robot: &str, facts: &str) -> PathBuf {
+    let file = env.scratch.join(format!("{robot}-facts.json"));
+    write_facts(&file, facts);
+    let path = file.display().to_string();
+    env.spawn_agent_with(robot, &["site=lab"], &["--facts-file", &path]);
+    env.wait_phase(robot, RobotPhase::Online).await;
+    file
+}
+
+fn charging_job(name: &str, marker: &Path) -> serde_json::Value {
+    let mut task = sh(
+        &format!("echo \"ran on $K8S4R_ROBOT_ID\" > {}", marker.display()),
+        "1m",
+    );
+    task["when"] = serde_json::json!([{ "key": "battery", "operator": "Gt", "values": ["30"] }]);
+    job_json(
+        name,
+        serde_json::json!([{ "name": "g", "count": 1, "task": task }]),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_robot_low_on_battery_gets_no_task_until_its_facts_say_it_may() {
+    let mut env = Env::start(&[]).await;
+    let facts = robot_with_facts(&mut env, "r1", r#"{"battery": 10, "docked": true}"#).await;
+    let marker = env.scratch.join("charged");
+    env.create_job(charging_job("charge", &marker)).await;
+
+    // It waits, and says for what.
+    let why = eventually("the task waits, naming its condition", || async {
+        let task = env.job_tasks("charge").await.into_iter().next()?;
+        let status = serde_json::to_string(task.status.as_ref()?).ok()?;
+        status.contains("battery Gt 30").then_some(status)
+    })
+    .await;
+    assert!(why.contains("0/1 robots"), "{why}");
+    assert!(!marker.exists(), "it never ran");
+
+    // kubectl shows the facts a label names.
+    let kubeconfig = kubeconfig_path(&env.data_dir);
+    kubectl(
+        &kubeconfig,
+        &["label", "robot", "r1", "robot.k8s4r.io/show-facts=battery.docked"],
+    );
+    let wide = eventually("the FACTS column", || async {
+        let out = kubectl(&kubeconfig, &["get", "robots", "-o", "wide"]);
+        out.contains("battery=10 docked=true").then_some(out)
+    })
+    .await;
+    assert!(wide.contains("FACTS"), "{wide}");
+
+    // The robot charges: the task starts within a second.
+    let written = Instant::now();
+    write_facts(&facts, r#"{"battery": 80, "docked": true}"#);
+    eventually("the task ran", || async { marker.exists().then_some(()) }).await;
+    let took = written.elapsed();
+    assert!(
+        took < Duration::from_secs(1),
+        "the task started {took:?} after the robot charged"
+    );
+    let tasks = env.wait_tasks_final("charge", 1).await;
+    let status = tasks[0].status.clone().unwrap_or_default();
+    assert_eq!(status.state, Some(TaskState::Completed), "{status:?}");
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_estop_stops_a_motion_task_and_a_malformed_facts_file_is_refused() {
+    let mut env = Env::start(&[]).await;
+    let facts = robot_with_facts(&mut env, "r1", r#"{"estop": false}"#).await;
+    let up = env.scratch.join("motion.up");
+    let mut task = sh(&format!("touch {}; sleep 300", up.display()), "10m");
+    task["when"] = serde_json::json!([{ "key": "estop", "operator": "In", "values": ["false"], "whileRunning": "stop" }]);
+    env.create_job(job_json(
+        "motion",
+        serde_json::json!([{ "name": "g", "count": 1, "task": task }]),
+    ))
+    .await;
+    eventually("the motion task runs", || async { up.exists().then_some(()) }).await;
+    write_facts(&facts, r#"{"estop": true}"#);
+    let status = eventually("the task is stopped ConditionLost", || async {
+        let s = env.job_tasks("motion").await.into_iter().next()?.status?;
+        let lost = Some(TaskReason::ConditionLost);
+        (s.reason == lost || s.attempts.iter().any(|a| a.reason == lost)).then_some(s)
+    })
+    .await;
+    let said = serde_json::to_string(&status).unwrap_or_default();
+    assert!(
+        said.contains("estop In [false] no longer holds"),
+        "the condition is named: {said}"
+    );
+
+    // A malformed file: refused, said so, and the robot keeps working.
+    write_facts(&facts, "{\"estop\": fals");
+    let robots: Api<Robot> = Api::all(env.client.clone());
+    let condition = eventually("AcceptingTasks says the facts are refused", || async {
+        let status = robots.get("r1").await.ok()?.status?;
+        let c = status
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == CONDITION_ACCEPTING_TASKS)?;
+        (c.reason.as_deref() == Some("FactsRefused")).then_some(c)
+    })
+    .await;
+    assert!(
+        condition
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("r1-facts.json"),
+        "the file is named: {condition:?}"
+    );
+    let marker = env.scratch.join("still-works");
+    env.create_job(job_json(
+        "plain",
+        serde_json::json!([{ "name": "g", "count": 1, "task": sh(&format!("touch {}", marker.display()), "1m") }]),
+    ))
+    .await;
+    env.wait_tasks_final("plain", 1).await;
+    assert!(marker.exists(), "a task without conditions still runs");
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_moves_a_robots_batch_tasks_elsewhere_once_and_leaves_its_service() {
+    let mut env = Env::start(&[("r1", &["pool=x"])]).await;
+    let marks = env.scratch.join("marks");
+    let script = format!(
+        "m={m}; echo \"$K8S4R_TASK_NAME $K8S4R_TASK_ATTEMPT $K8S4R_ROBOT_ID start\" >> $m; \
+         trap 'echo \"$K8S4R_TASK_NAME $K8S4R_TASK_ATTEMPT $K8S4R_ROBOT_ID stopped\" >> $m; exit 143' TERM; \
+         i=0; while [ $i -lt 40 ]; do sleep 0.1; i=$((i+1)); done; \
+         echo \"$K8S4R_TASK_NAME $K8S4R_TASK_ATTEMPT $K8S4R_ROBOT_ID done\" >> $m",
+        m = marks.display()
+    );
+    env.create_job(job_json(
+        "batch",
+        serde_json::json!([{ "name": "g", "count": 2, "task": sh(&script, "5m") }]),
+    ))
+    .await;
+    let mut service = sh("while :; do sleep 1; done", "0s");
+    service.as_object_mut().expect("a task").remove("timeout");
+    service["kind"] = "service".into();
+    env.create_job(job_json(
+        "svc",
+        serde_json::json!([{ "name": "g", "count": 1, "task": service }]),
+    ))
+    .await;
+    for job in ["batch", "svc"] {
+        eventually(&format!("{job} runs on r1"), || async {
+            let tasks = env.job_tasks(job).await;
+            tasks
+                .iter()
+                .all(|t| {
+                    t.status.as_ref().is_some_and(|s| {
+                        s.state == Some(TaskState::Running) && s.robot.as_deref() == Some("r1")
+                    })
+                })
+                .then_some(())
+                .filter(|_| !tasks.is_empty())
+        })
+        .await;
+    }
+    env.spawn_agent("r2", &["pool=x"]);
+    env.wait_phase("r2", RobotPhase::Online).await;
+
+    let args = k8s4r::drain::DrainArgs {
+        robot: "robot/r1".into(),
+        services: k8s4r::drain::Services::Leave,
+        timeout: Duration::from_secs(60),
+        kube: k8s4r::operate::KubeArgs {
+            kubeconfig: Some(kubeconfig_path(&env.data_dir)),
+            context: None,
+            namespace: None,
+        },
+    };
+    k8s4r::drain::drain(args, &env.data_dir)
+        .await
+        .expect("the drain ends");
+    // When it returns, r1 holds no batch task, and takes no new one.
+    let robots: Api<Robot> = Api::all(env.client.clone());
+    assert!(robots.get("r1").await.expect("r1").spec.unschedulable, "cordoned");
+    for task in env.job_tasks("batch").await {
+        let s = task.status.unwrap_or_default();
+        let on_r1 = s.robot.as_deref() == Some("r1")
+            && matches!(s.state, Some(TaskState::Running | TaskState::Dispatching));
+        assert!(!on_r1, "a batch task still on r1 after the drain: {s:?}");
+    }
+    let svc = env.job_tasks("svc").await.remove(0).status.unwrap_or_default();
+    assert_eq!(
+        (svc.state, svc.robot.as_deref()),
+        (Some(TaskState::Running), Some("r1")),
+        "the service is left"
+    );
+
+    let tasks = env.wait_tasks_final("batch", 2).await;
+    let text = std::fs::read_to_string(&marks).unwrap_or_default();
+    for task in &tasks {
+        let s = task.status.clone().unwrap_or_default();
+        assert_eq!(
+            (s.state, s.robot.as_deref()),
+            (Some(TaskState::Completed), Some("r2")),
+            "{s:?}"
+        );
+        assert!(
+            s.attempts.iter().any(|a| a.reason == Some(TaskReason::Drained)),
+            "{s:?}"
+        );
+        let name = format!("default/{}", task.metadata.name.clone().unwrap_or_default());
+        let done: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with(&format!("{name} ")) && l.ends_with(" done"))
+            .collect();
+        assert_eq!(done.len(), 1, "{name} finished exactly once: {text}");
+        assert!(done[0].contains(" r2 "), "{name} finished on r2: {text}");
+        assert!(
+            text.contains(&format!("{name} 1 r1 stopped")),
+            "{name} was stopped on r1: {text}"
+        );
+    }
+    env.stop().await;
+}
