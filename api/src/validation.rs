@@ -1100,16 +1100,26 @@ mod tests {
             ..Default::default()
         }];
         let err = validate_task_template(&t).unwrap_err();
-        assert!(err.to_string().contains("exceeds the task's killTimeout of 10s"), "{err}");
+        assert!(
+            err.to_string().contains("exceeds the task's killTimeout of 10s"),
+            "{err}"
+        );
         assert_eq!(paths(err), ["spec.preStop.timeout", "spec.when[0]"]);
         t.pre_stop.as_mut().unwrap().timeout = Some("4s".into());
         t.when[0].values = vec!["30".into()];
         assert!(validate_task_template(&t).is_ok());
         assert_eq!(pre_stop_timeout_of(&t), Some(Duration::from_secs(4)));
         t.pre_stop.as_mut().unwrap().timeout = None;
-        assert_eq!(pre_stop_timeout_of(&t), Some(Duration::from_secs(5)), "half the kill timeout");
+        assert_eq!(
+            pre_stop_timeout_of(&t),
+            Some(Duration::from_secs(5)),
+            "half the kill timeout"
+        );
         t.pre_stop.as_mut().unwrap().command = " ".into();
-        assert_eq!(paths(validate_task_template(&t).unwrap_err()), ["spec.preStop.command"]);
+        assert_eq!(
+            paths(validate_task_template(&t).unwrap_err()),
+            ["spec.preStop.command"]
+        );
     }
 
     #[test]
