@@ -822,7 +822,7 @@ mod tests {
             })
             .map(|l| format!("{l}\n"))
             .collect();
-        assert_eq!(settings.lines().count(), 9, "{settings}");
+        assert_eq!(settings.lines().count(), 12, "{settings}");
         let config =
             Config::resolve(parse_file(path, &format!("robot_id = \"rb1\"\n{settings}")).unwrap()).unwrap();
         let s = config.supervisor;
@@ -834,6 +834,9 @@ mod tests {
             (DiskSize::Percent(50), Some(DiskSize::Bytes(32 << 20)))
         );
         assert_eq!(s.task_uids, 70_000..=79_999);
+        let facts = config.facts.expect("the example's facts settings");
+        assert_eq!(facts.file.as_deref(), Some(Path::new("/run/robot/facts.json")));
+        assert_eq!(facts.interval, Duration::from_secs(10));
     }
 
     #[test]

@@ -141,11 +141,24 @@ async fn read_file(path: &Path) -> Result<Facts, String> {
 }
 
 async fn read_file_once(path: &Path) -> Result<Facts, String> {
-    let file = match tokio::fs::File::open(path).await {
+    // The agent reads as root a file another program writes: never through
+    // a link, never a FIFO or a device that could hold the read for ever.
+    let file = match tokio::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .open(path)
+        .await
+    {
         Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Facts::new()),
+        Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => {
+            return Err("is a symbolic link; the agent reads only a regular file".to_owned())
+        }
         Err(e) => return Err(e.to_string()),
     };
+    if !file.metadata().await.map_err(|e| e.to_string())?.is_file() {
+        return Err("is not a regular file".to_owned());
+    }
     let mut bytes = Vec::new();
     file.take(MAX_FACTS_BYTES + 1)
         .read_to_end(&mut bytes)
@@ -366,6 +379,15 @@ mod tests {
         std::fs::write(&file, r#"{"battery": 55}"#).unwrap();
         let good = until(&mut rx, "the good file again", |n| n.error.is_none()).await;
         assert_eq!(good.facts.get("battery"), Some(&FactValue::Number(55.0)));
+
+        // A link planted in its place is refused, not followed.
+        let elsewhere = dir.path().join("elsewhere.json");
+        std::fs::write(&elsewhere, r#"{"battery": 99}"#).unwrap();
+        let link = dir.path().join(".link");
+        std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
+        std::fs::rename(&link, &file).unwrap();
+        let linked = until(&mut rx, "the link's refusal", |n| n.error.is_some()).await;
+        assert!(linked.error.unwrap().contains("symbolic link"));
         stop.cancel();
     }
 

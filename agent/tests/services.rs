@@ -39,6 +39,26 @@ impl Online {
     }
 }
 
+/// Runs `k8s4r-agent --stop-left-tasks` for `robot`, as the unit's
+/// ExecStopPost does after the agent ended; it must succeed.
+fn stop_left_tasks(broker: &Broker, robot: &str, state: &std::path::Path) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_k8s4r-agent"))
+        .args([
+            "--config",
+            "/dev/null",
+            "--broker-url",
+            &broker.url(),
+            "--robot-id",
+            robot,
+        ])
+        .arg("--state-dir")
+        .arg(state)
+        .arg("--stop-left-tasks")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
 /// Whether `pid` runs (not gone, not a zombie).
 fn alive(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -410,23 +430,48 @@ async fn after_an_agent_crash_stop_left_tasks_kills_batch_tasks_and_spares_servi
     assert_eq!(running.state, TaskState::Running);
 
     agent.kill();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_k8s4r-agent"))
-        .args([
-            "--config",
-            "/dev/null",
-            "--broker-url",
-            &broker.url(),
-            "--robot-id",
-            "rs5",
-        ])
-        .arg("--state-dir")
-        .arg(&state)
-        .arg("--stop-left-tasks")
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    stop_left_tasks(&broker, "rs5", &state);
     eventually("the batch task killed", LONG, || (!alive(batch)).then_some(())).await;
     assert!(alive(service), "the service was killed too");
+}
+
+#[tokio::test]
+async fn stop_left_tasks_stops_a_left_task_with_its_stop_signal_before_any_sigkill() {
+    let mut robot = Online::start("rs7").await;
+    let pids = robot.tmp.path().join("graceful");
+    let marks = robot.tmp.path().join("graceful.marks");
+    let _services = Services(vec![pids.clone()]);
+    let mut task = shell_dispatch(
+        "u-int7",
+        1,
+        &format!(
+            "trap 'echo stopped on SIGINT >> {m}; exit 0' INT; trap '' TERM; echo $$ >> {p}; while :; do sleep 0.1; done",
+            m = marks.display(),
+            p = pids.display()
+        ),
+    );
+    task.spec.stop_signal = Some(k8s4r_api::StopSignal::Int);
+    task.spec.kill_timeout = Some(DurationString::from("20s"));
+    let topic = robot.server.topics.dispatch("rs7");
+    robot.server.publish(topic, encode(&task)).await;
+    let pid = eventually("the task's pid", LONG, || pids_in(&pids).first().copied()).await;
+    let running: StatusUpdate = robot.server.next("/tasks/u-int7/status", LONG).await.decode();
+    assert_eq!(running.state, TaskState::Running);
+
+    robot.agent.kill();
+    let began = std::time::Instant::now();
+    stop_left_tasks(&robot.broker, "rs7", &robot.state);
+    assert!(!alive(pid), "gone when the command returns");
+    assert_eq!(
+        std::fs::read_to_string(&marks).unwrap_or_default(),
+        "stopped on SIGINT\n",
+        "stopped by its own signal, not SIGKILL"
+    );
+    assert!(
+        began.elapsed() < std::time::Duration::from_secs(10),
+        "not the whole kill timeout: {:?}",
+        began.elapsed()
+    );
 }
 
 #[tokio::test]

@@ -152,23 +152,8 @@ async fn dispatch_status_ordering_and_terminal_state() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delete_cancels_and_holds_the_finalizer_until_the_robot_reports() {
     let env = Env::start().await;
-    let server = env.server().await;
-    let mut robot = FakeRobot::connect(&env.broker, "rb1").await;
-    robot.registered(&env).await;
-    env.set_phase("rb1", RobotPhase::Online).await;
-    let uid = env.dispatch_task("job-a-0", "rb1", 1).await;
-    robot.expect("/tasks/dispatch").await;
-    eventually("dispatch recorded", || async {
-        env.task("job-a-0")
-            .await
-            .filter(|t| k8s4r_server::decide::dispatched_attempt(t) == 1)
-    })
-    .await;
+    let (server, mut robot, uid) = env.running_on_rb1().await;
     let topic = robot.topics.status("rb1", &uid);
-    robot
-        .send(topic.clone(), &robot.status(&uid, 1, 1, TaskState::Running))
-        .await;
-    server.wait_in("status", "applied", 1).await;
 
     env.tasks()
         .delete("job-a-0", &DeleteParams::default())

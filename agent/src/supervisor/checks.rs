@@ -11,10 +11,9 @@ use std::time::Duration;
 use k8s4r_api::validation::{check_timing, CheckTiming};
 use k8s4r_api::{HealthCheck, TaskTemplate};
 use k8s4r_drivers::{Launch, Prepared, TaskCgroup};
-use nix::sys::signal::Signal;
 
 use super::outcome::{verdict, Exit};
-use super::process::{Launcher, Process};
+use super::process::{wait_at_most, Launcher, Process, Waited};
 use super::reaper::OwnedPids;
 
 /// Where TCP and HTTP checks go when they name no host: the robot itself.
@@ -199,25 +198,17 @@ pub(crate) fn probe(
 /// Waits for an exec check's process: healthy when it exits 0 within
 /// `timeout`; killed (and reaped) when it does not.
 async fn exec_probe(process: Process, timeout: Duration) -> Probe {
-    let Process { exit, group, .. } = process;
-    tokio::pin!(exit);
-    let probe = tokio::time::timeout(timeout, &mut exit).await;
-    // Whatever the check left in its group goes with it.
-    group.signal(Signal::SIGKILL);
-    match probe {
-        Ok(Ok(status)) if status.success() => Ok(()),
-        Ok(Ok(status)) => Err(format!(
+    match wait_at_most(process, timeout).await {
+        Waited::Exited(status) if status.success() => Ok(()),
+        Waited::Exited(status) => Err(format!(
             "the check command {}",
             verdict(Exit::from(status), None, Duration::ZERO).message
         )),
-        Ok(Err(e)) => Err(format!("cannot wait for the check command: {e}")),
-        Err(_) => {
-            let _ = exit.await;
-            Err(format!(
-                "the check command did not finish within {}",
-                k8s4r_api::duration::format_duration(timeout)
-            ))
-        }
+        Waited::Failed(e) => Err(format!("cannot wait for the check command: {e}")),
+        Waited::TimedOut => Err(format!(
+            "the check command did not finish within {}",
+            k8s4r_api::duration::format_duration(timeout)
+        )),
     }
 }
 

@@ -414,17 +414,20 @@ impl SupervisorHandle {
 /// starts. The journal is left as it is: the next agent reports them.
 pub fn stop_left_tasks(state_dir: &std::path::Path) -> std::io::Result<usize> {
     let boot_id = procfs::boot_id();
-    let mut stopped = 0;
-    for task in journal::replay(state_dir)? {
-        if task.resume.is_some() || task.started.is_none() {
-            continue;
-        }
-        recovery::ask_leftovers_to_stop(&task, &boot_id);
-        let message = recovery::kill_leftovers(&task, &boot_id);
+    let left: Vec<journal::Unfinished> = journal::replay(state_dir)?
+        .into_iter()
+        .filter(|task| task.resume.is_none() && task.started.is_some())
+        .collect();
+    let asked = left
+        .iter()
+        .filter_map(|task| recovery::ask_to_stop(task, &boot_id))
+        .collect();
+    recovery::wait_for(asked);
+    for task in &left {
+        let message = recovery::kill_leftovers(task, &boot_id);
         tracing::info!(uid = %task.uid, attempt = task.attempt, %message, "task left by the agent stopped");
-        stopped += 1;
     }
-    Ok(stopped)
+    Ok(left.len())
 }
 
 /// Starts the supervisor on a thread of its own (with its own

@@ -8,12 +8,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use k8s4r_api::TaskTemplate;
-use nix::sys::signal::Signal;
 
 use super::checks::{launch_as_task, AsTask};
 use super::launching::open_log_files;
 use super::outcome::{verdict, Exit};
-use super::process::Process;
+use super::process::{wait_at_most, Process, Waited};
 
 /// The variable that tells a `preStop` why its task is stopping.
 pub(crate) const ENV_STOP_REASON: &str = "K8S4R_STOP_REASON";
@@ -53,22 +52,14 @@ pub(crate) async fn run(
 }
 
 /// Waits for a `preStop`'s process; kills (and reaps) it at `timeout`.
-/// Whatever it left in its process group goes with it.
 async fn wait(process: Process, timeout: Duration) -> Result<(), String> {
-    let Process { exit, group, .. } = process;
-    tokio::pin!(exit);
-    let waited = tokio::time::timeout(timeout, &mut exit).await;
-    group.signal(Signal::SIGKILL);
-    match waited {
-        Ok(Ok(status)) if status.success() => Ok(()),
-        Ok(Ok(status)) => Err(verdict(Exit::from(status), None, Duration::ZERO).message),
-        Ok(Err(e)) => Err(format!("cannot wait for it: {e}")),
-        Err(_) => {
-            let _ = exit.await;
-            Err(format!(
-                "did not finish within {}",
-                k8s4r_api::duration::format_duration(timeout)
-            ))
-        }
+    match wait_at_most(process, timeout).await {
+        Waited::Exited(status) if status.success() => Ok(()),
+        Waited::Exited(status) => Err(verdict(Exit::from(status), None, Duration::ZERO).message),
+        Waited::Failed(e) => Err(format!("cannot wait for it: {e}")),
+        Waited::TimedOut => Err(format!(
+            "did not finish within {}",
+            k8s4r_api::duration::format_duration(timeout)
+        )),
     }
 }

@@ -29,6 +29,32 @@ pub(crate) struct Process {
     pub group: Box<dyn ProcessGroup>,
 }
 
+/// How a process the supervisor runs beside a task (an exec check, a
+/// `preStop`) ended.
+pub(crate) enum Waited {
+    Exited(ExitStatus),
+    Failed(io::Error),
+    /// It outlived its timeout and was killed (and reaped).
+    TimedOut,
+}
+
+/// Waits for `process` up to `timeout`, then kills it; whatever it left in
+/// its process group goes with it either way.
+pub(crate) async fn wait_at_most(process: Process, timeout: std::time::Duration) -> Waited {
+    let Process { exit, group, .. } = process;
+    tokio::pin!(exit);
+    let waited = tokio::time::timeout(timeout, &mut exit).await;
+    group.signal(Signal::SIGKILL);
+    match waited {
+        Ok(Ok(status)) => Waited::Exited(status),
+        Ok(Err(e)) => Waited::Failed(e),
+        Err(_) => {
+            let _ = exit.await;
+            Waited::TimedOut
+        }
+    }
+}
+
 /// Where the supervisor's signals for one task go.
 pub(crate) trait ProcessGroup: Send + Sync {
     fn signal(&self, signal: Signal);

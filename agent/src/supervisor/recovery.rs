@@ -28,17 +28,23 @@ pub(crate) fn settle(task: &Unfinished, boot_id: &str, tail_bytes: usize) -> Tas
     }
 }
 
+/// A leftover task asked to stop: its group and cgroup, and until when it
+/// may take.
+pub(crate) struct Asked {
+    group: Pid,
+    cgroup: Option<TaskCgroup>,
+    until: std::time::Instant,
+}
+
 /// Asks what is left of `task` to stop as it asked to be stopped: its
-/// stop signal to its process group, then up to its kill timeout for the
-/// group (and its cgroup) to empty. [`kill_leftovers`] does the rest.
-/// Blocking: for `--stop-left-tasks`, which systemd runs after the agent.
-pub(crate) fn ask_leftovers_to_stop(task: &Unfinished, boot_id: &str) {
-    let Some(started) = task.started.as_ref().filter(|s| s.boot_id == boot_id) else {
-        return;
-    };
+/// stop signal to its process group; [`wait_for`] then gives it its kill
+/// timeout and [`kill_leftovers`] does the rest. For `--stop-left-tasks`,
+/// which systemd runs after the agent.
+pub(crate) fn ask_to_stop(task: &Unfinished, boot_id: &str) -> Option<Asked> {
+    let started = task.started.as_ref().filter(|s| s.boot_id == boot_id)?;
     let ours = procfs::stat(started.pid).is_some_and(|s| s.start_time == started.pid_start);
     if !ours {
-        return;
+        return None;
     }
     let ask = started.asks.unwrap_or(super::journal::StopAsk {
         signal: Signal::SIGTERM as i32,
@@ -46,19 +52,30 @@ pub(crate) fn ask_leftovers_to_stop(task: &Unfinished, boot_id: &str) {
     });
     let signal = Signal::try_from(ask.signal).unwrap_or(Signal::SIGTERM);
     let group = Pid::from_raw(started.pgid);
-    if killpg(group, signal).is_err() {
-        return;
-    }
-    let cgroup = started.cgroup.clone().map(TaskCgroup::at);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(ask.kill_timeout_ms);
-    // Polled with a deadline: nothing tells a process outside our children
-    // that another has exited.
-    while std::time::Instant::now() < deadline {
-        let group_alive = killpg(group, None).is_ok();
-        let cgroup_alive = cgroup
-            .as_ref()
-            .is_some_and(|c| c.pids().is_ok_and(|p| !p.is_empty()));
-        if !group_alive && !cgroup_alive {
+    killpg(group, signal).ok()?;
+    Some(Asked {
+        group,
+        cgroup: started.cgroup.clone().map(TaskCgroup::at),
+        until: std::time::Instant::now() + std::time::Duration::from_millis(ask.kill_timeout_ms),
+    })
+}
+
+/// Waits until every asked task's group and cgroup are empty, or its kill
+/// timeout passed, all at once (the unit's stop timeout covers the longest
+/// kill timeout, not their sum). Blocking; polled with a deadline, since
+/// nothing tells a process outside our children that another has exited.
+pub(crate) fn wait_for(mut asked: Vec<Asked>) {
+    loop {
+        let now = std::time::Instant::now();
+        asked.retain(|a| {
+            let group_alive = killpg(a.group, None).is_ok();
+            let cgroup_alive = a
+                .cgroup
+                .as_ref()
+                .is_some_and(|c| c.pids().is_ok_and(|p| !p.is_empty()));
+            now < a.until && (group_alive || cgroup_alive)
+        });
+        if asked.is_empty() {
             return;
         }
         std::thread::sleep(std::time::Duration::from_millis(50));

@@ -140,6 +140,30 @@ impl Env {
         created.metadata.uid.expect("uid")
     }
 
+    /// A server, and `rb1` online (registered, approved) running attempt 1
+    /// of Task `job-a-0`, which the server dispatched and saw running;
+    /// returns the server, the robot and the Task's uid.
+    pub async fn running_on_rb1(&self) -> (Running, FakeRobot, String) {
+        let server = self.server().await;
+        let mut robot = FakeRobot::connect(&self.broker, "rb1").await;
+        robot.registered(self).await;
+        self.set_phase("rb1", k8s4r_api::RobotPhase::Online).await;
+        let uid = self.dispatch_task("job-a-0", "rb1", 1).await;
+        robot.expect("/tasks/dispatch").await;
+        eventually("dispatch recorded", || async {
+            self.task("job-a-0")
+                .await
+                .filter(|t| k8s4r_server::decide::dispatched_attempt(t) == 1)
+        })
+        .await;
+        let topic = robot.topics.status("rb1", &uid);
+        robot
+            .send(topic, &robot.status(&uid, 1, 1, TaskState::Running))
+            .await;
+        server.wait_in("status", "applied", 1).await;
+        (server, robot, uid)
+    }
+
     /// Plays the manager: sets targetRobot, state and attempt.
     pub async fn move_task(&self, name: &str, robot: &str, state: TaskState, attempt: u32) {
         #[derive(Debug, Serialize)]
