@@ -166,10 +166,34 @@ async fn reconcile(task: Arc<Task>, ctx: Arc<Context>) -> Result<Action> {
     if !ctx.leadership.is_leader() {
         return Ok(Action::requeue(FOLLOWER_RECHECK));
     }
-    let bridge = &ctx.bridge;
     let seen = Instant::now();
+    let phase = target_phase(&ctx, &task).await?;
+    let uid = task.metadata.uid.clone().unwrap_or_default();
+    let action = {
+        let mut published = lock(&ctx.published);
+        let action = decide_task(&task, phase, jiff::Timestamp::now());
+        match (&action, published.get(&uid).copied()) {
+            (TaskAction::Dispatch { attempt, .. }, Some(sent)) if sent >= *attempt => TaskAction::Nothing,
+            (TaskAction::Dispatch { .. }, _) => action,
+            (_, Some(sent)) if decide::dispatched_attempt(&task) >= sent => {
+                // The cache caught up with the annotation.
+                published.remove(&uid);
+                action
+            }
+            _ => action,
+        }
+    };
+    let next = carry_out(&ctx, &task, action, seen, &uid).await?;
+    ctx.failures.succeeded(&uid);
+    Ok(next)
+}
+
+/// The phase of the robot `task` targets: from the API server for a
+/// deleted Task (whether it may go hinges on it), else from the cache.
+async fn target_phase(ctx: &Context, task: &Task) -> Result<Option<k8s4r_api::RobotPhase>> {
+    let bridge = &ctx.bridge;
     let target = task.spec.target_robot.as_deref();
-    let phase = match target {
+    Ok(match target {
         // Whether a deleted Task may go hinges on the robot being Offline;
         // the robot watch that woke this reconcile may be ahead of the
         // cache, so ask the API server (rare: deletions only).
@@ -187,26 +211,22 @@ async fn reconcile(task: Arc<Task>, ctx: Arc<Context>) -> Result<Action> {
             }),
         Some(robot) => robot_phase(bridge.robot_cache(), robot),
         None => None,
-    };
-    let uid = task.metadata.uid.clone().unwrap_or_default();
-    let action = {
-        let mut published = lock(&ctx.published);
-        let action = decide_task(&task, phase, jiff::Timestamp::now());
-        match (&action, published.get(&uid).copied()) {
-            (TaskAction::Dispatch { attempt, .. }, Some(sent)) if sent >= *attempt => TaskAction::Nothing,
-            (TaskAction::Dispatch { .. }, _) => action,
-            (_, Some(sent)) if decide::dispatched_attempt(&task) >= sent => {
-                // The cache caught up with the annotation.
-                published.remove(&uid);
-                action
-            }
-            _ => action,
-        }
-    };
-    let result = match action {
+    })
+}
+
+/// Does what [`decide_task`] decided about `task`.
+async fn carry_out(
+    ctx: &Context,
+    task: &Task,
+    action: TaskAction,
+    seen: Instant,
+    uid: &str,
+) -> Result<Action> {
+    let bridge = &ctx.bridge;
+    match action {
         TaskAction::Nothing => Ok(Action::await_change()),
         TaskAction::Dispatch { robot, attempt } => {
-            if dispatch(&ctx, &task, &robot, attempt, seen).await? {
+            if dispatch(ctx, task, &robot, attempt, seen).await? {
                 Ok(Action::await_change())
             } else {
                 // A conflict on the sending write left nothing published;
@@ -216,42 +236,40 @@ async fn reconcile(task: Arc<Task>, ctx: Arc<Context>) -> Result<Action> {
             }
         }
         TaskAction::CancelAndWait { robot, attempt } => {
-            cancel(bridge, &task, &robot, attempt).await?;
+            cancel(bridge, task, &robot, attempt).await?;
             let note = format!("asked robot {robot} to stop attempt {attempt}; waiting for its report");
-            record(&ctx, &task, "CancelSent", "Cancel", note).await;
+            record(ctx, task, "CancelSent", "Cancel", note).await;
             Ok(Action::requeue(CANCEL_RETRY))
         }
         TaskAction::Cancel { robot, attempt } => {
-            cancel(bridge, &task, &robot, attempt).await?;
+            cancel(bridge, task, &robot, attempt).await?;
             let note =
                 format!("cancelled: asked robot {robot} to stop attempt {attempt}; waiting for its report");
-            record(&ctx, &task, "CancelSent", "Cancel", note).await;
+            record(ctx, task, "CancelSent", "Cancel", note).await;
             Ok(Action::requeue(CANCEL_RETRY))
         }
         TaskAction::Evict { robot, attempt } => {
             let stop = Stop::eviction(task.status.as_ref().unwrap_or(&Default::default()));
-            publish_stop(bridge, &task, &robot, attempt, &stop).await?;
+            publish_stop(bridge, task, &robot, attempt, &stop).await?;
             let note = format!(
                 "robot {robot} is drained: asked it to stop attempt {attempt}, which then runs elsewhere; waiting for its report"
             );
-            record(&ctx, &task, "EvictionSent", "Evict", note).await;
+            record(ctx, task, "EvictionSent", "Evict", note).await;
             Ok(Action::requeue(CANCEL_RETRY))
         }
         TaskAction::CancelAndRelease { robot, attempt } => {
-            if let Err(error) = cancel(bridge, &task, &robot, attempt).await {
+            if let Err(error) = cancel(bridge, task, &robot, attempt).await {
                 warn!(%error, "cancel not delivered; releasing the task anyway (robot offline or never dispatched)");
             }
-            release(bridge, &task).await?;
+            release(bridge, task).await?;
             Ok(Action::await_change())
         }
         TaskAction::Release => {
-            lock(&ctx.published).remove(&uid);
-            release(bridge, &task).await?;
+            lock(&ctx.published).remove(uid);
+            release(bridge, task).await?;
             Ok(Action::await_change())
         }
-    };
-    ctx.failures.succeeded(&uid);
-    result
+    }
 }
 
 fn error_policy(task: Arc<Task>, error: &Error, ctx: Arc<Context>) -> Action {
