@@ -71,12 +71,12 @@ pub(crate) struct StopAsk {
 }
 
 impl StopAsk {
-    /// What `task` asks, when it asks for more than SIGTERM and SIGKILL 5s
-    /// later.
-    pub(crate) fn of(task: &super::table::Task) -> Option<StopAsk> {
+    /// What a task with this stop signal and kill timeout asks, when it
+    /// asks for more than SIGTERM and SIGKILL 5s later.
+    pub(crate) fn of(signal: nix::sys::signal::Signal, kill_timeout: std::time::Duration) -> Option<StopAsk> {
         let ask = StopAsk {
-            signal: task.stop_signal as i32,
-            kill_timeout_ms: u64::try_from(task.kill_timeout.as_millis()).unwrap_or(u64::MAX),
+            signal: signal as i32,
+            kill_timeout_ms: u64::try_from(kill_timeout.as_millis()).unwrap_or(u64::MAX),
         };
         let default = StopAsk {
             signal: nix::sys::signal::Signal::SIGTERM as i32,

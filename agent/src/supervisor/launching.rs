@@ -159,7 +159,7 @@ pub(crate) fn hand_over(task: &mut Task, restarting: bool, boot_id: &str, launch
             .restarts
             .as_ref()
             .map_or(0, |b| b.count + u32::from(restarting)),
-        asks: journal::StopAsk::of(task),
+        asks: journal::StopAsk::of(task.stop_signal, task.kill_timeout),
     };
     let lineage = cgroup
         .is_none()
