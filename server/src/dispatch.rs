@@ -197,7 +197,7 @@ async fn target_phase(ctx: &Context, task: &Task) -> Result<Option<k8s4r_api::Ro
         // Whether a deleted Task may go hinges on the robot being Offline;
         // the robot watch that woke this reconcile may be ahead of the
         // cache, so ask the API server (rare: deletions only).
-        Some(robot) if task.metadata.deletion_timestamp.is_some() && decide::has_finalizer(&task) => bridge
+        Some(robot) if task.metadata.deletion_timestamp.is_some() && decide::has_finalizer(task) => bridge
             .kube()
             .read(
                 || format!("reading robot {robot}"),
