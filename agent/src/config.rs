@@ -58,6 +58,17 @@ pub enum ConfigError {
         /// What is wrong.
         reason: String,
     },
+    /// Two settings that cannot hold together (on this machine): refused
+    /// rather than one of them quietly not applied.
+    #[error("settings {first} and {second} do not go together: {reason}")]
+    Conflict {
+        /// One setting's file key.
+        first: &'static str,
+        /// The other's.
+        second: &'static str,
+        /// Why, and what to do.
+        reason: String,
+    },
 }
 
 /// The k8s4r robot agent: registers the robot with the fleet over MQTT,
@@ -265,8 +276,8 @@ pub struct Settings {
     pub artifact_retries: Option<u32>,
 
     /// Offer the raw_exec driver: tasks run unisolated as the agent's user
-    /// (root on a robot, so allow_root must be true as well). Default:
-    /// false.
+    /// (root on a robot, so allow_root must be true as well: an agent
+    /// running as root refuses raw_exec without it). Default: false.
     #[arg(long, env = "K8S4R_RAW_EXEC", value_name = "BOOL")]
     pub raw_exec: Option<bool>,
 
@@ -505,8 +516,15 @@ pub struct Config {
 }
 
 impl Config {
-    /// Applies defaults and checks every value.
+    /// Applies defaults and checks every value, for an agent running as
+    /// this process's user.
     pub fn resolve(s: Settings) -> Result<Config, ConfigError> {
+        Self::resolve_as(s, nix::unistd::geteuid().is_root())
+    }
+
+    /// Applies defaults and checks every value, for an agent that runs as
+    /// root or not (what some settings need depends on it).
+    pub fn resolve_as(s: Settings, agent_is_root: bool) -> Result<Config, ConfigError> {
         let robot_id = resolve_robot_id(s.robot_id.clone())?;
         let broker = resolve_broker(&s, &robot_id)?;
         let topic_prefix = s
@@ -541,6 +559,7 @@ impl Config {
             .clone()
             .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
         let supervisor = resolve_supervisor(&s, &robot_id, &state_dir)?;
+        check_raw_exec(&supervisor.policy, agent_is_root)?;
         let facts = resolve_facts(&s)?;
         Ok(Config {
             robot_id,
@@ -566,6 +585,23 @@ impl Config {
             log: s.log,
         })
     }
+}
+
+/// raw_exec runs tasks as the agent's own user: under a root agent that is
+/// root, which only allow_root permits. Refused here, at start and by
+/// --check-config, rather than raw_exec quietly not being offered.
+fn check_raw_exec(policy: &Policy, agent_is_root: bool) -> Result<(), ConfigError> {
+    if policy.raw_exec && agent_is_root && !policy.allow_root {
+        return Err(ConfigError::Conflict {
+            first: "raw_exec",
+            second: "allow_root",
+            reason: "raw_exec = true runs tasks as the agent's user, root here: it needs allow_root = true \
+                     as well (or run the agent as another user, or leave raw_exec off: exec tasks run \
+                     under users of their own)"
+                .into(),
+        });
+    }
+    Ok(())
 }
 
 /// Where the facts come from: a file, a command, or both.
@@ -873,10 +909,34 @@ mod tests {
             "0",
         ])
         .unwrap();
-        let s = Config::resolve(args.settings).unwrap().supervisor;
+        let s = Config::resolve_as(args.settings, false).unwrap().supervisor;
         assert!(s.policy.raw_exec);
         assert_eq!(s.policy.allowed_groups, ["dialout", "video"]);
         assert_eq!((s.disk_budget, s.task_pids_max), (DiskSize::Bytes(2 << 30), None));
+    }
+
+    #[test]
+    fn raw_exec_under_a_root_agent_needs_allow_root() {
+        let raw = Settings {
+            raw_exec: Some(true),
+            ..settings("rb1")
+        };
+        match Config::resolve_as(raw.clone(), true) {
+            Err(e @ ConfigError::Conflict { .. }) => {
+                let e = e.to_string();
+                assert!(e.contains("raw_exec") && e.contains("allow_root = true"), "{e}");
+                assert!(e.contains("root here"), "{e}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let c = Config::resolve_as(raw.clone(), false).unwrap();
+        assert!(c.supervisor.policy.raw_exec, "as another user raw_exec runs as that user");
+        let allowed = Settings {
+            allow_root: Some(true),
+            ..raw
+        };
+        assert!(Config::resolve_as(allowed, true).unwrap().supervisor.policy.raw_exec);
+        assert!(Config::resolve_as(settings("rb1"), true).is_ok(), "raw_exec off: nothing to refuse");
     }
 
     #[test]
