@@ -151,9 +151,17 @@ pub struct Settings {
     #[arg(long, env = "K8S4R_ROBOT_ID", value_name = "ID")]
     pub robot_id: Option<String>,
 
-    /// The bootstrap token sent with every registration.
+    /// The bootstrap token sent with every registration. Every user of
+    /// the machine sees a flag in `ps`: prefer --token-file (or
+    /// K8S4R_TOKEN, or the config file).
     #[arg(long, env = "K8S4R_TOKEN", value_name = "TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+
+    /// A file holding the bootstrap token (surrounding white space is
+    /// ignored); only its owner may read it (`chmod 600`). Not together
+    /// with --token. Default: none.
+    #[arg(long, env = "K8S4R_TOKEN_FILE", value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
 
     /// The broker: `mqtt://host[:port]` (default port 1883) or
     /// `mqtts://host[:port]` (TLS, default port 8883). Default:
@@ -391,9 +399,17 @@ impl Settings {
         // Per-key label merge: the file's keys first, then ours replace them.
         let mut labels = file.labels;
         labels.extend(self.labels);
+        // The token and its file are one setting: either given here
+        // replaces both of the file's (else both would be set).
+        let (token, token_file) = if self.token.is_some() || self.token_file.is_some() {
+            (self.token, self.token_file)
+        } else {
+            (file.token, file.token_file)
+        };
         Settings {
             robot_id: self.robot_id.or(file.robot_id),
-            token: self.token.or(file.token),
+            token,
+            token_file,
             broker_url: self.broker_url.or(file.broker_url),
             ca_file: self.ca_file.or(file.ca_file),
             client_cert: self.client_cert.or(file.client_cert),
@@ -482,6 +498,8 @@ pub struct Config {
     pub robot_id: String,
     /// The bootstrap token.
     pub token: Option<String>,
+    /// The file the token was read from, if it was.
+    pub token_file: Option<PathBuf>,
     /// The broker.
     pub broker: BrokerConfig,
     /// The topic prefix.
@@ -561,9 +579,11 @@ impl Config {
         let supervisor = resolve_supervisor(&s, &robot_id, &state_dir)?;
         check_raw_exec(&supervisor.policy, agent_is_root)?;
         let facts = resolve_facts(&s)?;
+        let token = resolve_token(&s)?;
         Ok(Config {
             robot_id,
-            token: s.token,
+            token,
+            token_file: s.token_file,
             broker,
             topic_prefix,
             state_dir,
@@ -600,6 +620,67 @@ fn check_raw_exec(policy: &Policy, agent_is_root: bool) -> Result<(), ConfigErro
                      under users of their own)"
                 .into(),
         });
+    }
+    Ok(())
+}
+
+/// Largest token file read: a token is a few dozen bytes.
+const TOKEN_FILE_MAX_BYTES: u64 = 4096;
+
+/// The bootstrap token: as given, or read from token_file; not both.
+fn resolve_token(s: &Settings) -> Result<Option<String>, ConfigError> {
+    match (&s.token, &s.token_file) {
+        (Some(_), Some(_)) => Err(ConfigError::Conflict {
+            first: "token",
+            second: "token_file",
+            reason: "give the token one way: token_file (--token-file), or token (--token, which every \
+                     user of the machine sees in `ps`)"
+                .into(),
+        }),
+        (Some(token), None) => Ok(Some(token.clone())),
+        (None, Some(path)) => read_token_file(path).map(Some),
+        (None, None) => Ok(None),
+    }
+}
+
+/// The token in `path`, without surrounding white space: a regular file
+/// no one but its owner can read (whoever holds the token can register
+/// robots).
+fn read_token_file(path: &Path) -> Result<String, ConfigError> {
+    use std::os::unix::fs::PermissionsExt;
+    let invalid = |reason: String| ConfigError::Invalid {
+        key: "token_file",
+        reason: format!("{}: {reason}", path.display()),
+    };
+    // Looked at before it is opened: opening a FIFO would wait for a writer.
+    let meta = std::fs::metadata(path).map_err(|e| invalid(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(invalid("not a regular file".into()));
+    }
+    if meta.len() > TOKEN_FILE_MAX_BYTES {
+        return Err(invalid(format!(
+            "{} bytes: a token file holds the token alone (at most {TOKEN_FILE_MAX_BYTES} bytes)",
+            meta.len()
+        )));
+    }
+    token_file_mode_ok(meta.permissions().mode()).map_err(invalid)?;
+    let text = std::fs::read_to_string(path).map_err(|e| invalid(e.to_string()))?;
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(invalid("empty".into()));
+    }
+    Ok(token.to_owned())
+}
+
+/// Whether a token file's mode keeps it to its owner; the error says what
+/// to run.
+fn token_file_mode_ok(mode: u32) -> Result<(), String> {
+    if mode & 0o044 != 0 {
+        return Err(format!(
+            "readable by group or others (mode {:04o}): anyone who reads the token can register robots; \
+             chmod 600 it",
+            mode & 0o7777
+        ));
     }
     Ok(())
 }
@@ -937,6 +1018,71 @@ mod tests {
         };
         assert!(Config::resolve_as(allowed, true).unwrap().supervisor.policy.raw_exec);
         assert!(Config::resolve_as(settings("rb1"), true).is_ok(), "raw_exec off: nothing to refuse");
+    }
+
+    /// A token file in a fresh directory, with this text and mode.
+    fn token_file(text: &str, mode: u32) -> (tempfile::TempDir, PathBuf) {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("token");
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        (dir, path)
+    }
+
+    fn with_token_file(path: &Path) -> Settings {
+        Settings {
+            token_file: Some(path.to_owned()),
+            ..settings("rb1")
+        }
+    }
+
+    #[test]
+    fn the_token_is_read_from_a_private_file() {
+        let (_dir, path) = token_file("  s3cret\n", 0o600);
+        let c = Config::resolve_as(with_token_file(&path), false).unwrap();
+        assert_eq!(c.token.as_deref(), Some("s3cret"));
+        assert_eq!(c.token_file.as_deref(), Some(path.as_path()));
+
+        let (_dir, open) = token_file("s3cret", 0o644);
+        let e = Config::resolve_as(with_token_file(&open), false).unwrap_err().to_string();
+        assert!(e.contains("token_file") && e.contains("0644") && e.contains("chmod 600"), "{e}");
+        let (_dir, empty) = token_file(" \n", 0o600);
+        let e = Config::resolve_as(with_token_file(&empty), false).unwrap_err().to_string();
+        assert!(e.contains("empty"), "{e}");
+        let missing = path.with_file_name("nothing-here");
+        let e = Config::resolve_as(with_token_file(&missing), false).unwrap_err().to_string();
+        assert!(e.contains("nothing-here"), "{e}");
+        let dir = path.parent().unwrap();
+        let e = Config::resolve_as(with_token_file(dir), false).unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+
+        assert!(token_file_mode_ok(0o100600).is_ok() && token_file_mode_ok(0o400).is_ok());
+        assert!(token_file_mode_ok(0o640).is_err() && token_file_mode_ok(0o604).is_err());
+    }
+
+    #[test]
+    fn a_token_is_given_one_way() {
+        let (_dir, path) = token_file("s3cret", 0o600);
+        let both = Settings {
+            token: Some("other".into()),
+            ..with_token_file(&path)
+        };
+        match Config::resolve_as(both, false) {
+            Err(e @ ConfigError::Conflict { .. }) => {
+                let e = e.to_string();
+                assert!(e.contains("token_file") && e.contains("`ps`"), "{e}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // A flag replaces the file's way of giving the token.
+        let file = parse_file(Path::new("a.toml"), "robot_id = \"rb1\"\ntoken = \"in-file\"").unwrap();
+        let merged = with_token_file(&path).over(file.clone());
+        assert_eq!((merged.token, merged.token_file), (None, Some(path.clone())));
+        let merged = Settings::default().over(file);
+        assert_eq!(merged.token.as_deref(), Some("in-file"));
+        let args = Args::try_parse_from(["k8s4r-agent", "--token-file", "/etc/k8s4r/token"]).unwrap();
+        assert_eq!(args.settings.token_file, Some(PathBuf::from("/etc/k8s4r/token")));
     }
 
     #[test]
