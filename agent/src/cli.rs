@@ -73,7 +73,7 @@ fn print_checked(config: &Config) {
         if config.broker.tls.is_some() { " (TLS)" } else { "" },
         if config.supervisor.policy.raw_exec { "exec, raw_exec" } else { "exec" }
     );
-    println!("k8s4r-agent: state dir {}", config.state_dir.display());
+    println!("k8s4r-agent: {}", config.state_layout());
     let token = match (&config.token_file, &config.token) {
         (Some(file), _) => format!("read from {}", file.display()),
         (None, Some(_)) => "set (a --token flag shows in `ps` to every user of the machine: \

@@ -200,8 +200,8 @@ pub struct Settings {
     #[arg(long, env = "K8S4R_TOPIC_PREFIX", value_name = "PREFIX")]
     pub topic_prefix: Option<String>,
 
-    /// Directory of the status outbox and the tasks' state. Default:
-    /// /var/lib/k8s4r.
+    /// Directory of the status outbox and the tasks' state (the agent
+    /// logs at start what it keeps where). Default: /var/lib/k8s4r.
     #[arg(long, env = "K8S4R_STATE_DIR", value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
 
@@ -604,6 +604,32 @@ impl Config {
             log_format: s.log_format.unwrap_or_default(),
             log: s.log,
         })
+    }
+
+    /// The status outbox: `state_dir/outbox`.
+    pub fn outbox_dir(&self) -> PathBuf {
+        self.state_dir.join("outbox")
+    }
+
+    /// Where the agent writes on this machine, in one line for a person:
+    /// logged at start and printed by --check-config, so that a
+    /// hand-started agent does not fill /var/lib/k8s4r unannounced.
+    pub fn state_layout(&self) -> String {
+        let s = &self.supervisor;
+        let default = if self.state_dir.as_path() == Path::new(DEFAULT_STATE_DIR) {
+            " (the default: set state_dir to choose another)"
+        } else {
+            ""
+        };
+        format!(
+            "state dir {}{default}: outbox {}, journal {}, task directories {}, disk reserve {} ({})",
+            self.state_dir.display(),
+            self.outbox_dir().display(),
+            s.journal_file().display(),
+            s.tasks_dir().display(),
+            s.reserve_file().display(),
+            s.reserve_described()
+        )
     }
 }
 
@@ -1083,6 +1109,28 @@ mod tests {
         assert_eq!(merged.token.as_deref(), Some("in-file"));
         let args = Args::try_parse_from(["k8s4r-agent", "--token-file", "/etc/k8s4r/token"]).unwrap();
         assert_eq!(args.settings.token_file, Some(PathBuf::from("/etc/k8s4r/token")));
+    }
+
+    #[test]
+    fn the_state_layout_names_every_place_the_agent_writes() {
+        let layout = Config::resolve_as(settings("rb1"), false).unwrap().state_layout();
+        for part in [
+            "/var/lib/k8s4r (the default",
+            "/var/lib/k8s4r/outbox",
+            "/var/lib/k8s4r/journal.jsonl",
+            "/var/lib/k8s4r/tasks",
+            "/var/lib/k8s4r/reserve (32.0 MiB, at most 5% of the file system)",
+        ] {
+            assert!(layout.contains(part), "{part}: {layout}");
+        }
+        let chosen = Settings {
+            state_dir: Some("/srv/agent".into()),
+            disk_reserve: Some(DiskSize::Percent(2)),
+            ..settings("rb1")
+        };
+        let layout = Config::resolve_as(chosen, false).unwrap().state_layout();
+        assert!(!layout.contains("default"), "{layout}");
+        assert!(layout.contains("/srv/agent/reserve (2% of the file system)"), "{layout}");
     }
 
     #[test]

@@ -365,7 +365,7 @@ impl Session {
             client.clone(),
             Topics::new(&config.topic_prefix),
             config.robot_id.clone(),
-            config.state_dir.join("tasks"),
+            config.supervisor.tasks_dir(),
         );
         let session = Session {
             robot_id: config.robot_id.clone(),

@@ -98,10 +98,10 @@ impl Runner {
         events: mpsc::UnboundedSender<TaskEvent>,
         parts: Parts,
     ) -> Result<(Self, watch::Receiver<AgentHealth>, Offer), SupervisorError> {
-        let tasks_dir = config.state_dir.join("tasks");
+        let tasks_dir = config.tasks_dir();
         prepare_state_dir(&config.state_dir, &tasks_dir)?;
         let journal_error = |source| SupervisorError::Journal {
-            path: config.state_dir.join(journal::FILE_NAME),
+            path: config.journal_file(),
             source,
         };
         let unfinished = journal::replay(&config.state_dir).map_err(journal_error)?;
