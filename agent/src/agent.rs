@@ -31,7 +31,7 @@ pub enum AgentError {
     #[error("task supervisor: {0}")]
     Supervisor(#[from] SupervisorError),
     /// The state directory could not be created.
-    #[error("state directory {path}: {source}")]
+    #[error("state directory {path}: {source} (state_dir, --state-dir, chooses another)")]
     StateDir {
         /// The directory.
         path: PathBuf,
@@ -87,11 +87,14 @@ pub fn start(
     shutdown: CancellationToken,
 ) -> Result<(AgentHandle, JoinHandle<()>), AgentError> {
     mqtt::install_crypto_provider();
+    // Said before the directory is made: a hand-started agent that may not
+    // write there learns where it tried.
+    tracing::info!("the agent's {}", config.state_layout());
     std::fs::create_dir_all(&config.state_dir).map_err(|source| AgentError::StateDir {
         path: config.state_dir.clone(),
         source,
     })?;
-    let outbox = Outbox::open(&config.state_dir.join("outbox"), config.outbox_max_entries)?;
+    let outbox = Outbox::open(&config.outbox_dir(), config.outbox_max_entries)?;
     if !outbox.is_empty() {
         tracing::info!(
             entries = outbox.len(),

@@ -26,14 +26,7 @@ pub fn main() -> ExitCode {
             };
         }
         Ok(config) if check_only => {
-            println!(
-                "k8s4r-agent: configuration ok: robot {}, broker {}:{}{}, state dir {}",
-                config.robot_id,
-                config.broker.host,
-                config.broker.port,
-                if config.broker.tls.is_some() { " (TLS)" } else { "" },
-                config.state_dir.display()
-            );
+            print_checked(&config);
             return ExitCode::SUCCESS;
         }
         Ok(config) => config,
@@ -67,6 +60,28 @@ pub fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// What `--check-config` prints about a usable configuration: where the
+/// agent connects, what it writes where, and where its token comes from.
+fn print_checked(config: &Config) {
+    println!(
+        "k8s4r-agent: configuration ok: robot {}, broker {}:{}{}, drivers {}",
+        config.robot_id,
+        config.broker.host,
+        config.broker.port,
+        if config.broker.tls.is_some() { " (TLS)" } else { "" },
+        if config.supervisor.policy.raw_exec { "exec, raw_exec" } else { "exec" }
+    );
+    println!("k8s4r-agent: {}", config.state_layout());
+    let token = match (&config.token_file, &config.token) {
+        (Some(file), _) => format!("read from {}", file.display()),
+        (None, Some(_)) => "set (a --token flag shows in `ps` to every user of the machine: \
+                           prefer token_file)"
+            .to_owned(),
+        (None, None) => "none: the cluster rejects a robot without one (set token_file)".to_owned(),
+    };
+    println!("k8s4r-agent: bootstrap token {token}");
 }
 
 async fn run(mut config: Config) -> anyhow::Result<()> {

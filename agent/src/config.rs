@@ -58,6 +58,17 @@ pub enum ConfigError {
         /// What is wrong.
         reason: String,
     },
+    /// Two settings that cannot hold together (on this machine): refused
+    /// rather than one of them quietly not applied.
+    #[error("settings {first} and {second} do not go together: {reason}")]
+    Conflict {
+        /// One setting's file key.
+        first: &'static str,
+        /// The other's.
+        second: &'static str,
+        /// Why, and what to do.
+        reason: String,
+    },
 }
 
 /// The k8s4r robot agent: registers the robot with the fleet over MQTT,
@@ -140,9 +151,17 @@ pub struct Settings {
     #[arg(long, env = "K8S4R_ROBOT_ID", value_name = "ID")]
     pub robot_id: Option<String>,
 
-    /// The bootstrap token sent with every registration.
+    /// The bootstrap token sent with every registration. Every user of
+    /// the machine sees a flag in `ps`: prefer --token-file (or
+    /// K8S4R_TOKEN, or the config file).
     #[arg(long, env = "K8S4R_TOKEN", value_name = "TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+
+    /// A file holding the bootstrap token (surrounding white space is
+    /// ignored); only its owner may read it (`chmod 600`). Not together
+    /// with --token. Default: none.
+    #[arg(long, env = "K8S4R_TOKEN_FILE", value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
 
     /// The broker: `mqtt://host[:port]` (default port 1883) or
     /// `mqtts://host[:port]` (TLS, default port 8883). Default:
@@ -181,8 +200,8 @@ pub struct Settings {
     #[arg(long, env = "K8S4R_TOPIC_PREFIX", value_name = "PREFIX")]
     pub topic_prefix: Option<String>,
 
-    /// Directory of the status outbox and the tasks' state. Default:
-    /// /var/lib/k8s4r.
+    /// Directory of the status outbox and the tasks' state (the agent
+    /// logs at start what it keeps where). Default: /var/lib/k8s4r.
     #[arg(long, env = "K8S4R_STATE_DIR", value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
 
@@ -265,8 +284,8 @@ pub struct Settings {
     pub artifact_retries: Option<u32>,
 
     /// Offer the raw_exec driver: tasks run unisolated as the agent's user
-    /// (root on a robot, so allow_root must be true as well). Default:
-    /// false.
+    /// (root on a robot, so allow_root must be true as well: an agent
+    /// running as root refuses raw_exec without it). Default: false.
     #[arg(long, env = "K8S4R_RAW_EXEC", value_name = "BOOL")]
     pub raw_exec: Option<bool>,
 
@@ -380,9 +399,17 @@ impl Settings {
         // Per-key label merge: the file's keys first, then ours replace them.
         let mut labels = file.labels;
         labels.extend(self.labels);
+        // The token and its file are one setting: either given here
+        // replaces both of the file's (else both would be set).
+        let (token, token_file) = if self.token.is_some() || self.token_file.is_some() {
+            (self.token, self.token_file)
+        } else {
+            (file.token, file.token_file)
+        };
         Settings {
             robot_id: self.robot_id.or(file.robot_id),
-            token: self.token.or(file.token),
+            token,
+            token_file,
             broker_url: self.broker_url.or(file.broker_url),
             ca_file: self.ca_file.or(file.ca_file),
             client_cert: self.client_cert.or(file.client_cert),
@@ -471,6 +498,8 @@ pub struct Config {
     pub robot_id: String,
     /// The bootstrap token.
     pub token: Option<String>,
+    /// The file the token was read from, if it was.
+    pub token_file: Option<PathBuf>,
     /// The broker.
     pub broker: BrokerConfig,
     /// The topic prefix.
@@ -505,8 +534,15 @@ pub struct Config {
 }
 
 impl Config {
-    /// Applies defaults and checks every value.
+    /// Applies defaults and checks every value, for an agent running as
+    /// this process's user.
     pub fn resolve(s: Settings) -> Result<Config, ConfigError> {
+        Self::resolve_as(s, nix::unistd::geteuid().is_root())
+    }
+
+    /// Applies defaults and checks every value, for an agent that runs as
+    /// root or not (what some settings need depends on it).
+    pub fn resolve_as(s: Settings, agent_is_root: bool) -> Result<Config, ConfigError> {
         let robot_id = resolve_robot_id(s.robot_id.clone())?;
         let broker = resolve_broker(&s, &robot_id)?;
         let topic_prefix = s
@@ -541,10 +577,13 @@ impl Config {
             .clone()
             .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
         let supervisor = resolve_supervisor(&s, &robot_id, &state_dir)?;
+        check_raw_exec(&supervisor.policy, agent_is_root)?;
         let facts = resolve_facts(&s)?;
+        let token = resolve_token(&s)?;
         Ok(Config {
             robot_id,
-            token: s.token,
+            token,
+            token_file: s.token_file,
             broker,
             topic_prefix,
             state_dir,
@@ -566,6 +605,110 @@ impl Config {
             log: s.log,
         })
     }
+
+    /// The status outbox: `state_dir/outbox`.
+    pub fn outbox_dir(&self) -> PathBuf {
+        self.state_dir.join("outbox")
+    }
+
+    /// Where the agent writes on this machine, in one line for a person:
+    /// logged at start and printed by --check-config, so that a
+    /// hand-started agent does not fill /var/lib/k8s4r unannounced.
+    pub fn state_layout(&self) -> String {
+        let s = &self.supervisor;
+        let default = if self.state_dir.as_path() == Path::new(DEFAULT_STATE_DIR) {
+            " (the default: set state_dir to choose another)"
+        } else {
+            ""
+        };
+        format!(
+            "state dir {}{default}: outbox {}, journal {}, task directories {}, disk reserve {} ({})",
+            self.state_dir.display(),
+            self.outbox_dir().display(),
+            s.journal_file().display(),
+            s.tasks_dir().display(),
+            s.reserve_file().display(),
+            s.reserve_described()
+        )
+    }
+}
+
+/// raw_exec runs tasks as the agent's own user: under a root agent that is
+/// root, which only allow_root permits. Refused here, at start and by
+/// --check-config, rather than raw_exec quietly not being offered.
+fn check_raw_exec(policy: &Policy, agent_is_root: bool) -> Result<(), ConfigError> {
+    if policy.raw_exec && agent_is_root && !policy.allow_root {
+        return Err(ConfigError::Conflict {
+            first: "raw_exec",
+            second: "allow_root",
+            reason: "raw_exec = true runs tasks as the agent's user, root here: it needs allow_root = true \
+                     as well (or run the agent as another user, or leave raw_exec off: exec tasks run \
+                     under users of their own)"
+                .into(),
+        });
+    }
+    Ok(())
+}
+
+/// Largest token file read: a token is a few dozen bytes.
+const TOKEN_FILE_MAX_BYTES: u64 = 4096;
+
+/// The bootstrap token: as given, or read from token_file; not both.
+fn resolve_token(s: &Settings) -> Result<Option<String>, ConfigError> {
+    match (&s.token, &s.token_file) {
+        (Some(_), Some(_)) => Err(ConfigError::Conflict {
+            first: "token",
+            second: "token_file",
+            reason: "give the token one way: token_file (--token-file), or token (--token, which every \
+                     user of the machine sees in `ps`)"
+                .into(),
+        }),
+        (Some(token), None) => Ok(Some(token.clone())),
+        (None, Some(path)) => read_token_file(path).map(Some),
+        (None, None) => Ok(None),
+    }
+}
+
+/// The token in `path`, without surrounding white space: a regular file
+/// no one but its owner can read (whoever holds the token can register
+/// robots).
+fn read_token_file(path: &Path) -> Result<String, ConfigError> {
+    use std::os::unix::fs::PermissionsExt;
+    let invalid = |reason: String| ConfigError::Invalid {
+        key: "token_file",
+        reason: format!("{}: {reason}", path.display()),
+    };
+    // Looked at before it is opened: opening a FIFO would wait for a writer.
+    let meta = std::fs::metadata(path).map_err(|e| invalid(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(invalid("not a regular file".into()));
+    }
+    if meta.len() > TOKEN_FILE_MAX_BYTES {
+        return Err(invalid(format!(
+            "{} bytes: a token file holds the token alone (at most {TOKEN_FILE_MAX_BYTES} bytes)",
+            meta.len()
+        )));
+    }
+    token_file_mode_ok(meta.permissions().mode()).map_err(invalid)?;
+    let text = std::fs::read_to_string(path).map_err(|e| invalid(e.to_string()))?;
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(invalid("empty".into()));
+    }
+    Ok(token.to_owned())
+}
+
+/// Whether a token file's mode keeps it to its owner; the error says what
+/// to run.
+fn token_file_mode_ok(mode: u32) -> Result<(), String> {
+    if mode & 0o044 != 0 {
+        return Err(format!(
+            "readable by group or others (mode {:04o}): anyone who reads the token can register robots; \
+             chmod 600 it",
+            mode & 0o7777
+        ));
+    }
+    Ok(())
 }
 
 /// Where the facts come from: a file, a command, or both.
@@ -873,10 +1016,121 @@ mod tests {
             "0",
         ])
         .unwrap();
-        let s = Config::resolve(args.settings).unwrap().supervisor;
+        let s = Config::resolve_as(args.settings, false).unwrap().supervisor;
         assert!(s.policy.raw_exec);
         assert_eq!(s.policy.allowed_groups, ["dialout", "video"]);
         assert_eq!((s.disk_budget, s.task_pids_max), (DiskSize::Bytes(2 << 30), None));
+    }
+
+    #[test]
+    fn raw_exec_under_a_root_agent_needs_allow_root() {
+        let raw = Settings {
+            raw_exec: Some(true),
+            ..settings("rb1")
+        };
+        match Config::resolve_as(raw.clone(), true) {
+            Err(e @ ConfigError::Conflict { .. }) => {
+                let e = e.to_string();
+                assert!(e.contains("raw_exec") && e.contains("allow_root = true"), "{e}");
+                assert!(e.contains("root here"), "{e}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let c = Config::resolve_as(raw.clone(), false).unwrap();
+        assert!(c.supervisor.policy.raw_exec, "as another user raw_exec runs as that user");
+        let allowed = Settings {
+            allow_root: Some(true),
+            ..raw
+        };
+        assert!(Config::resolve_as(allowed, true).unwrap().supervisor.policy.raw_exec);
+        assert!(Config::resolve_as(settings("rb1"), true).is_ok(), "raw_exec off: nothing to refuse");
+    }
+
+    /// A token file in a fresh directory, with this text and mode.
+    fn token_file(text: &str, mode: u32) -> (tempfile::TempDir, PathBuf) {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("token");
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        (dir, path)
+    }
+
+    fn with_token_file(path: &Path) -> Settings {
+        Settings {
+            token_file: Some(path.to_owned()),
+            ..settings("rb1")
+        }
+    }
+
+    #[test]
+    fn the_token_is_read_from_a_private_file() {
+        let (_dir, path) = token_file("  s3cret\n", 0o600);
+        let c = Config::resolve_as(with_token_file(&path), false).unwrap();
+        assert_eq!(c.token.as_deref(), Some("s3cret"));
+        assert_eq!(c.token_file.as_deref(), Some(path.as_path()));
+
+        let (_dir, open) = token_file("s3cret", 0o644);
+        let e = Config::resolve_as(with_token_file(&open), false).unwrap_err().to_string();
+        assert!(e.contains("token_file") && e.contains("0644") && e.contains("chmod 600"), "{e}");
+        let (_dir, empty) = token_file(" \n", 0o600);
+        let e = Config::resolve_as(with_token_file(&empty), false).unwrap_err().to_string();
+        assert!(e.contains("empty"), "{e}");
+        let missing = path.with_file_name("nothing-here");
+        let e = Config::resolve_as(with_token_file(&missing), false).unwrap_err().to_string();
+        assert!(e.contains("nothing-here"), "{e}");
+        let dir = path.parent().unwrap();
+        let e = Config::resolve_as(with_token_file(dir), false).unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+
+        assert!(token_file_mode_ok(0o100600).is_ok() && token_file_mode_ok(0o400).is_ok());
+        assert!(token_file_mode_ok(0o640).is_err() && token_file_mode_ok(0o604).is_err());
+    }
+
+    #[test]
+    fn a_token_is_given_one_way() {
+        let (_dir, path) = token_file("s3cret", 0o600);
+        let both = Settings {
+            token: Some("other".into()),
+            ..with_token_file(&path)
+        };
+        match Config::resolve_as(both, false) {
+            Err(e @ ConfigError::Conflict { .. }) => {
+                let e = e.to_string();
+                assert!(e.contains("token_file") && e.contains("`ps`"), "{e}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // A flag replaces the file's way of giving the token.
+        let file = parse_file(Path::new("a.toml"), "robot_id = \"rb1\"\ntoken = \"in-file\"").unwrap();
+        let merged = with_token_file(&path).over(file.clone());
+        assert_eq!((merged.token, merged.token_file), (None, Some(path.clone())));
+        let merged = Settings::default().over(file);
+        assert_eq!(merged.token.as_deref(), Some("in-file"));
+        let args = Args::try_parse_from(["k8s4r-agent", "--token-file", "/etc/k8s4r/token"]).unwrap();
+        assert_eq!(args.settings.token_file, Some(PathBuf::from("/etc/k8s4r/token")));
+    }
+
+    #[test]
+    fn the_state_layout_names_every_place_the_agent_writes() {
+        let layout = Config::resolve_as(settings("rb1"), false).unwrap().state_layout();
+        for part in [
+            "/var/lib/k8s4r (the default",
+            "/var/lib/k8s4r/outbox",
+            "/var/lib/k8s4r/journal.jsonl",
+            "/var/lib/k8s4r/tasks",
+            "/var/lib/k8s4r/reserve (32.0 MiB, at most 5% of the file system)",
+        ] {
+            assert!(layout.contains(part), "{part}: {layout}");
+        }
+        let chosen = Settings {
+            state_dir: Some("/srv/agent".into()),
+            disk_reserve: Some(DiskSize::Percent(2)),
+            ..settings("rb1")
+        };
+        let layout = Config::resolve_as(chosen, false).unwrap().state_layout();
+        assert!(!layout.contains("default"), "{layout}");
+        assert!(layout.contains("/srv/agent/reserve (2% of the file system)"), "{layout}");
     }
 
     #[test]

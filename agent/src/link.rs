@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use k8s4r_api::RobotPhase;
 use k8s4r_mqtt::PacketIds;
 
-use k8s4r_api::backoff::Backoff;
+use k8s4r_api::backoff::{exponential, Backoff};
 
 /// What a QoS 1 publish handed to the client was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,7 +130,10 @@ pub enum Registration {
 }
 
 /// Registration's state machine: register on every connect, again with
-/// backoff until the server answers Online.
+/// backoff until the server answers Online. A Rejected answer (the
+/// bootstrap token was refused) spaces the next tries far wider, from
+/// [`REJECTED_RETRY_MIN`] doubling to [`REJECTED_RETRY_MAX`]: a person has
+/// to act before one can succeed.
 #[derive(Debug)]
 pub struct Registrar {
     state: Registration,
@@ -140,10 +143,19 @@ pub struct Registrar {
     session: String,
     /// Registrations sent so far by this process.
     sent: u64,
+    /// Rejected answers since the last Online one.
+    rejections: u32,
+    /// The message of the rejection last reported, while rejections go on.
+    rejected_for: Option<String>,
 }
 
 /// Registrations whose answers are still taken: older ones are stale.
 const ANSWERED_REGISTRATIONS: u64 = 16;
+
+/// The wait after a first rejection before registering again.
+pub const REJECTED_RETRY_MIN: Duration = Duration::from_secs(10);
+/// The longest wait between registrations while they are rejected.
+pub const REJECTED_RETRY_MAX: Duration = Duration::from_secs(300);
 
 /// What the registrar wants done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -154,6 +166,15 @@ pub enum RegisterAction {
     Register,
     /// Approval arrived: run held dispatches, start heartbeats.
     Approved,
+    /// The server rejected the robot; the next registration goes in
+    /// `retry_in`.
+    Rejected {
+        /// Whether this rejection is news (the first, or its message
+        /// changed): worth an error a person reads; repeats are not.
+        news: bool,
+        /// The wait before registering again.
+        retry_in: Duration,
+    },
 }
 
 impl Registrar {
@@ -165,6 +186,8 @@ impl Registrar {
             last_phase: None,
             session: session.into(),
             sent: 0,
+            rejections: 0,
+            rejected_for: None,
         }
     }
 
@@ -237,19 +260,24 @@ impl Registrar {
         }
     }
 
-    /// The server answered.
-    pub fn response(&mut self, phase: RobotPhase, now: Instant) -> RegisterAction {
+    /// The server answered with `phase` and, perhaps, a message saying why.
+    pub fn response(&mut self, phase: RobotPhase, message: Option<&str>, now: Instant) -> RegisterAction {
         self.last_phase = Some(phase);
+        if phase != RobotPhase::Rejected {
+            self.rejected_for = None;
+        }
         match (self.state, phase) {
             (Registration::Offline, _) => RegisterAction::None,
+            (_, RobotPhase::Rejected) => self.rejected(message.unwrap_or_default(), now),
             (Registration::Approved, RobotPhase::Online) => RegisterAction::None,
             (_, RobotPhase::Online) => {
                 self.state = Registration::Approved;
                 self.backoff.reset();
+                self.rejections = 0;
                 RegisterAction::Approved
             }
-            // Pending, Rejected, Offline: keep waiting; the retry already
-            // scheduled stays (a response must not speed retries up).
+            // Pending, Offline: keep waiting; the retry already scheduled
+            // stays (a response must not speed retries up).
             (Registration::Approved, _) => {
                 self.state = Registration::Waiting {
                     retry_at: now + self.backoff.next_delay(),
@@ -257,6 +285,25 @@ impl Registrar {
                 RegisterAction::None
             }
             (Registration::Waiting { .. }, _) => RegisterAction::None,
+        }
+    }
+
+    /// A rejection: the next registration waits the longer of the retry
+    /// already due and the rejections' own backoff, which doubles per
+    /// rejection since the last approval, capped.
+    fn rejected(&mut self, message: &str, now: Instant) -> RegisterAction {
+        let wait = exponential(REJECTED_RETRY_MIN, REJECTED_RETRY_MAX, self.rejections);
+        self.rejections = self.rejections.saturating_add(1);
+        let retry_at = match self.state {
+            Registration::Waiting { retry_at } => retry_at.max(now + wait),
+            _ => now + wait,
+        };
+        self.state = Registration::Waiting { retry_at };
+        let news = self.rejected_for.as_deref() != Some(message);
+        self.rejected_for = Some(message.to_owned());
+        RegisterAction::Rejected {
+            news,
+            retry_in: until(retry_at, now),
         }
     }
 }
@@ -382,21 +429,21 @@ mod tests {
         let t0 = Instant::now();
         let mut r = registrar();
         assert_eq!(
-            r.response(RobotPhase::Online, t0),
+            r.response(RobotPhase::Online, None, t0),
             RegisterAction::None,
             "not connected"
         );
         assert_eq!(r.connected(t0), RegisterAction::Register);
         assert_eq!(r.tick(t0), RegisterAction::None);
         let first = r.deadline().unwrap();
-        assert_eq!(r.response(RobotPhase::Pending, t0), RegisterAction::None);
+        assert_eq!(r.response(RobotPhase::Pending, None, t0), RegisterAction::None);
         assert_eq!(r.deadline(), Some(first), "a Pending answer keeps the schedule");
         assert_eq!(r.tick(first), RegisterAction::Register);
         let second = r.deadline().unwrap();
         assert!(second - first >= Duration::from_secs(1), "backoff grows");
-        assert_eq!(r.response(RobotPhase::Online, first), RegisterAction::Approved);
+        assert_eq!(r.response(RobotPhase::Online, None, first), RegisterAction::Approved);
         assert!(r.approved() && r.deadline().is_none());
-        assert_eq!(r.response(RobotPhase::Online, first), RegisterAction::None);
+        assert_eq!(r.response(RobotPhase::Online, None, first), RegisterAction::None);
         r.disconnected();
         assert!(!r.approved());
         assert_eq!(r.connected(first), RegisterAction::Register);
@@ -407,10 +454,107 @@ mod tests {
         let t0 = Instant::now();
         let mut r = registrar();
         r.connected(t0);
-        r.response(RobotPhase::Online, t0);
-        assert_eq!(r.response(RobotPhase::Rejected, t0), RegisterAction::None);
+        r.response(RobotPhase::Online, None, t0);
+        assert_eq!(
+            r.response(RobotPhase::Rejected, Some("bootstrap token not recognised"), t0),
+            RegisterAction::Rejected {
+                news: true,
+                retry_in: REJECTED_RETRY_MIN
+            }
+        );
         assert!(!r.approved());
-        assert!(r.deadline().is_some());
+        assert_eq!(r.deadline(), Some(t0 + REJECTED_RETRY_MIN));
+    }
+
+    /// Registers (the retry due) and is rejected with `message`; returns
+    /// the time of the retry after that.
+    fn rejected_again(r: &mut Registrar, message: &str, news: bool) -> Instant {
+        let at = r.deadline().expect("a retry is due");
+        assert_eq!(r.tick(at), RegisterAction::Register);
+        match r.response(RobotPhase::Rejected, Some(message), at) {
+            RegisterAction::Rejected { news: n, retry_in } => {
+                assert_eq!(n, news, "{message}");
+                at + retry_in
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn rejections_back_off_exponentially_to_a_cap_and_are_news_once_per_message() {
+        let t0 = Instant::now();
+        let mut r = registrar();
+        r.connected(t0);
+        let action = r.response(RobotPhase::Rejected, Some("unknown token"), t0);
+        assert_eq!(
+            action,
+            RegisterAction::Rejected {
+                news: true,
+                retry_in: REJECTED_RETRY_MIN
+            },
+            "far beyond the ordinary retry (1s here)"
+        );
+        let mut waits = Vec::new();
+        for _ in 0..8 {
+            let at = r.deadline().unwrap();
+            let next = rejected_again(&mut r, "unknown token", false);
+            waits.push((next - at).as_secs());
+        }
+        assert_eq!(waits, [20, 40, 80, 160, 300, 300, 300, 300]);
+        rejected_again(&mut r, "the robot presented no bootstrap token", true);
+        rejected_again(&mut r, "the robot presented no bootstrap token", false);
+    }
+
+    #[test]
+    fn an_approval_ends_the_rejections_backoff() {
+        let t0 = Instant::now();
+        let mut r = registrar();
+        r.connected(t0);
+        r.response(RobotPhase::Rejected, Some("unknown token"), t0);
+        for _ in 0..5 {
+            rejected_again(&mut r, "unknown token", false);
+        }
+        let at = r.deadline().unwrap();
+        r.tick(at);
+        assert_eq!(r.response(RobotPhase::Online, None, at), RegisterAction::Approved);
+        assert_eq!(
+            r.response(RobotPhase::Rejected, Some("unknown token"), at),
+            RegisterAction::Rejected {
+                news: true,
+                retry_in: REJECTED_RETRY_MIN
+            },
+            "a new rejection is news and starts from the shortest wait"
+        );
+    }
+
+    #[test]
+    fn a_rejection_never_brings_a_later_retry_forward() {
+        let t0 = Instant::now();
+        let mut r = Registrar::new(
+            Backoff::new(
+                Duration::from_secs(1000),
+                Duration::from_secs(1000),
+                Jitter::with_seed(1),
+            ),
+            "s1",
+        );
+        r.connected(t0);
+        let due = r.deadline().unwrap();
+        assert!(due - t0 >= Duration::from_secs(500));
+        assert_eq!(
+            r.response(RobotPhase::Rejected, None, t0),
+            RegisterAction::Rejected {
+                news: true,
+                retry_in: due - t0
+            }
+        );
+        assert_eq!(r.deadline(), Some(due));
+        r.disconnected();
+        assert_eq!(
+            r.response(RobotPhase::Rejected, None, t0),
+            RegisterAction::None,
+            "not connected"
+        );
     }
 
     #[test]

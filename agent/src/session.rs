@@ -17,7 +17,8 @@ use k8s4r_api::backoff::{Backoff, Jitter};
 use k8s4r_api::protocol::{
     encode, Cancel, Dispatch, Heartbeat, HeldList, Online, Register, StatusUpdate, Topics, MAX_HELD_ATTEMPTS,
 };
-use k8s4r_api::{DeviceInfo, RestartStatus, TaskReason, TaskState};
+use k8s4r_api::names::{DEFAULT_BOOTSTRAP_SECRET, DEFAULT_NAMESPACE};
+use k8s4r_api::{DeviceInfo, RestartStatus, RobotPhase, TaskReason, TaskState};
 use rumqttc::{AsyncClient, ConnectionError, Event, EventLoop, Outgoing, Packet, QoS};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
@@ -28,7 +29,7 @@ use crate::facts::FactsNow;
 use crate::fence::Fence;
 use crate::host::UsageSampler;
 use crate::inbound::{classify, Inbound, Refused};
-use crate::link::{Link, RegisterAction, Registrar, RunningSet, Tag};
+use crate::link::{Link, RegisterAction, Registrar, RunningSet, Tag, REJECTED_RETRY_MAX};
 use crate::log_reader::LogReaders;
 use crate::mqtt;
 use crate::outbox::Outbox;
@@ -140,6 +141,27 @@ pub fn boot_clock() -> Duration {
 }
 
 static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+
+/// Says that the cluster rejected this robot: an error when it is news,
+/// with what a person must do, and quietly while it goes on (the
+/// registrar spaces the retries out meanwhile).
+fn report_rejection(message: Option<&str>, news: bool, retry_in: Duration) {
+    let reason = message.unwrap_or("no reason given");
+    if news {
+        tracing::error!(
+            reason,
+            ?retry_in,
+            "the cluster rejected this robot's registration: the agent's bootstrap token (token_file or \
+             token) must be a value of the Secret {DEFAULT_BOOTSTRAP_SECRET} (namespace {DEFAULT_NAMESPACE} \
+             by default; `k8s4r up` keeps its own in the file bootstrap-token of its data dir): add it \
+             there, or give the agent one of its values and restart it; meanwhile it registers again less \
+             and less often, at most every {}s",
+            REJECTED_RETRY_MAX.as_secs()
+        );
+    } else {
+        tracing::debug!(reason, ?retry_in, "registration rejected again");
+    }
+}
 
 /// A `failed` update for an attempt that never reached the supervisor.
 pub fn failed_status(uid: &str, attempt: u32, reason: TaskReason, message: String) -> StatusUpdate {
@@ -343,7 +365,7 @@ impl Session {
             client.clone(),
             Topics::new(&config.topic_prefix),
             config.robot_id.clone(),
-            config.state_dir.join("tasks"),
+            config.supervisor.tasks_dir(),
         );
         let session = Session {
             robot_id: config.robot_id.clone(),
@@ -761,18 +783,23 @@ impl Session {
                     tracing::warn!(phase = ?response.phase, nonce = response.nonce.as_deref().unwrap_or(""), "ignored a registration answer this process did not ask for (it waited in the broker)");
                     return;
                 }
-                tracing::info!(phase = ?response.phase, message = response.message.as_deref().unwrap_or(""), "registration response");
+                if response.phase != RobotPhase::Rejected {
+                    tracing::info!(phase = ?response.phase, message = response.message.as_deref().unwrap_or(""), "registration response");
+                }
                 self.status_acks = ours && response.status_acks;
                 if ours {
                     self.fence
                         .registered(response.status_acks, response.server_time, boot_clock());
                 }
-                if self.registrar.response(response.phase, Instant::now().into_std())
-                    == RegisterAction::Approved
-                {
-                    tracing::info!("registration approved");
-                    self.next_heartbeat = matches!(phase, Phase::Running).then(Instant::now);
-                    self.release_held(phase);
+                let message = response.message.as_deref();
+                match self.registrar.response(response.phase, message, Instant::now().into_std()) {
+                    RegisterAction::Approved => {
+                        tracing::info!("registration approved");
+                        self.next_heartbeat = matches!(phase, Phase::Running).then(Instant::now);
+                        self.release_held(phase);
+                    }
+                    RegisterAction::Rejected { news, retry_in } => report_rejection(message, news, retry_in),
+                    RegisterAction::None | RegisterAction::Register => {}
                 }
             }
             Ok(Inbound::Dispatch(dispatch)) => self.on_dispatch(*dispatch, phase),

@@ -2,7 +2,8 @@
 //! `k8s4r`), so that `--log`, `--log-format` and `RUST_LOG` mean the same
 //! thing in each.
 
-use std::io::Write;
+use std::ffi::OsString;
+use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
@@ -51,6 +52,18 @@ fn choose(explicit: Option<&str>, rust_log: Option<&str>, default: &str) -> Resu
     })
 }
 
+/// Whether log lines carry colour: only when standard error is a terminal
+/// (a log file or the journal would keep the escape codes), and never with
+/// `NO_COLOR` set (<https://no-color.org>).
+fn colour() -> bool {
+    colour_for(std::io::stderr().is_terminal(), std::env::var_os("NO_COLOR"))
+}
+
+/// [`colour`], given what it looks at.
+fn colour_for(terminal: bool, no_color: Option<OsString>) -> bool {
+    terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
 /// Sends `tracing` output to standard error in `format`, filtered as
 /// [`choose`] says. A filter that does not parse is an error rather than a
 /// silent fallback. If a subscriber is set already (tests run several
@@ -70,6 +83,7 @@ pub fn init_with_default(
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(colour())
         // Otherwise a log line that cannot be written (stderr on a full
         // disk) is reported with `eprintln!`, which panics the thread that
         // logged: a full disk must not kill a program's threads.
@@ -111,6 +125,7 @@ pub fn init_non_blocking(format: LogFormat, explicit: Option<&str>) -> Result<Lo
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(queue)
+        .with_ansi(colour())
         .log_internal_errors(false);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
@@ -239,6 +254,14 @@ mod tests {
             shown(choose(None, None, "info,rumqttd=off").unwrap()),
             "rumqttd=off,info"
         );
+    }
+
+    #[test]
+    fn colour_only_on_a_terminal_and_without_no_color() {
+        assert!(colour_for(true, None));
+        assert!(colour_for(true, Some(OsString::new())), "an empty NO_COLOR is unset");
+        assert!(!colour_for(true, Some(OsString::from("1"))));
+        assert!(!colour_for(false, None), "a file or the journal gets no escape codes");
     }
 
     #[test]

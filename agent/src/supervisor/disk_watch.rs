@@ -65,7 +65,7 @@ impl DiskWatch {
     /// The watch of `tasks_dir` on the file system whose size is `total`.
     pub(crate) fn new(config: &SupervisorConfig, tasks_dir: PathBuf, total: u64) -> Self {
         let reserve = Reserve {
-            path: config.state_dir.join("reserve"),
+            path: config.reserve_file(),
             bytes: match config.disk_reserve {
                 Some(size) => size.of(total),
                 None => super::DEFAULT_DISK_RESERVE.min(total / 20),

@@ -132,6 +132,35 @@ pub const DEFAULT_DISK_RESERVE: u64 = 32 << 20;
 /// uids (100000) of rootless containers.
 pub const DEFAULT_TASK_UIDS: RangeInclusive<u32> = 70_000..=79_999;
 
+impl SupervisorConfig {
+    /// The task attempts' directories: `state_dir/tasks`.
+    pub fn tasks_dir(&self) -> PathBuf {
+        self.state_dir.join("tasks")
+    }
+
+    /// The journal of the task attempts: `state_dir/journal.jsonl`.
+    pub fn journal_file(&self) -> PathBuf {
+        self.state_dir.join(journal::FILE_NAME)
+    }
+
+    /// The file that holds the disk reserve: `state_dir/reserve`.
+    pub fn reserve_file(&self) -> PathBuf {
+        self.state_dir.join("reserve")
+    }
+
+    /// The disk reserve's size as configured, for a person.
+    pub fn reserve_described(&self) -> String {
+        match self.disk_reserve {
+            None => format!(
+                "{}, at most 5% of the file system",
+                DiskSize::Bytes(DEFAULT_DISK_RESERVE)
+            ),
+            Some(DiskSize::Percent(p)) => format!("{p}% of the file system"),
+            Some(size) => size.to_string(),
+        }
+    }
+}
+
 impl Default for SupervisorConfig {
     fn default() -> Self {
         SupervisorConfig {

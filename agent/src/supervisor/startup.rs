@@ -98,10 +98,10 @@ impl Runner {
         events: mpsc::UnboundedSender<TaskEvent>,
         parts: Parts,
     ) -> Result<(Self, watch::Receiver<AgentHealth>, Offer), SupervisorError> {
-        let tasks_dir = config.state_dir.join("tasks");
+        let tasks_dir = config.tasks_dir();
         prepare_state_dir(&config.state_dir, &tasks_dir)?;
         let journal_error = |source| SupervisorError::Journal {
-            path: config.state_dir.join(journal::FILE_NAME),
+            path: config.journal_file(),
             source,
         };
         let unfinished = journal::replay(&config.state_dir).map_err(journal_error)?;
@@ -321,7 +321,10 @@ fn recover(unfinished: &[Unfinished], boot_id: &str, tail_bytes: usize) -> Recov
 }
 
 /// What the robot offers tasks: raw_exec only when it can run something
-/// (it is on, and the agent is not root or root is allowed).
+/// (it is on, and the agent is not root or root is allowed). The agent's
+/// configuration refuses raw_exec without allow_root under root at start
+/// (`config::Config::resolve`); this keeps a supervisor configured some
+/// other way from offering what it would refuse.
 fn offer(
     config: &SupervisorConfig,
     launchers: &[Arc<dyn Launcher>],
@@ -330,6 +333,9 @@ fn offer(
 ) -> Offer {
     let (max_tasks, disk_budget) = super::limits_report(config.max_tasks, budget);
     let raw_exec = config.policy.raw_exec && (!agent_is_root || config.policy.allow_root);
+    if config.policy.raw_exec && !raw_exec {
+        tracing::warn!("raw_exec is not offered: it would run tasks as root, and allow_root is false");
+    }
     Offer {
         drivers: launchers
             .iter()
