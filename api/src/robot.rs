@@ -25,6 +25,18 @@ use crate::quantity::Quantity;
         status = "RobotStatus",
         doc = "A robot of the fleet, registered by its agent over MQTT.",
         printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+        printcolumn(
+            name = "Connected",
+            type_ = "string",
+            json_path = ".status.conditions[?(@.type==\"Connected\")].status",
+            description = "Whether the robot is connected to the broker now (the Connected condition)."
+        ),
+        printcolumn(
+            name = "Schedulable",
+            type_ = "boolean",
+            json_path = ".status.schedulable",
+            description = "False while the robot is cordoned (spec.unschedulable)."
+        ),
         printcolumn(name = "Arch", type_ = "string", json_path = ".status.device.arch"),
         printcolumn(name = "Running", type_ = "integer", json_path = ".status.allocated.tasks"),
         printcolumn(
@@ -34,12 +46,24 @@ use crate::quantity::Quantity;
             priority = "1"
         ),
         printcolumn(
+            name = "Drivers",
+            type_ = "string",
+            json_path = ".status.drivers",
+            description = "The task drivers the robot's agent offers.",
+            priority = "1"
+        ),
+        printcolumn(
             name = "Facts",
             type_ = "string",
             json_path = ".status.shownFacts",
             priority = "1"
         ),
-        printcolumn(name = "Heartbeat", type_ = "date", json_path = ".status.lastHeartbeatTime"),
+        printcolumn(
+            name = "Heartbeat",
+            type_ = "date",
+            json_path = ".status.lastHeartbeatTime",
+            description = "When the server last recorded a heartbeat: refreshed at most every 4 minutes (the server's --heartbeat-refresh) while nothing else changes, so a healthy robot reads up to about 4.5 minutes. CONNECTED and PHASE are current."
+        ),
         printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
     )
 )]
@@ -74,9 +98,14 @@ pub struct RobotStatus {
     /// Why the robot is in its phase, for a person.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
-    /// When the server last recorded a heartbeat (coalesced: see the server's
-    /// write budget; the Lease of the robot's name in the namespace
-    /// `k8s4r-robot-leases` holds the precise renew time).
+    /// When the server last recorded a heartbeat. Coalesced to save API
+    /// writes: rewritten only once it is 240 s old (the server's
+    /// `--heartbeat-refresh`), or sooner when usage or a condition changed,
+    /// so with heartbeats every 30 s it is at most about 4.5 minutes old for
+    /// a healthy robot. The Lease of the robot's name in the namespace
+    /// `k8s4r-robot-leases` holds a fresher time (renewed every 60 s);
+    /// condition `Connected` and the phase say whether the robot is there
+    /// now.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_heartbeat_time: Option<Timestamp>,
     /// When the robot last registered.
@@ -111,6 +140,13 @@ pub struct RobotStatus {
     /// Ready, Connected and similar conditions.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// False while the robot is cordoned (`spec.unschedulable`: `k8s4r
+    /// cordon`, `drain`), true otherwise; written by the manager for the
+    /// SCHEDULABLE column, since a spec field left out when false prints
+    /// nothing. The scheduler reads the spec. An Offline robot, or one whose
+    /// `AcceptingTasks` condition is False, takes no new tasks either.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedulable: Option<bool>,
     /// The robot's own state as its agent last reported it (battery,
     /// docked, e-stop, ...): what tasks' `when` conditions read.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]

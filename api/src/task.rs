@@ -378,7 +378,12 @@ pub enum RestartMode {
         status = "TaskStatus",
         doc = "One process to run on one robot.",
         printcolumn(name = "State", type_ = "string", json_path = ".status.state"),
-        printcolumn(name = "Robot", type_ = "string", json_path = ".spec.targetRobot"),
+        printcolumn(
+            name = "Robot",
+            type_ = "string",
+            json_path = ".status.robot",
+            description = "The robot of the current attempt; empty while the task waits for one."
+        ),
         printcolumn(name = "Attempt", type_ = "integer", json_path = ".status.attempt"),
         printcolumn(name = "Exit", type_ = "integer", json_path = ".status.exitCode"),
         printcolumn(name = "Restarts", type_ = "integer", json_path = ".status.restartCount"),
@@ -536,7 +541,8 @@ pub struct TaskStatus {
     /// The sequence number of the last robot report applied in this attempt.
     #[serde(default)]
     pub seq: u64,
-    /// The robot running (or that ran) the current attempt.
+    /// The robot running (or that ran) the current attempt; none while the
+    /// task waits for its next attempt (the earlier ones are in `attempts`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub robot: Option<String>,
     /// Exit code of the process (143/137 after SIGTERM/SIGKILL).

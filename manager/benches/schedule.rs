@@ -92,14 +92,15 @@ async fn create_robots(client: &Client) -> anyhow::Result<()> {
                         memory: Some(Quantity::from("4Gi")),
                         tasks: 0,
                     }),
-                    // What the manager would write for an idle robot, so the
-                    // start is not 1,000 allocation patches.
+                    // What the manager would write for an idle robot (with
+                    // `schedulable` below), so the start is not 1,000 patches.
                     allocated: Some(RobotResources {
                         cpu: Some(Quantity::from("0")),
                         memory: Some(Quantity::from("0")),
                         tasks: 0,
                     }),
                     drivers: vec!["exec".into(), "raw_exec".into()],
+                    schedulable: Some(true),
                     ..RobotStatus::default()
                 };
                 api.patch_status(&name, &params, &Patch::Merge(&StatusBody { status: &status }))

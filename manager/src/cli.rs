@@ -39,8 +39,9 @@ pub struct Args {
     /// A robot whose last heartbeat is older than this goes Offline.
     #[arg(long, env = "K8S4R_HEARTBEAT_TIMEOUT", default_value = "5m", value_parser = duration)]
     pub heartbeat_timeout: Duration,
-    /// A robot that disconnected (its last will) goes Offline after this.
-    #[arg(long, env = "K8S4R_DISCONNECT_GRACE", default_value = "30s", value_parser = duration)]
+    /// A robot that disconnected (it said `online: false` as it stopped, or
+    /// its last will did) goes Offline after this; 0: at once.
+    #[arg(long, env = "K8S4R_DISCONNECT_GRACE", default_value = "0s", value_parser = duration)]
     pub disconnect_grace: Duration,
     /// The deadline of a dispatch: a robot refuses it later, and the
     /// attempt is then failed (DispatchTimeout) and retried.
@@ -189,6 +190,7 @@ mod tests {
         let args = Args::parse_from(["k8s4r-manager"]);
         let config = args.config();
         assert_eq!(config.liveness.heartbeat_timeout, Duration::from_secs(300));
+        assert_eq!(config.liveness, LivenessConfig::default(), "the flags' defaults are the code's");
         assert!(config.leader.is_some());
         assert!(!config.auto_approve);
         let args = Args::parse_from([

@@ -11,7 +11,12 @@ use k8s4r_api::{ConditionStatus, RobotPhase};
 pub struct LivenessConfig {
     /// Liveness older than this makes an Online robot Offline.
     pub heartbeat_timeout: Duration,
-    /// How long `Connected=False` (the last will) may last before Offline.
+    /// How long `Connected=False` may last before Offline. The robot says
+    /// `online: false` itself as it stops, and its last will says the same
+    /// when its connection drops, so the two cannot be told apart; zero
+    /// (the default) makes the phase follow `Connected` at once, as the
+    /// README promises. A longer grace keeps a robot on a flaky link
+    /// schedulable through short drops, at the price of a phase that lags.
     pub disconnect_grace: Duration,
 }
 
@@ -19,7 +24,7 @@ impl Default for LivenessConfig {
     fn default() -> Self {
         Self {
             heartbeat_timeout: Duration::from_secs(300),
-            disconnect_grace: Duration::from_secs(30),
+            disconnect_grace: Duration::ZERO,
         }
     }
 }
@@ -164,6 +169,14 @@ mod tests {
         }
     }
 
+    /// The default timings: no disconnect grace.
+    fn default_cfg() -> LivenessConfig {
+        LivenessConfig {
+            heartbeat_timeout: Duration::from_secs(60),
+            ..LivenessConfig::default()
+        }
+    }
+
     #[test]
     fn liveness_is_the_freshest_signal() {
         let live = Liveness {
@@ -200,7 +213,7 @@ mod tests {
     }
 
     #[test]
-    fn a_last_will_takes_the_robot_offline_after_a_short_grace() {
+    fn a_configured_grace_holds_a_disconnected_robot_online_that_long() {
         let live = Liveness {
             last_heartbeat: Some(t(0)),
             connected: Some((ConditionStatus::False, Some(t(1)))),
@@ -220,6 +233,59 @@ mod tests {
         assert_eq!(
             verdict(RobotPhase::Offline, &live, t(7), &cfg()),
             Verdict::Stay(None)
+        );
+    }
+
+    #[test]
+    fn by_default_a_disconnect_makes_the_robot_offline_at_once() {
+        assert_eq!(LivenessConfig::default().disconnect_grace, Duration::ZERO);
+        // A clean stop: the agent's own `online: false` a second after its
+        // last heartbeat; the phase follows in the same reconcile.
+        let live = Liveness {
+            last_heartbeat: Some(t(0)),
+            connected: Some((ConditionStatus::False, Some(t(1)))),
+            ..Liveness::default()
+        };
+        assert_eq!(
+            verdict(RobotPhase::Online, &live, t(1), &default_cfg()),
+            Verdict::Offline {
+                reason: "Disconnected",
+                message: "the robot disconnected from the broker".into(),
+            }
+        );
+        // A transition time ahead of the manager's clock (another
+        // machine's) changes nothing.
+        assert!(matches!(
+            verdict(RobotPhase::Online, &live, t(0), &default_cfg()),
+            Verdict::Offline { .. }
+        ));
+        assert_eq!(
+            verdict(RobotPhase::Offline, &live, t(2), &default_cfg()),
+            Verdict::Stay(None),
+            "fresh liveness alone does not bring a disconnected robot back"
+        );
+    }
+
+    #[test]
+    fn a_robot_that_reconnects_quickly_is_online_again() {
+        // Disconnected at t(1), registered again at t(3): the server set
+        // Connected=True with the registration.
+        let back = Liveness {
+            last_heartbeat: Some(t(0)),
+            last_registration: Some(t(3)),
+            connected: Some((ConditionStatus::True, Some(t(3)))),
+            ..Liveness::default()
+        };
+        assert!(matches!(
+            verdict(RobotPhase::Offline, &back, t(3), &default_cfg()),
+            Verdict::Online {
+                reason: "HeartbeatResumed",
+                ..
+            }
+        ));
+        assert_eq!(
+            verdict(RobotPhase::Online, &back, t(4), &default_cfg()),
+            Verdict::Stay(Some(Duration::from_secs(59)))
         );
     }
 

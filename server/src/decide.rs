@@ -354,7 +354,7 @@ pub fn connected(conditions: &[Condition], up: bool, now: Timestamp) -> Option<V
     } else {
         (
             "Disconnected",
-            "the robot disconnected (its last will said online: false)",
+            "the robot disconnected: it said online: false as it stopped, or its last will did",
         )
     };
     let mut condition = Condition::new(CONDITION_CONNECTED, wanted, reason, message);

@@ -11,7 +11,7 @@
 //! Each prints `BENCH <name> <value> <unit>` lines (BENCHMARKS.md) and a
 //! short summary. The server and manager run with their production
 //! defaults (Lease renewals at most every 60 s, lastHeartbeatTime every
-//! 240 s, disconnect grace 30 s).
+//! 240 s, no disconnect grace).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;

@@ -363,6 +363,21 @@ async fn deleting_a_running_job_cancels_its_processes() {
     env.stop().await;
 }
 
+/// The cell of `kubectl get` output `table` in the row named `name` and the
+/// column headed `column` (cells without spaces), or "" when there is none.
+fn cell(table: &str, name: &str, column: &str) -> String {
+    let mut lines = table.lines();
+    let header: Vec<&str> = lines.next().unwrap_or_default().split_whitespace().collect();
+    let Some(at) = header.iter().position(|c| *c == column) else {
+        return String::new();
+    };
+    lines
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|cells| cells.first() == Some(&name))
+        .and_then(|cells| cells.get(at).map(|c| (*c).to_owned()))
+        .unwrap_or_default()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_shows_robots_jobs_and_tasks() {
     let env = Env::start(&[("r1", &["kind=test"]), ("r2", &["kind=test"])]).await;
@@ -375,17 +390,26 @@ async fn kubectl_shows_robots_jobs_and_tasks() {
     let kubeconfig = kubeconfig_path(&env.data_dir);
 
     let robots = kubectl(&kubeconfig, &["get", "robots"]);
-    for col in ["NAME", "PHASE", "ARCH", "RUNNING", "HEARTBEAT", "AGE"] {
+    for col in ["NAME", "PHASE", "CONNECTED", "SCHEDULABLE", "ARCH", "RUNNING", "HEARTBEAT", "AGE"] {
         assert!(robots.contains(col), "robots lack {col}:\n{robots}");
     }
     for robot in ["r1", "r2"] {
-        assert!(
-            robots
-                .lines()
-                .any(|l| l.starts_with(robot) && l.contains("Online")),
-            "{robots}"
-        );
+        assert_eq!(cell(&robots, robot, "PHASE"), "Online", "{robots}");
+        assert_eq!(cell(&robots, robot, "CONNECTED"), "True", "{robots}");
+        assert_eq!(cell(&robots, robot, "SCHEDULABLE"), "true", "{robots}");
     }
+    let patch = serde_json::json!({ "spec": { "unschedulable": true } });
+    Api::<k8s4r_api::Robot>::all(env.client.clone())
+        .patch("r2", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("cordon r2");
+    eventually("kubectl shows r2 cordoned", || async {
+        let out = kubectl(&kubeconfig, &["get", "robots"]);
+        (cell(&out, "r2", "SCHEDULABLE") == "false" && cell(&out, "r1", "SCHEDULABLE") == "true").then_some(())
+    })
+    .await;
+    let wide = kubectl(&kubeconfig, &["get", "robots", "-o", "wide"]);
+    assert!(cell(&wide, "r1", "DRIVERS").contains("exec"), "{wide}");
     let job = eventually("kubectl shows the Job completed", || async {
         let out = kubectl(&kubeconfig, &["get", "jobs.robot.k8s4r.io", "-n", "default"]);
         out.lines()
@@ -405,6 +429,10 @@ async fn kubectl_shows_robots_jobs_and_tasks() {
         .filter(|l| l.starts_with("seen") && l.contains("completed"))
         .count();
     assert_eq!(done, 2, "{tasks}");
+    for task in ["seen-g-0", "seen-g-1"] {
+        let robot = cell(&tasks, task, "ROBOT");
+        assert!(robot == "r1" || robot == "r2", "ROBOT is status.robot:\n{tasks}");
+    }
 
     // What the manager and the server did, as `kubectl describe` tells it.
     // Events are published in the background, so they may trail the status.

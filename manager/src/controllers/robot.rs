@@ -36,6 +36,8 @@ pub struct RobotStatusPatch {
     conditions: Option<Vec<Condition>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     allocated: Option<RobotResources>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    schedulable: Option<bool>,
 }
 
 /// Reconciles one Robot.
@@ -157,17 +159,19 @@ async fn reconcile_robot(robot: &Robot, ctx: &Context) -> Result<Action> {
     };
 
     let phase_change = patch.phase.is_some() || patch.conditions.is_some();
+    patch.schedulable = schedulable_change(robot);
+    let writing = phase_change || patch.message.is_some() || patch.schedulable.is_some();
     let alloc = allocated(ctx, &name);
     if status.allocated.as_ref() != Some(&alloc) {
         // `allocated` is for people (the scheduler keeps its own ledger):
         // a robot taking tasks in a burst gets it written at most once per
         // interval, unless something else is written anyway.
-        match allocation_due(ctx, &name, phase_change || patch.message.is_some()) {
+        match allocation_due(ctx, &name, writing) {
             None => patch.allocated = Some(alloc),
             Some(wait) => requeue = Some(requeue.map_or(wait, |r| r.min(wait))),
         }
     }
-    if phase_change || patch.allocated.is_some() || patch.message.is_some() {
+    if writing || patch.allocated.is_some() {
         // Conditions are a list the server writes too: guard the whole
         // read-modify-write with the version it was read at.
         let version = if phase_change {
@@ -185,6 +189,16 @@ async fn reconcile_robot(robot: &Robot, ctx: &Context) -> Result<Action> {
         Some(after) => Action::requeue(after.max(std::time::Duration::from_millis(10))),
         None => Action::await_change(),
     })
+}
+
+/// `status.schedulable` as it should now be written, or None when it
+/// already says so: false while the robot is cordoned. The spec field is
+/// left out when false, so a column on it would print nothing for a robot
+/// that takes tasks.
+pub fn schedulable_change(robot: &Robot) -> Option<bool> {
+    let schedulable = !robot.spec.unschedulable;
+    let written = robot.status.as_ref().and_then(|s| s.schedulable);
+    (written != Some(schedulable)).then_some(schedulable)
 }
 
 /// What a Robot's phase calls for.
@@ -394,6 +408,30 @@ mod tests {
         let plan = plan_liveness(&status, back, now());
         assert_eq!(plan.patch.phase, Some(RobotPhase::Online));
         assert_eq!(plan.event, Some(Note::normal("Online", "heard again")));
+    }
+
+    #[test]
+    fn schedulable_follows_the_cordon_and_is_written_once() {
+        let mut robot = Robot::new("r1", k8s4r_api::RobotSpec::default());
+        assert_eq!(schedulable_change(&robot), Some(true), "never written yet");
+        robot.status = Some(RobotStatus {
+            schedulable: Some(true),
+            ..RobotStatus::default()
+        });
+        assert_eq!(schedulable_change(&robot), None);
+        robot.spec.unschedulable = true;
+        assert_eq!(schedulable_change(&robot), Some(false), "cordoned");
+        robot.status.as_mut().unwrap().schedulable = Some(false);
+        assert_eq!(schedulable_change(&robot), None);
+        let patch = RobotStatusPatch {
+            schedulable: Some(false),
+            ..RobotStatusPatch::default()
+        };
+        assert_eq!(
+            serde_json::to_value(&patch).unwrap(),
+            serde_json::json!({ "schedulable": false }),
+            "false is written, so the column prints it"
+        );
     }
 
     #[test]

@@ -89,6 +89,33 @@ pub struct TaskStatusPatch {
     conditions: Option<Vec<Condition>>,
 }
 
+impl TaskStatusPatch {
+    /// A patch that clears what describes the current attempt (its robot,
+    /// exit code, signal, reason, message, restarts and times), for a Task
+    /// that goes back to wait for its next attempt: `kubectl get` then shows
+    /// no robot, exit code or reason of an attempt that is over, which
+    /// `attempts[]` keeps. `outputTail` stays, for `k8s4r logs`, until the
+    /// next dispatch replaces it; `seq` is reset by that dispatch.
+    fn attempt_over() -> Self {
+        TaskStatusPatch {
+            robot: Some(None),
+            exit_code: Some(None),
+            signal: Some(None),
+            reason: Some(None),
+            message: Some(None),
+            dispatch_time: Some(None),
+            dispatch_deadline: Some(None),
+            observed_running_time: Some(None),
+            start_time: Some(None),
+            finish_time: Some(None),
+            restart_count: Some(None),
+            last_exit_code: Some(None),
+            last_restart_time: Some(None),
+            ..TaskStatusPatch::default()
+        }
+    }
+}
+
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 struct TargetRobot<'a> {
@@ -605,7 +632,9 @@ async fn fail(
 
 /// The status patch that sends a Task whose current attempt failed back to
 /// pending until `at`, the attempt kept in `attempts[]` (once) as ended
-/// for `reason`.
+/// for `reason` and cleared from the rest of the status
+/// ([`TaskStatusPatch::attempt_over`]); the caller says in `message` why
+/// the task waits.
 pub fn plan_pending_again(
     status: &TaskStatus,
     reason: Option<TaskReason>,
@@ -627,7 +656,7 @@ pub fn plan_pending_again(
         state: Some(TaskState::Pending),
         next_attempt_time: Some(Some(at)),
         attempts: Some(attempts),
-        ..TaskStatusPatch::default()
+        ..TaskStatusPatch::attempt_over()
     }
 }
 
@@ -654,8 +683,9 @@ pub fn plan_return(
         "attempt {} on robot {robot}: {why}; the task waits for a robot again (no retry used)",
         status.attempt
     );
+    // The reason is the ended attempt's, kept in `attempts[]`; the
+    // message says why the task waits.
     let patch = TaskStatusPatch {
-        reason: Some(Some(reason)),
         message: Some(Some(message.clone())),
         ..plan_pending_again(status, Some(reason), plus(now, delay), now)
     };
@@ -686,28 +716,51 @@ async fn give_back(
     Ok(Action::requeue(delay))
 }
 
-async fn retry(task: &Task, ctx: &Context, delay: Duration, now: Timestamp) -> Result<Action> {
-    let (ns, name) = names(task)?;
-    let api: Api<Task> = Api::namespaced(ctx.client(), &ns);
-    let status = task.status.clone().unwrap_or_default();
-    let patch = plan_pending_again(&status, status.reason, plus(now, delay), now);
-    ctx.patch_status(&api, &name, task.resource_version(), patch)
-        .await?;
+/// What retrying a Task whose current attempt failed writes and says:
+/// pending again after `delay`, the attempt recorded, and a message (also
+/// the Event's) that says how it ended and when the next one comes, with
+/// the robot's own words, which `attempts[]` does not keep.
+pub fn plan_retry(status: &TaskStatus, delay: Duration, now: Timestamp) -> (TaskStatusPatch, Note) {
+    let robot = status
+        .robot
+        .as_deref()
+        .map(|r| format!(" on robot {r}"))
+        .unwrap_or_default();
     let why = status
         .reason
         .map(|r| format!("{r:?}"))
         .unwrap_or_else(|| "failed".into());
-    ctx.event(
-        task,
-        EventType::Normal,
-        "Retrying",
-        format!(
-            "attempt {} ended ({why}); attempt {} in {}s",
-            status.attempt,
-            status.attempt + 1,
-            delay.as_secs()
-        ),
+    let exit = status
+        .exit_code
+        .map(|c| format!(", exit code {c}"))
+        .unwrap_or_default();
+    let said = status
+        .message
+        .as_deref()
+        .filter(|m| !m.is_empty())
+        .map(|m| format!(": {m}"))
+        .unwrap_or_default();
+    let message = format!(
+        "attempt {}{robot} ended ({why}{exit}){said}; attempt {} in {}s",
+        status.attempt,
+        status.attempt + 1,
+        delay.as_secs()
     );
+    let patch = TaskStatusPatch {
+        message: Some(Some(message.clone())),
+        ..plan_pending_again(status, status.reason, plus(now, delay), now)
+    };
+    (patch, Note::normal("Retrying", message))
+}
+
+async fn retry(task: &Task, ctx: &Context, delay: Duration, now: Timestamp) -> Result<Action> {
+    let (ns, name) = names(task)?;
+    let api: Api<Task> = Api::namespaced(ctx.client(), &ns);
+    let status = task.status.clone().unwrap_or_default();
+    let (patch, event) = plan_retry(&status, delay, now);
+    ctx.patch_status(&api, &name, task.resource_version(), patch)
+        .await?;
+    ctx.publish(task, event);
     Ok(Action::requeue(delay))
 }
 
@@ -809,6 +862,106 @@ mod tests {
         assert_eq!(plan.event, Note::normal("Retried", "retried"));
     }
 
+    /// `kubectl get rtask` after a person's retry of a cancelled task
+    /// showed the cancelled attempt's ROBOT, EXIT 143 and REASON Cancelled
+    /// on the task that waited for its next attempt.
+    #[test]
+    fn a_persons_retry_clears_the_ended_attempt_from_the_columns() {
+        let cancelled = TaskStatus {
+            state: Some(TaskState::Cancelled),
+            exit_code: Some(143),
+            signal: Some(15),
+            reason: Some(TaskReason::Cancelled),
+            message: Some("cancelled by ann: attempt 2 stopped on robot r1".into()),
+            finish_time: Some(Timestamp::UNIX_EPOCH),
+            ..failed(2, "r1")
+        };
+        let plan = plan_manual(&cancelled, TaskManual::Retry(action("retried by ann")), now());
+        let patch = plan.patch;
+        assert_eq!(patch.state, Some(TaskState::Pending));
+        assert_eq!(
+            (&patch.robot, patch.exit_code, patch.signal, patch.reason),
+            (&Some(None), Some(None), Some(None), Some(None))
+        );
+        assert_eq!(patch.finish_time, Some(None));
+        assert_eq!(patch.message, Some(Some("retried by ann".into())));
+        let attempts = patch.attempts.clone().unwrap();
+        assert_eq!(
+            (
+                attempts[0].state,
+                attempts[0].robot.as_deref(),
+                attempts[0].exit_code,
+                attempts[0].reason,
+                attempts[0].finish_time
+            ),
+            (
+                TaskState::Cancelled,
+                Some("r1"),
+                Some(143),
+                Some(TaskReason::Cancelled),
+                Some(Timestamp::UNIX_EPOCH)
+            ),
+            "the ended attempt keeps its values in attempts[]"
+        );
+        // A merge patch removes a field written as null.
+        let body = serde_json::to_value(&patch).unwrap();
+        for field in ["robot", "exitCode", "signal", "reason"] {
+            assert_eq!(body.get(field), Some(&serde_json::Value::Null), "{field}: {body}");
+        }
+    }
+
+    #[test]
+    fn a_retry_shows_the_attempt_to_come_not_the_one_that_ended() {
+        let status = TaskStatus {
+            signal: Some(15),
+            message: Some("exited with code 3".into()),
+            restarts: k8s4r_api::RestartStatus {
+                restart_count: 2,
+                last_exit_code: Some(1),
+                last_restart_time: Some(Timestamp::UNIX_EPOCH),
+            },
+            dispatch_time: Some(Timestamp::UNIX_EPOCH),
+            start_time: Some(Timestamp::UNIX_EPOCH),
+            finish_time: Some(now()),
+            output_tail: Some("boom\n".into()),
+            ..failed(1, "r1")
+        };
+        let (patch, event) = plan_retry(&status, Duration::from_secs(10), now());
+        assert_eq!(patch.state, Some(TaskState::Pending));
+        assert_eq!(
+            patch.next_attempt_time,
+            Some(Some(plus(now(), Duration::from_secs(10))))
+        );
+        assert_eq!(
+            (&patch.robot, patch.exit_code, patch.signal, patch.reason),
+            (&Some(None), Some(None), Some(None), Some(None))
+        );
+        assert_eq!(patch.restart_count, Some(None));
+        assert_eq!(patch.last_exit_code, Some(None));
+        assert_eq!(patch.dispatch_time, Some(None));
+        assert_eq!((patch.start_time, patch.finish_time), (Some(None), Some(None)));
+        assert_eq!(patch.output_tail, None, "the last output stays for k8s4r logs");
+        let message = "attempt 1 on robot r1 ended (Error, exit code 3): exited with code 3; attempt 2 in 10s";
+        assert_eq!(patch.message, Some(Some(message.into())));
+        assert_eq!(event, Note::normal("Retrying", message));
+        let attempts = patch.attempts.clone().unwrap();
+        assert_eq!(
+            (
+                attempts[0].attempt,
+                attempts[0].robot.as_deref(),
+                attempts[0].exit_code,
+                attempts[0].reason,
+                attempts[0].finish_time
+            ),
+            (1, Some("r1"), Some(3), Some(TaskReason::Error), Some(now()))
+        );
+        let body = serde_json::to_value(&patch).unwrap();
+        for field in ["robot", "exitCode", "signal", "reason", "restartCount", "startTime"] {
+            assert_eq!(body.get(field), Some(&serde_json::Value::Null), "{field}: {body}");
+        }
+        assert_eq!(body.get("outputTail"), None, "{body}");
+    }
+
     #[test]
     fn an_unschedulable_task_is_told_once_per_reason() {
         let status = TaskStatus {
@@ -898,6 +1051,8 @@ mod tests {
         assert_eq!(plan.patch.state, Some(TaskState::Pending));
         assert_eq!(plan.patch.next_attempt_time, Some(None), "no wait");
         assert_eq!(plan.patch.eviction, Some(action("evicted")));
+        assert_eq!((&plan.patch.robot, plan.patch.reason), (&Some(None), Some(None)));
+        assert_eq!(plan.patch.message, Some(Some("evicted".into())));
         let attempts = plan.patch.attempts.unwrap();
         assert_eq!(attempts.len(), 1);
         assert_eq!(
@@ -937,7 +1092,15 @@ mod tests {
         assert_eq!((reason, delay), (TaskReason::Drained, Duration::ZERO));
         let (patch, event) = plan_return(&status, reason, delay, now());
         assert_eq!(patch.state, Some(TaskState::Pending));
-        assert_eq!(patch.reason, Some(Some(TaskReason::Drained)));
+        assert_eq!(
+            (&patch.robot, patch.exit_code, patch.reason),
+            (&Some(None), Some(None), Some(None)),
+            "the drained attempt's robot and reason are in attempts[], not the columns"
+        );
+        assert_eq!(
+            patch.message.clone().flatten().as_deref(),
+            Some("attempt 2 on robot r1: the robot was drained; the task waits for a robot again (no retry used)")
+        );
         assert_eq!(patch.next_attempt_time, Some(Some(now())));
         assert_eq!(patch.cancellation, None, "never marked cancelled");
         assert_eq!(event.reason, "Drained");

@@ -203,7 +203,6 @@ fn plan_recorded_eviction(action: ManualAction, reason: &'static str) -> ManualP
 fn plan_eviction_now(status: &TaskStatus, action: ManualAction, now: Timestamp) -> ManualPlan {
     let message = action.message.clone().unwrap_or_default();
     let patch = TaskStatusPatch {
-        reason: Some(Some(TaskReason::Drained)),
         message: Some(Some(message.clone())),
         eviction: Some(action),
         next_attempt_time: Some(None),
@@ -238,7 +237,8 @@ fn plan_cancelled(status: &TaskStatus, now: Timestamp) -> ManualPlan {
     }
 }
 
-/// A person's retry: back to pending now, the ended attempt recorded.
+/// A person's retry: back to pending now, the ended attempt recorded and
+/// cleared from the rest of the status (as [`plan_pending_again`] does).
 fn plan_manual_retry(status: &TaskStatus, action: ManualAction, now: Timestamp) -> ManualPlan {
     let mut attempts = status.attempts.clone();
     if status.attempt > 0 && !attempts.iter().any(|a| a.attempt == status.attempt) {
@@ -259,7 +259,7 @@ fn plan_manual_retry(status: &TaskStatus, action: ManualAction, now: Timestamp) 
             message: Some(Some(message.clone())),
             attempts: Some(attempts),
             retry: Some(action),
-            ..TaskStatusPatch::default()
+            ..TaskStatusPatch::attempt_over()
         },
         event: Note::normal("Retried", message),
     }
