@@ -71,7 +71,11 @@ fn print_checked(config: &Config) {
         config.broker.host,
         config.broker.port,
         if config.broker.tls.is_some() { " (TLS)" } else { "" },
-        if config.supervisor.policy.raw_exec { "exec, raw_exec" } else { "exec" }
+        if config.supervisor.policy.raw_exec {
+            "exec, raw_exec"
+        } else {
+            "exec"
+        }
     );
     println!("k8s4r-agent: {}", config.state_layout());
     let token = match (&config.token_file, &config.token) {

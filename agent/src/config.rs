@@ -1037,13 +1037,25 @@ mod tests {
             other => panic!("{other:?}"),
         }
         let c = Config::resolve_as(raw.clone(), false).unwrap();
-        assert!(c.supervisor.policy.raw_exec, "as another user raw_exec runs as that user");
+        assert!(
+            c.supervisor.policy.raw_exec,
+            "as another user raw_exec runs as that user"
+        );
         let allowed = Settings {
             allow_root: Some(true),
             ..raw
         };
-        assert!(Config::resolve_as(allowed, true).unwrap().supervisor.policy.raw_exec);
-        assert!(Config::resolve_as(settings("rb1"), true).is_ok(), "raw_exec off: nothing to refuse");
+        assert!(
+            Config::resolve_as(allowed, true)
+                .unwrap()
+                .supervisor
+                .policy
+                .raw_exec
+        );
+        assert!(
+            Config::resolve_as(settings("rb1"), true).is_ok(),
+            "raw_exec off: nothing to refuse"
+        );
     }
 
     /// A token file in a fresh directory, with this text and mode.
@@ -1071,16 +1083,27 @@ mod tests {
         assert_eq!(c.token_file.as_deref(), Some(path.as_path()));
 
         let (_dir, open) = token_file("s3cret", 0o644);
-        let e = Config::resolve_as(with_token_file(&open), false).unwrap_err().to_string();
-        assert!(e.contains("token_file") && e.contains("0644") && e.contains("chmod 600"), "{e}");
+        let e = Config::resolve_as(with_token_file(&open), false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("token_file") && e.contains("0644") && e.contains("chmod 600"),
+            "{e}"
+        );
         let (_dir, empty) = token_file(" \n", 0o600);
-        let e = Config::resolve_as(with_token_file(&empty), false).unwrap_err().to_string();
+        let e = Config::resolve_as(with_token_file(&empty), false)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("empty"), "{e}");
         let missing = path.with_file_name("nothing-here");
-        let e = Config::resolve_as(with_token_file(&missing), false).unwrap_err().to_string();
+        let e = Config::resolve_as(with_token_file(&missing), false)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("nothing-here"), "{e}");
         let dir = path.parent().unwrap();
-        let e = Config::resolve_as(with_token_file(dir), false).unwrap_err().to_string();
+        let e = Config::resolve_as(with_token_file(dir), false)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("not a regular file"), "{e}");
 
         assert!(token_file_mode_ok(0o100600).is_ok() && token_file_mode_ok(0o400).is_ok());
@@ -1130,7 +1153,10 @@ mod tests {
         };
         let layout = Config::resolve_as(chosen, false).unwrap().state_layout();
         assert!(!layout.contains("default"), "{layout}");
-        assert!(layout.contains("/srv/agent/reserve (2% of the file system)"), "{layout}");
+        assert!(
+            layout.contains("/srv/agent/reserve (2% of the file system)"),
+            "{layout}"
+        );
     }
 
     #[test]

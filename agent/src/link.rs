@@ -441,7 +441,10 @@ mod tests {
         assert_eq!(r.tick(first), RegisterAction::Register);
         let second = r.deadline().unwrap();
         assert!(second - first >= Duration::from_secs(1), "backoff grows");
-        assert_eq!(r.response(RobotPhase::Online, None, first), RegisterAction::Approved);
+        assert_eq!(
+            r.response(RobotPhase::Online, None, first),
+            RegisterAction::Approved
+        );
         assert!(r.approved() && r.deadline().is_none());
         assert_eq!(r.response(RobotPhase::Online, None, first), RegisterAction::None);
         r.disconnected();

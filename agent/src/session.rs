@@ -14,10 +14,10 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use k8s4r_api::backoff::{Backoff, Jitter};
+use k8s4r_api::names::{DEFAULT_BOOTSTRAP_SECRET, DEFAULT_NAMESPACE};
 use k8s4r_api::protocol::{
     encode, Cancel, Dispatch, Heartbeat, HeldList, Online, Register, StatusUpdate, Topics, MAX_HELD_ATTEMPTS,
 };
-use k8s4r_api::names::{DEFAULT_BOOTSTRAP_SECRET, DEFAULT_NAMESPACE};
 use k8s4r_api::{DeviceInfo, RestartStatus, RobotPhase, TaskReason, TaskState};
 use rumqttc::{AsyncClient, ConnectionError, Event, EventLoop, Outgoing, Packet, QoS};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -792,7 +792,10 @@ impl Session {
                         .registered(response.status_acks, response.server_time, boot_clock());
                 }
                 let message = response.message.as_deref();
-                match self.registrar.response(response.phase, message, Instant::now().into_std()) {
+                match self
+                    .registrar
+                    .response(response.phase, message, Instant::now().into_std())
+                {
                     RegisterAction::Approved => {
                         tracing::info!("registration approved");
                         self.next_heartbeat = matches!(phase, Phase::Running).then(Instant::now);

@@ -259,9 +259,15 @@ mod tests {
     #[test]
     fn colour_only_on_a_terminal_and_without_no_color() {
         assert!(colour_for(true, None));
-        assert!(colour_for(true, Some(OsString::new())), "an empty NO_COLOR is unset");
+        assert!(
+            colour_for(true, Some(OsString::new())),
+            "an empty NO_COLOR is unset"
+        );
         assert!(!colour_for(true, Some(OsString::from("1"))));
-        assert!(!colour_for(false, None), "a file or the journal gets no escape codes");
+        assert!(
+            !colour_for(false, None),
+            "a file or the journal gets no escape codes"
+        );
     }
 
     #[test]

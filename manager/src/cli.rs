@@ -190,7 +190,11 @@ mod tests {
         let args = Args::parse_from(["k8s4r-manager"]);
         let config = args.config();
         assert_eq!(config.liveness.heartbeat_timeout, Duration::from_secs(300));
-        assert_eq!(config.liveness, LivenessConfig::default(), "the flags' defaults are the code's");
+        assert_eq!(
+            config.liveness,
+            LivenessConfig::default(),
+            "the flags' defaults are the code's"
+        );
         assert!(config.leader.is_some());
         assert!(!config.auto_approve);
         let args = Args::parse_from([

@@ -390,7 +390,16 @@ async fn kubectl_shows_robots_jobs_and_tasks() {
     let kubeconfig = kubeconfig_path(&env.data_dir);
 
     let robots = kubectl(&kubeconfig, &["get", "robots"]);
-    for col in ["NAME", "PHASE", "CONNECTED", "SCHEDULABLE", "ARCH", "RUNNING", "HEARTBEAT", "AGE"] {
+    for col in [
+        "NAME",
+        "PHASE",
+        "CONNECTED",
+        "SCHEDULABLE",
+        "ARCH",
+        "RUNNING",
+        "HEARTBEAT",
+        "AGE",
+    ] {
         assert!(robots.contains(col), "robots lack {col}:\n{robots}");
     }
     for robot in ["r1", "r2"] {
@@ -405,7 +414,8 @@ async fn kubectl_shows_robots_jobs_and_tasks() {
         .expect("cordon r2");
     eventually("kubectl shows r2 cordoned", || async {
         let out = kubectl(&kubeconfig, &["get", "robots"]);
-        (cell(&out, "r2", "SCHEDULABLE") == "false" && cell(&out, "r1", "SCHEDULABLE") == "true").then_some(())
+        (cell(&out, "r2", "SCHEDULABLE") == "false" && cell(&out, "r1", "SCHEDULABLE") == "true")
+            .then_some(())
     })
     .await;
     let wide = kubectl(&kubeconfig, &["get", "robots", "-o", "wide"]);

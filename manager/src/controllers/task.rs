@@ -941,7 +941,8 @@ mod tests {
         assert_eq!(patch.dispatch_time, Some(None));
         assert_eq!((patch.start_time, patch.finish_time), (Some(None), Some(None)));
         assert_eq!(patch.output_tail, None, "the last output stays for k8s4r logs");
-        let message = "attempt 1 on robot r1 ended (Error, exit code 3): exited with code 3; attempt 2 in 10s";
+        let message =
+            "attempt 1 on robot r1 ended (Error, exit code 3): exited with code 3; attempt 2 in 10s";
         assert_eq!(patch.message, Some(Some(message.into())));
         assert_eq!(event, Note::normal("Retrying", message));
         let attempts = patch.attempts.clone().unwrap();
@@ -956,7 +957,14 @@ mod tests {
             (1, Some("r1"), Some(3), Some(TaskReason::Error), Some(now()))
         );
         let body = serde_json::to_value(&patch).unwrap();
-        for field in ["robot", "exitCode", "signal", "reason", "restartCount", "startTime"] {
+        for field in [
+            "robot",
+            "exitCode",
+            "signal",
+            "reason",
+            "restartCount",
+            "startTime",
+        ] {
             assert_eq!(body.get(field), Some(&serde_json::Value::Null), "{field}: {body}");
         }
         assert_eq!(body.get("outputTail"), None, "{body}");
