@@ -436,7 +436,7 @@ impl Session {
         let mut health = self.health.borrow().clone();
         let error = self.facts.as_ref().and_then(|rx| rx.borrow().error.clone());
         if let (Some(error), true) = (error, health.accepting_tasks) {
-            health.reason = Some("FactsRefused".to_owned());
+            health.reason = Some(k8s4r_api::AgentHealth::REASON_FACTS_REFUSED.to_owned());
             health.message = Some(format!(
                 "{error}; the robot's facts are unknown until it is fixed"
             ));

@@ -10,7 +10,6 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use k8s4r_agent::supervisor::outcome::StopCause;
-use k8s4r_agent::supervisor::{Submit, TaskRequest};
 use k8s4r_api::{
     FactOperator, FactRequirement, Facts, PreStop, StopSignal, TaskReason, TaskTemplate, WhileRunning,
 };
@@ -373,29 +372,6 @@ fn condition(
     }
 }
 
-async fn submit_attempt(h: &Harness, uid: &str, attempt: u32, spec: TaskTemplate) {
-    let req = TaskRequest {
-        uid: uid.into(),
-        attempt,
-        name: uid.into(),
-        spec,
-        fenced: false,
-    };
-    assert_eq!(h.handle.submit(req).await.unwrap(), Submit::Accepted);
-}
-
-async fn finished_attempt(h: &mut Harness, uid: &str, attempt: u32) -> k8s4r_agent::supervisor::TaskOutcome {
-    h.wait_for(&format!("{uid} attempt {attempt} finished"), |e| match e {
-        k8s4r_agent::supervisor::TaskEvent::Finished {
-            uid: u,
-            attempt: a,
-            outcome,
-        } if u == uid && *a == attempt => Some(outcome.clone()),
-        _ => None,
-    })
-    .await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_starts_only_when_the_robots_facts_meet_its_conditions() {
     let mut h = Harness::new();
@@ -406,14 +382,14 @@ async fn a_task_starts_only_when_the_robots_facts_meet_its_conditions() {
         &["30"],
         WhileRunning::Ignore,
     )];
-    submit_attempt(&h, "charge", 1, spec.clone()).await;
-    let refused = finished_attempt(&mut h, "charge", 1).await;
+    h.submit_attempt("charge", 1, spec.clone()).await;
+    let refused = h.finished_attempt("charge", 1).await;
     assert_eq!(refused.reason, TaskReason::NotReady, "{refused:?}");
     assert!(refused.message.contains("no facts yet"), "{}", refused.message);
 
     h.handle.set_facts(facts(r#"{"battery": 10}"#));
-    submit_attempt(&h, "charge", 2, spec.clone()).await;
-    let refused = finished_attempt(&mut h, "charge", 2).await;
+    h.submit_attempt("charge", 2, spec.clone()).await;
+    let refused = h.finished_attempt("charge", 2).await;
     assert_eq!(refused.reason, TaskReason::NotReady);
     assert_eq!(refused.started_at, None, "never started");
     assert!(
@@ -423,8 +399,8 @@ async fn a_task_starts_only_when_the_robots_facts_meet_its_conditions() {
     );
 
     h.handle.set_facts(facts(r#"{"battery": 80}"#));
-    submit_attempt(&h, "charge", 3, spec).await;
-    let ran = finished_attempt(&mut h, "charge", 3).await;
+    h.submit_attempt("charge", 3, spec).await;
+    let ran = h.finished_attempt("charge", 3).await;
     assert_eq!(ran.reason, TaskReason::Completed, "{ran:?}");
 }
 

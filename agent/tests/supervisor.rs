@@ -319,13 +319,7 @@ async fn cancel_escalates_to_sigkill() {
 async fn duplicates_are_ignored() {
     let mut h = Harness::new();
     h.submit("dup", task("sleep", &["1000"])).await;
-    let req = TaskRequest {
-        uid: "dup".to_owned(),
-        attempt: 1,
-        name: "dup".to_owned(),
-        spec: task("sleep", &["1000"]),
-        fenced: false,
-    };
+    let req = request("dup", 1, task("sleep", &["1000"]));
     assert_eq!(h.handle.submit(req.clone()).await.unwrap(), Submit::Duplicate);
     h.handle.cancel("dup", None, "done".to_owned()).await;
     h.finished("dup").await;
@@ -553,13 +547,7 @@ async fn a_task_uid_comes_back_clean_and_its_rotation_survives_a_restart() {
                mut events: UnboundedReceiver<TaskEvent>,
                uid: &'static str,
                script: String| async move {
-        let req = TaskRequest {
-            uid: uid.to_owned(),
-            attempt: 1,
-            name: uid.to_owned(),
-            spec: sh(&script).with_driver("exec"),
-            fenced: false,
-        };
+        let req = request(uid, 1, sh(&script).with_driver("exec"));
         assert_eq!(handle.submit(req).await.unwrap(), Submit::Accepted);
         let outcome = tokio::time::timeout(PATIENCE, async {
             while let Some(event) = events.recv().await {
@@ -800,13 +788,7 @@ async fn shutdown_terminates_everything_and_reports_it() {
     for pgid in pgids {
         assert!(group_members(pgid, false).is_empty());
     }
-    let late = TaskRequest {
-        uid: "late".to_owned(),
-        attempt: 1,
-        name: "late".to_owned(),
-        spec: task("true", &[]),
-        fenced: false,
-    };
+    let late = request("late", 1, task("true", &[]));
     assert!(matches!(
         h.handle.submit(late).await,
         Err(SupervisorError::Stopped)
@@ -837,14 +819,7 @@ async fn restart_helper_agent() {
         ),
     ];
     for (uid, spec) in specs {
-        let req = TaskRequest {
-            uid: uid.to_owned(),
-            attempt: 1,
-            name: uid.to_owned(),
-            spec,
-            fenced: false,
-        };
-        handle.submit(req).await.unwrap();
+        handle.submit(request(uid, 1, spec)).await.unwrap();
     }
     let mut started = 0;
     while let Some(event) = events.recv().await {

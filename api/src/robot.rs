@@ -304,6 +304,9 @@ impl AgentHealth {
     pub const REASON_JOURNAL_FAILING: &'static str = "JournalFailing";
     /// The agent is shutting down.
     pub const REASON_SHUTTING_DOWN: &'static str = "ShuttingDown";
+    /// It takes tasks, but its facts file or command was refused: its
+    /// facts are unknown.
+    pub const REASON_FACTS_REFUSED: &'static str = "FactsRefused";
 }
 
 /// Usage figures a heartbeat carries.

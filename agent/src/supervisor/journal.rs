@@ -71,18 +71,28 @@ pub(crate) struct StopAsk {
 }
 
 impl StopAsk {
-    /// What a task with this stop signal and kill timeout asks, when it
-    /// asks for more than SIGTERM and SIGKILL 5s later.
-    pub(crate) fn of(signal: nix::sys::signal::Signal, kill_timeout: std::time::Duration) -> Option<StopAsk> {
-        let ask = StopAsk {
+    /// What a task asks that names neither: SIGTERM, SIGKILL after the
+    /// default kill timeout.
+    pub(crate) fn default_ask() -> StopAsk {
+        Self::with(
+            nix::sys::signal::Signal::SIGTERM,
+            k8s4r_api::validation::DEFAULT_KILL_TIMEOUT,
+        )
+    }
+
+    fn with(signal: nix::sys::signal::Signal, kill_timeout: std::time::Duration) -> StopAsk {
+        StopAsk {
             signal: signal as i32,
             kill_timeout_ms: u64::try_from(kill_timeout.as_millis()).unwrap_or(u64::MAX),
-        };
-        let default = StopAsk {
-            signal: nix::sys::signal::Signal::SIGTERM as i32,
-            kill_timeout_ms: 5_000,
-        };
-        (ask != default).then_some(ask)
+        }
+    }
+
+    /// What a task with this stop signal and kill timeout asks, when it
+    /// asks for more than [`StopAsk::default_ask`] (only then is it
+    /// journaled).
+    pub(crate) fn of(signal: nix::sys::signal::Signal, kill_timeout: std::time::Duration) -> Option<StopAsk> {
+        let ask = Self::with(signal, kill_timeout);
+        (ask != Self::default_ask()).then_some(ask)
     }
 }
 

@@ -46,10 +46,7 @@ pub(crate) fn ask_to_stop(task: &Unfinished, boot_id: &str) -> Option<Asked> {
     if !ours {
         return None;
     }
-    let ask = started.asks.unwrap_or(super::journal::StopAsk {
-        signal: Signal::SIGTERM as i32,
-        kill_timeout_ms: 5_000,
-    });
+    let ask = started.asks.unwrap_or_else(super::journal::StopAsk::default_ask);
     let signal = Signal::try_from(ask.signal).unwrap_or(Signal::SIGTERM);
     let group = Pid::from_raw(started.pgid);
     killpg(group, signal).ok()?;

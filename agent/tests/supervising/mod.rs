@@ -73,6 +73,17 @@ impl TemplateExt for TaskTemplate {
 
 // ----------------------------------------------------------------- harness
 
+/// The request for `attempt` of Task `uid` (named after it), unfenced.
+pub fn request(uid: &str, attempt: u32, spec: TaskTemplate) -> TaskRequest {
+    TaskRequest {
+        uid: uid.to_owned(),
+        attempt,
+        name: uid.to_owned(),
+        spec,
+        fenced: false,
+    }
+}
+
 pub struct Harness {
     pub dir: tempfile::TempDir,
     pub handle: SupervisorHandle,
@@ -121,14 +132,26 @@ impl Harness {
     }
 
     pub async fn submit(&self, uid: &str, spec: TaskTemplate) {
-        let req = TaskRequest {
-            uid: uid.to_owned(),
-            attempt: 1,
-            name: uid.to_owned(),
-            spec,
-            fenced: false,
-        };
+        self.submit_attempt(uid, 1, spec).await;
+    }
+
+    /// Submits `attempt` of `uid`, which must be accepted.
+    pub async fn submit_attempt(&self, uid: &str, attempt: u32, spec: TaskTemplate) {
+        let req = request(uid, attempt, spec);
         assert_eq!(self.handle.submit(req).await.unwrap(), Submit::Accepted);
+    }
+
+    /// Waits for the end of `attempt` of `uid`.
+    pub async fn finished_attempt(&mut self, uid: &str, attempt: u32) -> TaskOutcome {
+        self.wait_for(&format!("{uid} attempt {attempt} finished"), |e| match e {
+            TaskEvent::Finished {
+                uid: u,
+                attempt: a,
+                outcome,
+            } if u == uid && *a == attempt => Some(outcome.clone()),
+            _ => None,
+        })
+        .await
     }
 
     /// Waits for the first event that `pick` accepts (events already seen
