@@ -691,9 +691,33 @@ pub struct AttemptRecord {
     /// Why it ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<TaskReason>,
+    /// What the status said about it when it ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
     /// When it ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finish_time: Option<Timestamp>,
+}
+
+impl AttemptRecord {
+    /// The record of `status`'s current attempt, ended in `state` for
+    /// `reason`, at its finish time or else `now`.
+    pub fn of_current(
+        status: &TaskStatus,
+        state: TaskState,
+        reason: Option<TaskReason>,
+        now: Timestamp,
+    ) -> Self {
+        AttemptRecord {
+            attempt: status.attempt,
+            robot: status.robot.clone(),
+            state,
+            exit_code: status.exit_code,
+            reason,
+            message: status.message.clone(),
+            finish_time: status.finish_time.or(Some(now)),
+        }
+    }
 }
 
 /// The highest attempt of a Task that may have reached its robot, from its

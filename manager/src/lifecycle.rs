@@ -470,6 +470,7 @@ mod tests {
             state: TaskState::Failed,
             exit_code: None,
             reason: Some(reason),
+            message: None,
             finish_time: None,
         }
     }

@@ -643,14 +643,7 @@ pub fn plan_pending_again(
 ) -> TaskStatusPatch {
     let mut attempts = status.attempts.clone();
     if !attempts.iter().any(|a| a.attempt == status.attempt) {
-        attempts.push(AttemptRecord {
-            attempt: status.attempt,
-            robot: status.robot.clone(),
-            state: TaskState::Failed,
-            exit_code: status.exit_code,
-            reason,
-            finish_time: status.finish_time.or(Some(now)),
-        });
+        attempts.push(AttemptRecord::of_current(status, TaskState::Failed, reason, now));
     }
     TaskStatusPatch {
         state: Some(TaskState::Pending),
@@ -1014,6 +1007,7 @@ mod tests {
             state: TaskState::Failed,
             exit_code: None,
             reason: Some(TaskReason::RobotLost),
+            message: None,
             finish_time: None,
         });
         assert_eq!(avoided_robot(&status).as_deref(), Some("r1"));
@@ -1190,6 +1184,7 @@ mod tests {
                 state: TaskState::Failed,
                 exit_code: None,
                 reason: Some(TaskReason::RobotLost),
+                message: None,
                 finish_time: None,
             })
             .collect();

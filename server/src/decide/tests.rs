@@ -105,6 +105,7 @@ impl TaskBuilder {
             state: TaskState::Failed,
             exit_code: Some(1),
             reason: None,
+            message: None,
             finish_time: None,
         });
         self
@@ -704,6 +705,7 @@ fn lost_attempt(robot: &str, attempt: u32) -> AttemptRecord {
         state: TaskState::Failed,
         exit_code: None,
         reason: Some(TaskReason::RobotLost),
+        message: None,
         finish_time: None,
     }
 }

@@ -242,14 +242,12 @@ fn plan_cancelled(status: &TaskStatus, now: Timestamp) -> ManualPlan {
 fn plan_manual_retry(status: &TaskStatus, action: ManualAction, now: Timestamp) -> ManualPlan {
     let mut attempts = status.attempts.clone();
     if status.attempt > 0 && !attempts.iter().any(|a| a.attempt == status.attempt) {
-        attempts.push(AttemptRecord {
-            attempt: status.attempt,
-            robot: status.robot.clone(),
-            state: status.state.unwrap_or(TaskState::Failed),
-            exit_code: status.exit_code,
-            reason: status.reason,
-            finish_time: status.finish_time.or(Some(now)),
-        });
+        attempts.push(AttemptRecord::of_current(
+            status,
+            status.state.unwrap_or(TaskState::Failed),
+            status.reason,
+            now,
+        ));
     }
     let message = action.message.clone().unwrap_or_default();
     ManualPlan {
