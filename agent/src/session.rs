@@ -16,9 +16,9 @@ use std::time::Duration;
 use k8s4r_api::backoff::{Backoff, Jitter};
 use k8s4r_api::names::{DEFAULT_BOOTSTRAP_SECRET, DEFAULT_NAMESPACE};
 use k8s4r_api::protocol::{
-    encode, Cancel, Dispatch, Heartbeat, HeldList, Online, Register, StatusUpdate, Topics, MAX_HELD_ATTEMPTS,
+    encode, Dispatch, Heartbeat, HeldList, Online, Register, StatusUpdate, Topics, MAX_HELD_ATTEMPTS,
 };
-use k8s4r_api::{DeviceInfo, RestartStatus, RobotPhase, TaskReason, TaskState};
+use k8s4r_api::{DeviceInfo, TaskReason, TaskState};
 use rumqttc::{AsyncClient, ConnectionError, Event, EventLoop, Outgoing, Packet, QoS};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
@@ -28,13 +28,18 @@ use crate::config::Config;
 use crate::facts::FactsNow;
 use crate::fence::Fence;
 use crate::host::UsageSampler;
-use crate::inbound::{classify, Inbound, Refused};
 use crate::link::{Link, RegisterAction, Registrar, RunningSet, Tag, REJECTED_RETRY_MAX};
 use crate::log_reader::LogReaders;
 use crate::mqtt;
 use crate::outbox::Outbox;
 use crate::supervisor::outcome::StopCause;
-use crate::supervisor::{Submit, SupervisorHandle, TaskEvent, TaskRequest};
+use crate::supervisor::{SupervisorHandle, TaskEvent};
+
+mod downlink;
+mod worker;
+
+pub use worker::{failed_status, status_of};
+use worker::{forward_events, worker, TaskCommand};
 
 /// Dispatches kept while waiting for approval; older ones beyond this are
 /// dropped (the server's dispatch timeout sends them again).
@@ -72,50 +77,6 @@ pub struct SessionStatus {
     pub outbox_len: usize,
     /// Heartbeats sent since start.
     pub heartbeats: u64,
-}
-
-/// Supervisor calls, run in order by the worker task.
-enum TaskCommand {
-    Submit(Box<TaskRequest>),
-    /// The robot's facts changed.
-    Facts(k8s4r_api::Facts),
-    Stop {
-        uid: String,
-        /// None: whatever attempt runs.
-        attempt: Option<u32>,
-        cause: StopCause,
-    },
-    Shutdown(oneshot::Sender<()>),
-}
-
-/// Turns a supervisor event into a status update (its seq is set by the
-/// outbox).
-pub fn status_of(event: TaskEvent) -> StatusUpdate {
-    let mut update = StatusUpdate::new(event.uid(), event.attempt(), 0, TaskState::Running);
-    match event {
-        TaskEvent::Started { at, restarted, .. } => {
-            update.start_time = Some(at);
-            if let Some(r) = restarted {
-                update.restarts = RestartStatus {
-                    restart_count: r.count,
-                    last_exit_code: r.last_exit_code,
-                    last_restart_time: Some(r.at),
-                };
-                update.message = Some(format!("restarted on the robot ({}): {}", r.count, r.cause));
-            }
-        }
-        TaskEvent::Finished { outcome, .. } => {
-            update.state = outcome.state;
-            update.exit_code = outcome.exit_code;
-            update.signal = outcome.signal;
-            update.reason = Some(outcome.reason);
-            update.message = Some(outcome.message).filter(|m| !m.is_empty());
-            update.start_time = outcome.started_at;
-            update.finish_time = Some(outcome.finished_at);
-            update.output_tail = Some(outcome.output_tail).filter(|t| !t.is_empty());
-        }
-    }
-    update
 }
 
 /// A random id for this agent process (hex), from the kernel's random
@@ -160,64 +121,6 @@ fn report_rejection(message: Option<&str>, news: bool, retry_in: Duration) {
         );
     } else {
         tracing::debug!(reason, ?retry_in, "registration rejected again");
-    }
-}
-
-/// A `failed` update for an attempt that never reached the supervisor.
-pub fn failed_status(uid: &str, attempt: u32, reason: TaskReason, message: String) -> StatusUpdate {
-    StatusUpdate {
-        reason: Some(reason),
-        message: Some(message),
-        finish_time: Some(jiff::Timestamp::now()),
-        ..StatusUpdate::new(uid, attempt, 0, TaskState::Failed)
-    }
-}
-
-async fn worker(
-    supervisor: SupervisorHandle,
-    mut commands: mpsc::UnboundedReceiver<TaskCommand>,
-    updates: mpsc::UnboundedSender<StatusUpdate>,
-) {
-    while let Some(command) = commands.recv().await {
-        match command {
-            TaskCommand::Submit(req) => {
-                let (uid, attempt) = (req.uid.clone(), req.attempt);
-                match supervisor.submit(*req).await {
-                    Ok(Submit::Accepted) => tracing::info!(task = %uid, attempt, "task accepted"),
-                    Ok(Submit::Duplicate) => {
-                        tracing::info!(task = %uid, attempt, "duplicate dispatch ignored")
-                    }
-                    Err(e) => {
-                        tracing::error!(task = %uid, attempt, error = %e, "supervisor refused the task");
-                        let _ = updates.send(failed_status(
-                            &uid,
-                            attempt,
-                            TaskReason::StartFailed,
-                            e.to_string(),
-                        ));
-                    }
-                }
-            }
-            TaskCommand::Facts(facts) => supervisor.set_facts(facts),
-            TaskCommand::Stop { uid, attempt, cause } => {
-                supervisor.stop(&uid, attempt, cause).await;
-            }
-            TaskCommand::Shutdown(done) => {
-                supervisor.shutdown().await;
-                let _ = done.send(());
-            }
-        }
-    }
-}
-
-async fn forward_events(
-    mut events: mpsc::UnboundedReceiver<TaskEvent>,
-    updates: mpsc::UnboundedSender<StatusUpdate>,
-) {
-    while let Some(event) = events.recv().await {
-        if updates.send(status_of(event)).is_err() {
-            break;
-        }
     }
 }
 
@@ -769,203 +672,6 @@ impl Session {
         }
     }
 
-    #[tracing::instrument(skip_all, fields(topic))]
-    fn on_message(&mut self, topic: &str, payload: &[u8], phase: &Phase) {
-        match classify(&self.topics, &self.robot_id, topic, payload) {
-            Ok(Inbound::Response(response)) => {
-                let ours = match &response.nonce {
-                    Some(nonce) => self.registrar.asked(nonce),
-                    // A server too old to echo nonces: its answers are
-                    // taken as before, without fencing or its clock.
-                    None => false,
-                };
-                if response.nonce.is_some() && !ours {
-                    tracing::warn!(phase = ?response.phase, nonce = response.nonce.as_deref().unwrap_or(""), "ignored a registration answer this process did not ask for (it waited in the broker)");
-                    return;
-                }
-                if response.phase != RobotPhase::Rejected {
-                    tracing::info!(phase = ?response.phase, message = response.message.as_deref().unwrap_or(""), "registration response");
-                }
-                self.status_acks = ours && response.status_acks;
-                if ours {
-                    self.fence
-                        .registered(response.status_acks, response.server_time, boot_clock());
-                }
-                let message = response.message.as_deref();
-                match self
-                    .registrar
-                    .response(response.phase, message, Instant::now().into_std())
-                {
-                    RegisterAction::Approved => {
-                        tracing::info!("registration approved");
-                        self.next_heartbeat = matches!(phase, Phase::Running).then(Instant::now);
-                        self.release_held(phase);
-                    }
-                    RegisterAction::Rejected { news, retry_in } => report_rejection(message, news, retry_in),
-                    RegisterAction::None | RegisterAction::Register => {}
-                }
-            }
-            Ok(Inbound::Dispatch(dispatch)) => self.on_dispatch(*dispatch, phase),
-            Ok(Inbound::Cancel(cancel)) => self.on_cancel(cancel),
-            Ok(Inbound::LogRequest(request)) => {
-                tracing::debug!(task = %request.task_uid, attempt = request.attempt, follow = request.follow, stop = request.stop, "log request");
-                self.log_readers.handle(request);
-            }
-            Ok(Inbound::StatusAck(ack)) => {
-                if let Some(heartbeat) = ack.heartbeat {
-                    // Seqs restart with every process: a confirmation meant
-                    // for a previous one must not renew this one's leases.
-                    if ack.session.as_deref() == Some(self.session_id.as_str()) {
-                        self.fence.heartbeat_recorded(heartbeat, ack.time, boot_clock());
-                        self.release_held(phase);
-                    } else {
-                        tracing::debug!(
-                            heartbeat,
-                            "a heartbeat confirmation for another agent process: ignored"
-                        );
-                    }
-                }
-                for seq in ack.seqs {
-                    self.forget(seq);
-                }
-                self.pump();
-            }
-            Err(Refused { error, task }) => {
-                tracing::error!(topic, error = %error, "refused a message");
-                if let Some((uid, attempt)) = task {
-                    let _ = self.updates_tx.send(failed_status(
-                        &uid,
-                        attempt,
-                        TaskReason::InvalidSpec,
-                        error.to_string(),
-                    ));
-                }
-            }
-        }
-    }
-
-    /// Stops an attempt. One this robot does not hold (never received,
-    /// held for approval, refused, or finished) is answered at once with a
-    /// terminal status, so a deletion waiting for it never hangs.
-    fn on_cancel(&mut self, cancel: Cancel) {
-        tracing::info!(task = %cancel.task_uid, attempt = cancel.attempt, reason = %cancel.reason, "cancel");
-        let matches = |uid: &str, attempt: u32| {
-            uid == cancel.task_uid && (cancel.attempt == 0 || attempt == cancel.attempt)
-        };
-        let held_back = self.held.iter().any(|d| matches(&d.task_uid, d.attempt));
-        self.held.retain(|d| !matches(&d.task_uid, d.attempt));
-        let runs = self.running.to_vec().iter().any(|a| matches(&a.uid, a.attempt));
-        if runs {
-            let attempt = (cancel.attempt != 0).then_some(cancel.attempt);
-            let cause = if cancel.drain {
-                StopCause::Drained(cancel.reason)
-            } else {
-                StopCause::Cancelled(cancel.reason)
-            };
-            let _ = self.commands.send(TaskCommand::Stop {
-                uid: cancel.task_uid,
-                attempt,
-                cause,
-            });
-            return;
-        }
-        // One admitted here and over already sent its end (it may wait in
-        // the outbox); answering again would only repeat it.
-        let ended = !held_back && self.fence.seen(&cancel.task_uid, cancel.attempt);
-        if cancel.attempt > 0 && !ended {
-            let why = if held_back {
-                "cancelled before it started (it was waiting for the registration)"
-            } else {
-                "cancelled; this robot does not run it"
-            };
-            let _ = self.updates_tx.send(failed_status(
-                &cancel.task_uid,
-                cancel.attempt,
-                TaskReason::Cancelled,
-                format!("{why}: {}", cancel.reason),
-            ));
-        }
-    }
-
-    #[tracing::instrument(skip_all, fields(task = %dispatch.task_uid, attempt = dispatch.attempt))]
-    fn on_dispatch(&mut self, dispatch: Dispatch, phase: &Phase) {
-        if !matches!(phase, Phase::Running) {
-            tracing::warn!(task = %dispatch.task_uid, attempt = dispatch.attempt, "dispatch during shutdown ignored");
-            return;
-        }
-        if !self.registrar.approved() {
-            tracing::info!(task = %dispatch.task_uid, attempt = dispatch.attempt, "dispatch held until registration is approved");
-            self.push_held(dispatch);
-            return;
-        }
-        if self.running.contains(&dispatch.task_uid, dispatch.attempt) {
-            tracing::info!(task = %dispatch.task_uid, attempt = dispatch.attempt, "duplicate dispatch ignored");
-            return;
-        }
-        let stop_after: Option<Duration> = dispatch.stop_after.as_ref().and_then(|d| d.parse().ok());
-        let now = boot_clock();
-        let fresh = stop_after.is_none_or(|lease| self.fence.fresh_for(lease, now));
-        let checked = if fresh {
-            self.fence.admit(&dispatch, now, jiff::Timestamp::now())
-        } else {
-            self.fence.check(&dispatch, now, jiff::Timestamp::now())
-        };
-        if let Err(refusal) = checked {
-            tracing::warn!(task = %dispatch.task_uid, attempt = dispatch.attempt, %refusal, "dispatch refused");
-            if matches!(refusal, crate::fence::Refusal::Expired { .. }) {
-                let _ = self.updates_tx.send(failed_status(
-                    &dispatch.task_uid,
-                    dispatch.attempt,
-                    TaskReason::DispatchTimeout,
-                    refusal.to_string(),
-                ));
-            }
-            return;
-        }
-        if !fresh {
-            // Contact is too old for this attempt's stopAfter: a heartbeat
-            // now, and the dispatch waits for its confirmation (or its
-            // deadline, or a cancel).
-            tracing::info!(task = %dispatch.task_uid, attempt = dispatch.attempt, contact_age = ?self.fence.contact_age(now), "dispatch waits for a confirmed heartbeat");
-            self.push_held(dispatch);
-            self.next_heartbeat = Some(Instant::now());
-            return;
-        }
-        tracing::info!(task = %dispatch.task_uid, attempt = dispatch.attempt, name = %dispatch.task_name, "dispatch");
-        self.fence.hold(&dispatch.task_uid, dispatch.attempt, stop_after);
-        if let Some(lease) = stop_after {
-            self.heartbeat_for(lease, now);
-        }
-        self.names
-            .insert(dispatch.task_uid.clone(), dispatch.task_name.clone());
-        self.running.insert(&dispatch.task_uid, dispatch.attempt);
-        let _ = self.commands.send(TaskCommand::Submit(Box::new(TaskRequest {
-            uid: dispatch.task_uid,
-            attempt: dispatch.attempt,
-            name: dispatch.task_name,
-            spec: dispatch.spec,
-            fenced: stop_after.is_some(),
-        })));
-    }
-
-    fn push_held(&mut self, dispatch: Dispatch) {
-        if self.held.len() >= MAX_HELD_DISPATCHES {
-            self.held.pop_front();
-        }
-        self.held.push_back(dispatch);
-    }
-
-    /// Tries the held dispatches again (approval or contact came); those
-    /// still waiting are held again.
-    fn release_held(&mut self, phase: &Phase) {
-        if !self.registrar.approved() {
-            return;
-        }
-        for dispatch in std::mem::take(&mut self.held) {
-            self.on_dispatch(dispatch, phase);
-        }
-    }
-
     /// A fenced attempt with this `stopAfter` was admitted: heartbeats go
     /// several times within it from now on, the first at once when contact
     /// is older than a quarter of it, so that one lost heartbeat never
@@ -1073,46 +779,5 @@ impl Session {
             *s = status;
             changed
         });
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::supervisor::TaskOutcome;
-
-    #[test]
-    fn events_become_status_updates() {
-        let at: jiff::Timestamp = "2026-11-22T10:00:00Z".parse().unwrap();
-        let started = status_of(TaskEvent::Started {
-            uid: "u".into(),
-            attempt: 2,
-            pid: 42,
-            at,
-            restarted: None,
-        });
-        assert_eq!(
-            (started.state, started.attempt, started.start_time),
-            (TaskState::Running, 2, Some(at))
-        );
-        let finished = status_of(TaskEvent::Finished {
-            uid: "u".into(),
-            attempt: 2,
-            outcome: TaskOutcome {
-                state: TaskState::Failed,
-                exit_code: Some(143),
-                signal: Some(15),
-                reason: TaskReason::Timeout,
-                message: "timed out".into(),
-                started_at: Some(at),
-                finished_at: at,
-                output_tail: String::new(),
-            },
-        });
-        assert_eq!(finished.state, TaskState::Failed);
-        assert_eq!(finished.reason, Some(TaskReason::Timeout));
-        assert_eq!(finished.exit_code, Some(143));
-        assert_eq!(finished.output_tail, None);
-        assert_eq!(finished.finish_time, Some(at));
     }
 }
