@@ -13,3 +13,4 @@ pub mod mqtt;
 pub mod outbox;
 pub mod session;
 pub mod supervisor;
+pub mod upgrade;

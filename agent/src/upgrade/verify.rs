@@ -1,0 +1,382 @@
+//! Whether a downloaded agent binary may be staged: its sha256, its
+//! minisign signature against a key this robot pins, the version and
+//! architecture the signature vouches for, the machine its ELF header
+//! names, and what the binary itself answers to `--version`.
+//!
+//! A signature's trusted comment (the part minisign signs too) reads
+//! `k8s4r-agent version=V arch=A`: a valid signature of version 1.0 can
+//! then not be replayed as version 2.0, nor an x86_64 build sent to an ARM
+//! robot under a signed aarch64 name.
+
+use std::io::Read;
+use std::path::Path;
+use std::time::Duration;
+
+use minisign_verify::{PublicKey, Signature};
+use sha2::{Digest, Sha256};
+
+/// What a rollout says the artifact is.
+#[derive(Debug, Clone)]
+pub struct Expected<'a> {
+    pub version: &'a str,
+    /// Hex, either case.
+    pub sha256: &'a str,
+    /// The minisign signature file's text.
+    pub signature: Option<&'a str>,
+}
+
+/// What this robot trusts, from its configuration.
+#[derive(Debug, Clone)]
+pub enum Trust {
+    /// Minisign public keys (their base64 line); any one may sign.
+    Keys(Vec<String>),
+    /// No key pinned, and the configuration allows unsigned upgrades: the
+    /// sha256 (which the rollout carries) is the only check of content.
+    UnsignedAllowed,
+    /// No key pinned: upgrades are refused.
+    Nothing,
+}
+
+/// Why a binary is not staged. Each says what to fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("its sha256 is {found}, the rollout names {expected}")]
+    Digest { expected: String, found: String },
+    #[error(
+        "this robot pins no upgrade key (upgrade_public_keys in agent.toml); \
+         set allow_unsigned_upgrades = true to accept unsigned upgrades"
+    )]
+    NoKey,
+    #[error("the rollout carries no signature and this robot pins a key")]
+    Unsigned,
+    #[error("its signature does not verify against the keys this robot pins ({0})")]
+    Signature(String),
+    #[error("its signature vouches for `{found}`, not `k8s4r-agent version={version} arch={arch}`")]
+    Subject {
+        found: String,
+        version: String,
+        arch: String,
+    },
+    #[error("it is built for {found}, this robot is {expected}")]
+    Architecture { expected: String, found: String },
+    #[error("`--version` {0}")]
+    Probe(String),
+    #[error("cannot read it: {0}")]
+    Io(String),
+}
+
+/// Checks the file at `path` (not yet executable by anyone but root)
+/// against what the rollout says and what this robot trusts, in the order
+/// that runs nothing until the content is known: digest, signature, ELF
+/// machine. The `--version` probe comes after (see [`probe_version`]).
+pub fn check(path: &Path, expected: &Expected<'_>, trust: &Trust) -> Result<(), Refusal> {
+    let bytes = std::fs::read(path).map_err(|e| Refusal::Io(e.to_string()))?;
+    let found = hex(&Sha256::digest(&bytes));
+    if !found.eq_ignore_ascii_case(expected.sha256) {
+        return Err(Refusal::Digest {
+            expected: expected.sha256.to_ascii_lowercase(),
+            found,
+        });
+    }
+    match trust {
+        Trust::Nothing => return Err(Refusal::NoKey),
+        Trust::UnsignedAllowed if expected.signature.is_none() => {}
+        Trust::UnsignedAllowed => return Err(Refusal::NoKey),
+        Trust::Keys(keys) => verify_signature(&bytes, expected, keys)?,
+    }
+    let arch = elf_arch(&bytes).unwrap_or("not a Linux executable this agent knows");
+    if arch != std::env::consts::ARCH {
+        return Err(Refusal::Architecture {
+            expected: std::env::consts::ARCH.to_owned(),
+            found: arch.to_owned(),
+        });
+    }
+    Ok(())
+}
+
+fn verify_signature(bytes: &[u8], expected: &Expected<'_>, keys: &[String]) -> Result<(), Refusal> {
+    let text = expected.signature.ok_or(Refusal::Unsigned)?;
+    let signature = Signature::decode(text).map_err(|e| Refusal::Signature(format!("{e:?}")))?;
+    let mut last = "no key".to_owned();
+    let verified = keys.iter().any(|key| {
+        let result = PublicKey::from_base64(key.trim()).and_then(|k| k.verify(bytes, &signature, false));
+        if let Err(e) = &result {
+            last = format!("{e:?}");
+        }
+        result.is_ok()
+    });
+    if !verified {
+        return Err(Refusal::Signature(last));
+    }
+    let subject = signature.trusted_comment();
+    if !vouches_for(subject, expected.version, std::env::consts::ARCH) {
+        return Err(Refusal::Subject {
+            found: subject.to_owned(),
+            version: expected.version.to_owned(),
+            arch: std::env::consts::ARCH.to_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// The trusted comment `k8s4r-agent sign` writes for a binary.
+pub fn subject(version: &str, arch: &str) -> String {
+    format!("k8s4r-agent version={version} arch={arch}")
+}
+
+/// Whether a trusted comment names this program, version and architecture
+/// (other `key=value` words may follow, such as a timestamp).
+fn vouches_for(comment: &str, version: &str, arch: &str) -> bool {
+    let mut words = comment.split_whitespace();
+    if words.next() != Some("k8s4r-agent") {
+        return false;
+    }
+    let (mut v, mut a) = (None, None);
+    for word in words {
+        match word.split_once('=') {
+            Some(("version", value)) => v = Some(value),
+            Some(("arch", value)) => a = Some(value),
+            _ => {}
+        }
+    }
+    v == Some(version) && a == Some(arch)
+}
+
+/// The architecture (as `std::env::consts::ARCH` names it) of a Linux ELF
+/// executable, from its header.
+pub fn elf_arch(bytes: &[u8]) -> Option<&'static str> {
+    if bytes.len() < 20 || bytes[..4] != *b"\x7fELF" {
+        return None;
+    }
+    let little = match bytes[5] {
+        1 => true,
+        2 => false,
+        _ => return None,
+    };
+    let machine = if little {
+        u16::from_le_bytes([bytes[18], bytes[19]])
+    } else {
+        u16::from_be_bytes([bytes[18], bytes[19]])
+    };
+    let class64 = bytes[4] == 2;
+    Some(match (machine, class64) {
+        (62, true) => "x86_64",
+        (3, false) => "x86",
+        (183, true) => "aarch64",
+        (40, false) => "arm",
+        (243, true) => "riscv64",
+        _ => return None,
+    })
+}
+
+/// Runs the staged binary with `--version` (no configuration, nothing
+/// else) and checks it answers `k8s4r-agent VERSION` within `timeout`.
+pub fn probe_version(path: &Path, version: &str, timeout: Duration) -> Result<(), Refusal> {
+    let mut child = std::process::Command::new(path)
+        .arg("--version")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| Refusal::Probe(format!("cannot start: {e}")))?;
+    let deadline = std::time::Instant::now() + timeout;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(Refusal::Probe(format!(
+                    "did not answer within {}",
+                    k8s4r_api::duration::format_duration(timeout)
+                )));
+            }
+            Err(e) => return Err(Refusal::Probe(e.to_string())),
+        }
+    };
+    let mut out = String::new();
+    if let Some(mut stdout) = child.stdout.take() {
+        let _ = stdout.by_ref().take(4096).read_to_string(&mut out);
+    }
+    let answer = out.trim();
+    if !status.success() {
+        return Err(Refusal::Probe(format!("failed ({status})")));
+    }
+    if answer != format!("k8s4r-agent {version}") {
+        return Err(Refusal::Probe(format!(
+            "answered `{answer}`, not `k8s4r-agent {version}`"
+        )));
+    }
+    Ok(())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Signer {
+        pair: minisign::KeyPair,
+    }
+
+    impl Signer {
+        fn new() -> Self {
+            Signer {
+                pair: minisign::KeyPair::generate_unencrypted_keypair().unwrap(),
+            }
+        }
+        fn public(&self) -> String {
+            self.pair.pk.to_base64()
+        }
+        fn sign(&self, bytes: &[u8], comment: &str) -> String {
+            minisign::sign(Some(&self.pair.pk), &self.pair.sk, bytes, Some(comment), None)
+                .unwrap()
+                .into_string()
+        }
+    }
+
+    /// A small ELF of this machine's architecture.
+    fn this_binary() -> (tempfile::TempDir, std::path::PathBuf, Vec<u8>) {
+        let bytes = std::fs::read("/bin/true").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("k8s4r-agent");
+        std::fs::write(&path, &bytes).unwrap();
+        (dir, path, bytes)
+    }
+
+    #[test]
+    fn a_signed_binary_of_this_architecture_and_version_passes() {
+        let signer = Signer::new();
+        let (_dir, path, bytes) = this_binary();
+        let digest = hex(&Sha256::digest(&bytes));
+        let signature = signer.sign(&bytes, &subject("2.0.0", std::env::consts::ARCH));
+        let expected = Expected {
+            version: "2.0.0",
+            sha256: &digest.to_uppercase(),
+            signature: Some(&signature),
+        };
+        let trust = Trust::Keys(vec!["RWQ-not-a-key".into(), signer.public()]);
+        assert_eq!(check(&path, &expected, &trust), Ok(()));
+    }
+
+    #[test]
+    fn wrong_digest_key_subject_or_missing_trust_is_refused_with_the_reason() {
+        let signer = Signer::new();
+        let other = Signer::new();
+        let (_dir, path, bytes) = this_binary();
+        let digest = hex(&Sha256::digest(&bytes));
+        let arch = std::env::consts::ARCH;
+        let good = signer.sign(&bytes, &subject("2.0.0", arch));
+        let trust = Trust::Keys(vec![signer.public()]);
+        let with = |version, sha256, signature| Expected {
+            version,
+            sha256,
+            signature,
+        };
+
+        let wrong_sha = "0".repeat(64);
+        assert!(matches!(
+            check(&path, &with("2.0.0", &wrong_sha, Some(&good)), &trust),
+            Err(Refusal::Digest { .. })
+        ));
+        let by_other = other.sign(&bytes, &subject("2.0.0", arch));
+        assert!(matches!(
+            check(&path, &with("2.0.0", &digest, Some(&by_other)), &trust),
+            Err(Refusal::Signature(_))
+        ));
+        // A genuine signature of another version is not this version's.
+        let replayed = check(&path, &with("3.0.0", &digest, Some(&good)), &trust);
+        assert!(matches!(replayed, Err(Refusal::Subject { .. })), "{replayed:?}");
+        let other_arch = signer.sign(&bytes, &subject("2.0.0", "riscv64"));
+        assert!(matches!(
+            check(&path, &with("2.0.0", &digest, Some(&other_arch)), &trust),
+            Err(Refusal::Subject { .. })
+        ));
+        assert_eq!(
+            check(&path, &with("2.0.0", &digest, None), &trust),
+            Err(Refusal::Unsigned)
+        );
+        assert_eq!(
+            check(&path, &with("2.0.0", &digest, Some(&good)), &Trust::Nothing),
+            Err(Refusal::NoKey)
+        );
+        assert_eq!(
+            check(&path, &with("2.0.0", &digest, None), &Trust::UnsignedAllowed),
+            Ok(())
+        );
+        // A tampered byte fails the digest first; a digest made to match
+        // the tampered file still fails the signature.
+        let mut tampered = bytes.clone();
+        let last = tampered.len() - 1;
+        tampered[last] ^= 1;
+        std::fs::write(&path, &tampered).unwrap();
+        let tampered_digest = hex(&Sha256::digest(&tampered));
+        assert!(matches!(
+            check(&path, &with("2.0.0", &tampered_digest, Some(&good)), &trust),
+            Err(Refusal::Signature(_))
+        ));
+    }
+
+    #[test]
+    fn a_binary_for_another_machine_is_refused_before_it_runs() {
+        let (_dir, path, mut bytes) = this_binary();
+        let foreign: u16 = if std::env::consts::ARCH == "aarch64" {
+            62
+        } else {
+            183
+        };
+        bytes[18..20].copy_from_slice(&foreign.to_le_bytes());
+        std::fs::write(&path, &bytes).unwrap();
+        let digest = hex(&Sha256::digest(&bytes));
+        let refused = check(
+            &path,
+            &Expected {
+                version: "2.0.0",
+                sha256: &digest,
+                signature: None,
+            },
+            &Trust::UnsignedAllowed,
+        );
+        assert!(
+            matches!(refused, Err(Refusal::Architecture { .. })),
+            "{refused:?}"
+        );
+        assert_eq!(elf_arch(b"#!/bin/sh\necho k8s4r-agent 2.0.0\n"), None);
+    }
+
+    #[test]
+    fn the_probe_wants_the_exact_version_in_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let script = |name: &str, body: &str| {
+            use std::os::unix::fs::PermissionsExt;
+            let path = dir.path().join(name);
+            std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+            path
+        };
+        let second = Duration::from_secs(5);
+        let good = script("good", "echo k8s4r-agent 2.0.0");
+        assert_eq!(probe_version(&good, "2.0.0", second), Ok(()));
+        assert!(matches!(
+            probe_version(&good, "2.0.1", second),
+            Err(Refusal::Probe(m)) if m.contains("answered `k8s4r-agent 2.0.0`")
+        ));
+        let crashes = script("crashes", "exit 3");
+        assert!(
+            matches!(probe_version(&crashes, "2.0.0", second), Err(Refusal::Probe(m)) if m.contains("failed"))
+        );
+        let hangs = script("hangs", "exec sleep 30");
+        let started = std::time::Instant::now();
+        assert!(matches!(
+            probe_version(&hangs, "2.0.0", Duration::from_millis(200)),
+            Err(Refusal::Probe(m)) if m.contains("did not answer")
+        ));
+        assert!(started.elapsed() < Duration::from_secs(10));
+    }
+}
