@@ -3,6 +3,7 @@
 use std::process::ExitCode;
 
 use crate::config::{Args, Config};
+use crate::upgrade::verify::Trust;
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
@@ -86,6 +87,14 @@ fn print_checked(config: &Config) {
         (None, None) => "none: the cluster rejects a robot without one (set token_file)".to_owned(),
     };
     println!("k8s4r-agent: bootstrap token {token}");
+    let upgrades = match &config.upgrade_trust {
+        Trust::Keys(keys) => format!("accepted when signed by one of {} pinned key(s)", keys.len()),
+        Trust::UnsignedAllowed => {
+            "accepted unsigned (allow_unsigned_upgrades; the sha256 is still checked)".into()
+        }
+        Trust::Nothing => "refused: no upgrade_public_keys pinned".into(),
+    };
+    println!("k8s4r-agent: agent upgrades {upgrades}");
 }
 
 async fn run(mut config: Config) -> anyhow::Result<()> {

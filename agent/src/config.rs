@@ -20,6 +20,7 @@ use k8s4r_mqtt::{BrokerUrl, TlsError};
 pub use k8s4r_api::logging::LogFormat;
 
 use crate::supervisor::{Policy, SupervisorConfig};
+use crate::upgrade::verify::Trust;
 
 mod settings;
 #[cfg(test)]
@@ -196,6 +197,8 @@ pub struct Config {
     pub supervisor: SupervisorConfig,
     /// Where the robot's facts come from, if anywhere.
     pub facts: Option<crate::facts::FactsSource>,
+    /// Who may sign upgrades of this agent.
+    pub upgrade_trust: Trust,
     /// Log format.
     pub log_format: LogFormat,
     /// Log filter, if set.
@@ -249,6 +252,7 @@ impl Config {
         check_raw_exec(&supervisor.policy, agent_is_root)?;
         let facts = resolve_facts(&s)?;
         let token = resolve_token(&s)?;
+        let upgrade_trust = resolve_upgrade_trust(&s)?;
         Ok(Config {
             robot_id,
             token,
@@ -270,6 +274,7 @@ impl Config {
             labels,
             supervisor,
             facts,
+            upgrade_trust,
             log_format: s.log_format.unwrap_or_default(),
             log: s.log,
         })
@@ -399,6 +404,42 @@ fn resolve_facts(s: &Settings) -> Result<Option<crate::facts::FactsSource>, Conf
         command: s.facts_command.clone(),
         interval,
     }))
+}
+
+/// The keys pinned for upgrades, each checked to be a minisign public key,
+/// or the explicit choice to accept unsigned upgrades (not both).
+fn resolve_upgrade_trust(s: &Settings) -> Result<Trust, ConfigError> {
+    let allow_unsigned = s.allow_unsigned_upgrades.unwrap_or(false);
+    if s.upgrade_public_keys.is_empty() {
+        return Ok(if allow_unsigned {
+            Trust::UnsignedAllowed
+        } else {
+            Trust::Nothing
+        });
+    }
+    if allow_unsigned {
+        return Err(ConfigError::Conflict {
+            first: "allow_unsigned_upgrades",
+            second: "upgrade_public_keys",
+            reason: "a pinned key means upgrades must be signed by it: leave allow_unsigned_upgrades \
+                     off"
+            .into(),
+        });
+    }
+    for key in &s.upgrade_public_keys {
+        if let Err(e) = minisign_verify::PublicKey::from_base64(key.trim()) {
+            return Err(ConfigError::Invalid {
+                key: "upgrade_public_keys",
+                reason: format!("`{key}` is not a minisign public key ({e:?})"),
+            });
+        }
+    }
+    Ok(Trust::Keys(
+        s.upgrade_public_keys
+            .iter()
+            .map(|k| k.trim().to_owned())
+            .collect(),
+    ))
 }
 
 /// The robot id as set, or the machine's, checked.

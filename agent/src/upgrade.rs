@@ -7,5 +7,6 @@
 //! This module holds the robot-side mechanics; the rollout that drives
 //! them from the cluster is not built yet.
 
+pub mod prepare;
 pub mod slots;
 pub mod verify;

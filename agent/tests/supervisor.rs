@@ -11,8 +11,7 @@ use k8s4r_agent::supervisor::{
 };
 use k8s4r_api::{EnvVar, TaskReason, TaskResources, TaskState, TaskTemplate};
 use sha2::{Digest, Sha256};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpListener;
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 mod supervising;
@@ -643,53 +642,16 @@ async fn exec_runs_as_a_named_user_only_when_the_robot_allows_it() {
 
 // ---------------------------------------------------------------- artifacts
 
-/// A tiny HTTP/1.1 server on 127.0.0.1:0. Paths: `/ok` (with a length),
-/// `/stream` (no length, ends at close), `/flaky` (503 once, then the body),
-/// anything else 404.
+/// The body at `/ok` (with a length), `/stream` (no length, ends at
+/// close) and `/flaky` (503 once, then the body); anything else 404.
 async fn http_server(body: Vec<u8>) -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let mut flaky_seen = false;
-        loop {
-            let Ok((mut socket, _)) = listener.accept().await else {
-                return;
-            };
-            let mut request = Vec::new();
-            let mut buf = [0u8; 1024];
-            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
-                match socket.read(&mut buf).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => request.extend_from_slice(&buf[..n]),
-                }
-            }
-            let line = String::from_utf8_lossy(&request)
-                .lines()
-                .next()
-                .unwrap_or_default()
-                .to_owned();
-            let path = line.split_whitespace().nth(1).unwrap_or("/").to_owned();
-            let head = |status: &str, len: Option<usize>| {
-                let length = len
-                    .map(|l| format!("content-length: {l}\r\n"))
-                    .unwrap_or_default();
-                format!("HTTP/1.1 {status}\r\n{length}connection: close\r\n\r\n")
-            };
-            let response: Vec<u8> = match path.as_str() {
-                "/ok" => [head("200 OK", Some(body.len())).into_bytes(), body.clone()].concat(),
-                "/stream" => [head("200 OK", None).into_bytes(), body.clone()].concat(),
-                "/flaky" if !flaky_seen => {
-                    flaky_seen = true;
-                    head("503 Service Unavailable", Some(0)).into_bytes()
-                }
-                "/flaky" => [head("200 OK", Some(body.len())).into_bytes(), body.clone()].concat(),
-                _ => head("404 Not Found", Some(0)).into_bytes(),
-            };
-            let _ = socket.write_all(&response).await;
-            let _ = socket.shutdown().await;
-        }
-    });
-    format!("http://{addr}")
+    use k8s4r_testbed::http::{serve, Reply};
+    serve(vec![
+        ("/ok", Reply::Body(body.clone())),
+        ("/stream", Reply::Stream(body.clone())),
+        ("/flaky", Reply::FlakyOnce(body)),
+    ])
+    .await
 }
 
 fn sha256(data: &[u8]) -> String {

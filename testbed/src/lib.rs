@@ -5,6 +5,7 @@
 //! can SIGKILL and restart ([`process`]); for benchmarks, their flags and
 //! the API server's write counter.
 
+pub mod http;
 pub mod process;
 pub mod proxy;
 

@@ -251,6 +251,26 @@ pub struct Settings {
     #[serde(default, deserialize_with = "de_duration")]
     pub facts_interval: Option<Duration>,
 
+    /// A minisign public key (the base64 line of a `minisign.pub`, as
+    /// `k8s4r sign-agent --generate` prints it) that may sign upgrades of
+    /// this agent; repeat the flag or separate with commas for several
+    /// (any one of them signs). In the file: a list. Default: none, and
+    /// upgrades are refused unless allow_unsigned_upgrades is true.
+    #[arg(
+        long = "upgrade-public-key",
+        env = "K8S4R_UPGRADE_PUBLIC_KEYS",
+        value_name = "KEY",
+        value_delimiter = ','
+    )]
+    #[serde(default)]
+    pub upgrade_public_keys: Vec<String>,
+
+    /// Accept upgrades of this agent that carry no signature when no key
+    /// is pinned (their sha256 is still checked, and their version and
+    /// architecture). Default: false.
+    #[arg(long, env = "K8S4R_ALLOW_UNSIGNED_UPGRADES", value_name = "BOOL")]
+    pub allow_unsigned_upgrades: Option<bool>,
+
     /// Log format. Default: text.
     #[arg(long, env = "K8S4R_LOG_FORMAT", value_name = "FORMAT")]
     pub log_format: Option<LogFormat>,
@@ -325,6 +345,12 @@ impl Settings {
             facts_file: self.facts_file.or(file.facts_file),
             facts_command: self.facts_command.or(file.facts_command),
             facts_interval: self.facts_interval.or(file.facts_interval),
+            upgrade_public_keys: if self.upgrade_public_keys.is_empty() {
+                file.upgrade_public_keys
+            } else {
+                self.upgrade_public_keys
+            },
+            allow_unsigned_upgrades: self.allow_unsigned_upgrades.or(file.allow_unsigned_upgrades),
             log_format: self.log_format.or(file.log_format),
             log: self.log.or(file.log),
         }

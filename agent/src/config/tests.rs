@@ -13,6 +13,7 @@ fn the_shipped_example_config_is_valid() {
 }
 use super::*;
 use crate::supervisor::DiskSize;
+use crate::upgrade::verify::Trust;
 use clap::CommandFactory;
 
 #[test]
@@ -32,7 +33,7 @@ fn the_examples_commented_task_settings_are_valid_too() {
         })
         .map(|l| format!("{l}\n"))
         .collect();
-    assert_eq!(settings.lines().count(), 12, "{settings}");
+    assert_eq!(settings.lines().count(), 13, "{settings}");
     let config =
         Config::resolve(parse_file(path, &format!("robot_id = \"rb1\"\n{settings}")).unwrap()).unwrap();
     let s = config.supervisor;
@@ -47,6 +48,27 @@ fn the_examples_commented_task_settings_are_valid_too() {
     let facts = config.facts.expect("the example's facts settings");
     assert_eq!(facts.file.as_deref(), Some(Path::new("/run/robot/facts.json")));
     assert_eq!(facts.interval, Duration::from_secs(10));
+    assert!(matches!(config.upgrade_trust, Trust::Keys(keys) if keys.len() == 1));
+}
+
+#[test]
+fn upgrades_are_refused_until_a_key_is_pinned_or_unsigned_ones_allowed() {
+    let resolve = |toml: &str| {
+        Config::resolve(parse_file(Path::new("a.toml"), &format!("robot_id = \"rb1\"\n{toml}")).unwrap())
+    };
+    assert_eq!(resolve("").unwrap().upgrade_trust, Trust::Nothing);
+    assert_eq!(
+        resolve("allow_unsigned_upgrades = true").unwrap().upgrade_trust,
+        Trust::UnsignedAllowed
+    );
+    let bad = resolve("upgrade_public_keys = [\"RWQnot-base64\"]").unwrap_err();
+    assert!(bad.to_string().contains("upgrade_public_keys"), "{bad}");
+    let key = "RWTvuqghya2V+tDQPYdARaKU/Zkjf8s4dlrda6p1DVqWiz8yuk0hBjDu";
+    let both = resolve(&format!(
+        "upgrade_public_keys = [\"{key}\"]\nallow_unsigned_upgrades = true"
+    ))
+    .unwrap_err();
+    assert!(both.to_string().contains("allow_unsigned_upgrades"), "{both}");
 }
 
 #[test]

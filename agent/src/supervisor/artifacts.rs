@@ -31,7 +31,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(10);
 
 /// Download limits, from the supervisor's config.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Limits {
+pub struct Limits {
     pub max_bytes: u64,
     pub timeout: Duration,
     pub retries: u32,
@@ -59,7 +59,7 @@ impl Failure {
 
 /// A client for artifacts. rustls needs a crypto provider; the process may
 /// have installed one already, which is fine.
-pub(crate) fn client() -> Result<reqwest::Client, String> {
+pub fn client() -> Result<reqwest::Client, String> {
     k8s4r_mqtt::install_crypto_provider();
     reqwest::Client::builder()
         .build()
@@ -203,7 +203,7 @@ fn in_place(work_dir: &Path, artifact: &Artifact, max_bytes: u64) -> bool {
     hex(&hasher.finalize()).eq_ignore_ascii_case(&artifact.sha256)
 }
 
-async fn fetch_with_retries(
+pub(crate) async fn fetch_with_retries(
     client: &reqwest::Client,
     artifact: &Artifact,
     dest: &Path,

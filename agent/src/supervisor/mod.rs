@@ -29,7 +29,7 @@
 //! their own (`journal::Journal`, `logs::OpSource`).
 
 mod admission;
-mod artifacts;
+pub mod artifacts;
 mod checks;
 mod cleanup;
 mod containment;

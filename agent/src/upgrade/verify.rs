@@ -26,7 +26,7 @@ pub struct Expected<'a> {
 }
 
 /// What this robot trusts, from its configuration.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Trust {
     /// Minisign public keys (their base64 line); any one may sign.
     Keys(Vec<String>),
