@@ -1,7 +1,7 @@
 //! Wiring: from a [`Config`] to a running agent, and the handle to it.
 
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use k8s4r_api::protocol::Topics;
 use k8s4r_api::AgentHealth;
@@ -14,6 +14,7 @@ use crate::mqtt::{self, TlsError};
 use crate::outbox::{Outbox, OutboxError};
 use crate::session::{Session, SessionStatus};
 use crate::supervisor::{self, SupervisorError};
+use crate::upgrade::Upgrades;
 
 /// Why the agent could not start.
 #[derive(Debug, thiserror::Error)]
@@ -114,6 +115,11 @@ pub fn start(
     );
     let (mut session, status) = Session::new(config, options, outbox, supervisor, events);
     let stop = shutdown.child_token();
+    let upgrades = Arc::new(Mutex::new(Upgrades::at_start(
+        &config.state_dir,
+        config.upgrade_trust.clone(),
+    )));
+    session = session.with_upgrades(Arc::clone(&upgrades));
     if let Some(source) = &config.facts {
         tracing::info!(file = ?source.file, command = ?source.command, "reading the robot's facts");
         session = session.with_facts(crate::facts::watch(source.clone(), stop.clone()));
@@ -124,6 +130,7 @@ pub fn start(
         stop.clone(),
         Arc::clone(&failure),
     ));
+    tokio::spawn(watch_trial(upgrades, stop.clone(), Arc::clone(&failure)));
     let task = tokio::spawn(session.run(stop.clone()));
     let handle = AgentHandle {
         status,
@@ -157,6 +164,39 @@ async fn watch_supervisor(
     tracing::error!("{why}");
     let _ = failure.set(why);
     stop.cancel();
+}
+
+/// A binary on trial that the cluster has not confirmed by its deadline
+/// switches back to the confirmed one and stops the agent with a failure:
+/// systemd starts the confirmed binary, which reports the rollback. A
+/// binary that never connects is rolled back this way; one that cannot
+/// even start, by the unit's boot check.
+async fn watch_trial(
+    upgrades: Arc<Mutex<Upgrades>>,
+    stop: CancellationToken,
+    failure: Arc<OnceLock<String>>,
+) {
+    let Some(deadline) = lock(&upgrades).deadline() else {
+        return;
+    };
+    let left = deadline
+        .duration_since(std::time::SystemTime::now())
+        .unwrap_or_default();
+    tokio::select! {
+        () = tokio::time::sleep(left) => {}
+        () = stop.cancelled() => return,
+    }
+    let Some(why) = lock(&upgrades).give_up() else {
+        return; // confirmed meanwhile
+    };
+    tracing::error!("{why}");
+    let _ = failure.set(why);
+    stop.cancel();
+}
+
+/// The upgrades' lock; a panic while holding it leaves them usable.
+pub(crate) fn lock(upgrades: &Mutex<Upgrades>) -> std::sync::MutexGuard<'_, Upgrades> {
+    upgrades.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[cfg(test)]

@@ -13,7 +13,9 @@ pub fn main() -> ExitCode {
     let args = Args::parse();
     let check_only = args.check_config;
     let stop_left = args.stop_left_tasks;
+    let boot_check = args.boot_check;
     let config = match args.load() {
+        Ok(config) if boot_check => return run_boot_check(&config),
         Ok(config) if stop_left => {
             return match crate::supervisor::stop_left_tasks(&config.supervisor.state_dir) {
                 Ok(n) => {
@@ -61,6 +63,28 @@ pub fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `--boot-check`: never fails the start it precedes (a failed boot
+/// check must not keep the confirmed agent from starting either).
+fn run_boot_check(config: &Config) -> ExitCode {
+    use crate::upgrade::slots::{BootCheck, Slots};
+    match Slots::new(&config.state_dir).boot_check(std::time::SystemTime::now()) {
+        Ok(BootCheck::Settled) => {}
+        Ok(BootCheck::OnTrial(trial)) => println!(
+            "k8s4r-agent: boot check: {} on trial, start {} of {}",
+            trial.to_version,
+            trial.starts,
+            crate::upgrade::slots::MAX_TRIAL_STARTS
+        ),
+        Ok(BootCheck::RolledBack(outcome)) => println!(
+            "k8s4r-agent: boot check: upgrade to {} rolled back: {}",
+            outcome.version,
+            outcome.reason.as_deref().unwrap_or("")
+        ),
+        Err(e) => eprintln!("k8s4r-agent: boot check: {e}"),
+    }
+    ExitCode::SUCCESS
 }
 
 /// What `--check-config` prints about a usable configuration: where the

@@ -103,6 +103,13 @@ pub struct Args {
     #[arg(long)]
     pub stop_left_tasks: bool,
 
+    /// Before a start (the unit's ExecStartPre, run by the confirmed
+    /// binary): count the starts of an agent on trial after an upgrade,
+    /// switch back to the confirmed binary when it keeps exiting or was
+    /// not confirmed in time, and exit 0.
+    #[arg(long, conflicts_with_all = ["check_config", "stop_left_tasks"])]
+    pub boot_check: bool,
+
     /// The settings, also accepted in the config file.
     #[command(flatten)]
     pub settings: Settings,

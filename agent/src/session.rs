@@ -213,6 +213,9 @@ pub struct Session {
     facts: Option<watch::Receiver<FactsNow>>,
     /// When a change of facts last sent a heartbeat early.
     facts_sent: Option<Instant>,
+    /// Upgrades of this agent: a binary on trial is confirmed by its first
+    /// confirmed heartbeat.
+    upgrades: Option<std::sync::Arc<std::sync::Mutex<crate::upgrade::Upgrades>>>,
 }
 
 /// What the previous run left running (re-adopted) or is starting again,
@@ -306,12 +309,21 @@ impl Session {
             log_readers,
             facts: None,
             facts_sent: None,
+            upgrades: None,
         };
         (session, status_rx)
     }
 
     /// Reads the robot's facts from `facts`: they go to the supervisor and
     /// with every heartbeat, and a change sends one at once.
+    pub fn with_upgrades(
+        mut self,
+        upgrades: std::sync::Arc<std::sync::Mutex<crate::upgrade::Upgrades>>,
+    ) -> Self {
+        self.upgrades = Some(upgrades);
+        self
+    }
+
     pub fn with_facts(mut self, facts: watch::Receiver<FactsNow>) -> Self {
         self.facts = Some(facts);
         self

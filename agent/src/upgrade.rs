@@ -1,12 +1,189 @@
 //! Upgrades of the agent itself, on the robot: a new binary is verified
 //! (digest, a signature against a key the robot pins, its architecture,
 //! its own `--version`), staged in a slot beside the running one, switched
-//! to by rename and put on trial; a binary already known good rolls it
-//! back when it keeps exiting or the cluster does not confirm it in time.
-//!
-//! This module holds the robot-side mechanics; the rollout that drives
-//! them from the cluster is not built yet.
+//! to by rename and put on trial ([`prepare`]); a binary already known
+//! good rolls it back when it keeps exiting ([`slots::Slots::boot_check`],
+//! the unit's `ExecStartPre`), and the new agent rolls itself back when the
+//! cluster has not confirmed it by its health timeout ([`Upgrades`]).
+
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub mod prepare;
 pub mod slots;
 pub mod verify;
+
+use slots::{Outcome, Slots, Trial};
+use verify::Trust;
+
+/// This process's view of upgrades: whether it is the binary on trial,
+/// and the last upgrade's outcome waiting to be reported.
+#[derive(Debug)]
+pub struct Upgrades {
+    slots: Slots,
+    trust: Trust,
+    /// The trial this very binary is on.
+    trial: Option<Trial>,
+    outcome: Option<Outcome>,
+}
+
+impl Upgrades {
+    /// Reads the slots under `state_dir` at start.
+    pub fn at_start(state_dir: &Path, trust: Trust) -> Self {
+        let slots = Slots::new(state_dir);
+        let trial = slots.trial().filter(|t| is_this_binary(&t.to));
+        if let Some(t) = &trial {
+            tracing::info!(
+                from = %t.from_version,
+                to = %t.to_version,
+                rollout = %t.rollout,
+                "this agent is on trial after an upgrade: the cluster must confirm it within {}",
+                k8s4r_api::duration::format_duration(Duration::from_millis(t.health_timeout_ms))
+            );
+        }
+        let outcome = slots.outcome();
+        Upgrades {
+            slots,
+            trust,
+            trial,
+            outcome,
+        }
+    }
+
+    pub fn slots(&self) -> &Slots {
+        &self.slots
+    }
+
+    pub fn trust(&self) -> &Trust {
+        &self.trust
+    }
+
+    /// When this binary's trial runs out, if it is on one.
+    pub fn deadline(&self) -> Option<SystemTime> {
+        self.trial
+            .as_ref()
+            .map(|t| UNIX_EPOCH + Duration::from_millis(t.switched_ms.saturating_add(t.health_timeout_ms)))
+    }
+
+    /// The cluster confirmed this agent (a heartbeat of this process came
+    /// back confirmed): a binary on trial becomes the confirmed one.
+    pub fn confirmed(&mut self) {
+        if self.trial.take().is_none() {
+            return;
+        }
+        match self.slots.confirm(SystemTime::now()) {
+            Ok(Some(outcome)) => {
+                tracing::info!(version = %outcome.version, "the upgrade is confirmed healthy");
+                self.outcome = Some(outcome);
+            }
+            Ok(None) => {}
+            Err(e) => tracing::error!(error = %e, "cannot record the upgrade as confirmed"),
+        }
+    }
+
+    /// The trial ran out unconfirmed: switches back to the confirmed
+    /// binary. The caller then stops the agent so that it is restarted.
+    pub fn give_up(&mut self) -> Option<String> {
+        let trial = self.trial.take()?;
+        let why = slots::overdue_reason(&trial);
+        match self.slots.roll_back(&trial, why.clone(), SystemTime::now()) {
+            Ok(outcome) => self.outcome = Some(outcome),
+            Err(e) => tracing::error!(error = %e, "cannot switch back to the confirmed agent"),
+        }
+        Some(format!(
+            "upgrade to {} rolled back: {why}; the agent exits so that the confirmed binary starts",
+            trial.to_version
+        ))
+    }
+
+    /// The last upgrade's outcome, until it was reported.
+    pub fn outcome(&self) -> Option<&Outcome> {
+        self.outcome.as_ref()
+    }
+
+    /// The cluster has the outcome.
+    pub fn reported(&mut self) {
+        if self.outcome.take().is_some() {
+            if let Err(e) = self.slots.reported() {
+                tracing::warn!(error = %e, "cannot clear the reported upgrade outcome");
+            }
+        }
+    }
+}
+
+/// Whether `path` is the binary this process runs (both resolved).
+fn is_this_binary(path: &Path) -> bool {
+    let this = std::env::current_exe().and_then(std::fs::canonicalize);
+    let that = std::fs::canonicalize(path);
+    matches!((this, that), (Ok(a), Ok(b)) if a == b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A robot whose old agent is confirmed and which switched to this
+    /// very test binary on trial.
+    fn on_trial(timeout_ms: u64) -> (tempfile::TempDir, Slots, std::path::PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let slots = Slots::new(dir.path());
+        let placeholder = dir.path().join("old");
+        std::fs::write(&placeholder, b"old").unwrap();
+        let old = slots.install("1.0.0", &placeholder).unwrap();
+        let this = std::env::current_exe().unwrap();
+        slots
+            .switch(&Trial {
+                rollout: "r".into(),
+                from_version: "1.0.0".into(),
+                to_version: "2.0.0".into(),
+                from: old.clone(),
+                to: this,
+                switched_ms: slots::millis(SystemTime::now()),
+                health_timeout_ms: timeout_ms,
+                starts: 1,
+            })
+            .unwrap();
+        (dir, slots, old)
+    }
+
+    #[test]
+    fn the_binary_on_trial_is_confirmed_by_the_cluster() {
+        let (dir, slots, _) = on_trial(60_000);
+        let mut upgrades = Upgrades::at_start(dir.path(), Trust::Nothing);
+        assert!(upgrades.deadline().is_some_and(|d| d > SystemTime::now()));
+        upgrades.confirmed();
+        assert_eq!(upgrades.deadline(), None);
+        assert_eq!(slots.confirmed(), Some(std::env::current_exe().unwrap()));
+        assert!(upgrades
+            .outcome()
+            .is_some_and(|o| o.healthy && o.version == "2.0.0"));
+        upgrades.reported();
+        assert_eq!(Upgrades::at_start(dir.path(), Trust::Nothing).outcome(), None);
+    }
+
+    #[test]
+    fn an_unconfirmed_binary_gives_up_and_switches_back() {
+        let (dir, slots, old) = on_trial(0);
+        let mut upgrades = Upgrades::at_start(dir.path(), Trust::Nothing);
+        let why = upgrades.give_up().unwrap();
+        assert!(
+            why.contains("did not confirm it within its health timeout"),
+            "{why}"
+        );
+        assert_eq!(slots.current(), Some(old));
+        assert!(upgrades.outcome().is_some_and(|o| !o.healthy));
+        assert_eq!(upgrades.give_up(), None, "once");
+    }
+
+    #[test]
+    fn another_binary_on_trial_is_not_this_process_s_business() {
+        let (dir, slots, old) = on_trial(60_000);
+        slots
+            .switch(&Trial {
+                to: old,
+                ..slots.trial().unwrap()
+            })
+            .unwrap();
+        assert_eq!(Upgrades::at_start(dir.path(), Trust::Nothing).deadline(), None);
+    }
+}

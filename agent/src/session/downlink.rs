@@ -62,6 +62,9 @@ impl Session {
                     // for a previous one must not renew this one's leases.
                     if ack.session.as_deref() == Some(self.session_id.as_str()) {
                         self.fence.heartbeat_recorded(heartbeat, ack.time, boot_clock());
+                        if let Some(upgrades) = &self.upgrades {
+                            crate::agent::lock(upgrades).confirmed();
+                        }
                         self.release_held(phase);
                     } else {
                         tracing::debug!(

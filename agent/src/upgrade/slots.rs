@@ -269,12 +269,15 @@ impl Slots {
 /// clock that moved back before the switch counts from the switch.
 fn overdue(trial: &Trial, now: SystemTime) -> Option<String> {
     let elapsed = millis(now).saturating_sub(trial.switched_ms);
-    (elapsed > trial.health_timeout_ms).then(|| {
-        format!(
-            "the cluster did not confirm it within its health timeout of {}",
-            k8s4r_api::duration::format_duration(Duration::from_millis(trial.health_timeout_ms))
-        )
-    })
+    (elapsed > trial.health_timeout_ms).then(|| overdue_reason(trial))
+}
+
+/// What a rollback for lack of confirmation says.
+pub fn overdue_reason(trial: &Trial) -> String {
+    format!(
+        "the cluster did not confirm it within its health timeout of {}",
+        k8s4r_api::duration::format_duration(Duration::from_millis(trial.health_timeout_ms))
+    )
 }
 
 /// A version names a directory: letters, digits, `.`, `-`, `+` and `_`,
