@@ -35,7 +35,8 @@ cargo run --quiet --locked -p k8s4r-api --features kube --bin crdgen -- --check
 step "systemd unit"
 # verify insists that ExecStart exists; check a copy that points at a real binary.
 unit_dir=$(mktemp -d)
-sed "s#/usr/local/bin/k8s4r-agent#$(command -v true)#" systemd/k8s4r-agent.service > "$unit_dir/k8s4r-agent.service"
+sed -e "s#/var/lib/k8s4r/agent/current#$(command -v true)#" -e "s#/var/lib/k8s4r/agent/confirmed#$(command -v true)#" \
+    systemd/k8s4r-agent.service > "$unit_dir/k8s4r-agent.service"
 verify_out=$(systemd-analyze verify "$unit_dir/k8s4r-agent.service" 2>&1) || { echo "$verify_out"; exit 1; }
 rm -rf "$unit_dir"
 if [ -n "$verify_out" ]; then echo "$verify_out"; echo "systemd-analyze verify reported problems" >&2; exit 1; fi

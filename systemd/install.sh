@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Installs the k8s4r agent as a systemd service on a robot.
+# Installs the k8s4r agent as a systemd service on a robot: the first
+# install, or an upgrade by hand (later ones can come through an
+# AgentRollout, which needs upgrade_public_keys in agent.toml).
 #
 #   systemd/install.sh [--binary PATH] [--config PATH] [--no-start]
 #
@@ -31,8 +33,26 @@ fi
 [ -n "$binary" ] && [ -x "$binary" ] || { echo "install.sh: no agent binary; build one (cargo build --release -p k8s4r-agent or cross/build.sh) or pass --binary" >&2; exit 1; }
 [ "$(id -u)" -eq 0 ] || { echo "install.sh: run as root" >&2; exit 1; }
 
-install -m 0755 "$binary" /usr/local/bin/k8s4r-agent
+# The binary goes into its upgrade slot and becomes both the current and
+# the confirmed one: an install by hand is trusted. Each link is replaced
+# by a rename, so a power cut leaves the old link or the new one.
+version=$("$binary" --version | awk '{ print $2 }')
+case "$version" in
+    ""|.*|*/*) echo "install.sh: $binary --version did not name a version" >&2; exit 1 ;;
+esac
+agent_dir=/var/lib/k8s4r/agent
 install -d -m 0750 /etc/k8s4r /var/lib/k8s4r
+install -d -m 0700 "$agent_dir" "$agent_dir/slots/$version"
+install -m 0700 "$binary" "$agent_dir/slots/$version/k8s4r-agent.new"
+mv -f "$agent_dir/slots/$version/k8s4r-agent.new" "$agent_dir/slots/$version/k8s4r-agent"
+for link in confirmed current; do
+    ln -sfn "slots/$version/k8s4r-agent" "$agent_dir/.$link.new"
+    mv -Tf "$agent_dir/.$link.new" "$agent_dir/$link"
+done
+rm -f "$agent_dir/trial.json"
+sync -f "$agent_dir"
+# For people: `k8s4r-agent --check-config` runs the current binary.
+ln -sfn "$agent_dir/current" /usr/local/bin/k8s4r-agent
 if [ -n "$config" ]; then
     install -m 0600 "$config" /etc/k8s4r/agent.toml
 elif [ ! -e /etc/k8s4r/agent.toml ]; then
