@@ -14,21 +14,25 @@
 # `skopeo copy oci-archive:FILE docker://registry.example.com/k8s4r:<tag>`.
 # The Containerfile describes the same image for a build that pulls its
 # bases from a registry: binaries at /usr/local/bin, user 65532:65532,
-# entrypoint k8s4r-server. Needs buildah (scripts/setup.sh installs it).
+# entrypoint k8s4r-server. Needs buildah (scripts/setup.sh installs it);
+# run as a user other than root, it needs that user's /etc/subuid range.
+# The same commit and binaries give the same image digest.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-cd "$root"
 
+# Paths given are the caller's, relative to where it stands.
+absolute() { case "$1" in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
 bin_dir=""
 output=""
 while [ $# -gt 0 ]; do
     case "$1" in
-        --bin-dir) bin_dir=${2:?--bin-dir needs a directory}; shift 2 ;;
-        --output) output=${2:?--output needs a file}; shift 2 ;;
-        -h | --help) sed -n '2,17p' "$0"; exit 0 ;;
+        --bin-dir) bin_dir=$(absolute "${2:?--bin-dir needs a directory}"); shift 2 ;;
+        --output) output=$(absolute "${2:?--output needs a file}"); shift 2 ;;
+        -h | --help) sed -n '2,19p' "$0"; exit 0 ;;
         *) echo "image.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
+cd "$root"
 
 die() { echo "image.sh: $*" >&2; exit 1; }
 command -v buildah >/dev/null || die "buildah is not installed: run scripts/setup.sh (or apt-get install buildah)"
@@ -41,8 +45,10 @@ image=$images
 tag=${image##*:}
 
 programs=(k8s4r-server k8s4r-manager)
-target_dir=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
-[ -n "$target_dir" ] || die "cargo metadata did not say where the target directory is"
+if [ -z "$bin_dir" ] || [ -z "$output" ]; then
+    target_dir=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+    [ -n "$target_dir" ] || die "cargo metadata did not say where the target directory is"
+fi
 if [ -z "$bin_dir" ]; then
     # As the Containerfile builds them.
     cargo build --release --locked -p k8s4r-server -p k8s4r-manager
@@ -53,7 +59,12 @@ for program in "${programs[@]}"; do
 done
 [ -n "$output" ] || output=$target_dir/image/k8s4r-$tag.oci.tar
 mkdir -p "$(dirname "$output")"
-output=$(cd "$(dirname "$output")" && pwd)/$(basename "$output")
+
+# Not root: go on inside buildah's user namespace, where files can belong
+# to root and to the nonroot user (mapped through /etc/subuid).
+if [ "$(id -u)" -ne 0 ]; then
+    exec buildah unshare "$root/scripts/image.sh" --bin-dir "$bin_dir" --output "$output"
+fi
 
 # A private store, so that nothing is left in the machine's and two builds
 # do not meet; vfs needs neither overlayfs nor fuse.
