@@ -79,6 +79,19 @@ impl Podman {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// A container's state and exit code, e.g. `running 0`, `exited 127`.
+    fn state(&self, name: &str) -> String {
+        self.run(&strings([
+            "container",
+            "inspect",
+            "--format",
+            "{{.State.Status}} {{.State.ExitCode}}",
+            name,
+        ]))
+        .trim()
+        .to_owned()
+    }
+
     /// What a container wrote, for a failure message.
     fn logs(&self, name: &str) -> String {
         let out = self
@@ -166,9 +179,8 @@ impl Node<'_> {
 
     /// `podman run` arguments for the Deployment's pod, as a kubelet reads
     /// its template; a field it does not know how to honour fails the test
-    /// rather than being skipped. Returns them and the readiness probe's
-    /// port and path.
-    async fn pod(&self, deployment: &Deployment, pod_name: &str) -> (Vec<String>, u16, String) {
+    /// rather than being skipped. Returns them and the container's probes.
+    async fn pod(&self, deployment: &Deployment, pod_name: &str) -> (Vec<String>, Probes) {
         let template = deployment.spec.template.clone();
         let pod = serde_json::to_value(template.spec.expect("a pod spec")).expect("JSON");
         known_fields(
@@ -331,18 +343,10 @@ impl Node<'_> {
                 );
             }
         }
-        let probe = &container["readinessProbe"]["httpGet"];
-        let probe_port = match &probe["port"] {
-            Value::Number(n) => n.as_u64().expect("a port") as u16,
-            Value::String(named) => ports
-                .iter()
-                .find(|p| p["name"] == named.as_str())
-                .and_then(|p| p["containerPort"].as_u64())
-                .unwrap_or_else(|| panic!("{pod_name}: the probe's port {named} is not a container port"))
-                as u16,
-            other => panic!("{pod_name}: readiness probe port {other}"),
+        let probes = Probes {
+            readiness: http_probe(container, "readinessProbe", pod_name),
+            liveness: http_probe(container, "livenessProbe", pod_name),
         };
-        let probe_path = probe["path"].as_str().expect("a probe path").to_owned();
 
         // The image, then the command as its entrypoint and the args after.
         let command = container["command"].as_array().expect("a command");
@@ -356,7 +360,41 @@ impl Node<'_> {
                 .flatten()
                 .map(|a| a.as_str().expect("an argument").to_owned()),
         );
-        (args, probe_port, probe_path)
+        (args, probes)
+    }
+}
+
+/// Where a kubelet would send an httpGet probe: a port and a path.
+struct Probe {
+    port: u16,
+    path: String,
+}
+
+struct Probes {
+    readiness: Probe,
+    liveness: Probe,
+}
+
+/// The container's httpGet `probe`, its port resolved by name.
+fn http_probe(container: &Value, probe: &str, pod_name: &str) -> Probe {
+    let get = &container[probe]["httpGet"];
+    let port = match &get["port"] {
+        Value::Number(n) => n.as_u64(),
+        Value::String(named) => container["ports"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["name"] == named.as_str())
+            .and_then(|p| p["containerPort"].as_u64()),
+        _ => None,
+    }
+    .unwrap_or_else(|| panic!("{pod_name}: {probe} has no httpGet port a container port names"));
+    Probe {
+        port: port as u16,
+        path: get["path"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{pod_name}: {probe} has no httpGet path"))
+            .to_owned(),
     }
 }
 
@@ -493,7 +531,7 @@ async fn the_images_programs_start_as_the_deployments_run_them_and_become_ready(
             .await
             .unwrap_or_else(|e| panic!("Deployment {name} after kubectl apply -k deploy/: {e}"));
         let pod_name = format!("{name}-image-test-{}", std::process::id());
-        let (args, port, path) = node.pod(&deployment, &pod_name).await;
+        let (args, probes) = node.pod(&deployment, &pod_name).await;
         let image = deployment
             .spec
             .template
@@ -511,24 +549,44 @@ async fn the_images_programs_start_as_the_deployments_run_them_and_become_ready(
                 podman: &podman,
                 name: pod_name,
             },
-            port,
-            path,
+            probes,
         ));
     }
 
-    for (container, port, path) in &running {
-        let ready = eventually_or(READY, || async {
-            (http_status(*port, path).await == Some(200)).then_some(())
+    for (container, probes) in &running {
+        let name = &container.name;
+        let Probe { port, path } = &probes.readiness;
+        // Ready, or stopped: a program that exits (a missing library, a
+        // flag it refuses) fails the test at once, with what it wrote.
+        let outcome = eventually_or(READY, || async {
+            if http_status(*port, path).await == Some(200) {
+                return Some(Ok(()));
+            }
+            let state = podman.state(name);
+            (!state.starts_with("running")).then_some(Err(state))
         })
         .await;
-        if ready.is_none() {
+        let failure = match outcome {
+            Some(Ok(())) => None,
+            Some(Err(state)) => Some(format!("{name} stopped before it was ready ({state})")),
+            None => Some(format!(
+                "{name} did not answer 200 on :{port}{path} within {READY:?}"
+            )),
+        };
+        if let Some(failure) = failure {
             panic!(
-                "{} did not answer 200 on :{port}{path} within {READY:?}; what it wrote:\n{}\nMosquitto:\n{}",
-                container.name,
-                podman.logs(&container.name),
+                "{failure}; what it wrote:\n{}\nMosquitto:\n{}",
+                podman.logs(name),
                 broker.log()
             );
         }
+        let Probe { port, path } = &probes.liveness;
+        assert_eq!(
+            http_status(*port, path).await,
+            Some(200),
+            "{name}: ready but its liveness probe :{port}{path} fails; what it wrote:\n{}",
+            podman.logs(name)
+        );
     }
     let denied: Vec<String> = server
         .denied()
