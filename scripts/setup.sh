@@ -2,8 +2,8 @@
 # Installs what the tests and the ARM cross build need on a fresh Debian 12
 # machine with Rust (via rustup). Idempotent: does nothing that is already done.
 #
-#   scripts/setup.sh            a C toolchain, Mosquitto, systemd-analyze, openssl;
-#                               checks that kubectl (1.27+) is there
+#   scripts/setup.sh            a C toolchain, Mosquitto, systemd-analyze, openssl,
+#                               buildah and podman; checks that kubectl (1.27+) is there
 #   scripts/setup.sh --cross    the above plus the aarch64/armv7 cross toolchain
 #
 # The cross toolchain is Debian's rustc 1.85 (rustc-web) plus Debian's
@@ -56,6 +56,10 @@ base() {
     # it (tests/src/chaos.rs). util-linux: mount (a tmpfs per robot for the
     # full-disk faults) and ipcmk (the task uid clean-up test).
     apt_install gcc libc6-dev mosquitto mosquitto-clients systemd openssl libfaketime util-linux python3
+    # The container image, built without a registry (scripts/image.sh:
+    # buildah, and the CA bundle it copies in) and started by its test
+    # (podman with runc: crun 1.8 refuses a hybrid cgroup hierarchy).
+    apt_install ca-certificates buildah podman runc
     # Tests start their own broker on a free port; the packaged service is
     # not needed and would hold port 1883.
     if command -v systemctl >/dev/null && systemctl is-active --quiet mosquitto 2>/dev/null; then

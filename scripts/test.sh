@@ -2,7 +2,7 @@
 # The project's test command: everything CI checks, on a fresh Debian machine
 # with Rust. Installs what the tests need first (scripts/setup.sh).
 #
-#   scripts/test.sh           setup, format, lints, CRD drift, tests, unit file, ARM build
+#   scripts/test.sh           setup, format, lints, CRD drift, tests, image, unit file, ARM build
 #   scripts/test.sh --quick   skip the ARM cross build
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -44,6 +44,9 @@ echo "systemd-analyze verify: clean"
 
 step "tests"
 cargo test --workspace --all-features --locked
+
+step "the container image: built without a registry, its programs started as deploy/ runs them"
+scripts/image-test.sh
 
 if [ "$quick" -eq 0 ]; then
     step "ARM cross build of the agent (rustc 1.85) and a task under qemu"

@@ -9,11 +9,10 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use clap::{CommandFactory, Parser};
-use k8s4r_testbed::{kubectl, make_certificates, Mosquitto};
+use k8s4r_testbed::{kubectl, Mosquitto};
 use rumqttc::{
     AsyncClient, ConnectionError, Event, EventLoop, MqttOptions, Packet, QoS, TlsConfiguration, Transport,
 };
@@ -22,16 +21,11 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
+#[path = "support/deployed.rs"]
+mod deployed;
+use deployed::{deploy_dir, repo_file, start_deployed_mosquitto};
+
 const WAIT: Duration = Duration::from_secs(20);
-
-fn deploy_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
-}
-
-fn repo_file(path: &str) -> String {
-    let full = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path);
-    std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("{}: {e}", full.display()))
-}
 
 /// Every YAML file under deploy/, sorted.
 fn yaml_files(dir: &Path) -> Vec<PathBuf> {
@@ -418,76 +412,6 @@ async fn kubectl_applies_deploy_to_the_embedded_api_server() {
         "{applied}"
     );
     server.shutdown().await.unwrap();
-}
-
-/// deploy/mosquitto's configuration, with its install paths pointed at the
-/// broker's directory and its listener at a free port; each replacement
-/// must match, so the test follows the file.
-fn start_deployed_mosquitto(users: &[(&str, &str)]) -> Mosquitto {
-    use std::os::unix::fs::PermissionsExt;
-    Mosquitto::start_with(|port, d| {
-        make_certificates(d);
-        let passwd = d.join("k8s4r.passwd");
-        for (i, (user, password)) in users.iter().enumerate() {
-            let mut cmd = Command::new("mosquitto_passwd");
-            if i == 0 {
-                cmd.arg("-c");
-            }
-            let out = cmd
-                .arg("-b")
-                .arg(&passwd)
-                .args([user, password])
-                .output()
-                .expect("mosquitto_passwd (it comes with mosquitto: run scripts/setup.sh)");
-            assert!(
-                out.status.success(),
-                "mosquitto_passwd: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::fs::write(d.join("k8s4r.acl"), repo_file("deploy/mosquitto/k8s4r.acl")).unwrap();
-        // Mosquitto started as root reads them as its own user.
-        for file in ["k8s4r.passwd", "k8s4r.acl"] {
-            std::fs::set_permissions(d.join(file), std::fs::Permissions::from_mode(0o644)).unwrap();
-        }
-        let mut conf = repo_file("deploy/mosquitto/mosquitto.conf");
-        let here = d.display().to_string();
-        for (from, to) in [
-            (
-                "password_file /etc/mosquitto/k8s4r.passwd",
-                format!("password_file {here}/k8s4r.passwd"),
-            ),
-            (
-                "acl_file /etc/mosquitto/k8s4r.acl",
-                format!("acl_file {here}/k8s4r.acl"),
-            ),
-            (
-                "cafile /etc/mosquitto/certs/ca.crt",
-                format!("cafile {here}/ca.pem"),
-            ),
-            (
-                "certfile /etc/mosquitto/certs/server.crt",
-                format!("certfile {here}/server.pem"),
-            ),
-            (
-                "keyfile /etc/mosquitto/certs/server.key",
-                format!("keyfile {here}/server.key"),
-            ),
-            ("listener 8883", format!("listener {port} 127.0.0.1")),
-        ] {
-            assert!(
-                conf.contains(from),
-                "deploy/mosquitto/mosquitto.conf no longer says {from:?}"
-            );
-            conf = conf.replace(from, &to);
-        }
-        // Installed as README says: in conf.d, under a main file that says
-        // what Debian's /etc/mosquitto/mosquitto.conf says, so that a setting
-        // Mosquitto refuses to see twice fails here too.
-        std::fs::create_dir(d.join("conf.d")).unwrap();
-        std::fs::write(d.join("conf.d/k8s4r.conf"), conf).unwrap();
-        format!("persistence true\npersistence_location {here}/\ninclude_dir {here}/conf.d\n")
-    })
 }
 
 fn tls_options(id: &str, port: u16, ca: &[u8], login: Option<(&str, &str)>) -> MqttOptions {
