@@ -115,6 +115,10 @@ impl ResourceType {
         self.group == "apiextensions.k8s.io" && self.plural == "customresourcedefinitions"
     }
 
+    pub fn is_service_accounts(&self) -> bool {
+        self.group.is_empty() && self.plural == "serviceaccounts"
+    }
+
     pub fn is_namespace(&self) -> bool {
         self.group.is_empty() && self.plural == "namespaces"
     }
