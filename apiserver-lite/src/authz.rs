@@ -1,8 +1,10 @@
 //! Who is asking, and may they.
 //!
 //! Bearer tokens name users, the way kube-apiserver's `--token-auth-file`
-//! does; the server's own token is the administrator (like
-//! `system:masters`, it may do everything). Every other user may do what
+//! does, or ServiceAccounts (tokens from TokenRequest, see
+//! [`crate::service_account_tokens`]); the server's own token is the
+//! administrator (like `system:masters`, it may do everything). A request
+//! may then act as someone else ([`crate::impersonation`]). Every other user may do what
 //! the stored RBAC objects grant: Roles and ClusterRoles, bound to it (or to
 //! one of its groups, or to its ServiceAccount) by RoleBindings and
 //! ClusterRoleBindings. Denied requests get the real server's 403 and are

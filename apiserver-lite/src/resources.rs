@@ -164,6 +164,17 @@ impl ResourceType {
                 "verbs": ["get", "patch", "update"],
             }));
         }
+        if self.is_service_accounts() {
+            out.push(json!({
+                "name": "serviceaccounts/token",
+                "singularName": "",
+                "namespaced": true,
+                "group": "authentication.k8s.io",
+                "version": "v1",
+                "kind": "TokenRequest",
+                "verbs": ["create"],
+            }));
+        }
         out
     }
 }
