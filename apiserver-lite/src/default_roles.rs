@@ -25,6 +25,7 @@ use serde_json::{json, Value};
 
 use crate::authz::{Identity, CLUSTER_ROLES};
 use crate::error::ApiError;
+use crate::object::Object;
 use crate::ops::{self, FieldValidation, WriteOpts};
 use crate::selectors::LabelSelector;
 use crate::store::{Store, Txn};
@@ -209,6 +210,21 @@ fn mend(old: &Value, want: &Value) -> Option<Value> {
         new["roleRef"] = want["roleRef"].clone();
     }
     (new != *old).then_some(new)
+}
+
+/// After `written` (a ClusterRole) was stored: aggregation brought up to
+/// date, and the role as it now stands (its rules are aggregated if it
+/// aggregates).
+pub fn after_write(txn: &mut Txn<'_>, written: Object) -> Object {
+    aggregate(txn);
+    let name = written.value()["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    txn.state
+        .get_object(CLUSTER_ROLES, "", &name)
+        .cloned()
+        .unwrap_or(written)
 }
 
 /// Brings every aggregated ClusterRole's rules up to date with the roles

@@ -184,26 +184,7 @@ fn prune_and_validate(rt: &ResourceType, obj: &mut Value, opts: &WriteOpts) -> R
 
 fn validate_metadata(rt: &ResourceType, obj: &Value) -> Result<(), ApiError> {
     let name = meta_str(obj, "name");
-    // RBAC objects are named by path segment (`system:aggregate-to-view`),
-    // everything else by DNS subdomain, as on a real server.
-    let (valid, rule) = if rt.group == "rbac.authorization.k8s.io" {
-        let valid = !matches!(name, "." | "..") && !name.contains(['/', '%']);
-        (valid, "may not be '.' or '..', and may not contain '/' or '%'")
-    } else {
-        let valid = name.len() <= 253
-            && name
-                .chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
-            && name.starts_with(|c: char| c.is_ascii_alphanumeric())
-            && name.ends_with(|c: char| c.is_ascii_alphanumeric());
-        (valid, "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character")
-    };
-    if name.is_empty() || !valid {
-        let err = if name.is_empty() {
-            crate::error::FieldError::required("metadata.name")
-        } else {
-            crate::error::FieldError::invalid("metadata.name", &json!(name), rule)
-        };
+    if let Some(err) = crate::metadata::name_problem(&rt.group, name) {
         return Err(ApiError::invalid(&rt.kind, &rt.group, name, &[err]));
     }
     for key in ["labels", "annotations"] {
@@ -360,16 +341,11 @@ fn store(txn: &mut Txn<'_>, rt: &ResourceType, obj: Value) -> Object {
     }
     let gr = rt.stored_resource();
     let stored = txn.put(&gr, obj);
-    if gr != crate::authz::CLUSTER_ROLES {
-        return stored;
+    if gr == crate::authz::CLUSTER_ROLES {
+        // The role may be aggregated, or aggregated into others.
+        return crate::default_roles::after_write(txn, stored);
     }
-    // The role may be aggregated, or aggregated into others.
-    crate::default_roles::aggregate(txn);
-    let name = stored.value()["metadata"]["name"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
-    txn.state.get_object(&gr, "", &name).cloned().unwrap_or(stored)
+    stored
 }
 
 /// How an update treats the resourceVersion the client sent.
