@@ -221,6 +221,11 @@ pub async fn proxy(
     {
         request = request.header("X-Remote-Group", group);
     }
+    for (key, values) in user["extra"].as_object().into_iter().flatten() {
+        for value in values.as_array().into_iter().flatten().filter_map(Value::as_str) {
+            request = request.header(format!("X-Remote-Extra-{}", header_safe(key)), value);
+        }
+    }
     for h in [header::ACCEPT, header::CONTENT_TYPE, header::USER_AGENT] {
         if let Some(v) = parts.headers.get(&h) {
             request = request.header(h, v);
@@ -241,4 +246,15 @@ pub async fn proxy(
     response
         .body(Body::from_stream(stream))
         .map_err(|e| ApiError::internal(e.to_string()))
+}
+
+/// An extra's key as a header name may hold it: percent-encoded, as
+/// client-go sends it and as backends read it back.
+fn header_safe(key: &str) -> String {
+    key.bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),
+            b => format!("%{b:02X}"),
+        })
+        .collect()
 }

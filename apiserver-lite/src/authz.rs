@@ -1,8 +1,10 @@
 //! Who is asking, and may they.
 //!
 //! Bearer tokens name users, the way kube-apiserver's `--token-auth-file`
-//! does; the server's own token is the administrator (like
-//! `system:masters`, it may do everything). Every other user may do what
+//! does, or ServiceAccounts (tokens from TokenRequest, see
+//! [`crate::service_account_tokens`]); the server's own token is the
+//! administrator (like `system:masters`, it may do everything). A request
+//! may then act as someone else ([`crate::impersonation`]). Every other user may do what
 //! the stored RBAC objects grant: Roles and ClusterRoles, bound to it (or to
 //! one of its groups, or to its ServiceAccount) by RoleBindings and
 //! ClusterRoleBindings. Denied requests get the real server's 403 and are
@@ -39,6 +41,8 @@ pub struct User {
     pub uid: Option<String>,
     /// Its groups, `system:authenticated` included.
     pub groups: Vec<String>,
+    /// What else its authenticator (or an impersonator) says of it.
+    pub extra: std::collections::BTreeMap<String, Vec<String>>,
 }
 
 impl User {
@@ -52,6 +56,7 @@ impl User {
             name: name.into(),
             uid: None,
             groups,
+            extra: Default::default(),
         }
     }
 
@@ -101,6 +106,9 @@ impl Identity {
                 if let Some(uid) = &user.uid {
                     info["uid"] = json!(uid);
                 }
+                if !user.extra.is_empty() {
+                    info["extra"] = json!(user.extra);
+                }
                 info
             }
         }
@@ -136,29 +144,52 @@ pub struct PathAttributes<'a> {
 #[derive(Debug)]
 pub struct Authenticator {
     admin_token: String,
+    /// Signs and checks ServiceAccount tokens (TokenRequest).
+    signer: crate::service_account_tokens::Signer,
     users: std::sync::RwLock<HashMap<String, User>>,
     denied: Mutex<VecDeque<String>>,
     used: Mutex<BTreeSet<String>>,
 }
 
 impl Authenticator {
-    pub fn new(admin_token: String, users: HashMap<String, User>) -> Authenticator {
+    pub fn new(
+        admin_token: String,
+        users: HashMap<String, User>,
+        signer: crate::service_account_tokens::Signer,
+    ) -> Authenticator {
         Authenticator {
             admin_token,
+            signer,
             users: std::sync::RwLock::new(users),
             denied: Mutex::new(VecDeque::new()),
             used: Mutex::new(BTreeSet::new()),
         }
     }
 
-    /// The identity behind an `Authorization` header's value, if any.
-    pub fn authenticate(&self, authorization: Option<&str>) -> Option<Identity> {
+    /// The identity behind an `Authorization` header's value, if any: the
+    /// server's own token, a token file's, or a ServiceAccount token still
+    /// good in `store`'s objects.
+    pub fn authenticate(&self, store: &crate::store::Store, authorization: Option<&str>) -> Option<Identity> {
         let token = authorization?.strip_prefix("Bearer ")?.trim();
         if token == self.admin_token {
             return Some(Identity::Admin);
         }
-        let users = self.users.read().unwrap_or_else(|e| e.into_inner());
-        users.get(token).cloned().map(Identity::User)
+        let known = {
+            let users = self.users.read().unwrap_or_else(|e| e.into_inner());
+            users.get(token).cloned()
+        };
+        if let Some(user) = known {
+            return Some(Identity::User(user));
+        }
+        let now = jiff::Timestamp::now().as_second();
+        store
+            .read(|s| self.signer.authenticate(s, token, now))
+            .map(Identity::User)
+    }
+
+    /// Signs ServiceAccount tokens.
+    pub fn signer(&self) -> &crate::service_account_tokens::Signer {
+        &self.signer
     }
 
     /// Accepts `token` as `user` from now on.
@@ -208,7 +239,7 @@ impl Authenticator {
         Err(self.deny(user, error))
     }
 
-    fn deny(&self, user: &User, error: ApiError) -> ApiError {
+    pub(crate) fn deny(&self, user: &User, error: ApiError) -> ApiError {
         tracing::warn!(user = %user.name, "{}", error.message);
         let mut denied = self.denied.lock().unwrap_or_else(|e| e.into_inner());
         if denied.len() == DENIALS_KEPT {
@@ -606,7 +637,7 @@ fn usage(user: &User, attrs: &Attributes<'_>) -> String {
     )
 }
 
-fn forbidden(user: &User, attrs: &Attributes<'_>) -> ApiError {
+pub(crate) fn forbidden(user: &User, attrs: &Attributes<'_>) -> ApiError {
     let qualified = if attrs.group.is_empty() {
         attrs.resource.to_owned()
     } else {
@@ -640,160 +671,4 @@ fn forbidden(user: &User, attrs: &Attributes<'_>) -> ApiError {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::http::request::Verb;
-
-    fn attrs<'a>(
-        verb: Verb,
-        resource: &'a str,
-        sub: Option<&'a str>,
-        name: Option<&'a str>,
-    ) -> Attributes<'a> {
-        Attributes {
-            verb: verb.as_str(),
-            group: "robot.k8s4r.io",
-            resource,
-            subresource: sub,
-            namespace: Some("default"),
-            name,
-        }
-    }
-
-    #[test]
-    fn rules_match_verbs_groups_resources_and_names() {
-        let rule = json!({"apiGroups": ["robot.k8s4r.io"], "resources": ["tasks", "tasks/status"], "verbs": ["get", "patch"]});
-        assert!(rule_allows(&rule, &attrs(Verb::Get, "tasks", None, Some("a"))));
-        assert!(rule_allows(
-            &rule,
-            &attrs(Verb::Patch, "tasks", Some("status"), Some("a"))
-        ));
-        assert!(!rule_allows(
-            &rule,
-            &attrs(Verb::Delete, "tasks", None, Some("a"))
-        ));
-        assert!(!rule_allows(&rule, &attrs(Verb::Get, "jobs", None, Some("a"))));
-        assert!(!rule_allows(
-            &rule,
-            &attrs(Verb::Patch, "jobs", Some("status"), None)
-        ));
-        let mut other_group = attrs(Verb::Get, "tasks", None, None);
-        other_group.group = "";
-        assert!(!rule_allows(&rule, &other_group));
-
-        // The resource alone does not grant its subresources.
-        let plain = json!({"apiGroups": ["*"], "resources": ["tasks"], "verbs": ["*"]});
-        assert!(rule_allows(
-            &plain,
-            &attrs(Verb::DeleteCollection, "tasks", None, None)
-        ));
-        assert!(!rule_allows(
-            &plain,
-            &attrs(Verb::Patch, "tasks", Some("status"), None)
-        ));
-        let any_status =
-            json!({"apiGroups": ["robot.k8s4r.io"], "resources": ["*/status"], "verbs": ["patch"]});
-        assert!(rule_allows(
-            &any_status,
-            &attrs(Verb::Patch, "jobs", Some("status"), None)
-        ));
-        assert!(!rule_allows(&any_status, &attrs(Verb::Patch, "jobs", None, None)));
-
-        let named = json!({"apiGroups": ["robot.k8s4r.io"], "resources": ["jobs"], "resourceNames": ["one"], "verbs": ["get", "list"]});
-        assert!(rule_allows(&named, &attrs(Verb::Get, "jobs", None, Some("one"))));
-        assert!(!rule_allows(&named, &attrs(Verb::Get, "jobs", None, Some("two"))));
-        assert!(!rule_allows(&named, &attrs(Verb::List, "jobs", None, None)));
-    }
-
-    #[test]
-    fn path_rules_match_exact_paths_and_prefixes() {
-        let rule = json!({"nonResourceURLs": ["/version", "/apis/*"], "verbs": ["get"]});
-        let path = |path| PathAttributes { verb: "get", path };
-        assert!(rule_allows_path(&rule, &path("/version")));
-        assert!(rule_allows_path(&rule, &path("/apis/apps/v1")));
-        assert!(!rule_allows_path(&rule, &path("/apis")));
-        assert!(!rule_allows_path(&rule, &path("/version/x")));
-        assert!(!rule_allows_path(
-            &rule,
-            &PathAttributes {
-                verb: "post",
-                path: "/version"
-            }
-        ));
-        let any = json!({"nonResourceURLs": ["*"], "verbs": ["*"]});
-        assert!(rule_allows_path(
-            &any,
-            &PathAttributes {
-                verb: "delete",
-                path: "/"
-            }
-        ));
-        // A resource rule grants no path.
-        let resources = json!({"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]});
-        assert!(!rule_allows_path(&resources, &path("/version")));
-    }
-
-    #[test]
-    fn grants_are_described_as_the_real_authorizer_does() {
-        let role = Arc::new(json!({"rules": []}));
-        let binding = json!({"metadata": {"name": "b"}, "roleRef": {"kind": "Role", "name": "r"}});
-        let sa = json!({"kind": "ServiceAccount", "name": "sa"});
-        let local = Bound {
-            binding: &binding,
-            subject: &sa,
-            namespace: Some("ns"),
-            role: role.clone(),
-        };
-        assert_eq!(
-            local.describe(),
-            r#"RoleBinding "b/ns" of Role "r" to ServiceAccount "sa/ns""#
-        );
-        let cluster_binding =
-            json!({"metadata": {"name": "cb"}, "roleRef": {"kind": "ClusterRole", "name": "cr"}});
-        let group = json!({"kind": "Group", "name": "ops"});
-        let cluster = Bound {
-            binding: &cluster_binding,
-            subject: &group,
-            namespace: None,
-            role,
-        };
-        assert_eq!(
-            cluster.describe(),
-            r#"ClusterRoleBinding "cb" of ClusterRole "cr" to Group "ops""#
-        );
-    }
-
-    #[test]
-    fn token_files_name_users_and_groups() {
-        let users = parse_token_file("# comment\n\nt1,alice,1\nt2,bob,2,\"ops,dev\"\n").unwrap();
-        assert_eq!(users["t1"].name, "alice");
-        assert_eq!(users["t1"].uid.as_deref(), Some("1"));
-        assert_eq!(users["t1"].groups, vec!["system:authenticated"]);
-        assert_eq!(users["t2"].groups, vec!["ops", "dev", "system:authenticated"]);
-        assert!(parse_token_file("t1,alice,1\nt1,bob,2\n")
-            .unwrap_err()
-            .contains("line 2"));
-        assert!(parse_token_file("justatoken\n").unwrap_err().contains("line 1"));
-    }
-
-    #[test]
-    fn service_accounts_have_the_real_groups() {
-        let sa = User::service_account("k8s4r-system", "k8s4r-server");
-        assert_eq!(sa.name, "system:serviceaccount:k8s4r-system:k8s4r-server");
-        assert!(sa
-            .groups
-            .contains(&"system:serviceaccounts:k8s4r-system".to_owned()));
-        assert!(sa.groups.contains(&"system:authenticated".to_owned()));
-        let binding = json!({"subjects": [{"kind": "ServiceAccount", "name": "k8s4r-server", "namespace": "k8s4r-system"}]});
-        assert!(subject_of(&binding, None, &sa).is_some());
-        let other =
-            json!({"subjects": [{"kind": "ServiceAccount", "name": "k8s4r-server", "namespace": "default"}]});
-        assert!(subject_of(&other, None, &sa).is_none());
-        let group = json!({"subjects": [{"kind": "Group", "name": "system:serviceaccounts"}]});
-        assert!(subject_of(&group, None, &sa).is_some());
-        // In a RoleBinding, a ServiceAccount without a namespace is in the binding's.
-        let bare = json!({"subjects": [{"kind": "ServiceAccount", "name": "k8s4r-server"}]});
-        assert!(subject_of(&bare, Some("k8s4r-system"), &sa).is_some());
-        assert!(subject_of(&bare, Some("default"), &sa).is_none());
-    }
-}
+mod tests;

@@ -7,7 +7,9 @@
 //!   ClusterRole), unless the writer may `escalate` that role;
 //! - a RoleBinding or ClusterRoleBinding may be created or changed only to
 //!   a role whose rules its writer holds (in the binding's namespace, or
-//!   cluster-wide), unless the writer may `bind` that role.
+//!   cluster-wide), unless the writer may `bind` that role;
+//! - a ClusterRole's aggregation rule may be set or changed only by a
+//!   writer who may `escalate` it (it could gather any role's rules).
 //!
 //! The administrator (`system:masters`) is exempt, and so is a change of
 //! nothing but finalizers and owner references (what the garbage collector
@@ -54,6 +56,16 @@ pub fn check(
             };
             if authz::allowed(state, user, &escalate).is_some() {
                 return Ok(());
+            }
+            // An aggregation rule can gather any role's rules, so only who
+            // may escalate sets or changes one, as on a real server.
+            let aggregation = &new["aggregationRule"];
+            if !aggregation.is_null() && old.is_none_or(|old| old["aggregationRule"] != *aggregation) {
+                return Err(ApiError::new(
+                    axum::http::StatusCode::FORBIDDEN,
+                    "Forbidden",
+                    format!("{}.{RBAC_GROUP} {name:?} is forbidden: must have cluster-admin privileges to use the aggregationRule", rt.plural),
+                ));
             }
             rules_of(new)
         }

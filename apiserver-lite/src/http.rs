@@ -8,13 +8,16 @@
 //!   health check ── 200, before anything else
 //!        │
 //!   authenticate ── 401
+//!   impersonate ─── 400 (a claim without a user), 403 (crate::impersonation)
 //!   read the body ── 413
-//!   parse ───────── 404: the path names nothing we serve
-//!        ├─ discovery: GET only (405), authorize the path (403),
+//!   parse ───────── a path that names nothing: authorize the path (403), 404
+//!        ├─ discovery: authorize the path (403), GET only (405),
 //!        │             serve the document (404)
-//!        └─ resource: resolve in the registry (404), verb (405),
-//!                     authorize (403), dispatch to list, watch,
-//!                     the verbs on objects, or a review's answer
+//!        └─ resource: authorize what the path says (403), before
+//!                     anything is looked up; resolve in the registry
+//!                     (404), verb (405), dispatch to list, watch,
+//!                     the verbs on objects, a ServiceAccount's token,
+//!                     or a review's answer
 //! ```
 
 mod discovery;
@@ -24,6 +27,7 @@ mod protobuf;
 pub mod request;
 mod response;
 mod reviews;
+mod token_request;
 mod watch;
 
 use std::collections::HashMap;
@@ -70,6 +74,9 @@ pub fn router(app: App) -> axum::Router {
 
 type Query = HashMap<String, String>;
 
+/// The subresource of a ServiceAccount that issues its tokens.
+const TOKEN: &str = "token";
+
 async fn handle(State(app): State<App>, req: Request) -> Response {
     let (parts, body) = req.into_parts();
     let path = parts.uri.path();
@@ -80,8 +87,15 @@ async fn handle(State(app): State<App>, req: Request) -> Response {
         .headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    let Some(identity) = app.auth.authenticate(authorization) else {
+    let Some(requester) = app.auth.authenticate(&app.store, authorization) else {
         return ApiError::unauthorized().into_response();
+    };
+    let identity = match crate::impersonation::claim(&parts.headers).and_then(|claim| {
+        app.store
+            .read(|s| crate::impersonation::resolve(&app.auth, s, requester, claim))
+    }) {
+        Ok(identity) => identity,
+        Err(e) => return e.into_response(),
     };
     let query: Query = axum::extract::Query::<Query>::try_from_uri(&parts.uri)
         .map(|q| q.0)
@@ -113,18 +127,39 @@ async fn route(
     query: &Query,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let info = request::parse(&parts.method, parts.uri.path(), query)?;
+    // Authorization comes first, on what the request says, as in
+    // kube-apiserver: a user who may not make a request learns nothing of
+    // whether its path, resource, namespace or object exists.
+    let method = parts.method.as_str().to_ascii_lowercase();
+    let path_attrs = PathAttributes {
+        verb: &method,
+        path: parts.uri.path(),
+    };
+    let authorize_path = || {
+        app.store
+            .read(|s| app.auth.authorize_path(s, identity, &path_attrs))
+    };
+    let info = match request::parse(&parts.method, parts.uri.path(), query) {
+        Ok(info) => info,
+        Err(no_route) => {
+            authorize_path()?;
+            return Err(no_route);
+        }
+    };
     match info.target {
         Target::Discovery(doc) => {
-            let verb = info.verb.ok_or_else(ApiError::method_not_allowed)?;
-            let attrs = PathAttributes {
-                verb: verb.as_str(),
-                path: parts.uri.path(),
-            };
-            app.store.read(|s| app.auth.authorize_path(s, identity, &attrs))?;
+            authorize_path()?;
+            info.verb.ok_or_else(ApiError::method_not_allowed)?;
             discovery::serve(app, &doc, &parts.headers)
         }
         Target::Resource(path) => {
+            let mut attrs = path.attributes(info.verb.unwrap_or(Verb::Get));
+            if info.verb.is_none() {
+                // A method that means nothing on this path: authorized as
+                // the verb it would be, then refused.
+                attrs.verb = rbac_verb(&parts.method);
+            }
+            app.store.read(|s| app.auth.authorize(s, identity, &attrs))?;
             let (rt, status) = match resolve(app, &path) {
                 Ok(resolved) => resolved,
                 Err(no_route) => {
@@ -135,9 +170,7 @@ async fn route(
                     let Some(backend) = backend else {
                         return Err(no_route);
                     };
-                    let verb = info.verb.ok_or_else(ApiError::method_not_allowed)?;
-                    let attrs = path.attributes(verb);
-                    app.store.read(|s| app.auth.authorize(s, identity, &attrs))?;
+                    info.verb.ok_or_else(ApiError::method_not_allowed)?;
                     return crate::aggregator::proxy(
                         &app.front,
                         &app.endpoints,
@@ -161,9 +194,21 @@ async fn route(
                 headers: &parts.headers,
                 body,
             };
-            call.authorize(verb)?;
             call.dispatch(verb).await
         }
+    }
+}
+
+/// The verb RBAC knows a method by on a resource path where it means
+/// nothing (a PUT on a collection).
+fn rbac_verb(method: &axum::http::Method) -> &'static str {
+    use axum::http::Method;
+    match *method {
+        Method::POST => "create",
+        Method::PUT => "update",
+        Method::PATCH => "patch",
+        Method::DELETE => "delete",
+        _ => "get",
     }
 }
 
@@ -180,6 +225,7 @@ fn resolve(app: &App, path: &ResourcePath<'_>) -> Result<(Arc<ResourceType>, boo
     let status = match path.subresource {
         None => false,
         Some("status") if rt.status_subresource => true,
+        Some(TOKEN) if rt.is_service_accounts() => false,
         Some(_) => return Err(ApiError::no_route()),
     };
     Ok((rt, status))
@@ -208,6 +254,12 @@ impl Call<'_> {
 
     async fn dispatch(&self, verb: Verb) -> Result<Response, ApiError> {
         let (app, rt, ns, shape) = (self.app, &self.rt, self.path.namespace, self.shape);
+        if self.path.subresource == Some(TOKEN) {
+            return match (verb, self.path.name) {
+                (Verb::Create, Some(name)) => token_request::create(self, name),
+                _ => Err(ApiError::method_not_allowed()),
+            };
+        }
         if rt.review {
             return match (verb, self.path.name) {
                 (Verb::Create, None) => reviews::create(self),

@@ -184,23 +184,7 @@ fn prune_and_validate(rt: &ResourceType, obj: &mut Value, opts: &WriteOpts) -> R
 
 fn validate_metadata(rt: &ResourceType, obj: &Value) -> Result<(), ApiError> {
     let name = meta_str(obj, "name");
-    let valid = !name.is_empty()
-        && name.len() <= 253
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
-        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
-    if !valid {
-        let err = if name.is_empty() {
-            crate::error::FieldError::required("metadata.name")
-        } else {
-            crate::error::FieldError::invalid(
-                "metadata.name",
-                &json!(name),
-                "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character",
-            )
-        };
+    if let Some(err) = crate::metadata::name_problem(&rt.group, name) {
         return Err(ApiError::invalid(&rt.kind, &rt.group, name, &[err]));
     }
     for key in ["labels", "annotations"] {
@@ -355,7 +339,13 @@ fn store(txn: &mut Txn<'_>, rt: &ResourceType, obj: Value) -> Object {
     if rt.is_crd() {
         crd::register(txn, &obj);
     }
-    txn.put(&rt.stored_resource(), obj)
+    let gr = rt.stored_resource();
+    let stored = txn.put(&gr, obj);
+    if gr == crate::authz::CLUSTER_ROLES {
+        // The role may be aggregated, or aggregated into others.
+        return crate::default_roles::after_write(txn, stored);
+    }
+    stored
 }
 
 /// How an update treats the resourceVersion the client sent.
@@ -522,6 +512,9 @@ pub fn commit_update(
 fn after_remove(txn: &mut Txn<'_>, rt: &ResourceType, gone: &Value) {
     if rt.is_crd() {
         crd::unregister(txn, gone);
+    }
+    if rt.stored_resource() == crate::authz::CLUSTER_ROLES {
+        crate::default_roles::aggregate(txn);
     }
     if rt.is_namespace() {
         let ns = meta_str(gone, "name").to_string();

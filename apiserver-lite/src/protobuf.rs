@@ -187,6 +187,11 @@ const KINDS: &[(&str, &str, &str)] = &[
         "api.authentication.v1.SelfSubjectReview",
     ),
     (
+        "authentication.k8s.io/v1",
+        "TokenRequest",
+        "api.authentication.v1.TokenRequest",
+    ),
+    (
         "authentication.k8s.io/v1beta1",
         "SelfSubjectReview",
         "api.authentication.v1beta1.SelfSubjectReview",

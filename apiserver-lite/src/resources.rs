@@ -115,6 +115,10 @@ impl ResourceType {
         self.group == "apiextensions.k8s.io" && self.plural == "customresourcedefinitions"
     }
 
+    pub fn is_service_accounts(&self) -> bool {
+        self.group.is_empty() && self.plural == "serviceaccounts"
+    }
+
     pub fn is_namespace(&self) -> bool {
         self.group.is_empty() && self.plural == "namespaces"
     }
@@ -158,6 +162,17 @@ impl ResourceType {
                 "namespaced": self.namespaced,
                 "kind": self.kind,
                 "verbs": ["get", "patch", "update"],
+            }));
+        }
+        if self.is_service_accounts() {
+            out.push(json!({
+                "name": "serviceaccounts/token",
+                "singularName": "",
+                "namespaced": true,
+                "group": "authentication.k8s.io",
+                "version": "v1",
+                "kind": "TokenRequest",
+                "verbs": ["create"],
             }));
         }
         out

@@ -86,6 +86,38 @@ impl LabelSelector {
         self.0.is_empty()
     }
 
+    /// A selector written as an object (`matchLabels` and
+    /// `matchExpressions` with `In`, `NotIn`, `Exists`, `DoesNotExist`), as
+    /// an aggregation rule holds it. An unknown operator is an error, so
+    /// that a typo selects nothing rather than everything.
+    pub fn from_object(selector: &Value) -> Result<Self, String> {
+        let mut reqs = Vec::new();
+        for (k, v) in selector["matchLabels"].as_object().into_iter().flatten() {
+            let v = v
+                .as_str()
+                .ok_or_else(|| format!("matchLabels.{k} is not a string"))?;
+            reqs.push(Requirement::Equals(k.clone(), v.to_owned()));
+        }
+        for e in selector["matchExpressions"].as_array().into_iter().flatten() {
+            let key = e["key"].as_str().unwrap_or_default().to_owned();
+            let values: BTreeSet<String> = e["values"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect();
+            reqs.push(match e["operator"].as_str().unwrap_or_default() {
+                "In" => Requirement::In(key, values),
+                "NotIn" => Requirement::NotIn(key, values),
+                "Exists" => Requirement::Exists(key),
+                "DoesNotExist" => Requirement::NotExists(key),
+                other => return Err(format!("{other:?} is not a valid label selector operator")),
+            });
+        }
+        Ok(LabelSelector(reqs))
+    }
+
     pub fn matches(&self, obj: &Value) -> bool {
         let labels = &obj["metadata"]["labels"];
         let get = |k: &str| labels.get(k).and_then(|v| v.as_str());

@@ -20,6 +20,7 @@ use crate::http::{self, App};
 use crate::limits::{self, Limiter, Limits};
 use crate::ops::{self, FieldValidation, WriteOpts};
 use crate::persist::{self, Persistence};
+use crate::service_account_tokens::Signer;
 use crate::store::Store;
 
 /// The file the server keeps its objects in, inside the data directory.
@@ -190,6 +191,12 @@ pub async fn start(config: Config) -> Result<RunningServer> {
         }
     }
     ensure_namespaces(&store);
+    crate::default_roles::reconcile_at_start(&store).map_err(|e| {
+        Error::Io(std::io::Error::other(format!(
+            "cannot make the default ClusterRoles: {}",
+            e.message
+        )))
+    })?;
     let token = config.token.clone().unwrap_or_else(generate_token);
     let listener = tokio::net::TcpListener::bind(config.bind)
         .await
@@ -209,7 +216,13 @@ pub async fn start(config: Config) -> Result<RunningServer> {
     } else {
         None
     };
-    let auth = Arc::new(Authenticator::new(token.clone(), config.users.clone()));
+    let signer = {
+        let dir = config.data_dir.clone();
+        tokio::task::spawn_blocking(move || Signer::load_or_generate(dir.as_deref()))
+            .await
+            .map_err(|e| Error::Io(std::io::Error::other(e)))??
+    };
+    let auth = Arc::new(Authenticator::new(token.clone(), config.users.clone(), signer));
     let limiter = Arc::new(Limiter::new(config.limits.clone()));
     let front = tokio::task::spawn_blocking(FrontProxy::generate)
         .await

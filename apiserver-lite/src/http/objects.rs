@@ -251,6 +251,20 @@ pub(super) fn decode(body: &[u8], headers: &HeaderMap, rt: &ResourceType) -> Res
     if protobuf::is_protobuf(ct) {
         return protobuf::decode(body, rt);
     }
+    decode_json(body, ct)
+}
+
+/// Reads a body that is a `kind` (a subresource's, such as a
+/// TokenRequest) whatever the resource it is sent to.
+pub(super) fn decode_kind(body: &[u8], headers: &HeaderMap, kind: (&str, &str)) -> Result<Value, ApiError> {
+    let ct = content_type(headers).unwrap_or("application/json");
+    if protobuf::is_protobuf(ct) {
+        return protobuf::decode_kind(body, kind);
+    }
+    decode_json(body, ct)
+}
+
+fn decode_json(body: &[u8], ct: &str) -> Result<Value, ApiError> {
     if ct.contains("protobuf") {
         return Err(ApiError::unsupported_media_type(format!("the body of the request was in an unknown format - accepted media types include: application/json, application/yaml (content type {ct:?})")));
     }

@@ -39,6 +39,11 @@ pub(super) fn decode(body: &[u8], rt: &ResourceType) -> Result<Value, ApiError> 
     protobuf::decode(body, (&rt.api_version(), &rt.kind)).map_err(request_error)
 }
 
+/// Reads a protobuf body that is `kind` (`(apiVersion, kind)`).
+pub(super) fn decode_kind(body: &[u8], kind: (&str, &str)) -> Result<Value, ApiError> {
+    protobuf::decode(body, kind).map_err(request_error)
+}
+
 /// Reads DeleteOptions sent as protobuf, which a typed client-go client does.
 pub(super) fn decode_delete_options(body: &[u8]) -> Result<Value, ApiError> {
     protobuf::decode(body, ("meta.k8s.io/v1", "DeleteOptions")).map_err(request_error)

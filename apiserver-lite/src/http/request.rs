@@ -41,10 +41,12 @@ impl Verb {
     }
 
     /// The verb of a method on a resource path; `None` for a method that
-    /// means nothing there (a PUT on a collection).
-    fn of(method: &Method, named: bool, watch: bool) -> Option<Verb> {
+    /// means nothing there (a PUT on a collection). A POST to an object's
+    /// subresource creates it (a ServiceAccount's `token`).
+    fn of(method: &Method, named: bool, subresource: bool, watch: bool) -> Option<Verb> {
         Some(match (method.clone(), named) {
             (Method::GET, _) if watch => Verb::Watch,
+            (Method::POST, true) if subresource => Verb::Create,
             (Method::GET, true) => Verb::Get,
             (Method::GET, false) => Verb::List,
             (Method::POST, false) => Verb::Create,
@@ -146,7 +148,12 @@ pub fn parse<'a>(method: &Method, path: &'a str, query: &Query) -> Result<Reques
     }
     let (watch_prefix, mut resource) = resource_path(&segments).ok_or_else(ApiError::no_route)?;
     let watch = watch_prefix || matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
-    let verb = Verb::of(method, resource.name.is_some(), watch);
+    let verb = Verb::of(
+        method,
+        resource.name.is_some(),
+        resource.subresource.is_some(),
+        watch,
+    );
     // Only a list or a watch takes its name from the field selector.
     if matches!(verb, Some(Verb::List | Verb::Watch)) {
         resource.pinned_name = pinned_name(query);

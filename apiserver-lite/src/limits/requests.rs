@@ -75,7 +75,7 @@ pub async fn admit(State(app): State<App>, request: Request, next: Next) -> Resp
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    let Some(identity) = app.auth.authenticate(authorization) else {
+    let Some(identity) = app.auth.authenticate(&app.store, authorization) else {
         return next.run(request).await;
     };
     let query: HashMap<String, String> = Query::try_from_uri(request.uri())

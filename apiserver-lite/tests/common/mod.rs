@@ -1,6 +1,8 @@
 //! Test kinds and helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod kubectl;
+
 use std::time::{Duration, Instant};
 
 use apiserver_lite::{Config, RunningServer};

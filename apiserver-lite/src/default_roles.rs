@@ -1,0 +1,288 @@
+//! The default ClusterRoles every cluster has (`cluster-admin`, `admin`,
+//! `edit`, `view`), made at every start as kube-apiserver's RBAC bootstrap
+//! does, and ClusterRole aggregation, as its clusterrole-aggregation
+//! controller does it.
+//!
+//! `admin`, `edit` and `view` carry an `aggregationRule`: their rules are
+//! the union of the rules of every ClusterRole its selectors match, kept up
+//! to date inside each write of a ClusterRole (so a change is seen by the
+//! very next request). The rights themselves live in
+//! `system:aggregate-to-{admin,edit,view}`, labelled to be aggregated, and
+//! `view` is labelled into `edit`, `edit` into `admin`, so that each role
+//! holds the one below it. Any ClusterRole labelled
+//! `rbac.authorization.k8s.io/aggregate-to-view: "true"` (k8s4r's
+//! `k8s4r-log-reader`, say) joins them.
+//!
+//! At start a default role that is missing is made again; one that exists
+//! gets back its labels and its aggregation rule, and the rules it lost,
+//! unless it is annotated `rbac.authorization.kubernetes.io/autoupdate:
+//! "false"` (kube-apiserver's reconciliation). The rights are those of the
+//! real roles, for the kinds this server serves.
+
+use std::sync::LazyLock;
+
+use serde_json::{json, Value};
+
+use crate::authz::{Identity, CLUSTER_ROLES};
+use crate::error::ApiError;
+use crate::object::Object;
+use crate::ops::{self, FieldValidation, WriteOpts};
+use crate::selectors::LabelSelector;
+use crate::store::{Store, Txn};
+
+const RBAC: &str = "rbac.authorization.k8s.io";
+const AUTOUPDATE: &str = "rbac.authorization.kubernetes.io/autoupdate";
+const BOOTSTRAPPING: &str = "kubernetes.io/bootstrapping";
+/// How many rounds aggregation takes at most: roles aggregated into roles
+/// (view into edit into admin) settle in as many rounds as the chain is
+/// long; a cycle of aggregated roles would never settle.
+const MAX_ROUNDS: usize = 8;
+
+fn label(to: &str) -> String {
+    format!("{RBAC}/aggregate-to-{to}")
+}
+
+fn read() -> Vec<&'static str> {
+    vec!["get", "list", "watch"]
+}
+
+fn write() -> Vec<&'static str> {
+    vec!["create", "delete", "deletecollection", "patch", "update"]
+}
+
+fn all_verbs() -> Vec<&'static str> {
+    [read(), write()].concat()
+}
+
+/// The default ClusterRoles, as they are made.
+pub static DEFAULT_CLUSTER_ROLES: LazyLock<Vec<Value>> = LazyLock::new(|| {
+    let role = |name: &str, labels: Value, body: Value| {
+        let mut labels = labels;
+        labels[BOOTSTRAPPING] = json!("rbac-defaults");
+        let mut role = json!({
+            "apiVersion": format!("{RBAC}/v1"),
+            "kind": "ClusterRole",
+            "metadata": {"name": name, "labels": labels, "annotations": {AUTOUPDATE: "true"}},
+        });
+        for (k, v) in body.as_object().into_iter().flatten() {
+            role[k] = v.clone();
+        }
+        role
+    };
+    let aggregated = |to: &str| json!({"clusterRoleSelectors": [{"matchLabels": {label(to): "true"}}]});
+    vec![
+        role(
+            "cluster-admin",
+            json!({}),
+            json!({"rules": [
+                {"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]},
+                {"nonResourceURLs": ["*"], "verbs": ["*"]},
+            ]}),
+        ),
+        role(
+            "admin",
+            json!({}),
+            json!({"aggregationRule": aggregated("admin")}),
+        ),
+        role(
+            "edit",
+            json!({label("admin"): "true"}),
+            json!({"aggregationRule": aggregated("edit")}),
+        ),
+        role(
+            "view",
+            json!({label("edit"): "true"}),
+            json!({"aggregationRule": aggregated("view")}),
+        ),
+        role(
+            "system:aggregate-to-admin",
+            json!({label("admin"): "true"}),
+            json!({"rules": [
+                {"apiGroups": [RBAC], "resources": ["rolebindings", "roles"], "verbs": all_verbs()},
+            ]}),
+        ),
+        role(
+            "system:aggregate-to-edit",
+            json!({label("edit"): "true"}),
+            json!({"rules": [
+                {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["impersonate"]},
+                {"apiGroups": [""], "resources": ["secrets"], "verbs": read()},
+                {"apiGroups": [""], "resources": ["configmaps", "secrets", "serviceaccounts", "services"], "verbs": write()},
+                {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": write()},
+                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": all_verbs()},
+            ]}),
+        ),
+        role(
+            "system:aggregate-to-view",
+            json!({label("view"): "true"}),
+            json!({"rules": [
+                {"apiGroups": [""], "resources": ["configmaps", "events", "serviceaccounts", "services", "namespaces", "namespaces/status"], "verbs": read()},
+                {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": read()},
+                {"apiGroups": ["apps"], "resources": ["deployments", "deployments/status"], "verbs": read()},
+            ]}),
+        ),
+    ]
+});
+
+/// The ClusterRoleBinding that gives `cluster-admin` to `system:masters`,
+/// as on a real cluster (that group may do everything here anyway).
+fn cluster_admin_binding() -> Value {
+    json!({
+        "apiVersion": format!("{RBAC}/v1"),
+        "kind": "ClusterRoleBinding",
+        "metadata": {
+            "name": "cluster-admin",
+            "labels": {BOOTSTRAPPING: "rbac-defaults"},
+            "annotations": {AUTOUPDATE: "true"},
+        },
+        "roleRef": {"apiGroup": RBAC, "kind": "ClusterRole", "name": "cluster-admin"},
+        "subjects": [{"apiGroup": RBAC, "kind": "Group", "name": crate::authz::ADMIN_GROUP}],
+    })
+}
+
+/// Makes (or mends) the default roles; see the module's comment.
+pub fn reconcile_at_start(store: &Store) -> Result<(), ApiError> {
+    let opts = WriteOpts {
+        manager: "apiserver-lite".into(),
+        dry_run: false,
+        field_validation: FieldValidation::Ignore,
+        identity: Identity::Admin,
+    };
+    store.write(|txn| {
+        let registry = &txn.state.registry;
+        let roles = registry
+            .get(RBAC, "v1", "clusterroles")
+            .expect("RBAC is built in");
+        let bindings = registry
+            .get(RBAC, "v1", "clusterrolebindings")
+            .expect("RBAC is built in");
+        let wanted = DEFAULT_CLUSTER_ROLES.iter().map(|r| (&roles, r.clone()));
+        for (rt, want) in wanted.chain([(&bindings, cluster_admin_binding())]) {
+            let name = want["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+            match txn.state.get(&rt.stored_resource(), "", &name) {
+                None => {
+                    ops::create(txn, rt, "", want, &opts, None)?;
+                }
+                Some(old) if old["metadata"]["annotations"][AUTOUPDATE] == "false" => {}
+                Some(old) => {
+                    if let Some(mended) = mend(&old, &want) {
+                        ops::commit_update(
+                            txn,
+                            rt,
+                            &old,
+                            mended,
+                            false,
+                            &opts,
+                            ops::Precondition::Put,
+                            false,
+                        )?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    })
+}
+
+/// `old` with what `want` has and `old` lost (labels, annotations, the
+/// aggregation rule, rules, subjects); `None` when nothing was lost.
+fn mend(old: &Value, want: &Value) -> Option<Value> {
+    let mut new = old.clone();
+    for field in ["labels", "annotations"] {
+        for (k, v) in want["metadata"][field].as_object().into_iter().flatten() {
+            new["metadata"][field][k] = v.clone();
+        }
+    }
+    if want["aggregationRule"].is_object() {
+        new["aggregationRule"] = want["aggregationRule"].clone();
+    }
+    for field in ["rules", "subjects"] {
+        for item in want[field].as_array().into_iter().flatten() {
+            let items = new[field].as_array().cloned().unwrap_or_default();
+            if !items.contains(item) {
+                let mut items = items;
+                items.push(item.clone());
+                new[field] = Value::Array(items);
+            }
+        }
+    }
+    if want["roleRef"].is_object() {
+        new["roleRef"] = want["roleRef"].clone();
+    }
+    (new != *old).then_some(new)
+}
+
+/// After `written` (a ClusterRole) was stored: aggregation brought up to
+/// date, and the role as it now stands (its rules are aggregated if it
+/// aggregates).
+pub fn after_write(txn: &mut Txn<'_>, written: Object) -> Object {
+    aggregate(txn);
+    let name = written.value()["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    txn.state
+        .get_object(CLUSTER_ROLES, "", &name)
+        .cloned()
+        .unwrap_or(written)
+}
+
+/// Brings every aggregated ClusterRole's rules up to date with the roles
+/// its selectors match, within the write that changed a ClusterRole.
+pub fn aggregate(txn: &mut Txn<'_>) {
+    for _ in 0..MAX_ROUNDS {
+        let roles: Vec<Value> = txn
+            .state
+            .list(CLUSTER_ROLES, None)
+            .filter_map(|(_, o)| o.tree().cloned())
+            .collect();
+        let changes: Vec<Value> = roles
+            .iter()
+            .filter_map(|role| {
+                let rules = aggregated_rules(role, &roles)?;
+                (role["rules"] != rules).then(|| {
+                    let mut new = role.clone();
+                    new["rules"] = rules;
+                    new
+                })
+            })
+            .collect();
+        if changes.is_empty() {
+            return;
+        }
+        for new in changes {
+            txn.put(CLUSTER_ROLES, new);
+        }
+    }
+    tracing::warn!(
+        "ClusterRole aggregation did not settle: do aggregated roles select each other in a cycle?"
+    );
+}
+
+/// The rules `role` aggregates from `all`, or `None` when it aggregates
+/// nothing: the matching roles' rules in their names' order, each rule
+/// once. A selector that cannot be read selects nothing.
+pub fn aggregated_rules(role: &Value, all: &[Value]) -> Option<Value> {
+    let selectors = role["aggregationRule"]["clusterRoleSelectors"].as_array()?;
+    let selectors: Vec<LabelSelector> = selectors
+        .iter()
+        .filter_map(|s| LabelSelector::from_object(s).ok())
+        .collect();
+    let own = &role["metadata"]["name"];
+    let mut rules: Vec<Value> = Vec::new();
+    // `all` is listed in key order, that is by name.
+    for other in all {
+        if other["metadata"]["name"] == *own || !selectors.iter().any(|s| s.matches(other)) {
+            continue;
+        }
+        for rule in other["rules"].as_array().into_iter().flatten() {
+            if !rules.contains(rule) {
+                rules.push(rule.clone());
+            }
+        }
+    }
+    Some(Value::Array(rules))
+}
+
+#[cfg(test)]
+mod tests;
