@@ -119,7 +119,11 @@ pub fn start(
         &config.state_dir,
         config.upgrade_trust.clone(),
     )));
-    session = session.with_upgrades(Arc::clone(&upgrades));
+    session = session.with_upgrades(
+        Arc::clone(&upgrades),
+        stop.clone(),
+        config.supervisor.artifact_limits(),
+    );
     if let Some(source) = &config.facts {
         tracing::info!(file = ?source.file, command = ?source.command, "reading the robot's facts");
         session = session.with_facts(crate::facts::watch(source.clone(), stop.clone()));

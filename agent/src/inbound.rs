@@ -4,6 +4,7 @@
 
 use k8s4r_api::protocol::{
     self, Cancel, Dispatch, LogRequest, ProtocolError, RegisterResponse, StatusAck, Topic, TopicKind, Topics,
+    UpgradeOrder,
 };
 use k8s4r_api::validation::{validate_task_template, ValidationErrors};
 
@@ -20,6 +21,8 @@ pub enum Inbound {
     StatusAck(StatusAck),
     /// Read, follow, renew or stop reading a task's output.
     LogRequest(LogRequest),
+    /// Run another version of the agent.
+    Upgrade(UpgradeOrder),
 }
 
 /// Why a message was refused.
@@ -95,6 +98,9 @@ pub fn classify(topics: &Topics, robot_id: &str, topic: &str, payload: &[u8]) ->
             .map_err(|e| refuse(e.into())),
         TopicKind::StatusAck => protocol::decode(payload)
             .map(Inbound::StatusAck)
+            .map_err(|e| refuse(e.into())),
+        TopicKind::AgentUpgrade => protocol::decode(payload)
+            .map(Inbound::Upgrade)
             .map_err(|e| refuse(e.into())),
         TopicKind::Dispatch => match protocol::decode::<Dispatch>(payload) {
             Ok(dispatch) => {

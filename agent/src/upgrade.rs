@@ -13,6 +13,8 @@ pub mod prepare;
 pub mod slots;
 pub mod verify;
 
+use k8s4r_api::protocol::{UpgradeOrder, UpgradeReport};
+use k8s4r_api::RobotUpgradePhase;
 use slots::{Outcome, Slots, Trial};
 use verify::Trust;
 
@@ -25,6 +27,12 @@ pub struct Upgrades {
     /// The trial this very binary is on.
     trial: Option<Trial>,
     outcome: Option<Outcome>,
+    /// The upgrade this process is preparing, or how its preparation
+    /// failed (until reported).
+    progress: Option<UpgradeReport>,
+    /// The heartbeat that carried the final word, whose confirmation
+    /// means the cluster has it.
+    final_in: Option<u64>,
 }
 
 impl Upgrades {
@@ -47,6 +55,8 @@ impl Upgrades {
             trust,
             trial,
             outcome,
+            progress: None,
+            final_in: None,
         }
     }
 
@@ -101,14 +111,162 @@ impl Upgrades {
         self.outcome.as_ref()
     }
 
-    /// The cluster has the outcome.
-    pub fn reported(&mut self) {
+    /// What registrations and heartbeats say about upgrades: the one under
+    /// way (or refused), else the last one's outcome, else nothing.
+    pub fn report(&self) -> Option<UpgradeReport> {
+        if let Some(progress) = &self.progress {
+            return Some(progress.clone());
+        }
+        if let Some(t) = &self.trial {
+            return Some(UpgradeReport {
+                rollout: t.rollout.clone(),
+                version: t.to_version.clone(),
+                phase: RobotUpgradePhase::Restarting,
+                reason: None,
+            });
+        }
+        self.outcome.as_ref().map(|o| UpgradeReport {
+            rollout: o.rollout.clone(),
+            version: o.version.clone(),
+            phase: if o.healthy {
+                RobotUpgradePhase::Healthy
+            } else {
+                RobotUpgradePhase::RolledBack
+            },
+            reason: o.reason.clone(),
+        })
+    }
+
+    /// Heartbeat `seq` went out with [`Upgrades::report`]: when that was a
+    /// final word, its confirmation means the cluster has it.
+    pub fn heartbeat_sent(&mut self, seq: u64) {
+        let last_word = self.report().is_some_and(|r| {
+            matches!(
+                r.phase,
+                RobotUpgradePhase::Healthy | RobotUpgradePhase::RolledBack | RobotUpgradePhase::Failed
+            )
+        });
+        if last_word && self.final_in.is_none() {
+            self.final_in = Some(seq);
+        }
+    }
+
+    /// Heartbeat `seq` was confirmed.
+    pub fn heartbeat_confirmed(&mut self, seq: u64) {
+        self.confirmed();
+        if self.final_in.is_some_and(|carried| carried <= seq) {
+            self.final_in = None;
+            self.reported();
+        }
+    }
+
+    /// The cluster has the outcome (or the refusal).
+    fn reported(&mut self) {
+        if matches!(&self.progress, Some(p) if p.phase == RobotUpgradePhase::Failed) {
+            self.progress = None;
+            return;
+        }
         if self.outcome.take().is_some() {
             if let Err(e) = self.slots.reported() {
                 tracing::warn!(error = %e, "cannot clear the reported upgrade outcome");
             }
         }
     }
+
+    /// Whether `order` needs work: not when this agent already runs its
+    /// version, nor while an upgrade is prepared or on trial, nor when the
+    /// same order was just refused and the cluster has not heard it yet.
+    fn takes(&mut self, order: &UpgradeOrder) -> bool {
+        if order.version == env!("CARGO_PKG_VERSION") {
+            if self.trial.is_none() && self.progress.is_none() && self.outcome.is_none() {
+                // Already there (a re-sent order after the restart, or a
+                // robot installed by hand): say so once.
+                self.outcome = Some(Outcome {
+                    rollout: order.rollout.clone(),
+                    version: order.version.clone(),
+                    healthy: true,
+                    reason: None,
+                    at_ms: slots::millis(SystemTime::now()),
+                });
+            }
+            return false;
+        }
+        self.trial.is_none() && self.progress.is_none()
+    }
+
+    fn step(&mut self, order: &UpgradeOrder, phase: RobotUpgradePhase, reason: Option<String>) {
+        self.final_in = None;
+        self.progress = Some(UpgradeReport {
+            rollout: order.rollout.clone(),
+            version: order.version.clone(),
+            phase,
+            reason,
+        });
+    }
+}
+
+/// Starts preparing `order` when it needs work: downloads, verifies and
+/// stages the new binary and switches to it, each step told to the
+/// cluster (`news` sends a heartbeat at once); then `restart` stops this
+/// agent so that systemd starts the new one. A refusal is reported as
+/// `Failed` with its reason and switches nothing.
+pub fn start(
+    upgrades: &std::sync::Arc<std::sync::Mutex<Upgrades>>,
+    order: UpgradeOrder,
+    limits: crate::supervisor::artifacts::Limits,
+    news: std::sync::Arc<tokio::sync::Notify>,
+    restart: tokio_util::sync::CancellationToken,
+) {
+    let (slots, trust) = {
+        let mut u = crate::agent::lock(upgrades);
+        if !u.takes(&order) {
+            news.notify_one();
+            return;
+        }
+        u.step(&order, RobotUpgradePhase::Downloading, None);
+        (u.slots.clone(), u.trust.clone())
+    };
+    news.notify_one();
+    tracing::info!(rollout = %order.rollout, version = %order.version, url = %order.url, "upgrading the agent");
+    let upgrades = std::sync::Arc::clone(upgrades);
+    tokio::spawn(async move {
+        let prepared = prepare::Order {
+            rollout: order.rollout.clone(),
+            version: order.version.clone(),
+            url: order.url.clone(),
+            sha256: order.sha256.clone(),
+            signature: order.signature.clone(),
+            health_timeout: Duration::from_millis(order.health_timeout_ms),
+        };
+        let client = match crate::supervisor::artifacts::client() {
+            Ok(client) => client,
+            Err(e) => {
+                crate::agent::lock(&upgrades).step(&order, RobotUpgradePhase::Failed, Some(e));
+                news.notify_one();
+                return;
+            }
+        };
+        let tell = |step: prepare::Step| {
+            let phase = match step {
+                prepare::Step::Downloading => RobotUpgradePhase::Downloading,
+                prepare::Step::Staged => RobotUpgradePhase::Staged,
+                prepare::Step::Restarting => RobotUpgradePhase::Restarting,
+            };
+            crate::agent::lock(&upgrades).step(&order, phase, None);
+            news.notify_one();
+        };
+        match prepare::prepare(&prepared, &slots, &trust, &client, limits, tell).await {
+            Ok(_) => {
+                tracing::info!(version = %order.version, "the new agent is staged and switched to: restarting");
+                restart.cancel();
+            }
+            Err(why) => {
+                tracing::error!(version = %order.version, "upgrade refused: {why}");
+                crate::agent::lock(&upgrades).step(&order, RobotUpgradePhase::Failed, Some(why));
+                news.notify_one();
+            }
+        }
+    });
 }
 
 /// Whether `path` is the binary this process runs (both resolved).

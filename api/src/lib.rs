@@ -11,6 +11,7 @@
 // repeated `type_ = ".."` keys as duplicated attributes.
 #![allow(clippy::duplicated_attributes)]
 
+pub mod agent_rollout;
 pub mod backoff;
 pub mod condition;
 pub mod disconnect;
@@ -37,6 +38,9 @@ pub const GROUP: &str = "robot.k8s4r.io";
 /// The API version of every k8s4r resource.
 pub const VERSION: &str = "v1alpha1";
 
+pub use agent_rollout::{
+    AgentArtifact, AgentRolloutSpec, AgentRolloutStatus, RobotUpgrade, RobotUpgradePhase, RolloutState,
+};
 pub use condition::{Condition, ConditionStatus};
 pub use disconnect::{DisconnectPolicy, Reconcile};
 pub use duration::{parse_duration, DurationError, DurationString};
@@ -61,6 +65,8 @@ pub use task::{
 };
 pub use task_kind::TaskKind;
 
+#[cfg(feature = "kube")]
+pub use agent_rollout::AgentRollout;
 #[cfg(feature = "kube")]
 pub use job::{Job, TaskGroup};
 #[cfg(feature = "kube")]

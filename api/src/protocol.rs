@@ -15,6 +15,9 @@ use crate::robot::{AgentHealth, DeviceInfo, RobotPhase, TaskPolicy, Usage};
 use crate::task::{RestartStatus, TaskAttempt, TaskReason, TaskState, TaskTemplate};
 use crate::validation::validate_robot_id;
 
+mod upgrade;
+pub use upgrade::{UpgradeOrder, UpgradeReport};
+
 /// The protocol version this build speaks.
 pub const PROTOCOL_VERSION: u32 = 1;
 /// The largest body accepted or sent. A dispatch carries a whole task spec;
@@ -152,6 +155,9 @@ pub enum TopicKind {
     /// `robots/{id}/logs/request`: server → robot, read or follow a task's
     /// output.
     LogRequest,
+    /// `robots/{id}/agent/upgrade`: server → robot, run another agent
+    /// version.
+    AgentUpgrade,
     /// `robots/{id}/tasks/{uid}/log`: robot → server, a piece of it (QoS 0).
     LogChunk {
         /// The Task's uid.
@@ -241,6 +247,10 @@ impl Topics {
         self.robot(id, "logs/request")
     }
     /// `{prefix}/robots/{id}/tasks/{uid}/log`
+    pub fn agent_upgrade(&self, id: &str) -> String {
+        self.robot(id, "agent/upgrade")
+    }
+
     pub fn log_chunk(&self, id: &str, task_uid: &str) -> String {
         self.robot(id, &format!("tasks/{task_uid}/log"))
     }
@@ -272,6 +282,7 @@ impl Topics {
             self.cancel(id),
             self.status_ack(id),
             self.log_request(id),
+            self.agent_upgrade(id),
         ]
     }
 
@@ -303,6 +314,7 @@ impl Topics {
             ["tasks", "cancel"] => TopicKind::Cancel,
             ["tasks", "acks"] => TopicKind::StatusAck,
             ["logs", "request"] => TopicKind::LogRequest,
+            ["agent", "upgrade"] => TopicKind::AgentUpgrade,
             ["tasks", uid, "log"] => {
                 check_topic_level("task uid", uid, topic)?;
                 TopicKind::LogChunk {
@@ -492,6 +504,9 @@ pub struct Register {
     /// this process or a previous one) is known for what it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nonce: Option<String>,
+    /// Where this agent's last upgrade stands, until reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade: Option<UpgradeReport>,
 }
 
 impl Message for Register {
@@ -515,6 +530,9 @@ impl Message for Register {
                 MAX_POLICY_NAMES,
             )?;
         }
+        if let Some(upgrade) = &self.upgrade {
+            upgrade.check_limits(Self::KIND)?;
+        }
         bound_nonce(Self::KIND, "nonce", self.nonce.as_ref())
     }
 }
@@ -534,6 +552,7 @@ impl Register {
             task_policy: None,
             health: None,
             nonce: None,
+            upgrade: None,
         }
     }
 }
@@ -572,6 +591,10 @@ pub struct Heartbeat {
     /// (`[facts]` in agent.toml); None from one that reads none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub facts: Option<crate::facts::Facts>,
+    /// Where this agent's upgrade stands, while one is under way and until
+    /// a confirmed heartbeat carried its outcome.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade: Option<UpgradeReport>,
 }
 
 impl Message for Heartbeat {
@@ -584,6 +607,9 @@ impl Message for Heartbeat {
                 kind: Self::KIND,
                 reason: format!("facts: {why}"),
             })?;
+        }
+        if let Some(upgrade) = &self.upgrade {
+            upgrade.check_limits(Self::KIND)?;
         }
         bound_nonce(Self::KIND, "session", self.session.as_ref())
     }
@@ -603,6 +629,7 @@ impl Heartbeat {
             health: None,
             session: None,
             facts: None,
+            upgrade: None,
         }
     }
 }
@@ -1078,6 +1105,16 @@ mod tests {
             }),
             health: Some(full_health()),
             nonce: Some("5f1c".into()),
+            upgrade: Some(full_upgrade()),
+        }
+    }
+
+    fn full_upgrade() -> UpgradeReport {
+        UpgradeReport {
+            rollout: "agent-0-2".into(),
+            version: "0.2.0".into(),
+            phase: crate::agent_rollout::RobotUpgradePhase::RolledBack,
+            reason: Some("it exited 3 times before the cluster confirmed it".into()),
         }
     }
 
@@ -1112,6 +1149,7 @@ mod tests {
                 ("battery".to_owned(), crate::facts::FactValue::Number(80.0)),
                 ("docked".to_owned(), crate::facts::FactValue::Bool(true)),
             ])),
+            upgrade: Some(full_upgrade()),
         }
     }
 

@@ -269,7 +269,8 @@ impl Bridge {
                 | TopicKind::Dispatch
                 | TopicKind::Cancel
                 | TopicKind::StatusAck
-                | TopicKind::LogRequest => "server_topic",
+                | TopicKind::LogRequest
+                | TopicKind::AgentUpgrade => "server_topic",
             },
             Ok(Topic::LegacyRegister) => "legacy_register",
             Ok(Topic::LegacyHeartbeat) => "legacy_heartbeat",
@@ -349,7 +350,8 @@ impl Bridge {
                 | TopicKind::Dispatch
                 | TopicKind::Cancel
                 | TopicKind::StatusAck
-                | TopicKind::LogRequest => Ok(Outcome::Rejected(
+                | TopicKind::LogRequest
+                | TopicKind::AgentUpgrade => Ok(Outcome::Rejected(
                     "a server-to-robot topic".into(),
                     "rejected_topic",
                 )),

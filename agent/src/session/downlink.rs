@@ -52,6 +52,16 @@ impl Session {
             }
             Ok(Inbound::Dispatch(dispatch)) => self.on_dispatch(*dispatch, phase),
             Ok(Inbound::Cancel(cancel)) => self.on_cancel(cancel),
+            Ok(Inbound::Upgrade(order)) => match &self.upgrades {
+                Some(hooks) if matches!(phase, Phase::Running) => crate::upgrade::start(
+                    &hooks.upgrades,
+                    order,
+                    hooks.limits,
+                    std::sync::Arc::clone(&hooks.news),
+                    hooks.restart.clone(),
+                ),
+                _ => tracing::warn!(version = %order.version, "upgrade order ignored: shutting down"),
+            },
             Ok(Inbound::LogRequest(request)) => {
                 tracing::debug!(task = %request.task_uid, attempt = request.attempt, follow = request.follow, stop = request.stop, "log request");
                 self.log_readers.handle(request);
@@ -62,8 +72,8 @@ impl Session {
                     // for a previous one must not renew this one's leases.
                     if ack.session.as_deref() == Some(self.session_id.as_str()) {
                         self.fence.heartbeat_recorded(heartbeat, ack.time, boot_clock());
-                        if let Some(upgrades) = &self.upgrades {
-                            crate::agent::lock(upgrades).confirmed();
+                        if let Some(hooks) = &self.upgrades {
+                            crate::agent::lock(&hooks.upgrades).heartbeat_confirmed(heartbeat);
                         }
                         self.release_held(phase);
                     } else {

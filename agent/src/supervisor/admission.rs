@@ -133,11 +133,7 @@ impl Admission {
             uid_range: config.task_uids.clone(),
             uids: TaskUids::new(config.task_uids.clone(), barred).starting_at(kept),
             uid_file,
-            limits: artifacts::Limits {
-                max_bytes: config.artifact_max_bytes,
-                timeout: config.artifact_timeout,
-                retries: config.artifact_retries,
-            },
+            limits: config.artifact_limits(),
             http: Arc::default(),
         }
     }

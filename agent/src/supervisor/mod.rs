@@ -133,6 +133,15 @@ pub const DEFAULT_DISK_RESERVE: u64 = 32 << 20;
 pub const DEFAULT_TASK_UIDS: RangeInclusive<u32> = 70_000..=79_999;
 
 impl SupervisorConfig {
+    /// The limits of a download: a task's artifacts, or an agent upgrade.
+    pub fn artifact_limits(&self) -> artifacts::Limits {
+        artifacts::Limits {
+            max_bytes: self.artifact_max_bytes,
+            timeout: self.artifact_timeout,
+            retries: self.artifact_retries,
+        }
+    }
+
     /// The task attempts' directories: `state_dir/tasks`.
     pub fn tasks_dir(&self) -> PathBuf {
         self.state_dir.join("tasks")
