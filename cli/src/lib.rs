@@ -9,6 +9,7 @@ pub mod error;
 pub mod logs;
 pub mod operate;
 pub mod progress;
+pub mod sign;
 pub mod up;
 
 use std::path::PathBuf;
@@ -89,6 +90,10 @@ pub enum Command {
     /// Its services are left running unless --services stop. Tasks of
     /// every namespace unless -n names one.
     Drain(drain::DrainArgs),
+    /// Make the key pair that signs agent upgrades (--generate), or sign
+    /// an agent binary for an AgentRollout: writes BINARY.minisig and
+    /// prints the rollout's artifact entry.
+    SignAgent(sign::SignArgs),
 }
 
 impl Args {
@@ -121,6 +126,7 @@ impl Args {
             Command::Cordon(args) => drain::cordon(args, true, &data_dir).await,
             Command::Uncordon(args) => drain::cordon(args, false, &data_dir).await,
             Command::Drain(args) => drain::drain(args, &data_dir).await,
+            Command::SignAgent(args) => sign::run(&args),
             Command::Up(args) => {
                 let default = if args.demo { DEMO_LOG } else { DEFAULT_LOG };
                 k8s4r_api::logging::init_with_default(self.log_format, self.log.as_deref(), default)?;
