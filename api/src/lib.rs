@@ -52,7 +52,8 @@ pub use job::{
 pub use periodic::{ConcurrencyPolicy, JobTemplate, PeriodicJobSpec, PeriodicJobStatus};
 pub use quantity::{Quantity, QuantityError};
 pub use robot::{
-    AgentHealth, DeviceInfo, RobotPhase, RobotResources, RobotSpec, RobotStatus, TaskPolicy, Usage,
+    AgentHealth, AgentUpgradeStatus, DeviceInfo, RobotPhase, RobotResources, RobotSpec, RobotStatus,
+    TaskPolicy, Usage,
 };
 pub use selector::{
     AntiAffinity, Constraint, ConstraintOperator, LabelSelector, LabelSelectorRequirement, SelectorOperator,

@@ -42,6 +42,9 @@ pub const ANNOTATION_RETRY: &str = "robot.k8s4r.io/retry";
 /// on its robot and run the task elsewhere, without using a retry. Each
 /// new value acts once.
 pub const ANNOTATION_EVICT: &str = "robot.k8s4r.io/evict";
+/// Annotation on a Robot (the manager sets it): the AgentRollout whose
+/// version this robot is to run now; the server sends the robot the order.
+pub const ANNOTATION_AGENT_ROLLOUT: &str = "robot.k8s4r.io/agent-rollout";
 /// Annotation beside `cancel` or `retry`: who asked (`k8s4r cancel|retry`
 /// write the user's name).
 pub const ANNOTATION_REQUESTED_BY: &str = "robot.k8s4r.io/requested-by";

@@ -155,6 +155,27 @@ pub struct RobotStatus {
     /// `battery=80 docked=true` (the FACTS column of `-o wide`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shown_facts: Option<String>,
+    /// Where the robot's last agent upgrade stands, as its agent reported
+    /// it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_upgrade: Option<AgentUpgradeStatus>,
+}
+
+/// A robot's account of its last agent upgrade.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentUpgradeStatus {
+    /// The AgentRollout that asked for it.
+    pub rollout: String,
+    /// The version it was to run.
+    pub version: String,
+    pub phase: crate::agent_rollout::RobotUpgradePhase,
+    /// Why it failed or was rolled back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// When the server recorded this phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<Timestamp>,
 }
 
 /// Hardware and operating system of a robot.

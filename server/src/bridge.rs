@@ -45,6 +45,7 @@ const RETRY_BASE: Duration = Duration::from_millis(500);
 
 mod facts;
 mod tasks;
+mod upgrade;
 
 use tasks::UidIndex;
 
@@ -78,6 +79,8 @@ pub struct RobotMemory {
     /// When a refused message of this robot was last logged, and how many
     /// were not logged since: one line per robot per [`REJECTION_LOG_EVERY`].
     rejections: (Option<tokio::time::Instant>, u64),
+    /// When this robot was last sent an agent upgrade order.
+    upgrade_ordered: Option<tokio::time::Instant>,
 }
 
 /// A robot's refused messages are logged at most this often (the rest are
@@ -91,6 +94,7 @@ impl Default for RobotMemory {
             held: HeldMemory::new(tokio::time::Instant::now()),
             facts: FactsMemory::default(),
             rejections: (None, 0),
+            upgrade_ordered: None,
         }
     }
 }
@@ -547,6 +551,13 @@ impl Bridge {
         if let Some(facts) = &msg.facts {
             self.offer_facts(&robot, facts.clone(), memory).await;
         }
+        self.record_upgrade(&robot, msg.upgrade.as_ref()).await?;
+        self.order_upgrade(
+            &robot,
+            msg.upgrade.as_ref(),
+            &mut memory.robot(name).upgrade_ordered,
+        )
+        .await;
         let entry = &mut memory.robot(name).heartbeat;
         let now = Timestamp::now();
         let lease_renewed = self
