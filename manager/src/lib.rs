@@ -13,6 +13,7 @@
 //! everything on a given client, so `k8s4r up` can run the manager in its
 //! own process.
 
+pub mod agent_rollout;
 pub mod aggregate;
 pub mod cli;
 pub mod config;
