@@ -175,8 +175,9 @@ pub enum Rejection {
 impl Rejection {
     /// For a person; `topology_key` and `conditions` (the texts of the
     /// task's start conditions) name what some rejections refer to.
-    fn describe(self, topology_key: &str, conditions: &[String]) -> String {
+    fn describe(self, topology_key: &str, conditions: &[String], driver: &str) -> String {
         let fixed = match self {
+            Rejection::Driver => return format!("lack driver {driver}{}", driver_setting(driver)),
             Rejection::Unmet(i) => {
                 return match conditions.get(i) {
                     Some(condition) => format!("don't meet {condition}"),
@@ -197,7 +198,6 @@ impl Rejection {
             Rejection::NotAccepting => "not accepting tasks",
             Rejection::Selector => "don't match selector",
             Rejection::Constraint => "don't meet constraints",
-            Rejection::Driver => "lack the driver",
             Rejection::Policy => "don't allow the task's user or groups",
             Rejection::TaskLimit => "at their task limit",
             Rejection::Cpu => "insufficient cpu",
@@ -205,6 +205,17 @@ impl Rejection {
             Rejection::Disk => "insufficient disk",
         };
         fixed.to_owned()
+    }
+}
+
+/// The agent setting that offers `driver`, as a hint after its name.
+fn driver_setting(driver: &str) -> &'static str {
+    match driver {
+        k8s4r_api::task::DRIVER_RAW_EXEC => {
+            " (agent setting raw_exec = true / --raw-exec true; an agent running as root needs allow_root = true too)"
+        }
+        k8s4r_api::task::DRIVER_EXEC => " (every agent offers it; these run an agent that does not)",
+        _ => "",
     }
 }
 
@@ -222,6 +233,8 @@ pub struct NoFit {
     /// The task's start conditions as text (`battery Gt 30`), to name the
     /// one a robot does not meet.
     pub conditions: Vec<String>,
+    /// The task's driver, to name it when robots lack it.
+    pub driver: String,
 }
 
 impl fmt::Display for NoFit {
@@ -237,7 +250,11 @@ impl fmt::Display for NoFit {
         let key = self.topology_key.as_deref().unwrap_or_default();
         for (i, (why, n)) in self.rejections.iter().enumerate() {
             let sep = if i == 0 { " " } else { ", " };
-            write!(f, "{sep}{n} {}", why.describe(key, &self.conditions))?;
+            write!(
+                f,
+                "{sep}{n} {}",
+                why.describe(key, &self.conditions, &self.driver)
+            )?;
         }
         if let Some(robot) = &self.robot {
             write!(f, " (the task runs only on robot {robot})")?;
@@ -560,6 +577,7 @@ where
     let mut nofit = NoFit {
         topology_key: topology_key.map(str::to_owned),
         robot: request.robot.map(str::to_owned),
+        driver: request.driver.to_owned(),
         ..NoFit::default()
     };
     // One pass more, only for a topology anti-affinity: the values of the

@@ -128,6 +128,30 @@ fn driver_must_be_offered() {
 }
 
 #[test]
+fn robots_lacking_the_driver_are_told_with_the_agent_setting_that_offers_it() {
+    let req = Request {
+        driver: "raw_exec",
+        ..request("g")
+    };
+    let exec_only = |name| {
+        let mut r = robot(name);
+        r.drivers = vec!["exec".into()];
+        r
+    };
+    let robots = [
+        exec_only("a"),
+        exec_only("b"),
+        robot("c").with_phase(RobotPhase::Offline),
+    ];
+    let err = choose(&robots, &req, |_| None).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "0/3 robots: 1 offline, 2 lack driver raw_exec (agent setting raw_exec = true / --raw-exec true; \
+         an agent running as root needs allow_root = true too)"
+    );
+}
+
+#[test]
 fn resources_must_fit_in_what_is_left() {
     let req = Request {
         demand: Demand {
