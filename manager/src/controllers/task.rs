@@ -438,7 +438,10 @@ fn decide(task: &Task, ctx: &Context, key: &str, attempt: u32, request: &Request
 /// `None` when its status says so already.
 pub fn plan_unschedulable(status: &TaskStatus, message: &str, now: Timestamp) -> Option<TaskStatusPatch> {
     let previous = find_condition(&status.conditions, CONDITION_SCHEDULED);
-    if status.state.is_some() && previous.and_then(|c| c.message.as_deref()) == Some(message) {
+    if status.state.is_some()
+        && status.reason == Some(TaskReason::Unschedulable)
+        && previous.and_then(|c| c.message.as_deref()) == Some(message)
+    {
         return None;
     }
     let mut conditions = status.conditions.clone();
@@ -454,6 +457,8 @@ pub fn plan_unschedulable(status: &TaskStatus, message: &str, now: Timestamp) ->
     );
     Some(TaskStatusPatch {
         state: Some(TaskState::Pending),
+        // The REASON column says the task waits, the message why.
+        reason: Some(Some(TaskReason::Unschedulable)),
         message: Some(Some(message.to_owned())),
         conditions: Some(conditions),
         ..TaskStatusPatch::default()
@@ -748,6 +753,7 @@ pub fn plan_retry(status: &TaskStatus, delay: Duration, now: Timestamp) -> (Task
     );
     let patch = TaskStatusPatch {
         message: Some(Some(message.clone())),
+        reason: Some(Some(TaskReason::BackOff)),
         ..plan_pending_again(status, status.reason, plus(now, delay), now)
     };
     (patch, Note::normal("Retrying", message))

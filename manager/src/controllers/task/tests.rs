@@ -165,9 +165,11 @@ fn a_retry_shows_the_attempt_to_come_not_the_one_that_ended() {
         Some(Some(plus(now(), Duration::from_secs(10))))
     );
     assert_eq!(
-        (&patch.robot, patch.exit_code, patch.signal, patch.reason),
-        (&Some(None), Some(None), Some(None), Some(None))
+        (&patch.robot, patch.exit_code, patch.signal),
+        (&Some(None), Some(None), Some(None))
     );
+    // The REASON column says the task waits for its retry's delay.
+    assert_eq!(patch.reason, Some(Some(TaskReason::BackOff)));
     assert_eq!(patch.restart_count, Some(None));
     assert_eq!(patch.last_exit_code, Some(None));
     assert_eq!(patch.dispatch_time, Some(None));
@@ -188,14 +190,8 @@ fn a_retry_shows_the_attempt_to_come_not_the_one_that_ended() {
         (1, Some("r1"), Some(3), Some(TaskReason::Error), Some(now()))
     );
     let body = serde_json::to_value(&patch).unwrap();
-    for field in [
-        "robot",
-        "exitCode",
-        "signal",
-        "reason",
-        "restartCount",
-        "startTime",
-    ] {
+    assert_eq!(body.get("reason"), Some(&serde_json::json!("BackOff")));
+    for field in ["robot", "exitCode", "signal", "restartCount", "startTime"] {
         assert_eq!(body.get(field), Some(&serde_json::Value::Null), "{field}: {body}");
     }
     assert_eq!(body.get("outputTail"), None, "{body}");
@@ -209,10 +205,16 @@ fn an_unschedulable_task_is_told_once_per_reason() {
     };
     let patch = plan_unschedulable(&status, "0/2 robots: 2 offline", now()).unwrap();
     assert_eq!(patch.state, Some(TaskState::Pending));
+    // The REASON column says the task waits for a robot.
+    assert_eq!(patch.reason, Some(Some(TaskReason::Unschedulable)));
     let conditions = patch.conditions.unwrap();
     assert_eq!(conditions[0].reason.as_deref(), Some("Unschedulable"));
     assert_eq!(conditions[0].last_transition_time, Some(now()));
-    let told = TaskStatus { conditions, ..status };
+    let told = TaskStatus {
+        conditions,
+        reason: Some(TaskReason::Unschedulable),
+        ..status
+    };
     assert_eq!(plan_unschedulable(&told, "0/2 robots: 2 offline", now()), None);
     assert!(plan_unschedulable(&told, "0/3 robots: 3 offline", now()).is_some());
 }
