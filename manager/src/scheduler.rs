@@ -233,8 +233,9 @@ pub struct NoFit {
     /// The task's start conditions as text (`battery Gt 30`), to name the
     /// one a robot does not meet.
     pub conditions: Vec<String>,
-    /// The task's driver, to name it when robots lack it.
-    pub driver: String,
+    /// The task's driver, to name it when robots lack it (boxed: the
+    /// struct is an `Err` returned by value).
+    pub driver: Box<str>,
 }
 
 impl fmt::Display for NoFit {
@@ -577,7 +578,7 @@ where
     let mut nofit = NoFit {
         topology_key: topology_key.map(str::to_owned),
         robot: request.robot.map(str::to_owned),
-        driver: request.driver.to_owned(),
+        driver: request.driver.into(),
         ..NoFit::default()
     };
     // One pass more, only for a topology anti-affinity: the values of the

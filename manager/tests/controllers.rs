@@ -328,7 +328,9 @@ async fn an_unacknowledged_dispatch_moves_to_another_robot_once_fenced() {
     })
     .await;
     let status = t.status.as_ref().unwrap();
-    assert_eq!(status.attempts[0].reason, Some(TaskReason::RobotLost));
+    // It never said it took the attempt: a dispatch timeout, not a robot
+    // that stopped what it ran.
+    assert_eq!(status.attempts[0].reason, Some(TaskReason::DispatchTimeout));
     assert_eq!(dispatching_on(&t), Some(other), "the silent robot is avoided");
     let deadline = first.status.as_ref().and_then(|s| s.dispatch_deadline).unwrap();
     let given_up = status.attempts[0].finish_time.unwrap();

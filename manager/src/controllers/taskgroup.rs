@@ -228,7 +228,7 @@ fn fleet_view(ctx: &Context, group: &TaskGroup) -> FleetView {
     let sched = ctx.sched();
     let mut nofit = scheduler::NoFit {
         total: sched.robots.len(),
-        driver: template.task.driver.clone(),
+        driver: template.task.driver.as_str().into(),
         topology_key: template
             .anti_affinity
             .as_ref()
