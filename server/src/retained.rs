@@ -41,6 +41,9 @@ const LONGEST: Duration = Duration::from_secs(120);
 /// How soon a failed first sweep is tried again: the server's view of who
 /// is connected waits for it.
 const FIRST_RETRY: Duration = Duration::from_secs(5);
+/// How many first sweeps may fail before the server gives up reading the
+/// presence at start (robots' heartbeats then decide, as before).
+const FIRST_TRIES: u32 = 12;
 /// How often the server sweeps (and once at start).
 pub const SWEEP_EVERY: Duration = Duration::from_secs(3600);
 
@@ -100,6 +103,19 @@ pub async fn sweep(broker: &BrokerConfig, topics: &Topics) -> Result<Swept> {
                     .try_subscribe(filter.clone(), QoS::AtMostOnce)
                     .map_err(|e| Error::Mqtt(e.to_string()))?;
             }
+            // Refused (an ACL): nothing is seen, and no presence may be
+            // read from that silence.
+            Event::Incoming(Packet::SubAck(ack))
+                if ack
+                    .return_codes
+                    .iter()
+                    .any(|c| matches!(c, rumqttc::SubscribeReasonCode::Failure)) =>
+            {
+                let _ = client.try_disconnect();
+                return Err(Error::Mqtt(format!(
+                    "the broker refused a subscription to {filter}"
+                )));
+            }
             Event::Incoming(Packet::SubAck(_)) => subscribed = true,
             // Retained, or said live since the subscription: both are the
             // robot's latest word on its connection.
@@ -152,6 +168,7 @@ pub async fn run(
     shutdown: CancellationToken,
 ) {
     let mut presence = Some(presence);
+    let mut tries = 0;
     loop {
         match sweep(&broker, &topics).await {
             Ok(swept) => {
@@ -165,7 +182,14 @@ pub async fn run(
                     let _ = tx.send(swept.online);
                 }
             }
-            Err(error) => warn!(%error, "could not sweep retained messages"),
+            Err(error) => {
+                warn!(%error, "could not sweep retained messages");
+                tries += 1;
+                if presence.is_some() && tries >= FIRST_TRIES {
+                    warn!("gave up reading which robots the broker knows as connected");
+                    presence = None;
+                }
+            }
         }
         tokio::select! {
             () = shutdown.cancelled() => return,
