@@ -9,6 +9,7 @@
 //! `(x3)`) instead of one object per repeat.
 
 use std::collections::HashMap;
+use std::sync::Mutex;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::{Event as K8sEvent, EventSeries};
@@ -17,7 +18,8 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Reporter};
 use kube::Client;
-use tokio::sync::Mutex;
+
+use crate::lock;
 
 /// How long a published Event can still grow a series; past it, a repeat
 /// is a new Event (as client-go forgets isomorphic Events after a while).
@@ -150,8 +152,10 @@ impl Recorder {
     /// Creates `event` about `regarding`, or adds one to the count of the
     /// same Event published in the last minutes.
     pub async fn publish(&self, event: &Event, regarding: &ObjectReference) -> kube::Result<()> {
-        let mut series = self.series.lock().await;
-        let next = series.next(&self.reporter, event, regarding, Timestamp::now());
+        // Not held across the call: a slow API server must not queue every
+        // other Event behind this one (two identical Events at once may
+        // then make two objects, which is harmless).
+        let next = lock(&self.series).next(&self.reporter, event, regarding, Timestamp::now());
         let namespace = regarding.namespace.as_deref().unwrap_or("default");
         let events: Api<K8sEvent> = Api::namespaced(self.client.clone(), namespace);
         let name = next.metadata.name.clone().unwrap_or_default();
@@ -162,7 +166,7 @@ impl Recorder {
         } else {
             events.create(&PostParams::default(), &next).await?;
         }
-        series.written(event, regarding, next);
+        lock(&self.series).written(event, regarding, next);
         Ok(())
     }
 }
