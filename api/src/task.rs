@@ -468,7 +468,8 @@ impl TaskState {
     }
 }
 
-/// Why a task attempt ended the way it did.
+/// Why a task attempt ended the way it did, or, while the task waits for
+/// its next attempt, why it waits (`Unschedulable`, `BackOff`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 pub enum TaskReason {
     /// Exited 0.
@@ -523,6 +524,13 @@ pub enum TaskReason {
     /// The robot was drained (`k8s4r drain`): the attempt was stopped and
     /// the task waits for another robot (no retry used).
     Drained,
+    /// Not the end of an attempt: the task waits because no robot fits it
+    /// now; its `Scheduled` condition and message say why, robot by robot.
+    Unschedulable,
+    /// Not the end of an attempt: the task waits for its restart policy's
+    /// delay before the next attempt; its message says how the last one
+    /// ended and when the next comes.
+    BackOff,
     /// Some reason this version does not know.
     #[serde(other)]
     Unknown,
@@ -551,7 +559,8 @@ pub struct TaskStatus {
     /// The signal that ended the process, if one did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signal: Option<i32>,
-    /// Why the attempt ended (Timeout, Error, RobotLost, ...).
+    /// Why the attempt ended (Timeout, Error, RobotLost, ...), or while the
+    /// task is pending, why it waits (Unschedulable, BackOff).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<TaskReason>,
     /// Details for a person.

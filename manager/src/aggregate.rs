@@ -3,8 +3,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::Timestamp;
-use k8s4r_api::condition::set_condition;
-use k8s4r_api::names::{CONDITION_COMPLETE, CONDITION_FAILED};
+use k8s4r_api::condition::{find_condition, set_condition};
+use k8s4r_api::names::{CONDITION_COMPLETE, CONDITION_FAILED, CONDITION_SCHEDULED};
 use k8s4r_api::{
     Condition, ConditionStatus, GroupSummary, JobSpec, JobStatus, TaskCounts, TaskGroupStatus, TaskState,
     WorkState,
@@ -239,7 +239,13 @@ fn group_part(g: &GroupView<'_>) -> (TaskCounts, WorkState, Option<String>) {
             (
                 g.status.map(|s| s.counts.clone()).unwrap_or_default(),
                 state,
-                rollout.and_then(|r| r.stopped.clone()),
+                rollout.and_then(|r| r.stopped.clone()).or_else(|| {
+                    // A group that waits says why (no robot matches it).
+                    g.status
+                        .and_then(|s| find_condition(&s.conditions, CONDITION_SCHEDULED))
+                        .filter(|c| c.status == ConditionStatus::False)
+                        .and_then(|c| c.message.clone())
+                }),
             )
         }
     }
@@ -421,6 +427,32 @@ mod tests {
         assert_eq!(s.start_time, None);
         assert_eq!(s.completions.as_deref(), Some("0/3"));
     }
+
+    #[test]
+    fn a_job_says_why_its_group_waits() {
+        let now = Timestamp::from_second(1_700_000_000).unwrap();
+        let why = "no robot matches the group: 0/1 robots: 1 lack driver raw_exec";
+        let group_status = TaskGroupStatus {
+            state: Some(WorkState::Pending),
+            conditions: vec![Condition::new(
+                CONDITION_SCHEDULED,
+                ConditionStatus::False,
+                "NoMatchingRobot",
+                why,
+            )],
+            ..TaskGroupStatus::default()
+        };
+        let groups = [GroupView {
+            name: "a",
+            task_group: "j-a".into(),
+            count: 1,
+            status: Some(&group_status),
+            gate: Gate::Open,
+        }];
+        let s = job_status(&groups, None, None, now);
+        assert_eq!(s.groups[0].message.as_deref(), Some(why));
+    }
+
     fn ordered_spec() -> JobSpec {
         let group = |name: &str, after: &[&str]| k8s4r_api::TaskGroupTemplate {
             name: name.into(),

@@ -328,7 +328,9 @@ async fn an_unacknowledged_dispatch_moves_to_another_robot_once_fenced() {
     })
     .await;
     let status = t.status.as_ref().unwrap();
-    assert_eq!(status.attempts[0].reason, Some(TaskReason::RobotLost));
+    // It never said it took the attempt: a dispatch timeout, not a robot
+    // that stopped what it ran.
+    assert_eq!(status.attempts[0].reason, Some(TaskReason::DispatchTimeout));
     assert_eq!(dispatching_on(&t), Some(other), "the silent robot is avoided");
     let deadline = first.status.as_ref().and_then(|s| s.dispatch_deadline).unwrap();
     let given_up = status.attempts[0].finish_time.unwrap();
@@ -336,6 +338,25 @@ async fn an_unacknowledged_dispatch_moves_to_another_robot_once_fenced() {
         given_up >= deadline,
         "attempt 1 given up at {given_up}, before its deadline {deadline}, while its robot could still take it"
     );
+    // Each attempt's Scheduled Event says where that attempt went (not one
+    // series that keeps the first attempt's words).
+    let events: kube::Api<k8s_openapi::api::events::v1::Event> = kube::Api::namespaced(c.clone(), "default");
+    let want = [
+        format!("attempt 1 assigned to robot {first_robot}"),
+        format!("attempt 2 assigned to robot {other}"),
+    ];
+    eventually(WAIT, "one Scheduled Event per attempt", || async {
+        let list = events.list(&Default::default()).await.ok()?;
+        let notes: Vec<String> = list
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("ack-g-0"))
+            .filter(|e| e.reason.as_deref() == Some("Scheduled"))
+            .filter_map(|e| e.note)
+            .collect();
+        want.iter().all(|w| notes.contains(w)).then_some(())
+    })
+    .await;
     manager.stop().await;
 }
 

@@ -628,6 +628,40 @@ impl Bridge {
         Ok(())
     }
 
+    /// Marks not connected every Robot that still says `Connected=True`
+    /// although the broker knew no `online: true` presence for it when this
+    /// server started (`present`) and it has not been heard from since
+    /// `started`. Guarded by each Robot's `resourceVersion`: a robot heard
+    /// from meanwhile wrote its status, and is left alone.
+    pub async fn forget_absent(&self, present: &HashSet<String>, started: Timestamp) {
+        let robots = self.robot_cache.state();
+        let absent = decide::absent_at_start(
+            robots.iter().map(|r| r.as_ref()),
+            present,
+            started,
+            Timestamp::now(),
+        );
+        for (name, conditions) in absent {
+            let rv = robots
+                .iter()
+                .find(|r| r.metadata.name.as_deref() == Some(name.as_str()))
+                .and_then(|r| r.metadata.resource_version.clone());
+            let status = RobotStatusPatch {
+                conditions: Some(conditions),
+                ..Default::default()
+            };
+            match self
+                .patch_robot_status(&name, &status, rv.as_deref(), "robot_absent_at_start")
+                .await
+            {
+                Ok(()) => {
+                    info!(robot = %name, "robot not connected to the broker at start: marked disconnected")
+                }
+                Err(error) => warn!(robot = %name, %error, "could not mark a robot absent at start"),
+            }
+        }
+    }
+
     // ------------------------------------------------------------ online
 
     #[instrument(skip(self))]

@@ -337,33 +337,6 @@ pub fn plan_register(
     })
 }
 
-/// The conditions list with `Connected` set to `up`, or None when it already
-/// says so (no write needed). A robot that has never been marked
-/// disconnected gets the condition on its first register.
-pub fn connected(conditions: &[Condition], up: bool, now: Timestamp) -> Option<Vec<Condition>> {
-    let wanted = if up {
-        ConditionStatus::True
-    } else {
-        ConditionStatus::False
-    };
-    if find_condition(conditions, CONDITION_CONNECTED).is_some_and(|c| c.status == wanted) {
-        return None;
-    }
-    let (reason, message) = if up {
-        ("Connected", "the robot is connected to the broker")
-    } else {
-        (
-            "Disconnected",
-            "the robot disconnected: it said online: false as it stopped, or its last will did",
-        )
-    };
-    let mut condition = Condition::new(CONDITION_CONNECTED, wanted, reason, message);
-    condition.last_transition_time = Some(now);
-    let mut list = conditions.to_vec();
-    set_condition(&mut list, condition);
-    Some(list)
-}
-
 /// The conditions list with `AcceptingTasks` following the agent's health,
 /// or None when it already does (or the agent reports none).
 pub fn accepting(
@@ -731,9 +704,11 @@ fn replaced_attempt(
     }))
 }
 
+mod connection;
 mod dispatch;
 mod reconcile;
 
+pub use connection::{absent_at_start, connected, REASON_NOT_CONNECTED_AT_START};
 pub use dispatch::{decide_task, dispatched_attempt, has_finalizer, sent_attempt, Stop, TaskAction};
 pub use reconcile::{plan_reconcile, unwanted, Holding, ReconcilePlan, DISPATCH_GRACE};
 

@@ -316,9 +316,12 @@ impl Parts {
             "watching robot leases",
             shutdown.clone(),
         ));
+        let started = jiff::Timestamp::now();
+        let (presence_tx, presence_rx) = oneshot::channel();
         tokio::spawn(retained::run(
             self.config.broker.clone(),
             Topics::new(&self.config.topic_prefix),
+            presence_tx,
             shutdown.clone(),
         ));
         let responder = {
@@ -336,6 +339,23 @@ impl Parts {
             })
         };
         let synced = Synced::watch(self.robot_cache, self.task_cache, self.metrics.clone());
+        {
+            // What the broker knows of robots replaces what a previous run
+            // left in their conditions.
+            let (bridge, shutdown, robots) = (self.bridge.clone(), shutdown.clone(), synced.robots.clone());
+            tokio::spawn(async move {
+                let present = tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    present = presence_rx => present,
+                };
+                let Ok(present) = present else { return };
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = robots.cancelled() => {}
+                }
+                bridge.forget_absent(&present, started).await;
+            });
+        }
         let dispatcher = {
             let (bridge, shutdown, robots) = (self.bridge.clone(), shutdown.clone(), synced.robots.clone());
             let controller = self.dispatcher;

@@ -15,11 +15,18 @@
 //! retained message it receives (an empty retained publish) except the
 //! robots' `online` presence, which is retained by design. It ends once no
 //! retained message has arrived for a moment.
+//!
+//! The same pass reads that presence: which robots the broker knows as
+//! connected. The first sweep's answer is how a server that starts learns
+//! which robots are there, rather than believing the `Connected` conditions
+//! a previous run left (see [`crate::decide::absent_at_start`]).
 
+use std::collections::HashSet;
 use std::time::Duration;
 
-use k8s4r_api::protocol::{Topic, TopicKind, Topics};
+use k8s4r_api::protocol::{decode, Online, Topic, TopicKind, Topics};
 use rumqttc::{AsyncClient, Event, Packet, QoS};
+use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -31,6 +38,12 @@ use crate::mqtt::mqtt_options;
 const QUIET: Duration = Duration::from_secs(2);
 /// The longest a sweep lasts.
 const LONGEST: Duration = Duration::from_secs(120);
+/// How soon a failed first sweep is tried again: the server's view of who
+/// is connected waits for it.
+const FIRST_RETRY: Duration = Duration::from_secs(5);
+/// How many first sweeps may fail before the server gives up reading the
+/// presence at start (robots' heartbeats then decide, as before).
+const FIRST_TRIES: u32 = 12;
 /// How often the server sweeps (and once at start).
 pub const SWEEP_EVERY: Duration = Duration::from_secs(3600);
 
@@ -45,14 +58,34 @@ fn keep(topics: &Topics, topic: &str) -> bool {
     )
 }
 
-/// One sweep: returns the topics whose retained message it cleared.
-pub async fn sweep(broker: &BrokerConfig, topics: &Topics) -> Result<Vec<String>> {
+/// The robot whose presence `topic` carries, if it does.
+fn presence_of(topics: &Topics, topic: &str) -> Option<String> {
+    match topics.parse(topic) {
+        Ok(Topic::Robot {
+            robot_id,
+            kind: TopicKind::Online,
+        }) => Some(robot_id),
+        _ => None,
+    }
+}
+
+/// What one sweep did and saw.
+#[derive(Debug, Default)]
+pub struct Swept {
+    /// The topics whose retained message it cleared.
+    pub cleared: Vec<String>,
+    /// The robots whose presence said `online: true`.
+    pub online: HashSet<String>,
+}
+
+/// One sweep.
+pub async fn sweep(broker: &BrokerConfig, topics: &Topics) -> Result<Swept> {
     let mut options = mqtt_options(broker)?;
     options.set_client_id(format!("{}-sweep", broker.client_id));
     options.set_clean_session(true);
     let (client, mut events) = AsyncClient::new(options, 64);
     let filter = format!("{}/#", topics.prefix());
-    let mut cleared = Vec::new();
+    let mut swept = Swept::default();
     let mut subscribed = false;
     let started = tokio::time::Instant::now();
     loop {
@@ -70,7 +103,34 @@ pub async fn sweep(broker: &BrokerConfig, topics: &Topics) -> Result<Vec<String>
                     .try_subscribe(filter.clone(), QoS::AtMostOnce)
                     .map_err(|e| Error::Mqtt(e.to_string()))?;
             }
+            // Refused (an ACL): nothing is seen, and no presence may be
+            // read from that silence.
+            Event::Incoming(Packet::SubAck(ack))
+                if ack
+                    .return_codes
+                    .iter()
+                    .any(|c| matches!(c, rumqttc::SubscribeReasonCode::Failure)) =>
+            {
+                let _ = client.try_disconnect();
+                return Err(Error::Mqtt(format!(
+                    "the broker refused a subscription to {filter}"
+                )));
+            }
             Event::Incoming(Packet::SubAck(_)) => subscribed = true,
+            // Retained, or said live since the subscription: both are the
+            // robot's latest word on its connection.
+            Event::Incoming(Packet::Publish(p)) if keep(topics, &p.topic) => {
+                if let Some(robot) = presence_of(topics, &p.topic) {
+                    match decode::<Online>(&p.payload) {
+                        Ok(presence) if presence.online => {
+                            swept.online.insert(robot);
+                        }
+                        _ => {
+                            swept.online.remove(&robot);
+                        }
+                    }
+                }
+            }
             Event::Incoming(Packet::Publish(p))
                 if p.retain && !p.payload.is_empty() && !keep(topics, &p.topic) =>
             {
@@ -78,7 +138,7 @@ pub async fn sweep(broker: &BrokerConfig, topics: &Topics) -> Result<Vec<String>
                 client
                     .try_publish(p.topic.clone(), QoS::AtLeastOnce, true, Vec::new())
                     .map_err(|e| Error::Mqtt(e.to_string()))?;
-                cleared.push(p.topic.clone());
+                swept.cleared.push(p.topic.clone());
             }
             _ => {}
         }
@@ -96,20 +156,44 @@ pub async fn sweep(broker: &BrokerConfig, topics: &Topics) -> Result<Vec<String>
         }
     };
     let _ = tokio::time::timeout(Duration::from_secs(5), flush).await;
-    Ok(cleared)
+    Ok(swept)
 }
 
-/// Sweeps at start and every [`SWEEP_EVERY`] until `shutdown`.
-pub async fn run(broker: BrokerConfig, topics: Topics, shutdown: CancellationToken) {
+/// Sweeps at start and every [`SWEEP_EVERY`] until `shutdown`; the first
+/// successful sweep's presence goes to `presence`.
+pub async fn run(
+    broker: BrokerConfig,
+    topics: Topics,
+    presence: oneshot::Sender<HashSet<String>>,
+    shutdown: CancellationToken,
+) {
+    let mut presence = Some(presence);
+    let mut tries = 0;
     loop {
         match sweep(&broker, &topics).await {
-            Ok(cleared) if cleared.is_empty() => {}
-            Ok(cleared) => info!(count = cleared.len(), "cleared retained messages on robot topics"),
-            Err(error) => warn!(%error, "could not sweep retained messages"),
+            Ok(swept) => {
+                if !swept.cleared.is_empty() {
+                    info!(
+                        count = swept.cleared.len(),
+                        "cleared retained messages on robot topics"
+                    );
+                }
+                if let Some(tx) = presence.take() {
+                    let _ = tx.send(swept.online);
+                }
+            }
+            Err(error) => {
+                warn!(%error, "could not sweep retained messages");
+                tries += 1;
+                if presence.is_some() && tries >= FIRST_TRIES {
+                    warn!("gave up reading which robots the broker knows as connected");
+                    presence = None;
+                }
+            }
         }
         tokio::select! {
             () = shutdown.cancelled() => return,
-            () = tokio::time::sleep(SWEEP_EVERY) => {}
+            () = tokio::time::sleep(if presence.is_some() { FIRST_RETRY } else { SWEEP_EVERY }) => {}
         }
     }
 }

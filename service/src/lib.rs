@@ -4,6 +4,8 @@
 //! - [`call`]: every API call under a timeout, its failure named after what
 //!   was being done, and its latency counted;
 //! - [`patch`]: merge patches guarded by a `resourceVersion`;
+//! - [`events`]: Events whose repeats are counted only when they say the
+//!   same thing;
 //! - [`backoff`]: a per-object retry delay for reconcilers;
 //! - [`metrics`] and [`health`]: Prometheus metrics on `prometheus-client`
 //!   and the `/metrics`, `/healthz`, `/readyz` endpoints;
@@ -16,6 +18,7 @@
 
 pub mod backoff;
 pub mod call;
+pub mod events;
 pub mod health;
 pub mod https;
 pub mod leader;

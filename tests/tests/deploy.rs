@@ -723,14 +723,16 @@ async fn retained_commands_are_ignored_by_the_agent_and_cleared_by_the_server() 
     config.ca_file = Some(ca_file.clone());
     config.username = Some("k8s4r-server".into());
     config.password = Some("server-pw".into());
-    let mut cleared = k8s4r_server::retained::sweep(&config, &k8s4r_api::protocol::Topics::default())
+    let mut swept = k8s4r_server::retained::sweep(&config, &k8s4r_api::protocol::Topics::default())
         .await
         .unwrap();
-    cleared.sort();
+    swept.cleared.sort();
     assert_eq!(
-        cleared,
+        swept.cleared,
         ["k8s4r/robots/r1/response", "k8s4r/robots/r1/tasks/dispatch"]
     );
+    // The same pass read the robots' presence: the agent stopped.
+    assert!(swept.online.is_empty(), "{:?}", swept.online);
     // Only the agent's own retained presence is left.
     assert_eq!(
         retained_topics(port, &ca, "k8s4r/robots/r1/#").await,

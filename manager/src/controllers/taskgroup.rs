@@ -6,13 +6,20 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use futures::{stream, TryStreamExt};
-use k8s4r_api::names::{ANNOTATION_CANCEL, LABEL_GROUP, LABEL_INDEX, LABEL_JOB, LABEL_ROBOT};
-use k8s4r_api::{GroupMode, RobotPhase, Task, TaskGroup, TaskGroupStatus, TaskSpec, TaskState, WorkState};
+use k8s4r_api::condition::{find_condition, set_condition};
+use k8s4r_api::names::{
+    ANNOTATION_CANCEL, CONDITION_SCHEDULED, LABEL_GROUP, LABEL_INDEX, LABEL_JOB, LABEL_ROBOT,
+};
+use k8s4r_api::{
+    Condition, ConditionStatus, GroupMode, RobotPhase, Task, TaskGroup, TaskGroupStatus, TaskSpec, TaskState,
+    WorkState,
+};
 use kube::api::{DeleteParams, ObjectMeta};
 use kube::runtime::controller::Action;
 use kube::{Api, Resource, ResourceExt};
 use tracing::instrument;
 
+use super::context::Note;
 use super::{key_of, Context, Requests};
 use crate::aggregate::{group_status, TaskView};
 use crate::error::{Error, Result};
@@ -153,6 +160,9 @@ async fn reconcile_group(group: &TaskGroup, ctx: &Context) -> Result<Action> {
         let groups: Api<TaskGroup> = Api::namespaced(ctx.client(), &ns);
         ctx.patch_status(&groups, &group.name_any(), None, &status)
             .await?;
+        if let Some(note) = waiting_note(group.status.as_ref(), &status) {
+            ctx.publish(group, note);
+        }
     }
     Ok(Action::await_change())
 }
@@ -194,6 +204,9 @@ pub struct FleetView {
     pub known: BTreeSet<String>,
     /// The robots online and taking tasks.
     pub online: BTreeSet<String>,
+    /// When no robot matches: why, robot by robot (`0/2 robots: 2 lack
+    /// driver raw_exec (agent setting ...)`).
+    pub unmatched: Option<String>,
 }
 
 /// Reads the robots an everyRobot `group` may reach.
@@ -213,12 +226,25 @@ fn fleet_view(ctx: &Context, group: &TaskGroup) -> FleetView {
         when: &template.task.when,
     };
     let sched = ctx.sched();
-    let matched = sched
-        .robots
-        .values()
-        .filter(|r| scheduler::may_take_later(scheduler::check(r, &request, None)))
-        .map(|r| r.name.clone())
-        .collect();
+    let mut nofit = scheduler::NoFit {
+        total: sched.robots.len(),
+        driver: template.task.driver.as_str().into(),
+        topology_key: template
+            .anti_affinity
+            .as_ref()
+            .and_then(|a| a.topology_key.clone()),
+        conditions: template.task.when.iter().map(ToString::to_string).collect(),
+        ..scheduler::NoFit::default()
+    };
+    let mut matched = BTreeSet::new();
+    for robot in sched.robots.values() {
+        let checked = scheduler::check(robot, &request, None);
+        if scheduler::may_take_later(checked) {
+            matched.insert(robot.name.clone());
+        } else if let Err(why) = checked {
+            *nofit.rejections.entry(why).or_default() += 1;
+        }
+    }
     let online = sched
         .robots
         .values()
@@ -226,6 +252,7 @@ fn fleet_view(ctx: &Context, group: &TaskGroup) -> FleetView {
         .map(|r| r.name.clone())
         .collect();
     FleetView {
+        unmatched: matched.is_empty().then(|| nofit.to_string()),
         matched,
         known: sched.robots.keys().cloned().collect(),
         online,
@@ -355,13 +382,52 @@ fn plan_every_robot(
         .map(|robot| robot_task(group, robot))
         .collect::<Result<_>>()?;
     strays.extend(plan.delete.iter().cloned());
-    let status = every_robot_status(group, owned, &plan, lifecycle);
+    let mut status = every_robot_status(group, owned, &plan, lifecycle);
+    matching_condition(&mut status, fleet, plan.desired);
     let writes = GroupPlan {
         create: new,
         delete: strays,
         status: None,
     };
     Ok((writes, status))
+}
+
+/// Reason of an everyRobot group's `Scheduled=False` condition.
+pub const REASON_NO_MATCHING_ROBOT: &str = "NoMatchingRobot";
+
+/// An everyRobot group's `Scheduled` condition: False with why while no
+/// robot matches (the group waits, and says for what), True once some do.
+fn matching_condition(status: &mut TaskGroupStatus, fleet: &FleetView, desired: i32) {
+    let condition = match (&fleet.unmatched, desired) {
+        (Some(why), 0) => Condition::new(
+            CONDITION_SCHEDULED,
+            ConditionStatus::False,
+            REASON_NO_MATCHING_ROBOT,
+            format!("no robot matches the group: {why}"),
+        ),
+        _ if find_condition(&status.conditions, CONDITION_SCHEDULED).is_none() => return,
+        _ => Condition::new(
+            CONDITION_SCHEDULED,
+            ConditionStatus::True,
+            "RobotsMatched",
+            format!("{desired} robots match the group"),
+        ),
+    };
+    set_condition(&mut status.conditions, condition);
+}
+
+/// The waiting Event of an everyRobot group whose new status says no robot
+/// matches, when the previous status did not say the same: one Event per
+/// change of the reason, not one per reconcile.
+pub fn waiting_note(previous: Option<&TaskGroupStatus>, new: &TaskGroupStatus) -> Option<Note> {
+    let waiting = |s: &TaskGroupStatus| {
+        find_condition(&s.conditions, CONDITION_SCHEDULED)
+            .filter(|c| c.status == ConditionStatus::False)
+            .and_then(|c| c.message.clone())
+    };
+    let message = waiting(new)?;
+    (previous.and_then(waiting).as_ref() != Some(&message))
+        .then(|| Note::warning(REASON_NO_MATCHING_ROBOT, message))
 }
 
 /// The status of an everyRobot group: its kept Tasks, and those still to
@@ -556,6 +622,7 @@ mod tests {
             matched: robots(&["a", "b"]),
             known: robots(&["a", "b", "c"]),
             online: robots(&["a", "b", "c"]),
+            unmatched: None,
         };
         let lifecycle = LifecycleConfig::default();
         let plan = plan_group(&g, &owned, Some(&fleet), Requests::default(), &lifecycle).unwrap();
@@ -580,5 +647,42 @@ mod tests {
         assert_eq!(status.state, Some(WorkState::Pending));
         assert_eq!(status.completions.as_deref(), Some("0/0"));
         assert_eq!(status.desired, Some(0));
+    }
+
+    #[test]
+    fn an_every_robot_group_no_robot_matches_says_why_once() {
+        let g = group(GroupMode::EveryRobot, None);
+        let why = "0/2 robots: 2 lack driver raw_exec (agent setting raw_exec = true / --raw-exec true)";
+        let fleet = FleetView {
+            known: robots(&["a", "b"]),
+            online: robots(&["a", "b"]),
+            unmatched: Some(why.into()),
+            ..FleetView::default()
+        };
+        let lifecycle = LifecycleConfig::default();
+        let plan = plan_group(&g, &[], Some(&fleet), Requests::default(), &lifecycle).unwrap();
+        let status = plan.status.unwrap();
+        let condition = find_condition(&status.conditions, CONDITION_SCHEDULED).unwrap();
+        assert_eq!(condition.status, ConditionStatus::False);
+        assert_eq!(condition.reason.as_deref(), Some(REASON_NO_MATCHING_ROBOT));
+        assert!(condition.message.as_deref().unwrap().contains(why));
+        let note = waiting_note(None, &status).unwrap();
+        assert_eq!(note.reason, REASON_NO_MATCHING_ROBOT);
+        // The same reason again: no second Event.
+        assert_eq!(waiting_note(Some(&status), &status), None);
+        // A robot matches: the condition turns True, no waiting Event.
+        let mut g = g;
+        g.status = Some(status);
+        let fleet = FleetView {
+            matched: robots(&["a"]),
+            known: robots(&["a", "b"]),
+            online: robots(&["a", "b"]),
+            unmatched: None,
+        };
+        let plan = plan_group(&g, &[], Some(&fleet), Requests::default(), &lifecycle).unwrap();
+        let status = plan.status.unwrap();
+        let condition = find_condition(&status.conditions, CONDITION_SCHEDULED).unwrap();
+        assert_eq!(condition.status, ConditionStatus::True);
+        assert_eq!(waiting_note(g.status.as_ref(), &status), None);
     }
 }

@@ -872,4 +872,5 @@ fn reconcile_cancels_what_no_task_wants_and_fails_what_the_robot_lost() {
     assert!(plan.lost.is_empty() && plan.cancel.len() == 2);
 }
 
+mod connection;
 mod eviction;

@@ -56,6 +56,17 @@ impl Env {
     /// Starts everything, with one agent per `(robot, labels)`, and waits
     /// until every robot is Online.
     pub async fn start(robots: &[(&str, &[&str])]) -> Env {
+        Self::start_with(robots, true).await
+    }
+
+    /// Like [`Env::start`], with the API server's objects kept in the data
+    /// directory, as `k8s4r up` keeps them, so that [`Env::restart_cluster`]
+    /// finds them again.
+    pub async fn start_persistent(robots: &[(&str, &[&str])]) -> Env {
+        Self::start_with(robots, false).await
+    }
+
+    async fn start_with(robots: &[(&str, &[&str])], in_memory: bool) -> Env {
         // RUST_LOG=k8s4r_manager=debug,k8s4r_server=debug shows, for a failed
         // test, what the stack did.
         let _ = tracing_subscriber::fmt()
@@ -68,26 +79,7 @@ impl Env {
         let data_dir = dir.path().join("data");
         let scratch = dir.path().join("scratch");
         std::fs::create_dir_all(&scratch).expect("scratch dir");
-        let args = UpArgs {
-            api_bind: format!("127.0.0.1:{}", free_port()).parse().expect("addr"),
-            mqtt_bind: "127.0.0.1:0".parse().expect("addr"),
-            broker_url: Some(broker_url.clone()),
-            local_agent: Some(false),
-            robot_id: None,
-            labels: Vec::new(),
-            demo: false,
-            in_memory: true,
-        };
-        let mut manager = manager_config();
-        // A SIGKILLed agent's connection drops, so Mosquitto publishes its
-        // last will at once: the disconnect grace is what makes it Offline.
-        // (Heartbeats reach the manager through the server's coalesced lease
-        // renewals, so the heartbeat timeout keeps its default.)
-        manager.liveness.disconnect_grace = Duration::from_secs(1);
-        manager.lifecycle.robot_lost_grace = Duration::from_secs(1);
-        let stack = Stack::start_with(&args, &data_dir, CancellationToken::new(), manager)
-            .await
-            .expect("the stack starts");
+        let stack = start_stack(&broker_url, &data_dir, in_memory).await;
         let client = stack.client.clone();
         let mut env = Env {
             stack: Some(stack),
@@ -106,6 +98,23 @@ impl Env {
             env.wait_phase(robot, RobotPhase::Online).await;
         }
         env
+    }
+
+    /// Stops the server, the manager and the API server, replaces the
+    /// broker by a fresh one (as `k8s4r up` starts its embedded broker
+    /// anew, with nothing retained), and starts the cluster side again on
+    /// the same data directory (see [`Env::start_persistent`]). Agents
+    /// still running keep their old broker address: stop them first.
+    pub async fn restart_cluster(&mut self) {
+        if let Some(stack) = self.stack.take() {
+            let _ = stack.stop().await;
+        }
+        let mosq = Mosquitto::start();
+        self.broker_url = mosq.url();
+        self._mosquitto = mosq;
+        let stack = start_stack(&self.broker_url, &self.data_dir, false).await;
+        self.client = stack.client.clone();
+        self.stack = Some(stack);
     }
 
     pub fn spawn_agent(&mut self, robot: &str, labels: &[&str]) {
@@ -128,9 +137,12 @@ impl Env {
             .arg("--state-dir")
             .arg(&state_dir)
             .arg("--heartbeat-interval")
-            .arg("1s")
-            // The scenarios' tasks are raw_exec shell scripts.
-            .args(["--raw-exec", "true", "--allow-root", "true"]);
+            .arg("1s");
+        // The scenarios' tasks are raw_exec shell scripts, unless the test
+        // says otherwise.
+        if !extra.contains(&"--raw-exec") {
+            cmd.args(["--raw-exec", "true", "--allow-root", "true"]);
+        }
         for label in labels {
             cmd.arg("--label").arg(label);
         }
@@ -233,6 +245,30 @@ impl Env {
             );
         }
     }
+}
+
+/// The stack of a test on `broker_url`, with short liveness timeouts.
+async fn start_stack(broker_url: &str, data_dir: &Path, in_memory: bool) -> Stack {
+    let args = UpArgs {
+        api_bind: format!("127.0.0.1:{}", free_port()).parse().expect("addr"),
+        mqtt_bind: "127.0.0.1:0".parse().expect("addr"),
+        broker_url: Some(broker_url.to_owned()),
+        local_agent: Some(false),
+        robot_id: None,
+        labels: Vec::new(),
+        demo: false,
+        in_memory,
+    };
+    let mut manager = manager_config();
+    // A SIGKILLed agent's connection drops, so Mosquitto publishes its
+    // last will at once: the disconnect grace is what makes it Offline.
+    // (Heartbeats reach the manager through the server's coalesced lease
+    // renewals, so the heartbeat timeout keeps its default.)
+    manager.liveness.disconnect_grace = Duration::from_secs(1);
+    manager.lifecycle.robot_lost_grace = Duration::from_secs(1);
+    Stack::start_with(&args, data_dir, CancellationToken::new(), manager)
+        .await
+        .expect("the stack starts")
 }
 
 pub fn job_json(name: &str, groups: serde_json::Value) -> serde_json::Value {
