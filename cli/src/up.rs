@@ -423,7 +423,7 @@ async fn store_bootstrap_token(client: &Client, bootstrap_token: &str) -> Result
     let secret: Secret = serde_json::from_value(serde_json::json!({
         "apiVersion": "v1", "kind": "Secret",
         "metadata": {"name": TOKEN_SECRET},
-        "stringData": {"local": bootstrap_token}
+        "stringData": {(k8s4r_api::names::BOOTSTRAP_TOKEN_KEY): bootstrap_token}
     }))
     .map_err(|e| UpError::Other(e.to_string()))?;
     secrets
