@@ -167,7 +167,10 @@ mod tests {
     #[test]
     fn a_fraction_is_refused_with_the_whole_units_to_write() {
         let err = parse_duration("1.5h").unwrap_err();
-        assert!(err.to_string().contains("write whole units, e.g. 1h30m for 1.5h"), "{err}");
+        assert!(
+            err.to_string().contains("write whole units, e.g. 1h30m for 1.5h"),
+            "{err}"
+        );
     }
 
     #[test]

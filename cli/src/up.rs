@@ -109,6 +109,9 @@ pub async fn run(args: UpArgs, data_dir: PathBuf) -> anyhow::Result<()> {
         println!("  local robot  {robot}");
     }
     println!("  export KUBECONFIG={}", kubeconfig.display());
+    println!("Join another robot (here; from another machine: `k8s4r join-command --help`):");
+    let recipe = crate::join::Recipe::new(&data_dir, &stack.broker_url, None);
+    println!("  {}", recipe.command());
     if args.demo {
         tokio::select! {
             result = run_demo(stack.client.clone(), stack.local_robot.as_deref(), &kubeconfig) => result?,
@@ -211,6 +214,11 @@ impl Stack {
                 format!("mqtt://{listen}")
             }
         };
+        let noted = crate::join::broker_url_path(data_dir);
+        std::fs::write(&noted, &broker_url).map_err(|source| UpError::Io {
+            what: format!("write {}", noted.display()),
+            source,
+        })?;
 
         let mut tasks = JoinSet::new();
         let programs = Clients {
