@@ -260,6 +260,40 @@ mod tests {
         );
     }
 
+    #[tokio::test]
+    async fn an_unreachable_cluster_is_said_not_failed() {
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        // Nothing listens on port 1.
+        std::fs::write(
+            &kubeconfig,
+            "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n\
+             users: [{name: u, user: {token: t}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n",
+        )
+        .unwrap();
+        let (client, _) = KubeArgs {
+            kubeconfig: Some(kubeconfig.clone()),
+            context: None,
+            namespace: None,
+        }
+        .connect(dir.path())
+        .await
+        .unwrap();
+        let why = server_version(&client).await.unwrap_err();
+        assert!(why.starts_with("unreachable: "), "{why}");
+        let args = VersionArgs {
+            client: false,
+            kube: KubeArgs {
+                kubeconfig: Some(kubeconfig),
+                context: None,
+                namespace: None,
+            },
+        };
+        version(args, dir.path())
+            .await
+            .expect("version does not fail for an unreachable cluster");
+    }
+
     #[test]
     fn the_client_version_names_its_commit() {
         let v = client_version();

@@ -716,9 +716,10 @@ fn spawn_local_agent(
         broker_url: Some(broker_url.to_owned()),
         state_dir: Some(data_dir.join("agent")),
         labels: args.labels.clone(),
-        // This machine's own agent runs its tasks as whoever runs `k8s4r
-        // up`, the way a lab expects (the demo's job is raw_exec); a robot's
-        // agent keeps both off unless its configuration turns them on.
+        // This machine's own agent also offers raw_exec (tasks as whoever
+        // runs `k8s4r up`, root included), the way a lab expects; the
+        // examples use exec, which every agent offers. A robot's agent
+        // keeps both off unless its configuration turns them on.
         raw_exec: Some(true),
         allow_root: Some(true),
         ..Default::default()
