@@ -4,11 +4,16 @@
 //! renewing it ([`LOG_FOLLOW_LEASE`]). Nothing is sent while nobody asks.
 //!
 //! Chunks go out at QoS 0 on `tasks/{uid}/log`, numbered so that a lost one
-//! shows as a gap, at most [`MAX_LOG_CHUNK_BYTES`] each and at most
+//! shows as a gap, at most [`MAX_LOG_CHUNK_BYTES`] each. What is on disk
+//! is sent whole, as fast as the server acknowledges it when it asks with a
+//! window (its renewals carry how far it has delivered), else at most
+//! [`RATE_BYTES_PER_S`] a second. Live output is sent at most
 //! [`RATE_BYTES_PER_S`] a second per reader (output beyond that is skipped
-//! and the next chunk says how much). At most [`MAX_READERS`] readers run
-//! at once. Each reader is a thread of its own (file reads on a slow SD
-//! card never hold up the agent's event loop).
+//! and the next chunk says how much). Every reader, not only a follow,
+//! ends when the server stops renewing it ([`LOG_FOLLOW_LEASE`]), and says
+//! so. At most [`MAX_READERS`] readers run at once. Each reader is a
+//! thread of its own (file reads on a slow SD card never hold up the
+//! agent's event loop).
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -37,9 +42,9 @@ const POLL: Duration = Duration::from_millis(100);
 const MAX_SEND_FAILURES: u32 = 5;
 /// Bytes read from a file at a time.
 const BLOCK: usize = 64 * 1024;
-/// Most of what is on disk a reader sends before following (older output
-/// is skipped and counted).
-const MAX_HISTORY_BYTES: u64 = 64 << 20;
+/// Most of what is on disk `--tail` looks through for its lines (it holds
+/// them in memory).
+const MAX_TAIL_BYTES: u64 = 64 << 20;
 
 /// Where chunks go: the MQTT client in the agent, a list in tests.
 pub trait ChunkSink: Send + 'static {
@@ -65,6 +70,8 @@ struct Reader {
     stop: Arc<AtomicBool>,
     /// When the lease ends, in ms since `epoch`.
     lease_until: Arc<AtomicU64>,
+    /// Chunks below this number have reached the server's reader.
+    acked: Arc<AtomicU64>,
     done: Arc<AtomicBool>,
 }
 
@@ -106,6 +113,9 @@ impl LogReaders {
         }
         if let Some(reader) = self.readers.get(&request.request_id) {
             reader.lease_until.store(self.lease_end(), Ordering::Relaxed);
+            if let Some(acked) = request.acked {
+                reader.acked.fetch_max(acked, Ordering::Relaxed);
+            }
             return;
         }
         if !valid_uid(&request.task_uid) {
@@ -142,6 +152,7 @@ impl LogReaders {
         let reader = Reader {
             stop: Arc::new(AtomicBool::new(false)),
             lease_until: Arc::new(AtomicU64::new(self.lease_end())),
+            acked: Arc::new(AtomicU64::new(0)),
             done: Arc::new(AtomicBool::new(false)),
         };
         let job = Job {
@@ -150,6 +161,7 @@ impl LogReaders {
             request: request.clone(),
             stop: Arc::clone(&reader.stop),
             lease_until: Arc::clone(&reader.lease_until),
+            acked: Arc::clone(&reader.acked),
             epoch: self.epoch,
         };
         let done = Arc::clone(&reader.done);
@@ -271,6 +283,7 @@ struct Job {
     request: LogRequest,
     stop: Arc<AtomicBool>,
     lease_until: Arc<AtomicU64>,
+    acked: Arc<AtomicU64>,
     epoch: Instant,
 }
 
@@ -283,6 +296,10 @@ struct Out<'s> {
     rate: Rate,
     stop: Arc<AtomicBool>,
     lease_until: Arc<AtomicU64>,
+    /// How far the server has delivered, and how far beyond that the
+    /// reader may send (None: the server does not acknowledge).
+    acked: Arc<AtomicU64>,
+    window: Option<u64>,
     epoch: Instant,
     /// Chunks in a row that found no room: past a few, the link is down
     /// and the reader gives up.
@@ -298,12 +315,35 @@ impl Out<'_> {
             && self.failures < MAX_SEND_FAILURES
     }
 
+    /// Whether the lease ran out (the server stopped renewing).
+    fn lapsed(&self) -> bool {
+        let now = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        !self.stop.load(Ordering::Relaxed) && now > self.lease_until.load(Ordering::Relaxed)
+    }
+
+    /// Waits until the window has room for one more chunk (or the reader
+    /// ends).
+    fn wait_for_window(&self, window: u64) {
+        while self.alive() && self.seq >= self.acked.load(Ordering::Relaxed).saturating_add(window) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// Sends `data` in chunks; waits for room in the client's queue, and
-    /// skips (counting) what exceeds the rate when `may_skip`.
+    /// skips (counting) what exceeds the rate when `may_skip` (live
+    /// output). What is on disk (`!may_skip`) is paced by the server's
+    /// window when it has one, else by the rate.
     fn data(&mut self, mut data: &[u8], may_skip: bool) {
         while !data.is_empty() && self.alive() {
             let n = utf8_boundary(data, MAX_LOG_CHUNK_BYTES);
-            if !self.rate.take(n) {
+            if let Some(window) = self.window {
+                self.wait_for_window(window);
+                if !self.alive() {
+                    return;
+                }
+            }
+            let paced_by_window = self.window.is_some() && !may_skip;
+            if !paced_by_window && !self.rate.take(n) {
                 if may_skip {
                     self.skipped += data.len() as u64;
                     return;
@@ -445,6 +485,8 @@ impl Job {
             rate: Rate::new(),
             stop: Arc::clone(&self.stop),
             lease_until: Arc::clone(&self.lease_until),
+            acked: Arc::clone(&self.acked),
+            window: self.request.window.map(u64::from),
             epoch: self.epoch,
             failures: 0,
         };
@@ -465,7 +507,10 @@ impl Job {
             }
         }
         if !self.request.follow {
-            out.end(None);
+            let cut = out
+                .lapsed()
+                .then(|| "the server stopped asking for this read before it was through".to_owned());
+            out.end(cut);
             return;
         }
         out.caught_up();
@@ -483,20 +528,14 @@ impl Job {
     }
 }
 
-/// Sends the files' contents in order, a block at a time; beyond
-/// [`MAX_HISTORY_BYTES`] the oldest is skipped, and said so.
+/// Sends the files' contents in order, whole, a block at a time.
 fn send_history(files: &mut [(File, u64)], out: &mut Out<'_>) {
-    let total: u64 = files.iter().map(|(_, len)| *len).sum();
-    let mut skip = total.saturating_sub(MAX_HISTORY_BYTES);
-    out.skipped += skip;
     let mut block = vec![0u8; BLOCK];
     for (file, len) in files.iter_mut() {
-        let start = skip.min(*len);
-        skip -= start;
-        if file.seek(SeekFrom::Start(start)).is_err() {
+        if file.seek(SeekFrom::Start(0)).is_err() {
             continue;
         }
-        let mut left = *len - start;
+        let mut left = *len;
         while left > 0 && out.alive() {
             let want = usize::try_from(left).unwrap_or(BLOCK).min(BLOCK);
             let n = match file.read(&mut block[..want]) {
@@ -510,7 +549,7 @@ fn send_history(files: &mut [(File, u64)], out: &mut Out<'_>) {
 }
 
 /// The last `lines` lines of the files (newest last), read backwards a
-/// block at a time, at most [`MAX_HISTORY_BYTES`] of them.
+/// block at a time, at most [`MAX_TAIL_BYTES`] of them.
 fn tail_of(files: &mut [(File, u64)], lines: u32) -> Vec<u8> {
     let mut blocks: Vec<Vec<u8>> = Vec::new();
     let mut newlines = 0u64;
@@ -518,7 +557,7 @@ fn tail_of(files: &mut [(File, u64)], lines: u32) -> Vec<u8> {
     'files: for (file, len) in files.iter_mut().rev() {
         let mut end = *len;
         while end > 0 {
-            if newlines > u64::from(lines) || taken >= MAX_HISTORY_BYTES {
+            if newlines > u64::from(lines) || taken >= MAX_TAIL_BYTES {
                 break 'files;
             }
             let start = end.saturating_sub(BLOCK as u64);
@@ -631,6 +670,8 @@ mod tests {
             follow,
             stop: false,
             renew: false,
+            window: None,
+            acked: None,
         }
     }
 
@@ -641,6 +682,7 @@ mod tests {
             request,
             stop: Arc::new(AtomicBool::new(false)),
             lease_until: Arc::new(AtomicU64::new(u64::MAX)),
+            acked: Arc::new(AtomicU64::new(0)),
             epoch: Instant::now(),
         }
     }
@@ -737,6 +779,75 @@ mod tests {
             chunks.last().unwrap().error.as_deref(),
             Some("nobody follows any more")
         );
+    }
+
+    #[test]
+    fn a_read_nobody_renews_ends_saying_it_was_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("stdout.log"), "x\n").unwrap();
+        let sink = Collect::default();
+        let mut j = job(dir.path(), request(false));
+        // Renewed last a second ago, for no time at all.
+        j.epoch = Instant::now() - Duration::from_secs(1);
+        j.lease_until.store(0, Ordering::Relaxed);
+        j.run(&sink);
+        let chunks = sink.0.lock().unwrap();
+        let last = chunks.last().unwrap();
+        assert!(last.eof);
+        assert!(
+            last.error
+                .as_deref()
+                .is_some_and(|e| e.contains("stopped asking")),
+            "{last:?}"
+        );
+    }
+
+    #[test]
+    fn a_read_with_a_window_waits_for_acknowledgements_and_sends_everything() {
+        let dir = tempfile::tempdir().unwrap();
+        // More than the rate's burst: without the window it would be paced
+        // to a megabyte a second.
+        let big: Vec<u8> = (0..6 * 1024 * 1024u32).map(|i| b'a' + (i % 26) as u8).collect();
+        std::fs::write(dir.path().join("stdout.log"), &big).unwrap();
+        let sink = Collect::default();
+        let j = job(
+            dir.path(),
+            LogRequest {
+                window: Some(4),
+                ..request(false)
+            },
+        );
+        let acked = Arc::clone(&j.acked);
+        let reader = {
+            let sink = sink.clone();
+            std::thread::spawn(move || j.run(&sink))
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while sink.0.lock().unwrap().len() < 4 {
+            assert!(Instant::now() < deadline, "the first window never went out");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(
+            sink.0.lock().unwrap().len(),
+            4,
+            "no more than the window before an ack"
+        );
+        let started = Instant::now();
+        while !sink.ended() {
+            let sent = sink.0.lock().unwrap().len() as u64;
+            acked.store(sent, Ordering::Relaxed);
+            assert!(Instant::now() < deadline, "the read never ended");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        reader.join().unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "paced by the acks, not the rate"
+        );
+        assert_eq!(sink.text().as_bytes(), &big[..]);
+        let chunks = sink.0.lock().unwrap();
+        assert!(chunks.iter().all(|c| c.skipped == 0 && c.error.is_none()));
     }
 
     #[test]

@@ -53,7 +53,8 @@ pub struct DisconnectPolicy {
     pub reconcile: Option<Reconcile>,
 }
 
-/// See [`DisconnectPolicy::reconcile`].
+/// Which result counts when a robot that was cut off reports that the
+/// original attempt completed after a replacement started.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum Reconcile {

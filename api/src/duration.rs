@@ -40,6 +40,16 @@ pub fn parse_duration(input: &str) -> Result<Duration, DurationError> {
     if trimmed == "0" {
         return Ok(Duration::ZERO);
     }
+    // The CRD schemas' pattern refuses fractions on a Kubernetes API
+    // server; the parser below would take them, so that the same spec
+    // would be refused by one cluster and run by another.
+    if trimmed.contains('.') {
+        return Err(DurationError {
+            input: input.to_owned(),
+            reason: "fractions are not accepted; write whole units, e.g. 1h30m for 1.5h or 1s500ms for 1.5s"
+                .to_owned(),
+        });
+    }
     humantime::parse_duration(trimmed).map_err(|e| DurationError {
         input: input.to_owned(),
         reason: e.to_string(),
@@ -147,11 +157,20 @@ mod tests {
 
     #[test]
     fn refuses_bad_durations_with_the_input_in_the_message() {
-        for bad in ["", "30", "5x", "-1s", "abc"] {
+        for bad in ["", "30", "5x", "-1s", "abc", "1.5h", "0.5s", ".5m"] {
             let err = parse_duration(bad).unwrap_err();
             assert_eq!(err.input, bad);
             assert!(err.to_string().contains("invalid duration"), "{err}");
         }
+    }
+
+    #[test]
+    fn a_fraction_is_refused_with_the_whole_units_to_write() {
+        let err = parse_duration("1.5h").unwrap_err();
+        assert!(
+            err.to_string().contains("write whole units, e.g. 1h30m for 1.5h"),
+            "{err}"
+        );
     }
 
     #[test]

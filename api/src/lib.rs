@@ -18,6 +18,7 @@ pub mod disconnect;
 pub mod duration;
 pub mod facts;
 pub mod job;
+pub mod log_frame;
 #[cfg(feature = "logging")]
 pub mod logging;
 pub mod names;

@@ -61,6 +61,10 @@ pub const DEFAULT_NAMESPACE: &str = "k8s4r-system";
 pub const DEFAULT_ROBOT_LEASE_NAMESPACE: &str = "k8s4r-robot-leases";
 /// Secret whose values are the accepted bootstrap tokens.
 pub const DEFAULT_BOOTSTRAP_SECRET: &str = "k8s4r-bootstrap-tokens";
+/// The key of that Secret under which the docs and `k8s4r up` keep the
+/// fleet's token (the manager accepts the value of every key, so that a
+/// new token can be added beside the old one while robots change over).
+pub const BOOTSTRAP_TOKEN_KEY: &str = "fleet";
 
 /// Robot condition (the manager's): approved and heartbeating.
 pub const CONDITION_READY: &str = "Ready";

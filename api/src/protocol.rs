@@ -786,8 +786,9 @@ pub enum LogStream {
 
 /// Most bytes of output one chunk carries.
 pub const MAX_LOG_CHUNK_BYTES: usize = 16 * 1024;
-/// Longest a follow lasts without the server asking again: the robot
-/// stops sending once nobody follows.
+/// Longest a reader (a follow, or a read of what is on disk) lasts
+/// without the server asking again: the robot stops sending once nobody
+/// reads.
 pub const LOG_FOLLOW_LEASE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// `logs/request`: send (part of) a task's output on `tasks/{uid}/log`,
@@ -827,6 +828,15 @@ pub struct LogRequest {
     /// started again from the beginning.
     #[serde(default)]
     pub renew: bool,
+    /// Flow control: the reader keeps at most this many chunks beyond the
+    /// last acknowledged one on the way, and then waits (set by a server
+    /// that acknowledges; without it the robot paces itself by rate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<u32>,
+    /// With `renew`: every chunk numbered below this has reached the
+    /// reader's client.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acked: Option<u64>,
 }
 
 impl Message for LogRequest {

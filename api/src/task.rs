@@ -75,7 +75,8 @@ pub struct TaskTemplate {
     pub kind: TaskKind,
     /// Restarts on the robot itself, with or without the cluster, before
     /// the attempt is reported failed (Nomad's `restart` block). Unset: a
-    /// service gets [`LocalRestart::service_default`], a batch task none.
+    /// service gets 2 restarts within 30m, 15s apart, then fails; a batch
+    /// task none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restart: Option<LocalRestart>,
     /// Health checks the robot runs while the task runs: after

@@ -1187,6 +1187,17 @@ mod tests {
     }
 
     #[test]
+    fn a_fractional_duration_is_refused_naming_the_field() {
+        let t = TaskTemplate {
+            timeout: Some("1.5s".into()),
+            ..template()
+        };
+        let err = validate_task_template(&t).unwrap_err();
+        assert_eq!(paths(err.clone()), vec!["spec.timeout"]);
+        assert!(err.to_string().contains("fractions are not accepted"), "{err}");
+    }
+
+    #[test]
     fn every_duration_has_a_cap() {
         let t = TaskTemplate {
             timeout: Some("3y".into()),

@@ -89,3 +89,40 @@ fn every_field_has_a_description() {
         );
     }
 }
+
+/// Every description `kubectl explain` shows is for a person: a Rust doc
+/// comment's intra-doc link (``[`Type::item`]``) has no meaning there.
+#[test]
+fn descriptions_carry_no_rust_doc_links() {
+    fn walk(value: &serde_json::Value, path: &str, found: &mut Vec<String>) {
+        match value {
+            serde_json::Value::Object(map) => {
+                for (key, v) in map {
+                    let here = format!("{path}.{key}");
+                    if key == "description" {
+                        if let Some(text) = v.as_str().filter(|t| t.contains("[`") || t.contains("`]")) {
+                            found.push(format!("{here}: {text}"));
+                        }
+                    }
+                    walk(v, &here, found);
+                }
+            }
+            serde_json::Value::Array(items) => {
+                for (i, v) in items.iter().enumerate() {
+                    walk(v, &format!("{path}[{i}]"), found);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut found = Vec::new();
+    for (file, crd) in crds() {
+        let value = serde_json::to_value(&crd).expect("CRD as JSON");
+        walk(&value, file, &mut found);
+    }
+    assert!(
+        found.is_empty(),
+        "Rust doc links in CRD descriptions:\n{}",
+        found.join("\n")
+    );
+}

@@ -6,10 +6,12 @@
 pub mod broker;
 pub mod drain;
 pub mod error;
+pub mod join;
 pub mod logs;
 pub mod operate;
 pub mod progress;
 pub mod sign;
+pub mod status;
 pub mod up;
 
 use std::path::PathBuf;
@@ -84,6 +86,14 @@ pub enum Command {
     Cordon(drain::RobotArgs),
     /// Mark a robot schedulable again.
     Uncordon(drain::RobotArgs),
+    /// Print the command that joins another robot to the cluster `up`
+    /// runs, or write a ready agent.toml (--write-config).
+    JoinCommand(join::JoinArgs),
+    /// One screen on the cluster: robots per phase, jobs per state, and
+    /// the most common reasons tasks wait.
+    Status(status::StatusArgs),
+    /// The client's version and commit, and the API server's if it answers.
+    Version(status::VersionArgs),
     /// Take a robot out of service: cordon it, stop its batch tasks
     /// gracefully (their preStop, their stop signal) so that they run
     /// elsewhere without using a retry, and wait until it holds nothing.
@@ -127,6 +137,9 @@ impl Args {
             Command::Uncordon(args) => drain::cordon(args, false, &data_dir).await,
             Command::Drain(args) => drain::drain(args, &data_dir).await,
             Command::SignAgent(args) => sign::run(&args),
+            Command::JoinCommand(args) => join::run(args, &data_dir),
+            Command::Status(args) => status::status(args, &data_dir).await,
+            Command::Version(args) => status::version(args, &data_dir).await,
             Command::Up(args) => {
                 let default = if args.demo { DEMO_LOG } else { DEFAULT_LOG };
                 k8s4r_api::logging::init_with_default(self.log_format, self.log.as_deref(), default)?;

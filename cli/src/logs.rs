@@ -1,8 +1,14 @@
 //! `k8s4r logs`: a task's output, read live from its robot through the
 //! cluster's logs API (`logs.k8s4r.io`, served by k8s4r-server behind the
 //! API server, which checks the caller's RBAC for `get` on `tasks/log`).
+//!
+//! The output goes to stdout and nothing else does: what the server has to
+//! say about it (output skipped or lost, a robot that stopped answering, a
+//! robot that is offline) goes to stderr, and makes the command fail, as
+//! does a read that ends before the server said it was through (the answer
+//! is framed, [`k8s4r_api::log_frame`], so that a cut shows).
 
-use std::io::Write as _;
+use std::io::Write;
 use std::path::Path;
 use std::time::Duration;
 
@@ -10,6 +16,7 @@ use anyhow::{bail, Context as _};
 use clap::Args as ClapArgs;
 use futures::StreamExt;
 use http_body_util::BodyExt;
+use k8s4r_api::log_frame::{self, Decoder, Frame};
 use k8s4r_api::names::{LABEL_GROUP, LABEL_JOB};
 use k8s4r_api::Task;
 use kube::api::ListParams;
@@ -156,6 +163,8 @@ pub struct Reading {
     pub notice: Option<String>,
     /// The robot the output comes from, live.
     pub robot: Option<String>,
+    /// The body is in frames ([`k8s4r_api::log_frame`]).
+    pub framed: bool,
     /// The output.
     pub body: std::pin::Pin<Box<dyn futures::Stream<Item = anyhow::Result<bytes::Bytes>> + Send>>,
 }
@@ -189,6 +198,8 @@ pub async fn open(client: &Client, ns: &str, name: &str, query: &str) -> anyhow:
     Ok(Reading {
         notice: text("x-k8s4r-notice"),
         robot: text("x-k8s4r-robot"),
+        framed: text(http::header::CONTENT_TYPE.as_str())
+            .is_some_and(|t| t.starts_with(log_frame::CONTENT_TYPE)),
         body: Box::pin(body.map(|c| c.map_err(|e| anyhow::anyhow!("the logs stream broke: {e}")))),
     })
 }
@@ -201,43 +212,118 @@ async fn stream_one(
     prefix: Option<String>,
     follow: bool,
 ) -> anyhow::Result<()> {
+    let mut out = std::io::stdout();
+    let mut err = std::io::stderr();
+    copy(client, ns, name, query, prefix, follow, &mut out, &mut err).await
+}
+
+/// Reads task `name`'s output (`query` as [`open`] takes it) into `out`,
+/// each line after `prefix` if there is one, and says on `err` what is
+/// missing from it. An error when the output is not complete: the read
+/// was cut (the connection ended before the logs API said it was through),
+/// some output was lost or skipped, or the robot could not be asked and
+/// only the cluster's last output was printed.
+#[allow(clippy::too_many_arguments)]
+pub async fn copy(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    query: &str,
+    prefix: Option<String>,
+    follow: bool,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> anyhow::Result<()> {
+    let query = if query.is_empty() {
+        log_frame::QUERY.to_owned()
+    } else {
+        format!("{query}&{}", log_frame::QUERY)
+    };
     let Reading {
         notice,
         robot,
+        framed,
         mut body,
-    } = open(client, ns, name, query).await?;
-    if let Some(notice) = notice {
-        eprintln!("warning: task {name}: {notice}");
+    } = open(client, ns, name, &query).await?;
+    if let Some(notice) = &notice {
+        writeln!(err, "warning: task {name}: {notice}")?;
     } else if follow {
         let robot = robot.map(|r| format!(" on robot {r}")).unwrap_or_default();
-        eprintln!("following task {name}{robot} (Ctrl-C to stop)");
+        writeln!(err, "following task {name}{robot} (Ctrl-C to stop)")?;
     }
-    let mut partial = Vec::new();
-    while let Some(chunk) = body.next().await {
-        let chunk = chunk?;
-        match &prefix {
-            None => {
-                let mut out = std::io::stdout().lock();
-                out.write_all(&chunk)?;
-                out.flush()?;
+    let mut lines = Lines {
+        prefix,
+        partial: Vec::new(),
+    };
+    let mut frames = framed.then(Decoder::default);
+    let mut warnings = 0;
+    while let Some(piece) = body.next().await {
+        let piece = match piece {
+            Ok(piece) => piece,
+            Err(e) => {
+                lines.finish(out)?;
+                bail!("the read was cut, the output above is incomplete: {e:#}");
             }
-            Some(prefix) => {
-                partial.extend_from_slice(&chunk);
-                let mut out = std::io::stdout().lock();
-                while let Some(end) = partial.iter().position(|b| *b == b'\n') {
-                    let line: Vec<u8> = partial.drain(..=end).collect();
-                    out.write_all(prefix.as_bytes())?;
-                    out.write_all(&line)?;
+        };
+        let Some(frames) = &mut frames else {
+            lines.write(out, &piece)?;
+            continue;
+        };
+        frames.push(&piece);
+        while let Some(frame) = frames.next_frame()? {
+            match frame {
+                Frame::Output(data) => lines.write(out, &data)?,
+                Frame::Warning(text) => {
+                    warnings += 1;
+                    writeln!(err, "warning: task {name}: {text}")?;
                 }
-                out.flush()?;
+                Frame::End => {}
             }
         }
     }
-    if let (Some(prefix), false) = (&prefix, partial.is_empty()) {
-        let mut out = std::io::stdout().lock();
-        out.write_all(prefix.as_bytes())?;
-        out.write_all(&partial)?;
-        out.write_all(b"\n")?;
+    lines.finish(out)?;
+    if frames.as_ref().is_some_and(|f| !f.ended()) {
+        bail!("the read was cut, the output above is incomplete: the connection ended before the logs API said it was through");
+    }
+    if warnings > 0 {
+        bail!("the output above is incomplete (see the warning(s) above)");
+    }
+    if let Some(notice) = notice {
+        bail!("only the last output the cluster keeps was printed ({notice})");
     }
     Ok(())
+}
+
+/// Writes output as it comes, or, with a prefix, line by line.
+struct Lines {
+    prefix: Option<String>,
+    partial: Vec<u8>,
+}
+
+impl Lines {
+    fn write(&mut self, out: &mut dyn Write, data: &[u8]) -> std::io::Result<()> {
+        match &self.prefix {
+            None => out.write_all(data)?,
+            Some(prefix) => {
+                self.partial.extend_from_slice(data);
+                while let Some(end) = self.partial.iter().position(|b| *b == b'\n') {
+                    let line: Vec<u8> = self.partial.drain(..=end).collect();
+                    out.write_all(prefix.as_bytes())?;
+                    out.write_all(&line)?;
+                }
+            }
+        }
+        out.flush()
+    }
+
+    /// Writes what is left of a last line without its newline.
+    fn finish(&mut self, out: &mut dyn Write) -> std::io::Result<()> {
+        if let (Some(prefix), false) = (&self.prefix, self.partial.is_empty()) {
+            out.write_all(prefix.as_bytes())?;
+            out.write_all(&self.partial)?;
+            out.write_all(b"\n")?;
+            self.partial.clear();
+        }
+        out.flush()
+    }
 }

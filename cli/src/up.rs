@@ -109,6 +109,9 @@ pub async fn run(args: UpArgs, data_dir: PathBuf) -> anyhow::Result<()> {
         println!("  local robot  {robot}");
     }
     println!("  export KUBECONFIG={}", kubeconfig.display());
+    println!("Join another robot (here; from another machine: `k8s4r join-command --help`):");
+    let recipe = crate::join::Recipe::new(&data_dir, &stack.broker_url, None);
+    println!("  {}", recipe.command());
     if args.demo {
         tokio::select! {
             result = run_demo(stack.client.clone(), stack.local_robot.as_deref(), &kubeconfig) => result?,
@@ -211,6 +214,11 @@ impl Stack {
                 format!("mqtt://{listen}")
             }
         };
+        let noted = crate::join::broker_url_path(data_dir);
+        std::fs::write(&noted, &broker_url).map_err(|source| UpError::Io {
+            what: format!("write {}", noted.display()),
+            source,
+        })?;
 
         let mut tasks = JoinSet::new();
         let programs = Clients {
@@ -423,7 +431,7 @@ async fn store_bootstrap_token(client: &Client, bootstrap_token: &str) -> Result
     let secret: Secret = serde_json::from_value(serde_json::json!({
         "apiVersion": "v1", "kind": "Secret",
         "metadata": {"name": TOKEN_SECRET},
-        "stringData": {"local": bootstrap_token}
+        "stringData": {(k8s4r_api::names::BOOTSTRAP_TOKEN_KEY): bootstrap_token}
     }))
     .map_err(|e| UpError::Other(e.to_string()))?;
     secrets
@@ -708,9 +716,10 @@ fn spawn_local_agent(
         broker_url: Some(broker_url.to_owned()),
         state_dir: Some(data_dir.join("agent")),
         labels: args.labels.clone(),
-        // This machine's own agent runs its tasks as whoever runs `k8s4r
-        // up`, the way a lab expects (the demo's job is raw_exec); a robot's
-        // agent keeps both off unless its configuration turns them on.
+        // This machine's own agent also offers raw_exec (tasks as whoever
+        // runs `k8s4r up`, root included), the way a lab expects; the
+        // examples use exec, which every agent offers. A robot's agent
+        // keeps both off unless its configuration turns them on.
         raw_exec: Some(true),
         allow_root: Some(true),
         ..Default::default()

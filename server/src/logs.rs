@@ -10,9 +10,15 @@
 //! whether the user may `get` `tasks/log` (a SubjectAccessReview), and
 //! then asks the task's robot for the output over MQTT
 //! (`logs/request`), relaying the chunks it sends back (`tasks/{uid}/log`,
-//! QoS 0, numbered: a gap is shown). While following, it renews the
-//! request so that the robot keeps sending, and ends the answer once the
-//! attempt is over. A robot that is offline, or does not answer, is said
+//! QoS 0, numbered: a gap is shown). It renews every request so that the
+//! robot keeps sending (a large read outlasts the robot's lease), and
+//! acknowledges what reached the reader's connection: the robot keeps at
+//! most [`WINDOW`] chunks on the way, so that a read of any size streams
+//! at the pace of its reader in bounded memory and no chunk is dropped
+//! here. A follow ends once the attempt is over. Asked with `frames=true`
+//! (as `k8s4r logs` asks), the answer is framed ([`log_frame`]): output
+//! and warnings apart, and an end that says the read is complete; in
+//! plain text, warnings are inline `[k8s4r: ...]` lines. A robot that is offline, or does not answer, is said
 //! so at once, with the last output the cluster has (`status.outputTail`).
 //! Logs never pass through the API server's storage.
 
@@ -27,6 +33,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use k8s4r_api::condition::find_condition;
+use k8s4r_api::log_frame::{self, Frame};
 use k8s4r_api::names::CONDITION_CONNECTED;
 use k8s4r_api::protocol::{encode, LogChunk, LogRequest, LogStream, Topics};
 use k8s4r_api::{ConditionStatus, Robot, RobotPhase, Task, TaskState};
@@ -61,6 +68,11 @@ const RENEW: Duration = Duration::from_secs(10);
 const DRAIN: Duration = Duration::from_millis(1500);
 /// A read (not a follow) that hears nothing from its robot this long ends.
 const IDLE: Duration = Duration::from_secs(10);
+/// Chunks a robot may have on the way beyond the last one delivered to the
+/// reader's client (below the hub's queue, so that none is dropped there).
+const WINDOW: u32 = 192;
+/// Delivered chunks between two acknowledgements.
+const ACK_EVERY: u64 = 32;
 
 /// A self-signed certificate and key (PEM) for the loopback names, the
 /// service's cluster names and `extra`.
@@ -102,6 +114,9 @@ struct LogQuery {
     previous: Option<String>,
     #[serde(default)]
     stream: Option<String>,
+    /// Answer in frames ([`k8s4r_api::log_frame`]) rather than plain text.
+    #[serde(default)]
+    frames: Option<String>,
 }
 
 fn truthy(v: &Option<String>) -> bool {
@@ -432,6 +447,8 @@ async fn task_log(
         follow,
         stop: false,
         renew: false,
+        window: Some(WINDOW),
+        acked: None,
     };
     let Some(mut chunks) = state.hub.open(&request.request_id, &robot, &uid) else {
         return status(
@@ -465,11 +482,13 @@ async fn task_log(
         }
     };
     let (tx, rx) = mpsc::channel::<Bytes>(64);
+    let framed = truthy(&query.frames);
     let relay = Relay {
         state: state.clone(),
         request,
         topic,
         task_ref: ObjectRef::new(&name).within(&ns),
+        framed,
     };
     tokio::spawn(relay.run(first, chunks, tx));
     let body = futures::stream::unfold(rx, |mut rx| async move {
@@ -481,7 +500,11 @@ async fn task_log(
     let headers = response.headers_mut();
     headers.insert(
         header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
+        HeaderValue::from_static(if framed {
+            log_frame::CONTENT_TYPE
+        } else {
+            "text/plain; charset=utf-8"
+        }),
     );
     if let Ok(v) = HeaderValue::from_str(&robot) {
         headers.insert("x-k8s4r-robot", v);
@@ -495,9 +518,34 @@ struct Relay {
     request: LogRequest,
     topic: String,
     task_ref: ObjectRef<Task>,
+    /// Frames ([`log_frame`]) rather than plain text with inline notes.
+    framed: bool,
+}
+
+/// What a relay says to its reader.
+enum Piece {
+    Output(String),
+    /// Some output is missing.
+    Warning(String),
+    /// The answer is complete.
+    End,
 }
 
 impl Relay {
+    /// Sends `piece` to the reader in the answer's form; false once the
+    /// reader is gone.
+    async fn say(&self, out: &mpsc::Sender<Bytes>, piece: Piece) -> bool {
+        let bytes = match (self.framed, piece) {
+            (true, Piece::Output(text)) => Frame::Output(text.into_bytes()).encode(),
+            (true, Piece::Warning(text)) => Frame::Warning(text).encode(),
+            (true, Piece::End) => Frame::End.encode(),
+            (false, Piece::Output(text)) => text.into_bytes(),
+            (false, Piece::Warning(text)) => format!("[k8s4r: {text}]\n").into_bytes(),
+            (false, Piece::End) => return true,
+        };
+        bytes.is_empty() || out.send(Bytes::from(bytes)).await.is_ok()
+    }
+
     /// Whether the attempt read is over (or the Task gone).
     fn over(&self) -> bool {
         match self.state.tasks.get(&self.task_ref) {
@@ -511,6 +559,7 @@ impl Relay {
 
     async fn run(self, first: LogChunk, mut chunks: mpsc::Receiver<LogChunk>, out: mpsc::Sender<Bytes>) {
         let mut next_seq = 0;
+        let mut acked = 0;
         let mut pending = Some(first);
         let mut renew = tokio::time::interval(RENEW);
         renew.tick().await;
@@ -518,8 +567,9 @@ impl Relay {
         let mut last_chunk = Instant::now();
         let mut over_since: Option<Instant> = None;
         let mut caught_up = !self.request.follow;
-        let renewal = LogRequest {
+        let renewal = |acked: u64| LogRequest {
             renew: true,
+            acked: Some(acked),
             ..self.request.clone()
         };
         let robot = self.topic.split('/').nth(2).unwrap_or_default().to_owned();
@@ -528,8 +578,10 @@ impl Relay {
                 Some(c) => Some(c),
                 None => tokio::select! {
                     c = chunks.recv() => c,
-                    _ = renew.tick(), if self.request.follow => {
-                        let _ = self.state.publisher.publish(self.topic.clone(), encode(&renewal)).await;
+                    // Every reader is renewed, a read of what is on disk
+                    // too: a large one takes longer than the robot's lease.
+                    _ = renew.tick() => {
+                        let _ = self.state.publisher.publish(self.topic.clone(), encode(&renewal(next_seq))).await;
                         continue;
                     }
                     _ = check.tick() => {
@@ -540,8 +592,8 @@ impl Relay {
                             // A read has its output coming: silence is a
                             // robot gone mid-read.
                             if last_chunk.elapsed() >= IDLE {
-                                let note = format!("[k8s4r: robot {robot} stopped answering; the output may be cut short]\n");
-                                let _ = out.send(Bytes::from(note)).await;
+                                let note = format!("robot {robot} stopped answering; the output is cut short");
+                                self.say(&out, Piece::Warning(note)).await;
                                 break;
                             }
                             continue;
@@ -552,11 +604,12 @@ impl Relay {
                             // poll, once what was on disk is through.
                             let quiet = last_chunk.elapsed() >= Duration::from_millis(500);
                             if caught_up && since.elapsed() >= DRAIN && quiet {
+                                self.say(&out, Piece::End).await;
                                 break;
                             }
                             if since.elapsed() >= IDLE && quiet {
-                                let note = "[k8s4r: the task ended before all of its output arrived]\n";
-                                let _ = out.send(Bytes::from(note)).await;
+                                let note = "the task ended before all of its output arrived".to_owned();
+                                self.say(&out, Piece::Warning(note)).await;
                                 break;
                             }
                         }
@@ -568,37 +621,43 @@ impl Relay {
             last_chunk = Instant::now();
             if chunk.seq < next_seq {
                 // Numbered from the start again: not the reader that began.
-                let _ = out
-                    .send(Bytes::from(
-                        "[k8s4r: the robot's log reader started over; stopping]\n",
-                    ))
-                    .await;
+                let note = "the robot's log reader started over; stopping".to_owned();
+                self.say(&out, Piece::Warning(note)).await;
                 break;
             }
             caught_up |= chunk.caught_up;
-            let mut text = String::new();
             if chunk.seq > next_seq {
-                text.push_str(&format!(
-                    "[k8s4r: {} chunk(s) of output lost on the way]\n",
-                    chunk.seq - next_seq
-                ));
+                let note = format!("{} chunk(s) of output lost on the way", chunk.seq - next_seq);
+                if !self.say(&out, Piece::Warning(note)).await {
+                    break;
+                }
             }
             next_seq = chunk.seq + 1;
             if chunk.skipped > 0 {
-                text.push_str(&format!(
-                    "[k8s4r: {} bytes of output skipped on the robot]\n",
-                    chunk.skipped
-                ));
+                let note = format!("{} bytes of output skipped on the robot", chunk.skipped);
+                if !self.say(&out, Piece::Warning(note)).await {
+                    break;
+                }
             }
-            text.push_str(&chunk.data);
-            if let Some(error) = &chunk.error {
-                text.push_str(&format!("[k8s4r: {error}]\n"));
+            if !chunk.data.is_empty() && !self.say(&out, Piece::Output(chunk.data)).await {
+                break;
             }
-            if !text.is_empty() && out.send(Bytes::from(text)).await.is_err() {
+            if let Some(error) = chunk.error {
+                self.say(&out, Piece::Warning(error)).await;
                 break;
             }
             if chunk.eof {
+                self.say(&out, Piece::End).await;
                 break;
+            }
+            // Delivered to the reader's connection: the robot may send more.
+            // A lost acknowledgement is repaired by the next, or by the
+            // timed renewal, which carries the same count.
+            if next_seq - acked >= ACK_EVERY {
+                acked = next_seq;
+                self.state
+                    .publisher
+                    .send(self.topic.clone(), encode(&renewal(acked)));
             }
         }
         self.state.hub.close(&self.request.request_id);
