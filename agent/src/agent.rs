@@ -134,7 +134,11 @@ pub fn start(
         stop.clone(),
         Arc::clone(&failure),
     ));
-    tokio::spawn(watch_trial(upgrades, stop.clone(), Arc::clone(&failure)));
+    tokio::spawn(crate::upgrade::watch_trial(
+        upgrades,
+        stop.clone(),
+        Arc::clone(&failure),
+    ));
     let task = tokio::spawn(session.run(stop.clone()));
     let handle = AgentHandle {
         status,
@@ -168,39 +172,6 @@ async fn watch_supervisor(
     tracing::error!("{why}");
     let _ = failure.set(why);
     stop.cancel();
-}
-
-/// A binary on trial that the cluster has not confirmed by its deadline
-/// switches back to the confirmed one and stops the agent with a failure:
-/// systemd starts the confirmed binary, which reports the rollback. A
-/// binary that never connects is rolled back this way; one that cannot
-/// even start, by the unit's boot check.
-async fn watch_trial(
-    upgrades: Arc<Mutex<Upgrades>>,
-    stop: CancellationToken,
-    failure: Arc<OnceLock<String>>,
-) {
-    let Some(deadline) = lock(&upgrades).deadline() else {
-        return;
-    };
-    let left = deadline
-        .duration_since(std::time::SystemTime::now())
-        .unwrap_or_default();
-    tokio::select! {
-        () = tokio::time::sleep(left) => {}
-        () = stop.cancelled() => return,
-    }
-    let Some(why) = lock(&upgrades).give_up() else {
-        return; // confirmed meanwhile
-    };
-    tracing::error!("{why}");
-    let _ = failure.set(why);
-    stop.cancel();
-}
-
-/// The upgrades' lock; a panic while holding it leaves them usable.
-pub(crate) fn lock(upgrades: &Mutex<Upgrades>) -> std::sync::MutexGuard<'_, Upgrades> {
-    upgrades.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[cfg(test)]

@@ -24,7 +24,6 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::lock;
 use crate::config::Config;
 use crate::facts::FactsNow;
 use crate::fence::Fence;
@@ -37,8 +36,10 @@ use crate::supervisor::outcome::StopCause;
 use crate::supervisor::{SupervisorHandle, TaskEvent};
 
 mod downlink;
+mod upgrades;
 mod worker;
 
+use upgrades::UpgradeHooks;
 pub use worker::{failed_status, status_of};
 use worker::{forward_events, worker, TaskCommand};
 
@@ -63,14 +64,6 @@ async fn facts_changed(facts: &mut Option<watch::Receiver<FactsNow>>) -> Option<
             Ok(()) => Some(()),
             Err(_) => std::future::pending().await,
         },
-        None => std::future::pending().await,
-    }
-}
-
-/// Resolves when an upgrade moved on; pending forever without upgrades.
-async fn upgrade_news(hooks: Option<&UpgradeHooks>) {
-    match hooks {
-        Some(h) => h.news.notified().await,
         None => std::future::pending().await,
     }
 }
@@ -227,16 +220,6 @@ pub struct Session {
     upgrades: Option<UpgradeHooks>,
 }
 
-/// What the session needs for upgrades of the agent.
-struct UpgradeHooks {
-    upgrades: std::sync::Arc<std::sync::Mutex<crate::upgrade::Upgrades>>,
-    /// Rings when an upgrade moved on: a heartbeat says so at once.
-    news: std::sync::Arc<tokio::sync::Notify>,
-    /// Stops the agent once the new binary is switched to.
-    restart: CancellationToken,
-    limits: crate::supervisor::artifacts::Limits,
-}
-
 /// What the previous run left running (re-adopted) or is starting again,
 /// held from the first registration so that its Tasks are not "not on
 /// robot"; and the Task names the supervisor kept for them.
@@ -333,31 +316,6 @@ impl Session {
         (session, status_rx)
     }
 
-    /// Upgrades of the agent: orders are prepared with downloads within
-    /// `limits`, and `restart` is cancelled once the new binary is
-    /// switched to.
-    pub fn with_upgrades(
-        mut self,
-        upgrades: std::sync::Arc<std::sync::Mutex<crate::upgrade::Upgrades>>,
-        restart: CancellationToken,
-        limits: crate::supervisor::artifacts::Limits,
-    ) -> Self {
-        self.upgrades = Some(UpgradeHooks {
-            upgrades,
-            news: std::sync::Arc::default(),
-            restart,
-            limits,
-        });
-        self
-    }
-
-    /// An upgrade moved on: a registered agent says so at once.
-    fn on_upgrade_news(&mut self) {
-        if self.next_heartbeat.is_some() {
-            self.next_heartbeat = Some(Instant::now());
-        }
-    }
-
     /// Reads the robot's facts from `facts`: they go to the supervisor and
     /// with every heartbeat, and a change sends one at once.
     pub fn with_facts(mut self, facts: watch::Receiver<FactsNow>) -> Self {
@@ -417,7 +375,7 @@ impl Session {
                     }
                 }
                 Some(()) = facts_changed(&mut self.facts) => self.on_facts(Instant::now()),
-                () = upgrade_news(self.upgrades.as_ref()) => self.on_upgrade_news(),
+                () = upgrades::news(self.upgrades.as_ref()) => self.on_upgrade_news(),
                 Some(update) = self.updates.recv() => {
                     self.on_update(update);
                     if let Phase::Flushing { quiet_since, .. } = &mut phase {
@@ -659,7 +617,7 @@ impl Session {
             nonce: Some(self.registrar.next_nonce()),
             task_policy: Some(self.offer.policy.clone()),
             health: Some(self.current_health()),
-            upgrade: self.upgrades.as_ref().and_then(|h| lock(&h.upgrades).report()),
+            upgrade: self.upgrades.as_ref().and_then(UpgradeHooks::report),
             ..Register::new(&self.robot_id, env!("CARGO_PKG_VERSION"), self.device.clone())
         };
         tracing::info!(running = self.running.len(), "registering");
@@ -802,12 +760,10 @@ impl Session {
             health: Some(self.current_health()),
             session: Some(self.session_id.clone()),
             facts: self.facts.as_ref().map(|rx| rx.borrow().facts.clone()),
-            upgrade: self.upgrades.as_ref().and_then(|h| {
-                let mut upgrades = lock(&h.upgrades);
-                let report = upgrades.report();
-                upgrades.heartbeat_sent(self.heartbeat_seq);
-                report
-            }),
+            upgrade: self
+                .upgrades
+                .as_ref()
+                .and_then(|h| h.report_in_heartbeat(self.heartbeat_seq)),
             ..Heartbeat::new(
                 &self.robot_id,
                 self.heartbeat_seq,

@@ -7,6 +7,7 @@
 //! cluster has not confirmed it by its health timeout ([`Upgrades`]).
 
 use std::path::Path;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub mod prepare;
@@ -16,6 +17,7 @@ pub mod verify;
 use k8s4r_api::protocol::{UpgradeOrder, UpgradeReport};
 use k8s4r_api::RobotUpgradePhase;
 use slots::{Outcome, Slots, Trial};
+use tokio_util::sync::CancellationToken;
 use verify::Trust;
 
 /// This process's view of upgrades: whether it is the binary on trial,
@@ -211,14 +213,14 @@ impl Upgrades {
 /// agent so that systemd starts the new one. A refusal is reported as
 /// `Failed` with its reason and switches nothing.
 pub fn start(
-    upgrades: &std::sync::Arc<std::sync::Mutex<Upgrades>>,
+    upgrades: &Arc<Mutex<Upgrades>>,
     order: UpgradeOrder,
     limits: crate::supervisor::artifacts::Limits,
-    news: std::sync::Arc<tokio::sync::Notify>,
-    restart: tokio_util::sync::CancellationToken,
+    news: Arc<tokio::sync::Notify>,
+    restart: CancellationToken,
 ) {
     let (slots, trust) = {
-        let mut u = crate::agent::lock(upgrades);
+        let mut u = lock(upgrades);
         if !u.takes(&order) {
             news.notify_one();
             return;
@@ -228,7 +230,7 @@ pub fn start(
     };
     news.notify_one();
     tracing::info!(rollout = %order.rollout, version = %order.version, url = %order.url, "upgrading the agent");
-    let upgrades = std::sync::Arc::clone(upgrades);
+    let upgrades = Arc::clone(upgrades);
     tokio::spawn(async move {
         let prepared = prepare::Order {
             rollout: order.rollout.clone(),
@@ -241,7 +243,7 @@ pub fn start(
         let client = match crate::supervisor::artifacts::client() {
             Ok(client) => client,
             Err(e) => {
-                crate::agent::lock(&upgrades).step(&order, RobotUpgradePhase::Failed, Some(e));
+                lock(&upgrades).step(&order, RobotUpgradePhase::Failed, Some(e));
                 news.notify_one();
                 return;
             }
@@ -252,7 +254,7 @@ pub fn start(
                 prepare::Step::Staged => RobotUpgradePhase::Staged,
                 prepare::Step::Restarting => RobotUpgradePhase::Restarting,
             };
-            crate::agent::lock(&upgrades).step(&order, phase, None);
+            lock(&upgrades).step(&order, phase, None);
             news.notify_one();
         };
         match prepare::prepare(&prepared, &slots, &trust, &client, limits, tell).await {
@@ -262,11 +264,44 @@ pub fn start(
             }
             Err(why) => {
                 tracing::error!(version = %order.version, "upgrade refused: {why}");
-                crate::agent::lock(&upgrades).step(&order, RobotUpgradePhase::Failed, Some(why));
+                lock(&upgrades).step(&order, RobotUpgradePhase::Failed, Some(why));
                 news.notify_one();
             }
         }
     });
+}
+
+/// A binary on trial that the cluster has not confirmed by its deadline
+/// switches back to the confirmed one and stops the agent with a failure:
+/// systemd starts the confirmed binary, which reports the rollback. A
+/// binary that never connects is rolled back this way; one that cannot
+/// even start, by the unit's boot check.
+pub async fn watch_trial(
+    upgrades: Arc<Mutex<Upgrades>>,
+    stop: CancellationToken,
+    failure: Arc<OnceLock<String>>,
+) {
+    let Some(deadline) = lock(&upgrades).deadline() else {
+        return;
+    };
+    let left = deadline
+        .duration_since(std::time::SystemTime::now())
+        .unwrap_or_default();
+    tokio::select! {
+        () = tokio::time::sleep(left) => {}
+        () = stop.cancelled() => return,
+    }
+    let Some(why) = lock(&upgrades).give_up() else {
+        return; // confirmed meanwhile
+    };
+    tracing::error!("{why}");
+    let _ = failure.set(why);
+    stop.cancel();
+}
+
+/// The upgrades' lock; a panic while holding it leaves them usable.
+pub(crate) fn lock(upgrades: &Mutex<Upgrades>) -> std::sync::MutexGuard<'_, Upgrades> {
+    upgrades.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Whether `path` is the binary this process runs (both resolved).

@@ -1175,18 +1175,19 @@ mod tests {
     }
 
     /// The JSON of a registration and a heartbeat, byte for byte as this
-    /// build's predecessors sent it (before `HeldList` was one type): what
-    /// robots and servers of either age read.
+    /// build's predecessors sent it (before `HeldList` was one type), with
+    /// the optional fields added since at the end: what robots and servers
+    /// of either age read.
     #[test]
     fn register_and_heartbeat_keep_their_wire_form() {
         let json = |bytes: Vec<u8>| String::from_utf8(bytes).unwrap();
         assert_eq!(
             json(encode(&full_register())),
-            r#"{"v":1,"robotId":"rb1","token":"s3cret","agentVersion":"0.1.0","device":{"arch":"aarch64","os":"linux","osVersion":"Debian GNU/Linux 12","kernel":"6.1.0","hostname":"rb1","cpus":4,"memoryBytes":4294967296,"diskBytes":34359738368},"drivers":["exec","raw_exec"],"labels":{"site":"lab"},"running":[{"uid":"u1","attempt":2,"name":"default/job-a-0"}],"reconcile":true,"lastSeq":40,"taskPolicy":{"maxTasks":8,"diskBudget":"10Gi","allowRoot":true,"allowedUsers":["robot"],"allowedGroups":["dialout"]},"health":{"acceptingTasks":false,"reason":"DiskFull","message":"the task disk is full","tasks":3,"diskUsedBytes":5368709120,"droppedOutputBytes":1024},"nonce":"5f1c"}"#
+            r#"{"v":1,"robotId":"rb1","token":"s3cret","agentVersion":"0.1.0","device":{"arch":"aarch64","os":"linux","osVersion":"Debian GNU/Linux 12","kernel":"6.1.0","hostname":"rb1","cpus":4,"memoryBytes":4294967296,"diskBytes":34359738368},"drivers":["exec","raw_exec"],"labels":{"site":"lab"},"running":[{"uid":"u1","attempt":2,"name":"default/job-a-0"}],"reconcile":true,"lastSeq":40,"taskPolicy":{"maxTasks":8,"diskBudget":"10Gi","allowRoot":true,"allowedUsers":["robot"],"allowedGroups":["dialout"]},"health":{"acceptingTasks":false,"reason":"DiskFull","message":"the task disk is full","tasks":3,"diskUsedBytes":5368709120,"droppedOutputBytes":1024},"nonce":"5f1c","upgrade":{"rollout":"agent-0-2","version":"0.2.0","phase":"RolledBack","reason":"it exited 3 times before the cluster confirmed it"}}"#
         );
         assert_eq!(
             json(encode(&full_heartbeat())),
-            r#"{"v":1,"robotId":"rb1","seq":7,"time":"2026-11-22T10:00:00Z","usage":{"cpuPercent":12.5,"memoryUsedBytes":1073741824,"memoryTotalBytes":4294967296,"diskFreeBytes":10737418240,"load1":0.5,"load5":0.25,"load15":0.125},"running":[{"uid":"u1","attempt":2,"name":"default/job-a-0"},{"uid":"u2","attempt":1}],"reconcile":true,"lastSeq":41,"serverTime":"2026-11-22T10:00:01Z","health":{"acceptingTasks":false,"reason":"DiskFull","message":"the task disk is full","tasks":3,"diskUsedBytes":5368709120,"droppedOutputBytes":1024},"session":"a1b2","facts":{"battery":80.0,"docked":true}}"#
+            r#"{"v":1,"robotId":"rb1","seq":7,"time":"2026-11-22T10:00:00Z","usage":{"cpuPercent":12.5,"memoryUsedBytes":1073741824,"memoryTotalBytes":4294967296,"diskFreeBytes":10737418240,"load1":0.5,"load5":0.25,"load15":0.125},"running":[{"uid":"u1","attempt":2,"name":"default/job-a-0"},{"uid":"u2","attempt":1}],"reconcile":true,"lastSeq":41,"serverTime":"2026-11-22T10:00:01Z","health":{"acceptingTasks":false,"reason":"DiskFull","message":"the task disk is full","tasks":3,"diskUsedBytes":5368709120,"droppedOutputBytes":1024},"session":"a1b2","facts":{"battery":80.0,"docked":true},"upgrade":{"rollout":"agent-0-2","version":"0.2.0","phase":"RolledBack","reason":"it exited 3 times before the cluster confirmed it"}}"#
         );
         assert_eq!(
             json(encode(&Register::new("rb1", "0.1.0", DeviceInfo::default()))),

@@ -73,7 +73,7 @@ impl Session {
                     if ack.session.as_deref() == Some(self.session_id.as_str()) {
                         self.fence.heartbeat_recorded(heartbeat, ack.time, boot_clock());
                         if let Some(hooks) = &self.upgrades {
-                            crate::agent::lock(&hooks.upgrades).heartbeat_confirmed(heartbeat);
+                            crate::upgrade::lock(&hooks.upgrades).heartbeat_confirmed(heartbeat);
                         }
                         self.release_held(phase);
                     } else {
