@@ -359,6 +359,9 @@ impl Agent {
 impl Drop for Agent {
     fn drop(&mut self) {
         self.kill();
+        // What it left running (services, by design; a killed agent's
+        // tasks) must not outlive the test.
+        k8s4r_testbed::process::kill_tasks_under(&self.state_dir);
         if std::thread::panicking() {
             eprintln!("---- agent log ----\n{}", self.log());
         }

@@ -39,35 +39,10 @@ impl Drop for Proc {
     }
 }
 
-/// SIGKILLs every process working under `root` (the tasks of a test's
-/// agents, which run in their task directories): an agent leaves its
-/// services running when it stops, by design, and a test must not leave
-/// them behind.
-pub fn kill_tasks_under(root: &Path) {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let inside = std::fs::read_link(entry.path().join("cwd")).is_ok_and(|cwd| cwd.starts_with(root));
-        if inside && pid != std::process::id() as i32 {
-            let pid = nix::unistd::Pid::from_raw(pid);
-            if let Ok(group) = nix::unistd::getpgid(Some(pid)) {
-                if group != nix::unistd::getpgrp() {
-                    let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
-                }
-            }
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-        }
-    }
-}
-
 impl Drop for Env {
     fn drop(&mut self) {
         self.agents.clear();
-        kill_tasks_under(self.dir.path());
+        k8s4r_testbed::process::kill_tasks_under(self.dir.path());
     }
 }
 
