@@ -342,9 +342,13 @@ fn active_step(
     let fenced = attempt_fenced(spec, status, state, heard, record_lag, cfg);
     let replace = DisconnectPolicy::replace(spec.disconnect.as_ref(), spec.template.kind);
     if state == TaskState::Dispatching {
-        if let Some(fail) = dispatch_expired(status, robot_name, last_heard, record_lag, now, cfg) {
-            if fail.silent_since_dispatch || (replace && fenced <= now) {
-                return fail.step;
+        // Only once the attempt is fenced: a robot that seemed silent may
+        // have taken the dispatch while its contact was not yet recorded
+        // (a server restarted in between), and failing the attempt early
+        // would run it twice.
+        if let Some(fail) = dispatch_expired(status, robot_name, last_heard, now, cfg) {
+            if replace && fenced <= now {
+                return fail;
             }
         }
     }
@@ -374,7 +378,7 @@ fn active_step(
     };
     // Without replacement the attempt waits for its robot, however long.
     let idle = (!replace).then_some(Duration::from_secs(60));
-    // A silent robot's dispatch fails at its deadline (see dispatch_expired).
+    // A fenced robot's dispatch fails at its deadline (see dispatch_expired).
     let expiry = match (state, status.dispatch_deadline) {
         (TaskState::Dispatching, Some(d)) => {
             Some(until(now, plus(d, cfg.robot_lost_grace))).filter(|d| !d.is_zero())
@@ -382,16 +386,6 @@ fn active_step(
         _ => None,
     };
     Step::Wait(earliest(earliest(earliest(recheck, own), idle), expiry))
-}
-
-/// A dispatch past its deadline, as a failure to record.
-struct Expired {
-    step: Step,
-    /// The robot has not been heard from since the dispatch was written: a
-    /// robot that connects registers at once, so it never had the chance
-    /// to take the attempt, and the attempt can be failed without waiting
-    /// for the fencing time.
-    silent_since_dispatch: bool,
 }
 
 /// The `DispatchTimeout` of a dispatching attempt once the robot would
@@ -402,30 +396,23 @@ fn dispatch_expired(
     status: &TaskStatus,
     robot_name: &str,
     last_heard: Option<Timestamp>,
-    record_lag: Duration,
     now: Timestamp,
     cfg: &LifecycleConfig,
-) -> Option<Expired> {
+) -> Option<Step> {
     let deadline = status.dispatch_deadline?;
     if plus(deadline, cfg.robot_lost_grace) > now {
         return None;
     }
-    let silent_since_dispatch = status
-        .dispatch_time
-        .is_some_and(|d| last_heard.is_none_or(|h| plus(h, record_lag) < d));
     let heard = match last_heard {
         Some(h) => format!("last heard from at {h}"),
         None => "never heard from".to_owned(),
     };
-    Some(Expired {
-        step: Step::Fail {
-            reason: TaskReason::DispatchTimeout,
-            message: format!(
-                "robot {robot_name} did not acknowledge attempt {} before its dispatch deadline {deadline} ({heard})",
-                status.attempt
-            ),
-        },
-        silent_since_dispatch,
+    Some(Step::Fail {
+        reason: TaskReason::DispatchTimeout,
+        message: format!(
+            "robot {robot_name} did not acknowledge attempt {} before its dispatch deadline {deadline} ({heard})",
+            status.attempt
+        ),
     })
 }
 
