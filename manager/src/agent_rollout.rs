@@ -113,10 +113,16 @@ pub fn plan(name: &str, spec: &AgentRolloutSpec, robots: &[RobotView<'_>], now: 
             // goes to another robot, and it waits.
             RobotUpgradePhase::Downloading if marked && !robot.online && robot.upgrade.is_none() => {
                 unmark.push(robot.name.to_owned());
-                (phase, reason) = (RobotUpgradePhase::Pending, None);
+                (phase, reason) = (RobotUpgradePhase::Pending, Some("offline".into()));
             }
             p if in_progress(p) => busy += 1,
-            _ => waiting.push(robot.name),
+            _ => {
+                if robot.online {
+                    waiting.push(robot.name);
+                }
+                reason =
+                    reason.or_else(|| Some(if robot.online { "waits its turn" } else { "offline" }.into()));
+            }
         }
         entries.push(RobotUpgrade {
             robot: robot.name.to_owned(),
@@ -134,12 +140,11 @@ pub fn plan(name: &str, spec: &AgentRolloutSpec, robots: &[RobotView<'_>], now: 
     let over_budget = failed > max_failed;
     let mut mark = Vec::new();
     if !spec.paused && !over_budget {
-        let online: BTreeMap<&str, bool> = matched.iter().map(|r| (r.name, r.online)).collect();
         for robot in waiting {
             if busy >= max_parallel {
                 break;
             }
-            if online.get(robot).copied().unwrap_or(false) && !unmark.iter().any(|u| u == robot) {
+            if !unmark.iter().any(|u| u == robot) {
                 mark.push(robot.to_owned());
                 busy += 1;
             }
@@ -150,9 +155,6 @@ pub fn plan(name: &str, spec: &AgentRolloutSpec, robots: &[RobotView<'_>], now: 
             entry.phase = RobotUpgradePhase::Downloading;
             entry.reason = Some("ordered".into());
             entry.since = Some(now);
-        } else if entry.phase == RobotUpgradePhase::Pending && entry.reason.is_none() {
-            let offline = matched.iter().any(|r| r.name == entry.robot && !r.online);
-            entry.reason = Some(if offline { "offline" } else { "waits its turn" }.into());
         }
     }
     let (state, message) = if upgraded == total {

@@ -67,8 +67,8 @@ impl Bridge {
     }
 
     /// Sends `robot` its rollout's order when it is marked for one, runs
-    /// another version, has not acted on it (by its report) and was not
-    /// sent it within [`ORDER_EVERY`].
+    /// another version and has not acted on it (by its report); looked at
+    /// most every [`ORDER_EVERY`].
     pub(super) async fn order_upgrade(
         &self,
         robot: &Robot,
@@ -86,6 +86,9 @@ impl Bridge {
         if last_order.is_some_and(|at| at.elapsed() < ORDER_EVERY) {
             return;
         }
+        // The rollout is read at most every ORDER_EVERY per robot, whatever
+        // the outcome: not once per heartbeat of a robot already at work.
+        *last_order = Some(tokio::time::Instant::now());
         let name = robot.metadata.name.as_deref().unwrap_or_default();
         let status = robot.status.clone().unwrap_or_default();
         let rollouts: Api<AgentRollout> = Api::all(self.robots.clone().into_client());
@@ -127,7 +130,6 @@ impl Bridge {
             signature: artifact.signature.clone(),
             health_timeout_ms: u64::try_from(health_timeout.as_millis()).unwrap_or(u64::MAX),
         };
-        *last_order = Some(tokio::time::Instant::now());
         match self
             .publisher
             .publish(self.topics.agent_upgrade(name), encode(&order))
