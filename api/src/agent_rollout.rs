@@ -51,12 +51,14 @@ pub struct AgentRolloutSpec {
     pub version: String,
     /// One binary per architecture (as the Robot's status.device.arch
     /// names it: x86_64, aarch64, arm).
+    #[schemars(length(min = 1))]
     pub artifacts: Vec<AgentArtifact>,
     /// The robots it applies to; all robots when empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub robot_selector: Option<LabelSelector>,
     /// At most this many robots upgrade at once. Default 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
     pub max_parallel: Option<i32>,
     /// Once more robots than this failed or rolled back (a count or a
     /// percentage of the matched robots), the rollout pauses. Default 0.
@@ -67,7 +69,11 @@ pub struct AgentRolloutSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^([0-9]+(ns|us|µs|ms|s|m|h|d))+$"))]
     pub health_timeout: Option<String>,
-    /// No robot starts upgrading while true; those under way finish.
+    /// No robot starts upgrading while true; those under way finish (on
+    /// the robot, an upgrade under way cannot be taken back half done).
+    /// Setting it back to false resumes the rollout. To abort one, set the
+    /// annotation `robot.k8s4r.io/cancel` or delete it: no robot starts,
+    /// and robots already switched finish their trial.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub paused: bool,
 }
@@ -77,10 +83,13 @@ pub struct AgentRolloutSpec {
 #[serde(rename_all = "camelCase")]
 pub struct AgentArtifact {
     /// The architecture it is built for.
+    #[schemars(length(min = 1))]
     pub arch: String,
     /// Where robots download it (http or https).
+    #[schemars(regex(pattern = r"^https?://"))]
     pub url: String,
-    /// Its SHA-256, 64 hex digits.
+    /// Its SHA-256, 64 lowercase hex digits.
+    #[schemars(regex(pattern = r"^[0-9a-f]{64}$"))]
     pub sha256: String,
     /// Its minisign signature (the whole `.minisig` file), made by
     /// `k8s4r sign-agent`; robots that pin a key refuse a binary without.
@@ -96,10 +105,14 @@ pub enum RolloutState {
     /// A person paused it (spec.paused).
     Paused,
     /// More robots failed than maxFailed allows: no robot starts until a
-    /// person resumes it (the annotation robot.k8s4r.io/retry) or edits it.
+    /// person raises maxFailed (or makes a new rollout with a fixed
+    /// artifact).
     PausedOnFailures,
     /// Every matched robot runs the version.
     Complete,
+    /// A person cancelled it (the annotation robot.k8s4r.io/cancel): no
+    /// robot starts; robots already switched finish their trial.
+    Aborted,
 }
 
 /// Where one robot's upgrade stands.

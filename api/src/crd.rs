@@ -3,7 +3,7 @@
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::core::CustomResourceExt;
 
-use crate::{Job, PeriodicJob, Robot, Task, TaskGroup};
+use crate::{AgentRollout, Job, PeriodicJob, Robot, Task, TaskGroup};
 
 /// Every CRD with the file name it is committed under in `deploy/crds/`.
 pub fn crds() -> Vec<(&'static str, CustomResourceDefinition)> {
@@ -13,8 +13,7 @@ pub fn crds() -> Vec<(&'static str, CustomResourceDefinition)> {
         ("taskgroups.yaml", TaskGroup::crd()),
         ("tasks.yaml", Task::crd()),
         ("periodicjobs.yaml", PeriodicJob::crd()),
-        // AgentRollout joins once the manager's rollout controller applies
-        // it: a kind nothing acts on would only mislead.
+        ("agentrollouts.yaml", AgentRollout::crd()),
     ]
 }
 

@@ -9,6 +9,7 @@
 //! than `maxFailed` failed or rolled back, no new robot starts.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s4r_api::{
@@ -29,6 +30,15 @@ pub struct RobotView<'a> {
     pub marked_for: Option<&'a str>,
 }
 
+/// The rollout as the plan reads it.
+#[derive(Debug, Clone, Copy)]
+pub struct Rollout<'a> {
+    pub name: &'a str,
+    pub spec: &'a AgentRolloutSpec,
+    /// Who cancelled it (the cancel annotation), when someone did.
+    pub cancelled_by: Option<&'a str>,
+}
+
 /// The writes one reconcile makes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
@@ -39,31 +49,81 @@ pub struct Plan {
     pub unmark: Vec<String>,
 }
 
-/// Where one matched robot stands in rollout `name`.
-fn phase_of(
-    name: &str,
-    spec: &AgentRolloutSpec,
-    robot: &RobotView<'_>,
-) -> (RobotUpgradePhase, Option<String>) {
-    if robot.agent_version == Some(spec.version.as_str()) {
-        return (RobotUpgradePhase::Healthy, None);
+/// A robot's health timeout when the rollout names none (the server sends
+/// the same default with the order).
+pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(120);
+
+impl Rollout<'_> {
+    fn health_timeout(&self) -> Duration {
+        self.spec
+            .health_timeout
+            .as_deref()
+            .and_then(|t| k8s4r_api::parse_duration(t).ok())
+            .unwrap_or(DEFAULT_HEALTH_TIMEOUT)
     }
-    let arch = robot.arch.unwrap_or("unknown");
-    if !spec.artifacts.iter().any(|a| a.arch == arch) {
-        return (
-            RobotUpgradePhase::Failed,
-            Some(format!("the rollout has no artifact for its architecture {arch}")),
-        );
+
+    /// Where one matched robot stands.
+    fn phase_of(&self, robot: &RobotView<'_>, now: Timestamp) -> (RobotUpgradePhase, Option<String>) {
+        let spec = self.spec;
+        if robot.agent_version == Some(spec.version.as_str()) {
+            return (RobotUpgradePhase::Healthy, None);
+        }
+        let arch = robot.arch.unwrap_or("unknown");
+        if !spec.artifacts.iter().any(|a| a.arch == arch) {
+            return (
+                RobotUpgradePhase::Failed,
+                Some(format!("the rollout has no artifact for its architecture {arch}")),
+            );
+        }
+        let marked = robot.marked_for == Some(self.name);
+        match robot.upgrade {
+            Some(u) if u.rollout == self.name && u.version == spec.version => match u.phase {
+                // It reported healthy, but runs another version (rolled back
+                // by hand, or its report is older than its version): again.
+                RobotUpgradePhase::Healthy => (RobotUpgradePhase::Pending, None),
+                // Switched, then silent for far longer than its trial: it
+                // lost power or its network. It settles its trial by itself
+                // when it comes back; meanwhile its place goes to another.
+                phase if in_progress(phase) && !robot.online && self.overdue(u.since, now) => (
+                    RobotUpgradePhase::Pending,
+                    Some(format!(
+                        "offline since it was {}; it settles its upgrade when it comes back",
+                        phase_word(phase)
+                    )),
+                ),
+                phase => (phase, u.reason.clone()),
+            },
+            // Ordered but offline before it reported anything: the place
+            // goes to another robot, and it waits.
+            _ if marked && !robot.online => (RobotUpgradePhase::Pending, Some("offline".into())),
+            _ if marked => (RobotUpgradePhase::Downloading, Some("ordered".into())),
+            _ => match robot.marked_for {
+                Some(other) => (
+                    RobotUpgradePhase::Pending,
+                    Some(format!("upgrading for rollout {other} first")),
+                ),
+                None if robot.online => (RobotUpgradePhase::Pending, Some("waits its turn".into())),
+                None => (RobotUpgradePhase::Pending, Some("offline".into())),
+            },
+        }
     }
-    match robot.upgrade {
-        Some(u) if u.rollout == name && u.version == spec.version => match u.phase {
-            // It reported healthy, but runs another version (rolled back
-            // by hand, or its report is older than its version): again.
-            RobotUpgradePhase::Healthy => (RobotUpgradePhase::Pending, None),
-            phase => (phase, u.reason.clone()),
-        },
-        _ if robot.marked_for == Some(name) => (RobotUpgradePhase::Downloading, Some("ordered".into())),
-        _ => (RobotUpgradePhase::Pending, None),
+
+    /// Whether a phase recorded at `since` is older than twice the health
+    /// timeout (a trial is long settled on the robot by then).
+    fn overdue(&self, since: Option<Timestamp>, now: Timestamp) -> bool {
+        let Some(since) = since else {
+            return false;
+        };
+        let waited = Duration::try_from(now.duration_since(since)).unwrap_or_default();
+        waited > self.health_timeout() * 2
+    }
+}
+
+fn phase_word(phase: RobotUpgradePhase) -> &'static str {
+    match phase {
+        RobotUpgradePhase::Downloading => "downloading",
+        RobotUpgradePhase::Staged => "staged",
+        _ => "restarting",
     }
 }
 
@@ -74,127 +134,171 @@ fn in_progress(phase: RobotUpgradePhase) -> bool {
     )
 }
 
-/// Decides rollout `name`'s next step over every Robot there is.
-pub fn plan(name: &str, spec: &AgentRolloutSpec, robots: &[RobotView<'_>], now: Timestamp) -> Plan {
-    let matched: Vec<&RobotView<'_>> = robots
-        .iter()
-        .filter(|r| spec.robot_selector.as_ref().is_none_or(|s| s.matches(r.labels)))
-        .collect();
-    let total = i32::try_from(matched.len()).unwrap_or(i32::MAX);
-    let max_parallel = usize::try_from(spec.max_parallel.unwrap_or(1).max(1)).unwrap_or(1);
+/// The matched robots, sorted out.
+#[derive(Default)]
+struct Tally {
+    entries: Vec<RobotUpgrade>,
+    upgraded: i32,
+    failed: i32,
+    busy: usize,
+    /// Online robots that wait for a place, in name order.
+    waiting: Vec<String>,
+    unmark: Vec<String>,
+}
+
+impl Tally {
+    fn count(&mut self, rollout: &Rollout<'_>, robot: &RobotView<'_>, now: Timestamp) {
+        let (phase, reason) = rollout.phase_of(robot, now);
+        let marked = robot.marked_for == Some(rollout.name);
+        let keeps_mark = match phase {
+            RobotUpgradePhase::Healthy => {
+                self.upgraded += 1;
+                false
+            }
+            RobotUpgradePhase::Failed | RobotUpgradePhase::RolledBack => {
+                self.failed += 1;
+                false
+            }
+            p if in_progress(p) => {
+                self.busy += 1;
+                true
+            }
+            _ => {
+                if robot.online && robot.marked_for.is_none() {
+                    self.waiting.push(robot.name.to_owned());
+                }
+                false
+            }
+        };
+        if marked && !keeps_mark {
+            self.unmark.push(robot.name.to_owned());
+        }
+        if phase != RobotUpgradePhase::Healthy {
+            self.entries.push(RobotUpgrade {
+                robot: robot.name.to_owned(),
+                phase,
+                reason,
+                since: robot
+                    .upgrade
+                    .filter(|u| u.rollout == rollout.name)
+                    .and_then(|u| u.since),
+            });
+        }
+    }
+}
+
+/// Decides rollout `rollout`'s next step over every Robot there is.
+pub fn plan(rollout: Rollout<'_>, robots: &[RobotView<'_>], now: Timestamp) -> Plan {
+    let spec = rollout.spec;
+    let matches = |r: &RobotView<'_>| spec.robot_selector.as_ref().is_none_or(|s| s.matches(r.labels));
+    let mut tally = Tally::default();
+    let mut total = 0i32;
+    for robot in robots {
+        if matches(robot) {
+            total = total.saturating_add(1);
+            tally.count(&rollout, robot, now);
+        } else if robot.marked_for == Some(rollout.name) {
+            // Marked for it, but its labels changed since.
+            tally.unmark.push(robot.name.to_owned());
+        }
+    }
     let max_failed = spec
         .max_failed
         .as_ref()
         .unwrap_or(&CountOrPercent::Count(0))
         .of(total)
         .unwrap_or(0);
-    let mut entries = Vec::new();
-    let (mut upgraded, mut failed, mut busy) = (0, 0, 0usize);
-    let mut waiting = Vec::new();
-    let mut unmark = Vec::new();
-    for robot in &matched {
-        let (mut phase, mut reason) = phase_of(name, spec, robot);
-        let marked = robot.marked_for == Some(name);
-        match phase {
-            RobotUpgradePhase::Healthy => {
-                upgraded += 1;
-                if marked {
-                    unmark.push(robot.name.to_owned());
-                }
-                continue;
-            }
-            RobotUpgradePhase::Failed | RobotUpgradePhase::RolledBack => {
-                failed += 1;
-                if marked {
-                    unmark.push(robot.name.to_owned());
-                }
-            }
-            // Ordered but offline before it reported anything: the place
-            // goes to another robot, and it waits.
-            RobotUpgradePhase::Downloading if marked && !robot.online && robot.upgrade.is_none() => {
-                unmark.push(robot.name.to_owned());
-                (phase, reason) = (RobotUpgradePhase::Pending, Some("offline".into()));
-            }
-            p if in_progress(p) => busy += 1,
-            _ => {
-                if robot.online {
-                    waiting.push(robot.name);
-                }
-                reason =
-                    reason.or_else(|| Some(if robot.online { "waits its turn" } else { "offline" }.into()));
-            }
-        }
-        entries.push(RobotUpgrade {
-            robot: robot.name.to_owned(),
-            phase,
-            reason,
-            since: robot.upgrade.and_then(|u| u.since),
-        });
-    }
-    // Robots marked for this rollout that it no longer matches.
-    for robot in robots {
-        if robot.marked_for == Some(name) && !matched.iter().any(|m| m.name == robot.name) {
-            unmark.push(robot.name.to_owned());
-        }
-    }
-    let over_budget = failed > max_failed;
-    let mut mark = Vec::new();
-    if !spec.paused && !over_budget {
-        for robot in waiting {
-            if busy >= max_parallel {
-                break;
-            }
-            if !unmark.iter().any(|u| u == robot) {
-                mark.push(robot.to_owned());
-                busy += 1;
+    let over_budget = tally.failed > max_failed;
+    if rollout.cancelled_by.is_some() {
+        // Robots switched already finish their trial on the robot; the
+        // others are let go.
+        for entry in &tally.entries {
+            if entry.phase == RobotUpgradePhase::Downloading {
+                tally.unmark.push(entry.robot.clone());
             }
         }
     }
-    for entry in &mut entries {
-        if mark.contains(&entry.robot) {
-            entry.phase = RobotUpgradePhase::Downloading;
-            entry.reason = Some("ordered".into());
-            entry.since = Some(now);
-        }
-    }
-    let (state, message) = if upgraded == total {
-        (
-            RolloutState::Complete,
-            format!("all {total} robots run {}", spec.version),
-        )
-    } else if over_budget {
-        (
-            RolloutState::PausedOnFailures,
-            format!(
-                "{failed} robots failed or rolled back, more than maxFailed allows ({max_failed}): no \
-                 robot starts; raise maxFailed, or fix the artifact and make a new rollout"
-            ),
-        )
-    } else if spec.paused {
-        (RolloutState::Paused, "paused (spec.paused)".to_owned())
+    let mark = if spec.paused || over_budget || rollout.cancelled_by.is_some() {
+        Vec::new()
     } else {
-        (
-            RolloutState::Progressing,
-            format!(
-                "{upgraded} of {total} robots run {}; {busy} upgrading",
-                spec.version
-            ),
-        )
+        let max_parallel = usize::try_from(spec.max_parallel.unwrap_or(1).max(1)).unwrap_or(1);
+        let room = max_parallel.saturating_sub(tally.busy);
+        tally.waiting.iter().take(room).cloned().collect::<Vec<_>>()
     };
+    for entry in tally.entries.iter_mut().filter(|e| mark.contains(&e.robot)) {
+        entry.phase = RobotUpgradePhase::Downloading;
+        entry.reason = Some("ordered".into());
+        entry.since = Some(now);
+    }
+    let busy = tally.busy + mark.len();
+    let (state, message) = state_of(&rollout, &tally, total, max_failed, busy);
+    tally.unmark.sort();
+    tally.unmark.dedup();
     Plan {
         status: AgentRolloutStatus {
             state: Some(state),
             message: Some(message),
             robots: total,
-            upgraded,
-            failed,
-            robot_upgrades: entries,
+            upgraded: tally.upgraded,
+            failed: tally.failed,
+            robot_upgrades: tally.entries,
             observed_generation: None,
             conditions: Vec::new(),
         },
         mark,
-        unmark,
+        unmark: tally.unmark,
     }
+}
+
+/// The rollout's state and its message.
+fn state_of(
+    rollout: &Rollout<'_>,
+    tally: &Tally,
+    total: i32,
+    max_failed: i32,
+    busy: usize,
+) -> (RolloutState, String) {
+    let version = &rollout.spec.version;
+    let (upgraded, failed) = (tally.upgraded, tally.failed);
+    if let Some(by) = rollout.cancelled_by {
+        let finishing = if busy > 0 {
+            format!("; {busy} robots finish the upgrade under way")
+        } else {
+            String::new()
+        };
+        return (
+            RolloutState::Aborted,
+            format!("cancelled by {by}: {upgraded} of {total} robots run {version}{finishing}"),
+        );
+    }
+    if upgraded == total {
+        return (RolloutState::Complete, format!("all {total} robots run {version}"));
+    }
+    if failed > max_failed {
+        return (
+            RolloutState::PausedOnFailures,
+            format!(
+                "{failed} robots failed or rolled back, more than maxFailed allows ({max_failed}): no \
+                 robot starts; raise maxFailed, or fix the artifact and make a new rollout"
+            ),
+        );
+    }
+    if rollout.spec.paused {
+        return (
+            RolloutState::Paused,
+            format!("paused (spec.paused): {upgraded} of {total} robots run {version}"),
+        );
+    }
+    if failed > 0 && upgraded + failed == total {
+        return (
+            RolloutState::Complete,
+            format!("{upgraded} of {total} robots run {version}; {failed} failed or rolled back"),
+        );
+    }
+    (
+        RolloutState::Progressing,
+        format!("{upgraded} of {total} robots run {version}; {busy} upgrading"),
+    )
 }
 
 #[cfg(test)]
@@ -228,7 +332,7 @@ mod tests {
             version: "0.2.0".into(),
             phase,
             reason: Some("because".into()),
-            since: None,
+            since: Some("2026-11-26T03:59:00Z".parse().unwrap()),
         })
     }
 
@@ -261,21 +365,30 @@ mod tests {
         "2026-11-26T04:00:00Z".parse().unwrap()
     }
 
+    fn plan_of(spec: &AgentRolloutSpec, views: &[RobotView<'_>]) -> Plan {
+        let rollout = Rollout {
+            name: "r",
+            spec,
+            cancelled_by: None,
+        };
+        plan(rollout, views, now())
+    }
+
     #[test]
     fn one_robot_at_a_time_and_the_next_when_it_is_done() {
         let fleet = Fleet::new(vec![None, None, None]);
-        let first = plan("r", &spec(1, 0), &fleet.views(&[], &[], &[]), now());
+        let first = plan_of(&spec(1, 0), &fleet.views(&[], &[], &[]));
         assert_eq!(first.mark, ["r0"]);
         assert_eq!(first.status.state, Some(RolloutState::Progressing));
-        let busy = plan("r", &spec(1, 0), &fleet.views(&[], &[], &[0]), now());
+        let busy = plan_of(&spec(1, 0), &fleet.views(&[], &[], &[0]));
         assert!(busy.mark.is_empty(), "r0 holds the only place");
-        let done = plan("r", &spec(1, 0), &fleet.views(&[], &[0], &[0]), now());
+        let done = plan_of(&spec(1, 0), &fleet.views(&[], &[0], &[0]));
         assert_eq!(
             (done.mark, done.unmark),
             (vec!["r1".to_owned()], vec!["r0".to_owned()])
         );
         assert_eq!(done.status.upgraded, 1);
-        let all = plan("r", &spec(1, 0), &fleet.views(&[], &[0, 1, 2], &[]), now());
+        let all = plan_of(&spec(1, 0), &fleet.views(&[], &[0, 1, 2], &[]));
         assert_eq!(all.status.state, Some(RolloutState::Complete));
         assert!(all.status.robot_upgrades.is_empty());
     }
@@ -283,7 +396,7 @@ mod tests {
     #[test]
     fn offline_robots_wait_without_holding_a_place() {
         let fleet = Fleet::new(vec![None, None, None]);
-        let p = plan("r", &spec(1, 0), &fleet.views(&[0], &[], &[0]), now());
+        let p = plan_of(&spec(1, 0), &fleet.views(&[0], &[], &[0]));
         assert_eq!(p.unmark, ["r0"], "ordered, offline, silent: its place is freed");
         assert_eq!(p.mark, ["r1"]);
         let r0 = &p.status.robot_upgrades[0];
@@ -294,14 +407,14 @@ mod tests {
         // One that is restarting onto the new agent is offline for a moment
         // and keeps its place.
         let restarting = Fleet::new(vec![report(RobotUpgradePhase::Restarting), None, None]);
-        let p = plan("r", &spec(1, 0), &restarting.views(&[0], &[], &[0]), now());
+        let p = plan_of(&spec(1, 0), &restarting.views(&[0], &[], &[0]));
         assert!(p.mark.is_empty() && p.unmark.is_empty());
     }
 
     #[test]
     fn failures_beyond_max_failed_pause_the_rollout() {
         let fleet = Fleet::new(vec![report(RobotUpgradePhase::RolledBack), None, None]);
-        let p = plan("r", &spec(1, 0), &fleet.views(&[], &[], &[0]), now());
+        let p = plan_of(&spec(1, 0), &fleet.views(&[], &[], &[0]));
         assert_eq!(p.status.state, Some(RolloutState::PausedOnFailures));
         assert_eq!(p.unmark, ["r0"]);
         assert!(p.mark.is_empty(), "no other robot is touched");
@@ -311,7 +424,7 @@ mod tests {
             (r0.phase, r0.reason.as_deref()),
             (RobotUpgradePhase::RolledBack, Some("because"))
         );
-        let tolerant = plan("r", &spec(1, 1), &fleet.views(&[], &[], &[]), now());
+        let tolerant = plan_of(&spec(1, 1), &fleet.views(&[], &[], &[]));
         assert_eq!(tolerant.mark, ["r1"]);
     }
 
@@ -322,7 +435,7 @@ mod tests {
             paused: true,
             ..spec(2, 5)
         };
-        let p = plan("r", &paused, &fleet.views(&[], &[], &[]), now());
+        let p = plan_of(&paused, &fleet.views(&[], &[], &[]));
         assert_eq!((p.status.state, p.mark.len()), (Some(RolloutState::Paused), 0));
         let arm_only = AgentRolloutSpec {
             artifacts: vec![AgentArtifact {
@@ -331,12 +444,53 @@ mod tests {
             }],
             ..spec(1, 0)
         };
-        let p = plan("r", &arm_only, &fleet.views(&[], &[], &[]), now());
+        let p = plan_of(&arm_only, &fleet.views(&[], &[], &[]));
         assert_eq!(p.status.failed, 2);
         assert!(p.status.robot_upgrades[0]
             .reason
             .as_deref()
             .unwrap()
             .contains("no artifact for its architecture x86_64"));
+    }
+
+    #[test]
+    fn a_robot_marked_for_another_rollout_waits_and_one_silent_too_long_frees_its_place() {
+        let fleet = Fleet::new(vec![None, None]);
+        let mut views = fleet.views(&[], &[], &[]);
+        views[0].marked_for = Some("other");
+        let p = plan_of(&spec(1, 0), &views);
+        assert_eq!(p.mark, ["r1"]);
+        assert_eq!(
+            p.status.robot_upgrades[0].reason.as_deref(),
+            Some("upgrading for rollout other first")
+        );
+        // Restarting, offline, its report 1 minute old: still its place
+        // (health timeout 2m); 10 minutes old: the place goes on.
+        let stuck = Fleet::new(vec![report(RobotUpgradePhase::Restarting), None]);
+        let p = plan_of(&spec(1, 0), &stuck.views(&[0], &[], &[0]));
+        assert!(p.mark.is_empty());
+        let later = Rollout {
+            name: "r",
+            spec: &spec(1, 0),
+            cancelled_by: None,
+        };
+        let p = plan(later, &stuck.views(&[0], &[], &[0]), "2026-11-26T04:09:00Z".parse().unwrap());
+        assert_eq!((p.mark, p.unmark), (vec!["r1".to_owned()], vec!["r0".to_owned()]));
+    }
+
+    #[test]
+    fn a_cancelled_rollout_starts_nobody_and_lets_ordered_robots_go() {
+        let fleet = Fleet::new(vec![report(RobotUpgradePhase::Restarting), None, None]);
+        let s = spec(3, 0);
+        let cancelled = Rollout {
+            name: "r",
+            spec: &s,
+            cancelled_by: Some("alice"),
+        };
+        let p = plan(cancelled, &fleet.views(&[], &[], &[0, 1]), now());
+        assert!(p.mark.is_empty());
+        assert_eq!(p.unmark, ["r1"], "r1 was only ordered; r0 finishes its trial");
+        assert_eq!(p.status.state, Some(RolloutState::Aborted));
+        assert!(p.status.message.unwrap().starts_with("cancelled by alice"));
     }
 }

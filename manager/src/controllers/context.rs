@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use futures::channel::mpsc::UnboundedSender;
 use k8s4r_api::backoff::exponential;
-use k8s4r_api::{Job, ManualAction, PeriodicJob, Robot, Task, TaskGroup, TaskState};
+use k8s4r_api::{AgentRollout, Job, ManualAction, PeriodicJob, Robot, Task, TaskGroup, TaskState};
 use k8s4r_service::backoff::Failures;
 use k8s4r_service::events::Recorder;
 use k8s4r_service::Kube;
@@ -40,6 +40,8 @@ pub struct Stores {
     pub leases: Store<Lease>,
     /// Every Job.
     pub jobs: Store<Job>,
+    /// Every AgentRollout.
+    pub rollouts: Store<AgentRollout>,
 }
 
 /// The scheduler's state: one lock, held only for in-memory work.
@@ -154,6 +156,7 @@ pub(crate) struct Triggers {
     pub(super) job: UnboundedSender<ObjectRef<Job>>,
     pub(super) robot: UnboundedSender<ObjectRef<Robot>>,
     pub(super) periodic: UnboundedSender<ObjectRef<PeriodicJob>>,
+    pub(super) rollout: UnboundedSender<ObjectRef<AgentRollout>>,
 }
 
 impl Triggers {
@@ -169,6 +172,9 @@ impl Triggers {
     }
     pub(super) fn periodic(&self, r: ObjectRef<PeriodicJob>) {
         let _ = self.periodic.unbounded_send(r);
+    }
+    pub(super) fn rollout(&self, r: ObjectRef<AgentRollout>) {
+        let _ = self.rollout.unbounded_send(r);
     }
     pub(crate) fn robot(&self, name: &str) {
         let _ = self.robot.unbounded_send(ObjectRef::new(name));

@@ -6,7 +6,7 @@
 //! itself and its owner.
 
 use futures::StreamExt;
-use k8s4r_api::{Facts, GroupMode, Job, PeriodicJob, Robot, RobotPhase, Task, TaskGroup, TaskState};
+use k8s4r_api::{AgentRollout, Facts, GroupMode, Job, PeriodicJob, Robot, RobotPhase, Task, TaskGroup, TaskState};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{watcher, WatchStreamExt};
@@ -135,6 +135,7 @@ impl Context {
         match event {
             watcher::Event::Apply(r) | watcher::Event::InitApply(r) => {
                 self.triggers.robot(&r.name_any());
+                self.trigger_rollouts();
                 let facts = facts_of(r);
                 let name = facts.name.clone();
                 let phase = facts.phase;
@@ -158,6 +159,7 @@ impl Context {
             }
             watcher::Event::Delete(r) => {
                 let name = r.name_any();
+                self.trigger_rollouts();
                 sched.robots.remove(&name);
                 self.trigger_every_robot_groups();
                 for key in sched.ledger.tasks_on(&name) {
@@ -239,6 +241,32 @@ impl Context {
         }
         for periodic in owners_of::<PeriodicJob, _>(job) {
             self.triggers.periodic(periodic);
+        }
+    }
+
+    /// Every AgentRollout looks again (a robot came, went or changed;
+    /// there are few rollouts, and their controller is debounced).
+    fn trigger_rollouts(&self) {
+        for rollout in self.stores.rollouts.state() {
+            self.triggers.rollout(ObjectRef::from_obj(rollout.as_ref()));
+        }
+    }
+
+    /// A rollout changed: it looks again. One deleted lets its robots go
+    /// (the RobotController unmarks them).
+    pub(super) fn on_rollout(&self, event: &watcher::Event<AgentRollout>) {
+        match event_object(event) {
+            Some((rollout, false)) => self.triggers.rollout(ObjectRef::from_obj(rollout)),
+            Some((rollout, true)) => {
+                let name = rollout.name_any();
+                for robot in self.stores.robots.state() {
+                    let marked = robot.annotations().get(k8s4r_api::names::ANNOTATION_AGENT_ROLLOUT);
+                    if marked == Some(&name) {
+                        self.triggers.robot(&robot.name_any());
+                    }
+                }
+            }
+            None => {}
         }
     }
 

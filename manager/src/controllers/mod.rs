@@ -18,6 +18,7 @@ mod informers;
 pub mod job;
 pub mod periodic;
 pub mod robot;
+pub mod rollout;
 pub mod task;
 pub mod taskgroup;
 
@@ -28,7 +29,7 @@ use futures::channel::mpsc::{unbounded, UnboundedReceiver};
 use futures::StreamExt;
 use jiff::Timestamp;
 use k8s4r_api::names::MANAGER_CONTROLLERS;
-use k8s4r_api::{Condition, ConditionStatus, Job, PeriodicJob, Robot, Task, TaskGroup};
+use k8s4r_api::{AgentRollout, Condition, ConditionStatus, Job, PeriodicJob, Robot, Task, TaskGroup};
 use k8s4r_service::backoff::Failures;
 use k8s4r_service::events::Recorder;
 use k8s4r_service::Kube;
@@ -105,6 +106,7 @@ pub async fn run(
             stores.robots.wait_until_ready(),
             stores.leases.wait_until_ready(),
             stores.jobs.wait_until_ready(),
+            stores.rollouts.wait_until_ready(),
             periodics.wait_until_ready()
         );
     };
@@ -142,6 +144,7 @@ struct Receivers {
     job: UnboundedReceiver<ObjectRef<Job>>,
     robot: UnboundedReceiver<ObjectRef<Robot>>,
     periodic: UnboundedReceiver<ObjectRef<PeriodicJob>>,
+    rollout: UnboundedReceiver<ObjectRef<AgentRollout>>,
 }
 
 /// A channel into each controller.
@@ -151,12 +154,14 @@ fn triggers() -> (Triggers, Receivers) {
     let (job_tx, job_rx) = unbounded();
     let (robot_tx, robot_rx) = unbounded();
     let (periodic_tx, periodic_rx) = unbounded();
+    let (rollout_tx, rollout_rx) = unbounded();
     let triggers = Triggers {
         task: task_tx,
         group: group_tx,
         job: job_tx,
         robot: robot_tx,
         periodic: periodic_tx,
+        rollout: rollout_tx,
     };
     let receivers = Receivers {
         task: task_rx,
@@ -164,6 +169,7 @@ fn triggers() -> (Triggers, Receivers) {
         job: job_rx,
         robot: robot_rx,
         periodic: periodic_rx,
+        rollout: rollout_rx,
     };
     (triggers, receivers)
 }
@@ -176,6 +182,7 @@ struct Writers {
     job: Writer<Job>,
     lease: Writer<Lease>,
     periodic: Writer<PeriodicJob>,
+    rollout: Writer<AgentRollout>,
 }
 
 /// The empty caches: those the reconciles share, the PeriodicJobs' (only
@@ -187,12 +194,14 @@ fn caches() -> (Stores, Store<PeriodicJob>, Writers) {
     let (jobs, job) = reflector::store::<Job>();
     let (leases, lease) = reflector::store::<Lease>();
     let (periodics, periodic) = reflector::store::<PeriodicJob>();
+    let (rollouts, rollout) = reflector::store::<AgentRollout>();
     let stores = Stores {
         tasks,
         groups,
         robots,
         leases,
         jobs,
+        rollouts,
     };
     let writers = Writers {
         task,
@@ -201,6 +210,7 @@ fn caches() -> (Stores, Store<PeriodicJob>, Writers) {
         job,
         lease,
         periodic,
+        rollout,
     };
     (stores, periodics, writers)
 }
@@ -232,7 +242,8 @@ fn start_informers(client: &Client, ctx: &Arc<Context>, writers: Writers) -> tok
     // (a controller with a cache of its own waits for it even while shutting
     // down).
     let lease_api = Api::<Lease>::namespaced(client.clone(), &ctx.config.robot_lease_namespace);
-    let (c1, c2, c3, c4, c5, c6) = (
+    let (c1, c2, c3, c4, c5, c6, c7) = (
+        ctx.clone(),
         ctx.clone(),
         ctx.clone(),
         ctx.clone(),
@@ -245,6 +256,12 @@ fn start_informers(client: &Client, ctx: &Arc<Context>, writers: Writers) -> tok
         writers.periodic,
         "periodicjob watch",
         move |e| c6.on_periodic(e),
+    );
+    let rollout_watch = informer(
+        Api::all(client.clone()),
+        writers.rollout,
+        "agentrollout watch",
+        move |e| c7.on_rollout(e),
     );
     let all = futures::future::join5(
         informer(Api::all(client.clone()), writers.task, "task watch", move |e| {
@@ -267,7 +284,7 @@ fn start_informers(client: &Client, ctx: &Arc<Context>, writers: Writers) -> tok
         }),
     );
     tokio::spawn(async move {
-        futures::future::join(all, periodic_watch).await;
+        futures::future::join3(all, periodic_watch, rollout_watch).await;
     })
 }
 
@@ -310,5 +327,13 @@ async fn controllers(
         .graceful_shutdown_on(stop())
         .run(periodic::reconcile, periodic::error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()));
-    tokio::join!(task_ctrl, group_ctrl, job_ctrl, robot_ctrl, periodic_ctrl);
+    // Robots change often; a rollout looks at all of them once a second at
+    // most.
+    let rollout_ctrl = Controller::for_stream(futures::stream::pending(), stores.rollouts)
+        .with_config(kube::runtime::controller::Config::default().debounce(Duration::from_secs(1)))
+        .reconcile_on(receivers.rollout)
+        .graceful_shutdown_on(stop())
+        .run(rollout::reconcile, rollout::error_policy, ctx.clone())
+        .for_each(|_| futures::future::ready(()));
+    tokio::join!(task_ctrl, group_ctrl, job_ctrl, robot_ctrl, periodic_ctrl, rollout_ctrl);
 }

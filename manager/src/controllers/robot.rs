@@ -132,6 +132,7 @@ async fn reconcile_robot(robot: &Robot, ctx: &Context) -> Result<Action> {
     let name = robot.name_any();
     let api: Api<Robot> = Api::all(ctx.client());
     let status = robot.status.clone().unwrap_or_default();
+    super::rollout::unmark_orphan(ctx, robot).await?;
 
     let PhasePlan {
         mut patch,
