@@ -10,7 +10,23 @@ use tokio_util::sync::CancellationToken;
 /// The `k8s4r-agent` program: what its `main` does, for any binary that
 /// should behave exactly like it (the end-to-end tests run one).
 pub fn main() -> ExitCode {
-    let args = Args::parse();
+    run_main(Args::parse())
+}
+
+/// The `k8s4r-agent` program, saying it is `version` (`--version`, its
+/// registrations) and reading `args` instead of the process's own: for a
+/// binary built to stand for another release.
+pub fn main_as(version: &'static str, args: Vec<std::ffi::OsString>) -> ExitCode {
+    use clap::{CommandFactory, FromArgMatches};
+    let _ = crate::VERSION.set(version);
+    let matches = Args::command().version(version).get_matches_from(args);
+    match Args::from_arg_matches(&matches) {
+        Ok(args) => run_main(args),
+        Err(e) => e.exit(),
+    }
+}
+
+fn run_main(args: Args) -> ExitCode {
     let check_only = args.check_config;
     let stop_left = args.stop_left_tasks;
     let boot_check = args.boot_check;

@@ -14,3 +14,12 @@ pub mod outbox;
 pub mod session;
 pub mod supervisor;
 pub mod upgrade;
+
+static VERSION: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+
+/// The version this agent says it is: its package's, unless the binary set
+/// another at start ([`cli::main_as`]; the upgrade tests build a "next"
+/// version that way).
+pub fn version() -> &'static str {
+    VERSION.get().copied().unwrap_or(env!("CARGO_PKG_VERSION"))
+}

@@ -618,7 +618,7 @@ impl Session {
             task_policy: Some(self.offer.policy.clone()),
             health: Some(self.current_health()),
             upgrade: self.upgrades.as_ref().and_then(UpgradeHooks::report),
-            ..Register::new(&self.robot_id, env!("CARGO_PKG_VERSION"), self.device.clone())
+            ..Register::new(&self.robot_id, crate::version(), self.device.clone())
         };
         tracing::info!(running = self.running.len(), "registering");
         self.publish_control(&self.topics.register(&self.robot_id), encode(&register), false);

@@ -51,6 +51,9 @@ impl Upgrades {
                 k8s4r_api::duration::format_duration(Duration::from_millis(t.health_timeout_ms))
             );
         }
+        if trial.is_some() {
+            failpoint("trial-start");
+        }
         let outcome = slots.outcome();
         Upgrades {
             slots,
@@ -179,7 +182,7 @@ impl Upgrades {
     /// version, nor while an upgrade is prepared or on trial, nor when the
     /// same order was just refused and the cluster has not heard it yet.
     fn takes(&mut self, order: &UpgradeOrder) -> bool {
-        if order.version == env!("CARGO_PKG_VERSION") {
+        if order.version == crate::version() {
             if self.trial.is_none() && self.progress.is_none() && self.outcome.is_none() {
                 // Already there (a re-sent order after the restart, or a
                 // robot installed by hand): say so once.
@@ -297,6 +300,35 @@ pub async fn watch_trial(
     tracing::error!("{why}");
     let _ = failure.set(why);
     stop.cancel();
+}
+
+/// The variable that names a failpoint, `STEP:MARKER`.
+pub const FAILPOINT_VARIABLE: &str = "K8S4R_UPGRADE_FAILPOINT";
+
+/// Fault injection for the upgrade tests: with `K8S4R_UPGRADE_FAILPOINT`
+/// set to `STEP:MARKER`, the agent SIGKILLs itself on reaching STEP
+/// (`downloaded`, `staged`, `switched`, `trial-start`), standing for a
+/// power cut there. Once: the marker file is created first, and a marker
+/// that exists disarms it.
+pub(crate) fn failpoint(step: &str) {
+    let Ok(value) = std::env::var(FAILPOINT_VARIABLE) else {
+        return;
+    };
+    let Some((at, marker)) = value.split_once(':') else {
+        return;
+    };
+    if at != step {
+        return;
+    }
+    let armed = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(marker)
+        .is_ok();
+    if armed {
+        tracing::warn!(step, "upgrade failpoint reached: SIGKILL");
+        let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+    }
 }
 
 /// The upgrades' lock; a panic while holding it leaves them usable.

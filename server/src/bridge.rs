@@ -68,6 +68,9 @@ pub struct Bridge {
     /// Whether the Task watch is in sync: a uid the cache lacks is taken
     /// for gone only then (and only after reading it from the API server).
     task_sync: InSync,
+    /// Per robot, the AgentRollout it was last seen marked for: a new mark
+    /// sends the order at once, not at the robot's next heartbeat.
+    marks_seen: Mutex<HashMap<String, String>>,
 }
 
 /// What one worker remembers of one robot. All of a robot's messages go to
@@ -166,6 +169,7 @@ impl Bridge {
             metrics,
             config,
             awaiting_response: Mutex::default(),
+            marks_seen: Mutex::default(),
             task_sync,
         }
     }
@@ -293,6 +297,9 @@ impl Bridge {
                 TopicKind::Register => match decode_for::<Register>(body, &robot_id, |m| &m.robot_id) {
                     Ok(msg) => {
                         let outcome = self.register(&msg).await?;
+                        // A new agent process: an order it should get is
+                        // sent at its first heartbeat, not up to 30 s on.
+                        memory.robot(&robot_id).upgrade_ordered = None;
                         if matches!(outcome, Outcome::Done(_)) {
                             let held = &mut memory.robot(&robot_id).held;
                             self.reconcile(&robot_id, &msg.held, None, held).await?;
@@ -485,6 +492,7 @@ impl Bridge {
     /// show-facts label.
     pub async fn robot_changed(&self, robot: &Robot) {
         self.follow_show_facts(robot).await;
+        self.order_on_mark(robot).await;
         let Some(status) = robot.status.as_ref() else {
             return;
         };

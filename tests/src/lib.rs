@@ -7,3 +7,8 @@
 pub mod chaos;
 pub mod faults;
 pub mod stopping;
+pub mod upgrade;
+
+/// The version the upgrade tests roll out: the agent's own, with `-next`
+/// (`e2e-agent-next`, `e2e-agent-crash` and `e2e-agent-lost` say it).
+pub const NEXT_VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "-next");

@@ -71,6 +71,7 @@ pub async fn prepare(
     fetch_with_retries(client, &artifact, &download, limits)
         .await
         .map_err(|e| format!("download from {}: {e}", order.url))?;
+    super::failpoint("downloaded");
     let (order, slots_, trust) = (order.clone(), slots.clone(), trust.clone());
     let staged = tokio::task::spawn_blocking(move || {
         let result = check_and_stage(&order, &slots_, &trust, &download);
@@ -81,9 +82,10 @@ pub async fn prepare(
     .map_err(|e| format!("the staging task failed: {e}"))??;
     let (order, to) = staged;
     step(Step::Staged);
+    super::failpoint("staged");
     let trial = Trial {
         rollout: order.rollout.clone(),
-        from_version: env!("CARGO_PKG_VERSION").to_owned(),
+        from_version: crate::version().to_owned(),
         to_version: order.version.clone(),
         from,
         to,
@@ -94,6 +96,7 @@ pub async fn prepare(
     slots
         .switch(&trial)
         .map_err(|e| format!("cannot switch to the new binary: {e}"))?;
+    super::failpoint("switched");
     step(Step::Restarting);
     Ok(trial)
 }

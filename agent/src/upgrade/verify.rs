@@ -78,18 +78,20 @@ pub fn check(path: &Path, expected: &Expected<'_>, trust: &Trust) -> Result<(), 
             found,
         });
     }
-    match trust {
-        Trust::Nothing => return Err(Refusal::NoKey),
-        Trust::UnsignedAllowed if expected.signature.is_none() => {}
-        Trust::UnsignedAllowed => return Err(Refusal::NoKey),
-        Trust::Keys(keys) => verify_signature(&bytes, expected, keys)?,
-    }
+    // Before the signature: a binary for another architecture is refused
+    // as such, whoever signed it.
     let arch = elf_arch(&bytes).unwrap_or("not a Linux executable this agent knows");
     if arch != std::env::consts::ARCH {
         return Err(Refusal::Architecture {
             expected: std::env::consts::ARCH.to_owned(),
             found: arch.to_owned(),
         });
+    }
+    match trust {
+        Trust::Nothing => return Err(Refusal::NoKey),
+        Trust::UnsignedAllowed if expected.signature.is_none() => {}
+        Trust::UnsignedAllowed => return Err(Refusal::NoKey),
+        Trust::Keys(keys) => verify_signature(&bytes, expected, keys)?,
     }
     Ok(())
 }
@@ -182,7 +184,7 @@ pub fn probe_version(path: &Path, version: &str, timeout: Duration) -> Result<()
     let deadline = std::time::Instant::now() + timeout;
     let status = loop {
         match child.try_wait() {
-            Ok(Some(status)) => break status,
+            Ok(Some(status)) => break Some(status),
             Ok(None) if std::time::Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(10));
             }
@@ -194,6 +196,11 @@ pub fn probe_version(path: &Path, version: &str, timeout: Duration) -> Result<()
                     k8s4r_api::duration::format_duration(timeout)
                 )));
             }
+            // Reaped by someone else: the supervisor reaps the zombies of
+            // its tasks' lineages, and the agent's own short-lived children
+            // may look like one. The exit status is lost; the answer, read
+            // below, still decides.
+            Err(e) if e.raw_os_error() == Some(nix::libc::ECHILD) => break None,
             Err(e) => return Err(Refusal::Probe(e.to_string())),
         }
     };
@@ -202,7 +209,7 @@ pub fn probe_version(path: &Path, version: &str, timeout: Duration) -> Result<()
         let _ = stdout.by_ref().take(4096).read_to_string(&mut out);
     }
     let answer = out.trim();
-    if !status.success() {
+    if let Some(status) = status.filter(|s| !s.success()) {
         return Err(Refusal::Probe(format!("failed ({status})")));
     }
     if answer != format!("k8s4r-agent {version}") {

@@ -66,6 +66,34 @@ impl Bridge {
         .await
     }
 
+    /// Sends the order at once to a robot newly marked for a rollout (seen
+    /// by the Robot watch), when it is online.
+    pub(super) async fn order_on_mark(&self, robot: &Robot) {
+        let name = robot.metadata.name.clone().unwrap_or_default();
+        let mark = robot
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION_AGENT_ROLLOUT));
+        {
+            let mut seen = super::lock(&self.marks_seen);
+            match mark {
+                None => {
+                    seen.remove(&name);
+                    return;
+                }
+                Some(m) if seen.get(&name) == Some(m) => return,
+                Some(m) => {
+                    seen.insert(name.clone(), m.clone());
+                }
+            }
+        }
+        let online = robot.status.as_ref().and_then(|s| s.phase) == Some(k8s4r_api::RobotPhase::Online);
+        if online {
+            self.order_upgrade(robot, None, &mut None).await;
+        }
+    }
+
     /// Sends `robot` its rollout's order when it is marked for one, runs
     /// another version and has not acted on it (by its report); looked at
     /// most every [`ORDER_EVERY`].
@@ -103,12 +131,18 @@ impl Bridge {
         if status.agent_version.as_deref() == Some(spec.version.as_str()) {
             return;
         }
-        // A robot that already acted on this very order says so: wait for
-        // it (a refusal or a rollback is the manager's to weigh).
-        let acted = report.is_some_and(|r| r.rollout == *rollout && r.version == spec.version)
-            || status.agent_upgrade.as_ref().is_some_and(|u| {
-                u.rollout == *rollout && u.version == spec.version && u.phase != RobotUpgradePhase::Pending
-            });
+        // A robot that acted on this very order says so: while it works on
+        // it, its reports name it; once it ended (a refusal or a rollback,
+        // the manager's to weigh), its Robot keeps the last word. A robot
+        // recorded mid-way whose agent now says nothing lost the work (it
+        // restarted): it is ordered again.
+        let ended = matches!(
+            status.agent_upgrade.as_ref(),
+            Some(u) if u.rollout == *rollout
+                && u.version == spec.version
+                && matches!(u.phase, RobotUpgradePhase::Failed | RobotUpgradePhase::RolledBack | RobotUpgradePhase::Healthy)
+        );
+        let acted = ended || report.is_some_and(|r| r.rollout == *rollout && r.version == spec.version);
         if acted {
             return;
         }
