@@ -7,7 +7,6 @@ use jiff::Timestamp;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::condition::Condition;
 use crate::job::CountOrPercent;
 use crate::selector::LabelSelector;
 
@@ -139,6 +138,7 @@ pub enum RobotUpgradePhase {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RobotUpgrade {
+    /// The Robot's name.
     pub robot: String,
     pub phase: RobotUpgradePhase,
     /// Why it failed or rolled back, or what it waits for.
@@ -167,12 +167,12 @@ pub struct AgentRolloutStatus {
     /// Robots that failed or rolled back.
     #[serde(default)]
     pub failed: i32,
-    /// Every matched robot that is not simply done: in progress, failed,
-    /// rolled back or pending.
+    /// The matched robots not done (pending, in progress, failed, rolled
+    /// back), then those this rollout took to the version (healthy); at
+    /// most 1000, the rest counted only.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub robot_upgrades: Vec<RobotUpgrade>,
+    /// The generation of the spec this status was made from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub conditions: Vec<Condition>,
 }

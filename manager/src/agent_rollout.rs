@@ -49,6 +49,9 @@ pub struct Plan {
     pub unmark: Vec<String>,
 }
 
+/// Robots listed in a rollout's status at most (all are counted).
+pub const MAX_LISTED: usize = 1000;
+
 /// A robot's health timeout when the rollout names none (the server sends
 /// the same default with the order).
 pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(120);
@@ -173,7 +176,10 @@ impl Tally {
         if marked && !keeps_mark {
             self.unmark.push(robot.name.to_owned());
         }
-        if phase != RobotUpgradePhase::Healthy {
+        // A robot on the version is listed when this rollout took it there
+        // (one already on it is only counted).
+        let took_it = robot.upgrade.is_some_and(|u| u.rollout == rollout.name);
+        if phase != RobotUpgradePhase::Healthy || took_it {
             self.entries.push(RobotUpgrade {
                 robot: robot.name.to_owned(),
                 phase,
@@ -231,6 +237,12 @@ pub fn plan(rollout: Rollout<'_>, robots: &[RobotView<'_>], now: Timestamp) -> P
         entry.since = Some(now);
     }
     let busy = tally.busy + mark.len();
+    // The status must stay small on a large fleet: the robots not done
+    // first, then those done, at most MAX_LISTED.
+    tally
+        .entries
+        .sort_by_key(|e| (e.phase == RobotUpgradePhase::Healthy, e.robot.clone()));
+    tally.entries.truncate(MAX_LISTED);
     let (state, message) = state_of(&rollout, &tally, total, max_failed, busy);
     tally.unmark.sort();
     tally.unmark.dedup();
@@ -243,7 +255,6 @@ pub fn plan(rollout: Rollout<'_>, robots: &[RobotView<'_>], now: Timestamp) -> P
             failed: tally.failed,
             robot_upgrades: tally.entries,
             observed_generation: None,
-            conditions: Vec::new(),
         },
         mark,
         unmark: tally.unmark,
@@ -272,7 +283,10 @@ fn state_of(
         );
     }
     if upgraded == total {
-        return (RolloutState::Complete, format!("all {total} robots run {version}"));
+        return (
+            RolloutState::Complete,
+            format!("all {total} robots run {version}"),
+        );
     }
     if failed > max_failed {
         return (
@@ -474,7 +488,11 @@ mod tests {
             spec: &spec(1, 0),
             cancelled_by: None,
         };
-        let p = plan(later, &stuck.views(&[0], &[], &[0]), "2026-11-26T04:09:00Z".parse().unwrap());
+        let p = plan(
+            later,
+            &stuck.views(&[0], &[], &[0]),
+            "2026-11-26T04:09:00Z".parse().unwrap(),
+        );
         assert_eq!((p.mark, p.unmark), (vec!["r1".to_owned()], vec!["r0".to_owned()]));
     }
 

@@ -48,7 +48,10 @@ async fn main() {
             .await;
         let robot = f.robot("bench").await;
         assert_eq!(version_of(&robot), Some(OLD_VERSION));
-        assert_eq!(upgrade_of(&robot).map(|u| u.1), Some(RobotUpgradePhase::RolledBack));
+        assert_eq!(
+            upgrade_of(&robot).map(|u| u.1),
+            Some(RobotUpgradePhase::RolledBack)
+        );
         rollback.push(started.elapsed());
         f.stop().await;
         println!(
@@ -70,6 +73,8 @@ async fn main() {
     println!("health timeout {HEALTH_TIMEOUT}");
     println!(
         "load average {}",
-        std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim()
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .trim()
     );
 }

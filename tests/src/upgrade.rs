@@ -184,9 +184,7 @@ fn command(line: &ExecLine, env: &[(String, String)], log: &Path) -> Command {
 
 /// Runs `line` to its end; whether it succeeded.
 fn run_to_end(line: &ExecLine, env: &[(String, String)], log: &Path) -> bool {
-    command(line, env, log)
-        .status()
-        .is_ok_and(|s| s.success())
+    command(line, env, log).status().is_ok_and(|s| s.success())
 }
 
 fn run_unit(unit: &UnitFile, env: &[(String, String)], log: &Path, shared: &Shared) {
@@ -202,7 +200,9 @@ fn run_unit(unit: &UnitFile, env: &[(String, String)], log: &Path, shared: &Shar
                     let _ = std::fs::OpenOptions::new()
                         .append(true)
                         .open(log)
-                        .and_then(|mut f| std::io::Write::write_all(&mut f, format!("unit: start: {e}\n").as_bytes()));
+                        .and_then(|mut f| {
+                            std::io::Write::write_all(&mut f, format!("unit: start: {e}\n").as_bytes())
+                        });
                 }
             }
             for line in &unit.stop_post {

@@ -34,7 +34,10 @@ async fn a_rollout_reaches_three_robots_one_at_a_time_and_their_services_keep_ru
     let robots = ["up-a", "up-b", "up-c"];
     let f = fleet(&robots, &[]).await;
     // A service on every robot, whose pid must not change.
-    let script = format!("echo $$ > {}/svc-$K8S4R_ROBOT_ID.pid; exec sleep 3600", f.env.scratch.display());
+    let script = format!(
+        "echo $$ > {}/svc-$K8S4R_ROBOT_ID.pid; exec sleep 3600",
+        f.env.scratch.display()
+    );
     let mut task = support::sh(&script, "2h");
     task["kind"] = serde_json::json!("service");
     f.env
@@ -54,15 +57,25 @@ async fn a_rollout_reaches_three_robots_one_at_a_time_and_their_services_keep_ru
     let mut order: Vec<String> = Vec::new();
     let mut seen_marked: BTreeSet<String> = BTreeSet::new();
     loop {
-        assert!(started.elapsed() < ROLLOUT_DEADLINE, "the rollout did not complete; order so far {order:?}");
-        let list = f.robots().list(&ListParams::default()).await.expect("list robots");
+        assert!(
+            started.elapsed() < ROLLOUT_DEADLINE,
+            "the rollout did not complete; order so far {order:?}"
+        );
+        let list = f
+            .robots()
+            .list(&ListParams::default())
+            .await
+            .expect("list robots");
         let marked: Vec<String> = list
             .items
             .iter()
             .filter(|r| r.annotations().contains_key(ANNOTATION_AGENT_ROLLOUT))
             .map(ResourceExt::name_any)
             .collect();
-        assert!(marked.len() <= 1, "maxParallel 1, yet {marked:?} are marked at once");
+        assert!(
+            marked.len() <= 1,
+            "maxParallel 1, yet {marked:?} are marked at once"
+        );
         let switching = list
             .items
             .iter()
@@ -70,12 +83,17 @@ async fn a_rollout_reaches_three_robots_one_at_a_time_and_their_services_keep_ru
                 upgrade_of(r).is_some_and(|(_, phase, _)| {
                     matches!(
                         phase,
-                        RobotUpgradePhase::Downloading | RobotUpgradePhase::Staged | RobotUpgradePhase::Restarting
+                        RobotUpgradePhase::Downloading
+                            | RobotUpgradePhase::Staged
+                            | RobotUpgradePhase::Restarting
                     )
                 })
             })
             .count();
-        assert!(switching <= 1, "maxParallel 1, yet {switching} robots upgrade at once");
+        assert!(
+            switching <= 1,
+            "maxParallel 1, yet {switching} robots upgrade at once"
+        );
         seen_marked.extend(marked);
         for r in &list.items {
             if version_of(r) == Some(NEXT_VERSION) && !order.contains(&r.name_any()) {
@@ -99,7 +117,11 @@ async fn a_rollout_reaches_three_robots_one_at_a_time_and_their_services_keep_ru
         assert_eq!(upgrade_of(&r).map(|u| u.1), Some(RobotUpgradePhase::Healthy));
         let slots = f.slots(robot);
         let next = slot_of(NEXT_VERSION, &slots);
-        assert_eq!(slots.current(), Some(next.clone()), "{robot} starts the new binary");
+        assert_eq!(
+            slots.current(),
+            Some(next.clone()),
+            "{robot} starts the new binary"
+        );
         assert_eq!(slots.confirmed(), Some(next), "{robot} confirmed it");
         assert!(slots.trial().is_none());
         assert!(f.units[robot].starts() >= 2, "{robot}'s agent was restarted");
@@ -135,10 +157,16 @@ async fn a_rollout_reaches_three_robots_one_at_a_time_and_their_services_keep_ru
 /// `why`, and is Online on the old agent, while the others were never
 /// touched. Returns that robot.
 async fn one_rolled_back(f: &Fleet, rollout: &str, why: &str, within: Duration) -> String {
-    let r = f.wait_state(rollout, RolloutState::PausedOnFailures, within).await;
+    let r = f
+        .wait_state(rollout, RolloutState::PausedOnFailures, within)
+        .await;
     let status = r.status.expect("status");
     assert_eq!((status.failed, status.upgraded), (1, 0), "{status:?}");
-    let list = f.robots().list(&ListParams::default()).await.expect("list robots");
+    let list = f
+        .robots()
+        .list(&ListParams::default())
+        .await
+        .expect("list robots");
     let rolled: Vec<&Robot> = list
         .items
         .iter()
@@ -151,7 +179,11 @@ async fn one_rolled_back(f: &Fleet, rollout: &str, why: &str, within: Duration) 
     let reason = reason.unwrap_or_default();
     assert!(reason.contains(why), "{robot}'s reason `{reason}` says `{why}`");
     let back = f.robot(&robot).await;
-    assert_eq!(version_of(&back), Some(OLD_VERSION), "{robot} runs the old agent again");
+    assert_eq!(
+        version_of(&back),
+        Some(OLD_VERSION),
+        "{robot} runs the old agent again"
+    );
     let slots = f.slots(&robot);
     assert_eq!(slots.current(), Some(slot_of(OLD_VERSION, &slots)));
     assert!(slots.trial().is_none());
@@ -176,7 +208,10 @@ async fn a_broken_new_agent_is_rolled_back_by_the_robot_and_max_failed_zero_paus
     f.roll_out("crash", "crash", 1, 0, "30s").await;
     let started = Instant::now();
     one_rolled_back(&f, "crash", "exited 3 times", health + Duration::from_secs(60)).await;
-    println!("crashing binary rolled back and reported in {:?}", started.elapsed());
+    println!(
+        "crashing binary rolled back and reported in {:?}",
+        started.elapsed()
+    );
     f.delete_rollout("crash").await;
 
     // Starts, but cannot reach the broker: it gives itself up at its
@@ -213,10 +248,21 @@ async fn a_forged_signature_a_wrong_digest_and_another_architecture_are_refused_
         let robot_now = f.robot(robot).await;
         assert_eq!(version_of(&robot_now), Some(OLD_VERSION));
         let slots = f.slots(robot);
-        assert_eq!(slots.current(), Some(slot_of(OLD_VERSION, &slots)), "{artifact}: nothing switched");
-        assert!(!slot_of(NEXT_VERSION, &slots).exists(), "{artifact}: nothing staged");
+        assert_eq!(
+            slots.current(),
+            Some(slot_of(OLD_VERSION, &slots)),
+            "{artifact}: nothing switched"
+        );
+        assert!(
+            !slot_of(NEXT_VERSION, &slots).exists(),
+            "{artifact}: nothing staged"
+        );
         assert!(slots.trial().is_none());
-        assert_eq!(f.units[robot].starts(), 1, "{artifact}: the agent was never restarted");
+        assert_eq!(
+            f.units[robot].starts(),
+            1,
+            "{artifact}: the agent was never restarted"
+        );
         f.delete_rollout(artifact).await;
     }
     f.stop().await;

@@ -6,7 +6,9 @@
 //! itself and its owner.
 
 use futures::StreamExt;
-use k8s4r_api::{AgentRollout, Facts, GroupMode, Job, PeriodicJob, Robot, RobotPhase, Task, TaskGroup, TaskState};
+use k8s4r_api::{
+    AgentRollout, Facts, GroupMode, Job, PeriodicJob, Robot, RobotPhase, Task, TaskGroup, TaskState,
+};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{watcher, WatchStreamExt};
@@ -260,7 +262,9 @@ impl Context {
             Some((rollout, true)) => {
                 let name = rollout.name_any();
                 for robot in self.stores.robots.state() {
-                    let marked = robot.annotations().get(k8s4r_api::names::ANNOTATION_AGENT_ROLLOUT);
+                    let marked = robot
+                        .annotations()
+                        .get(k8s4r_api::names::ANNOTATION_AGENT_ROLLOUT);
                     if marked == Some(&name) {
                         self.triggers.robot(&robot.name_any());
                     }

@@ -335,5 +335,12 @@ async fn controllers(
         .graceful_shutdown_on(stop())
         .run(rollout::reconcile, rollout::error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()));
-    tokio::join!(task_ctrl, group_ctrl, job_ctrl, robot_ctrl, periodic_ctrl, rollout_ctrl);
+    tokio::join!(
+        task_ctrl,
+        group_ctrl,
+        job_ctrl,
+        robot_ctrl,
+        periodic_ctrl,
+        rollout_ctrl
+    );
 }

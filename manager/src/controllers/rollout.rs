@@ -19,7 +19,7 @@ use kube::{Api, ResourceExt};
 use tracing::instrument;
 
 use super::Context;
-use crate::agent_rollout::{plan, Rollout, RobotView};
+use crate::agent_rollout::{plan, RobotView, Rollout};
 use crate::error::{Error, Result};
 
 /// How often a rollout is looked at without a change: robots offline for
@@ -206,7 +206,11 @@ mod tests {
     #[test]
     fn since_stays_while_the_phase_does() {
         let previous = AgentRolloutStatus {
-            robot_upgrades: vec![entry("r0", RobotUpgradePhase::Downloading, "2026-11-26T04:00:00Z")],
+            robot_upgrades: vec![entry(
+                "r0",
+                RobotUpgradePhase::Downloading,
+                "2026-11-26T04:00:00Z",
+            )],
             ..AgentRolloutStatus::default()
         };
         let mut status = AgentRolloutStatus {

@@ -51,7 +51,10 @@ pub async fn fleet(robots: &[&str], failpoints: &[(&str, &str)]) -> Fleet {
     artifacts.insert("crash", signer.sign("crash", Path::new(CRASH)));
     artifacts.insert("lost", signer.sign("lost", Path::new(LOST)));
     artifacts.insert("forged", intruder.sign("forged", Path::new(NEXT)));
-    artifacts.insert("arm", signer.sign_bytes("arm", &as_aarch64(&next.bytes), NEXT_VERSION));
+    artifacts.insert(
+        "arm",
+        signer.sign_bytes("arm", &as_aarch64(&next.bytes), NEXT_VERSION),
+    );
     // The good binary's signature, another binary's digest.
     artifacts.insert(
         "digest",
@@ -84,7 +87,10 @@ pub async fn fleet(robots: &[&str], failpoints: &[(&str, &str)]) -> Fleet {
         let mut vars = vec![("RUST_LOG".to_owned(), "info".to_owned())];
         if let Some((_, step)) = failpoints.iter().find(|(r, _)| r == robot) {
             let marker = env.dir.path().join(format!("{robot}.failpoint"));
-            vars.push((FAILPOINT_VARIABLE.to_owned(), format!("{step}:{}", marker.display())));
+            vars.push((
+                FAILPOINT_VARIABLE.to_owned(),
+                format!("{step}:{}", marker.display()),
+            ));
         }
         let log = env.dir.path().join(format!("{robot}.log"));
         units.insert((*robot).to_owned(), Unit::start(unit, vars, &log));
@@ -119,7 +125,14 @@ impl Fleet {
 
     /// Creates rollout `name` of artifact `artifact` (declared for
     /// `arch`).
-    pub async fn roll_out(&self, name: &str, artifact: &str, max_parallel: i32, max_failed: i32, health: &str) {
+    pub async fn roll_out(
+        &self,
+        name: &str,
+        artifact: &str,
+        max_parallel: i32,
+        max_failed: i32,
+        health: &str,
+    ) {
         let a = &self.artifacts[artifact];
         let rollout: AgentRollout = serde_json::from_value(serde_json::json!({
             "apiVersion": "robot.k8s4r.io/v1alpha1",
@@ -174,10 +187,11 @@ impl Fleet {
         let robots = self.robots();
         eventually("no robot marked for a deleted rollout", || async {
             let list = robots.list(&ListParams::default()).await.ok()?;
-            let marked = list
-                .items
-                .iter()
-                .any(|r| r.annotations().get(ANNOTATION_AGENT_ROLLOUT).is_some_and(|m| m == name));
+            let marked = list.items.iter().any(|r| {
+                r.annotations()
+                    .get(ANNOTATION_AGENT_ROLLOUT)
+                    .is_some_and(|m| m == name)
+            });
             (!marked).then_some(())
         })
         .await;
@@ -196,4 +210,3 @@ pub fn upgrade_of(robot: &Robot) -> Option<(&str, RobotUpgradePhase, Option<&str
 pub fn slot_of(version: &str, robot_slots: &Slots) -> PathBuf {
     robot_slots.dir().join("slots").join(version).join("k8s4r-agent")
 }
-
