@@ -120,7 +120,15 @@ impl LabelSelector {
 
     pub fn matches(&self, obj: &Value) -> bool {
         let labels = &obj["metadata"]["labels"];
-        let get = |k: &str| labels.get(k).and_then(|v| v.as_str());
+        self.matches_with(|k| labels.get(k).and_then(|v| v.as_str()))
+    }
+
+    /// Whether `labels` (an object's labels as a map) match.
+    pub fn matches_labels(&self, labels: &std::collections::BTreeMap<String, String>) -> bool {
+        self.matches_with(|k| labels.get(k).map(String::as_str))
+    }
+
+    fn matches_with<'a>(&self, get: impl Fn(&str) -> Option<&'a str>) -> bool {
         self.0.iter().all(|r| match r {
             Requirement::Equals(k, v) => get(k) == Some(v.as_str()),
             Requirement::NotEquals(k, v) => get(k) != Some(v.as_str()),

@@ -35,6 +35,8 @@ fn up_args() -> UpArgs {
         labels: Vec::new(),
         demo: false,
         in_memory: false,
+        dashboard_listen: k8s4r::dashboard::DEFAULT_LISTEN.parse().expect("addr"),
+        no_dashboard: true,
     }
 }
 

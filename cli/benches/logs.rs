@@ -39,6 +39,8 @@ async fn measure() -> Vec<f64> {
         labels: Vec::new(),
         demo: false,
         in_memory: true,
+        dashboard_listen: k8s4r::dashboard::DEFAULT_LISTEN.parse().expect("addr"),
+        no_dashboard: true,
     };
     let shutdown = CancellationToken::new();
     let stack = Stack::start(&args, dir.path(), shutdown.clone())

@@ -102,7 +102,7 @@ struct Unschedulable {
 }
 
 /// Cordons (`on`) or uncordons `robot`; false when it already was.
-async fn set_unschedulable(client: &Client, robot: &str, on: bool) -> anyhow::Result<bool> {
+pub async fn set_unschedulable(client: &Client, robot: &str, on: bool) -> anyhow::Result<bool> {
     let robots: Api<Robot> = Api::all(client.clone());
     let current = read_robot(&robots, robot).await?;
     if current.spec.unschedulable == on {

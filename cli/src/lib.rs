@@ -4,6 +4,7 @@
 //! `drain`).
 
 pub mod broker;
+pub mod dashboard;
 pub mod drain;
 pub mod error;
 pub mod join;
@@ -104,6 +105,10 @@ pub enum Command {
     /// an agent binary for an AgentRollout: writes BINARY.minisig and
     /// prints the rollout's artifact entry.
     SignAgent(sign::SignArgs),
+    /// Serve the dashboard: the fleet, jobs, tasks and their live output
+    /// in a browser, on loopback, acting with your kubeconfig's
+    /// credentials. Prints the URL to open (it carries a login token).
+    Dashboard(dashboard::DashboardArgs),
 }
 
 impl Args {
@@ -137,6 +142,7 @@ impl Args {
             Command::Uncordon(args) => drain::cordon(args, false, &data_dir).await,
             Command::Drain(args) => drain::drain(args, &data_dir).await,
             Command::SignAgent(args) => sign::run(&args),
+            Command::Dashboard(args) => dashboard::run(args, &data_dir).await,
             Command::JoinCommand(args) => join::run(args, &data_dir),
             Command::Status(args) => status::status(args, &data_dir).await,
             Command::Version(args) => status::version(args, &data_dir).await,

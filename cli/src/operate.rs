@@ -96,7 +96,8 @@ impl Target {
         })
     }
 
-    fn describe(&self) -> String {
+    /// `task NAME`, `task group NAME`, `job NAME`.
+    pub fn describe(&self) -> String {
         match self {
             Target::Task(n) => format!("task {n}"),
             Target::Group(n) => format!("task group {n}"),
@@ -155,7 +156,8 @@ impl Manual {
         }
     }
 
-    fn verb(self) -> &'static str {
+    /// `retry` or `cancel`.
+    pub fn verb(self) -> &'static str {
         match self {
             Manual::Retry => "retry",
             Manual::Cancel => "cancel",
@@ -172,25 +174,40 @@ pub async fn whoami(client: &Client) -> Option<String> {
     answer.status?.user_info?.username
 }
 
+/// Writes the request (`manual`) on `target` in `ns`, as `by` when known:
+/// the annotation the manager acts on, and who asked. Returns the
+/// request's value (a timestamp; the status records it once acted on).
+pub async fn request(
+    client: &Client,
+    ns: &str,
+    target: &Target,
+    manual: Manual,
+    by: Option<&str>,
+) -> anyhow::Result<String> {
+    let value = jiff::Timestamp::now().to_string();
+    let mut annotations = serde_json::Map::new();
+    annotations.insert(manual.annotation().to_owned(), value.clone().into());
+    if let Some(by) = by {
+        annotations.insert(ANNOTATION_REQUESTED_BY.to_owned(), by.into());
+    }
+    let patch = json!({ "metadata": { "annotations": annotations } });
+    let what = target.describe();
+    match target {
+        Target::Task(name) => annotate::<Task>(client, ns, name, &patch, manual, &what).await?,
+        Target::Group(name) => annotate::<TaskGroup>(client, ns, name, &patch, manual, &what).await?,
+        Target::Job(name) => annotate::<Job>(client, ns, name, &patch, manual, &what).await?,
+    }
+    Ok(value)
+}
+
 /// Writes the request on `target` and, unless told not to, waits until the
 /// manager recorded acting on it.
 pub async fn run(manual: Manual, args: ManualArgs, data_dir: &Path) -> anyhow::Result<()> {
     let target = args.target()?;
     let (client, ns) = args.kube.connect(data_dir).await?;
-    let value = jiff::Timestamp::now().to_string();
     let by = whoami(&client).await;
-    let mut annotations = serde_json::Map::new();
-    annotations.insert(manual.annotation().to_owned(), value.clone().into());
-    if let Some(by) = &by {
-        annotations.insert(ANNOTATION_REQUESTED_BY.to_owned(), by.clone().into());
-    }
-    let patch = json!({ "metadata": { "annotations": annotations } });
+    let value = request(&client, &ns, &target, manual, by.as_deref()).await?;
     let what = target.describe();
-    match &target {
-        Target::Task(name) => annotate::<Task>(&client, &ns, name, &patch, manual, &what).await?,
-        Target::Group(name) => annotate::<TaskGroup>(&client, &ns, name, &patch, manual, &what).await?,
-        Target::Job(name) => annotate::<Job>(&client, &ns, name, &patch, manual, &what).await?,
-    }
     println!(
         "{} of {what} in namespace {ns} requested ({value})",
         manual.verb()

@@ -36,6 +36,10 @@ pub const CLUSTER_MANIFESTS: &[(&str, &str)] = &[
         "deploy/cluster/30-logs.yaml",
         include_str!("../../deploy/cluster/30-logs.yaml"),
     ),
+    (
+        "deploy/cluster/40-people.yaml",
+        include_str!("../../deploy/cluster/40-people.yaml"),
+    ),
 ];
 /// The ServiceAccounts of the server and the manager.
 pub const SERVER_ACCOUNT: &str = "k8s4r-server";
@@ -84,6 +88,12 @@ pub struct UpArgs {
     /// Keep the API server's objects in memory only (nothing survives).
     #[arg(long, env = "K8S4R_IN_MEMORY")]
     pub in_memory: bool,
+    /// Where to serve the dashboard (as `k8s4r dashboard --listen`).
+    #[arg(long, env = "K8S4R_DASHBOARD_LISTEN", default_value = crate::dashboard::DEFAULT_LISTEN)]
+    pub dashboard_listen: SocketAddr,
+    /// Do not serve the dashboard.
+    #[arg(long, env = "K8S4R_NO_DASHBOARD")]
+    pub no_dashboard: bool,
 }
 
 /// The path of the kubeconfig `up` writes.
@@ -105,6 +115,17 @@ pub async fn run(args: UpArgs, data_dir: PathBuf) -> anyhow::Result<()> {
         kubeconfig.display()
     );
     println!("  MQTT broker  {}", stack.broker_url);
+    if !args.no_dashboard {
+        let config = crate::dashboard::Config {
+            client: stack.client.clone(),
+            namespace: None,
+            listen: args.dashboard_listen,
+        };
+        match crate::dashboard::serve(config, shutdown.clone()).await {
+            Ok(served) => println!("  dashboard    {}", served.url),
+            Err(e) => eprintln!("warning: no dashboard: {e:#} (--dashboard-listen chooses another address)"),
+        }
+    }
     if let Some(robot) = &stack.local_robot {
         println!("  local robot  {robot}");
     }
@@ -319,7 +340,8 @@ fn load_or_create_secret(path: &Path) -> Result<String, UpError> {
 }
 
 /// 24 random bytes, in hex.
-fn random_secret() -> Result<String, UpError> {
+/// 24 random bytes, in hex: a token no one can guess.
+pub(crate) fn random_secret() -> Result<String, UpError> {
     let mut bytes = [0u8; 24];
     let mut urandom = std::fs::File::open("/dev/urandom").map_err(|source| UpError::Io {
         what: "open /dev/urandom".to_owned(),

@@ -265,6 +265,8 @@ async fn start_stack(broker_url: &str, data_dir: &Path, in_memory: bool) -> Stac
         labels: Vec::new(),
         demo: false,
         in_memory,
+        dashboard_listen: k8s4r::dashboard::DEFAULT_LISTEN.parse().expect("addr"),
+        no_dashboard: true,
     };
     let mut manager = manager_config();
     // A SIGKILLed agent's connection drops, so Mosquitto publishes its

@@ -1,0 +1,152 @@
+//! `k8s4r dashboard`: the fleet in a browser, served on loopback by this
+//! process and acting with the user's own credentials (their kubeconfig,
+//! or `k8s4r up`'s admin client), so that RBAC applies as it does to
+//! kubectl. Server-rendered HTML ([`views`]), one small script that follows
+//! the cluster's changes over server-sent events ([`live`]) and swaps the
+//! page's content in place, every asset compiled into the binary.
+//!
+//! - [`state`]: the watches and caches of this one user, and what they may do;
+//! - [`guard`]: who may talk to it (the Host header, a login token, a CSRF
+//!   token on every form);
+//! - [`views`], [`graph`]: the pages;
+//! - [`actions`]: cancel, retry, cordon, uncordon, through exactly what
+//!   `k8s4r cancel|retry|cordon|uncordon` do;
+//! - [`live`]: change notices, and a task's live log.
+
+mod actions;
+mod graph;
+mod guard;
+mod live;
+mod state;
+mod views;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use axum::routing::get;
+use axum::Router;
+use clap::Args as ClapArgs;
+use kube::Client;
+use tokio_util::sync::CancellationToken;
+
+use crate::operate::KubeArgs;
+pub use state::State;
+
+/// The dashboard's default address: loopback only.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8484";
+
+/// `k8s4r dashboard`.
+#[derive(Debug, Clone, ClapArgs)]
+pub struct DashboardArgs {
+    #[command(flatten)]
+    pub kube: KubeArgs,
+    /// Jobs and Tasks of every namespace, not only -n's.
+    #[arg(short = 'A', long)]
+    pub all_namespaces: bool,
+    /// Where to serve it. Anything but a loopback address lets whoever
+    /// reaches it, with the printed URL, act as you.
+    #[arg(long, env = "K8S4R_DASHBOARD_LISTEN", default_value = DEFAULT_LISTEN)]
+    pub listen: SocketAddr,
+    /// Open the URL in a browser (xdg-open).
+    #[arg(long)]
+    pub open: bool,
+}
+
+/// What a dashboard serves and as whom.
+pub struct Config {
+    /// The user's client: every read and write is made with it.
+    pub client: Client,
+    /// Jobs and Tasks of this namespace; all when `None`.
+    pub namespace: Option<String>,
+    pub listen: SocketAddr,
+}
+
+/// A dashboard that is serving.
+pub struct Served {
+    /// The address it listens on.
+    pub addr: SocketAddr,
+    /// The URL to open: it carries the login token.
+    pub url: String,
+}
+
+/// Runs `k8s4r dashboard` until Ctrl-C.
+pub async fn run(args: DashboardArgs, data_dir: &Path) -> anyhow::Result<()> {
+    let (client, ns) = args.kube.connect(data_dir).await?;
+    let config = Config {
+        client,
+        namespace: (!args.all_namespaces).then_some(ns),
+        listen: args.listen,
+    };
+    let shutdown = CancellationToken::new();
+    let served = serve(config, shutdown.clone()).await?;
+    if !served.addr.ip().is_loopback() {
+        eprintln!(
+            "warning: the dashboard listens on {}: anyone who reaches it and has the URL acts as you, \
+             with your credentials, over plain HTTP. Prefer the default ({DEFAULT_LISTEN}) and \
+             `ssh -L 8484:127.0.0.1:8484` from another machine.",
+            served.addr
+        );
+    }
+    println!("k8s4r dashboard: {}", served.url);
+    println!("(the URL carries a login token; Ctrl-C to stop)");
+    if args.open {
+        let _ = std::process::Command::new("xdg-open").arg(&served.url).spawn();
+    }
+    tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")?;
+    shutdown.cancel();
+    Ok(())
+}
+
+/// Starts serving `config` until `shutdown`; returns once it listens.
+pub async fn serve(config: Config, shutdown: CancellationToken) -> anyhow::Result<Served> {
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {} for the dashboard", config.listen))?;
+    let addr = listener.local_addr().context("the dashboard's address")?;
+    let state = Arc::new(State::start(config.client, config.namespace, addr, &shutdown).await?);
+    let url = format!("http://{}/?token={}", url_host(addr), state.login_token());
+    let app = router(state);
+    tokio::spawn(async move {
+        let served = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned());
+        if let Err(e) = served.await {
+            tracing::error!(error = %e, "the dashboard stopped");
+        }
+    });
+    Ok(Served { addr, url })
+}
+
+/// How a browser should name `addr`.
+fn url_host(addr: SocketAddr) -> String {
+    match addr {
+        SocketAddr::V4(a) if a.ip().is_unspecified() => format!("127.0.0.1:{}", a.port()),
+        SocketAddr::V6(a) if a.ip().is_unspecified() => format!("[::1]:{}", a.port()),
+        a => a.to_string(),
+    }
+}
+
+fn router(state: Arc<State>) -> Router {
+    Router::new()
+        .route("/", get(views::home))
+        .route("/fleet", get(views::fleet))
+        .route("/robots/{name}", get(views::robot))
+        .route(
+            "/robots/{name}/{action}",
+            get(actions::robot_form).post(actions::robot_action),
+        )
+        .route("/jobs", get(views::jobs))
+        .route("/ns/{ns}/jobs/{name}", get(views::job))
+        .route("/ns/{ns}/tasks/{name}", get(views::task))
+        .route("/ns/{ns}/tasks/{name}/log", get(live::log))
+        .route(
+            "/ns/{ns}/{kind}/{name}/{action}",
+            get(actions::work_form).post(actions::work_action),
+        )
+        .route("/live", get(live::changes))
+        .route("/assets/app.js", get(views::script))
+        .route("/assets/app.css", get(views::style))
+        .route("/healthz", get(views::healthz))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), guard::guard))
+        .with_state(state)
+}

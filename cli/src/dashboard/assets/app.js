@@ -1,0 +1,84 @@
+// k8s4r dashboard: follows the cluster's changes and refetches the page's
+// live part in place; follows a task's output. No framework, no inline code.
+"use strict";
+
+const live = document.getElementById("live");
+const banner = document.getElementById("conn");
+
+function showBanner(text) {
+  if (!banner) return;
+  if (text) banner.textContent = text;
+  banner.hidden = false;
+}
+
+let refreshing = false;
+let again = false;
+async function refresh() {
+  if (refreshing) { again = true; return; }
+  refreshing = true;
+  try {
+    const r = await fetch(location.href, { headers: { "x-fragment": "1" }, cache: "no-store" });
+    if (r.ok) {
+      const focused = document.activeElement && document.activeElement.id;
+      live.innerHTML = await r.text();
+      if (focused) { const el = document.getElementById(focused); if (el) el.focus(); }
+      document.dispatchEvent(new CustomEvent("k8s4r:refreshed"));
+    }
+  } catch (e) {
+    showBanner();
+  } finally {
+    refreshing = false;
+    if (again) { again = false; refresh(); }
+  }
+}
+
+if (live && live.dataset.watch) {
+  const source = new EventSource("/live?watch=" + encodeURIComponent(live.dataset.watch));
+  let lost = false;
+  source.addEventListener("hello", () => {
+    banner.hidden = true;
+    if (lost) { lost = false; refresh(); }
+  });
+  source.addEventListener("changed", refresh);
+  source.onerror = () => { lost = true; showBanner("Connection to the dashboard lost: retrying…"); };
+}
+
+// A task's output.
+const log = document.getElementById("log");
+const logStatus = document.getElementById("log-status");
+if (log && log.dataset.src) {
+  const source = new EventSource(log.dataset.src);
+  const say = (text) => { logStatus.textContent = text; };
+  let done = false;
+  source.addEventListener("out", (e) => {
+    const atEnd = log.scrollTop + log.clientHeight >= log.scrollHeight - 4;
+    log.append(document.createTextNode(JSON.parse(e.data)));
+    if (atEnd) log.scrollTop = log.scrollHeight;
+  });
+  source.addEventListener("gap", (e) => {
+    const mark = document.createElement("span");
+    mark.className = "gap";
+    mark.textContent = "[" + e.data + "]\n";
+    log.append(mark);
+  });
+  source.addEventListener("notice", (e) => say(e.data));
+  source.addEventListener("error", (e) => {
+    if (e.data) { say(e.data); done = true; source.close(); }
+  });
+  source.addEventListener("end", () => { done = true; say("End of output."); source.close(); });
+  source.addEventListener("cut", () => {
+    done = true; source.close();
+    say("The output was cut off before its end: reload to read it again.");
+  });
+  source.onerror = () => { if (!done) say("Output connection lost: retrying…"); };
+}
+
+// Relative ages ("5m ago") stay true without a refetch.
+function ages() {
+  for (const t of document.querySelectorAll("time[datetime]")) {
+    const s = Math.max(0, Math.round((Date.now() - Date.parse(t.dateTime)) / 1000));
+    t.textContent = (s < 120 ? s + "s" : s < 7200 ? Math.floor(s / 60) + "m"
+      : s < 172800 ? Math.floor(s / 3600) + "h" : Math.floor(s / 86400) + "d") + " ago";
+  }
+}
+setInterval(ages, 5000);

@@ -1,0 +1,764 @@
+//! The pages, rendered on the server from the caches. Each page has a URL
+//! of its own; its changing part (`#live`) is fetched again, alone, when
+//! the cluster changes (the request then carries `x-fragment: 1`).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State as Extract};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Redirect, Response};
+use jiff::Timestamp;
+use k8s4r_api::condition::find_condition;
+use k8s4r_api::names::{CONDITION_ACCEPTING_TASKS, LABEL_JOB};
+use k8s4r_api::{GroupMode, Job, Robot, RobotPhase, Task, TaskGroup};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::ListParams;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, ResourceExt};
+use maud::{html, Markup, DOCTYPE};
+use serde::Deserialize;
+
+use super::graph;
+use super::State;
+
+/// Robots on one page of the fleet view.
+pub const PAGE: usize = 100;
+
+const SCRIPT: &str = include_str!("assets/app.js");
+const STYLE: &str = include_str!("assets/app.css");
+
+pub async fn script() -> Response {
+    asset("text/javascript; charset=utf-8", SCRIPT)
+}
+
+pub async fn style() -> Response {
+    asset("text/css; charset=utf-8", STYLE)
+}
+
+fn asset(content_type: &'static str, body: &'static str) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, content_type),
+            (header::CACHE_CONTROL, "max-age=3600"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// 200 once every watch has listed; what the caches hold.
+pub async fn healthz(Extract(state): Extract<Arc<State>>) -> Response {
+    let body = serde_json::json!({
+        "ready": state.ready(),
+        "robots": state.robots.state().len(),
+        "jobs": state.jobs.state().len(),
+        "tasks": state.tasks.state().len(),
+    });
+    let status = if state.ready() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, axum::Json(body)).into_response()
+}
+
+pub async fn home() -> Redirect {
+    Redirect::to("/fleet")
+}
+
+/// A page: the whole document, or only its live part when the script asks.
+pub struct Page {
+    pub title: String,
+    /// The kinds whose changes refresh it.
+    pub watch: &'static str,
+    pub live: Markup,
+    /// Outside the live part (a task's log).
+    pub after: Option<Markup>,
+}
+
+impl Page {
+    pub fn render(self, state: &State, headers: &HeaderMap) -> Response {
+        let fragment = headers.get("x-fragment").is_some();
+        let live = html! {
+            @for notice in state.notices() { p.notice role="alert" { (notice) } }
+            (self.live)
+        };
+        if fragment {
+            return html_response(live);
+        }
+        let doc = html! {
+            (DOCTYPE)
+            html lang="en" {
+                head {
+                    meta charset="utf-8";
+                    meta name="viewport" content="width=device-width, initial-scale=1";
+                    meta name="color-scheme" content="light dark";
+                    meta name="csrf" content=(state.csrf_token());
+                    title { (self.title) " · k8s4r" }
+                    link rel="stylesheet" href="/assets/app.css";
+                    script src="/assets/app.js" defer {}
+                }
+                body {
+                    a.skip href="#main" { "Skip to content" }
+                    header {
+                        nav aria-label="Sections" {
+                            strong { "k8s4r" }
+                            a href="/fleet" { "Fleet" }
+                            a href="/jobs" { "Jobs" }
+                        }
+                        span.who { "as " (state.user.as_deref().unwrap_or("(unknown user)")) }
+                    }
+                    div #conn role="status" aria-live="polite" hidden { "Connection to the dashboard lost: retrying…" }
+                    main #main {
+                        h1 { (self.title) }
+                        div #live data-watch=(self.watch) { (live) }
+                        @if let Some(after) = self.after { (after) }
+                    }
+                }
+            }
+        };
+        html_response(doc)
+    }
+}
+
+fn html_response(markup: Markup) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        markup.into_string(),
+    )
+        .into_response()
+}
+
+/// A page that says what went wrong.
+pub fn problem(
+    state: &State,
+    headers: &HeaderMap,
+    status: StatusCode,
+    title: &str,
+    message: &str,
+) -> Response {
+    let page = Page {
+        title: title.to_owned(),
+        watch: "",
+        live: html! { p.problem role="alert" { (message) } },
+        after: None,
+    };
+    let mut response = page.render(state, headers);
+    *response.status_mut() = status;
+    response
+}
+
+// ------------------------------------------------------------------ helpers
+
+/// "12s", "5m", "3h", "2d" since `t`.
+pub fn age(t: Option<Timestamp>) -> String {
+    let Some(t) = t else {
+        return "-".to_owned();
+    };
+    let secs = Timestamp::now().duration_since(t).as_secs().max(0);
+    match secs {
+        s if s < 120 => format!("{s}s"),
+        s if s < 7200 => format!("{}m", s / 60),
+        s if s < 172_800 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86400),
+    }
+}
+
+fn time(t: Option<Timestamp>) -> Markup {
+    match t {
+        Some(t) => html! { time datetime=(t.to_string()) title=(t.to_string()) { (age(Some(t))) " ago" } },
+        None => html! { "-" },
+    }
+}
+
+fn phase_of(robot: &Robot) -> &'static str {
+    match robot.status.as_ref().and_then(|s| s.phase) {
+        Some(RobotPhase::Online) => "Online",
+        Some(RobotPhase::Offline) => "Offline",
+        Some(RobotPhase::Rejected) => "Rejected",
+        _ => "Pending",
+    }
+}
+
+const PHASES: [&str; 4] = ["Online", "Offline", "Pending", "Rejected"];
+
+fn task_state(task: &Task) -> &'static str {
+    task.status
+        .as_ref()
+        .and_then(|s| s.state)
+        .map_or("pending", |s| s.as_str())
+}
+
+fn work_state(state: Option<k8s4r_api::WorkState>) -> String {
+    state.map_or_else(|| "pending".to_owned(), |s| format!("{s:?}").to_lowercase())
+}
+
+fn badge(state: &str) -> Markup {
+    html! { span class=(format!("badge state-{}", state.to_lowercase())) { (state) } }
+}
+
+fn ns_of<K: ResourceExt>(obj: &K) -> String {
+    obj.namespace().unwrap_or_default()
+}
+
+// -------------------------------------------------------------------- fleet
+
+#[derive(Debug, Default, Deserialize)]
+pub struct FleetQuery {
+    #[serde(default)]
+    selector: String,
+    #[serde(default)]
+    phase: String,
+    #[serde(default)]
+    q: String,
+    #[serde(default)]
+    sort: String,
+    #[serde(default)]
+    page: usize,
+}
+
+/// The robots a fleet query shows, its counts per phase (of the robots
+/// its selector and search match), and how many match in all.
+pub struct FleetPage {
+    pub counts: BTreeMap<&'static str, usize>,
+    pub total: usize,
+    pub rows: Vec<Arc<Robot>>,
+}
+
+/// Filters, counts, sorts and pages `robots` as `query` asks.
+pub fn select(robots: Vec<Arc<Robot>>, query: &FleetQuery) -> Result<FleetPage, String> {
+    let selector = apiserver_lite::selectors::LabelSelector::parse(query.selector.trim())
+        .map_err(|e| format!("the label selector {:?} is not valid: {e}", query.selector))?;
+    let q = query.q.trim().to_lowercase();
+    let mut counts: BTreeMap<&'static str, usize> = PHASES.iter().map(|p| (*p, 0)).collect();
+    let mut rows: Vec<Arc<Robot>> = robots
+        .into_iter()
+        .filter(|r| selector.matches_labels(r.labels()))
+        .filter(|r| q.is_empty() || r.name_any().to_lowercase().contains(&q))
+        .inspect(|r| *counts.entry(phase_of(r)).or_default() += 1)
+        .filter(|r| query.phase.is_empty() || phase_of(r).eq_ignore_ascii_case(&query.phase))
+        .collect();
+    match query.sort.as_str() {
+        "phase" => rows.sort_by_key(|r| (phase_of(r), r.name_any())),
+        "heartbeat" => rows.sort_by_key(|r| {
+            (
+                std::cmp::Reverse(r.status.as_ref().and_then(|s| s.last_heartbeat_time)),
+                r.name_any(),
+            )
+        }),
+        _ => rows.sort_by_key(|r| r.name_any()),
+    }
+    let total = rows.len();
+    let rows = rows.into_iter().skip(query.page * PAGE).take(PAGE).collect();
+    Ok(FleetPage { counts, total, rows })
+}
+
+fn fleet_link(query: &FleetQuery, phase: &str, page: usize) -> String {
+    let enc = |s: &str| url_encode(s);
+    format!(
+        "/fleet?selector={}&phase={}&q={}&sort={}&page={page}",
+        enc(&query.selector),
+        enc(phase),
+        enc(&query.q),
+        enc(&query.sort)
+    )
+}
+
+/// Percent-encodes a query value.
+pub fn url_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+fn robot_row(robot: &Robot) -> Markup {
+    let name = robot.name_any();
+    let status = robot.status.clone().unwrap_or_default();
+    let accepting = find_condition(&status.conditions, CONDITION_ACCEPTING_TASKS);
+    let used = status.allocated.as_ref().map_or(0, |a| a.tasks);
+    let capacity = status.capacity.as_ref().map_or(0, |c| c.tasks);
+    let usage = status.usage.as_ref();
+    let facts = status.shown_facts.clone().unwrap_or_else(|| {
+        status
+            .facts
+            .iter()
+            .map(|(k, v)| format!("{k}={}", v.to_string().trim_matches('"')))
+            .collect::<Vec<_>>()
+            .join(" ")
+    });
+    html! {
+        tr id=(format!("robot-{name}")) data-rv=(robot.resource_version().unwrap_or_default()) {
+            th scope="row" { a href=(format!("/robots/{name}")) { (name) } }
+            td { (badge(phase_of(robot))) @if robot.spec.unschedulable { " " span.badge.cordoned { "cordoned" } } }
+            td { @match accepting {
+                Some(c) => { (format!("{:?}", c.status)) @if let Some(r) = &c.reason { " · " (r) } }
+                None => { "-" }
+            } }
+            td { (time(status.last_heartbeat_time)) }
+            td { (status.device.as_ref().map_or("-", |d| d.arch.as_str())) }
+            td { (status.agent_version.as_deref().unwrap_or("-")) }
+            td { (used) "/" (capacity) }
+            td { @if let Some(u) = usage {
+                (format!("{:.0}%", u.cpu_percent)) " cpu, "
+                (format!("{:.0}%", 100.0 * u.memory_used_bytes as f64 / u.memory_total_bytes.max(1) as f64)) " mem"
+            } @else { "-" } }
+            td.facts { (facts) }
+        }
+    }
+}
+
+pub async fn fleet(
+    Extract(state): Extract<Arc<State>>,
+    Query(query): Query<FleetQuery>,
+    headers: HeaderMap,
+) -> Response {
+    let page = match select(state.robots.state(), &query) {
+        Ok(p) => p,
+        Err(e) => return problem(&state, &headers, StatusCode::BAD_REQUEST, "Fleet", &e),
+    };
+    let all: usize = page.counts.values().sum();
+    let first = query.page * PAGE;
+    let live = html! {
+        form.filters method="get" action="/fleet" {
+            label { "Label selector " input type="text" name="selector" value=(query.selector) placeholder="site=lab,arch in (aarch64)"; }
+            label { "Name contains " input type="search" name="q" value=(query.q); }
+            label { "Phase " select name="phase" {
+                option value="" selected[query.phase.is_empty()] { "any" }
+                @for p in PHASES { option value=(p) selected[query.phase == p] { (p) } }
+            } }
+            label { "Sort by " select name="sort" {
+                option value="name" selected[query.sort.is_empty() || query.sort == "name"] { "name" }
+                option value="phase" selected[query.sort == "phase"] { "phase" }
+                option value="heartbeat" selected[query.sort == "heartbeat"] { "last heartbeat" }
+            } }
+            button type="submit" { "Show" }
+        }
+        ul.counts aria-label="Robots per phase" {
+            li { a href=(fleet_link(&query, "", 0)) { "All " strong #count-all { (all) } } }
+            @for (phase, n) in &page.counts {
+                li { a href=(fleet_link(&query, phase, 0)) { (phase) " " strong id=(format!("count-{}", phase.to_lowercase())) { (n) } } }
+            }
+        }
+        table.robots {
+            caption { "Robots " (first.min(page.total) + usize::from(page.total > 0)) "–" (first + page.rows.len()) " of " (page.total) }
+            thead { tr {
+                th scope="col" { "Robot" } th scope="col" { "Phase" } th scope="col" { "Accepting tasks" }
+                th scope="col" { "Heartbeat" } th scope="col" { "Arch" } th scope="col" { "Agent" }
+                th scope="col" { "Tasks" } th scope="col" { "Usage" } th scope="col" { "Facts" }
+            } }
+            tbody { @for r in &page.rows { (robot_row(r)) } }
+        }
+        nav.pages aria-label="Pages" {
+            @if query.page > 0 { a href=(fleet_link(&query, &query.phase, query.page - 1)) rel="prev" { "← previous" } }
+            @if first + PAGE < page.total { a href=(fleet_link(&query, &query.phase, query.page + 1)) rel="next" { "next →" } }
+        }
+    };
+    Page {
+        title: "Fleet".into(),
+        watch: "robot",
+        live,
+        after: None,
+    }
+    .render(&state, &headers)
+}
+
+// -------------------------------------------------------------------- robot
+
+async fn events_of(state: &State, kind: &str, name: &str, ns: Option<&str>) -> Vec<Event> {
+    let api: Api<Event> = match ns {
+        Some(ns) => Api::namespaced(state.client.clone(), ns),
+        None => Api::all(state.client.clone()),
+    };
+    let fields = format!("regarding.kind={kind},regarding.name={name}");
+    let mut events = api
+        .list(&ListParams::default().fields(&fields))
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
+    events.sort_by_key(|e| {
+        std::cmp::Reverse(
+            e.event_time
+                .as_ref()
+                .map(|t| t.0)
+                .or(e.deprecated_last_timestamp.as_ref().map(|t| t.0)),
+        )
+    });
+    events.truncate(20);
+    events
+}
+
+fn events_table(events: &[Event]) -> Markup {
+    html! {
+        section aria-labelledby="events-h" {
+            h2 #events-h { "Events" }
+            @if events.is_empty() { p { "No Events." } } @else {
+                table { thead { tr { th scope="col" { "Type" } th scope="col" { "Reason" } th scope="col" { "Age" } th scope="col" { "Message" } } }
+                    tbody { @for e in events { tr {
+                        td { (e.type_.as_deref().unwrap_or("")) }
+                        td { (e.reason.as_deref().unwrap_or("")) }
+                        td { (age(e.event_time.as_ref().map(|t| t.0).or(e.deprecated_last_timestamp.as_ref().map(|t| t.0)))) }
+                        td { (e.note.as_deref().unwrap_or("")) }
+                    } } }
+                }
+            }
+        }
+    }
+}
+
+/// A form that posts `action` to `url`, or nothing when not `allowed`.
+pub fn action_button(state: &State, url: &str, label: &str, allowed: bool) -> Markup {
+    html! {
+        @if allowed {
+            form.action method="post" action=(url) {
+                input type="hidden" name="_csrf" value=(state.csrf_token());
+                button type="submit" data-action=(label) { (label) }
+            }
+        }
+    }
+}
+
+fn tasks_table(tasks: &[Arc<Task>], show_robot: bool) -> Markup {
+    html! {
+        table { thead { tr {
+            th scope="col" { "Task" } th scope="col" { "State" } @if show_robot { th scope="col" { "Robot" } }
+            th scope="col" { "Attempt" } th scope="col" { "Reason" } th scope="col" { "Exit" }
+        } }
+        tbody { @for t in tasks {
+            @let s = t.status.clone().unwrap_or_default();
+            tr id=(format!("task-{}", t.name_any())) {
+                th scope="row" { a href=(format!("/ns/{}/tasks/{}", ns_of(t.as_ref()), t.name_any())) { (t.name_any()) } }
+                td { (badge(task_state(t))) }
+                @if show_robot { td { @if let Some(r) = &s.robot { a href=(format!("/robots/{r}")) { (r) } } @else { "-" } } }
+                td { (s.attempt) }
+                td { (s.reason.map(|r| format!("{r:?}")).unwrap_or_default()) }
+                td { (s.exit_code.map(|c| c.to_string()).unwrap_or_default()) }
+            }
+        } } }
+    }
+}
+
+pub async fn robot(
+    Extract(state): Extract<Arc<State>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let Some(robot) = state.robots.get(&ObjectRef::new(&name)) else {
+        let message = format!("robot {name} not found (or you may not see it)");
+        return problem(&state, &headers, StatusCode::NOT_FOUND, &name, &message);
+    };
+    let status = robot.status.clone().unwrap_or_default();
+    let mut tasks: Vec<Arc<Task>> = state
+        .tasks
+        .state()
+        .into_iter()
+        .filter(|t| t.status.as_ref().and_then(|s| s.robot.as_deref()) == Some(name.as_str()))
+        .collect();
+    tasks.sort_by_key(|t| {
+        let s = t.status.as_ref();
+        (
+            s.and_then(|s| s.state)
+                .is_some_and(k8s4r_api::TaskState::is_terminal),
+            std::cmp::Reverse(s.and_then(|s| s.finish_time.or(s.start_time))),
+        )
+    });
+    tasks.truncate(50);
+    let events = events_of(&state, "Robot", &name, None).await;
+    let can = state.can_i("patch", "robots", "").await;
+    let (verb, label) = if robot.spec.unschedulable {
+        ("uncordon", "Uncordon")
+    } else {
+        ("cordon", "Cordon")
+    };
+    let live = html! {
+        p { (badge(phase_of(&robot))) @if robot.spec.unschedulable { " " span.badge.cordoned { "cordoned" } }
+            " " (status.message.as_deref().unwrap_or("")) }
+        (action_button(&state, &format!("/robots/{name}/{verb}"), label, can))
+        dl.facts-list {
+            dt { "Heartbeat" } dd { (time(status.last_heartbeat_time)) }
+            dt { "Registered" } dd { (time(status.last_registration_time)) }
+            dt { "Agent" } dd { (status.agent_version.as_deref().unwrap_or("-")) }
+            dt { "Device" } dd { @if let Some(d) = &status.device { (d.arch) ", " (d.os) " " (d.os_version.as_deref().unwrap_or("")) ", " (d.cpus) " CPUs" } @else { "-" } }
+            dt { "Drivers" } dd { (status.drivers.join(", ")) }
+            dt { "Tasks" } dd { (status.allocated.as_ref().map_or(0, |a| a.tasks)) " of " (status.capacity.as_ref().map_or(0, |a| a.tasks)) }
+            @if let Some(u) = &status.usage { dt { "Usage" } dd { (format!("{:.0}% cpu, load {:.2}, {} MiB of {} MiB memory, {} MiB disk free", u.cpu_percent, u.load1, u.memory_used_bytes >> 20, u.memory_total_bytes >> 20, u.disk_free_bytes >> 20)) } }
+        }
+        h2 { "Conditions" }
+        table { thead { tr { th scope="col" { "Type" } th scope="col" { "Status" } th scope="col" { "Reason" } th scope="col" { "Since" } th scope="col" { "Message" } } }
+            tbody { @for c in &status.conditions { tr {
+                th scope="row" { (c.type_) } td { (format!("{:?}", c.status)) } td { (c.reason.as_deref().unwrap_or("")) }
+                td { (time(c.last_transition_time)) } td { (c.message.as_deref().unwrap_or("")) }
+            } } } }
+        h2 { "Labels" }
+        p { @for (k, v) in robot.labels() { code { (k) "=" (v) } " " } }
+        @if !status.facts.is_empty() {
+            h2 { "Facts" }
+            p { @for (k, v) in &status.facts { code { (k) "=" (v.to_string()) } " " } }
+        }
+        h2 { "Tasks, now and recently" }
+        (tasks_table(&tasks, false))
+        (events_table(&events))
+    };
+    Page {
+        title: format!("Robot {name}"),
+        watch: "robot,task",
+        live,
+        after: None,
+    }
+    .render(&state, &headers)
+}
+
+// --------------------------------------------------------------------- jobs
+
+fn job_progress(job: &Job) -> Markup {
+    let s = job.status.clone().unwrap_or_default();
+    let done = s.counts.completed;
+    let total = s.counts.total.max(1);
+    html! {
+        progress value=(done) max=(total) aria-label=(format!("{done} of {} tasks completed", s.counts.total)) {}
+        " " (s.completions.as_deref().unwrap_or(""))
+    }
+}
+
+pub async fn jobs(Extract(state): Extract<Arc<State>>, headers: HeaderMap) -> Response {
+    let mut jobs = state.jobs.state();
+    jobs.sort_by_key(|j| {
+        (
+            std::cmp::Reverse(j.creation_timestamp().map(|t| t.0)),
+            j.name_any(),
+        )
+    });
+    let live = html! {
+        table.jobs {
+            caption { (jobs.len()) " Jobs" @if let Some(ns) = &state.namespace { " in namespace " (ns) } }
+            thead { tr { th scope="col" { "Job" } th scope="col" { "Namespace" } th scope="col" { "State" } th scope="col" { "Progress" } th scope="col" { "Groups" } th scope="col" { "Age" } } }
+            tbody { @for j in &jobs { tr id=(format!("job-{}-{}", ns_of(j.as_ref()), j.name_any())) {
+                th scope="row" { a href=(format!("/ns/{}/jobs/{}", ns_of(j.as_ref()), j.name_any())) { (j.name_any()) } }
+                td { (ns_of(j.as_ref())) }
+                td { (badge(&work_state(j.status.as_ref().and_then(|s| s.state)))) }
+                td { (job_progress(j)) }
+                td { (j.spec.task_groups.len()) }
+                td { (age(j.creation_timestamp().map(|t| t.0))) }
+            } } }
+        }
+    };
+    Page {
+        title: "Jobs".into(),
+        watch: "job",
+        live,
+        after: None,
+    }
+    .render(&state, &headers)
+}
+
+fn rollout_of(group: &TaskGroup) -> Markup {
+    let t = &group.spec.template;
+    let Some(r) = group.status.as_ref().and_then(|s| s.rollout.clone()) else {
+        return html! {};
+    };
+    let done = r
+        .per_robot
+        .values()
+        .filter(|s| matches!(s, k8s4r_api::TaskState::Completed))
+        .count();
+    html! {
+        div.rollout {
+            progress value=(r.started) max=(r.robots.max(1)) aria-label=(format!("{} of {} robots reached", r.started, r.robots)) {}
+            " " (r.started) " of " (r.robots) " robots reached, " (r.waiting) " waiting, " (done) " done; maxParallel "
+            (t.max_parallel.map_or("unlimited".to_owned(), |m| m.to_string()))
+            ", maxFailed " (t.max_failed.as_ref().map_or("0".to_owned(), |m| serde_json::to_value(m).map(|v| v.to_string()).unwrap_or_default()))
+            @if let Some(s) = &r.stopped { " — stopped: " (s) }
+            ul.per-robot { @for (robot, s) in &r.per_robot { li { (robot) " " (badge(s.as_str())) } } }
+        }
+    }
+}
+
+pub async fn job(
+    Extract(state): Extract<Arc<State>>,
+    Path((ns, name)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    let Some(job) = state.jobs.get(&ObjectRef::new(&name).within(&ns)) else {
+        let message = format!("job {name} not found in namespace {ns} (or you may not see it)");
+        return problem(&state, &headers, StatusCode::NOT_FOUND, &name, &message);
+    };
+    let status = job.status.clone().unwrap_or_default();
+    let summaries: BTreeMap<&str, &k8s4r_api::GroupSummary> =
+        status.groups.iter().map(|g| (g.name.as_str(), g)).collect();
+    let nodes: Vec<graph::Node> = job
+        .spec
+        .task_groups
+        .iter()
+        .map(|g| graph::Node {
+            name: g.name.clone(),
+            state: work_state(summaries.get(g.name.as_str()).and_then(|s| s.state)),
+            after: job
+                .spec
+                .dependencies_of(g)
+                .into_iter()
+                .map(str::to_owned)
+                .collect(),
+        })
+        .collect();
+    let groups: BTreeMap<String, Arc<TaskGroup>> = state
+        .groups
+        .state()
+        .into_iter()
+        .filter(|g| ns_of(g.as_ref()) == ns && g.spec.job == name)
+        .map(|g| (g.spec.template.name.clone(), g))
+        .collect();
+    let mut tasks: Vec<Arc<Task>> = state
+        .tasks
+        .state()
+        .into_iter()
+        .filter(|t| ns_of(t.as_ref()) == ns && t.labels().get(LABEL_JOB) == Some(&name))
+        .collect();
+    tasks.sort_by_key(|t| t.name_any());
+    let can = state.can_i("patch", "jobs", &ns).await;
+    let live = html! {
+        p { (badge(&work_state(status.state))) " " (job_progress(&job)) }
+        div.actions {
+            (action_button(&state, &format!("/ns/{ns}/jobs/{name}/cancel"), "Cancel", can))
+            (action_button(&state, &format!("/ns/{ns}/jobs/{name}/retry"), "Retry", can))
+        }
+        h2 { "Groups" }
+        div.graph-wrap { (graph::svg(&nodes)) }
+        table.groups { thead { tr { th scope="col" { "Group" } th scope="col" { "State" } th scope="col" { "Waits for" } th scope="col" { "Tasks" } th scope="col" { "Note" } } }
+            tbody { @for n in &nodes {
+                @let summary = summaries.get(n.name.as_str());
+                tr { th scope="row" { (n.name) } td { (badge(&n.state)) } td { (n.after.join(", ")) }
+                    td { @if let Some(s) = summary { (s.counts.completed) " of " (s.counts.total) " completed" } }
+                    td { (summary.and_then(|s| s.message.as_deref()).unwrap_or(""))
+                        @if let Some(g) = groups.get(&n.name).filter(|g| g.spec.template.mode == GroupMode::EveryRobot) { (rollout_of(g)) } }
+                }
+            } } }
+        h2 { "Tasks" }
+        (tasks_table(&tasks, true))
+    };
+    Page {
+        title: format!("Job {name}"),
+        watch: "job,taskgroup,task",
+        live,
+        after: None,
+    }
+    .render(&state, &headers)
+}
+
+// --------------------------------------------------------------------- task
+
+pub async fn task(
+    Extract(state): Extract<Arc<State>>,
+    Path((ns, name)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    let Some(task) = state.tasks.get(&ObjectRef::new(&name).within(&ns)) else {
+        let message = format!("task {name} not found in namespace {ns} (or you may not see it)");
+        return problem(&state, &headers, StatusCode::NOT_FOUND, &name, &message);
+    };
+    let s = task.status.clone().unwrap_or_default();
+    let events = events_of(&state, "Task", &name, Some(&ns)).await;
+    let can = state.can_i("patch", "tasks", &ns).await;
+    let running = matches!(
+        s.state,
+        Some(k8s4r_api::TaskState::Running | k8s4r_api::TaskState::Dispatching)
+    );
+    let job = task.labels().get(LABEL_JOB).cloned();
+    let live = html! {
+        p { (badge(task_state(&task))) " attempt " (s.attempt)
+            @if let Some(r) = &s.robot { " on " a href=(format!("/robots/{r}")) { (r) } }
+            @if let Some(j) = &job { " · job " a href=(format!("/ns/{ns}/jobs/{j}")) { (j) } } }
+        @if let Some(m) = &s.message { p.message { (m) } }
+        div.actions {
+            (action_button(&state, &format!("/ns/{ns}/tasks/{name}/cancel"), "Cancel", can))
+            (action_button(&state, &format!("/ns/{ns}/tasks/{name}/retry"), "Retry", can))
+        }
+        h2 { "Attempts" }
+        table.attempts { thead { tr { th scope="col" { "Attempt" } th scope="col" { "Robot" } th scope="col" { "Started" } th scope="col" { "Ended" } th scope="col" { "State" } th scope="col" { "Reason" } th scope="col" { "Exit" } th scope="col" { "Restarts" } } }
+            tbody {
+                @for a in &s.attempts { tr {
+                    th scope="row" { (a.attempt) } td { (a.robot.as_deref().unwrap_or("-")) } td { "-" } td { (time(a.finish_time)) }
+                    td { (badge(a.state.as_str())) } td { (a.reason.map(|r| format!("{r:?}")).unwrap_or_default()) }
+                    td { (a.exit_code.map(|c| c.to_string()).unwrap_or_default()) } td { "-" }
+                    @if let Some(m) = &a.message { td.message { (m) } }
+                } }
+                tr.current {
+                    th scope="row" { (s.attempt) " (current)" } td { (s.robot.as_deref().unwrap_or("-")) } td { (time(s.start_time)) } td { (time(s.finish_time)) }
+                    td { (badge(task_state(&task))) } td { (s.reason.map(|r| format!("{r:?}")).unwrap_or_default()) }
+                    td { (s.exit_code.map(|c| c.to_string()).unwrap_or_default()) } td { (s.restarts.restart_count) }
+                }
+            } }
+        h2 { "Conditions" }
+        ul { @for c in &s.conditions { li { (c.type_) ": " (format!("{:?}", c.status)) " " (c.reason.as_deref().unwrap_or("")) " — " (c.message.as_deref().unwrap_or("")) } } }
+        (events_table(&events))
+    };
+    let after = html! {
+        section.log aria-labelledby="log-h" {
+            h2 #log-h { "Output" }
+            p #log-status role="status" aria-live="polite" {}
+            pre #log tabindex="0" aria-label="The task's output" data-src=(format!("/ns/{ns}/tasks/{name}/log?follow={running}")) {}
+        }
+    };
+    Page {
+        title: format!("Task {name}"),
+        watch: "task",
+        live,
+        after: Some(after),
+    }
+    .render(&state, &headers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s4r_api::{RobotSpec, RobotStatus};
+
+    fn robot(name: &str, phase: RobotPhase, labels: &[(&str, &str)]) -> Arc<Robot> {
+        let mut r = Robot::new(name, RobotSpec::default());
+        r.metadata.labels = Some(labels.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect());
+        r.status = Some(RobotStatus {
+            phase: Some(phase),
+            ..RobotStatus::default()
+        });
+        Arc::new(r)
+    }
+
+    #[test]
+    fn the_fleet_is_filtered_counted_and_paged() {
+        let mut robots: Vec<Arc<Robot>> = (0..250)
+            .map(|i| robot(&format!("r{i:03}"), RobotPhase::Online, &[("site", "lab")]))
+            .collect();
+        robots.push(robot("x1", RobotPhase::Offline, &[("site", "lab")]));
+        robots.push(robot("y1", RobotPhase::Online, &[("site", "yard")]));
+        let q = FleetQuery {
+            selector: "site=lab".into(),
+            page: 2,
+            ..FleetQuery::default()
+        };
+        let page = select(robots.clone(), &q).unwrap();
+        assert_eq!((page.total, page.rows.len()), (251, 51));
+        assert_eq!((page.counts["Online"], page.counts["Offline"]), (250, 1));
+        let offline = FleetQuery {
+            phase: "Offline".into(),
+            ..FleetQuery::default()
+        };
+        let page = select(robots.clone(), &offline).unwrap();
+        assert_eq!(page.rows[0].name_any(), "x1");
+        assert_eq!(page.counts["Online"], 251, "counts ignore the phase filter");
+        assert!(select(
+            robots,
+            &FleetQuery {
+                selector: "in (".into(),
+                ..FleetQuery::default()
+            }
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn query_values_are_encoded() {
+        assert_eq!(url_encode("a b&c=d"), "a%20b%26c%3Dd");
+    }
+}
