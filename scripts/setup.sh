@@ -3,7 +3,9 @@
 # machine with Rust (via rustup). Idempotent: does nothing that is already done.
 #
 #   scripts/setup.sh            a C toolchain, Mosquitto, systemd-analyze, openssl,
-#                               buildah and podman; checks that kubectl (1.27+) is there
+#                               buildah and podman, headless Chromium with chromedriver
+#                               and the tests' npm packages (axe-core); checks that
+#                               kubectl (1.27+) is there
 #   scripts/setup.sh --cross    the above plus the aarch64/armv7 cross toolchain
 #
 # The cross toolchain is Debian's rustc 1.85 (rustc-web) plus Debian's
@@ -12,6 +14,7 @@
 set -euo pipefail
 
 RUST_WEB_VERSION="1.85.0+dfsg3-1~deb12u3"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 
@@ -67,6 +70,26 @@ base() {
     fi
 }
 
+# The dashboard's end-to-end tests drive headless Chromium through
+# chromedriver (testbed/src/browser.rs) and inject axe-core, pinned in
+# tests/browser/package-lock.json, for the accessibility checks. npm runs
+# only when node_modules is missing or the lock changed since it last ran,
+# so a machine without the registry can run this again once it is set up.
+browser() {
+    apt_install chromium chromium-driver
+    command -v npm >/dev/null || apt_install nodejs npm
+    local dir="$ROOT/tests/browser"
+    local stamp="$dir/node_modules/.setup-lock.sha256"
+    local lock
+    lock=$(sha256sum "$dir/package-lock.json" | cut -d' ' -f1)
+    if [ -f "$dir/node_modules/axe-core/axe.min.js" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$lock" ]; then
+        return 0
+    fi
+    echo "setup: installing the browser tests' npm packages (tests/browser)"
+    npm ci --prefix "$dir" --no-audit --no-fund --loglevel=error >/dev/null
+    echo "$lock" >"$stamp"
+}
+
 # Debian's libstd for a foreign architecture cannot be apt-installed beside
 # the native one (multiarch version clash), so its rustlib is unpacked by hand.
 install_target_std() {
@@ -103,6 +126,7 @@ cross() {
 }
 
 base
+browser
 if [ "${1:-}" = "--cross" ]; then
     cross
 fi

@@ -3,12 +3,15 @@
 //! binary, TLS certificates made with openssl, and fault injection: a TCP
 //! proxy a test can cut, blackhole or slow down ([`proxy`]), and programs it
 //! can SIGKILL and restart ([`process`]); for benchmarks, their flags and
-//! the API server's write counter.
+//! the API server's write counter; for the dashboard, headless Chromium
+//! ([`browser`]) and pages to load in it ([`http`]).
 
+pub mod browser;
 pub mod http;
 pub mod process;
 pub mod proxy;
 
+pub use browser::{Browser, Element};
 pub use process::Program;
 pub use proxy::{Fault, Proxy};
 
