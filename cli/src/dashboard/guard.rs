@@ -11,7 +11,9 @@
 //! - forms carry a second token (the CSRF token, only in pages the cookie
 //!   opened), checked with the Origin header on every POST ([`form_ok`]);
 //! - responses forbid framing, inline scripts, sniffing, caching and
-//!   referrers.
+//!   referrers to other sites (`same-origin`: with `no-referrer` a browser
+//!   sends `Origin: null` on a form's POST, and the Origin check could not
+//!   tell the dashboard's own forms from another site's).
 
 use std::sync::Arc;
 
@@ -153,7 +155,7 @@ fn secured(mut response: Response) -> Response {
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
     );
-    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("same-origin"));
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     h.entry(header::CACHE_CONTROL)
         .or_insert(HeaderValue::from_static("no-store"));

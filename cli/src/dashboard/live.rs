@@ -37,7 +37,11 @@ pub async fn changes(
     let mut feed = state.changes.subscribe();
     let stream = async_stream(move |tx| async move {
         // Said at once: a page that reconnected refetches what it missed.
-        if tx.send(Event::default().event("hello").data("")).await.is_err() {
+        if tx
+            .send(Event::default().event("hello").data("hello"))
+            .await
+            .is_err()
+        {
             return;
         }
         loop {
@@ -52,7 +56,11 @@ pub async fn changes(
             tokio::time::sleep(COALESCE).await;
             // Whatever came meanwhile is told with this one.
             while feed.try_recv().is_ok() {}
-            if tx.send(Event::default().event("changed").data("")).await.is_err() {
+            if tx
+                .send(Event::default().event("changed").data("changed"))
+                .await
+                .is_err()
+            {
                 return;
             }
         }
@@ -107,7 +115,7 @@ pub async fn log(
                         out.push(match frame {
                             Frame::Output(bytes) => text_event("out", &bytes),
                             Frame::Warning(w) => Event::default().event("gap").data(w),
-                            Frame::End => Event::default().event("end").data(""),
+                            Frame::End => Event::default().event("end").data("end"),
                         });
                     }
                     out
@@ -126,7 +134,7 @@ pub async fn log(
             Some(_) => "cut",
             None => "end",
         };
-        let _ = tx.send(Event::default().event(last).data("")).await;
+        let _ = tx.send(Event::default().event(last).data(last)).await;
     });
     Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(10)))
 }

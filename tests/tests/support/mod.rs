@@ -15,6 +15,8 @@ use kube::api::{ListParams, PostParams};
 use kube::Api;
 use tokio_util::sync::CancellationToken;
 
+// Not every test uses each of them.
+#[allow(unused_imports)]
 pub use k8s4r_testbed::{free_port, kubectl, Mosquitto};
 
 /// How long any condition may take before a test fails.

@@ -1,0 +1,401 @@
+//! The dashboard in a real browser: a real `k8s4r up` process serving it,
+//! three real agents, headless Chromium driven through chromedriver. Each
+//! step saves a screenshot (`target/screenshots/dashboard-*.png`, or
+//! `$K8S4R_SCREENSHOT_DIR`).
+
+mod support;
+
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use k8s4r_api::{Job, Task};
+use k8s4r_testbed::browser::Browser;
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
+use kube::api::{ObjectMeta, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client};
+use support::{free_port, job_json, read_pid, sh, Proc, DEADLINE};
+
+const K8S4R: &str = env!("CARGO_BIN_EXE_e2e-k8s4r");
+const AGENT: &str = env!("CARGO_BIN_EXE_e2e-agent");
+/// The page-weight budget of the fleet view, compressed or not.
+const FLEET_BUDGET: u64 = 200 * 1024;
+
+/// A process whose standard output is read line by line.
+struct Lines {
+    proc: Proc,
+    lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Lines {
+    fn start(mut cmd: Command) -> Lines {
+        let mut child: Child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the program");
+        let stdout = child.stdout.take().expect("its stdout");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Lines {
+            proc: Proc(child),
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// The first line (from now) containing `needle`.
+    fn expect(&mut self, needle: &str) -> String {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) if line.contains(needle) => return line,
+                Ok(line) => self.seen.push(line),
+                Err(_) => panic!("no line with {needle:?}; output:\n{}", self.seen.join("\n")),
+            }
+        }
+    }
+}
+
+/// The URL in a line that ends with one.
+fn url_in(line: &str) -> String {
+    line.split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .expect("a URL")
+        .to_owned()
+}
+
+fn agent(dir: &Path, broker: &str, robot: &str) -> Proc {
+    let token = std::fs::read_to_string(dir.join("data/bootstrap-token")).expect("bootstrap token");
+    let state = dir.join("agents").join(robot);
+    std::fs::create_dir_all(&state).expect("state dir");
+    let child = Command::new(AGENT)
+        .args([
+            "--robot-id",
+            robot,
+            "--token",
+            token.trim(),
+            "--broker-url",
+            broker,
+        ])
+        .arg("--state-dir")
+        .arg(&state)
+        .args([
+            "--heartbeat-interval",
+            "1s",
+            "--raw-exec",
+            "true",
+            "--allow-root",
+            "true",
+        ])
+        .args(["--label", "site=lab"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the agent starts");
+    Proc(child)
+}
+
+async fn client_of(kubeconfig: &Path) -> Client {
+    let kc = Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .expect("config");
+    Client::try_from(config).expect("client")
+}
+
+/// A kubeconfig for a ServiceAccount bound to nothing but `view`.
+async fn viewer_kubeconfig(admin: &Client, admin_kubeconfig: &Path, dir: &Path) -> PathBuf {
+    let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), "default");
+    let account = ServiceAccount {
+        metadata: ObjectMeta {
+            name: Some("viewer".into()),
+            ..ObjectMeta::default()
+        },
+        ..ServiceAccount::default()
+    };
+    accounts
+        .create(&PostParams::default(), &account)
+        .await
+        .expect("create the ServiceAccount");
+    let binding = ClusterRoleBinding {
+        metadata: ObjectMeta {
+            name: Some("viewer-view".into()),
+            ..ObjectMeta::default()
+        },
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "ClusterRole".into(),
+            name: "view".into(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: "viewer".into(),
+            namespace: Some("default".into()),
+            ..Subject::default()
+        }]),
+    };
+    Api::<ClusterRoleBinding>::all(admin.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("bind view");
+    let token = accounts
+        .create_token_request("viewer", &PostParams::default(), &Default::default())
+        .await
+        .expect("a token")
+        .status
+        .expect("its status")
+        .token;
+    let mut yaml: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(admin_kubeconfig).expect("admin kubeconfig"))
+            .expect("yaml");
+    yaml["users"][0]["user"] = serde_yaml::to_value(serde_json::json!({ "token": token })).expect("user");
+    let path = dir.join("viewer.kubeconfig");
+    std::fs::write(&path, serde_yaml::to_string(&yaml).expect("yaml")).expect("write");
+    path
+}
+
+/// The `data-state` of group `group` in the job graph now (read in one
+/// script: the page may swap the graph between two WebDriver calls).
+async fn group_state(browser: &Browser, group: &str) -> String {
+    let script = "const g = document.getElementById('grp-' + arguments[0]); return g ? g.dataset.state : '';";
+    browser
+        .execute(script, &[serde_json::json!(group)])
+        .await
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_shows_the_fleet_jobs_logs_and_acts_as_its_user() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let data = dir.path().join("data");
+    let mqtt = free_port();
+    let mut up_cmd = Command::new(K8S4R);
+    up_cmd
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["--log", "warn", "up", "--in-memory"])
+        .args(["--api-bind", &format!("127.0.0.1:{}", free_port())])
+        .args(["--mqtt-bind", &format!("127.0.0.1:{mqtt}")])
+        .args(["--dashboard-listen", &format!("127.0.0.1:{}", free_port())]);
+    let mut up = Lines::start(up_cmd);
+    let url = url_in(&up.expect("dashboard"));
+    let broker = format!("mqtt://127.0.0.1:{mqtt}");
+    let _agents: Vec<Proc> = ["rb1", "rb2", "rb3"]
+        .iter()
+        .map(|r| agent(dir.path(), &broker, r))
+        .collect();
+    let kubeconfig = data.join("kubeconfig");
+    let admin = client_of(&kubeconfig).await;
+    let base = url.split("/?").next().expect("base").to_owned();
+    let browser = Browser::start().await;
+
+    // The fleet: three robots Online.
+    browser.goto(&url).await;
+    browser.wait_text("#count-online", "3", DEADLINE).await;
+    for robot in ["rb1", "rb2", "rb3"] {
+        let row = browser.wait_for(&format!("#robot-{robot}"), DEADLINE).await;
+        assert!(row.text().await.contains("Online"), "{robot}");
+    }
+    browser.screenshot("dashboard-fleet").await;
+    let violations = browser.axe_violations().await;
+    assert!(violations.is_empty(), "accessibility:\n{}", violations.join("\n"));
+    let bytes = browser.page_bytes().await;
+    assert!(
+        bytes > 0 && bytes <= FLEET_BUDGET,
+        "the fleet view weighs {bytes} bytes"
+    );
+
+    // An ordered Job: its graph's nodes change colour as its groups run.
+    let mut job = job_json(
+        "chain",
+        serde_json::json!([
+            { "name": "a", "count": 1, "task": sh("sleep 2", "1m") },
+            { "name": "b", "count": 1, "task": sh("sleep 2", "1m") },
+            { "name": "c", "count": 1, "task": sh("sleep 1", "1m") },
+        ]),
+    );
+    job["spec"]["order"] = serde_json::json!(["a", "b", "c"]);
+    let jobs: Api<Job> = Api::namespaced(admin.clone(), "default");
+    jobs.create(
+        &PostParams::default(),
+        &serde_json::from_value(job).expect("a Job"),
+    )
+    .await
+    .expect("create the Job");
+    browser.goto(&format!("{base}/ns/default/jobs/chain")).await;
+    let mut seen_a_running_b_pending = false;
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let (a, b, c) = (
+            group_state(&browser, "a").await,
+            group_state(&browser, "b").await,
+            group_state(&browser, "c").await,
+        );
+        if a == "running" && b == "pending" {
+            if !seen_a_running_b_pending {
+                browser.screenshot("dashboard-job-graph").await;
+            }
+            seen_a_running_b_pending = true;
+        }
+        if [&a, &b, &c].iter().all(|s| *s == "completed") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the graph ended at a={a} b={b} c={c}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        seen_a_running_b_pending,
+        "the page showed a running while b waited"
+    );
+    let violations = browser.axe_violations().await;
+    assert!(violations.is_empty(), "accessibility:\n{}", violations.join("\n"));
+
+    // A running task's output reaches the page within a second.
+    let lines = "for i in $(seq 1 40); do echo \"line-$i $(date +%s%3N)\"; sleep 0.25; done";
+    let jobs_log = job_json(
+        "talker",
+        serde_json::json!([{ "name": "t", "count": 1, "task": sh(lines, "1m") }]),
+    );
+    jobs.create(
+        &PostParams::default(),
+        &serde_json::from_value(jobs_log).expect("a Job"),
+    )
+    .await
+    .expect("create the Job");
+    let tasks: Api<Task> = Api::namespaced(admin.clone(), "default");
+    support::eventually("talker running", || async {
+        let s = tasks.get("talker-t-0").await.ok()?.status?;
+        (s.state == Some(k8s4r_api::TaskState::Running)).then_some(())
+    })
+    .await;
+    browser.goto(&format!("{base}/ns/default/tasks/talker-t-0")).await;
+    browser
+        .execute(
+            "window.seen = []; const since = Date.now(); \
+             new MutationObserver(ms => { for (const m of ms) for (const n of m.addedNodes) \
+               window.seen.push([Date.now(), n.textContent]); }) \
+             .observe(document.getElementById('log'), { childList: true }); \
+             window.since = since;",
+            &[],
+        )
+        .await;
+    browser.wait_text("#log", "line-30", DEADLINE).await;
+    let seen = browser.execute("return [window.since, window.seen];", &[]).await;
+    let since = seen[0].as_i64().expect("since");
+    let mut latencies = Vec::new();
+    for entry in seen[1].as_array().expect("seen") {
+        let at = entry[0].as_i64().expect("at");
+        for line in entry[1].as_str().unwrap_or("").lines() {
+            let Some(written) = line.split_whitespace().nth(1).and_then(|t| t.parse::<i64>().ok()) else {
+                continue;
+            };
+            if written > since {
+                latencies.push(at - written);
+            }
+        }
+    }
+    assert!(latencies.len() >= 10, "lines seen live: {latencies:?}");
+    let worst = latencies.iter().max().copied().unwrap_or_default();
+    assert!(worst <= 1000, "a line took {worst} ms to show: {latencies:?}");
+    browser.screenshot("dashboard-task-log").await;
+
+    // Cancel in the page stops the task's process on its robot.
+    let pid_file = dir.path().join("sleeper.pid");
+    let sleeper = format!("echo $$ > {}; exec sleep 600", pid_file.display());
+    let job_sleep = job_json(
+        "sleeper",
+        serde_json::json!([{ "name": "s", "count": 1, "task": sh(&sleeper, "1h") }]),
+    );
+    jobs.create(
+        &PostParams::default(),
+        &serde_json::from_value(job_sleep).expect("a Job"),
+    )
+    .await
+    .expect("create the Job");
+    let pid = read_pid(&pid_file).await;
+    browser
+        .goto(&format!("{base}/ns/default/tasks/sleeper-s-0"))
+        .await;
+    browser.wait_for("button[data-action=Cancel]", DEADLINE).await;
+    // Clicked in one script: the live part may be swapped between finding
+    // the button and a WebDriver click.
+    browser
+        .execute(
+            "document.querySelector('button[data-action=Cancel]').click();",
+            &[],
+        )
+        .await;
+    support::eventually("the task's process gone", || async {
+        let gone = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_err();
+        gone.then_some(())
+    })
+    .await;
+    browser.wait_text("#live", "cancelled", DEADLINE).await;
+    browser.screenshot("dashboard-cancelled").await;
+
+    // A user bound only to `view` sees no action and is told why.
+    let viewer = viewer_kubeconfig(&admin, &kubeconfig, dir.path()).await;
+    let mut dash = Command::new(K8S4R);
+    dash.arg("--data-dir")
+        .arg(&data)
+        .args(["dashboard", "--kubeconfig"])
+        .arg(&viewer)
+        .args(["--listen", &format!("127.0.0.1:{}", free_port())]);
+    let mut viewer_dash = Lines::start(dash);
+    let viewer_url = url_in(&viewer_dash.expect("k8s4r dashboard:"));
+    let viewer_base = viewer_url.split("/?").next().expect("base").to_owned();
+    browser.goto(&viewer_url).await;
+    browser.wait_text("#count-online", "3", DEADLINE).await;
+    browser
+        .goto(&format!("{viewer_base}/ns/default/tasks/talker-t-0"))
+        .await;
+    browser.wait_for("#log", DEADLINE).await;
+    assert!(
+        browser.find_all("button[data-action]").await.is_empty(),
+        "a viewer sees no action"
+    );
+    browser
+        .goto(&format!("{viewer_base}/ns/default/tasks/talker-t-0/cancel"))
+        .await;
+    let said = browser.wait_text(".problem", "may not cancel", DEADLINE).await;
+    assert!(said.contains("patch"), "{said}");
+    browser.screenshot("dashboard-viewer-refused").await;
+    let status = browser
+        .execute_async(
+            "const done = arguments[arguments.length - 1]; \
+             const csrf = document.querySelector('meta[name=csrf]').content; \
+             fetch(location.pathname, { method: 'POST', headers: { 'content-type': 'application/x-www-form-urlencoded' }, \
+               body: '_csrf=' + csrf }).then(r => done(r.status));",
+            &[],
+        )
+        .await;
+    assert_eq!(status, serde_json::json!(403), "a viewer's POST is refused");
+    drop(viewer_dash);
+
+    // Killing `k8s4r up` shows the banner.
+    browser.goto(&format!("{base}/fleet")).await;
+    browser.wait_text("#count-online", "3", DEADLINE).await;
+    up.proc.0.kill().expect("SIGKILL k8s4r up");
+    let _ = up.proc.0.wait();
+    let banner = browser
+        .wait_for("#conn:not([hidden])", Duration::from_secs(5))
+        .await;
+    assert!(banner.text().await.contains("lost"));
+    browser.screenshot("dashboard-lost").await;
+}
