@@ -7,6 +7,7 @@
 //!     cargo bench -p k8s4r-e2e --bench scale -- heartbeats [--robots 10000] [--seconds 120]
 //!     cargo bench -p k8s4r-e2e --bench scale -- dispatch [--robots 10000] [--jobs 10000] [--rate 200]
 //!     cargo bench -p k8s4r-e2e --bench scale -- reconnect-storm [--robots 5000] [--jobs 2000] [--rate 50] [--settle 70]
+//!     cargo bench -p k8s4r-e2e --bench scale -- dashboard [--robots 10000] [--updates 100]
 //!
 //! Each prints `BENCH <name> <value> <unit>` lines (BENCHMARKS.md) and a
 //! short summary. The server and manager run with their production
@@ -24,6 +25,9 @@ use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 
 const TOKEN: &str = "sim-bootstrap-token";
+
+#[path = "scale/dashboard.rs"]
+mod dashboard;
 
 /// CPU time (user + system) of a process so far, in seconds.
 fn cpu_seconds(pid: u32) -> f64 {
@@ -52,6 +56,7 @@ struct Cluster {
     server: Program,
     manager: Program,
     client: Client,
+    kubeconfig: PathBuf,
 }
 
 fn args(list: &[&str]) -> Vec<String> {
@@ -131,6 +136,7 @@ async fn start_cluster() -> Cluster {
         server,
         manager,
         client,
+        kubeconfig,
     }
 }
 
@@ -519,8 +525,15 @@ fn main() {
             usize::try_from(arg("--jobs", 2_000)).unwrap_or(2_000),
             arg("--rate", 50),
         )),
+        "dashboard" => runtime.block_on(dashboard::run(
+            start_cluster(),
+            robots,
+            usize::try_from(arg("--updates", 100)).unwrap_or(100),
+        )),
         other => {
-            eprintln!("unknown scenario {other:?}: register-storm, heartbeats, dispatch or reconnect-storm")
+            eprintln!(
+                "unknown scenario {other:?}: register-storm, heartbeats, dispatch, reconnect-storm or dashboard"
+            )
         }
     }
 }

@@ -10,10 +10,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use k8s4r_api::names::DEFAULT_ROBOT_LEASE_NAMESPACE;
 use k8s4r_api::{Job, Robot, Task, TaskGroup};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
 };
+use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::PostParams;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
@@ -32,6 +34,8 @@ pub enum Kind {
     Job,
     TaskGroup,
     Task,
+    /// The robots' Leases (their freshest sign of life).
+    Lease,
 }
 
 impl Kind {
@@ -41,6 +45,7 @@ impl Kind {
             Kind::Job => "job",
             Kind::TaskGroup => "taskgroup",
             Kind::Task => "task",
+            Kind::Lease => "lease",
         }
     }
 
@@ -63,6 +68,8 @@ pub struct State {
     pub jobs: Store<Job>,
     pub groups: Store<TaskGroup>,
     pub tasks: Store<Task>,
+    /// The robots' Leases, when the user may read them.
+    pub leases: Store<Lease>,
     /// A kind changed (or its watch broke or came back).
     pub changes: broadcast::Sender<Kind>,
     /// Per kind, why it cannot be watched now.
@@ -103,6 +110,11 @@ impl State {
             jobs: watch(job_api, Kind::Job, feed),
             groups: watch(group_api, Kind::TaskGroup, feed),
             tasks: watch(task_api, Kind::Task, feed),
+            leases: watch(
+                Api::namespaced(client.clone(), DEFAULT_ROBOT_LEASE_NAMESPACE),
+                Kind::Lease,
+                feed,
+            ),
             changes,
             notices,
             user: crate::operate::whoami(&client).await,
@@ -128,7 +140,26 @@ impl State {
     /// Why some kinds cannot be shown (the user may not watch them, or the
     /// API server is not answering).
     pub fn notices(&self) -> Vec<String> {
-        lock(&self.notices.0).values().cloned().collect()
+        // The Leases only sharpen the heartbeat's age: not being allowed
+        // to read them is not worth a word.
+        lock(&self.notices.0)
+            .iter()
+            .filter(|(k, _)| **k != Kind::Lease)
+            .map(|(_, v)| v.clone())
+            .collect()
+    }
+
+    /// When `robot` last showed a sign of life the cluster recorded: its
+    /// Robot's heartbeat (rewritten every few minutes) or its Lease
+    /// (renewed every 10–60 s), whichever is newer.
+    pub fn last_heartbeat(&self, robot: &Robot) -> Option<jiff::Timestamp> {
+        let name = kube::ResourceExt::name_any(robot);
+        let lease = self
+            .leases
+            .get(&kube::runtime::reflector::ObjectRef::new(&name).within(DEFAULT_ROBOT_LEASE_NAMESPACE))
+            .and_then(|l| l.spec.as_ref()?.renew_time.as_ref().map(|t| t.0));
+        let recorded = robot.status.as_ref().and_then(|s| s.last_heartbeat_time);
+        recorded.max(lease)
     }
 
     /// Whether every watch has listed once.
@@ -252,7 +283,9 @@ where
                 }
                 Err(e) => notices.set(kind, Some(explain_watch(kind, &e))),
             };
-            if changed {
+            // Leases are renewed every few seconds per robot: a page learns
+            // of them when it is fetched again, not from each renewal.
+            if changed && kind != Kind::Lease {
                 let _ = changes.send(kind);
             }
         }

@@ -227,7 +227,12 @@ pub struct FleetPage {
 }
 
 /// Filters, counts, sorts and pages `robots` as `query` asks.
-pub fn select(robots: Vec<Arc<Robot>>, query: &FleetQuery) -> Result<FleetPage, String> {
+/// `heartbeat` says when a robot was last heard of.
+pub fn select(
+    robots: Vec<Arc<Robot>>,
+    query: &FleetQuery,
+    heartbeat: impl Fn(&Robot) -> Option<Timestamp>,
+) -> Result<FleetPage, String> {
     let selector = apiserver_lite::selectors::LabelSelector::parse(query.selector.trim())
         .map_err(|e| format!("the label selector {:?} is not valid: {e}", query.selector))?;
     let q = query.q.trim().to_lowercase();
@@ -241,12 +246,7 @@ pub fn select(robots: Vec<Arc<Robot>>, query: &FleetQuery) -> Result<FleetPage, 
         .collect();
     match query.sort.as_str() {
         "phase" => rows.sort_by_key(|r| (phase_of(r), r.name_any())),
-        "heartbeat" => rows.sort_by_key(|r| {
-            (
-                std::cmp::Reverse(r.status.as_ref().and_then(|s| s.last_heartbeat_time)),
-                r.name_any(),
-            )
-        }),
+        "heartbeat" => rows.sort_by_key(|r| (std::cmp::Reverse(heartbeat(r)), r.name_any())),
         _ => rows.sort_by_key(|r| r.name_any()),
     }
     let total = rows.len();
@@ -275,7 +275,7 @@ pub fn url_encode(s: &str) -> String {
         .collect()
 }
 
-fn robot_row(robot: &Robot) -> Markup {
+fn robot_row(robot: &Robot, heartbeat: Option<Timestamp>) -> Markup {
     let name = robot.name_any();
     let status = robot.status.clone().unwrap_or_default();
     let accepting = find_condition(&status.conditions, CONDITION_ACCEPTING_TASKS);
@@ -298,7 +298,7 @@ fn robot_row(robot: &Robot) -> Markup {
                 Some(c) => { (format!("{:?}", c.status)) @if let Some(r) = &c.reason { " · " (r) } }
                 None => { "-" }
             } }
-            td { (time(status.last_heartbeat_time)) }
+            td { (time(heartbeat)) }
             td { (status.device.as_ref().map_or("-", |d| d.arch.as_str())) }
             td { (status.agent_version.as_deref().unwrap_or("-")) }
             td { (used) "/" (capacity) }
@@ -316,7 +316,7 @@ pub async fn fleet(
     Query(query): Query<FleetQuery>,
     headers: HeaderMap,
 ) -> Response {
-    let page = match select(state.robots.state(), &query) {
+    let page = match select(state.robots.state(), &query, |r| state.last_heartbeat(r)) {
         Ok(p) => p,
         Err(e) => return problem(&state, &headers, StatusCode::BAD_REQUEST, "Fleet", &e),
     };
@@ -350,7 +350,7 @@ pub async fn fleet(
                 th scope="col" { "Heartbeat" } th scope="col" { "Arch" } th scope="col" { "Agent" }
                 th scope="col" { "Tasks" } th scope="col" { "Usage" } th scope="col" { "Facts" }
             } }
-            tbody { @for r in &page.rows { (robot_row(r)) } }
+            tbody { @for r in &page.rows { (robot_row(r, state.last_heartbeat(r))) } }
         }
         nav.pages aria-label="Pages" {
             @if query.page > 0 { a href=(fleet_link(&query, &query.phase, query.page - 1)) rel="prev" { "← previous" } }
@@ -478,7 +478,7 @@ pub async fn robot(
             " " (status.message.as_deref().unwrap_or("")) }
         (action_button(&state, &format!("/robots/{name}/{verb}"), label, can))
         dl.facts-list {
-            dt { "Heartbeat" } dd { (time(status.last_heartbeat_time)) }
+            dt { "Heartbeat" } dd { (time(state.last_heartbeat(&robot))) }
             dt { "Registered" } dd { (time(status.last_registration_time)) }
             dt { "Agent" } dd { (status.agent_version.as_deref().unwrap_or("-")) }
             dt { "Device" } dd { @if let Some(d) = &status.device { (d.arch) ", " (d.os) " " (d.os_version.as_deref().unwrap_or("")) ", " (d.cpus) " CPUs" } @else { "-" } }
@@ -725,6 +725,10 @@ mod tests {
         Arc::new(r)
     }
 
+    fn recorded(r: &Robot) -> Option<Timestamp> {
+        r.status.as_ref()?.last_heartbeat_time
+    }
+
     #[test]
     fn the_fleet_is_filtered_counted_and_paged() {
         let mut robots: Vec<Arc<Robot>> = (0..250)
@@ -737,14 +741,14 @@ mod tests {
             page: 2,
             ..FleetQuery::default()
         };
-        let page = select(robots.clone(), &q).unwrap();
+        let page = select(robots.clone(), &q, recorded).unwrap();
         assert_eq!((page.total, page.rows.len()), (251, 51));
         assert_eq!((page.counts["Online"], page.counts["Offline"]), (250, 1));
         let offline = FleetQuery {
             phase: "Offline".into(),
             ..FleetQuery::default()
         };
-        let page = select(robots.clone(), &offline).unwrap();
+        let page = select(robots.clone(), &offline, recorded).unwrap();
         assert_eq!(page.rows[0].name_any(), "x1");
         assert_eq!(page.counts["Online"], 251, "counts ignore the phase filter");
         assert!(select(
@@ -752,7 +756,8 @@ mod tests {
             &FleetQuery {
                 selector: "in (".into(),
                 ..FleetQuery::default()
-            }
+            },
+            recorded
         )
         .is_err());
     }
