@@ -266,6 +266,32 @@ async fn the_dashboard_shows_the_fleet_jobs_logs_and_acts_as_its_user() {
     let violations = browser.axe_violations().await;
     assert!(violations.is_empty(), "accessibility:\n{}", violations.join("\n"));
 
+    // A PeriodicJob shows its schedule and its next run.
+    let periodic: k8s4r_api::PeriodicJob = serde_json::from_value(serde_json::json!({
+        "apiVersion": "robot.k8s4r.io/v1alpha1",
+        "kind": "PeriodicJob",
+        "metadata": { "name": "nightly", "namespace": "default" },
+        "spec": {
+            "schedule": "0 3 * * *",
+            "jobTemplate": { "spec": { "taskGroups": [{ "name": "g", "count": 1, "task": sh("true", "1m") }] } }
+        }
+    }))
+    .expect("a PeriodicJob");
+    Api::<k8s4r_api::PeriodicJob>::namespaced(admin.clone(), "default")
+        .create(&PostParams::default(), &periodic)
+        .await
+        .expect("create the PeriodicJob");
+    browser.goto(&format!("{base}/jobs")).await;
+    browser
+        .wait_text("#periodic-default-nightly", "0 3 * * *", DEADLINE)
+        .await;
+    browser
+        .wait_text("#periodic-default-nightly", "T03:00:00", DEADLINE)
+        .await;
+    browser
+        .wait_text("#job-default-chain", "completed", DEADLINE)
+        .await;
+
     // A running task's output reaches the page within a second.
     let lines = "for i in $(seq 1 40); do echo \"line-$i $(date +%s%3N)\"; sleep 0.25; done";
     let jobs_log = job_json(

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s4r_api::names::DEFAULT_ROBOT_LEASE_NAMESPACE;
-use k8s4r_api::{Job, Robot, Task, TaskGroup};
+use k8s4r_api::{Job, PeriodicJob, Robot, Task, TaskGroup};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
 };
@@ -34,6 +34,7 @@ pub enum Kind {
     Job,
     TaskGroup,
     Task,
+    PeriodicJob,
     /// The robots' Leases (their freshest sign of life).
     Lease,
 }
@@ -45,14 +46,21 @@ impl Kind {
             Kind::Job => "job",
             Kind::TaskGroup => "taskgroup",
             Kind::Task => "task",
+            Kind::PeriodicJob => "periodicjob",
             Kind::Lease => "lease",
         }
     }
 
     pub fn parse(s: &str) -> Option<Kind> {
-        [Kind::Robot, Kind::Job, Kind::TaskGroup, Kind::Task]
-            .into_iter()
-            .find(|k| k.name() == s)
+        [
+            Kind::Robot,
+            Kind::Job,
+            Kind::TaskGroup,
+            Kind::Task,
+            Kind::PeriodicJob,
+        ]
+        .into_iter()
+        .find(|k| k.name() == s)
     }
 }
 
@@ -68,6 +76,7 @@ pub struct State {
     pub jobs: Store<Job>,
     pub groups: Store<TaskGroup>,
     pub tasks: Store<Task>,
+    pub periodics: Store<PeriodicJob>,
     /// The robots' Leases, when the user may read them.
     pub leases: Store<Lease>,
     /// A kind changed (or its watch broke or came back).
@@ -103,6 +112,10 @@ impl State {
             }
         };
         let (job_api, group_api, task_api) = scoped(&client);
+        let periodic_api: Api<PeriodicJob> = match &namespace {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        };
         let notices = Notices::default();
         let feed = (&changes, &notices, shutdown);
         Ok(State {
@@ -110,6 +123,7 @@ impl State {
             jobs: watch(job_api, Kind::Job, feed),
             groups: watch(group_api, Kind::TaskGroup, feed),
             tasks: watch(task_api, Kind::Task, feed),
+            periodics: watch(periodic_api, Kind::PeriodicJob, feed),
             leases: watch(
                 Api::namespaced(client.clone(), DEFAULT_ROBOT_LEASE_NAMESPACE),
                 Kind::Lease,

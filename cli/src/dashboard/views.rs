@@ -10,8 +10,8 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use jiff::Timestamp;
 use k8s4r_api::condition::find_condition;
-use k8s4r_api::names::{CONDITION_ACCEPTING_TASKS, LABEL_JOB};
-use k8s4r_api::{GroupMode, Job, Robot, RobotPhase, Task, TaskGroup};
+use k8s4r_api::names::{CONDITION_ACCEPTING_TASKS, LABEL_JOB, LABEL_PERIODIC_JOB};
+use k8s4r_api::{GroupMode, Job, PeriodicJob, Robot, RobotPhase, Task, TaskGroup};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::ListParams;
 use kube::runtime::reflector::ObjectRef;
@@ -531,7 +531,10 @@ pub async fn jobs(Extract(state): Extract<Arc<State>>, headers: HeaderMap) -> Re
             j.name_any(),
         )
     });
+    let mut periodics = state.periodics.state();
+    periodics.sort_by_key(|p| (ns_of(p.as_ref()), p.name_any()));
     let live = html! {
+        @if !periodics.is_empty() { (periodic_table(&periodics, &jobs)) }
         table.jobs {
             caption { (jobs.len()) " Jobs" @if let Some(ns) = &state.namespace { " in namespace " (ns) } }
             thead { tr { th scope="col" { "Job" } th scope="col" { "Namespace" } th scope="col" { "State" } th scope="col" { "Progress" } th scope="col" { "Groups" } th scope="col" { "Age" } } }
@@ -547,11 +550,40 @@ pub async fn jobs(Extract(state): Extract<Arc<State>>, headers: HeaderMap) -> Re
     };
     Page {
         title: "Jobs".into(),
-        watch: "job",
+        watch: "job,periodicjob",
         live,
         after: None,
     }
     .render(&state, &headers)
+}
+
+/// The PeriodicJobs: schedule, next run, and their newest runs.
+fn periodic_table(periodics: &[Arc<PeriodicJob>], jobs: &[Arc<Job>]) -> Markup {
+    html! {
+        table.periodic {
+            caption { (periodics.len()) " periodic Jobs" }
+            thead { tr { th scope="col" { "Periodic job" } th scope="col" { "Namespace" } th scope="col" { "Schedule" }
+                th scope="col" { "Next run" } th scope="col" { "Last scheduled" } th scope="col" { "Recent runs" } } }
+            tbody { @for p in periodics {
+                @let s = p.status.clone().unwrap_or_default();
+                @let ns = ns_of(p.as_ref());
+                @let runs: Vec<&Arc<Job>> = jobs.iter()
+                    .filter(|j| ns_of(j.as_ref()) == ns && j.labels().get(LABEL_PERIODIC_JOB) == Some(&p.name_any()))
+                    .take(5).collect();
+                tr id=(format!("periodic-{ns}-{}", p.name_any())) {
+                    th scope="row" { (p.name_any()) }
+                    td { (ns) }
+                    td { code { (p.spec.schedule) } @if let Some(tz) = &p.spec.time_zone { " " (tz) } @if p.spec.suspend { " " span.badge.cordoned { "suspended" } } }
+                    td { @match s.next_schedule_time { Some(t) => { time datetime=(t.to_string()) { (t.to_string()) } } None => { "-" } } }
+                    td { (time(s.last_schedule_time)) }
+                    td { @for j in runs {
+                        a href=(format!("/ns/{ns}/jobs/{}", j.name_any())) { (j.name_any()) } " "
+                        (badge(&work_state(j.status.as_ref().and_then(|s| s.state)))) " "
+                    } }
+                }
+            } }
+        }
+    }
 }
 
 fn rollout_of(group: &TaskGroup) -> Markup {
@@ -618,6 +650,7 @@ pub async fn job(
         .collect();
     tasks.sort_by_key(|t| t.name_any());
     let can = state.can_i("patch", "jobs", &ns).await;
+    let can_groups = state.can_i("patch", "taskgroups", &ns).await;
     let live = html! {
         p { (badge(&work_state(status.state))) " " (job_progress(&job)) }
         div.actions {
@@ -626,13 +659,17 @@ pub async fn job(
         }
         h2 { "Groups" }
         div.graph-wrap { (graph::svg(&nodes)) }
-        table.groups { thead { tr { th scope="col" { "Group" } th scope="col" { "State" } th scope="col" { "Waits for" } th scope="col" { "Tasks" } th scope="col" { "Note" } } }
+        table.groups { thead { tr { th scope="col" { "Group" } th scope="col" { "State" } th scope="col" { "Waits for" } th scope="col" { "Tasks" } th scope="col" { "Note" } @if can_groups { th scope="col" { "Actions" } } } }
             tbody { @for n in &nodes {
                 @let summary = summaries.get(n.name.as_str());
                 tr { th scope="row" { (n.name) } td { (badge(&n.state)) } td { (n.after.join(", ")) }
                     td { @if let Some(s) = summary { (s.counts.completed) " of " (s.counts.total) " completed" } }
                     td { (summary.and_then(|s| s.message.as_deref()).unwrap_or(""))
                         @if let Some(g) = groups.get(&n.name).filter(|g| g.spec.template.mode == GroupMode::EveryRobot) { (rollout_of(g)) } }
+                    @if can_groups { td { @if let Some(g) = groups.get(&n.name) {
+                        (action_button(&state, &format!("/ns/{ns}/taskgroups/{}/cancel", g.name_any()), "Cancel group", true))
+                        (action_button(&state, &format!("/ns/{ns}/taskgroups/{}/retry", g.name_any()), "Retry group", true))
+                    } } }
                 }
             } } }
         h2 { "Tasks" }
