@@ -5,12 +5,14 @@
 
 pub mod broker;
 pub mod dashboard;
+pub mod data_dir;
 pub mod drain;
 pub mod error;
 pub mod join;
 pub mod logs;
 pub mod operate;
 pub mod progress;
+pub mod secret;
 pub mod sign;
 pub mod status;
 pub mod up;

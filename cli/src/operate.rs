@@ -46,7 +46,7 @@ impl KubeArgs {
         let path = match &self.kubeconfig {
             Some(path) => Some(path.clone()),
             None if from_env || home.as_deref().is_some_and(Path::exists) => None,
-            None => Some(crate::up::kubeconfig_path(data_dir)).filter(|p| p.exists()),
+            None => Some(crate::data_dir::kubeconfig_path(data_dir)).filter(|p| p.exists()),
         };
         let config = match path {
             Some(path) => {

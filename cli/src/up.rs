@@ -96,10 +96,8 @@ pub struct UpArgs {
     pub no_dashboard: bool,
 }
 
-/// The path of the kubeconfig `up` writes.
-pub fn kubeconfig_path(data_dir: &Path) -> PathBuf {
-    data_dir.join("kubeconfig")
-}
+pub use crate::data_dir::kubeconfig_path;
+use crate::secret::random_secret;
 
 /// Runs `k8s4r up` until Ctrl-C or SIGTERM.
 pub async fn run(args: UpArgs, data_dir: PathBuf) -> anyhow::Result<()> {
@@ -337,21 +335,6 @@ fn load_or_create_secret(path: &Path) -> Result<String, UpError> {
     let secret = random_secret()?;
     write_private(path, &secret)?;
     Ok(secret)
-}
-
-/// 24 random bytes, in hex.
-/// 24 random bytes, in hex: a token no one can guess.
-pub(crate) fn random_secret() -> Result<String, UpError> {
-    let mut bytes = [0u8; 24];
-    let mut urandom = std::fs::File::open("/dev/urandom").map_err(|source| UpError::Io {
-        what: "open /dev/urandom".to_owned(),
-        source,
-    })?;
-    std::io::Read::read_exact(&mut urandom, &mut bytes).map_err(|source| UpError::Io {
-        what: "read /dev/urandom".to_owned(),
-        source,
-    })?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 fn write_private(path: &Path, contents: &str) -> Result<(), UpError> {
