@@ -15,6 +15,7 @@
 //! ```
 
 pub mod admission;
+pub mod aggregation;
 pub mod aggregator;
 pub mod authz;
 pub mod bench;
@@ -45,6 +46,7 @@ pub mod service_account_tokens;
 pub mod store;
 pub mod table;
 pub mod tls;
+pub mod user;
 
 pub use authz::User;
 pub use error::{ApiError, Error, Result};

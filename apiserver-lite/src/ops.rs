@@ -343,7 +343,7 @@ fn store(txn: &mut Txn<'_>, rt: &ResourceType, obj: Value) -> Object {
     let stored = txn.put(&gr, obj);
     if gr == crate::authz::CLUSTER_ROLES {
         // The role may be aggregated, or aggregated into others.
-        return crate::default_roles::after_write(txn, stored);
+        return crate::aggregation::after_write(txn, stored);
     }
     stored
 }
@@ -514,7 +514,7 @@ fn after_remove(txn: &mut Txn<'_>, rt: &ResourceType, gone: &Value) {
         crd::unregister(txn, gone);
     }
     if rt.stored_resource() == crate::authz::CLUSTER_ROLES {
-        crate::default_roles::aggregate(txn);
+        crate::aggregation::aggregate(txn);
     }
     if rt.is_namespace() {
         let ns = meta_str(gone, "name").to_string();

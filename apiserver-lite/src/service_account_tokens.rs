@@ -16,8 +16,8 @@ use base64::Engine;
 use ring::hmac;
 use serde_json::{json, Value};
 
-use crate::authz::User;
 use crate::store::State;
+use crate::user::User;
 
 /// The issuer and the audience the server accepts, the one a real
 /// cluster's API server has by default.
