@@ -34,13 +34,15 @@ async function refresh() {
 
 if (live && live.dataset.watch) {
   const source = new EventSource("/live?watch=" + encodeURIComponent(live.dataset.watch));
-  let lost = false;
+  // Each (re)connection starts with a hello: what changed before the feed
+  // was listening (between the page's render and now, or while the
+  // connection was lost) is fetched then.
   source.addEventListener("hello", () => {
     banner.hidden = true;
-    if (lost) { lost = false; refresh(); }
+    refresh();
   });
   source.addEventListener("changed", refresh);
-  source.onerror = () => { lost = true; showBanner("Connection to the dashboard lost: retrying…"); };
+  source.onerror = () => { showBanner("Connection to the dashboard lost: retrying…"); };
 }
 
 // A task's output.
