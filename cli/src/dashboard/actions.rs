@@ -52,11 +52,86 @@ fn work(kind: &str, name: &str, action: &str) -> Option<Work> {
     })
 }
 
-fn not_allowed(state: &State, verb: &str, what: &str, place: &str, plural: &str) -> String {
-    format!(
-        "you ({}) may not {verb} {what}{place}: it takes `patch` on {plural}.robot.k8s4r.io",
-        state.user.as_deref().unwrap_or("this user")
+/// What an action URL asks, in words, and the permission it takes.
+struct Asked {
+    /// `cancel`, `retry`, `cordon`, `uncordon`.
+    verb: &'static str,
+    /// `task NAME`, `robot NAME`, ...
+    what: String,
+    /// ` in namespace NS`, or nothing for a Robot.
+    place: String,
+    /// The resource it patches.
+    plural: &'static str,
+    /// Its namespace; empty for a Robot.
+    ns: String,
+}
+
+impl Asked {
+    fn question(&self) -> String {
+        format!("{} {}{}?", self.verb, self.what, self.place)
+    }
+
+    /// The page that refuses it when the API server says the user may not
+    /// patch that resource there.
+    async fn refusal(&self, state: &State, headers: &HeaderMap) -> Option<Response> {
+        if state.can_i("patch", self.plural, &self.ns).await {
+            return None;
+        }
+        let message = format!(
+            "you ({}) may not {} {}{}: it takes `patch` on {}.robot.k8s4r.io",
+            state.user.as_deref().unwrap_or("this user"),
+            self.verb,
+            self.what,
+            self.place,
+            self.plural
+        );
+        Some(problem(
+            state,
+            headers,
+            StatusCode::FORBIDDEN,
+            "Not allowed",
+            &message,
+        ))
+    }
+}
+
+/// The page that refuses a POST whose form lacks this dashboard's token.
+fn forged(state: &State, headers: &HeaderMap, form: &ActionForm) -> Option<Response> {
+    let message = "the form's token is not this dashboard's: reload the page";
+    (!form_ok(state, form.csrf.as_deref()))
+        .then(|| problem(state, headers, StatusCode::FORBIDDEN, "Refused", message))
+}
+
+fn no_such_action(state: &State, headers: &HeaderMap) -> Response {
+    problem(
+        state,
+        headers,
+        StatusCode::NOT_FOUND,
+        "No such action",
+        "no such action",
     )
+}
+
+fn not_done(state: &State, headers: &HeaderMap, error: &anyhow::Error) -> Response {
+    problem(
+        state,
+        headers,
+        StatusCode::BAD_GATEWAY,
+        "Not done",
+        &format!("{error:#}"),
+    )
+}
+
+impl Work {
+    fn asked(&self, ns: &str) -> Asked {
+        Asked {
+            verb: self.manual.verb(),
+            what: self.target.describe(),
+            place: format!(" in namespace {ns}"),
+            plural: self.plural,
+            ns: ns.to_owned(),
+        }
+    }
 }
 
 /// Asks to confirm a cancel or retry, or says why it may not be done.
@@ -66,26 +141,13 @@ pub async fn work_form(
     headers: HeaderMap,
 ) -> Response {
     let Some(w) = work(&kind, &name, &action) else {
-        return problem(
-            &state,
-            &headers,
-            StatusCode::NOT_FOUND,
-            "No such action",
-            "no such action",
-        );
+        return no_such_action(&state, &headers);
     };
-    let what = w.target.describe();
-    let place = format!(" in namespace {ns}");
-    if !state.can_i("patch", w.plural, &ns).await {
-        let message = not_allowed(&state, w.manual.verb(), &what, &place, w.plural);
-        return problem(&state, &headers, StatusCode::FORBIDDEN, "Not allowed", &message);
+    let asked = w.asked(&ns);
+    if let Some(refused) = asked.refusal(&state, &headers).await {
+        return refused;
     }
-    confirm(
-        &state,
-        &headers,
-        &format!("{} {what}{place}?", w.manual.verb()),
-        &action,
-    )
+    confirm(&state, &headers, &asked.question(), &action)
 }
 
 /// Cancels or retries, then shows the object.
@@ -95,29 +157,15 @@ pub async fn work_action(
     headers: HeaderMap,
     Form(form): Form<ActionForm>,
 ) -> Response {
-    if !form_ok(&state, form.csrf.as_deref()) {
-        return problem(
-            &state,
-            &headers,
-            StatusCode::FORBIDDEN,
-            "Refused",
-            "the form's token is not this dashboard's: reload the page",
-        );
+    if let Some(refused) = forged(&state, &headers, &form) {
+        return refused;
     }
     let Some(w) = work(&kind, &name, &action) else {
-        return problem(
-            &state,
-            &headers,
-            StatusCode::NOT_FOUND,
-            "No such action",
-            "no such action",
-        );
+        return no_such_action(&state, &headers);
     };
-    let what = w.target.describe();
-    let place = format!(" in namespace {ns}");
-    if !state.can_i("patch", w.plural, &ns).await {
-        let message = not_allowed(&state, w.manual.verb(), &what, &place, w.plural);
-        return problem(&state, &headers, StatusCode::FORBIDDEN, "Not allowed", &message);
+    let asked = w.asked(&ns);
+    if let Some(refused) = asked.refusal(&state, &headers).await {
+        return refused;
     }
     match crate::operate::request(&state.client, &ns, &w.target, w.manual, state.user.as_deref()).await {
         Ok(_) => {
@@ -127,22 +175,25 @@ pub async fn work_action(
             };
             Redirect::to(&back).into_response()
         }
-        Err(e) => problem(
-            &state,
-            &headers,
-            StatusCode::BAD_GATEWAY,
-            "Not done",
-            &format!("{e:#}"),
-        ),
+        Err(e) => not_done(&state, &headers, &e),
     }
 }
 
-fn cordon_of(action: &str) -> Option<bool> {
-    match action {
-        "cordon" => Some(true),
-        "uncordon" => Some(false),
-        _ => None,
-    }
+/// A cordon or uncordon of robot `name`: whether it cordons, and its words.
+fn cordon_of(name: &str, action: &str) -> Option<(bool, Asked)> {
+    let (on, verb) = match action {
+        "cordon" => (true, "cordon"),
+        "uncordon" => (false, "uncordon"),
+        _ => return None,
+    };
+    let asked = Asked {
+        verb,
+        what: format!("robot {name}"),
+        place: String::new(),
+        plural: "robots",
+        ns: String::new(),
+    };
+    Some((on, asked))
 }
 
 /// Asks to confirm a cordon or uncordon, or says why it may not be done.
@@ -151,20 +202,13 @@ pub async fn robot_form(
     Path((name, action)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Response {
-    if cordon_of(&action).is_none() {
-        return problem(
-            &state,
-            &headers,
-            StatusCode::NOT_FOUND,
-            "No such action",
-            "no such action",
-        );
+    let Some((_, asked)) = cordon_of(&name, &action) else {
+        return no_such_action(&state, &headers);
+    };
+    if let Some(refused) = asked.refusal(&state, &headers).await {
+        return refused;
     }
-    if !state.can_i("patch", "robots", "").await {
-        let message = not_allowed(&state, &action, &format!("robot {name}"), "", "robots");
-        return problem(&state, &headers, StatusCode::FORBIDDEN, "Not allowed", &message);
-    }
-    confirm(&state, &headers, &format!("{action} robot {name}?"), &action)
+    confirm(&state, &headers, &asked.question(), &action)
 }
 
 /// Cordons or uncordons, then shows the robot.
@@ -174,37 +218,18 @@ pub async fn robot_action(
     headers: HeaderMap,
     Form(form): Form<ActionForm>,
 ) -> Response {
-    if !form_ok(&state, form.csrf.as_deref()) {
-        return problem(
-            &state,
-            &headers,
-            StatusCode::FORBIDDEN,
-            "Refused",
-            "the form's token is not this dashboard's: reload the page",
-        );
+    if let Some(refused) = forged(&state, &headers, &form) {
+        return refused;
     }
-    let Some(on) = cordon_of(&action) else {
-        return problem(
-            &state,
-            &headers,
-            StatusCode::NOT_FOUND,
-            "No such action",
-            "no such action",
-        );
+    let Some((on, asked)) = cordon_of(&name, &action) else {
+        return no_such_action(&state, &headers);
     };
-    if !state.can_i("patch", "robots", "").await {
-        let message = not_allowed(&state, &action, &format!("robot {name}"), "", "robots");
-        return problem(&state, &headers, StatusCode::FORBIDDEN, "Not allowed", &message);
+    if let Some(refused) = asked.refusal(&state, &headers).await {
+        return refused;
     }
     match crate::drain::set_unschedulable(&state.client, &name, on).await {
         Ok(_) => Redirect::to(&format!("/robots/{name}")).into_response(),
-        Err(e) => problem(
-            &state,
-            &headers,
-            StatusCode::BAD_GATEWAY,
-            "Not done",
-            &format!("{e:#}"),
-        ),
+        Err(e) => not_done(&state, &headers, &e),
     }
 }
 
