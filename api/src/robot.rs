@@ -62,7 +62,7 @@ use crate::quantity::Quantity;
             name = "Heartbeat",
             type_ = "date",
             json_path = ".status.lastHeartbeatTime",
-            description = "When the server last recorded a heartbeat: refreshed at most every 4 minutes (the server's --heartbeat-refresh) while nothing else changes, so a healthy robot reads up to about 4.5 minutes. CONNECTED and PHASE are current."
+            description = "When the server last recorded a heartbeat: refreshed at most every 4 minutes while the robot holds work and every 30 minutes while it holds none (the server's --heartbeat-refresh and --idle-heartbeat-refresh), unless something else changes. CONNECTED and PHASE are current."
         ),
         printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
     )
@@ -99,11 +99,12 @@ pub struct RobotStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
     /// When the server last recorded a heartbeat. Coalesced to save API
-    /// writes: rewritten only once it is 240 s old (the server's
-    /// `--heartbeat-refresh`), or sooner when usage or a condition changed,
-    /// so with heartbeats every 30 s it is at most about 4.5 minutes old for
-    /// a healthy robot. The Lease of the robot's name in the namespace
-    /// `k8s4r-robot-leases` holds a fresher time (renewed every 60 s);
+    /// writes: rewritten only once it is 240 s old while the robot holds
+    /// work (the server's `--heartbeat-refresh`) and 1800 s old while it
+    /// holds none (`--idle-heartbeat-refresh`), or sooner when usage or a
+    /// condition changed. The Lease of the robot's name in the namespace
+    /// `k8s4r-robot-leases` holds a fresher time (renewed every 60 s while
+    /// the robot holds work, every 600 s while it holds none);
     /// condition `Connected` and the phase say whether the robot is there
     /// now.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -18,7 +18,9 @@ use crate::progress::Progress;
 
 /// The cluster manifests whose namespaces, ServiceAccounts and RBAC `up`
 /// applies, so that the server and the manager run here with exactly the
-/// permissions they get in a cluster.
+/// permissions they get in a cluster. deploy/cluster/50-flowcontrol.yaml
+/// holds none of those: its API Priority and Fairness objects would be
+/// stored here but not enforced, and listing them would suggest otherwise.
 pub const CLUSTER_MANIFESTS: &[(&str, &str)] = &[
     (
         "deploy/cluster/00-namespaces.yaml",
@@ -617,10 +619,14 @@ fn spawn_programs(
         key_pem,
     });
     server.lease_namespace = LEASE_NAMESPACE.to_owned();
-    // A lab fleet is small: renewing Leases every 10 s costs nothing, and
-    // the manager's fencing (which allows for the renewal interval) moves a
-    // lost robot's work about 50 s sooner than with the cluster default.
+    // A lab fleet is small: renewing Leases every 10 s (idle or not) costs
+    // nothing, and the manager's fencing (which allows for the renewal
+    // interval) moves a lost robot's work about 50 s sooner than with the
+    // cluster default; a robot silent on a live connection is Offline after
+    // the manager's 5 minutes, not an idle Lease's 30.
     server.coalescing.lease_interval = std::time::Duration::from_secs(10);
+    server.coalescing.idle_lease_interval = std::time::Duration::from_secs(10);
+    server.coalescing.idle_status_refresh = server.coalescing.status_refresh;
     let server_client = clients.server;
     let server_stop = shutdown.clone();
     let mut program = k8s4r_server::Server::new(server, server_client);

@@ -36,6 +36,10 @@ pub struct Liveness {
     pub last_heartbeat: Option<Timestamp>,
     /// The robot's Lease `spec.renewTime`.
     pub lease_renew: Option<Timestamp>,
+    /// The robot's Lease `spec.leaseDurationSeconds`: how long the server
+    /// promised the robot counts as alive after a renewal (three times the
+    /// interval it renews at; long for an idle robot).
+    pub lease_duration: Option<Duration>,
     /// `status.lastRegistrationTime`.
     pub last_registration: Option<Timestamp>,
     /// The `Connected` condition: status and when it last changed.
@@ -43,6 +47,14 @@ pub struct Liveness {
 }
 
 impl Liveness {
+    /// How long without a sign of life makes a robot Offline: the
+    /// configured timeout, or the Lease's duration when that is longer (the
+    /// server renews an idle robot's Lease rarely, and says so in it).
+    pub fn timeout(&self, cfg: &LivenessConfig) -> Duration {
+        self.lease_duration
+            .map_or(cfg.heartbeat_timeout, |d| d.max(cfg.heartbeat_timeout))
+    }
+
     /// The freshest sign of life.
     pub fn last_seen(&self) -> Option<Timestamp> {
         [self.last_heartbeat, self.lease_renew, self.last_registration]
@@ -79,8 +91,9 @@ fn since(now: Timestamp, then: Timestamp) -> Duration {
 
 /// Decides Online/Offline for a robot in `phase` (Online or Offline).
 pub fn verdict(phase: RobotPhase, live: &Liveness, now: Timestamp, cfg: &LivenessConfig) -> Verdict {
+    let timeout = live.timeout(cfg);
     let age = live.last_seen().map(|t| since(now, t));
-    let stale = age.is_none_or(|a| a >= cfg.heartbeat_timeout);
+    let stale = age.is_none_or(|a| a >= timeout);
     let disconnected_for = match live.connected {
         Some((ConditionStatus::False, at)) => Some(at.map_or(Duration::MAX, |t| since(now, t))),
         _ => None,
@@ -90,7 +103,7 @@ pub fn verdict(phase: RobotPhase, live: &Liveness, now: Timestamp, cfg: &Livenes
             if stale {
                 return Verdict::Offline {
                     reason: "HeartbeatTimeout",
-                    message: format!("no heartbeat for more than {}s", cfg.heartbeat_timeout.as_secs()),
+                    message: format!("no heartbeat for more than {}s", timeout.as_secs()),
                 };
             }
             if let Some(d) = disconnected_for {
@@ -102,7 +115,7 @@ pub fn verdict(phase: RobotPhase, live: &Liveness, now: Timestamp, cfg: &Livenes
                 }
                 return Verdict::Stay(Some(cfg.disconnect_grace - d));
             }
-            let left = age.map(|a| cfg.heartbeat_timeout.saturating_sub(a));
+            let left = age.map(|a| timeout.saturating_sub(a));
             Verdict::Stay(left)
         }
         RobotPhase::Offline => {
@@ -150,7 +163,7 @@ pub fn approval(presented: Option<&str>, known: Option<&[String]>, auto_approve:
 
 /// When liveness turns stale, as a Timestamp (for requeues and tests).
 pub fn stale_at(live: &Liveness, cfg: &LivenessConfig) -> Option<Timestamp> {
-    let d = SignedDuration::try_from(cfg.heartbeat_timeout).ok()?;
+    let d = SignedDuration::try_from(live.timeout(cfg)).ok()?;
     live.last_seen().and_then(|t| t.checked_add(d).ok())
 }
 
@@ -183,10 +196,37 @@ mod tests {
             last_heartbeat: Some(t(10)),
             lease_renew: Some(t(50)),
             last_registration: Some(t(0)),
-            connected: None,
+            ..Liveness::default()
         };
         assert_eq!(live.last_seen(), Some(t(50)));
         assert_eq!(stale_at(&live, &cfg()), Some(t(110)));
+    }
+
+    #[test]
+    fn an_idle_robots_lease_stretches_its_timeout() {
+        // The server renews an idle robot every 600 s and says so: 1800 s.
+        let live = Liveness {
+            lease_renew: Some(t(0)),
+            lease_duration: Some(Duration::from_secs(1800)),
+            connected: Some((ConditionStatus::True, Some(t(0)))),
+            ..Liveness::default()
+        };
+        assert_eq!(
+            verdict(RobotPhase::Online, &live, t(700), &cfg()),
+            Verdict::Stay(Some(Duration::from_secs(1100))),
+            "not heard for 700 s, but the Lease promised no renewal before 600 s"
+        );
+        assert_eq!(stale_at(&live, &cfg()), Some(t(1800)));
+        assert!(matches!(
+            verdict(RobotPhase::Online, &live, t(1800), &cfg()),
+            Verdict::Offline { reason: "HeartbeatTimeout", message } if message.contains("1800s")
+        ));
+        // A Lease shorter than the configured timeout changes nothing.
+        let busy = Liveness {
+            lease_duration: Some(Duration::from_secs(30)),
+            ..live
+        };
+        assert_eq!(busy.timeout(&cfg()), Duration::from_secs(60));
     }
 
     #[test]

@@ -28,7 +28,7 @@ use kube::{Api, Client};
 use tracing::{debug, info, instrument, warn};
 
 use crate::config::ServerConfig;
-use crate::decide::{self, connected, plan_heartbeat, plan_register, HeartbeatMemory, RobotStatusPatch};
+use crate::decide::{self, connected, plan_heartbeat, plan_register, HeartbeatMemory, LeaseRecord, RobotStatusPatch};
 use crate::error::{Error, Result};
 use crate::facts::FactsMemory;
 use crate::held::HeldMemory;
@@ -337,8 +337,10 @@ impl Bridge {
                 },
                 TopicKind::Status { task_uid } => match decode::<StatusUpdate>(body) {
                     Ok(msg) => {
-                        let held = &mut memory.robot(&robot_id).held;
-                        let outcome = self.status(&msg, &task_uid, &robot_id, held).await?;
+                        let mine = memory.robot(&robot_id);
+                        let outcome = self
+                            .status(&msg, &task_uid, &robot_id, &mut mine.held, &mut mine.heartbeat.lease)
+                            .await?;
                         // Applied, or refused for good: the robot may forget
                         // it. An error (the API away) is not confirmed, and
                         // the robot sends the status again; nor is a status
@@ -568,14 +570,12 @@ impl Bridge {
         .await;
         let entry = &mut memory.robot(name).heartbeat;
         let now = Timestamp::now();
-        let lease_renewed = self
-            .lease_cache
-            .get(&ObjectRef::new(name).within(&self.config.lease_namespace))
-            .and_then(|l| l.spec.as_ref()?.renew_time.as_ref().map(|t| t.0));
+        let lease = self.lease_record(name);
         let plan = plan_heartbeat(
             entry,
             &robot,
-            lease_renewed,
+            lease,
+            !msg.held.running.is_empty(),
             &msg.usage,
             msg.health.as_ref(),
             now,
@@ -585,8 +585,8 @@ impl Bridge {
             return Ok(Outcome::Done("coalesced"));
         }
         let result = async {
-            if plan.renew_lease {
-                self.renew_lease(name, now).await?;
+            if let Some(interval) = plan.renew_lease {
+                self.renew_lease(name, now, interval).await?;
             }
             if let Some(status) = &plan.status {
                 // Only a Connected flip rewrites the shared conditions list
@@ -609,8 +609,33 @@ impl Bridge {
         Ok(Outcome::Done("applied"))
     }
 
-    async fn renew_lease(&self, name: &str, now: Timestamp) -> Result<()> {
-        let refresh = self.config.coalescing.lease_interval.as_secs().max(1);
+    /// The robot's Lease as this replica's watch shows it.
+    fn lease_record(&self, name: &str) -> Option<LeaseRecord> {
+        let lease = self
+            .lease_cache
+            .get(&ObjectRef::new(name).within(&self.config.lease_namespace))?;
+        let spec = lease.spec.as_ref()?;
+        Some(LeaseRecord::read(spec.renew_time.as_ref()?.0, spec.lease_duration_seconds))
+    }
+
+    /// Renews the Lease of a robot heard holding work now, when it promised
+    /// a renewal interval longer than work allows (the robot was idle): the
+    /// manager's fence time of the attempt then runs from now, at the short
+    /// interval, and not from a renewal up to the idle interval old.
+    pub(super) async fn renew_for_work(&self, name: &str, lease: &mut Option<LeaseRecord>) -> Result<()> {
+        let now = Timestamp::now();
+        let Some(interval) = decide::plan_lease(lease, self.lease_record(name), true, now, self.config.coalescing)
+        else {
+            return Ok(());
+        };
+        let result = self.renew_lease(name, now, interval).await;
+        if result.is_err() {
+            *lease = None;
+        }
+        result
+    }
+
+    async fn renew_lease(&self, name: &str, now: Timestamp, interval: Duration) -> Result<()> {
         let lease = Lease {
             metadata: ObjectMeta {
                 name: Some(name.to_owned()),
@@ -620,8 +645,7 @@ impl Bridge {
             spec: Some(LeaseSpec {
                 holder_identity: Some(name.to_owned()),
                 renew_time: Some(MicroTime(now)),
-                // Three missed renewals, as node leases allow.
-                lease_duration_seconds: Some(i32::try_from(refresh * 3).unwrap_or(i32::MAX)),
+                lease_duration_seconds: Some(LeaseRecord::duration_seconds(interval)),
                 ..Default::default()
             }),
         };

@@ -73,14 +73,27 @@ pub struct Args {
     #[arg(long, env = "K8S4R_LEASE_NAMESPACE", default_value = crate::config::DEFAULT_LEASE_NAMESPACE)]
     pub lease_namespace: String,
 
-    /// Renew a robot's Lease at most this often.
+    /// Renew the Lease of a robot that holds work at most this often. The
+    /// manager replaces a silent robot's attempt this much later.
     #[arg(long, env = "K8S4R_LEASE_INTERVAL", default_value = "60s", value_parser = duration)]
     pub lease_interval: Duration,
 
-    /// Write a robot's status.lastHeartbeatTime at most this often (sooner
-    /// when its usage changes materially).
+    /// Renew the Lease of a robot that holds no work at most this often (at
+    /// least --lease-interval). It is renewed at once, at --lease-interval,
+    /// when it is heard holding work; the manager's heartbeat timeout of an
+    /// idle robot is three times this.
+    #[arg(long, env = "K8S4R_IDLE_LEASE_INTERVAL", default_value = "600s", value_parser = duration)]
+    pub idle_lease_interval: Duration,
+
+    /// Write status.lastHeartbeatTime of a robot that holds work at most
+    /// this often (sooner when its usage changes materially).
     #[arg(long, env = "K8S4R_HEARTBEAT_REFRESH", default_value = "240s", value_parser = duration)]
     pub heartbeat_refresh: Duration,
+
+    /// Write status.lastHeartbeatTime of a robot that holds no work at most
+    /// this often (at least --heartbeat-refresh).
+    #[arg(long, env = "K8S4R_IDLE_HEARTBEAT_REFRESH", default_value = "1800s", value_parser = duration)]
+    pub idle_heartbeat_refresh: Duration,
 
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, env = "K8S4R_METRICS_ADDR", default_value = "0.0.0.0:9090")]
@@ -186,7 +199,9 @@ impl Args {
         config.lease_namespace = self.lease_namespace.clone();
         config.coalescing = Coalescing {
             lease_interval: self.lease_interval,
+            idle_lease_interval: self.idle_lease_interval,
             status_refresh: self.heartbeat_refresh,
+            idle_status_refresh: self.idle_heartbeat_refresh,
         };
         config.metrics_addr = Some(self.metrics_addr);
         config.leader = self

@@ -174,9 +174,11 @@ pub struct RegisterPlan {
     pub metadata: MetadataPatch,
     /// The status patch (always non-empty: lastRegistrationTime changes).
     pub status: RobotStatusPatch,
-    /// Whether to write `status`: not for a robot registering again within
-    /// [`REGISTRATION_REFRESH`] with nothing new to say (a registration
-    /// sent again while the first waited for its answer, a reconnect storm).
+    /// Whether to write `status`: not for a known robot registering again
+    /// with nothing new to say (a registration sent again while the first
+    /// waited for its answer, a reconnect storm, an agent restart), however
+    /// long since its last registration; `lastRegistrationTime` is then the
+    /// last registration that changed something.
     pub write_status: bool,
     /// Answer on `response` at once with this phase (Online or Rejected);
     /// otherwise wait for the manager's decision.
@@ -198,12 +200,6 @@ fn stale(at: Option<Timestamp>, every: Duration, now: Timestamp) -> bool {
         jiff::SignedDuration::try_from(every).is_ok_and(|every| now.duration_since(at) >= every)
     })
 }
-
-/// How old a Robot's `lastRegistrationTime` may be before a registration
-/// that changes nothing else is written anyway. Nothing fences on it: the
-/// agent's lease on its attempts never runs from a registration, only from
-/// heartbeats the Lease records.
-pub const REGISTRATION_REFRESH: Duration = Duration::from_secs(60);
 
 /// Plans the writes for a `register` of a robot whose Robot object is
 /// `existing` (None: unknown so far).
@@ -310,11 +306,6 @@ pub fn plan_register(
         task_policy: msg.task_policy.clone(),
         ..Default::default()
     };
-    let recent = !stale(
-        existing.and_then(|r| r.status.as_ref()?.last_registration_time),
-        REGISTRATION_REFRESH,
-        now,
-    );
     let same = existing.and_then(|r| r.status.as_ref()).is_some_and(|old| {
         old.device == status.device
             && old.drivers == msg.drivers
@@ -322,8 +313,13 @@ pub fn plan_register(
             && old.capacity == status.capacity
             && old.task_policy == status.task_policy
     });
-    let write_status = !(recent
-        && same
+    // A known robot that says nothing new costs no write, however long
+    // since it last registered: its Lease says it is alive, and nothing
+    // fences on `lastRegistrationTime` (the agent's lease on its attempts
+    // runs from heartbeats the Lease records, never from a registration).
+    // So a reconnect storm of an unchanged fleet writes only what the
+    // disconnection itself changed (`Connected`).
+    let write_status = !(same
         && phase.is_some()
         && metadata.is_empty()
         && status.reported_labels.is_none()
@@ -388,32 +384,133 @@ pub fn accepting(
 // ---------------------------------------------------------------- heartbeat
 
 /// How often heartbeats reach the API server.
+///
+/// A robot that holds work (its heartbeat lists an attempt, or it reports
+/// one running) is renewed at the short interval, which bounds how long the
+/// manager waits before it replaces a silent robot's attempt; a robot that
+/// holds none at the long one, which is most of a fleet most of the time.
+/// The interval a Lease was written with travels in it
+/// (`leaseDurationSeconds` is three times it), so the manager's fencing and
+/// heartbeat timeout read what was promised, and a robot that takes work
+/// is renewed at once at the short interval.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Coalescing {
-    /// Renew the robot's Lease at most this often.
+    /// Renew the Lease of a robot that holds work at most this often.
     pub lease_interval: Duration,
-    /// Write `status.lastHeartbeatTime` when the written one is older than this.
+    /// Renew the Lease of a robot that holds none at most this often
+    /// (never more often than `lease_interval`).
+    pub idle_lease_interval: Duration,
+    /// Write `status.lastHeartbeatTime` of a robot that holds work when the
+    /// written one is older than this.
     pub status_refresh: Duration,
+    /// The same for a robot that holds none.
+    pub idle_status_refresh: Duration,
 }
 
 impl Default for Coalescing {
     /// With the agent's 30 s heartbeats, a 10 s lease interval would renew
-    /// on every heartbeat and save nothing; 60 s and 240 s keep 10,000
-    /// robots near 210 writes/s (see the README's write budget) and stay
-    /// well inside the manager's 5 minute heartbeat timeout.
+    /// on every heartbeat and save nothing. 60 s and 240 s while a robot
+    /// holds work keep the manager's fence time short; 600 s and 1800 s
+    /// while it holds none keep an idle fleet near 0.07 writes per
+    /// heartbeat (docs/scale.md), and the manager's heartbeat timeout of
+    /// such a robot follows its Lease (30 minutes). A robot that goes away
+    /// says so through its last will at once either way.
     fn default() -> Self {
         Self {
             lease_interval: Duration::from_secs(60),
+            idle_lease_interval: Duration::from_secs(600),
             status_refresh: Duration::from_secs(240),
+            idle_status_refresh: Duration::from_secs(1800),
         }
     }
+}
+
+impl Coalescing {
+    /// The Lease renewal interval for a robot that holds work (`busy`) or not.
+    pub fn lease_interval(&self, busy: bool) -> Duration {
+        if busy {
+            self.lease_interval
+        } else {
+            self.idle_lease_interval.max(self.lease_interval)
+        }
+    }
+
+    /// How old `status.lastHeartbeatTime` may be before it is written again.
+    pub fn status_refresh(&self, busy: bool) -> Duration {
+        if busy {
+            self.status_refresh
+        } else {
+            self.idle_status_refresh.max(self.status_refresh)
+        }
+    }
+}
+
+/// A robot's Lease as the server wrote or read it: when it was renewed,
+/// and the renewal interval it promised (`leaseDurationSeconds / 3`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseRecord {
+    /// `spec.renewTime`.
+    pub renewed: Timestamp,
+    /// The longest the server lets pass before it renews again while it
+    /// hears the robot.
+    pub interval: Duration,
+}
+
+impl LeaseRecord {
+    /// Three missed renewals, as node leases allow.
+    pub const DURATION_PER_INTERVAL: u64 = 3;
+
+    /// The record of a Lease's renewal time and `leaseDurationSeconds`.
+    pub fn read(renewed: Timestamp, duration_seconds: Option<i32>) -> Self {
+        let seconds = duration_seconds.and_then(|s| u64::try_from(s).ok()).unwrap_or(0);
+        Self {
+            renewed,
+            interval: Duration::from_secs(seconds / Self::DURATION_PER_INTERVAL),
+        }
+    }
+
+    /// `leaseDurationSeconds` for a renewal at `interval`.
+    pub fn duration_seconds(interval: Duration) -> i32 {
+        let seconds = interval.as_secs().max(1).saturating_mul(Self::DURATION_PER_INTERVAL);
+        i32::try_from(seconds).unwrap_or(i32::MAX)
+    }
+}
+
+/// Whether a robot heard now, holding work (`busy`) or not, needs its Lease
+/// renewed, and at which interval; updates `memory` as if the renewal
+/// succeeds. `cached` is the Lease as the watch shows it (another replica
+/// may have renewed it more recently than this one remembers).
+///
+/// It is renewed when the interval it promised has passed, and at once when
+/// it promised a longer interval than the robot's work allows: the
+/// manager's fence time of an attempt runs from the Lease, so the promise
+/// must shrink as soon as the robot is heard holding work.
+pub fn plan_lease(
+    memory: &mut Option<LeaseRecord>,
+    cached: Option<LeaseRecord>,
+    busy: bool,
+    now: Timestamp,
+    limits: Coalescing,
+) -> Option<Duration> {
+    if cached.map(|c| c.renewed) > memory.map(|m| m.renewed) {
+        *memory = cached;
+    }
+    let want = limits.lease_interval(busy);
+    let renew = memory.is_none_or(|l| l.interval > want || stale(Some(l.renewed), l.interval, now));
+    renew.then(|| {
+        *memory = Some(LeaseRecord {
+            renewed: now,
+            interval: want,
+        });
+        want
+    })
 }
 
 /// What the server last wrote for one robot's heartbeats.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct HeartbeatMemory {
-    /// When the Lease was last renewed by this server.
-    pub lease_renewed: Option<Timestamp>,
+    /// The Lease as this server last renewed (or read) it.
+    pub lease: Option<LeaseRecord>,
     /// `status.lastHeartbeatTime` as last written (or read).
     pub status_written: Option<Timestamp>,
     /// `status.usage` as last written (or read).
@@ -423,8 +520,8 @@ pub struct HeartbeatMemory {
 /// The writes one heartbeat needs.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct HeartbeatPlan {
-    /// Renew the Lease.
-    pub renew_lease: bool,
+    /// Renew the Lease, promising this interval.
+    pub renew_lease: Option<Duration>,
     /// Patch the Robot's status (time, usage and maybe `Connected`).
     pub status: Option<RobotStatusPatch>,
 }
@@ -432,7 +529,7 @@ pub struct HeartbeatPlan {
 impl HeartbeatPlan {
     /// Whether nothing is written.
     pub fn is_empty(&self) -> bool {
-        !self.renew_lease && self.status.is_none()
+        self.renew_lease.is_none() && self.status.is_none()
     }
 }
 
@@ -451,11 +548,14 @@ pub fn usage_changed_materially(old: &Usage, new: &Usage) -> bool {
 }
 
 /// Plans the writes for one heartbeat and updates `memory` as if they
-/// succeed (the caller forgets the memory when a write fails).
+/// succeed (the caller forgets the memory when a write fails). `busy`: the
+/// heartbeat lists an attempt the robot runs or holds.
+#[allow(clippy::too_many_arguments)]
 pub fn plan_heartbeat(
     memory: &mut HeartbeatMemory,
     robot: &Robot,
-    lease_renewed: Option<Timestamp>,
+    lease: Option<LeaseRecord>,
+    busy: bool,
     usage: &Usage,
     health: Option<&AgentHealth>,
     now: Timestamp,
@@ -471,13 +571,7 @@ pub fn plan_heartbeat(
         memory.status_written = written;
         memory.usage_written = status.and_then(|s| s.usage.clone());
     }
-    if lease_renewed > memory.lease_renewed {
-        memory.lease_renewed = lease_renewed;
-    }
-    let renew_lease = stale(memory.lease_renewed, limits.lease_interval);
-    if renew_lease {
-        memory.lease_renewed = Some(now);
-    }
+    let renew_lease = plan_lease(&mut memory.lease, lease, busy, now, limits);
     let conditions = status.map(|s| s.conditions.as_slice()).unwrap_or_default();
     // Only flip Connected back to True when something said False: a robot
     // that never disconnected costs no extra write.
@@ -494,7 +588,7 @@ pub fn plan_heartbeat(
     if let Some(changed) = accepting(list.as_deref().unwrap_or(conditions), health, now) {
         list = Some(changed);
     }
-    let write = stale(memory.status_written, limits.status_refresh) || usage_moved || list.is_some();
+    let write = stale(memory.status_written, limits.status_refresh(busy)) || usage_moved || list.is_some();
     let status = write.then(|| {
         memory.status_written = Some(now);
         memory.usage_written = Some(usage.clone());

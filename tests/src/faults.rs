@@ -160,6 +160,8 @@ pub struct Options {
     pub server_api_proxy: bool,
     /// Flags of the manager's that differ from [`start_manager`]'s.
     pub manager_args: Vec<&'static str>,
+    /// Flags of the server's that differ from [`start_server`]'s.
+    pub server_args: Vec<&'static str>,
     /// Each agent reads the robot's facts from a file of its own
     /// ([`Stack::facts_file`]).
     pub facts: bool,
@@ -178,6 +180,7 @@ impl Options {
             robots: names.iter().map(|n| (*n).to_owned()).collect(),
             server_api_proxy: false,
             manager_args: Vec::new(),
+            server_args: Vec::new(),
             facts: false,
         }
     }
@@ -232,7 +235,8 @@ fn with_defaults(defaults: &[(&str, Option<&str>)], extra: &[&str]) -> Vec<Strin
 
 /// Starts `e2e-server` (`bin`) against `kubeconfig` and the broker at
 /// `broker_url`, on the scenarios' short timings (Lease renewals every
-/// second, 3 s API timeout), with `extra` flags; logs to `log`.
+/// second, idle or not, 3 s API timeout), with `extra` flags; logs to `log`.
+/// Scenario n runs at the default idle interval.
 pub fn start_server(
     bin: &Path,
     kubeconfig: &str,
@@ -246,7 +250,9 @@ pub fn start_server(
             ("--kubeconfig", Some(kubeconfig)),
             ("--broker-url", Some(broker_url)),
             ("--lease-interval", Some("1s")),
+            ("--idle-lease-interval", Some("1s")),
             ("--heartbeat-refresh", Some("2s")),
+            ("--idle-heartbeat-refresh", Some("2s")),
             ("--metrics-addr", Some("127.0.0.1:0")),
             ("--api-timeout", Some("3s")),
             ("--log", Some("info")),
@@ -342,7 +348,7 @@ impl Stack {
             &bins.server,
             &server_kc,
             &broker.url(),
-            &[],
+            &options.server_args,
             &path("server.log"),
             "server",
         );
@@ -790,6 +796,69 @@ pub async fn blackholed_robot_is_replaced(bins: &Binaries) -> Report {
             .iter()
             .map(|a| (a.attempt, a.robot.clone(), a.reason))
             .collect::<Vec<_>>()
+    ));
+    report
+}
+
+/// n. A robot idle at the long Lease interval (the server's default idle
+/// interval: its Lease promises no renewal for ten minutes, and the
+/// manager's fence time of a silent robot runs from that promise) takes a
+/// task and is blackholed at once. The server renews the Lease at the short
+/// interval as soon as it hears the robot holding work, before the attempt
+/// reads as running: the attempt moves within the short fence time, not ten
+/// minutes on, and never beside the first.
+pub async fn an_idle_robot_takes_work_and_is_blackholed(bins: &Binaries) -> Report {
+    let stack = Stack::start(
+        bins,
+        Options {
+            server_args: vec!["--idle-lease-interval", "600s", "--idle-heartbeat-refresh", "1800s"],
+            ..Options::default()
+        },
+    )
+    .await;
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(
+        stack.client.clone(),
+        k8s4r_api::names::DEFAULT_ROBOT_LEASE_NAMESPACE,
+    );
+    let promised = |name: &str| {
+        let (leases, name) = (leases.clone(), name.to_owned());
+        async move { leases.get_opt(&name).await.ok()??.spec?.lease_duration_seconds }
+    };
+    for robot in ["r1", "r2"] {
+        eventually(DEADLINE, "the idle robots' Leases promise the idle interval", || async {
+            (promised(robot).await? == 1800).then_some(())
+        })
+        .await;
+    }
+    stack.submit("idle", 1, 12.0, replaceable()).await;
+    let (_, robot) = stack.wait_running("idle").await;
+    stack.link(&robot).set(Fault::Blackhole);
+    let cut = Instant::now();
+    let at_running = promised(&robot).await;
+    eventually(DEADLINE, "the task runs on another robot", || async {
+        let s = stack.tasks("idle").await.into_iter().next()?.status?;
+        (s.state == Some(TaskState::Running) && s.robot.as_deref() != Some(robot.as_str())).then_some(())
+    })
+    .await;
+    let moved_after = cut.elapsed();
+    stack.link(&robot).heal();
+    stack.wait_all("idle", 1, TaskState::Completed).await;
+    let mut report = stack.report("n_an_idle_robot_takes_work_and_is_blackholed", "idle").await;
+    if at_running != Some(3) {
+        report.problems.push(format!(
+            "when the attempt read as running, {robot}'s Lease promised {at_running:?} s, not the short interval's 3 s"
+        ));
+    }
+    let status = stack.tasks("idle").await.remove(0).status.unwrap_or_default();
+    if status.attempt < 2 {
+        report
+            .problems
+            .push(format!("expected a replacement attempt: {status:?}"));
+    }
+    report.notes.push(format!(
+        "blackholed {robot} (idle Lease, 600 s) right after its attempt started; the attempt moved {:.1} s later \
+         (stopAfter {STOP_AFTER}, kill timeout {KILL_TIMEOUT})",
+        moved_after.as_secs_f64()
     ));
     report
 }

@@ -33,6 +33,13 @@ async fn a_blackholed_robots_task_completes_once_without_overlap() {
     check(faults::blackholed_robot_is_replaced(&bins()).await);
 }
 
+/// At the server's default idle Lease interval (600 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n_an_idle_robot_that_takes_work_and_is_blackholed_is_replaced_without_overlap() {
+    let _one = SERIAL.lock().await;
+    check(faults::an_idle_robot_takes_work_and_is_blackholed(&bins()).await);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn b_without_replacement_the_task_finishes_on_its_robot() {
     let _one = SERIAL.lock().await;

@@ -90,6 +90,10 @@ pub(crate) fn liveness_of(robot: &Robot, lease: Option<&Lease>) -> Liveness {
         lease_renew: lease
             .and_then(|l| l.spec.as_ref().and_then(|s| s.renew_time.clone()))
             .map(|t| t.0),
+        lease_duration: lease
+            .and_then(|l| l.spec.as_ref()?.lease_duration_seconds)
+            .and_then(|s| u64::try_from(s).ok())
+            .map(std::time::Duration::from_secs),
         last_registration: status.last_registration_time,
         connected: find_condition(&status.conditions, CONDITION_CONNECTED)
             .map(|c| (c.status, c.last_transition_time)),

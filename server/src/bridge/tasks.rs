@@ -15,7 +15,7 @@ use kube::Api;
 use tracing::{info, instrument, warn};
 
 use super::{not_approved, Bridge, Outcome, CONFLICT_TRIES};
-use crate::decide::{self, StatusDecision, Stop};
+use crate::decide::{self, LeaseRecord, StatusDecision, Stop};
 use crate::error::{Error, Result};
 use crate::held::{HeldMemory, Permit};
 
@@ -302,6 +302,7 @@ impl Bridge {
         uid: &str,
         robot: &str,
         held: &mut HeldMemory,
+        lease: &mut Option<LeaseRecord>,
     ) -> Result<Outcome> {
         if let Some(robot) = self.robot_cache.get(&ObjectRef::new(robot)) {
             if let Some(refusal) = not_approved(&robot) {
@@ -341,6 +342,11 @@ impl Bridge {
             let Some(current) = task.as_deref() else {
                 unreachable!("an applied decision has a task")
             };
+            if !patch.state.is_terminal() {
+                // Heard holding work: the Lease promises the short interval
+                // before anyone reads the attempt as running.
+                self.renew_for_work(robot, lease).await?;
+            }
             let api: Api<Task> = Api::namespaced(
                 self.kube.client().clone(),
                 current.metadata.namespace.as_deref().unwrap_or_default(),

@@ -189,7 +189,7 @@ fn register_of_an_online_robot_is_answered_at_once_and_keeps_the_phase() {
 }
 
 #[test]
-fn a_registration_sent_again_soon_with_nothing_new_is_not_written() {
+fn a_registration_with_nothing_new_is_not_written_however_late() {
     let now = t("2026-11-22T10:00:00Z");
     let first = plan_register(&register(&[("site", "lab")]), None, t("2026-11-22T09:59:50Z")).unwrap();
     assert!(first.write_status);
@@ -225,13 +225,14 @@ fn a_registration_sent_again_soon_with_nothing_new_is_not_written() {
     let later = plan_register(
         &register(&[("site", "lab")]),
         Some(&robot),
-        t("2026-11-22T10:01:00Z"),
+        t("2026-11-23T10:00:00Z"),
     )
     .unwrap();
-    assert!(
-        later.write_status,
-        "70 s later: lastRegistrationTime is refreshed"
-    );
+    assert!(!later.write_status, "a day later, nothing new: still not written");
+    // A reconnect after its last will said it was gone is new.
+    let mut gone = robot.clone();
+    gone.status.as_mut().unwrap().conditions = connected(&[], false, now).unwrap();
+    assert!(plan_register(&register(&[("site", "lab")]), Some(&gone), now).unwrap().write_status);
     let mut upgraded = register(&[("site", "lab")]);
     upgraded.drivers.push("raw_exec".into());
     assert!(plan_register(&upgraded, Some(&robot), now).unwrap().write_status);
@@ -291,8 +292,8 @@ fn heartbeats_are_coalesced() {
     // Ten minutes of heartbeats every 5 s with steady usage.
     for i in 0..120 {
         let now = start + jiff::SignedDuration::from_secs(5 * i);
-        let plan = plan_heartbeat(&mut memory, &robot, None, &usage(12.0, 1), None, now, limits);
-        leases += usize::from(plan.renew_lease);
+        let plan = plan_heartbeat(&mut memory, &robot, None, true, &usage(12.0, 1), None, now, limits);
+        leases += usize::from(plan.renew_lease.is_some());
         writes += usize::from(plan.status.is_some());
     }
     assert_eq!(leases, 10, "one lease renewal per minute");
@@ -300,8 +301,60 @@ fn heartbeats_are_coalesced() {
     assert_eq!(writes, 2, "one status write per 4 minutes");
     // A material change is written at once.
     let later = start + jiff::SignedDuration::from_secs(601);
-    let plan = plan_heartbeat(&mut memory, &robot, None, &usage(90.0, 1), None, later, limits);
+    let plan = plan_heartbeat(&mut memory, &robot, None, true, &usage(90.0, 1), None, later, limits);
     assert!(plan.status.is_some());
+}
+
+#[test]
+fn an_idle_robot_is_renewed_at_the_long_interval_and_at_once_when_it_takes_work() {
+    let limits = Coalescing::default();
+    let start = t("2026-11-22T10:00:00Z");
+    let robot = RobotBuilder::new()
+        .phase(RobotPhase::Online)
+        .heartbeat("2026-11-22T09:59:50Z", usage(10.0, 1))
+        .0;
+    let mut memory = HeartbeatMemory::default();
+    let at = |secs: i64| start + jiff::SignedDuration::from_secs(secs);
+    let mut renewals = Vec::new();
+    let mut writes = 0;
+    // An hour of idle heartbeats every 30 s.
+    for i in 0..120 {
+        let plan = plan_heartbeat(&mut memory, &robot, None, false, &usage(12.0, 1), None, at(30 * i), limits);
+        renewals.extend(plan.renew_lease.map(|interval| (30 * i, interval)));
+        writes += usize::from(plan.status.is_some());
+    }
+    let idle = limits.idle_lease_interval;
+    assert_eq!(renewals, vec![(0, idle), (600, idle), (1200, idle), (1800, idle), (2400, idle), (3000, idle)]);
+    // The Robot showed 09:59:50: written again at 10:30:00 only.
+    assert_eq!(writes, 1);
+    // Heard holding work: renewed at once, promising the short interval.
+    let plan = plan_heartbeat(&mut memory, &robot, None, true, &usage(12.0, 1), None, at(3610), limits);
+    assert_eq!(plan.renew_lease, Some(limits.lease_interval));
+    let plan = plan_heartbeat(&mut memory, &robot, None, true, &usage(12.0, 1), None, at(3640), limits);
+    assert_eq!(plan.renew_lease, None, "the short interval has not passed");
+    // Idle again: the Lease promised 60 s, so it is renewed once that has
+    // passed (not at the idle interval), promising the idle one.
+    let plan = plan_heartbeat(&mut memory, &robot, None, false, &usage(12.0, 1), None, at(3650), limits);
+    assert_eq!(plan.renew_lease, None);
+    let plan = plan_heartbeat(&mut memory, &robot, None, false, &usage(12.0, 1), None, at(3670), limits);
+    assert_eq!(plan.renew_lease, Some(idle));
+}
+
+#[test]
+fn a_lease_another_replica_wrote_idle_is_renewed_when_this_one_hears_work() {
+    let limits = Coalescing::default();
+    let now = t("2026-11-22T10:00:00Z");
+    let mut memory = None;
+    let cached = LeaseRecord::read(t("2026-11-22T09:59:00Z"), Some(1800));
+    assert_eq!(cached.interval, Duration::from_secs(600));
+    assert_eq!(plan_lease(&mut memory, Some(cached), false, now, limits), None);
+    assert_eq!(
+        plan_lease(&mut memory, Some(cached), true, now, limits),
+        Some(limits.lease_interval)
+    );
+    assert_eq!(LeaseRecord::duration_seconds(limits.lease_interval), 180);
+    // No Lease yet: renewed at once.
+    assert_eq!(plan_lease(&mut None, None, false, now, limits), Some(limits.idle_lease_interval));
 }
 
 #[test]
@@ -316,6 +369,7 @@ fn a_heartbeat_after_a_disconnect_sets_connected_again() {
         &mut memory,
         &robot,
         None,
+        false,
         &usage(10.0, 1),
         None,
         t("2026-11-22T10:00:00Z"),
@@ -336,14 +390,18 @@ fn writes_by_another_replica_count() {
         .heartbeat("2026-11-22T10:00:02Z", usage(10.0, 1))
         .0;
     let mut memory = HeartbeatMemory {
-        lease_renewed: Some(t("2026-11-22T09:00:00Z")),
+        lease: Some(LeaseRecord {
+            renewed: t("2026-11-22T09:00:00Z"),
+            interval: limits.idle_lease_interval,
+        }),
         status_written: Some(t("2026-11-22T09:00:00Z")),
         usage_written: Some(usage(10.0, 1)),
     };
     let plan = plan_heartbeat(
         &mut memory,
         &robot,
-        Some(t("2026-11-22T09:59:50Z")),
+        Some(LeaseRecord::read(t("2026-11-22T09:59:50Z"), Some(1800))),
+        false,
         &usage(10.0, 1),
         None,
         now,
@@ -397,14 +455,18 @@ fn accepting_tasks_follows_the_agents_health_and_is_written_on_change_only() {
     // A heartbeat that changes it writes, however recently the status was.
     let robot = RobotBuilder::new().phase(RobotPhase::Online).connected(true).0;
     let mut memory = HeartbeatMemory {
-        lease_renewed: Some(now),
+        lease: Some(LeaseRecord {
+            renewed: now,
+            interval: Duration::from_secs(600),
+        }),
         status_written: Some(now),
         usage_written: Some(usage(10.0, 1)),
     };
     let plan = plan_heartbeat(
         &mut memory,
         &robot,
-        Some(now),
+        None,
+        false,
         &usage(10.0, 1),
         Some(&full),
         now,
