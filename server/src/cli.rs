@@ -140,6 +140,15 @@ pub struct Args {
     #[arg(long, env = "K8S4R_API_TIMEOUT", default_value = "10s", value_parser = duration)]
     pub api_timeout: Duration,
 
+    /// Routine (Normal) Events such as Dispatched recorded per second at
+    /// most, as the manager's --event-qps; 0: no limit.
+    #[arg(long, env = "K8S4R_EVENT_QPS", default_value_t = 50)]
+    pub event_qps: u32,
+
+    /// The burst of routine Events allowed above --event-qps.
+    #[arg(long, env = "K8S4R_EVENT_BURST", default_value_t = 100)]
+    pub event_burst: u32,
+
     /// Timeout of every publish, until the broker's PUBACK.
     #[arg(long, env = "K8S4R_PUBLISH_TIMEOUT", default_value = "10s", value_parser = duration)]
     pub publish_timeout: Duration,
@@ -209,6 +218,8 @@ impl Args {
             .then(|| LeaderConfig::new(crate::leader::LEADER_LEASE, identity.clone()));
         config.identity = identity;
         config.api_timeout = self.api_timeout;
+        config.event_qps = self.event_qps;
+        config.event_burst = self.event_burst;
         config.publish_timeout = self.publish_timeout;
         config.workers = self.workers;
         config.ingress = crate::ingress::Limits {

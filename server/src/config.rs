@@ -89,6 +89,13 @@ pub struct ServerConfig {
     /// `lease_namespace`) publishes dispatches and cancels. `None`: this
     /// replica always publishes.
     pub leader: Option<LeaderConfig>,
+    /// Routine (Normal) Events (`Dispatched`, `CancelSent`, `EvictionSent`)
+    /// recorded per second at most, with bursts of `event_burst`, under the
+    /// same rule as the manager's: at scale a `Dispatched` per attempt is an
+    /// API write per task. 0: no limit.
+    pub event_qps: u32,
+    /// The burst of routine Events allowed above `event_qps`.
+    pub event_burst: u32,
     /// Timeout of every Kubernetes API call.
     pub api_timeout: Duration,
     /// Timeout of every publish (until the broker's PUBACK).
@@ -116,6 +123,8 @@ impl ServerConfig {
             logs: None,
             identity,
             leader: None,
+            event_qps: 50,
+            event_burst: 100,
             api_timeout: Duration::from_secs(10),
             publish_timeout: Duration::from_secs(10),
             max_backoff: Duration::from_secs(30),

@@ -27,7 +27,7 @@ use k8s4r_api::names::{ANNOTATION_SENDING_ATTEMPT, FINALIZER_CANCEL};
 use k8s4r_api::protocol::{encode, Dispatch};
 use k8s4r_api::{DisconnectPolicy, DurationString, Robot, Task};
 use k8s4r_service::backoff::Failures;
-use k8s4r_service::events::Recorder;
+use k8s4r_service::events::{Recorder, RoutineBudget};
 use k8s4r_service::lock;
 use k8s4r_service::patch::Guarded;
 use k8s4r_service::watch::InSync;
@@ -57,6 +57,8 @@ const FOLLOWER_RECHECK: Duration = Duration::from_secs(5);
 pub struct Context {
     bridge: Arc<Bridge>,
     recorder: Recorder,
+    /// Routine Events beyond this budget are not recorded.
+    routine: RoutineBudget,
     leadership: Leadership,
     failures: Failures<String>,
     /// The attempt this process last published per uid: the watch cache can
@@ -132,8 +134,10 @@ pub async fn run(
             instance: Some(bridge.config().identity.clone()),
         },
     );
+    let routine = RoutineBudget::new(bridge.config().event_qps, bridge.config().event_burst);
     let context = Arc::new(Context {
         recorder,
+        routine,
         bridge,
         leadership,
         failures: Failures::default(),
@@ -367,6 +371,10 @@ async fn dispatch(ctx: &Context, task: &Task, robot: &str, attempt: u32, seen: I
 /// Records an Event on the Task for `kubectl describe`; best effort, since
 /// a lost Event must not hold up a dispatch.
 async fn record(ctx: &Context, task: &Task, reason: &str, action: &str, note: String) {
+    if !ctx.routine.admits(EventType::Normal) {
+        ctx.bridge.metrics().event_dropped();
+        return;
+    }
     let event = Event {
         type_: EventType::Normal,
         reason: reason.to_owned(),

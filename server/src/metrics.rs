@@ -30,6 +30,7 @@ pub struct Metrics {
     mqtt_connected: Gauge,
     mqtt_connections: Counter,
     kube_synced: Gauge,
+    events_dropped: Counter,
     // Readiness is read far more often than it changes; the gauges above
     // are what Prometheus sees.
     connected: AtomicBool,
@@ -45,6 +46,7 @@ impl Default for Metrics {
         let mqtt_connected = Gauge::default();
         let mqtt_connections = Counter::default();
         let kube_synced = Gauge::default();
+        let events_dropped = Counter::default();
         registry.register(
             "messages_received",
             "MQTT messages received, by topic kind and outcome.",
@@ -76,8 +78,14 @@ impl Default for Metrics {
             "Whether the Robot and Task caches are filled.",
             kube_synced.clone(),
         );
+        registry.register(
+            "events_dropped",
+            "Routine (Normal) Events not recorded: over --event-qps.",
+            events_dropped.clone(),
+        );
         Self {
             registry,
+            events_dropped,
             messages_in,
             messages_out,
             api,
@@ -109,6 +117,11 @@ impl Metrics {
     /// its outcome (acked, failed).
     pub fn message_out(&self, kind: &str, outcome: &str) {
         self.messages_out.get_or_create(&labels(kind, outcome)).inc();
+    }
+
+    /// One routine Event not recorded: over the budget.
+    pub fn event_dropped(&self) {
+        self.events_dropped.inc();
     }
 
     /// The API writes and their latency, for the server's [`k8s4r_service::Kube`].

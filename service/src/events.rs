@@ -21,6 +21,32 @@ use kube::Client;
 
 use crate::lock;
 
+/// The budget of routine (Normal) Events a program may write: at scale a
+/// Scheduled or Dispatched per attempt would be an API write per task, as
+/// kubelet's `--event-qps` limits its own. Warnings always pass.
+pub struct RoutineBudget {
+    limiter: Option<governor::DefaultDirectRateLimiter>,
+}
+
+impl RoutineBudget {
+    /// Routine Events at `qps` per second with bursts of `burst` (`qps` 0:
+    /// no limit; `burst` 0: `qps`).
+    pub fn new(qps: u32, burst: u32) -> Self {
+        use std::num::NonZeroU32;
+        let limiter = NonZeroU32::new(qps).map(|qps| {
+            let burst = NonZeroU32::new(burst).unwrap_or(qps);
+            governor::RateLimiter::direct(governor::Quota::per_second(qps).allow_burst(burst))
+        });
+        Self { limiter }
+    }
+
+    /// Whether an Event of `type_` may be written now (taking its place in
+    /// the budget).
+    pub fn admits(&self, type_: EventType) -> bool {
+        type_ == EventType::Warning || self.limiter.as_ref().is_none_or(|l| l.check().is_ok())
+    }
+}
+
 /// How long a published Event can still grow a series; past it, a repeat
 /// is a new Event (as client-go forgets isomorphic Events after a while).
 const SERIES_WINDOW: SignedDuration = SignedDuration::from_mins(6);
@@ -174,6 +200,16 @@ impl Recorder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn routine_events_are_budgeted_and_warnings_are_not() {
+        let budget = RoutineBudget::new(1, 3);
+        let admitted = (0..10).filter(|_| budget.admits(EventType::Normal)).count();
+        assert_eq!(admitted, 3, "the burst, then nothing within the second");
+        assert!(budget.admits(EventType::Warning));
+        let unlimited = RoutineBudget::new(0, 0);
+        assert!((0..1000).all(|_| unlimited.admits(EventType::Normal)));
+    }
 
     fn reporter() -> Reporter {
         Reporter {
