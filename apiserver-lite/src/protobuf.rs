@@ -147,6 +147,26 @@ const KINDS: &[(&str, &str, &str)] = &[
         "ValidatingWebhookConfigurationList",
         "api.admissionregistration.v1.ValidatingWebhookConfigurationList",
     ),
+    (
+        "flowcontrol.apiserver.k8s.io/v1",
+        "FlowSchema",
+        "api.flowcontrol.v1.FlowSchema",
+    ),
+    (
+        "flowcontrol.apiserver.k8s.io/v1",
+        "FlowSchemaList",
+        "api.flowcontrol.v1.FlowSchemaList",
+    ),
+    (
+        "flowcontrol.apiserver.k8s.io/v1",
+        "PriorityLevelConfiguration",
+        "api.flowcontrol.v1.PriorityLevelConfiguration",
+    ),
+    (
+        "flowcontrol.apiserver.k8s.io/v1",
+        "PriorityLevelConfigurationList",
+        "api.flowcontrol.v1.PriorityLevelConfigurationList",
+    ),
     ("apps/v1", "Deployment", "api.apps.v1.Deployment"),
     ("apps/v1", "DeploymentList", "api.apps.v1.DeploymentList"),
     ("rbac.authorization.k8s.io/v1", "Role", "api.rbac.v1.Role"),

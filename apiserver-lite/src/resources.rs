@@ -383,6 +383,30 @@ const BUILTINS: &[Builtin] = &[
         categories: &["api-extensions"],
         status: false,
     },
+    // API Priority and Fairness: stored so that deploy/ applies, never
+    // enforced (this server has no flow control; KNOWN_DIFFERENCES).
+    Builtin {
+        group: "flowcontrol.apiserver.k8s.io",
+        version: "v1",
+        plural: "flowschemas",
+        singular: "flowschema",
+        kind: "FlowSchema",
+        namespaced: false,
+        short_names: &[],
+        categories: &[],
+        status: true,
+    },
+    Builtin {
+        group: "flowcontrol.apiserver.k8s.io",
+        version: "v1",
+        plural: "prioritylevelconfigurations",
+        singular: "prioritylevelconfiguration",
+        kind: "PriorityLevelConfiguration",
+        namespaced: false,
+        short_names: &[],
+        categories: &[],
+        status: true,
+    },
     Builtin {
         group: "apiextensions.k8s.io",
         version: "v1",
@@ -478,6 +502,34 @@ pub fn builtins() -> Vec<ResourceType> {
                 ("coordination.k8s.io", "leases") => {
                     vec![column("Holder", "string", ".spec.holderIdentity"), age_column()]
                 }
+                // A real server's columns but its FlowSchemas' MissingPL,
+                // which reads a condition only its APF controller sets.
+                ("flowcontrol.apiserver.k8s.io", "flowschemas") => vec![
+                    column("PriorityLevel", "string", ".spec.priorityLevelConfiguration.name"),
+                    column("MatchingPrecedence", "integer", ".spec.matchingPrecedence"),
+                    column("DistinguisherMethod", "string", ".spec.distinguisherMethod.type"),
+                    age_column(),
+                ],
+                ("flowcontrol.apiserver.k8s.io", "prioritylevelconfigurations") => vec![
+                    column("Type", "string", ".spec.type"),
+                    column(
+                        "NominalConcurrencyShares",
+                        "integer",
+                        ".spec.limited.nominalConcurrencyShares",
+                    ),
+                    column("Queues", "integer", ".spec.limited.limitResponse.queuing.queues"),
+                    column(
+                        "HandSize",
+                        "integer",
+                        ".spec.limited.limitResponse.queuing.handSize",
+                    ),
+                    column(
+                        "QueueLengthLimit",
+                        "integer",
+                        ".spec.limited.limitResponse.queuing.queueLengthLimit",
+                    ),
+                    age_column(),
+                ],
                 ("apiextensions.k8s.io", _) => {
                     vec![column("Created At", "string", ".metadata.creationTimestamp")]
                 }

@@ -774,3 +774,153 @@ async fn events_are_one_resource_under_both_apis() {
         .is_empty());
     server.shutdown().await.unwrap();
 }
+
+/// A PriorityLevelConfiguration as deploy/cluster/50-flowcontrol.yaml
+/// writes them.
+fn priority_level(name: &str, shares: i32) -> k8s_openapi::api::flowcontrol::v1::PriorityLevelConfiguration {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"type": "Limited", "limited": {
+            "nominalConcurrencyShares": shares, "lendablePercent": 50, "borrowingLimitPercent": 0,
+            "limitResponse": {"type": "Queue", "queuing": {"queues": 64, "handSize": 4, "queueLengthLimit": 50}},
+        }},
+    }))
+    .unwrap()
+}
+
+/// A FlowSchema putting one ServiceAccount's robot writes on `level`.
+fn flow_schema(name: &str, level: &str) -> k8s_openapi::api::flowcontrol::v1::FlowSchema {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "priorityLevelConfiguration": {"name": level},
+            "matchingPrecedence": 1000,
+            "distinguisherMethod": {"type": "ByNamespace"},
+            "rules": [{
+                "subjects": [{"kind": "ServiceAccount", "serviceAccount": {"name": "server", "namespace": "system"}}],
+                "resourceRules": [{
+                    "apiGroups": ["robot.k8s4r.io"], "resources": ["robots", "robots/status"],
+                    "verbs": ["create", "patch"], "clusterScope": true,
+                }],
+            }],
+        },
+    }))
+    .unwrap()
+}
+
+/// API Priority and Fairness objects are stored as the cluster-scoped
+/// built-ins they are, with a status that only `/status` writes change,
+/// and listed with a real server's columns. Nothing enforces them, and no
+/// built-in ones (`exempt`, `global-default`, ...) exist (KNOWN_DIFFERENCES).
+#[tokio::test]
+async fn flow_control_objects_are_stored_but_not_enforced() {
+    use k8s_openapi::api::flowcontrol::v1::{FlowSchema, PriorityLevelConfiguration};
+    let (server, client) = server().await;
+    let levels: Api<PriorityLevelConfiguration> = Api::all(client.clone());
+    let schemas: Api<FlowSchema> = Api::all(client.clone());
+
+    let level = priority_level("robots", 20);
+    let created = levels.create(&PostParams::default(), &level).await.unwrap();
+    assert_eq!(created.spec, level.spec);
+    assert!(created.uid().is_some() && created.creation_timestamp().is_some());
+    assert_eq!(levels.get("robots").await.unwrap().spec, level.spec);
+
+    let schema = flow_schema("robot-server", "robots");
+    schemas.create(&PostParams::default(), &schema).await.unwrap();
+    assert_eq!(schemas.get("robot-server").await.unwrap().spec, schema.spec);
+    let dangling = |status: &str| json!({"status": {"conditions": [{"type": "Dangling", "status": status}]}});
+    let condition = |s: FlowSchema| {
+        let conditions = s.status.and_then(|s| s.conditions).unwrap_or_default();
+        conditions.first().and_then(|c| c.status.clone())
+    };
+    let patched = schemas
+        .patch_status(
+            "robot-server",
+            &PatchParams::default(),
+            &Patch::Merge(dangling("False")),
+        )
+        .await
+        .unwrap();
+    assert_eq!(patched.spec, schema.spec, "a status write leaves the spec");
+    assert_eq!(condition(patched).as_deref(), Some("False"));
+    let mut change = dangling("True");
+    change["spec"] = json!({"matchingPrecedence": 1100});
+    let patched = schemas
+        .patch("robot-server", &PatchParams::default(), &Patch::Merge(change))
+        .await
+        .unwrap();
+    assert_eq!(patched.spec.matching_precedence, Some(1100));
+    assert_eq!(
+        condition(patched).as_deref(),
+        Some("False"),
+        "a spec write leaves the status"
+    );
+    // Only what was created: no mandatory or suggested objects.
+    let names: Vec<String> = schemas
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|s| s.name_any())
+        .collect();
+    assert_eq!(names, ["robot-server"]);
+
+    let discovery = Discovery::new(client.clone()).run().await.unwrap();
+    for kind in ["FlowSchema", "PriorityLevelConfiguration"] {
+        let (ar, caps) = discovery
+            .groups()
+            .flat_map(|g| g.recommended_resources())
+            .find(|(ar, _)| ar.kind == kind)
+            .unwrap_or_else(|| panic!("{kind} discovered"));
+        assert_eq!(ar.group, "flowcontrol.apiserver.k8s.io");
+        assert_eq!(caps.scope, kube::discovery::Scope::Cluster, "{kind}");
+        assert!(
+            caps.subresources
+                .iter()
+                .any(|(s, _)| s.plural.ends_with("status")),
+            "{kind}: no status subresource"
+        );
+    }
+
+    // What `kubectl get prioritylevelconfigurations` prints.
+    let req = http::Request::builder()
+        .uri("/apis/flowcontrol.apiserver.k8s.io/v1/prioritylevelconfigurations")
+        .header(
+            "Accept",
+            "application/json;as=Table;v=v1;g=meta.k8s.io,application/json",
+        )
+        .body(vec![])
+        .unwrap();
+    let table: serde_json::Value = serde_json::from_str(&client.request_text(req).await.unwrap()).unwrap();
+    let columns: Vec<&str> = table["columnDefinitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        columns,
+        [
+            "Name",
+            "Type",
+            "NominalConcurrencyShares",
+            "Queues",
+            "HandSize",
+            "QueueLengthLimit",
+            "Age"
+        ]
+    );
+    let cells = table["rows"][0]["cells"].as_array().unwrap();
+    assert_eq!(
+        cells[..6],
+        json!(["robots", "Limited", 20, 64, 4, 50]).as_array().unwrap()[..]
+    );
+
+    schemas
+        .delete("robot-server", &DeleteParams::default())
+        .await
+        .unwrap();
+    assert_eq!(api_code(schemas.get("robot-server").await.unwrap_err()), 404);
+    server.shutdown().await.unwrap();
+}

@@ -93,6 +93,7 @@ fn every_manifest_is_a_well_formed_object_of_its_kind() {
     use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
     use k8s_openapi::api::apps::v1::Deployment;
     use k8s_openapi::api::core::v1::{Namespace, Service, ServiceAccount};
+    use k8s_openapi::api::flowcontrol::v1::{FlowSchema, PriorityLevelConfiguration};
     use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
@@ -165,6 +166,10 @@ fn every_manifest_is_a_well_formed_object_of_its_kind() {
             ("apiregistration.k8s.io/v1", "APIService") => round_trips_as::<APIService>(file, doc),
             ("admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration") => {
                 round_trips_as::<ValidatingWebhookConfiguration>(file, doc)
+            }
+            ("flowcontrol.apiserver.k8s.io/v1", "FlowSchema") => round_trips_as::<FlowSchema>(file, doc),
+            ("flowcontrol.apiserver.k8s.io/v1", "PriorityLevelConfiguration") => {
+                round_trips_as::<PriorityLevelConfiguration>(file, doc)
             }
             // cert-manager's kinds (the webhook component): no Rust types here.
             ("cert-manager.io/v1", "Issuer" | "Certificate") => {
@@ -363,6 +368,222 @@ fn deployments_run_the_programs_with_flags_they_accept() {
     );
 }
 
+/// What a ServiceAccount's RBAC under deploy/ lets it do: (API group,
+/// resource, verb, namespace), with `None` for a grant in every namespace.
+fn rbac_grants(
+    all: &[(PathBuf, Value)],
+    namespace: &str,
+    name: &str,
+) -> Vec<(String, String, String, Option<String>)> {
+    use k8s_openapi::api::rbac::v1::{PolicyRule, Subject};
+    let is_account = |subjects: &Value| {
+        let subjects: Vec<Subject> = serde_json::from_value(subjects.clone()).unwrap_or_default();
+        subjects.iter().any(|s| {
+            s.kind == "ServiceAccount" && s.name == name && s.namespace.as_deref() == Some(namespace)
+        })
+    };
+    let rules_of = |kind: &str, role: &str, role_namespace: Option<&str>| -> Vec<PolicyRule> {
+        let (_, doc) = all
+            .iter()
+            .find(|(_, d)| {
+                d["kind"] == kind
+                    && d["metadata"]["name"] == role
+                    && d["metadata"]["namespace"].as_str() == role_namespace
+            })
+            .unwrap_or_else(|| panic!("no {kind} {role} under deploy/"));
+        serde_json::from_value(doc["rules"].clone()).unwrap()
+    };
+    let mut grants = Vec::new();
+    for (_, binding) in all.iter().filter(|(_, d)| {
+        matches!(d["kind"].as_str(), Some("RoleBinding" | "ClusterRoleBinding")) && is_account(&d["subjects"])
+    }) {
+        let scope = binding["metadata"]["namespace"].as_str();
+        let role_kind = binding["roleRef"]["kind"].as_str().unwrap();
+        let role_namespace = if role_kind == "Role" { scope } else { None };
+        let role = binding["roleRef"]["name"].as_str().unwrap();
+        for rule in rules_of(role_kind, role, role_namespace) {
+            for group in rule.api_groups.iter().flatten() {
+                for resource in rule.resources.iter().flatten() {
+                    for verb in &rule.verbs {
+                        grants.push((
+                            group.clone(),
+                            resource.clone(),
+                            verb.clone(),
+                            scope.map(str::to_owned),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    grants
+}
+
+/// The API Priority and Fairness objects of deploy/cluster are ones a real
+/// API server accepts (apiserver-lite stores them unchecked), they name
+/// only k8s4r's ServiceAccounts (people's kubectl stays on the built-in
+/// levels), and every write the programs' RBAC grants is on their own
+/// level: a write added to the RBAC and not to the FlowSchema would go on
+/// sharing `workload-low` with the rest of the cluster.
+#[test]
+fn flow_control_puts_every_write_of_the_programs_on_their_own_levels() {
+    use k8s_openapi::api::flowcontrol::v1::{FlowSchema, PriorityLevelConfiguration, ResourcePolicyRule};
+    let all = manifests();
+    let typed = |kind: &'static str| {
+        all.iter()
+            .filter(move |(_, d)| d["kind"] == kind)
+            .map(|(_, d)| d.clone())
+    };
+    let levels: Vec<PriorityLevelConfiguration> = typed("PriorityLevelConfiguration")
+        .map(|d| serde_json::from_value(d).unwrap())
+        .collect();
+    let schemas: Vec<FlowSchema> = typed("FlowSchema")
+        .map(|d| serde_json::from_value(d).unwrap())
+        .collect();
+    assert!(
+        !levels.is_empty() && !schemas.is_empty(),
+        "no APF objects under deploy/"
+    );
+
+    for level in &levels {
+        let name = level.metadata.name.as_deref().unwrap();
+        let spec = &level.spec;
+        assert_eq!(spec.type_, "Limited", "{name}");
+        let limited = spec.limited.as_ref().unwrap();
+        // Modest: no more than global-default's share, people's traffic.
+        let shares = limited.nominal_concurrency_shares.unwrap();
+        assert!(
+            (1..=20).contains(&shares),
+            "{name}: nominalConcurrencyShares {shares}"
+        );
+        assert!((0..=100).contains(&limited.lendable_percent.unwrap()), "{name}");
+        assert!(limited.borrowing_limit_percent.unwrap() >= 0, "{name}");
+        let response = &limited.limit_response;
+        assert_eq!(response.type_, "Queue", "{name}");
+        let q = response.queuing.as_ref().unwrap();
+        let (queues, hand, length) = (
+            q.queues.unwrap(),
+            q.hand_size.unwrap(),
+            q.queue_length_limit.unwrap(),
+        );
+        assert!(queues > 0 && hand > 0 && length > 0, "{name}");
+        assert!(hand <= queues, "{name}: handSize {hand} above queues {queues}");
+        // kube-apiserver's shuffle-sharding check: the hand must be dealt
+        // from one 60-bit hash.
+        let entropy = (f64::from(queues).log2() * f64::from(hand)).ceil();
+        assert!(
+            entropy <= 60.0,
+            "{name}: {queues} queues, hand {hand}: {entropy} bits"
+        );
+    }
+
+    let service_accounts: BTreeSet<(String, String)> = typed("ServiceAccount")
+        .map(|d| {
+            (
+                d["metadata"]["namespace"].as_str().unwrap().to_owned(),
+                d["metadata"]["name"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let mut schema_of = std::collections::BTreeMap::new();
+    for schema in &schemas {
+        let name = schema.metadata.name.as_deref().unwrap();
+        let spec = &schema.spec;
+        let level = &spec.priority_level_configuration.name;
+        assert!(
+            levels.iter().any(|l| l.metadata.name.as_ref() == Some(level)),
+            "{name}: no PriorityLevelConfiguration {level} under deploy/"
+        );
+        // After the control plane's built-in schemas (kube-system's
+        // ServiceAccounts are 900), before service-accounts (9000).
+        let precedence = spec.matching_precedence.unwrap();
+        assert!(
+            (901..9000).contains(&precedence),
+            "{name}: matchingPrecedence {precedence}"
+        );
+        assert_eq!(
+            spec.distinguisher_method.as_ref().map(|d| d.type_.as_str()),
+            Some("ByNamespace"),
+            "{name}: one ServiceAccount is one user, so ByUser would be one flow"
+        );
+        for rule in spec.rules.iter().flatten() {
+            for subject in &rule.subjects {
+                assert_eq!(subject.kind, "ServiceAccount", "{name}: only k8s4r's programs");
+                let sa = subject.service_account.as_ref().unwrap();
+                let account = (sa.namespace.clone(), sa.name.clone());
+                assert!(
+                    service_accounts.contains(&account),
+                    "{name}: no ServiceAccount {account:?} under deploy/"
+                );
+                assert!(
+                    schema_of
+                        .insert(account.clone(), rule.resource_rules.clone().unwrap_or_default())
+                        .is_none(),
+                    "{account:?} is matched by two schemas"
+                );
+            }
+            for r in rule.resource_rules.iter().flatten() {
+                let namespaces = r.namespaces.as_deref().unwrap_or_default();
+                assert!(
+                    r.cluster_scope == Some(true) || !namespaces.is_empty(),
+                    "{name}: a rule without clusterScope or namespaces matches nothing"
+                );
+            }
+        }
+    }
+
+    // Robots are cluster-scoped, as are the reviews and namespaces.
+    let cluster_scoped = |group: &str, resource: &str| {
+        let plural = resource.split('/').next().unwrap();
+        typed("CustomResourceDefinition").any(|crd| {
+            crd["spec"]["group"] == group
+                && crd["spec"]["names"]["plural"] == plural
+                && crd["spec"]["scope"] == "Cluster"
+        }) || matches!(plural, "namespaces" | "subjectaccessreviews")
+    };
+    let matches = |r: &ResourcePolicyRule, group: &str, resource: &str, verb: &str, ns: Option<&str>| {
+        let has = |list: &[String], x: &str| list.iter().any(|v| v == "*" || v == x);
+        has(&r.verbs, verb)
+            && has(&r.api_groups, group)
+            && has(&r.resources, resource)
+            && if cluster_scoped(group, resource) {
+                r.cluster_scope == Some(true)
+            } else {
+                let namespaces = r.namespaces.as_deref().unwrap_or_default();
+                match ns {
+                    Some(ns) => has(namespaces, ns),
+                    None => namespaces.iter().any(|n| n == "*"),
+                }
+            }
+    };
+    let writes = ["create", "update", "patch", "delete", "deletecollection"];
+    // The server's SubjectAccessReviews are made for a person reading a
+    // log: they stay on the built-in levels, out of the robots' queue.
+    for (account, left_out) in [
+        ("k8s4r-server", &["subjectaccessreviews"][..]),
+        ("k8s4r-manager", &[]),
+    ] {
+        let key = ("k8s4r-system".to_owned(), account.to_owned());
+        let rules = schema_of
+            .get(&key)
+            .unwrap_or_else(|| panic!("no FlowSchema matches {account}"));
+        let grants = rbac_grants(&all, "k8s4r-system", account);
+        assert!(!grants.is_empty(), "{account}: no RBAC found");
+        for (group, resource, verb, ns) in grants {
+            if !writes.contains(&verb.as_str()) || left_out.contains(&resource.as_str()) {
+                continue;
+            }
+            assert!(
+                rules
+                    .iter()
+                    .any(|r| matches(r, &group, &resource, &verb, ns.as_deref())),
+                "{account} may {verb} {resource}.{group} in {}, but its FlowSchema does not match that",
+                ns.as_deref().unwrap_or("every namespace")
+            );
+        }
+    }
+}
+
 // kubectl runs synchronously: the API server needs a thread of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_applies_deploy_to_the_embedded_api_server() {
@@ -381,6 +602,9 @@ async fn kubectl_applies_deploy_to_the_embedded_api_server() {
         "rolebinding.rbac.authorization.k8s.io/k8s4r-manager-robot-leases",
         "deployment.apps/k8s4r-server",
         "deployment.apps/k8s4r-manager",
+        "prioritylevelconfiguration.flowcontrol.apiserver.k8s.io/k8s4r-robot-traffic",
+        "flowschema.flowcontrol.apiserver.k8s.io/k8s4r-server",
+        "flowschema.flowcontrol.apiserver.k8s.io/k8s4r-manager",
     ] {
         assert!(
             applied.contains(&format!("{object} serverside-applied")),
@@ -399,6 +623,48 @@ async fn kubectl_applies_deploy_to_the_embedded_api_server() {
         ],
     );
     assert_eq!(deployments, "k8s4r:0.1.0 k8s4r:0.1.0");
+    // Stored (not enforced), and listed with a real server's columns.
+    let columns = |out: &str| -> Vec<Vec<String>> {
+        out.lines()
+            .map(|l| l.split_whitespace().map(str::to_owned).collect())
+            .collect()
+    };
+    let levels = columns(&kubectl(&kubeconfig, &["get", "prioritylevelconfigurations"]));
+    assert_eq!(
+        levels[0],
+        [
+            "NAME",
+            "TYPE",
+            "NOMINALCONCURRENCYSHARES",
+            "QUEUES",
+            "HANDSIZE",
+            "QUEUELENGTHLIMIT",
+            "AGE"
+        ]
+    );
+    assert!(
+        levels
+            .iter()
+            .any(|l| l[..6] == ["k8s4r-robot-traffic", "Limited", "20", "64", "4", "50"]),
+        "{levels:?}"
+    );
+    let schemas = columns(&kubectl(&kubeconfig, &["get", "flowschemas"]));
+    assert_eq!(
+        schemas[0],
+        [
+            "NAME",
+            "PRIORITYLEVEL",
+            "MATCHINGPRECEDENCE",
+            "DISTINGUISHERMETHOD",
+            "AGE"
+        ]
+    );
+    assert!(
+        schemas
+            .iter()
+            .any(|l| l[..4] == ["k8s4r-server", "k8s4r-robot-traffic", "1000", "ByNamespace"]),
+        "{schemas:?}"
+    );
 
     // Applying again succeeds too; the examples apply on top, strictly validated.
     kubectl(&kubeconfig, &["apply", "--server-side", "-k", deploy]);

@@ -144,6 +144,47 @@ fn rbac_kinds_round_trip() {
     ));
 }
 
+/// What deploy/cluster/50-flowcontrol.yaml holds, and the condition a real
+/// server's APF controller writes: `borrowingLimitPercent: 0` (a pointer
+/// set to zero) stays zero.
+#[test]
+fn flow_control_kinds_round_trip() {
+    round_trip(&with(
+        object(
+            "flowcontrol.apiserver.k8s.io/v1",
+            "PriorityLevelConfiguration",
+            "robots",
+            None,
+        ),
+        json!({"spec": {"type": "Limited", "limited": {
+            "nominalConcurrencyShares": 20, "lendablePercent": 50, "borrowingLimitPercent": 0,
+            "limitResponse": {"type": "Queue", "queuing": {"queues": 64, "handSize": 4, "queueLengthLimit": 50}},
+        }}}),
+    ));
+    round_trip(&with(
+        object("flowcontrol.apiserver.k8s.io/v1", "FlowSchema", "robots", None),
+        json!({
+            "spec": {
+                "priorityLevelConfiguration": {"name": "robots"},
+                "matchingPrecedence": 1000,
+                "distinguisherMethod": {"type": "ByNamespace"},
+                "rules": [{
+                    "subjects": [{"kind": "ServiceAccount", "serviceAccount": {"name": "server", "namespace": "system"}}],
+                    "resourceRules": [
+                        {"verbs": ["create", "patch"], "apiGroups": ["robot.k8s4r.io"], "resources": ["robots", "robots/status"], "clusterScope": true},
+                        {"verbs": ["patch"], "apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "namespaces": ["leases"]},
+                    ],
+                    "nonResourceRules": [{"verbs": ["get"], "nonResourceURLs": ["/healthz"]}],
+                }],
+            },
+            "status": {"conditions": [{
+                "type": "Dangling", "status": "False", "lastTransitionTime": "2026-11-23T11:52:36Z",
+                "reason": "Found", "message": "This FlowSchema references the PriorityLevelConfiguration object named \"robots\" and it exists",
+            }]},
+        }),
+    ));
+}
+
 /// A Deployment reaches most of what core/v1 marshals by hand: quantities,
 /// int-or-strings, inline structs, empty structs that mean something.
 #[test]
