@@ -50,6 +50,14 @@ pub struct JobSpec {
     /// `after` on each of them). Groups not listed start at once.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub order: Vec<String>,
+    /// Seconds after the job finished (completed, failed or cancelled)
+    /// before it is deleted, with its task groups and tasks; 0 deletes it
+    /// as soon as it finishes. Unset: the manager's
+    /// --job-ttl-after-finished, if it has one (not for the runs of a
+    /// PeriodicJob, which keep to its history limits); else kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub ttl_seconds_after_finished: Option<i32>,
 }
 
 impl JobSpec {
@@ -222,6 +230,18 @@ impl WorkState {
             WorkState::Running
         } else {
             WorkState::Pending
+        }
+    }
+
+    /// The lower-case name used in status.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkState::Pending => "pending",
+            WorkState::Running => "running",
+            WorkState::Completed => "completed",
+            WorkState::Failed => "failed",
+            WorkState::Skipped => "skipped",
+            WorkState::Cancelled => "cancelled",
         }
     }
 
@@ -424,5 +444,13 @@ mod tests {
             WorkState::Completed,
             "an empty group is done"
         );
+    }
+
+    #[test]
+    fn work_state_names_are_the_serialized_ones() {
+        use WorkState::*;
+        for state in [Pending, Running, Completed, Failed, Skipped, Cancelled] {
+            assert_eq!(serde_json::to_value(state).unwrap(), state.as_str());
+        }
     }
 }

@@ -409,6 +409,9 @@ pub fn validate_job_spec(spec: &JobSpec) -> Result<(), ValidationErrors> {
         check_selector(&mut report, "spec.robotSelector", selector);
     }
     check_constraints(&mut report, "spec.constraints", &spec.constraints);
+    if let Some(ttl) = spec.ttl_seconds_after_finished.filter(|t| *t < 0) {
+        report.error("spec.ttlSecondsAfterFinished", format!("must be >= 0, got {ttl}"));
+    }
     if spec.task_groups.is_empty() {
         report.error("spec.taskGroups", "at least one group is required");
     }
@@ -1608,6 +1611,22 @@ mod tests {
     }
 
     #[test]
+    fn a_negative_ttl_after_finished_is_refused() {
+        let spec = |ttl| JobSpec {
+            task_groups: vec![group("g", &[])],
+            ttl_seconds_after_finished: Some(ttl),
+            ..JobSpec::default()
+        };
+        assert!(validate_job_spec(&spec(0)).is_ok());
+        assert!(validate_job_spec(&spec(3600)).is_ok());
+        let err = validate_job_spec(&spec(-1)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "spec.ttlSecondsAfterFinished: must be >= 0, got -1"
+        );
+    }
+
+    #[test]
     fn a_periodic_jobs_template_and_deadline_are_checked() {
         let spec = PeriodicJobSpec {
             schedule: " ".into(),
@@ -1616,6 +1635,7 @@ mod tests {
             job_template: crate::periodic::JobTemplate {
                 spec: JobSpec {
                     task_groups: vec![group("a", &["b"])],
+                    ttl_seconds_after_finished: Some(-5),
                     ..JobSpec::default()
                 },
                 ..Default::default()
@@ -1628,6 +1648,7 @@ mod tests {
                 "spec.schedule",
                 "spec.startingDeadline",
                 "spec.failedJobsHistoryLimit",
+                "spec.jobTemplate.spec.ttlSecondsAfterFinished",
                 "spec.jobTemplate.spec.taskGroups[0].after[0]"
             ]
         );

@@ -1,5 +1,7 @@
 //! Scheduling throughput: 100 Jobs × 100 Tasks onto 1,000 simulated robots,
-//! through the embedded API server on loopback.
+//! through apiserver-lite on loopback, in a process of its own (this bench
+//! started again with `--apiserver KUBECONFIG`), as the scale benches run
+//! it: the figure is the manager's, not the two sharing one process.
 //!
 //! Timed from the first Job's creation to the moment the watch shows all
 //! 10,000 Tasks `dispatching`: fan-out (Job → TaskGroups → Tasks), the
@@ -135,18 +137,75 @@ fn job(i: usize) -> Job {
             }],
             priority: 0,
             order: vec![],
+            ttl_seconds_after_finished: None,
         },
     )
 }
 
-#[tokio::main(flavor = "multi_thread")]
-async fn main() -> anyhow::Result<()> {
-    let deadline = Duration::from_secs(arg("--deadline", 300));
+/// The child: serves apiserver-lite, writes its kubeconfig to `path`, and
+/// stops when its parent closes its stdin.
+async fn serve_apiserver(path: &std::path::Path) -> anyhow::Result<()> {
     let server = apiserver_lite::Config::for_tests()
         .history(1_000_000)
         .start()
         .await?;
-    let client = server.client().await?;
+    let partial = path.with_extension("partial");
+    server.write_kubeconfig(&partial)?;
+    std::fs::rename(&partial, path)?;
+    let _ = tokio::task::spawn_blocking(|| {
+        let mut sink = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink)
+    })
+    .await;
+    drop(server);
+    Ok(())
+}
+
+/// apiserver-lite in a child process, and a client of it.
+struct ApiProcess {
+    child: std::process::Child,
+    _dir: tempfile::TempDir,
+}
+
+impl ApiProcess {
+    async fn start() -> anyhow::Result<(Self, Client)> {
+        let dir = tempfile::tempdir()?;
+        let kubeconfig = dir.path().join("kubeconfig");
+        let child = std::process::Command::new(std::env::current_exe()?)
+            .arg("--apiserver")
+            .arg(&kubeconfig)
+            .stdin(std::process::Stdio::piped())
+            .spawn()?;
+        let api = ApiProcess { child, _dir: dir };
+        let by = Instant::now() + Duration::from_secs(60);
+        let yaml = loop {
+            if let Ok(yaml) = std::fs::read_to_string(&kubeconfig) {
+                break yaml;
+            }
+            anyhow::ensure!(Instant::now() < by, "apiserver-lite did not start within 60 s");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let client = apiserver_lite::server::client_for(&yaml).await?;
+        Ok((api, client))
+    }
+}
+
+impl Drop for ApiProcess {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--apiserver") {
+        let path = args.get(i + 1).ok_or_else(|| anyhow::anyhow!("--apiserver KUBECONFIG"))?;
+        return serve_apiserver(std::path::Path::new(path)).await;
+    }
+    let deadline = Duration::from_secs(arg("--deadline", 300));
+    let (server, client) = ApiProcess::start().await?;
     setup(&client).await?;
     create_robots(&client).await?;
 
@@ -242,6 +301,6 @@ async fn main() -> anyhow::Result<()> {
         metrics.events_dropped.get(),
         writes.saturating_sub(created + 2 * decisions + event_count)
     );
-    server.shutdown().await?;
+    drop(server);
     Ok(())
 }

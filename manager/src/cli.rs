@@ -102,6 +102,12 @@ pub struct Args {
     /// The burst of routine Events allowed above --event-qps.
     #[arg(long, env = "K8S4R_EVENT_BURST", default_value_t = 100)]
     pub event_burst: u32,
+    /// Delete a finished Job (completed, failed or cancelled), with its
+    /// TaskGroups and Tasks, this long after it finished, unless its
+    /// spec.ttlSecondsAfterFinished says otherwise; a PeriodicJob's runs
+    /// keep to its history limits instead. Unset: finished Jobs are kept.
+    #[arg(long, env = "K8S4R_JOB_TTL_AFTER_FINISHED", value_parser = duration)]
+    pub job_ttl_after_finished: Option<Duration>,
     /// Log format.
     #[arg(long, env = "K8S4R_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -156,6 +162,7 @@ impl Args {
             api_timeout: self.api_timeout,
             event_qps: self.event_qps,
             event_burst: self.event_burst,
+            job_ttl_after_finished: self.job_ttl_after_finished,
             ..ManagerConfig::default()
         }
     }
@@ -197,16 +204,23 @@ mod tests {
         );
         assert!(config.leader.is_some());
         assert!(!config.auto_approve);
+        assert_eq!(config.job_ttl_after_finished, None, "finished Jobs are kept");
         let args = Args::parse_from([
             "k8s4r-manager",
             "--leader-election=false",
             "--heartbeat-timeout",
             "90s",
             "--auto-approve",
+            "--job-ttl-after-finished",
+            "7d",
         ]);
         let config = args.config();
         assert!(config.leader.is_none());
         assert_eq!(config.liveness.heartbeat_timeout, Duration::from_secs(90));
         assert!(config.auto_approve);
+        assert_eq!(
+            config.job_ttl_after_finished,
+            Some(Duration::from_secs(7 * 24 * 3600))
+        );
     }
 }

@@ -57,6 +57,10 @@ pub struct ManagerConfig {
     pub event_burst: u32,
     /// Serve the validating admission webhook; `None`: not served.
     pub webhook: Option<crate::webhook::WebhookConfig>,
+    /// How long a finished Job without a `ttlSecondsAfterFinished` of its
+    /// own is kept before it is deleted (not a PeriodicJob's run: those
+    /// keep to its history limits); `None`: kept until someone deletes it.
+    pub job_ttl_after_finished: Option<Duration>,
 }
 
 impl Default for ManagerConfig {
@@ -80,6 +84,7 @@ impl Default for ManagerConfig {
             event_qps: 50,
             event_burst: 100,
             webhook: None,
+            job_ttl_after_finished: None,
         }
     }
 }

@@ -19,6 +19,16 @@ pub enum Error {
         /// What is missing.
         reason: String,
     },
+    /// An Event that must not be lost could not be queued for publishing.
+    #[error("recording the {reason} Event of {object}: {why}")]
+    EventNotRecorded {
+        /// The Event's reason.
+        reason: &'static str,
+        /// The object it is about (kind namespace/name).
+        object: String,
+        /// Why not.
+        why: String,
+    },
     /// Serialising a patch failed.
     #[error("serialising a patch: {0}")]
     Serialize(#[from] serde_json::Error),

@@ -1,6 +1,7 @@
 //! k8s4r-manager: every decision of k8s4r, as kube-runtime controllers.
 //!
-//! - [`controllers::job`]: one TaskGroup per group of a Job; Job status.
+//! - [`controllers::job`]: one TaskGroup per group of a Job; Job status;
+//!   finished Jobs deleted after their ttl ([`expiry`]).
 //! - [`controllers::taskgroup`]: `count` Tasks per TaskGroup; its status.
 //! - [`controllers::task`]: scheduling ([`scheduler`]) and the lifecycle
 //!   ([`lifecycle`]): dispatch timeouts, lost robots, the timeout backstop,
@@ -19,6 +20,7 @@ pub mod cli;
 pub mod config;
 pub mod controllers;
 pub mod error;
+pub mod expiry;
 pub mod fleet;
 pub mod leader;
 pub mod ledger;

@@ -363,6 +363,63 @@ async fn deleting_a_running_job_cancels_its_processes() {
     env.stop().await;
 }
 
+/// A Job with `ttlSecondsAfterFinished` is deleted that long after it
+/// completed, its TaskGroup and Tasks with it, and an `Expired` Event keeps
+/// what it did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_job_is_deleted_after_its_ttl_and_leaves_an_expired_event() {
+    let env = Env::start(&[("r1", &["kind=test"])]).await;
+    let mut job = job_json(
+        "brief",
+        serde_json::json!([{ "name": "g", "count": 1, "task": sh("true", "1m") }]),
+    );
+    job["spec"]["ttlSecondsAfterFinished"] = serde_json::json!(2);
+    env.create_job(job).await;
+    let finished = eventually("the Job completed", || async {
+        let status = env.jobs().get_opt("brief").await.ok()??.status?;
+        (status.state == Some(WorkState::Completed)).then_some(status.completion_time?)
+    })
+    .await;
+    assert_eq!(env.job_tasks("brief").await.len(), 1);
+
+    let kubeconfig = kubeconfig_path(&env.data_dir);
+    eventually("kubectl get says the Job is NotFound", || async {
+        let out = std::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .args(["get", "rjob", "brief", "-n", "default"])
+            .output()
+            .ok()?;
+        let not_found = !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("NotFound");
+        not_found.then_some(())
+    })
+    .await;
+    let gone_at = jiff::Timestamp::now();
+    assert!(
+        gone_at >= finished + jiff::SignedDuration::from_secs(2),
+        "deleted before its ttl: finished {finished}, gone at {gone_at}"
+    );
+    eventually("the TaskGroup and the Task are gone", || async {
+        let group = groups_api(&env).get_opt("brief-g").await.ok()?;
+        (group.is_none() && env.job_tasks("brief").await.is_empty()).then_some(())
+    })
+    .await;
+    // The record outlives the Job.
+    let line = eventually("the Expired Event", || async {
+        let out = kubectl(&kubeconfig, &["get", "events", "-n", "default"]);
+        out.lines()
+            .find(|l| l.contains("Expired") && l.contains("brief"))
+            .map(str::to_owned)
+    })
+    .await;
+    assert!(line.contains("Normal"), "{line}");
+    assert!(
+        line.contains("completed job deleted 2s after it finished (ttlSecondsAfterFinished): 1 of 1 tasks succeeded, 0 failed, 0 cancelled"),
+        "{line}"
+    );
+    env.stop().await;
+}
+
 /// The cell of `kubectl get` output `table` in the row named `name` and the
 /// column headed `column` (cells without spaces), or "" when there is none.
 fn cell(table: &str, name: &str, column: &str) -> String {

@@ -11,7 +11,7 @@ use futures::channel::mpsc::UnboundedSender;
 use k8s4r_api::backoff::exponential;
 use k8s4r_api::{AgentRollout, Job, ManualAction, PeriodicJob, Robot, Task, TaskGroup, TaskState};
 use k8s4r_service::backoff::Failures;
-use k8s4r_service::events::Recorder;
+use k8s4r_service::events::{Recorder, RoutineBudget};
 use k8s4r_service::Kube;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -292,18 +292,11 @@ impl Context {
         let Some(sink) = &self.events else {
             return;
         };
-        if type_ == EventType::Normal && sink.routine.as_ref().is_some_and(|r| r.check().is_err()) {
+        if !sink.routine.admits(type_) {
             self.metrics.events_dropped.inc();
             return;
         }
-        let event = Event {
-            type_,
-            reason: reason.to_owned(),
-            note: Some(note),
-            action: reason.to_owned(),
-            secondary: None,
-        };
-        if sink.tx.try_send((obj.object_ref(&()), event)).is_err() {
+        if sink.tx.try_send(queued(obj, type_, reason, note)).is_err() {
             tracing::debug!(reason, "event queue full, dropping event");
         }
     }
@@ -311,6 +304,37 @@ impl Context {
     /// Publishes the Event a plan asked for (see [`Context::event`]).
     pub fn publish<K: Resource<DynamicType = ()>>(&self, obj: &K, note: Note) {
         self.event(obj, note.type_, note.reason, note.message);
+    }
+
+    /// Queues the Event that is the last record of `obj`, about to be
+    /// deleted. Unlike [`Context::event`], the routine budget never holds
+    /// it back (there is one per deleted object, and the deletion saves
+    /// more writes than the Event costs), and a full queue is waited for,
+    /// up to the API timeout, instead of dropping it: past that it is an
+    /// error, so that the deletion waits too.
+    pub async fn record<K: Resource<DynamicType = ()>>(&self, obj: &K, note: Note) -> Result<()> {
+        let Some(sink) = &self.events else {
+            return Ok(());
+        };
+        let reason = note.reason;
+        let event = queued(obj, note.type_, reason, note.message);
+        let why = match tokio::time::timeout(self.config.api_timeout, sink.tx.send(event)).await {
+            Ok(Ok(())) => return Ok(()),
+            // The publisher stops only at shutdown.
+            Ok(Err(_)) => "the event publisher stopped".to_owned(),
+            Err(_) => format!("the event queue stayed full for {:?}", self.config.api_timeout),
+        };
+        let meta = obj.meta();
+        Err(Error::EventNotRecorded {
+            reason,
+            object: format!(
+                "{} {}/{}",
+                kind_of::<K>(),
+                meta.namespace.as_deref().unwrap_or_default(),
+                meta.name.as_deref().unwrap_or_default()
+            ),
+            why,
+        })
     }
 
     /// Runs an API call about the `K` named `name` under the configured
@@ -491,23 +515,38 @@ impl Context {
     }
 }
 
+/// An Event about `obj` as the publisher's queue takes it.
+fn queued<K: Resource<DynamicType = ()>>(
+    obj: &K,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) -> (ObjectReference, Event) {
+    let event = Event {
+        type_,
+        reason: reason.to_owned(),
+        note: Some(note),
+        action: reason.to_owned(),
+        secondary: None,
+    };
+    (obj.object_ref(&()), event)
+}
+
 /// Where Events go: the publisher's queue, and the limit on routine ones.
 pub(super) struct EventSink {
     pub(super) tx: tokio::sync::mpsc::Sender<(ObjectReference, Event)>,
-    /// Routine (Normal) Events pass at this rate; `None`: all pass.
-    pub(super) routine: Option<governor::DefaultDirectRateLimiter>,
+    /// The budget of routine (Normal) Events.
+    pub(super) routine: RoutineBudget,
 }
 
 impl EventSink {
     /// A sink into `tx` that lets routine Events through at `qps` per
     /// second with bursts of `burst` (0: no limit).
     pub(super) fn new(tx: tokio::sync::mpsc::Sender<(ObjectReference, Event)>, qps: u32, burst: u32) -> Self {
-        use std::num::NonZeroU32;
-        let routine = NonZeroU32::new(qps).map(|qps| {
-            let burst = NonZeroU32::new(burst).unwrap_or(qps);
-            governor::RateLimiter::direct(governor::Quota::per_second(qps).allow_burst(burst))
-        });
-        EventSink { tx, routine }
+        EventSink {
+            tx,
+            routine: RoutineBudget::new(qps, burst),
+        }
     }
 }
 

@@ -1,4 +1,5 @@
-//! JobController: one TaskGroup per group of a Job, and the Job's status.
+//! JobController: one TaskGroup per group of a Job, the Job's status, and
+//! its deletion once its time after finishing is up ([`crate::expiry`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -13,7 +14,7 @@ use k8s4r_api::{
     WorkState,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{DeleteParams, ObjectMeta};
+use kube::api::{DeleteParams, ObjectMeta, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
@@ -23,6 +24,7 @@ use tracing::instrument;
 use super::{condition_at, key_of, Context, Note, Requests};
 use crate::aggregate::{gates, job_status, Gate, GroupView};
 use crate::error::{Error, Result};
+use crate::expiry::{plan_expiry, Expiry, REASON_EXPIRED};
 
 /// Reconciles one Job.
 #[instrument(skip_all, fields(job = %key_of(job.as_ref())))]
@@ -91,11 +93,12 @@ async fn reconcile_job(job: &Job, ctx: &Context) -> Result<Action> {
 
     if let Err(errors) = validate_job_spec(&job.spec) {
         let message = errors.to_string();
+        let mut written = None;
         if let Some(status) = plan_invalid(job, &message, Timestamp::now()) {
-            ctx.patch_status(&jobs, &name, None, &status).await?;
+            written = Some(ctx.patch_status(&jobs, &name, None, &status).await?);
             ctx.event(job, EventType::Warning, "InvalidSpec", message);
         }
-        return Ok(Action::await_change());
+        return expire(ctx, &jobs, written.as_ref().unwrap_or(job)).await;
     }
 
     let owner = job.controller_owner_ref(&()).ok_or_else(|| Error::Malformed {
@@ -127,12 +130,47 @@ async fn reconcile_job(job: &Job, ctx: &Context) -> Result<Action> {
     // The status counts what the cache shows after those writes.
     let stored = stored_groups(ctx, job);
     let plan = plan_job_status(job, &stored, &plan.gates, requests, Timestamp::now());
+    let mut written = None;
     if let Some(status) = plan.status {
-        ctx.patch_status(&jobs, &name, None, &status).await?;
+        written = Some(ctx.patch_status(&jobs, &name, None, &status).await?);
         if let Some(note) = plan.event {
             ctx.publish(job, note);
         }
     }
+    expire(ctx, &jobs, written.as_ref().unwrap_or(job)).await
+}
+
+/// Deletes `job` (as last written) once its time after finishing is up,
+/// recording an `Expired` Event first; otherwise asks to be reconciled
+/// again at the instant it expires (see [`crate::expiry`]).
+async fn expire(ctx: &Context, api: &Api<Job>, job: &Job) -> Result<Action> {
+    let default = ctx.config.job_ttl_after_finished;
+    let summary = match plan_expiry(job, default, Timestamp::now()) {
+        Expiry::Kept => return Ok(Action::await_change()),
+        // kube-runtime holds a requeue to six months at most: a longer ttl
+        // is decided again then.
+        Expiry::Later(after) => return Ok(Action::requeue(after)),
+        Expiry::Due(summary) => summary,
+    };
+    // A reconcile that still sees the Job after it was deleted records the
+    // same note again: the recorder counts it on the same Event (a series),
+    // and the delete finds nothing.
+    ctx.record(job, Note::normal(REASON_EXPIRED, summary)).await?;
+    let name = job.name_any();
+    // Only the Job the decision was made on: a changed one (a new ttl, or
+    // a new Job of the same name) is a conflict, and is decided again.
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: job.uid(),
+            resource_version: job.resource_version(),
+        }),
+        ..DeleteParams::background()
+    };
+    let deleted = ctx
+        .api::<Job, _>("delete", &name, api.delete(&name, &params))
+        .await
+        .map(|_| tracing::info!(job = %name, "deleted a finished Job past its ttl"));
+    ignore(404, deleted)?;
     Ok(Action::await_change())
 }
 
@@ -217,6 +255,8 @@ pub fn plan_invalid(job: &Job, message: &str, now: Timestamp) -> Option<JobStatu
     let previous = job.status.clone().unwrap_or_default();
     let mut status = JobStatus {
         state: Some(WorkState::Failed),
+        // When it failed: its ttl after finishing counts from here.
+        completion_time: previous.completion_time.or(Some(now)),
         observed_generation: job.meta().generation,
         ..previous.clone()
     };
@@ -447,6 +487,7 @@ mod tests {
             ],
             priority: 7,
             order: Vec::new(),
+            ttl_seconds_after_finished: None,
         };
         let groups = desired_groups("j", &job);
         let a = &groups["j-a"];
@@ -522,6 +563,7 @@ mod tests {
         assert_eq!(status.observed_generation, Some(1));
         assert_eq!(status.conditions[0].reason.as_deref(), Some("InvalidSpec"));
         assert_eq!(status.conditions[0].last_transition_time, Some(now()));
+        assert_eq!(status.completion_time, Some(now()));
         j.status = Some(status);
         assert_eq!(plan_invalid(&j, "spec.taskGroups: empty", now()), None);
     }

@@ -325,6 +325,7 @@ pub async fn create_job(
             task_groups: groups,
             priority: 0,
             order: vec![],
+            ttl_seconds_after_finished: None,
         },
     );
     api.create(&PostParams::default(), &job)
