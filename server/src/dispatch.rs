@@ -99,7 +99,11 @@ pub fn controller(client: kube::Client) -> (Controller<Task>, InSync) {
     let (cache, writer) = kube::runtime::reflector::store();
     let in_sync = InSync::default();
     let events = in_sync
-        .track(watcher(tasks, watcher::Config::default()).default_backoff())
+        .track(
+            watcher(tasks, watcher::Config::default())
+                .modify(k8s4r_service::watch::trim)
+                .default_backoff(),
+        )
         .reflect(writer);
     // A Task a relist brings is reconciled once the cache holds it (else a
     // Task made dispatching while the watch was down would be skipped).

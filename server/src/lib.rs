@@ -39,6 +39,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::PostParams;
 use kube::runtime::controller::Controller;
+use k8s4r_service::watch::trim;
 use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::{Api, Client};
 use tokio::sync::oneshot;
@@ -241,9 +242,11 @@ impl Parts {
         // Robots: one cache for every lookup, and its stream answers robots
         // waiting for their registration's outcome.
         let (robot_cache, robot_writer) = reflector::store::<Robot>();
+        // Robots, Leases and Tasks are cached without managedFields (no
+        // lookup here reads them): about half of each object.
         let robot_events = reflector(
             robot_writer,
-            watcher(Api::<Robot>::all(client.clone()), watcher::Config::default()),
+            watcher(Api::<Robot>::all(client.clone()), watcher::Config::default()).modify(trim),
         )
         .default_backoff()
         .applied_objects()
@@ -252,7 +255,7 @@ impl Parts {
         // are spread over replicas is not renewed by each of them.
         let (lease_cache, lease_writer) = reflector::store::<Lease>();
         let leases = Api::<Lease>::namespaced(client.clone(), &config.lease_namespace);
-        let lease_events = reflector(lease_writer, watcher(leases, watcher::Config::default()))
+        let lease_events = reflector(lease_writer, watcher(leases, watcher::Config::default()).modify(trim))
             .default_backoff()
             .boxed();
         let (dispatcher, task_sync) = dispatch::controller(client.clone());

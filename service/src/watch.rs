@@ -19,6 +19,23 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::Resource;
 
+/// The annotation `kubectl apply` keeps the whole applied object in.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Drops from a watched object what no k8s4r cache reads and what costs the
+/// most memory per object: `metadata.managedFields` (one entry per field
+/// manager, each with the set of fields it owns; larger than the rest of a
+/// Robot or a Lease) and `kubectl apply`'s copy of the object. For caches
+/// of the kinds there are as many of as robots; a cache that needs to know
+/// who wrote a field (the manager's cancel and retry requests) keeps them.
+pub fn trim<K: Resource>(obj: &mut K) {
+    let meta = obj.meta_mut();
+    meta.managed_fields = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.remove(LAST_APPLIED);
+    }
+}
+
 /// `events` (already taken into the cache `reader` reads), with each
 /// relist's objects handed on after its `InitDone` and its missing objects
 /// as deletions before them.
@@ -120,6 +137,25 @@ impl InSync {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn trimming_drops_managed_fields_and_the_applied_copy_only() {
+        use k8s_openapi::api::coordination::v1::Lease;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+        let mut lease = Lease::default();
+        lease.metadata.name = Some("r1".into());
+        lease.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+            manager: Some("k8s4r-server".into()),
+            ..Default::default()
+        }]);
+        lease.metadata.annotations = Some(
+            [(LAST_APPLIED.to_owned(), "{}".to_owned()), ("keep".to_owned(), "me".to_owned())].into(),
+        );
+        trim(&mut lease);
+        assert_eq!(lease.metadata.managed_fields, None);
+        assert_eq!(lease.metadata.annotations, Some([("keep".to_owned(), "me".to_owned())].into()));
+        assert_eq!(lease.metadata.name.as_deref(), Some("r1"));
+    }
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube::runtime::{reflector, WatchStreamExt};
     use kube::ResourceExt;

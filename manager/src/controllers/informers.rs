@@ -21,11 +21,14 @@ use super::context::{lock, Context, SchedState};
 use super::facts::{facts_of, key_of, placement_of};
 use crate::scheduler::{newly_met, robot_change, RobotChange};
 
-/// Watches `api` into `writer`, handing every event to `handle` after the
-/// cache took it in; errors are logged as `what` and the watch backs off.
+/// Watches `api` into `writer`, each object changed by `shape` first (see
+/// [`keep`] and [`k8s4r_service::watch::trim`]), handing every event to
+/// `handle` after the cache took it in; errors are logged as `what` and the
+/// watch backs off.
 pub(super) async fn informer<K>(
     api: Api<K>,
     writer: reflector::store::Writer<K>,
+    shape: fn(&mut K),
     what: &'static str,
     handle: impl Fn(&watcher::Event<K>),
 ) where
@@ -34,6 +37,7 @@ pub(super) async fn informer<K>(
 {
     let reader = writer.as_reader();
     let events = watcher(api, watcher::Config::default())
+        .modify(shape)
         .default_backoff()
         .reflect(writer);
     // A relist reaches the handlers only once the cache holds it.
@@ -47,6 +51,10 @@ pub(super) async fn informer<K>(
         })
         .await;
 }
+
+/// Caches the object whole: the kinds whose `managedFields` say who asked
+/// for a cancel or a retry (Tasks, TaskGroups, Jobs, AgentRollouts).
+pub(super) fn keep<K>(_: &mut K) {}
 
 fn owners_of<O, K>(obj: &K) -> impl Iterator<Item = ObjectRef<O>> + '_
 where

@@ -47,7 +47,8 @@ use crate::metrics::Metrics;
 use context::{publish_events, EventSink, Triggers};
 pub use context::{Context, Note, Requests, SchedState, Stores};
 pub use facts::{demand_of, facts_of, group_of, key_of, placement_of};
-use informers::informer;
+use informers::{informer, keep};
+use k8s4r_service::watch::trim;
 
 /// A condition that changed at `now`. (`Condition::new` reads the clock;
 /// the plans are given it, so that they can be tested.)
@@ -254,32 +255,36 @@ fn start_informers(client: &Client, ctx: &Arc<Context>, writers: Writers) -> tok
     let periodic_watch = informer(
         Api::all(client.clone()),
         writers.periodic,
+        keep,
         "periodicjob watch",
         move |e| c6.on_periodic(e),
     );
     let rollout_watch = informer(
         Api::all(client.clone()),
         writers.rollout,
+        keep,
         "agentrollout watch",
         move |e| c7.on_rollout(e),
     );
     let all = futures::future::join5(
-        informer(Api::all(client.clone()), writers.task, "task watch", move |e| {
+        informer(Api::all(client.clone()), writers.task, keep, "task watch", move |e| {
             c1.on_task(e)
         }),
-        informer(Api::all(client.clone()), writers.robot, "robot watch", move |e| {
+        // As many Robots and Leases as robots: cached without managedFields.
+        informer(Api::all(client.clone()), writers.robot, trim, "robot watch", move |e| {
             c2.on_robot(e)
         }),
         informer(
             Api::all(client.clone()),
             writers.group,
+            keep,
             "taskgroup watch",
             move |e| c3.on_group(e),
         ),
-        informer(lease_api, writers.lease, "robot lease watch", move |e| {
+        informer(lease_api, writers.lease, trim, "robot lease watch", move |e| {
             c4.on_lease(e)
         }),
-        informer(Api::all(client.clone()), writers.job, "job watch", move |e| {
+        informer(Api::all(client.clone()), writers.job, keep, "job watch", move |e| {
             c5.on_job(e)
         }),
     );
