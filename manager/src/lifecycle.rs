@@ -23,7 +23,7 @@ pub struct LifecycleConfig {
     pub robot_lost_grace: Duration,
     /// How stale the record of a robot's last contact may be when it has no
     /// Lease to tell (its `lastHeartbeatTime`, which the server refreshes at
-    /// most every `--heartbeat-refresh`).
+    /// most every `--idle-heartbeat-refresh` for an idle robot, 1800 s).
     pub unleased_record_lag: Duration,
     /// Slack after `startTime + timeout + killTimeout` before the manager
     /// fails a task whose robot never reported the end.
@@ -38,7 +38,7 @@ impl Default for LifecycleConfig {
         Self {
             dispatch_timeout: Duration::from_secs(60),
             robot_lost_grace: Duration::from_secs(30),
-            unleased_record_lag: Duration::from_secs(240),
+            unleased_record_lag: Duration::from_secs(1800),
             backstop_grace: Duration::from_secs(60),
             lost_retries: 3,
         }
@@ -432,9 +432,13 @@ fn attempt_fenced(
     // fresh contact, whenever it comes back before the deadline, so a
     // silent robot's dispatch is fenced only once the deadline has passed
     // too (robot_lost_grace covers the robot's reckoning of the server's
-    // clock, which errs early by the delay of its freshest answer).
+    // clock, which errs early by the delay of its freshest answer). And a
+    // robot that took it did so before the deadline, with contact no later
+    // than that: fenced as if last heard at the deadline, however the
+    // record of its contact lags (a server replica whose Lease cache lags
+    // may have confirmed a heartbeat under an idle Lease's promise).
     match (state, status.dispatch_deadline) {
-        (TaskState::Dispatching, Some(deadline)) => fenced.max(plus(deadline, cfg.robot_lost_grace)),
+        (TaskState::Dispatching, Some(deadline)) => fenced.max(fence_time(spec, deadline, Duration::ZERO, cfg)),
         _ => fenced,
     }
 }

@@ -132,6 +132,16 @@ impl Memory {
     }
 }
 
+/// Whether the newest of these records of a robot's Lease still holds its
+/// promise at `now`.
+fn promise_now(records: [Option<LeaseRecord>; 2], now: Timestamp) -> bool {
+    records
+        .into_iter()
+        .flatten()
+        .max_by_key(|l| l.renewed)
+        .is_some_and(|l| l.covers(now))
+}
+
 /// What became of one message, for the counter and the log.
 enum Outcome {
     Done(&'static str),
@@ -571,6 +581,10 @@ impl Bridge {
         let entry = &mut memory.robot(name).heartbeat;
         let now = Timestamp::now();
         let lease = self.lease_record(name);
+        // The promise the Lease holds now (this replica's last renewal, or
+        // the watch's if newer): a renewal that only shortens it is not
+        // needed to confirm this heartbeat.
+        let promised = promise_now([entry.lease, lease], now);
         let plan = plan_heartbeat(
             entry,
             &robot,
@@ -586,7 +600,20 @@ impl Bridge {
         }
         let result = async {
             if let Some(interval) = plan.renew_lease {
-                self.renew_lease(name, now, interval).await?;
+                let renewed = self.renew_lease(name, now, interval).await;
+                if let Err(error) = renewed {
+                    if !promised {
+                        return Err(error);
+                    }
+                    // Best effort: the robot took work while its Lease still
+                    // promised the idle interval, which the manager allows
+                    // for; shortening it only moves a lost robot's work
+                    // sooner. Under API trouble the heartbeat is confirmed
+                    // anyway, so a healthy robot never fences its new work
+                    // for want of this write.
+                    warn!(%error, "could not shorten the robot's Lease; it keeps its longer promise");
+                    entry.lease = None;
+                }
             }
             if let Some(status) = &plan.status {
                 // Only a Connected flip rewrites the shared conditions list
@@ -622,17 +649,27 @@ impl Bridge {
     /// a renewal interval longer than work allows (the robot was idle): the
     /// manager's fence time of the attempt then runs from now, at the short
     /// interval, and not from a renewal up to the idle interval old.
+    ///
+    /// Best effort while the Lease's longer promise still holds (see
+    /// [`Bridge::heartbeat`]): the status is applied either way.
     pub(super) async fn renew_for_work(&self, name: &str, lease: &mut Option<LeaseRecord>) -> Result<()> {
         let now = Timestamp::now();
-        let Some(interval) = decide::plan_lease(lease, self.lease_record(name), true, now, self.config.coalescing)
-        else {
+        let cached = self.lease_record(name);
+        let promised = promise_now([*lease, cached], now);
+        let Some(interval) = decide::plan_lease(lease, cached, true, now, self.config.coalescing) else {
             return Ok(());
         };
-        let result = self.renew_lease(name, now, interval).await;
-        if result.is_err() {
-            *lease = None;
+        match self.renew_lease(name, now, interval).await {
+            Ok(()) => Ok(()),
+            Err(error) => {
+                *lease = None;
+                if !promised {
+                    return Err(error);
+                }
+                warn!(%error, "could not shorten the robot's Lease; it keeps its longer promise");
+                Ok(())
+            }
         }
-        result
     }
 
     async fn renew_lease(&self, name: &str, now: Timestamp, interval: Duration) -> Result<()> {
@@ -667,9 +704,16 @@ impl Bridge {
     /// from meanwhile wrote its status, and is left alone.
     pub async fn forget_absent(&self, present: &HashSet<String>, started: Timestamp) {
         let robots = self.robot_cache.state();
+        // A robot heard since (a renewal of its Lease, which an unchanged
+        // registration does not write) is not absent either.
+        let heard: HashSet<String> = robots
+            .iter()
+            .filter_map(|r| r.metadata.name.clone())
+            .filter(|name| self.lease_record(name).is_some_and(|l| l.renewed >= started))
+            .collect();
         let absent = decide::absent_at_start(
             robots.iter().map(|r| r.as_ref()),
-            present,
+            &present.union(&heard).cloned().collect(),
             started,
             Timestamp::now(),
         );

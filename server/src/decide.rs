@@ -174,11 +174,11 @@ pub struct RegisterPlan {
     pub metadata: MetadataPatch,
     /// The status patch (always non-empty: lastRegistrationTime changes).
     pub status: RobotStatusPatch,
-    /// Whether to write `status`: not for a known robot registering again
-    /// with nothing new to say (a registration sent again while the first
-    /// waited for its answer, a reconnect storm, an agent restart), however
-    /// long since its last registration; `lastRegistrationTime` is then the
-    /// last registration that changed something.
+    /// Whether to write `status`: not for a known Online robot registering
+    /// again with nothing new to say (a registration sent again while the
+    /// first waited for its answer, a reconnect storm, an agent restart),
+    /// however long since its last registration; `lastRegistrationTime` is
+    /// then the last registration that changed something.
     pub write_status: bool,
     /// Answer on `response` at once with this phase (Online or Rejected);
     /// otherwise wait for the manager's decision.
@@ -313,14 +313,18 @@ pub fn plan_register(
             && old.capacity == status.capacity
             && old.task_policy == status.task_policy
     });
-    // A known robot that says nothing new costs no write, however long
-    // since it last registered: its Lease says it is alive, and nothing
-    // fences on `lastRegistrationTime` (the agent's lease on its attempts
-    // runs from heartbeats the Lease records, never from a registration).
-    // So a reconnect storm of an unchanged fleet writes only what the
-    // disconnection itself changed (`Connected`).
+    // A known Online robot that says nothing new costs no write, however
+    // long since it last registered: its Lease says it is alive, and
+    // nothing fences on `lastRegistrationTime` (the agent's lease on its
+    // attempts runs from heartbeats the Lease records, never from a
+    // registration). So a reconnect storm of an unchanged fleet writes only
+    // what the disconnection itself changed (`Connected`). Any other phase
+    // is written: an Offline robot back after its heartbeat timeout sends
+    // no heartbeat until its registration is answered, so the fresh
+    // `lastRegistrationTime` is what makes it Online again, and a Rejected
+    // or Pending one gets the manager's look again.
     let write_status = !(same
-        && phase.is_some()
+        && phase == Some(RobotPhase::Online)
         && metadata.is_empty()
         && status.reported_labels.is_none()
         && !changed);
@@ -467,6 +471,13 @@ impl LeaseRecord {
             renewed,
             interval: Duration::from_secs(seconds / Self::DURATION_PER_INTERVAL),
         }
+    }
+
+    /// Whether the renewal's promise still holds at `now`: a heartbeat heard
+    /// now may be confirmed without a write, since the manager allows for
+    /// the whole interval after `renewed`.
+    pub fn covers(&self, now: Timestamp) -> bool {
+        !stale(Some(self.renewed), self.interval, now)
     }
 
     /// `leaseDurationSeconds` for a renewal at `interval`.

@@ -206,6 +206,9 @@ pub struct Context {
     /// (kept apart so that a robot's change costs nothing when there are
     /// none, however many other groups there are).
     pub(super) every_robot_groups: Mutex<std::collections::HashSet<ObjectRef<TaskGroup>>>,
+    /// Each robot Lease's `leaseDurationSeconds` as last watched: a change
+    /// (an idle robot took work, or went idle) wakes the robot.
+    pub(super) lease_durations: Mutex<HashMap<String, Option<i32>>>,
     /// When each Robot's `allocated` was last written.
     pub(super) allocation_written: Mutex<HashMap<String, std::time::Instant>>,
     /// Tasks by the uid of their TaskGroup.

@@ -207,15 +207,20 @@ impl Context {
 
     pub(super) fn on_lease(&self, event: &watcher::Event<Lease>) {
         if let watcher::Event::Apply(lease) = event {
-            // A renewed Lease only matters to a robot that is Offline now;
-            // Online robots look at their Lease when their requeue comes.
+            // A renewed Lease only matters to a robot that is Offline now,
+            // or whose Lease changed its promise (an idle robot took work:
+            // its timeout shrinks from the idle Lease's to the configured
+            // one, and its requeue must come sooner); other Online robots
+            // look at their Lease when their requeue comes.
             let name = lease.name_any();
+            let duration = lease.spec.as_ref().and_then(|s| s.lease_duration_seconds);
+            let changed = lock(&self.lease_durations).insert(name.clone(), duration) != Some(duration);
             let offline = self
                 .sched()
                 .robots
                 .get(&name)
                 .is_some_and(|r| r.phase == Some(RobotPhase::Offline));
-            if offline {
+            if offline || changed {
                 self.triggers.robot(&name);
             }
         }

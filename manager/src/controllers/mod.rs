@@ -91,6 +91,7 @@ pub async fn run(
         failures: Failures::default(),
         seen: Mutex::default(),
         every_robot_groups: Mutex::default(),
+        lease_durations: Mutex::default(),
         allocation_written: Mutex::default(),
         group_tasks: Default::default(),
         job_groups: Default::default(),

@@ -229,6 +229,13 @@ fn a_registration_with_nothing_new_is_not_written_however_late() {
     )
     .unwrap();
     assert!(!later.write_status, "a day later, nothing new: still not written");
+    // An Offline robot (back after its heartbeat timeout: it sends no
+    // heartbeat before it is answered) is written, so the manager sees it.
+    let mut away = robot.clone();
+    away.status.as_mut().unwrap().phase = Some(RobotPhase::Offline);
+    let back = plan_register(&register(&[("site", "lab")]), Some(&away), t("2026-11-23T10:00:00Z")).unwrap();
+    assert!(back.write_status);
+    assert_eq!(back.status.last_registration_time, Some(t("2026-11-23T10:00:00Z")));
     // A reconnect after its last will said it was gone is new.
     let mut gone = robot.clone();
     gone.status.as_mut().unwrap().conditions = connected(&[], false, now).unwrap();
