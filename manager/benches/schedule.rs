@@ -201,7 +201,9 @@ impl Drop for ApiProcess {
 async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--apiserver") {
-        let path = args.get(i + 1).ok_or_else(|| anyhow::anyhow!("--apiserver KUBECONFIG"))?;
+        let path = args
+            .get(i + 1)
+            .ok_or_else(|| anyhow::anyhow!("--apiserver KUBECONFIG"))?;
         return serve_apiserver(std::path::Path::new(path)).await;
     }
     let deadline = Duration::from_secs(arg("--deadline", 300));

@@ -438,7 +438,9 @@ fn attempt_fenced(
     // record of its contact lags (a server replica whose Lease cache lags
     // may have confirmed a heartbeat under an idle Lease's promise).
     match (state, status.dispatch_deadline) {
-        (TaskState::Dispatching, Some(deadline)) => fenced.max(fence_time(spec, deadline, Duration::ZERO, cfg)),
+        (TaskState::Dispatching, Some(deadline)) => {
+            fenced.max(fence_time(spec, deadline, Duration::ZERO, cfg))
+        }
         _ => fenced,
     }
 }

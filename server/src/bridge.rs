@@ -28,7 +28,9 @@ use kube::{Api, Client};
 use tracing::{debug, info, instrument, warn};
 
 use crate::config::ServerConfig;
-use crate::decide::{self, connected, plan_heartbeat, plan_register, HeartbeatMemory, LeaseRecord, RobotStatusPatch};
+use crate::decide::{
+    self, connected, plan_heartbeat, plan_register, HeartbeatMemory, LeaseRecord, RobotStatusPatch,
+};
 use crate::error::{Error, Result};
 use crate::facts::FactsMemory;
 use crate::held::HeldMemory;
@@ -349,7 +351,13 @@ impl Bridge {
                     Ok(msg) => {
                         let mine = memory.robot(&robot_id);
                         let outcome = self
-                            .status(&msg, &task_uid, &robot_id, &mut mine.held, &mut mine.heartbeat.lease)
+                            .status(
+                                &msg,
+                                &task_uid,
+                                &robot_id,
+                                &mut mine.held,
+                                &mut mine.heartbeat.lease,
+                            )
                             .await?;
                         // Applied, or refused for good: the robot may forget
                         // it. An error (the API away) is not confirmed, and
@@ -642,7 +650,10 @@ impl Bridge {
             .lease_cache
             .get(&ObjectRef::new(name).within(&self.config.lease_namespace))?;
         let spec = lease.spec.as_ref()?;
-        Some(LeaseRecord::read(spec.renew_time.as_ref()?.0, spec.lease_duration_seconds))
+        Some(LeaseRecord::read(
+            spec.renew_time.as_ref()?.0,
+            spec.lease_duration_seconds,
+        ))
     }
 
     /// Renews the Lease of a robot heard holding work now, when it promised

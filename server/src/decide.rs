@@ -482,7 +482,10 @@ impl LeaseRecord {
 
     /// `leaseDurationSeconds` for a renewal at `interval`.
     pub fn duration_seconds(interval: Duration) -> i32 {
-        let seconds = interval.as_secs().max(1).saturating_mul(Self::DURATION_PER_INTERVAL);
+        let seconds = interval
+            .as_secs()
+            .max(1)
+            .saturating_mul(Self::DURATION_PER_INTERVAL);
         i32::try_from(seconds).unwrap_or(i32::MAX)
     }
 }

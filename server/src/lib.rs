@@ -34,12 +34,12 @@ use futures::stream::BoxStream;
 use futures::StreamExt;
 use k8s4r_api::protocol::Topics;
 use k8s4r_api::{Robot, Task};
+use k8s4r_service::watch::trim;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::PostParams;
 use kube::runtime::controller::Controller;
-use k8s4r_service::watch::trim;
 use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::{Api, Client};
 use tokio::sync::oneshot;
@@ -255,9 +255,12 @@ impl Parts {
         // are spread over replicas is not renewed by each of them.
         let (lease_cache, lease_writer) = reflector::store::<Lease>();
         let leases = Api::<Lease>::namespaced(client.clone(), &config.lease_namespace);
-        let lease_events = reflector(lease_writer, watcher(leases, watcher::Config::default()).modify(trim))
-            .default_backoff()
-            .boxed();
+        let lease_events = reflector(
+            lease_writer,
+            watcher(leases, watcher::Config::default()).modify(trim),
+        )
+        .default_backoff()
+        .boxed();
         let (dispatcher, task_sync) = dispatch::controller(client.clone());
         let task_cache = dispatcher.store();
         let bridge = Arc::new(Bridge::new(

@@ -149,11 +149,18 @@ mod tests {
             ..Default::default()
         }]);
         lease.metadata.annotations = Some(
-            [(LAST_APPLIED.to_owned(), "{}".to_owned()), ("keep".to_owned(), "me".to_owned())].into(),
+            [
+                (LAST_APPLIED.to_owned(), "{}".to_owned()),
+                ("keep".to_owned(), "me".to_owned()),
+            ]
+            .into(),
         );
         trim(&mut lease);
         assert_eq!(lease.metadata.managed_fields, None);
-        assert_eq!(lease.metadata.annotations, Some([("keep".to_owned(), "me".to_owned())].into()));
+        assert_eq!(
+            lease.metadata.annotations,
+            Some([("keep".to_owned(), "me".to_owned())].into())
+        );
         assert_eq!(lease.metadata.name.as_deref(), Some("r1"));
     }
     use k8s_openapi::api::core::v1::ConfigMap;

@@ -811,7 +811,12 @@ pub async fn an_idle_robot_takes_work_and_is_blackholed(bins: &Binaries) -> Repo
     let stack = Stack::start(
         bins,
         Options {
-            server_args: vec!["--idle-lease-interval", "600s", "--idle-heartbeat-refresh", "1800s"],
+            server_args: vec![
+                "--idle-lease-interval",
+                "600s",
+                "--idle-heartbeat-refresh",
+                "1800s",
+            ],
             ..Options::default()
         },
     )
@@ -825,9 +830,11 @@ pub async fn an_idle_robot_takes_work_and_is_blackholed(bins: &Binaries) -> Repo
         async move { leases.get_opt(&name).await.ok()??.spec?.lease_duration_seconds }
     };
     for robot in ["r1", "r2"] {
-        eventually(DEADLINE, "the idle robots' Leases promise the idle interval", || async {
-            (promised(robot).await? == 1800).then_some(())
-        })
+        eventually(
+            DEADLINE,
+            "the idle robots' Leases promise the idle interval",
+            || async { (promised(robot).await? == 1800).then_some(()) },
+        )
         .await;
     }
     stack.submit("idle", 1, 12.0, replaceable()).await;
@@ -843,7 +850,9 @@ pub async fn an_idle_robot_takes_work_and_is_blackholed(bins: &Binaries) -> Repo
     let moved_after = cut.elapsed();
     stack.link(&robot).heal();
     stack.wait_all("idle", 1, TaskState::Completed).await;
-    let mut report = stack.report("n_an_idle_robot_takes_work_and_is_blackholed", "idle").await;
+    let mut report = stack
+        .report("n_an_idle_robot_takes_work_and_is_blackholed", "idle")
+        .await;
     if at_running != Some(3) {
         report.problems.push(format!(
             "when the attempt read as running, {robot}'s Lease promised {at_running:?} s, not the short interval's 3 s"

@@ -268,13 +268,21 @@ fn start_informers(client: &Client, ctx: &Arc<Context>, writers: Writers) -> tok
         move |e| c7.on_rollout(e),
     );
     let all = futures::future::join5(
-        informer(Api::all(client.clone()), writers.task, keep, "task watch", move |e| {
-            c1.on_task(e)
-        }),
+        informer(
+            Api::all(client.clone()),
+            writers.task,
+            keep,
+            "task watch",
+            move |e| c1.on_task(e),
+        ),
         // As many Robots and Leases as robots: cached without managedFields.
-        informer(Api::all(client.clone()), writers.robot, trim, "robot watch", move |e| {
-            c2.on_robot(e)
-        }),
+        informer(
+            Api::all(client.clone()),
+            writers.robot,
+            trim,
+            "robot watch",
+            move |e| c2.on_robot(e),
+        ),
         informer(
             Api::all(client.clone()),
             writers.group,
@@ -285,9 +293,13 @@ fn start_informers(client: &Client, ctx: &Arc<Context>, writers: Writers) -> tok
         informer(lease_api, writers.lease, trim, "robot lease watch", move |e| {
             c4.on_lease(e)
         }),
-        informer(Api::all(client.clone()), writers.job, keep, "job watch", move |e| {
-            c5.on_job(e)
-        }),
+        informer(
+            Api::all(client.clone()),
+            writers.job,
+            keep,
+            "job watch",
+            move |e| c5.on_job(e),
+        ),
     );
     tokio::spawn(async move {
         futures::future::join3(all, periodic_watch, rollout_watch).await;

@@ -233,13 +233,25 @@ fn a_registration_with_nothing_new_is_not_written_however_late() {
     // heartbeat before it is answered) is written, so the manager sees it.
     let mut away = robot.clone();
     away.status.as_mut().unwrap().phase = Some(RobotPhase::Offline);
-    let back = plan_register(&register(&[("site", "lab")]), Some(&away), t("2026-11-23T10:00:00Z")).unwrap();
+    let back = plan_register(
+        &register(&[("site", "lab")]),
+        Some(&away),
+        t("2026-11-23T10:00:00Z"),
+    )
+    .unwrap();
     assert!(back.write_status);
-    assert_eq!(back.status.last_registration_time, Some(t("2026-11-23T10:00:00Z")));
+    assert_eq!(
+        back.status.last_registration_time,
+        Some(t("2026-11-23T10:00:00Z"))
+    );
     // A reconnect after its last will said it was gone is new.
     let mut gone = robot.clone();
     gone.status.as_mut().unwrap().conditions = connected(&[], false, now).unwrap();
-    assert!(plan_register(&register(&[("site", "lab")]), Some(&gone), now).unwrap().write_status);
+    assert!(
+        plan_register(&register(&[("site", "lab")]), Some(&gone), now)
+            .unwrap()
+            .write_status
+    );
     let mut upgraded = register(&[("site", "lab")]);
     upgraded.drivers.push("raw_exec".into());
     assert!(plan_register(&upgraded, Some(&robot), now).unwrap().write_status);
@@ -299,7 +311,16 @@ fn heartbeats_are_coalesced() {
     // Ten minutes of heartbeats every 5 s with steady usage.
     for i in 0..120 {
         let now = start + jiff::SignedDuration::from_secs(5 * i);
-        let plan = plan_heartbeat(&mut memory, &robot, None, true, &usage(12.0, 1), None, now, limits);
+        let plan = plan_heartbeat(
+            &mut memory,
+            &robot,
+            None,
+            true,
+            &usage(12.0, 1),
+            None,
+            now,
+            limits,
+        );
         leases += usize::from(plan.renew_lease.is_some());
         writes += usize::from(plan.status.is_some());
     }
@@ -308,7 +329,16 @@ fn heartbeats_are_coalesced() {
     assert_eq!(writes, 2, "one status write per 4 minutes");
     // A material change is written at once.
     let later = start + jiff::SignedDuration::from_secs(601);
-    let plan = plan_heartbeat(&mut memory, &robot, None, true, &usage(90.0, 1), None, later, limits);
+    let plan = plan_heartbeat(
+        &mut memory,
+        &robot,
+        None,
+        true,
+        &usage(90.0, 1),
+        None,
+        later,
+        limits,
+    );
     assert!(plan.status.is_some());
 }
 
@@ -326,24 +356,79 @@ fn an_idle_robot_is_renewed_at_the_long_interval_and_at_once_when_it_takes_work(
     let mut writes = 0;
     // An hour of idle heartbeats every 30 s.
     for i in 0..120 {
-        let plan = plan_heartbeat(&mut memory, &robot, None, false, &usage(12.0, 1), None, at(30 * i), limits);
+        let plan = plan_heartbeat(
+            &mut memory,
+            &robot,
+            None,
+            false,
+            &usage(12.0, 1),
+            None,
+            at(30 * i),
+            limits,
+        );
         renewals.extend(plan.renew_lease.map(|interval| (30 * i, interval)));
         writes += usize::from(plan.status.is_some());
     }
     let idle = limits.idle_lease_interval;
-    assert_eq!(renewals, vec![(0, idle), (600, idle), (1200, idle), (1800, idle), (2400, idle), (3000, idle)]);
+    assert_eq!(
+        renewals,
+        vec![
+            (0, idle),
+            (600, idle),
+            (1200, idle),
+            (1800, idle),
+            (2400, idle),
+            (3000, idle)
+        ]
+    );
     // The Robot showed 09:59:50: written again at 10:30:00 only.
     assert_eq!(writes, 1);
     // Heard holding work: renewed at once, promising the short interval.
-    let plan = plan_heartbeat(&mut memory, &robot, None, true, &usage(12.0, 1), None, at(3610), limits);
+    let plan = plan_heartbeat(
+        &mut memory,
+        &robot,
+        None,
+        true,
+        &usage(12.0, 1),
+        None,
+        at(3610),
+        limits,
+    );
     assert_eq!(plan.renew_lease, Some(limits.lease_interval));
-    let plan = plan_heartbeat(&mut memory, &robot, None, true, &usage(12.0, 1), None, at(3640), limits);
+    let plan = plan_heartbeat(
+        &mut memory,
+        &robot,
+        None,
+        true,
+        &usage(12.0, 1),
+        None,
+        at(3640),
+        limits,
+    );
     assert_eq!(plan.renew_lease, None, "the short interval has not passed");
     // Idle again: the Lease promised 60 s, so it is renewed once that has
     // passed (not at the idle interval), promising the idle one.
-    let plan = plan_heartbeat(&mut memory, &robot, None, false, &usage(12.0, 1), None, at(3650), limits);
+    let plan = plan_heartbeat(
+        &mut memory,
+        &robot,
+        None,
+        false,
+        &usage(12.0, 1),
+        None,
+        at(3650),
+        limits,
+    );
     assert_eq!(plan.renew_lease, None);
-    let plan = plan_heartbeat(&mut memory, &robot, None, false, &usage(12.0, 1), None, at(3670), limits);
+    let plan = plan_heartbeat(
+        &mut memory,
+        &robot,
+        None,
+        false,
+        &usage(12.0, 1),
+        None,
+        at(3670),
+        limits,
+    );
     assert_eq!(plan.renew_lease, Some(idle));
 }
 
@@ -361,7 +446,10 @@ fn a_lease_another_replica_wrote_idle_is_renewed_when_this_one_hears_work() {
     );
     assert_eq!(LeaseRecord::duration_seconds(limits.lease_interval), 180);
     // No Lease yet: renewed at once.
-    assert_eq!(plan_lease(&mut None, None, false, now, limits), Some(limits.idle_lease_interval));
+    assert_eq!(
+        plan_lease(&mut None, None, false, now, limits),
+        Some(limits.idle_lease_interval)
+    );
 }
 
 #[test]
