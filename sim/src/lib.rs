@@ -39,8 +39,11 @@ pub struct SimConfig {
     pub token: String,
     /// How many robots.
     pub robots: usize,
-    /// Robot ids are `<prefix>-<n>`.
+    /// Robot ids are `<prefix>-<n>`, n from `first` on.
     pub prefix: String,
+    /// The number of the first robot (a fleet spread over processes gives
+    /// each its own block).
+    pub first: usize,
     /// Heartbeat interval (each robot ±10%, and starting at a random point
     /// of it).
     pub heartbeat: Duration,
@@ -64,6 +67,7 @@ impl Default for SimConfig {
             token: String::new(),
             robots: 100,
             prefix: "sim".into(),
+            first: 0,
             heartbeat: Duration::from_secs(30),
             task_duration: (Duration::from_millis(100), Duration::from_millis(500)),
             fail_fraction: 0.0,
@@ -155,7 +159,7 @@ impl Fleet {
         for i in 0..config.robots {
             let robot = SimRobot {
                 index: i,
-                id: format!("{}-{i}", config.prefix),
+                id: format!("{}-{}", config.prefix, config.first + i),
                 config: Arc::clone(&config),
                 counters: Arc::clone(&counters),
                 online_at: Arc::clone(&online_at),
@@ -460,7 +464,8 @@ impl SimRobot {
         let topics = Topics::default();
         let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<(String, u32, bool)>();
         let mut state = State {
-            rng: Rng(0x9E37_79B9_7F4A_7C15 ^ (self.index as u64 + 1).wrapping_mul(0x2545_F491_4F6C_DD1D)),
+            rng: Rng(0x9E37_79B9_7F4A_7C15
+                ^ ((self.config.first + self.index) as u64 + 1).wrapping_mul(0x2545_F491_4F6C_DD1D)),
             held: HashSet::new(),
             finished: HashSet::new(),
             outbox: Outbox::default(),

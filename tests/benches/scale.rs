@@ -28,6 +28,8 @@ const TOKEN: &str = "sim-bootstrap-token";
 
 #[path = "scale/dashboard.rs"]
 mod dashboard;
+#[path = "scale/shards.rs"]
+mod shards;
 
 /// CPU time (user + system) of a process so far, in seconds.
 fn cpu_seconds(pid: u32) -> f64 {
@@ -52,6 +54,9 @@ fn peak_rss_mib(pid: u32) -> f64 {
 struct Cluster {
     _dir: tempfile::TempDir,
     broker: Mosquitto,
+    /// Above [`shards::per_process`] robots: the edge brokers, each with
+    /// its block of robots (`first`, `count`).
+    edges: Vec<(Mosquitto, usize, usize)>,
     _api: Program,
     server: Program,
     manager: Program,
@@ -63,9 +68,56 @@ fn args(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| (*s).to_owned()).collect()
 }
 
-async fn start_cluster() -> Cluster {
-    // 10,000 robots are 10,000 sockets, here and in Mosquitto (which
-    // inherits the limit).
+/// Robots a watch saw Offline from its start until it is stopped.
+struct OfflineWatch {
+    seen: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl OfflineWatch {
+    fn start(client: &Client) -> Self {
+        use futures::StreamExt;
+        use kube::runtime::{watcher, WatchStreamExt};
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
+        let robots: Api<Robot> = Api::all(client.clone());
+        let record = seen.clone();
+        let task = tokio::spawn(async move {
+            let mut events = std::pin::pin!(watcher(robots, watcher::Config::default())
+                .default_backoff()
+                .touched_objects());
+            while let Some(robot) = events.next().await {
+                let Ok(robot) = robot else { continue };
+                if robot.status.as_ref().and_then(|s| s.phase) == Some(RobotPhase::Offline) {
+                    record.lock().unwrap().insert(robot.name_any());
+                }
+            }
+        });
+        Self { seen, task }
+    }
+
+    fn stop(self) -> usize {
+        self.task.abort();
+        let seen = self.seen.lock().unwrap();
+        seen.len()
+    }
+}
+
+/// This process's resident memory, KiB.
+fn own_rss_kib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .unwrap_or(0.0)
+}
+
+/// The cluster's programs as processes, and the brokers for `robots`: one
+/// Mosquitto, or above [`shards::per_process`] robots a central one (the
+/// server's) with an edge per shard of the simulator.
+async fn start_cluster(robots: usize) -> Cluster {
+    // Every robot is a socket here and one in Mosquitto (which inherits
+    // the limit).
     let _ = apiserver_lite::limits::raise_open_files_limit();
     let mut dir = tempfile::tempdir().expect("scratch dir");
     // K8S4R_SCALE_KEEP=1 keeps the programs' logs for a look.
@@ -74,13 +126,19 @@ async fn start_cluster() -> Cluster {
         println!("INFO cluster in {}", dir.path().display());
     }
     let path = |p: &str| -> PathBuf { dir.path().join(p) };
-    let broker = Mosquitto::start_with(|port, _| {
-        format!(
-            "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n\
-             max_queued_messages 10000\nmax_packet_size {}\n",
-            k8s4r_api::protocol::MAX_PACKET_BYTES
-        )
-    });
+    let (broker, edges) = if robots > shards::per_process() {
+        let brokers = shards::Brokers::start(robots);
+        (brokers.central, brokers.edges)
+    } else {
+        let broker = Mosquitto::start_with(|port, _| {
+            format!(
+                "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n\
+                 max_queued_messages 10000\nmax_packet_size {}\n",
+                k8s4r_api::protocol::MAX_PACKET_BYTES
+            )
+        });
+        (broker, Vec::new())
+    };
     let (api, client, kubeconfig) =
         k8s4r_e2e::faults::start_api(Path::new(env!("CARGO_BIN_EXE_e2e-apiserver")), dir.path()).await;
     k8s4r::up::install_crds(&client).await.expect("CRDs");
@@ -132,6 +190,7 @@ async fn start_cluster() -> Cluster {
     Cluster {
         _dir: dir,
         broker,
+        edges,
         _api: api,
         server,
         manager,
@@ -158,12 +217,54 @@ async fn count_online(client: &Client) -> usize {
     }
 }
 
-/// Waits (up to 10 minutes) until every robot is Online.
+/// How often to count the Online robots: every count lists them all, which
+/// at 100,000 robots is 50 pages and load of its own.
+fn count_every(robots: usize) -> Duration {
+    Duration::from_millis(u64::try_from(robots / 50).unwrap_or(u64::MAX).max(500))
+}
+
+/// Waits (up to `--online-deadline`, 10 minutes) until every robot is
+/// Online; otherwise says why the others are not, and gives up.
 async fn all_online(client: &Client, robots: usize) {
-    let deadline = Instant::now() + Duration::from_secs(600);
+    let deadline = Instant::now() + Duration::from_secs(arg("--online-deadline", 600));
     while count_online(client).await < robots {
-        assert!(Instant::now() < deadline, "not every robot came Online");
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        if Instant::now() >= deadline {
+            println!(
+                "INFO not Online at the deadline: {:?}",
+                not_online_reasons(client).await
+            );
+            panic!("not every robot came Online");
+        }
+        tokio::time::sleep(count_every(robots)).await;
+    }
+}
+
+/// How many robots are in each (phase, Ready reason) other than Online.
+async fn not_online_reasons(client: &Client) -> std::collections::BTreeMap<String, usize> {
+    let robots: Api<Robot> = Api::all(client.clone());
+    let mut reasons = std::collections::BTreeMap::new();
+    let mut params = ListParams::default().limit(2000);
+    loop {
+        let Ok(page) = robots.list(&params).await else {
+            return reasons;
+        };
+        for robot in &page.items {
+            let status = robot.status.clone().unwrap_or_default();
+            if status.phase == Some(RobotPhase::Online) {
+                continue;
+            }
+            let conditions: Vec<String> = status
+                .conditions
+                .iter()
+                .map(|c| format!("{}={:?}/{}", c.type_, c.status, c.reason.as_deref().unwrap_or("")))
+                .collect();
+            let key = format!("{:?} {}", status.phase, conditions.join(","));
+            *reasons.entry(key).or_insert(0) += 1;
+        }
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => return reasons,
+        }
     }
 }
 
@@ -230,12 +331,82 @@ fn sim(cluster: &Cluster, robots: usize, heartbeat: Duration) -> SimConfig {
     }
 }
 
+/// The simulated fleet: in this process, or above [`shards::per_process`]
+/// robots in simulator processes of their own.
+enum Sims {
+    Here(Fleet),
+    Shards(shards::Shards),
+}
+
+impl Sims {
+    fn start(cluster: &Cluster, robots: usize, heartbeat: Duration) -> Sims {
+        if cluster.edges.is_empty() {
+            Sims::Here(Fleet::start(SimConfig {
+                connect_rate: u32::try_from(arg("--connect-rate", 0)).unwrap_or(0),
+                ..sim(cluster, robots, heartbeat)
+            }))
+        } else {
+            Sims::Shards(shards::Shards::start(
+                &cluster.edges,
+                heartbeat,
+                TOKEN,
+                u32::try_from(arg("--connect-rate", 0)).unwrap_or(0),
+            ))
+        }
+    }
+
+    fn connects(&self) -> u64 {
+        match self {
+            Sims::Here(f) => f.counters.connects.load(Ordering::Relaxed) as u64,
+            Sims::Shards(s) => s.connects(),
+        }
+    }
+
+    fn online(&self) -> u64 {
+        match self {
+            Sims::Here(f) => f.counters.online.load(Ordering::Relaxed) as u64,
+            Sims::Shards(s) => s.online(),
+        }
+    }
+
+    fn heartbeats(&self) -> u64 {
+        match self {
+            Sims::Here(f) => f.counters.heartbeats.load(Ordering::Relaxed),
+            Sims::Shards(s) => s.heartbeats(),
+        }
+    }
+
+    /// MQTT payload bytes sent and received.
+    fn bytes(&self) -> u64 {
+        match self {
+            Sims::Here(f) => {
+                f.counters.bytes_out.load(Ordering::Relaxed) + f.counters.bytes_in.load(Ordering::Relaxed)
+            }
+            Sims::Shards(s) => s.bytes(),
+        }
+    }
+
+    fn vanish(&self, n: usize) {
+        match self {
+            Sims::Here(f) => f.vanish(n),
+            Sims::Shards(s) => s.vanish(n),
+        }
+    }
+
+    async fn stop(self) {
+        match self {
+            Sims::Here(f) => f.stop().await,
+            Sims::Shards(s) => tokio::task::block_in_place(|| s.stop()),
+        }
+    }
+}
+
 /// All robots connect and register at once: time until every Robot is
 /// Online, and how many never were.
 async fn register_storm(robots: usize) {
-    let cluster = start_cluster().await;
+    let cluster = start_cluster(robots).await;
     let started = Instant::now();
-    let fleet = Fleet::start(sim(&cluster, robots, Duration::from_secs(30)));
+    let fleet = Sims::start(&cluster, robots, Duration::from_secs(30));
     let deadline = Duration::from_secs(arg("--deadline", 300));
     let mut online = 0;
     while started.elapsed() < deadline {
@@ -243,13 +414,13 @@ async fn register_storm(robots: usize) {
         if online >= robots {
             break;
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        tokio::time::sleep(count_every(robots)).await;
     }
     let took = started.elapsed().as_secs_f64();
     println!(
         "INFO {online}/{robots} Online after {took:.1} s; {} connects, {} registrations answered Online",
-        fleet.counters.connects.load(Ordering::Relaxed),
-        fleet.counters.online.load(Ordering::Relaxed)
+        fleet.connects(),
+        fleet.online()
     );
     println!("BENCH register_storm_{}_s {took:.1} s", label(robots));
     println!("BENCH register_storm_lost {} robots", robots - online);
@@ -268,29 +439,29 @@ fn label(robots: usize) -> String {
 /// the manager's CPU and memory, API writes per heartbeat, MQTT bytes per
 /// idle robot; then 100 robots vanish and the time until they are Offline.
 async fn heartbeats(robots: usize, seconds: u64) {
-    let cluster = start_cluster().await;
-    let fleet = Fleet::start(sim(&cluster, robots, Duration::from_secs(arg("--interval", 30))));
+    let cluster = start_cluster(robots).await;
+    let fleet = Sims::start(&cluster, robots, Duration::from_secs(arg("--interval", 30)));
     all_online(&cluster.client, robots).await;
     // Let the registration burst settle before measuring.
     tokio::time::sleep(Duration::from_secs(arg("--settle", 30))).await;
     let server_pid = cluster.server.pid().expect("server pid");
     let manager_pid = cluster.manager.pid().expect("manager pid");
+    // Every robot keeps heartbeating: any seen Offline is a false one.
+    let offline = OfflineWatch::start(&cluster.client);
     let (s0, m0) = (cpu_seconds(server_pid), cpu_seconds(manager_pid));
     let rv0 = resource_version(&cluster.client).await;
-    let hb0 = fleet.counters.heartbeats.load(Ordering::Relaxed);
-    let bytes0 =
-        fleet.counters.bytes_out.load(Ordering::Relaxed) + fleet.counters.bytes_in.load(Ordering::Relaxed);
+    let hb0 = fleet.heartbeats();
+    let bytes0 = fleet.bytes();
     let window = Instant::now();
     tokio::time::sleep(Duration::from_secs(seconds)).await;
     let secs = window.elapsed().as_secs_f64();
     let server_cores = (cpu_seconds(server_pid) - s0) / secs;
     let manager_cores = (cpu_seconds(manager_pid) - m0) / secs;
     let writes = resource_version(&cluster.client).await.saturating_sub(rv0);
-    let beats = fleet.counters.heartbeats.load(Ordering::Relaxed) - hb0;
-    let bytes = fleet.counters.bytes_out.load(Ordering::Relaxed)
-        + fleet.counters.bytes_in.load(Ordering::Relaxed)
-        - bytes0;
+    let beats = fleet.heartbeats() - hb0;
+    let bytes = fleet.bytes() - bytes0;
     let kbit = bytes as f64 * 8.0 / 1000.0 / secs / robots as f64;
+    let false_offline = offline.stop() + robots.saturating_sub(count_online(&cluster.client).await);
     println!(
         "INFO {robots} robots, {beats} heartbeats in {secs:.0} s; {writes} API writes; server {server_cores:.3} cores, manager {manager_cores:.3} cores"
     );
@@ -314,6 +485,15 @@ async fn heartbeats(robots: usize, seconds: u64) {
         peak_rss_mib(manager_pid)
     );
     println!("BENCH idle_robot_kbit_per_s {kbit:.3} kbit/s");
+    println!("BENCH false_offline_{} {false_offline} robots", label(robots));
+    let (rss, processes) = match &fleet {
+        Sims::Here(_) => (own_rss_kib(), 1),
+        Sims::Shards(s) => (s.rss_kib(), cluster.edges.len()),
+    };
+    println!(
+        "INFO the simulator: {:.1} KiB resident per robot ({robots} robots, {processes} process(es))",
+        rss / robots as f64
+    );
 
     // 100 robots lose power: their connections drop without a goodbye.
     let vanished = 100.min(robots);
@@ -349,7 +529,7 @@ async fn heartbeats(robots: usize, seconds: u64) {
 /// created → running (the simulated robot's `startTime`) p50 and p99, and
 /// tasks completed per second.
 async fn dispatch(robots: usize, jobs: usize, rate: u64) {
-    let cluster = start_cluster().await;
+    let cluster = start_cluster(robots).await;
     let fleet = Fleet::start(sim(&cluster, robots, Duration::from_secs(30)));
     all_online(&cluster.client, robots).await;
     tokio::time::sleep(Duration::from_secs(arg("--settle", 10))).await;
@@ -406,7 +586,7 @@ async fn dispatch(robots: usize, jobs: usize, rate: u64) {
 /// (or a second robot while the first held the task), and status updates
 /// a robot reported that the cluster never recorded.
 async fn reconnect_storm(robots: usize, jobs: usize, rate: u64) {
-    let mut cluster = start_cluster().await;
+    let mut cluster = start_cluster(robots).await;
     let mut config = sim(&cluster, robots, Duration::from_secs(30));
     // Tasks long enough to be running when the broker goes.
     config.task_duration = (
@@ -495,7 +675,12 @@ async fn reconnect_storm(robots: usize, jobs: usize, rate: u64) {
 }
 
 fn main() {
-    if !std::env::args().any(|a| a == "--bench") {
+    let all: Vec<String> = std::env::args().collect();
+    if let Some(i) = all.iter().position(|a| a == "--sim-shard") {
+        shards::shard_main(&all[i + 1..]);
+        return;
+    }
+    if !all.iter().any(|a| a == "--bench") {
         return;
     }
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
@@ -526,7 +711,7 @@ fn main() {
             arg("--rate", 50),
         )),
         "dashboard" => runtime.block_on(dashboard::run(
-            start_cluster(),
+            start_cluster(robots),
             robots,
             usize::try_from(arg("--updates", 100)).unwrap_or(100),
         )),

@@ -1,0 +1,278 @@
+//! A fleet larger than one process may hold: this machine allows 20,000
+//! open files per process and no one may raise it (the container has no
+//! `CAP_SYS_RESOURCE`), and every simulated robot is a socket in the
+//! simulator and one in its broker. So above [`per_process`] robots the
+//! bench runs several simulator processes (this bench started again with
+//! `--sim-shard`), each with its block of robots and a Mosquitto of its
+//! own, every such "edge" broker bridged to one "central" broker that the
+//! server connects to, as a fleet too large for one broker would be run
+//! (several brokers; a clustered broker does the same inside itself).
+//!
+//! Each edge's bridge forwards everything its robots publish to the central
+//! broker (`k8s4r/# out`) and subscribes there to its own robots' topics
+//! only (`k8s4r/robots/<id>/# in`, one line per robot), so what the server
+//! publishes to one robot crosses one bridge, not all of them. The central
+//! broker is told it is a bridge (`try_private`), and no message goes back
+//! over the bridge it came from.
+//!
+//! A shard prints its counters once a second on stdout
+//! (`SIM connects online heartbeats bytes_out bytes_in`); a line `vanish N`
+//! on its stdin makes its first N robots vanish, and the end of its stdin
+//! stops it.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s4r_sim::{Fleet, SimConfig};
+use k8s4r_testbed::Mosquitto;
+
+/// Robots per simulator process and per edge broker: under the 20,000 open
+/// files a process may have, with room for the rest
+/// (`K8S4R_SIM_PER_PROCESS` sets another, to try the shards on a small
+/// fleet).
+pub fn per_process() -> usize {
+    std::env::var("K8S4R_SIM_PER_PROCESS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(15_000)
+}
+
+/// The broker settings every broker of the bench shares.
+fn common() -> String {
+    format!(
+        "allow_anonymous true\npersistence false\nmax_connections -1\n\
+         max_queued_messages 100000\nmax_packet_size {}\n",
+        k8s4r_api::protocol::MAX_PACKET_BYTES
+    )
+}
+
+/// The central broker and its edges: robots `first..first + count` of edge
+/// `i` connect to `edges[i]`.
+pub struct Brokers {
+    /// What the server connects to.
+    pub central: Mosquitto,
+    /// The edges, each with its block of robots.
+    pub edges: Vec<(Mosquitto, usize, usize)>,
+}
+
+impl Brokers {
+    /// A central broker and one edge per [`per_process`] of `robots` named
+    /// `sim-<n>`.
+    pub fn start(robots: usize) -> Brokers {
+        let central = Mosquitto::start_with(|port, _| format!("listener {port} 127.0.0.1\n{}", common()));
+        let per_process = per_process();
+        let edges = (0..robots.div_ceil(per_process))
+            .map(|i| {
+                let first = i * per_process;
+                let count = per_process.min(robots - first);
+                let edge = Mosquitto::start_with(|port, _| {
+                    let mut conf = format!(
+                        "listener {port} 127.0.0.1\n{}\nconnection central\naddress 127.0.0.1:{}\n\
+                         remote_clientid k8s4r-edge-{i}\n\
+                         bridge_protocol_version mqttv311\ntry_private true\ncleansession true\n\
+                         notifications false\nbridge_max_packet_size {}\ntopic k8s4r/# out 1\n",
+                        common(),
+                        central.port,
+                        k8s4r_api::protocol::MAX_PACKET_BYTES
+                    );
+                    for n in first..first + count {
+                        conf.push_str(&format!("topic k8s4r/robots/sim-{n}/# in 1\n"));
+                    }
+                    conf
+                });
+                (edge, first, count)
+            })
+            .collect();
+        Brokers { central, edges }
+    }
+}
+
+/// One shard's latest counters.
+#[derive(Default)]
+struct Seen {
+    connects: AtomicU64,
+    online: AtomicU64,
+    heartbeats: AtomicU64,
+    bytes: AtomicU64,
+}
+
+/// The simulator processes.
+pub struct Shards {
+    children: Vec<(Child, Mutex<Option<ChildStdin>>)>,
+    seen: Vec<Arc<Seen>>,
+}
+
+impl Shards {
+    /// One simulator process per edge broker (with its block of robots).
+    /// Robots connect `connect_rate` per second at most, all shards
+    /// together (0: all at once).
+    pub fn start(
+        edges: &[(Mosquitto, usize, usize)],
+        heartbeat: Duration,
+        token: &str,
+        connect_rate: u32,
+    ) -> Shards {
+        let rate = connect_rate.div_ceil(u32::try_from(edges.len().max(1)).unwrap_or(1));
+        let exe = std::env::current_exe().expect("this bench's path");
+        let mut children = Vec::new();
+        let mut seen = Vec::new();
+        for (edge, first, count) in edges {
+            let mut child = Command::new(&exe)
+                .args([
+                    "--sim-shard".to_owned(),
+                    edge.url(),
+                    first.to_string(),
+                    count.to_string(),
+                    heartbeat.as_secs().to_string(),
+                    token.to_owned(),
+                    rate.to_string(),
+                ])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("start a simulator shard");
+            let stdout = child.stdout.take().expect("its stdout");
+            let counters = Arc::new(Seen::default());
+            let into = counters.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stdout).lines() {
+                    let Ok(line) = line else { break };
+                    let fields: Vec<u64> = line
+                        .strip_prefix("SIM ")
+                        .map(|rest| rest.split(' ').filter_map(|f| f.parse().ok()).collect())
+                        .unwrap_or_default();
+                    if let [connects, online, heartbeats, bytes_out, bytes_in] = fields[..] {
+                        into.connects.store(connects, Ordering::Relaxed);
+                        into.online.store(online, Ordering::Relaxed);
+                        into.heartbeats.store(heartbeats, Ordering::Relaxed);
+                        into.bytes.store(bytes_out + bytes_in, Ordering::Relaxed);
+                    }
+                }
+            });
+            let stdin = Mutex::new(child.stdin.take());
+            children.push((child, stdin));
+            seen.push(counters);
+        }
+        Shards { children, seen }
+    }
+
+    fn sum(&self, field: impl Fn(&Seen) -> &AtomicU64) -> u64 {
+        self.seen.iter().map(|s| field(s).load(Ordering::Relaxed)).sum()
+    }
+
+    /// Connections made, all shards.
+    pub fn connects(&self) -> u64 {
+        self.sum(|s| &s.connects)
+    }
+
+    /// Robots answered Online at least once, all shards.
+    pub fn online(&self) -> u64 {
+        self.sum(|s| &s.online)
+    }
+
+    /// Heartbeats sent, all shards (as of their last report, at most a
+    /// second old).
+    pub fn heartbeats(&self) -> u64 {
+        self.sum(|s| &s.heartbeats)
+    }
+
+    /// MQTT payload bytes sent and received, all shards.
+    pub fn bytes(&self) -> u64 {
+        self.sum(|s| &s.bytes)
+    }
+
+    /// The shards' resident memory, KiB, all together.
+    pub fn rss_kib(&self) -> f64 {
+        self.children
+            .iter()
+            .map(|(child, _)| {
+                std::fs::read_to_string(format!("/proc/{}/status", child.id()))
+                    .unwrap_or_default()
+                    .lines()
+                    .find_map(|l| l.strip_prefix("VmRSS:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+                    .unwrap_or(0.0)
+            })
+            .sum()
+    }
+
+    /// Makes robots `sim-0` .. `sim-<n-1>` vanish (they are the first shard's).
+    pub fn vanish(&self, n: usize) {
+        if let Some((_, stdin)) = self.children.first() {
+            if let Some(stdin) = stdin.lock().unwrap().as_mut() {
+                let _ = writeln!(stdin, "vanish {n}");
+            }
+        }
+    }
+
+    /// Stops every shard and waits for it.
+    pub fn stop(self) {
+        for (mut child, stdin) in self.children {
+            drop(stdin.lock().unwrap().take());
+            let _ = child.wait();
+        }
+    }
+}
+
+/// The shard's side: `--sim-shard BROKER FIRST COUNT HEARTBEAT_SECS TOKEN
+/// CONNECT_RATE`.
+pub fn shard_main(args: &[String]) {
+    let [broker, first, count, heartbeat, token, rate, ..] = args else {
+        eprintln!("--sim-shard BROKER FIRST COUNT HEARTBEAT_SECS TOKEN CONNECT_RATE");
+        std::process::exit(2);
+    };
+    let number = |s: &str| s.parse::<usize>().expect("a number");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let fleet = Fleet::start(SimConfig {
+            broker: broker.clone(),
+            token: token.clone(),
+            robots: number(count),
+            first: number(first),
+            heartbeat: Duration::from_secs(u64::try_from(number(heartbeat)).unwrap_or(30)),
+            connect_rate: u32::try_from(number(rate)).unwrap_or(0),
+            ..SimConfig::default()
+        });
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        std::thread::spawn(move || {
+            for line in std::io::stdin().lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut report = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = report.tick() => {
+                    let c = &fleet.counters;
+                    println!(
+                        "SIM {} {} {} {} {}",
+                        c.connects.load(Ordering::Relaxed),
+                        c.online.load(Ordering::Relaxed),
+                        c.heartbeats.load(Ordering::Relaxed),
+                        c.bytes_out.load(Ordering::Relaxed),
+                        c.bytes_in.load(Ordering::Relaxed),
+                    );
+                }
+                line = rx.recv() => match line {
+                    Some(line) => {
+                        if let Some(n) = line.strip_prefix("vanish ").and_then(|n| n.trim().parse().ok()) {
+                            fleet.vanish(n);
+                        }
+                    }
+                    None => break,
+                },
+            }
+        }
+        fleet.stop().await;
+    });
+}
