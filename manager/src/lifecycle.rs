@@ -432,15 +432,9 @@ fn attempt_fenced(
     // fresh contact, whenever it comes back before the deadline, so a
     // silent robot's dispatch is fenced only once the deadline has passed
     // too (robot_lost_grace covers the robot's reckoning of the server's
-    // clock, which errs early by the delay of its freshest answer). And a
-    // robot that took it did so before the deadline, with contact no later
-    // than that: fenced as if last heard at the deadline, however the
-    // record of its contact lags (a server replica whose Lease cache lags
-    // may have confirmed a heartbeat under an idle Lease's promise).
+    // clock, which errs early by the delay of its freshest answer).
     match (state, status.dispatch_deadline) {
-        (TaskState::Dispatching, Some(deadline)) => {
-            fenced.max(fence_time(spec, deadline, Duration::ZERO, cfg))
-        }
+        (TaskState::Dispatching, Some(deadline)) => fenced.max(plus(deadline, cfg.robot_lost_grace)),
         _ => fenced,
     }
 }

@@ -495,8 +495,13 @@ async fn heartbeats(robots: usize, seconds: u64) {
         rss / robots as f64
     );
 
-    // 100 robots lose power: their connections drop without a goodbye.
-    let vanished = 100.min(robots);
+    offline_detection(&cluster, &fleet, 100.min(robots)).await;
+    fleet.stop().await;
+}
+
+/// `vanished` robots lose power (their connections drop without a
+/// goodbye): the time until all of them are Offline.
+async fn offline_detection(cluster: &Cluster, fleet: &Sims, vanished: usize) {
     let robots_api: Api<Robot> = Api::all(cluster.client.clone());
     let gone = Instant::now();
     fleet.vanish(vanished);
@@ -522,7 +527,6 @@ async fn heartbeats(robots: usize, seconds: u64) {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     println!("BENCH offline_detection_s {:.1} s", gone.elapsed().as_secs_f64());
-    fleet.stop().await;
 }
 
 /// Single-task Jobs created at a steady rate onto a connected fleet:
