@@ -41,14 +41,20 @@ fn cpu_seconds(pid: u32) -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
+/// A field of `/proc/<pid>/status` (`pid` "self" for this process) in
+/// KiB: `VmRSS` (resident now) or `VmHWM` (its peak); 0 when unreadable.
+pub fn status_kib(pid: &str, field: &str) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .unwrap_or(0.0)
+}
+
 /// A process's peak resident memory, MiB.
 fn peak_rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map_or(0.0, |kb| kb / 1024.0)
+    status_kib(&pid.to_string(), "VmHWM") / 1024.0
 }
 
 struct Cluster {
@@ -100,16 +106,6 @@ impl OfflineWatch {
         let seen = self.seen.lock().unwrap();
         seen.len()
     }
-}
-
-/// This process's resident memory, KiB.
-fn own_rss_kib() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .unwrap_or(0.0)
 }
 
 /// The cluster's programs as processes, and the brokers for `robots`: one
@@ -487,7 +483,7 @@ async fn heartbeats(robots: usize, seconds: u64) {
     println!("BENCH idle_robot_kbit_per_s {kbit:.3} kbit/s");
     println!("BENCH false_offline_{} {false_offline} robots", label(robots));
     let (rss, processes) = match &fleet {
-        Sims::Here(_) => (own_rss_kib(), 1),
+        Sims::Here(_) => (status_kib("self", "VmRSS"), 1),
         Sims::Shards(s) => (s.rss_kib(), cluster.edges.len()),
     };
     println!(

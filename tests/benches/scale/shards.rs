@@ -189,14 +189,7 @@ impl Shards {
     pub fn rss_kib(&self) -> f64 {
         self.children
             .iter()
-            .map(|(child, _)| {
-                std::fs::read_to_string(format!("/proc/{}/status", child.id()))
-                    .unwrap_or_default()
-                    .lines()
-                    .find_map(|l| l.strip_prefix("VmRSS:"))
-                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-                    .unwrap_or(0.0)
-            })
+            .map(|(child, _)| crate::status_kib(&child.id().to_string(), "VmRSS"))
             .sum()
     }
 
