@@ -43,6 +43,12 @@ pub struct Args {
     /// its last will did) goes Offline after this; 0: at once.
     #[arg(long, env = "K8S4R_DISCONNECT_GRACE", default_value = "0s", value_parser = duration)]
     pub disconnect_grace: Duration,
+    /// A robot registered or approved and not heard since goes Offline
+    /// after this instead, when longer than --heartbeat-timeout: its first
+    /// heartbeat waits for the registration's answer, which can take
+    /// minutes in a storm of many thousands (0: no grace).
+    #[arg(long, env = "K8S4R_STARTUP_GRACE", default_value = "10m", value_parser = duration)]
+    pub startup_grace: Duration,
     /// The deadline of a dispatch: a robot refuses it later, and the
     /// attempt is then failed (DispatchTimeout) and retried.
     #[arg(long, env = "K8S4R_DISPATCH_TIMEOUT", default_value = "60s", value_parser = duration)]
@@ -149,6 +155,7 @@ impl Args {
             liveness: LivenessConfig {
                 heartbeat_timeout: self.heartbeat_timeout,
                 disconnect_grace: self.disconnect_grace,
+                startup_grace: self.startup_grace,
             },
             lifecycle: LifecycleConfig {
                 dispatch_timeout: self.dispatch_timeout,

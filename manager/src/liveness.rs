@@ -18,6 +18,14 @@ pub struct LivenessConfig {
     /// README promises. A longer grace keeps a robot on a flaky link
     /// schedulable through short drops, at the price of a phase that lags.
     pub disconnect_grace: Duration,
+    /// How long a robot just registered (or just approved) may go without
+    /// its first heartbeat before Offline, when longer than the timeout,
+    /// as Kubernetes gives a starting node `--node-startup-grace-period`.
+    /// A robot heartbeats only once its registration is answered, and in a
+    /// storm of many thousands the answer and the first heartbeat's record
+    /// can take minutes: without the grace a healthy robot still waiting
+    /// was timed out and written Offline, which made the storm longer.
+    pub startup_grace: Duration,
 }
 
 impl Default for LivenessConfig {
@@ -25,6 +33,7 @@ impl Default for LivenessConfig {
         Self {
             heartbeat_timeout: Duration::from_secs(300),
             disconnect_grace: Duration::ZERO,
+            startup_grace: Duration::from_secs(600),
         }
     }
 }
@@ -42,6 +51,9 @@ pub struct Liveness {
     pub lease_duration: Option<Duration>,
     /// `status.lastRegistrationTime`.
     pub last_registration: Option<Timestamp>,
+    /// When the `Approved` condition last became True: the robot could not
+    /// heartbeat before its registration was answered, which follows this.
+    pub approved: Option<Timestamp>,
     /// The `Connected` condition: status and when it last changed.
     pub connected: Option<(ConditionStatus, Option<Timestamp>)>,
 }
@@ -50,17 +62,39 @@ impl Liveness {
     /// How long without a sign of life makes a robot Offline: the
     /// configured timeout, or the Lease's duration when that is longer (the
     /// server renews an idle robot's Lease rarely, and says so in it).
+    /// A robot not heard since it registered or was approved gets the
+    /// startup grace when that is longer.
     pub fn timeout(&self, cfg: &LivenessConfig) -> Duration {
-        self.lease_duration
-            .map_or(cfg.heartbeat_timeout, |d| d.max(cfg.heartbeat_timeout))
+        let timeout = self
+            .lease_duration
+            .map_or(cfg.heartbeat_timeout, |d| d.max(cfg.heartbeat_timeout));
+        if self.starting() {
+            timeout.max(cfg.startup_grace)
+        } else {
+            timeout
+        }
     }
 
-    /// The freshest sign of life.
+    /// Whether the robot registered (or was approved) and has not been
+    /// heard since: it waits for its answer, or its first heartbeat waits
+    /// to be recorded.
+    pub fn starting(&self) -> bool {
+        let started = self.last_registration.max(self.approved);
+        started.is_some() && self.last_heartbeat.max(self.lease_renew) < started
+    }
+
+    /// The freshest sign of life (an approval counts: the robot's first
+    /// heartbeat cannot come before it).
     pub fn last_seen(&self) -> Option<Timestamp> {
-        [self.last_heartbeat, self.lease_renew, self.last_registration]
-            .into_iter()
-            .flatten()
-            .max()
+        [
+            self.last_heartbeat,
+            self.lease_renew,
+            self.last_registration,
+            self.approved,
+        ]
+        .into_iter()
+        .flatten()
+        .max()
     }
 }
 
@@ -179,6 +213,7 @@ mod tests {
         LivenessConfig {
             heartbeat_timeout: Duration::from_secs(60),
             disconnect_grace: Duration::from_secs(5),
+            startup_grace: Duration::ZERO,
         }
     }
 
@@ -186,8 +221,62 @@ mod tests {
     fn default_cfg() -> LivenessConfig {
         LivenessConfig {
             heartbeat_timeout: Duration::from_secs(60),
+            startup_grace: Duration::ZERO,
             ..LivenessConfig::default()
         }
+    }
+
+    #[test]
+    fn a_robot_not_yet_heard_since_it_registered_has_the_startup_grace() {
+        let cfg = LivenessConfig {
+            heartbeat_timeout: Duration::from_secs(300),
+            startup_grace: Duration::from_secs(600),
+            ..LivenessConfig::default()
+        };
+        // Registered at 0, approved at 100 (the manager behind a storm),
+        // answered late: not heard yet at 500.
+        let waiting = Liveness {
+            last_registration: Some(t(0)),
+            approved: Some(t(100)),
+            connected: Some((ConditionStatus::True, Some(t(0)))),
+            ..Liveness::default()
+        };
+        assert!(waiting.starting());
+        assert_eq!(
+            verdict(RobotPhase::Online, &waiting, t(500), &cfg),
+            Verdict::Stay(Some(Duration::from_secs(200))),
+            "600 s from the approval, not 300 s from the registration"
+        );
+        assert!(matches!(
+            verdict(RobotPhase::Online, &waiting, t(700), &cfg),
+            Verdict::Offline { reason: "HeartbeatTimeout", message } if message.contains("600s")
+        ));
+        // Once heard, the usual timeout: from its heartbeat.
+        let heard = Liveness {
+            last_heartbeat: Some(t(400)),
+            ..waiting.clone()
+        };
+        assert!(!heard.starting());
+        assert_eq!(
+            verdict(RobotPhase::Online, &heard, t(500), &cfg),
+            Verdict::Stay(Some(Duration::from_secs(200)))
+        );
+        // A robot registered again after it was heard is starting again.
+        let again = Liveness {
+            last_registration: Some(t(450)),
+            ..heard
+        };
+        assert!(again.starting());
+        assert_eq!(again.timeout(&cfg), Duration::from_secs(600));
+        // A disconnect still makes it Offline at once.
+        let gone = Liveness {
+            connected: Some((ConditionStatus::False, Some(t(200)))),
+            ..waiting
+        };
+        assert!(matches!(
+            verdict(RobotPhase::Online, &gone, t(201), &cfg),
+            Verdict::Offline { reason: "Disconnected", .. }
+        ));
     }
 
     #[test]

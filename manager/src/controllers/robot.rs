@@ -95,6 +95,9 @@ pub(crate) fn liveness_of(robot: &Robot, lease: Option<&Lease>) -> Liveness {
             .and_then(|s| u64::try_from(s).ok())
             .map(std::time::Duration::from_secs),
         last_registration: status.last_registration_time,
+        approved: find_condition(&status.conditions, CONDITION_APPROVED)
+            .filter(|c| c.status == ConditionStatus::True)
+            .and_then(|c| c.last_transition_time),
         connected: find_condition(&status.conditions, CONDITION_CONNECTED)
             .map(|c| (c.status, c.last_transition_time)),
     }
