@@ -68,43 +68,99 @@ struct Cluster {
     manager: Program,
     client: Client,
     kubeconfig: PathBuf,
+    phases: Phases,
+    _watch: AbortOnDrop,
+}
+
+/// Aborts its task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 fn args(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| (*s).to_owned()).collect()
 }
 
-/// Robots a watch saw Offline from its start until it is stopped.
-struct OfflineWatch {
-    seen: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
-    task: tokio::task::JoinHandle<()>,
+/// Every Robot's phase as a watch shows it, for the whole run: counting
+/// Online robots by listing them all every few seconds was itself a load
+/// at 100,000 robots (50 pages of full objects each time), where the watch
+/// costs one more watcher, as `kubectl get robots -w` would.
+#[derive(Clone, Default)]
+struct Phases {
+    inner: std::sync::Arc<std::sync::Mutex<PhaseMap>>,
 }
 
-impl OfflineWatch {
-    fn start(client: &Client) -> Self {
+#[derive(Default)]
+struct PhaseMap {
+    phase: std::collections::HashMap<String, Option<RobotPhase>>,
+    online: usize,
+    /// Robots seen Offline since [`Phases::mark`].
+    offline_since_mark: std::collections::HashSet<String>,
+}
+
+impl PhaseMap {
+    fn set(&mut self, name: String, phase: Option<RobotPhase>) {
+        if phase == Some(RobotPhase::Offline) {
+            self.offline_since_mark.insert(name.clone());
+        }
+        let online = phase == Some(RobotPhase::Online);
+        let was = self.phase.insert(name, phase).flatten() == Some(RobotPhase::Online);
+        match (was, online) {
+            (false, true) => self.online += 1,
+            (true, false) => self.online -= 1,
+            _ => {}
+        }
+    }
+}
+
+impl Phases {
+    fn start(client: &Client) -> (Self, tokio::task::JoinHandle<()>) {
         use futures::StreamExt;
-        use kube::runtime::{watcher, WatchStreamExt};
-        let seen = std::sync::Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
+        use kube::runtime::watcher::{self, Event};
+        let phases = Self::default();
         let robots: Api<Robot> = Api::all(client.clone());
-        let record = seen.clone();
+        let map = phases.inner.clone();
         let task = tokio::spawn(async move {
-            let mut events = std::pin::pin!(watcher(robots, watcher::Config::default())
-                .default_backoff()
-                .touched_objects());
-            while let Some(robot) = events.next().await {
-                let Ok(robot) = robot else { continue };
-                if robot.status.as_ref().and_then(|s| s.phase) == Some(RobotPhase::Offline) {
-                    record.lock().unwrap().insert(robot.name_any());
+            let mut events = std::pin::pin!(watcher::watcher(robots, watcher::Config::default().page_size(2000)));
+            while let Some(event) = events.next().await {
+                let phase_of = |r: &Robot| r.status.as_ref().and_then(|s| s.phase);
+                let mut map = map.lock().unwrap();
+                match event {
+                    Ok(Event::Apply(r) | Event::InitApply(r)) => map.set(r.name_any(), phase_of(&r)),
+                    Ok(Event::Delete(r)) => map.set(r.name_any(), None),
+                    _ => {}
                 }
             }
         });
-        Self { seen, task }
+        (phases, task)
     }
 
-    fn stop(self) -> usize {
-        self.task.abort();
-        let seen = self.seen.lock().unwrap();
-        seen.len()
+    fn online(&self) -> usize {
+        self.inner.lock().unwrap().online
+    }
+
+    fn phase(&self, name: &str) -> Option<RobotPhase> {
+        self.inner.lock().unwrap().phase.get(name).copied().flatten()
+    }
+
+    /// Starts counting the robots seen Offline afresh.
+    fn mark(&self) {
+        self.inner.lock().unwrap().offline_since_mark.clear();
+    }
+
+    /// Robots seen Offline since the mark, or not Online now.
+    fn offline_since_mark(&self) -> usize {
+        let map = self.inner.lock().unwrap();
+        let not_online = map
+            .phase
+            .iter()
+            .filter(|(name, p)| **p != Some(RobotPhase::Online) && !map.offline_since_mark.contains(*name))
+            .count();
+        map.offline_since_mark.len() + not_online
     }
 }
 
@@ -183,6 +239,7 @@ async fn start_cluster(robots: usize) -> Cluster {
         ]),
         &path("manager.log"),
     );
+    let (phases, watch) = Phases::start(&client);
     Cluster {
         _dir: dir,
         broker,
@@ -192,46 +249,34 @@ async fn start_cluster(robots: usize) -> Cluster {
         manager,
         client,
         kubeconfig,
+        phases,
+        _watch: AbortOnDrop(watch),
     }
-}
-
-async fn count_online(client: &Client) -> usize {
-    let robots: Api<Robot> = Api::all(client.clone());
-    let mut online = 0;
-    let mut params = ListParams::default().limit(2000);
-    loop {
-        let page = robots.list(&params).await.expect("list robots");
-        online += page
-            .items
-            .iter()
-            .filter(|r| r.status.as_ref().and_then(|s| s.phase) == Some(RobotPhase::Online))
-            .count();
-        match page.metadata.continue_ {
-            Some(token) if !token.is_empty() => params = params.continue_token(&token),
-            _ => return online,
-        }
-    }
-}
-
-/// How often to count the Online robots: every count lists them all, which
-/// at 100,000 robots is 50 pages and load of its own.
-fn count_every(robots: usize) -> Duration {
-    Duration::from_millis(u64::try_from(robots / 50).unwrap_or(u64::MAX).max(500))
 }
 
 /// Waits (up to `--online-deadline`, 10 minutes) until every robot is
 /// Online; otherwise says why the others are not, and gives up.
-async fn all_online(client: &Client, robots: usize) {
-    let deadline = Instant::now() + Duration::from_secs(arg("--online-deadline", 600));
-    while count_online(client).await < robots {
+async fn all_online(cluster: &Cluster, robots: usize) {
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(arg("--online-deadline", 600));
+    let mut said = Instant::now();
+    while cluster.phases.online() < robots {
         if Instant::now() >= deadline {
             println!(
                 "INFO not Online at the deadline: {:?}",
-                not_online_reasons(client).await
+                not_online_reasons(&cluster.client).await
             );
             panic!("not every robot came Online");
         }
-        tokio::time::sleep(count_every(robots)).await;
+        if said.elapsed() >= Duration::from_secs(60) {
+            said = Instant::now();
+            println!(
+                "INFO {} of {robots} Online after {:.0} s",
+                cluster.phases.online(),
+                started.elapsed().as_secs_f64()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
@@ -382,6 +427,32 @@ impl Sims {
         }
     }
 
+    fn dispatches(&self) -> u64 {
+        match self {
+            Sims::Here(f) => f.counters.dispatches.load(Ordering::Relaxed),
+            Sims::Shards(s) => s.dispatches(),
+        }
+    }
+
+    /// Attempts dispatched twice, and tasks dispatched while another robot
+    /// held them.
+    fn duplicates(&self) -> u64 {
+        match self {
+            Sims::Here(f) => {
+                f.counters.duplicate_dispatches.load(Ordering::Relaxed)
+                    + f.counters.overlapping_dispatches.load(Ordering::Relaxed)
+            }
+            Sims::Shards(s) => s.duplicates(),
+        }
+    }
+
+    fn finished(&self) -> u64 {
+        match self {
+            Sims::Here(f) => f.counters.finished.load(Ordering::Relaxed),
+            Sims::Shards(s) => s.finished(),
+        }
+    }
+
     fn vanish(&self, n: usize) {
         match self {
             Sims::Here(f) => f.vanish(n),
@@ -406,11 +477,11 @@ async fn register_storm(robots: usize) {
     let deadline = Duration::from_secs(arg("--deadline", 300));
     let mut online = 0;
     while started.elapsed() < deadline {
-        online = count_online(&cluster.client).await;
+        online = cluster.phases.online();
         if online >= robots {
             break;
         }
-        tokio::time::sleep(count_every(robots)).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let took = started.elapsed().as_secs_f64();
     println!(
@@ -437,13 +508,13 @@ fn label(robots: usize) -> String {
 async fn heartbeats(robots: usize, seconds: u64) {
     let cluster = start_cluster(robots).await;
     let fleet = Sims::start(&cluster, robots, Duration::from_secs(arg("--interval", 30)));
-    all_online(&cluster.client, robots).await;
+    all_online(&cluster, robots).await;
     // Let the registration burst settle before measuring.
     tokio::time::sleep(Duration::from_secs(arg("--settle", 30))).await;
     let server_pid = cluster.server.pid().expect("server pid");
     let manager_pid = cluster.manager.pid().expect("manager pid");
     // Every robot keeps heartbeating: any seen Offline is a false one.
-    let offline = OfflineWatch::start(&cluster.client);
+    cluster.phases.mark();
     let (s0, m0) = (cpu_seconds(server_pid), cpu_seconds(manager_pid));
     let rv0 = resource_version(&cluster.client).await;
     let hb0 = fleet.heartbeats();
@@ -457,7 +528,7 @@ async fn heartbeats(robots: usize, seconds: u64) {
     let beats = fleet.heartbeats() - hb0;
     let bytes = fleet.bytes() - bytes0;
     let kbit = bytes as f64 * 8.0 / 1000.0 / secs / robots as f64;
-    let false_offline = offline.stop() + robots.saturating_sub(count_online(&cluster.client).await);
+    let false_offline = cluster.phases.offline_since_mark();
     println!(
         "INFO {robots} robots, {beats} heartbeats in {secs:.0} s; {writes} API writes; server {server_cores:.3} cores, manager {manager_cores:.3} cores"
     );
@@ -498,21 +569,13 @@ async fn heartbeats(robots: usize, seconds: u64) {
 /// `vanished` robots lose power (their connections drop without a
 /// goodbye): the time until all of them are Offline.
 async fn offline_detection(cluster: &Cluster, fleet: &Sims, vanished: usize) {
-    let robots_api: Api<Robot> = Api::all(cluster.client.clone());
     let gone = Instant::now();
     fleet.vanish(vanished);
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
-        let mut offline = 0;
-        for i in 0..vanished {
-            let phase = robots_api
-                .get_opt(&format!("sim-{i}"))
-                .await
-                .ok()
-                .flatten()
-                .and_then(|r| r.status?.phase);
-            offline += usize::from(phase == Some(RobotPhase::Offline));
-        }
+        let offline = (0..vanished)
+            .filter(|i| cluster.phases.phase(&format!("sim-{i}")) == Some(RobotPhase::Offline))
+            .count();
         if offline == vanished {
             break;
         }
@@ -530,20 +593,25 @@ async fn offline_detection(cluster: &Cluster, fleet: &Sims, vanished: usize) {
 /// tasks completed per second.
 async fn dispatch(robots: usize, jobs: usize, rate: u64) {
     let cluster = start_cluster(robots).await;
-    let fleet = Fleet::start(sim(&cluster, robots, Duration::from_secs(30)));
-    all_online(&cluster.client, robots).await;
+    let fleet = Sims::start(&cluster, robots, Duration::from_secs(30));
+    all_online(&cluster, robots).await;
     tokio::time::sleep(Duration::from_secs(arg("--settle", 10))).await;
     let started = Instant::now();
     let created = create_jobs(&cluster.client, jobs, rate, started).await;
     let all_created = started.elapsed().as_secs_f64();
     let deadline = Instant::now() + Duration::from_secs(900);
-    while (fleet.counters.finished.load(Ordering::Relaxed) as usize) < jobs {
+    while (fleet.finished() as usize) < jobs {
         assert!(Instant::now() < deadline, "not every task finished");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let all_done = started.elapsed().as_secs_f64();
     let mut latencies = Vec::with_capacity(jobs);
-    for t in all_tasks(&cluster.client).await {
+    let tasks = all_tasks(&cluster.client).await;
+    let retried = tasks
+        .iter()
+        .filter(|t| t.status.as_ref().is_some_and(|s| s.attempt > 1))
+        .count();
+    for t in tasks {
         let job = t
             .labels()
             .get(k8s4r_api::names::LABEL_JOB)
@@ -559,10 +627,10 @@ async fn dispatch(robots: usize, jobs: usize, rate: u64) {
         latencies[rank.clamp(1, latencies.len()) - 1]
     };
     println!(
-        "INFO {jobs} jobs at {rate}/s onto {robots} robots: created in {all_created:.1} s, all finished after {all_done:.1} s; {} dispatches, {} duplicates",
-        fleet.counters.dispatches.load(Ordering::Relaxed),
-        fleet.counters.duplicate_dispatches.load(Ordering::Relaxed)
+        "INFO {jobs} jobs at {rate}/s onto {robots} robots: created in {all_created:.1} s, all finished after {all_done:.1} s; {} dispatches, {retried} tasks retried",
+        fleet.dispatches(),
     );
+    println!("BENCH dispatch_duplicates {} dispatches", fleet.duplicates());
     println!(
         "BENCH dispatch_p50_ms_{}_robots {:.1} ms",
         label(robots),
@@ -594,7 +662,7 @@ async fn reconnect_storm(robots: usize, jobs: usize, rate: u64) {
         Duration::from_secs(arg("--task-max-s", 20)),
     );
     let fleet = Fleet::start(config);
-    all_online(&cluster.client, robots).await;
+    all_online(&cluster, robots).await;
     tokio::time::sleep(Duration::from_secs(arg("--settle", 10))).await;
     // Jobs arrive before, during and after the restart.
     let client = cluster.client.clone();
@@ -612,7 +680,7 @@ async fn reconnect_storm(robots: usize, jobs: usize, rate: u64) {
     let deadline = Instant::now() + Duration::from_secs(arg("--deadline", 600));
     loop {
         let again = fleet.registered_since(restarted);
-        if again >= robots && count_online(&cluster.client).await >= robots {
+        if again >= robots && cluster.phases.online() >= robots {
             break;
         }
         assert!(

@@ -68,7 +68,7 @@ fn now_ms() -> i64 {
 pub async fn run(cluster: impl std::future::Future<Output = Cluster>, robots: usize, updates: usize) {
     let cluster = cluster.await;
     let fleet = Fleet::start(sim(&cluster, robots, Duration::from_secs(30)));
-    all_online(&cluster.client, robots).await;
+    all_online(&cluster, robots).await;
     let data = tempfile::tempdir().expect("data dir");
     let mut dashboard = Dashboard::start(&cluster, data.path(), robots).await;
     measure_fleet(&dashboard, robots);

@@ -15,8 +15,9 @@
 //! broker is told it is a bridge (`try_private`), and no message goes back
 //! over the bridge it came from.
 //!
-//! A shard prints its counters once a second on stdout
-//! (`SIM connects online heartbeats bytes_out bytes_in`); a line `vanish N`
+//! A shard prints its counters once a second on stdout (`SIM connects
+//! online heartbeats bytes_out bytes_in dispatches duplicates overlapping
+//! finished`); a line `vanish N`
 //! on its stdin makes its first N robots vanish, and the end of its stdin
 //! stops it.
 
@@ -98,6 +99,9 @@ struct Seen {
     online: AtomicU64,
     heartbeats: AtomicU64,
     bytes: AtomicU64,
+    dispatches: AtomicU64,
+    duplicates: AtomicU64,
+    finished: AtomicU64,
 }
 
 /// The simulator processes.
@@ -145,11 +149,16 @@ impl Shards {
                         .strip_prefix("SIM ")
                         .map(|rest| rest.split(' ').filter_map(|f| f.parse().ok()).collect())
                         .unwrap_or_default();
-                    if let [connects, online, heartbeats, bytes_out, bytes_in] = fields[..] {
+                    if let [connects, online, heartbeats, bytes_out, bytes_in, dispatches, duplicates, overlapping, finished] =
+                        fields[..]
+                    {
                         into.connects.store(connects, Ordering::Relaxed);
                         into.online.store(online, Ordering::Relaxed);
                         into.heartbeats.store(heartbeats, Ordering::Relaxed);
                         into.bytes.store(bytes_out + bytes_in, Ordering::Relaxed);
+                        into.dispatches.store(dispatches, Ordering::Relaxed);
+                        into.duplicates.store(duplicates + overlapping, Ordering::Relaxed);
+                        into.finished.store(finished, Ordering::Relaxed);
                     }
                 }
             });
@@ -183,6 +192,23 @@ impl Shards {
     /// MQTT payload bytes sent and received, all shards.
     pub fn bytes(&self) -> u64 {
         self.sum(|s| &s.bytes)
+    }
+
+    /// Dispatches taken, all shards.
+    pub fn dispatches(&self) -> u64 {
+        self.sum(|s| &s.dispatches)
+    }
+
+    /// An attempt dispatched again to the robot that held it or had ended
+    /// it, or a task dispatched while another robot of the same shard held
+    /// it (a task moved between shards is seen by its attempt count).
+    pub fn duplicates(&self) -> u64 {
+        self.sum(|s| &s.duplicates)
+    }
+
+    /// Tasks finished, all shards.
+    pub fn finished(&self) -> u64 {
+        self.sum(|s| &s.finished)
     }
 
     /// The shards' resident memory, KiB, all together.
@@ -248,12 +274,16 @@ pub fn shard_main(args: &[String]) {
                 _ = report.tick() => {
                     let c = &fleet.counters;
                     println!(
-                        "SIM {} {} {} {} {}",
+                        "SIM {} {} {} {} {} {} {} {} {}",
                         c.connects.load(Ordering::Relaxed),
                         c.online.load(Ordering::Relaxed),
                         c.heartbeats.load(Ordering::Relaxed),
                         c.bytes_out.load(Ordering::Relaxed),
                         c.bytes_in.load(Ordering::Relaxed),
+                        c.dispatches.load(Ordering::Relaxed),
+                        c.duplicate_dispatches.load(Ordering::Relaxed),
+                        c.overlapping_dispatches.load(Ordering::Relaxed),
+                        c.finished.load(Ordering::Relaxed),
                     );
                 }
                 line = rx.recv() => match line {
