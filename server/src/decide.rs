@@ -318,13 +318,18 @@ pub fn plan_register(
     // nothing fences on `lastRegistrationTime` (the agent's lease on its
     // attempts runs from heartbeats the Lease records, never from a
     // registration). So a reconnect storm of an unchanged fleet writes only
-    // what the disconnection itself changed (`Connected`). Any other phase
-    // is written: an Offline robot back after its heartbeat timeout sends
-    // no heartbeat until its registration is answered, so the fresh
-    // `lastRegistrationTime` is what makes it Online again, and a Rejected
-    // or Pending one gets the manager's look again.
+    // what the disconnection itself changed (`Connected`). A Pending robot
+    // that says nothing new is not written either: it waits for the
+    // manager's decision, which a write would only queue behind one more
+    // (in a storm of 100,000 every unanswered robot registers again every
+    // 5 to 60 s, and each of those writes delayed the approvals); the
+    // manager looks again at a robot waiting for its bootstrap Secret by
+    // itself. Offline and Rejected are written: an Offline robot back after
+    // its heartbeat timeout sends no heartbeat until its registration is
+    // answered, so the fresh `lastRegistrationTime` is what makes it Online
+    // again, and a Rejected one gets the manager's look again.
     let write_status = !(same
-        && phase == Some(RobotPhase::Online)
+        && matches!(phase, Some(RobotPhase::Online | RobotPhase::Pending))
         && metadata.is_empty()
         && status.reported_labels.is_none()
         && !changed);

@@ -244,6 +244,20 @@ fn a_registration_with_nothing_new_is_not_written_however_late() {
         back.status.last_registration_time,
         Some(t("2026-11-23T10:00:00Z"))
     );
+    // A Pending robot registering again while it waits for the manager is
+    // not written again; a Rejected one is, for the manager's second look.
+    let mut waiting = robot.clone();
+    waiting.status.as_mut().unwrap().phase = Some(RobotPhase::Pending);
+    let again = plan_register(&register(&[("site", "lab")]), Some(&waiting), now).unwrap();
+    assert!(!again.write_status, "Pending, nothing new: not written");
+    assert_eq!(again.respond, None, "still waits for the manager's decision");
+    let mut refused = robot.clone();
+    refused.status.as_mut().unwrap().phase = Some(RobotPhase::Rejected);
+    assert!(
+        plan_register(&register(&[("site", "lab")]), Some(&refused), now)
+            .unwrap()
+            .write_status
+    );
     // A reconnect after its last will said it was gone is new.
     let mut gone = robot.clone();
     gone.status.as_mut().unwrap().conditions = connected(&[], false, now).unwrap();
