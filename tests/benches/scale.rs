@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use k8s4r_api::{Robot, RobotPhase};
 use k8s4r_sim::{Fleet, SimConfig};
-use k8s4r_testbed::{bench_arg as arg, resource_version, Mosquitto, Program};
+use k8s4r_testbed::{bench_arg as arg, free_port, resource_version, Mosquitto, Program};
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 
@@ -70,6 +70,8 @@ struct Cluster {
     kubeconfig: PathBuf,
     phases: Phases,
     _watch: AbortOnDrop,
+    /// The server's and the manager's /metrics addresses.
+    metrics: [String; 2],
 }
 
 /// Aborts its task when dropped.
@@ -211,6 +213,7 @@ async fn start_cluster(robots: usize) -> Cluster {
         .await
         .expect("bootstrap token");
     let kc = kubeconfig.display().to_string();
+    let metrics = [free_port(), free_port()].map(|port| format!("127.0.0.1:{port}"));
     let server = Program::start(
         "server",
         Path::new(env!("CARGO_BIN_EXE_e2e-server")),
@@ -220,7 +223,7 @@ async fn start_cluster(robots: usize) -> Cluster {
             "--broker-url",
             &broker.url(),
             "--metrics-addr",
-            "127.0.0.1:0",
+            &metrics[0],
             "--log",
             "warn",
         ]),
@@ -233,7 +236,7 @@ async fn start_cluster(robots: usize) -> Cluster {
             "--kubeconfig",
             &kc,
             "--metrics-addr",
-            "127.0.0.1:0",
+            &metrics[1],
             "--log",
             "warn",
         ]),
@@ -251,7 +254,49 @@ async fn start_cluster(robots: usize) -> Cluster {
         kubeconfig,
         phases,
         _watch: AbortOnDrop(watch),
+        metrics,
     }
+}
+
+/// The API writes the server and the manager counted so far, by program
+/// and kind (`server lease ok`...), from their /metrics.
+async fn writes_by_kind(cluster: &Cluster) -> std::collections::BTreeMap<String, f64> {
+    let mut writes = std::collections::BTreeMap::new();
+    for (program, addr) in ["server", "manager"].iter().zip(&cluster.metrics) {
+        let text = k8s4r_e2e::faults::http_get(addr, "/metrics").await.unwrap_or_default();
+        for line in text.lines() {
+            let Some((name, value)) = line.rsplit_once(' ') else { continue };
+            let Some(labels) = name
+                .split_once("_api_writes_total{")
+                .map(|(_, l)| l.trim_end_matches('}'))
+            else {
+                continue;
+            };
+            let kind: Vec<&str> = labels
+                .split(',')
+                .filter_map(|kv| Some(kv.split_once('=')?.1.trim_matches('"')))
+                .collect();
+            let value: f64 = value.parse().unwrap_or(0.0);
+            *writes.entry(format!("{program} {}", kind.join(" "))).or_insert(0.0) += value;
+        }
+    }
+    writes
+}
+
+/// What each kind of write added between two readings of
+/// [`writes_by_kind`], the kinds that added nothing left out.
+fn writes_between(
+    before: &std::collections::BTreeMap<String, f64>,
+    after: &std::collections::BTreeMap<String, f64>,
+) -> String {
+    after
+        .iter()
+        .filter_map(|(kind, n)| {
+            let added = n - before.get(kind).copied().unwrap_or(0.0);
+            (added > 0.0).then(|| format!("{kind}: {added}"))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Waits (up to `--online-deadline`, 10 minutes) until every robot is
@@ -517,6 +562,7 @@ async fn heartbeats(robots: usize, seconds: u64) {
     cluster.phases.mark();
     let (s0, m0) = (cpu_seconds(server_pid), cpu_seconds(manager_pid));
     let rv0 = resource_version(&cluster.client).await;
+    let kinds0 = writes_by_kind(&cluster).await;
     let hb0 = fleet.heartbeats();
     let bytes0 = fleet.bytes();
     let window = Instant::now();
@@ -525,6 +571,7 @@ async fn heartbeats(robots: usize, seconds: u64) {
     let server_cores = (cpu_seconds(server_pid) - s0) / secs;
     let manager_cores = (cpu_seconds(manager_pid) - m0) / secs;
     let writes = resource_version(&cluster.client).await.saturating_sub(rv0);
+    let kinds = writes_between(&kinds0, &writes_by_kind(&cluster).await);
     let beats = fleet.heartbeats() - hb0;
     let bytes = fleet.bytes() - bytes0;
     let kbit = bytes as f64 * 8.0 / 1000.0 / secs / robots as f64;
@@ -532,6 +579,7 @@ async fn heartbeats(robots: usize, seconds: u64) {
     println!(
         "INFO {robots} robots, {beats} heartbeats in {secs:.0} s; {writes} API writes; server {server_cores:.3} cores, manager {manager_cores:.3} cores"
     );
+    println!("INFO the programs' writes meanwhile, by kind and outcome (Events not counted): {kinds}");
     println!(
         "BENCH api_writes_per_heartbeat {:.3} writes",
         writes as f64 / beats.max(1) as f64

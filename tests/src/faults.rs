@@ -1128,7 +1128,7 @@ pub fn strip_ansi(text: &str) -> String {
 }
 
 /// A plain HTTP GET of `path` on `addr`; the body.
-async fn http_get(addr: &str, path: &str) -> Option<String> {
+pub async fn http_get(addr: &str, path: &str) -> Option<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
     let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
