@@ -114,6 +114,10 @@ pub struct Args {
     /// keep to its history limits instead. Unset: finished Jobs are kept.
     #[arg(long, env = "K8S4R_JOB_TTL_AFTER_FINISHED", value_parser = duration)]
     pub job_ttl_after_finished: Option<Duration>,
+    /// Reconciles each controller runs at once at most (each may hold a
+    /// connection to the API server); never two of the same object.
+    #[arg(long, env = "K8S4R_CONCURRENT_RECONCILES", default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..))]
+    pub concurrent_reconciles: u16,
     /// Log format.
     #[arg(long, env = "K8S4R_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -170,6 +174,7 @@ impl Args {
             event_qps: self.event_qps,
             event_burst: self.event_burst,
             job_ttl_after_finished: self.job_ttl_after_finished,
+            concurrency: self.concurrent_reconciles,
             ..ManagerConfig::default()
         }
     }
@@ -212,6 +217,7 @@ mod tests {
         assert!(config.leader.is_some());
         assert!(!config.auto_approve);
         assert_eq!(config.job_ttl_after_finished, None, "finished Jobs are kept");
+        assert_eq!(config.concurrency, ManagerConfig::default().concurrency);
         let args = Args::parse_from([
             "k8s4r-manager",
             "--leader-election=false",

@@ -61,6 +61,12 @@ pub struct ManagerConfig {
     /// own is kept before it is deleted (not a PeriodicJob's run: those
     /// keep to its history limits); `None`: kept until someone deletes it.
     pub job_ttl_after_finished: Option<Duration>,
+    /// Reconciles each controller runs at once at most (never two of one
+    /// object), as kube-controller-manager's `--concurrent-*-syncs`: every
+    /// reconcile in flight may hold a connection to the API server, and
+    /// unbounded, 60,000 Tasks and 100,000 Robots opened thousands and
+    /// filled apiserver-lite's 2,048, which locked the server out.
+    pub concurrency: u16,
 }
 
 impl Default for ManagerConfig {
@@ -85,6 +91,7 @@ impl Default for ManagerConfig {
             event_burst: 100,
             webhook: None,
             job_ttl_after_finished: None,
+            concurrency: 64,
         }
     }
 }

@@ -315,13 +315,17 @@ async fn controllers(
     shutdown: &CancellationToken,
 ) {
     let stop = || shutdown.clone().cancelled_owned();
+    // At most `concurrency` reconciles of each controller at once: each may
+    // hold a connection to the API server.
+    let config = || kube::runtime::controller::Config::default().concurrency(ctx.config.concurrency);
     // Every trigger comes from the watch handlers through `reconcile_on`.
     let task_ctrl = Controller::for_stream(futures::stream::pending(), stores.tasks)
+        .with_config(config())
         .reconcile_on(receivers.task)
         .graceful_shutdown_on(stop())
         .run(task::reconcile, task::error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()));
-    let status_config = || kube::runtime::controller::Config::default().debounce(ctx.config.status_debounce);
+    let status_config = || config().debounce(ctx.config.status_debounce);
     let group_ctrl = Controller::for_stream(futures::stream::pending(), stores.groups)
         .with_config(status_config())
         .reconcile_on(receivers.group)
@@ -335,12 +339,13 @@ async fn controllers(
         .run(job::reconcile, job::error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()));
     let robot_ctrl = Controller::for_stream(futures::stream::pending(), stores.robots)
-        .with_config(kube::runtime::controller::Config::default().debounce(ctx.config.robot_debounce))
+        .with_config(config().debounce(ctx.config.robot_debounce))
         .reconcile_on(receivers.robot)
         .graceful_shutdown_on(stop())
         .run(robot::reconcile, robot::error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()));
     let periodic_ctrl = Controller::for_stream(futures::stream::pending(), periodics)
+        .with_config(config())
         .reconcile_on(receivers.periodic)
         .graceful_shutdown_on(stop())
         .run(periodic::reconcile, periodic::error_policy, ctx.clone())
@@ -348,7 +353,7 @@ async fn controllers(
     // Robots change often; a rollout looks at all of them once a second at
     // most.
     let rollout_ctrl = Controller::for_stream(futures::stream::pending(), stores.rollouts)
-        .with_config(kube::runtime::controller::Config::default().debounce(Duration::from_secs(1)))
+        .with_config(config().debounce(Duration::from_secs(1)))
         .reconcile_on(receivers.rollout)
         .graceful_shutdown_on(stop())
         .run(rollout::reconcile, rollout::error_policy, ctx.clone())
