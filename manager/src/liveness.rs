@@ -275,7 +275,10 @@ mod tests {
         };
         assert!(matches!(
             verdict(RobotPhase::Online, &gone, t(201), &cfg),
-            Verdict::Offline { reason: "Disconnected", .. }
+            Verdict::Offline {
+                reason: "Disconnected",
+                ..
+            }
         ));
     }
 

@@ -575,7 +575,10 @@ impl Bridge {
             info!(robot = name, ?phase, "registration answered");
             self.metrics.message_out("response", "queued");
         } else {
-            warn!(robot = name, "registration answer not sent; the robot's next register retries");
+            warn!(
+                robot = name,
+                "registration answer not sent; the robot's next register retries"
+            );
             self.metrics.message_out("response", "failed");
         }
     }

@@ -127,7 +127,10 @@ impl Phases {
         let robots: Api<Robot> = Api::all(client.clone());
         let map = phases.inner.clone();
         let task = tokio::spawn(async move {
-            let mut events = std::pin::pin!(watcher::watcher(robots, watcher::Config::default().page_size(2000)));
+            let mut events = std::pin::pin!(watcher::watcher(
+                robots,
+                watcher::Config::default().page_size(2000)
+            ));
             while let Some(event) = events.next().await {
                 let phase_of = |r: &Robot| r.status.as_ref().and_then(|s| s.phase);
                 let mut map = map.lock().unwrap();
@@ -263,9 +266,13 @@ async fn start_cluster(robots: usize) -> Cluster {
 async fn writes_by_kind(cluster: &Cluster) -> std::collections::BTreeMap<String, f64> {
     let mut writes = std::collections::BTreeMap::new();
     for (program, addr) in ["server", "manager"].iter().zip(&cluster.metrics) {
-        let text = k8s4r_e2e::faults::http_get(addr, "/metrics").await.unwrap_or_default();
+        let text = k8s4r_e2e::faults::http_get(addr, "/metrics")
+            .await
+            .unwrap_or_default();
         for line in text.lines() {
-            let Some((name, value)) = line.rsplit_once(' ') else { continue };
+            let Some((name, value)) = line.rsplit_once(' ') else {
+                continue;
+            };
             let Some(labels) = name
                 .split_once("_api_writes_total{")
                 .map(|(_, l)| l.trim_end_matches('}'))
@@ -277,7 +284,9 @@ async fn writes_by_kind(cluster: &Cluster) -> std::collections::BTreeMap<String,
                 .filter_map(|kv| Some(kv.split_once('=')?.1.trim_matches('"')))
                 .collect();
             let value: f64 = value.parse().unwrap_or(0.0);
-            *writes.entry(format!("{program} {}", kind.join(" "))).or_insert(0.0) += value;
+            *writes
+                .entry(format!("{program} {}", kind.join(" ")))
+                .or_insert(0.0) += value;
         }
     }
     writes
