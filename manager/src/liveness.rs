@@ -153,6 +153,14 @@ pub fn verdict(phase: RobotPhase, live: &Liveness, now: Timestamp, cfg: &Livenes
             Verdict::Stay(left)
         }
         RobotPhase::Offline => {
+            // Back only on a sign of life from the robot itself: an approval
+            // holds off the timeout of a robot starting, it does not say the
+            // robot is there.
+            let heard = [live.last_heartbeat, live.lease_renew, live.last_registration]
+                .into_iter()
+                .flatten()
+                .max();
+            let stale = heard.is_none_or(|t| since(now, t) >= timeout);
             if !stale && disconnected_for.is_none() {
                 Verdict::Online {
                     reason: "HeartbeatResumed",
@@ -268,6 +276,15 @@ mod tests {
         };
         assert!(again.starting());
         assert_eq!(again.timeout(&cfg), Duration::from_secs(600));
+        // An Offline robot is not brought back by its approval alone.
+        let approved_only = Liveness {
+            approved: Some(t(100)),
+            ..Liveness::default()
+        };
+        assert_eq!(
+            verdict(RobotPhase::Offline, &approved_only, t(101), &cfg),
+            Verdict::Stay(None)
+        );
         // A disconnect still makes it Offline at once.
         let gone = Liveness {
             connected: Some((ConditionStatus::False, Some(t(200)))),
