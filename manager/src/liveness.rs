@@ -83,18 +83,18 @@ impl Liveness {
         started.is_some() && self.last_heartbeat.max(self.lease_renew) < started
     }
 
-    /// The freshest sign of life (an approval counts: the robot's first
-    /// heartbeat cannot come before it).
+    /// The freshest sign of life from the robot itself.
+    pub fn last_heard(&self) -> Option<Timestamp> {
+        [self.last_heartbeat, self.lease_renew, self.last_registration]
+            .into_iter()
+            .flatten()
+            .max()
+    }
+
+    /// The freshest sign of life, or the approval when later: the robot's
+    /// first heartbeat cannot come before it.
     pub fn last_seen(&self) -> Option<Timestamp> {
-        [
-            self.last_heartbeat,
-            self.lease_renew,
-            self.last_registration,
-            self.approved,
-        ]
-        .into_iter()
-        .flatten()
-        .max()
+        self.last_heard().max(self.approved)
     }
 }
 
@@ -156,12 +156,8 @@ pub fn verdict(phase: RobotPhase, live: &Liveness, now: Timestamp, cfg: &Livenes
             // Back only on a sign of life from the robot itself: an approval
             // holds off the timeout of a robot starting, it does not say the
             // robot is there.
-            let heard = [live.last_heartbeat, live.lease_renew, live.last_registration]
-                .into_iter()
-                .flatten()
-                .max();
-            let stale = heard.is_none_or(|t| since(now, t) >= timeout);
-            if !stale && disconnected_for.is_none() {
+            let unheard = live.last_heard().is_none_or(|t| since(now, t) >= timeout);
+            if !unheard && disconnected_for.is_none() {
                 Verdict::Online {
                     reason: "HeartbeatResumed",
                     message: "heartbeats resumed".into(),

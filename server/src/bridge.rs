@@ -553,22 +553,15 @@ impl Bridge {
         let Some(nonce) = lock(&self.awaiting_response).remove(&name) else {
             return;
         };
-        // Handed to the connection without waiting for the broker: this
-        // loop answers every robot whose registration waited for the
-        // manager, and one PUBACK at a time put it minutes behind a storm
-        // of 100,000 (robots approved, unanswered, timed out). A lost answer
-        // is repaired by the robot's next register, answered at once.
-        let body = response_body(phase, status.message.clone(), nonce);
-        let sent = self.publisher.send(self.topics.response(&name), body);
-        self.metrics
-            .message_out("response", if sent { "queued" } else { "failed" });
+        self.respond(&name, phase, status.message.clone(), nonce);
     }
 
     /// Answers the registration that carried `nonce`, without waiting for
-    /// the broker: the robot's worker goes on at once (in a storm, one
-    /// PUBACK at a time per worker held every robot's heartbeats behind
-    /// the answers), and a lost answer is repaired by the robot's next
-    /// register.
+    /// the broker: the robot's worker, or the Robot-watch loop that
+    /// answers every robot whose registration waited for the manager, goes
+    /// on at once (in a storm of 100,000, one PUBACK at a time held every
+    /// robot's heartbeats behind the answers, and the watch loop minutes
+    /// behind), and a lost answer is repaired by the robot's next register.
     fn respond(&self, name: &str, phase: RobotPhase, message: Option<String>, nonce: Option<String>) {
         let body = response_body(phase, message, nonce);
         if self.publisher.send(self.topics.response(name), body) {
