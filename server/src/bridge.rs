@@ -1,8 +1,9 @@
 //! MQTT → Kubernetes: one handler per message kind. Each reads the current
 //! object (from a watch cache, or fresh after a conflict), asks [`decide`]
 //! what to write, and writes it under the field manager `k8s4r-server`.
-//! Robots' registrations, heartbeats and connections are handled here,
-//! their messages about Tasks in `tasks`, their facts in `facts`.
+//! Robots' heartbeats and connections are handled here, their
+//! registrations in `register`, their messages about Tasks in `tasks`,
+//! their facts in `facts`.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -12,12 +13,11 @@ use jiff::Timestamp;
 use k8s4r_api::backoff::exponential;
 use k8s4r_api::names::MANAGER_SERVER;
 use k8s4r_api::protocol::{
-    check_robot_id, decode, encode, Heartbeat, HeldList, Message, Online, ProtocolError, Register,
-    RegisterResponse, StatusAck, StatusUpdate, Topic, TopicKind, Topics,
+    check_robot_id, decode, encode, Heartbeat, HeldList, Message, Online, ProtocolError, Register, StatusAck,
+    StatusUpdate, Topic, TopicKind, Topics,
 };
 use k8s4r_api::validation::validate_robot_id;
 use k8s4r_api::{Robot, RobotPhase, Task};
-use k8s4r_service::patch::Guarded;
 use k8s4r_service::watch::InSync;
 use k8s4r_service::{lock, Kube};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -28,9 +28,7 @@ use kube::{Api, Client};
 use tracing::{debug, info, instrument, warn};
 
 use crate::config::ServerConfig;
-use crate::decide::{
-    self, connected, plan_heartbeat, plan_register, HeartbeatMemory, LeaseRecord, RobotStatusPatch,
-};
+use crate::decide::{self, connected, plan_heartbeat, HeartbeatMemory, LeaseRecord, RobotStatusPatch};
 use crate::error::{Error, Result};
 use crate::facts::FactsMemory;
 use crate::held::HeldMemory;
@@ -46,6 +44,7 @@ const ERROR_TRIES: u32 = 4;
 const RETRY_BASE: Duration = Duration::from_millis(500);
 
 mod facts;
+mod register;
 mod tasks;
 mod upgrade;
 
@@ -132,16 +131,6 @@ impl Memory {
     fn robot(&mut self, robot: &str) -> &mut RobotMemory {
         self.robots.entry(robot.to_owned()).or_default()
     }
-}
-
-/// The answer to a registration that carried `nonce`.
-fn response_body(phase: RobotPhase, message: Option<String>, nonce: Option<String>) -> Vec<u8> {
-    encode(&RegisterResponse {
-        server_time: Some(Timestamp::now()),
-        status_acks: true,
-        nonce,
-        ..RegisterResponse::new(phase, message)
-    })
 }
 
 /// Whether the newest of these records of a robot's Lease still holds its
@@ -417,102 +406,6 @@ impl Bridge {
         }
     }
 
-    // ------------------------------------------------------------ register
-
-    #[instrument(skip_all, fields(robot = %msg.robot_id))]
-    async fn register(&self, msg: &Register) -> Result<Outcome> {
-        let name = msg.robot_id.as_str();
-        // Most registrations in a reconnect storm say nothing new: they are
-        // answered from the cache, without a read. A cache that lags can
-        // only make one go unwritten that should have been (a `Connected`
-        // the last will set False a moment ago); the robot's heartbeats
-        // write it once the cache shows it.
-        if let Some(cached) = self.robot_cache.get(&ObjectRef::new(name)) {
-            if let Ok(plan) = plan_register(msg, Some(&cached), Timestamp::now()) {
-                if !plan.create && plan.metadata.is_empty() && !plan.write_status {
-                    debug!(respond = ?plan.respond, "robot registered again, nothing new");
-                    self.answer(name, plan.respond, msg.nonce.clone()).await;
-                    return Ok(Outcome::Done("applied"));
-                }
-            }
-        }
-        let mut tries = 0;
-        let respond = loop {
-            tries += 1;
-            let existing = self.get_robot(name).await?;
-            let plan = match plan_register(msg, existing.as_ref(), Timestamp::now()) {
-                Ok(plan) => plan,
-                Err(rejection) => return Ok(Outcome::Rejected(rejection.to_string(), rejection.outcome())),
-            };
-            match self.apply_register(name, existing, &plan).await {
-                Ok(()) => break plan.respond,
-                Err(e) if (e.is_conflict() || e.is_not_found()) && tries < CONFLICT_TRIES => {
-                    debug!(error = %e, "robot changed meanwhile; reading it again");
-                }
-                Err(e) => return Err(e),
-            }
-        };
-        info!(respond = ?respond, "robot registered");
-        self.answer(name, respond, msg.nonce.clone()).await;
-        Ok(Outcome::Done("applied"))
-    }
-
-    /// Answers a registration with the phase the manager decided, or
-    /// remembers that the robot waits for the decision (`respond` None).
-    async fn answer(&self, name: &str, respond: Option<RobotPhase>, nonce: Option<String>) {
-        match respond {
-            Some(phase) => {
-                let message = self
-                    .robot_cache
-                    .get(&ObjectRef::new(name))
-                    .and_then(|r| r.status.as_ref().and_then(|s| s.message.clone()));
-                self.respond(name, phase, message, nonce);
-            }
-            None => self.await_decision(name, nonce).await,
-        }
-    }
-
-    async fn apply_register(
-        &self,
-        name: &str,
-        existing: Option<Robot>,
-        plan: &decide::RegisterPlan,
-    ) -> Result<()> {
-        let mut rv = existing.and_then(|r| r.metadata.resource_version);
-        if plan.create {
-            let mut robot = Robot::new(name, Default::default());
-            robot.metadata = ObjectMeta {
-                name: Some(name.to_owned()),
-                labels: Some(set_values(&plan.metadata.labels)),
-                annotations: Some(set_values(&plan.metadata.annotations)),
-                ..Default::default()
-            };
-            let created = self
-                .kube
-                .write(
-                    "robot_create",
-                    || format!("creating robot {name}"),
-                    self.robots.create(&self.kube.post_params(), &robot),
-                )
-                .await?;
-            rv = created.metadata.resource_version;
-        } else if !plan.metadata.is_empty() {
-            let body = Guarded::metadata(rv.as_deref(), &plan.metadata);
-            let patched = self
-                .kube
-                .patch("robot_metadata", &self.robots, name, &body, || {
-                    format!("patching labels of robot {name}")
-                })
-                .await?;
-            rv = patched.metadata.resource_version;
-        }
-        if !plan.write_status {
-            return Ok(());
-        }
-        self.patch_robot_status(name, &plan.status, rv.as_deref(), "robot_register")
-            .await
-    }
-
     async fn patch_robot_status(
         &self,
         name: &str,
@@ -526,54 +419,6 @@ impl Bridge {
             })
             .await?;
         Ok(())
-    }
-
-    /// Remembers that `name` waits for the manager's decision; answers at
-    /// once if the cache already shows it (the watch may have gone by).
-    async fn await_decision(&self, name: &str, nonce: Option<String>) {
-        lock(&self.awaiting_response).insert(name.to_owned(), nonce);
-        if let Some(robot) = self.robot_cache.get(&ObjectRef::new(name)) {
-            self.robot_changed(&robot).await;
-        }
-    }
-
-    /// Called for every Robot the watch sees: answers a waiting robot once
-    /// its phase is decided, and makes the shown facts follow the Robot's
-    /// show-facts label.
-    pub async fn robot_changed(&self, robot: &Robot) {
-        self.follow_show_facts(robot).await;
-        self.order_on_mark(robot).await;
-        let Some(status) = robot.status.as_ref() else {
-            return;
-        };
-        let Some(phase @ (RobotPhase::Online | RobotPhase::Rejected)) = status.phase else {
-            return;
-        };
-        let name = robot.metadata.name.clone().unwrap_or_default();
-        let Some(nonce) = lock(&self.awaiting_response).remove(&name) else {
-            return;
-        };
-        self.respond(&name, phase, status.message.clone(), nonce);
-    }
-
-    /// Answers the registration that carried `nonce`, without waiting for
-    /// the broker: the robot's worker, or the Robot-watch loop that
-    /// answers every robot whose registration waited for the manager, goes
-    /// on at once (in a storm of 100,000, one PUBACK at a time held every
-    /// robot's heartbeats behind the answers, and the watch loop minutes
-    /// behind), and a lost answer is repaired by the robot's next register.
-    fn respond(&self, name: &str, phase: RobotPhase, message: Option<String>, nonce: Option<String>) {
-        let body = response_body(phase, message, nonce);
-        if self.publisher.send(self.topics.response(name), body) {
-            info!(robot = name, ?phase, "registration answered");
-            self.metrics.message_out("response", "queued");
-        } else {
-            warn!(
-                robot = name,
-                "registration answer not sent; the robot's next register retries"
-            );
-            self.metrics.message_out("response", "failed");
-        }
     }
 
     /// Tells `robot` that its status `seq` is settled, without waiting: a

@@ -15,11 +15,10 @@
 //! 240 s, no disconnect grace).
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use k8s4r_api::{Robot, RobotPhase};
-use k8s4r_sim::{Fleet, SimConfig};
+use k8s4r_sim::SimConfig;
 use k8s4r_testbed::{bench_arg as arg, free_port, resource_version, Mosquitto, Program};
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
@@ -28,8 +27,15 @@ const TOKEN: &str = "sim-bootstrap-token";
 
 #[path = "scale/dashboard.rs"]
 mod dashboard;
+#[path = "scale/phases.rs"]
+mod phases;
 #[path = "scale/shards.rs"]
 mod shards;
+#[path = "scale/sims.rs"]
+mod sims;
+
+use phases::Phases;
+use sims::{Behaviour, Sims};
 
 /// CPU time (user + system) of a process so far, in seconds.
 fn cpu_seconds(pid: u32) -> f64 {
@@ -74,6 +80,21 @@ struct Cluster {
     metrics: [String; 2],
 }
 
+impl Cluster {
+    /// Every broker stops (SIGTERM, no persistence: every session and
+    /// retained message is gone), then each starts again on its port.
+    fn restart_brokers(&mut self) {
+        self.broker.stop();
+        for (edge, _, _) in &mut self.edges {
+            edge.stop();
+        }
+        self.broker.resume();
+        for (edge, _, _) in &mut self.edges {
+            edge.resume();
+        }
+    }
+}
+
 /// Aborts its task when dropped.
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
@@ -85,88 +106,6 @@ impl Drop for AbortOnDrop {
 
 fn args(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| (*s).to_owned()).collect()
-}
-
-/// Every Robot's phase as a watch shows it, for the whole run: counting
-/// Online robots by listing them all every few seconds was itself a load
-/// at 100,000 robots (50 pages of full objects each time), where the watch
-/// costs one more watcher, as `kubectl get robots -w` would.
-#[derive(Clone, Default)]
-struct Phases {
-    inner: std::sync::Arc<std::sync::Mutex<PhaseMap>>,
-}
-
-#[derive(Default)]
-struct PhaseMap {
-    phase: std::collections::HashMap<String, Option<RobotPhase>>,
-    online: usize,
-    /// Robots seen Offline since [`Phases::mark`].
-    offline_since_mark: std::collections::HashSet<String>,
-}
-
-impl PhaseMap {
-    fn set(&mut self, name: String, phase: Option<RobotPhase>) {
-        if phase == Some(RobotPhase::Offline) {
-            self.offline_since_mark.insert(name.clone());
-        }
-        let online = phase == Some(RobotPhase::Online);
-        let was = self.phase.insert(name, phase).flatten() == Some(RobotPhase::Online);
-        match (was, online) {
-            (false, true) => self.online += 1,
-            (true, false) => self.online -= 1,
-            _ => {}
-        }
-    }
-}
-
-impl Phases {
-    fn start(client: &Client) -> (Self, tokio::task::JoinHandle<()>) {
-        use futures::StreamExt;
-        use kube::runtime::watcher::{self, Event};
-        let phases = Self::default();
-        let robots: Api<Robot> = Api::all(client.clone());
-        let map = phases.inner.clone();
-        let task = tokio::spawn(async move {
-            let mut events = std::pin::pin!(watcher::watcher(
-                robots,
-                watcher::Config::default().page_size(2000)
-            ));
-            while let Some(event) = events.next().await {
-                let phase_of = |r: &Robot| r.status.as_ref().and_then(|s| s.phase);
-                let mut map = map.lock().unwrap();
-                match event {
-                    Ok(Event::Apply(r) | Event::InitApply(r)) => map.set(r.name_any(), phase_of(&r)),
-                    Ok(Event::Delete(r)) => map.set(r.name_any(), None),
-                    _ => {}
-                }
-            }
-        });
-        (phases, task)
-    }
-
-    fn online(&self) -> usize {
-        self.inner.lock().unwrap().online
-    }
-
-    fn phase(&self, name: &str) -> Option<RobotPhase> {
-        self.inner.lock().unwrap().phase.get(name).copied().flatten()
-    }
-
-    /// Starts counting the robots seen Offline afresh.
-    fn mark(&self) {
-        self.inner.lock().unwrap().offline_since_mark.clear();
-    }
-
-    /// Robots seen Offline since the mark, or not Online now.
-    fn offline_since_mark(&self) -> usize {
-        let map = self.inner.lock().unwrap();
-        let not_online = map
-            .phase
-            .iter()
-            .filter(|(name, p)| **p != Some(RobotPhase::Online) && !map.offline_since_mark.contains(*name))
-            .count();
-        map.offline_since_mark.len() + not_online
-    }
 }
 
 /// The cluster's programs as processes, and the brokers for `robots`: one
@@ -426,108 +365,12 @@ fn sim(cluster: &Cluster, robots: usize, heartbeat: Duration) -> SimConfig {
     }
 }
 
-/// The simulated fleet: in this process, or above [`shards::per_process`]
-/// robots in simulator processes of their own.
-enum Sims {
-    Here(Fleet),
-    Shards(shards::Shards),
-}
-
-impl Sims {
-    fn start(cluster: &Cluster, robots: usize, heartbeat: Duration) -> Sims {
-        if cluster.edges.is_empty() {
-            Sims::Here(Fleet::start(SimConfig {
-                connect_rate: u32::try_from(arg("--connect-rate", 0)).unwrap_or(0),
-                ..sim(cluster, robots, heartbeat)
-            }))
-        } else {
-            Sims::Shards(shards::Shards::start(
-                &cluster.edges,
-                heartbeat,
-                TOKEN,
-                u32::try_from(arg("--connect-rate", 0)).unwrap_or(0),
-            ))
-        }
-    }
-
-    fn connects(&self) -> u64 {
-        match self {
-            Sims::Here(f) => f.counters.connects.load(Ordering::Relaxed) as u64,
-            Sims::Shards(s) => s.connects(),
-        }
-    }
-
-    fn online(&self) -> u64 {
-        match self {
-            Sims::Here(f) => f.counters.online.load(Ordering::Relaxed) as u64,
-            Sims::Shards(s) => s.online(),
-        }
-    }
-
-    fn heartbeats(&self) -> u64 {
-        match self {
-            Sims::Here(f) => f.counters.heartbeats.load(Ordering::Relaxed),
-            Sims::Shards(s) => s.heartbeats(),
-        }
-    }
-
-    /// MQTT payload bytes sent and received.
-    fn bytes(&self) -> u64 {
-        match self {
-            Sims::Here(f) => {
-                f.counters.bytes_out.load(Ordering::Relaxed) + f.counters.bytes_in.load(Ordering::Relaxed)
-            }
-            Sims::Shards(s) => s.bytes(),
-        }
-    }
-
-    fn dispatches(&self) -> u64 {
-        match self {
-            Sims::Here(f) => f.counters.dispatches.load(Ordering::Relaxed),
-            Sims::Shards(s) => s.dispatches(),
-        }
-    }
-
-    /// Attempts dispatched twice, and tasks dispatched while another robot
-    /// held them.
-    fn duplicates(&self) -> u64 {
-        match self {
-            Sims::Here(f) => {
-                f.counters.duplicate_dispatches.load(Ordering::Relaxed)
-                    + f.counters.overlapping_dispatches.load(Ordering::Relaxed)
-            }
-            Sims::Shards(s) => s.duplicates(),
-        }
-    }
-
-    fn finished(&self) -> u64 {
-        match self {
-            Sims::Here(f) => f.counters.finished.load(Ordering::Relaxed),
-            Sims::Shards(s) => s.finished(),
-        }
-    }
-
-    fn vanish(&self, n: usize) {
-        match self {
-            Sims::Here(f) => f.vanish(n),
-            Sims::Shards(s) => s.vanish(n),
-        }
-    }
-
-    async fn stop(self) {
-        match self {
-            Sims::Here(f) => f.stop().await,
-            Sims::Shards(s) => tokio::task::block_in_place(|| s.stop()),
-        }
-    }
-}
-
 /// All robots connect and register at once: time until every Robot is
 /// Online, and how many never were.
 async fn register_storm(robots: usize) {
     let cluster = start_cluster(robots).await;
     let started = Instant::now();
-    let fleet = Sims::start(&cluster, robots, Duration::from_secs(30));
+    let fleet = Sims::start(&cluster, robots, Behaviour::heartbeat(Duration::from_secs(30)));
     let deadline = Duration::from_secs(arg("--deadline", 300));
     let mut online = 0;
     while started.elapsed() < deadline {
@@ -561,7 +404,11 @@ fn label(robots: usize) -> String {
 /// idle robot; then 100 robots vanish and the time until they are Offline.
 async fn heartbeats(robots: usize, seconds: u64) {
     let cluster = start_cluster(robots).await;
-    let fleet = Sims::start(&cluster, robots, Duration::from_secs(arg("--interval", 30)));
+    let fleet = Sims::start(
+        &cluster,
+        robots,
+        Behaviour::heartbeat(Duration::from_secs(arg("--interval", 30))),
+    );
     all_online(&cluster, robots).await;
     // Let the registration burst settle before measuring.
     tokio::time::sleep(Duration::from_secs(arg("--settle", 30))).await;
@@ -650,7 +497,7 @@ async fn offline_detection(cluster: &Cluster, fleet: &Sims, vanished: usize) {
 /// tasks completed per second.
 async fn dispatch(robots: usize, jobs: usize, rate: u64) {
     let cluster = start_cluster(robots).await;
-    let fleet = Sims::start(&cluster, robots, Duration::from_secs(30));
+    let fleet = Sims::start(&cluster, robots, Behaviour::heartbeat(Duration::from_secs(30)));
     all_online(&cluster, robots).await;
     tokio::time::sleep(Duration::from_secs(arg("--settle", 10))).await;
     let started = Instant::now();
@@ -712,28 +559,32 @@ async fn dispatch(robots: usize, jobs: usize, rate: u64) {
 /// a robot reported that the cluster never recorded.
 async fn reconnect_storm(robots: usize, jobs: usize, rate: u64) {
     let mut cluster = start_cluster(robots).await;
-    let mut config = sim(&cluster, robots, Duration::from_secs(30));
-    // Tasks long enough to be running when the broker goes.
-    config.task_duration = (
-        Duration::from_secs(arg("--task-min-s", 5)),
-        Duration::from_secs(arg("--task-max-s", 20)),
+    let fleet = Sims::start(
+        &cluster,
+        robots,
+        Behaviour {
+            heartbeat: Duration::from_secs(30),
+            // Tasks long enough to be running when the broker goes.
+            tasks: (
+                Duration::from_secs(arg("--task-min-s", 5)),
+                Duration::from_secs(arg("--task-max-s", 20)),
+            ),
+        },
     );
-    let fleet = Fleet::start(config);
     all_online(&cluster, robots).await;
     tokio::time::sleep(Duration::from_secs(arg("--settle", 10))).await;
     // Jobs arrive before, during and after the restart.
     let client = cluster.client.clone();
     let creating = tokio::spawn(async move { create_jobs(&client, jobs, rate, Instant::now()).await });
     let deadline = Instant::now() + Duration::from_secs(300);
-    while (fleet.counters.dispatches.load(Ordering::Relaxed) as usize) < jobs / 3 {
+    while (fleet.dispatches() as usize) < jobs / 3 {
         assert!(Instant::now() < deadline, "work did not reach the robots");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let held =
-        fleet.counters.dispatches.load(Ordering::Relaxed) - fleet.counters.finished.load(Ordering::Relaxed);
+    let held = fleet.dispatches().saturating_sub(fleet.finished());
     let rv0 = resource_version(&cluster.client).await;
     let restarted = Instant::now();
-    tokio::task::block_in_place(|| cluster.broker.restart());
+    tokio::task::block_in_place(|| cluster.restart_brokers());
     let deadline = Instant::now() + Duration::from_secs(arg("--deadline", 600));
     loop {
         let again = fleet.registered_since(restarted);
@@ -783,15 +634,13 @@ async fn reconnect_storm(robots: usize, jobs: usize, rate: u64) {
         .iter()
         .filter(|t| t.status.as_ref().is_some_and(|s| s.attempt > 1))
         .count();
-    let duplicates = fleet.counters.duplicate_dispatches.load(Ordering::Relaxed)
-        + fleet.counters.overlapping_dispatches.load(Ordering::Relaxed);
+    let duplicates = fleet.duplicates();
     println!(
-        "INFO broker restarted under {robots} robots holding {held} tasks; {} jobs; all registered again after {took:.1} s with {storm_writes} API writes meanwhile (the jobs' included); {} tasks retried; {} status updates sent again; {} duplicate and {} overlapping dispatches",
+        "INFO {} restarted under {robots} robots holding {held} tasks; {} jobs; all registered again after {took:.1} s with {storm_writes} API writes meanwhile (the jobs' included); {} tasks retried; {} status updates sent again",
+        if cluster.edges.is_empty() { "the broker" } else { "every broker" },
         created.len(),
         retried,
-        fleet.counters.resent_statuses.load(Ordering::Relaxed),
-        fleet.counters.duplicate_dispatches.load(Ordering::Relaxed),
-        fleet.counters.overlapping_dispatches.load(Ordering::Relaxed),
+        fleet.resent_statuses(),
     );
     println!("BENCH reconnect_storm_{}_s {took:.1} s", label(robots));
     println!("BENCH reconnect_duplicates {duplicates} dispatches");

@@ -17,15 +17,19 @@
 //!
 //! A shard prints its counters once a second on stdout (`SIM connects
 //! online heartbeats bytes_out bytes_in dispatches duplicates overlapping
-//! finished`); a line `vanish N`
-//! on its stdin makes its first N robots vanish, and the end of its stdin
-//! stops it.
+//! finished registered_since_mark resent_statuses`). On its stdin, a line
+//! `vanish N` makes its first N robots vanish, `mark MS` counts the robots
+//! answered Online from MS (milliseconds since the Unix epoch) on,
+//! `finished PATH` writes the uids of the tasks it finished to PATH, one a
+//! line, and the end of its stdin stops it.
 
+use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use k8s4r_sim::{Fleet, SimConfig};
 use k8s4r_testbed::Mosquitto;
@@ -109,12 +113,16 @@ struct Seen {
     dispatches: AtomicU64,
     duplicates: AtomicU64,
     finished: AtomicU64,
+    registered_since_mark: AtomicU64,
+    resent_statuses: AtomicU64,
 }
 
 /// The simulator processes.
 pub struct Shards {
     children: Vec<(Child, Mutex<Option<ChildStdin>>)>,
     seen: Vec<Arc<Seen>>,
+    /// The mark last sent.
+    mark: Mutex<Option<Instant>>,
 }
 
 impl Shards {
@@ -123,7 +131,7 @@ impl Shards {
     /// together (0: all at once).
     pub fn start(
         edges: &[(Mosquitto, usize, usize)],
-        heartbeat: Duration,
+        behaviour: &crate::sims::Behaviour,
         token: &str,
         connect_rate: u32,
     ) -> Shards {
@@ -138,9 +146,11 @@ impl Shards {
                     edge.url(),
                     first.to_string(),
                     count.to_string(),
-                    heartbeat.as_secs().to_string(),
+                    behaviour.heartbeat.as_secs().to_string(),
                     token.to_owned(),
                     rate.to_string(),
+                    behaviour.tasks.0.as_millis().to_string(),
+                    behaviour.tasks.1.as_millis().to_string(),
                 ])
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
@@ -156,9 +166,11 @@ impl Shards {
                         .strip_prefix("SIM ")
                         .map(|rest| rest.split(' ').filter_map(|f| f.parse().ok()).collect())
                         .unwrap_or_default();
-                    if let [connects, online, heartbeats, bytes_out, bytes_in, dispatches, duplicates, overlapping, finished] =
+                    if let [connects, online, heartbeats, bytes_out, bytes_in, dispatches, duplicates, overlapping, finished, since_mark, resent] =
                         fields[..]
                     {
+                        into.registered_since_mark.store(since_mark, Ordering::Relaxed);
+                        into.resent_statuses.store(resent, Ordering::Relaxed);
                         into.connects.store(connects, Ordering::Relaxed);
                         into.online.store(online, Ordering::Relaxed);
                         into.heartbeats.store(heartbeats, Ordering::Relaxed);
@@ -173,7 +185,20 @@ impl Shards {
             children.push((child, stdin));
             seen.push(counters);
         }
-        Shards { children, seen }
+        Shards {
+            children,
+            seen,
+            mark: Mutex::new(None),
+        }
+    }
+
+    /// Sends `line` to every shard.
+    fn tell(&self, line: &str) {
+        for (_, stdin) in &self.children {
+            if let Some(stdin) = stdin.lock().unwrap().as_mut() {
+                let _ = writeln!(stdin, "{line}");
+            }
+        }
     }
 
     fn sum(&self, field: impl Fn(&Seen) -> &AtomicU64) -> u64 {
@@ -218,6 +243,54 @@ impl Shards {
         self.sum(|s| &s.finished)
     }
 
+    /// Status updates sent again, all shards.
+    pub fn resent_statuses(&self) -> u64 {
+        self.sum(|s| &s.resent_statuses)
+    }
+
+    /// Robots answered Online at or after `since`, all shards: the first
+    /// call with a new `since` tells the shards to count from it, and until
+    /// each has read that, it counts as none.
+    pub fn registered_since(&self, since: Instant) -> usize {
+        let mut mark = self.mark.lock().unwrap();
+        if *mark != Some(since) {
+            for s in &self.seen {
+                s.registered_since_mark.store(0, Ordering::Relaxed);
+            }
+            self.tell(&format!("mark {}", unix_ms() - since.elapsed().as_millis()));
+            *mark = Some(since);
+        }
+        usize::try_from(self.sum(|s| &s.registered_since_mark)).unwrap_or(usize::MAX)
+    }
+
+    /// The uids of the tasks whose end a robot reported, all shards (each
+    /// writes its own into a file; this waits up to a minute for them).
+    pub fn finished_tasks(&self) -> HashSet<String> {
+        let dir = tempfile::tempdir().expect("a directory for the shards' lists");
+        let path = |i: usize| dir.path().join(format!("finished-{i}"));
+        for (i, (_, stdin)) in self.children.iter().enumerate() {
+            if let Some(stdin) = stdin.lock().unwrap().as_mut() {
+                let _ = writeln!(stdin, "finished {}", path(i).display());
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut uids = HashSet::new();
+        for i in 0..self.children.len() {
+            let text = loop {
+                if let Ok(text) = std::fs::read_to_string(path(i)) {
+                    break text;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "shard {i} did not list its finished tasks"
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            };
+            uids.extend(text.lines().map(str::to_owned));
+        }
+        uids
+    }
+
     /// The shards' resident memory, KiB, all together.
     pub fn rss_kib(&self) -> f64 {
         self.children
@@ -244,13 +317,31 @@ impl Shards {
     }
 }
 
+fn unix_ms() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0)
+}
+
+/// Writes `uids` to `path` whole (a file beside it renamed into place), so
+/// that a reader never sees part of the list.
+fn write_list(path: &Path, uids: &HashSet<String>) {
+    let partial = path.with_extension("partial");
+    let text: String = uids.iter().map(|u| format!("{u}\n")).collect();
+    if std::fs::write(&partial, text).is_ok() {
+        let _ = std::fs::rename(&partial, path);
+    }
+}
+
 /// The shard's side: `--sim-shard BROKER FIRST COUNT HEARTBEAT_SECS TOKEN
-/// CONNECT_RATE`.
+/// CONNECT_RATE TASK_MIN_MS TASK_MAX_MS`.
 pub fn shard_main(args: &[String]) {
-    let [broker, first, count, heartbeat, token, rate, ..] = args else {
-        eprintln!("--sim-shard BROKER FIRST COUNT HEARTBEAT_SECS TOKEN CONNECT_RATE");
+    let [broker, first, count, heartbeat, token, rate, task_min, task_max, ..] = args else {
+        eprintln!("--sim-shard BROKER FIRST COUNT HEARTBEAT_SECS TOKEN CONNECT_RATE TASK_MIN_MS TASK_MAX_MS");
         std::process::exit(2);
     };
+    let millis = |s: &str| Duration::from_millis(s.parse().expect("milliseconds"));
     let number = |s: &str| s.parse::<usize>().expect("a number");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -264,6 +355,7 @@ pub fn shard_main(args: &[String]) {
             first: number(first),
             heartbeat: Duration::from_secs(u64::try_from(number(heartbeat)).unwrap_or(30)),
             connect_rate: u32::try_from(number(rate)).unwrap_or(0),
+            task_duration: (millis(task_min), millis(task_max)),
             ..SimConfig::default()
         });
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
@@ -276,12 +368,13 @@ pub fn shard_main(args: &[String]) {
             }
         });
         let mut report = tokio::time::interval(Duration::from_secs(1));
+        let mut mark: Option<Instant> = None;
         loop {
             tokio::select! {
                 _ = report.tick() => {
                     let c = &fleet.counters;
                     println!(
-                        "SIM {} {} {} {} {} {} {} {} {}",
+                        "SIM {} {} {} {} {} {} {} {} {} {} {}",
                         c.connects.load(Ordering::Relaxed),
                         c.online.load(Ordering::Relaxed),
                         c.heartbeats.load(Ordering::Relaxed),
@@ -291,12 +384,20 @@ pub fn shard_main(args: &[String]) {
                         c.duplicate_dispatches.load(Ordering::Relaxed),
                         c.overlapping_dispatches.load(Ordering::Relaxed),
                         c.finished.load(Ordering::Relaxed),
+                        mark.map_or(0, |m| fleet.registered_since(m)),
+                        c.resent_statuses.load(Ordering::Relaxed),
                     );
                 }
                 line = rx.recv() => match line {
                     Some(line) => {
                         if let Some(n) = line.strip_prefix("vanish ").and_then(|n| n.trim().parse().ok()) {
                             fleet.vanish(n);
+                        } else if let Some(ms) = line.strip_prefix("mark ").and_then(|n| n.trim().parse::<u128>().ok()) {
+                            let ago = unix_ms().saturating_sub(ms);
+                            let ago = Duration::from_millis(u64::try_from(ago).unwrap_or(u64::MAX));
+                            mark = Instant::now().checked_sub(ago);
+                        } else if let Some(path) = line.strip_prefix("finished ") {
+                            write_list(Path::new(path.trim()), &fleet.finished_tasks());
                         }
                     }
                     None => break,
