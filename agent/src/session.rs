@@ -16,7 +16,8 @@ use std::time::Duration;
 use k8s4r_api::backoff::{Backoff, Jitter};
 use k8s4r_api::names::{DEFAULT_BOOTSTRAP_SECRET, DEFAULT_NAMESPACE};
 use k8s4r_api::protocol::{
-    encode, Dispatch, Heartbeat, HeldList, Online, Register, StatusUpdate, Topics, MAX_HELD_ATTEMPTS,
+    encode, Dispatch, Heartbeat, HeldList, Online, Register, StatusUpdate, Topics, UsageReports,
+    MAX_HELD_ATTEMPTS,
 };
 use k8s4r_api::{DeviceInfo, TaskReason, TaskState};
 use rumqttc::{AsyncClient, ConnectionError, Event, EventLoop, Outgoing, Packet, QoS};
@@ -194,6 +195,8 @@ pub struct Session {
     /// The server confirms statuses it applied (it said so at
     /// registration): outbox entries wait for that, not for the PUBACK.
     status_acks: bool,
+    /// Which usage figures the heartbeats carry.
+    usage: UsageReports,
     /// Outbox entries the broker acknowledged, waiting for the server's
     /// confirmation, and when the broker did.
     delivered: BTreeMap<u64, Instant>,
@@ -298,6 +301,7 @@ impl Session {
             names,
             fence: Fence::new(),
             status_acks: false,
+            usage: UsageReports::default(),
             delivered: BTreeMap::new(),
             confirm_timeout: (config.heartbeat_interval * 2)
                 .clamp(Duration::from_secs(5), Duration::from_secs(60)),
@@ -750,6 +754,9 @@ impl Session {
         }
         self.heartbeat_seq += 1;
         let (running, complete) = self.holding();
+        let usage = self
+            .usage
+            .for_heartbeat(self.heartbeat_seq, self.sampler.sample());
         let heartbeat = Heartbeat {
             held: HeldList {
                 running,
@@ -764,11 +771,12 @@ impl Session {
                 .upgrades
                 .as_ref()
                 .and_then(|h| h.report_in_heartbeat(self.heartbeat_seq)),
+            usage,
             ..Heartbeat::new(
                 &self.robot_id,
                 self.heartbeat_seq,
                 jiff::Timestamp::now(),
-                self.sampler.sample(),
+                Default::default(),
             )
         };
         self.fence.heartbeat_sent(self.heartbeat_seq, boot_clock());

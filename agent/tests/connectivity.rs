@@ -41,7 +41,16 @@ async fn registers_then_heartbeats_at_the_configured_cadence() {
     for pair in beats.windows(2) {
         assert_eq!(pair[1].1.seq, pair[0].1.seq + 1, "heartbeat seqs count up");
     }
-    assert!(beats[0].1.usage.memory_total_bytes > 0);
+    let usage = beats[0]
+        .1
+        .usage
+        .as_ref()
+        .expect("the first heartbeat carries usage");
+    assert!(usage.memory_total_bytes > 0);
+    assert!(
+        beats.iter().all(|(_, hb)| hb.usage.is_some()),
+        "a server that did not allow it gets usage in every heartbeat"
+    );
     // 7 intervals of 200ms ±10%: allow for scheduling noise, not for a
     // different cadence.
     let span = beats[7].0 - beats[0].0;
@@ -49,6 +58,45 @@ async fn registers_then_heartbeats_at_the_configured_cadence() {
     assert!(
         mean >= Duration::from_millis(170) && mean <= Duration::from_millis(260),
         "mean heartbeat interval {mean:?}"
+    );
+}
+
+/// To a server that allows it, heartbeats leave out usage that has not
+/// moved since the figures of a confirmed heartbeat; each registration
+/// starts again with usage.
+#[tokio::test]
+async fn usage_is_left_out_once_a_heartbeat_carrying_it_is_confirmed() {
+    let broker = Broker::start();
+    let mut server = Server::connect(&broker, "rb9").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let mut agent = Agent::start(&broker, "rb9", &tmp.path().join("state"), &[]);
+    server.approve_current("rb9").await;
+    let mut first = None;
+    let mut without = 0;
+    for _ in 0..15 {
+        let hb: Heartbeat = server.next("/heartbeat", LONG).await.decode();
+        first.get_or_insert_with(|| hb.usage.clone());
+        without += usize::from(hb.usage.is_none());
+        let ack =
+            k8s4r_api::protocol::StatusAck::heartbeat(hb.seq, hb.session.clone(), jiff::Timestamp::now());
+        server
+            .publish(server.topics.status_ack("rb9"), encode(&ack))
+            .await;
+    }
+    assert!(
+        first.flatten().is_some(),
+        "the first heartbeat of a session carries usage"
+    );
+    assert!(without > 0, "no heartbeat left its unmoved usage out");
+    // A new agent process registers again: its first heartbeat carries
+    // usage whatever the last one confirmed.
+    agent.kill();
+    let _agent = Agent::start(&broker, "rb9", &tmp.path().join("state"), &[]);
+    server.approve_current("rb9").await;
+    let hb: Heartbeat = server.next("/heartbeat", LONG).await.decode();
+    assert!(
+        hb.usage.is_some(),
+        "the first heartbeat after a registration carries usage"
     );
 }
 

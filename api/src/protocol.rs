@@ -570,8 +570,13 @@ pub struct Heartbeat {
     pub seq: u64,
     /// When the agent sent it.
     pub time: Timestamp,
-    /// Usage figures.
-    pub usage: Usage,
+    /// Usage figures. Left out (None) when they have not moved materially
+    /// ([`Usage::moved_materially`]) since the last confirmed heartbeat
+    /// that carried them, to a server whose registration answer allowed it
+    /// ([`RegisterResponse::usage_when_moved`]); the Robot then keeps the
+    /// figures it has.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
     /// What the robot holds now.
     #[serde(flatten)]
     pub held: HeldList,
@@ -623,13 +628,69 @@ impl Heartbeat {
             robot_id: robot_id.into(),
             seq,
             time,
-            usage,
+            usage: Some(usage),
             held: HeldList::default(),
             server_time: None,
             health: None,
             session: None,
             facts: None,
             upgrade: None,
+        }
+    }
+}
+
+/// Which usage figures a robot's heartbeats carry: all of them until the
+/// server says it keeps the Robot's figures
+/// ([`RegisterResponse::usage_when_moved`]), then only figures that moved
+/// materially from the last ones a confirmed heartbeat carried. Each
+/// registration starts it again, so the first heartbeats of a session
+/// always carry usage.
+#[derive(Debug, Clone, Default)]
+pub struct UsageReports {
+    /// The server takes heartbeats without usage.
+    allowed: bool,
+    /// The figures the cluster has: a heartbeat that carried them was
+    /// confirmed.
+    confirmed: Option<Usage>,
+    /// The figures sent since, by heartbeat `seq`, oldest first.
+    sent: Vec<(u64, Usage)>,
+}
+
+impl UsageReports {
+    /// A registration was answered: `allowed` is what the server said.
+    pub fn registered(&mut self, allowed: bool) {
+        *self = UsageReports {
+            allowed,
+            ..UsageReports::default()
+        };
+    }
+
+    /// The usage heartbeat `seq` carries, given the figures `now`.
+    pub fn for_heartbeat(&mut self, seq: u64, now: Usage) -> Option<Usage> {
+        let needed = !self.allowed
+            || self
+                .confirmed
+                .as_ref()
+                .is_none_or(|had| had.moved_materially(&now));
+        if !needed {
+            return None;
+        }
+        // A few unconfirmed heartbeats at most are remembered; an older
+        // one's confirmation then only comes later, with a newer one's.
+        if self.sent.len() >= 8 {
+            self.sent.remove(0);
+        }
+        self.sent.push((seq, now.clone()));
+        Some(now)
+    }
+
+    /// The server recorded heartbeat `seq`: the newest figures sent with it
+    /// or before it are the cluster's now.
+    pub fn confirmed(&mut self, seq: u64) {
+        let settled = self.sent.iter().rposition(|(sent, _)| *sent <= seq);
+        if let Some(i) = settled {
+            self.confirmed = Some(self.sent[i].1.clone());
+            self.sent.drain(..=i);
         }
     }
 }
@@ -657,6 +718,12 @@ pub struct RegisterResponse {
     /// the old behaviour.
     #[serde(default)]
     pub status_acks: bool,
+    /// The server takes heartbeats without usage and keeps the Robot's
+    /// figures: the agent sends usage only when it moved materially (an
+    /// idle robot's heartbeat is then a third smaller). Servers that do not
+    /// say so get usage in every heartbeat.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub usage_when_moved: bool,
     /// The nonce of the registration this answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nonce: Option<String>,
@@ -679,6 +746,7 @@ impl RegisterResponse {
             message,
             server_time: None,
             status_acks: false,
+            usage_when_moved: false,
             nonce: None,
         }
     }
@@ -1135,7 +1203,7 @@ mod tests {
             robot_id: "rb1".into(),
             seq: 7,
             time: "2026-11-22T10:00:00Z".parse().unwrap(),
-            usage: Usage {
+            usage: Some(Usage {
                 cpu_percent: 12.5,
                 memory_used_bytes: 1 << 30,
                 memory_total_bytes: 4 << 30,
@@ -1143,7 +1211,7 @@ mod tests {
                 load1: 0.5,
                 load5: 0.25,
                 load15: 0.125,
-            },
+            }),
             held: HeldList {
                 running: vec![
                     TaskAttempt::new("u1", 2).named(Some("default/job-a-0".into())),
@@ -1208,6 +1276,63 @@ mod tests {
         );
     }
 
+    fn usage(cpu: f64) -> Usage {
+        Usage {
+            cpu_percent: cpu,
+            memory_used_bytes: 1 << 30,
+            memory_total_bytes: 4 << 30,
+            disk_free_bytes: 10 << 30,
+            ..Usage::default()
+        }
+    }
+
+    #[test]
+    fn usage_is_left_out_only_once_confirmed_and_only_where_allowed() {
+        let mut old_server = UsageReports::default();
+        old_server.registered(false);
+        old_server.confirmed(1);
+        assert!(old_server.for_heartbeat(2, usage(5.0)).is_some());
+        assert!(
+            old_server.for_heartbeat(3, usage(5.0)).is_some(),
+            "every heartbeat to a server that needs it"
+        );
+
+        let mut reports = UsageReports::default();
+        reports.registered(true);
+        assert!(
+            reports.for_heartbeat(1, usage(5.0)).is_some(),
+            "the first of a session"
+        );
+        assert!(
+            reports.for_heartbeat(2, usage(6.0)).is_some(),
+            "still unconfirmed"
+        );
+        reports.confirmed(1);
+        assert!(
+            reports.for_heartbeat(3, usage(7.0)).is_none(),
+            "confirmed, and moved little"
+        );
+        assert!(
+            reports.for_heartbeat(4, usage(60.0)).is_some(),
+            "moved materially"
+        );
+        assert!(
+            reports.for_heartbeat(5, usage(61.0)).is_some(),
+            "the move not yet confirmed"
+        );
+        reports.confirmed(4);
+        assert!(reports.for_heartbeat(6, usage(62.0)).is_none());
+        assert!(
+            reports.for_heartbeat(7, usage(5.0)).is_some(),
+            "judged against what the cluster has"
+        );
+        reports.registered(true);
+        assert!(
+            reports.for_heartbeat(1, usage(5.0)).is_some(),
+            "a new registration starts again"
+        );
+    }
+
     #[test]
     fn every_message_round_trips() {
         round_trip(full_register());
@@ -1224,12 +1349,18 @@ mod tests {
             server_time: None,
             ..full_heartbeat()
         });
+        // Usage left out, as to a server that allows it.
+        round_trip(Heartbeat {
+            usage: None,
+            ..full_heartbeat()
+        });
         round_trip(RegisterResponse {
             v: 1,
             phase: RobotPhase::Online,
             message: Some("approved".into()),
             server_time: Some("2026-11-22T10:00:00Z".parse().unwrap()),
             status_acks: true,
+            usage_when_moved: true,
             nonce: Some("5f1c".into()),
         });
         round_trip(StatusAck::new(vec![3, 4]));

@@ -351,6 +351,26 @@ pub struct Usage {
     pub load15: f64,
 }
 
+impl Usage {
+    /// Whether `new` moved enough from these figures to be worth telling
+    /// the cluster: CPU by 20 points, memory in use by 10% of the total,
+    /// free disk by 10% (or to or from zero), or another memory total. The
+    /// server writes usage to the Robot by this rule, and an agent leaves
+    /// usage out of its heartbeats by it.
+    pub fn moved_materially(&self, new: &Usage) -> bool {
+        let cpu = (self.cpu_percent - new.cpu_percent).abs() >= 20.0;
+        let total = new.memory_total_bytes.max(self.memory_total_bytes).max(1) as f64;
+        let memory = (self.memory_used_bytes as f64 - new.memory_used_bytes as f64).abs() / total >= 0.10;
+        let disk = if self.disk_free_bytes == 0 || new.disk_free_bytes == 0 {
+            self.disk_free_bytes != new.disk_free_bytes
+        } else {
+            (self.disk_free_bytes as f64 - new.disk_free_bytes as f64).abs() / self.disk_free_bytes as f64
+                >= 0.10
+        };
+        cpu || memory || disk || self.memory_total_bytes != new.memory_total_bytes
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

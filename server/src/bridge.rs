@@ -473,7 +473,7 @@ impl Bridge {
             &robot,
             lease,
             !msg.held.running.is_empty(),
-            &msg.usage,
+            msg.usage.as_ref(),
             msg.health.as_ref(),
             now,
             self.config.coalescing,

@@ -23,7 +23,9 @@ use std::time::{Duration, Instant};
 
 use k8s4r_agent::fence::{Fence, Refusal};
 use k8s4r_agent::inbound::{classify, Inbound};
-use k8s4r_api::protocol::{encode, Dispatch, Heartbeat, HeldList, Online, Register, StatusUpdate, Topics};
+use k8s4r_api::protocol::{
+    encode, Dispatch, Heartbeat, HeldList, Online, Register, StatusUpdate, Topics, UsageReports,
+};
 use k8s4r_api::{DeviceInfo, RobotPhase, TaskAttempt, TaskReason, TaskState, Usage};
 use k8s4r_service::lock;
 use rumqttc::{AsyncClient, Event, LastWill, MqttOptions, Packet, QoS};
@@ -247,6 +249,28 @@ impl Rng {
         self.0 ^= self.0 << 17;
         (self.0 >> 11) as f64 / (1u64 << 53) as f64
     }
+
+    /// A number between `low` and `high`, to `places` decimals.
+    fn between(&mut self, low: f64, high: f64, places: i32) -> f64 {
+        let scale = 10f64.powi(places);
+        ((low + (high - low) * self.next_f64()) * scale).round() / scale
+    }
+}
+
+/// Figures such as an idle robot's computer shows (8 GiB, a mostly empty
+/// disk), in the form the agent sends them, so that a heartbeat that
+/// carries usage is as long as a real one.
+fn idle_usage(rng: &mut Rng) -> Usage {
+    const GIB: f64 = (1u64 << 30) as f64;
+    Usage {
+        cpu_percent: rng.between(1.0, 12.0, 1),
+        memory_used_bytes: (rng.between(1.2, 3.0, 3) * GIB) as u64,
+        memory_total_bytes: 8_214_155_264,
+        disk_free_bytes: (rng.between(20.0, 90.0, 3) * GIB) as u64,
+        load1: rng.between(0.05, 1.2, 2),
+        load5: rng.between(0.05, 1.0, 2),
+        load15: rng.between(0.05, 0.8, 2),
+    }
 }
 
 /// Status updates sent and not yet confirmed by the server, by seq: the
@@ -449,6 +473,9 @@ impl SimRobot {
             },
             server_time: state.fence.server_now(self.now()),
             session: Some(state.session.clone()),
+            usage: state
+                .usage_reports
+                .for_heartbeat(state.heartbeat_seq, state.usage.clone()),
             ..Heartbeat::new(&self.id, state.heartbeat_seq, wall, Usage::default())
         };
         self.publish(
@@ -473,9 +500,12 @@ impl SimRobot {
             session: k8s4r_agent::session::session_id(),
             registrations: 0,
             heartbeat_seq: 0,
+            usage: Usage::default(),
+            usage_reports: UsageReports::default(),
             waiting: Vec::new(),
             done_tx,
         };
+        state.usage = idle_usage(&mut state.rng);
         'connection: loop {
             let (client, mut eventloop) = AsyncClient::new(self.options(), 64);
             let mut approved = false;
@@ -543,6 +573,7 @@ impl SimRobot {
                                         continue;
                                     }
                                     state.fence.registered(r.status_acks, r.server_time, self.now());
+                                    state.usage_reports.registered(r.usage_when_moved);
                                     if r.phase != RobotPhase::Online || approved {
                                         continue;
                                     }
@@ -565,6 +596,7 @@ impl SimRobot {
                                 Ok(Inbound::StatusAck(ack)) => {
                                     if let Some(seq) = ack.heartbeat.filter(|_| ack.session.as_ref() == Some(&state.session)) {
                                         state.fence.heartbeat_recorded(seq, ack.time, self.now());
+                                        state.usage_reports.confirmed(seq);
                                     }
                                     for seq in ack.seqs {
                                         state.outbox.unconfirmed.remove(&seq);
@@ -629,6 +661,10 @@ struct State {
     /// Registrations sent.
     registrations: u64,
     heartbeat_seq: u64,
+    /// This robot's figures (an idle robot's: they do not move).
+    usage: Usage,
+    /// Which of them the heartbeats carry, as the agent decides it.
+    usage_reports: UsageReports,
     /// Dispatches that came before the registration was answered.
     waiting: Vec<Dispatch>,
     done_tx: tokio::sync::mpsc::UnboundedSender<(String, u32, bool)>,

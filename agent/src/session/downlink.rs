@@ -32,6 +32,7 @@ impl Session {
                     tracing::info!(phase = ?response.phase, message = response.message.as_deref().unwrap_or(""), "registration response");
                 }
                 self.status_acks = ours && response.status_acks;
+                self.usage.registered(ours && response.usage_when_moved);
                 if ours {
                     self.fence
                         .registered(response.status_acks, response.server_time, boot_clock());
@@ -72,6 +73,7 @@ impl Session {
                     // for a previous one must not renew this one's leases.
                     if ack.session.as_deref() == Some(self.session_id.as_str()) {
                         self.fence.heartbeat_recorded(heartbeat, ack.time, boot_clock());
+                        self.usage.confirmed(heartbeat);
                         if let Some(hooks) = &self.upgrades {
                             crate::upgrade::lock(&hooks.upgrades).heartbeat_confirmed(heartbeat);
                         }

@@ -220,14 +220,16 @@ impl Server {
     }
 
     /// Waits for a register from `robot` and approves it as the current
-    /// server does: with the registration's nonce, the server's clock and
-    /// status confirmations on.
+    /// server does: with the registration's nonce, the server's clock,
+    /// status confirmations on and heartbeats allowed to leave out usage
+    /// that has not moved.
     pub async fn approve_current(&mut self, robot: &str) -> k8s4r_api::protocol::Register {
         let register: k8s4r_api::protocol::Register =
             self.next("/register", Duration::from_secs(20)).await.decode();
         let answer = RegisterResponse {
             server_time: Some(jiff::Timestamp::now()),
             status_acks: true,
+            usage_when_moved: true,
             nonce: register.nonce.clone(),
             ..RegisterResponse::new(RobotPhase::Online, Some("approved".into()))
         };

@@ -19,6 +19,7 @@ fn response_body(phase: RobotPhase, message: Option<String>, nonce: Option<Strin
     encode(&RegisterResponse {
         server_time: Some(Timestamp::now()),
         status_acks: true,
+        usage_when_moved: true,
         nonce,
         ..RegisterResponse::new(phase, message)
     })

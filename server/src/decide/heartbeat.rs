@@ -170,20 +170,6 @@ impl HeartbeatPlan {
     }
 }
 
-/// Whether usage moved enough to be worth a write: CPU by 20 points, memory
-/// in use by 10% of the total, free disk by 10% (or to or from zero).
-pub fn usage_changed_materially(old: &Usage, new: &Usage) -> bool {
-    let cpu = (old.cpu_percent - new.cpu_percent).abs() >= 20.0;
-    let total = new.memory_total_bytes.max(old.memory_total_bytes).max(1) as f64;
-    let memory = (old.memory_used_bytes as f64 - new.memory_used_bytes as f64).abs() / total >= 0.10;
-    let disk = if old.disk_free_bytes == 0 || new.disk_free_bytes == 0 {
-        old.disk_free_bytes != new.disk_free_bytes
-    } else {
-        (old.disk_free_bytes as f64 - new.disk_free_bytes as f64).abs() / old.disk_free_bytes as f64 >= 0.10
-    };
-    cpu || memory || disk || old.memory_total_bytes != new.memory_total_bytes
-}
-
 /// Plans the writes for one heartbeat and updates `memory` as if they
 /// succeed (the caller forgets the memory when a write fails). `busy`: the
 /// heartbeat lists an attempt the robot runs or holds.
@@ -193,7 +179,7 @@ pub fn plan_heartbeat(
     robot: &Robot,
     lease: Option<LeaseRecord>,
     busy: bool,
-    usage: &Usage,
+    usage: Option<&Usage>,
     health: Option<&AgentHealth>,
     now: Timestamp,
     limits: Coalescing,
@@ -214,10 +200,14 @@ pub fn plan_heartbeat(
     // that never disconnected costs no extra write.
     let reconnect =
         find_condition(conditions, CONDITION_CONNECTED).is_some_and(|c| c.status != ConditionStatus::True);
-    let usage_moved = memory
-        .usage_written
-        .as_ref()
-        .is_none_or(|old| usage_changed_materially(old, usage));
+    // A heartbeat without usage: the robot's figures have not moved
+    // materially from those it knows the cluster has.
+    let usage_moved = usage.is_some_and(|new| {
+        memory
+            .usage_written
+            .as_ref()
+            .is_none_or(|old| old.moved_materially(new))
+    });
     let mut list = None;
     if reconnect {
         list = connected(conditions, true, now);
@@ -228,10 +218,12 @@ pub fn plan_heartbeat(
     let write = stale(memory.status_written, limits.status_refresh(busy)) || usage_moved || list.is_some();
     let status = write.then(|| {
         memory.status_written = Some(now);
-        memory.usage_written = Some(usage.clone());
+        if let Some(usage) = usage {
+            memory.usage_written = Some(usage.clone());
+        }
         RobotStatusPatch {
             last_heartbeat_time: Some(now),
-            usage: Some(usage.clone()),
+            usage: usage.cloned(),
             conditions: list,
             ..Default::default()
         }

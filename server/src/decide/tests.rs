@@ -330,7 +330,7 @@ fn heartbeats_are_coalesced() {
             &robot,
             None,
             true,
-            &usage(12.0, 1),
+            Some(&usage(12.0, 1)),
             None,
             now,
             limits,
@@ -348,12 +348,40 @@ fn heartbeats_are_coalesced() {
         &robot,
         None,
         true,
-        &usage(90.0, 1),
+        Some(&usage(90.0, 1)),
         None,
         later,
         limits,
     );
     assert!(plan.status.is_some());
+}
+
+/// A heartbeat without usage (its figures have not moved materially since
+/// the robot's last confirmed ones) keeps the Robot's figures: the status
+/// refresh writes the time alone, and nothing is written as a usage change.
+#[test]
+fn a_heartbeat_without_usage_keeps_the_robots_figures() {
+    let limits = Coalescing::default();
+    let robot = RobotBuilder::new()
+        .phase(RobotPhase::Online)
+        .heartbeat("2026-11-22T09:59:50Z", usage(10.0, 1))
+        .0;
+    let mut memory = HeartbeatMemory::default();
+    let soon = t("2026-11-22T10:00:00Z");
+    let plan = plan_heartbeat(&mut memory, &robot, None, false, None, None, soon, limits);
+    assert!(plan.status.is_none(), "no usage is no change: {plan:?}");
+    // The idle refresh is the longer one.
+    let refresh = t("2026-11-22T09:59:50Z") + limits.status_refresh(false);
+    let plan = plan_heartbeat(&mut memory, &robot, None, false, None, None, refresh, limits);
+    let status = plan.status.expect("the status refresh is due");
+    assert_eq!(status.last_heartbeat_time, Some(refresh));
+    assert_eq!(status.usage, None, "the patch leaves the Robot's usage as it is");
+    assert_eq!(memory.usage_written, Some(usage(10.0, 1)));
+    let json = serde_json::to_value(&status).unwrap();
+    assert!(
+        json.get("usage").is_none(),
+        "a merge patch without usage keeps it: {json}"
+    );
 }
 
 #[test]
@@ -375,7 +403,7 @@ fn an_idle_robot_is_renewed_at_the_long_interval_and_at_once_when_it_takes_work(
             &robot,
             None,
             false,
-            &usage(12.0, 1),
+            Some(&usage(12.0, 1)),
             None,
             at(30 * i),
             limits,
@@ -403,7 +431,7 @@ fn an_idle_robot_is_renewed_at_the_long_interval_and_at_once_when_it_takes_work(
         &robot,
         None,
         true,
-        &usage(12.0, 1),
+        Some(&usage(12.0, 1)),
         None,
         at(3610),
         limits,
@@ -414,7 +442,7 @@ fn an_idle_robot_is_renewed_at_the_long_interval_and_at_once_when_it_takes_work(
         &robot,
         None,
         true,
-        &usage(12.0, 1),
+        Some(&usage(12.0, 1)),
         None,
         at(3640),
         limits,
@@ -427,7 +455,7 @@ fn an_idle_robot_is_renewed_at_the_long_interval_and_at_once_when_it_takes_work(
         &robot,
         None,
         false,
-        &usage(12.0, 1),
+        Some(&usage(12.0, 1)),
         None,
         at(3650),
         limits,
@@ -438,7 +466,7 @@ fn an_idle_robot_is_renewed_at_the_long_interval_and_at_once_when_it_takes_work(
         &robot,
         None,
         false,
-        &usage(12.0, 1),
+        Some(&usage(12.0, 1)),
         None,
         at(3670),
         limits,
@@ -479,7 +507,7 @@ fn a_heartbeat_after_a_disconnect_sets_connected_again() {
         &robot,
         None,
         false,
-        &usage(10.0, 1),
+        Some(&usage(10.0, 1)),
         None,
         t("2026-11-22T10:00:00Z"),
         Coalescing::default(),
@@ -511,7 +539,7 @@ fn writes_by_another_replica_count() {
         &robot,
         Some(LeaseRecord::read(t("2026-11-22T09:59:50Z"), Some(1800))),
         false,
-        &usage(10.0, 1),
+        Some(&usage(10.0, 1)),
         None,
         now,
         limits,
@@ -576,7 +604,7 @@ fn accepting_tasks_follows_the_agents_health_and_is_written_on_change_only() {
         &robot,
         None,
         false,
-        &usage(10.0, 1),
+        Some(&usage(10.0, 1)),
         Some(&full),
         now,
         Coalescing::default(),
@@ -586,9 +614,9 @@ fn accepting_tasks_follows_the_agents_health_and_is_written_on_change_only() {
 
 #[test]
 fn usage_changes_that_matter() {
-    assert!(!usage_changed_materially(&usage(10.0, 1), &usage(25.0, 1)));
-    assert!(usage_changed_materially(&usage(10.0, 1), &usage(35.0, 1)));
-    assert!(usage_changed_materially(&usage(10.0, 1), &usage(10.0, 2)));
+    assert!(!usage(10.0, 1).moved_materially(&usage(25.0, 1)));
+    assert!(usage(10.0, 1).moved_materially(&usage(35.0, 1)));
+    assert!(usage(10.0, 1).moved_materially(&usage(10.0, 2)));
 }
 
 #[test]
