@@ -37,6 +37,15 @@ const BULK_QUEUE: usize = 256;
 /// publishes are outstanding, so confirmations, answers and dispatches
 /// always find room.
 const BULK_OUTSTANDING: usize = PUBLISH_QUEUE / 4;
+/// QoS 1 publishes sent and waiting for the broker's PUBACK, at most. Every
+/// confirmation, answer and dispatch is one, so this over the PUBACK's
+/// round trip bounds what the server can send. At 100,000 robots it owes
+/// 3,333 heartbeat confirmations a second; with 100 in flight, in a
+/// reconnect storm with the broker slow to acknowledge, 554,958
+/// confirmations and 223,121 registration answers found the publish queue
+/// full and were dropped, and the robots whose answers were dropped
+/// registered again.
+const INFLIGHT: u16 = 1000;
 /// The first reconnect delay; doubled per failure up to the configured cap.
 const RECONNECT_BASE: Duration = Duration::from_millis(500);
 pub use crate::ingress::Inbound;
@@ -149,7 +158,7 @@ pub fn mqtt_options(broker: &BrokerConfig) -> Result<MqttOptions> {
     // the server restarts.
     options.set_clean_session(false);
     options.set_max_packet_size(MAX_INCOMING_PACKET_BYTES, MAX_PACKET_BYTES);
-    options.set_inflight(100);
+    options.set_inflight(INFLIGHT);
     if let (Some(user), password) = (&broker.username, &broker.password) {
         options.set_credentials(user.clone(), password.clone().unwrap_or_default());
     }
