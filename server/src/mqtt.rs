@@ -37,14 +37,12 @@ const BULK_QUEUE: usize = 256;
 /// publishes are outstanding, so confirmations, answers and dispatches
 /// always find room.
 const BULK_OUTSTANDING: usize = PUBLISH_QUEUE / 4;
-/// QoS 1 publishes sent and waiting for the broker's PUBACK, at most. Every
-/// confirmation, answer and dispatch is one, so this over the PUBACK's
-/// round trip bounds what the server can send. At 100,000 robots it owes
-/// 3,333 heartbeat confirmations a second; with 100 in flight, in a
-/// reconnect storm with the broker slow to acknowledge, 554,958
-/// confirmations and 223,121 registration answers found the publish queue
-/// full and were dropped, and the robots whose answers were dropped
-/// registered again.
+/// QoS 1 publishes sent and waiting for the broker's PUBACK, at most:
+/// dispatches, cancels of Tasks and log requests, each with somebody
+/// waiting on it. This over the PUBACK's round trip bounds what the server
+/// can send; with 100 and the confirmations at QoS 1 too, a 100,000-robot
+/// reconnect storm dropped 554,958 confirmations and 223,121 registration
+/// answers (the confirmations now go at QoS 0, see [`Publisher::send`]).
 const INFLIGHT: u16 = 1000;
 /// The first reconnect delay; doubled per failure up to the configured cap.
 const RECONNECT_BASE: Duration = Duration::from_millis(500);
@@ -53,7 +51,8 @@ pub use crate::ingress::Inbound;
 struct PublishRequest {
     topic: String,
     payload: Vec<u8>,
-    /// Who waits for the PUBACK; nobody for [`Publisher::send`].
+    /// Who waits for the PUBACK. `None` for [`Publisher::send`] and
+    /// [`Publisher::send_bulk`]: those go at QoS 0 and take no packet id.
     done: Option<oneshot::Sender<Result<(), String>>>,
 }
 
@@ -101,10 +100,15 @@ impl Publisher {
         }
     }
 
-    /// Hands `payload` for `topic` (QoS 1) to the connection without waiting
-    /// for anything; false when the request queue is full or the connection
+    /// Hands `payload` for `topic` to the connection without waiting for
+    /// anything; false when the request queue is full or the connection
     /// has stopped. For messages whose loss the protocol repairs (status
-    /// and heartbeat acks: the robot sends the status or heartbeat again).
+    /// and heartbeat confirmations, registration answers: the robot sends
+    /// the status, heartbeat or registration again), so they go at QoS 0:
+    /// no PUBACK in either hop, no packet id held while the broker is slow.
+    /// At 100,000 robots these are 3,333 confirmations a second; at QoS 1
+    /// they filled the window of publishes awaiting PUBACK in a reconnect
+    /// storm and crowded out the dispatches.
     pub fn send(&self, topic: String, payload: Vec<u8>) -> bool {
         let request = PublishRequest {
             topic,
@@ -183,6 +187,9 @@ pub struct Connection {
     max_backoff: Duration,
     /// Log chunks go straight to their readers, not through the lanes.
     log_hub: Arc<LogHub>,
+    /// QoS 0 publishes handed to rumqttc and not yet written: with the QoS 1
+    /// ones waiting for a packet id, what fills rumqttc's request queue.
+    unsent_qos0: usize,
 }
 
 /// Opens (lazily) the broker connection. Returns the connection to run, the
@@ -215,6 +222,7 @@ pub fn connect(
             metrics,
             max_backoff,
             log_hub,
+            unsent_qos0: 0,
         },
         Publisher {
             tx,
@@ -255,12 +263,12 @@ impl Connection {
                         }
                     }
                 },
-                Some(request) = self.requests.recv(), if waiters.outstanding() < PUBLISH_QUEUE => {
+                Some(request) = self.requests.recv(), if self.queued(&waiters) < PUBLISH_QUEUE => {
                     self.hand_over(request, &mut waiters);
                 }
                 // Bulk only when no control publish waits: a robot's cancels
                 // never delay another robot's confirmation.
-                Some(request) = self.bulk.recv(), if waiters.outstanding() < BULK_OUTSTANDING && self.requests.is_empty() => {
+                Some(request) = self.bulk.recv(), if self.queued(&waiters) < BULK_OUTSTANDING && self.requests.is_empty() => {
                     self.hand_over(request, &mut waiters);
                 }
             }
@@ -283,17 +291,33 @@ impl Connection {
         }
     }
 
-    fn hand_over(&self, request: PublishRequest, waiters: &mut PacketIds<Waiter>) {
+    /// Publishes handed to rumqttc and not yet acknowledged (QoS 1) or
+    /// written (QoS 0).
+    fn queued(&self, waiters: &PacketIds<Waiter>) -> usize {
+        waiters.outstanding() + self.unsent_qos0
+    }
+
+    /// Hands one publish to rumqttc: QoS 1 for one somebody waits on, whose
+    /// PUBACK [`PacketIds`] matches to its waiter; QoS 0 otherwise (id 0,
+    /// which `PacketIds` does not track).
+    fn hand_over(&mut self, request: PublishRequest, waiters: &mut PacketIds<Waiter>) {
+        let qos = if request.done.is_some() {
+            QoS::AtLeastOnce
+        } else {
+            QoS::AtMostOnce
+        };
         match self
             .client
-            .try_publish(request.topic, QoS::AtLeastOnce, false, request.payload)
+            .try_publish(request.topic, qos, false, request.payload)
         {
-            Ok(()) => waiters.handed_over(request.done),
-            Err(e) => {
-                if let Some(done) = request.done {
+            Ok(()) if qos == QoS::AtLeastOnce => waiters.handed_over(request.done),
+            Ok(()) => self.unsent_qos0 += 1,
+            Err(e) => match request.done {
+                Some(done) => {
                     let _ = done.send(Err(format!("not queued: {e}")));
                 }
-            }
+                None => self.metrics.message_out("fire_and_forget", "failed"),
+            },
         }
     }
 
@@ -348,6 +372,7 @@ impl Connection {
             Event::Incoming(Packet::SubAck(ack)) => {
                 debug!(codes = ?ack.return_codes, "subscribed");
             }
+            Event::Outgoing(Outgoing::Publish(0)) => self.unsent_qos0 = self.unsent_qos0.saturating_sub(1),
             Event::Outgoing(Outgoing::Publish(pkid)) => waiters.sent(pkid),
             Event::Outgoing(Outgoing::AwaitAck(_)) => waiters.collided(),
             _ => {}

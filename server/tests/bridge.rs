@@ -11,6 +11,7 @@ use k8s4r_service::leader::LeaderConfig;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::DeleteParams;
 use kube::{Api, Client, ResourceExt};
+use rumqttc::QoS;
 use std::time::Duration;
 use support::{eventually, Env, FakeRobot, LEASES};
 
@@ -41,6 +42,10 @@ async fn register_creates_a_pending_robot_and_answers_once_the_manager_decides()
     let response: RegisterResponse = decode(&robot.expect("/response").await).unwrap();
     assert_eq!(response.phase, RobotPhase::Online);
     server.wait_in("register", "applied", 2).await;
+    // Answers go at QoS 0: a lost one only makes the robot register again.
+    let answers = robot.qos_on("/response");
+    assert!(answers.len() >= 2, "{answers:?}");
+    assert!(answers.iter().all(|q| *q == QoS::AtMostOnce), "{answers:?}");
     server.stop().await;
 }
 
@@ -145,6 +150,15 @@ async fn dispatch_status_ordering_and_terminal_state() {
     assert!(
         robot.drain().iter().all(|(t, _)| !t.ends_with("/dispatch")),
         "one dispatch only"
+    );
+    // The dispatch must arrive, so it waits for the broker's PUBACK; the
+    // statuses' confirmations are repaired by the robot sending again.
+    assert_eq!(robot.qos_on("/tasks/dispatch"), vec![QoS::AtLeastOnce]);
+    let confirmations = robot.qos_on("/tasks/acks");
+    assert!(!confirmations.is_empty());
+    assert!(
+        confirmations.iter().all(|q| *q == QoS::AtMostOnce),
+        "{confirmations:?}"
     );
     server.stop().await;
 }

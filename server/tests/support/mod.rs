@@ -290,6 +290,8 @@ pub struct FakeRobot {
     pub topics: Topics,
     pub client: AsyncClient,
     received: mpsc::UnboundedReceiver<(String, Vec<u8>)>,
+    /// The QoS each message arrived at, by topic, in order.
+    qos: Arc<std::sync::Mutex<Vec<(String, QoS)>>>,
     poller: JoinHandle<()>,
 }
 
@@ -309,10 +311,13 @@ impl FakeRobot {
         let (client, mut eventloop) = AsyncClient::new(options, 64);
         let (tx, received) = mpsc::unbounded_channel();
         let (subscribed_tx, mut subscribed) = mpsc::unbounded_channel();
+        let qos = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = Arc::clone(&qos);
         let poller = tokio::spawn(async move {
             loop {
                 match eventloop.poll().await {
                     Ok(Event::Incoming(Packet::Publish(p))) => {
+                        seen.lock().unwrap().push((p.topic.clone(), p.qos));
                         let _ = tx.send((p.topic.clone(), p.payload.to_vec()));
                     }
                     Ok(Event::Incoming(Packet::SubAck(_))) => {
@@ -339,8 +344,21 @@ impl FakeRobot {
             topics,
             client,
             received,
+            qos,
             poller,
         }
+    }
+
+    /// The QoS at which every message so far on a topic ending in `suffix`
+    /// arrived (it subscribes at QoS 1, so this is the server's).
+    pub fn qos_on(&self, suffix: &str) -> Vec<QoS> {
+        self.qos
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(topic, _)| topic.ends_with(suffix))
+            .map(|(_, qos)| *qos)
+            .collect()
     }
 
     pub async fn send<M: Message>(&self, topic: String, message: &M) {
