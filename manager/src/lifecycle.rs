@@ -329,16 +329,7 @@ fn active_step(
             record_lag,
         } => (last_heard, record_lag),
     };
-    // Counted from the later of the robot's last contact and this
-    // attempt's dispatch: the robot holds the attempt no longer than
-    // stopAfter past its last contact, so this only errs late. Counting from
-    // the contact alone would fail a fresh dispatch to a robot quiet for
-    // longer than stopAfter at once, and burn every retry in a burst.
-    let heard = match (last_heard, status.dispatch_time) {
-        (Some(h), Some(d)) => Some(h.max(d)),
-        (h, d) => h.or(d),
-    }
-    .unwrap_or(now);
+    let heard = counted_from(last_heard, status, now);
     let fenced = attempt_fenced(spec, status, state, heard, record_lag, cfg);
     let replace = DisconnectPolicy::replace(spec.disconnect.as_ref(), spec.template.kind);
     if state == TaskState::Dispatching {
@@ -378,14 +369,39 @@ fn active_step(
     };
     // Without replacement the attempt waits for its robot, however long.
     let idle = (!replace).then_some(Duration::from_secs(60));
-    // A fenced robot's dispatch fails at its deadline (see dispatch_expired).
-    let expiry = match (state, status.dispatch_deadline) {
+    let expiry = dispatch_expiry(state, status, now, cfg);
+    Step::Wait(earliest(earliest(earliest(recheck, own), idle), expiry))
+}
+
+/// When a silent robot's hold on an attempt is counted from: the later of
+/// its last contact and this attempt's dispatch. The robot holds the
+/// attempt no longer than stopAfter past its last contact, so this only
+/// errs late. Counting from the contact alone would fail a fresh dispatch
+/// to a robot quiet for longer than stopAfter at once, and burn every
+/// retry in a burst.
+fn counted_from(last_heard: Option<Timestamp>, status: &TaskStatus, now: Timestamp) -> Timestamp {
+    match (last_heard, status.dispatch_time) {
+        (Some(h), Some(d)) => Some(h.max(d)),
+        (h, d) => h.or(d),
+    }
+    .unwrap_or(now)
+}
+
+/// How long until a dispatching attempt's deadline (plus the grace for
+/// the robot's reckoning of the cluster's clock) passes: a fenced robot's
+/// dispatch fails then (see dispatch_expired).
+fn dispatch_expiry(
+    state: TaskState,
+    status: &TaskStatus,
+    now: Timestamp,
+    cfg: &LifecycleConfig,
+) -> Option<Duration> {
+    match (state, status.dispatch_deadline) {
         (TaskState::Dispatching, Some(d)) => {
             Some(until(now, plus(d, cfg.robot_lost_grace))).filter(|d| !d.is_zero())
         }
         _ => None,
-    };
-    Step::Wait(earliest(earliest(earliest(recheck, own), idle), expiry))
+    }
 }
 
 /// The `DispatchTimeout` of a dispatching attempt once the robot would

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use k8s4r_api::protocol::{Cancel, Dispatch};
+use k8s4r_api::protocol::{Cancel, Dispatch, RegisterResponse, StatusAck};
 use k8s4r_api::{RobotPhase, TaskReason};
 use tokio::time::Instant;
 
@@ -17,40 +17,7 @@ impl Session {
     #[tracing::instrument(skip_all, fields(topic))]
     pub(super) fn on_message(&mut self, topic: &str, payload: &[u8], phase: &Phase) {
         match classify(&self.topics, &self.robot_id, topic, payload) {
-            Ok(Inbound::Response(response)) => {
-                let ours = match &response.nonce {
-                    Some(nonce) => self.registrar.asked(nonce),
-                    // A server too old to echo nonces: its answers are
-                    // taken as before, without fencing or its clock.
-                    None => false,
-                };
-                if response.nonce.is_some() && !ours {
-                    tracing::warn!(phase = ?response.phase, nonce = response.nonce.as_deref().unwrap_or(""), "ignored a registration answer this process did not ask for (it waited in the broker)");
-                    return;
-                }
-                if response.phase != RobotPhase::Rejected {
-                    tracing::info!(phase = ?response.phase, message = response.message.as_deref().unwrap_or(""), "registration response");
-                }
-                self.status_acks = ours && response.status_acks;
-                self.usage.registered(ours && response.usage_when_moved);
-                if ours {
-                    self.fence
-                        .registered(response.status_acks, response.server_time, boot_clock());
-                }
-                let message = response.message.as_deref();
-                match self
-                    .registrar
-                    .response(response.phase, message, Instant::now().into_std())
-                {
-                    RegisterAction::Approved => {
-                        tracing::info!("registration approved");
-                        self.next_heartbeat = matches!(phase, Phase::Running).then(Instant::now);
-                        self.release_held(phase);
-                    }
-                    RegisterAction::Rejected { news, retry_in } => report_rejection(message, news, retry_in),
-                    RegisterAction::None | RegisterAction::Register => {}
-                }
-            }
+            Ok(Inbound::Response(response)) => self.on_response(response, phase),
             Ok(Inbound::Dispatch(dispatch)) => self.on_dispatch(*dispatch, phase),
             Ok(Inbound::Cancel(cancel)) => self.on_cancel(cancel),
             Ok(Inbound::Upgrade(order)) => match &self.upgrades {
@@ -67,29 +34,7 @@ impl Session {
                 tracing::debug!(task = %request.task_uid, attempt = request.attempt, follow = request.follow, stop = request.stop, "log request");
                 self.log_readers.handle(request);
             }
-            Ok(Inbound::StatusAck(ack)) => {
-                if let Some(heartbeat) = ack.heartbeat {
-                    // Seqs restart with every process: a confirmation meant
-                    // for a previous one must not renew this one's leases.
-                    if ack.session.as_deref() == Some(self.session_id.as_str()) {
-                        self.fence.heartbeat_recorded(heartbeat, ack.time, boot_clock());
-                        self.usage.confirmed(heartbeat);
-                        if let Some(hooks) = &self.upgrades {
-                            crate::upgrade::lock(&hooks.upgrades).heartbeat_confirmed(heartbeat);
-                        }
-                        self.release_held(phase);
-                    } else {
-                        tracing::debug!(
-                            heartbeat,
-                            "a heartbeat confirmation for another agent process: ignored"
-                        );
-                    }
-                }
-                for seq in ack.seqs {
-                    self.forget(seq);
-                }
-                self.pump();
-            }
+            Ok(Inbound::StatusAck(ack)) => self.on_confirmation(ack, phase),
             Err(Refused { error, task }) => {
                 tracing::error!(topic, error = %error, "refused a message");
                 if let Some((uid, attempt)) = task {
@@ -102,6 +47,69 @@ impl Session {
                 }
             }
         }
+    }
+
+    /// A registration answer: taken only when this process asked for it
+    /// (its nonce), or from a server too old to echo nonces.
+    fn on_response(&mut self, response: RegisterResponse, phase: &Phase) {
+        let ours = match &response.nonce {
+            Some(nonce) => self.registrar.asked(nonce),
+            // A server too old to echo nonces: its answers are
+            // taken as before, without fencing or its clock.
+            None => false,
+        };
+        if response.nonce.is_some() && !ours {
+            tracing::warn!(phase = ?response.phase, nonce = response.nonce.as_deref().unwrap_or(""), "ignored a registration answer this process did not ask for (it waited in the broker)");
+            return;
+        }
+        if response.phase != RobotPhase::Rejected {
+            tracing::info!(phase = ?response.phase, message = response.message.as_deref().unwrap_or(""), "registration response");
+        }
+        self.status_acks = ours && response.status_acks;
+        self.usage.registered(ours && response.usage_when_moved);
+        if ours {
+            self.fence
+                .registered(response.status_acks, response.server_time, boot_clock());
+        }
+        let message = response.message.as_deref();
+        match self
+            .registrar
+            .response(response.phase, message, Instant::now().into_std())
+        {
+            RegisterAction::Approved => {
+                tracing::info!("registration approved");
+                self.next_heartbeat = matches!(phase, Phase::Running).then(Instant::now);
+                self.release_held(phase);
+            }
+            RegisterAction::Rejected { news, retry_in } => report_rejection(message, news, retry_in),
+            RegisterAction::None | RegisterAction::Register => {}
+        }
+    }
+
+    /// Statuses the server applied, and the heartbeat it recorded when the
+    /// confirmation is meant for this process.
+    fn on_confirmation(&mut self, ack: StatusAck, phase: &Phase) {
+        if let Some(heartbeat) = ack.heartbeat {
+            // Seqs restart with every process: a confirmation meant
+            // for a previous one must not renew this one's leases.
+            if ack.session.as_deref() == Some(self.session_id.as_str()) {
+                self.fence.heartbeat_recorded(heartbeat, ack.time, boot_clock());
+                self.usage.confirmed(heartbeat);
+                if let Some(hooks) = &self.upgrades {
+                    crate::upgrade::lock(&hooks.upgrades).heartbeat_confirmed(heartbeat);
+                }
+                self.release_held(phase);
+            } else {
+                tracing::debug!(
+                    heartbeat,
+                    "a heartbeat confirmation for another agent process: ignored"
+                );
+            }
+        }
+        for seq in ack.seqs {
+            self.forget(seq);
+        }
+        self.pump();
     }
 
     /// Stops an attempt. One this robot does not hold (never received,
