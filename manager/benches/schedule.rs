@@ -5,13 +5,14 @@
 //!
 //! Timed from the first Job's creation to the moment the watch shows all
 //! 10,000 Tasks `dispatching`: fan-out (Job → TaskGroups → Tasks), the
-//! scheduling decisions, and both writes per placement (target robot, then
-//! status) included. Bounded: gives up after `--deadline` seconds. API
+//! scheduling decisions, and the writes of each placement (the status, and
+//! the target robot unless the Task was created naming it) included. Bounded: gives up after `--deadline` seconds. API
 //! writes per decision count every write in that time (creations too).
 //!
 //! `cargo bench -p k8s4r-manager --bench schedule`
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,13 +21,13 @@ use jiff::Timestamp;
 use k8s4r_api::names::MANAGER_SERVER;
 use k8s4r_api::{
     DeviceInfo, Job, JobSpec, Quantity, Robot, RobotPhase, RobotResources, RobotSpec, RobotStatus, Task,
-    TaskGroupTemplate, TaskState, TaskTemplate,
+    TaskGroup, TaskGroupTemplate, TaskState, TaskTemplate,
 };
 use k8s4r_manager::{ManagerConfig, Metrics};
 use k8s4r_testbed::{bench_arg as arg, resource_version};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{ObjectMeta, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
@@ -142,6 +143,37 @@ fn job(i: usize) -> Job {
     )
 }
 
+/// Counts the writes to objects of kind `K` after resourceVersion `from`,
+/// one per watch event, until the task is aborted.
+fn count_writes<K>(client: &Client, from: u64) -> (Arc<AtomicU64>, tokio::task::JoinHandle<()>)
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + 'static,
+{
+    let count = Arc::new(AtomicU64::new(0));
+    let api: Api<K> = Api::all(client.clone());
+    let counted = count.clone();
+    let task = tokio::spawn(async move {
+        let Ok(events) = api.watch(&WatchParams::default(), &from.to_string()).await else {
+            return;
+        };
+        futures::pin_mut!(events);
+        while let Some(Ok(event)) = events.next().await {
+            if matches!(
+                event,
+                WatchEvent::Added(_) | WatchEvent::Modified(_) | WatchEvent::Deleted(_)
+            ) {
+                counted.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    });
+    (count, task)
+}
+
 /// The child: serves apiserver-lite, writes its kubeconfig to `path`, and
 /// stops when its parent closes its stdin.
 async fn serve_apiserver(path: &std::path::Path) -> anyhow::Result<()> {
@@ -206,6 +238,13 @@ async fn main() -> anyhow::Result<()> {
             .ok_or_else(|| anyhow::anyhow!("--apiserver KUBECONFIG"))?;
         return serve_apiserver(std::path::Path::new(path)).await;
     }
+    // The manager's own logs, for whoever tunes this: RUST_LOG=warn.
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let deadline = Duration::from_secs(arg("--deadline", 300));
     let (server, client) = ApiProcess::start().await?;
     setup(&client).await?;
@@ -249,6 +288,11 @@ async fn main() -> anyhow::Result<()> {
     });
 
     let writes_before = resource_version(&client).await;
+    let by_kind = [
+        ("Robot", count_writes::<Robot>(&client, writes_before)),
+        ("TaskGroup", count_writes::<TaskGroup>(&client, writes_before)),
+        ("Job", count_writes::<Job>(&client, writes_before)),
+    ];
     let start = Instant::now();
     let jobs: Api<Job> = Api::namespaced(client.clone(), NS);
     stream::iter(0..JOBS)
@@ -291,18 +335,29 @@ async fn main() -> anyhow::Result<()> {
         "BENCH api_writes_per_decision {:.2} writes",
         writes as f64 / decisions.max(1) as f64
     );
-    // Where the writes went: creations and two per placement are known;
-    // Events are counted; the rest is Robot `allocated` and group and Job
-    // status.
+    // Where the writes went: creations are known, and a placement is its
+    // status patch plus a `spec.targetRobot` patch unless the Task was
+    // created naming its robot; Events are counted; the rest is Robot
+    // `allocated` and group and Job status.
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), NS);
     let event_count = events.list_metadata(&Default::default()).await?.items.len() as u64;
     let created = (JOBS * 2) as u64 + total as u64;
+    let placement = decisions + metrics.target_patches.get();
     eprintln!(
-        "{writes} API writes for {decisions} decisions: {created} creations, {} placement patches, {event_count} Events ({} routine ones not published, --event-qps), {} others",
-        2 * decisions,
+        "{writes} API writes for {decisions} decisions: {created} creations, {placement} placement patches ({} of spec.targetRobot), {event_count} Events ({} routine ones not published, --event-qps), {} others",
+        metrics.target_patches.get(),
         metrics.events_dropped.get(),
-        writes.saturating_sub(created + 2 * decisions + event_count)
+        writes.saturating_sub(created + placement + event_count)
     );
+    // Counted until the manager stopped (a few writes past `writes`).
+    let kinds: Vec<String> = by_kind
+        .iter()
+        .map(|(kind, (count, task))| {
+            task.abort();
+            format!("{kind} {}", count.load(Ordering::Relaxed))
+        })
+        .collect();
+    eprintln!("writes per kind (creations included): {}", kinds.join(", "));
     drop(server);
     Ok(())
 }

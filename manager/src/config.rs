@@ -43,6 +43,10 @@ pub struct ManagerConfig {
     /// its own ledger) is written at most this often while tasks land on
     /// it, unless its status is written anyway.
     pub allocation_interval: Duration,
+    /// A TaskGroup's or Job's status that changed only in its counts (or
+    /// completions, or the robots its tasks are on) is written at most this
+    /// often; a change of state or condition is written at once.
+    pub progress_interval: Duration,
     /// Coalesces bursts of Task changes into one status write of their
     /// TaskGroup (and of TaskGroup changes into one of their Job).
     pub status_debounce: Duration,
@@ -86,6 +90,7 @@ impl Default for ManagerConfig {
             robot_debounce: Duration::from_millis(500),
             allocation_interval: Duration::from_secs(5),
             status_debounce: Duration::ZERO,
+            progress_interval: Duration::from_secs(1),
             events: true,
             event_qps: 50,
             event_burst: 100,

@@ -26,6 +26,9 @@ pub struct Placement {
 struct Entry {
     attempt: u32,
     placement: Placement,
+    /// Placed before the Task was created: its `spec.targetRobot` names the
+    /// robot, its status does not yet.
+    owed: bool,
 }
 
 /// Assignments per task and usage per robot.
@@ -45,6 +48,10 @@ impl Ledger {
                 return;
             }
             if placement.as_ref() == Some(&existing.placement) && attempt == existing.attempt {
+                // The Task's status shows the placement: nothing is owed.
+                if let Some(entry) = self.by_task.get_mut(key) {
+                    entry.owed = false;
+                }
                 return;
             }
         }
@@ -58,6 +65,32 @@ impl Ledger {
     pub fn reserve(&mut self, key: &str, attempt: u32, placement: Placement) {
         self.remove(key);
         self.insert(key, attempt, placement);
+    }
+
+    /// Marks the reservation of task `key` as made before the Task existed:
+    /// the Task is created naming its robot, and its status is still to be
+    /// written ([`Ledger::owed`]).
+    pub fn owe(&mut self, key: &str) {
+        if let Some(entry) = self.by_task.get_mut(key) {
+            entry.owed = true;
+        }
+    }
+
+    /// The attempt and robot of task `key`'s reservation if it was made
+    /// before the Task existed and its status does not show it yet.
+    pub fn owed(&self, key: &str) -> Option<(u32, &str)> {
+        self.by_task
+            .get(key)
+            .filter(|e| e.owed)
+            .map(|e| (e.attempt, e.placement.robot.as_str()))
+    }
+
+    /// Takes back a reservation made before task `key` existed, once the
+    /// Task has moved on without it (cancelled or failed while pending).
+    pub fn drop_owed(&mut self, key: &str) {
+        if self.owed(key).is_some() {
+            self.remove(key);
+        }
     }
 
     /// Takes back a reservation whose patch failed (only that one: not an
@@ -111,7 +144,14 @@ impl Ledger {
         usage.tasks += 1;
         *usage.per_group.entry(placement.group.clone()).or_default() += 1;
         tasks.insert(key.to_owned());
-        self.by_task.insert(key.to_owned(), Entry { attempt, placement });
+        self.by_task.insert(
+            key.to_owned(),
+            Entry {
+                attempt,
+                placement,
+                owed: false,
+            },
+        );
     }
 
     /// What is assigned to `robot`.
@@ -196,5 +236,24 @@ mod tests {
         l.observe("ns/t", 2, Some(on("b", 100)));
         assert!(l.usage("a").is_none());
         assert_eq!(l.tasks_on("b"), vec!["ns/t".to_string()]);
+    }
+
+    #[test]
+    fn a_placement_made_before_creation_is_owed_until_the_status_shows_it() {
+        let mut l = Ledger::default();
+        l.reserve("ns/t", 1, on("a", 100));
+        l.owe("ns/t");
+        l.observe("ns/t", 0, None);
+        assert_eq!(l.owed("ns/t"), Some((1, "a")), "created, pending: still owed");
+        l.observe("ns/t", 1, Some(on("a", 100)));
+        assert_eq!(l.owed("ns/t"), None, "the status shows it");
+        assert_eq!(l.robot_of("ns/t"), Some("a"));
+        l.drop_owed("ns/t");
+        assert_eq!(l.robot_of("ns/t"), Some("a"), "not owed: kept");
+
+        l.reserve("ns/u", 1, on("b", 100));
+        l.owe("ns/u");
+        l.drop_owed("ns/u");
+        assert!(l.usage("b").is_none(), "cancelled while pending: room given back");
     }
 }

@@ -44,6 +44,9 @@ pub struct Metrics {
     pub decisions: Counter,
     /// Scheduling attempts that found no robot.
     pub unschedulable: Counter,
+    /// Placements that patched `spec.targetRobot` (a Task created naming
+    /// its robot needs only its status written).
+    pub target_patches: Counter,
     /// Routine Events not published: over the Event rate limit.
     pub events_dropped: Counter,
     /// Tasks waiting for a robot that fits.
@@ -61,6 +64,7 @@ impl Default for Metrics {
         let controllers = controller_metrics(&mut registry);
         let decisions = Counter::default();
         let unschedulable = Counter::default();
+        let target_patches = Counter::default();
         let events_dropped = Counter::default();
         let waiting = Gauge::default();
         let scheduling_latency = metrics::latency();
@@ -74,6 +78,11 @@ impl Default for Metrics {
             "scheduling_failures",
             "Scheduling attempts that found no robot.",
             unschedulable.clone(),
+        );
+        registry.register(
+            "target_robot_patches",
+            "Placements that patched spec.targetRobot; a Task created naming its robot needs none.",
+            target_patches.clone(),
         );
         registry.register(
             "events_dropped",
@@ -100,6 +109,7 @@ impl Default for Metrics {
             controllers,
             decisions,
             unschedulable,
+            target_patches,
             events_dropped,
             waiting,
             scheduling_latency,

@@ -21,6 +21,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
 use serde::Serialize;
 
+use super::pacing::Pacer;
 use crate::config::ManagerConfig;
 use crate::error::{Error, Result};
 use crate::ledger::{Ledger, Placement};
@@ -209,8 +210,11 @@ pub struct Context {
     /// Each robot Lease's `leaseDurationSeconds` as last watched: a change
     /// (an idle robot took work, or went idle) wakes the robot.
     pub(super) lease_durations: Mutex<HashMap<String, Option<i32>>>,
-    /// When each Robot's `allocated` was last written.
-    pub(super) allocation_written: Mutex<HashMap<String, std::time::Instant>>,
+    /// Paces each Robot's `allocated` (`allocation_interval`).
+    pub(super) allocations: Pacer,
+    /// Paces TaskGroup and Job status writes that only move their counts
+    /// (`progress_interval`).
+    pub(super) progress: Pacer,
     /// Tasks by the uid of their TaskGroup.
     pub(super) group_tasks: Children<Task>,
     /// TaskGroups by the uid of their Job.

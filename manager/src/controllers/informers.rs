@@ -119,7 +119,16 @@ impl Context {
             }
             self.metrics.set_waiting(sched.waiting.len());
         } else {
-            let attempt = task.status.as_ref().map_or(0, |s| s.attempt);
+            let status = task.status.as_ref();
+            let attempt = status.map_or(0, |s| s.attempt);
+            let moved_on = status
+                .and_then(|s| s.state)
+                .is_some_and(|s| s != TaskState::Pending);
+            if moved_on && sched.ledger.owed(&key).is_some_and(|(owed, _)| attempt < owed) {
+                // Cancelled or failed before the placement made at its
+                // creation was written: the robot's room is free again.
+                sched.ledger.drop_owed(&key);
+            }
             sched.ledger.observe(&key, attempt, placement_of(task));
         }
         let after = sched.ledger.robot_of(&key).map(str::to_owned);

@@ -21,6 +21,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use tracing::instrument;
 
+use super::pacing::job_progress_only;
 use super::{condition_at, key_of, Context, Note, Requests};
 use crate::aggregate::{gates, job_status, Gate, GroupView};
 use crate::error::{Error, Result};
@@ -132,6 +133,14 @@ async fn reconcile_job(job: &Job, ctx: &Context) -> Result<Action> {
     let plan = plan_job_status(job, &stored, &plan.gates, requests, Timestamp::now());
     let mut written = None;
     if let Some(status) = plan.status {
+        // Counts alone wait for their turn (controllers/pacing.rs).
+        let progress = job
+            .status
+            .as_ref()
+            .is_some_and(|old| job_progress_only(old, &status));
+        if let Some(wait) = ctx.progress.due(&key_of(job), !progress) {
+            return Ok(Action::requeue(wait));
+        }
         written = Some(ctx.patch_status(&jobs, &name, None, &status).await?);
         if let Some(note) = plan.event {
             ctx.publish(job, note);

@@ -16,6 +16,7 @@ pub mod context;
 pub mod facts;
 mod informers;
 pub mod job;
+mod pacing;
 pub mod periodic;
 pub mod robot;
 pub mod rollout;
@@ -49,6 +50,7 @@ pub use context::{Context, Note, Requests, SchedState, Stores};
 pub use facts::{demand_of, facts_of, group_of, key_of, placement_of};
 use informers::{informer, keep};
 use k8s4r_service::watch::trim;
+use pacing::Pacer;
 
 /// A condition that changed at `now`. (`Condition::new` reads the clock;
 /// the plans are given it, so that they can be tested.)
@@ -92,7 +94,8 @@ pub async fn run(
         seen: Mutex::default(),
         every_robot_groups: Mutex::default(),
         lease_durations: Mutex::default(),
-        allocation_written: Mutex::default(),
+        allocations: Pacer::new(config.allocation_interval),
+        progress: Pacer::new(config.progress_interval),
         group_tasks: Default::default(),
         job_groups: Default::default(),
         config,

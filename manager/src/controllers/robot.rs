@@ -16,7 +16,6 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 use tracing::instrument;
 
-use super::context::lock;
 use super::{condition_at, Context, Note};
 use crate::error::{Error, Result};
 use crate::liveness::{approval, verdict, Approval, Liveness, Verdict};
@@ -106,20 +105,7 @@ pub(crate) fn liveness_of(robot: &Robot, lease: Option<&Lease>) -> Liveness {
 /// `None` when a Robot's `allocated` may be written now (and then it is
 /// taken as written); else how long until it may.
 fn allocation_due(ctx: &Context, robot: &str, writing_anyway: bool) -> Option<std::time::Duration> {
-    let now = std::time::Instant::now();
-    let mut written = lock(&ctx.allocation_written);
-    let wait = written
-        .get(robot)
-        .map(|at| {
-            ctx.config
-                .allocation_interval
-                .saturating_sub(now.duration_since(*at))
-        })
-        .filter(|wait| !wait.is_zero() && !writing_anyway);
-    if wait.is_none() {
-        written.insert(robot.to_owned(), now);
-    }
-    wait
+    ctx.allocations.due(robot, writing_anyway)
 }
 
 fn allocated(ctx: &Context, robot: &str) -> RobotResources {

@@ -11,7 +11,6 @@ use k8s4r_api::validation::validate_task_spec;
 use k8s4r_api::{
     AttemptRecord, Condition, ConditionStatus, ManualAction, Task, TaskReason, TaskState, TaskStatus,
 };
-use kube::api::Patch;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
@@ -20,18 +19,18 @@ use serde::Serialize;
 use tracing::instrument;
 
 use super::robot::{liveness_of, robot_lease};
-use super::{condition_at, demand_of, group_of, key_of, Context, Note, SchedState};
+use super::{condition_at, key_of, Context, Note};
 use crate::error::{Error, Result};
-use crate::ledger::Placement;
 use crate::lifecycle::{ended_as, next_step, plus, RobotHealth, Step};
 use crate::manual::TaskManual;
-use crate::scheduler::{choose_outranked, choose_sampled, NoFit, Request};
-use k8s4r_service::patch::Guarded;
 
 /// How long a task that found no robot waits before looking again on its
 /// own; robot changes wake it much sooner.
+mod placement;
 mod requests;
 
+use placement::{place, robot_for};
+pub use placement::{place_new, plan_dispatch, unplace_new};
 use requests::{apply_manual, manual_request, refuse_retry, retry_forbidden_by};
 pub use requests::{plan_manual, plan_refused_retry, ManualPlan};
 
@@ -114,12 +113,6 @@ impl TaskStatusPatch {
             ..TaskStatusPatch::default()
         }
     }
-}
-
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-struct TargetRobot<'a> {
-    target_robot: &'a str,
 }
 
 /// Reconciles one Task.
@@ -302,20 +295,11 @@ async fn schedule(task: &Task, ctx: &Context, now: Timestamp) -> Result<Action> 
     }
 
     let key = key_of(task);
-    let group = group_of(task);
     let attempt = status.attempt + 1;
-    let avoid = avoided_robot(&status);
-    let request = request_for(task, &group, avoid.as_deref());
-    let Some(choice) = decide(task, ctx, &key, attempt, &request) else {
-        return Ok(Action::await_change());
-    };
-    for higher in choice.outranked_by {
-        ctx.triggers.task(higher);
-    }
-
-    let robot = match choice.robot {
-        Ok(robot) => robot,
-        Err(nofit) => {
+    let robot = match robot_for(task, ctx, &key, &status, attempt) {
+        None => return Ok(Action::await_change()),
+        Some(Ok(robot)) => robot,
+        Some(Err(nofit)) => {
             ctx.metrics.unschedulable.inc();
             let message = nofit.to_string();
             if let Some(patch) = plan_unschedulable(&status, &message, now) {
@@ -354,86 +338,6 @@ async fn schedule(task: &Task, ctx: &Context, now: Timestamp) -> Result<Action> 
     Ok(Action::requeue(ctx.config.lifecycle.dispatch_timeout))
 }
 
-/// The robot the next attempt avoids: the one that lost the last attempt
-/// (silent, or it never started it, or was not ready for it, or was
-/// drained, or lost a start condition), which is not given the next one
-/// while another robot fits.
-fn avoided_robot(status: &TaskStatus) -> Option<String> {
-    status
-        .attempts
-        .last()
-        .filter(|a| {
-            matches!(
-                a.reason,
-                Some(
-                    TaskReason::DispatchTimeout
-                        | TaskReason::RobotLost
-                        | TaskReason::NotOnRobot
-                        | TaskReason::OverCapacity
-                        | TaskReason::NotPermitted
-                        | TaskReason::NotReady
-                        | TaskReason::Drained
-                        | TaskReason::ConditionLost
-                )
-            )
-        })
-        .and_then(|a| a.robot.clone())
-}
-
-/// One scheduling decision.
-struct Choice {
-    /// The robot chosen, or why none fits.
-    robot: Result<String, NoFit>,
-    /// The waiting tasks of higher priority that robots were left to.
-    outranked_by: Vec<ObjectRef<Task>>,
-}
-
-/// Chooses a robot for `attempt` of `task` under the scheduler's lock and
-/// records the choice there: the robot reserved in the ledger, or the task
-/// waiting. `None` when this attempt was placed already.
-fn decide(task: &Task, ctx: &Context, key: &str, attempt: u32, request: &Request<'_>) -> Option<Choice> {
-    let obj_ref = ObjectRef::from_obj(task);
-    let priority = task.spec.priority;
-    let mut guard = ctx.sched();
-    let sched = &mut *guard;
-    if sched.ledger.attempt_of(key).is_some_and(|a| a >= attempt) {
-        // This attempt was placed already; the cache has not caught up.
-        // Its watch event will bring the Task back.
-        tracing::debug!(attempt, known = ?sched.ledger.attempt_of(key), "attempt placed already");
-        return None;
-    }
-    // A robot a waiting task of higher priority fits is left to it, and
-    // the next best is tried.
-    let view: &SchedState = sched;
-    let (outcome, outranked_by) = choose_outranked(
-        &view.robots,
-        &view.cursor,
-        request,
-        |n| view.ledger.usage(n),
-        |robot, already| outranking(ctx, view, robot, priority, already),
-    );
-    match &outcome {
-        Ok(robot) => {
-            let placement = Placement {
-                robot: robot.clone(),
-                group: request.group.to_owned(),
-                demand: request.demand.clone(),
-            };
-            // The next decision looks on from here, and the tasks that
-            // left it a robot look again.
-            for lower in sched.placed(key, &obj_ref, attempt, placement) {
-                ctx.triggers.task(lower);
-            }
-        }
-        Err(_) => sched.unplaced(&obj_ref, priority, &outranked_by),
-    }
-    ctx.metrics.set_waiting(sched.waiting.len());
-    Some(Choice {
-        robot: outcome,
-        outranked_by,
-    })
-}
-
 /// The status patch of a Task no robot fits (`message` says why), or
 /// `None` when its status says so already.
 pub fn plan_unschedulable(status: &TaskStatus, message: &str, now: Timestamp) -> Option<TaskStatusPatch> {
@@ -463,148 +367,6 @@ pub fn plan_unschedulable(status: &TaskStatus, message: &str, now: Timestamp) ->
         conditions: Some(conditions),
         ..TaskStatusPatch::default()
     })
-}
-
-/// Most waiting tasks of higher priority one decision looks at.
-const MAX_OUTRANKING_LOOKS: usize = 8;
-
-/// What `task` asks of the scheduler.
-fn request_for<'a>(task: &'a Task, group: &'a str, avoid: Option<&'a str>) -> Request<'a> {
-    Request {
-        group,
-        selector: task.spec.robot_selector.as_ref(),
-        constraints: &task.spec.constraints,
-        driver: &task.spec.template.driver,
-        demand: demand_of(task),
-        avoid,
-        robot: task.spec.robot_name.as_deref(),
-        anti_affinity: task.spec.anti_affinity.as_ref(),
-        affinity: &task.spec.affinity,
-        reserved: &[],
-        when: &task.spec.template.when,
-    }
-}
-
-/// A waiting task of higher priority than `priority` that `robot` fits, if
-/// any (the highest first), other than those `already` given a robot.
-fn outranking(
-    ctx: &Context,
-    sched: &SchedState,
-    robot: &str,
-    priority: i32,
-    already: &[ObjectRef<Task>],
-) -> Option<ObjectRef<Task>> {
-    let mut higher: Vec<(&ObjectRef<Task>, i32)> = sched
-        .waiting
-        .iter()
-        .filter(|(r, p)| **p > priority && !already.contains(r))
-        .map(|(r, p)| (r, *p))
-        .collect();
-    if higher.is_empty() {
-        return None;
-    }
-    higher.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.name.cmp(&b.0.name)));
-    higher
-        .into_iter()
-        .take(MAX_OUTRANKING_LOOKS)
-        .find(|(waiting, _)| {
-            let Some(other) = ctx.stores.tasks.get(waiting) else {
-                return false;
-            };
-            let pending = other
-                .status
-                .as_ref()
-                .and_then(|s| s.state)
-                .is_none_or(|s| s == TaskState::Pending);
-            if !pending || other.spec.robot_name.as_deref().is_some_and(|r| r != robot) {
-                return false;
-            }
-            let group = group_of(&other);
-            let request = Request {
-                robot: Some(robot),
-                ..request_for(&other, &group, None)
-            };
-            choose_sampled(&sched.robots, "", &request, |n| sched.ledger.usage(n)).is_ok()
-        })
-        .map(|(r, _)| r.clone())
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn place(
-    task: &Task,
-    ctx: &Context,
-    api: &Api<Task>,
-    name: &str,
-    status: &TaskStatus,
-    attempt: u32,
-    robot: &str,
-    now: Timestamp,
-) -> Result<()> {
-    // The robot first, then `dispatching`: the server acts on the state and
-    // must find the new robot already there.
-    let rv = task.resource_version();
-    let target = TargetRobot { target_robot: robot };
-    let spec = Guarded::spec(rv.as_deref(), &target);
-    let updated = ctx
-        .api::<Task, _>(
-            "set the target robot of",
-            name,
-            api.patch(name, &ctx.kube.patch_params(), &Patch::Merge(&spec)),
-        )
-        .await?;
-    let patch = plan_dispatch(status, attempt, robot, now, ctx.config.lifecycle.dispatch_timeout);
-    ctx.patch_status(api, name, updated.resource_version(), patch)
-        .await?;
-    Ok(())
-}
-
-/// The status patch that starts `attempt` on `robot`: dispatching, with a
-/// deadline `dispatch_timeout` from `now`, and what the last attempt left
-/// behind cleared.
-pub fn plan_dispatch(
-    status: &TaskStatus,
-    attempt: u32,
-    robot: &str,
-    now: Timestamp,
-    dispatch_timeout: Duration,
-) -> TaskStatusPatch {
-    let mut conditions = status.conditions.clone();
-    set_condition(
-        &mut conditions,
-        condition_at(
-            CONDITION_SCHEDULED,
-            ConditionStatus::True,
-            "Scheduled",
-            format!("attempt {attempt} assigned to robot {robot}"),
-            now,
-        ),
-    );
-    TaskStatusPatch {
-        state: Some(TaskState::Dispatching),
-        attempt: Some(attempt),
-        seq: Some(0),
-        robot: Some(Some(robot.to_owned())),
-        dispatch_time: Some(Some(now)),
-        dispatch_deadline: Some(Some(plus(now, dispatch_timeout))),
-        observed_running_time: Some(None),
-        next_attempt_time: Some(None),
-        exit_code: Some(None),
-        signal: Some(None),
-        reason: Some(None),
-        message: Some(None),
-        start_time: Some(None),
-        finish_time: Some(None),
-        output_tail: Some(None),
-        // Restarts on the robot count per attempt.
-        restart_count: Some(None),
-        last_exit_code: Some(None),
-        last_restart_time: Some(None),
-        conditions: Some(conditions),
-        attempts: None,
-        retry: None,
-        cancellation: None,
-        eviction: None,
-    }
 }
 
 async fn fail(

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use futures::{stream, TryStreamExt};
+use futures::{stream, StreamExt, TryStreamExt};
 use k8s4r_api::condition::{find_condition, set_condition};
 use k8s4r_api::names::{
     ANNOTATION_CANCEL, CONDITION_SCHEDULED, LABEL_GROUP, LABEL_INDEX, LABEL_JOB, LABEL_ROBOT,
@@ -20,7 +20,8 @@ use kube::{Api, Resource, ResourceExt};
 use tracing::instrument;
 
 use super::context::Note;
-use super::{key_of, Context, Requests};
+use super::pacing::group_progress_only;
+use super::{key_of, task, Context, Requests};
 use crate::aggregate::{group_status, TaskView};
 use crate::error::{Error, Result};
 use crate::fleet;
@@ -157,6 +158,14 @@ async fn reconcile_group(group: &TaskGroup, ctx: &Context) -> Result<Action> {
     create_tasks(ctx, &api, plan.create).await?;
     delete_tasks(ctx, &api, plan.delete).await?;
     if let Some(status) = plan.status {
+        // Counts alone wait for their turn (controllers/pacing.rs).
+        let progress = group
+            .status
+            .as_ref()
+            .is_some_and(|old| group_progress_only(old, &status));
+        if let Some(wait) = ctx.progress.due(&key_of(group), !progress) {
+            return Ok(Action::requeue(wait));
+        }
         let groups: Api<TaskGroup> = Api::namespaced(ctx.client(), &ns);
         ctx.patch_status(&groups, &group.name_any(), None, &status)
             .await?;
@@ -484,16 +493,24 @@ fn view_of<'a>(t: &'a Task, lifecycle: &LifecycleConfig) -> TaskView<'a> {
     }
 }
 
+/// Creates `tasks`, each placed first where a robot fits
+/// ([`task::place_new`]), so it is created naming its robot. Every create
+/// is tried (a placement whose create failed is taken back); the first
+/// error is returned.
 async fn create_tasks(ctx: &Context, api: &Api<Task>, tasks: Vec<Task>) -> Result<()> {
-    stream::iter(tasks.into_iter().map(Ok))
-        .try_for_each_concurrent(PARALLEL_WRITES, |task| {
+    let results: Vec<Result<()>> = stream::iter(tasks)
+        .map(|mut task| {
             let api = api.clone();
             async move {
+                task::place_new(&mut task, ctx);
                 let name = task.name_any();
-                match ctx
+                let created = ctx
                     .api::<Task, _>("create", &name, api.create(&ctx.kube.post_params(), &task))
-                    .await
-                {
+                    .await;
+                if created.is_err() {
+                    task::unplace_new(&task, ctx);
+                }
+                match created {
                     Ok(_) => Ok(()),
                     // The cache had not seen it yet.
                     Err(Error::Api(e)) if e.is_conflict() => Ok(()),
@@ -501,7 +518,10 @@ async fn create_tasks(ctx: &Context, api: &Api<Task>, tasks: Vec<Task>) -> Resul
                 }
             }
         })
-        .await
+        .buffer_unordered(PARALLEL_WRITES)
+        .collect()
+        .await;
+    results.into_iter().collect()
 }
 
 async fn delete_tasks(ctx: &Context, api: &Api<Task>, names: Vec<String>) -> Result<()> {

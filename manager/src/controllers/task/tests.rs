@@ -1,3 +1,4 @@
+use super::placement::avoided_robot;
 use super::*;
 
 fn now() -> Timestamp {
