@@ -45,8 +45,11 @@ async fn versions_until(
     seen
 }
 
+/// A Task's versions as (target robot, state).
+type Steps<'a> = Vec<(Option<&'a str>, Option<TaskState>)>;
+
 /// Per Task, each version's target robot and state.
-fn summary(seen: &HashMap<String, Vec<Task>>) -> HashMap<&str, Vec<(Option<&str>, Option<TaskState>)>> {
+fn summary(seen: &HashMap<String, Vec<Task>>) -> HashMap<&str, Steps<'_>> {
     seen.iter()
         .map(|(name, versions)| {
             let steps = versions
