@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use k8s4r_api::{GroupSummary, JobStatus, Rollout, TaskCounts, TaskGroupStatus};
 
-use super::context::lock;
+use k8s4r_service::lock;
 
 /// Objects remembered before the ones written longer than an interval ago
 /// are forgotten (they may be written at once anyway).
