@@ -496,6 +496,10 @@ async fn a_re_adopted_service_that_dies_is_restarted_by_the_new_agent() {
     server
         .publish(server.topics.dispatch("rs6"), encode(&dispatch))
         .await;
+    // The agent's own report, not the pid file: a service still launching
+    // when SIGTERM comes is stopped, not left for the next agent.
+    let running: StatusUpdate = server.next("/tasks/u-re/status", LONG).await.decode();
+    assert_eq!(running.state, TaskState::Running);
     let first = eventually("the service's pid", LONG, || pids_in(&starts).first().copied()).await;
     agent.signal(nix::sys::signal::Signal::SIGTERM);
     eventually("the agent to exit", LONG, || (!agent.is_running()).then_some(())).await;
