@@ -111,10 +111,20 @@ async fn a_rollout_reaches_three_robots_one_at_a_time_and_their_services_keep_ru
     assert_eq!(order.len(), 3, "every robot runs the new agent: {order:?}");
     assert_eq!(seen_marked.len(), 3, "each robot was ordered: {seen_marked:?}");
     for robot in robots {
-        let r = f.robot(robot).await;
+        // The rollout counts a robot done once it runs the version; the
+        // robot's own report that its trial passed may follow a moment
+        // later.
+        let r = k8s4r_testbed::eventually(
+            ROLLOUT_DEADLINE,
+            "the robot's upgrade reported healthy",
+            || async {
+                let r = f.robot(robot).await;
+                (upgrade_of(&r).map(|u| u.1) == Some(RobotUpgradePhase::Healthy)).then_some(r)
+            },
+        )
+        .await;
         assert_eq!(version_of(&r), Some(NEXT_VERSION));
         assert_eq!(r.status.as_ref().and_then(|s| s.phase), Some(RobotPhase::Online));
-        assert_eq!(upgrade_of(&r).map(|u| u.1), Some(RobotUpgradePhase::Healthy));
         let slots = f.slots(robot);
         let next = slot_of(NEXT_VERSION, &slots);
         assert_eq!(
