@@ -85,6 +85,14 @@ impl Ledger {
             .map(|e| (e.attempt, e.placement.robot.as_str()))
     }
 
+    /// Marks the owed reservation of task `key` as being written: the Task
+    /// controller has taken it to write the status.
+    pub fn settle(&mut self, key: &str) {
+        if let Some(entry) = self.by_task.get_mut(key) {
+            entry.owed = false;
+        }
+    }
+
     /// Takes back a reservation made before task `key` existed, once the
     /// Task has moved on without it (cancelled or failed while pending).
     pub fn drop_owed(&mut self, key: &str) {
@@ -250,6 +258,12 @@ mod tests {
         assert_eq!(l.robot_of("ns/t"), Some("a"));
         l.drop_owed("ns/t");
         assert_eq!(l.robot_of("ns/t"), Some("a"), "not owed: kept");
+
+        l.reserve("ns/v", 1, on("c", 100));
+        l.owe("ns/v");
+        l.settle("ns/v");
+        assert_eq!(l.owed("ns/v"), None, "handed out");
+        assert_eq!(l.attempt_of("ns/v"), Some(1), "still reserved");
 
         l.reserve("ns/u", 1, on("b", 100));
         l.owe("ns/u");

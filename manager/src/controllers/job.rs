@@ -138,7 +138,7 @@ async fn reconcile_job(job: &Job, ctx: &Context) -> Result<Action> {
             .status
             .as_ref()
             .is_some_and(|old| job_progress_only(old, &status));
-        if let Some(wait) = ctx.progress.due(&key_of(job), !progress) {
+        if let Some(wait) = ctx.progress.due(&format!("Job/{}", key_of(job)), !progress) {
             return Ok(Action::requeue(wait));
         }
         written = Some(ctx.patch_status(&jobs, &name, None, &status).await?);

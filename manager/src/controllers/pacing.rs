@@ -15,14 +15,21 @@ use k8s4r_api::{GroupSummary, JobStatus, Rollout, TaskCounts, TaskGroupStatus};
 use k8s4r_service::lock;
 
 /// Objects remembered before the ones written longer than an interval ago
-/// are forgotten (they may be written at once anyway).
+/// are forgotten (they may be written at once anyway); after that, twice
+/// as many as were kept, so that a busy fleet does not scan them per write.
 const PRUNE_AT: usize = 4_096;
 
 /// When each object's progress was last written.
 #[derive(Debug)]
 pub struct Pacer {
     interval: Duration,
-    written: Mutex<HashMap<String, Instant>>,
+    written: Mutex<Written>,
+}
+
+#[derive(Debug)]
+struct Written {
+    at: HashMap<String, Instant>,
+    prune_at: usize,
 }
 
 impl Pacer {
@@ -30,7 +37,10 @@ impl Pacer {
     pub fn new(interval: Duration) -> Self {
         Pacer {
             interval,
-            written: Mutex::default(),
+            written: Mutex::new(Written {
+                at: HashMap::new(),
+                prune_at: PRUNE_AT,
+            }),
         }
     }
 
@@ -41,14 +51,16 @@ impl Pacer {
         let now = Instant::now();
         let mut written = lock(&self.written);
         let wait = written
+            .at
             .get(key)
             .map(|at| self.interval.saturating_sub(now.duration_since(*at)))
             .filter(|wait| !wait.is_zero() && !urgent);
         if wait.is_none() {
-            if written.len() >= PRUNE_AT {
-                written.retain(|_, at| now.duration_since(*at) < self.interval);
+            if written.at.len() >= written.prune_at {
+                written.at.retain(|_, at| now.duration_since(*at) < self.interval);
+                written.prune_at = PRUNE_AT.max(2 * written.at.len());
             }
-            written.insert(key.to_owned(), now);
+            written.at.insert(key.to_owned(), now);
         }
         wait
     }
@@ -156,6 +168,6 @@ mod tests {
         for i in 0..PRUNE_AT + 10 {
             pacer.due(&format!("ns/{i}"), false);
         }
-        assert!(lock(&pacer.written).len() <= 11, "pruned once full");
+        assert!(lock(&pacer.written).at.len() <= 11, "pruned once full");
     }
 }

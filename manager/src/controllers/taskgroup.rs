@@ -163,7 +163,10 @@ async fn reconcile_group(group: &TaskGroup, ctx: &Context) -> Result<Action> {
             .status
             .as_ref()
             .is_some_and(|old| group_progress_only(old, &status));
-        if let Some(wait) = ctx.progress.due(&key_of(group), !progress) {
+        if let Some(wait) = ctx
+            .progress
+            .due(&format!("TaskGroup/{}", key_of(group)), !progress)
+        {
             return Ok(Action::requeue(wait));
         }
         let groups: Api<TaskGroup> = Api::namespaced(ctx.client(), &ns);

@@ -158,18 +158,30 @@ pub(super) fn robot_for(
 }
 
 /// The robot `task` was created with, when that placement (made by
-/// [`place_new`]) is still owed its status and the Task still names it.
-/// A placement the Task no longer matches is taken back.
+/// [`place_new`]) is still owed its status and the Task still names it:
+/// handed out once (a later look at a stale cache finds it placed, as any
+/// other). A placement the Task no longer matches is taken back.
 fn owed_robot(task: &Task, ctx: &Context, key: &str, attempt: u32) -> Option<String> {
     let mut sched = ctx.sched();
     let (owed_attempt, robot) = sched.ledger.owed(key)?;
     let robot = robot.to_owned();
     let named = task.spec.target_robot.as_deref() == Some(robot.as_str());
     if owed_attempt == attempt && named && sched.robots.contains_key(&robot) {
+        sched.ledger.settle(key);
         return Some(robot);
     }
     sched.ledger.unreserve(key, owed_attempt, &robot);
+    room_freed(ctx, &sched, &robot);
     None
+}
+
+/// Wakes what a reservation taken back concerns: its robot (its
+/// `allocated`) and the tasks waiting for room.
+fn room_freed(ctx: &Context, sched: &SchedState, robot: &str) {
+    ctx.triggers.robot(robot);
+    for waiting in sched.waiting_by_priority() {
+        ctx.triggers.task(waiting);
+    }
 }
 
 /// Places a Task the manager is about to create, so that it is created
@@ -195,10 +207,17 @@ pub fn place_new(task: &mut Task, ctx: &Context) -> Option<String> {
 }
 
 /// Takes back the placement [`place_new`] made for a Task that was not
-/// created (it existed already, or the create failed).
+/// created (it existed already, or the create failed), while it is still
+/// owed: not one the Task that exists under that name holds.
 pub fn unplace_new(task: &Task, ctx: &Context) {
-    if let Some(robot) = &task.spec.target_robot {
-        ctx.sched().ledger.unreserve(&key_of(task), 1, robot);
+    let Some(robot) = &task.spec.target_robot else {
+        return;
+    };
+    let key = key_of(task);
+    let mut sched = ctx.sched();
+    if sched.ledger.owed(&key) == Some((1, robot.as_str())) {
+        sched.ledger.unreserve(&key, 1, robot);
+        room_freed(ctx, &sched, robot);
     }
 }
 
