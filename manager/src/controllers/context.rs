@@ -21,6 +21,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
 use serde::Serialize;
 
+use super::facts::key_of;
 use super::pacing::Pacer;
 use crate::config::ManagerConfig;
 use crate::error::{Error, Result};
@@ -277,6 +278,19 @@ fn kind_of<K: Resource<DynamicType = ()>>() -> std::borrow::Cow<'static, str> {
 }
 
 impl Context {
+    /// `None` when `obj`'s status may be written now (and then it is taken
+    /// as written); else how long until it may: a write that only moves
+    /// its counts (`progress`) waits for its turn (controllers/pacing.rs).
+    /// Keyed by kind too, as a TaskGroup may share a Job's name.
+    pub(super) fn progress_due<K: Resource<DynamicType = ()>>(
+        &self,
+        obj: &K,
+        progress: bool,
+    ) -> Option<std::time::Duration> {
+        let key = format!("{}/{}", kind_of::<K>(), key_of(obj));
+        self.progress.due(&key, !progress)
+    }
+
     /// The API client.
     pub fn client(&self) -> kube::Client {
         self.kube.client().clone()

@@ -133,12 +133,11 @@ async fn reconcile_job(job: &Job, ctx: &Context) -> Result<Action> {
     let plan = plan_job_status(job, &stored, &plan.gates, requests, Timestamp::now());
     let mut written = None;
     if let Some(status) = plan.status {
-        // Counts alone wait for their turn (controllers/pacing.rs).
         let progress = job
             .status
             .as_ref()
             .is_some_and(|old| job_progress_only(old, &status));
-        if let Some(wait) = ctx.progress.due(&format!("Job/{}", key_of(job)), !progress) {
+        if let Some(wait) = ctx.progress_due(job, progress) {
             return Ok(Action::requeue(wait));
         }
         written = Some(ctx.patch_status(&jobs, &name, None, &status).await?);

@@ -102,12 +102,6 @@ pub(crate) fn liveness_of(robot: &Robot, lease: Option<&Lease>) -> Liveness {
     }
 }
 
-/// `None` when a Robot's `allocated` may be written now (and then it is
-/// taken as written); else how long until it may.
-fn allocation_due(ctx: &Context, robot: &str, writing_anyway: bool) -> Option<std::time::Duration> {
-    ctx.allocations.due(robot, writing_anyway)
-}
-
 fn allocated(ctx: &Context, robot: &str) -> RobotResources {
     let sched = ctx.sched();
     let usage = sched.ledger.usage(robot);
@@ -160,7 +154,7 @@ async fn reconcile_robot(robot: &Robot, ctx: &Context) -> Result<Action> {
         // `allocated` is for people (the scheduler keeps its own ledger):
         // a robot taking tasks in a burst gets it written at most once per
         // interval, unless something else is written anyway.
-        match allocation_due(ctx, &name, writing) {
+        match ctx.allocations.due(&name, writing) {
             None => patch.allocated = Some(alloc),
             Some(wait) => requeue = Some(requeue.map_or(wait, |r| r.min(wait))),
         }

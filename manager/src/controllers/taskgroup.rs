@@ -158,15 +158,11 @@ async fn reconcile_group(group: &TaskGroup, ctx: &Context) -> Result<Action> {
     create_tasks(ctx, &api, plan.create).await?;
     delete_tasks(ctx, &api, plan.delete).await?;
     if let Some(status) = plan.status {
-        // Counts alone wait for their turn (controllers/pacing.rs).
         let progress = group
             .status
             .as_ref()
             .is_some_and(|old| group_progress_only(old, &status));
-        if let Some(wait) = ctx
-            .progress
-            .due(&format!("TaskGroup/{}", key_of(group)), !progress)
-        {
+        if let Some(wait) = ctx.progress_due(group, progress) {
             return Ok(Action::requeue(wait));
         }
         let groups: Api<TaskGroup> = Api::namespaced(ctx.client(), &ns);
