@@ -26,9 +26,19 @@ pub struct Args {
     #[arg(long, env = "K8S4R_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
 
-    /// Broker URL: mqtt://host[:port] or mqtts://host[:port].
-    #[arg(long, env = "K8S4R_BROKER_URL", default_value = "mqtt://localhost:1883")]
-    pub broker_url: String,
+    /// Broker URL: mqtt://host[:port] or mqtts://host[:port]. Several,
+    /// comma-separated (or the flag repeated), when the robots are spread
+    /// over brokers: the server connects to each, with the same TLS files,
+    /// credentials and client id, and answers a robot on the broker it
+    /// last heard it on.
+    #[arg(
+        long,
+        env = "K8S4R_BROKER_URL",
+        default_value = "mqtt://localhost:1883",
+        value_delimiter = ',',
+        required = true
+    )]
+    pub broker_url: Vec<String>,
 
     /// PEM CA bundle that signed the broker's certificate (mqtts).
     #[arg(long, env = "K8S4R_CA_FILE")]
@@ -193,14 +203,18 @@ impl Args {
             .client_id
             .clone()
             .unwrap_or_else(|| format!("k8s4r-server-{identity}"));
-        let mut config = ServerConfig::new(self.broker_url.clone());
+        // clap asks for one at least; an empty one fails as a URL.
+        let mut urls = self.broker_url.iter().cloned();
+        let first = urls.next().unwrap_or_default();
+        let mut config = ServerConfig::new(first.clone());
+        config.more_brokers = urls.collect();
         config.broker = BrokerConfig {
             ca_file: self.ca_file.clone(),
             client_cert: self.client_cert.clone(),
             client_key: self.client_key.clone(),
             username: self.username.clone(),
             password: self.password.clone(),
-            ..BrokerConfig::new(self.broker_url.clone(), client_id)
+            ..BrokerConfig::new(first, client_id)
         };
         config.topic_prefix = self.topic_prefix.clone();
         config.shared_group = self.shared_group.clone();
@@ -273,6 +287,7 @@ impl Args {
 mod tests {
     use super::*;
     use clap::CommandFactory;
+    use std::path::Path;
 
     #[test]
     fn flags_are_consistent() {
@@ -301,5 +316,35 @@ mod tests {
         let filters = crate::subscriptions(&config);
         assert!(filters.contains(&"$share/servers/k8s4r/robots/+/heartbeat".to_owned()));
         assert!(filters.contains(&"$share/servers/k8s4r/register".to_owned()));
+        assert!(config.more_brokers.is_empty());
+    }
+
+    #[test]
+    fn several_brokers_share_the_first_ones_settings() {
+        let args = Args::parse_from([
+            "k8s4r-server",
+            "--broker-url",
+            "mqtts://edge-0:8883,mqtts://edge-1:8883",
+            "--broker-url",
+            "mqtts://edge-2:8883",
+            "--ca-file",
+            "/etc/k8s4r/ca.pem",
+            "--identity",
+            "pod-0",
+        ]);
+        let brokers = args.server_config().brokers();
+        let urls: Vec<_> = brokers.iter().map(|b| b.url.as_str()).collect();
+        assert_eq!(
+            urls,
+            [
+                "mqtts://edge-0:8883",
+                "mqtts://edge-1:8883",
+                "mqtts://edge-2:8883"
+            ]
+        );
+        for broker in &brokers {
+            assert_eq!(broker.client_id, "k8s4r-server-pod-0");
+            assert_eq!(broker.ca_file.as_deref(), Some(Path::new("/etc/k8s4r/ca.pem")));
+        }
     }
 }

@@ -65,8 +65,14 @@ pub struct LogsConfig {
 /// Everything the bridge needs besides a kube client.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServerConfig {
-    /// The broker.
+    /// The broker (its TLS files, credentials and client id serve every
+    /// broker in `more_brokers` too).
     pub broker: BrokerConfig,
+    /// Further brokers the robots are spread over (`mqtt://` or `mqtts://`
+    /// URLs): the server holds a connection to each and answers a robot on
+    /// the broker it last heard the robot on, so a fleet too large for one
+    /// broker needs no bridge to a central one.
+    pub more_brokers: Vec<String>,
     /// Topic prefix (`k8s4r`).
     pub topic_prefix: String,
     /// Shared-subscription group: replicas in one group split the robots'
@@ -109,11 +115,21 @@ pub struct ServerConfig {
 }
 
 impl ServerConfig {
+    /// Every broker, `broker` first, each with `broker`'s settings.
+    pub fn brokers(&self) -> Vec<BrokerConfig> {
+        let more = self.more_brokers.iter().map(|url| BrokerConfig {
+            url: url.clone(),
+            ..self.broker.clone()
+        });
+        std::iter::once(self.broker.clone()).chain(more).collect()
+    }
+
     /// Defaults for a broker URL.
     pub fn new(broker_url: impl Into<String>) -> Self {
         let identity = "k8s4r-server".to_owned();
         Self {
             broker: BrokerConfig::new(broker_url, identity.clone()),
+            more_brokers: Vec::new(),
             topic_prefix: k8s4r_api::protocol::DEFAULT_PREFIX.to_owned(),
             shared_group: None,
             legacy_topics: false,

@@ -168,7 +168,7 @@ struct Parts {
     config: ServerConfig,
     client: Client,
     metrics: Arc<Metrics>,
-    connection: mqtt::Connection,
+    connections: Vec<mqtt::Connection>,
     inbound: Vec<Arc<ingress::Lane>>,
     bridge: Arc<Bridge>,
     dispatcher: Controller<Task>,
@@ -222,15 +222,17 @@ struct Running {
     responder: JoinHandle<()>,
     campaign: Option<JoinHandle<()>>,
     mqtt_stop: CancellationToken,
-    mqtt: JoinHandle<()>,
+    /// One per broker.
+    mqtt: Vec<JoinHandle<()>>,
+    lanes: Vec<Arc<ingress::Lane>>,
     workers: Vec<JoinHandle<()>>,
 }
 
 impl Parts {
     fn build(config: ServerConfig, client: Client, metrics: Arc<Metrics>) -> Result<Self> {
         let log_hub = Arc::new(log_hub::LogHub::new(Topics::new(&config.topic_prefix)));
-        let (connection, publisher, inbound) = mqtt::connect(
-            &config.broker,
+        let (connections, publisher, inbound) = mqtt::connect(
+            &config.brokers(),
             subscriptions(&config),
             config.workers,
             config.ingress,
@@ -277,7 +279,7 @@ impl Parts {
             config,
             client,
             metrics,
-            connection,
+            connections,
             inbound,
             bridge,
             dispatcher,
@@ -325,7 +327,7 @@ impl Parts {
         let started = jiff::Timestamp::now();
         let (presence_tx, presence_rx) = oneshot::channel();
         tokio::spawn(retained::run(
-            self.config.broker.clone(),
+            self.config.brokers(),
             Topics::new(&self.config.topic_prefix),
             presence_tx,
             shutdown.clone(),
@@ -374,6 +376,7 @@ impl Parts {
                 dispatch::run(controller, bridge, leadership, shutdown).await;
             })
         };
+        let lanes = self.inbound.clone();
         let workers = self
             .inbound
             .into_iter()
@@ -391,7 +394,11 @@ impl Parts {
             })
             .collect();
         let mqtt_stop = CancellationToken::new();
-        let mqtt = tokio::spawn(self.connection.run(mqtt_stop.clone()));
+        let mqtt = self
+            .connections
+            .into_iter()
+            .map(|connection| tokio::spawn(connection.run(mqtt_stop.clone())))
+            .collect();
         Running {
             metrics: self.metrics,
             dispatcher,
@@ -399,6 +406,7 @@ impl Parts {
             campaign,
             mqtt_stop,
             mqtt,
+            lanes,
             workers,
         }
     }
@@ -416,8 +424,13 @@ impl Running {
             let _ = campaign.await;
         }
         self.mqtt_stop.cancel();
-        let _ = self.mqtt.await;
-        // The connection dropped the workers' senders: they finish their queues.
+        for connection in self.mqtt {
+            let _ = connection.await;
+        }
+        // Nothing more comes in: the workers finish their queues, then stop.
+        for lane in &self.lanes {
+            lane.close();
+        }
         for worker in self.workers {
             let _ = worker.await;
         }

@@ -1,7 +1,7 @@
 //! What `/metrics` shows, on `prometheus-client` (families defined in
 //! [`k8s4r_service::metrics`] where the manager shares them).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use k8s4r_service::health::Health;
@@ -33,7 +33,9 @@ pub struct Metrics {
     events_dropped: Counter,
     // Readiness is read far more often than it changes; the gauges above
     // are what Prometheus sees.
-    connected: AtomicBool,
+    /// Broker connections up, of `brokers`.
+    connected: AtomicUsize,
+    brokers: AtomicUsize,
     synced: AtomicBool,
 }
 
@@ -65,7 +67,7 @@ impl Default for Metrics {
         );
         registry.register(
             "mqtt_connected",
-            "Whether the broker connection is up.",
+            "Broker connections up (1 or 0 with one broker).",
             mqtt_connected.clone(),
         );
         registry.register(
@@ -93,7 +95,8 @@ impl Default for Metrics {
             mqtt_connected,
             mqtt_connections,
             kube_synced,
-            connected: AtomicBool::new(false),
+            connected: AtomicUsize::new(0),
+            brokers: AtomicUsize::new(1),
             synced: AtomicBool::new(false),
         }
     }
@@ -153,10 +156,19 @@ impl Metrics {
             .map_or(0, |c| c.get())
     }
 
-    /// Records whether the broker connection is up.
-    pub fn set_mqtt_connected(&self, up: bool) {
-        self.connected.store(up, Ordering::Relaxed);
-        self.mqtt_connected.set(i64::from(up));
+    /// How many broker connections the server holds.
+    pub fn set_mqtt_brokers(&self, brokers: usize) {
+        self.brokers.store(brokers, Ordering::Relaxed);
+    }
+
+    /// Records that one broker connection came up (`true`) or went down.
+    pub fn mqtt_connected(&self, up: bool) {
+        let now = if up {
+            self.connected.fetch_add(1, Ordering::Relaxed) + 1
+        } else {
+            self.connected.fetch_sub(1, Ordering::Relaxed).saturating_sub(1)
+        };
+        self.mqtt_connected.set(i64::try_from(now).unwrap_or(i64::MAX));
     }
 
     /// Counts one accepted connection to the broker (CONNACK).
@@ -176,9 +188,10 @@ impl Metrics {
         self.kube_synced.set(i64::from(synced));
     }
 
-    /// Ready: connected to the broker and the caches are filled.
+    /// Ready: connected to every broker and the caches are filled.
     pub fn ready(&self) -> bool {
-        self.connected.load(Ordering::Relaxed) && self.synced.load(Ordering::Relaxed)
+        self.connected.load(Ordering::Relaxed) >= self.brokers.load(Ordering::Relaxed)
+            && self.synced.load(Ordering::Relaxed)
     }
 }
 
@@ -191,7 +204,7 @@ impl Health for Metrics {
         if Metrics::ready(self) {
             Ok(())
         } else {
-            Err("waiting for the broker connection or the first list of robots and tasks")
+            Err("waiting for a broker connection or the first list of robots and tasks")
         }
     }
 }
@@ -208,7 +221,7 @@ mod tests {
         m.message_in("register", "rejected_invalid_label");
         m.api().observe("lease", "ok", Duration::from_millis(3));
         m.dispatch_latency(Duration::from_millis(20));
-        m.set_mqtt_connected(true);
+        m.mqtt_connected(true);
         let text = m.render();
         assert!(
             text.contains("k8s4r_server_messages_received_total{topic=\"status\",outcome=\"applied\"} 2"),
@@ -226,5 +239,14 @@ mod tests {
         assert_eq!(m.api_writes("lease", "ok"), 1);
         assert_eq!(m.messages_in("register", "rejected_invalid_label"), 1);
         assert!(!m.ready(), "connected but the caches are not filled");
+        m.set_kube_synced(true);
+        assert!(m.ready());
+        m.set_mqtt_brokers(2);
+        assert!(!m.ready(), "one of two brokers connected");
+        m.mqtt_connected(true);
+        assert!(m.ready());
+        assert!(m.render().contains("k8s4r_server_mqtt_connected 2"));
+        m.mqtt_connected(false);
+        assert!(!m.ready(), "a broker connection went down");
     }
 }

@@ -7,15 +7,14 @@
 //! per-robot queues of [`crate::ingress`]. The task never awaits a publish
 //! itself, so a full request channel cannot stall the keep-alive.
 
+use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::time::Duration;
 
 use k8s4r_api::backoff::exponential;
 use k8s4r_api::protocol::{MAX_INCOMING_PACKET_BYTES, MAX_PACKET_BYTES};
 use k8s4r_mqtt::{BrokerUrl, PacketIds, TlsFiles};
-use rumqttc::{
-    AsyncClient, ConnectionError, Event, EventLoop, MqttOptions, Outgoing, Packet, QoS, SubscribeFilter,
-};
+use rumqttc::{AsyncClient, Event, EventLoop, MqttOptions, Outgoing, Packet, QoS, SubscribeFilter};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -56,24 +55,90 @@ struct PublishRequest {
     done: Option<oneshot::Sender<Result<(), String>>>,
 }
 
-/// A cheap, cloneable handle that publishes at QoS 1 and waits for PUBACK.
-///
-/// Two queues: the control queue (dispatches, cancels of Tasks, answers,
-/// confirmations) is always served first; the bulk queue (cancels that
-/// robots' own lists call for) only when the control queue is empty and
-/// the connection has room, so that no robot's list can starve another
-/// robot's confirmations.
-#[derive(Clone)]
-pub struct Publisher {
+/// One broker connection's two queues: the control queue (dispatches,
+/// cancels of Tasks, answers, confirmations) is always served first; the
+/// bulk queue (cancels that robots' own lists call for) only when the
+/// control queue is empty and the connection has room, so that no robot's
+/// list can starve another robot's confirmations.
+struct Route {
     tx: mpsc::Sender<PublishRequest>,
     bulk: mpsc::Sender<PublishRequest>,
+}
+
+/// Which broker connection each robot was last heard on, when the server
+/// holds several: what it publishes to a robot goes there.
+#[derive(Default)]
+struct Homes {
+    by_robot: std::sync::Mutex<HashMap<Box<str>, usize>>,
+}
+
+impl Homes {
+    /// The robot spoke on connection `connection`.
+    fn heard(&self, robot: &str, connection: usize) {
+        let mut homes = self
+            .by_robot
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match homes.get_mut(robot) {
+            Some(home) => *home = connection,
+            None => {
+                homes.insert(robot.into(), connection);
+            }
+        }
+    }
+
+    fn of(&self, robot: &str) -> Option<usize> {
+        let homes = self
+            .by_robot
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        homes.get(robot).copied()
+    }
+}
+
+/// A cheap, cloneable handle that publishes at QoS 1 and waits for PUBACK,
+/// or hands a message over without waiting.
+///
+/// With several brokers, a message for a robot goes to the broker the
+/// robot was last heard on, and to every broker while the robot has not
+/// been heard since the server started (it is subscribed on one of them).
+#[derive(Clone)]
+pub struct Publisher {
+    routes: Arc<[Route]>,
+    homes: Arc<Homes>,
     timeout: Duration,
 }
 
 impl Publisher {
+    /// The connections a message on `topic` goes out on.
+    fn routes_for(&self, topic: &str) -> &[Route] {
+        if self.routes.len() > 1 {
+            if let Some(home) = self.homes.of(robot_of(topic)) {
+                return &self.routes[home..=home];
+            }
+        }
+        &self.routes
+    }
+
     /// Publishes `payload` on `topic` (QoS 1, not retained) and returns once
-    /// the broker acknowledged it, or fails after the publish timeout.
+    /// the broker acknowledged it, or fails after the publish timeout. Sent
+    /// to several brokers (a robot not heard yet), it succeeds when one of
+    /// them acknowledged it.
     pub async fn publish(&self, topic: String, payload: Vec<u8>) -> Result<()> {
+        match self.routes_for(&topic) {
+            [route] => self.publish_on(route, topic, payload).await,
+            routes => {
+                let each = routes
+                    .iter()
+                    .map(|route| self.publish_on(route, topic.clone(), payload.clone()));
+                let mut outcomes = futures::future::join_all(each).await.into_iter();
+                let first = outcomes.next().unwrap_or(Ok(()));
+                outcomes.fold(first, |kept, next| kept.or(next))
+            }
+        }
+    }
+
+    async fn publish_on(&self, route: &Route, topic: String, payload: Vec<u8>) -> Result<()> {
         let fail = |reason: String| Error::Publish {
             topic: topic.clone(),
             reason,
@@ -85,7 +150,8 @@ impl Publisher {
             done: Some(done),
         };
         let wait = async {
-            self.tx
+            route
+                .tx
                 .send(request)
                 .await
                 .map_err(|_| "the MQTT connection task has stopped".to_owned())?;
@@ -110,23 +176,38 @@ impl Publisher {
     /// they filled the window of publishes awaiting PUBACK in a reconnect
     /// storm and crowded out the dispatches.
     pub fn send(&self, topic: String, payload: Vec<u8>) -> bool {
-        let request = PublishRequest {
-            topic,
-            payload,
-            done: None,
-        };
-        self.tx.try_send(request).is_ok()
+        self.hand(topic, payload, |route| &route.tx)
     }
 
     /// Like [`Publisher::send`], on the bulk queue: for messages the
     /// robot's next report calls for again.
     pub fn send_bulk(&self, topic: String, payload: Vec<u8>) -> bool {
-        let request = PublishRequest {
+        self.hand(topic, payload, |route| &route.bulk)
+    }
+
+    /// Queues a QoS 0 publish on the chosen queue of each of the topic's
+    /// routes; true when one took it.
+    fn hand(
+        &self,
+        topic: String,
+        payload: Vec<u8>,
+        queue: fn(&Route) -> &mpsc::Sender<PublishRequest>,
+    ) -> bool {
+        let Some((last, others)) = self.routes_for(&topic).split_last() else {
+            return false;
+        };
+        let request = |topic, payload| PublishRequest {
             topic,
             payload,
             done: None,
         };
-        self.bulk.try_send(request).is_ok()
+        let mut taken = false;
+        for route in others {
+            taken |= queue(route)
+                .try_send(request(topic.clone(), payload.clone()))
+                .is_ok();
+        }
+        queue(last).try_send(request(topic, payload)).is_ok() || taken
     }
 }
 
@@ -174,8 +255,14 @@ pub fn mqtt_options(broker: &BrokerConfig) -> Result<MqttOptions> {
 
 type Waiter = Option<oneshot::Sender<Result<(), String>>>;
 
-/// The connection, before it runs.
+/// One broker connection, before it runs.
 pub struct Connection {
+    /// The broker's URL, for the logs.
+    url: String,
+    /// This connection's place among the server's broker connections.
+    index: usize,
+    /// Where each robot was last heard; `None` with one broker.
+    homes: Option<Arc<Homes>>,
     client: AsyncClient,
     eventloop: EventLoop,
     requests: mpsc::Receiver<PublishRequest>,
@@ -192,11 +279,12 @@ pub struct Connection {
     unsent_qos0: usize,
 }
 
-/// Opens (lazily) the broker connection. Returns the connection to run, the
-/// publisher handle and one lane of robot queues per worker.
+/// Opens (lazily) a connection to each broker. Returns the connections to
+/// run, the publisher handle and one lane of robot queues per worker, which
+/// every connection feeds.
 #[allow(clippy::too_many_arguments)]
 pub fn connect(
-    broker: &BrokerConfig,
+    brokers: &[BrokerConfig],
     subscriptions: Vec<String>,
     workers: usize,
     limits: Limits,
@@ -204,33 +292,53 @@ pub fn connect(
     max_backoff: Duration,
     metrics: Arc<Metrics>,
     log_hub: Arc<LogHub>,
-) -> Result<(Connection, Publisher, Vec<Arc<Lane>>)> {
-    let options = mqtt_options(broker)?;
-    let (client, eventloop) = AsyncClient::new(options, PUBLISH_QUEUE);
-    let (tx, requests) = mpsc::channel(PUBLISH_QUEUE);
-    let (bulk_tx, bulk) = mpsc::channel(BULK_QUEUE);
+) -> Result<(Vec<Connection>, Publisher, Vec<Arc<Lane>>)> {
+    if brokers.is_empty() {
+        return Err(Error::Mqtt("no broker to connect to".to_owned()));
+    }
+    for (i, broker) in brokers.iter().enumerate() {
+        if brokers[..i].iter().any(|b| b.url == broker.url) {
+            // One client id twice on one broker: each connection would
+            // take the session from the other.
+            return Err(Error::Mqtt(format!("broker {} is listed twice", broker.url)));
+        }
+    }
     let lanes: Vec<Arc<Lane>> = (0..workers.max(1)).map(|_| Arc::new(Lane::default())).collect();
-    Ok((
-        Connection {
+    // With one broker there is nowhere else to send: no map of robots.
+    let homes = Arc::new(Homes::default());
+    let shared_homes = (brokers.len() > 1).then(|| homes.clone());
+    let mut connections = Vec::with_capacity(brokers.len());
+    let mut routes = Vec::with_capacity(brokers.len());
+    for (index, broker) in brokers.iter().enumerate() {
+        let options = mqtt_options(broker)?;
+        let (client, eventloop) = AsyncClient::new(options, PUBLISH_QUEUE);
+        let (tx, requests) = mpsc::channel(PUBLISH_QUEUE);
+        let (bulk_tx, bulk) = mpsc::channel(BULK_QUEUE);
+        connections.push(Connection {
+            url: broker.url.clone(),
+            index,
+            homes: shared_homes.clone(),
             client,
             eventloop,
             requests,
             bulk,
-            subscriptions,
+            subscriptions: subscriptions.clone(),
             lanes: lanes.clone(),
             limits,
-            metrics,
+            metrics: metrics.clone(),
             max_backoff,
-            log_hub,
+            log_hub: log_hub.clone(),
             unsent_qos0: 0,
-        },
-        Publisher {
-            tx,
-            bulk: bulk_tx,
-            timeout: publish_timeout,
-        },
-        lanes,
-    ))
+        });
+        routes.push(Route { tx, bulk: bulk_tx });
+    }
+    metrics.set_mqtt_brokers(brokers.len());
+    let publisher = Publisher {
+        routes: routes.into(),
+        homes,
+        timeout: publish_timeout,
+    };
+    Ok((connections, publisher, lanes))
 }
 
 impl Connection {
@@ -251,12 +359,12 @@ impl Connection {
                     Err(error) => {
                         if connected {
                             waiters.disconnected();
+                            self.metrics.mqtt_connected(false);
                         }
                         connected = false;
-                        self.metrics.set_mqtt_connected(false);
                         let delay = exponential(RECONNECT_BASE, self.max_backoff, failures);
                         failures = failures.saturating_add(1);
-                        log_connection_error(&error, delay);
+                        warn!(broker = %self.url, %error, retry_in = ?delay, "MQTT connection lost");
                         tokio::select! {
                             _ = shutdown.cancelled() => break,
                             _ = tokio::time::sleep(delay) => {}
@@ -284,10 +392,8 @@ impl Connection {
             };
             let _ = tokio::time::timeout(Duration::from_secs(2), flush).await;
         }
-        self.metrics.set_mqtt_connected(false);
-        // The workers finish what is queued, then stop.
-        for lane in &self.lanes {
-            lane.close();
+        if connected {
+            self.metrics.mqtt_connected(false);
         }
     }
 
@@ -326,11 +432,14 @@ impl Connection {
         match event {
             Event::Incoming(Packet::ConnAck(ack)) => {
                 info!(
+                    broker = %self.url,
                     session_present = ack.session_present,
                     "connected to the MQTT broker"
                 );
+                if !*connected {
+                    self.metrics.mqtt_connected(true);
+                }
                 *connected = true;
-                self.metrics.set_mqtt_connected(true);
                 self.metrics.mqtt_connection();
                 if !ack.session_present {
                     for waiter in waiters.session_lost().into_iter().flatten() {
@@ -344,7 +453,7 @@ impl Connection {
                     .iter()
                     .map(|f| SubscribeFilter::new(f.clone(), QoS::AtLeastOnce));
                 if let Err(e) = self.client.try_subscribe_many(filters) {
-                    warn!(error = %e, "could not queue the subscriptions");
+                    warn!(broker = %self.url, error = %e, "could not queue the subscriptions");
                 }
                 return true;
             }
@@ -355,6 +464,9 @@ impl Connection {
                 let topic = publish.topic.clone();
                 let lane = &self.lanes[worker_for(&topic, self.lanes.len())];
                 let robot = robot_of(&topic).to_owned();
+                if let Some(homes) = self.homes.as_ref().filter(|_| !robot.is_empty()) {
+                    homes.heard(&robot, self.index);
+                }
                 let inbound = Inbound {
                     topic,
                     payload: publish.payload.to_vec(),
@@ -381,10 +493,6 @@ impl Connection {
     }
 }
 
-fn log_connection_error(error: &ConnectionError, retry_in: Duration) {
-    warn!(error = %error, retry_in = ?retry_in, "MQTT connection lost");
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -408,6 +516,65 @@ mod tests {
             !plain.clean_session(),
             "a persistent session keeps robot messages"
         );
+    }
+
+    /// A publisher over `n` brokers, and each broker's control and bulk queue.
+    fn spread(
+        n: usize,
+    ) -> (
+        Publisher,
+        Vec<(mpsc::Receiver<PublishRequest>, mpsc::Receiver<PublishRequest>)>,
+    ) {
+        let (routes, queues): (Vec<_>, Vec<_>) = (0..n)
+            .map(|_| {
+                let (tx, rx) = mpsc::channel(4);
+                let (bulk, bulk_rx) = mpsc::channel(4);
+                (Route { tx, bulk }, (rx, bulk_rx))
+            })
+            .unzip();
+        let publisher = Publisher {
+            routes: routes.into(),
+            homes: Arc::default(),
+            timeout: Duration::from_secs(5),
+        };
+        (publisher, queues)
+    }
+
+    #[test]
+    fn a_robot_is_sent_to_where_it_was_heard_and_everywhere_before() {
+        let (publisher, mut queues) = spread(2);
+        assert!(publisher.send("k8s4r/robots/rb1/response".into(), b"a".to_vec()));
+        for (control, _) in &mut queues {
+            assert_eq!(
+                control.try_recv().unwrap().payload,
+                b"a",
+                "not heard yet: every broker"
+            );
+        }
+        publisher.homes.heard("rb1", 1);
+        assert!(publisher.send_bulk("k8s4r/robots/rb1/tasks/cancel".into(), b"b".to_vec()));
+        assert!(queues[0].1.try_recv().is_err(), "not to the broker rb1 is not on");
+        assert_eq!(queues[1].1.try_recv().unwrap().payload, b"b");
+        assert!(publisher.send("k8s4r/robots/rb2/response".into(), b"c".to_vec()));
+        assert!(
+            queues.iter_mut().all(|(control, _)| control.try_recv().is_ok()),
+            "rb2: everywhere"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_publish_to_every_broker_succeeds_when_one_acknowledged() {
+        let (publisher, mut queues) = spread(2);
+        let publish = tokio::spawn(async move {
+            publisher
+                .publish("k8s4r/robots/rb1/tasks/dispatch".into(), b"d".to_vec())
+                .await
+        });
+        let first = queues[0].0.recv().await.unwrap();
+        let second = queues[1].0.recv().await.unwrap();
+        let _ = first.done.unwrap().send(Err("connection lost".into()));
+        let _ = second.done.unwrap().send(Ok(()));
+        publish.await.unwrap().expect("one broker acknowledged");
     }
 
     #[test]

@@ -159,10 +159,24 @@ pub async fn sweep(broker: &BrokerConfig, topics: &Topics) -> Result<Swept> {
     Ok(swept)
 }
 
-/// Sweeps at start and every [`SWEEP_EVERY`] until `shutdown`; the first
-/// successful sweep's presence goes to `presence`.
+/// One sweep of each broker at once, their presence together (a robot is
+/// connected to one of them). Fails when any of them failed: a broker not
+/// read would make its robots look absent.
+pub async fn sweep_all(brokers: &[BrokerConfig], topics: &Topics) -> Result<Swept> {
+    let each = futures::future::join_all(brokers.iter().map(|broker| sweep(broker, topics))).await;
+    let mut all = Swept::default();
+    for swept in each {
+        let swept = swept?;
+        all.cleared.extend(swept.cleared);
+        all.online.extend(swept.online);
+    }
+    Ok(all)
+}
+
+/// Sweeps every broker at start and every [`SWEEP_EVERY`] until
+/// `shutdown`; the first successful sweep's presence goes to `presence`.
 pub async fn run(
-    broker: BrokerConfig,
+    brokers: Vec<BrokerConfig>,
     topics: Topics,
     presence: oneshot::Sender<HashSet<String>>,
     shutdown: CancellationToken,
@@ -170,7 +184,7 @@ pub async fn run(
     let mut presence = Some(presence);
     let mut tries = 0;
     loop {
-        match sweep(&broker, &topics).await {
+        match sweep_all(&brokers, &topics).await {
             Ok(swept) => {
                 if !swept.cleared.is_empty() {
                     info!(

@@ -2,9 +2,11 @@
 //! every cluster program a process of its own (API server, server, manager,
 //! a real Mosquitto), and N simulated robots in this process, each a real
 //! MQTT client speaking the agent's protocol; above 15,000 robots in
-//! simulator processes of their own, each with its edge broker bridged to
-//! the server's (`scale/shards.rs`). Every scenario runs either way; the
-//! reconnect storm then restarts every broker.
+//! simulator processes of their own, each with its edge broker, which the
+//! server connects to each of (`scale/shards.rs`; with `--bridged`, the
+//! edges are bridged to one central broker the server connects to). Every
+//! scenario runs either way; the reconnect storm then restarts every
+//! broker.
 //!
 //!     cargo bench -p k8s4r-e2e --bench scale -- register-storm [--robots 10000]
 //!     cargo bench -p k8s4r-e2e --bench scale -- heartbeats [--robots 10000] [--seconds 120]
@@ -68,7 +70,8 @@ fn peak_rss_mib(pid: u32) -> f64 {
 
 struct Cluster {
     _dir: tempfile::TempDir,
-    broker: Mosquitto,
+    /// The one broker, or the central one with `--bridged`.
+    broker: Option<Mosquitto>,
     /// Above [`shards::per_process`] robots: the edge brokers, each with
     /// its block of robots (`first`, `count`).
     edges: Vec<(Mosquitto, usize, usize)>,
@@ -87,11 +90,15 @@ impl Cluster {
     /// Every broker stops (SIGTERM, no persistence: every session and
     /// retained message is gone), then each starts again on its port.
     fn restart_brokers(&mut self) {
-        self.broker.stop();
+        if let Some(broker) = &mut self.broker {
+            broker.stop();
+        }
         for (edge, _, _) in &mut self.edges {
             edge.stop();
         }
-        self.broker.resume();
+        if let Some(broker) = &mut self.broker {
+            broker.resume();
+        }
         for (edge, _, _) in &mut self.edges {
             edge.resume();
         }
@@ -112,8 +119,9 @@ fn args(list: &[&str]) -> Vec<String> {
 }
 
 /// The cluster's programs as processes, and the brokers for `robots`: one
-/// Mosquitto, or above [`shards::per_process`] robots a central one (the
-/// server's) with an edge per shard of the simulator.
+/// Mosquitto, or above [`shards::per_process`] robots an edge per shard of
+/// the simulator, the server connected to each (with `--bridged`, to a
+/// central one they are bridged to).
 async fn start_cluster(robots: usize) -> Cluster {
     // Every robot is a socket here and one in Mosquitto (which inherits
     // the limit).
@@ -126,7 +134,8 @@ async fn start_cluster(robots: usize) -> Cluster {
     }
     let path = |p: &str| -> PathBuf { dir.path().join(p) };
     let (broker, edges) = if robots > shards::per_process() {
-        let brokers = shards::Brokers::start(robots);
+        let bridged = std::env::args().any(|a| a == "--bridged");
+        let brokers = shards::Brokers::start(robots, bridged);
         (brokers.central, brokers.edges)
     } else {
         let broker = Mosquitto::start_with(|port, _| {
@@ -136,7 +145,15 @@ async fn start_cluster(robots: usize) -> Cluster {
                 k8s4r_api::protocol::MAX_PACKET_BYTES
             )
         });
-        (broker, Vec::new())
+        (Some(broker), Vec::new())
+    };
+    let broker_urls = match &broker {
+        Some(broker) => broker.url(),
+        None => edges
+            .iter()
+            .map(|(edge, _, _)| edge.url())
+            .collect::<Vec<_>>()
+            .join(","),
     };
     let (api, client, kubeconfig) =
         k8s4r_e2e::faults::start_api(Path::new(env!("CARGO_BIN_EXE_e2e-apiserver")), dir.path()).await;
@@ -166,7 +183,7 @@ async fn start_cluster(robots: usize) -> Cluster {
             "--kubeconfig",
             &kc,
             "--broker-url",
-            &broker.url(),
+            &broker_urls,
             "--metrics-addr",
             &metrics[0],
             "--log",
@@ -360,7 +377,7 @@ async fn all_tasks(client: &Client) -> Vec<k8s4r_api::Task> {
 
 fn sim(cluster: &Cluster, robots: usize, heartbeat: Duration) -> SimConfig {
     SimConfig {
-        broker: cluster.broker.url(),
+        broker: cluster.broker.as_ref().map(Mosquitto::url).unwrap_or_default(),
         token: TOKEN.into(),
         robots,
         heartbeat,

@@ -4,16 +4,18 @@
 //! simulator and one in its broker. So above [`per_process`] robots the
 //! bench runs several simulator processes (this bench started again with
 //! `--sim-shard`), each with its block of robots and a Mosquitto of its
-//! own, every such "edge" broker bridged to one "central" broker that the
-//! server connects to, as a fleet too large for one broker would be run
-//! (several brokers; a clustered broker does the same inside itself).
+//! own, as a fleet too large for one broker would be run. The server
+//! connects to every such "edge" broker (`--broker-url` with each) and
+//! answers a robot on the broker it heard it on.
 //!
-//! Each edge's bridge forwards everything its robots publish to the central
-//! broker (`k8s4r/# out`) and subscribes there to its own robots' topics
-//! only (`k8s4r/robots/<id>/# in`, one line per robot), so what the server
-//! publishes to one robot crosses one bridge, not all of them. The central
-//! broker is told it is a bridge (`try_private`), and no message goes back
-//! over the bridge it came from.
+//! With `--bridged` the server connects instead to one "central" broker
+//! every edge is bridged to (a clustered broker does the same inside
+//! itself). Each edge's bridge forwards everything its robots publish to
+//! the central broker (`k8s4r/# out`) and subscribes there to its own
+//! robots' topics only (`k8s4r/robots/<id>/# in`, one line per robot), so
+//! what the server publishes to one robot crosses one bridge, not all of
+//! them. The central broker is told it is a bridge (`try_private`), and no
+//! message goes back over the bridge it came from.
 //!
 //! A shard prints its counters once a second on stdout (`SIM connects
 //! online heartbeats bytes_out bytes_in dispatches duplicates overlapping
@@ -62,26 +64,30 @@ fn common() -> String {
     )
 }
 
-/// The central broker and its edges: robots `first..first + count` of edge
-/// `i` connect to `edges[i]`.
+/// The edges and, bridged, the central broker: robots `first..first +
+/// count` of edge `i` connect to `edges[i]`.
 pub struct Brokers {
-    /// What the server connects to.
-    pub central: Mosquitto,
+    /// With `--bridged`: what the server connects to.
+    pub central: Option<Mosquitto>,
     /// The edges, each with its block of robots.
     pub edges: Vec<(Mosquitto, usize, usize)>,
 }
 
 impl Brokers {
-    /// A central broker and one edge per [`per_process`] of `robots` named
-    /// `sim-<n>`.
-    pub fn start(robots: usize) -> Brokers {
-        let central = Mosquitto::start_with(|port, _| format!("listener {port} 127.0.0.1\n{}", common()));
+    /// One edge per [`per_process`] of `robots` named `sim-<n>`, and when
+    /// `bridged` a central broker they are bridged to.
+    pub fn start(robots: usize, bridged: bool) -> Brokers {
+        let central = bridged
+            .then(|| Mosquitto::start_with(|port, _| format!("listener {port} 127.0.0.1\n{}", common())));
         let per_process = per_process();
         let edges = (0..robots.div_ceil(per_process))
             .map(|i| {
                 let first = i * per_process;
                 let count = per_process.min(robots - first);
                 let edge = Mosquitto::start_with(|port, _| {
+                    let Some(central) = &central else {
+                        return format!("listener {port} 127.0.0.1\n{}", common());
+                    };
                     let mut conf = format!(
                         "listener {port} 127.0.0.1\n{}\nconnection central\naddress 127.0.0.1:{}\n\
                          remote_clientid k8s4r-edge-{i}\n\

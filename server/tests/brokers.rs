@@ -1,0 +1,114 @@
+//! One server, robots spread over two brokers: each robot is answered and
+//! dispatched on the broker it speaks on, and nothing meant for it is
+//! published on the other.
+
+mod support;
+
+use k8s4r_api::protocol::{decode, Dispatch, RegisterResponse};
+use k8s4r_api::RobotPhase;
+use k8s4r_service::health::Health;
+use support::{eventually, Env, FakeRobot, Mosquitto};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_robot_is_answered_and_dispatched_on_its_own_broker() {
+    let env = Env::start().await;
+    let second = Mosquitto::start();
+    let mut config = env.config();
+    config.more_brokers = vec![second.url()];
+    let server = env.server_with(config).await;
+
+    let mut rb1 = FakeRobot::connect(&env.broker, "rb1").await;
+    let mut rb2 = FakeRobot::connect(&second, "rb2").await;
+    // Listens on the first broker to everything meant for rb2, which is
+    // connected to the second.
+    let mut rb2_elsewhere = FakeRobot::connect(&env.broker, "rb2").await;
+
+    rb1.registered(&env).await;
+    rb2.registered(&env).await;
+    env.set_phase("rb1", RobotPhase::Online).await;
+    env.set_phase("rb2", RobotPhase::Online).await;
+    let answer: RegisterResponse = decode(&rb1.expect("/response").await).unwrap();
+    assert_eq!(answer.phase, RobotPhase::Online);
+    let answer: RegisterResponse = decode(&rb2.expect("/response").await).unwrap();
+    assert_eq!(answer.phase, RobotPhase::Online);
+
+    let uid = env.dispatch_task("job-b-0", "rb2", 1).await;
+    let dispatch: Dispatch = decode(&rb2.expect("/tasks/dispatch").await).unwrap();
+    assert_eq!(dispatch.task_uid, uid);
+    let uid = env.dispatch_task("job-a-0", "rb1", 1).await;
+    let dispatch: Dispatch = decode(&rb1.expect("/tasks/dispatch").await).unwrap();
+    assert_eq!(dispatch.task_uid, uid);
+    assert!(
+        rb1.drain().iter().all(|(topic, _)| topic.contains("/rb1/")),
+        "rb1 got only its own messages"
+    );
+    let leaked = rb2_elsewhere.drain();
+    assert!(
+        leaked.is_empty(),
+        "what the server sent rb2 also went to the broker rb2 is not on: {:?}",
+        leaked.iter().map(|(topic, _)| topic).collect::<Vec<_>>()
+    );
+
+    // rb1 moves to the second broker (its own failed over): the next
+    // dispatch follows it there once it spoke there.
+    let mut moved = FakeRobot::connect(&second, "rb1").await;
+    moved
+        .send(moved.topics.heartbeat("rb1"), &moved.heartbeat(1, 0.1))
+        .await;
+    server.wait_in("heartbeat", "applied", 1).await;
+    let uid = env.dispatch_task("job-a-1", "rb1", 1).await;
+    let dispatch: Dispatch = decode(&moved.expect("/tasks/dispatch").await).unwrap();
+    assert_eq!(dispatch.task_uid, uid);
+    assert!(
+        !rb1.drain()
+            .iter()
+            .any(|(topic, _)| topic.ends_with("/tasks/dispatch")),
+        "the dispatch went to the broker rb1 left"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_is_ready_only_while_every_broker_is_connected() {
+    let env = Env::start().await;
+    let mut second = Mosquitto::start();
+    let mut config = env.config();
+    config.more_brokers = vec![second.url()];
+    let server = env.server_with(config).await;
+    let text = server.metrics.render();
+    assert!(text.contains("k8s4r_server_mqtt_connected 2"), "{text}");
+
+    second.stop();
+    let m = server.metrics.clone();
+    eventually("not ready with the second broker gone", || {
+        let m = m.clone();
+        async move { (!m.ready()).then_some(()) }
+    })
+    .await;
+    // The first broker's robots are still served meanwhile.
+    let mut rb1 = FakeRobot::connect(&env.broker, "rb1").await;
+    rb1.registered(&env).await;
+    env.set_phase("rb1", RobotPhase::Online).await;
+    let answer: RegisterResponse = decode(&rb1.expect("/response").await).unwrap();
+    assert_eq!(answer.phase, RobotPhase::Online);
+
+    second.resume();
+    eventually("ready again", || {
+        let m = m.clone();
+        async move { m.ready().then_some(()) }
+    })
+    .await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_listed_twice_is_refused() {
+    let env = Env::start().await;
+    let mut config = env.config();
+    config.more_brokers = vec![env.broker.url()];
+    let err = k8s4r_server::Server::new(config, env.client.clone())
+        .run(tokio_util::sync::CancellationToken::new())
+        .await
+        .expect_err("the same broker twice");
+    assert!(err.to_string().contains("listed twice"), "{err}");
+}
