@@ -33,9 +33,9 @@ pub struct Metrics {
     events_dropped: Counter,
     // Readiness is read far more often than it changes; the gauges above
     // are what Prometheus sees.
-    /// Broker connections up, of `brokers`.
+    /// Broker connections up.
     connected: AtomicUsize,
-    brokers: AtomicUsize,
+    mqtt_brokers: Gauge,
     synced: AtomicBool,
 }
 
@@ -46,6 +46,7 @@ impl Default for Metrics {
         let messages_out = Family::default();
         let dispatch_latency = metrics::latency();
         let mqtt_connected = Gauge::default();
+        let mqtt_brokers = Gauge::default();
         let mqtt_connections = Counter::default();
         let kube_synced = Gauge::default();
         let events_dropped = Counter::default();
@@ -69,6 +70,11 @@ impl Default for Metrics {
             "mqtt_connected",
             "Broker connections up (1 or 0 with one broker).",
             mqtt_connected.clone(),
+        );
+        registry.register(
+            "mqtt_brokers",
+            "Brokers the server connects to (--broker-url).",
+            mqtt_brokers.clone(),
         );
         registry.register(
             "mqtt_connections",
@@ -96,7 +102,7 @@ impl Default for Metrics {
             mqtt_connections,
             kube_synced,
             connected: AtomicUsize::new(0),
-            brokers: AtomicUsize::new(1),
+            mqtt_brokers,
             synced: AtomicBool::new(false),
         }
     }
@@ -156,19 +162,23 @@ impl Metrics {
             .map_or(0, |c| c.get())
     }
 
-    /// How many broker connections the server holds.
+    /// How many brokers the server connects to.
     pub fn set_mqtt_brokers(&self, brokers: usize) {
-        self.brokers.store(brokers, Ordering::Relaxed);
+        self.mqtt_brokers.set(i64::try_from(brokers).unwrap_or(i64::MAX));
     }
 
     /// Records that one broker connection came up (`true`) or went down.
     pub fn mqtt_connected(&self, up: bool) {
-        let now = if up {
-            self.connected.fetch_add(1, Ordering::Relaxed) + 1
-        } else {
-            self.connected.fetch_sub(1, Ordering::Relaxed).saturating_sub(1)
-        };
-        self.mqtt_connected.set(i64::try_from(now).unwrap_or(i64::MAX));
+        if up {
+            self.connected.fetch_add(1, Ordering::Relaxed);
+            self.mqtt_connected.inc();
+        } else if self
+            .connected
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            self.mqtt_connected.dec();
+        }
     }
 
     /// Counts one accepted connection to the broker (CONNACK).
@@ -188,10 +198,11 @@ impl Metrics {
         self.kube_synced.set(i64::from(synced));
     }
 
-    /// Ready: connected to every broker and the caches are filled.
+    /// Ready: connected to a broker (with several, one down holds up only
+    /// its own robots: `mqtt_connected` below `mqtt_brokers` is what to
+    /// alert on) and the caches are filled.
     pub fn ready(&self) -> bool {
-        self.connected.load(Ordering::Relaxed) >= self.brokers.load(Ordering::Relaxed)
-            && self.synced.load(Ordering::Relaxed)
+        self.connected.load(Ordering::Relaxed) > 0 && self.synced.load(Ordering::Relaxed)
     }
 }
 
@@ -242,11 +253,18 @@ mod tests {
         m.set_kube_synced(true);
         assert!(m.ready());
         m.set_mqtt_brokers(2);
-        assert!(!m.ready(), "one of two brokers connected");
+        assert!(m.ready(), "one of two brokers connected: its robots are served");
         m.mqtt_connected(true);
-        assert!(m.ready());
-        assert!(m.render().contains("k8s4r_server_mqtt_connected 2"));
+        let text = m.render();
+        assert!(text.contains("k8s4r_server_mqtt_connected 2"), "{text}");
+        assert!(text.contains("k8s4r_server_mqtt_brokers 2"), "{text}");
         m.mqtt_connected(false);
-        assert!(!m.ready(), "a broker connection went down");
+        m.mqtt_connected(false);
+        assert!(!m.ready(), "no broker connection");
+        m.mqtt_connected(false);
+        assert!(
+            m.render().contains("k8s4r_server_mqtt_connected 0"),
+            "never below none"
+        );
     }
 }

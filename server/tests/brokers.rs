@@ -4,8 +4,9 @@
 
 mod support;
 
+use k8s4r_api::condition::find_condition;
 use k8s4r_api::protocol::{decode, Dispatch, RegisterResponse};
-use k8s4r_api::RobotPhase;
+use k8s4r_api::{names, ConditionStatus, RobotPhase};
 use k8s4r_service::health::Health;
 use support::{eventually, Env, FakeRobot, Mosquitto};
 
@@ -56,20 +57,31 @@ async fn each_robot_is_answered_and_dispatched_on_its_own_broker() {
         .send(moved.topics.heartbeat("rb1"), &moved.heartbeat(1, 0.1))
         .await;
     server.wait_in("heartbeat", "applied", 1).await;
+    // Its old connection dies: the first broker publishes its last will,
+    // which says nothing about where rb1 is now.
+    rb1.crash();
+    server.wait_in("online", "stale_broker", 1).await;
+    let mut left_behind = FakeRobot::connect(&env.broker, "rb1").await;
     let uid = env.dispatch_task("job-a-1", "rb1", 1).await;
     let dispatch: Dispatch = decode(&moved.expect("/tasks/dispatch").await).unwrap();
     assert_eq!(dispatch.task_uid, uid);
     assert!(
-        !rb1.drain()
-            .iter()
-            .any(|(topic, _)| topic.ends_with("/tasks/dispatch")),
-        "the dispatch went to the broker rb1 left"
+        left_behind.drain().is_empty(),
+        "the server sent to the broker rb1 left"
+    );
+    let robot = env.robot("rb1").await.expect("rb1");
+    let conditions = robot.status.map(|s| s.conditions).unwrap_or_default();
+    let connected = find_condition(&conditions, names::CONDITION_CONNECTED);
+    assert_ne!(
+        connected.map(|c| c.status),
+        Some(ConditionStatus::False),
+        "the will from the broker rb1 left disconnected it"
     );
     server.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_server_is_ready_only_while_every_broker_is_connected() {
+async fn a_broker_down_holds_up_only_its_own_robots() {
     let env = Env::start().await;
     let mut second = Mosquitto::start();
     let mut config = env.config();
@@ -77,25 +89,33 @@ async fn the_server_is_ready_only_while_every_broker_is_connected() {
     let server = env.server_with(config).await;
     let text = server.metrics.render();
     assert!(text.contains("k8s4r_server_mqtt_connected 2"), "{text}");
+    assert!(text.contains("k8s4r_server_mqtt_brokers 2"), "{text}");
 
     second.stop();
     let m = server.metrics.clone();
-    eventually("not ready with the second broker gone", || {
+    eventually("one connection of two up", || {
         let m = m.clone();
-        async move { (!m.ready()).then_some(()) }
+        async move { m.render().contains("k8s4r_server_mqtt_connected 1").then_some(()) }
     })
     .await;
-    // The first broker's robots are still served meanwhile.
+    assert!(
+        server.metrics.ready(),
+        "still ready: the first broker's robots are served"
+    );
+    // The first broker's robots are answered and dispatched meanwhile.
     let mut rb1 = FakeRobot::connect(&env.broker, "rb1").await;
     rb1.registered(&env).await;
     env.set_phase("rb1", RobotPhase::Online).await;
     let answer: RegisterResponse = decode(&rb1.expect("/response").await).unwrap();
     assert_eq!(answer.phase, RobotPhase::Online);
+    let uid = env.dispatch_task("job-a-0", "rb1", 1).await;
+    let dispatch: Dispatch = decode(&rb1.expect("/tasks/dispatch").await).unwrap();
+    assert_eq!(dispatch.task_uid, uid);
 
     second.resume();
-    eventually("ready again", || {
+    eventually("both connections up again", || {
         let m = m.clone();
-        async move { m.ready().then_some(()) }
+        async move { m.render().contains("k8s4r_server_mqtt_connected 2").then_some(()) }
     })
     .await;
     server.stop().await;
