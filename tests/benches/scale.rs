@@ -377,7 +377,11 @@ async fn all_tasks(client: &Client) -> Vec<k8s4r_api::Task> {
 
 fn sim(cluster: &Cluster, robots: usize, heartbeat: Duration) -> SimConfig {
     SimConfig {
-        broker: cluster.broker.as_ref().map(Mosquitto::url).unwrap_or_default(),
+        broker: cluster
+            .broker
+            .as_ref()
+            .map(Mosquitto::url)
+            .expect("one broker for the fleet: at most 15,000 robots in this process, or --bridged"),
         token: TOKEN.into(),
         robots,
         heartbeat,
