@@ -38,6 +38,16 @@ use kube::{Api, Client, ResourceExt};
 
 use crate::faults::{api_addr, kubeconfig_through, start_api, start_manager, start_server, Binaries, NS};
 
+/// The longest a SIGSTOP holds a program, in seconds.
+const LONGEST_FREEZE_S: f64 = 6.0;
+/// The managers' `--robot-lost-grace`: longer than the longest freeze, with
+/// room for the agent to notice once it runs again. An agent frozen during
+/// its attempt's stop window cannot stop it until it runs again, so the
+/// grace is what bounds the freeze fencing survives (30 s by default); the
+/// scenarios' 1 s, shorter than these freezes, let a replacement start
+/// 86 ms before a frozen agent stopped the attempt it replaced.
+const ROBOT_LOST_GRACE: &str = "10s";
+
 /// What a run is told.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -292,7 +302,7 @@ impl Cluster {
                 start_manager(
                     &bins.manager,
                     &kc,
-                    &["--identity", &id],
+                    &["--identity", &id, "--robot-lost-grace", ROBOT_LOST_GRACE],
                     &log,
                     &format!("manager-{id}"),
                 )
@@ -602,7 +612,7 @@ impl Nemesis {
                     nix::unistd::Pid::from_raw(pid as i32),
                     nix::sys::signal::Signal::SIGSTOP,
                 );
-                let hold = self.dice.secs(1.0, 6.0);
+                let hold = self.dice.secs(1.0, LONGEST_FREEZE_S);
                 self.later(hold, Heal::Continue(target.clone()));
                 self.note("sigstop", format!("{target:?} for {hold:.1?}"));
             }
