@@ -35,8 +35,7 @@ pub struct Args {
         long,
         env = "K8S4R_BROKER_URL",
         default_value = "mqtt://localhost:1883",
-        value_delimiter = ',',
-        required = true
+        value_delimiter = ','
     )]
     pub broker_url: Vec<String>,
 
@@ -203,7 +202,7 @@ impl Args {
             .client_id
             .clone()
             .unwrap_or_else(|| format!("k8s4r-server-{identity}"));
-        // clap asks for one at least; an empty one fails as a URL.
+        // The default gives one at least; an empty one fails as a URL.
         let mut urls = self.broker_url.iter().cloned();
         let first = urls.next().unwrap_or_default();
         let mut config = ServerConfig::new(first.clone());
