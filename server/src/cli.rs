@@ -163,7 +163,7 @@ pub struct Args {
     pub publish_timeout: Duration,
 
     /// Parallel workers for robot messages (one robot's stay in order).
-    #[arg(long, env = "K8S4R_WORKERS", default_value_t = 8)]
+    #[arg(long, env = "K8S4R_WORKERS", default_value_t = crate::config::DEFAULT_WORKERS)]
     pub workers: usize,
 
     /// Log format.

@@ -114,6 +114,15 @@ pub struct ServerConfig {
     pub ingress: Limits,
 }
 
+/// Inbound workers by default. Each waits on its own API write, so this is
+/// how many of a storm's writes are in flight at once: at 8, on an API
+/// server answering a write in 0.5 s (two shared cores under a
+/// 100,000-robot storm), registration answers queued 20 s behind other
+/// robots' writes and robots asked again; 32 halved the storm
+/// (BENCHMARKS.md). A real API server's priority levels hold more seats
+/// than one replica's workers (deploy/cluster/50-flowcontrol.yaml).
+pub const DEFAULT_WORKERS: usize = 32;
+
 impl ServerConfig {
     /// Every broker, `broker` first, each with `broker`'s settings.
     pub fn brokers(&self) -> Vec<BrokerConfig> {
@@ -144,7 +153,7 @@ impl ServerConfig {
             api_timeout: Duration::from_secs(10),
             publish_timeout: Duration::from_secs(10),
             max_backoff: Duration::from_secs(30),
-            workers: 8,
+            workers: DEFAULT_WORKERS,
             ingress: Limits::default(),
         }
     }
