@@ -94,11 +94,10 @@ pub struct Counters {
     pub heartbeats: AtomicU64,
     /// Dispatches taken (duplicates of one attempt not counted).
     pub dispatches: AtomicU64,
-    /// The same attempt dispatched again while held or after it ended.
+    /// The same attempt dispatched again while held or after it ended, or
+    /// refused by the fence as seen already: a re-sent dispatch, not run
+    /// again. (A task run twice shows in [`Fleet::runs`].)
     pub duplicate_dispatches: AtomicU64,
-    /// A task dispatched to a robot while another robot held it: the task
-    /// would run twice at once.
-    pub overlapping_dispatches: AtomicU64,
     /// Dispatches refused for arriving after their deadline (reported
     /// failed, as the agent does).
     pub expired_dispatches: AtomicU64,
@@ -113,12 +112,103 @@ pub struct Counters {
     pub bytes_in: AtomicU64,
 }
 
-/// The fleet's shared record: which robot holds which task, the tasks whose
-/// end was reported, and each robot's latest registration.
+/// How a run of an attempt ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// Exit code 0.
+    Completed,
+    /// Exit code 1 (the chosen fraction).
+    Failed,
+    /// Stopped by the server's cancel.
+    Cancelled,
+}
+
+impl End {
+    fn as_str(self) -> &'static str {
+        match self {
+            End::Completed => "completed",
+            End::Failed => "failed",
+            End::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// One run of a task's attempt on one robot, as that robot saw it: what a
+/// check that no task ran twice at once reads.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Run {
+    /// The Task's uid.
+    pub uid: String,
+    /// The attempt.
+    pub attempt: u32,
+    /// The robot that ran it.
+    pub robot: String,
+    /// When the robot started it (its status's `startTime`).
+    pub start: jiff::Timestamp,
+    /// When and how it ended; `None` while the robot holds it.
+    pub end: Option<(jiff::Timestamp, End)>,
+}
+
+impl Run {
+    /// One line, for a run read by another process:
+    /// `uid attempt robot start_ms end_ms how` (`-` for both while held).
+    pub fn to_line(&self) -> String {
+        let (end, how) = match self.end {
+            Some((at, how)) => (at.as_millisecond().to_string(), how.as_str()),
+            None => ("-".to_owned(), "-"),
+        };
+        format!(
+            "{} {} {} {} {end} {how}",
+            self.uid,
+            self.attempt,
+            self.robot,
+            self.start.as_millisecond()
+        )
+    }
+
+    /// Reads what [`Run::to_line`] wrote.
+    pub fn parse(line: &str) -> Option<Run> {
+        let [uid, attempt, robot, start, end, how] = line.split(' ').collect::<Vec<_>>()[..] else {
+            return None;
+        };
+        let at = |ms: &str| {
+            ms.parse()
+                .ok()
+                .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok())
+        };
+        let end = match how {
+            "-" => None,
+            how => {
+                let how = [End::Completed, End::Failed, End::Cancelled]
+                    .into_iter()
+                    .find(|e| e.as_str() == how)?;
+                Some((at(end)?, how))
+            }
+        };
+        Some(Run {
+            uid: uid.to_owned(),
+            attempt: attempt.parse().ok()?,
+            robot: robot.to_owned(),
+            start: at(start)?,
+            end,
+        })
+    }
+
+    /// Whether this run and another one of the same task were under way at
+    /// the same moment (on two robots, or two attempts on one): the task
+    /// ran twice at once. A run still held counts as under way until now.
+    pub fn overlaps(&self, other: &Run) -> bool {
+        let until = |r: &Run| r.end.map_or(jiff::Timestamp::MAX, |(at, _)| at);
+        self.uid == other.uid && self.start < until(other) && other.start < until(self)
+    }
+}
+
+/// The fleet's shared record: every run of an attempt, and each robot's
+/// latest registration.
 struct Ledger {
     started: Instant,
-    holders: Mutex<HashMap<String, usize>>,
-    finished: Mutex<HashSet<String>>,
+    /// Each robot holds the index of its runs in here.
+    runs: Mutex<Vec<Run>>,
     /// Milliseconds after `started` (plus one; 0: never) of each robot's
     /// latest registration answered Online.
     registered: Vec<AtomicU64>,
@@ -149,8 +239,7 @@ impl Fleet {
         let online_at = Arc::new(Mutex::new(HashMap::new()));
         let ledger = Arc::new(Ledger {
             started: Instant::now(),
-            holders: Mutex::new(HashMap::new()),
-            finished: Mutex::new(HashSet::new()),
+            runs: Mutex::new(Vec::new()),
             registered: (0..config.robots).map(|_| AtomicU64::new(0)).collect(),
         });
         let (reconnect, reconnect_rx) = watch::channel(0u64);
@@ -200,10 +289,9 @@ impl Fleet {
             .count()
     }
 
-    /// The uids of the tasks whose end (completed, failed or cancelled) a
-    /// robot reported.
-    pub fn finished_tasks(&self) -> HashSet<String> {
-        lock(&self.ledger.finished).clone()
+    /// Every run of an attempt so far, held ones included.
+    pub fn runs(&self) -> Vec<Run> {
+        lock(&self.ledger.runs).clone()
     }
 
     /// Makes every robot drop its connection and connect again.
@@ -348,16 +436,6 @@ impl SimRobot {
         }
     }
 
-    /// The robot's task `uid` ended: it is no longer held.
-    fn ended(&self, uid: &str) {
-        let mut holders = lock(&self.ledger.holders);
-        if holders.get(uid) == Some(&self.index) {
-            holders.remove(uid);
-        }
-        drop(holders);
-        lock(&self.ledger.finished).insert(uid.to_owned());
-    }
-
     fn register(&self, client: &AsyncClient, state: &mut State) {
         state.registrations += 1;
         let register = Register {
@@ -398,7 +476,7 @@ impl SimRobot {
     /// already), else "run" for a drawn duration.
     fn take(&self, client: &AsyncClient, state: &mut State, d: Dispatch) {
         let key = (d.task_uid.clone(), d.attempt);
-        if state.held.contains(&key) || state.finished.contains(&key) {
+        if state.held.contains_key(&key) || state.finished.contains(&key) {
             self.counters.duplicate_dispatches.fetch_add(1, Ordering::Relaxed);
             return;
         }
@@ -418,16 +496,21 @@ impl SimRobot {
             return;
         }
         self.counters.dispatches.fetch_add(1, Ordering::Relaxed);
-        let previous = lock(&self.ledger.holders).insert(d.task_uid.clone(), self.index);
-        if previous.is_some_and(|other| other != self.index) {
-            self.counters
-                .overlapping_dispatches
-                .fetch_add(1, Ordering::Relaxed);
-        }
+        let run = {
+            let mut runs = lock(&self.ledger.runs);
+            runs.push(Run {
+                uid: d.task_uid.clone(),
+                attempt: d.attempt,
+                robot: self.id.clone(),
+                start: wall,
+                end: None,
+            });
+            runs.len() - 1
+        };
         let mut update = StatusUpdate::new(&d.task_uid, d.attempt, state.outbox.seq(), TaskState::Running);
         update.start_time = Some(wall);
         self.send_status(client, &mut state.outbox, &update);
-        state.held.insert(key.clone());
+        state.held.insert(key.clone(), (run, wall));
         let (lo, hi) = self.config.task_duration;
         let run = lo + (hi.saturating_sub(lo)).mul_f64(state.rng.next_f64());
         let failed = state.rng.next_f64() < self.config.fail_fraction;
@@ -440,9 +523,9 @@ impl SimRobot {
 
     /// A held attempt ended: its end is reported.
     fn finish(&self, client: &AsyncClient, state: &mut State, uid: String, attempt: u32, end: End) {
-        if !state.held.remove(&(uid.clone(), attempt)) {
+        let Some((run, started)) = state.held.remove(&(uid.clone(), attempt)) else {
             return;
-        }
+        };
         let (state_now, reason, exit) = match end {
             End::Completed => (TaskState::Completed, TaskReason::Completed, Some(0)),
             End::Failed => (TaskState::Failed, TaskReason::Error, Some(1)),
@@ -451,9 +534,13 @@ impl SimRobot {
         let mut update = StatusUpdate::new(&uid, attempt, state.outbox.seq(), state_now);
         update.exit_code = exit;
         update.reason = Some(reason);
-        update.finish_time = Some(jiff::Timestamp::now());
+        let finished = jiff::Timestamp::now();
+        update.finish_time = Some(finished);
+        // As the agent's end reports do: the cluster has the start even if
+        // the running report was never recorded.
+        update.start_time = Some(started);
         self.send_status(client, &mut state.outbox, &update);
-        self.ended(&uid);
+        lock(&self.ledger.runs)[run].end = Some((finished, end));
         state.finished.insert((uid, attempt));
         if end != End::Cancelled {
             self.counters.finished.fetch_add(1, Ordering::Relaxed);
@@ -493,7 +580,7 @@ impl SimRobot {
         let mut state = State {
             rng: Rng(0x9E37_79B9_7F4A_7C15
                 ^ ((self.config.first + self.index) as u64 + 1).wrapping_mul(0x2545_F491_4F6C_DD1D)),
-            held: HashSet::new(),
+            held: HashMap::new(),
             finished: HashSet::new(),
             outbox: Outbox::default(),
             fence: Fence::new(),
@@ -608,7 +695,7 @@ impl SimRobot {
                                 Ok(Inbound::Cancel(c)) => {
                                     let keys: Vec<(String, u32)> = state
                                         .held
-                                        .iter()
+                                        .keys()
                                         .filter(|(uid, attempt)| *uid == c.task_uid && (c.attempt == 0 || *attempt == c.attempt))
                                         .cloned()
                                         .collect();
@@ -633,24 +720,17 @@ impl SimRobot {
 
 /// The attempts a robot holds, as its registration and heartbeats list
 /// them.
-fn holding(held: &HashSet<(String, u32)>) -> Vec<TaskAttempt> {
-    held.iter()
+fn holding(held: &HashMap<(String, u32), (usize, jiff::Timestamp)>) -> Vec<TaskAttempt> {
+    held.keys()
         .map(|(uid, attempt)| TaskAttempt::new(uid.clone(), *attempt))
         .collect()
-}
-
-/// How a held attempt ended.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum End {
-    Completed,
-    Failed,
-    Cancelled,
 }
 
 /// One robot's memory across its connections.
 struct State {
     rng: Rng,
-    held: HashSet<(String, u32)>,
+    /// What it holds: its run in the ledger, and when it started.
+    held: HashMap<(String, u32), (usize, jiff::Timestamp)>,
     finished: HashSet<(String, u32)>,
     outbox: Outbox,
     /// The agent's own fencing: the server's clock (dispatch deadlines,
@@ -668,4 +748,47 @@ struct State {
     /// Dispatches that came before the registration was answered.
     waiting: Vec<Dispatch>,
     done_tx: tokio::sync::mpsc::UnboundedSender<(String, u32, bool)>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(robot: &str, attempt: u32, start: i64, end: Option<i64>) -> Run {
+        let at = |ms| jiff::Timestamp::from_millisecond(ms).unwrap();
+        Run {
+            uid: "u1".into(),
+            attempt,
+            robot: robot.into(),
+            start: at(start),
+            end: end.map(|ms| (at(ms), End::Completed)),
+        }
+    }
+
+    #[test]
+    fn a_run_reads_back_from_its_line() {
+        for r in [run("sim-3", 2, 1_000, Some(1_500)), run("sim-3", 1, 1_000, None)] {
+            assert_eq!(Run::parse(&r.to_line()), Some(r));
+        }
+        assert_eq!(Run::parse("u1 1 sim-3 1000 1500 exploded"), None);
+        assert_eq!(Run::parse("u1 1 sim-3"), None);
+    }
+
+    #[test]
+    fn runs_overlap_only_while_both_are_under_way() {
+        let first = run("sim-1", 1, 1_000, Some(2_000));
+        assert!(first.overlaps(&run("sim-2", 2, 1_999, Some(3_000))));
+        assert!(
+            !first.overlaps(&run("sim-2", 2, 2_000, Some(3_000))),
+            "one after the other"
+        );
+        assert!(
+            first.overlaps(&run("sim-1", 2, 1_500, None)),
+            "two attempts on one robot"
+        );
+        assert!(run("sim-2", 2, 500, None).overlaps(&first), "a run still held");
+        let mut other_task = run("sim-2", 1, 1_500, None);
+        other_task.uid = "u2".into();
+        assert!(!first.overlaps(&other_task));
+    }
 }

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use k8s4r_api::{Robot, RobotPhase};
-use k8s4r_sim::SimConfig;
+use k8s4r_sim::{End, Run, SimConfig};
 use k8s4r_testbed::{bench_arg as arg, free_port, resource_version, Mosquitto, Program};
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
@@ -516,9 +516,51 @@ async fn offline_detection(cluster: &Cluster, fleet: &Sims, vanished: usize) {
     println!("BENCH offline_detection_s {:.1} s", gone.elapsed().as_secs_f64());
 }
 
+/// What the robots' runs say about running twice.
+struct Twice {
+    /// Tasks two of whose runs were under way at the same moment.
+    at_once: usize,
+    /// Tasks completed by more than one run, one after the other.
+    completed: usize,
+}
+
+impl Twice {
+    fn of(runs: &[Run]) -> Twice {
+        let mut by_task: std::collections::HashMap<&str, Vec<&Run>> = std::collections::HashMap::new();
+        for run in runs {
+            by_task.entry(&run.uid).or_default().push(run);
+        }
+        let at_once = by_task
+            .values()
+            .filter(|runs| {
+                runs.iter()
+                    .enumerate()
+                    .any(|(i, a)| runs[i + 1..].iter().any(|b| a.overlaps(b)))
+            })
+            .count();
+        let completed = by_task
+            .values()
+            .filter(|runs| {
+                runs.iter()
+                    .filter(|r| matches!(r.end, Some((_, End::Completed))))
+                    .count()
+                    > 1
+            })
+            .count();
+        Twice { at_once, completed }
+    }
+
+    /// Tasks that ran twice, either way.
+    fn tasks(&self) -> usize {
+        self.at_once + self.completed
+    }
+}
+
 /// Single-task Jobs created at a steady rate onto a connected fleet:
-/// created → running (the simulated robot's `startTime`) p50 and p99, and
-/// tasks completed per second.
+/// created → running (the robot's start of the Job's first run, which its
+/// status reports as `startTime`) p50 and p99, tasks completed per second,
+/// and tasks that ran twice (from every robot's runs, across simulator
+/// processes).
 async fn dispatch(robots: usize, jobs: usize, rate: u64) {
     let cluster = start_cluster(robots).await;
     let fleet = Sims::start(&cluster, robots, Behaviour::heartbeat(Duration::from_secs(30)));
@@ -538,23 +580,35 @@ async fn dispatch(robots: usize, jobs: usize, rate: u64) {
     println!("BENCH dispatch_unfinished {unfinished} tasks");
     let mut latencies = Vec::with_capacity(jobs);
     let tasks = all_tasks(&cluster.client).await;
+    let runs = fleet.runs();
     let retried = tasks
         .iter()
         .filter(|t| t.status.as_ref().is_some_and(|s| s.attempt > 1))
         .count();
+    let with_start_time = tasks
+        .iter()
+        .filter(|t| t.status.as_ref().is_some_and(|s| s.start_time.is_some()))
+        .count();
+    let mut first_start: std::collections::HashMap<&str, jiff::Timestamp> = std::collections::HashMap::new();
+    for run in &runs {
+        let start = first_start.entry(&run.uid).or_insert(run.start);
+        *start = (*start).min(run.start);
+    }
     let mut waiting = created.clone();
-    for t in tasks {
+    for t in &tasks {
         let job = t
             .labels()
             .get(k8s4r_api::names::LABEL_JOB)
             .cloned()
             .unwrap_or_default();
-        if let (Some(at), Some(start)) = (created.get(&job), t.status.as_ref().and_then(|s| s.start_time)) {
+        let start = t.metadata.uid.as_deref().and_then(|uid| first_start.get(uid));
+        if let (Some(at), Some(start)) = (created.get(&job), start) {
             latencies.push(start.duration_since(*at).as_secs_f64() * 1000.0);
             waiting.remove(&job);
         }
     }
     let started_tasks = latencies.len();
+    let twice = Twice::of(&runs);
     // A job whose task never started counts with the time it has waited
     // so far: the percentiles are then lower bounds, not flattered.
     let now = jiff::Timestamp::now();
@@ -572,7 +626,13 @@ async fn dispatch(robots: usize, jobs: usize, rate: u64) {
         "INFO {jobs} jobs at {rate}/s onto {robots} robots: created in {all_created:.1} s, all finished after {all_done:.1} s; {} dispatches, {retried} tasks retried",
         fleet.dispatches(),
     );
-    println!("BENCH dispatch_duplicates {} dispatches", fleet.duplicates());
+    println!(
+        "INFO {} tasks ran on two robots (or two attempts) at once, {} were completed twice one after the other; {} dispatches of an attempt already taken were refused by the robot's fence",
+        twice.at_once,
+        twice.completed,
+        fleet.resent_dispatches(),
+    );
+    println!("BENCH dispatch_duplicates {} tasks", twice.tasks());
     println!(
         "BENCH dispatch_p50_ms_{}_robots {:.1} ms",
         label(robots),
@@ -583,7 +643,10 @@ async fn dispatch(robots: usize, jobs: usize, rate: u64) {
         label(robots),
         pct(99.0)
     );
-    println!("INFO {started_tasks} of {jobs} tasks started on a robot");
+    println!(
+        "INFO {started_tasks} of {jobs} tasks started on a robot; {with_start_time} of the {} Tasks listed show a startTime",
+        tasks.len()
+    );
     println!(
         "BENCH tasks_completed_per_s {:.1} tasks/s",
         (jobs - unfinished) as f64 / all_done
@@ -662,27 +725,40 @@ async fn reconnect_storm(robots: usize, jobs: usize, rate: u64) {
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
-    // A robot reported these tasks' end; the cluster must show it.
-    let finished = fleet.finished_tasks();
+    // A robot reported these tasks completed; the cluster must show it.
+    let runs = fleet.runs();
+    let completed: std::collections::HashSet<&str> = runs
+        .iter()
+        .filter(|r| matches!(r.end, Some((_, End::Completed))))
+        .map(|r| r.uid.as_str())
+        .collect();
     let lost = tasks
         .iter()
-        .filter(|t| t.metadata.uid.as_ref().is_some_and(|uid| finished.contains(uid)))
+        .filter(|t| {
+            t.metadata
+                .uid
+                .as_deref()
+                .is_some_and(|uid| completed.contains(uid))
+        })
         .filter(|t| t.status.as_ref().and_then(|s| s.state) != Some(k8s4r_api::TaskState::Completed))
         .count();
     let retried = tasks
         .iter()
         .filter(|t| t.status.as_ref().is_some_and(|s| s.attempt > 1))
         .count();
-    let duplicates = fleet.duplicates();
+    let twice = Twice::of(&runs);
     println!(
-        "INFO {} restarted under {robots} robots holding {held} tasks; {} jobs; all registered again after {took:.1} s with {storm_writes} API writes meanwhile (the jobs' included); {} tasks retried; {} status updates sent again",
+        "INFO {} restarted under {robots} robots holding {held} tasks; {} jobs; all registered again after {took:.1} s with {storm_writes} API writes meanwhile (the jobs' included); {} tasks retried; {} status updates sent again; {} tasks ran twice at once, {} were completed twice; {} re-sent dispatches refused by the robot's fence",
         if cluster.edges.is_empty() { "the broker" } else { "every broker" },
         created.len(),
         retried,
         fleet.resent_statuses(),
+        twice.at_once,
+        twice.completed,
+        fleet.resent_dispatches(),
     );
     println!("BENCH reconnect_storm_{}_s {took:.1} s", label(robots));
-    println!("BENCH reconnect_duplicates {duplicates} dispatches");
+    println!("BENCH reconnect_duplicates {} tasks", twice.tasks());
     println!("BENCH reconnect_lost {lost} statuses");
     fleet.stop().await;
 }

@@ -18,14 +18,13 @@
 //! message goes back over the bridge it came from.
 //!
 //! A shard prints its counters once a second on stdout (`SIM connects
-//! online heartbeats bytes_out bytes_in dispatches duplicates overlapping
+//! online heartbeats bytes_out bytes_in dispatches resent_dispatches
 //! finished registered_since_mark resent_statuses`). On its stdin, a line
 //! `vanish N` makes its first N robots vanish, `mark MS` counts the robots
 //! answered Online from MS (milliseconds since the Unix epoch) on,
-//! `finished PATH` writes the uids of the tasks it finished to PATH, one a
-//! line, and the end of its stdin stops it.
+//! `runs PATH` writes every run of an attempt its robots made to PATH, one
+//! a line ([`Run::to_line`]), and the end of its stdin stops it.
 
-use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -33,7 +32,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use k8s4r_sim::{Fleet, SimConfig};
+use k8s4r_sim::{Fleet, Run, SimConfig};
 use k8s4r_testbed::Mosquitto;
 
 /// Robots per simulator process and per edge broker: under the 20,000 open
@@ -117,7 +116,7 @@ struct Seen {
     heartbeats: AtomicU64,
     bytes: AtomicU64,
     dispatches: AtomicU64,
-    duplicates: AtomicU64,
+    resent_dispatches: AtomicU64,
     finished: AtomicU64,
     registered_since_mark: AtomicU64,
     resent_statuses: AtomicU64,
@@ -172,7 +171,7 @@ impl Shards {
                         .strip_prefix("SIM ")
                         .map(|rest| rest.split(' ').filter_map(|f| f.parse().ok()).collect())
                         .unwrap_or_default();
-                    if let [connects, online, heartbeats, bytes_out, bytes_in, dispatches, duplicates, overlapping, finished, since_mark, resent] =
+                    if let [connects, online, heartbeats, bytes_out, bytes_in, dispatches, resent_dispatches, finished, since_mark, resent] =
                         fields[..]
                     {
                         into.registered_since_mark.store(since_mark, Ordering::Relaxed);
@@ -182,7 +181,7 @@ impl Shards {
                         into.heartbeats.store(heartbeats, Ordering::Relaxed);
                         into.bytes.store(bytes_out + bytes_in, Ordering::Relaxed);
                         into.dispatches.store(dispatches, Ordering::Relaxed);
-                        into.duplicates.store(duplicates + overlapping, Ordering::Relaxed);
+                        into.resent_dispatches.store(resent_dispatches, Ordering::Relaxed);
                         into.finished.store(finished, Ordering::Relaxed);
                     }
                 }
@@ -237,11 +236,10 @@ impl Shards {
         self.sum(|s| &s.dispatches)
     }
 
-    /// An attempt dispatched again to the robot that held it or had ended
-    /// it, or a task dispatched while another robot of the same shard held
-    /// it (a task moved between shards is seen by its attempt count).
-    pub fn duplicates(&self) -> u64 {
-        self.sum(|s| &s.duplicates)
+    /// Dispatches of an attempt a robot had already taken, refused by its
+    /// fence, all shards.
+    pub fn resent_dispatches(&self) -> u64 {
+        self.sum(|s| &s.resent_dispatches)
     }
 
     /// Tasks finished, all shards.
@@ -269,32 +267,29 @@ impl Shards {
         usize::try_from(self.sum(|s| &s.registered_since_mark)).unwrap_or(usize::MAX)
     }
 
-    /// The uids of the tasks whose end a robot reported, all shards (each
-    /// writes its own into a file; this waits up to a minute for them).
-    pub fn finished_tasks(&self) -> HashSet<String> {
+    /// Every run of an attempt, all shards (each writes its own into a
+    /// file; this waits up to a minute for them).
+    pub fn runs(&self) -> Vec<Run> {
         let dir = tempfile::tempdir().expect("a directory for the shards' lists");
-        let path = |i: usize| dir.path().join(format!("finished-{i}"));
+        let path = |i: usize| dir.path().join(format!("runs-{i}"));
         for (i, (_, stdin)) in self.children.iter().enumerate() {
             if let Some(stdin) = stdin.lock().unwrap().as_mut() {
-                let _ = writeln!(stdin, "finished {}", path(i).display());
+                let _ = writeln!(stdin, "runs {}", path(i).display());
             }
         }
         let deadline = Instant::now() + Duration::from_secs(60);
-        let mut uids = HashSet::new();
+        let mut runs = Vec::new();
         for i in 0..self.children.len() {
             let text = loop {
                 if let Ok(text) = std::fs::read_to_string(path(i)) {
                     break text;
                 }
-                assert!(
-                    Instant::now() < deadline,
-                    "shard {i} did not list its finished tasks"
-                );
+                assert!(Instant::now() < deadline, "shard {i} did not list its runs");
                 std::thread::sleep(Duration::from_millis(100));
             };
-            uids.extend(text.lines().map(str::to_owned));
+            runs.extend(text.lines().map(|line| Run::parse(line).expect("a shard's run")));
         }
-        uids
+        runs
     }
 
     /// The shards' resident memory, KiB, all together.
@@ -330,11 +325,11 @@ fn unix_ms() -> u128 {
         .unwrap_or(0)
 }
 
-/// Writes `uids` to `path` whole (a file beside it renamed into place), so
+/// Writes `runs` to `path` whole (a file beside it renamed into place), so
 /// that a reader never sees part of the list.
-fn write_list(path: &Path, uids: &HashSet<String>) {
+fn write_list(path: &Path, runs: &[Run]) {
     let partial = path.with_extension("partial");
-    let text: String = uids.iter().map(|u| format!("{u}\n")).collect();
+    let text: String = runs.iter().map(|r| r.to_line() + "\n").collect();
     if std::fs::write(&partial, text).is_ok() {
         let _ = std::fs::rename(&partial, path);
     }
@@ -380,7 +375,7 @@ pub fn shard_main(args: &[String]) {
                 _ = report.tick() => {
                     let c = &fleet.counters;
                     println!(
-                        "SIM {} {} {} {} {} {} {} {} {} {} {}",
+                        "SIM {} {} {} {} {} {} {} {} {} {}",
                         c.connects.load(Ordering::Relaxed),
                         c.online.load(Ordering::Relaxed),
                         c.heartbeats.load(Ordering::Relaxed),
@@ -388,7 +383,6 @@ pub fn shard_main(args: &[String]) {
                         c.bytes_in.load(Ordering::Relaxed),
                         c.dispatches.load(Ordering::Relaxed),
                         c.duplicate_dispatches.load(Ordering::Relaxed),
-                        c.overlapping_dispatches.load(Ordering::Relaxed),
                         c.finished.load(Ordering::Relaxed),
                         mark.map_or(0, |m| fleet.registered_since(m)),
                         c.resent_statuses.load(Ordering::Relaxed),
@@ -402,8 +396,8 @@ pub fn shard_main(args: &[String]) {
                             let ago = unix_ms().saturating_sub(ms);
                             let ago = Duration::from_millis(u64::try_from(ago).unwrap_or(u64::MAX));
                             mark = Instant::now().checked_sub(ago);
-                        } else if let Some(path) = line.strip_prefix("finished ") {
-                            write_list(Path::new(path.trim()), &fleet.finished_tasks());
+                        } else if let Some(path) = line.strip_prefix("runs ") {
+                            write_list(Path::new(path.trim()), &fleet.runs());
                         }
                     }
                     None => break,

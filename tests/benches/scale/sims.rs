@@ -1,11 +1,10 @@
 //! The simulated fleet, whichever way it runs: in this process, or above
 //! [`shards::per_process`] robots in simulator processes of their own.
 
-use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use k8s4r_sim::{Fleet, SimConfig};
+use k8s4r_sim::{Fleet, Run, SimConfig};
 use k8s4r_testbed::bench_arg as arg;
 
 use crate::{shards, sim, Cluster, TOKEN};
@@ -91,15 +90,12 @@ impl Sims {
         }
     }
 
-    /// Attempts dispatched twice, and tasks dispatched while another robot
-    /// held them.
-    pub fn duplicates(&self) -> u64 {
+    /// Dispatches of an attempt a robot had already taken, refused by its
+    /// fence (a task that ran twice shows in [`Sims::runs`]).
+    pub fn resent_dispatches(&self) -> u64 {
         match self {
-            Sims::Here(f) => {
-                f.counters.duplicate_dispatches.load(Ordering::Relaxed)
-                    + f.counters.overlapping_dispatches.load(Ordering::Relaxed)
-            }
-            Sims::Shards(s) => s.duplicates(),
+            Sims::Here(f) => f.counters.duplicate_dispatches.load(Ordering::Relaxed),
+            Sims::Shards(s) => s.resent_dispatches(),
         }
     }
 
@@ -126,11 +122,11 @@ impl Sims {
         }
     }
 
-    /// The uids of the tasks whose end a robot reported.
-    pub fn finished_tasks(&self) -> HashSet<String> {
+    /// Every run of an attempt on a robot so far, every process's.
+    pub fn runs(&self) -> Vec<Run> {
         match self {
-            Sims::Here(f) => f.finished_tasks(),
-            Sims::Shards(s) => s.finished_tasks(),
+            Sims::Here(f) => f.runs(),
+            Sims::Shards(s) => s.runs(),
         }
     }
 
