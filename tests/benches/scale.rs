@@ -572,15 +572,35 @@ async fn dispatch(robots: usize, jobs: usize, rate: u64) {
     // What was measured is printed even when not every task finished in
     // time (the figures are then over the tasks that started).
     let deadline = Instant::now() + Duration::from_secs(arg("--deadline", 900));
-    while (fleet.finished() as usize) < jobs && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    // Finished runs count a task that ran twice twice: once they add up to
+    // the Jobs, the tasks are counted from the runs themselves.
+    let finished_tasks = |runs: &[Run]| {
+        runs.iter()
+            .filter(|r| r.end.is_some())
+            .map(|r| r.uid.as_str())
+            .collect::<std::collections::HashSet<_>>()
+            .len()
+    };
+    let mut runs = Vec::new();
+    while Instant::now() < deadline {
+        if (fleet.finished() as usize) < jobs {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        }
+        runs = fleet.runs();
+        if finished_tasks(&runs) >= jobs {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
     }
     let all_done = started.elapsed().as_secs_f64();
-    let unfinished = jobs.saturating_sub(fleet.finished() as usize);
+    if finished_tasks(&runs) < jobs {
+        runs = fleet.runs();
+    }
+    let unfinished = jobs.saturating_sub(finished_tasks(&runs));
     println!("BENCH dispatch_unfinished {unfinished} tasks");
     let mut latencies = Vec::with_capacity(jobs);
     let tasks = all_tasks(&cluster.client).await;
-    let runs = fleet.runs();
     let retried = tasks
         .iter()
         .filter(|t| t.status.as_ref().is_some_and(|s| s.attempt > 1))
@@ -644,7 +664,7 @@ async fn dispatch(robots: usize, jobs: usize, rate: u64) {
         pct(99.0)
     );
     println!(
-        "INFO {started_tasks} of {jobs} tasks started on a robot; {with_start_time} of the {} Tasks listed show a startTime",
+        "INFO {started_tasks} of {jobs} Jobs' tasks started on a robot; {} Tasks listed, {with_start_time} of them show a startTime",
         tasks.len()
     );
     println!(
