@@ -153,7 +153,8 @@ pub struct Queues {
     /// Robots with something waiting, in the order they are served: those
     /// whose next message is urgent, then the others.
     turns: [VecDeque<String>; 2],
-    /// Urgent turns taken in a row while routine ones waited.
+    /// Urgent turns taken in a row (a routine turn, or an empty lane, ends
+    /// the streak).
     streak: u32,
     bytes: usize,
 }
@@ -196,7 +197,7 @@ impl Queues {
         let [urgent_turns, routine_turns] = &self.turns;
         let routine =
             urgent_turns.is_empty() || (self.streak >= URGENT_PER_ROUTINE && !routine_turns.is_empty());
-        self.streak = if routine { 0 } else { self.streak + 1 };
+        self.streak = if routine { 0 } else { self.streak.saturating_add(1) };
         let robot = self.turns[usize::from(routine)].pop_front()?;
         let queue = self.robots.get_mut(&robot)?;
         let message = queue.messages.pop_front()?;

@@ -520,8 +520,10 @@ async fn offline_detection(cluster: &Cluster, fleet: &Sims, vanished: usize) {
 struct Twice {
     /// Tasks two of whose runs were under way at the same moment.
     at_once: usize,
-    /// Tasks completed by more than one run, one after the other.
+    /// Tasks completed by more than one run.
     completed: usize,
+    /// Tasks that ran twice either way (each counted once).
+    tasks: usize,
 }
 
 impl Twice {
@@ -530,29 +532,26 @@ impl Twice {
         for run in runs {
             by_task.entry(&run.uid).or_default().push(run);
         }
-        let at_once = by_task
-            .values()
-            .filter(|runs| {
-                runs.iter()
-                    .enumerate()
-                    .any(|(i, a)| runs[i + 1..].iter().any(|b| a.overlaps(b)))
-            })
-            .count();
-        let completed = by_task
-            .values()
-            .filter(|runs| {
-                runs.iter()
-                    .filter(|r| matches!(r.end, Some((_, End::Completed))))
-                    .count()
-                    > 1
-            })
-            .count();
-        Twice { at_once, completed }
-    }
-
-    /// Tasks that ran twice, either way.
-    fn tasks(&self) -> usize {
-        self.at_once + self.completed
+        let mut twice = Twice {
+            at_once: 0,
+            completed: 0,
+            tasks: 0,
+        };
+        for runs in by_task.values() {
+            let at_once = runs
+                .iter()
+                .enumerate()
+                .any(|(i, a)| runs[i + 1..].iter().any(|b| a.overlaps(b)));
+            let completed = runs
+                .iter()
+                .filter(|r| matches!(r.end, Some((_, End::Completed))))
+                .count()
+                > 1;
+            twice.at_once += usize::from(at_once);
+            twice.completed += usize::from(completed);
+            twice.tasks += usize::from(at_once || completed);
+        }
+        twice
     }
 }
 
@@ -576,31 +575,28 @@ async fn dispatch(robots: usize, jobs: usize, rate: u64) {
     // the Jobs, the tasks are counted from the runs themselves.
     let finished_tasks = |runs: &[Run]| {
         runs.iter()
-            .filter(|r| r.end.is_some())
+            .filter(|r| matches!(r.end, Some((_, End::Completed | End::Failed))))
             .map(|r| r.uid.as_str())
             .collect::<std::collections::HashSet<_>>()
             .len()
     };
-    let mut runs = Vec::new();
     while Instant::now() < deadline {
         if (fleet.finished() as usize) < jobs {
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         }
-        runs = fleet.runs();
-        if finished_tasks(&runs) >= jobs {
+        if finished_tasks(&fleet.runs()) >= jobs {
             break;
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
     let all_done = started.elapsed().as_secs_f64();
-    if finished_tasks(&runs) < jobs {
-        runs = fleet.runs();
-    }
+    let tasks = all_tasks(&cluster.client).await;
+    // Read again after the Tasks: a run that began since counts too.
+    let runs = fleet.runs();
     let unfinished = jobs.saturating_sub(finished_tasks(&runs));
     println!("BENCH dispatch_unfinished {unfinished} tasks");
     let mut latencies = Vec::with_capacity(jobs);
-    let tasks = all_tasks(&cluster.client).await;
     let retried = tasks
         .iter()
         .filter(|t| t.status.as_ref().is_some_and(|s| s.attempt > 1))
@@ -652,7 +648,7 @@ async fn dispatch(robots: usize, jobs: usize, rate: u64) {
         twice.completed,
         fleet.resent_dispatches(),
     );
-    println!("BENCH dispatch_duplicates {} tasks", twice.tasks());
+    println!("BENCH dispatch_duplicates {} tasks", twice.tasks);
     println!(
         "BENCH dispatch_p50_ms_{}_robots {:.1} ms",
         label(robots),
@@ -745,20 +741,22 @@ async fn reconnect_storm(robots: usize, jobs: usize, rate: u64) {
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
-    // A robot reported these tasks completed; the cluster must show it.
+    // A robot reported the Task's current attempt completed; the cluster
+    // must show it (a replaced attempt's late report is refused by design).
     let runs = fleet.runs();
-    let completed: std::collections::HashSet<&str> = runs
+    let completed: std::collections::HashSet<(&str, u32)> = runs
         .iter()
         .filter(|r| matches!(r.end, Some((_, End::Completed))))
-        .map(|r| r.uid.as_str())
+        .map(|r| (r.uid.as_str(), r.attempt))
         .collect();
     let lost = tasks
         .iter()
         .filter(|t| {
+            let attempt = t.status.as_ref().map_or(0, |s| s.attempt);
             t.metadata
                 .uid
                 .as_deref()
-                .is_some_and(|uid| completed.contains(uid))
+                .is_some_and(|uid| completed.contains(&(uid, attempt)))
         })
         .filter(|t| t.status.as_ref().and_then(|s| s.state) != Some(k8s4r_api::TaskState::Completed))
         .count();
@@ -778,7 +776,7 @@ async fn reconnect_storm(robots: usize, jobs: usize, rate: u64) {
         fleet.resent_dispatches(),
     );
     println!("BENCH reconnect_storm_{}_s {took:.1} s", label(robots));
-    println!("BENCH reconnect_duplicates {} tasks", twice.tasks());
+    println!("BENCH reconnect_duplicates {} tasks", twice.tasks);
     println!("BENCH reconnect_lost {lost} statuses");
     fleet.stop().await;
 }
