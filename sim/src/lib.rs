@@ -510,7 +510,7 @@ impl SimRobot {
         let mut update = StatusUpdate::new(&d.task_uid, d.attempt, state.outbox.seq(), TaskState::Running);
         update.start_time = Some(wall);
         self.send_status(client, &mut state.outbox, &update);
-        state.held.insert(key.clone(), (run, wall));
+        state.held.insert(key.clone(), run);
         let (lo, hi) = self.config.task_duration;
         let run = lo + (hi.saturating_sub(lo)).mul_f64(state.rng.next_f64());
         let failed = state.rng.next_f64() < self.config.fail_fraction;
@@ -523,8 +523,14 @@ impl SimRobot {
 
     /// A held attempt ended: its end is reported.
     fn finish(&self, client: &AsyncClient, state: &mut State, uid: String, attempt: u32, end: End) {
-        let Some((run, started)) = state.held.remove(&(uid.clone(), attempt)) else {
+        let Some(run) = state.held.remove(&(uid.clone(), attempt)) else {
             return;
+        };
+        let finished = jiff::Timestamp::now();
+        let started = {
+            let mut runs = lock(&self.ledger.runs);
+            runs[run].end = Some((finished, end));
+            runs[run].start
         };
         let (state_now, reason, exit) = match end {
             End::Completed => (TaskState::Completed, TaskReason::Completed, Some(0)),
@@ -534,13 +540,11 @@ impl SimRobot {
         let mut update = StatusUpdate::new(&uid, attempt, state.outbox.seq(), state_now);
         update.exit_code = exit;
         update.reason = Some(reason);
-        let finished = jiff::Timestamp::now();
         update.finish_time = Some(finished);
         // As the agent's end reports do: the cluster has the start even if
         // the running report was never recorded.
         update.start_time = Some(started);
         self.send_status(client, &mut state.outbox, &update);
-        lock(&self.ledger.runs)[run].end = Some((finished, end));
         state.finished.insert((uid, attempt));
         if end != End::Cancelled {
             self.counters.finished.fetch_add(1, Ordering::Relaxed);
@@ -720,7 +724,7 @@ impl SimRobot {
 
 /// The attempts a robot holds, as its registration and heartbeats list
 /// them.
-fn holding(held: &HashMap<(String, u32), (usize, jiff::Timestamp)>) -> Vec<TaskAttempt> {
+fn holding(held: &HashMap<(String, u32), usize>) -> Vec<TaskAttempt> {
     held.keys()
         .map(|(uid, attempt)| TaskAttempt::new(uid.clone(), *attempt))
         .collect()
@@ -729,8 +733,8 @@ fn holding(held: &HashMap<(String, u32), (usize, jiff::Timestamp)>) -> Vec<TaskA
 /// One robot's memory across its connections.
 struct State {
     rng: Rng,
-    /// What it holds: its run in the ledger, and when it started.
-    held: HashMap<(String, u32), (usize, jiff::Timestamp)>,
+    /// What it holds, each with the index of its run in the ledger.
+    held: HashMap<(String, u32), usize>,
     finished: HashSet<(String, u32)>,
     outbox: Outbox,
     /// The agent's own fencing: the server's clock (dispatch deadlines,
