@@ -23,10 +23,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use k8s4r_api::{Robot, RobotPhase};
-use k8s4r_sim::{End, Run, SimConfig};
+use k8s4r_sim::SimConfig;
 use k8s4r_testbed::{bench_arg as arg, free_port, resource_version, Mosquitto, Program};
 use kube::api::{ListParams, Patch, PatchParams};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client};
 
 const TOKEN: &str = "sim-bootstrap-token";
 
@@ -34,12 +34,15 @@ const TOKEN: &str = "sim-bootstrap-token";
 mod dashboard;
 #[path = "scale/phases.rs"]
 mod phases;
+#[path = "scale/runs.rs"]
+mod runs;
 #[path = "scale/shards.rs"]
 mod shards;
 #[path = "scale/sims.rs"]
 mod sims;
 
 use phases::Phases;
+use runs::{Latencies, Twice};
 use sims::{Behaviour, Sims};
 
 /// CPU time (user + system) of a process so far, in seconds.
@@ -516,45 +519,6 @@ async fn offline_detection(cluster: &Cluster, fleet: &Sims, vanished: usize) {
     println!("BENCH offline_detection_s {:.1} s", gone.elapsed().as_secs_f64());
 }
 
-/// What the robots' runs say about running twice.
-struct Twice {
-    /// Tasks two of whose runs were under way at the same moment.
-    at_once: usize,
-    /// Tasks completed by more than one run.
-    completed: usize,
-    /// Tasks that ran twice either way (each counted once).
-    tasks: usize,
-}
-
-impl Twice {
-    fn of(runs: &[Run]) -> Twice {
-        let mut by_task: std::collections::HashMap<&str, Vec<&Run>> = std::collections::HashMap::new();
-        for run in runs {
-            by_task.entry(&run.uid).or_default().push(run);
-        }
-        let mut twice = Twice {
-            at_once: 0,
-            completed: 0,
-            tasks: 0,
-        };
-        for runs in by_task.values() {
-            let at_once = runs
-                .iter()
-                .enumerate()
-                .any(|(i, a)| runs[i + 1..].iter().any(|b| a.overlaps(b)));
-            let completed = runs
-                .iter()
-                .filter(|r| matches!(r.end, Some((_, End::Completed))))
-                .count()
-                > 1;
-            twice.at_once += usize::from(at_once);
-            twice.completed += usize::from(completed);
-            twice.tasks += usize::from(at_once || completed);
-        }
-        twice
-    }
-}
-
 /// Single-task Jobs created at a steady rate onto a connected fleet:
 /// created → running (the robot's start of the Job's first run, which its
 /// status reports as `startTime`) p50 and p99, tasks completed per second,
@@ -573,19 +537,12 @@ async fn dispatch(robots: usize, jobs: usize, rate: u64) {
     let deadline = Instant::now() + Duration::from_secs(arg("--deadline", 900));
     // Finished runs count a task that ran twice twice: once they add up to
     // the Jobs, the tasks are counted from the runs themselves.
-    let finished_tasks = |runs: &[Run]| {
-        runs.iter()
-            .filter(|r| matches!(r.end, Some((_, End::Completed | End::Failed))))
-            .map(|r| r.uid.as_str())
-            .collect::<std::collections::HashSet<_>>()
-            .len()
-    };
     while Instant::now() < deadline {
         if (fleet.finished() as usize) < jobs {
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         }
-        if finished_tasks(&fleet.runs()) >= jobs {
+        if runs::finished_tasks(&fleet.runs()) >= jobs {
             break;
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -594,9 +551,8 @@ async fn dispatch(robots: usize, jobs: usize, rate: u64) {
     let tasks = all_tasks(&cluster.client).await;
     // Read again after the Tasks: a run that began since counts too.
     let runs = fleet.runs();
-    let unfinished = jobs.saturating_sub(finished_tasks(&runs));
+    let unfinished = jobs.saturating_sub(runs::finished_tasks(&runs));
     println!("BENCH dispatch_unfinished {unfinished} tasks");
-    let mut latencies = Vec::with_capacity(jobs);
     let retried = tasks
         .iter()
         .filter(|t| t.status.as_ref().is_some_and(|s| s.attempt > 1))
@@ -605,39 +561,8 @@ async fn dispatch(robots: usize, jobs: usize, rate: u64) {
         .iter()
         .filter(|t| t.status.as_ref().is_some_and(|s| s.start_time.is_some()))
         .count();
-    let mut first_start: std::collections::HashMap<&str, jiff::Timestamp> = std::collections::HashMap::new();
-    for run in &runs {
-        let start = first_start.entry(&run.uid).or_insert(run.start);
-        *start = (*start).min(run.start);
-    }
-    let mut waiting = created.clone();
-    for t in &tasks {
-        let job = t
-            .labels()
-            .get(k8s4r_api::names::LABEL_JOB)
-            .cloned()
-            .unwrap_or_default();
-        let start = t.metadata.uid.as_deref().and_then(|uid| first_start.get(uid));
-        if let (Some(at), Some(start)) = (created.get(&job), start) {
-            latencies.push(start.duration_since(*at).as_secs_f64() * 1000.0);
-            waiting.remove(&job);
-        }
-    }
-    let started_tasks = latencies.len();
+    let latencies = Latencies::of(&tasks, &runs, &created, jiff::Timestamp::now());
     let twice = Twice::of(&runs);
-    // A job whose task never started counts with the time it has waited
-    // so far: the percentiles are then lower bounds, not flattered.
-    let now = jiff::Timestamp::now();
-    latencies.extend(
-        waiting
-            .values()
-            .map(|at| now.duration_since(*at).as_secs_f64() * 1000.0),
-    );
-    latencies.sort_by(f64::total_cmp);
-    let pct = |p: f64| {
-        let rank = ((p / 100.0) * latencies.len() as f64).ceil() as usize;
-        latencies[rank.clamp(1, latencies.len()) - 1]
-    };
     println!(
         "INFO {jobs} jobs at {rate}/s onto {robots} robots: created in {all_created:.1} s, all finished after {all_done:.1} s; {} dispatches, {retried} tasks retried",
         fleet.dispatches(),
@@ -652,15 +577,16 @@ async fn dispatch(robots: usize, jobs: usize, rate: u64) {
     println!(
         "BENCH dispatch_p50_ms_{}_robots {:.1} ms",
         label(robots),
-        pct(50.0)
+        latencies.pct(50.0)
     );
     println!(
         "BENCH dispatch_p99_ms_{}_robots {:.1} ms",
         label(robots),
-        pct(99.0)
+        latencies.pct(99.0)
     );
     println!(
-        "INFO {started_tasks} of {jobs} Jobs' tasks started on a robot; {} Tasks listed, {with_start_time} of them show a startTime",
+        "INFO {} of {jobs} Jobs' tasks started on a robot; {} Tasks listed, {with_start_time} of them show a startTime",
+        latencies.started,
         tasks.len()
     );
     println!(
@@ -744,11 +670,7 @@ async fn reconnect_storm(robots: usize, jobs: usize, rate: u64) {
     // A robot reported the Task's current attempt completed; the cluster
     // must show it (a replaced attempt's late report is refused by design).
     let runs = fleet.runs();
-    let completed: std::collections::HashSet<(&str, u32)> = runs
-        .iter()
-        .filter(|r| matches!(r.end, Some((_, End::Completed))))
-        .map(|r| (r.uid.as_str(), r.attempt))
-        .collect();
+    let completed = runs::completed_attempts(&runs);
     let lost = tasks
         .iter()
         .filter(|t| {

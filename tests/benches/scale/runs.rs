@@ -1,0 +1,115 @@
+//! What the robots' own record of their runs says: tasks finished, tasks
+//! run twice, and how long each Job waited for its task to start.
+
+use std::collections::{HashMap, HashSet};
+
+use k8s4r_sim::{End, Run};
+use kube::ResourceExt;
+
+/// Tasks a run finished (completed or failed; a cancelled run did not):
+/// counted by task, so a task run twice counts once.
+pub fn finished_tasks(runs: &[Run]) -> usize {
+    runs.iter()
+        .filter(|r| matches!(r.end, Some((_, End::Completed | End::Failed))))
+        .map(|r| r.uid.as_str())
+        .collect::<HashSet<_>>()
+        .len()
+}
+
+/// The (task uid, attempt) of every run that completed.
+pub fn completed_attempts(runs: &[Run]) -> HashSet<(&str, u32)> {
+    runs.iter()
+        .filter(|r| matches!(r.end, Some((_, End::Completed))))
+        .map(|r| (r.uid.as_str(), r.attempt))
+        .collect()
+}
+
+/// What the robots' runs say about running twice.
+pub struct Twice {
+    /// Tasks two of whose runs were under way at the same moment.
+    pub at_once: usize,
+    /// Tasks completed by more than one run.
+    pub completed: usize,
+    /// Tasks that ran twice either way (each counted once).
+    pub tasks: usize,
+}
+
+impl Twice {
+    pub fn of(runs: &[Run]) -> Twice {
+        let mut by_task: HashMap<&str, Vec<&Run>> = HashMap::new();
+        for run in runs {
+            by_task.entry(&run.uid).or_default().push(run);
+        }
+        let mut twice = Twice {
+            at_once: 0,
+            completed: 0,
+            tasks: 0,
+        };
+        for runs in by_task.values() {
+            let at_once = runs
+                .iter()
+                .enumerate()
+                .any(|(i, a)| runs[i + 1..].iter().any(|b| a.overlaps(b)));
+            let completed = runs
+                .iter()
+                .filter(|r| matches!(r.end, Some((_, End::Completed))))
+                .count()
+                > 1;
+            twice.at_once += usize::from(at_once);
+            twice.completed += usize::from(completed);
+            twice.tasks += usize::from(at_once || completed);
+        }
+        twice
+    }
+}
+
+/// Created → started of each Job, in milliseconds, sorted: the start is
+/// the robot's start of the first run of the Job's task. A Job whose task
+/// never started counts with the time it has waited until `now`, so the
+/// percentiles are lower bounds, not flattered.
+pub struct Latencies {
+    sorted: Vec<f64>,
+    /// Jobs whose task a robot started.
+    pub started: usize,
+}
+
+impl Latencies {
+    pub fn of(
+        tasks: &[k8s4r_api::Task],
+        runs: &[Run],
+        created: &HashMap<String, jiff::Timestamp>,
+        now: jiff::Timestamp,
+    ) -> Latencies {
+        let mut first_start: HashMap<&str, jiff::Timestamp> = HashMap::new();
+        for run in runs {
+            let start = first_start.entry(&run.uid).or_insert(run.start);
+            *start = (*start).min(run.start);
+        }
+        let ms =
+            |from: &jiff::Timestamp, to: &jiff::Timestamp| to.duration_since(*from).as_secs_f64() * 1000.0;
+        let mut sorted = Vec::with_capacity(created.len());
+        let mut waiting = created.clone();
+        for t in tasks {
+            let job = t
+                .labels()
+                .get(k8s4r_api::names::LABEL_JOB)
+                .cloned()
+                .unwrap_or_default();
+            let start = t.metadata.uid.as_deref().and_then(|uid| first_start.get(uid));
+            if let (Some(at), Some(start)) = (created.get(&job), start) {
+                sorted.push(ms(at, start));
+                waiting.remove(&job);
+            }
+        }
+        let started = sorted.len();
+        sorted.extend(waiting.values().map(|at| ms(at, &now)));
+        sorted.sort_by(f64::total_cmp);
+        Latencies { sorted, started }
+    }
+
+    /// The `p`th percentile, nearest rank.
+    pub fn pct(&self, p: f64) -> f64 {
+        let rank = ((p / 100.0) * self.sorted.len() as f64).ceil() as usize;
+        self.sorted[rank.clamp(1, self.sorted.len()) - 1]
+    }
+}
