@@ -667,21 +667,8 @@ async fn reconnect_storm(robots: usize, jobs: usize, rate: u64) {
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
-    // A robot reported the Task's current attempt completed; the cluster
-    // must show it (a replaced attempt's late report is refused by design).
     let runs = fleet.runs();
-    let completed = runs::completed_attempts(&runs);
-    let lost = tasks
-        .iter()
-        .filter(|t| {
-            let attempt = t.status.as_ref().map_or(0, |s| s.attempt);
-            t.metadata
-                .uid
-                .as_deref()
-                .is_some_and(|uid| completed.contains(&(uid, attempt)))
-        })
-        .filter(|t| t.status.as_ref().and_then(|s| s.state) != Some(k8s4r_api::TaskState::Completed))
-        .count();
+    let lost = runs::lost_statuses(&tasks, &runs);
     let retried = tasks
         .iter()
         .filter(|t| t.status.as_ref().is_some_and(|s| s.attempt > 1))

@@ -16,12 +16,28 @@ pub fn finished_tasks(runs: &[Run]) -> usize {
         .len()
 }
 
-/// The (task uid, attempt) of every run that completed.
-pub fn completed_attempts(runs: &[Run]) -> HashSet<(&str, u32)> {
-    runs.iter()
+/// Tasks whose current attempt a robot reported completed and the cluster
+/// does not show completed: a status lost. (A replaced attempt's late
+/// report is refused by design, so only the current attempt counts.)
+pub fn lost_statuses(tasks: &[k8s4r_api::Task], runs: &[Run]) -> usize {
+    let completed: HashSet<(&str, u32)> = runs
+        .iter()
         .filter(|r| matches!(r.end, Some((_, End::Completed))))
         .map(|r| (r.uid.as_str(), r.attempt))
-        .collect()
+        .collect();
+    tasks
+        .iter()
+        .filter(|t| {
+            let status = t.status.as_ref();
+            let attempt = status.map_or(0, |s| s.attempt);
+            let reported = t
+                .metadata
+                .uid
+                .as_deref()
+                .is_some_and(|uid| completed.contains(&(uid, attempt)));
+            reported && status.and_then(|s| s.state) != Some(k8s4r_api::TaskState::Completed)
+        })
+        .count()
 }
 
 /// What the robots' runs say about running twice.
