@@ -63,6 +63,8 @@ pub struct App {
     pub front: Arc<crate::aggregator::FrontProxy>,
     /// Where the services APIServices name listen.
     pub endpoints: Arc<crate::aggregator::Endpoints>,
+    /// What paginated lists read on their first page, for the next ones.
+    pub lists: Arc<list::ListSnapshots>,
 }
 
 pub fn router(app: App) -> axum::Router {

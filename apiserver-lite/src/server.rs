@@ -239,6 +239,7 @@ pub async fn start(config: Config) -> Result<RunningServer> {
         limiter: limiter.clone(),
         front: Arc::new(front),
         endpoints: endpoints.clone(),
+        lists: Arc::default(),
     };
     let router = http::router(app);
     let (acceptor, ca_pem) = tls.unzip();

@@ -337,6 +337,101 @@ async fn watch_resumes_and_expires() {
     server.shutdown().await.unwrap();
 }
 
+/// Every page of a paginated list shows the objects as of its first page,
+/// and says that resourceVersion; a watch from it brings what changed while
+/// the client listed (read afresh per page, a change to an object on a page
+/// already read would fall before the version the watch starts from).
+#[tokio::test]
+async fn paginated_lists_read_one_version_and_the_watch_brings_the_rest() {
+    let (server, client) = server().await;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let cm = |name: &str, value: &str| -> ConfigMap {
+        serde_json::from_value(json!({"metadata": {"name": name}, "data": {"v": value}})).unwrap()
+    };
+    for i in 0..9 {
+        api.create(&PostParams::default(), &cm(&format!("p{i}"), "old"))
+            .await
+            .unwrap();
+    }
+    let first = api.list(&ListParams::default().limit(4)).await.unwrap();
+    let rv = first.metadata.resource_version.clone().unwrap();
+    assert_eq!(names(&first.items), ["p0", "p1", "p2", "p3"]);
+    assert_eq!(first.metadata.remaining_item_count, Some(5));
+    // While the client lists: one object it has is changed, one it has not
+    // reached is deleted, and one is created.
+    api.replace("p1", &PostParams::default(), &{
+        let mut changed = first.items[1].clone();
+        changed.data = Some([("v".to_string(), "new".to_string())].into());
+        changed
+    })
+    .await
+    .unwrap();
+    api.delete("p6", &DeleteParams::default()).await.unwrap();
+    api.create(&PostParams::default(), &cm("p9", "old"))
+        .await
+        .unwrap();
+    let mut pages = vec![first.clone()];
+    let mut token = first.metadata.continue_.clone();
+    while let Some(t) = token.filter(|t| !t.is_empty()) {
+        let page = api
+            .list(&ListParams::default().limit(4).continue_token(&t))
+            .await
+            .unwrap();
+        token = page.metadata.continue_.clone();
+        pages.push(page);
+    }
+    for page in &pages {
+        assert_eq!(page.metadata.resource_version.as_deref(), Some(rv.as_str()));
+    }
+    let listed: Vec<String> = pages.iter().flat_map(|p| names(&p.items)).collect();
+    let as_of_first: Vec<String> = (0..9).map(|i| format!("p{i}")).collect();
+    assert_eq!(
+        listed, as_of_first,
+        "every page reads the objects as of the first"
+    );
+    // The watch from the list's version brings the three changes, in order.
+    let stream = api.watch(&WatchParams::default().timeout(2), &rv).await.unwrap();
+    let changes: Vec<String> = stream
+        .take(3)
+        .map(|e| match e.unwrap() {
+            WatchEvent::Modified(o) => format!("modified {}", o.name_any()),
+            WatchEvent::Deleted(o) => format!("deleted {}", o.name_any()),
+            WatchEvent::Added(o) => format!("added {}", o.name_any()),
+            other => format!("{other:?}"),
+        })
+        .collect()
+        .await;
+    assert_eq!(changes, ["modified p1", "deleted p6", "added p9"]);
+    // A selector hides how many objects are left, as on a real server.
+    let selected = api
+        .list(
+            &ListParams::default()
+                .limit(2)
+                .fields("metadata.namespace=default"),
+        )
+        .await
+        .unwrap();
+    assert!(selected.metadata.continue_.is_some());
+    assert_eq!(selected.metadata.remaining_item_count, None);
+    // A page of a list no longer kept is 410 Expired; the client lists again.
+    let stale: String = serde_json::to_vec(&json!([1, "default", "p0"]))
+        .unwrap()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let err = api
+        .list(&ListParams::default().limit(4).continue_token(&stale))
+        .await
+        .unwrap_err();
+    let status = api_err(err);
+    assert_eq!((status.code, status.reason.as_str()), (410, "Expired"));
+    server.shutdown().await.unwrap();
+}
+
+fn names(items: &[ConfigMap]) -> Vec<String> {
+    items.iter().map(|o| o.name_any()).collect()
+}
+
 #[tokio::test]
 async fn kube_runtime_watcher_survives_restarts_of_the_watch() {
     use kube::runtime::{watcher, WatchStreamExt};

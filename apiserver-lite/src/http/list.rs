@@ -1,6 +1,10 @@
 //! Lists: the objects a label and field selector select, a page at a time
 //! (`limit` and `continue`), as JSON, a Table or PartialObjectMetadata.
 
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
 use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::{json, Value};
@@ -34,12 +38,17 @@ impl Selection {
         Ok(Selection { labels, fields })
     }
 
+    /// Whether it selects every object (no selector at all).
+    fn is_everything(&self) -> bool {
+        self.labels.is_empty() && self.fields.is_empty()
+    }
+
     /// Whether it selects a stored object. Field selectors see it as `rt`
     /// serves it; labels live in metadata, which no conversion changes, so
     /// the conversion is skipped when there is no field selector, and the
     /// object is not parsed at all when there is no selector.
     pub(super) fn selects(&self, rt: &ResourceType, stored: &Object) -> bool {
-        if self.labels.is_empty() && self.fields.is_empty() {
+        if self.is_everything() {
             return true;
         }
         let stored = stored.value();
@@ -51,12 +60,13 @@ impl Selection {
 /// One page of a list, read in one snapshot.
 struct Page {
     items: Vec<Object>,
-    /// The resourceVersion of the snapshot.
+    /// The resourceVersion of the snapshot (the first page's, on every page).
     rv: u64,
     /// Where the next page starts, when there is one.
     cont: Option<String>,
-    /// How many selected objects the next pages hold.
-    remaining: usize,
+    /// How many objects the next pages hold; unknown (and not reported, as
+    /// by a real API server) when a selector chooses among them.
+    remaining: Option<usize>,
 }
 
 pub(super) fn serve(
@@ -72,11 +82,11 @@ pub(super) fn serve(
         .and_then(|l| l.parse().ok())
         .filter(|l| *l > 0)
         .unwrap_or(usize::MAX);
-    let start_after: Option<(String, String)> = match query.get("continue").filter(|c| !c.is_empty()) {
-        Some(c) => Some(decode_continue(c)?),
+    let cursor = match query.get("continue").filter(|c| !c.is_empty()) {
+        Some(c) => Some(Cursor::decode(c)?),
         None => None,
     };
-    let page = read_page(app, rt, ns, &selection, limit, start_after.as_ref());
+    let page = read_page(app, rt, ns, &selection, limit, cursor)?;
     match shape {
         Shape::Table => {
             let inc = include_object(query);
@@ -95,50 +105,74 @@ pub(super) fn serve(
     }
 }
 
+/// A page of the list: the first one read from the store now, the next
+/// ones from what the first one read (see [`ListSnapshots`]).
 fn read_page(
     app: &App,
     rt: &ResourceType,
     ns: Option<&str>,
     selection: &Selection,
     limit: usize,
-    start_after: Option<&(String, String)>,
-) -> Page {
+    cursor: Option<Cursor>,
+) -> Result<Page, ApiError> {
     let gr = rt.stored_resource();
-    // One snapshot under the lock (clones of shared objects); the selectors,
-    // which may parse objects, run after it is released.
-    let (rv, candidates) = app.store.read(|s| {
-        let candidates: Vec<((String, String), Object)> = s
-            .list(&gr, ns)
-            .filter(|(key, _)| start_after.is_none_or(|after| *key > after))
-            .map(|(key, obj)| (key.clone(), obj.clone()))
-            .collect();
-        (s.rv, candidates)
-    });
-    let mut items = Vec::new();
-    let mut last_key = None;
-    let mut more = 0usize;
-    for (key, obj) in candidates {
-        if !selection.selects(rt, &obj) {
-            continue;
+    let (rv, entries, start) = match &cursor {
+        // One snapshot under the lock (clones of shared objects); the
+        // selectors, which may parse objects, run after it is released.
+        None => app.store.read(|s| {
+            let entries: Vec<Entry> = s
+                .list(&gr, ns)
+                .map(|(key, obj)| (key.clone(), obj.clone()))
+                .collect();
+            (s.rv, Arc::new(entries), 0)
+        }),
+        Some(cursor) => {
+            let entries = app.lists.find(&gr, ns, cursor.rv).ok_or_else(|| {
+                ApiError::gone(format!(
+                    "the continue token of this list (resourceVersion {}) has expired: list again without it",
+                    cursor.rv
+                ))
+            })?;
+            let start = entries.partition_point(|(key, _)| *key <= cursor.after);
+            (cursor.rv, entries, start)
         }
-        if items.len() >= limit {
-            more += 1;
-            continue;
-        }
-        last_key = Some(key);
-        items.push(obj);
-    }
-    let cont = if more > 0 {
-        last_key.map(|k| encode_continue(&k))
-    } else {
-        None
     };
-    Page {
+    let mut items = Vec::new();
+    let mut next = start;
+    for (_, obj) in &entries[start..] {
+        if items.len() >= limit {
+            break;
+        }
+        next += 1;
+        if selection.selects(rt, obj) {
+            items.push(obj.clone());
+        }
+    }
+    let rest = &entries[next..];
+    let more = if selection.is_everything() {
+        !rest.is_empty()
+    } else {
+        rest.iter().any(|(_, obj)| selection.selects(rt, obj))
+    };
+    let cont = match (more, next.checked_sub(1)) {
+        (true, Some(last)) => Some(
+            Cursor {
+                rv,
+                after: entries[last].0.clone(),
+            }
+            .encode(),
+        ),
+        _ => None,
+    };
+    if more && cursor.is_none() {
+        app.lists.keep(&gr, ns, rv, entries.clone());
+    }
+    Ok(Page {
         items,
         rv,
         cont,
-        remaining: more,
-    }
+        remaining: selection.is_everything().then_some(rest.len()),
+    })
 }
 
 fn metadata_list(page: Page) -> Response {
@@ -161,7 +195,9 @@ fn full_list(rt: &ResourceType, page: Page) -> Result<Response, ApiError> {
     let mut meta = json!({"resourceVersion": page.rv.to_string()});
     if let Some(c) = page.cont {
         meta["continue"] = json!(c);
-        meta["remainingItemCount"] = json!(page.remaining);
+        if let Some(remaining) = page.remaining {
+            meta["remainingItemCount"] = json!(remaining);
+        }
     }
     // Written by hand so the items go out as stored, not parsed into a new tree.
     let mut out = Vec::with_capacity(256 + page.items.iter().map(|o| o.json().len() + 1).sum::<usize>());
@@ -190,25 +226,139 @@ fn full_list(rt: &ResourceType, page: Page) -> Result<Response, ApiError> {
     Ok(bytes_response(StatusCode::OK, out))
 }
 
-fn encode_continue(key: &(String, String)) -> String {
-    let raw = serde_json::to_vec(&json!([key.0, key.1])).unwrap_or_default();
-    raw.iter().map(|b| format!("{b:02x}")).collect()
+/// Where the next page of a list starts: after `after`, in the objects as
+/// of `rv`. Sent as hex of a JSON array.
+#[derive(Debug, PartialEq)]
+struct Cursor {
+    rv: u64,
+    after: Key,
 }
 
-fn decode_continue(c: &str) -> Result<(String, String), ApiError> {
-    let bad = || ApiError::bad_request("continue key is not valid");
-    // Hex only: slicing a non-ASCII value two bytes at a time would panic.
-    if !c.is_ascii() || !c.len().is_multiple_of(2) {
-        return Err(bad());
+impl Cursor {
+    fn encode(&self) -> String {
+        let raw = serde_json::to_vec(&json!([self.rv, self.after.0, self.after.1])).unwrap_or_default();
+        raw.iter().map(|b| format!("{b:02x}")).collect()
     }
-    let bytes: Result<Vec<u8>, _> = (0..c.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&c[i..i + 2], 16))
-        .collect();
-    let v: Value = serde_json::from_slice(&bytes.map_err(|_| bad())?).map_err(|_| bad())?;
-    match (v[0].as_str(), v[1].as_str()) {
-        (Some(a), Some(b)) => Ok((a.to_string(), b.to_string())),
-        _ => Err(bad()),
+
+    fn decode(c: &str) -> Result<Cursor, ApiError> {
+        let bad = || ApiError::bad_request("continue key is not valid");
+        // Hex only: slicing a non-ASCII value two bytes at a time would panic.
+        if !c.is_ascii() || !c.len().is_multiple_of(2) {
+            return Err(bad());
+        }
+        let bytes: Result<Vec<u8>, _> = (0..c.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&c[i..i + 2], 16))
+            .collect();
+        let v: Value = serde_json::from_slice(&bytes.map_err(|_| bad())?).map_err(|_| bad())?;
+        match (v[0].as_u64(), v[1].as_str(), v[2].as_str()) {
+            (Some(rv), Some(ns), Some(name)) => Ok(Cursor {
+                rv,
+                after: (ns.to_string(), name.to_string()),
+            }),
+            _ => Err(bad()),
+        }
+    }
+}
+
+/// An object's key in the store: namespace and name.
+type Key = (String, String);
+type Entry = (Key, Object);
+
+/// How long the objects a paginated list read are kept for its next pages.
+/// A real API server serves the next pages from etcd at the first one's
+/// revision until etcd is compacted past it (every 5 minutes by default).
+const SNAPSHOT_TTL: Duration = Duration::from_secs(300);
+/// How many objects the kept lists may hold together (about 150 bytes
+/// each: a key and a shared object); the oldest list goes first.
+const SNAPSHOT_OBJECTS: usize = 2_000_000;
+
+/// The objects of each paginated list as its first page read them, so that
+/// every page shows the objects as of one resourceVersion, as a real API
+/// server's pages do. A client that lists in pages and then watches from
+/// the list's resourceVersion (kube-runtime's watcher, client-go's
+/// reflector) sees every change made while it listed: one made to an object
+/// on a page it already had comes after that version, and the watch brings
+/// it. Read afresh per page, such a change would be older than the version
+/// the watch starts from, and lost to the client for good.
+///
+/// A page asked for once its list is no longer kept (older than
+/// [`SNAPSHOT_TTL`], or pushed out by newer lists) is answered 410 Gone,
+/// reason `Expired`, as a real server answers a compacted continue token;
+/// the client lists again from the start.
+#[derive(Default)]
+pub struct ListSnapshots(Mutex<Kept>);
+
+#[derive(Default)]
+struct Kept {
+    /// Oldest first.
+    lists: VecDeque<Snapshot>,
+    /// The objects they hold together.
+    objects: usize,
+}
+
+struct Snapshot {
+    gr: String,
+    ns: Option<String>,
+    rv: u64,
+    taken: Instant,
+    entries: Arc<Vec<Entry>>,
+}
+
+impl ListSnapshots {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Kept> {
+        // A panic while holding the lock leaves plain data behind; keep serving.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keeps the objects a list of `gr` (in `ns`, or every namespace) read
+    /// as of `rv`, for its next pages.
+    fn keep(&self, gr: &str, ns: Option<&str>, rv: u64, entries: Arc<Vec<Entry>>) {
+        let mut kept = self.lock();
+        if kept.lists.iter().any(|s| s.is(gr, ns, rv)) {
+            return;
+        }
+        kept.objects += entries.len();
+        kept.lists.push_back(Snapshot {
+            gr: gr.to_string(),
+            ns: ns.map(str::to_string),
+            rv,
+            taken: Instant::now(),
+            entries,
+        });
+        kept.expire(Instant::now());
+    }
+
+    /// The objects the list of `gr` in `ns` read as of `rv`, if still kept.
+    fn find(&self, gr: &str, ns: Option<&str>, rv: u64) -> Option<Arc<Vec<Entry>>> {
+        let mut kept = self.lock();
+        kept.expire(Instant::now());
+        kept.lists
+            .iter()
+            .find(|s| s.is(gr, ns, rv))
+            .map(|s| s.entries.clone())
+    }
+}
+
+impl Kept {
+    /// Drops lists older than the TTL, then the oldest while there are too
+    /// many objects (the newest list is kept whatever its size).
+    fn expire(&mut self, now: Instant) {
+        while let Some(oldest) = self.lists.front() {
+            let stale = now.duration_since(oldest.taken) > SNAPSHOT_TTL;
+            if !stale && (self.objects <= SNAPSHOT_OBJECTS || self.lists.len() == 1) {
+                break;
+            }
+            if let Some(gone) = self.lists.pop_front() {
+                self.objects -= gone.entries.len();
+            }
+        }
+    }
+}
+
+impl Snapshot {
+    fn is(&self, gr: &str, ns: Option<&str>, rv: u64) -> bool {
+        self.rv == rv && self.gr == gr && self.ns.as_deref() == ns
     }
 }
 
@@ -219,7 +369,7 @@ mod tests {
     #[test]
     fn a_continue_token_that_is_not_hex_is_a_bad_request() {
         for bad in ["aéa", "abc", "zz", "éé"] {
-            assert!(decode_continue(bad).is_err(), "{bad}");
+            assert!(Cursor::decode(bad).is_err(), "{bad}");
         }
     }
 }
