@@ -413,14 +413,14 @@ async fn paginated_lists_read_one_version_and_the_watch_brings_the_rest() {
         .unwrap();
     assert!(selected.metadata.continue_.is_some());
     assert_eq!(selected.metadata.remaining_item_count, None);
-    // A page of a list no longer kept is 410 Expired; the client lists again.
-    let stale: String = serde_json::to_vec(&json!([1, "default", "p0"]))
-        .unwrap()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    // A page of a list no longer kept (here: one whose last page was
+    // served) is 410 Expired; the client lists again.
     let err = api
-        .list(&ListParams::default().limit(4).continue_token(&stale))
+        .list(
+            &ListParams::default()
+                .limit(4)
+                .continue_token(first.metadata.continue_.as_deref().unwrap()),
+        )
         .await
         .unwrap_err();
     let status = api_err(err);

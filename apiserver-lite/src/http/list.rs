@@ -127,7 +127,7 @@ fn read_page(
             (s.rv, Arc::new(entries), 0)
         }),
         Some(cursor) => {
-            let entries = app.lists.find(&gr, ns, cursor.rv).ok_or_else(|| {
+            let entries = app.lists.find(cursor.list, &gr, ns, cursor.rv).ok_or_else(|| {
                 ApiError::gone(format!(
                     "the continue token of this list (resourceVersion {}) has expired: list again without it",
                     cursor.rv
@@ -154,19 +154,24 @@ fn read_page(
     } else {
         rest.iter().any(|(_, obj)| selection.selects(rt, obj))
     };
-    let cont = match (more, next.checked_sub(1)) {
-        (true, Some(last)) => Some(
-            Cursor {
-                rv,
-                after: entries[last].0.clone(),
-            }
-            .encode(),
-        ),
-        _ => None,
+    let list = match (&cursor, more) {
+        (Some(cursor), true) => Some(cursor.list),
+        (None, true) => Some(app.lists.keep(&gr, ns, rv, entries.clone())),
+        // The last page: what the list read is no longer needed.
+        (Some(cursor), false) => {
+            app.lists.done(cursor.list);
+            None
+        }
+        (None, false) => None,
     };
-    if more && cursor.is_none() {
-        app.lists.keep(&gr, ns, rv, entries.clone());
-    }
+    let cont = list.zip(next.checked_sub(1)).map(|(list, last)| {
+        Cursor {
+            rv,
+            list,
+            after: entries[last].0.clone(),
+        }
+        .encode()
+    });
     Ok(Page {
         items,
         rv,
@@ -226,17 +231,19 @@ fn full_list(rt: &ResourceType, page: Page) -> Result<Response, ApiError> {
     Ok(bytes_response(StatusCode::OK, out))
 }
 
-/// Where the next page of a list starts: after `after`, in the objects as
-/// of `rv`. Sent as hex of a JSON array.
+/// Where the next page of a list starts: after `after`, in the objects
+/// list number `list` read as of `rv`. Sent as hex of a JSON array.
 #[derive(Debug, PartialEq)]
 struct Cursor {
     rv: u64,
+    list: u64,
     after: Key,
 }
 
 impl Cursor {
     fn encode(&self) -> String {
-        let raw = serde_json::to_vec(&json!([self.rv, self.after.0, self.after.1])).unwrap_or_default();
+        let raw =
+            serde_json::to_vec(&json!([self.rv, self.list, self.after.0, self.after.1])).unwrap_or_default();
         raw.iter().map(|b| format!("{b:02x}")).collect()
     }
 
@@ -251,9 +258,10 @@ impl Cursor {
             .map(|i| u8::from_str_radix(&c[i..i + 2], 16))
             .collect();
         let v: Value = serde_json::from_slice(&bytes.map_err(|_| bad())?).map_err(|_| bad())?;
-        match (v[0].as_u64(), v[1].as_str(), v[2].as_str()) {
-            (Some(rv), Some(ns), Some(name)) => Ok(Cursor {
+        match (v[0].as_u64(), v[1].as_u64(), v[2].as_str(), v[3].as_str()) {
+            (Some(rv), Some(list), Some(ns), Some(name)) => Ok(Cursor {
                 rv,
+                list,
                 after: (ns.to_string(), name.to_string()),
             }),
             _ => Err(bad()),
@@ -269,9 +277,10 @@ type Entry = (Key, Object);
 /// A real API server serves the next pages from etcd at the first one's
 /// revision until etcd is compacted past it (every 5 minutes by default).
 const SNAPSHOT_TTL: Duration = Duration::from_secs(300);
-/// How many objects the kept lists may hold together (about 150 bytes
-/// each: a key and a shared object); the oldest list goes first.
-const SNAPSHOT_OBJECTS: usize = 2_000_000;
+/// How many bytes the kept lists may hold together (their objects' JSON,
+/// which they share with the store until the store replaces an object);
+/// the oldest list goes first.
+const SNAPSHOT_BYTES: usize = 512 << 20;
 
 /// The objects of each paginated list as its first page read them, so that
 /// every page shows the objects as of one resourceVersion, as a real API
@@ -282,10 +291,11 @@ const SNAPSHOT_OBJECTS: usize = 2_000_000;
 /// it. Read afresh per page, such a change would be older than the version
 /// the watch starts from, and lost to the client for good.
 ///
-/// A page asked for once its list is no longer kept (older than
-/// [`SNAPSHOT_TTL`], or pushed out by newer lists) is answered 410 Gone,
-/// reason `Expired`, as a real server answers a compacted continue token;
-/// the client lists again from the start.
+/// Each list keeps its own, until its last page is served. A page asked
+/// for once its list is no longer kept (older than [`SNAPSHOT_TTL`], pushed
+/// out by newer lists, or already finished) is answered 410 Gone, reason
+/// `Expired`, as a real server answers a compacted continue token; the
+/// client lists again from the start.
 #[derive(Default)]
 pub struct ListSnapshots(Mutex<Kept>);
 
@@ -293,15 +303,19 @@ pub struct ListSnapshots(Mutex<Kept>);
 struct Kept {
     /// Oldest first.
     lists: VecDeque<Snapshot>,
-    /// The objects they hold together.
-    objects: usize,
+    /// The bytes they hold together.
+    bytes: usize,
+    /// The number the last list kept was given.
+    last: u64,
 }
 
 struct Snapshot {
+    list: u64,
     gr: String,
     ns: Option<String>,
     rv: u64,
     taken: Instant,
+    bytes: usize,
     entries: Arc<Vec<Entry>>,
 }
 
@@ -312,53 +326,66 @@ impl ListSnapshots {
     }
 
     /// Keeps the objects a list of `gr` (in `ns`, or every namespace) read
-    /// as of `rv`, for its next pages.
-    fn keep(&self, gr: &str, ns: Option<&str>, rv: u64, entries: Arc<Vec<Entry>>) {
+    /// as of `rv` for its next pages; the list's number.
+    fn keep(&self, gr: &str, ns: Option<&str>, rv: u64, entries: Arc<Vec<Entry>>) -> u64 {
+        let bytes = entries
+            .iter()
+            .map(|((ns, name), obj)| ns.len() + name.len() + obj.json().len() + 96)
+            .sum();
         let mut kept = self.lock();
-        if kept.lists.iter().any(|s| s.is(gr, ns, rv)) {
-            return;
-        }
-        kept.objects += entries.len();
+        kept.last += 1;
+        let list = kept.last;
+        kept.bytes += bytes;
         kept.lists.push_back(Snapshot {
+            list,
             gr: gr.to_string(),
             ns: ns.map(str::to_string),
             rv,
             taken: Instant::now(),
+            bytes,
             entries,
         });
         kept.expire(Instant::now());
+        list
     }
 
-    /// The objects the list of `gr` in `ns` read as of `rv`, if still kept.
-    fn find(&self, gr: &str, ns: Option<&str>, rv: u64) -> Option<Arc<Vec<Entry>>> {
+    /// The objects list number `list` (of `gr` in `ns`, as of `rv`) read,
+    /// if still kept.
+    fn find(&self, list: u64, gr: &str, ns: Option<&str>, rv: u64) -> Option<Arc<Vec<Entry>>> {
         let mut kept = self.lock();
         kept.expire(Instant::now());
         kept.lists
             .iter()
-            .find(|s| s.is(gr, ns, rv))
+            .find(|s| s.list == list && s.rv == rv && s.gr == gr && s.ns.as_deref() == ns)
             .map(|s| s.entries.clone())
     }
-}
 
-impl Kept {
-    /// Drops lists older than the TTL, then the oldest while there are too
-    /// many objects (the newest list is kept whatever its size).
-    fn expire(&mut self, now: Instant) {
-        while let Some(oldest) = self.lists.front() {
-            let stale = now.duration_since(oldest.taken) > SNAPSHOT_TTL;
-            if !stale && (self.objects <= SNAPSHOT_OBJECTS || self.lists.len() == 1) {
-                break;
-            }
-            if let Some(gone) = self.lists.pop_front() {
-                self.objects -= gone.entries.len();
+    /// Forgets list number `list`: its last page was served.
+    fn done(&self, list: u64) {
+        let mut kept = self.lock();
+        if let Some(at) = kept.lists.iter().position(|s| s.list == list) {
+            if let Some(gone) = kept.lists.remove(at) {
+                kept.bytes -= gone.bytes;
             }
         }
     }
 }
 
-impl Snapshot {
-    fn is(&self, gr: &str, ns: Option<&str>, rv: u64) -> bool {
-        self.rv == rv && self.gr == gr && self.ns.as_deref() == ns
+impl Kept {
+    /// Drops lists older than the TTL, then the oldest while they hold too
+    /// many bytes (the newest list is kept whatever its size: two lists
+    /// each over the bound, paged at once, push each other out, and their
+    /// clients list again).
+    fn expire(&mut self, now: Instant) {
+        while let Some(oldest) = self.lists.front() {
+            let stale = now.duration_since(oldest.taken) > SNAPSHOT_TTL;
+            if !stale && (self.bytes <= SNAPSHOT_BYTES || self.lists.len() == 1) {
+                break;
+            }
+            if let Some(gone) = self.lists.pop_front() {
+                self.bytes -= gone.bytes;
+            }
+        }
     }
 }
 
