@@ -432,6 +432,39 @@ fn dispatch_expired(
     })
 }
 
+/// The `DispatchTimeout` of a dispatching attempt that no server began to
+/// send (`sent`: the highest attempt a server recorded on the Task as being
+/// sent, [`k8s4r_api::task::sent_attempt`]) once its deadline plus
+/// `robot_lost_grace` has passed, whatever the health of its robot: a
+/// server writes that record before it publishes, so no robot holds the
+/// attempt, and after the deadline none would take it. Without this the
+/// attempt would wait for a server to fail it from its robot's list of what
+/// it holds, which a server reads only for the Tasks its cache shows on the
+/// robot: a server behind its Task watch (a burst at 100,000 robots left
+/// thousands so) never would. The write is guarded by the Task's version,
+/// so a server that records the sending meanwhile makes it fail.
+pub fn never_sent(
+    status: Option<&TaskStatus>,
+    sent: u32,
+    now: Timestamp,
+    cfg: &LifecycleConfig,
+) -> Option<Step> {
+    let status = status?;
+    let deadline = status.dispatch_deadline?;
+    let unsent = status.state == Some(TaskState::Dispatching) && status.attempt >= 1 && sent < status.attempt;
+    if !unsent || plus(deadline, cfg.robot_lost_grace) > now {
+        return None;
+    }
+    let robot = status.robot.as_deref().unwrap_or("?");
+    Some(Step::Fail {
+        reason: TaskReason::DispatchTimeout,
+        message: format!(
+            "attempt {} was never sent to robot {robot}: its dispatch deadline {deadline} passed first (the server was behind)",
+            status.attempt
+        ),
+    })
+}
+
 /// When the attempt of a robot last `heard` from is certainly stopped (see
 /// [`fence_time`]).
 fn attempt_fenced(

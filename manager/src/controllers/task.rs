@@ -21,7 +21,7 @@ use tracing::instrument;
 use super::robot::{liveness_of, robot_lease};
 use super::{condition_at, key_of, Context, Note};
 use crate::error::{Error, Result};
-use crate::lifecycle::{ended_as, next_step, plus, RobotHealth, Step};
+use crate::lifecycle::{ended_as, never_sent, next_step, plus, RobotHealth, Step};
 use crate::manual::TaskManual;
 
 /// How long a task that found no robot waits before looking again on its
@@ -255,7 +255,9 @@ async fn reconcile_task(task: &Task, ctx: &Context) -> Result<Action> {
         .and_then(|s| s.robot.as_deref())
         .or(task.spec.target_robot.as_deref());
     let health = robot_health(ctx, robot);
-    let step = next_step(&task.spec, status, health, now, &ctx.config.lifecycle);
+    let sent = k8s4r_api::task::sent_attempt(task.metadata.annotations.as_ref());
+    let step = never_sent(status, sent, now, &ctx.config.lifecycle)
+        .unwrap_or_else(|| next_step(&task.spec, status, health, now, &ctx.config.lifecycle));
     tracing::debug!(?step, uid = ?task.metadata.uid, "next step");
     match step {
         Step::Wait(Some(after)) => Ok(Action::requeue(after)),

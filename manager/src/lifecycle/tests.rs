@@ -473,3 +473,42 @@ fn failed_tasks_retry_or_finish() {
         Step::Done
     );
 }
+
+#[test]
+fn a_dispatch_no_server_began_to_send_fails_after_its_deadline_whatever_the_robot() {
+    // Dispatched at t(0), deadline t(60), grace 10 s; the robot is heard
+    // all along, so the fence never fails it: only the record of sending
+    // (none yet: 0) tells that no robot can hold it.
+    let mut s = status(TaskState::Dispatching);
+    s.dispatch_deadline = Some(t(60));
+    assert_eq!(
+        never_sent(Some(&s), 0, t(69), &cfg()),
+        None,
+        "before deadline + grace"
+    );
+    match never_sent(Some(&s), 0, t(70), &cfg()) {
+        Some(Step::Fail { reason, message }) => {
+            assert_eq!(reason, TaskReason::DispatchTimeout);
+            assert!(
+                message.contains("attempt 1 was never sent to robot r1"),
+                "{message}"
+            );
+        }
+        step => panic!("{step:?}"),
+    }
+    // The robot's own health plays no part: next_step alone waits.
+    assert!(matches!(
+        next_step(&spec(), Some(&s), up(69), t(70), &cfg()),
+        Step::Wait(_)
+    ));
+    // A server recorded it as being sent: the robot may hold it, and the
+    // usual rules (its list, or its silence) decide.
+    assert_eq!(never_sent(Some(&s), 1, t(500), &cfg()), None);
+    // An earlier attempt's record does not count for this one.
+    s.attempt = 2;
+    assert!(never_sent(Some(&s), 1, t(500), &cfg()).is_some());
+    // Only a dispatching attempt: one running was sent.
+    s.state = Some(TaskState::Running);
+    assert_eq!(never_sent(Some(&s), 0, t(500), &cfg()), None);
+    assert_eq!(never_sent(None, 0, t(500), &cfg()), None);
+}
