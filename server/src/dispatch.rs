@@ -109,7 +109,26 @@ pub fn controller(client: kube::Client) -> (Controller<Task>, InSync) {
     // Task made dispatching while the watch was down would be skipped).
     let triggers = k8s4r_service::watch::settle_relists(events, cache.clone()).applied_objects();
     let controller = Controller::for_stream(triggers, cache.clone());
-    let controller = controller.watches(robots, watcher::Config::default(), move |robot: Robot| {
+    // Only a Robot gone, or one that cannot be reached, changes what a
+    // deleted Task on it may do (its finalizer may go): every other Robot
+    // change (each heartbeat's status write) wakes nothing, so that the
+    // status writes of 100,000 robots do not each scan every cached Task.
+    let robot_changes = watcher(robots, watcher::Config::default())
+        .modify(k8s4r_service::watch::trim)
+        .default_backoff()
+        .filter_map(|event| {
+            futures::future::ready(match event {
+                Ok(watcher::Event::Delete(robot)) => Some(Ok(robot)),
+                Ok(watcher::Event::Apply(robot) | watcher::Event::InitApply(robot))
+                    if !decide::reachable(phase_of(&robot)) =>
+                {
+                    Some(Ok(robot))
+                }
+                Ok(_) => None,
+                Err(error) => Some(Err(error)),
+            })
+        });
+    let controller = controller.watches_stream(robot_changes, move |robot: Robot| {
         let name = robot.name_any();
         cache
             .state()
@@ -151,22 +170,31 @@ pub async fn run(
         .graceful_shutdown_on(shutdown.cancelled_owned())
         .run(reconcile, error_policy, context)
         .for_each(|result| async move {
-            if let Err(error) = result {
-                tracing::debug!(%error, "task controller");
+            match result {
+                // A watch of Tasks or Robots failed: it is watched again, and
+                // listed again when its version is too old (410), which at
+                // scale takes a while; an operator should see it.
+                Err(kube::runtime::controller::Error::QueueError(error)) => {
+                    warn!(%error, "the task controller's watch failed; watching again");
+                }
+                Err(error) => tracing::debug!(%error, "task controller"),
+                Ok(_) => {}
             }
         })
         .await;
 }
 
 fn robot_phase(cache: &Store<Robot>, name: &str) -> Option<k8s4r_api::RobotPhase> {
-    let robot = cache.get(&ObjectRef::new(name))?;
-    Some(
-        robot
-            .status
-            .as_ref()
-            .and_then(|s| s.phase)
-            .unwrap_or(k8s4r_api::RobotPhase::Pending),
-    )
+    Some(phase_of(cache.get(&ObjectRef::new(name))?.as_ref()))
+}
+
+/// A Robot's phase; Pending before the manager has decided one.
+fn phase_of(robot: &Robot) -> k8s4r_api::RobotPhase {
+    robot
+        .status
+        .as_ref()
+        .and_then(|s| s.phase)
+        .unwrap_or(k8s4r_api::RobotPhase::Pending)
 }
 
 #[instrument(skip_all, fields(task = %decide::task_name(&task)))]
@@ -178,9 +206,10 @@ async fn reconcile(task: Arc<Task>, ctx: Arc<Context>) -> Result<Action> {
     let seen = Instant::now();
     let phase = target_phase(&ctx, &task).await?;
     let uid = task.metadata.uid.clone().unwrap_or_default();
+    let now = jiff::Timestamp::now();
     let action = {
         let mut published = lock(&ctx.published);
-        let action = decide_task(&task, phase, jiff::Timestamp::now());
+        let action = decide_task(&task, phase, now);
         match (&action, published.get(&uid).copied()) {
             (TaskAction::Dispatch { attempt, .. }, Some(sent)) if sent >= *attempt => TaskAction::Nothing,
             (TaskAction::Dispatch { .. }, _) => action,
@@ -192,9 +221,26 @@ async fn reconcile(task: Arc<Task>, ctx: Arc<Context>) -> Result<Action> {
             _ => action,
         }
     };
+    note_wait(&ctx, &task, &action, now);
     let next = carry_out(&ctx, &task, action, seen, &uid).await?;
     ctx.failures.succeeded(&uid);
     Ok(next)
+}
+
+/// Counts how long a dispatch waited for this server (from the Task's
+/// dispatchTime), and a dispatch found too late to send, which the manager
+/// fails once its deadline has passed.
+fn note_wait(ctx: &Context, task: &Task, action: &TaskAction, now: jiff::Timestamp) {
+    let metrics = ctx.bridge.metrics();
+    if let TaskAction::Dispatch { .. } = action {
+        let since = task.status.as_ref().and_then(|s| s.dispatch_time);
+        if let Some(waited) = since.and_then(|t| std::time::Duration::try_from(now.duration_since(t)).ok()) {
+            metrics.dispatch_wait(waited);
+        }
+    } else if decide::expired_unsent(task, now) {
+        metrics.message_out("dispatch", "expired");
+        info!("dispatch found past its deadline before it was sent; not sent");
+    }
 }
 
 /// The phase of the robot `task` targets: from the API server for a
@@ -213,11 +259,7 @@ async fn target_phase(ctx: &Context, task: &Task) -> Result<Option<k8s4r_api::Ro
                 bridge.robots().get_opt(robot),
             )
             .await?
-            .map(|r| {
-                r.status
-                    .and_then(|s| s.phase)
-                    .unwrap_or(k8s4r_api::RobotPhase::Pending)
-            }),
+            .map(|r| phase_of(&r)),
         Some(robot) => robot_phase(bridge.robot_cache(), robot),
         None => None,
     })

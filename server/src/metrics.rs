@@ -27,6 +27,7 @@ pub struct Metrics {
     messages_out: Family<TopicOutcome, Counter>,
     api: ApiMetrics,
     dispatch_latency: Histogram,
+    dispatch_wait: Histogram,
     mqtt_connected: Gauge,
     mqtt_connections: Counter,
     kube_synced: Gauge,
@@ -45,6 +46,7 @@ impl Default for Metrics {
         let messages_in = Family::default();
         let messages_out = Family::default();
         let dispatch_latency = metrics::latency();
+        let dispatch_wait = metrics::latency();
         let mqtt_connected = Gauge::default();
         let mqtt_brokers = Gauge::default();
         let mqtt_connections = Counter::default();
@@ -65,6 +67,11 @@ impl Default for Metrics {
             "dispatch_duration_seconds",
             "From a Task seen dispatching to the broker's PUBACK.",
             dispatch_latency.clone(),
+        );
+        registry.register(
+            "dispatch_wait_seconds",
+            "From a Task's dispatchTime (the manager's choice of robot) to this server finding it to send: how far behind its Task watch it is.",
+            dispatch_wait.clone(),
         );
         registry.register(
             "mqtt_connected",
@@ -98,6 +105,7 @@ impl Default for Metrics {
             messages_out,
             api,
             dispatch_latency,
+            dispatch_wait,
             mqtt_connected,
             mqtt_connections,
             kube_synced,
@@ -141,6 +149,11 @@ impl Metrics {
     /// Time from seeing a Task dispatching to the broker's PUBACK.
     pub fn dispatch_latency(&self, took: Duration) {
         metrics::observe(&self.dispatch_latency, took);
+    }
+
+    /// Time from a Task's dispatchTime to this server finding it to send.
+    pub fn dispatch_wait(&self, waited: Duration) {
+        metrics::observe(&self.dispatch_wait, waited);
     }
 
     /// The count of API writes of `verb` with `outcome` so far.

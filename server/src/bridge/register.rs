@@ -43,10 +43,18 @@ impl Bridge {
                 }
             }
         }
+        // The first try goes by the cache, without a read: a robot it does
+        // not show is created at once (a storm of new robots costs one read
+        // less each), and every other write is guarded by the version the
+        // cache shows. A cache behind the API server makes the write fail
+        // (409: the robot exists, or changed), and the next try reads it.
+        let mut existing = self
+            .robot_cache
+            .get(&ObjectRef::new(name))
+            .map(|cached| Robot::clone(&cached));
         let mut tries = 0;
         let respond = loop {
             tries += 1;
-            let existing = self.get_robot(name).await?;
             let plan = match plan_register(msg, existing.as_ref(), Timestamp::now()) {
                 Ok(plan) => plan,
                 Err(rejection) => return Ok(Outcome::Rejected(rejection.to_string(), rejection.outcome())),
@@ -55,6 +63,7 @@ impl Bridge {
                 Ok(()) => break plan.respond,
                 Err(e) if (e.is_conflict() || e.is_not_found()) && tries < CONFLICT_TRIES => {
                     debug!(error = %e, "robot changed meanwhile; reading it again");
+                    existing = self.get_robot(name).await?;
                 }
                 Err(e) => return Err(e),
             }

@@ -99,7 +99,7 @@ pub fn decide_task(task: &Task, robot_phase: Option<RobotPhase>, now: Timestamp)
             return TaskAction::Release;
         };
         let active = matches!(status.state, Some(TaskState::Dispatching | TaskState::Running));
-        let reachable = matches!(robot_phase, Some(RobotPhase::Online | RobotPhase::Pending));
+        let reachable = robot_phase.is_some_and(reachable);
         // A dispatch never about to be published is not on the robot: the
         // Task need not wait for a report that would never come.
         let sent = sent_attempt(task) >= attempt;
@@ -125,15 +125,33 @@ pub fn decide_task(task: &Task, robot_phase: Option<RobotPhase>, now: Timestamp)
     }
     // A dispatch past its deadline would be refused by the robot; the
     // manager gives the attempt up and schedules the next one.
-    let expired = status.dispatch_deadline.is_some_and(|d| d <= now);
-    match (status.state, robot) {
-        (Some(TaskState::Dispatching), Some(robot))
-            if attempt >= 1 && dispatched_attempt(task) < attempt && !expired =>
-        {
+    match (unsent(task), robot) {
+        (Some(deadline), Some(robot)) if deadline.is_none_or(|d| d > now) => {
             TaskAction::Dispatch { robot, attempt }
         }
         _ => TaskAction::Nothing,
     }
+}
+
+/// Whether a robot in `phase` may still report on the attempts it holds
+/// (a deleted Task on it waits for its report); in any other phase its
+/// Tasks' finalizers go without one.
+pub fn reachable(phase: RobotPhase) -> bool {
+    matches!(phase, RobotPhase::Online | RobotPhase::Pending)
+}
+
+/// The dispatch deadline (if any) of a Task's dispatching attempt not yet
+/// published; None when there is no such attempt.
+fn unsent(task: &Task) -> Option<Option<Timestamp>> {
+    let status = task.status.as_ref()?;
+    let dispatching = status.state == Some(TaskState::Dispatching) && status.attempt >= 1;
+    (dispatching && dispatched_attempt(task) < status.attempt).then_some(status.dispatch_deadline)
+}
+
+/// Whether a Task's dispatching attempt was never published and its
+/// deadline has passed (the manager fails it; this server was too late).
+pub fn expired_unsent(task: &Task, now: Timestamp) -> bool {
+    unsent(task).flatten().is_some_and(|d| d <= now)
 }
 
 /// What a cancel tells a robot: why, and whether the robot is being
