@@ -38,7 +38,7 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Resource, ResourceExt};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, instrument, warn};
+use tracing::{debug, info, instrument, warn};
 
 use crate::bridge::Bridge;
 use crate::decide::{self, decide_task, Stop, TaskAction, ANNOTATION_DISPATCHED_ATTEMPT};
@@ -221,25 +221,29 @@ async fn reconcile(task: Arc<Task>, ctx: Arc<Context>) -> Result<Action> {
             _ => action,
         }
     };
-    note_wait(&ctx, &task, &action, now);
+    note_expired(&ctx, &task, &action, now);
     let next = carry_out(&ctx, &task, action, seen, &uid).await?;
     ctx.failures.succeeded(&uid);
     Ok(next)
 }
 
-/// Counts how long a dispatch waited for this server (from the Task's
-/// dispatchTime), and a dispatch found too late to send, which the manager
-/// fails once its deadline has passed.
-fn note_wait(ctx: &Context, task: &Task, action: &TaskAction, now: jiff::Timestamp) {
-    let metrics = ctx.bridge.metrics();
-    if let TaskAction::Dispatch { .. } = action {
-        let since = task.status.as_ref().and_then(|s| s.dispatch_time);
-        if let Some(waited) = since.and_then(|t| std::time::Duration::try_from(now.duration_since(t)).ok()) {
-            metrics.dispatch_wait(waited);
-        }
-    } else if decide::expired_unsent(task, now) {
-        metrics.message_out("dispatch", "expired");
-        info!("dispatch found past its deadline before it was sent; not sent");
+/// Counts a dispatch found too late to send (the manager fails it once its
+/// deadline has passed), each time a reconcile finds one.
+fn note_expired(ctx: &Context, task: &Task, action: &TaskAction, now: jiff::Timestamp) {
+    if matches!(action, TaskAction::Nothing) && decide::expired_unsent(task, now) {
+        ctx.bridge.metrics().message_out("dispatch", "expired");
+        debug!("dispatch found past its deadline before it was sent; not sent");
+    }
+}
+
+/// Counts how long the dispatch of `task` waited for this server, from its
+/// dispatchTime to the sending record written.
+fn note_wait(ctx: &Context, task: &Task) {
+    let since = task.status.as_ref().and_then(|s| s.dispatch_time);
+    let waited =
+        since.and_then(|t| std::time::Duration::try_from(jiff::Timestamp::now().duration_since(t)).ok());
+    if let Some(waited) = waited {
+        ctx.bridge.metrics().dispatch_wait(waited);
     }
 }
 
@@ -374,6 +378,7 @@ async fn dispatch(ctx: &Context, task: &Task, robot: &str, attempt: u32, seen: I
         }
         Err(e) => return Err(e),
     }
+    note_wait(ctx, task);
     // The robot fences the attempt only when a replacement may start
     // (replace: true); without one it keeps running until it is back.
     let policy = task.spec.disconnect.as_ref();

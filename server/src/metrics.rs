@@ -70,7 +70,7 @@ impl Default for Metrics {
         );
         registry.register(
             "dispatch_wait_seconds",
-            "From a Task's dispatchTime (the manager's choice of robot) to this server finding it to send: how far behind its Task watch it is.",
+            "From a Task's dispatchTime (the manager's choice of robot) to this server recording that it sends it: how far behind its Task watch it is.",
             dispatch_wait.clone(),
         );
         registry.register(

@@ -148,10 +148,17 @@ fn unsent(task: &Task) -> Option<Option<Timestamp>> {
     (dispatching && dispatched_attempt(task) < status.attempt).then_some(status.dispatch_deadline)
 }
 
-/// Whether a Task's dispatching attempt was never published and its
-/// deadline has passed (the manager fails it; this server was too late).
+/// Whether a Task's dispatching attempt no server began to send (no
+/// sending record at its number) has passed its deadline, the Task neither
+/// deleted nor asked to stop: the manager fails it, this server was late.
 pub fn expired_unsent(task: &Task, now: Timestamp) -> bool {
-    unsent(task).flatten().is_some_and(|d| d <= now)
+    let Some(status) = task.status.as_ref() else {
+        return false;
+    };
+    let stopping = task.metadata.deletion_timestamp.is_some()
+        || status.cancel_requested()
+        || status.eviction_requested();
+    !stopping && sent_attempt(task) < status.attempt && unsent(task).flatten().is_some_and(|d| d <= now)
 }
 
 /// What a cancel tells a robot: why, and whether the robot is being

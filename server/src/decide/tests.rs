@@ -851,6 +851,40 @@ fn dispatch_once_per_attempt() {
 }
 
 #[test]
+fn a_dispatch_is_counted_expired_only_when_no_server_began_to_send_it() {
+    let late = |b: TaskBuilder| {
+        let mut task = b.target("rb1").state(TaskState::Dispatching, 1, 0).0;
+        task.status.as_mut().unwrap().dispatch_deadline = Some(t("2020-01-01T00:00:00Z"));
+        task
+    };
+    let unsent = late(TaskBuilder::new());
+    assert!(expired_unsent(&unsent, now()));
+    assert_eq!(
+        decide_task(&unsent, Some(RobotPhase::Online), now()),
+        TaskAction::Nothing
+    );
+    // Being sent (the record written before the publish) or sent: not expired.
+    let mut sending = late(TaskBuilder::new());
+    sending
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(k8s4r_api::names::ANNOTATION_SENDING_ATTEMPT.into(), "1".into());
+    assert!(!expired_unsent(&sending, now()));
+    assert!(!expired_unsent(&late(TaskBuilder::new().dispatched(1)), now()));
+    // Deleted: it goes another way.
+    assert!(!expired_unsent(&late(TaskBuilder::new().deleting()), now()));
+    // Before its deadline it is sent, not counted.
+    let mut early = late(TaskBuilder::new());
+    early.status.as_mut().unwrap().dispatch_deadline = Some(t("2999-01-01T00:00:00Z"));
+    assert!(!expired_unsent(&early, now()));
+    assert!(matches!(
+        decide_task(&early, Some(RobotPhase::Online), now()),
+        TaskAction::Dispatch { .. }
+    ));
+}
+
+#[test]
 fn deletion_cancels_and_holds_the_finalizer_until_the_robot_reports() {
     let running = TaskBuilder::new()
         .target("rb1")
