@@ -709,11 +709,7 @@ async fn sleep_until_due(due: Option<tokio::time::Instant>) {
 /// A robot that is not approved (Pending, Rejected) costs nothing: its
 /// heartbeats and statuses are dropped and counted.
 fn not_approved(robot: &Robot) -> Option<Outcome> {
-    let phase = robot
-        .status
-        .as_ref()
-        .and_then(|s| s.phase)
-        .unwrap_or(RobotPhase::Pending);
+    let phase = decide::phase_of(robot);
     match phase {
         RobotPhase::Online | RobotPhase::Offline => None,
         RobotPhase::Pending | RobotPhase::Rejected => Some(Outcome::Deferred(

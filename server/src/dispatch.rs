@@ -120,7 +120,7 @@ pub fn controller(client: kube::Client) -> (Controller<Task>, InSync) {
             futures::future::ready(match event {
                 Ok(watcher::Event::Delete(robot)) => Some(Ok(robot)),
                 Ok(watcher::Event::Apply(robot) | watcher::Event::InitApply(robot))
-                    if !decide::reachable(phase_of(&robot)) =>
+                    if !decide::reachable(decide::phase_of(&robot)) =>
                 {
                     Some(Ok(robot))
                 }
@@ -185,16 +185,7 @@ pub async fn run(
 }
 
 fn robot_phase(cache: &Store<Robot>, name: &str) -> Option<k8s4r_api::RobotPhase> {
-    Some(phase_of(cache.get(&ObjectRef::new(name))?.as_ref()))
-}
-
-/// A Robot's phase; Pending before the manager has decided one.
-fn phase_of(robot: &Robot) -> k8s4r_api::RobotPhase {
-    robot
-        .status
-        .as_ref()
-        .and_then(|s| s.phase)
-        .unwrap_or(k8s4r_api::RobotPhase::Pending)
+    Some(decide::phase_of(cache.get(&ObjectRef::new(name))?.as_ref()))
 }
 
 #[instrument(skip_all, fields(task = %decide::task_name(&task)))]
@@ -263,7 +254,7 @@ async fn target_phase(ctx: &Context, task: &Task) -> Result<Option<k8s4r_api::Ro
                 bridge.robots().get_opt(robot),
             )
             .await?
-            .map(|r| phase_of(&r)),
+            .map(|r| decide::phase_of(&r)),
         Some(robot) => robot_phase(bridge.robot_cache(), robot),
         None => None,
     })

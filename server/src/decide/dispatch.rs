@@ -4,7 +4,7 @@
 
 use jiff::Timestamp;
 use k8s4r_api::protocol::Cancel;
-use k8s4r_api::{RobotPhase, Task, TaskState, TaskStatus};
+use k8s4r_api::{Robot, RobotPhase, Task, TaskState, TaskStatus};
 
 use super::ANNOTATION_DISPATCHED_ATTEMPT;
 
@@ -131,6 +131,15 @@ pub fn decide_task(task: &Task, robot_phase: Option<RobotPhase>, now: Timestamp)
         }
         _ => TaskAction::Nothing,
     }
+}
+
+/// A Robot's phase; Pending before the manager has decided one.
+pub fn phase_of(robot: &Robot) -> RobotPhase {
+    robot
+        .status
+        .as_ref()
+        .and_then(|s| s.phase)
+        .unwrap_or(RobotPhase::Pending)
 }
 
 /// Whether a robot in `phase` may still report on the attempts it holds
