@@ -13,7 +13,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 
 /// The controllers, for labels.
-pub const CONTROLLERS: [&str; 5] = ["job", "taskgroup", "task", "robot", "periodicjob"];
+pub const CONTROLLERS: [&str; 6] = ["job", "taskgroup", "task", "robot", "periodicjob", "agentrollout"];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ControllerLabel {
@@ -31,6 +31,9 @@ pub struct ControllerMetrics {
     pub in_flight: Gauge,
     /// Objects whose latest reconcile failed and that wait for a retry.
     pub backing_off: Gauge,
+    /// Reconciles due and waiting for a free slot (the controller is at
+    /// its `concurrency`).
+    pub waiting: Gauge,
     /// How long reconciles take.
     pub duration: Histogram,
 }
@@ -127,6 +130,7 @@ fn controller_metrics(registry: &mut Registry) -> Vec<ControllerMetrics> {
     let errors = Family::<ControllerLabel, Counter>::default();
     let in_flight = Family::<ControllerLabel, Gauge>::default();
     let backing_off = Family::<ControllerLabel, Gauge>::default();
+    let waiting = Family::<ControllerLabel, Gauge>::default();
     let duration =
         Family::<ControllerLabel, Histogram, fn() -> Histogram>::new_with_constructor(metrics::latency);
     registry.register("reconciles", "Reconciles run.", reconciles.clone());
@@ -135,6 +139,11 @@ fn controller_metrics(registry: &mut Registry) -> Vec<ControllerMetrics> {
         "reconciles_in_flight",
         "Reconciles running now.",
         in_flight.clone(),
+    );
+    registry.register(
+        "reconciles_waiting",
+        "Reconciles due and waiting for a free slot.",
+        waiting.clone(),
     );
     registry.register(
         "queue_backoff",
@@ -157,6 +166,7 @@ fn controller_metrics(registry: &mut Registry) -> Vec<ControllerMetrics> {
                 errors: errors.get_or_create_owned(&label),
                 in_flight: in_flight.get_or_create_owned(&label),
                 backing_off: backing_off.get_or_create_owned(&label),
+                waiting: waiting.get_or_create_owned(&label),
                 duration: duration.get_or_create_owned(&label),
             }
         })

@@ -19,7 +19,9 @@ use std::hash::Hash;
 
 use super::context::{lock, Context, SchedState};
 use super::facts::{facts_of, key_of, placement_of};
+use crate::lifecycle::{effective_state, LifecycleConfig};
 use crate::scheduler::{newly_met, robot_change, RobotChange};
+use k8s4r_api::names::ANNOTATION_CANCEL;
 
 /// Watches `api` into `writer`, each object changed by `shape` first (see
 /// [`keep`] and [`k8s4r_service::watch::trim`]), handing every event to
@@ -100,8 +102,10 @@ impl Context {
         if !deleted {
             self.triggers.task(ObjectRef::from_obj(task));
         }
-        for group in owners_of::<TaskGroup, _>(task) {
-            self.triggers.group(group);
+        if self.group_view_changed(task, deleted) {
+            for group in owners_of::<TaskGroup, _>(task) {
+                self.triggers.group(group);
+            }
         }
         let key = key_of(task);
         let mut sched = self.sched();
@@ -147,6 +151,19 @@ impl Context {
         if deleted {
             lock(&self.seen).remove(&key);
         }
+    }
+
+    /// Whether what its TaskGroup reads of `task` changed (always, for a
+    /// Task new or gone), remembering what it reads now.
+    fn group_view_changed(&self, task: &Task, deleted: bool) -> bool {
+        let key = key_of(task);
+        let mut views = lock(&self.group_views);
+        if deleted {
+            views.remove(&key);
+            return true;
+        }
+        let view = GroupView::of(task, &self.config.lifecycle);
+        views.insert(key, view.clone()) != Some(view)
     }
 
     pub(super) fn on_robot(&self, event: &watcher::Event<Robot>) {
@@ -344,9 +361,99 @@ pub(super) struct Progressed {
     pub moved: bool,
 }
 
+/// What a TaskGroup's reconcile reads of one of its Tasks: its counts and
+/// robots, a cancel passed on, an everyRobot rollout's progress, the Task's
+/// slot. A Task event that leaves it as it was (the server's records of a
+/// dispatch, a finalizer, a restart) does not wake the group: at 100 Jobs a
+/// second those were most of the group controller's work.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct GroupView {
+    state: TaskState,
+    robot: Option<String>,
+    placed: bool,
+    cancel: Option<String>,
+    deleting: bool,
+    labels: std::collections::BTreeMap<String, String>,
+    robot_name: Option<String>,
+}
+
+impl GroupView {
+    fn of(task: &Task, lifecycle: &LifecycleConfig) -> Self {
+        let status = task.status.as_ref();
+        GroupView {
+            state: effective_state(&task.spec, status, lifecycle),
+            robot: status
+                .and_then(|s| s.robot.clone())
+                .or_else(|| task.spec.target_robot.clone()),
+            placed: status.is_some_and(|s| s.attempt > 0),
+            cancel: task.annotations().get(ANNOTATION_CANCEL).cloned(),
+            deleting: task.meta().deletion_timestamp.is_some(),
+            labels: task.labels().clone(),
+            robot_name: task.spec.robot_name.clone(),
+        }
+    }
+}
+
 fn task_ref(key: &str) -> ObjectRef<Task> {
     match key.split_once('/') {
         Some((ns, name)) => ObjectRef::new(name).within(ns),
         None => ObjectRef::new(key),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s4r_api::names::{ANNOTATION_DISPATCHED_ATTEMPT, ANNOTATION_SENDING_ATTEMPT};
+    use k8s4r_api::{TaskSpec, TaskStatus};
+
+    fn task(state: TaskState) -> Task {
+        let mut t = Task::new("j-g-0", TaskSpec::default());
+        t.metadata.namespace = Some("ns".into());
+        t.status = Some(TaskStatus {
+            state: Some(state),
+            attempt: 1,
+            robot: Some("r1".into()),
+            ..TaskStatus::default()
+        });
+        t
+    }
+
+    #[test]
+    fn a_group_is_woken_only_by_what_it_reads_of_its_tasks() {
+        let lifecycle = LifecycleConfig::default();
+        let view = |t: &Task| GroupView::of(t, &lifecycle);
+        let dispatching = task(TaskState::Dispatching);
+
+        // The server's records of sending a dispatch, a finalizer, a
+        // restart on the robot: the group's counts stay as they were.
+        let mut recorded = dispatching.clone();
+        for record in [ANNOTATION_SENDING_ATTEMPT, ANNOTATION_DISPATCHED_ATTEMPT] {
+            recorded.annotations_mut().insert(record.into(), "1".into());
+        }
+        recorded.finalizers_mut().push("robot.k8s4r.io/dispatch".into());
+        if let Some(s) = recorded.status.as_mut() {
+            s.restarts.restart_count = 2;
+        }
+        assert_eq!(view(&dispatching), view(&recorded));
+
+        // A new state, another robot, a person's cancel, a deletion: it looks.
+        let running = task(TaskState::Running);
+        assert_ne!(view(&dispatching), view(&running));
+        let mut moved = dispatching.clone();
+        if let Some(s) = moved.status.as_mut() {
+            s.robot = Some("r2".into());
+        }
+        assert_ne!(view(&dispatching), view(&moved));
+        let mut cancelled = dispatching.clone();
+        cancelled
+            .annotations_mut()
+            .insert(ANNOTATION_CANCEL.into(), "true".into());
+        assert_ne!(view(&dispatching), view(&cancelled));
+        let mut deleting = dispatching.clone();
+        deleting.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::now(),
+        ));
+        assert_ne!(view(&dispatching), view(&deleting));
     }
 }

@@ -30,13 +30,16 @@ use crate::expiry::{plan_expiry, Expiry, REASON_EXPIRED};
 /// Reconciles one Job.
 #[instrument(skip_all, fields(job = %key_of(job.as_ref())))]
 pub async fn reconcile(job: Arc<Job>, ctx: Arc<Context>) -> Result<Action> {
-    let key = key_of(job.as_ref());
-    ctx.instrumented("job", key, reconcile_job(&job, &ctx)).await
+    let ctx = ctx.as_ref();
+    ctx.instrumented("job", job, Some(&ctx.stores.jobs), |job| async move {
+        reconcile_job(&job, ctx).await
+    })
+    .await
 }
 
 /// Backs off a Job whose reconcile failed.
 pub fn error_policy(job: Arc<Job>, error: &Error, ctx: Arc<Context>) -> Action {
-    ctx.error_policy("job", key_of(job.as_ref()), error)
+    ctx.error_policy("job", &key_of(job.as_ref()), error)
 }
 
 /// The TaskGroup name of a Job's group.

@@ -92,6 +92,8 @@ pub async fn run(
         events,
         failures: Failures::default(),
         seen: Mutex::default(),
+        slots: Mutex::default(),
+        group_views: Mutex::default(),
         every_robot_groups: Mutex::default(),
         lease_durations: Mutex::default(),
         allocations: Pacer::new(config.allocation_interval),
@@ -318,9 +320,14 @@ async fn controllers(
     shutdown: &CancellationToken,
 ) {
     let stop = || shutdown.clone().cancelled_owned();
-    // At most `concurrency` reconciles of each controller at once: each may
-    // hold a connection to the API server.
-    let config = || kube::runtime::controller::Config::default().concurrency(ctx.config.concurrency);
+    let close = async {
+        shutdown.cancelled().await;
+        ctx.close_slots();
+    };
+    // At most `concurrency` reconciles of each controller run at once (each
+    // may hold a connection to the API server), waiting in a fair queue for
+    // a slot (`Context::instrumented`): kube-runtime's own limit is off.
+    let config = kube::runtime::controller::Config::default;
     // Every trigger comes from the watch handlers through `reconcile_on`.
     let task_ctrl = Controller::for_stream(futures::stream::pending(), stores.tasks)
         .with_config(config())
@@ -362,6 +369,7 @@ async fn controllers(
         .run(rollout::reconcile, rollout::error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()));
     tokio::join!(
+        close,
         task_ctrl,
         group_ctrl,
         job_ctrl,

@@ -32,14 +32,16 @@ const DEFAULT_FAILED_KEPT: i32 = 1;
 /// Reconciles one PeriodicJob.
 #[instrument(skip_all, fields(periodicjob = %key_of(pj.as_ref())))]
 pub async fn reconcile(pj: Arc<PeriodicJob>, ctx: Arc<Context>) -> Result<Action> {
-    let key = key_of(pj.as_ref());
-    ctx.instrumented("periodicjob", key, reconcile_periodic(&pj, &ctx))
-        .await
+    let ctx = ctx.as_ref();
+    ctx.instrumented("periodicjob", pj, None, |pj| async move {
+        reconcile_periodic(&pj, ctx).await
+    })
+    .await
 }
 
 /// Backs off a PeriodicJob whose reconcile failed.
 pub fn error_policy(pj: Arc<PeriodicJob>, error: &Error, ctx: Arc<Context>) -> Action {
-    ctx.error_policy("periodicjob", key_of(pj.as_ref()), error)
+    ctx.error_policy("periodicjob", &key_of(pj.as_ref()), error)
 }
 
 /// The name of the run scheduled at `at`: unique per scheduled second.

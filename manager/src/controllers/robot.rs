@@ -16,7 +16,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 use tracing::instrument;
 
-use super::{condition_at, Context, Note};
+use super::{condition_at, key_of, Context, Note};
 use crate::error::{Error, Result};
 use crate::liveness::{approval, verdict, Approval, Liveness, Verdict};
 
@@ -42,14 +42,16 @@ pub struct RobotStatusPatch {
 /// Reconciles one Robot.
 #[instrument(skip_all, fields(robot = %robot.name_any()))]
 pub async fn reconcile(robot: Arc<Robot>, ctx: Arc<Context>) -> Result<Action> {
-    let key = robot.name_any();
-    ctx.instrumented("robot", key, reconcile_robot(&robot, &ctx))
-        .await
+    let ctx = ctx.as_ref();
+    ctx.instrumented("robot", robot, Some(&ctx.stores.robots), |robot| async move {
+        reconcile_robot(&robot, ctx).await
+    })
+    .await
 }
 
 /// Backs off a Robot whose reconcile failed.
 pub fn error_policy(robot: Arc<Robot>, error: &Error, ctx: Arc<Context>) -> Action {
-    ctx.error_policy("robot", robot.name_any(), error)
+    ctx.error_policy("robot", &key_of(robot.as_ref()), error)
 }
 
 /// Hex SHA-256, as the server writes the token hash.

@@ -18,7 +18,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use tracing::instrument;
 
-use super::Context;
+use super::{key_of, Context};
 use crate::agent_rollout::{plan, RobotView, Rollout};
 use crate::error::{Error, Result};
 
@@ -29,14 +29,19 @@ const RECHECK: Duration = Duration::from_secs(30);
 /// Reconciles one AgentRollout.
 #[instrument(skip_all, fields(agentrollout = %rollout.name_any()))]
 pub async fn reconcile(rollout: Arc<AgentRollout>, ctx: Arc<Context>) -> Result<Action> {
-    let key = rollout.name_any();
-    ctx.instrumented("agentrollout", key, reconcile_rollout(&rollout, &ctx))
-        .await
+    let ctx = ctx.as_ref();
+    ctx.instrumented(
+        "agentrollout",
+        rollout,
+        Some(&ctx.stores.rollouts),
+        |rollout| async move { reconcile_rollout(&rollout, ctx).await },
+    )
+    .await
 }
 
 /// Backs off an AgentRollout whose reconcile failed.
 pub fn error_policy(rollout: Arc<AgentRollout>, error: &Error, ctx: Arc<Context>) -> Action {
-    ctx.error_policy("agentrollout", rollout.name_any(), error)
+    ctx.error_policy("agentrollout", &key_of(rollout.as_ref()), error)
 }
 
 /// What the plan reads of a Robot.

@@ -118,13 +118,16 @@ impl TaskStatusPatch {
 /// Reconciles one Task.
 #[instrument(skip_all, fields(task = %key_of(task.as_ref())))]
 pub async fn reconcile(task: Arc<Task>, ctx: Arc<Context>) -> Result<Action> {
-    let key = key_of(task.as_ref());
-    ctx.instrumented("task", key, reconcile_task(&task, &ctx)).await
+    let ctx = ctx.as_ref();
+    ctx.instrumented("task", task, Some(&ctx.stores.tasks), |task| async move {
+        reconcile_task(&task, ctx).await
+    })
+    .await
 }
 
 /// Backs off a Task whose reconcile failed.
 pub fn error_policy(task: Arc<Task>, error: &Error, ctx: Arc<Context>) -> Action {
-    ctx.error_policy("task", key_of(task.as_ref()), error)
+    ctx.error_policy("task", &key_of(task.as_ref()), error)
 }
 
 fn robot_health(ctx: &Context, robot: Option<&str>) -> RobotHealth {

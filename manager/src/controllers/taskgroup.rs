@@ -34,14 +34,16 @@ const PARALLEL_WRITES: usize = 16;
 /// Reconciles one TaskGroup.
 #[instrument(skip_all, fields(taskgroup = %key_of(group.as_ref())))]
 pub async fn reconcile(group: Arc<TaskGroup>, ctx: Arc<Context>) -> Result<Action> {
-    let key = key_of(group.as_ref());
-    ctx.instrumented("taskgroup", key, reconcile_group(&group, &ctx))
-        .await
+    let ctx = ctx.as_ref();
+    ctx.instrumented("taskgroup", group, Some(&ctx.stores.groups), |group| async move {
+        reconcile_group(&group, ctx).await
+    })
+    .await
 }
 
 /// Backs off a TaskGroup whose reconcile failed.
 pub fn error_policy(group: Arc<TaskGroup>, error: &Error, ctx: Arc<Context>) -> Action {
-    ctx.error_policy("taskgroup", key_of(group.as_ref()), error)
+    ctx.error_policy("taskgroup", &key_of(group.as_ref()), error)
 }
 
 /// The Task at `index` of `group`, as it should be created.
