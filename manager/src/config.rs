@@ -69,7 +69,8 @@ pub struct ManagerConfig {
     /// object), as kube-controller-manager's `--concurrent-*-syncs`: every
     /// reconcile in flight may hold a connection to the API server, and
     /// unbounded, 60,000 Tasks and 100,000 Robots opened thousands and
-    /// filled apiserver-lite's 2,048, which locked the server out.
+    /// filled apiserver-lite's 2,048, which locked the server out. The rest
+    /// wait for a slot first come first served.
     pub concurrency: u16,
 }
 

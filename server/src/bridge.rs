@@ -48,6 +48,7 @@ mod register;
 mod tasks;
 mod upgrade;
 
+use crate::written::Written;
 use tasks::UidIndex;
 
 /// State shared by every handler.
@@ -72,6 +73,8 @@ pub struct Bridge {
     /// Per robot, the AgentRollout it was last seen marked for: a new mark
     /// sends the order at once, not at the robot's next heartbeat.
     marks_seen: Mutex<HashMap<String, String>>,
+    /// The Tasks this server wrote, until the watch brings them back.
+    written: Written,
 }
 
 /// What one worker remembers of one robot. All of a robot's messages go to
@@ -181,6 +184,7 @@ impl Bridge {
             config,
             awaiting_response: Mutex::default(),
             marks_seen: Mutex::default(),
+            written: Written::default(),
             task_sync,
         }
     }
@@ -188,6 +192,11 @@ impl Bridge {
     /// The way to the API server: timeouts, field manager, write metrics.
     pub fn kube(&self) -> &Kube {
         &self.kube
+    }
+
+    /// The Tasks this server wrote, until its watch brings them back.
+    pub fn written(&self) -> &Written {
+        &self.written
     }
 
     /// The Robots, cluster-wide.

@@ -360,7 +360,7 @@ async fn dispatch(ctx: &Context, task: &Task, robot: &str, attempt: u32, seen: I
         .await
         .map_err(Error::from);
     match written {
-        Ok(_) => {}
+        Ok(written) => bridge.written().record(written),
         // The Task changed since it was read (a cancel, a deletion, a new
         // attempt): nothing was sent; the next reconcile reads it again.
         Err(e) if e.is_conflict() || e.is_not_found() => {
@@ -401,12 +401,13 @@ async fn dispatch(ctx: &Context, task: &Task, robot: &str, attempt: u32, seen: I
     record(ctx, task, "Dispatched", "Dispatch", note).await;
     let annotations = [(ANNOTATION_DISPATCHED_ATTEMPT.to_owned(), attempt.to_string())].into();
     let body = Guarded::metadata(None, Annotations { annotations });
-    bridge
+    let written = bridge
         .kube()
         .patch("task_dispatched", &api, &name, &body, || {
             format!("recording the dispatch of task {full}")
         })
         .await?;
+    bridge.written().record(written);
     Ok(true)
 }
 

@@ -26,6 +26,7 @@ pub mod logs;
 pub mod metrics;
 pub mod mqtt;
 pub mod retained;
+pub mod written;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -221,6 +221,9 @@ pub struct Context {
     /// Per task: what its TaskGroup last read of it (a change wakes the
     /// group).
     pub(super) group_views: Mutex<HashMap<String, super::informers::GroupView>>,
+    /// Per TaskGroup: a hash of the group as last watched, without its
+    /// status (a change of its status alone does not wake it).
+    pub(super) groups_seen: Mutex<HashMap<String, u64>>,
     /// Each controller's reconcile slots, `concurrency` of them (see
     /// [`Context::instrumented`]).
     pub(super) slots: Mutex<HashMap<&'static str, Arc<Semaphore>>>,

@@ -166,6 +166,34 @@ impl Context {
         views.insert(key, view.clone()) != Some(view)
     }
 
+    /// Whether a TaskGroup's event asks for its reconcile: anything but a
+    /// change of its status alone, which is the group's own write (its
+    /// reconcile after that found nothing to do, and at 100 Jobs a second
+    /// those were a fifth of the group controller's work). A relist's
+    /// objects are always reconciled (a new leader's first look).
+    fn group_asks(&self, group: &TaskGroup, deleted: bool, relisted: bool) -> bool {
+        let key = key_of(group);
+        let mut seen = lock(&self.groups_seen);
+        if deleted {
+            seen.remove(&key);
+            return false;
+        }
+        // The rest of the group, as a hash of its JSON (groups are few and
+        // small next to the work they wake).
+        let mut rest = group.clone();
+        rest.status = None;
+        rest.metadata.resource_version = None;
+        rest.metadata.managed_fields = None;
+        let hash = serde_json::to_vec(&rest).map(|json| {
+            use std::hash::{Hash, Hasher};
+            let mut hasher = std::collections::hash_map::DefaultHasher::new();
+            json.hash(&mut hasher);
+            hasher.finish()
+        });
+        let Ok(hash) = hash else { return true };
+        seen.insert(key, hash) != Some(hash) || relisted
+    }
+
     pub(super) fn on_robot(&self, event: &watcher::Event<Robot>) {
         let mut sched = self.sched();
         match event {
@@ -265,7 +293,7 @@ impl Context {
             fleet.remove(&ObjectRef::from_obj(group));
         }
         drop(fleet);
-        if !deleted {
+        if self.group_asks(group, deleted, matches!(event, watcher::Event::InitApply(_))) {
             self.triggers.group(ObjectRef::from_obj(group));
         }
         for job in owners_of::<Job, _>(group) {

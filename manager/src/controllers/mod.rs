@@ -94,6 +94,7 @@ pub async fn run(
         seen: Mutex::default(),
         slots: Mutex::default(),
         group_views: Mutex::default(),
+        groups_seen: Mutex::default(),
         every_robot_groups: Mutex::default(),
         lease_durations: Mutex::default(),
         allocations: Pacer::new(config.allocation_interval),

@@ -309,7 +309,7 @@ impl Bridge {
                 return Ok(refusal);
             }
         }
-        let mut task = self.task_by_uid(uid);
+        let mut task = self.task_by_uid(uid).map(|t| self.written.newest(t));
         let mut fresh = false;
         if task.is_none() {
             // Gone, or not in this replica's cache yet: only the API server
@@ -365,7 +365,8 @@ impl Bridge {
                 .await
                 .map_err(Error::from);
             match result {
-                Ok(_) => {
+                Ok(written) => {
+                    self.written.record(written);
                     info!(
                         state = patch.state.as_str(),
                         attempt = msg.attempt,
@@ -395,9 +396,11 @@ impl Bridge {
             .kube
             .read(|| format!("reading task {name}"), api.get_opt(&name))
             .await?;
-        Ok(fresh
-            .filter(|f| f.metadata.uid == task.metadata.uid)
-            .map(Arc::new))
+        let fresh = fresh.filter(|f| f.metadata.uid == task.metadata.uid);
+        if let Some(fresh) = &fresh {
+            self.written.record(fresh.clone());
+        }
+        Ok(fresh.map(Arc::new))
     }
 }
 
