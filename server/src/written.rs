@@ -34,7 +34,7 @@ pub struct Written {
 }
 
 impl Written {
-    /// Keeps `task`, as a write returned it.
+    /// Keeps `task`, as a write returned it (or a fresh read found it).
     pub fn record(&self, mut task: Task) {
         let Some(uid) = task.metadata.uid.clone() else {
             return;

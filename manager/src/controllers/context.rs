@@ -220,13 +220,13 @@ pub struct Context {
     pub(super) progress: Pacer,
     /// Per task: what its TaskGroup last read of it (a change wakes the
     /// group).
-    pub(super) group_views: Mutex<HashMap<String, super::informers::GroupView>>,
+    pub(super) group_views: Mutex<HashMap<String, super::facts::SeenByGroup>>,
     /// Per TaskGroup: a hash of the group as last watched, without its
     /// status (a change of its status alone does not wake it).
     pub(super) groups_seen: Mutex<HashMap<String, u64>>,
     /// Each controller's reconcile slots, `concurrency` of them (see
-    /// [`Context::instrumented`]).
-    pub(super) slots: Mutex<HashMap<&'static str, Arc<Semaphore>>>,
+    /// [`Context::instrumented`] and [`reconcile_slots`]).
+    pub(super) slots: HashMap<&'static str, Semaphore>,
     /// Tasks by the uid of their TaskGroup.
     pub(super) group_tasks: Children<Task>,
     /// TaskGroups by the uid of their Job.
@@ -522,7 +522,7 @@ impl Context {
         F: Future<Output = Result<Action>>,
     {
         let m = self.metrics.controller(controller);
-        let slots = self.slots_of(controller);
+        let slots = &self.slots[controller];
         m.waiting.inc();
         let slot = slots.acquire().await;
         m.waiting.dec();
@@ -561,25 +561,11 @@ impl Context {
         result
     }
 
-    /// The reconcile slots of `controller`.
-    fn slots_of(&self, controller: &'static str) -> Arc<Semaphore> {
-        let mut slots = lock(&self.slots);
-        let n = usize::from(self.config.concurrency.max(1));
-        slots
-            .entry(controller)
-            .or_insert_with(|| Arc::new(Semaphore::new(n)))
-            .clone()
-    }
-
     /// Shutting down: reconciles still waiting for a slot give up (those
     /// running finish), and none waits again.
     pub(super) fn close_slots(&self) {
-        let mut slots = lock(&self.slots);
-        for controller in crate::metrics::CONTROLLERS {
-            slots
-                .entry(controller)
-                .or_insert_with(|| Arc::new(Semaphore::new(0)))
-                .close();
+        for slots in self.slots.values() {
+            slots.close();
         }
     }
 
@@ -597,6 +583,15 @@ impl Context {
         };
         Action::requeue(exponential(base, self.config.error_backoff_max, n - 1))
     }
+}
+
+/// `concurrency` reconcile slots for each of [`crate::metrics::CONTROLLERS`].
+pub(super) fn reconcile_slots(concurrency: u16) -> HashMap<&'static str, Semaphore> {
+    let n = usize::from(concurrency.max(1));
+    crate::metrics::CONTROLLERS
+        .iter()
+        .map(|c| (*c, Semaphore::new(n)))
+        .collect()
 }
 
 /// The key of an object's failures in `controller` (a Task and a TaskGroup

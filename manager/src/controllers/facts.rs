@@ -5,11 +5,12 @@
 use std::collections::BTreeMap;
 
 use k8s4r_api::condition::find_condition;
-use k8s4r_api::names::{CONDITION_ACCEPTING_TASKS, LABEL_GROUP, LABEL_JOB};
+use k8s4r_api::names::{ANNOTATION_CANCEL, CONDITION_ACCEPTING_TASKS, LABEL_GROUP, LABEL_JOB};
 use k8s4r_api::{ConditionStatus, Robot, Task, TaskState};
 use kube::{Resource, ResourceExt};
 
 use crate::ledger::Placement;
+use crate::lifecycle::{effective_state, LifecycleConfig};
 use crate::scheduler::{Demand, RobotFacts};
 
 pub fn key_of<K: Resource>(obj: &K) -> String {
@@ -116,6 +117,39 @@ pub fn facts_of(robot: &Robot) -> RobotFacts {
             .and_then(|q| q.to_units().ok()),
         policy: policy.cloned(),
         facts: status.facts.clone(),
+    }
+}
+
+/// What a TaskGroup's reconcile reads of one of its Tasks: its counts and
+/// robots, a cancel passed on, an everyRobot rollout's progress, the Task's
+/// slot. A Task event that leaves it as it was (the server's records of a
+/// dispatch, a finalizer, a restart) does not wake the group: at 100 Jobs a
+/// second those were most of the group controller's work.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SeenByGroup {
+    state: TaskState,
+    robot: Option<String>,
+    placed: bool,
+    cancel: Option<String>,
+    deleting: bool,
+    labels: std::collections::BTreeMap<String, String>,
+    robot_name: Option<String>,
+}
+
+impl SeenByGroup {
+    pub fn of(task: &Task, lifecycle: &LifecycleConfig) -> Self {
+        let status = task.status.as_ref();
+        SeenByGroup {
+            state: effective_state(&task.spec, status, lifecycle),
+            robot: status
+                .and_then(|s| s.robot.clone())
+                .or_else(|| task.spec.target_robot.clone()),
+            placed: status.is_some_and(|s| s.attempt > 0),
+            cancel: task.annotations().get(ANNOTATION_CANCEL).cloned(),
+            deleting: task.meta().deletion_timestamp.is_some(),
+            labels: task.labels().clone(),
+            robot_name: task.spec.robot_name.clone(),
+        }
     }
 }
 

@@ -18,10 +18,8 @@ use std::fmt::Debug;
 use std::hash::Hash;
 
 use super::context::{lock, Context, SchedState};
-use super::facts::{facts_of, key_of, placement_of};
-use crate::lifecycle::{effective_state, LifecycleConfig};
+use super::facts::{facts_of, key_of, placement_of, SeenByGroup};
 use crate::scheduler::{newly_met, robot_change, RobotChange};
-use k8s4r_api::names::ANNOTATION_CANCEL;
 
 /// Watches `api` into `writer`, each object changed by `shape` first (see
 /// [`keep`] and [`k8s4r_service::watch::trim`]), handing every event to
@@ -162,7 +160,7 @@ impl Context {
             views.remove(&key);
             return true;
         }
-        let view = GroupView::of(task, &self.config.lifecycle);
+        let view = SeenByGroup::of(task, &self.config.lifecycle);
         views.insert(key, view.clone()) != Some(view)
     }
 
@@ -185,7 +183,7 @@ impl Context {
         rest.metadata.resource_version = None;
         rest.metadata.managed_fields = None;
         let hash = serde_json::to_vec(&rest).map(|json| {
-            use std::hash::{Hash, Hasher};
+            use std::hash::Hasher;
             let mut hasher = std::collections::hash_map::DefaultHasher::new();
             json.hash(&mut hasher);
             hasher.finish()
@@ -389,39 +387,6 @@ pub(super) struct Progressed {
     pub moved: bool,
 }
 
-/// What a TaskGroup's reconcile reads of one of its Tasks: its counts and
-/// robots, a cancel passed on, an everyRobot rollout's progress, the Task's
-/// slot. A Task event that leaves it as it was (the server's records of a
-/// dispatch, a finalizer, a restart) does not wake the group: at 100 Jobs a
-/// second those were most of the group controller's work.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) struct GroupView {
-    state: TaskState,
-    robot: Option<String>,
-    placed: bool,
-    cancel: Option<String>,
-    deleting: bool,
-    labels: std::collections::BTreeMap<String, String>,
-    robot_name: Option<String>,
-}
-
-impl GroupView {
-    fn of(task: &Task, lifecycle: &LifecycleConfig) -> Self {
-        let status = task.status.as_ref();
-        GroupView {
-            state: effective_state(&task.spec, status, lifecycle),
-            robot: status
-                .and_then(|s| s.robot.clone())
-                .or_else(|| task.spec.target_robot.clone()),
-            placed: status.is_some_and(|s| s.attempt > 0),
-            cancel: task.annotations().get(ANNOTATION_CANCEL).cloned(),
-            deleting: task.meta().deletion_timestamp.is_some(),
-            labels: task.labels().clone(),
-            robot_name: task.spec.robot_name.clone(),
-        }
-    }
-}
-
 fn task_ref(key: &str) -> ObjectRef<Task> {
     match key.split_once('/') {
         Some((ns, name)) => ObjectRef::new(name).within(ns),
@@ -432,7 +397,8 @@ fn task_ref(key: &str) -> ObjectRef<Task> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s4r_api::names::{ANNOTATION_DISPATCHED_ATTEMPT, ANNOTATION_SENDING_ATTEMPT};
+    use crate::lifecycle::LifecycleConfig;
+    use k8s4r_api::names::{ANNOTATION_CANCEL, ANNOTATION_DISPATCHED_ATTEMPT, ANNOTATION_SENDING_ATTEMPT};
     use k8s4r_api::{TaskSpec, TaskStatus};
 
     fn task(state: TaskState) -> Task {
@@ -450,7 +416,7 @@ mod tests {
     #[test]
     fn a_group_is_woken_only_by_what_it_reads_of_its_tasks() {
         let lifecycle = LifecycleConfig::default();
-        let view = |t: &Task| GroupView::of(t, &lifecycle);
+        let view = |t: &Task| SeenByGroup::of(t, &lifecycle);
         let dispatching = task(TaskState::Dispatching);
 
         // The server's records of sending a dispatch, a finalizer, a

@@ -92,7 +92,7 @@ pub async fn run(
         events,
         failures: Failures::default(),
         seen: Mutex::default(),
-        slots: Mutex::default(),
+        slots: context::reconcile_slots(config.concurrency),
         group_views: Mutex::default(),
         groups_seen: Mutex::default(),
         every_robot_groups: Mutex::default(),
