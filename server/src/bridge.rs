@@ -48,7 +48,7 @@ mod register;
 mod tasks;
 mod upgrade;
 
-use crate::written::Written;
+use k8s4r_service::written::Written;
 use tasks::UidIndex;
 
 /// State shared by every handler.
@@ -74,7 +74,7 @@ pub struct Bridge {
     /// sends the order at once, not at the robot's next heartbeat.
     marks_seen: Mutex<HashMap<String, String>>,
     /// The Tasks this server wrote, until the watch brings them back.
-    written: Written,
+    written: Written<Task>,
 }
 
 /// What one worker remembers of one robot. All of a robot's messages go to
@@ -194,9 +194,12 @@ impl Bridge {
         &self.kube
     }
 
-    /// The Tasks this server wrote, until its watch brings them back.
-    pub fn written(&self) -> &Written {
-        &self.written
+    /// Keeps `task` (as a write returned it, or a fresh read found it)
+    /// until the watch brings it back: a robot's next report about it is
+    /// decided on the newer of the two (see [`Written`]).
+    pub fn record_written(&self, mut task: Task) {
+        k8s4r_service::watch::trim(&mut task);
+        self.written.record(task);
     }
 
     /// The Robots, cluster-wide.

@@ -360,7 +360,7 @@ async fn dispatch(ctx: &Context, task: &Task, robot: &str, attempt: u32, seen: I
         .await
         .map_err(Error::from);
     match written {
-        Ok(written) => bridge.written().record(written),
+        Ok(written) => bridge.record_written(written),
         // The Task changed since it was read (a cancel, a deletion, a new
         // attempt): nothing was sent; the next reconcile reads it again.
         Err(e) if e.is_conflict() || e.is_not_found() => {
@@ -407,7 +407,7 @@ async fn dispatch(ctx: &Context, task: &Task, robot: &str, attempt: u32, seen: I
             format!("recording the dispatch of task {full}")
         })
         .await?;
-    bridge.written().record(written);
+    bridge.record_written(written);
     Ok(true)
 }
 

@@ -26,7 +26,6 @@ pub mod logs;
 pub mod metrics;
 pub mod mqtt;
 pub mod retained;
-pub mod written;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -12,6 +12,8 @@
 //! - [`leader`]: leader election on a Lease, with `kube-lease-manager`;
 //! - [`watch`]: watch streams whose relists reach controllers only once
 //!   the cache holds them;
+//! - [`written`]: a program's own last writes, until its watch brings them
+//!   back;
 //! - [`lock()`]: a `Mutex` lock that survives a panic elsewhere.
 //!
 //! It holds no decisions: what to write and when stays in each program.
@@ -27,6 +29,7 @@ pub mod metrics;
 pub mod patch;
 pub mod process;
 pub mod watch;
+pub mod written;
 
 pub use call::{ApiError, Kube};
 pub use lock::lock;

@@ -164,34 +164,6 @@ impl Context {
         views.insert(key, view.clone()) != Some(view)
     }
 
-    /// Whether a TaskGroup's event asks for its reconcile: anything but a
-    /// change of its status alone, which is the group's own write (its
-    /// reconcile after that found nothing to do, and at 100 Jobs a second
-    /// those were a fifth of the group controller's work). A relist's
-    /// objects are always reconciled (a new leader's first look).
-    fn group_asks(&self, group: &TaskGroup, deleted: bool, relisted: bool) -> bool {
-        let key = key_of(group);
-        let mut seen = lock(&self.groups_seen);
-        if deleted {
-            seen.remove(&key);
-            return false;
-        }
-        // The rest of the group, as a hash of its JSON (groups are few and
-        // small next to the work they wake).
-        let mut rest = group.clone();
-        rest.status = None;
-        rest.metadata.resource_version = None;
-        rest.metadata.managed_fields = None;
-        let hash = serde_json::to_vec(&rest).map(|json| {
-            use std::hash::Hasher;
-            let mut hasher = std::collections::hash_map::DefaultHasher::new();
-            json.hash(&mut hasher);
-            hasher.finish()
-        });
-        let Ok(hash) = hash else { return true };
-        seen.insert(key, hash) != Some(hash) || relisted
-    }
-
     pub(super) fn on_robot(&self, event: &watcher::Event<Robot>) {
         let mut sched = self.sched();
         match event {
@@ -291,7 +263,14 @@ impl Context {
             fleet.remove(&ObjectRef::from_obj(group));
         }
         drop(fleet);
-        if self.group_asks(group, deleted, matches!(event, watcher::Event::InitApply(_))) {
+        // A group's own status write coming back does not wake it (its
+        // reconcile knew all of it; at 100 Jobs a second those were a fifth
+        // of the group controller's work). A relist's objects are always
+        // reconciled (a new leader's first look).
+        let relisted = matches!(event, watcher::Event::InitApply(_));
+        if deleted {
+            self.written_groups.forget(&group.uid().unwrap_or_default());
+        } else if relisted || !self.written_groups.echo(group) {
             self.triggers.group(ObjectRef::from_obj(group));
         }
         for job in owners_of::<Job, _>(group) {
@@ -303,7 +282,11 @@ impl Context {
         let Some((job, deleted)) = event_object(event) else {
             return;
         };
-        if !deleted {
+        // As for a group: its own status write coming back does not wake it.
+        let relisted = matches!(event, watcher::Event::InitApply(_));
+        if deleted {
+            self.written_jobs.forget(&job.uid().unwrap_or_default());
+        } else if relisted || !self.written_jobs.echo(job) {
             self.triggers.job(ObjectRef::from_obj(job));
         }
         for periodic in owners_of::<PeriodicJob, _>(job) {

@@ -22,7 +22,7 @@ use kube::{Api, Resource, ResourceExt};
 use tracing::instrument;
 
 use super::pacing::job_progress_only;
-use super::{condition_at, key_of, Context, Note, Requests};
+use super::{condition_at, key_of, Context, Look, Note, Requests};
 use crate::aggregate::{gates, job_status, Gate, GroupView};
 use crate::error::{Error, Result};
 use crate::expiry::{plan_expiry, Expiry, REASON_EXPIRED};
@@ -31,9 +31,17 @@ use crate::expiry::{plan_expiry, Expiry, REASON_EXPIRED};
 #[instrument(skip_all, fields(job = %key_of(job.as_ref())))]
 pub async fn reconcile(job: Arc<Job>, ctx: Arc<Context>) -> Result<Action> {
     let ctx = ctx.as_ref();
-    ctx.instrumented("job", job, Some(&ctx.stores.jobs), |job| async move {
-        reconcile_job(&job, ctx).await
-    })
+    let look = Look {
+        store: Some(&ctx.stores.jobs),
+        written: Some(&ctx.written_jobs),
+        creates: |_, job| job.status.is_none(),
+    };
+    ctx.instrumented(
+        "job",
+        job,
+        look,
+        |job| async move { reconcile_job(&job, ctx).await },
+    )
     .await
 }
 
@@ -99,7 +107,7 @@ async fn reconcile_job(job: &Job, ctx: &Context) -> Result<Action> {
         let message = errors.to_string();
         let mut written = None;
         if let Some(status) = plan_invalid(job, &message, Timestamp::now()) {
-            written = Some(ctx.patch_status(&jobs, &name, None, &status).await?);
+            written = Some(write_status(ctx, &jobs, &name, &status).await?);
             ctx.event(job, EventType::Warning, "InvalidSpec", message);
         }
         return expire(ctx, &jobs, written.as_ref().unwrap_or(job)).await;
@@ -143,12 +151,20 @@ async fn reconcile_job(job: &Job, ctx: &Context) -> Result<Action> {
         if let Some(wait) = ctx.progress_due(job, progress) {
             return Ok(Action::requeue(wait));
         }
-        written = Some(ctx.patch_status(&jobs, &name, None, &status).await?);
+        written = Some(write_status(ctx, &jobs, &name, &status).await?);
         if let Some(note) = plan.event {
             ctx.publish(job, note);
         }
     }
     expire(ctx, &jobs, written.as_ref().unwrap_or(job)).await
+}
+
+/// Writes a Job's status; the Job as written is what its next reconcile
+/// reads until the watch brings it back.
+async fn write_status(ctx: &Context, api: &Api<Job>, name: &str, status: &JobStatus) -> Result<Job> {
+    let written: Job = ctx.patch_status(api, name, None, status).await?;
+    ctx.written_jobs.record(written.clone());
+    Ok(written)
 }
 
 /// Deletes `job` (as last written) once its time after finishing is up,

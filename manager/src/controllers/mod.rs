@@ -46,7 +46,7 @@ use crate::error::Result;
 use crate::metrics::Metrics;
 
 use context::{publish_events, EventSink, Triggers};
-pub use context::{Context, Note, Requests, SchedState, Stores};
+pub use context::{Context, Look, Note, Requests, SchedState, Stores};
 pub use facts::{demand_of, facts_of, group_of, key_of, placement_of};
 use informers::{informer, keep};
 use k8s4r_service::watch::trim;
@@ -94,7 +94,8 @@ pub async fn run(
         seen: Mutex::default(),
         slots: context::reconcile_slots(config.concurrency),
         group_views: Mutex::default(),
-        groups_seen: Mutex::default(),
+        written_jobs: Default::default(),
+        written_groups: Default::default(),
         every_robot_groups: Mutex::default(),
         lease_durations: Mutex::default(),
         allocations: Pacer::new(config.allocation_interval),

@@ -18,7 +18,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use tracing::instrument;
 
-use super::{condition_at, key_of, Context, Note};
+use super::{condition_at, key_of, Context, Look, Note};
 use crate::error::{Error, Result};
 use crate::periodic::{decide, schedule_of, Decision, Schedule};
 
@@ -33,7 +33,13 @@ const DEFAULT_FAILED_KEPT: i32 = 1;
 #[instrument(skip_all, fields(periodicjob = %key_of(pj.as_ref())))]
 pub async fn reconcile(pj: Arc<PeriodicJob>, ctx: Arc<Context>) -> Result<Action> {
     let ctx = ctx.as_ref();
-    ctx.instrumented("periodicjob", pj, None, |pj| async move {
+    // Its cache is its controller's own: reconciled as triggered.
+    let look = Look {
+        store: None,
+        written: None,
+        creates: |_, _| false,
+    };
+    ctx.instrumented("periodicjob", pj, look, |pj| async move {
         reconcile_periodic(&pj, ctx).await
     })
     .await

@@ -16,7 +16,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 use tracing::instrument;
 
-use super::{condition_at, key_of, Context, Note};
+use super::{condition_at, key_of, Context, Look, Note};
 use crate::error::{Error, Result};
 use crate::liveness::{approval, verdict, Approval, Liveness, Verdict};
 
@@ -43,9 +43,12 @@ pub struct RobotStatusPatch {
 #[instrument(skip_all, fields(robot = %robot.name_any()))]
 pub async fn reconcile(robot: Arc<Robot>, ctx: Arc<Context>) -> Result<Action> {
     let ctx = ctx.as_ref();
-    ctx.instrumented("robot", robot, Some(&ctx.stores.robots), |robot| async move {
-        reconcile_robot(&robot, ctx).await
-    })
+    ctx.instrumented(
+        "robot",
+        robot,
+        Look::cached(&ctx.stores.robots),
+        |robot| async move { reconcile_robot(&robot, ctx).await },
+    )
     .await
 }
 

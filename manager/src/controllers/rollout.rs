@@ -18,7 +18,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use tracing::instrument;
 
-use super::{key_of, Context};
+use super::{key_of, Context, Look};
 use crate::agent_rollout::{plan, RobotView, Rollout};
 use crate::error::{Error, Result};
 
@@ -33,7 +33,7 @@ pub async fn reconcile(rollout: Arc<AgentRollout>, ctx: Arc<Context>) -> Result<
     ctx.instrumented(
         "agentrollout",
         rollout,
-        Some(&ctx.stores.rollouts),
+        Look::cached(&ctx.stores.rollouts),
         |rollout| async move { reconcile_rollout(&rollout, ctx).await },
     )
     .await

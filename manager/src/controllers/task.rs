@@ -19,7 +19,7 @@ use serde::Serialize;
 use tracing::instrument;
 
 use super::robot::{liveness_of, robot_lease};
-use super::{condition_at, key_of, Context, Note};
+use super::{condition_at, key_of, Context, Look, Note};
 use crate::error::{Error, Result};
 use crate::lifecycle::{ended_as, never_sent, next_step, plus, RobotHealth, Step};
 use crate::manual::TaskManual;
@@ -119,10 +119,22 @@ impl TaskStatusPatch {
 #[instrument(skip_all, fields(task = %key_of(task.as_ref())))]
 pub async fn reconcile(task: Arc<Task>, ctx: Arc<Context>) -> Result<Action> {
     let ctx = ctx.as_ref();
-    ctx.instrumented("task", task, Some(&ctx.stores.tasks), |task| async move {
+    let look = Look {
+        store: Some(&ctx.stores.tasks),
+        written: None,
+        creates: |_, task| unplaced(task),
+    };
+    ctx.instrumented("task", task, look, |task| async move {
         reconcile_task(&task, ctx).await
     })
     .await
+}
+
+/// Whether `task` waits to be placed (its reconcile places it: the lane of
+/// [`super::context::Lanes`] that does not wait behind status updates).
+fn unplaced(task: &Task) -> bool {
+    let state = task.status.as_ref().and_then(|s| s.state);
+    task.metadata.deletion_timestamp.is_none() && matches!(state, None | Some(TaskState::Pending))
 }
 
 /// Backs off a Task whose reconcile failed.

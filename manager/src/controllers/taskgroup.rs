@@ -21,7 +21,7 @@ use tracing::instrument;
 
 use super::context::Note;
 use super::pacing::group_progress_only;
-use super::{key_of, task, Context, Requests};
+use super::{key_of, task, Context, Look, Requests};
 use crate::aggregate::{group_status, TaskView};
 use crate::error::{Error, Result};
 use crate::fleet;
@@ -35,10 +35,31 @@ const PARALLEL_WRITES: usize = 16;
 #[instrument(skip_all, fields(taskgroup = %key_of(group.as_ref())))]
 pub async fn reconcile(group: Arc<TaskGroup>, ctx: Arc<Context>) -> Result<Action> {
     let ctx = ctx.as_ref();
-    ctx.instrumented("taskgroup", group, Some(&ctx.stores.groups), |group| async move {
+    let look = Look {
+        store: Some(&ctx.stores.groups),
+        written: Some(&ctx.written_groups),
+        creates: lacks_tasks,
+    };
+    ctx.instrumented("taskgroup", group, look, |group| async move {
         reconcile_group(&group, ctx).await
     })
     .await
+}
+
+/// Whether `group` has not been looked at yet, or has fewer Tasks than its
+/// `count`: its reconcile creates them (the lane of [`super::context::Lanes`]
+/// that does not wait behind status updates).
+fn lacks_tasks(ctx: &Context, group: &TaskGroup) -> bool {
+    let Some(status) = &group.status else {
+        return true;
+    };
+    let cancelled = status.cancellation.is_some() || group.meta().deletion_timestamp.is_some();
+    let count = match group.spec.template.mode {
+        GroupMode::Count => group.spec.template.count(),
+        GroupMode::EveryRobot => return false,
+    };
+    let owned = ctx.group_tasks.count(&group.uid().unwrap_or_default());
+    !cancelled && usize::try_from(count).is_ok_and(|count| owned < count)
 }
 
 /// Backs off a TaskGroup whose reconcile failed.
@@ -168,8 +189,10 @@ async fn reconcile_group(group: &TaskGroup, ctx: &Context) -> Result<Action> {
             return Ok(Action::requeue(wait));
         }
         let groups: Api<TaskGroup> = Api::namespaced(ctx.client(), &ns);
-        ctx.patch_status(&groups, &group.name_any(), None, &status)
+        let written: TaskGroup = ctx
+            .patch_status(&groups, &group.name_any(), None, &status)
             .await?;
+        ctx.written_groups.record(written);
         if let Some(note) = waiting_note(group.status.as_ref(), &status) {
             ctx.publish(group, note);
         }

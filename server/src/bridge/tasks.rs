@@ -366,7 +366,7 @@ impl Bridge {
                 .map_err(Error::from);
             match result {
                 Ok(written) => {
-                    self.written.record(written);
+                    self.record_written(written);
                     info!(
                         state = patch.state.as_str(),
                         attempt = msg.attempt,
@@ -398,7 +398,7 @@ impl Bridge {
             .await?;
         let fresh = fresh.filter(|f| f.metadata.uid == task.metadata.uid);
         if let Some(fresh) = &fresh {
-            self.written.record(fresh.clone());
+            self.record_written(fresh.clone());
         }
         Ok(fresh.map(Arc::new))
     }
