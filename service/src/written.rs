@@ -13,9 +13,11 @@
 //! ([`Written::echo`]), which needs no second look: the reconcile that wrote
 //! it already knew everything in it, and the next one reads it here.
 //!
-//! Bounded: at most [`KEPT`] objects, and an entry older than [`WORTH`] may
-//! be dropped. A version missing here is taken from the cache as before,
-//! and its echo is not recognised (a needless look, never a missed one).
+//! Bounded: at most [`KEPT`] objects, and entries older than [`WORTH`] are
+//! dropped at the next write after a sweep is due (one a [`WORTH`]), so an
+//! entry whose echo came before it was recorded lives two minutes at most.
+//! A version missing here is taken from the cache as before, and its echo
+//! is not recognised (a needless look, never a missed one).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -35,13 +37,23 @@ pub const WORTH: Duration = Duration::from_secs(60);
 /// The objects last written by this program, by uid.
 #[derive(Debug)]
 pub struct Written<K> {
-    objects: Mutex<HashMap<String, (Instant, Arc<K>)>>,
+    kept: Mutex<Kept<K>>,
+}
+
+/// The entries, and when old ones were last swept out.
+#[derive(Debug)]
+struct Kept<K> {
+    objects: HashMap<String, (Instant, Arc<K>)>,
+    swept: Instant,
 }
 
 impl<K> Default for Written<K> {
     fn default() -> Self {
         Written {
-            objects: Mutex::default(),
+            kept: Mutex::new(Kept {
+                objects: HashMap::new(),
+                swept: Instant::now(),
+            }),
         }
     }
 }
@@ -53,14 +65,15 @@ impl<K: Resource> Written<K> {
             return;
         };
         let now = Instant::now();
-        let mut objects = lock(&self.objects);
-        if objects.len() >= KEPT {
-            objects.retain(|_, (at, _)| now.duration_since(*at) < WORTH);
-            if objects.len() >= KEPT {
-                objects.clear();
+        let mut kept = lock(&self.kept);
+        if kept.objects.len() >= KEPT || now.duration_since(kept.swept) >= WORTH {
+            kept.objects.retain(|_, (at, _)| now.duration_since(*at) < WORTH);
+            kept.swept = now;
+            if kept.objects.len() >= KEPT {
+                kept.objects.clear();
             }
         }
-        objects.insert(uid, (now, Arc::new(obj)));
+        kept.objects.insert(uid, (now, Arc::new(obj)));
     }
 
     /// The newer of `cached` and what this program last wrote of the same
@@ -69,7 +82,7 @@ impl<K: Resource> Written<K> {
         let Some(uid) = cached.meta().uid.as_deref() else {
             return cached;
         };
-        let mut objects = lock(&self.objects);
+        let objects = &mut lock(&self.kept).objects;
         let Some((_, written)) = objects.get(uid) else {
             return cached;
         };
@@ -84,24 +97,37 @@ impl<K: Resource> Written<K> {
     }
 
     /// Whether `watched` is this program's own last write of it coming
-    /// back through the watch (the same version); the entry is done with.
+    /// back through the watch (the same version). The entry is done with
+    /// once the watch brought that version or a newer one.
     pub fn echo(&self, watched: &K) -> bool {
+        use std::cmp::Ordering;
         let Some(uid) = watched.meta().uid.as_deref() else {
             return false;
         };
-        let mut objects = lock(&self.objects);
-        let same = objects.get(uid).is_some_and(|(_, written)| {
-            compare(written.as_ref(), watched) == Some(std::cmp::Ordering::Equal)
-        });
-        if same {
+        let objects = &mut lock(&self.kept).objects;
+        let Some((_, written)) = objects.get(uid) else {
+            return false;
+        };
+        let order = compare(written.as_ref(), watched);
+        if matches!(order, Some(Ordering::Equal | Ordering::Less)) {
             objects.remove(uid);
         }
-        same
+        order == Some(Ordering::Equal)
     }
 
     /// Forgets the object `uid` (it was deleted).
     pub fn forget(&self, uid: &str) {
-        lock(&self.objects).remove(uid);
+        lock(&self.kept).objects.remove(uid);
+    }
+
+    /// How many objects are kept.
+    pub fn len(&self) -> usize {
+        lock(&self.kept).objects.len()
+    }
+
+    /// Whether none is kept.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
@@ -169,5 +195,10 @@ mod tests {
         written.record(object("u1", "8"));
         written.forget("u1");
         assert!(!written.echo(&object("u1", "8")));
+        // A newer version watched (the echo came before the write was
+        // recorded, then someone wrote): not an echo, and the entry goes.
+        written.record(object("u1", "9"));
+        assert!(!written.echo(&object("u1", "10")));
+        assert!(written.is_empty());
     }
 }

@@ -224,7 +224,8 @@ pub struct Context {
     pub(super) group_views: Mutex<HashMap<String, super::facts::SeenByGroup>>,
     /// The Jobs and TaskGroups whose status this manager wrote, until the
     /// watch brings them back: the next reconcile reads the newer, and the
-    /// write coming back wakes nobody (see [`Written`]).
+    /// write coming back does not wake the object itself (it still wakes
+    /// its owner: see [`Written`]).
     pub(super) written_jobs: Written<Job>,
     pub(super) written_groups: Written<TaskGroup>,
     /// Each controller's reconcile slots (see [`Context::instrumented`] and
@@ -599,7 +600,7 @@ impl Context {
     }
 }
 
-/// A controller's reconcile slots, in two fair queues: reconciles that
+/// A controller's `concurrency` reconcile slots, in two fair queues: reconciles that
 /// create what their object asks for and has not got yet (a new Job's
 /// TaskGroups, a TaskGroup's Tasks, a Task's placement) have lanes of their
 /// own, so that a new Job's way to a robot does not queue behind the status
@@ -607,9 +608,9 @@ impl Context {
 /// robots, the TaskGroup queue held 5,000 to 11,000 reconciles, and a Job
 /// waited for each of its three steps in it).
 pub(super) struct Lanes {
-    /// `concurrency / 4` slots (at least one) for reconciles that create.
+    /// A quarter of the slots (at least one) for reconciles that create.
     pub(super) creating: Semaphore,
-    /// `concurrency` slots for the rest.
+    /// The other three quarters (at least one) for the rest.
     pub(super) rest: Semaphore,
 }
 
@@ -621,7 +622,7 @@ pub(super) fn reconcile_slots(concurrency: u16) -> HashMap<&'static str, Lanes> 
         .map(|c| {
             let lanes = Lanes {
                 creating: Semaphore::new((n / 4).max(1)),
-                rest: Semaphore::new(n),
+                rest: Semaphore::new((n - n / 4).max(1)),
             };
             (*c, lanes)
         })
