@@ -70,9 +70,7 @@ pub struct ManagerConfig {
     /// reconcile in flight may hold a connection to the API server, and
     /// unbounded, 60,000 Tasks and 100,000 Robots opened thousands and
     /// filled apiserver-lite's 2,048, which locked the server out. The rest
-    /// wait for a slot first come first served; a quarter of the slots are
-    /// kept for reconciles that create (see `controllers::context::Lanes`).
-    /// Below 4, one more slot is kept for those.
+    /// wait for a slot first come first served.
     pub concurrency: u16,
 }
 

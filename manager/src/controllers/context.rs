@@ -7,7 +7,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use tokio::sync::{AcquireError, Semaphore, SemaphorePermit};
+use tokio::sync::Semaphore;
 
 use futures::channel::mpsc::UnboundedSender;
 use k8s4r_api::backoff::exponential;
@@ -228,9 +228,9 @@ pub struct Context {
     /// its owner: see [`Written`]).
     pub(super) written_jobs: Written<Job>,
     pub(super) written_groups: Written<TaskGroup>,
-    /// Each controller's reconcile slots (see [`Context::instrumented`] and
-    /// [`Lanes`]).
-    pub(super) slots: HashMap<&'static str, Lanes>,
+    /// Each controller's reconcile slots, `concurrency` of them (see
+    /// [`Context::instrumented`] and [`reconcile_slots`]).
+    pub(super) slots: HashMap<&'static str, Semaphore>,
     /// Tasks by the uid of their TaskGroup.
     pub(super) group_tasks: Children<Task>,
     /// TaskGroups by the uid of their Job.
@@ -270,11 +270,6 @@ impl<K: Resource<DynamicType = ()> + Clone> Children<K> {
                 by_owner.entry(owner.uid.clone()).or_default().insert(me.clone());
             }
         }
-    }
-
-    /// How many objects `owner` (a uid) owns as last watched.
-    pub(super) fn count(&self, owner: &str) -> usize {
-        lock(&self.by_owner).get(owner).map_or(0, |set| set.len())
     }
 
     /// The cached objects `owner` (a uid) owns now.
@@ -508,9 +503,9 @@ impl Context {
         })
     }
 
-    /// Wraps a reconcile of `obj`: it waits for a slot in one of the
-    /// controller's two fair queues (first come, first served; see
-    /// [`Lanes`]), then reconciles the object as `look` finds it now (it may
+    /// Wraps a reconcile of `obj`: it waits for one of the controller's
+    /// `concurrency` slots, first come first served, then reconciles the
+    /// object as `look` finds it now (it may
     /// have changed while it waited; one gone from the cache is not
     /// reconciled, as kube-runtime does), and counts the metrics and the
     /// errors for the backoff.
@@ -535,9 +530,9 @@ impl Context {
         let Some(obj) = look.current(obj) else {
             return Ok(Action::await_change());
         };
-        let lanes = &self.slots[controller];
+        let slots = &self.slots[controller];
         m.waiting.inc();
-        let slot = lanes.acquire((look.creates)(self, &obj)).await;
+        let slot = slots.acquire().await;
         m.waiting.dec();
         let Ok(_slot) = slot else {
             return Ok(Action::await_change());
@@ -573,9 +568,8 @@ impl Context {
     /// Shutting down: reconciles still waiting for a slot give up (those
     /// running finish), and none waits again.
     pub(super) fn close_slots(&self) {
-        for lanes in self.slots.values() {
-            lanes.creating.close();
-            lanes.rest.close();
+        for slots in self.slots.values() {
+            slots.close();
         }
     }
 
@@ -595,75 +589,30 @@ impl Context {
     }
 }
 
-/// A controller's `concurrency` reconcile slots, in two fair queues. A
-/// quarter are kept for reconciles that create what their object asks for
-/// and has not got yet (a new Job's TaskGroups, a TaskGroup's Tasks, a
-/// Task's placement), which may also take any of the others: a new Job's
-/// way to a robot does not queue behind the status updates of every Job
-/// before it (at 100 Jobs a second onto 100,000 robots, the TaskGroup queue
-/// held 5,000 to 11,000 reconciles, and a Job waited for each of its three
-/// steps in it), nor is it held to its quarter (a lane of 16 that was all
-/// new Jobs had for them took 70 a second, and 23,000 queued).
-pub(super) struct Lanes {
-    /// A quarter of the slots (at least one), only for reconciles that
-    /// create.
-    pub(super) creating: Semaphore,
-    /// The other three quarters (at least one), for any reconcile.
-    pub(super) rest: Semaphore,
-}
-
-impl Lanes {
-    /// A slot: for a reconcile that creates, the first free in either lane
-    /// (its own lane is room the rest cannot take, not a limit on it);
-    /// for the rest, one of theirs. Each lane serves its queue first come
-    /// first served; a wait given up leaves its place.
-    async fn acquire(&self, creates: bool) -> Result<SemaphorePermit<'_>, AcquireError> {
-        if !creates {
-            return self.rest.acquire().await;
-        }
-        tokio::select! {
-            biased;
-            slot = self.creating.acquire() => slot,
-            slot = self.rest.acquire() => slot,
-        }
-    }
-}
-
-/// The lanes of each of [`crate::metrics::CONTROLLERS`].
-pub(super) fn reconcile_slots(concurrency: u16) -> HashMap<&'static str, Lanes> {
+/// `concurrency` reconcile slots for each of [`crate::metrics::CONTROLLERS`].
+pub(super) fn reconcile_slots(concurrency: u16) -> HashMap<&'static str, Semaphore> {
     let n = usize::from(concurrency.max(1));
     crate::metrics::CONTROLLERS
         .iter()
-        .map(|c| {
-            let lanes = Lanes {
-                creating: Semaphore::new((n / 4).max(1)),
-                rest: Semaphore::new((n - n / 4).max(1)),
-            };
-            (*c, lanes)
-        })
+        .map(|c| (*c, Semaphore::new(n)))
         .collect()
 }
 
-/// Where a reconcile finds its object once it has a slot, and which lane it
-/// waits in.
+/// Where a reconcile finds its object once it has a slot.
 pub struct Look<'a, K: Resource<DynamicType = ()> + 'static> {
     /// The cache to read it from (`None`: the object as triggered).
     pub store: Option<&'a Store<K>>,
     /// This manager's own last writes of the kind: the newer of the cache
     /// and its last write is reconciled.
     pub written: Option<&'a Written<K>>,
-    /// Whether the reconcile would create what the object has not got yet
-    /// (see [`Lanes`]).
-    pub creates: fn(&Context, &K) -> bool,
 }
 
 impl<'a, K: Resource<DynamicType = ()> + Clone + 'static> Look<'a, K> {
-    /// Read from `store`, in the lane of the rest.
+    /// Read from `store`.
     pub fn cached(store: &'a Store<K>) -> Self {
         Look {
             store: Some(store),
             written: None,
-            creates: |_, _| false,
         }
     }
 
@@ -752,31 +701,6 @@ mod tests {
             ..OwnerReference::default()
         }]);
         m
-    }
-
-    #[tokio::test]
-    async fn creating_reconciles_have_room_of_their_own_and_share_the_rest() {
-        use futures::FutureExt;
-        let lanes = reconcile_slots(4).remove("job").unwrap();
-        // Three slots anyone may take, one only for reconciles that create.
-        let rest: Vec<_> = (0..3).map(|_| lanes.acquire(false).now_or_never()).collect();
-        assert!(rest.iter().all(|slot| matches!(slot, Some(Ok(_)))));
-        assert!(lanes.acquire(false).now_or_never().is_none(), "the rest are full");
-        let kept = lanes.acquire(true).now_or_never();
-        assert!(matches!(kept, Some(Ok(_))), "the kept slot");
-        // Both lanes full: a creating reconcile waits for whichever frees
-        // first, here one of the rest.
-        let mut waiting = Box::pin(lanes.acquire(true));
-        assert!((&mut waiting).now_or_never().is_none());
-        drop(rest);
-        let got = waiting.now_or_never();
-        assert!(matches!(got, Some(Ok(_))));
-        // A reconcile that does not create never takes the kept slot.
-        drop(kept);
-        let others: Vec<_> = (0..2).map(|_| lanes.acquire(false).now_or_never()).collect();
-        assert!(others.iter().all(|slot| matches!(slot, Some(Ok(_)))));
-        assert!(lanes.acquire(false).now_or_never().is_none());
-        assert!(matches!(lanes.acquire(true).now_or_never(), Some(Ok(_))));
     }
 
     #[test]

@@ -34,7 +34,6 @@ pub async fn reconcile(job: Arc<Job>, ctx: Arc<Context>) -> Result<Action> {
     let look = Look {
         store: Some(&ctx.stores.jobs),
         written: Some(&ctx.written_jobs),
-        creates: |_, job| job.status.is_none(),
     };
     ctx.instrumented(
         "job",

@@ -37,7 +37,6 @@ pub async fn reconcile(pj: Arc<PeriodicJob>, ctx: Arc<Context>) -> Result<Action
     let look = Look {
         store: None,
         written: None,
-        creates: |_, _| false,
     };
     ctx.instrumented("periodicjob", pj, look, |pj| async move {
         reconcile_periodic(&pj, ctx).await

@@ -122,28 +122,11 @@ pub async fn reconcile(task: Arc<Task>, ctx: Arc<Context>) -> Result<Action> {
     let look = Look {
         store: Some(&ctx.stores.tasks),
         written: None,
-        creates: unplaced,
     };
     ctx.instrumented("task", task, look, |task| async move {
         reconcile_task(&task, ctx).await
     })
     .await
-}
-
-/// Whether `task` is to be placed now (its reconcile places it: the lane of
-/// [`super::context::Lanes`] that does not wait behind status updates).
-/// Not one that found no robot and waits for room (every robot that comes
-/// or goes wakes those), nor one backing off before its next attempt.
-fn unplaced(ctx: &Context, task: &Task) -> bool {
-    let status = task.status.as_ref();
-    let pending = matches!(status.and_then(|s| s.state), None | Some(TaskState::Pending));
-    let due = status
-        .and_then(|s| s.next_attempt_time)
-        .is_none_or(|at| at <= jiff::Timestamp::now());
-    pending
-        && due
-        && task.metadata.deletion_timestamp.is_none()
-        && !ctx.sched().waiting.contains_key(&ObjectRef::from_obj(task))
 }
 
 /// Backs off a Task whose reconcile failed.

@@ -38,28 +38,11 @@ pub async fn reconcile(group: Arc<TaskGroup>, ctx: Arc<Context>) -> Result<Actio
     let look = Look {
         store: Some(&ctx.stores.groups),
         written: Some(&ctx.written_groups),
-        creates: lacks_tasks,
     };
     ctx.instrumented("taskgroup", group, look, |group| async move {
         reconcile_group(&group, ctx).await
     })
     .await
-}
-
-/// Whether `group` has not been looked at yet, or has fewer Tasks than its
-/// `count`: its reconcile creates them (the lane of [`super::context::Lanes`]
-/// that does not wait behind status updates).
-fn lacks_tasks(ctx: &Context, group: &TaskGroup) -> bool {
-    let Some(status) = &group.status else {
-        return true;
-    };
-    let cancelled = status.cancellation.is_some() || group.meta().deletion_timestamp.is_some();
-    let count = match group.spec.template.mode {
-        GroupMode::Count => group.spec.template.count(),
-        GroupMode::EveryRobot => return false,
-    };
-    let owned = ctx.group_tasks.count(&group.uid().unwrap_or_default());
-    !cancelled && usize::try_from(count).is_ok_and(|count| owned < count)
 }
 
 /// Backs off a TaskGroup whose reconcile failed.
