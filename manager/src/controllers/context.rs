@@ -505,10 +505,9 @@ impl Context {
 
     /// Wraps a reconcile of `obj`: it waits for one of the controller's
     /// `concurrency` slots, first come first served, then reconciles the
-    /// object as `look` finds it now (it may
-    /// have changed while it waited; one gone from the cache is not
-    /// reconciled, as kube-runtime does), and counts the metrics and the
-    /// errors for the backoff.
+    /// object as `look` finds it now (it may have changed while it waited;
+    /// one gone from the cache is not reconciled, as kube-runtime does), and
+    /// counts the metrics and the errors for the backoff.
     ///
     /// The controllers run with kube-runtime's own limit off: at its limit
     /// kube-runtime parks due objects in a hash set and serves them in the

@@ -9,6 +9,7 @@ use futures::StreamExt;
 use k8s4r_api::{
     AgentRollout, Facts, GroupMode, Job, PeriodicJob, Robot, RobotPhase, Task, TaskGroup, TaskState,
 };
+use k8s4r_service::written::Written;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{watcher, WatchStreamExt};
@@ -263,14 +264,7 @@ impl Context {
             fleet.remove(&ObjectRef::from_obj(group));
         }
         drop(fleet);
-        // A group's own status write coming back does not wake it (its
-        // reconcile knew all of it; at 100 Jobs a second those were a fifth
-        // of the group controller's work). A relist's objects are always
-        // reconciled (a new leader's first look).
-        let relisted = matches!(event, watcher::Event::InitApply(_));
-        if deleted {
-            self.written_groups.forget(&group.uid().unwrap_or_default());
-        } else if relisted || !self.written_groups.echo(group) {
+        if wakes_itself(&self.written_groups, event, group, deleted) {
             self.triggers.group(ObjectRef::from_obj(group));
         }
         for job in owners_of::<Job, _>(group) {
@@ -282,11 +276,7 @@ impl Context {
         let Some((job, deleted)) = event_object(event) else {
             return;
         };
-        // As for a group: its own status write coming back does not wake it.
-        let relisted = matches!(event, watcher::Event::InitApply(_));
-        if deleted {
-            self.written_jobs.forget(&job.uid().unwrap_or_default());
-        } else if relisted || !self.written_jobs.echo(job) {
+        if wakes_itself(&self.written_jobs, event, job, deleted) {
             self.triggers.job(ObjectRef::from_obj(job));
         }
         for periodic in owners_of::<PeriodicJob, _>(job) {
@@ -368,6 +358,25 @@ pub(super) struct Progressed {
     pub restarted: Option<u32>,
     /// The attempt or its state changed (not only its restarts).
     pub moved: bool,
+}
+
+/// Whether a Job's or TaskGroup's event asks for its own reconcile: not
+/// when it is gone (its record of this manager's writes is dropped), nor
+/// when it is the object's own status write coming back (its reconcile knew
+/// all of it; at 100 Jobs a second those were a fifth of the group
+/// controller's work). A relist's objects are always reconciled (a new
+/// leader's first look).
+fn wakes_itself<K: Resource>(
+    written: &Written<K>,
+    event: &watcher::Event<K>,
+    obj: &K,
+    deleted: bool,
+) -> bool {
+    if deleted {
+        written.forget(&obj.uid().unwrap_or_default());
+        return false;
+    }
+    matches!(event, watcher::Event::InitApply(_)) || !written.echo(obj)
 }
 
 fn task_ref(key: &str) -> ObjectRef<Task> {

@@ -119,11 +119,7 @@ impl TaskStatusPatch {
 #[instrument(skip_all, fields(task = %key_of(task.as_ref())))]
 pub async fn reconcile(task: Arc<Task>, ctx: Arc<Context>) -> Result<Action> {
     let ctx = ctx.as_ref();
-    let look = Look {
-        store: Some(&ctx.stores.tasks),
-        written: None,
-    };
-    ctx.instrumented("task", task, look, |task| async move {
+    ctx.instrumented("task", task, Look::cached(&ctx.stores.tasks), |task| async move {
         reconcile_task(&task, ctx).await
     })
     .await
