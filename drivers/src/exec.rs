@@ -114,17 +114,15 @@ impl Driver for ExecDriver {
             .filter_map(|(kind, set)| set.then_some(kind))
             .collect(),
         };
-        let address_space = if unapplied.contains(&LimitKind::Memory) {
-            limits.memory_bytes
-        } else {
-            None
+        let address_space = match unapplied.contains(&LimitKind::Memory) {
+            true => rlimit("resources.memory", limits.memory_bytes)?,
+            false => None,
         };
         // Without pids.max, RLIMIT_NPROC bounds the processes of the task's
         // uid: exactly the task's when the uid is its own. (Root ignores it.)
-        let processes = if unapplied.contains(&LimitKind::Pids) {
-            limits.pids
-        } else {
-            None
+        let processes = match unapplied.contains(&LimitKind::Pids) {
+            true => rlimit("task_pids_max", limits.pids)?,
+            false => None,
         };
         if !unapplied.is_empty() && !self.warned.swap(true, Ordering::Relaxed) {
             let names: Vec<String> = unapplied.iter().map(ToString::to_string).collect();
@@ -147,5 +145,48 @@ impl Driver for ExecDriver {
         )?;
         launched.unapplied_limits = unapplied;
         Ok(launched)
+    }
+}
+
+/// A limit as the target's `rlim_t`, which is 32 bits on 32-bit glibc
+/// targets (armv7): a value that does not fit is refused with the field
+/// that asked for it, never wrapped into a smaller limit.
+// On 64-bit targets `rlim_t` is `u64` and both conversions are identities.
+#[allow(clippy::unnecessary_fallible_conversions, clippy::useless_conversion)]
+fn rlimit(field: &'static str, value: Option<u64>) -> Result<Option<nix::libc::rlim_t>, DriverError> {
+    value
+        .map(|value| {
+            nix::libc::rlim_t::try_from(value).map_err(|_| DriverError::LimitTooLarge {
+                field,
+                value,
+                max: u64::from(nix::libc::rlim_t::MAX),
+            })
+        })
+        .transpose()
+}
+
+#[cfg(test)]
+mod rlimit_tests {
+    use super::*;
+
+    #[test]
+    fn an_rlimit_that_fits_passes_and_none_stays_none() {
+        assert_eq!(rlimit("resources.memory", None).unwrap(), None);
+        assert_eq!(rlimit("resources.memory", Some(64 << 20)).unwrap(), Some(64 << 20));
+    }
+
+    #[test]
+    #[allow(clippy::useless_conversion)] // u64 to u64 on 64-bit targets
+    fn an_rlimit_past_the_targets_rlim_t_is_refused_with_its_field() {
+        let too_big = u64::from(u32::MAX) + 1;
+        match rlimit("resources.memory", Some(too_big)) {
+            // 64-bit targets hold it whole.
+            Ok(limit) if size_of::<nix::libc::rlim_t>() == 8 => assert_eq!(limit.map(u64::from), Some(too_big)),
+            Ok(limit) => panic!("{too_big} wrapped to {limit:?} on a 32-bit rlim_t"),
+            Err(e) => {
+                assert!(e.is_invalid_spec());
+                assert!(e.to_string().starts_with("resources.memory is 4294967296"), "{e}");
+            }
+        }
     }
 }

@@ -14,9 +14,10 @@ pub(crate) struct Isolation {
     /// `K8S4R_TASK_*` and the task's own variables: never the agent's.
     pub base_env: Vec<(String, String)>,
     pub no_new_privs: bool,
-    pub address_space: Option<u64>,
+    /// RLIMIT_AS, for a task without a memory-limited cgroup.
+    pub address_space: Option<nix::libc::rlim_t>,
     /// RLIMIT_NPROC, for a task without a pids-limited cgroup.
-    pub processes: Option<u64>,
+    pub processes: Option<nix::libc::rlim_t>,
 }
 
 pub(crate) fn spawn(launch: Launch<'_>, isolation: Isolation) -> Result<Launched, DriverError> {

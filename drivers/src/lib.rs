@@ -189,13 +189,31 @@ pub enum DriverError {
     /// The resources could not be turned into limits.
     #[error("invalid resources: {0}")]
     InvalidResources(String),
+    /// A limit this robot can only apply as an rlimit (no cgroup for it)
+    /// is larger than the target's `rlim_t` holds (32 bits on armv7).
+    #[error("{field} is {value}, more than this robot can set as a resource limit without a cgroup (at most {max})")]
+    LimitTooLarge {
+        /// The field (or agent setting) that asked for the limit.
+        field: &'static str,
+        /// The limit asked for.
+        value: u64,
+        /// The largest limit the target can hold.
+        max: u64,
+    },
 }
 
 impl DriverError {
     /// True when the spec itself is at fault (reported as InvalidSpec rather
     /// than StartFailed).
     pub fn is_invalid_spec(&self) -> bool {
-        matches!(self, DriverError::InvalidResources(_))
+        matches!(
+            self,
+            DriverError::InvalidResources(_)
+                | DriverError::LimitTooLarge {
+                    field: "resources.memory",
+                    ..
+                }
+        )
     }
 
     /// True when the robot's policy refuses the task (reported as

@@ -7,6 +7,7 @@
 
 use std::fs::File;
 
+use nix::libc::rlim_t;
 use nix::sys::resource::{setrlimit, Resource};
 use nix::unistd::{Gid, Uid};
 
@@ -27,10 +28,11 @@ pub(crate) struct ChildSetup {
     pub switch_user: Option<SwitchUser>,
     /// Set `no_new_privs` so setuid binaries cannot regain privileges.
     pub no_new_privs: bool,
-    /// RLIMIT_AS in bytes (the fallback for a memory limit).
-    pub address_space: Option<u64>,
+    /// RLIMIT_AS in bytes (the fallback for a memory limit), already in
+    /// the target's `rlim_t` (32 bits on 32-bit glibc targets such as armv7).
+    pub address_space: Option<rlim_t>,
     /// RLIMIT_NPROC (the fallback for a pids limit).
-    pub processes: Option<u64>,
+    pub processes: Option<rlim_t>,
 }
 
 /// Installs the pre-exec hook. In order: a new session (so the child leads
