@@ -5,8 +5,8 @@
 #
 #   systemd/install.sh [--binary PATH] [--config PATH] [--no-start]
 #
-# --binary  the agent binary (default: target/release/k8s4r-agent, else
-#           the aarch64 build under target/cross)
+# --binary  the agent binary (default: target/robot/k8s4r-agent, else
+#           target/release/k8s4r-agent, else the aarch64 build under target/cross)
 # --config  a config file to install as /etc/k8s4r/agent.toml (default: the
 #           example next to this script, only when none is installed yet)
 # --no-start  install and enable the unit, but do not start it
@@ -26,11 +26,12 @@ while [ $# -gt 0 ]; do
     esac
 done
 if [ -z "$binary" ]; then
-    for candidate in "$root/target/release/k8s4r-agent" "$root/target/cross/aarch64-unknown-linux-gnu/release/k8s4r-agent"; do
+    for candidate in "$root/target/robot/k8s4r-agent" "$root/target/release/k8s4r-agent" \
+        "$root/target/cross/aarch64-unknown-linux-gnu/robot/k8s4r-agent"; do
         [ -x "$candidate" ] && binary=$candidate && break
     done
 fi
-[ -n "$binary" ] && [ -x "$binary" ] || { echo "install.sh: no agent binary; build one (cargo build --release -p k8s4r-agent or cross/build.sh) or pass --binary" >&2; exit 1; }
+[ -n "$binary" ] && [ -x "$binary" ] || { echo "install.sh: no agent binary; build one (cargo build --profile robot -p k8s4r-agent or cross/build.sh) or pass --binary" >&2; exit 1; }
 [ "$(id -u)" -eq 0 ] || { echo "install.sh: run as root" >&2; exit 1; }
 
 # The binary goes into its upgrade slot and becomes both the current and

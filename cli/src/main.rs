@@ -1,11 +1,8 @@
-use clap::Parser;
-
 /// `k8s4r up` hosts apiserver-lite, which allocates on every request;
 /// glibc's malloc spent a fifth of its write path (BENCHMARKS.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    k8s4r::Args::parse().run().await
+fn main() -> anyhow::Result<()> {
+    k8s4r::main()
 }
