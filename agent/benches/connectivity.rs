@@ -9,7 +9,9 @@
 //!   (every one PUBACKed). Includes the agent's reconnect delay, capped at
 //!   500ms here (`--reconnect-max 500ms`), and the median of 3 runs.
 //!
-//! Run: `cargo bench -p k8s4r-agent --bench connectivity`
+//! Run: `cargo bench -p k8s4r-agent --bench connectivity --profile robot`
+//! (the agent as shipped to robots; under the default bench profile it is
+//! the cluster's `--release` build, a larger binary with more pages to touch).
 
 #[path = "../tests/support/mod.rs"]
 mod support;

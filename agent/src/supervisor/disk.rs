@@ -177,7 +177,15 @@ pub(crate) fn take_reserve(path: &Path, bytes: u64) -> io::Result<()> {
         .create(true)
         .truncate(false)
         .open(path)?;
-    let len = i64::try_from(bytes).unwrap_or(i64::MAX);
+    // `off_t` is 32 bits on 32-bit targets (armv7): a reserve it cannot
+    // hold is refused, never wrapped into a smaller one.
+    let Ok(len) = nix::libc::off_t::try_from(bytes) else {
+        let _ = std::fs::remove_file(path);
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("a disk reserve of {bytes} bytes is more than this target's fallocate takes at once"),
+        ));
+    };
     if let Err(e) = fallocate(&file, FallocateFlags::empty(), 0, len) {
         let _ = std::fs::remove_file(path);
         return Err(e.into());
