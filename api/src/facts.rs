@@ -112,9 +112,42 @@ pub fn validate_fact_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether `c` is a Unicode format character (general category Cf): it
+/// draws nothing itself but changes how the text around it is shown. A
+/// right-to-left override in a robot's fact would make the FACTS column
+/// (and the dashboard) show text in another order than it is: `estop=false`
+/// where the value is not that. std has no test for the category; these are
+/// its characters as of Unicode 15.1.
+pub fn is_format_char(c: char) -> bool {
+    matches!(
+        c,
+        '\u{00AD}'
+            | '\u{0600}'..='\u{0605}'
+            | '\u{061C}'
+            | '\u{06DD}'
+            | '\u{070F}'
+            | '\u{0890}'..='\u{0891}'
+            | '\u{08E2}'
+            | '\u{180E}'
+            | '\u{200B}'..='\u{200F}'
+            | '\u{202A}'..='\u{202E}'
+            | '\u{2060}'..='\u{2064}'
+            | '\u{2066}'..='\u{206F}'
+            | '\u{FEFF}'
+            | '\u{FFF9}'..='\u{FFFB}'
+            | '\u{110BD}'
+            | '\u{110CD}'
+            | '\u{13430}'..='\u{1343F}'
+            | '\u{1BCA0}'..='\u{1BCA3}'
+            | '\u{1D173}'..='\u{1D17A}'
+            | '\u{E0001}'
+            | '\u{E0020}'..='\u{E007F}'
+    )
+}
+
 /// Checks what a robot reports as its facts: at most [`MAX_FACTS`], each
 /// named by [`validate_fact_name`], strings at most [`MAX_FACT_STRING`]
-/// bytes without control characters, numbers finite.
+/// bytes without control or format characters, numbers finite.
 pub fn check_facts(facts: &Facts) -> Result<(), String> {
     if facts.len() > MAX_FACTS {
         return Err(format!("at most {MAX_FACTS} facts, got {}", facts.len()));
@@ -130,6 +163,11 @@ pub fn check_facts(facts: &Facts) -> Result<(), String> {
             }
             FactValue::String(s) if s.chars().any(char::is_control) => {
                 return Err(format!("fact {name:?}: control characters are not allowed"));
+            }
+            FactValue::String(s) if s.chars().any(is_format_char) => {
+                return Err(format!(
+                    "fact {name:?}: invisible formatting characters (such as bidirectional overrides) are not allowed"
+                ));
             }
             FactValue::Number(n) if !n.is_finite() => {
                 return Err(format!("fact {name:?}: a number must be finite"));
@@ -383,6 +421,18 @@ mod tests {
             .collect();
         assert!(check_facts(&many).is_err());
         assert!(check_facts(&facts(r#"{"note": "a\u0007b"}"#)).is_err());
+    }
+
+    #[test]
+    fn facts_that_would_show_other_text_than_they_hold_are_refused() {
+        // "estop=" then a right-to-left override: shown reversed.
+        for spoof in [r#"{"estop": "\u202eeurt"}"#, r#"{"note": "ok\u2066x\u2069"}"#, r#"{"note": "a\u200bb"}"#] {
+            let err = check_facts(&facts(spoof)).unwrap_err();
+            assert!(err.contains("invisible formatting characters"), "{spoof}: {err}");
+        }
+        // Letters of any script are fine.
+        assert!(check_facts(&facts(r#"{"site": "שלום", "zone": "Zürich 東京"}"#)).is_ok());
+        assert!(is_format_char('\u{E0041}') && !is_format_char('a') && !is_format_char('\u{05D0}'));
     }
 
     #[test]

@@ -49,7 +49,8 @@ pub struct DashboardArgs {
     /// reaches it, with the printed URL, act as you.
     #[arg(long, env = "K8S4R_DASHBOARD_LISTEN", default_value = DEFAULT_LISTEN)]
     pub listen: SocketAddr,
-    /// Open the URL in a browser (xdg-open).
+    /// Open the dashboard in a browser (xdg-open), through a file only you
+    /// can read: the login token never appears on a command line.
     #[arg(long)]
     pub open: bool,
 }
@@ -91,12 +92,75 @@ pub async fn run(args: DashboardArgs, data_dir: &Path) -> anyhow::Result<()> {
     }
     println!("k8s4r dashboard: {}", served.url);
     println!("(the URL carries a login token; Ctrl-C to stop)");
-    if args.open {
-        let _ = std::process::Command::new("xdg-open").arg(&served.url).spawn();
-    }
+    let opener = match args.open {
+        true => Some(open_in_browser(data_dir, served.addr.port(), &served.url)?),
+        false => None,
+    };
     tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")?;
     shutdown.cancel();
+    if let Some(file) = opener {
+        let _ = std::fs::remove_file(file);
+    }
     Ok(())
+}
+
+/// Hands the browser a file that sends it on to `url`, never `url` itself:
+/// a command line is readable by every local user (`/proc/<pid>/cmdline`),
+/// and the URL carries the login token. The file is readable by its owner
+/// only; the dashboard removes it when it stops. (Jupyter opens its
+/// token-bearing URL the same way.)
+fn open_in_browser(data_dir: &Path, port: u16, url: &str) -> anyhow::Result<std::path::PathBuf> {
+    let file = write_redirect(data_dir, port, url)?;
+    std::process::Command::new("xdg-open")
+        .arg(&file)
+        .spawn()
+        .context("start xdg-open to open the dashboard (or open the printed URL yourself)")?;
+    Ok(file)
+}
+
+/// Writes `<data_dir>/dashboard-<port>.html`, mode 0600, that redirects to `url`.
+fn write_redirect(data_dir: &Path, port: u16, url: &str) -> anyhow::Result<std::path::PathBuf> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    std::fs::create_dir_all(data_dir).with_context(|| format!("create {}", data_dir.display()))?;
+    let path = data_dir.join(format!("dashboard-{port}.html"));
+    // A file left by an earlier run may have other permissions: start anew.
+    let _ = std::fs::remove_file(&path);
+    let url = maud::html! { (url) }.into_string();
+    let page = format!(
+        "<!doctype html><meta charset=\"utf-8\"><meta http-equiv=\"refresh\" content=\"0;url={url}\">\
+         <title>k8s4r dashboard</title><a href=\"{url}\">Open the k8s4r dashboard</a>\n"
+    );
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .and_then(|mut f| f.write_all(page.as_bytes()))
+        .with_context(|| format!("write {}", path.display()))?;
+    Ok(path)
+}
+
+#[cfg(test)]
+mod open_tests {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    #[test]
+    fn the_browser_gets_a_private_file_not_the_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = "http://127.0.0.1:8484/?token=abc123";
+        let path = super::write_redirect(dir.path(), 8484, url).unwrap();
+        // What goes on xdg-open's command line: the path, without the token.
+        assert!(!path.to_string_lossy().contains("abc123"));
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let page = std::fs::read_to_string(&path).unwrap();
+        assert!(page.contains("content=\"0;url=http://127.0.0.1:8484/?token=abc123\""), "{page}");
+        // Written again (a second run on the same port), still private.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let again = super::write_redirect(dir.path(), 8484, url).unwrap();
+        assert_eq!(std::fs::metadata(&again).unwrap().permissions().mode() & 0o777, 0o600);
+    }
 }
 
 /// Starts serving `config` until `shutdown`; returns once it listens.

@@ -206,9 +206,11 @@ fn stale(at: Option<Timestamp>, every: Duration, now: Timestamp) -> bool {
 ///
 /// Labels: a key the robot reports is applied to `metadata.labels` unless a
 /// person owns it, i.e. unless the label exists with a value that differs
-/// from what the robot reported last time (a person set or changed it). A
-/// key the robot stops reporting is removed only if it still holds the value
-/// the robot reported. Keys the robot never reported are never touched.
+/// from what the robot reported last time (a person set or changed it), or
+/// the robot reported it before and it is gone (a person removed it: the
+/// robot does not put it back, whatever it reports now). A key the robot
+/// stops reporting is removed only if it still holds the value the robot
+/// reported. Keys the robot never reported are never touched.
 pub fn plan_register(
     msg: &Register,
     existing: Option<&Robot>,
@@ -239,7 +241,7 @@ pub fn plan_register(
     let mut metadata = MetadataPatch::default();
     for (key, value) in &msg.labels {
         let robot_owned = match labels.get(key) {
-            None => true,
+            None => !before.contains_key(key),
             Some(current) => before.get(key) == Some(current),
         };
         if robot_owned && labels.get(key) != Some(value) {

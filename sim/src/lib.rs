@@ -16,6 +16,8 @@
 //! own restarts, stop attempts when its lease on them runs out (it never
 //! loses the cluster for that long in the benchmarks), or read logs.
 
+pub mod broker;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -147,3 +147,16 @@ fn service_accounts_have_the_real_groups() {
     assert!(subject_of(&bare, Some("k8s4r-system"), &sa).is_some());
     assert!(subject_of(&bare, Some("default"), &sa).is_none());
 }
+
+#[test]
+fn the_admin_token_matches_only_whole() {
+    let auth = Authenticator::new(
+        "s3cret-admin".into(),
+        HashMap::new(),
+        crate::service_account_tokens::Signer::from_bytes(b"key"),
+    );
+    assert!(auth.is_admin_token("s3cret-admin"));
+    for wrong in ["", "s3cret", "s3cret-admin2", "s3cret-admiN", "t3cret-admin"] {
+        assert!(!auth.is_admin_token(wrong), "{wrong:?}");
+    }
+}

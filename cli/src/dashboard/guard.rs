@@ -35,7 +35,7 @@ pub fn cookie_name(port: u16) -> String {
 
 /// Compares without leaking where they differ.
 fn same(a: &str, b: &str) -> bool {
-    a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    bool::from(subtle::ConstantTimeEq::ct_eq(a.as_bytes(), b.as_bytes()))
 }
 
 /// The port in the Host header's allowed values.

@@ -306,6 +306,19 @@ fn labels_a_person_set_are_never_clobbered() {
 }
 
 #[test]
+fn a_label_a_person_removed_stays_removed() {
+    // The robot reported site=lab and a person removed the label since.
+    let robot = RobotBuilder::new().reported("site", "lab").label("other", "x").0;
+    for reports in [("site", "lab"), ("site", "field")] {
+        let plan = plan_register(&register(&[reports]), Some(&robot), Timestamp::now()).unwrap();
+        assert_eq!(plan.metadata.labels.get("site"), None, "re-added from {reports:?}");
+    }
+    // A key the robot never reported before is still applied.
+    let plan = plan_register(&register(&[("site", "lab"), ("arch", "arm64")]), Some(&robot), Timestamp::now()).unwrap();
+    assert_eq!(plan.metadata.labels.get("arch"), Some(&Some("arm64".into())));
+}
+
+#[test]
 fn register_with_an_invalid_label_is_rejected() {
     let err = plan_register(&register(&[("bad key!", "v")]), None, Timestamp::now()).unwrap_err();
     assert_eq!(err.outcome(), "rejected_invalid_label");
