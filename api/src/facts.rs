@@ -426,7 +426,11 @@ mod tests {
     #[test]
     fn facts_that_would_show_other_text_than_they_hold_are_refused() {
         // "estop=" then a right-to-left override: shown reversed.
-        for spoof in [r#"{"estop": "\u202eeurt"}"#, r#"{"note": "ok\u2066x\u2069"}"#, r#"{"note": "a\u200bb"}"#] {
+        for spoof in [
+            r#"{"estop": "\u202eeurt"}"#,
+            r#"{"note": "ok\u2066x\u2069"}"#,
+            r#"{"note": "a\u200bb"}"#,
+        ] {
             let err = check_facts(&facts(spoof)).unwrap_err();
             assert!(err.contains("invisible formatting characters"), "{spoof}: {err}");
         }

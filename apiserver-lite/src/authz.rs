@@ -148,7 +148,10 @@ impl Authenticator {
     /// long a wrong guess takes to refuse must not say how much of it was
     /// right (a `==` stops at the first byte that differs).
     fn is_admin_token(&self, token: &str) -> bool {
-        bool::from(subtle::ConstantTimeEq::ct_eq(token.as_bytes(), self.admin_token.as_bytes()))
+        bool::from(subtle::ConstantTimeEq::ct_eq(
+            token.as_bytes(),
+            self.admin_token.as_bytes(),
+        ))
     }
 
     /// Signs ServiceAccount tokens.

@@ -155,11 +155,17 @@ mod open_tests {
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
         let page = std::fs::read_to_string(&path).unwrap();
-        assert!(page.contains("content=\"0;url=http://127.0.0.1:8484/?token=abc123\""), "{page}");
+        assert!(
+            page.contains("content=\"0;url=http://127.0.0.1:8484/?token=abc123\""),
+            "{page}"
+        );
         // Written again (a second run on the same port), still private.
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
         let again = super::write_redirect(dir.path(), 8484, url).unwrap();
-        assert_eq!(std::fs::metadata(&again).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(
+            std::fs::metadata(&again).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
     }
 }
 

@@ -172,7 +172,10 @@ mod rlimit_tests {
     #[test]
     fn an_rlimit_that_fits_passes_and_none_stays_none() {
         assert_eq!(rlimit("resources.memory", None).unwrap(), None);
-        assert_eq!(rlimit("resources.memory", Some(64 << 20)).unwrap(), Some(64 << 20));
+        assert_eq!(
+            rlimit("resources.memory", Some(64 << 20)).unwrap(),
+            Some(64 << 20)
+        );
     }
 
     #[test]
@@ -181,7 +184,9 @@ mod rlimit_tests {
         let too_big = u64::from(u32::MAX) + 1;
         match rlimit("resources.memory", Some(too_big)) {
             // 64-bit targets hold it whole.
-            Ok(limit) if size_of::<nix::libc::rlim_t>() == 8 => assert_eq!(limit.map(u64::from), Some(too_big)),
+            Ok(limit) if size_of::<nix::libc::rlim_t>() == 8 => {
+                assert_eq!(limit.map(u64::from), Some(too_big))
+            }
             Ok(limit) => panic!("{too_big} wrapped to {limit:?} on a 32-bit rlim_t"),
             Err(e) => {
                 assert!(e.is_invalid_spec());

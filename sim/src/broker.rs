@@ -57,7 +57,11 @@ pub enum Input {
     /// link, a killed process, a keep-alive that ran out).
     Disconnect { client: ClientId, graceful: bool },
     /// SUBSCRIBE to one filter, at most at `qos`.
-    Subscribe { client: ClientId, filter: String, qos: u8 },
+    Subscribe {
+        client: ClientId,
+        filter: String,
+        qos: u8,
+    },
     /// PUBLISH from a client (its PUBACK is not modelled: the broker has it
     /// once this input is taken).
     Publish { client: ClientId, message: Message },
@@ -152,7 +156,9 @@ impl Broker {
 
     fn connect(&mut self, client: ClientId, clean: bool, will: Option<Message>, out: &mut Vec<Output>) {
         if self.sessions.get(&client).is_some_and(|s| s.connected) {
-            out.push(Output::Closed { client: client.clone() });
+            out.push(Output::Closed {
+                client: client.clone(),
+            });
             let will = self.sessions.get_mut(&client).and_then(|s| s.will.take());
             if let Some(will) = will {
                 self.publish(will, out);
@@ -246,7 +252,10 @@ impl Broker {
                 match shared(filter) {
                     Some(inner) if matches(inner, &message.topic) => {
                         if session.connected {
-                            groups.entry(filter.clone()).or_default().push((client.clone(), *qos));
+                            groups
+                                .entry(filter.clone())
+                                .or_default()
+                                .push((client.clone(), *qos));
                         }
                     }
                     Some(_) => {}

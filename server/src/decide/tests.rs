@@ -311,10 +311,19 @@ fn a_label_a_person_removed_stays_removed() {
     let robot = RobotBuilder::new().reported("site", "lab").label("other", "x").0;
     for reports in [("site", "lab"), ("site", "field")] {
         let plan = plan_register(&register(&[reports]), Some(&robot), Timestamp::now()).unwrap();
-        assert_eq!(plan.metadata.labels.get("site"), None, "re-added from {reports:?}");
+        assert_eq!(
+            plan.metadata.labels.get("site"),
+            None,
+            "re-added from {reports:?}"
+        );
     }
     // A key the robot never reported before is still applied.
-    let plan = plan_register(&register(&[("site", "lab"), ("arch", "arm64")]), Some(&robot), Timestamp::now()).unwrap();
+    let plan = plan_register(
+        &register(&[("site", "lab"), ("arch", "arm64")]),
+        Some(&robot),
+        Timestamp::now(),
+    )
+    .unwrap();
     assert_eq!(plan.metadata.labels.get("arch"), Some(&Some("arm64".into())));
 }
 

@@ -38,7 +38,11 @@ fn delivered(out: &[Output]) -> Vec<(String, String, bool)> {
         .filter_map(|o| match o {
             Output::Deliver {
                 client, message, dup, ..
-            } => Some((client.clone(), String::from_utf8_lossy(&message.payload).into_owned(), *dup)),
+            } => Some((
+                client.clone(),
+                String::from_utf8_lossy(&message.payload).into_owned(),
+                *dup,
+            )),
             _ => None,
         })
         .collect()
@@ -56,11 +60,20 @@ fn packet_ids(out: &[Output]) -> Vec<u16> {
 #[test]
 fn filters_match_as_mqtt_says() {
     assert!(matches("k8s4r/robots/+/heartbeat", "k8s4r/robots/rb1/heartbeat"));
-    assert!(!matches("k8s4r/robots/+/heartbeat", "k8s4r/robots/rb1/x/heartbeat"));
+    assert!(!matches(
+        "k8s4r/robots/+/heartbeat",
+        "k8s4r/robots/rb1/x/heartbeat"
+    ));
     assert!(matches("k8s4r/robots/rb1/#", "k8s4r/robots/rb1/tasks/u/status"));
-    assert!(matches("k8s4r/robots/rb1/#", "k8s4r/robots/rb1"), "# includes the parent level");
+    assert!(
+        matches("k8s4r/robots/rb1/#", "k8s4r/robots/rb1"),
+        "# includes the parent level"
+    );
     assert!(!matches("k8s4r/robots/rb1", "k8s4r/robots/rb1/x"));
-    assert!(!matches("#", "$SYS/broker/uptime"), "$-topics need their first level named");
+    assert!(
+        !matches("#", "$SYS/broker/uptime"),
+        "$-topics need their first level named"
+    );
     assert!(matches("$SYS/#", "$SYS/broker/uptime"));
 }
 
@@ -70,7 +83,11 @@ fn an_unacknowledged_delivery_comes_again_marked_dup_after_a_reconnect() {
     connect(&mut b, "rb1", false);
     subscribe(&mut b, "rb1", "k8s4r/robots/rb1/tasks/dispatch");
     connect(&mut b, "server", true);
-    let out = publish(&mut b, "server", msg("k8s4r/robots/rb1/tasks/dispatch", "n", 1, false));
+    let out = publish(
+        &mut b,
+        "server",
+        msg("k8s4r/robots/rb1/tasks/dispatch", "n", 1, false),
+    );
     assert_eq!(delivered(&out), [("rb1".into(), "n".into(), false)]);
     // The PUBACK is lost with the link; the agent restarts and resumes.
     b.handle(Input::Disconnect {
@@ -186,7 +203,13 @@ fn the_will_is_published_on_a_cut_not_on_a_disconnect_and_on_a_takeover() {
     let out = with_will(&mut b);
     assert_eq!(out[0], Output::Closed { client: "rb1".into() });
     assert_eq!(delivered(&out), [("server".into(), "false".into(), false)]);
-    assert!(matches!(out.last(), Some(Output::ConnAck { session_present: true, .. })));
+    assert!(matches!(
+        out.last(),
+        Some(Output::ConnAck {
+            session_present: true,
+            ..
+        })
+    ));
 }
 
 #[test]
@@ -199,7 +222,11 @@ fn a_shared_subscription_gives_each_message_to_one_connected_member_in_turn() {
     connect(&mut b, "rb1", true);
     let mut to = Vec::new();
     for i in 0..4 {
-        let out = publish(&mut b, "rb1", msg("k8s4r/robots/rb1/heartbeat", &i.to_string(), 0, false));
+        let out = publish(
+            &mut b,
+            "rb1",
+            msg("k8s4r/robots/rb1/heartbeat", &i.to_string(), 0, false),
+        );
         let d = delivered(&out);
         assert_eq!(d.len(), 1, "one member each time");
         to.push(d[0].0.clone());
