@@ -141,34 +141,6 @@ fn write_redirect(data_dir: &Path, port: u16, url: &str) -> anyhow::Result<std::
     Ok(path)
 }
 
-#[cfg(test)]
-mod open_tests {
-    use std::os::unix::fs::PermissionsExt as _;
-
-    #[test]
-    fn the_browser_gets_a_private_file_not_the_token() {
-        let dir = tempfile::tempdir().unwrap();
-        let url = "http://127.0.0.1:8484/?token=abc123";
-        let path = super::write_redirect(dir.path(), 8484, url).unwrap();
-        // What goes on xdg-open's command line: the path, without the token.
-        assert!(!path.to_string_lossy().contains("abc123"));
-        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode, 0o600);
-        let page = std::fs::read_to_string(&path).unwrap();
-        assert!(
-            page.contains("content=\"0;url=http://127.0.0.1:8484/?token=abc123\""),
-            "{page}"
-        );
-        // Written again (a second run on the same port), still private.
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-        let again = super::write_redirect(dir.path(), 8484, url).unwrap();
-        assert_eq!(
-            std::fs::metadata(&again).unwrap().permissions().mode() & 0o777,
-            0o600
-        );
-    }
-}
-
 /// Starts serving `config` until `shutdown`; returns once it listens.
 pub async fn serve(config: Config, shutdown: CancellationToken) -> anyhow::Result<Served> {
     let listener = tokio::net::TcpListener::bind(config.listen)
@@ -219,4 +191,32 @@ fn router(state: Arc<State>) -> Router {
         .route("/healthz", get(views::healthz))
         .layer(axum::middleware::from_fn_with_state(state.clone(), guard::guard))
         .with_state(state)
+}
+
+#[cfg(test)]
+mod open_tests {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    #[test]
+    fn the_browser_gets_a_private_file_not_the_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = "http://127.0.0.1:8484/?token=abc123";
+        let path = super::write_redirect(dir.path(), 8484, url).unwrap();
+        // What goes on xdg-open's command line: the path, without the token.
+        assert!(!path.to_string_lossy().contains("abc123"));
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let page = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            page.contains("content=\"0;url=http://127.0.0.1:8484/?token=abc123\""),
+            "{page}"
+        );
+        // Written again (a second run on the same port), still private.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let again = super::write_redirect(dir.path(), 8484, url).unwrap();
+        assert_eq!(
+            std::fs::metadata(&again).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+    }
 }

@@ -250,13 +250,11 @@ impl Broker {
         for (client, session) in &self.sessions {
             for (filter, qos) in &session.subscriptions {
                 match shared(filter) {
-                    Some(inner) if matches(inner, &message.topic) => {
-                        if session.connected {
-                            groups
-                                .entry(filter.clone())
-                                .or_default()
-                                .push((client.clone(), *qos));
-                        }
+                    Some(inner) if matches(inner, &message.topic) && session.connected => {
+                        groups
+                            .entry(filter.clone())
+                            .or_default()
+                            .push((client.clone(), *qos));
                     }
                     Some(_) => {}
                     None if matches(filter, &message.topic) => {
