@@ -118,25 +118,18 @@ fn open_in_browser(data_dir: &Path, port: u16, url: &str) -> anyhow::Result<std:
     Ok(file)
 }
 
-/// Writes `<data_dir>/dashboard-<port>.html`, mode 0600, that redirects to `url`.
+/// Writes `<data_dir>/dashboard-<port>.html`, mode 0600 from its creation
+/// (apiserver-lite's private files, as the kubeconfig), that redirects to `url`.
 fn write_redirect(data_dir: &Path, port: u16, url: &str) -> anyhow::Result<std::path::PathBuf> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    std::fs::create_dir_all(data_dir).with_context(|| format!("create {}", data_dir.display()))?;
+    apiserver_lite::private_files::create_dir(data_dir)
+        .with_context(|| format!("create {}", data_dir.display()))?;
     let path = data_dir.join(format!("dashboard-{port}.html"));
-    // A file left by an earlier run may have other permissions: start anew.
-    let _ = std::fs::remove_file(&path);
     let url = maud::html! { (url) }.into_string();
     let page = format!(
         "<!doctype html><meta charset=\"utf-8\"><meta http-equiv=\"refresh\" content=\"0;url={url}\">\
          <title>k8s4r dashboard</title><a href=\"{url}\">Open the k8s4r dashboard</a>\n"
     );
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&path)
-        .and_then(|mut f| f.write_all(page.as_bytes()))
+    apiserver_lite::private_files::write(&path, page.as_bytes())
         .with_context(|| format!("write {}", path.display()))?;
     Ok(path)
 }
