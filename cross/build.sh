@@ -83,14 +83,8 @@ cleanup() {
     rm -rf "$work"
 }
 trap cleanup EXIT
-# A port nothing listens on (a connection to it is refused).
-free_port() {
-    local port
-    while :; do
-        port=$((20000 + RANDOM % 40000))
-        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null || { echo "$port"; return; }
-    done
-}
+# shellcheck source=../scripts/free-port.sh
+. "$root/scripts/free-port.sh"
 api_port=$(free_port)
 mqtt_port=$(free_port)
 while [ "$mqtt_port" = "$api_port" ]; do mqtt_port=$(free_port); done

@@ -32,13 +32,8 @@ echo "bench: clean clone of $(git -C "$root" rev-parse --short HEAD) in $work/k8
 export CARGO_HOME=${CARGO_HOME:-$HOME/.cargo} RUSTUP_HOME=${RUSTUP_HOME:-$HOME/.rustup}
 export HOME="$work/home"
 mkdir -p "$HOME"
-free_port() {
-    local port
-    while :; do
-        port=$((20000 + RANDOM % 40000))
-        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null || { echo "$port"; return; }
-    done
-}
+# shellcheck source=free-port.sh
+. "$root/scripts/free-port.sh"
 K8S4R_API_BIND="127.0.0.1:$(free_port)"
 K8S4R_MQTT_BIND="127.0.0.1:$(free_port)"
 K8S4R_DASHBOARD_LISTEN="127.0.0.1:$(free_port)"
