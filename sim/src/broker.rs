@@ -1,5 +1,5 @@
 //! An MQTT broker as a state machine, for the deterministic simulation of
-//! the fleet (issue 47): it takes one input (a client connects, publishes,
+//! the fleet: it takes one input (a client connects, publishes,
 //! acknowledges, goes away) and returns what the broker sends, with no
 //! sockets, no clock and no randomness, so that one seed gives one history.
 //!

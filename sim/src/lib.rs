@@ -17,7 +17,7 @@
 //! loses the cluster for that long in the benchmarks), or read logs.
 //!
 //! [`broker`] is the first piece of the deterministic simulation of the
-//! whole fleet (issue 47): an MQTT broker as a state machine, with no I/O.
+//! whole fleet: an MQTT broker as a state machine, with no I/O.
 
 pub mod broker;
 
