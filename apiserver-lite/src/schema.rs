@@ -134,6 +134,26 @@ pub fn apply_defaults(obj: &mut Value, schema: &Value) {
     }
 }
 
+/// Whether `value` matches a schema's `pattern`, as kube-apiserver checks
+/// it (an unanchored search with Go's RE2 syntax, which the `regex` crate
+/// shares). Each pattern is compiled once; one that does not compile checks
+/// nothing (a real server refuses such a CRD when it is created).
+fn matches_pattern(pattern: &str, value: &str) -> bool {
+    static COMPILED: std::sync::LazyLock<
+        std::sync::Mutex<std::collections::HashMap<String, Option<regex::Regex>>>,
+    > = std::sync::LazyLock::new(Default::default);
+    let mut compiled = COMPILED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if compiled.len() > 1024 {
+        // CRDs are few; this bounds what a stream of new ones could hold.
+        compiled.clear();
+    }
+    compiled
+        .entry(pattern.to_owned())
+        .or_insert_with(|| regex::Regex::new(pattern).ok())
+        .as_ref()
+        .is_none_or(|re| re.is_match(value))
+}
+
 /// Validates `obj` (already pruned) against the schema; the root's
 /// apiVersion, kind and metadata are the server's business, not the schema's.
 pub fn validate(obj: &Value, schema: &Value) -> Vec<FieldError> {
@@ -270,6 +290,15 @@ fn validate_value(v: &Value, schema: &Value, path: &str, errors: &mut Vec<FieldE
                     ));
                 }
             }
+            if let Some(pattern) = schema["pattern"].as_str() {
+                if !matches_pattern(pattern, s) {
+                    errors.push(FieldError::invalid(
+                        path,
+                        v,
+                        format!("{path} in body should match '{pattern}'"),
+                    ));
+                }
+            }
             if schema["format"] == "date-time" && s.parse::<jiff::Timestamp>().is_err() {
                 errors.push(FieldError::invalid(
                     path,
@@ -346,6 +375,28 @@ fn type_name(v: &Value) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_string_must_match_its_pattern_as_on_a_real_server() {
+        let duration = "^(0|([0-9]{1,2}d)?([0-9]{1,3}h)?([0-9]{1,5}m)?([0-9]{1,7}s)?([0-9]{1,10}ms)?)$";
+        let schema = json!({"type": "object", "properties": {"spec": {"type": "object", "properties": {
+            "timeout": {"type": "string", "pattern": duration},
+            "url": {"type": "string", "pattern": "^https?://"}
+        }}}});
+        let ok = json!({"spec": {"timeout": "1h30m", "url": "https://example.invalid/agent"}});
+        assert!(validate(&ok, &schema).is_empty());
+        let bad = json!({"spec": {"timeout": "5 min", "url": "ftp://x/https://"}});
+        let errors: Vec<String> = validate(&bad, &schema).iter().map(ToString::to_string).collect();
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(
+            errors[0].contains("spec.timeout in body should match '^(0|"),
+            "{errors:?}"
+        );
+        assert!(
+            errors[1].contains("spec.url in body should match '^https?://'"),
+            "{errors:?}"
+        );
+    }
 
     fn schema() -> Value {
         json!({
