@@ -17,9 +17,9 @@ pub mod sign;
 pub mod status;
 pub mod up;
 
-use anyhow::Context as _;
 use std::path::PathBuf;
 
+use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use k8s4r_api::logging::LogFormat;
 
@@ -120,7 +120,7 @@ pub enum Command {
 /// binary made rustc generate every future `run` awaits a second time in
 /// the binary crate (about 45 s of a clean release build on 2 cores).
 pub fn main() -> anyhow::Result<()> {
-    let args = <Args as clap::Parser>::parse();
+    let args = Args::parse();
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -99,6 +99,25 @@ struct Session {
 }
 
 impl Session {
+    /// Sends `message` to this session's connected client: a QoS 1 one with
+    /// a fresh packet id, kept in flight until its PUBACK.
+    fn send(&mut self, client: &str, message: Message, out: &mut Vec<Output>) {
+        let packet_id = match message.qos {
+            0 => 0,
+            _ => {
+                let id = self.packet_id();
+                self.in_flight.push_back((id, message.clone()));
+                id
+            }
+        };
+        out.push(Output::Deliver {
+            client: client.to_owned(),
+            packet_id,
+            dup: false,
+            message,
+        });
+    }
+
     fn packet_id(&mut self) -> u16 {
         // 1..=65535, skipping ids still in flight (MQTT forbids reusing one).
         loop {
@@ -186,14 +205,7 @@ impl Broker {
             });
         }
         while let Some(message) = session.queued.pop_front() {
-            let packet_id = session.packet_id();
-            session.in_flight.push_back((packet_id, message.clone()));
-            out.push(Output::Deliver {
-                client: client.clone(),
-                packet_id,
-                dup: false,
-                message,
-            });
+            session.send(&client, message, out);
         }
     }
 
@@ -293,20 +305,7 @@ impl Broker {
             }
             return;
         }
-        let packet_id = match qos {
-            0 => 0,
-            _ => {
-                let id = session.packet_id();
-                session.in_flight.push_back((id, message.clone()));
-                id
-            }
-        };
-        out.push(Output::Deliver {
-            client: client.to_owned(),
-            packet_id,
-            dup: false,
-            message,
-        });
+        session.send(client, message, out);
     }
 }
 
