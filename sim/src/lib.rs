@@ -15,9 +15,6 @@
 //! What it does not do: run processes, keep its outbox on disk across its
 //! own restarts, stop attempts when its lease on them runs out (it never
 //! loses the cluster for that long in the benchmarks), or read logs.
-//!
-//! [`broker`] is the first piece of the deterministic simulation of the
-//! whole fleet: an MQTT broker as a state machine, with no I/O.
 
 pub mod broker;
 
