@@ -5,6 +5,7 @@ pub mod cli;
 pub mod config;
 pub mod facts;
 pub mod fence;
+pub mod gate;
 pub mod host;
 pub mod inbound;
 pub mod link;

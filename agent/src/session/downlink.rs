@@ -1,13 +1,12 @@
 //! What comes down from the server: registration answers, dispatches,
 //! cancels, log requests and confirmations, each handled by the session.
 
-use std::time::Duration;
-
 use k8s4r_api::protocol::{Cancel, Dispatch, RegisterResponse, StatusAck};
 use k8s4r_api::{RobotPhase, TaskReason};
 use tokio::time::Instant;
 
 use super::{boot_clock, failed_status, report_rejection, Phase, Session, TaskCommand, MAX_HELD_DISPATCHES};
+use crate::gate::Verdict;
 use crate::inbound::{classify, Inbound, Refused};
 use crate::link::RegisterAction;
 use crate::supervisor::outcome::StopCause;
@@ -161,46 +160,49 @@ impl Session {
             tracing::warn!(task = %dispatch.task_uid, attempt = dispatch.attempt, "dispatch during shutdown ignored");
             return;
         }
-        if !self.registrar.approved() {
-            tracing::info!(task = %dispatch.task_uid, attempt = dispatch.attempt, "dispatch held until registration is approved");
-            self.push_held(dispatch);
-            return;
-        }
-        if self.running.contains(&dispatch.task_uid, dispatch.attempt) {
-            tracing::info!(task = %dispatch.task_uid, attempt = dispatch.attempt, "duplicate dispatch ignored");
-            return;
-        }
-        let stop_after: Option<Duration> = dispatch.stop_after.as_ref().and_then(|d| d.parse().ok());
         let now = boot_clock();
-        let fresh = stop_after.is_none_or(|lease| self.fence.fresh_for(lease, now));
-        let checked = if fresh {
-            self.fence.admit(&dispatch, now, jiff::Timestamp::now())
-        } else {
-            self.fence.check(&dispatch, now, jiff::Timestamp::now())
-        };
-        if let Err(refusal) = checked {
-            tracing::warn!(task = %dispatch.task_uid, attempt = dispatch.attempt, %refusal, "dispatch refused");
-            if matches!(refusal, crate::fence::Refusal::Expired { .. }) {
-                let _ = self.updates_tx.send(failed_status(
-                    &dispatch.task_uid,
-                    dispatch.attempt,
-                    TaskReason::DispatchTimeout,
-                    refusal.to_string(),
-                ));
+        let verdict = crate::gate::decide(
+            &dispatch,
+            self.registrar.approved(),
+            &self.running,
+            &mut self.fence,
+            now,
+            jiff::Timestamp::now(),
+        );
+        let stop_after = match verdict {
+            Verdict::HoldForApproval => {
+                tracing::info!(task = %dispatch.task_uid, attempt = dispatch.attempt, "dispatch held until registration is approved");
+                self.push_held(dispatch);
+                return;
             }
-            return;
-        }
-        if !fresh {
-            // Contact is too old for this attempt's stopAfter: a heartbeat
-            // now, and the dispatch waits for its confirmation (or its
-            // deadline, or a cancel).
-            tracing::info!(task = %dispatch.task_uid, attempt = dispatch.attempt, contact_age = ?self.fence.contact_age(now), "dispatch waits for a confirmed heartbeat");
-            self.push_held(dispatch);
-            self.next_heartbeat = Some(Instant::now());
-            return;
-        }
+            Verdict::Duplicate => {
+                tracing::info!(task = %dispatch.task_uid, attempt = dispatch.attempt, "duplicate dispatch ignored");
+                return;
+            }
+            Verdict::Refused(refusal) => {
+                tracing::warn!(task = %dispatch.task_uid, attempt = dispatch.attempt, %refusal, "dispatch refused");
+                if matches!(refusal, crate::fence::Refusal::Expired { .. }) {
+                    let _ = self.updates_tx.send(failed_status(
+                        &dispatch.task_uid,
+                        dispatch.attempt,
+                        TaskReason::DispatchTimeout,
+                        refusal.to_string(),
+                    ));
+                }
+                return;
+            }
+            Verdict::WaitForContact => {
+                // Contact is too old for this attempt's stopAfter: a
+                // heartbeat now, and the dispatch waits for its
+                // confirmation (or its deadline, or a cancel).
+                tracing::info!(task = %dispatch.task_uid, attempt = dispatch.attempt, contact_age = ?self.fence.contact_age(now), "dispatch waits for a confirmed heartbeat");
+                self.push_held(dispatch);
+                self.next_heartbeat = Some(Instant::now());
+                return;
+            }
+            Verdict::Start { stop_after } => stop_after,
+        };
         tracing::info!(task = %dispatch.task_uid, attempt = dispatch.attempt, name = %dispatch.task_name, "dispatch");
-        self.fence.hold(&dispatch.task_uid, dispatch.attempt, stop_after);
         if let Some(lease) = stop_after {
             self.heartbeat_for(lease, now);
         }
