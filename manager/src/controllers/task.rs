@@ -21,7 +21,7 @@ use tracing::instrument;
 use super::robot::{liveness_of, robot_lease};
 use super::{condition_at, key_of, Context, Look, Note};
 use crate::error::{Error, Result};
-use crate::lifecycle::{ended_as, never_sent, next_step, plus, RobotHealth, Step};
+use crate::lifecycle::{ended_as, never_sent, next_step, plus, LifecycleConfig, RobotHealth, Step};
 use crate::manual::TaskManual;
 
 /// How long a task that found no robot waits before looking again on its
@@ -258,9 +258,7 @@ async fn reconcile_task(task: &Task, ctx: &Context) -> Result<Action> {
         .and_then(|s| s.robot.as_deref())
         .or(task.spec.target_robot.as_deref());
     let health = robot_health(ctx, robot);
-    let sent = k8s4r_api::task::sent_attempt(task.metadata.annotations.as_ref());
-    let step = never_sent(status, sent, now, &ctx.config.lifecycle)
-        .unwrap_or_else(|| next_step(&task.spec, status, health, now, &ctx.config.lifecycle));
+    let step = decide_step(task, health, now, &ctx.config.lifecycle);
     tracing::debug!(?step, uid = ?task.metadata.uid, "next step");
     match step {
         Step::Wait(Some(after)) => Ok(Action::requeue(after)),
@@ -270,6 +268,15 @@ async fn reconcile_task(task: &Task, ctx: &Context) -> Result<Action> {
         Step::Retry { delay } => retry(task, ctx, delay, now).await,
         Step::Return { reason, delay } => give_back(task, ctx, reason, delay, now).await,
     }
+}
+
+/// The next step for a Task (no manual request pending) whose robot's
+/// health is `health`: an attempt no server began to send fails once its
+/// deadline passed, whatever its robot; otherwise the lifecycle decides.
+pub fn decide_step(task: &Task, health: RobotHealth, now: Timestamp, cfg: &LifecycleConfig) -> Step {
+    let status = task.status.as_ref();
+    let sent = k8s4r_api::task::sent_attempt(task.metadata.annotations.as_ref());
+    never_sent(status, sent, now, cfg).unwrap_or_else(|| next_step(&task.spec, status, health, now, cfg))
 }
 
 fn names(task: &Task) -> Result<(String, String)> {
@@ -383,13 +390,7 @@ async fn fail(
 ) -> Result<Action> {
     let (ns, name) = names(task)?;
     let api: Api<Task> = Api::namespaced(ctx.client(), &ns);
-    let patch = TaskStatusPatch {
-        state: Some(TaskState::Failed),
-        reason: Some(Some(reason)),
-        message: Some(Some(message.clone())),
-        finish_time: Some(Some(now)),
-        ..TaskStatusPatch::default()
-    };
+    let patch = plan_fail(reason, &message, now);
     ctx.patch_status(&api, &name, task.resource_version(), patch)
         .await?;
     let event = match reason {
@@ -400,6 +401,18 @@ async fn fail(
     tracing::info!(task = %name, ?reason, %message, "failing attempt");
     ctx.event(task, EventType::Warning, event, message);
     Ok(Action::await_change())
+}
+
+/// The status patch by which the manager fails the current attempt
+/// ([`Step::Fail`]).
+pub fn plan_fail(reason: TaskReason, message: &str, now: Timestamp) -> TaskStatusPatch {
+    TaskStatusPatch {
+        state: Some(TaskState::Failed),
+        reason: Some(Some(reason)),
+        message: Some(Some(message.to_owned())),
+        finish_time: Some(Some(now)),
+        ..TaskStatusPatch::default()
+    }
 }
 
 /// The status patch that sends a Task whose current attempt failed back to
