@@ -17,6 +17,7 @@
 //! loses the cluster for that long in the benchmarks), or read logs.
 
 pub mod broker;
+pub mod world;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

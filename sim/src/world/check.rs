@@ -1,0 +1,322 @@
+//! The history of a simulated run, and the checker that reads it: what a
+//! user would check, from what physically happened (processes started and
+//! ended) and what the robots were told.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use k8s4r_api::{DisconnectPolicy, Reconcile, TaskReason, TaskState};
+
+use super::cluster::Cluster;
+use super::{Fault, Ms};
+
+/// One thing that happened.
+#[derive(Clone, Debug)]
+pub struct Entry {
+    pub at: Ms,
+    pub what: What,
+}
+
+/// What happened.
+#[derive(Clone, Debug)]
+pub enum What {
+    Fault(Fault),
+    /// A task process started on a robot.
+    Start {
+        robot: usize,
+        uid: String,
+        attempt: u32,
+    },
+    /// It ended.
+    Exit {
+        robot: usize,
+        uid: String,
+        attempt: u32,
+        how: String,
+    },
+    /// The robot was told the cluster recorded this final status.
+    Recorded {
+        robot: usize,
+        uid: String,
+        attempt: u32,
+        state: TaskState,
+    },
+    /// The manager placed an attempt.
+    Placed {
+        uid: String,
+        attempt: u32,
+        robot: usize,
+    },
+    /// The manager's write failing an attempt landed.
+    Failed {
+        uid: String,
+        attempt: u32,
+        reason: TaskReason,
+    },
+    /// The server applied a robot's status, or ignored it.
+    Status {
+        uid: String,
+        attempt: u32,
+        state: TaskState,
+        outcome: &'static str,
+    },
+    /// An agent process started or died.
+    Agent {
+        robot: usize,
+        up: bool,
+    },
+    /// The server started or died.
+    Server {
+        up: bool,
+    },
+}
+
+impl Entry {
+    /// Whether this entry concerns the Task `uid` (faults and restarts
+    /// concern every Task).
+    pub fn concerns(&self, uid: &str) -> bool {
+        match &self.what {
+            What::Start { uid: u, .. }
+            | What::Exit { uid: u, .. }
+            | What::Recorded { uid: u, .. }
+            | What::Placed { uid: u, .. }
+            | What::Failed { uid: u, .. }
+            | What::Status { uid: u, .. } => u == uid,
+            What::Fault(_) | What::Agent { .. } | What::Server { .. } => true,
+        }
+    }
+}
+
+impl fmt::Display for Entry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:>9.3}s ", self.at as f64 / 1000.0)?;
+        match &self.what {
+            What::Fault(fault) => write!(f, "FAULT {fault:?}"),
+            What::Start { robot, uid, attempt } => write!(f, "rb{robot} starts {uid}#{attempt}"),
+            What::Exit {
+                robot,
+                uid,
+                attempt,
+                how,
+            } => write!(f, "rb{robot} {uid}#{attempt} ended: {how}"),
+            What::Recorded {
+                robot,
+                uid,
+                attempt,
+                state,
+            } => {
+                write!(f, "rb{robot} told {uid}#{attempt} {} is recorded", state.as_str())
+            }
+            What::Placed { uid, attempt, robot } => write!(f, "manager places {uid}#{attempt} on rb{robot}"),
+            What::Failed { uid, attempt, reason } => write!(f, "manager failed {uid}#{attempt}: {reason:?}"),
+            What::Status {
+                uid,
+                attempt,
+                state,
+                outcome,
+            } => {
+                write!(f, "server: {uid}#{attempt} {} {outcome}", state.as_str())
+            }
+            What::Agent { robot, up } => {
+                write!(f, "rb{robot} agent {}", if *up { "starts" } else { "killed" })
+            }
+            What::Server { up } => write!(f, "server {}", if *up { "starts" } else { "killed" }),
+        }
+    }
+}
+
+/// Which rule a violation breaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Two attempts of one Task ran at once.
+    Overlap,
+    /// One (task, attempt) started a process twice.
+    Rerun,
+    /// The cluster failed an attempt whose process was running (its robot
+    /// had not fenced it).
+    ReplacedWhileRunning,
+    /// A completion the robot was told was recorded is not in the cluster.
+    LostCompletion,
+    /// Under `reconcile: keepOriginal`, an attempt started after the robot
+    /// was told an earlier one's completion was recorded.
+    RanAfterCompletion,
+    /// A Task was not over by the end.
+    Unfinished,
+}
+
+/// A broken rule, about one Task.
+#[derive(Clone, Debug)]
+pub struct Violation {
+    pub kind: Kind,
+    pub task: String,
+    /// The attempt it is about, when it is about one.
+    pub attempt: Option<u32>,
+    pub at: Ms,
+    pub detail: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:?} of {} at {:.3}s: {}",
+            self.kind,
+            self.task,
+            self.at as f64 / 1000.0,
+            self.detail
+        )
+    }
+}
+
+struct Run {
+    robot: usize,
+    attempt: u32,
+    start: Ms,
+    end: Option<Ms>,
+}
+
+/// Checks a run's history against the cluster's final state.
+pub fn check(history: &[Entry], cluster: &Cluster, end: Ms) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let mut runs: BTreeMap<String, Vec<Run>> = BTreeMap::new();
+    let mut recorded: Vec<(Ms, String, u32)> = Vec::new();
+    for entry in history {
+        match &entry.what {
+            What::Start { robot, uid, attempt } => {
+                let list = runs.entry(uid.clone()).or_default();
+                if list.iter().any(|r| r.attempt == *attempt) {
+                    out.push(Violation {
+                        kind: Kind::Rerun,
+                        task: uid.clone(),
+                        attempt: Some(*attempt),
+                        at: entry.at,
+                        detail: format!("attempt {attempt} started again on rb{robot}"),
+                    });
+                }
+                if let Some(other) = list.iter().find(|r| r.end.is_none()) {
+                    out.push(Violation {
+                        kind: Kind::Overlap,
+                        task: uid.clone(),
+                        attempt: Some(*attempt),
+                        at: entry.at,
+                        detail: format!(
+                            "attempt {attempt} started on rb{robot} while attempt {} runs on rb{}",
+                            other.attempt, other.robot
+                        ),
+                    });
+                }
+                list.push(Run {
+                    robot: *robot,
+                    attempt: *attempt,
+                    start: entry.at,
+                    end: None,
+                });
+                if let Some((at, _, done)) = recorded.iter().find(|(_, u, a)| u == uid && a < attempt) {
+                    if keeps_original(cluster, uid) {
+                        out.push(Violation {
+                            kind: Kind::RanAfterCompletion,
+                            task: uid.clone(),
+                            attempt: Some(*attempt),
+                            at: entry.at,
+                            detail: format!(
+                                "attempt {attempt} started on rb{robot} after a robot was told at {:.3}s that attempt {done}'s completion was recorded (reconcile: keepOriginal)",
+                                *at as f64 / 1000.0
+                            ),
+                        });
+                    }
+                }
+            }
+            What::Exit { uid, attempt, .. } => {
+                if let Some(run) = runs.get_mut(uid).and_then(|l| {
+                    l.iter_mut()
+                        .rev()
+                        .find(|r| r.attempt == *attempt && r.end.is_none())
+                }) {
+                    run.end = Some(entry.at);
+                }
+            }
+            What::Failed { uid, attempt, reason } => {
+                let running = runs
+                    .get(uid)
+                    .and_then(|l| l.iter().find(|r| r.attempt == *attempt && r.end.is_none()));
+                if let Some(run) = running {
+                    out.push(Violation {
+                        kind: Kind::ReplacedWhileRunning,
+                        task: uid.clone(),
+                        attempt: Some(*attempt),
+                        at: entry.at,
+                        detail: format!(
+                            "the cluster failed attempt {attempt} ({reason:?}) while it ran on rb{} since {:.3}s",
+                            run.robot,
+                            run.start as f64 / 1000.0
+                        ),
+                    });
+                }
+            }
+            What::Recorded {
+                uid,
+                attempt,
+                state: TaskState::Completed,
+                ..
+            } => {
+                recorded.push((entry.at, uid.clone(), *attempt));
+            }
+            _ => {}
+        }
+    }
+    for (at, uid, attempt) in &recorded {
+        // An attempt that ran twice is reported once, as a rerun; one the
+        // cluster replaced while it ran, as that.
+        let starts = runs
+            .get(uid)
+            .map_or(0, |l| l.iter().filter(|r| r.attempt == *attempt).count());
+        let replaced = out
+            .iter()
+            .any(|v| v.kind == Kind::ReplacedWhileRunning && v.task == *uid && v.attempt == Some(*attempt));
+        if starts == 1 && !replaced && !shows_completed(cluster, uid, *attempt) {
+            out.push(Violation {
+                kind: Kind::LostCompletion,
+                task: uid.clone(),
+                attempt: Some(*attempt),
+                at: *at,
+                detail: format!("the robot was told attempt {attempt}'s completion was recorded; the Task does not show it"),
+            });
+        }
+    }
+    for (uid, task) in cluster.tasks() {
+        if !cluster.settled(task) {
+            let state = task.status.as_ref().and_then(|s| s.state);
+            out.push(Violation {
+                kind: Kind::Unfinished,
+                task: uid.clone(),
+                attempt: None,
+                at: end,
+                detail: format!("still {} at the end", state.map_or("new", TaskState::as_str)),
+            });
+        }
+    }
+    out
+}
+
+fn keeps_original(cluster: &Cluster, uid: &str) -> bool {
+    cluster
+        .task(uid)
+        .is_some_and(|t| DisconnectPolicy::reconcile(t.spec.disconnect.as_ref()) == Reconcile::KeepOriginal)
+}
+
+fn shows_completed(cluster: &Cluster, uid: &str, attempt: u32) -> bool {
+    let Some(status) = cluster.task(uid).and_then(|t| t.status.as_ref()) else {
+        return false;
+    };
+    let current = status.attempt == attempt && status.state == Some(TaskState::Completed);
+    let kept = status
+        .attempts
+        .iter()
+        .any(|a| a.attempt == attempt && a.state == TaskState::Completed);
+    let late = status.state == Some(TaskState::Completed)
+        && status
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains(&format!("attempt {attempt} completed")));
+    current || kept || late
+}

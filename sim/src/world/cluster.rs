@@ -1,0 +1,610 @@
+//! The simulated cluster: an API store with guarded merge patches and
+//! writes that take time, a server that bridges MQTT to it through the
+//! server's own decisions, and a manager that runs the real lifecycle over
+//! a Lease cache that can go stale.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s4r_api::protocol::{
+    decode, encode, Cancel, Dispatch, Heartbeat, Register, RegisterResponse, StatusAck, StatusUpdate,
+    TopicKind, Topics,
+};
+use k8s4r_api::{
+    DisconnectPolicy, DurationString, Reconcile, RobotPhase, Task, TaskSpec, TaskState, TaskTemplate,
+};
+use k8s4r_manager::controllers::task::{decide_step, plan_dispatch, plan_fail, plan_retry, plan_return};
+use k8s4r_manager::lifecycle::{LifecycleConfig, RobotHealth, Step};
+use k8s4r_server::decide::{decide_status, decide_task, plan_reconcile, Holding, StatusDecision, TaskAction};
+use serde_json::{json, Value};
+
+use super::agent::{robot_name, PREFIX};
+use super::check::What;
+use super::{Down, Ms, Net, Node, Up};
+use crate::broker::{Message, Output};
+
+/// How long an API write takes normally.
+const WRITE_MS: std::ops::Range<Ms> = 2..40;
+/// The robots' Lease duration while they hold work (the record lag the
+/// manager allows is a third of it).
+const LEASE_SECONDS: u64 = 60;
+const SERVER_TICK: Ms = 500;
+const MANAGER_TICK: Ms = 1_000;
+
+enum Then {
+    Nothing,
+    AckStatus {
+        robot: String,
+        update: StatusUpdate,
+    },
+    AckHeartbeat {
+        robot: String,
+        seq: u64,
+        session: Option<String>,
+    },
+    Publish {
+        uid: String,
+        attempt: u32,
+    },
+    Failed {
+        uid: String,
+        attempt: u32,
+        reason: k8s4r_api::TaskReason,
+    },
+    Placed {
+        uid: String,
+        attempt: u32,
+        robot: usize,
+    },
+    /// The manager's write about this Task is done.
+    Done {
+        uid: String,
+    },
+}
+
+enum Op {
+    Patch {
+        uid: String,
+        guard: Option<String>,
+        patch: Value,
+    },
+    Renew {
+        robot: String,
+    },
+}
+
+struct Pending {
+    op: Op,
+    /// The server process that wrote it (None: the manager).
+    server: Option<u64>,
+    then: Then,
+}
+
+struct ServerMem {
+    generation: u64,
+    /// Dispatches this process published or is publishing.
+    sending: BTreeSet<(String, u32)>,
+    tick_at: Ms,
+}
+
+/// The API store, the server and the manager.
+pub struct Cluster {
+    topics: Topics,
+    robots: usize,
+    tasks: BTreeMap<String, Task>,
+    version: u64,
+    leases: BTreeMap<String, Timestamp>,
+    registered: BTreeMap<String, Timestamp>,
+    pending: BTreeMap<u64, Pending>,
+    next_write: u64,
+    /// Extra time every write takes (an overloaded API), 0 normally.
+    slow: Ms,
+    server: Option<ServerMem>,
+    generations: u64,
+    lease_cache: BTreeMap<String, Timestamp>,
+    stalled: bool,
+    /// Tasks with a manager write in flight.
+    busy: BTreeSet<String>,
+    lifecycle: LifecycleConfig,
+}
+
+impl Cluster {
+    /// A cluster for `robots` robots, with no Tasks yet.
+    pub fn new(robots: usize) -> Self {
+        Self {
+            topics: Topics::new(PREFIX),
+            robots,
+            tasks: BTreeMap::new(),
+            version: 0,
+            leases: BTreeMap::new(),
+            registered: BTreeMap::new(),
+            pending: BTreeMap::new(),
+            next_write: 0,
+            slow: 0,
+            server: None,
+            generations: 0,
+            lease_cache: BTreeMap::new(),
+            stalled: false,
+            busy: BTreeSet::new(),
+            lifecycle: LifecycleConfig::default(),
+        }
+    }
+
+    /// The Tasks, by uid.
+    pub fn tasks(&self) -> &BTreeMap<String, Task> {
+        &self.tasks
+    }
+
+    /// One Task.
+    pub fn task(&self, uid: &str) -> Option<&Task> {
+        self.tasks.get(uid)
+    }
+
+    /// Whether the manager is done with a Task.
+    pub fn settled(&self, task: &Task) -> bool {
+        let health = RobotHealth::Known {
+            last_heard: None,
+            record_lag: Duration::ZERO,
+        };
+        let state = task.status.as_ref().and_then(|s| s.state);
+        state.is_some_and(TaskState::is_terminal)
+            && decide_step(task, health, Timestamp::UNIX_EPOCH, &self.lifecycle) == Step::Done
+    }
+
+    /// Freezes (or thaws) the manager's Lease cache.
+    pub fn stall_lease_watch(&mut self, stalled: bool) {
+        self.stalled = stalled;
+    }
+
+    /// Every API write takes `ms` more (0: back to normal).
+    pub fn slow_api(&mut self, ms: Ms) {
+        self.slow = ms;
+    }
+
+    /// Task number `n` is created (a batch task, fenced, its reconcile
+    /// policy drawn).
+    pub fn create_task(&mut self, net: &mut Net, n: usize) {
+        let uid = format!("u{n}");
+        let stop_after = Duration::from_secs(net.rng().u64(20..60));
+        let reconcile = if net.rng().bool() {
+            Reconcile::KeepOriginal
+        } else {
+            Reconcile::KeepReplacement
+        };
+        let mut task = Task::new(
+            &format!("t{n}"),
+            TaskSpec {
+                template: TaskTemplate {
+                    driver: "raw_exec".to_owned(),
+                    command: "/bin/true".to_owned(),
+                    ..TaskTemplate::default()
+                },
+                disconnect: Some(DisconnectPolicy {
+                    stop_after: Some(DurationString::from(stop_after)),
+                    replace: Some(true),
+                    reconcile: Some(reconcile),
+                }),
+                ..TaskSpec::default()
+            },
+        );
+        task.metadata.namespace = Some("default".to_owned());
+        task.metadata.uid = Some(uid.clone());
+        self.version += 1;
+        task.metadata.resource_version = Some(self.version.to_string());
+        self.tasks.insert(uid, task);
+    }
+
+    fn write(&mut self, net: &mut Net, op: Op, server: bool, then: Then) {
+        self.next_write += 1;
+        let id = self.next_write;
+        let server = if server {
+            self.server.as_ref().map(|s| s.generation)
+        } else {
+            None
+        };
+        self.pending.insert(id, Pending { op, server, then });
+        let ms = net.rng().u64(WRITE_MS) + self.slow;
+        net.api_done(ms, id);
+    }
+
+    /// An API write completes: applied (or refused for its guard), then
+    /// its writer carries on, if it still runs.
+    pub fn api_done(&mut self, net: &mut Net, id: u64) {
+        let Some(pending) = self.pending.remove(&id) else {
+            return;
+        };
+        let applied = match pending.op {
+            Op::Patch { uid, guard, patch } => self.apply(&uid, guard.as_deref(), &patch),
+            Op::Renew { robot } => {
+                self.leases.insert(robot, net.wall());
+                true
+            }
+        };
+        let alive = match pending.server {
+            Some(generation) => self.server.as_ref().is_some_and(|s| s.generation == generation),
+            None => true,
+        };
+        match pending.then {
+            Then::Nothing => {}
+            Then::Done { uid } => {
+                self.busy.remove(&uid);
+            }
+            Then::Failed { uid, attempt, reason } => {
+                self.busy.remove(&uid);
+                if applied {
+                    net.log(What::Failed { uid, attempt, reason });
+                }
+            }
+            Then::Placed { uid, attempt, robot } => {
+                self.busy.remove(&uid);
+                if applied {
+                    net.log(What::Placed { uid, attempt, robot });
+                }
+            }
+            Then::AckStatus { robot, update } if alive => {
+                if applied {
+                    net.log(What::Status {
+                        uid: update.task_uid.clone(),
+                        attempt: update.attempt,
+                        state: update.state,
+                        outcome: "applied",
+                    });
+                    self.ack(net, &robot, StatusAck::new(vec![update.seq]));
+                } else {
+                    // A conflict: read again and decide again.
+                    self.on_status(net, &robot, update);
+                }
+            }
+            Then::AckHeartbeat { robot, seq, session } if alive => {
+                let ack = StatusAck::heartbeat(seq, session, net.wall());
+                self.ack(net, &robot, ack);
+            }
+            Then::Publish { uid, attempt } if alive => {
+                if applied {
+                    self.publish_dispatch(net, &uid, attempt);
+                } else if let Some(server) = &mut self.server {
+                    server.sending.remove(&(uid, attempt));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn apply(&mut self, uid: &str, guard: Option<&str>, patch: &Value) -> bool {
+        let Some(task) = self.tasks.get(uid) else {
+            return false;
+        };
+        if guard.is_some_and(|g| task.metadata.resource_version.as_deref() != Some(g)) {
+            return false;
+        }
+        let mut value = serde_json::to_value(task).expect("a Task serializes");
+        json_patch::merge(&mut value, patch);
+        let mut task: Task = serde_json::from_value(value).expect("a merged Task reads back");
+        self.version += 1;
+        task.metadata.resource_version = Some(self.version.to_string());
+        self.tasks.insert(uid.to_owned(), task);
+        true
+    }
+
+    // ------------------------------------------------------------ server
+
+    /// The server process starts.
+    pub fn server_start(&mut self, net: &mut Net) {
+        self.generations += 1;
+        net.log(What::Server { up: true });
+        self.server = Some(ServerMem {
+            generation: self.generations,
+            sending: BTreeSet::new(),
+            tick_at: net.now(),
+        });
+        net.connect(Node::Server, false);
+        self.server_tick(net);
+    }
+
+    /// The server is SIGKILLed.
+    pub fn server_kill(&mut self, net: &mut Net) {
+        if self.server.take().is_some() {
+            net.log(What::Server { up: false });
+        }
+    }
+
+    /// A packet for the server; returns the seconds it stays down when an
+    /// armed kill takes it now.
+    pub fn server_receive(&mut self, net: &mut Net, packet: Down, armed: &mut Option<u64>) -> Option<u64> {
+        self.server.as_ref()?;
+        match packet {
+            Down::Broker(Output::ConnAck { .. }) => {
+                for filter in self.topics.server_subscriptions() {
+                    net.up(Node::Server, Up::Subscribe(filter));
+                }
+            }
+            Down::Broker(Output::Deliver {
+                packet_id, message, ..
+            }) => {
+                if message.qos == 1 {
+                    net.up(Node::Server, Up::Ack(packet_id));
+                }
+                self.on_message(net, &message);
+            }
+            Down::PubAck((uid, attempt)) => {
+                if let Some(secs) = armed.take() {
+                    return Some(secs);
+                }
+                let patch = json!({"metadata": {"annotations": {
+                    k8s4r_api::names::ANNOTATION_DISPATCHED_ATTEMPT: attempt.to_string()
+                }}});
+                self.write(
+                    net,
+                    Op::Patch {
+                        uid,
+                        guard: None,
+                        patch,
+                    },
+                    true,
+                    Then::Nothing,
+                );
+            }
+            Down::Broker(Output::Closed { .. }) => {}
+        }
+        None
+    }
+
+    /// The server's timer: dispatches what waits to be sent.
+    pub fn server_tick(&mut self, net: &mut Net) {
+        let now = net.wall();
+        let Some(server) = &mut self.server else {
+            return;
+        };
+        if server.tick_at != net.now() {
+            return;
+        }
+        server.tick_at = net.now() + SERVER_TICK;
+        net.tick(Node::Server, SERVER_TICK);
+        if !net.connected(Node::Server) {
+            net.connect(Node::Server, false);
+            return;
+        }
+        let mut sends = Vec::new();
+        for (uid, task) in &self.tasks {
+            if let TaskAction::Dispatch { attempt, .. } = decide_task(task, Some(RobotPhase::Online), now) {
+                if server.sending.insert((uid.clone(), attempt)) {
+                    sends.push((uid.clone(), attempt, task.metadata.resource_version.clone()));
+                }
+            }
+        }
+        for (uid, attempt, guard) in sends {
+            let patch = json!({"metadata": {"annotations": {
+                k8s4r_api::names::ANNOTATION_SENDING_ATTEMPT: attempt.to_string()
+            }}});
+            let then = Then::Publish {
+                uid: uid.clone(),
+                attempt,
+            };
+            self.write(net, Op::Patch { uid, guard, patch }, true, then);
+        }
+    }
+
+    fn publish_dispatch(&mut self, net: &mut Net, uid: &str, attempt: u32) {
+        let Some(task) = self.tasks.get(uid) else {
+            return;
+        };
+        let status = task.status.clone().unwrap_or_default();
+        let Some(robot) = task.spec.target_robot.clone() else {
+            return;
+        };
+        if status.attempt != attempt || status.state != Some(TaskState::Dispatching) {
+            return;
+        }
+        let name = format!("default/{}", task.metadata.name.as_deref().unwrap_or_default());
+        let mut dispatch = Dispatch::new(uid, name, attempt, task.spec.template.clone());
+        dispatch.expires_at = status.dispatch_deadline;
+        dispatch.stop_after = task.spec.disconnect.as_ref().and_then(|d| d.stop_after.clone());
+        let message = Message {
+            topic: self.topics.dispatch(&robot),
+            payload: encode(&dispatch),
+            qos: 1,
+            retain: false,
+        };
+        net.up(
+            Node::Server,
+            Up::Publish {
+                message,
+                tag: Some((uid.to_owned(), attempt)),
+            },
+        );
+    }
+
+    fn send(&self, net: &mut Net, topic: String, payload: Vec<u8>) {
+        let message = Message {
+            topic,
+            payload,
+            qos: 1,
+            retain: false,
+        };
+        net.up(Node::Server, Up::Publish { message, tag: None });
+    }
+
+    fn ack(&self, net: &mut Net, robot: &str, ack: StatusAck) {
+        self.send(net, self.topics.status_ack(robot), encode(&ack));
+    }
+
+    fn on_message(&mut self, net: &mut Net, message: &Message) {
+        let Ok(k8s4r_api::protocol::Topic::Robot { robot_id, kind }) = self.topics.parse(&message.topic)
+        else {
+            return;
+        };
+        match kind {
+            TopicKind::Register => {
+                let Ok(register) = decode::<Register>(&message.payload) else {
+                    return;
+                };
+                self.registered.insert(robot_id.clone(), net.wall());
+                let mut response = RegisterResponse::new(RobotPhase::Online, None);
+                response.nonce = register.nonce;
+                response.status_acks = true;
+                response.server_time = Some(net.wall());
+                self.send(net, self.topics.response(&robot_id), encode(&response));
+            }
+            TopicKind::Heartbeat => {
+                let Ok(heartbeat) = decode::<Heartbeat>(&message.payload) else {
+                    return;
+                };
+                self.on_heartbeat(net, &robot_id, heartbeat);
+            }
+            TopicKind::Status { task_uid } => {
+                let Ok(update) = decode::<StatusUpdate>(&message.payload) else {
+                    return;
+                };
+                if update.task_uid == task_uid {
+                    self.on_status(net, &robot_id, update);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn on_heartbeat(&mut self, net: &mut Net, robot: &str, heartbeat: Heartbeat) {
+        let now = net.wall();
+        let holding = Holding {
+            held: &heartbeat.held.running,
+            complete: heartbeat.held.reconcile,
+            last_seq: heartbeat.held.last_seq,
+            sent_at: heartbeat.server_time,
+        };
+        let tasks = &self.tasks;
+        let lookup = |uid: &str| tasks.get(uid).cloned().map(std::sync::Arc::new);
+        let assigned = tasks
+            .values()
+            .filter(|t| t.spec.target_robot.as_deref() == Some(robot));
+        let plan = plan_reconcile(robot, holding, lookup, assigned, now);
+        for (attempt, stop) in plan.cancel {
+            let cancel = Cancel::new(&attempt.uid, attempt.attempt, stop.reason);
+            self.send(net, self.topics.cancel(robot), encode(&cancel));
+        }
+        for (uid, patch) in plan.lost {
+            let guard = self
+                .tasks
+                .get(&uid)
+                .and_then(|t| t.metadata.resource_version.clone());
+            let patch = json!({ "status": patch });
+            self.write(net, Op::Patch { uid, guard, patch }, true, Then::Nothing);
+        }
+        let then = Then::AckHeartbeat {
+            robot: robot.to_owned(),
+            seq: heartbeat.seq,
+            session: heartbeat.session.clone(),
+        };
+        self.write(
+            net,
+            Op::Renew {
+                robot: robot.to_owned(),
+            },
+            true,
+            then,
+        );
+    }
+
+    fn on_status(&mut self, net: &mut Net, robot: &str, update: StatusUpdate) {
+        if self.server.is_none() {
+            return;
+        }
+        let uid = update.task_uid.clone();
+        let task = self.tasks.get(&uid);
+        let guard = task.and_then(|t| t.metadata.resource_version.clone());
+        match decide_status(&update, &uid, robot, task, net.wall()) {
+            Ok(StatusDecision::Apply(patch)) => {
+                let patch = json!({ "status": patch });
+                let then = Then::AckStatus {
+                    robot: robot.to_owned(),
+                    update,
+                };
+                self.write(net, Op::Patch { uid, guard, patch }, true, then);
+            }
+            Ok(StatusDecision::Ignore(ignored)) => {
+                net.log(What::Status {
+                    uid,
+                    attempt: update.attempt,
+                    state: update.state,
+                    outcome: ignored.outcome(),
+                });
+                self.ack(net, robot, StatusAck::new(vec![update.seq]));
+            }
+            Err(_) => {}
+        }
+    }
+
+    // ----------------------------------------------------------- manager
+
+    /// The manager's pass over every Task.
+    pub fn manager_tick(&mut self, net: &mut Net) {
+        net.tick(Node::Manager, MANAGER_TICK);
+        if !self.stalled {
+            self.lease_cache = self.leases.clone();
+        }
+        let now = net.wall();
+        let mut writes = Vec::new();
+        for (uid, task) in &self.tasks {
+            if self.busy.contains(uid) {
+                continue;
+            }
+            let status = task.status.clone().unwrap_or_default();
+            let robot = status.robot.as_deref().or(task.spec.target_robot.as_deref());
+            let health = match robot {
+                None => RobotHealth::Missing,
+                Some(robot) => RobotHealth::Known {
+                    last_heard: self
+                        .lease_cache
+                        .get(robot)
+                        .copied()
+                        .max(self.registered.get(robot).copied()),
+                    record_lag: Duration::from_secs(LEASE_SECONDS / 3),
+                },
+            };
+            let guard = task.metadata.resource_version.clone();
+            let attempt = status.attempt;
+            let (patch, then) = match decide_step(task, health, now, &self.lifecycle) {
+                Step::Schedule => {
+                    let robot = net.rng().usize(0..self.robots);
+                    let patch = plan_dispatch(
+                        &status,
+                        attempt + 1,
+                        &robot_name(robot),
+                        now,
+                        self.lifecycle.dispatch_timeout,
+                    );
+                    let patch = json!({"spec": {"targetRobot": robot_name(robot)}, "status": patch});
+                    let then = Then::Placed {
+                        uid: uid.clone(),
+                        attempt: attempt + 1,
+                        robot,
+                    };
+                    (patch, then)
+                }
+                Step::Fail { reason, message } => {
+                    let patch = json!({ "status": plan_fail(reason, &message, now) });
+                    let then = Then::Failed {
+                        uid: uid.clone(),
+                        attempt,
+                        reason,
+                    };
+                    (patch, then)
+                }
+                Step::Retry { delay } => {
+                    let patch = json!({ "status": plan_retry(&status, delay, now).0 });
+                    (patch, Then::Done { uid: uid.clone() })
+                }
+                Step::Return { reason, delay } => {
+                    let patch = json!({ "status": plan_return(&status, reason, delay, now).0 });
+                    (patch, Then::Done { uid: uid.clone() })
+                }
+                Step::Wait(_) | Step::Done => continue,
+            };
+            writes.push((uid.clone(), guard, patch, then));
+        }
+        for (uid, guard, patch, then) in writes {
+            self.busy.insert(uid.clone());
+            self.write(net, Op::Patch { uid, guard, patch }, false, then);
+        }
+    }
+}
