@@ -515,6 +515,9 @@ pub fn decide_status(
     if update.attempt < status.attempt || status.attempts.iter().any(|a| a.attempt == update.attempt) {
         return Ok(StatusDecision::Ignore(Ignored::StaleAttempt));
     }
+    if let Some(decision) = completed_after_fail(update, robot, &status) {
+        return Ok(decision);
+    }
     let reported = matches!(
         status.state,
         Some(TaskState::Running | TaskState::Completed | TaskState::Failed)
@@ -540,6 +543,40 @@ pub fn decide_status(
         output_tail: update.output_tail.clone(),
         observed_running_time: status.observed_running_time.is_none().then_some(now),
         restarts: (update.restarts.restart_count > 0).then(|| update.restarts.clone()),
+    }))
+}
+
+/// The completion of the current attempt after the manager gave it up
+/// (`RobotLost` or `DispatchTimeout`) and before it wrote the retry: the
+/// work is done and nothing replaced it yet, so the completion stands,
+/// whatever the reconcile policy. (It used to be ignored as terminal and
+/// confirmed to the robot, which forgot it; the retry then ran the task
+/// again, `keepOriginal` or not.)
+fn completed_after_fail(update: &StatusUpdate, robot: &str, status: &TaskStatus) -> Option<StatusDecision> {
+    let given_up = status.state == Some(TaskState::Failed)
+        && matches!(
+            status.reason,
+            Some(TaskReason::RobotLost | TaskReason::DispatchTimeout)
+        );
+    if !(given_up && update.state == TaskState::Completed) {
+        return None;
+    }
+    let why = status.reason.map(|r| format!("{r:?}")).unwrap_or_default();
+    Some(StatusDecision::Apply(TaskStatusPatch {
+        state: TaskState::Completed,
+        seq: update.seq.max(status.seq),
+        exit_code: update.exit_code,
+        signal: update.signal,
+        reason: Some(TaskReason::Completed),
+        message: Some(format!(
+            "attempt {} completed on robot {robot} after the cluster had given it up ({why}); the completion stands and no retry follows",
+            update.attempt
+        )),
+        start_time: update.start_time,
+        finish_time: update.finish_time,
+        output_tail: update.output_tail.clone(),
+        observed_running_time: None,
+        restarts: None,
     }))
 }
 

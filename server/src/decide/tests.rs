@@ -1026,6 +1026,48 @@ fn a_replaced_attempts_late_completion_wins_under_keep_original_only() {
 }
 
 #[test]
+fn a_completion_after_the_manager_gave_the_attempt_up_stands() {
+    // Found by the simulation (seed 22): the manager failed attempt 1
+    // RobotLost and had not yet retried when the robot's completion came.
+    for reconcile in [
+        k8s4r_api::Reconcile::KeepOriginal,
+        k8s4r_api::Reconcile::KeepReplacement,
+    ] {
+        let mut task = TaskBuilder::new().target("rb1").state(TaskState::Failed, 1, 3).0;
+        task.status.as_mut().unwrap().reason = Some(TaskReason::RobotLost);
+        task.spec.disconnect = Some(k8s4r_api::DisconnectPolicy {
+            reconcile: Some(reconcile),
+            ..Default::default()
+        });
+        let done = update(1, 4, TaskState::Completed);
+        let StatusDecision::Apply(patch) = decide_status(&done, "u1", "rb1", Some(&task), now()).unwrap()
+        else {
+            panic!("the completion is recorded under {reconcile:?}");
+        };
+        assert_eq!(patch.state, TaskState::Completed);
+        assert_eq!(patch.reason, Some(TaskReason::Completed));
+        assert!(patch.message.unwrap().contains("no retry follows"));
+        // A late failure changes nothing.
+        assert_eq!(
+            decide_status(&update(1, 4, TaskState::Failed), "u1", "rb1", Some(&task), now()),
+            Ok(StatusDecision::Ignore(Ignored::Terminal))
+        );
+    }
+    // A failure of the task's own stays final.
+    let own = TaskBuilder::new().target("rb1").state(TaskState::Failed, 1, 3).0;
+    assert_eq!(
+        decide_status(
+            &update(1, 4, TaskState::Completed),
+            "u1",
+            "rb1",
+            Some(&own),
+            now()
+        ),
+        Ok(StatusDecision::Ignore(Ignored::Terminal))
+    );
+}
+
+#[test]
 fn an_expired_dispatch_is_not_published() {
     let mut task = TaskBuilder::new()
         .target("rb1")
