@@ -113,7 +113,13 @@ pub fn start(
         allow_root = config.supervisor.policy.allow_root,
         "agent starting"
     );
+    let (admitted, seen) =
+        crate::admitted::Admitted::open(&config.state_dir).map_err(|source| AgentError::StateDir {
+            path: config.state_dir.join(crate::admitted::FILE),
+            source,
+        })?;
     let (mut session, status) = Session::new(config, options, outbox, supervisor, events);
+    session = session.with_admitted(admitted, seen);
     let stop = shutdown.child_token();
     let upgrades = Arc::new(Mutex::new(Upgrades::at_start(
         &config.state_dir,

@@ -42,7 +42,7 @@ use jiff::{SignedDuration, Timestamp};
 use k8s4r_api::protocol::Dispatch;
 
 /// How many tasks' highest attempt is remembered.
-const REMEMBERED_TASKS: usize = 16_384;
+pub const REMEMBERED_TASKS: usize = 16_384;
 /// How many heartbeats' send times are remembered.
 const REMEMBERED_HEARTBEATS: usize = 256;
 
@@ -213,7 +213,9 @@ impl Fence {
         Ok(())
     }
 
-    fn remember(&mut self, uid: &str, attempt: u32) {
+    /// An attempt this robot accepted before (read back from disk after a
+    /// restart): it, and any older one of its task, is refused as seen.
+    pub fn remember(&mut self, uid: &str, attempt: u32) {
         match self.highest.get_mut(uid) {
             Some(highest) => *highest = (*highest).max(attempt),
             None => {

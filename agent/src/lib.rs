@@ -1,5 +1,6 @@
 //! The k8s4r robot agent.
 
+pub mod admitted;
 pub mod agent;
 pub mod cli;
 pub mod config;

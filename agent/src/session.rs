@@ -221,6 +221,9 @@ pub struct Session {
     /// Upgrades of this agent: a binary on trial is confirmed by its first
     /// confirmed heartbeat.
     upgrades: Option<UpgradeHooks>,
+    /// The attempts accepted, on disk: each is recorded before it starts,
+    /// and a restarted agent refuses them again.
+    admitted: Option<crate::admitted::Admitted>,
 }
 
 /// What the previous run left running (re-adopted) or is starting again,
@@ -316,8 +319,22 @@ impl Session {
             facts: None,
             facts_sent: None,
             upgrades: None,
+            admitted: None,
         };
         (session, status_rx)
+    }
+
+    /// Records accepted attempts in `admitted` before they start; `seen`,
+    /// what it held at start, is refused as already run.
+    pub fn with_admitted(mut self, admitted: crate::admitted::Admitted, seen: Vec<(String, u32)>) -> Self {
+        for (uid, attempt) in &seen {
+            self.fence.remember(uid, *attempt);
+        }
+        if !seen.is_empty() {
+            tracing::info!(tasks = seen.len(), path = %admitted.path().display(), "attempts accepted before this start are refused if delivered again");
+        }
+        self.admitted = Some(admitted);
+        self
     }
 
     /// Reads the robot's facts from `facts`: they go to the supervisor and

@@ -263,6 +263,64 @@ async fn a_status_in_the_outbox_is_delivered_after_sigkill_and_restart() {
     assert!(last.seq > running.seq);
 }
 
+/// A dispatch delivered again to a new agent process (its PUBACK was lost
+/// with the link before the agent restarted, and the broker's persistent
+/// session sends it again; or a server died before it recorded the send
+/// and published it again) never runs the attempt a second time: the
+/// agent recorded the attempt on disk before it started it. The
+/// deterministic simulation found this (seed 2): the new process used to
+/// remember only what it still ran.
+#[tokio::test]
+async fn a_dispatch_delivered_again_after_a_restart_never_runs_twice() {
+    let broker = Broker::start();
+    let mut server = Server::connect(&broker, "rb9").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let runs = tmp.path().join("runs");
+    let mut agent = Agent::start(&broker, "rb9", &state, &[]);
+    server.approve("rb9").await;
+    let dispatch = shell_dispatch("u-once", 1, &format!("echo ran >> {}", runs.display()));
+    server
+        .publish(server.topics.dispatch("rb9"), encode(&dispatch))
+        .await;
+    let updates = server.statuses_until_terminal("u-once", LONG).await;
+    assert_eq!(
+        updates.last().unwrap().state,
+        TaskState::Completed,
+        "{updates:#?}"
+    );
+
+    agent.signal(Signal::SIGKILL);
+    agent.kill();
+    let _agent = Agent::start(&broker, "rb9", &state, &[]);
+    server.approve("rb9").await;
+    server
+        .publish(server.topics.dispatch("rb9"), encode(&dispatch))
+        .await;
+    // A newer attempt of the same task still runs: the record refuses only
+    // what was accepted before.
+    let next = shell_dispatch("u-once", 2, &format!("echo ran >> {}", runs.display()));
+    server.publish(server.topics.dispatch("rb9"), encode(&next)).await;
+    let first: Vec<u64> = updates.iter().map(|u| u.seq).collect();
+    let mut after = Vec::new();
+    while !after
+        .iter()
+        .any(|u: &k8s4r_api::protocol::StatusUpdate| u.attempt == 2 && u.state.is_terminal())
+    {
+        after.extend(server.statuses_until_terminal("u-once", LONG).await);
+    }
+    // What the outbox sends again of attempt 1 carries its old seqs.
+    assert!(
+        after.iter().all(|u| u.attempt == 2 || first.contains(&u.seq)),
+        "attempt 1 ran again: {after:#?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&runs).unwrap().lines().count(),
+        2,
+        "attempt 1 once, attempt 2 once"
+    );
+}
+
 /// The stale answer of issue 26: the answer to an agent's registration
 /// waited in the broker while the robot was away, the manager gave the
 /// attempt up meanwhile, and a dispatch whose deadline has passed waits

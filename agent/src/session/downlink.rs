@@ -202,6 +202,24 @@ impl Session {
             }
             Verdict::Start { stop_after } => stop_after,
         };
+        // Recorded before it starts: a restarted agent that gets this
+        // dispatch again (a lost PUBACK, a server that published it twice)
+        // refuses it. Unrecorded, it does not start.
+        if let Some(admitted) = &mut self.admitted {
+            if let Err(e) = admitted.record(&dispatch.task_uid, dispatch.attempt) {
+                tracing::error!(task = %dispatch.task_uid, attempt = dispatch.attempt, error = %e, path = %admitted.path().display(), "cannot record the attempt as accepted; it does not start");
+                self.fence.release(&dispatch.task_uid, dispatch.attempt);
+                let _ = self.updates_tx.send(failed_status(
+                    &dispatch.task_uid,
+                    dispatch.attempt,
+                    TaskReason::StartFailed,
+                    format!(
+                        "the agent could not record that it accepted the attempt ({e}); it did not start it"
+                    ),
+                ));
+                return;
+            }
+        }
         tracing::info!(task = %dispatch.task_uid, attempt = dispatch.attempt, name = %dispatch.task_name, "dispatch");
         if let Some(lease) = stop_after {
             self.heartbeat_for(lease, now);

@@ -45,6 +45,8 @@ struct Disk {
     next_seq: u64,
     procs: BTreeMap<(String, u32), Proc>,
     restarts: u64,
+    /// The agent's record of accepted attempts (`k8s4r_agent::admitted`).
+    admitted: Vec<(String, u32)>,
 }
 
 /// One agent process's memory.
@@ -106,11 +108,15 @@ impl Agent {
             robot: self.robot,
             up: true,
         });
+        let mut fence = Fence::new();
+        for (uid, attempt) in &self.disk.admitted {
+            fence.remember(uid, *attempt);
+        }
         self.mem = Some(Mem {
             session: format!("{}-p{}", self.name, self.disk.restarts),
             nonces: 0,
             approved: false,
-            fence: Fence::new(),
+            fence,
             running: RunningSet::default(),
             held: VecDeque::new(),
             names: BTreeMap::new(),
@@ -306,6 +312,10 @@ impl Agent {
                 self.send(net, update);
             }
             Verdict::Start { stop_after } => {
+                // Recorded on disk before it starts, as the agent does.
+                self.disk
+                    .admitted
+                    .push((dispatch.task_uid.clone(), dispatch.attempt));
                 if let Some(lease) = stop_after {
                     if mem.fence.contact_age(boot).is_none_or(|age| age > lease / 4) {
                         mem.next_heartbeat = net.now();
