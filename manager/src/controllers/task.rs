@@ -9,8 +9,9 @@ use k8s4r_api::condition::{find_condition, set_condition};
 use k8s4r_api::names::CONDITION_SCHEDULED;
 use k8s4r_api::validation::validate_task_spec;
 use k8s4r_api::{
-    AttemptRecord, Condition, ConditionStatus, ManualAction, Task, TaskReason, TaskState, TaskStatus,
+    AttemptRecord, Condition, ConditionStatus, ManualAction, Robot, Task, TaskReason, TaskState, TaskStatus,
 };
+use k8s_openapi::api::coordination::v1::Lease;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
@@ -135,26 +136,56 @@ fn robot_health(ctx: &Context, robot: Option<&str>) -> RobotHealth {
         return RobotHealth::Missing;
     };
     let lease = robot_lease(ctx, name);
-    let Some(robot) = ctx.stores.robots.get(&ObjectRef::new(name)) else {
+    let robot = ctx.stores.robots.get(&ObjectRef::new(name));
+    health_of(robot.as_deref(), lease.as_deref(), ctx)
+}
+
+/// [`robot_health`] from the API server rather than the caches.
+async fn fresh_robot_health(ctx: &Context, robot: Option<&str>) -> Result<RobotHealth> {
+    let Some(name) = robot else {
+        return Ok(RobotHealth::Missing);
+    };
+    let robots: Api<Robot> = Api::all(ctx.client());
+    let leases: Api<Lease> = Api::namespaced(ctx.client(), &ctx.config.robot_lease_namespace);
+    let robot = ctx.api::<Robot, _>("read", name, robots.get_opt(name)).await?;
+    let lease = ctx.api::<Lease, _>("read", name, leases.get_opt(name)).await?;
+    Ok(health_of(robot.as_ref(), lease.as_ref(), ctx))
+}
+
+/// What a Robot and its Lease say of the robot's health.
+fn health_of(robot: Option<&Robot>, lease: Option<&Lease>, ctx: &Context) -> RobotHealth {
+    let Some(robot) = robot else {
         // A deleted Robot's agent may still run the attempt: while its Lease
         // tells when it was last heard, fence from that.
-        return match lease.as_ref().and_then(|l| l.spec.as_ref()?.renew_time.clone()) {
+        return match lease.and_then(|l| l.spec.as_ref()?.renew_time.clone()) {
             Some(renewed) => RobotHealth::Known {
                 last_heard: Some(renewed.0),
-                record_lag: record_lag(lease.as_deref(), ctx),
+                record_lag: record_lag(lease, ctx),
             },
             None => RobotHealth::Missing,
         };
     };
     RobotHealth::Known {
-        last_heard: liveness_of(&robot, lease.as_deref()).last_seen(),
-        record_lag: record_lag(lease.as_deref(), ctx),
+        last_heard: liveness_of(robot, lease).last_seen(),
+        record_lag: record_lag(lease, ctx),
     }
+}
+
+/// Whether a step fails the current attempt because its robot went quiet
+/// (it then starts a replacement): decided only on fresh reads.
+pub fn replaces_a_silent_robots_attempt(step: &Step) -> bool {
+    matches!(
+        step,
+        Step::Fail {
+            reason: TaskReason::RobotLost | TaskReason::DispatchTimeout,
+            ..
+        }
+    )
 }
 
 /// How stale the record of a robot's last contact may be: the server renews
 /// a Lease at most every leaseDurationSeconds / 3.
-fn record_lag(lease: Option<&k8s_openapi::api::coordination::v1::Lease>, ctx: &Context) -> Duration {
+fn record_lag(lease: Option<&Lease>, ctx: &Context) -> Duration {
     lease
         .and_then(|l| l.spec.as_ref()?.lease_duration_seconds)
         .map_or(ctx.config.lifecycle.unleased_record_lag, |s| {
@@ -258,7 +289,17 @@ async fn reconcile_task(task: &Task, ctx: &Context) -> Result<Action> {
         .and_then(|s| s.robot.as_deref())
         .or(task.spec.target_robot.as_deref());
     let health = robot_health(ctx, robot);
-    let step = decide_step(task, health, now, &ctx.config.lifecycle);
+    let mut step = decide_step(task, health, now, &ctx.config.lifecycle);
+    if replaces_a_silent_robots_attempt(&step) {
+        // The caches may lag (a stalled or relisting Lease watch while the
+        // server keeps renewing): a replacement is decided on the Lease and
+        // the Robot as the API server has them now, never on a cache alone.
+        let fresh = fresh_robot_health(ctx, robot).await?;
+        if fresh != health {
+            tracing::info!(uid = ?task.metadata.uid, cached = ?health, ?fresh, "the robot's record was stale in the cache; deciding on the API server's");
+        }
+        step = decide_step(task, fresh, now, &ctx.config.lifecycle);
+    }
     tracing::debug!(?step, uid = ?task.metadata.uid, "next step");
     match step {
         Step::Wait(Some(after)) => Ok(Action::requeue(after)),
