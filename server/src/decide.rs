@@ -454,11 +454,22 @@ impl Ignored {
     }
 }
 
+/// A status patch of `attempts[]` alone: a late completion kept in the
+/// Task's history.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AttemptsPatch {
+    /// The whole list, with the attempt's record marked completed.
+    pub attempts: Vec<k8s4r_api::AttemptRecord>,
+}
+
 /// The decision on one status update.
 #[derive(Debug, Clone, PartialEq)]
 pub enum StatusDecision {
     /// Patch the Task's status.
     Apply(TaskStatusPatch),
+    /// Record a replaced attempt's late completion in `attempts[]`; the
+    /// Task's state is the replacement's.
+    Record(AttemptsPatch),
     /// Drop it (counted).
     Ignore(Ignored),
 }
@@ -512,11 +523,11 @@ pub fn decide_status(
             reported: update.attempt,
         });
     }
-    if update.attempt < status.attempt || status.attempts.iter().any(|a| a.attempt == update.attempt) {
-        return Ok(StatusDecision::Ignore(Ignored::StaleAttempt));
-    }
     if let Some(decision) = completed_after_fail(update, robot, &status) {
         return Ok(decision);
+    }
+    if update.attempt < status.attempt || status.attempts.iter().any(|a| a.attempt == update.attempt) {
+        return Ok(StatusDecision::Ignore(Ignored::StaleAttempt));
     }
     let reported = matches!(
         status.state,
@@ -546,22 +557,68 @@ pub fn decide_status(
     }))
 }
 
-/// The completion of the current attempt after the manager gave it up
-/// (`RobotLost` or `DispatchTimeout`) and before it wrote the retry: the
-/// work is done and nothing replaced it yet, so the completion stands,
-/// whatever the reconcile policy. (It used to be ignored as terminal and
+/// A replaced attempt's late completion that does not decide the Task
+/// (`reconcile: keepReplacement`, or the Task is over already): kept in its
+/// record in `attempts[]`, so that what the robot is told was recorded is
+/// (the simulation found it thrown away: seed 52).
+fn record_late(
+    update: &StatusUpdate,
+    robot: &str,
+    status: &TaskStatus,
+    keep_original: bool,
+) -> StatusDecision {
+    let mut attempts = status.attempts.clone();
+    let Some(record) = attempts
+        .iter_mut()
+        .find(|a| a.attempt == update.attempt && a.robot.as_deref() == Some(robot))
+    else {
+        return StatusDecision::Ignore(Ignored::StaleAttempt);
+    };
+    let why = record.reason.map(|r| format!("{r:?}")).unwrap_or_default();
+    let stands = if keep_original {
+        "the Task had ended first"
+    } else {
+        "the replacement's result stands (reconcile: keepReplacement)"
+    };
+    record.state = TaskState::Completed;
+    record.exit_code = update.exit_code;
+    record.reason = Some(TaskReason::Completed);
+    record.message = Some(format!(
+        "completed on robot {robot} after the cluster had replaced it ({why}); {stands}"
+    ));
+    record.finish_time = update.finish_time.or(record.finish_time);
+    StatusDecision::Record(AttemptsPatch { attempts })
+}
+
+/// The completion of the current attempt after the cluster gave it up
+/// (`RobotLost` or `DispatchTimeout`) and before a replacement was placed:
+/// the failure written, or the retry too (the Task pending again at the
+/// same attempt, which `attempts[]` records as lost). The work is done and
+/// nothing replaced it yet, so the completion stands, whatever the
+/// reconcile policy. (It used to be ignored, as terminal or stale, and
 /// confirmed to the robot, which forgot it; the retry then ran the task
-/// again, `keepOriginal` or not.)
+/// again, `keepOriginal` or not. The deterministic simulation found both
+/// windows: seeds 22 and 30.)
 fn completed_after_fail(update: &StatusUpdate, robot: &str, status: &TaskStatus) -> Option<StatusDecision> {
-    let given_up = status.state == Some(TaskState::Failed)
-        && matches!(
-            status.reason,
-            Some(TaskReason::RobotLost | TaskReason::DispatchTimeout)
-        );
-    if !(given_up && update.state == TaskState::Completed) {
+    let lost = |reason: Option<TaskReason>| {
+        matches!(reason, Some(TaskReason::RobotLost | TaskReason::DispatchTimeout))
+    };
+    if update.attempt != status.attempt || update.state != TaskState::Completed {
         return None;
     }
-    let why = status.reason.map(|r| format!("{r:?}")).unwrap_or_default();
+    let failed = status.state == Some(TaskState::Failed) && lost(status.reason);
+    let record = status.attempts.iter().find(|a| a.attempt == update.attempt);
+    let retrying = status.state == Some(TaskState::Pending)
+        && record.is_some_and(|a| lost(a.reason) && a.robot.as_deref() == Some(robot));
+    if !(failed || retrying) {
+        return None;
+    }
+    let why = if failed {
+        status.reason
+    } else {
+        record.and_then(|a| a.reason)
+    };
+    let why = why.map(|r| format!("{r:?}")).unwrap_or_default();
     Some(StatusDecision::Apply(TaskStatusPatch {
         state: TaskState::Completed,
         seq: update.seq.max(status.seq),
@@ -597,14 +654,21 @@ fn replaced_attempt(
         .attempts
         .iter()
         .find(|a| a.attempt == update.attempt && a.robot.as_deref() == Some(robot))?;
+    if record.state == TaskState::Completed && update.state == TaskState::Completed {
+        // Its late completion is kept already.
+        return Some(StatusDecision::Ignore(Ignored::Duplicate));
+    }
     let was_lost = matches!(
         record.reason,
         Some(TaskReason::RobotLost | TaskReason::DispatchTimeout)
     );
     let keep_original = DisconnectPolicy::reconcile(task.spec.disconnect.as_ref()) == Reconcile::KeepOriginal;
     let open = !status.state.is_some_and(TaskState::is_terminal);
-    if !(was_lost && keep_original && open && update.state == TaskState::Completed) {
+    if !(was_lost && update.state == TaskState::Completed) {
         return Some(StatusDecision::Ignore(Ignored::StaleAttempt));
+    }
+    if !(keep_original && open) {
+        return Some(record_late(update, robot, status, keep_original));
     }
     let replacement = status.attempt;
     Some(StatusDecision::Apply(TaskStatusPatch {

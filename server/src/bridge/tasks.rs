@@ -16,7 +16,7 @@ use tracing::{info, instrument, warn};
 
 use super::{not_approved, Bridge, Outcome, CONFLICT_TRIES};
 use crate::decide::{self, LeaseRecord, StatusDecision, Stop};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::held::{HeldMemory, Permit};
 
 /// What a look-up of a uid the cache lacks found.
@@ -328,6 +328,20 @@ impl Bridge {
             let patch = match decision {
                 Ok(StatusDecision::Apply(patch)) => patch,
                 Ok(StatusDecision::Ignore(why)) => return Ok(Outcome::Done(why.outcome())),
+                Ok(StatusDecision::Record(record)) => {
+                    let Some(current) = task.as_deref() else {
+                        unreachable!("a recorded decision has a task")
+                    };
+                    match self.write_status(current, &record).await {
+                        Ok(()) => return Ok(Outcome::Done("recorded")),
+                        Err(e) if e.is_conflict() && tries < CONFLICT_TRIES => {
+                            task = self.fresh_task(task.as_deref()).await?;
+                            fresh = true;
+                            continue;
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
                 // The cache may lag behind the manager's dispatch: look once
                 // at the API server before refusing.
                 Err(decide::Rejection::FutureAttempt { .. } | decide::Rejection::NotAssigned { .. })
@@ -347,26 +361,8 @@ impl Bridge {
                 // before anyone reads the attempt as running.
                 self.renew_for_work(robot, lease).await?;
             }
-            let api: Api<Task> = Api::namespaced(
-                self.kube.client().clone(),
-                current.metadata.namespace.as_deref().unwrap_or_default(),
-            );
-            let name = current.metadata.name.clone().unwrap_or_default();
-            let result = self
-                .kube
-                .patch_status(
-                    "task_status",
-                    &api,
-                    &name,
-                    current.metadata.resource_version.as_deref(),
-                    &patch,
-                    || format!("patching status of task {}", decide::task_name(current)),
-                )
-                .await
-                .map_err(Error::from);
-            match result {
-                Ok(written) => {
-                    self.record_written(written);
+            match self.write_status(current, &patch).await {
+                Ok(()) => {
                     info!(
                         state = patch.state.as_str(),
                         attempt = msg.attempt,
@@ -383,6 +379,32 @@ impl Bridge {
             }
         }
         unreachable!("the loop returns")
+    }
+
+    /// Patches `task`'s status, guarded by the version it was decided on.
+    async fn write_status<S: serde::Serialize + std::fmt::Debug>(
+        &self,
+        task: &Task,
+        patch: &S,
+    ) -> Result<()> {
+        let api: Api<Task> = Api::namespaced(
+            self.kube.client().clone(),
+            task.metadata.namespace.as_deref().unwrap_or_default(),
+        );
+        let name = task.metadata.name.clone().unwrap_or_default();
+        let written = self
+            .kube
+            .patch_status(
+                "task_status",
+                &api,
+                &name,
+                task.metadata.resource_version.as_deref(),
+                patch,
+                || format!("patching status of task {}", decide::task_name(task)),
+            )
+            .await?;
+        self.record_written(written);
+        Ok(())
     }
 
     async fn fresh_task(&self, task: Option<&Task>) -> Result<Option<Arc<Task>>> {

@@ -82,7 +82,16 @@ pub fn unwanted(held: &TaskAttempt, robot: &str, task: &Task) -> Option<Stop> {
     }
     match status.state {
         // Over: the robot lists it until its final status is confirmed.
-        Some(TaskState::Dispatching | TaskState::Running | TaskState::Completed | TaskState::Failed) => None,
+        Some(TaskState::Dispatching | TaskState::Running | TaskState::Failed) => None,
+        // Completed: a robot whose attempt ended ignores the cancel; one
+        // still running it runs a replacement the original attempt's late
+        // completion overtook (reconcile: keepOriginal), which must stop.
+        // (Found by the deterministic simulation, seed 71: nothing stopped
+        // it.)
+        Some(TaskState::Completed) => Some(Stop::cancel(format!(
+            "the Task is completed already; attempt {} is not wanted",
+            held.attempt
+        ))),
         Some(state) => Some(Stop::cancel(format!(
             "attempt {} is {} already",
             held.attempt,

@@ -1019,10 +1019,61 @@ fn a_replaced_attempts_late_completion_wins_under_keep_original_only() {
         reconcile: Some(k8s4r_api::Reconcile::KeepReplacement),
         ..Default::default()
     });
+    // Under keepReplacement the late completion does not decide the Task,
+    // but it is kept in the attempt's record: the robot is told it was
+    // recorded (the simulation found it thrown away, seed 52).
+    let StatusDecision::Record(record) = decide_status(&done, "u1", "rb1", Some(&task), now()).unwrap()
+    else {
+        panic!("recorded in attempts[]");
+    };
+    let kept = record.attempts.iter().find(|a| a.attempt == 1).unwrap();
+    assert_eq!(kept.state, TaskState::Completed);
+    assert_eq!(kept.exit_code, Some(0));
+    assert!(kept.message.as_deref().unwrap().contains("keepReplacement"));
+    // Once kept, a repeat is a duplicate.
+    task.status.as_mut().unwrap().attempts = record.attempts;
     assert_eq!(
         decide_status(&done, "u1", "rb1", Some(&task), now()),
+        Ok(StatusDecision::Ignore(Ignored::Duplicate))
+    );
+}
+
+#[test]
+fn a_completion_after_the_retry_was_written_and_before_the_replacement_stands() {
+    // The simulation's seed 30: the manager failed attempt 1 and wrote the
+    // retry (pending again at attempt 1, the attempt recorded as lost); the
+    // completion came before the next attempt was placed.
+    let mut task = TaskBuilder::new().target("rb1").state(TaskState::Pending, 1, 3).0;
+    task.status
+        .as_mut()
+        .unwrap()
+        .attempts
+        .push(lost_attempt("rb1", 1));
+    let done = update(1, 4, TaskState::Completed);
+    let StatusDecision::Apply(patch) = decide_status(&done, "u1", "rb1", Some(&task), now()).unwrap() else {
+        panic!("the completion stands");
+    };
+    assert_eq!(patch.state, TaskState::Completed);
+    // Another robot's record, or a failure: stale as before.
+    assert_eq!(
+        decide_status(&update(1, 4, TaskState::Failed), "u1", "rb1", Some(&task), now()),
         Ok(StatusDecision::Ignore(Ignored::StaleAttempt))
     );
+}
+
+#[test]
+fn a_completed_task_stops_an_attempt_its_robot_still_runs() {
+    // The simulation's seed 71: a late completion under keepOriginal
+    // completed the Task while its replacement ran; nothing stopped it.
+    let task = TaskBuilder::new()
+        .target("rb1")
+        .state(TaskState::Completed, 2, 5)
+        .0;
+    let held = TaskAttempt::new("u1", 2);
+    assert!(unwanted(&held, "rb1", &task).is_some());
+    // A failed attempt's robot lists it until its end is confirmed.
+    let failed = TaskBuilder::new().target("rb1").state(TaskState::Failed, 2, 5).0;
+    assert!(unwanted(&held, "rb1", &failed).is_none());
 }
 
 #[test]

@@ -103,6 +103,10 @@ impl Agent {
 
     /// The agent process starts (first boot or after a restart).
     pub fn start(&mut self, net: &mut Net) {
+        if self.mem.is_some() {
+            // Two restarts overlapped: the first start already ran.
+            return;
+        }
         self.disk.restarts += 1;
         net.log(What::Agent {
             robot: self.robot,
@@ -132,6 +136,9 @@ impl Agent {
 
     /// SIGKILL: the memory is gone; the unit's ExecStopPost stops the batch
     /// tasks it left (`stop_left_tasks`), which the next process reports.
+    /// systemd starts the next process only after ExecStopPost is done: the
+    /// world restarts it no sooner than a second later, and the tasks are
+    /// gone within that.
     pub fn kill(&mut self, net: &mut Net) {
         if self.mem.take().is_none() {
             return;
@@ -142,7 +149,7 @@ impl Agent {
         });
         let keys: Vec<_> = self.disk.procs.keys().cloned().collect();
         for (uid, attempt) in keys {
-            self.stop(net, &uid, attempt, TaskReason::AgentRestarted);
+            self.stop_within(net, &uid, attempt, TaskReason::AgentRestarted, 900);
         }
     }
 
@@ -379,15 +386,19 @@ impl Agent {
 
     /// Stops a process: SIGTERM, SIGKILL within its kill timeout.
     fn stop(&mut self, net: &mut Net, uid: &str, attempt: u32, reason: TaskReason) {
+        self.stop_within(net, uid, attempt, reason, 5_000);
+    }
+
+    fn stop_within(&mut self, net: &mut Net, uid: &str, attempt: u32, reason: TaskReason, most: Ms) {
         let now = net.now();
-        let within = net.rng().u64(50..5_000);
+        let within = net.rng().u64(50..most);
         let Some(proc) = self.disk.procs.get_mut(&(uid.to_owned(), attempt)) else {
             return;
         };
-        if proc.exited || proc.stop.is_some() {
+        if proc.exited {
             return;
         }
-        proc.stop = Some(reason);
+        proc.stop = proc.stop.or(Some(reason));
         if now + within < proc.end {
             proc.end = now + within;
             net.exit_at(proc.end, self.robot, uid, attempt);

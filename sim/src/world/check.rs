@@ -47,7 +47,8 @@ pub enum What {
         attempt: u32,
         robot: usize,
     },
-    /// The manager's write failing an attempt landed.
+    /// A write failing an attempt landed (the manager's, or the server's
+    /// from a robot's list).
     Failed {
         uid: String,
         attempt: u32,
@@ -108,7 +109,7 @@ impl fmt::Display for Entry {
                 write!(f, "rb{robot} told {uid}#{attempt} {} is recorded", state.as_str())
             }
             What::Placed { uid, attempt, robot } => write!(f, "manager places {uid}#{attempt} on rb{robot}"),
-            What::Failed { uid, attempt, reason } => write!(f, "manager failed {uid}#{attempt}: {reason:?}"),
+            What::Failed { uid, attempt, reason } => write!(f, "cluster failed {uid}#{attempt}: {reason:?}"),
             What::Status {
                 uid,
                 attempt,
@@ -137,9 +138,10 @@ pub enum Kind {
     ReplacedWhileRunning,
     /// A completion the robot was told was recorded is not in the cluster.
     LostCompletion,
-    /// Under `reconcile: keepOriginal`, an attempt started after the robot
-    /// was told an earlier one's completion was recorded.
-    RanAfterCompletion,
+    /// Under `reconcile: keepOriginal`, an attempt was placed after a robot
+    /// was told an earlier one's completion was recorded: the task would
+    /// run again after it was done.
+    PlacedAfterCompletion,
     /// A Task was not over by the end.
     Unfinished,
 }
@@ -211,19 +213,23 @@ pub fn check(history: &[Entry], cluster: &Cluster, end: Ms) -> Vec<Violation> {
                     start: entry.at,
                     end: None,
                 });
-                if let Some((at, _, done)) = recorded.iter().find(|(_, u, a)| u == uid && a < attempt) {
-                    if keeps_original(cluster, uid) {
-                        out.push(Violation {
-                            kind: Kind::RanAfterCompletion,
-                            task: uid.clone(),
-                            attempt: Some(*attempt),
-                            at: entry.at,
-                            detail: format!(
-                                "attempt {attempt} started on rb{robot} after a robot was told at {:.3}s that attempt {done}'s completion was recorded (reconcile: keepOriginal)",
-                                *at as f64 / 1000.0
-                            ),
-                        });
-                    }
+            }
+            What::Placed { uid, attempt, robot } => {
+                // Under keepReplacement the replacement, and its retries,
+                // go on whatever the original did (its completion is kept
+                // in attempts[]).
+                let found = recorded.iter().find(|(_, u, a)| u == uid && a < attempt);
+                if let Some((at, _, done)) = found.filter(|_| keeps_original(cluster, uid)) {
+                    out.push(Violation {
+                        kind: Kind::PlacedAfterCompletion,
+                        task: uid.clone(),
+                        attempt: Some(*attempt),
+                        at: entry.at,
+                        detail: format!(
+                            "attempt {attempt} placed on rb{robot} after a robot was told at {:.3}s that attempt {done}'s completion was recorded",
+                            *at as f64 / 1000.0
+                        ),
+                    });
                 }
             }
             What::Exit { uid, attempt, .. } => {

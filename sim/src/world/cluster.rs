@@ -14,7 +14,9 @@ use k8s4r_api::protocol::{
 use k8s4r_api::{
     DisconnectPolicy, DurationString, Reconcile, RobotPhase, Task, TaskSpec, TaskState, TaskTemplate,
 };
-use k8s4r_manager::controllers::task::{decide_step, plan_dispatch, plan_fail, plan_retry, plan_return};
+use k8s4r_manager::controllers::task::{
+    decide_step, plan_dispatch, plan_fail, plan_retry, plan_return, replaces_a_silent_robots_attempt,
+};
 use k8s4r_manager::lifecycle::{LifecycleConfig, RobotHealth, Step};
 use k8s4r_server::decide::{decide_status, decide_task, plan_reconcile, Holding, StatusDecision, TaskAction};
 use serde_json::{json, Value};
@@ -231,7 +233,9 @@ impl Cluster {
                 self.busy.remove(&uid);
             }
             Then::Failed { uid, attempt, reason } => {
-                self.busy.remove(&uid);
+                if pending.server.is_none() {
+                    self.busy.remove(&uid);
+                }
                 if applied {
                     net.log(What::Failed { uid, attempt, reason });
                 }
@@ -483,12 +487,15 @@ impl Cluster {
             self.send(net, self.topics.cancel(robot), encode(&cancel));
         }
         for (uid, patch) in plan.lost {
-            let guard = self
-                .tasks
-                .get(&uid)
-                .and_then(|t| t.metadata.resource_version.clone());
+            let task = self.tasks.get(&uid);
+            let guard = task.and_then(|t| t.metadata.resource_version.clone());
+            let then = Then::Failed {
+                uid: uid.clone(),
+                attempt: task.and_then(|t| t.status.as_ref()).map_or(0, |s| s.attempt),
+                reason: patch.reason.unwrap_or(k8s4r_api::TaskReason::NotOnRobot),
+            };
             let patch = json!({ "status": patch });
-            self.write(net, Op::Patch { uid, guard, patch }, true, Then::Nothing);
+            self.write(net, Op::Patch { uid, guard, patch }, true, then);
         }
         let then = Then::AckHeartbeat {
             robot: robot.to_owned(),
@@ -513,8 +520,12 @@ impl Cluster {
         let task = self.tasks.get(&uid);
         let guard = task.and_then(|t| t.metadata.resource_version.clone());
         match decide_status(&update, &uid, robot, task, net.wall()) {
-            Ok(StatusDecision::Apply(patch)) => {
-                let patch = json!({ "status": patch });
+            Ok(decision @ (StatusDecision::Apply(_) | StatusDecision::Record(_))) => {
+                let patch = match decision {
+                    StatusDecision::Apply(patch) => json!({ "status": patch }),
+                    StatusDecision::Record(record) => json!({ "status": record }),
+                    StatusDecision::Ignore(_) => unreachable!("matched above"),
+                };
                 let then = Then::AckStatus {
                     robot: robot.to_owned(),
                     update,
@@ -550,20 +561,24 @@ impl Cluster {
             }
             let status = task.status.clone().unwrap_or_default();
             let robot = status.robot.as_deref().or(task.spec.target_robot.as_deref());
-            let health = match robot {
+            let health = |leases: &BTreeMap<String, Timestamp>| match robot {
                 None => RobotHealth::Missing,
                 Some(robot) => RobotHealth::Known {
-                    last_heard: self
-                        .lease_cache
+                    last_heard: leases
                         .get(robot)
                         .copied()
                         .max(self.registered.get(robot).copied()),
                     record_lag: Duration::from_secs(LEASE_SECONDS / 3),
                 },
             };
+            let mut step = decide_step(task, health(&self.lease_cache), now, &self.lifecycle);
+            if replaces_a_silent_robots_attempt(&step) {
+                // As the Task controller does: read the Lease afresh.
+                step = decide_step(task, health(&self.leases), now, &self.lifecycle);
+            }
             let guard = task.metadata.resource_version.clone();
             let attempt = status.attempt;
-            let (patch, then) = match decide_step(task, health, now, &self.lifecycle) {
+            let (patch, then) = match step {
                 Step::Schedule => {
                     let robot = net.rng().usize(0..self.robots);
                     let patch = plan_dispatch(
