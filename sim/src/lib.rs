@@ -8,9 +8,10 @@
 //! running then completed (or failed, for a chosen fraction), answers
 //! cancels, and disconnects and reconnects on request.
 //! Like the agent, it keeps each status update until the server says it
-//! recorded it (`tasks/acks`), and sends what is unconfirmed again after
-//! every registration and when a confirmation is overdue. The server and
-//! the manager cannot tell it from agents.
+//! recorded it (`tasks/acks`), lists the attempt as held until then, and
+//! sends what is unconfirmed again after every registration and when a
+//! confirmation is overdue. The server and the manager cannot tell it from
+//! agents. (The deterministic simulation of the protocol is [`world`].)
 //!
 //! What it does not do: run processes, keep its outbox on disk across its
 //! own restarts, stop attempts when its lease on them runs out (it never
@@ -19,7 +20,7 @@
 pub mod broker;
 pub mod world;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -371,6 +372,8 @@ fn idle_usage(rng: &mut Rng) -> Usage {
 struct Outbox {
     next_seq: u64,
     unconfirmed: BTreeMap<u64, (String, Vec<u8>, tokio::time::Instant)>,
+    /// The attempt of each unconfirmed update: listed as held until then.
+    attempts: BTreeMap<u64, (String, u32)>,
 }
 
 impl Outbox {
@@ -423,6 +426,9 @@ impl SimRobot {
         outbox
             .unconfirmed
             .insert(update.seq, (topic, payload, tokio::time::Instant::now()));
+        outbox
+            .attempts
+            .insert(update.seq, (update.task_uid.clone(), update.attempt));
     }
 
     /// Sends again the updates unconfirmed since `before` (all: `None`),
@@ -445,7 +451,7 @@ impl SimRobot {
             token: Some(self.config.token.clone()),
             drivers: vec!["exec".into(), "raw_exec".into()],
             held: HeldList {
-                running: holding(&state.held),
+                running: holding(&state.held, &state.outbox),
                 reconcile: true,
                 last_seq: None,
             },
@@ -560,7 +566,7 @@ impl SimRobot {
         state.fence.heartbeat_sent(state.heartbeat_seq, self.now());
         let heartbeat = Heartbeat {
             held: HeldList {
-                running: holding(&state.held),
+                running: holding(&state.held, &state.outbox),
                 reconcile: true,
                 // The list speaks for every status assigned so far.
                 last_seq: (state.outbox.next_seq > 0).then_some(state.outbox.next_seq),
@@ -694,6 +700,7 @@ impl SimRobot {
                                     }
                                     for seq in ack.seqs {
                                         state.outbox.unconfirmed.remove(&seq);
+                                        state.outbox.attempts.remove(&seq);
                                     }
                                 }
                                 // Held until the registration is answered, as the agent holds them.
@@ -726,10 +733,14 @@ impl SimRobot {
 }
 
 /// The attempts a robot holds, as its registration and heartbeats list
-/// them.
-fn holding(held: &HashMap<(String, u32), usize>) -> Vec<TaskAttempt> {
-    held.keys()
-        .map(|(uid, attempt)| TaskAttempt::new(uid.clone(), *attempt))
+/// them: those it runs and, as the agent does, those whose final status is
+/// not confirmed yet (dropping them at their end let one slow status write
+/// fail the task NotOnRobot).
+fn holding(held: &HashMap<(String, u32), usize>, outbox: &Outbox) -> Vec<TaskAttempt> {
+    let mut keys: BTreeSet<(String, u32)> = held.keys().cloned().collect();
+    keys.extend(outbox.attempts.values().cloned());
+    keys.into_iter()
+        .map(|(uid, attempt)| TaskAttempt::new(uid, attempt))
         .collect()
 }
 
