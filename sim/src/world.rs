@@ -25,6 +25,7 @@
 pub mod agent;
 pub mod check;
 pub mod cluster;
+pub mod history;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -34,8 +35,8 @@ use jiff::Timestamp;
 
 use crate::broker::{self, Broker};
 use agent::Agent;
-use check::{Entry, What};
 use cluster::Cluster;
+use history::{Entry, What};
 
 /// Virtual milliseconds since the simulation began.
 pub type Ms = u64;
@@ -619,10 +620,18 @@ impl World {
     }
 }
 
+/// The topic prefix of the simulation.
+pub const PREFIX: &str = "k8s4r";
+
+/// A robot's id.
+pub fn robot_name(i: usize) -> String {
+    format!("rb{i}")
+}
+
 /// The MQTT client id of a node.
 pub fn client_id(node: Node) -> String {
     match node {
-        Node::Agent(i) => agent::robot_name(i),
+        Node::Agent(i) => robot_name(i),
         Node::Server => "server".to_owned(),
         Node::Manager => "manager".to_owned(),
     }

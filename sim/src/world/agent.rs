@@ -13,23 +13,16 @@ use k8s4r_agent::link::RunningSet;
 use k8s4r_api::protocol::{encode, Cancel, Dispatch, Heartbeat, HeldList, Register, StatusUpdate, Topics};
 use k8s4r_api::{DeviceInfo, RobotPhase, TaskAttempt, TaskReason, TaskState, Usage};
 
-use super::check::What;
-use super::{Down, Ms, Net, Node, Up};
+use super::history::What;
+use super::{robot_name, Down, Ms, Net, Node, Up, PREFIX};
 use crate::broker::{Message, Output};
 
-/// The topic prefix of the simulation.
-pub const PREFIX: &str = "k8s4r";
 /// The agent's heartbeat interval (its default).
 const HEARTBEAT: Ms = 30_000;
 /// How long a delivered status waits for its confirmation before it is
 /// sent again.
 const CONFIRM_TIMEOUT: Ms = 20_000;
 const TICK: Ms = 500;
-
-/// A robot's id.
-pub fn robot_name(i: usize) -> String {
-    format!("rb{i}")
-}
 
 #[derive(Debug)]
 struct Proc {

@@ -21,9 +21,8 @@ use k8s4r_manager::lifecycle::{LifecycleConfig, RobotHealth, Step};
 use k8s4r_server::decide::{decide_status, decide_task, plan_reconcile, Holding, StatusDecision, TaskAction};
 use serde_json::{json, Value};
 
-use super::agent::{robot_name, PREFIX};
-use super::check::What;
-use super::{Down, Ms, Net, Node, Up};
+use super::history::What;
+use super::{robot_name, Down, Ms, Net, Node, Up, PREFIX};
 use crate::broker::{Message, Output};
 
 /// How long an API write takes normally.

@@ -1,5 +1,6 @@
 use super::*;
-use check::{Kind, What};
+use check::Kind;
+use history::What;
 
 fn short() -> WorldConfig {
     WorldConfig {
