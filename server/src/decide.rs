@@ -663,7 +663,11 @@ fn replaced_attempt(
         Some(TaskReason::RobotLost | TaskReason::DispatchTimeout)
     );
     let keep_original = DisconnectPolicy::reconcile(task.spec.disconnect.as_ref()) == Reconcile::KeepOriginal;
-    let open = !status.state.is_some_and(TaskState::is_terminal);
+    // Open: not completed or cancelled. A Task whose replacement failed is
+    // open too, whether a retry follows or not: the original did the work
+    // (the simulation's seed 1002291 had it kept in the history only, and
+    // the task ran a fifth time).
+    let open = !matches!(status.state, Some(TaskState::Completed | TaskState::Cancelled));
     if !(was_lost && update.state == TaskState::Completed) {
         return Some(StatusDecision::Ignore(Ignored::StaleAttempt));
     }

@@ -1039,6 +1039,31 @@ fn a_replaced_attempts_late_completion_wins_under_keep_original_only() {
 }
 
 #[test]
+fn under_keep_original_a_late_completion_wins_over_a_failed_replacement() {
+    // The simulation's seed 1002291: attempt 2 was replaced, the
+    // replacements failed (Disconnected), and attempt 2's completion came
+    // while the Task waited for its next retry.
+    let mut task = TaskBuilder::new().target("rb2").state(TaskState::Failed, 4, 5).0;
+    task.status.as_mut().unwrap().reason = Some(TaskReason::Disconnected);
+    task.status
+        .as_mut()
+        .unwrap()
+        .attempts
+        .push(lost_attempt("rb3", 2));
+    let StatusDecision::Apply(patch) = decide_status(
+        &update(2, 9, TaskState::Completed),
+        "u1",
+        "rb3",
+        Some(&task),
+        now(),
+    )
+    .unwrap() else {
+        panic!("the original's completion wins");
+    };
+    assert_eq!(patch.state, TaskState::Completed);
+}
+
+#[test]
 fn a_completion_after_the_retry_was_written_and_before_the_replacement_stands() {
     // The simulation's seed 30: the manager failed attempt 1 and wrote the
     // retry (pending again at attempt 1, the attempt recorded as lost); the

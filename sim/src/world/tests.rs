@@ -100,7 +100,10 @@ fn regression_seeds() {
     // (52), a replacement nothing stopped once the original's late
     // completion won (71), and an agent restart that left a task running
     // (14, the simulation's own bug: fixed in it).
-    for seed in [14, 30, 52, 71] {
+    // From the first 10,000-seed run: a late completion under keepOriginal
+    // while the Task, its replacements failed, waited for a retry (1002291,
+    // 1005559).
+    for seed in [14, 30, 52, 71, 1_002_291, 1_005_559] {
         let report = run(seed, &config);
         assert!(
             report.violations.is_empty(),
