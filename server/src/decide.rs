@@ -600,16 +600,13 @@ fn record_late(
 /// again, `keepOriginal` or not. The deterministic simulation found both
 /// windows: seeds 22 and 30.)
 fn completed_after_fail(update: &StatusUpdate, robot: &str, status: &TaskStatus) -> Option<StatusDecision> {
-    let lost = |reason: Option<TaskReason>| {
-        matches!(reason, Some(TaskReason::RobotLost | TaskReason::DispatchTimeout))
-    };
     if update.attempt != status.attempt || update.state != TaskState::Completed {
         return None;
     }
-    let failed = status.state == Some(TaskState::Failed) && lost(status.reason);
+    let failed = status.state == Some(TaskState::Failed) && given_up(status.reason);
     let record = status.attempts.iter().find(|a| a.attempt == update.attempt);
     let retrying = status.state == Some(TaskState::Pending)
-        && record.is_some_and(|a| lost(a.reason) && a.robot.as_deref() == Some(robot));
+        && record.is_some_and(|a| given_up(a.reason) && a.robot.as_deref() == Some(robot));
     if !(failed || retrying) {
         return None;
     }
@@ -619,22 +616,38 @@ fn completed_after_fail(update: &StatusUpdate, robot: &str, status: &TaskStatus)
         record.and_then(|a| a.reason)
     };
     let why = why.map(|r| format!("{r:?}")).unwrap_or_default();
-    Some(StatusDecision::Apply(TaskStatusPatch {
+    Some(StatusDecision::Apply(completion(
+        update,
+        update.seq.max(status.seq),
+        format!(
+            "attempt {} completed on robot {robot} after the cluster had given it up ({why}); the completion stands and no retry follows",
+            update.attempt
+        ),
+    )))
+}
+
+/// Whether an attempt ended because the cluster gave it up (its robot
+/// silent, its dispatch not taken), not by the robot's own report.
+fn given_up(reason: Option<TaskReason>) -> bool {
+    matches!(reason, Some(TaskReason::RobotLost | TaskReason::DispatchTimeout))
+}
+
+/// The patch that completes a Task with a late report's completion: its
+/// exit, times and output, `seq`, and a message saying why it stands.
+fn completion(update: &StatusUpdate, seq: u64, message: String) -> TaskStatusPatch {
+    TaskStatusPatch {
         state: TaskState::Completed,
-        seq: update.seq.max(status.seq),
+        seq,
         exit_code: update.exit_code,
         signal: update.signal,
         reason: Some(TaskReason::Completed),
-        message: Some(format!(
-            "attempt {} completed on robot {robot} after the cluster had given it up ({why}); the completion stands and no retry follows",
-            update.attempt
-        )),
+        message: Some(message),
         start_time: update.start_time,
         finish_time: update.finish_time,
         output_tail: update.output_tail.clone(),
         observed_running_time: None,
         restarts: None,
-    }))
+    }
 }
 
 /// A late report of an attempt that was replaced while its robot was cut
@@ -658,10 +671,7 @@ fn replaced_attempt(
         // Its late completion is kept already.
         return Some(StatusDecision::Ignore(Ignored::Duplicate));
     }
-    let was_lost = matches!(
-        record.reason,
-        Some(TaskReason::RobotLost | TaskReason::DispatchTimeout)
-    );
+    let was_lost = given_up(record.reason);
     let keep_original = DisconnectPolicy::reconcile(task.spec.disconnect.as_ref()) == Reconcile::KeepOriginal;
     // Open: not completed or cancelled. A Task whose replacement failed is
     // open too, whether a retry follows or not: the original did the work
@@ -675,22 +685,14 @@ fn replaced_attempt(
         return Some(record_late(update, robot, status, keep_original));
     }
     let replacement = status.attempt;
-    Some(StatusDecision::Apply(TaskStatusPatch {
-        state: TaskState::Completed,
-        seq: status.seq,
-        exit_code: update.exit_code,
-        signal: update.signal,
-        reason: Some(TaskReason::Completed),
-        message: Some(format!(
+    Some(StatusDecision::Apply(completion(
+        update,
+        status.seq,
+        format!(
             "attempt {} completed on robot {robot} while it was cut off (reconcile: keepOriginal); replacement attempt {replacement} is stopped",
             update.attempt
-        )),
-        start_time: update.start_time,
-        finish_time: update.finish_time,
-        output_tail: update.output_tail.clone(),
-        observed_running_time: None,
-        restarts: None,
-    }))
+        ),
+    )))
 }
 
 mod connection;

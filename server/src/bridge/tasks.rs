@@ -220,21 +220,10 @@ impl Bridge {
             else {
                 continue;
             };
-            let api: Api<Task> = Api::namespaced(
-                self.kube.client().clone(),
-                task.metadata.namespace.as_deref().unwrap_or_default(),
-            );
-            let name = task.metadata.name.clone().unwrap_or_default();
             let written = self
-                .kube
-                .patch_status(
-                    "task_status",
-                    &api,
-                    &name,
-                    task.metadata.resource_version.as_deref(),
-                    patch,
-                    || format!("failing task {} (not on its robot)", decide::task_name(task)),
-                )
+                .patch_task_status(task, patch, || {
+                    format!("failing task {} (not on its robot)", decide::task_name(task))
+                })
                 .await;
             match written {
                 Ok(_) => {
@@ -381,30 +370,45 @@ impl Bridge {
         unreachable!("the loop returns")
     }
 
-    /// Patches `task`'s status, guarded by the version it was decided on.
+    /// Patches `task`'s status, guarded by the version it was decided on,
+    /// and keeps what was written.
     async fn write_status<S: serde::Serialize + std::fmt::Debug>(
         &self,
         task: &Task,
         patch: &S,
     ) -> Result<()> {
+        let written = self
+            .patch_task_status(task, patch, || {
+                format!("patching status of task {}", decide::task_name(task))
+            })
+            .await?;
+        self.record_written(written);
+        Ok(())
+    }
+
+    /// Patches `task`'s status, guarded by its resourceVersion; `action`
+    /// names the write in an error.
+    async fn patch_task_status<S: serde::Serialize + std::fmt::Debug>(
+        &self,
+        task: &Task,
+        patch: &S,
+        action: impl FnOnce() -> String,
+    ) -> std::result::Result<Task, k8s4r_service::call::ApiError> {
         let api: Api<Task> = Api::namespaced(
             self.kube.client().clone(),
             task.metadata.namespace.as_deref().unwrap_or_default(),
         );
         let name = task.metadata.name.clone().unwrap_or_default();
-        let written = self
-            .kube
+        self.kube
             .patch_status(
                 "task_status",
                 &api,
                 &name,
                 task.metadata.resource_version.as_deref(),
                 patch,
-                || format!("patching status of task {}", decide::task_name(task)),
+                action,
             )
-            .await?;
-        self.record_written(written);
-        Ok(())
+            .await
     }
 
     async fn fresh_task(&self, task: Option<&Task>) -> Result<Option<Arc<Task>>> {
