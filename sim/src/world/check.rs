@@ -55,6 +55,39 @@ impl fmt::Display for Violation {
     }
 }
 
+/// A process of `uid`'s `attempt` starts on `robot` at `at`: the rules
+/// it may break against the runs before it, which it joins.
+fn started(list: &mut Vec<Run>, robot: usize, uid: &str, attempt: u32, at: Ms) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let violation = |kind, detail| Violation {
+        kind,
+        task: uid.to_owned(),
+        attempt: Some(attempt),
+        at,
+        detail,
+    };
+    if list.iter().any(|r| r.attempt == attempt) {
+        out.push(violation(
+            Kind::Rerun,
+            format!("attempt {attempt} started again on rb{robot}"),
+        ));
+    }
+    if let Some(other) = list.iter().find(|r| r.end.is_none()) {
+        let detail = format!(
+            "attempt {attempt} started on rb{robot} while attempt {} runs on rb{}",
+            other.attempt, other.robot
+        );
+        out.push(violation(Kind::Overlap, detail));
+    }
+    list.push(Run {
+        robot,
+        attempt,
+        start: at,
+        end: None,
+    });
+    out
+}
+
 struct Run {
     robot: usize,
     attempt: u32,
@@ -71,33 +104,7 @@ pub fn check(history: &[Entry], cluster: &Cluster, end: Ms) -> Vec<Violation> {
         match &entry.what {
             What::Start { robot, uid, attempt } => {
                 let list = runs.entry(uid.clone()).or_default();
-                if list.iter().any(|r| r.attempt == *attempt) {
-                    out.push(Violation {
-                        kind: Kind::Rerun,
-                        task: uid.clone(),
-                        attempt: Some(*attempt),
-                        at: entry.at,
-                        detail: format!("attempt {attempt} started again on rb{robot}"),
-                    });
-                }
-                if let Some(other) = list.iter().find(|r| r.end.is_none()) {
-                    out.push(Violation {
-                        kind: Kind::Overlap,
-                        task: uid.clone(),
-                        attempt: Some(*attempt),
-                        at: entry.at,
-                        detail: format!(
-                            "attempt {attempt} started on rb{robot} while attempt {} runs on rb{}",
-                            other.attempt, other.robot
-                        ),
-                    });
-                }
-                list.push(Run {
-                    robot: *robot,
-                    attempt: *attempt,
-                    start: entry.at,
-                    end: None,
-                });
+                out.extend(started(list, *robot, uid, *attempt, entry.at));
             }
             What::Placed { uid, attempt, robot } => {
                 // Under keepReplacement the replacement, and its retries,
@@ -155,17 +162,31 @@ pub fn check(history: &[Entry], cluster: &Cluster, end: Ms) -> Vec<Violation> {
             _ => {}
         }
     }
-    for (at, uid, attempt) in &recorded {
-        // An attempt that ran twice is reported once, as a rerun; one the
-        // cluster replaced while it ran, as that.
+    let lost = lost_completions(&recorded, &runs, &out, cluster);
+    out.extend(lost);
+    out.extend(unfinished(cluster, end));
+    out
+}
+
+/// Completions a robot was told were recorded that the Task does not show.
+/// An attempt that ran twice is reported once, as a rerun (one the cluster
+/// replaced while it ran, as that): `found_before` holds those.
+fn lost_completions(
+    recorded: &[(Ms, String, u32)],
+    runs: &BTreeMap<String, Vec<Run>>,
+    found_before: &[Violation],
+    cluster: &Cluster,
+) -> Vec<Violation> {
+    let mut found = Vec::new();
+    for (at, uid, attempt) in recorded {
         let starts = runs
             .get(uid)
             .map_or(0, |l| l.iter().filter(|r| r.attempt == *attempt).count());
-        let replaced = out
-            .iter()
-            .any(|v| v.kind == Kind::ReplacedWhileRunning && v.task == *uid && v.attempt == Some(*attempt));
+        let replaced = found_before.iter().any(|v: &Violation| {
+            v.kind == Kind::ReplacedWhileRunning && v.task == *uid && v.attempt == Some(*attempt)
+        });
         if starts == 1 && !replaced && !shows_completed(cluster, uid, *attempt) {
-            out.push(Violation {
+            found.push(Violation {
                 kind: Kind::LostCompletion,
                 task: uid.clone(),
                 attempt: Some(*attempt),
@@ -174,19 +195,25 @@ pub fn check(history: &[Entry], cluster: &Cluster, end: Ms) -> Vec<Violation> {
             });
         }
     }
-    for (uid, task) in cluster.tasks() {
-        if !cluster.settled(task) {
+    found
+}
+
+/// The Tasks not over at the end.
+fn unfinished(cluster: &Cluster, end: Ms) -> impl Iterator<Item = Violation> + '_ {
+    cluster
+        .tasks()
+        .iter()
+        .filter(|(_, task)| !cluster.settled(task))
+        .map(move |(uid, task)| {
             let state = task.status.as_ref().and_then(|s| s.state);
-            out.push(Violation {
+            Violation {
                 kind: Kind::Unfinished,
                 task: uid.clone(),
                 attempt: None,
                 at: end,
                 detail: format!("still {} at the end", state.map_or("new", TaskState::as_str)),
-            });
-        }
-    }
-    out
+            }
+        })
 }
 
 fn keeps_original(cluster: &Cluster, uid: &str) -> bool {
