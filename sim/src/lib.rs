@@ -18,9 +18,10 @@
 //! loses the cluster for that long in the benchmarks), or read logs.
 
 pub mod broker;
+mod outbox;
 pub mod world;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -30,8 +31,9 @@ use k8s4r_agent::inbound::{classify, Inbound};
 use k8s4r_api::protocol::{
     encode, Dispatch, Heartbeat, HeldList, Online, Register, StatusUpdate, Topics, UsageReports,
 };
-use k8s4r_api::{DeviceInfo, RobotPhase, TaskAttempt, TaskReason, TaskState, Usage};
+use k8s4r_api::{DeviceInfo, RobotPhase, TaskReason, TaskState, Usage};
 use k8s4r_service::lock;
+use outbox::{holding, Outbox};
 use rumqttc::{AsyncClient, Event, LastWill, MqttOptions, Packet, QoS};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -362,24 +364,6 @@ fn idle_usage(rng: &mut Rng) -> Usage {
         load1: rng.between(0.05, 1.2, 2),
         load5: rng.between(0.05, 1.0, 2),
         load15: rng.between(0.05, 0.8, 2),
-    }
-}
-
-/// Status updates sent and not yet confirmed by the server, by seq: the
-/// topic, the payload, and when each was last sent. Seqs grow across every
-/// attempt the robot runs, as the agent's outbox ids do.
-#[derive(Default)]
-struct Outbox {
-    next_seq: u64,
-    unconfirmed: BTreeMap<u64, (String, Vec<u8>, tokio::time::Instant)>,
-    /// The attempt of each unconfirmed update: listed as held until then.
-    attempts: BTreeMap<u64, (String, u32)>,
-}
-
-impl Outbox {
-    fn seq(&mut self) -> u64 {
-        self.next_seq += 1;
-        self.next_seq
     }
 }
 
@@ -730,18 +714,6 @@ impl SimRobot {
             }
         }
     }
-}
-
-/// The attempts a robot holds, as its registration and heartbeats list
-/// them: those it runs and, as the agent does, those whose final status is
-/// not confirmed yet (dropping them at their end let one slow status write
-/// fail the task NotOnRobot).
-fn holding(held: &HashMap<(String, u32), usize>, outbox: &Outbox) -> Vec<TaskAttempt> {
-    let mut keys: BTreeSet<(String, u32)> = held.keys().cloned().collect();
-    keys.extend(outbox.attempts.values().cloned());
-    keys.into_iter()
-        .map(|(uid, attempt)| TaskAttempt::new(uid, attempt))
-        .collect()
 }
 
 /// One robot's memory across its connections.
