@@ -225,45 +225,7 @@ pub fn plan_register(
         validate_label_key(key).map_err(invalid)?;
         validate_label_value(value).map_err(invalid)?;
     }
-    let empty_labels = BTreeMap::new();
-    let empty_reported = BTreeMap::new();
-    let (labels, before) = match existing {
-        Some(robot) => (
-            robot.metadata.labels.as_ref().unwrap_or(&empty_labels),
-            robot
-                .status
-                .as_ref()
-                .map(|s| &s.reported_labels)
-                .unwrap_or(&empty_reported),
-        ),
-        None => (&empty_labels, &empty_reported),
-    };
-    let mut metadata = MetadataPatch::default();
-    for (key, value) in &msg.labels {
-        let robot_owned = match labels.get(key) {
-            None => !before.contains_key(key),
-            Some(current) => before.get(key) == Some(current),
-        };
-        if robot_owned && labels.get(key) != Some(value) {
-            metadata.labels.insert(key.clone(), Some(value.clone()));
-        }
-    }
-    for (key, old) in before {
-        if !msg.labels.contains_key(key) && labels.get(key) == Some(old) {
-            metadata.labels.insert(key.clone(), None);
-        }
-    }
-    let mut reported: BTreeMap<String, Option<String>> = msg
-        .labels
-        .iter()
-        .filter(|(k, v)| before.get(*k) != Some(*v))
-        .map(|(k, v)| (k.clone(), Some(v.clone())))
-        .collect();
-    for key in before.keys() {
-        if !msg.labels.contains_key(key) {
-            reported.insert(key.clone(), None);
-        }
-    }
+    let (mut metadata, reported) = label_changes(msg, existing);
     if let Some(token) = &msg.token {
         let hash = token_sha256(token);
         let current = existing
@@ -275,39 +237,8 @@ pub fn plan_register(
                 .insert(ANNOTATION_TOKEN_SHA256.to_owned(), Some(hash));
         }
     }
-
-    let status = existing.and_then(|r| r.status.as_ref());
-    let phase = status.and_then(|s| s.phase);
-    let mut conditions = status.map(|s| s.conditions.clone()).unwrap_or_default();
-    let mut changed = false;
-    if let Some(list) = connected(&conditions, true, now) {
-        conditions = list;
-        changed = true;
-    }
-    if let Some(list) = accepting(&conditions, msg.health.as_ref(), now) {
-        conditions = list;
-        changed = true;
-    }
-    let status = RobotStatusPatch {
-        phase: if phase.is_none() {
-            Some(RobotPhase::Pending)
-        } else {
-            None
-        },
-        device: Some(msg.device.clone()),
-        drivers: Some(msg.drivers.clone()),
-        agent_version: Some(msg.agent_version.clone()),
-        reported_labels: (!reported.is_empty()).then_some(reported),
-        capacity: Some(RobotResources {
-            cpu: Some(Quantity::from_millicores(u64::from(msg.device.cpus) * 1000)),
-            memory: Some(Quantity::from_bytes(msg.device.memory_bytes)),
-            tasks: msg.task_policy.as_ref().map_or(0, |p| p.max_tasks),
-        }),
-        last_registration_time: Some(now),
-        conditions: changed.then_some(conditions),
-        task_policy: msg.task_policy.clone(),
-        ..Default::default()
-    };
+    let phase = existing.and_then(|r| r.status.as_ref()).and_then(|s| s.phase);
+    let (status, changed) = registered_status(msg, existing, reported, now);
     let same = existing.and_then(|r| r.status.as_ref()).is_some_and(|old| {
         old.device == status.device
             && old.drivers == msg.drivers
@@ -342,6 +273,90 @@ pub fn plan_register(
         write_status,
         respond: phase.filter(|p| matches!(p, RobotPhase::Online | RobotPhase::Rejected)),
     })
+}
+
+/// The label writes a registration asks for (see [`plan_register`] for
+/// who owns a label), and the change to `status.reportedLabels` (a removed
+/// key as None).
+fn label_changes(
+    msg: &Register,
+    existing: Option<&Robot>,
+) -> (MetadataPatch, BTreeMap<String, Option<String>>) {
+    let empty = BTreeMap::new();
+    let labels = existing
+        .and_then(|r| r.metadata.labels.as_ref())
+        .unwrap_or(&empty);
+    let before = existing
+        .and_then(|r| r.status.as_ref())
+        .map_or(&empty, |s| &s.reported_labels);
+    let mut metadata = MetadataPatch::default();
+    for (key, value) in &msg.labels {
+        let robot_owned = match labels.get(key) {
+            None => !before.contains_key(key),
+            Some(current) => before.get(key) == Some(current),
+        };
+        if robot_owned && labels.get(key) != Some(value) {
+            metadata.labels.insert(key.clone(), Some(value.clone()));
+        }
+    }
+    for (key, old) in before {
+        if !msg.labels.contains_key(key) && labels.get(key) == Some(old) {
+            metadata.labels.insert(key.clone(), None);
+        }
+    }
+    let mut reported: BTreeMap<String, Option<String>> = msg
+        .labels
+        .iter()
+        .filter(|(k, v)| before.get(*k) != Some(*v))
+        .map(|(k, v)| (k.clone(), Some(v.clone())))
+        .collect();
+    for key in before.keys() {
+        if !msg.labels.contains_key(key) {
+            reported.insert(key.clone(), None);
+        }
+    }
+    (metadata, reported)
+}
+
+/// The status a registration writes, and whether it changed the
+/// conditions (`Connected`, `AcceptingTasks`).
+fn registered_status(
+    msg: &Register,
+    existing: Option<&Robot>,
+    reported: BTreeMap<String, Option<String>>,
+    now: Timestamp,
+) -> (RobotStatusPatch, bool) {
+    let status = existing.and_then(|r| r.status.as_ref());
+    let mut conditions = status.map(|s| s.conditions.clone()).unwrap_or_default();
+    let mut changed = false;
+    if let Some(list) = connected(&conditions, true, now) {
+        conditions = list;
+        changed = true;
+    }
+    if let Some(list) = accepting(&conditions, msg.health.as_ref(), now) {
+        conditions = list;
+        changed = true;
+    }
+    let patch = RobotStatusPatch {
+        phase: status
+            .and_then(|s| s.phase)
+            .is_none()
+            .then_some(RobotPhase::Pending),
+        device: Some(msg.device.clone()),
+        drivers: Some(msg.drivers.clone()),
+        agent_version: Some(msg.agent_version.clone()),
+        reported_labels: (!reported.is_empty()).then_some(reported),
+        capacity: Some(RobotResources {
+            cpu: Some(Quantity::from_millicores(u64::from(msg.device.cpus) * 1000)),
+            memory: Some(Quantity::from_bytes(msg.device.memory_bytes)),
+            tasks: msg.task_policy.as_ref().map_or(0, |p| p.max_tasks),
+        }),
+        last_registration_time: Some(now),
+        conditions: changed.then_some(conditions),
+        task_policy: msg.task_policy.clone(),
+        ..Default::default()
+    };
+    (patch, changed)
 }
 
 /// The conditions list with `AcceptingTasks` following the agent's health,

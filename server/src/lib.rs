@@ -304,7 +304,9 @@ impl Parts {
         })
     }
 
-    fn start(self, shutdown: &CancellationToken) -> Running {
+    /// Who leads the dispatch: this replica alone, or whoever wins the
+    /// campaign started here.
+    fn campaign(&self, shutdown: &CancellationToken) -> (leader::Leadership, Option<JoinHandle<()>>) {
         let leadership = match &self.config.leader {
             Some(_) => leader::Leadership::follower(),
             None => leader::Leadership::always(),
@@ -319,6 +321,11 @@ impl Parts {
                 shutdown.clone(),
             ))
         });
+        (leadership, campaign)
+    }
+
+    fn start(self, shutdown: &CancellationToken) -> Running {
+        let (leadership, campaign) = self.campaign(shutdown);
         tokio::spawn(log_errors(
             self.lease_events,
             "watching robot leases",
@@ -332,38 +339,21 @@ impl Parts {
             presence_tx,
             shutdown.clone(),
         ));
-        let responder = {
-            let bridge = self.bridge.clone();
-            let shutdown = shutdown.clone();
-            let robot_events = self.robot_events;
-            tokio::spawn(async move {
-                let mut events = std::pin::pin!(robot_events.take_until(shutdown.cancelled_owned()));
-                while let Some(event) = events.next().await {
-                    match event {
-                        Ok(robot) => bridge.robot_changed(&robot).await,
-                        Err(error) => warn!(%error, "watching robots"),
-                    }
-                }
-            })
-        };
+        let responder = tokio::spawn(answer_robot_changes(
+            self.bridge.clone(),
+            self.robot_events,
+            shutdown.clone(),
+        ));
         let synced = Synced::watch(self.robot_cache, self.task_cache, self.metrics.clone());
-        {
-            // What the broker knows of robots replaces what a previous run
-            // left in their conditions.
-            let (bridge, shutdown, robots) = (self.bridge.clone(), shutdown.clone(), synced.robots.clone());
-            tokio::spawn(async move {
-                let present = tokio::select! {
-                    () = shutdown.cancelled() => return,
-                    present = presence_rx => present,
-                };
-                let Ok(present) = present else { return };
-                tokio::select! {
-                    () = shutdown.cancelled() => return,
-                    () = robots.cancelled() => {}
-                }
-                bridge.forget_absent(&present, started).await;
-            });
-        }
+        // What the broker knows of robots replaces what a previous run left
+        // in their conditions.
+        tokio::spawn(forget_absent_at_start(
+            self.bridge.clone(),
+            presence_rx,
+            synced.robots.clone(),
+            started,
+            shutdown.clone(),
+        ));
         let dispatcher = {
             let (bridge, shutdown, robots) = (self.bridge.clone(), shutdown.clone(), synced.robots.clone());
             let controller = self.dispatcher;
@@ -380,17 +370,14 @@ impl Parts {
         let workers = self
             .inbound
             .into_iter()
-            .map(|rx| {
-                let (bridge, shutdown, all) = (self.bridge.clone(), shutdown.clone(), synced.all.clone());
-                tokio::spawn(async move {
-                    tokio::select! {
-                        _ = all.cancelled() => {}
-                        // Stopped before the caches filled: the broker
-                        // keeps the messages for the next run.
-                        _ = shutdown.cancelled() => return,
-                    }
-                    bridge::worker(bridge, rx).await;
-                })
+            .map(|lane| {
+                let synced = synced.all.clone();
+                tokio::spawn(work_once_synced(
+                    self.bridge.clone(),
+                    lane,
+                    synced,
+                    shutdown.clone(),
+                ))
             })
             .collect();
         let mqtt_stop = CancellationToken::new();
@@ -410,6 +397,59 @@ impl Parts {
             workers,
         }
     }
+}
+
+/// Answers the registrations that waited for the manager, as the Robots
+/// it decided on come by.
+async fn answer_robot_changes(
+    bridge: Arc<Bridge>,
+    robot_events: BoxStream<'static, std::result::Result<Robot, watcher::Error>>,
+    shutdown: CancellationToken,
+) {
+    let mut events = std::pin::pin!(robot_events.take_until(shutdown.cancelled_owned()));
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(robot) => bridge.robot_changed(&robot).await,
+            Err(error) => warn!(%error, "watching robots"),
+        }
+    }
+}
+
+/// Once the broker said who is present and the Robots are listed, marks
+/// not connected the robots a previous run left connected.
+async fn forget_absent_at_start(
+    bridge: Arc<Bridge>,
+    presence: oneshot::Receiver<std::collections::HashSet<String>>,
+    robots_listed: CancellationToken,
+    started: jiff::Timestamp,
+    shutdown: CancellationToken,
+) {
+    let present = tokio::select! {
+        () = shutdown.cancelled() => return,
+        present = presence => present,
+    };
+    let Ok(present) = present else { return };
+    tokio::select! {
+        () = shutdown.cancelled() => return,
+        () = robots_listed.cancelled() => {}
+    }
+    bridge.forget_absent(&present, started).await;
+}
+
+/// Runs one inbound worker once every cache is in sync.
+async fn work_once_synced(
+    bridge: Arc<Bridge>,
+    lane: Arc<ingress::Lane>,
+    synced: CancellationToken,
+    shutdown: CancellationToken,
+) {
+    tokio::select! {
+        _ = synced.cancelled() => {}
+        // Stopped before the caches filled: the broker keeps the messages
+        // for the next run.
+        _ = shutdown.cancelled() => return,
+    }
+    bridge::worker(bridge, lane).await;
 }
 
 impl Running {

@@ -35,7 +35,7 @@ use axum::Router;
 use k8s4r_api::condition::find_condition;
 use k8s4r_api::log_frame::{self, Frame};
 use k8s4r_api::names::CONDITION_CONNECTED;
-use k8s4r_api::protocol::{encode, LogChunk, LogRequest, LogStream, Topics};
+use k8s4r_api::protocol::{encode, LogChunk, LogRequest, Topics};
 use k8s4r_api::{ConditionStatus, Robot, RobotPhase, Task, TaskState};
 use k8s4r_service::https::PeerName;
 use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
@@ -50,7 +50,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::log_hub::LogHub;
+
+mod read;
 use crate::mqtt::Publisher;
+use read::{Piece, Step};
 
 /// Where the logs API listens and with which certificate; the settings
 /// live with the server's others.
@@ -64,15 +67,9 @@ pub const VERSION: &str = "v1alpha1";
 const FIRST_CHUNK: Duration = Duration::from_secs(5);
 /// How often a follow is renewed (well within the robot's lease).
 const RENEW: Duration = Duration::from_secs(10);
-/// After the attempt ended, how long to wait for the last of its output.
-const DRAIN: Duration = Duration::from_millis(1500);
-/// A read (not a follow) that hears nothing from its robot this long ends.
-const IDLE: Duration = Duration::from_secs(10);
 /// Chunks a robot may have on the way beyond the last one delivered to the
 /// reader's client (below the hub's queue, so that none is dropped there).
 const WINDOW: u32 = 192;
-/// Delivered chunks between two acknowledgements.
-const ACK_EVERY: u64 = 32;
 
 /// A self-signed certificate and key (PEM) for the loopback names, the
 /// service's cluster names and `extra`.
@@ -312,6 +309,9 @@ fn request_id() -> String {
     format!("{:016x}{:08x}", h.finish(), std::process::id())
 }
 
+/// `GET .../tasks/{name}/log`: checks who asks, plans the read
+/// ([`read::attempt_to_read`]) and streams it from the robot, or answers
+/// with what the cluster has when the robot cannot be asked.
 async fn task_log(
     State(state): State<LogsState>,
     Path((ns, name)): Path<(String, String)>,
@@ -319,121 +319,29 @@ async fn task_log(
     Extension(peer): Extension<PeerName>,
     headers: HeaderMap,
 ) -> Response {
-    // Only the front proxy speaks for users: its certificate (the TLS layer
-    // checked the CA) must carry one of the names the API server allows.
-    let trusted =
-        state.allowed_names.is_empty() || peer.0.as_ref().is_some_and(|n| state.allowed_names.contains(n));
-    if !trusted {
-        return status(
-            StatusCode::UNAUTHORIZED,
-            "Unauthorized",
-            format!(
-                "client certificate {:?} is not the API server's front proxy",
-                peer.0
-            ),
-        );
+    if let Err(refused) = authorize(&state, &peer, &headers, &ns, &name).await {
+        return refused;
     }
-    let Some((user, groups)) = user_of(&headers) else {
-        return status(
-            StatusCode::UNAUTHORIZED,
-            "Unauthorized",
-            "no user: requests come through the API server".into(),
-        );
+    let task = match task_named(&state.client, &ns, &name).await {
+        Ok(task) => task,
+        Err(answer) => return answer,
     };
-    match allowed(&state, &user, groups, &ns, &name).await {
-        Ok(true) => {}
-        Ok(false) => {
-            return status(
-                StatusCode::FORBIDDEN,
-                "Forbidden",
-                format!("tasks.{GROUP} \"{name}\" is forbidden: User \"{user}\" cannot get resource \"tasks/log\" in API group \"{GROUP}\" in the namespace \"{ns}\""),
-            )
-        }
-        Err(e) => return status(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable", e),
-    }
-    let tasks: Api<Task> = Api::namespaced(state.client.clone(), &ns);
-    let task = match tokio::time::timeout(Duration::from_secs(10), tasks.get_opt(&name)).await {
-        Ok(Ok(Some(task))) => task,
-        Ok(Ok(None)) => {
-            return status(
-                StatusCode::NOT_FOUND,
-                "NotFound",
-                format!("tasks.robot.k8s4r.io \"{name}\" not found in namespace \"{ns}\""),
-            )
-        }
-        Ok(Err(e)) => {
-            return status(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "ServiceUnavailable",
-                e.to_string(),
-            )
-        }
-        Err(_) => {
-            return status(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "ServiceUnavailable",
-                "the API server did not answer in 10s".into(),
-            )
-        }
-    };
-    let st = task.status.clone().unwrap_or_default();
     let previous = truthy(&query.previous);
-    let (attempt, robot) = if previous {
-        let before = st.attempt.saturating_sub(1);
-        let robot = st
-            .attempts
-            .iter()
-            .find(|a| a.attempt == before)
-            .and_then(|a| a.robot.clone());
-        (before, robot)
-    } else {
-        (st.attempt, st.robot.clone().or(task.spec.target_robot.clone()))
-    };
-    let Some(robot) = robot.filter(|_| attempt > 0) else {
-        let why = st.message.clone().unwrap_or_else(|| "waiting for a robot".into());
-        let what = if previous {
-            "has no previous attempt"
-        } else {
-            "has not been placed on a robot yet"
-        };
-        return status(
-            StatusCode::BAD_REQUEST,
-            "BadRequest",
-            format!("task {name} {what} ({why})"),
-        );
+    let (attempt, robot) = match read::attempt_to_read(&task, &name, previous) {
+        Ok(read) => read,
+        Err(why) => return status(StatusCode::BAD_REQUEST, "BadRequest", why),
     };
     if let Some(why) = unreachable(&state.robots, &robot) {
-        if previous {
-            // The cluster keeps only the current attempt's last output.
-            let mut answer = from_the_cluster(&task, &why);
-            *answer.body_mut() = Body::empty();
-            if let Ok(v) = HeaderValue::from_str(&format!(
-                "{why}: the cluster keeps no output of attempt {attempt}"
-            )) {
-                answer.headers_mut().insert("x-k8s4r-notice", v);
-            }
-            return answer;
-        }
-        return from_the_cluster(&task, &why);
+        return offline_answer(&task, &why, previous, attempt);
     }
-    let uid = task.metadata.uid.clone().unwrap_or_default();
-    let stream = match query.stream.as_deref() {
-        None | Some("" | "stdout") => LogStream::Stdout,
-        Some("stderr") => LogStream::Stderr,
-        Some("all") => LogStream::All,
-        Some(other) => {
-            return status(
-                StatusCode::BAD_REQUEST,
-                "BadRequest",
-                format!("stream must be stdout, stderr or all, not {other:?}"),
-            )
-        }
+    let stream = match read::stream_asked(query.stream.as_deref()) {
+        Ok(stream) => stream,
+        Err(why) => return status(StatusCode::BAD_REQUEST, "BadRequest", why),
     };
-    let follow = truthy(&query.follow);
     let request = LogRequest {
         v: k8s4r_api::protocol::PROTOCOL_VERSION,
         request_id: request_id(),
-        task_uid: uid.clone(),
+        task_uid: task.metadata.uid.clone().unwrap_or_default(),
         attempt,
         stream,
         tail_lines: query.tail_lines,
@@ -444,51 +352,142 @@ async fn task_log(
                 ))
                 .ok()
         }),
-        follow,
+        follow: truthy(&query.follow),
         stop: false,
         renew: false,
         window: Some(WINDOW),
         acked: None,
     };
-    let Some(mut chunks) = state.hub.open(&request.request_id, &robot, &uid) else {
+    let task_ref = ObjectRef::new(&name).within(&ns);
+    stream_from_robot(state, &task, task_ref, &robot, request, truthy(&query.frames)).await
+}
+
+/// Refuses a request that does not come through the API server's front
+/// proxy, or whose user may not `get` `tasks/log`.
+async fn authorize(
+    state: &LogsState,
+    peer: &PeerName,
+    headers: &HeaderMap,
+    ns: &str,
+    name: &str,
+) -> Result<(), Response> {
+    // Only the front proxy speaks for users: its certificate (the TLS layer
+    // checked the CA) must carry one of the names the API server allows.
+    let trusted =
+        state.allowed_names.is_empty() || peer.0.as_ref().is_some_and(|n| state.allowed_names.contains(n));
+    if !trusted {
+        return Err(status(
+            StatusCode::UNAUTHORIZED,
+            "Unauthorized",
+            format!(
+                "client certificate {:?} is not the API server's front proxy",
+                peer.0
+            ),
+        ));
+    }
+    let Some((user, groups)) = user_of(headers) else {
+        return Err(status(
+            StatusCode::UNAUTHORIZED,
+            "Unauthorized",
+            "no user: requests come through the API server".into(),
+        ));
+    };
+    match allowed(state, &user, groups, ns, name).await {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(status(
+            StatusCode::FORBIDDEN,
+            "Forbidden",
+            format!("tasks.{GROUP} \"{name}\" is forbidden: User \"{user}\" cannot get resource \"tasks/log\" in API group \"{GROUP}\" in the namespace \"{ns}\""),
+        )),
+        Err(e) => Err(status(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable", e)),
+    }
+}
+
+/// The Task, read from the API server (not the cache: a reader right after
+/// a placement asks for the attempt just placed).
+async fn task_named(client: &Client, ns: &str, name: &str) -> Result<Task, Response> {
+    let tasks: Api<Task> = Api::namespaced(client.clone(), ns);
+    match tokio::time::timeout(Duration::from_secs(10), tasks.get_opt(name)).await {
+        Ok(Ok(Some(task))) => Ok(task),
+        Ok(Ok(None)) => Err(status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("tasks.robot.k8s4r.io \"{name}\" not found in namespace \"{ns}\""),
+        )),
+        Ok(Err(e)) => Err(status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ServiceUnavailable",
+            e.to_string(),
+        )),
+        Err(_) => Err(status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ServiceUnavailable",
+            "the API server did not answer in 10s".into(),
+        )),
+    }
+}
+
+/// The answer for a robot that cannot be asked: the current attempt's
+/// last output the cluster has; for an earlier attempt, nothing (the
+/// cluster keeps only the current attempt's), said so.
+fn offline_answer(task: &Task, why: &str, previous: bool, attempt: u32) -> Response {
+    let mut answer = from_the_cluster(task, why);
+    if previous {
+        *answer.body_mut() = Body::empty();
+        if let Ok(v) = HeaderValue::from_str(&format!(
+            "{why}: the cluster keeps no output of attempt {attempt}"
+        )) {
+            answer.headers_mut().insert("x-k8s4r-notice", v);
+        }
+    }
+    answer
+}
+
+/// Asks `robot` for the output and answers with a body that relays it as
+/// it comes; answers with what the cluster has when the robot cannot be
+/// asked or does not answer.
+async fn stream_from_robot(
+    state: LogsState,
+    task: &Task,
+    task_ref: ObjectRef<Task>,
+    robot: &str,
+    request: LogRequest,
+    framed: bool,
+) -> Response {
+    let Some(mut chunks) = state.hub.open(&request.request_id, robot, &request.task_uid) else {
         return status(
             StatusCode::TOO_MANY_REQUESTS,
             "TooManyRequests",
             "too many log readers; try again later".into(),
         );
     };
-    let topic = state.topics.log_request(&robot);
+    let topic = state.topics.log_request(robot);
     if let Err(e) = state.publisher.publish(topic.clone(), encode(&request)).await {
         state.hub.close(&request.request_id);
-        return from_the_cluster(&task, &format!("cannot ask robot {robot}: {e}"));
+        return from_the_cluster(task, &format!("cannot ask robot {robot}: {e}"));
     }
-    let first = match tokio::time::timeout(FIRST_CHUNK, chunks.recv()).await {
-        Ok(Some(chunk)) => chunk,
-        _ => {
-            state.hub.close(&request.request_id);
-            // A reader that starts late stops at once.
-            let stop = LogRequest {
-                stop: true,
-                ..request.clone()
-            };
-            let _ = state.publisher.publish(topic.clone(), encode(&stop)).await;
-            return from_the_cluster(
-                &task,
-                &format!(
-                    "robot {robot} did not answer in {}s (its agent may be too old, or cut off)",
-                    FIRST_CHUNK.as_secs()
-                ),
-            );
-        }
+    let Ok(Some(first)) = tokio::time::timeout(FIRST_CHUNK, chunks.recv()).await else {
+        state.hub.close(&request.request_id);
+        // A reader that starts late stops at once.
+        let stop = LogRequest {
+            stop: true,
+            ..request
+        };
+        let _ = state.publisher.publish(topic, encode(&stop)).await;
+        let why = format!(
+            "robot {robot} did not answer in {}s (its agent may be too old, or cut off)",
+            FIRST_CHUNK.as_secs()
+        );
+        return from_the_cluster(task, &why);
     };
     let (tx, rx) = mpsc::channel::<Bytes>(64);
-    let framed = truthy(&query.frames);
     let relay = Relay {
-        state: state.clone(),
+        state,
         request,
         topic,
-        task_ref: ObjectRef::new(&name).within(&ns),
+        task_ref,
         framed,
+        robot: robot.to_owned(),
     };
     tokio::spawn(relay.run(first, chunks, tx));
     let body = futures::stream::unfold(rx, |mut rx| async move {
@@ -506,13 +505,14 @@ async fn task_log(
             "text/plain; charset=utf-8"
         }),
     );
-    if let Ok(v) = HeaderValue::from_str(&robot) {
+    if let Ok(v) = HeaderValue::from_str(robot) {
         headers.insert("x-k8s4r-robot", v);
     }
     response
 }
 
-/// Carries one reader's chunks to its HTTP answer.
+/// Carries one reader's chunks to its HTTP answer: performs what
+/// [`read::Relaying`] decides.
 struct Relay {
     state: LogsState,
     request: LogRequest,
@@ -520,15 +520,7 @@ struct Relay {
     task_ref: ObjectRef<Task>,
     /// Frames ([`log_frame`]) rather than plain text with inline notes.
     framed: bool,
-}
-
-/// What a relay says to its reader.
-enum Piece {
-    Output(String),
-    /// Some output is missing.
-    Warning(String),
-    /// The answer is complete.
-    End,
+    robot: String,
 }
 
 impl Relay {
@@ -557,107 +549,63 @@ impl Relay {
         }
     }
 
+    /// A renewal of the robot's reader that acknowledges `acked` chunks.
+    fn renewal(&self, acked: u64) -> Vec<u8> {
+        encode(&LogRequest {
+            renew: true,
+            acked: Some(acked),
+            ..self.request.clone()
+        })
+    }
+
+    /// Performs `steps` in order; false once the relay ends.
+    async fn perform(&self, out: &mpsc::Sender<Bytes>, steps: Vec<Step>) -> bool {
+        for step in steps {
+            match step {
+                Step::Say(piece) => {
+                    if !self.say(out, piece).await {
+                        return false;
+                    }
+                }
+                Step::Ack(acked) => {
+                    self.state.publisher.send(self.topic.clone(), self.renewal(acked));
+                }
+                Step::Finish => return false,
+            }
+        }
+        true
+    }
+
     async fn run(self, first: LogChunk, mut chunks: mpsc::Receiver<LogChunk>, out: mpsc::Sender<Bytes>) {
-        let mut next_seq = 0;
-        let mut acked = 0;
+        let mut relaying = read::Relaying::new(self.request.follow, &self.robot, Instant::now());
         let mut pending = Some(first);
         let mut renew = tokio::time::interval(RENEW);
         renew.tick().await;
         let mut check = tokio::time::interval(Duration::from_millis(250));
-        let mut last_chunk = Instant::now();
-        let mut over_since: Option<Instant> = None;
-        let mut caught_up = !self.request.follow;
-        let renewal = |acked: u64| LogRequest {
-            renew: true,
-            acked: Some(acked),
-            ..self.request.clone()
-        };
-        let robot = self.topic.split('/').nth(2).unwrap_or_default().to_owned();
         loop {
-            let chunk = match pending.take() {
-                Some(c) => Some(c),
+            let steps = match pending.take() {
+                Some(chunk) => relaying.on_chunk(chunk, Instant::now()),
                 None => tokio::select! {
-                    c = chunks.recv() => c,
+                    chunk = chunks.recv() => match chunk {
+                        Some(chunk) => relaying.on_chunk(chunk, Instant::now()),
+                        None => break,
+                    },
                     // Every reader is renewed, a read of what is on disk
                     // too: a large one takes longer than the robot's lease.
                     _ = renew.tick() => {
-                        let _ = self.state.publisher.publish(self.topic.clone(), encode(&renewal(next_seq))).await;
+                        let _ = self.state.publisher.publish(self.topic.clone(), self.renewal(relaying.delivered())).await;
                         continue;
                     }
                     _ = check.tick() => {
                         if out.is_closed() {
                             break;
                         }
-                        if !self.request.follow {
-                            // A read has its output coming: silence is a
-                            // robot gone mid-read.
-                            if last_chunk.elapsed() >= IDLE {
-                                let note = format!("robot {robot} stopped answering; the output is cut short");
-                                self.say(&out, Piece::Warning(note)).await;
-                                break;
-                            }
-                            continue;
-                        }
-                        if self.over() {
-                            let since = *over_since.get_or_insert_with(Instant::now);
-                            // The last output arrives within the robot's
-                            // poll, once what was on disk is through.
-                            let quiet = last_chunk.elapsed() >= Duration::from_millis(500);
-                            if caught_up && since.elapsed() >= DRAIN && quiet {
-                                self.say(&out, Piece::End).await;
-                                break;
-                            }
-                            if since.elapsed() >= IDLE && quiet {
-                                let note = "the task ended before all of its output arrived".to_owned();
-                                self.say(&out, Piece::Warning(note)).await;
-                                break;
-                            }
-                        }
-                        continue;
+                        relaying.on_tick(Instant::now(), self.request.follow && self.over())
                     }
                 },
             };
-            let Some(chunk) = chunk else { break };
-            last_chunk = Instant::now();
-            if chunk.seq < next_seq {
-                // Numbered from the start again: not the reader that began.
-                let note = "the robot's log reader started over; stopping".to_owned();
-                self.say(&out, Piece::Warning(note)).await;
+            if !self.perform(&out, steps).await {
                 break;
-            }
-            caught_up |= chunk.caught_up;
-            if chunk.seq > next_seq {
-                let note = format!("{} chunk(s) of output lost on the way", chunk.seq - next_seq);
-                if !self.say(&out, Piece::Warning(note)).await {
-                    break;
-                }
-            }
-            next_seq = chunk.seq + 1;
-            if chunk.skipped > 0 {
-                let note = format!("{} bytes of output skipped on the robot", chunk.skipped);
-                if !self.say(&out, Piece::Warning(note)).await {
-                    break;
-                }
-            }
-            if !chunk.data.is_empty() && !self.say(&out, Piece::Output(chunk.data)).await {
-                break;
-            }
-            if let Some(error) = chunk.error {
-                self.say(&out, Piece::Warning(error)).await;
-                break;
-            }
-            if chunk.eof {
-                self.say(&out, Piece::End).await;
-                break;
-            }
-            // Delivered to the reader's connection: the robot may send more.
-            // A lost acknowledgement is repaired by the next, or by the
-            // timed renewal, which carries the same count.
-            if next_seq - acked >= ACK_EVERY {
-                acked = next_seq;
-                self.state
-                    .publisher
-                    .send(self.topic.clone(), encode(&renewal(acked)));
             }
         }
         self.state.hub.close(&self.request.request_id);

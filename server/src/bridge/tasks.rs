@@ -15,7 +15,7 @@ use kube::Api;
 use tracing::{info, instrument, warn};
 
 use super::{not_approved, Bridge, Outcome, CONFLICT_TRIES};
-use crate::decide::{self, LeaseRecord, StatusDecision, Stop};
+use crate::decide::{self, LeaseRecord, StatusDecision, Stop, TaskStatusPatch};
 use crate::error::Result;
 use crate::held::{HeldMemory, Permit};
 
@@ -314,23 +314,18 @@ impl Bridge {
         }
         for tries in 1.. {
             let decision = decide::decide_status(msg, uid, robot, task.as_deref(), Timestamp::now());
-            let patch = match decision {
-                Ok(StatusDecision::Apply(patch)) => patch,
-                Ok(StatusDecision::Ignore(why)) => return Ok(Outcome::Done(why.outcome())),
-                Ok(StatusDecision::Record(record)) => {
-                    let Some(current) = task.as_deref() else {
-                        unreachable!("a recorded decision has a task")
-                    };
-                    match self.write_status(current, &record).await {
-                        Ok(()) => return Ok(Outcome::Done("recorded")),
-                        Err(e) if e.is_conflict() && tries < CONFLICT_TRIES => {
-                            task = self.fresh_task(task.as_deref()).await?;
-                            fresh = true;
-                            continue;
-                        }
-                        Err(e) => return Err(e),
-                    }
+            let written = match decision {
+                Ok(StatusDecision::Apply(patch)) => {
+                    let current = task.as_deref().expect("an applied decision has a task");
+                    self.apply_status(current, msg, robot, &patch, lease).await
                 }
+                Ok(StatusDecision::Record(record)) => {
+                    let current = task.as_deref().expect("a recorded decision has a task");
+                    self.write_status(current, &record)
+                        .await
+                        .map(|()| Outcome::Done("recorded"))
+                }
+                Ok(StatusDecision::Ignore(why)) => return Ok(Outcome::Done(why.outcome())),
                 // The cache may lag behind the manager's dispatch: look once
                 // at the API server before refusing.
                 Err(decide::Rejection::FutureAttempt { .. } | decide::Rejection::NotAssigned { .. })
@@ -342,32 +337,40 @@ impl Bridge {
                 }
                 Err(rejection) => return Ok(Outcome::Rejected(rejection.to_string(), rejection.outcome())),
             };
-            let Some(current) = task.as_deref() else {
-                unreachable!("an applied decision has a task")
-            };
-            if !patch.state.is_terminal() {
-                // Heard holding work: the Lease promises the short interval
-                // before anyone reads the attempt as running.
-                self.renew_for_work(robot, lease).await?;
-            }
-            match self.write_status(current, &patch).await {
-                Ok(()) => {
-                    info!(
-                        state = patch.state.as_str(),
-                        attempt = msg.attempt,
-                        seq = msg.seq,
-                        "task status applied"
-                    );
-                    return Ok(Outcome::Done("applied"));
-                }
+            match written {
                 Err(e) if e.is_conflict() && tries < CONFLICT_TRIES => {
                     task = self.fresh_task(task.as_deref()).await?;
                     fresh = true;
                 }
-                Err(e) => return Err(e),
+                written => return written,
             }
         }
         unreachable!("the loop returns")
+    }
+
+    /// Writes a status the robot reported (a `Running` one only once the
+    /// robot's Lease promises the short interval).
+    async fn apply_status(
+        &self,
+        task: &Task,
+        msg: &StatusUpdate,
+        robot: &str,
+        patch: &TaskStatusPatch,
+        lease: &mut Option<LeaseRecord>,
+    ) -> Result<Outcome> {
+        if !patch.state.is_terminal() {
+            // Heard holding work: the Lease promises the short interval
+            // before anyone reads the attempt as running.
+            self.renew_for_work(robot, lease).await?;
+        }
+        self.write_status(task, patch).await?;
+        info!(
+            state = patch.state.as_str(),
+            attempt = msg.attempt,
+            seq = msg.seq,
+            "task status applied"
+        );
+        Ok(Outcome::Done("applied"))
     }
 
     /// Patches `task`'s status, guarded by the version it was decided on,

@@ -9,7 +9,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s4r_api::names::ANNOTATION_AGENT_ROLLOUT;
 use k8s4r_api::protocol::{encode, UpgradeOrder, UpgradeReport, PROTOCOL_VERSION};
-use k8s4r_api::{AgentRollout, AgentUpgradeStatus, Robot, RobotUpgradePhase};
+use k8s4r_api::{AgentRollout, AgentRolloutSpec, AgentUpgradeStatus, Robot, RobotStatus, RobotUpgradePhase};
 use kube::Api;
 use serde::Serialize;
 use tracing::{info, warn};
@@ -128,41 +128,8 @@ impl Bridge {
                 return;
             }
         };
-        if status.agent_version.as_deref() == Some(spec.version.as_str()) {
+        let Some(order) = order_for(&status, rollout, &spec, report) else {
             return;
-        }
-        // A robot that acted on this very order says so: while it works on
-        // it, its reports name it; once it ended (a refusal or a rollback,
-        // the manager's to weigh), its Robot keeps the last word. A robot
-        // recorded mid-way whose agent now says nothing lost the work (it
-        // restarted): it is ordered again.
-        let ended = matches!(
-            status.agent_upgrade.as_ref(),
-            Some(u) if u.rollout == *rollout
-                && u.version == spec.version
-                && matches!(u.phase, RobotUpgradePhase::Failed | RobotUpgradePhase::RolledBack | RobotUpgradePhase::Healthy)
-        );
-        let acted = ended || report.is_some_and(|r| r.rollout == *rollout && r.version == spec.version);
-        if acted {
-            return;
-        }
-        let arch = status.device.as_ref().map(|d| d.arch.clone()).unwrap_or_default();
-        let Some(artifact) = spec.artifacts.iter().find(|a| a.arch == arch) else {
-            return;
-        };
-        let health_timeout = spec
-            .health_timeout
-            .as_deref()
-            .and_then(|t| k8s4r_api::parse_duration(t).ok())
-            .unwrap_or(DEFAULT_HEALTH_TIMEOUT);
-        let order = UpgradeOrder {
-            v: PROTOCOL_VERSION,
-            rollout: rollout.clone(),
-            version: spec.version.clone(),
-            url: artifact.url.clone(),
-            sha256: artifact.sha256.clone(),
-            signature: artifact.signature.clone(),
-            health_timeout_ms: u64::try_from(health_timeout.as_millis()).unwrap_or(u64::MAX),
         };
         match self
             .publisher
@@ -179,4 +146,50 @@ impl Bridge {
             }
         }
     }
+}
+
+/// The order a robot in `status`, marked for `rollout`, is to get now, if
+/// any: none when it runs the version already, acted on this very order
+/// (by its `report`, or its Robot's last word), or has no artifact for its
+/// architecture.
+fn order_for(
+    status: &RobotStatus,
+    rollout: &str,
+    spec: &AgentRolloutSpec,
+    report: Option<&UpgradeReport>,
+) -> Option<UpgradeOrder> {
+    if status.agent_version.as_deref() == Some(spec.version.as_str()) {
+        return None;
+    }
+    // A robot that acted on this very order says so: while it works on it,
+    // its reports name it; once it ended (a refusal or a rollback, the
+    // manager's to weigh), its Robot keeps the last word. A robot recorded
+    // mid-way whose agent now says nothing lost the work (it restarted): it
+    // is ordered again.
+    let ended = matches!(
+        status.agent_upgrade.as_ref(),
+        Some(u) if u.rollout == rollout
+            && u.version == spec.version
+            && matches!(u.phase, RobotUpgradePhase::Failed | RobotUpgradePhase::RolledBack | RobotUpgradePhase::Healthy)
+    );
+    let acted = ended || report.is_some_and(|r| r.rollout == rollout && r.version == spec.version);
+    if acted {
+        return None;
+    }
+    let arch = status.device.as_ref().map(|d| d.arch.clone()).unwrap_or_default();
+    let artifact = spec.artifacts.iter().find(|a| a.arch == arch)?;
+    let health_timeout = spec
+        .health_timeout
+        .as_deref()
+        .and_then(|t| k8s4r_api::parse_duration(t).ok())
+        .unwrap_or(DEFAULT_HEALTH_TIMEOUT);
+    Some(UpgradeOrder {
+        v: PROTOCOL_VERSION,
+        rollout: rollout.to_owned(),
+        version: spec.version.clone(),
+        url: artifact.url.clone(),
+        sha256: artifact.sha256.clone(),
+        signature: artifact.signature.clone(),
+        health_timeout_ms: u64::try_from(health_timeout.as_millis()).unwrap_or(u64::MAX),
+    })
 }

@@ -3,7 +3,7 @@
 //! "reconcile").
 
 use jiff::Timestamp;
-use k8s4r_api::{Task, TaskAttempt, TaskReason, TaskState};
+use k8s4r_api::{Task, TaskAttempt, TaskReason, TaskState, TaskStatus};
 
 use super::{Stop, TaskStatusPatch};
 
@@ -143,34 +143,8 @@ pub fn plan_reconcile<'a>(
         {
             continue;
         }
-        let (reason, message) = match status.state {
-            // The list was built after the robot reported this status: it
-            // would hold the attempt if it still had it.
-            Some(TaskState::Running) if holding.last_seq.is_some_and(|s| s >= status.seq) => (
-                TaskReason::NotOnRobot,
-                format!(
-                    "robot {robot} reported in without attempt {} (the agent lost it, e.g. across a restart)",
-                    status.attempt
-                ),
-            ),
-            // The robot refuses a dispatch after its deadline; a list built
-            // well after it without the attempt means it never starts.
-            Some(TaskState::Dispatching)
-                if status
-                    .dispatch_deadline
-                    .and_then(|d| d.checked_add(DISPATCH_GRACE).ok())
-                    .zip(holding.sent_at)
-                    .is_some_and(|(late, sent)| sent >= late) =>
-            {
-                (
-                    TaskReason::DispatchTimeout,
-                    format!(
-                        "robot {robot} did not take attempt {} before its dispatch deadline",
-                        status.attempt
-                    ),
-                )
-            }
-            _ => continue,
+        let Some((reason, message)) = missing_from(robot, &holding, &status) else {
+            continue;
         };
         plan.lost.push((
             uid.to_owned(),
@@ -190,4 +164,38 @@ pub fn plan_reconcile<'a>(
         ));
     }
     plan
+}
+
+/// Why a complete list from `robot` without the current attempt of a Task
+/// in `status` means the attempt is lost, if it does.
+fn missing_from(robot: &str, holding: &Holding<'_>, status: &TaskStatus) -> Option<(TaskReason, String)> {
+    match status.state {
+        // The list was built after the robot reported this status: it would
+        // hold the attempt if it still had it.
+        Some(TaskState::Running) if holding.last_seq.is_some_and(|s| s >= status.seq) => Some((
+            TaskReason::NotOnRobot,
+            format!(
+                "robot {robot} reported in without attempt {} (the agent lost it, e.g. across a restart)",
+                status.attempt
+            ),
+        )),
+        // The robot refuses a dispatch after its deadline; a list built well
+        // after it without the attempt means it never starts.
+        Some(TaskState::Dispatching)
+            if status
+                .dispatch_deadline
+                .and_then(|d| d.checked_add(DISPATCH_GRACE).ok())
+                .zip(holding.sent_at)
+                .is_some_and(|(late, sent)| sent >= late) =>
+        {
+            Some((
+                TaskReason::DispatchTimeout,
+                format!(
+                    "robot {robot} did not take attempt {} before its dispatch deadline",
+                    status.attempt
+                ),
+            ))
+        }
+        _ => None,
+    }
 }

@@ -188,12 +188,9 @@ fn register_of_an_online_robot_is_answered_at_once_and_keeps_the_phase() {
     assert_eq!(plan.respond, None, "Offline waits for the manager to see it live");
 }
 
-#[test]
-fn a_registration_with_nothing_new_is_not_written_however_late() {
-    let now = t("2026-11-22T10:00:00Z");
-    let first = plan_register(&register(&[("site", "lab")]), None, t("2026-11-22T09:59:50Z")).unwrap();
-    assert!(first.write_status);
-    // The Robot as the first registration left it, approved since.
+/// The Robot as the registration planned in `first` left it at `at`,
+/// approved since.
+fn as_registered(first: &RegisterPlan, at: Timestamp) -> Robot {
     let mut robot = RobotBuilder::new()
         .phase(RobotPhase::Online)
         .connected(true)
@@ -214,8 +211,16 @@ fn a_registration_with_nothing_new_is_not_written_however_late() {
     status.drivers = first.status.drivers.clone().unwrap();
     status.agent_version = first.status.agent_version.clone();
     status.capacity = first.status.capacity.clone();
-    status.last_registration_time = Some(t("2026-11-22T09:59:50Z"));
+    status.last_registration_time = Some(at);
+    robot
+}
 
+#[test]
+fn a_registration_with_nothing_new_is_not_written_however_late() {
+    let now = t("2026-11-22T10:00:00Z");
+    let first = plan_register(&register(&[("site", "lab")]), None, t("2026-11-22T09:59:50Z")).unwrap();
+    assert!(first.write_status);
+    let robot = as_registered(&first, t("2026-11-22T09:59:50Z"));
     let again = plan_register(&register(&[("site", "lab")]), Some(&robot), now).unwrap();
     assert!(
         !again.write_status,
@@ -416,20 +421,23 @@ fn an_idle_robot_is_renewed_at_the_long_interval_and_at_once_when_it_takes_work(
         .0;
     let mut memory = HeartbeatMemory::default();
     let at = |secs: i64| start + jiff::SignedDuration::from_secs(secs);
+    let beat = |memory: &mut HeartbeatMemory, working: bool, secs: i64| {
+        plan_heartbeat(
+            memory,
+            &robot,
+            None,
+            working,
+            Some(&usage(12.0, 1)),
+            None,
+            at(secs),
+            limits,
+        )
+    };
     let mut renewals = Vec::new();
     let mut writes = 0;
     // An hour of idle heartbeats every 30 s.
     for i in 0..120 {
-        let plan = plan_heartbeat(
-            &mut memory,
-            &robot,
-            None,
-            false,
-            Some(&usage(12.0, 1)),
-            None,
-            at(30 * i),
-            limits,
-        );
+        let plan = beat(&mut memory, false, 30 * i);
         renewals.extend(plan.renew_lease.map(|interval| (30 * i, interval)));
         writes += usize::from(plan.status.is_some());
     }
@@ -448,51 +456,15 @@ fn an_idle_robot_is_renewed_at_the_long_interval_and_at_once_when_it_takes_work(
     // The Robot showed 09:59:50: written again at 10:30:00 only.
     assert_eq!(writes, 1);
     // Heard holding work: renewed at once, promising the short interval.
-    let plan = plan_heartbeat(
-        &mut memory,
-        &robot,
-        None,
-        true,
-        Some(&usage(12.0, 1)),
-        None,
-        at(3610),
-        limits,
-    );
+    let plan = beat(&mut memory, true, 3610);
     assert_eq!(plan.renew_lease, Some(limits.lease_interval));
-    let plan = plan_heartbeat(
-        &mut memory,
-        &robot,
-        None,
-        true,
-        Some(&usage(12.0, 1)),
-        None,
-        at(3640),
-        limits,
-    );
+    let plan = beat(&mut memory, true, 3640);
     assert_eq!(plan.renew_lease, None, "the short interval has not passed");
     // Idle again: the Lease promised 60 s, so it is renewed once that has
     // passed (not at the idle interval), promising the idle one.
-    let plan = plan_heartbeat(
-        &mut memory,
-        &robot,
-        None,
-        false,
-        Some(&usage(12.0, 1)),
-        None,
-        at(3650),
-        limits,
-    );
+    let plan = beat(&mut memory, false, 3650);
     assert_eq!(plan.renew_lease, None);
-    let plan = plan_heartbeat(
-        &mut memory,
-        &robot,
-        None,
-        false,
-        Some(&usage(12.0, 1)),
-        None,
-        at(3670),
-        limits,
-    );
+    let plan = beat(&mut memory, false, 3670);
     assert_eq!(plan.renew_lease, Some(idle));
 }
 
@@ -1160,17 +1132,23 @@ fn an_expired_dispatch_is_not_published() {
     );
 }
 
+/// A Task with `uid`, on `robot`, running `attempt` with status `seq`.
+fn running(uid: &str, robot: &str, attempt: u32, seq: u64) -> Task {
+    let mut task = TaskBuilder::new()
+        .target(robot)
+        .state(TaskState::Running, attempt, seq)
+        .0;
+    task.metadata.uid = Some(uid.into());
+    task
+}
+
 #[test]
 fn reconcile_cancels_what_no_task_wants_and_fails_what_the_robot_lost() {
     let held = |uid: &str, attempt: u32| TaskAttempt::new(uid, attempt);
-    let mut current = TaskBuilder::new().target("rb1").state(TaskState::Running, 2, 4).0;
-    current.metadata.uid = Some("now".into());
-    let mut elsewhere = TaskBuilder::new().target("rb2").state(TaskState::Running, 1, 1).0;
-    elsewhere.metadata.uid = Some("moved".into());
-    let mut lost = TaskBuilder::new().target("rb1").state(TaskState::Running, 3, 7).0;
-    lost.metadata.uid = Some("lost".into());
-    let mut ahead = TaskBuilder::new().target("rb1").state(TaskState::Running, 1, 1).0;
-    ahead.metadata.uid = Some("ahead".into());
+    let current = running("now", "rb1", 2, 4);
+    let elsewhere = running("moved", "rb2", 1, 1);
+    let lost = running("lost", "rb1", 3, 7);
+    let ahead = running("ahead", "rb1", 1, 1);
     let mut late = TaskBuilder::new()
         .target("rb1")
         .state(TaskState::Dispatching, 1, 0)
