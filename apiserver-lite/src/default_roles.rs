@@ -18,6 +18,11 @@
 //! unless it is annotated `rbac.authorization.kubernetes.io/autoupdate:
 //! "false"` (kube-apiserver's reconciliation). The rights are those of the
 //! real roles, for the kinds this server serves.
+//!
+//! A rule an earlier version granted and the real roles never had is taken
+//! back at start ([`REVOKED`]): `edit` once wrote Leases, which upstream's
+//! `edit` cannot, and a Lease in the robots' namespace is what the manager
+//! fences a silent robot's work by.
 
 use std::sync::LazyLock;
 
@@ -104,7 +109,6 @@ pub static DEFAULT_CLUSTER_ROLES: LazyLock<Vec<Value>> = LazyLock::new(|| {
                 {"apiGroups": [""], "resources": ["secrets"], "verbs": read()},
                 {"apiGroups": [""], "resources": ["configmaps", "secrets", "serviceaccounts", "services"], "verbs": write()},
                 {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": write()},
-                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": all_verbs()},
             ]}),
         ),
         role(
@@ -117,6 +121,16 @@ pub static DEFAULT_CLUSTER_ROLES: LazyLock<Vec<Value>> = LazyLock::new(|| {
             ]}),
         ),
     ]
+});
+
+/// Rules earlier versions put in a default role that the real role does not
+/// have: removed from the stored role at start (unless it is annotated not
+/// to be updated).
+pub static REVOKED: LazyLock<Vec<(&'static str, Value)>> = LazyLock::new(|| {
+    vec![(
+        "system:aggregate-to-edit",
+        json!({"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": all_verbs()}),
+    )]
 });
 
 /// The ClusterRoleBinding that gives `cluster-admin` to `system:masters`,
@@ -160,7 +174,12 @@ pub fn reconcile_at_start(store: &Store) -> Result<(), ApiError> {
                 }
                 Some(old) if old["metadata"]["annotations"][AUTOUPDATE] == "false" => {}
                 Some(old) => {
-                    if let Some(mended) = mend(&old, &want) {
+                    let revoked: Vec<&Value> = REVOKED
+                        .iter()
+                        .filter(|(role, _)| *role == name)
+                        .map(|(_, rule)| rule)
+                        .collect();
+                    if let Some(mended) = mend(&old, &want, &revoked) {
                         ops::commit_update(
                             txn,
                             rt,
@@ -180,9 +199,13 @@ pub fn reconcile_at_start(store: &Store) -> Result<(), ApiError> {
 }
 
 /// `old` with what `want` has and `old` lost (labels, annotations, the
-/// aggregation rule, rules, subjects); `None` when nothing was lost.
-fn mend(old: &Value, want: &Value) -> Option<Value> {
+/// aggregation rule, rules, subjects), and without the `revoked` rules;
+/// `None` when nothing changes.
+fn mend(old: &Value, want: &Value, revoked: &[&Value]) -> Option<Value> {
     let mut new = old.clone();
+    if let Some(rules) = new["rules"].as_array_mut() {
+        rules.retain(|rule| !revoked.contains(&rule));
+    }
     for field in ["labels", "annotations"] {
         for (k, v) in want["metadata"][field].as_object().into_iter().flatten() {
             new["metadata"][field][k] = v.clone();

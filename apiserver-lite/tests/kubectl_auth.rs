@@ -168,6 +168,23 @@ async fn impersonation(bin: &str) {
         "--as-group=ops",
     ]);
     assert_eq!(answer(&yes), "yes", "{bin}");
+    // As upstream's edit: no Leases, whose renewals fence robots' work.
+    for verb in ["patch", "update", "create", "delete"] {
+        let no = admin.fails(
+            &[
+                "auth",
+                "can-i",
+                verb,
+                "leases.coordination.k8s.io",
+                "-n",
+                "ns",
+                "--as=jane",
+                "--as-group=ops",
+            ],
+            None,
+        );
+        assert_eq!(answer(&no), "no", "{bin}: edit may {verb} leases: {no}");
+    }
 
     // alice may not impersonate: refused with the real server's words
     // (kubectl's discovery shows a refusal as `Forbidden: unknown`, as it

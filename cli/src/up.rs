@@ -624,8 +624,8 @@ fn spawn_programs(
     // interval) moves a lost robot's work about 50 s sooner than with the
     // cluster default; a robot silent on a live connection is Offline after
     // the manager's 5 minutes, not an idle Lease's 30.
-    server.coalescing.lease_interval = std::time::Duration::from_secs(10);
-    server.coalescing.idle_lease_interval = std::time::Duration::from_secs(10);
+    server.coalescing.lease_interval = LEASE_INTERVAL;
+    server.coalescing.idle_lease_interval = LEASE_INTERVAL;
     server.coalescing.idle_status_refresh = server.coalescing.status_refresh;
     let server_client = clients.server;
     let server_stop = shutdown.clone();
@@ -699,9 +699,17 @@ fn base64_encode(bytes: &[u8]) -> String {
         .unwrap_or_default()
 }
 
+/// How often the server of `k8s4r up` renews robots' Leases, idle or not;
+/// its manager reads no Lease as renewed more often.
+const LEASE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The manager configuration `k8s4r up` runs with.
 pub fn manager_config() -> k8s4r_manager::ManagerConfig {
     k8s4r_manager::ManagerConfig {
+        lifecycle: k8s4r_manager::lifecycle::LifecycleConfig {
+            lease_interval: LEASE_INTERVAL,
+            ..Default::default()
+        },
         namespace: SYSTEM_NAMESPACE.to_owned(),
         robot_lease_namespace: LEASE_NAMESPACE.to_owned(),
         bootstrap_secret: TOKEN_SECRET.to_owned(),

@@ -58,6 +58,11 @@ pub struct Args {
     /// disconnect.stopAfter; this covers clock skew between cluster machines.
     #[arg(long, env = "K8S4R_ROBOT_LOST_GRACE", default_value = "30s", value_parser = duration)]
     pub robot_lost_grace: Duration,
+    /// The servers' --lease-interval (how often they renew the Lease of a
+    /// robot that holds work): a robot's Lease is never read as renewed more
+    /// often, whatever its leaseDurationSeconds says.
+    #[arg(long, env = "K8S4R_ROBOT_LEASE_INTERVAL", default_value = "60s", value_parser = duration)]
+    pub robot_lease_interval: Duration,
     /// Slack after timeout + killTimeout before the manager fails a task its
     /// robot never reported finished (TimeoutBackstop).
     #[arg(long, env = "K8S4R_BACKSTOP_GRACE", default_value = "60s", value_parser = duration)]
@@ -164,6 +169,7 @@ impl Args {
             lifecycle: LifecycleConfig {
                 dispatch_timeout: self.dispatch_timeout,
                 robot_lost_grace: self.robot_lost_grace,
+                lease_interval: self.robot_lease_interval,
                 backstop_grace: self.backstop_grace,
                 lost_retries: self.lost_retries,
                 ..LifecycleConfig::default()

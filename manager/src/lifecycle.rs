@@ -25,6 +25,11 @@ pub struct LifecycleConfig {
     /// Lease to tell (its `lastHeartbeatTime`, which the server refreshes at
     /// most every `--idle-heartbeat-refresh` for an idle robot, 1800 s).
     pub unleased_record_lag: Duration,
+    /// The servers' `--lease-interval`: how often they renew the Lease of a
+    /// robot that holds work. A Lease is never read as renewed more often
+    /// than this, whatever its `leaseDurationSeconds` says: a Lease someone
+    /// else shortened does not bring a replacement earlier.
+    pub lease_interval: Duration,
     /// Slack after `startTime + timeout + killTimeout` before the manager
     /// fails a task whose robot never reported the end.
     pub backstop_grace: Duration,
@@ -39,10 +44,22 @@ impl Default for LifecycleConfig {
             dispatch_timeout: Duration::from_secs(60),
             robot_lost_grace: Duration::from_secs(30),
             unleased_record_lag: Duration::from_secs(1800),
+            lease_interval: Duration::from_secs(60),
             backstop_grace: Duration::from_secs(60),
             lost_retries: 3,
         }
     }
+}
+
+/// How stale the record of a robot's last contact may be, from its Lease's
+/// `leaseDurationSeconds` (None: no Lease): the server renews a Lease at
+/// most every third of its duration, and never more often than at its
+/// `lease_interval`, which is where this takes the floor from: a duration
+/// another writer shortened moves no fence earlier.
+pub fn record_lag(lease_duration_seconds: Option<i32>, cfg: &LifecycleConfig) -> Duration {
+    lease_duration_seconds.map_or(cfg.unleased_record_lag, |s| {
+        Duration::from_secs(u64::try_from(s).unwrap_or(0) / 3).max(cfg.lease_interval)
+    })
 }
 
 /// What the manager knows about the robot a task is assigned to.
@@ -292,7 +309,7 @@ pub fn next_step(
 /// When the attempt a silent robot holds is certainly stopped: the robot
 /// stops it `stopAfter` after it last heard from the cluster (docs/fencing.md),
 /// SIGKILL follows within the kill timeout, and the cluster's record of the
-/// last contact may lag the real one by `record_lag`; `robot_lost_grace`
+/// last contact may lag the real one by `record_lag` ([`record_lag`]); `robot_lost_grace`
 /// covers clock skew between cluster machines.
 fn fence_time(spec: &TaskSpec, heard: Timestamp, record_lag: Duration, cfg: &LifecycleConfig) -> Timestamp {
     let stop_after = DisconnectPolicy::stop_after(spec.disconnect.as_ref());

@@ -276,6 +276,8 @@ pub fn start_manager(bin: &Path, kubeconfig: &str, extra: &[&str], log: &Path, n
             ("--disconnect-grace", Some("2s")),
             ("--dispatch-timeout", Some("15s")),
             ("--robot-lost-grace", Some("1s")),
+            // The servers' --lease-interval above.
+            ("--robot-lease-interval", Some("1s")),
             ("--backstop-grace", Some("5s")),
             ("--metrics-addr", Some("127.0.0.1:0")),
             ("--api-timeout", Some("3s")),

@@ -85,10 +85,43 @@ fn mending_gives_back_what_was_lost_and_keeps_what_was_added() {
         "rules": [rule("cms", "get")],
     });
     let mut old = want.clone();
-    assert_eq!(mend(&old, &want), None);
+    assert_eq!(mend(&old, &want, &[]), None);
     old["rules"] = json!([rule("extra", "get")]);
     old["metadata"]["labels"] = json!({"mine": "x"});
-    let mended = mend(&old, &want).unwrap();
+    let mended = mend(&old, &want, &[]).unwrap();
     assert_eq!(mended["rules"], json!([rule("extra", "get"), rule("cms", "get")]));
     assert_eq!(mended["metadata"]["labels"], json!({"mine": "x", "a": "1"}));
+}
+
+#[test]
+fn edit_writes_no_leases_as_upstream_and_a_stored_edit_that_did_loses_the_rule() {
+    let grants_leases = |role: &Value| {
+        role["rules"].as_array().into_iter().flatten().any(|r| {
+            r["resources"]
+                .as_array()
+                .is_some_and(|rs| rs.contains(&json!("leases")))
+        })
+    };
+    for role in DEFAULT_CLUSTER_ROLES
+        .iter()
+        .filter(|r| r["metadata"]["name"] != "cluster-admin")
+    {
+        assert!(!grants_leases(role), "{role}");
+    }
+    // A role stored by an earlier version, with a rule a person added.
+    let want = DEFAULT_CLUSTER_ROLES
+        .iter()
+        .find(|r| r["metadata"]["name"] == "system:aggregate-to-edit")
+        .unwrap()
+        .clone();
+    let mut old = want.clone();
+    let (_, leases) = &REVOKED[0];
+    old["rules"].as_array_mut().unwrap().push(leases.clone());
+    old["rules"].as_array_mut().unwrap().push(rule("widgets", "get"));
+    let mended = mend(&old, &want, &[leases]).unwrap();
+    assert!(!grants_leases(&mended), "{mended}");
+    assert!(mended["rules"]
+        .as_array()
+        .unwrap()
+        .contains(&rule("widgets", "get")));
 }

@@ -183,14 +183,11 @@ pub fn replaces_a_silent_robots_attempt(step: &Step) -> bool {
     )
 }
 
-/// How stale the record of a robot's last contact may be: the server renews
-/// a Lease at most every leaseDurationSeconds / 3.
+/// How stale the record of a robot's last contact may be
+/// ([`crate::lifecycle::record_lag`]).
 fn record_lag(lease: Option<&Lease>, ctx: &Context) -> Duration {
-    lease
-        .and_then(|l| l.spec.as_ref()?.lease_duration_seconds)
-        .map_or(ctx.config.lifecycle.unleased_record_lag, |s| {
-            Duration::from_secs(u64::try_from(s).unwrap_or(0) / 3)
-        })
+    let duration = lease.and_then(|l| l.spec.as_ref()?.lease_duration_seconds);
+    crate::lifecycle::record_lag(duration, &ctx.config.lifecycle)
 }
 
 fn publish_progress(ctx: &Context, task: &Task) {

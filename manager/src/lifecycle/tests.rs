@@ -60,6 +60,7 @@ fn cfg() -> LifecycleConfig {
         dispatch_timeout: Duration::from_secs(30),
         robot_lost_grace: Duration::from_secs(10),
         unleased_record_lag: Duration::ZERO,
+        lease_interval: Duration::ZERO,
         backstop_grace: Duration::from_secs(5),
         lost_retries: 2,
     }
@@ -511,4 +512,17 @@ fn a_dispatch_no_server_began_to_send_fails_after_its_deadline_whatever_the_robo
     s.state = Some(TaskState::Running);
     assert_eq!(never_sent(Some(&s), 0, t(500), &cfg()), None);
     assert_eq!(never_sent(None, 0, t(500), &cfg()), None);
+}
+
+#[test]
+fn a_lease_shortened_by_another_writer_moves_no_fence_earlier() {
+    let cfg = LifecycleConfig::default();
+    // The server's own Lease of a robot at work: 180 s, renewed every 60 s.
+    assert_eq!(record_lag(Some(180), &cfg), Duration::from_secs(60));
+    // Someone set 3 s: read as the server's interval all the same.
+    assert_eq!(record_lag(Some(3), &cfg), record_lag(Some(180), &cfg));
+    assert_eq!(record_lag(Some(-5), &cfg), cfg.lease_interval);
+    // An idle robot's long promise is honoured.
+    assert_eq!(record_lag(Some(1800), &cfg), Duration::from_secs(600));
+    assert_eq!(record_lag(None, &cfg), cfg.unleased_record_lag);
 }

@@ -17,7 +17,7 @@ use k8s4r_api::{
 use k8s4r_manager::controllers::task::{
     decide_step, plan_dispatch, plan_fail, plan_retry, plan_return, replaces_a_silent_robots_attempt,
 };
-use k8s4r_manager::lifecycle::{LifecycleConfig, RobotHealth, Step};
+use k8s4r_manager::lifecycle::{record_lag, LifecycleConfig, RobotHealth, Step};
 use k8s4r_server::decide::{decide_status, decide_task, plan_reconcile, Holding, StatusDecision, TaskAction};
 use serde_json::{json, Value};
 
@@ -128,7 +128,11 @@ impl Cluster {
             lease_cache: BTreeMap::new(),
             stalled: false,
             busy: BTreeSet::new(),
-            lifecycle: LifecycleConfig::default(),
+            lifecycle: LifecycleConfig {
+                // The simulated server renews a Lease every third of it.
+                lease_interval: Duration::from_secs(LEASE_SECONDS / 3),
+                ..LifecycleConfig::default()
+            },
         }
     }
 
@@ -567,7 +571,7 @@ impl Cluster {
                         .get(robot)
                         .copied()
                         .max(self.registered.get(robot).copied()),
-                    record_lag: Duration::from_secs(LEASE_SECONDS / 3),
+                    record_lag: record_lag(Some(LEASE_SECONDS as i32), &self.lifecycle),
                 },
             };
             let mut step = decide_step(task, health(&self.lease_cache), now, &self.lifecycle);
