@@ -7,7 +7,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
-use k8s4r_agent::upgrade::verify::{elf_arch, subject};
+use k8s4r_agent::upgrade::verify::{downgrade_subject, elf_arch, is_downgrade, subject};
 use sha2::{Digest, Sha256};
 
 /// `k8s4r sign-agent`.
@@ -33,6 +33,12 @@ pub struct SignArgs {
     /// from the binary, when it runs on this machine.
     #[arg(long, value_name = "VERSION")]
     pub agent_version: Option<String>,
+    /// Sign a downgrade: robots that run exactly VERSION (newer than this
+    /// binary) may go back to it. Without it, a robot refuses any version
+    /// older than the one it runs, so that an old signed release cannot be
+    /// ordered again.
+    #[arg(long, value_name = "VERSION")]
+    pub downgrade_from: Option<String>,
 }
 
 pub fn run(args: &SignArgs) -> anyhow::Result<()> {
@@ -47,7 +53,13 @@ pub fn run(args: &SignArgs) -> anyhow::Result<()> {
     };
     match (&args.binary, args.generate) {
         (_, true) => generate(&args.secret_key, password),
-        (Some(binary), false) => sign(binary, &args.secret_key, password, args.agent_version.as_deref()),
+        (Some(binary), false) => sign(
+            binary,
+            &args.secret_key,
+            password,
+            args.agent_version.as_deref(),
+            args.downgrade_from.as_deref(),
+        ),
         (None, false) => bail!("name the binary to sign, or --generate a key pair"),
     }
 }
@@ -84,6 +96,7 @@ fn sign(
     secret_key: &Path,
     password: Option<String>,
     version: Option<&str>,
+    downgrade_from: Option<&str>,
 ) -> anyhow::Result<()> {
     let bytes = std::fs::read(binary).with_context(|| format!("cannot read {}", binary.display()))?;
     let Some(arch) = elf_arch(&bytes) else {
@@ -96,6 +109,15 @@ fn sign(
         Some(v) => v.to_owned(),
         None => ask_version(binary, arch)?,
     };
+    let comment = match downgrade_from {
+        None => subject(&version, arch),
+        Some(from) => {
+            if !is_downgrade(from, &version).map_err(|e| anyhow::anyhow!("{e}"))? {
+                bail!("--downgrade-from {from}: {version} is not older than {from}");
+            }
+            downgrade_subject(&version, arch, from)
+        }
+    };
     let key = if password.is_some() {
         minisign::SecretKey::from_file(secret_key, password)
     } else {
@@ -106,7 +128,7 @@ fn sign(
         .and_then(minisign::SecretKeyBox::into_unencrypted_secret_key)
     }
     .with_context(|| format!("cannot use the secret key {}", secret_key.display()))?;
-    let signature = minisign::sign(None, &key, bytes.as_slice(), Some(&subject(&version, arch)), None)
+    let signature = minisign::sign(None, &key, bytes.as_slice(), Some(&comment), None)
         .context("cannot sign")?
         .into_string();
     let mut signature_path = binary.as_os_str().to_owned();
@@ -192,7 +214,7 @@ mod tests {
         let public = minisign::PublicKey::from_file(public_path(&secret)).unwrap();
         let binary = dir.path().join("k8s4r-agent");
         std::fs::copy("/bin/true", &binary).unwrap();
-        sign(&binary, &secret, None, Some("0.3.0")).unwrap();
+        sign(&binary, &secret, None, Some("0.3.0"), None).unwrap();
         let signature = std::fs::read_to_string(dir.path().join("k8s4r-agent.minisig")).unwrap();
         let sha256: String = Sha256::digest(std::fs::read(&binary).unwrap())
             .iter()
@@ -200,6 +222,7 @@ mod tests {
             .collect();
         let expected = Expected {
             version: "0.3.0",
+            running: "0.2.0",
             sha256: &sha256,
             signature: Some(&signature),
         };
@@ -213,14 +236,48 @@ mod tests {
     }
 
     #[test]
+    fn a_signed_downgrade_takes_back_exactly_the_version_it_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("signing.key");
+        generate(&secret, None).unwrap();
+        let public = minisign::PublicKey::from_file(public_path(&secret)).unwrap();
+        let binary = dir.path().join("k8s4r-agent");
+        std::fs::copy("/bin/true", &binary).unwrap();
+        let refused = sign(&binary, &secret, None, Some("0.3.0"), Some("0.2.0")).unwrap_err();
+        assert!(refused.to_string().contains("not older than 0.2.0"), "{refused}");
+        sign(&binary, &secret, None, Some("0.3.0"), Some("0.4.0")).unwrap();
+        let signature = std::fs::read_to_string(dir.path().join("k8s4r-agent.minisig")).unwrap();
+        let sha256: String = Sha256::digest(std::fs::read(&binary).unwrap())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let trust = Trust::Keys(vec![public.to_base64()]);
+        let from = |running| Expected {
+            version: "0.3.0",
+            running,
+            sha256: &sha256,
+            signature: Some(&signature),
+        };
+        assert_eq!(check(&binary, &from("0.4.0"), &trust), Ok(()));
+        assert!(check(&binary, &from("0.5.0"), &trust).is_err());
+    }
+
+    #[test]
     fn an_encrypted_key_needs_its_password() {
         let dir = tempfile::tempdir().unwrap();
         let secret = dir.path().join("signing.key");
         generate(&secret, Some("horse battery".into())).unwrap();
         let binary = dir.path().join("k8s4r-agent");
         std::fs::copy("/bin/true", &binary).unwrap();
-        assert!(sign(&binary, &secret, None, Some("0.3.0")).is_err());
-        sign(&binary, &secret, Some("horse battery".into()), Some("0.3.0")).unwrap();
+        assert!(sign(&binary, &secret, None, Some("0.3.0"), None).is_err());
+        sign(
+            &binary,
+            &secret,
+            Some("horse battery".into()),
+            Some("0.3.0"),
+            None,
+        )
+        .unwrap();
     }
 
     #[test]

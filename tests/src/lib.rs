@@ -9,6 +9,8 @@ pub mod faults;
 pub mod stopping;
 pub mod upgrade;
 
-/// The version the upgrade tests roll out: the agent's own, with `-next`
-/// (`e2e-agent-next`, `e2e-agent-crash` and `e2e-agent-lost` say it).
-pub const NEXT_VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "-next");
+/// The version the upgrade tests roll out (`e2e-agent-next`,
+/// `e2e-agent-crash` and `e2e-agent-lost` say it): newer than the agent's
+/// own in semantic-version order, as a real next release is (a robot
+/// refuses to go back to an older one without a signed downgrade).
+pub const NEXT_VERSION: &str = "999.0.0-next";

@@ -249,6 +249,7 @@ impl Signer {
             generate: true,
             password_file: None,
             agent_version: None,
+            downgrade_from: None,
         })
         .expect("k8s4r sign-agent --generate");
         Signer {
@@ -287,6 +288,7 @@ impl Signer {
             generate: false,
             password_file: None,
             agent_version: Some(version.to_owned()),
+            downgrade_from: None,
         })
         .expect("k8s4r sign-agent");
         artifact_of(&path)
@@ -299,6 +301,7 @@ impl Signer {
             generate: false,
             password_file: None,
             agent_version: None,
+            downgrade_from: None,
         })
         .expect("k8s4r sign-agent");
         artifact_of(path)

@@ -239,13 +239,15 @@ async fn a_broken_new_agent_is_rolled_back_by_the_robot_and_max_failed_zero_paus
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_forged_signature_a_wrong_digest_and_another_architecture_are_refused_before_any_switch() {
+async fn a_forged_signature_a_wrong_digest_another_architecture_and_an_older_release_are_refused_before_any_switch(
+) {
     let f = fleet(&["ref-a"], &[]).await;
     let robot = "ref-a";
     for (artifact, why) in [
         ("forged", "signature does not verify"),
         ("digest", "sha256"),
         ("arm", "built for aarch64"),
+        ("older", "is older than"),
     ] {
         f.roll_out(artifact, artifact, 1, 0, "60s").await;
         let r = f

@@ -110,6 +110,7 @@ fn check_and_stage(
 ) -> Result<std::path::PathBuf, String> {
     let expected = Expected {
         version: &order.version,
+        running: crate::version(),
         sha256: &order.sha256,
         signature: order.signature.as_deref(),
     };

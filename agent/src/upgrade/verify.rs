@@ -7,6 +7,15 @@
 //! `k8s4r-agent version=V arch=A`: a valid signature of version 1.0 can
 //! then not be replayed as version 2.0, nor an x86_64 build sent to an ARM
 //! robot under a signed aarch64 name.
+//!
+//! Versions are ordered as semantic versions, and a robot never goes back
+//! to a version older than the one it runs (a replayed old release, with
+//! the flaws it had, is refused) unless the signature itself says so:
+//! `k8s4r-agent version=V arch=A downgrade-from=F`, made by
+//! `k8s4r sign-agent --downgrade-from F`, allows exactly the step from F
+//! down to V. Without a pinned key (`allow_unsigned_upgrades`) there is no
+//! one to say it, and nothing to protect: whoever may order an unsigned
+//! upgrade may order any binary.
 
 use std::io::Read;
 use std::path::Path;
@@ -19,6 +28,9 @@ use sha2::{Digest, Sha256};
 #[derive(Debug, Clone)]
 pub struct Expected<'a> {
     pub version: &'a str,
+    /// The version this robot runs (its confirmed binary's): a version
+    /// older than it needs a signed downgrade.
+    pub running: &'a str,
     /// Hex, either case.
     pub sha256: &'a str,
     /// The minisign signature file's text.
@@ -57,6 +69,13 @@ pub enum Refusal {
         version: String,
         arch: String,
     },
+    #[error(
+        "version {to} is older than {from}, which this robot runs; only a release signed as a \
+         downgrade from {from} (k8s4r sign-agent --downgrade-from {from}) may replace it"
+    )]
+    Downgrade { from: String, to: String },
+    #[error("{0:?} is not a semantic version (MAJOR.MINOR.PATCH[-PRE][+BUILD])")]
+    NotSemver(String),
     #[error("it is built for {found}, this robot is {expected}")]
     Architecture { expected: String, found: String },
     #[error("`--version` {0}")]
@@ -87,16 +106,30 @@ pub fn check(path: &Path, expected: &Expected<'_>, trust: &Trust) -> Result<(), 
             found: arch.to_owned(),
         });
     }
+    let downgrade = is_downgrade(expected.running, expected.version)?;
     match trust {
         Trust::Nothing => return Err(Refusal::NoKey),
         Trust::UnsignedAllowed if expected.signature.is_none() => {}
         Trust::UnsignedAllowed => return Err(Refusal::NoKey),
-        Trust::Keys(keys) => verify_signature(&bytes, expected, keys)?,
+        Trust::Keys(keys) => verify_signature(&bytes, expected, keys, downgrade)?,
     }
     Ok(())
 }
 
-fn verify_signature(bytes: &[u8], expected: &Expected<'_>, keys: &[String]) -> Result<(), Refusal> {
+/// Whether going from `running` to `to` goes back, in semantic-version
+/// order (build metadata aside, as semver orders).
+pub fn is_downgrade(running: &str, to: &str) -> Result<bool, Refusal> {
+    let parse = |v: &str| semver::Version::parse(v).map_err(|_| Refusal::NotSemver(v.to_owned()));
+    let (running, to) = (parse(running)?, parse(to)?);
+    Ok(to.cmp_precedence(&running) == std::cmp::Ordering::Less)
+}
+
+fn verify_signature(
+    bytes: &[u8],
+    expected: &Expected<'_>,
+    keys: &[String],
+    downgrade: bool,
+) -> Result<(), Refusal> {
     let text = expected.signature.ok_or(Refusal::Unsigned)?;
     let signature = Signature::decode(text).map_err(|e| Refusal::Signature(format!("{e:?}")))?;
     let mut last = "no key".to_owned();
@@ -110,12 +143,18 @@ fn verify_signature(bytes: &[u8], expected: &Expected<'_>, keys: &[String]) -> R
     if !verified {
         return Err(Refusal::Signature(last));
     }
-    let subject = signature.trusted_comment();
-    if !vouches_for(subject, expected.version, std::env::consts::ARCH) {
+    let subject = Subject::read(signature.trusted_comment());
+    if !subject.is_some_and(|s| s.version == expected.version && s.arch == std::env::consts::ARCH) {
         return Err(Refusal::Subject {
-            found: subject.to_owned(),
+            found: signature.trusted_comment().to_owned(),
             version: expected.version.to_owned(),
             arch: std::env::consts::ARCH.to_owned(),
+        });
+    }
+    if downgrade && subject.and_then(|s| s.downgrade_from) != Some(expected.running) {
+        return Err(Refusal::Downgrade {
+            from: expected.running.to_owned(),
+            to: expected.version.to_owned(),
         });
     }
     Ok(())
@@ -126,22 +165,42 @@ pub fn subject(version: &str, arch: &str) -> String {
     format!("k8s4r-agent version={version} arch={arch}")
 }
 
-/// Whether a trusted comment names this program, version and architecture
-/// (other `key=value` words may follow, such as a timestamp).
-fn vouches_for(comment: &str, version: &str, arch: &str) -> bool {
-    let mut words = comment.split_whitespace();
-    if words.next() != Some("k8s4r-agent") {
-        return false;
-    }
-    let (mut v, mut a) = (None, None);
-    for word in words {
-        match word.split_once('=') {
-            Some(("version", value)) => v = Some(value),
-            Some(("arch", value)) => a = Some(value),
-            _ => {}
+/// The trusted comment of a signed downgrade from `from` to `version`.
+pub fn downgrade_subject(version: &str, arch: &str, from: &str) -> String {
+    format!("{} downgrade-from={from}", subject(version, arch))
+}
+
+/// What a trusted comment vouches for: this program, a version and an
+/// architecture, and the version a downgrade may start from (other
+/// `key=value` words may follow, such as a timestamp).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Subject<'a> {
+    version: &'a str,
+    arch: &'a str,
+    downgrade_from: Option<&'a str>,
+}
+
+impl<'a> Subject<'a> {
+    fn read(comment: &'a str) -> Option<Self> {
+        let mut words = comment.split_whitespace();
+        if words.next() != Some("k8s4r-agent") {
+            return None;
         }
+        let (mut version, mut arch, mut downgrade_from) = (None, None, None);
+        for word in words {
+            match word.split_once('=') {
+                Some(("version", value)) => version = Some(value),
+                Some(("arch", value)) => arch = Some(value),
+                Some(("downgrade-from", value)) => downgrade_from = Some(value),
+                _ => {}
+            }
+        }
+        Some(Subject {
+            version: version?,
+            arch: arch?,
+            downgrade_from,
+        })
     }
-    v == Some(version) && a == Some(arch)
 }
 
 /// The architecture (as `std::env::consts::ARCH` names it) of a Linux ELF
@@ -265,6 +324,7 @@ mod tests {
         let signature = signer.sign(&bytes, &subject("2.0.0", std::env::consts::ARCH));
         let expected = Expected {
             version: "2.0.0",
+            running: "1.0.0",
             sha256: &digest.to_uppercase(),
             signature: Some(&signature),
         };
@@ -283,6 +343,7 @@ mod tests {
         let trust = Trust::Keys(vec![signer.public()]);
         let with = |version, sha256, signature| Expected {
             version,
+            running: "1.0.0",
             sha256,
             signature,
         };
@@ -331,6 +392,63 @@ mod tests {
     }
 
     #[test]
+    fn an_older_release_needs_a_signed_downgrade_from_exactly_the_running_version() {
+        let signer = Signer::new();
+        let (_dir, path, bytes) = this_binary();
+        let digest = hex(&Sha256::digest(&bytes));
+        let arch = std::env::consts::ARCH;
+        let trust = Trust::Keys(vec![signer.public()]);
+        let old_release = signer.sign(&bytes, &subject("1.4.0", arch));
+        let order = |signature: &str, running: &'static str| {
+            let expected = Expected {
+                version: "1.4.0",
+                running,
+                sha256: &digest,
+                signature: Some(signature),
+            };
+            check(&path, &expected, &trust)
+        };
+        // The old release's genuine signature, replayed on a robot that
+        // moved on: refused, before anything runs.
+        let refused = order(&old_release, "2.0.0");
+        assert!(matches!(refused, Err(Refusal::Downgrade { .. })), "{refused:?}");
+        assert!(refused
+            .unwrap_err()
+            .to_string()
+            .contains("--downgrade-from 2.0.0"));
+        // Semantic order, not text order: 1.10.0 is newer than 1.4.0, and a
+        // pre-release of 1.4.0 older.
+        assert!(matches!(
+            order(&old_release, "1.10.0"),
+            Err(Refusal::Downgrade { .. })
+        ));
+        assert_eq!(order(&old_release, "1.4.0-rc.1"), Ok(()));
+        assert_eq!(order(&old_release, "1.3.9"), Ok(()));
+        // A downgrade signed from 2.0.0 takes a robot on 2.0.0 back, and
+        // only from there.
+        let back = signer.sign(&bytes, &downgrade_subject("1.4.0", arch, "2.0.0"));
+        assert_eq!(order(&back, "2.0.0"), Ok(()));
+        assert!(matches!(order(&back, "2.1.0"), Err(Refusal::Downgrade { .. })));
+        // The words are signed: a forged comment fails the signature.
+        let forged = back.replace("downgrade-from=2.0.0", "downgrade-from=2.1.0");
+        assert!(matches!(order(&forged, "2.1.0"), Err(Refusal::Signature(_))));
+        // Versions that are not semantic are refused as such.
+        assert!(matches!(
+            order(&old_release, "latest"),
+            Err(Refusal::NotSemver(_))
+        ));
+        // Without a key there is no one to sign a downgrade, and nothing to
+        // guard: an unsigned robot takes any version it is ordered.
+        let unsigned = Expected {
+            version: "1.4.0",
+            running: "2.0.0",
+            sha256: &digest,
+            signature: None,
+        };
+        assert_eq!(check(&path, &unsigned, &Trust::UnsignedAllowed), Ok(()));
+    }
+
+    #[test]
     fn a_binary_for_another_machine_is_refused_before_it_runs() {
         let (_dir, path, mut bytes) = this_binary();
         let foreign: u16 = if std::env::consts::ARCH == "aarch64" {
@@ -345,6 +463,7 @@ mod tests {
             &path,
             &Expected {
                 version: "2.0.0",
+                running: "1.0.0",
                 sha256: &digest,
                 signature: None,
             },

@@ -24,6 +24,8 @@ use crate::support::{eventually, Env};
 pub const OLD_VERSION: &str = env!("CARGO_PKG_VERSION");
 pub const AGENT: &str = env!("CARGO_BIN_EXE_e2e-agent");
 pub const NEXT: &str = env!("CARGO_BIN_EXE_e2e-agent-next");
+/// A release older than the one the robots run (artifact `older`).
+pub const OLDER_VERSION: &str = "0.0.1";
 pub const CRASH: &str = env!("CARGO_BIN_EXE_e2e-agent-crash");
 pub const LOST: &str = env!("CARGO_BIN_EXE_e2e-agent-lost");
 
@@ -51,6 +53,9 @@ pub async fn fleet(robots: &[&str], failpoints: &[(&str, &str)]) -> Fleet {
     artifacts.insert("crash", signer.sign("crash", Path::new(CRASH)));
     artifacts.insert("lost", signer.sign("lost", Path::new(LOST)));
     artifacts.insert("forged", intruder.sign("forged", Path::new(NEXT)));
+    // A genuine older release, validly signed: a replay a robot refuses.
+    let agent = std::fs::read(AGENT).expect("the agent binary");
+    artifacts.insert("older", signer.sign_bytes("older", &agent, OLDER_VERSION));
     artifacts.insert(
         "arm",
         signer.sign_bytes("arm", &as_aarch64(&next.bytes), NEXT_VERSION),
@@ -139,7 +144,7 @@ impl Fleet {
             "kind": "AgentRollout",
             "metadata": { "name": name },
             "spec": {
-                "version": NEXT_VERSION,
+                "version": if artifact == "older" { OLDER_VERSION } else { NEXT_VERSION },
                 "artifacts": [{
                     "arch": std::env::consts::ARCH,
                     "url": format!("{}/{artifact}", self.files),
