@@ -326,3 +326,108 @@ async fn sigkill_at_each_step_of_the_switch_leaves_robots_that_come_back_and_fin
     assert_eq!(status.upgraded, 4);
     f.stop().await;
 }
+
+/// The operator role may patch Robots (to cordon them), so it can set the
+/// annotation that points a robot at a rollout. That alone orders nothing:
+/// the server sends an order only when the rollout's own status (the
+/// manager's alone to write) lists the robot, and the rollout progresses
+/// and selects it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_marking_a_robot_for_a_rollout_orders_no_upgrade() {
+    let f = fleet(&["op-a"], &[]).await;
+    let robot = "op-a";
+    let kc = kubeconfig_path(&f.env.data_dir);
+    // The operator role, and reading (kubectl reads before it patches).
+    for role in ["k8s4r-operator", "k8s4r-viewer"] {
+        kubectl(
+            &kc,
+            &[
+                "create",
+                "clusterrolebinding",
+                &format!("ops-{role}"),
+                &format!("--clusterrole={role}"),
+                "--user=ops",
+            ],
+        );
+    }
+    let next = &f.artifacts["next"];
+    for (name, selector, paused) in [
+        (
+            "elsewhere",
+            serde_json::json!({"matchLabels": {"fleet": "nobody"}}),
+            false,
+        ),
+        ("held", serde_json::json!({}), true),
+    ] {
+        let rollout: k8s4r_api::AgentRollout = serde_json::from_value(serde_json::json!({
+            "apiVersion": "robot.k8s4r.io/v1alpha1",
+            "kind": "AgentRollout",
+            "metadata": { "name": name },
+            "spec": {
+                "version": NEXT_VERSION,
+                "artifacts": [{
+                    "arch": std::env::consts::ARCH,
+                    "url": format!("{}/next", f.files),
+                    "sha256": next.sha256,
+                    "signature": next.signature,
+                }],
+                "robotSelector": selector,
+                "paused": paused,
+            }
+        }))
+        .expect("a valid AgentRollout");
+        f.rollouts()
+            .create(&kube::api::PostParams::default(), &rollout)
+            .await
+            .expect("create the AgentRollout");
+        // What the operator may do (patch, not read), and does.
+        let mark = serde_json::json!({"metadata": {"annotations": {ANNOTATION_AGENT_ROLLOUT: name}}});
+        kubectl(
+            &kc,
+            &[
+                "patch",
+                "robot",
+                robot,
+                "--type=merge",
+                "-p",
+                &mark.to_string(),
+                "--as=ops",
+            ],
+        );
+        // Unmarked at once, the robot would have had its order within a
+        // second or two; give it ten.
+        let until = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < until {
+            let r = f.robot(robot).await;
+            assert_eq!(upgrade_of(&r), None, "{name}: the robot acted on an order");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let slots = f.slots(robot);
+        assert!(
+            !slot_of(NEXT_VERSION, &slots).exists(),
+            "{name}: nothing downloaded"
+        );
+        assert_eq!(
+            f.units[robot].starts(),
+            1,
+            "{name}: the agent was never restarted"
+        );
+    }
+    // Creating a rollout is a cluster-wide grant the operator lacks.
+    let out = std::process::Command::new("kubectl")
+        .args(["--kubeconfig"])
+        .arg(&kc)
+        .args([
+            "patch",
+            "agentrollout",
+            "held",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"paused":false}}"#,
+            "--as=ops",
+        ])
+        .output()
+        .expect("kubectl");
+    assert!(!out.status.success(), "the operator may not resume a rollout");
+    f.stop().await;
+}

@@ -1,7 +1,8 @@
 //! AgentRolloutController: takes a new agent version to the robots a
 //! rollout selects, a few at a time ([`crate::agent_rollout::plan`]). It
-//! marks a robot with the annotation `robot.k8s4r.io/agent-rollout`; the
-//! server sends the marked robot the order, and the robot reports its
+//! lists a robot as ordered in the rollout's status, then marks it with the
+//! annotation `robot.k8s4r.io/agent-rollout`; the server sends the marked
+//! robot the order once the rollout's status bears the mark out, and the robot reports its
 //! progress into its Robot's `status.agentUpgrade`, which this controller
 //! counts. Robots marked for a rollout that is gone are let go by the
 //! RobotController ([`unmark_orphan`]).
@@ -93,6 +94,18 @@ async fn reconcile_rollout(rollout: &AgentRollout, ctx: &Context) -> Result<Acti
     let robot_api: Api<Robot> = Api::all(ctx.client());
     ctx.annotate_all(&robot_api, &planned.unmark, &mark_patch(None))
         .await?;
+    let previous = rollout.status.clone().unwrap_or_default();
+    let mut status = planned.status;
+    status.observed_generation = rollout.metadata.generation;
+    keep_since(&previous, &mut status);
+    publish_changes(ctx, rollout, &previous, &status);
+    // The status first: it is what the server checks a mark against (an
+    // annotation on a Robot, which more people may write, only points at
+    // the rollout), so it must list a robot before the robot is marked.
+    if status != previous {
+        let api: Api<AgentRollout> = Api::all(ctx.client());
+        ctx.patch_status(&api, &name, None, &status).await?;
+    }
     ctx.annotate_all(&robot_api, &planned.mark, &mark_patch(Some(&name)))
         .await?;
     for robot in &planned.mark {
@@ -102,15 +115,6 @@ async fn reconcile_rollout(rollout: &AgentRollout, ctx: &Context) -> Result<Acti
             "Ordered",
             format!("robot {robot} ordered to upgrade to {}", rollout.spec.version),
         );
-    }
-    let previous = rollout.status.clone().unwrap_or_default();
-    let mut status = planned.status;
-    status.observed_generation = rollout.metadata.generation;
-    keep_since(&previous, &mut status);
-    publish_changes(ctx, rollout, &previous, &status);
-    if status != previous {
-        let api: Api<AgentRollout> = Api::all(ctx.client());
-        ctx.patch_status(&api, &name, None, &status).await?;
     }
     Ok(match status.state {
         Some(RolloutState::Complete) => Action::await_change(),

@@ -3,13 +3,22 @@
 //! for an AgentRollout (the annotation `robot.k8s4r.io/agent-rollout`) and
 //! not yet on its version is sent the order, again at most every
 //! [`ORDER_EVERY`] while it reports nothing newer.
+//!
+//! The annotation only points at the rollout: whoever may patch Robots
+//! (the operator role, for cordons) can set it. The authority is the
+//! rollout itself ([`rollout_orders`]): its status, which only the manager
+//! writes, must list the robot as ordered within `maxParallel`, and the
+//! rollout must be progressing, not paused or cancelled, with a selector
+//! that matches the robot.
 
 use std::time::Duration;
 
 use jiff::Timestamp;
-use k8s4r_api::names::ANNOTATION_AGENT_ROLLOUT;
+use k8s4r_api::names::{ANNOTATION_AGENT_ROLLOUT, ANNOTATION_CANCEL};
 use k8s4r_api::protocol::{encode, UpgradeOrder, UpgradeReport, PROTOCOL_VERSION};
-use k8s4r_api::{AgentRollout, AgentRolloutSpec, AgentUpgradeStatus, Robot, RobotStatus, RobotUpgradePhase};
+use k8s4r_api::{
+    AgentRollout, AgentRolloutSpec, AgentUpgradeStatus, Robot, RobotStatus, RobotUpgradePhase, RolloutState,
+};
 use kube::Api;
 use serde::Serialize;
 use tracing::{info, warn};
@@ -121,7 +130,14 @@ impl Bridge {
         let status = robot.status.clone().unwrap_or_default();
         let rollouts: Api<AgentRollout> = Api::all(self.robots.clone().into_client());
         let spec = match rollouts.get_opt(rollout).await {
-            Ok(Some(r)) => r.spec,
+            Ok(Some(r)) => match rollout_orders(&r, robot) {
+                Ok(()) => r.spec,
+                Err(why) => {
+                    warn!(robot = name, rollout, "no upgrade order: {why}");
+                    self.metrics.message_out("agent_upgrade", "refused");
+                    return;
+                }
+            },
             Ok(None) => return,
             Err(e) => {
                 warn!(robot = name, rollout, error = %e, "cannot read the rollout; the order waits");
@@ -192,4 +208,135 @@ fn order_for(
         signature: artifact.signature.clone(),
         health_timeout_ms: u64::try_from(health_timeout.as_millis()).unwrap_or(u64::MAX),
     })
+}
+
+/// Whether `rollout` orders `robot` now: the manager listed it in the
+/// rollout's status as ordered (`Downloading` and on), within
+/// `maxParallel`, and the rollout is progressing, not paused, cancelled or
+/// being deleted, and selects the robot. `Err` says why not.
+pub fn rollout_orders(rollout: &AgentRollout, robot: &Robot) -> std::result::Result<(), String> {
+    let name = robot.metadata.name.as_deref().unwrap_or_default();
+    if rollout.metadata.deletion_timestamp.is_some() {
+        return Err("the rollout is being deleted".into());
+    }
+    let cancelled = rollout
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(ANNOTATION_CANCEL));
+    if cancelled || rollout.spec.paused {
+        return Err("the rollout is paused or cancelled".into());
+    }
+    let status = rollout.status.clone().unwrap_or_default();
+    if status.state != Some(RolloutState::Progressing) {
+        return Err(format!("the rollout is {:?}, not progressing", status.state));
+    }
+    let labels = robot.metadata.labels.clone().unwrap_or_default();
+    if !rollout
+        .spec
+        .robot_selector
+        .as_ref()
+        .is_none_or(|s| s.matches(&labels))
+    {
+        return Err("the rollout's selector does not match the robot".into());
+    }
+    let ordered = |phase: RobotUpgradePhase| {
+        matches!(
+            phase,
+            RobotUpgradePhase::Downloading | RobotUpgradePhase::Staged | RobotUpgradePhase::Restarting
+        )
+    };
+    if !status
+        .robot_upgrades
+        .iter()
+        .any(|u| u.robot == name && ordered(u.phase))
+    {
+        return Err("the rollout's status does not list the robot as ordered".into());
+    }
+    let max_parallel = usize::try_from(rollout.spec.max_parallel.unwrap_or(1).max(1)).unwrap_or(1);
+    let busy = status.robot_upgrades.iter().filter(|u| ordered(u.phase)).count();
+    if busy > max_parallel {
+        return Err(format!(
+            "the rollout lists {busy} robots at work, over its maxParallel {max_parallel}"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s4r_api::{AgentRolloutStatus, RobotUpgrade};
+
+    fn robot(name: &str, labels: &[(&str, &str)]) -> Robot {
+        let mut robot = Robot::new(name, Default::default());
+        robot.metadata.labels = Some(labels.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect());
+        robot
+    }
+
+    fn listed(robot: &str, phase: RobotUpgradePhase) -> RobotUpgrade {
+        RobotUpgrade {
+            robot: robot.into(),
+            phase,
+            reason: None,
+            since: None,
+        }
+    }
+
+    fn rollout(entries: Vec<RobotUpgrade>) -> AgentRollout {
+        let mut rollout = AgentRollout::new(
+            "next",
+            AgentRolloutSpec {
+                version: "2.0.0".into(),
+                robot_selector: Some(
+                    serde_json::from_value(serde_json::json!({"matchLabels": {"site": "lab"}})).unwrap(),
+                ),
+                max_parallel: Some(1),
+                ..AgentRolloutSpec::default()
+            },
+        );
+        rollout.status = Some(AgentRolloutStatus {
+            state: Some(RolloutState::Progressing),
+            robot_upgrades: entries,
+            ..AgentRolloutStatus::default()
+        });
+        rollout
+    }
+
+    #[test]
+    fn only_a_robot_the_progressing_rollout_lists_as_ordered_is_ordered() {
+        let rb1 = robot("rb1", &[("site", "lab")]);
+        let ordered = rollout(vec![listed("rb1", RobotUpgradePhase::Downloading)]);
+        assert_eq!(rollout_orders(&ordered, &rb1), Ok(()));
+        // Marked by hand, not listed (or listed as waiting): no order.
+        let waiting = rollout(vec![listed("rb1", RobotUpgradePhase::Pending)]);
+        assert!(rollout_orders(&waiting, &rb1)
+            .unwrap_err()
+            .contains("does not list"));
+        assert!(rollout_orders(&rollout(Vec::new()), &rb1).is_err());
+        // The selector decides, whatever the status says.
+        let elsewhere = robot("rb1", &[("site", "field")]);
+        assert!(rollout_orders(&ordered, &elsewhere)
+            .unwrap_err()
+            .contains("selector"));
+        // Paused, cancelled, complete or over maxParallel: no order.
+        let mut paused = ordered.clone();
+        paused.spec.paused = true;
+        assert!(rollout_orders(&paused, &rb1).is_err());
+        let mut cancelled = ordered.clone();
+        cancelled.metadata.annotations = Some([(ANNOTATION_CANCEL.to_owned(), "now".to_owned())].into());
+        assert!(rollout_orders(&cancelled, &rb1).is_err());
+        let mut complete = ordered.clone();
+        complete.status.as_mut().unwrap().state = Some(RolloutState::Complete);
+        assert!(rollout_orders(&complete, &rb1)
+            .unwrap_err()
+            .contains("not progressing"));
+        let crowded = rollout(vec![
+            listed("rb1", RobotUpgradePhase::Downloading),
+            listed("rb2", RobotUpgradePhase::Staged),
+        ]);
+        assert!(rollout_orders(&crowded, &rb1)
+            .unwrap_err()
+            .contains("maxParallel"));
+    }
 }
