@@ -130,6 +130,7 @@ pub fn start(
         stop.clone(),
         config.supervisor.artifact_limits(),
     );
+    session = session.with_watchdog(crate::watchdog::Watchdog::from_env());
     if let Some(source) = &config.facts {
         tracing::info!(file = ?source.file, command = ?source.command, "reading the robot's facts");
         session = session.with_facts(crate::facts::watch(source.clone(), stop.clone()));

@@ -16,6 +16,7 @@ pub mod outbox;
 pub mod session;
 pub mod supervisor;
 pub mod upgrade;
+pub mod watchdog;
 
 static VERSION: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
 

@@ -50,14 +50,10 @@ const LEAVE_TIMEOUT: Duration = Duration::from_secs(2);
 /// During the shutdown flush, how long the update channel must stay quiet
 /// before the outbox counts as final.
 const QUIET: Duration = Duration::from_millis(100);
-/// Resolves when the facts changed; pending forever without facts (or once
-/// their reader is gone).
-async fn facts_changed(facts: &mut Option<watch::Receiver<FactsNow>>) -> Option<()> {
-    match facts {
-        Some(rx) => match rx.changed().await {
-            Ok(()) => Some(()),
-            Err(_) => std::future::pending().await,
-        },
+/// Resolves when systemd's watchdog is to be told again; never without one.
+async fn watchdog_due(watchdog: Option<&crate::watchdog::Watchdog>) {
+    match watchdog {
+        Some(dog) => tokio::time::sleep_until(dog.due()).await,
         None => std::future::pending().await,
     }
 }
@@ -211,6 +207,8 @@ pub struct Session {
     facts: Option<watch::Receiver<FactsNow>>,
     /// When a change of facts last sent a heartbeat early.
     facts_sent: Option<Instant>,
+    /// systemd's watchdog, told from this loop that the agent is alive.
+    watchdog: Option<crate::watchdog::Watchdog>,
     /// Upgrades of this agent: a binary on trial is confirmed by its first
     /// confirmed heartbeat.
     upgrades: Option<UpgradeHooks>,
@@ -311,6 +309,7 @@ impl Session {
             log_readers,
             facts: None,
             facts_sent: None,
+            watchdog: None,
             upgrades: None,
             admitted: None,
         };
@@ -334,6 +333,13 @@ impl Session {
     /// with every heartbeat, and a change sends one at once.
     pub fn with_facts(mut self, facts: watch::Receiver<FactsNow>) -> Self {
         self.facts = Some(facts);
+        self
+    }
+
+    /// Tells systemd's watchdog from the event loop that the agent is
+    /// alive, through every phase of its shutdown too.
+    pub fn with_watchdog(mut self, watchdog: Option<crate::watchdog::Watchdog>) -> Self {
+        self.watchdog = watchdog;
         self
     }
 
@@ -372,7 +378,7 @@ impl Session {
                         After::Stop => break,
                     }
                 }
-                Some(()) = facts_changed(&mut self.facts) => self.on_facts(Instant::now()),
+                Some(()) = uplink::facts_changed(&mut self.facts) => self.on_facts(Instant::now()),
                 () = upgrades::news(self.upgrades.as_ref()) => self.on_upgrade_news(),
                 Some(update) = self.updates.recv() => {
                     self.on_update(update);
@@ -397,6 +403,11 @@ impl Session {
                 }
                 _ = tokio::time::sleep_until(wake) => {
                     self.on_tick(Instant::now(), matches!(phase, Phase::Running));
+                }
+                () = watchdog_due(self.watchdog.as_ref()) => {
+                    if let Some(dog) = self.watchdog.as_mut() {
+                        dog.ping(Instant::now());
+                    }
                 }
             }
             phase = self.advance(phase);

@@ -1,7 +1,9 @@
 //! What the agent-upgrade tests and bench share: a stand-in for systemd
 //! that runs the agent exactly as `systemd/k8s4r-agent.service` says
 //! (its `ExecStartPre`, `ExecStart` and `ExecStopPost` lines, its
-//! `RestartSec`, `Restart=always`), a robot installed in upgrade slots as
+//! `RestartSec`, `Restart=always`, and its watchdog: `WatchdogSec`, with
+//! `NOTIFY_SOCKET` and `WATCHDOG_USEC` given to the main process, SIGABRT
+//! when it is not told in time and SIGKILL `TimeoutAbortSec` later), a robot installed in upgrade slots as
 //! `systemd/install.sh` installs it, and the signing of artifacts with the
 //! real `k8s4r sign-agent`.
 
@@ -38,6 +40,10 @@ pub struct UnitFile {
     stop_post: Vec<ExecLine>,
     /// `RestartSec`.
     pub restart_sec: Duration,
+    /// `WatchdogSec`.
+    pub watchdog: Option<Duration>,
+    /// `TimeoutAbortSec`.
+    pub abort_timeout: Duration,
 }
 
 impl UnitFile {
@@ -48,6 +54,8 @@ impl UnitFile {
         let mut start = None;
         let mut stop_post = Vec::new();
         let mut restart_sec = Duration::from_millis(100);
+        let mut watchdog = None;
+        let mut abort_timeout = Duration::from_secs(90);
         for line in text.lines().map(str::trim) {
             let Some((key, value)) = line.split_once('=') else {
                 continue;
@@ -77,6 +85,12 @@ impl UnitFile {
                 "RestartSec" => {
                     restart_sec = k8s4r_api::parse_duration(value).expect("RestartSec is a duration");
                 }
+                "WatchdogSec" => {
+                    watchdog = Some(k8s4r_api::parse_duration(value).expect("WatchdogSec is a duration"));
+                }
+                "TimeoutAbortSec" => {
+                    abort_timeout = k8s4r_api::parse_duration(value).expect("TimeoutAbortSec is a duration");
+                }
                 _ => {}
             }
         }
@@ -85,6 +99,8 @@ impl UnitFile {
             start: start.expect("the unit has an ExecStart"),
             stop_post,
             restart_sec,
+            watchdog,
+            abort_timeout,
         }
     }
 }
@@ -93,6 +109,8 @@ struct Shared {
     stop: AtomicBool,
     main_pid: Mutex<Option<i32>>,
     starts: AtomicU32,
+    /// Main processes killed for their silence.
+    watchdog_kills: AtomicU32,
     wake: (Mutex<()>, Condvar),
 }
 
@@ -112,6 +130,7 @@ impl Unit {
             stop: AtomicBool::new(false),
             main_pid: Mutex::new(None),
             starts: AtomicU32::new(0),
+            watchdog_kills: AtomicU32::new(0),
             wake: (Mutex::new(()), Condvar::new()),
         });
         let log = log.to_owned();
@@ -131,6 +150,11 @@ impl Unit {
     /// How many times the main process was started.
     pub fn starts(&self) -> u32 {
         self.shared.starts.load(Ordering::SeqCst)
+    }
+
+    /// How many main processes the watchdog killed.
+    pub fn watchdog_kills(&self) -> u32 {
+        self.shared.watchdog_kills.load(Ordering::SeqCst)
     }
 
     /// SIGKILLs the main process (systemd restarts it).
@@ -187,15 +211,43 @@ fn run_to_end(line: &ExecLine, env: &[(String, String)], log: &Path) -> bool {
     command(line, env, log).status().is_ok_and(|s| s.success())
 }
 
+/// The unit's watchdog: the socket its main process is told of, and what
+/// the unit says of it.
+struct Watchdog {
+    socket: std::os::unix::net::UnixDatagram,
+    path: PathBuf,
+    every: Duration,
+    abort_timeout: Duration,
+}
+
 fn run_unit(unit: &UnitFile, env: &[(String, String)], log: &Path, shared: &Shared) {
+    let watchdog = unit.watchdog.map(|every| {
+        let path = log.with_extension("notify");
+        let _ = std::fs::remove_file(&path);
+        let socket = std::os::unix::net::UnixDatagram::bind(&path).expect("bind the notify socket");
+        socket
+            .set_read_timeout(Some(Duration::from_millis(50)))
+            .expect("a read timeout");
+        Watchdog {
+            socket,
+            path,
+            every,
+            abort_timeout: unit.abort_timeout,
+        }
+    });
+    let mut main_env = env.to_vec();
+    if let Some(dog) = &watchdog {
+        main_env.push(("NOTIFY_SOCKET".into(), dog.path.display().to_string()));
+        main_env.push(("WATCHDOG_USEC".into(), dog.every.as_micros().to_string()));
+    }
     while !shared.stop.load(Ordering::SeqCst) {
         let pre_ok = unit
             .start_pre
             .iter()
             .all(|line| run_to_end(line, env, log) || line.may_fail);
         if pre_ok {
-            match command(&unit.start, env, log).spawn() {
-                Ok(child) => wait_main(child, shared),
+            match command(&unit.start, &main_env, log).spawn() {
+                Ok(child) => wait_main(child, shared, watchdog.as_ref()),
                 Err(e) => {
                     let _ = std::fs::OpenOptions::new()
                         .append(true)
@@ -216,10 +268,55 @@ fn run_unit(unit: &UnitFile, env: &[(String, String)], log: &Path, shared: &Shar
     }
 }
 
-fn wait_main(mut child: Child, shared: &Shared) {
-    *shared.main_pid.lock().unwrap() = i32::try_from(child.id()).ok();
+fn wait_main(mut child: Child, shared: &Shared, watchdog: Option<&Watchdog>) {
+    let pid = i32::try_from(child.id()).ok();
+    *shared.main_pid.lock().unwrap() = pid;
     shared.starts.fetch_add(1, Ordering::SeqCst);
-    let _ = child.wait();
+    let Some(dog) = watchdog else {
+        let _ = child.wait();
+        *shared.main_pid.lock().unwrap() = None;
+        return;
+    };
+    // What an earlier process said is not this one's.
+    let mut buf = [0u8; 512];
+    dog.socket.set_nonblocking(true).expect("nonblocking");
+    while dog.socket.recv(&mut buf).is_ok() {}
+    dog.socket.set_nonblocking(false).expect("blocking");
+    let mut told = std::time::Instant::now();
+    let mut aborted: Option<std::time::Instant> = None;
+    let signal = |sig| {
+        if let Some(pid) = pid {
+            let _ = kill(Pid::from_raw(pid), sig);
+        }
+    };
+    loop {
+        if let Ok(Some(_)) = child.try_wait() {
+            break;
+        }
+        // Waits up to the socket's read timeout for a message.
+        if let Ok(n) = dog.socket.recv(&mut buf) {
+            if String::from_utf8_lossy(&buf[..n])
+                .lines()
+                .any(|l| l == "WATCHDOG=1")
+            {
+                told = std::time::Instant::now();
+            }
+        }
+        if shared.stop.load(Ordering::SeqCst) {
+            // Stopping: systemd no longer watches.
+            let _ = child.wait();
+            break;
+        }
+        match aborted {
+            None if told.elapsed() > dog.every => {
+                shared.watchdog_kills.fetch_add(1, Ordering::SeqCst);
+                signal(Signal::SIGABRT);
+                aborted = Some(std::time::Instant::now());
+            }
+            Some(at) if at.elapsed() > dog.abort_timeout => signal(Signal::SIGKILL),
+            _ => {}
+        }
+    }
     *shared.main_pid.lock().unwrap() = None;
 }
 

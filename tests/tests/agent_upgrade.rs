@@ -327,6 +327,35 @@ async fn sigkill_at_each_step_of_the_switch_leaves_robots_that_come_back_and_fin
     f.stop().await;
 }
 
+/// A new agent that hangs (stopped, before the cluster could confirm it):
+/// its own trial deadline hangs with it, so only systemd's watchdog sees
+/// it. The stand-in follows the unit's WatchdogSec and TimeoutAbortSec;
+/// the boot check at the next start rolls it back. Back on the old agent
+/// within the health timeout, the watchdog interval and 10 s, from the
+/// switch (the download and checks before it are not the hang's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_agent_that_hangs_is_killed_by_the_watchdog_and_rolled_back() {
+    let f = fleet(&["hang-a"], &[]).await;
+    let unit = k8s4r_e2e::upgrade::UnitFile::parse(&k8s4r_e2e::upgrade::unit_file_text(), &[]);
+    let watchdog = unit.watchdog.expect("the unit sets WatchdogSec");
+    let health = Duration::from_secs(15);
+    f.roll_out("hang", "hang", 1, 0, "15s").await;
+    // The switch: the old agent restarts into the new one.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while f.units["hang-a"].starts() < 2 {
+        assert!(Instant::now() < deadline, "the robot never switched");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let switched = Instant::now();
+    let bound = health + watchdog + Duration::from_secs(10);
+    one_rolled_back(&f, "hang", "health timeout", bound + Duration::from_secs(30)).await;
+    let took = switched.elapsed();
+    println!("hung binary rolled back and reported in {took:?} from the switch");
+    assert!(f.units["hang-a"].watchdog_kills() >= 1, "the watchdog killed it");
+    assert!(took < bound, "{took:?}, over {bound:?}");
+    f.stop().await;
+}
+
 /// The operator role may patch Robots (to cordon them), so it can set the
 /// annotation that points a robot at a rollout. That alone orders nothing:
 /// the server sends an order only when the rollout's own status (the

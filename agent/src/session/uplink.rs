@@ -9,17 +9,31 @@ use std::time::Duration;
 use k8s4r_api::protocol::{encode, Heartbeat, HeldList, Register, StatusUpdate, MAX_HELD_ATTEMPTS};
 use k8s4r_api::{TaskReason, TaskState};
 use rumqttc::QoS;
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::upgrades::UpgradeHooks;
 use super::worker::TaskCommand;
 use super::{boot_clock, Session};
+use crate::facts::FactsNow;
 use crate::link::{RegisterAction, Tag};
 use crate::supervisor::outcome::StopCause;
 
 /// The shortest time between two heartbeats a change of facts sends early:
 /// a robot whose facts flap costs the cluster at most five a second.
 const FACTS_EVERY: Duration = Duration::from_millis(200);
+
+/// Resolves when the facts changed; pending forever without facts (or once
+/// their reader is gone).
+pub(super) async fn facts_changed(facts: &mut Option<watch::Receiver<FactsNow>>) -> Option<()> {
+    match facts {
+        Some(rx) => match rx.changed().await {
+            Ok(()) => Some(()),
+            Err(_) => std::future::pending().await,
+        },
+        None => std::future::pending().await,
+    }
+}
 
 impl Session {
     /// The facts changed: the supervisor checks tasks against them, and a

@@ -218,7 +218,49 @@ impl Slots {
             return Ok(None);
         }
         self.link(CONFIRMED, &trial.to)?;
-        self.end(&trial, None, now).map(Some)
+        let outcome = self.end(&trial, None, now)?;
+        // The binary it came from is no longer the way back: its slot, and
+        // any other left behind, would only fill the robot's disk upgrade
+        // after upgrade.
+        match self.prune() {
+            Ok(0) => {}
+            Ok(removed) => tracing::info!(
+                removed,
+                "removed the agent binaries no longer current or confirmed"
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot remove old agent binaries; they stay until the next upgrade")
+            }
+        }
+        Ok(Some(outcome))
+    }
+
+    /// Removes every slot but those of `current` and `confirmed`; how many.
+    pub fn prune(&self) -> std::io::Result<usize> {
+        let keep: Vec<PathBuf> = [self.current(), self.confirmed()]
+            .into_iter()
+            .flatten()
+            .filter_map(|binary| binary.parent().map(Path::to_path_buf))
+            .collect();
+        if keep.is_empty() {
+            // Never leave a robot without the binary its unit starts.
+            return Ok(0);
+        }
+        let mut removed = 0;
+        let entries = match std::fs::read_dir(self.dir.join("slots")) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(e),
+        };
+        for entry in entries {
+            let path = entry?.path();
+            if !keep.contains(&path) {
+                std::fs::remove_dir_all(&path)?;
+                removed += 1;
+            }
+        }
+        sync_dir(&self.dir.join("slots"))?;
+        Ok(removed)
     }
 
     /// Switches `current` back to the binary the trial came from.
@@ -379,6 +421,11 @@ mod tests {
             (Some(new.clone()), Some(new))
         );
         assert_eq!(slots.boot_check(t(30)).unwrap(), BootCheck::Settled);
+        assert!(
+            !old.exists(),
+            "the old binary's slot is removed once the new one is confirmed"
+        );
+        assert!(slots.current().is_some_and(|b| b.exists()));
         assert_eq!(slots.outcome(), Some(outcome));
         slots.reported().unwrap();
         assert_eq!(slots.outcome(), None);

@@ -28,6 +28,7 @@ pub const NEXT: &str = env!("CARGO_BIN_EXE_e2e-agent-next");
 pub const OLDER_VERSION: &str = "0.0.1";
 pub const CRASH: &str = env!("CARGO_BIN_EXE_e2e-agent-crash");
 pub const LOST: &str = env!("CARGO_BIN_EXE_e2e-agent-lost");
+pub const HANG: &str = env!("CARGO_BIN_EXE_e2e-agent-hang");
 
 /// How long a rollout may take in these tests before they fail.
 pub const ROLLOUT_DEADLINE: Duration = Duration::from_secs(240);
@@ -52,6 +53,7 @@ pub async fn fleet(robots: &[&str], failpoints: &[(&str, &str)]) -> Fleet {
     let mut artifacts = BTreeMap::new();
     artifacts.insert("crash", signer.sign("crash", Path::new(CRASH)));
     artifacts.insert("lost", signer.sign("lost", Path::new(LOST)));
+    artifacts.insert("hang", signer.sign("hang", Path::new(HANG)));
     artifacts.insert("forged", intruder.sign("forged", Path::new(NEXT)));
     // A genuine older release, validly signed: a replay a robot refuses.
     let agent = std::fs::read(AGENT).expect("the agent binary");
