@@ -352,7 +352,24 @@ pub struct RestartPolicy {
     /// What happens when the retries are used up: `fail` (the task fails).
     #[serde(default)]
     pub mode: RestartMode,
+    /// Retries for attempts that ended through no fault of the task (its
+    /// robot lost or cut off, the dispatch not taken, the attempt gone
+    /// from the robot), apart from `attempts`. Default: the manager's
+    /// `--lost-retries` (3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost_retries: Option<u32>,
+    /// New attempts after the robot stopped one because a start condition
+    /// stopped holding (`whileRunning: stop`: an e-stop pressed, a battery
+    /// low). Such an attempt uses no retry: the next one waits for the
+    /// condition to hold again. Beyond this many the task fails, saying so.
+    /// Default 20.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub condition_restarts: Option<u32>,
 }
+
+/// New attempts after a lost start condition when `conditionRestarts` is
+/// not set.
+pub const DEFAULT_CONDITION_RESTARTS: u32 = 20;
 
 /// What happens when a task's retries are used up.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

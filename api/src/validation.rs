@@ -885,6 +885,18 @@ fn check_health_check(report: &mut Report, path: &str, c: &HealthCheck) {
 }
 
 fn check_restart_policy(report: &mut Report, path: &str, p: &RestartPolicy) {
+    for (field, value) in [
+        ("attempts", Some(p.attempts)),
+        ("lostRetries", p.lost_retries),
+        ("conditionRestarts", p.condition_restarts),
+    ] {
+        if value.is_some_and(|v| v > MAX_RESTART_ATTEMPTS) {
+            report.error(
+                format!("{path}.{field}"),
+                format!("must be at most {MAX_RESTART_ATTEMPTS}"),
+            );
+        }
+    }
     if let Some(delay) = &p.delay {
         check_duration_within(report, &format!("{path}.delay"), delay, MAX_RESTART_DELAY);
     }
@@ -1230,6 +1242,8 @@ mod tests {
             delay: Some("2d".into()),
             max_delay: Some("9999999h".into()),
             mode: Default::default(),
+            lost_retries: None,
+            condition_restarts: Some(MAX_RESTART_ATTEMPTS + 1),
         };
         let spec = TaskSpec {
             template: template(),
@@ -1238,7 +1252,11 @@ mod tests {
         };
         assert_eq!(
             paths(validate_task_spec(&spec).unwrap_err()),
-            vec!["spec.restartPolicy.delay", "spec.restartPolicy.maxDelay"]
+            vec![
+                "spec.restartPolicy.conditionRestarts",
+                "spec.restartPolicy.delay",
+                "spec.restartPolicy.maxDelay"
+            ]
         );
     }
 

@@ -8,7 +8,9 @@ use std::time::Duration;
 use jiff::{SignedDuration, Timestamp};
 use k8s4r_api::disconnect::fence_after;
 use k8s4r_api::validation::{kill_timeout_of, timeout_of, DEFAULT_RESTART_DELAY, DEFAULT_RESTART_MAX_DELAY};
-use k8s4r_api::{DisconnectPolicy, RestartPolicy, TaskReason, TaskSpec, TaskState, TaskStatus};
+use k8s4r_api::{
+    AttemptRecord, DisconnectPolicy, RestartPolicy, TaskReason, TaskSpec, TaskState, TaskStatus,
+};
 
 /// The timing rules of the lifecycle.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -120,9 +122,10 @@ pub enum Step {
 }
 
 /// Failures that are not the task's fault: they do not use up its restart
-/// policy (they have their own budget, [`LifecycleConfig::lost_retries`]).
-/// `ConditionLost` is one: the robot's state changed under the task (its
-/// e-stop pressed, its battery low), and the robot stopped it.
+/// policy (they have their own budget, [`LifecycleConfig::lost_retries`],
+/// or the template's `lostRetries`). `ConditionLost` is one: the robot's
+/// state changed under the task (its e-stop pressed, its battery low), and
+/// the robot stopped it; it has a budget of its own, `conditionRestarts`.
 pub fn is_infrastructure(reason: Option<TaskReason>) -> bool {
     matches!(
         reason,
@@ -233,13 +236,85 @@ pub fn retry_delay(
             .iter()
             .filter(|a| a.attempt > base && !is_returned(a.reason))
     };
-    let infra_used = counted().filter(|a| is_infrastructure(a.reason)).count() as u32;
-    let own_used = counted().count() as u32 - infra_used;
+    let used = Used::count(counted());
+    if ended == Some(TaskReason::ConditionLost) {
+        // The robot did its job (an e-stop, a low battery): the next
+        // attempt waits for the condition to hold again.
+        return (used.condition < condition_restarts(policy)).then_some(Duration::ZERO);
+    }
     if is_infrastructure(ended) {
-        return (infra_used < cfg.lost_retries).then_some(Duration::ZERO);
+        return (used.lost < lost_retries(policy, cfg)).then_some(Duration::ZERO);
     }
     let policy = policy?;
-    (own_used < policy.attempts).then(|| backoff(policy, own_used))
+    (used.own < policy.attempts).then(|| backoff(policy, used.own))
+}
+
+/// The attempts each budget has paid for.
+struct Used {
+    own: u32,
+    lost: u32,
+    condition: u32,
+}
+
+impl Used {
+    fn count<'a>(attempts: impl Iterator<Item = &'a AttemptRecord>) -> Used {
+        let mut used = Used {
+            own: 0,
+            lost: 0,
+            condition: 0,
+        };
+        for attempt in attempts {
+            match attempt.reason {
+                Some(TaskReason::ConditionLost) => used.condition += 1,
+                reason if is_infrastructure(reason) => used.lost += 1,
+                _ => used.own += 1,
+            }
+        }
+        used
+    }
+}
+
+/// The retries for attempts lost through no fault of the task: the
+/// template's `restartPolicy.lostRetries`, else the manager's.
+fn lost_retries(policy: Option<&RestartPolicy>, cfg: &LifecycleConfig) -> u32 {
+    policy.and_then(|p| p.lost_retries).unwrap_or(cfg.lost_retries)
+}
+
+/// The new attempts after lost start conditions the template allows.
+fn condition_restarts(policy: Option<&RestartPolicy>) -> u32 {
+    policy
+        .and_then(|p| p.condition_restarts)
+        .unwrap_or(k8s4r_api::task::DEFAULT_CONDITION_RESTARTS)
+}
+
+/// When the failed current attempt is not retried because a budget ran
+/// out, which one, in a sentence for an Event; None when it is retried, or
+/// ends for another reason (a cancel, an invalid spec).
+pub fn exhausted(
+    status: &TaskStatus,
+    policy: Option<&RestartPolicy>,
+    cfg: &LifecycleConfig,
+) -> Option<String> {
+    if status.state != Some(TaskState::Failed) || retry_delay(status, policy, cfg).is_some() {
+        return None;
+    }
+    let ended = ended_as(status);
+    Some(match ended {
+        Some(TaskReason::InvalidSpec | TaskReason::Cancelled) => return None,
+        _ if status.cancel_requested() => return None,
+        Some(TaskReason::ConditionLost) => format!(
+            "its start conditions stopped holding {} times, its restartPolicy.conditionRestarts; the task fails",
+            condition_restarts(policy) + 1
+        ),
+        reason if is_infrastructure(reason) => format!(
+            "its {} retries for attempts lost with their robot are used up (restartPolicy.lostRetries, or the manager's --lost-retries); the task fails",
+            lost_retries(policy, cfg)
+        ),
+        _ => format!(
+            "its {} retries are used up (restartPolicy.attempts); the task fails",
+            policy.map_or(0, |p| p.attempts)
+        ),
+    })
 }
 
 /// The state a Task counts as in its group's status: a failed attempt that

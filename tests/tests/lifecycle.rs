@@ -147,6 +147,77 @@ async fn an_estop_stops_a_motion_task_and_a_malformed_facts_file_is_refused() {
     env.stop().await;
 }
 
+/// An e-stop pressed four times is the robot doing its job: each press
+/// stops the motion task (`whileRunning: stop`), the next attempt waits for
+/// the e-stop's release, and no retry of either budget is used (the
+/// manager's lost budget is 3: the fourth press used to fail the task for
+/// good). Released, the task runs to its end and completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_estop_presses_pause_a_mission_that_then_completes_using_no_retry() {
+    let mut env = Env::start(&[]).await;
+    let facts = robot_with_facts(&mut env, "r1", r#"{"estop": false}"#).await;
+    let runs = env.scratch.join("runs");
+    let done = env.scratch.join("done");
+    // Each attempt counts its start, then works 3 s (long enough for a
+    // press) unless it is the fifth, which finishes.
+    let script = format!(
+        "echo $K8S4R_TASK_ATTEMPT >> {runs}; n=$(wc -l < {runs});          if [ \"$n\" -ge 5 ]; then touch {done}; exit 0; fi; sleep 300",
+        runs = runs.display(),
+        done = done.display()
+    );
+    let mut task = sh(&script, "10m");
+    task["when"] = serde_json::json!([{ "key": "estop", "operator": "In", "values": ["false"], "whileRunning": "stop" }]);
+    env.create_job(job_json(
+        "mission",
+        serde_json::json!([{ "name": "g", "count": 1, "task": task }]),
+    ))
+    .await;
+    let started = |n: usize| {
+        let runs = runs.clone();
+        move || {
+            let runs = runs.clone();
+            async move {
+                let text = std::fs::read_to_string(&runs).ok()?;
+                (text.lines().count() >= n).then_some(())
+            }
+        }
+    };
+    for press in 1..=4 {
+        eventually(&format!("attempt {press} runs"), started(press)).await;
+        write_facts(&facts, r#"{"estop": true}"#);
+        eventually(&format!("press {press} stops it"), || async {
+            let s = env.job_tasks("mission").await.into_iter().next()?.status?;
+            let stopped = s
+                .attempts
+                .iter()
+                .filter(|a| a.reason == Some(TaskReason::ConditionLost))
+                .count();
+            (stopped >= press || (s.reason == Some(TaskReason::ConditionLost) && s.attempt as usize == press))
+                .then_some(())
+        })
+        .await;
+        // Pressed, nothing runs: the next attempt waits for the release.
+        write_facts(&facts, r#"{"estop": false}"#);
+    }
+    eventually("the fifth attempt finishes the mission", || async {
+        done.exists().then_some(())
+    })
+    .await;
+    let tasks = env.wait_tasks_final("mission", 1).await;
+    let status = tasks[0].status.clone().unwrap_or_default();
+    assert_eq!(status.state, Some(TaskState::Completed), "{status:?}");
+    assert_eq!(status.attempt, 5, "{status:?}");
+    assert!(
+        status
+            .attempts
+            .iter()
+            .all(|a| a.reason == Some(TaskReason::ConditionLost)),
+        "every earlier attempt was an e-stop, none a failure of the task: {:?}",
+        status.attempts
+    );
+    env.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drain_moves_a_robots_batch_tasks_elsewhere_once_and_leaves_its_service() {
     let mut env = Env::start(&[("r1", &["pool=x"])]).await;

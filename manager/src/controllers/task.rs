@@ -237,6 +237,15 @@ fn publish_progress(ctx: &Context, task: &Task) {
             format!("attempt {attempt} completed on robot {robot}"),
         ),
         TaskState::Failed => {
+            let policy = task.spec.restart_policy.as_ref();
+            if let Some(note) = crate::lifecycle::exhausted(&status, policy, &ctx.config.lifecycle) {
+                ctx.event(
+                    task,
+                    EventType::Warning,
+                    "RetriesExhausted",
+                    format!("attempt {attempt} on robot {robot}: {note}"),
+                );
+            }
             let (kind, reason) = match ended_as(&status) {
                 Some(TaskReason::Timeout) => (EventType::Warning, "TimedOut"),
                 Some(TaskReason::ConditionLost) => (EventType::Warning, "ConditionLost"),

@@ -11,6 +11,8 @@ fn policy(attempts: u32, delay: &str, max: &str) -> RestartPolicy {
         delay: Some(DurationString::from(delay)),
         max_delay: Some(DurationString::from(max)),
         mode: RestartMode::Fail,
+        lost_retries: None,
+        condition_restarts: None,
     }
 }
 
@@ -77,6 +79,8 @@ fn backoff_doubles_up_to_the_cap() {
         delay: None,
         max_delay: None,
         mode: RestartMode::Fail,
+        lost_retries: None,
+        condition_restarts: None,
     };
     assert_eq!(backoff(&defaults, 0), DEFAULT_RESTART_DELAY);
     assert_eq!(backoff(&defaults, 30), DEFAULT_RESTART_MAX_DELAY);
@@ -121,6 +125,68 @@ fn lost_robots_do_not_use_up_the_policy() {
         Some(Duration::from_secs(3)),
         "own failures are counted apart"
     );
+}
+
+#[test]
+fn a_lost_start_condition_uses_no_retry_up_to_its_own_limit() {
+    let mut s = status(TaskState::Failed);
+    s.reason = Some(TaskReason::ConditionLost);
+    // Four e-stop presses: each next attempt waits for the condition, and
+    // neither the lost budget (2 here) nor the policy's retries are used.
+    for attempt in 1..=4 {
+        assert_eq!(
+            retry_delay(&s, None, &cfg()),
+            Some(Duration::ZERO),
+            "press {attempt}"
+        );
+        assert_eq!(exhausted(&s, None, &cfg()), None);
+        s.attempts.push(record(attempt, TaskReason::ConditionLost));
+    }
+    s.reason = Some(TaskReason::RobotLost);
+    assert_eq!(
+        retry_delay(&s, None, &cfg()),
+        Some(Duration::ZERO),
+        "the lost budget is untouched by the presses"
+    );
+    s.reason = Some(TaskReason::Error);
+    let p = policy(1, "3s", "1m");
+    assert_eq!(retry_delay(&s, Some(&p), &cfg()), Some(Duration::from_secs(3)));
+    // The template sets the limit; past it the task fails, and says why.
+    s.reason = Some(TaskReason::ConditionLost);
+    let limited = RestartPolicy {
+        condition_restarts: Some(4),
+        ..policy(0, "1s", "1m")
+    };
+    assert_eq!(retry_delay(&s, Some(&limited), &cfg()), None);
+    let note = exhausted(&s, Some(&limited), &cfg()).unwrap();
+    assert!(note.contains("conditionRestarts"), "{note}");
+    assert!(note.contains("5 times"), "{note}");
+}
+
+#[test]
+fn a_job_sets_its_own_lost_budget_and_an_exhausted_one_is_named() {
+    let mut s = status(TaskState::Failed);
+    s.reason = Some(TaskReason::RobotLost);
+    s.attempts.push(record(1, TaskReason::RobotLost));
+    s.attempts.push(record(2, TaskReason::DispatchTimeout));
+    assert_eq!(retry_delay(&s, None, &cfg()), None, "the manager's 2");
+    let note = exhausted(&s, None, &cfg()).unwrap();
+    assert!(note.contains("lostRetries"), "{note}");
+    let generous = RestartPolicy {
+        lost_retries: Some(5),
+        ..policy(0, "1s", "1m")
+    };
+    assert_eq!(retry_delay(&s, Some(&generous), &cfg()), Some(Duration::ZERO));
+    assert_eq!(exhausted(&s, Some(&generous), &cfg()), None);
+    let strict = RestartPolicy {
+        lost_retries: Some(0),
+        ..policy(0, "1s", "1m")
+    };
+    s.attempts.clear();
+    assert_eq!(retry_delay(&s, Some(&strict), &cfg()), None);
+    // A cancel is no budget running out.
+    s.reason = Some(TaskReason::Cancelled);
+    assert_eq!(exhausted(&s, Some(&strict), &cfg()), None);
 }
 
 #[test]
@@ -245,8 +311,14 @@ fn a_lost_condition_is_not_the_tasks_fault() {
     ];
     assert_eq!(
         retry_delay(&s, None, &cfg()),
-        None,
-        "the lost budget (2) is used up"
+        Some(Duration::ZERO),
+        "a lost condition has its own budget: one of the lost budget's 2 is used"
+    );
+    s.attempts.push(record(3, TaskReason::NotOnRobot));
+    assert_eq!(
+        retry_delay(&s, None, &cfg()),
+        Some(Duration::ZERO),
+        "conditions are counted apart"
     );
     s.reason = Some(TaskReason::Error);
     let p = policy(1, "3s", "1m");

@@ -300,6 +300,8 @@ impl GroupExt for TaskGroupTemplate {
             delay: Some(delay.into()),
             max_delay: Some("10s".into()),
             mode: Default::default(),
+            lost_retries: None,
+            condition_restarts: None,
         });
         self
     }
