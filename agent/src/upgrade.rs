@@ -148,7 +148,10 @@ impl Upgrades {
         let last_word = self.report().is_some_and(|r| {
             matches!(
                 r.phase,
-                RobotUpgradePhase::Healthy | RobotUpgradePhase::RolledBack | RobotUpgradePhase::Failed
+                RobotUpgradePhase::Healthy
+                    | RobotUpgradePhase::RolledBack
+                    | RobotUpgradePhase::Failed
+                    | RobotUpgradePhase::Pending
             )
         });
         if last_word && self.final_in.is_none() {
@@ -167,7 +170,10 @@ impl Upgrades {
 
     /// The cluster has the outcome (or the refusal).
     fn reported(&mut self) {
-        if matches!(&self.progress, Some(p) if p.phase == RobotUpgradePhase::Failed) {
+        // A refusal, or an order put off (the robot no longer met the
+        // rollout's conditions at the switch): the next order is taken.
+        if matches!(&self.progress, Some(p) if matches!(p.phase, RobotUpgradePhase::Failed | RobotUpgradePhase::Pending))
+        {
             self.progress = None;
             return;
         }
@@ -221,6 +227,7 @@ pub fn start(
     limits: crate::supervisor::artifacts::Limits,
     news: Arc<tokio::sync::Notify>,
     restart: CancellationToken,
+    facts: Option<tokio::sync::watch::Receiver<crate::facts::FactsNow>>,
 ) {
     let (slots, trust) = {
         let mut u = lock(upgrades);
@@ -260,10 +267,17 @@ pub fn start(
             lock(&upgrades).step(&order, phase, None);
             news.notify_one();
         };
-        match prepare::prepare(&prepared, &slots, &trust, &client, limits, tell).await {
+        let when = order.when.clone();
+        let may_switch = move || may_switch(&when, facts.as_ref());
+        match prepare::prepare(&prepared, &slots, &trust, &client, limits, tell, may_switch).await {
             Ok(_) => {
                 tracing::info!(version = %order.version, "the new agent is staged and switched to: restarting");
                 restart.cancel();
+            }
+            Err(why) if why.starts_with(NOT_SWITCHED) => {
+                tracing::warn!(version = %order.version, "upgrade put off: {why}");
+                lock(&upgrades).step(&order, RobotUpgradePhase::Pending, Some(why));
+                news.notify_one();
             }
             Err(why) => {
                 tracing::error!(version = %order.version, "upgrade refused: {why}");
@@ -272,6 +286,33 @@ pub fn start(
             }
         }
     });
+}
+
+/// How an upgrade put off at the switch starts its reason.
+pub const NOT_SWITCHED: &str = "not switched:";
+
+/// Whether the robot may switch now: the rollout's conditions (`when`) on
+/// its facts hold, as the agent reads them right now (not as the cluster
+/// last heard them). `Err` says which does not, starting with
+/// [`NOT_SWITCHED`].
+pub fn may_switch(
+    when: &[k8s4r_api::facts::FactRequirement],
+    facts: Option<&tokio::sync::watch::Receiver<crate::facts::FactsNow>>,
+) -> Result<(), String> {
+    if when.is_empty() {
+        return Ok(());
+    }
+    let now = facts.map(|rx| rx.borrow().facts.clone()).unwrap_or_default();
+    match k8s4r_api::facts::unmet(when, &now) {
+        None => Ok(()),
+        Some(condition) => Err(format!(
+            "{NOT_SWITCHED} {condition} no longer holds on the robot ({})",
+            now.get(&condition.key).map_or_else(
+                || format!("{} <none>", condition.key),
+                |v| format!("{} {v}", condition.key)
+            )
+        )),
+    }
 }
 
 /// A binary on trial that the cluster has not confirmed by its deadline
@@ -346,6 +387,41 @@ fn is_this_binary(path: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_switch_waits_for_the_rollouts_conditions_as_the_robot_sees_them_now() {
+        let when: Vec<k8s4r_api::facts::FactRequirement> = serde_json::from_value(serde_json::json!([
+            {"key": "docked", "operator": "In", "values": ["true"]}
+        ]))
+        .unwrap();
+        assert_eq!(may_switch(&[], None), Ok(()), "no conditions: always");
+        let now = |docked: Option<bool>| {
+            let mut facts = k8s4r_api::facts::Facts::new();
+            if let Some(d) = docked {
+                facts.insert("docked".into(), serde_json::from_value(d.into()).unwrap());
+            }
+            tokio::sync::watch::channel(crate::facts::FactsNow {
+                read: true,
+                facts,
+                error: None,
+            })
+            .1
+        };
+        assert_eq!(may_switch(&when, Some(&now(Some(true)))), Ok(()));
+        let undocked = may_switch(&when, Some(&now(Some(false)))).unwrap_err();
+        assert!(undocked.starts_with(NOT_SWITCHED), "{undocked}");
+        assert!(
+            undocked.contains("docked In [true] no longer holds on the robot (docked false)"),
+            "{undocked}"
+        );
+        assert!(may_switch(&when, Some(&now(None)))
+            .unwrap_err()
+            .contains("docked <none>"));
+        assert!(
+            may_switch(&when, None).is_err(),
+            "a robot without facts meets none"
+        );
+    }
 
     /// A robot whose old agent is confirmed and which switched to this
     /// very test binary on trial.

@@ -90,9 +90,15 @@ async fn a_signed_agent_is_staged_and_switched_to_on_trial() {
         Some(f.sign(&subject(VERSION, std::env::consts::ARCH))),
     );
     let steps = std::sync::Mutex::new(Vec::new());
-    let trial = prepare(&order, &f.slots, &f.trust(), &client().unwrap(), limits(), |s| {
-        steps.lock().unwrap().push(s)
-    })
+    let trial = prepare(
+        &order,
+        &f.slots,
+        &f.trust(),
+        &client().unwrap(),
+        limits(),
+        |s| steps.lock().unwrap().push(s),
+        || Ok(()),
+    )
     .await
     .expect("prepared");
     assert_eq!(
@@ -114,7 +120,16 @@ async fn a_signed_agent_is_staged_and_switched_to_on_trial() {
         f.slots.boot_check(std::time::SystemTime::now()).unwrap(),
         BootCheck::OnTrial(_)
     ));
-    let again = prepare(&order, &f.slots, &f.trust(), &client().unwrap(), limits(), |_| {}).await;
+    let again = prepare(
+        &order,
+        &f.slots,
+        &f.trust(),
+        &client().unwrap(),
+        limits(),
+        |_| {},
+        || Ok(()),
+    )
+    .await;
     assert!(again.unwrap_err().contains("still on trial"));
 }
 
@@ -155,9 +170,17 @@ async fn a_binary_that_fails_a_check_switches_nothing() {
         (f.order(format!("{base}/missing"), Some(good)), f.trust(), "404"),
     ];
     for (order, trust, why) in cases {
-        let refused = prepare(&order, &f.slots, &trust, &client().unwrap(), limits(), |_| {})
-            .await
-            .expect_err(why);
+        let refused = prepare(
+            &order,
+            &f.slots,
+            &trust,
+            &client().unwrap(),
+            limits(),
+            |_| {},
+            || Ok(()),
+        )
+        .await
+        .expect_err(why);
         assert!(refused.contains(why), "{why}: {refused}");
         assert_eq!(f.slots.current(), Some(f.old.clone()), "{why}: nothing switched");
         assert_eq!(f.slots.trial(), None, "{why}");
@@ -176,6 +199,7 @@ async fn an_agent_not_installed_in_slots_is_not_upgraded() {
         &client().unwrap(),
         limits(),
         |_| {},
+        || Ok(()),
     )
     .await
     .unwrap_err();

@@ -75,6 +75,56 @@ pub struct AgentRolloutSpec {
     /// and robots already switched finish their trial.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub paused: bool,
+    /// Start conditions on the robot's facts, as a task's `when` (for
+    /// example `docked In [true]`, `battery Gt 50`): a robot is ordered
+    /// only while its facts meet them, and its agent checks them again
+    /// just before it switches (it does not switch otherwise). A robot
+    /// that does not meet them waits without holding a place.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub when: Vec<crate::facts::FactRequirement>,
+    /// When robots may start upgrading: a cron schedule, how long each
+    /// window lasts, and the time zone the schedule is read in. Outside it
+    /// no robot starts (those under way finish).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maintenance_window: Option<MaintenanceWindow>,
+    /// Whether a robot's running tasks must end before it upgrades:
+    /// `batch` (its running batch tasks; services keep running and are
+    /// re-adopted by the new agent), `all`, or `none` (the default). A
+    /// robot that waits for its tasks is cordoned meanwhile, so that
+    /// nothing new lands there; the rollout uncordons it once its upgrade
+    /// ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_for_tasks: Option<WaitForTasks>,
+}
+
+/// A recurring window in which robots may start upgrading.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MaintenanceWindow {
+    /// When each window opens: a cron schedule (five fields, or six with
+    /// seconds), as a PeriodicJob's.
+    #[schemars(length(min = 1))]
+    pub schedule: String,
+    /// How long each window stays open.
+    #[schemars(regex(pattern = r"^([0-9]+(ns|us|µs|ms|s|m|h|d))+$"))]
+    pub duration: String,
+    /// The IANA time zone the schedule is read in (default UTC).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_zone: Option<String>,
+}
+
+/// Which of a robot's running tasks must end before it upgrades.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum WaitForTasks {
+    /// None: services and batch tasks keep running across the switch.
+    #[default]
+    None,
+    /// Its running batch tasks.
+    Batch,
+    /// All its running tasks, services included.
+    All,
 }
 
 /// The agent binary for one architecture.

@@ -40,7 +40,8 @@ pub const GROUP: &str = "robot.k8s4r.io";
 pub const VERSION: &str = "v1alpha1";
 
 pub use agent_rollout::{
-    AgentArtifact, AgentRolloutSpec, AgentRolloutStatus, RobotUpgrade, RobotUpgradePhase, RolloutState,
+    AgentArtifact, AgentRolloutSpec, AgentRolloutStatus, MaintenanceWindow, RobotUpgrade, RobotUpgradePhase,
+    RolloutState, WaitForTasks,
 };
 pub use condition::{Condition, ConditionStatus};
 pub use disconnect::{DisconnectPolicy, Reconcile};

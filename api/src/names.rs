@@ -45,6 +45,11 @@ pub const ANNOTATION_EVICT: &str = "robot.k8s4r.io/evict";
 /// Annotation on a Robot (the manager sets it): the AgentRollout whose
 /// version this robot is to run now; the server sends the robot the order.
 pub const ANNOTATION_AGENT_ROLLOUT: &str = "robot.k8s4r.io/agent-rollout";
+/// On a Robot: the AgentRollout that cordoned it while it waits for its
+/// running tasks to end (`waitForTasks`); the rollout uncordons it once it
+/// no longer waits. A robot a person cordoned carries no such mark, and
+/// the rollout leaves it cordoned.
+pub const ANNOTATION_CORDONED_FOR_ROLLOUT: &str = "robot.k8s4r.io/cordoned-for-rollout";
 /// Annotation beside `cancel` or `retry`: who asked (`k8s4r cancel|retry`
 /// write the user's name).
 pub const ANNOTATION_REQUESTED_BY: &str = "robot.k8s4r.io/requested-by";

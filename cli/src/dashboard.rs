@@ -171,6 +171,7 @@ fn router(state: Arc<State>) -> Router {
             get(actions::robot_form).post(actions::robot_action),
         )
         .route("/jobs", get(views::jobs))
+        .route("/rollouts", get(views::rollouts))
         .route("/ns/{ns}/jobs/{name}", get(views::job))
         .route("/ns/{ns}/tasks/{name}", get(views::task))
         .route("/ns/{ns}/tasks/{name}/log", get(live::log))

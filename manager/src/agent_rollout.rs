@@ -7,14 +7,23 @@
 //! upgrade at once; an offline robot that has not started waits without
 //! holding a place; a robot that joins later is reached; once more robots
 //! than `maxFailed` failed or rolled back, no new robot starts.
+//!
+//! An update must never land in the middle of a mission: a robot starts
+//! only while its facts meet the rollout's `when`, within its
+//! `maintenanceWindow`, and (with `waitForTasks`) once its running batch
+//! tasks, or all its tasks, ended. A robot that waits says why in the
+//! rollout's status and holds no place; one that waits for its tasks is
+//! cordoned meanwhile (nothing new lands there), and uncordoned by the
+//! rollout once its upgrade ended or it no longer waits.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use jiff::Timestamp;
+use k8s4r_api::facts::{unmet, Facts};
 use k8s4r_api::{
     AgentRolloutSpec, AgentRolloutStatus, AgentUpgradeStatus, CountOrPercent, RobotUpgrade,
-    RobotUpgradePhase, RolloutState,
+    RobotUpgradePhase, RolloutState, WaitForTasks,
 };
 
 /// What the plan needs of one Robot.
@@ -28,6 +37,22 @@ pub struct RobotView<'a> {
     pub upgrade: Option<&'a AgentUpgradeStatus>,
     /// The rollout the robot is marked for, if any.
     pub marked_for: Option<&'a str>,
+    /// Its facts, as last reported.
+    pub facts: Option<&'a Facts>,
+    /// Its tasks that are dispatched or running.
+    pub running: Running,
+    /// Whether it is cordoned (`spec.unschedulable`), by anyone.
+    pub unschedulable: bool,
+    /// The rollout that cordoned it, if one did (the annotation
+    /// `robot.k8s4r.io/cordoned-for-rollout`).
+    pub cordoned_for: Option<&'a str>,
+}
+
+/// A robot's tasks that are dispatched or running.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Running {
+    pub batch: usize,
+    pub all: usize,
 }
 
 /// The rollout as the plan reads it.
@@ -47,6 +72,64 @@ pub struct Plan {
     pub mark: Vec<String>,
     /// Robots marked for it that no longer should be.
     pub unmark: Vec<String>,
+    /// Robots to cordon for it: they wait for their tasks to end.
+    pub cordon: Vec<String>,
+    /// Robots it cordoned that no longer wait.
+    pub uncordon: Vec<String>,
+}
+
+/// Why a robot that has not started may not start now, if it may not:
+/// its facts, the maintenance window, or (`true` beside it) its running
+/// tasks, which it waits for cordoned.
+fn waits_for(spec: &AgentRolloutSpec, robot: &RobotView<'_>, now: Timestamp) -> Option<(String, bool)> {
+    let no_facts = Facts::new();
+    let facts = robot.facts.unwrap_or(&no_facts);
+    if let Some(condition) = unmet(&spec.when, facts) {
+        let has = facts
+            .get(&condition.key)
+            .map_or_else(|| "<none>".to_owned(), ToString::to_string);
+        let needs = condition.to_string();
+        let needs = needs.strip_prefix(&condition.key).unwrap_or(&needs).trim();
+        return Some((format!("{} {has}, needs {needs}", condition.key), false));
+    }
+    if let Some(closed) = window_closed(spec, now) {
+        return Some((closed, false));
+    }
+    let (count, kind) = match spec.wait_for_tasks.unwrap_or_default() {
+        WaitForTasks::None => return None,
+        WaitForTasks::Batch => (robot.running.batch, "batch "),
+        WaitForTasks::All => (robot.running.all, ""),
+    };
+    (count > 0).then(|| {
+        (
+            format!("waits for its {count} running {kind}task(s) to end (cordoned meanwhile)"),
+            true,
+        )
+    })
+}
+
+/// Why no robot may start now by the rollout's maintenance window, if
+/// none may: outside it (or a window that cannot be read, which never
+/// opens), with when the next one opens.
+pub fn window_closed(spec: &AgentRolloutSpec, now: Timestamp) -> Option<String> {
+    let window = spec.maintenance_window.as_ref()?;
+    let schedule = match crate::periodic::Schedule::parse(&window.schedule, window.time_zone.as_deref()) {
+        Ok(schedule) => schedule,
+        Err(e) => return Some(format!("its maintenance window cannot be read: {e}")),
+    };
+    let Ok(length) = k8s4r_api::parse_duration(&window.duration) else {
+        return Some(format!(
+            "its maintenance window's duration {:?} cannot be read",
+            window.duration
+        ));
+    };
+    if schedule.open_at(now, length) {
+        return None;
+    }
+    Some(match schedule.next_after(now) {
+        Some(next) => format!("outside its maintenance window; the next opens at {next}"),
+        None => "outside its maintenance window, which never opens again".to_owned(),
+    })
 }
 
 /// Robots listed in a rollout's status at most (all are counted).
@@ -147,11 +230,30 @@ struct Tally {
     /// Online robots that wait for a place, in name order.
     waiting: Vec<String>,
     unmark: Vec<String>,
+    cordon: Vec<String>,
+    uncordon: Vec<String>,
+    /// Robots that may not start now, and why (their facts, the window,
+    /// their tasks).
+    held: Vec<(String, String)>,
+}
+
+/// What a robot that has not started waits for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Waits {
+    /// It does not wait (it upgrades, is done, or is offline).
+    Not,
+    /// A place: it may start.
+    Turn,
+    /// Its facts or the window.
+    Robot,
+    /// Its running tasks.
+    Tasks,
 }
 
 impl Tally {
     fn count(&mut self, rollout: &Rollout<'_>, robot: &RobotView<'_>, now: Timestamp) {
-        let (phase, reason) = rollout.phase_of(robot, now);
+        let (phase, mut reason) = rollout.phase_of(robot, now);
+        let mut waits = Waits::Not;
         let marked = robot.marked_for == Some(rollout.name);
         let keeps_mark = match phase {
             RobotUpgradePhase::Healthy => {
@@ -168,11 +270,31 @@ impl Tally {
             }
             _ => {
                 if robot.online && robot.marked_for.is_none() {
-                    self.waiting.push(robot.name.to_owned());
+                    match waits_for(rollout.spec, robot, now) {
+                        None => {
+                            self.waiting.push(robot.name.to_owned());
+                            waits = Waits::Turn;
+                        }
+                        Some((why, for_tasks)) => {
+                            self.held.push((robot.name.to_owned(), why.clone()));
+                            reason = Some(why);
+                            waits = if for_tasks { Waits::Tasks } else { Waits::Robot };
+                        }
+                    }
                 }
                 false
             }
         };
+        match waits {
+            Waits::Tasks if !robot.unschedulable => self.cordon.push(robot.name.to_owned()),
+            _ => {}
+        }
+        // Its cordon stays while it waits its turn or for its tasks, or
+        // upgrades; otherwise the rollout lets it go.
+        let holds = keeps_mark || matches!(waits, Waits::Tasks | Waits::Turn);
+        if robot.cordoned_for == Some(rollout.name) && !holds {
+            self.uncordon.push(robot.name.to_owned());
+        }
         if marked && !keeps_mark {
             self.unmark.push(robot.name.to_owned());
         }
@@ -207,6 +329,9 @@ pub fn plan(rollout: Rollout<'_>, robots: &[RobotView<'_>], now: Timestamp) -> P
             // Marked for it, but its labels changed since.
             tally.unmark.push(robot.name.to_owned());
         }
+        if !matches(robot) && robot.cordoned_for == Some(rollout.name) {
+            tally.uncordon.push(robot.name.to_owned());
+        }
     }
     let max_failed = spec
         .max_failed
@@ -224,7 +349,23 @@ pub fn plan(rollout: Rollout<'_>, robots: &[RobotView<'_>], now: Timestamp) -> P
             }
         }
     }
-    let mark = if spec.paused || over_budget || rollout.cancelled_by.is_some() {
+    let stopped = spec.paused || over_budget || rollout.cancelled_by.is_some();
+    if stopped {
+        // Nobody starts: nobody waits cordoned for it either.
+        tally.cordon.clear();
+        let busy: Vec<&str> = tally
+            .entries
+            .iter()
+            .filter(|e| in_progress(e.phase))
+            .map(|e| e.robot.as_str())
+            .collect();
+        for robot in robots.iter().filter(|r| r.cordoned_for == Some(rollout.name)) {
+            if !busy.contains(&robot.name) {
+                tally.uncordon.push(robot.name.to_owned());
+            }
+        }
+    }
+    let mark = if stopped {
         Vec::new()
     } else {
         let max_parallel = usize::try_from(spec.max_parallel.unwrap_or(1).max(1)).unwrap_or(1);
@@ -246,6 +387,8 @@ pub fn plan(rollout: Rollout<'_>, robots: &[RobotView<'_>], now: Timestamp) -> P
     let (state, message) = state_of(&rollout, &tally, total, max_failed, busy);
     tally.unmark.sort();
     tally.unmark.dedup();
+    tally.uncordon.sort();
+    tally.uncordon.dedup();
     Plan {
         status: AgentRolloutStatus {
             state: Some(state),
@@ -258,6 +401,8 @@ pub fn plan(rollout: Rollout<'_>, robots: &[RobotView<'_>], now: Timestamp) -> P
         },
         mark,
         unmark: tally.unmark,
+        cordon: tally.cordon,
+        uncordon: tally.uncordon,
     }
 }
 
@@ -309,9 +454,18 @@ fn state_of(
             format!("{upgraded} of {total} robots run {version}; {failed} failed or rolled back"),
         );
     }
+    let held = match tally.held.as_slice() {
+        [] => String::new(),
+        [(robot, why)] => format!("; 1 waits ({robot}: {why})"),
+        [(robot, why), rest @ ..] => format!(
+            "; {} wait ({robot}: {why}; and {} more)",
+            rest.len() + 1,
+            rest.len()
+        ),
+    };
     (
         RolloutState::Progressing,
-        format!("{upgraded} of {total} robots run {version}; {busy} upgrading"),
+        format!("{upgraded} of {total} robots run {version}; {busy} upgrading{held}"),
     )
 }
 
@@ -370,9 +524,135 @@ mod tests {
                     agent_version: Some(if new.contains(&i) { "0.2.0" } else { "0.1.0" }),
                     upgrade: self.upgrades[i].as_ref(),
                     marked_for: marked.contains(&i).then_some("r"),
+                    facts: None,
+                    running: Running::default(),
+                    unschedulable: false,
+                    cordoned_for: None,
                 })
                 .collect()
         }
+    }
+
+    fn facts(pairs: &[(&str, serde_json::Value)]) -> Facts {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), serde_json::from_value(v.clone()).unwrap()))
+            .collect()
+    }
+
+    fn when(json: serde_json::Value) -> Vec<k8s4r_api::facts::FactRequirement> {
+        serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn a_robot_that_does_not_meet_when_waits_saying_why_and_holds_no_place() {
+        let fleet = Fleet::new(vec![None, None]);
+        let spec = AgentRolloutSpec {
+            when: when(serde_json::json!([
+                {"key": "docked", "operator": "In", "values": ["true"]},
+                {"key": "battery", "operator": "Gt", "values": ["50"]}
+            ])),
+            ..spec(1, 0)
+        };
+        let (undocked, low) = (
+            facts(&[("docked", false.into()), ("battery", 90.into())]),
+            facts(&[("docked", true.into()), ("battery", 20.into())]),
+        );
+        let mut views = fleet.views(&[], &[], &[]);
+        views[0].facts = Some(&undocked);
+        views[1].facts = Some(&low);
+        let p = plan_of(&spec, &views);
+        assert!(p.mark.is_empty(), "{p:?}");
+        let reasons: Vec<_> = p
+            .status
+            .robot_upgrades
+            .iter()
+            .map(|e| e.reason.clone().unwrap())
+            .collect();
+        assert_eq!(
+            reasons,
+            ["docked false, needs In [true]", "battery 20, needs Gt 50"]
+        );
+        // r1 charges: it goes, r0 still waits (and held r1 back from nothing).
+        let charged = facts(&[("docked", true.into()), ("battery", 80.into())]);
+        views[1].facts = Some(&charged);
+        assert_eq!(plan_of(&spec, &views).mark, ["r1"]);
+    }
+
+    #[test]
+    fn outside_its_maintenance_window_no_robot_starts() {
+        let fleet = Fleet::new(vec![None]);
+        let window = |schedule: &str| AgentRolloutSpec {
+            maintenance_window: Some(k8s4r_api::MaintenanceWindow {
+                schedule: schedule.into(),
+                duration: "2h".into(),
+                time_zone: Some("UTC".into()),
+            }),
+            ..spec(1, 0)
+        };
+        // now() is 04:00 UTC: a 03:00 window of 2 h is open, a 01:00 one
+        // closed until tomorrow.
+        assert_eq!(
+            plan_of(&window("0 3 * * *"), &fleet.views(&[], &[], &[])).mark,
+            ["r0"]
+        );
+        let closed = plan_of(&window("0 1 * * *"), &fleet.views(&[], &[], &[]));
+        assert!(closed.mark.is_empty());
+        let why = closed.status.robot_upgrades[0].reason.clone().unwrap();
+        assert!(
+            why.contains("outside its maintenance window; the next opens at 2026-11-27T01:00:00Z"),
+            "{why}"
+        );
+        let broken = plan_of(&window("not cron"), &fleet.views(&[], &[], &[]));
+        assert!(broken.mark.is_empty(), "a window that cannot be read never opens");
+    }
+
+    #[test]
+    fn a_robot_waits_cordoned_for_its_batch_tasks_and_is_uncordoned_when_done() {
+        let fleet = Fleet::new(vec![None, report(RobotUpgradePhase::Healthy)]);
+        let spec = AgentRolloutSpec {
+            wait_for_tasks: Some(WaitForTasks::Batch),
+            ..spec(1, 0)
+        };
+        let mut views = fleet.views(&[], &[1], &[]);
+        views[0].running = Running { batch: 1, all: 2 };
+        let p = plan_of(&spec, &views);
+        assert!(p.mark.is_empty());
+        assert_eq!(p.cordon, ["r0"]);
+        let why = p.status.robot_upgrades[0].reason.clone().unwrap();
+        assert!(why.contains("1 running batch task(s)"), "{why}");
+        // Cordoned and still busy: not cordoned again, not let go.
+        views[0].unschedulable = true;
+        views[0].cordoned_for = Some("r");
+        let p = plan_of(&spec, &views);
+        assert!(p.cordon.is_empty() && p.uncordon.is_empty(), "{p:?}");
+        // Its batch task ended (its service runs on): it goes, cordoned.
+        views[0].running = Running { batch: 0, all: 1 };
+        let p = plan_of(&spec, &views);
+        assert_eq!(p.mark, ["r0"]);
+        assert!(p.uncordon.is_empty());
+        // Upgraded: the rollout lifts its cordon; a person's stays.
+        let done = Fleet::new(vec![report(RobotUpgradePhase::Healthy)]);
+        let mut views = done.views(&[], &[0], &[0]);
+        views[0].unschedulable = true;
+        views[0].cordoned_for = Some("r");
+        assert_eq!(plan_of(&spec, &views).uncordon, ["r0"]);
+        views[0].cordoned_for = None;
+        assert!(plan_of(&spec, &views).uncordon.is_empty());
+        // `all` waits for the service too.
+        let all = AgentRolloutSpec {
+            wait_for_tasks: Some(WaitForTasks::All),
+            ..spec.clone()
+        };
+        let fleet = Fleet::new(vec![None]);
+        let mut views = fleet.views(&[], &[], &[]);
+        views[0].running = Running { batch: 0, all: 1 };
+        assert!(plan_of(&all, &views).mark.is_empty());
+        // A paused rollout holds nobody cordoned.
+        views[0].unschedulable = true;
+        views[0].cordoned_for = Some("r");
+        let paused = AgentRolloutSpec { paused: true, ..all };
+        assert_eq!(plan_of(&paused, &views).uncordon, ["r0"]);
     }
 
     fn now() -> Timestamp {

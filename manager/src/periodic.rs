@@ -147,6 +147,22 @@ impl Schedule {
         None
     }
 
+    /// Whether a window that opens at every scheduled time and stays open
+    /// `length` is open at `now`.
+    pub fn open_at(&self, now: Timestamp, length: std::time::Duration) -> bool {
+        let wall = self.wall(now);
+        let Ok(previous) = self.cron.find_previous_occurrence(&wall, true) else {
+            return false;
+        };
+        let Some(opened) = self.instant(previous) else {
+            return false;
+        };
+        let Ok(length) = jiff::SignedDuration::try_from(length) else {
+            return false;
+        };
+        opened <= now && opened.checked_add(length).is_ok_and(|closes| now < closes)
+    }
+
     /// The latest scheduled time in `(after, now]`, if any.
     pub fn last_due(&self, after: Timestamp, now: Timestamp) -> Option<Timestamp> {
         let mut due = None;

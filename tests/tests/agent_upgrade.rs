@@ -18,7 +18,7 @@ use k8s4r_api::{Robot, RobotPhase, RobotUpgradePhase, RolloutState, TaskState};
 use k8s4r_e2e::NEXT_VERSION;
 use kube::api::ListParams;
 use kube::ResourceExt;
-use support::{job_json, kubectl};
+use support::{eventually, job_json, kubectl};
 use upgrades::{fleet, slot_of, upgrade_of, version_of, Fleet, OLD_VERSION, ROLLOUT_DEADLINE};
 
 fn alive(pid: i32) -> bool {
@@ -458,5 +458,125 @@ async fn an_operator_marking_a_robot_for_a_rollout_orders_no_upgrade() {
         .output()
         .expect("kubectl");
     assert!(!out.status.success(), "the operator may not resume a rollout");
+    f.stop().await;
+}
+
+/// `when: docked In [true]`: an undocked robot is not ordered, and says
+/// why in the rollout's status; once its facts say docked, it upgrades.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollout_with_when_docked_upgrades_a_robot_only_once_it_is_docked() {
+    let f = fleet(&["dock-a"], &[]).await;
+    let robot = "dock-a";
+    f.set_facts(robot, serde_json::json!({"docked": false}));
+    eventually("the cluster knows the robot is undocked", || async {
+        let facts = f.robot(robot).await.status?.facts;
+        (facts.get("docked")?.to_string() == "false").then_some(())
+    })
+    .await;
+    let when = serde_json::json!({"when": [{"key": "docked", "operator": "In", "values": ["true"]}]});
+    f.roll_out_with("docked", "next", 1, 0, "60s", when).await;
+    let waiting = eventually("the rollout says why the robot waits", || async {
+        let r = f.rollouts().get("docked").await.ok()?;
+        let entry = r.status?.robot_upgrades.into_iter().find(|e| e.robot == robot)?;
+        entry
+            .reason
+            .filter(|why| why.contains("docked false, needs In [true]"))
+    })
+    .await;
+    // Waiting, it is never ordered.
+    let until = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < until {
+        assert_eq!(
+            upgrade_of(&f.robot(robot).await),
+            None,
+            "ordered while undocked ({waiting})"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(f.units[robot].starts(), 1);
+    f.set_facts(robot, serde_json::json!({"docked": true}));
+    f.wait_state("docked", RolloutState::Complete, ROLLOUT_DEADLINE)
+        .await;
+    assert_eq!(version_of(&f.robot(robot).await), Some(NEXT_VERSION));
+    f.stop().await;
+}
+
+/// `waitForTasks: batch`: a robot running a batch task is cordoned and not
+/// ordered until the task ends by itself (completed, attempt 1); its
+/// service keeps running across the upgrade (same pid), and the rollout
+/// lifts the cordon once the robot is upgraded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollout_waiting_for_batch_tasks_upgrades_after_the_mission_and_keeps_the_service() {
+    let f = fleet(&["mission-a"], &[]).await;
+    let robot = "mission-a";
+    let scratch = &f.env.scratch;
+    let (release, svc_pid) = (scratch.join("release"), scratch.join("svc.pid"));
+    let mission = support::sh(
+        &format!(
+            "while [ ! -e {} ]; do sleep 0.1; done; echo mission done",
+            release.display()
+        ),
+        "10m",
+    );
+    f.env
+        .create_job(job_json(
+            "mission",
+            serde_json::json!([{ "name": "g", "count": 1, "task": mission }]),
+        ))
+        .await;
+    let mut service = support::sh(
+        &format!("echo $$ > {}; while :; do sleep 1; done", svc_pid.display()),
+        "0s",
+    );
+    service.as_object_mut().expect("a task").remove("timeout");
+    service["kind"] = "service".into();
+    f.env
+        .create_job(job_json(
+            "svc",
+            serde_json::json!([{ "name": "g", "count": 1, "task": service }]),
+        ))
+        .await;
+    for job in ["mission", "svc"] {
+        eventually(&format!("{job} runs"), || async {
+            let tasks = f.env.job_tasks(job).await;
+            let running = tasks.iter().any(|t| {
+                t.status
+                    .as_ref()
+                    .is_some_and(|s| s.state == Some(TaskState::Running))
+            });
+            running.then_some(())
+        })
+        .await;
+    }
+    let pid = read_pid(&svc_pid).await;
+    let wait = serde_json::json!({"waitForTasks": "batch"});
+    f.roll_out_with("after-mission", "next", 1, 0, "60s", wait).await;
+    eventually("the robot is cordoned while its mission runs", || async {
+        let r = f.robot(robot).await;
+        r.spec.unschedulable.then_some(())
+    })
+    .await;
+    let until = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < until {
+        assert_eq!(upgrade_of(&f.robot(robot).await), None, "ordered mid-mission");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    std::fs::write(&release, "").expect("end the mission");
+    let tasks = f.env.wait_tasks_final("mission", 1).await;
+    let status = tasks[0].status.clone().unwrap_or_default();
+    assert_eq!(
+        (status.state, status.attempt),
+        (Some(TaskState::Completed), 1),
+        "the mission ended by itself: {status:?}"
+    );
+    f.wait_state("after-mission", RolloutState::Complete, ROLLOUT_DEADLINE)
+        .await;
+    assert_eq!(version_of(&f.robot(robot).await), Some(NEXT_VERSION));
+    assert_eq!(read_pid(&svc_pid).await, pid, "the service kept its process");
+    assert!(alive(pid), "the service runs on");
+    eventually("the rollout lifts its cordon", || async {
+        (!f.robot(robot).await.spec.unschedulable).then_some(())
+    })
+    .await;
     f.stop().await;
 }

@@ -292,6 +292,30 @@ async fn the_dashboard_shows_the_fleet_jobs_logs_and_acts_as_its_user() {
         .wait_text("#job-default-chain", "completed", DEADLINE)
         .await;
 
+    // A rollout's robots, with their phase and why each waits.
+    let rollout: k8s4r_api::AgentRollout = serde_json::from_value(serde_json::json!({
+        "apiVersion": "robot.k8s4r.io/v1alpha1",
+        "kind": "AgentRollout",
+        "metadata": { "name": "dockside" },
+        "spec": {
+            "version": "9.9.9",
+            "artifacts": [{ "arch": std::env::consts::ARCH, "url": "http://127.0.0.1:9/agent", "sha256": "ab".repeat(32) }],
+            "when": [{ "key": "docked", "operator": "In", "values": ["true"] }],
+        }
+    }))
+    .expect("an AgentRollout");
+    Api::<k8s4r_api::AgentRollout>::all(admin.clone())
+        .create(&PostParams::default(), &rollout)
+        .await
+        .expect("create the AgentRollout");
+    browser.goto(&format!("{base}/rollouts")).await;
+    browser
+        .wait_text("#rollout-dockside", "docked <none>, needs In [true]", DEADLINE)
+        .await;
+    browser.wait_text("#rollout-dockside", "Pending", DEADLINE).await;
+    let violations = browser.axe_violations().await;
+    assert!(violations.is_empty(), "accessibility:\n{}", violations.join("\n"));
+
     // A running task's output reaches the page within a second.
     let lines = "for i in $(seq 1 40); do echo \"line-$i $(date +%s%3N)\"; sleep 0.25; done";
     let jobs_log = job_json(

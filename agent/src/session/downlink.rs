@@ -26,6 +26,7 @@ impl Session {
                     hooks.limits,
                     std::sync::Arc::clone(&hooks.news),
                     hooks.restart.clone(),
+                    self.facts.clone(),
                 ),
                 _ => tracing::warn!(version = %order.version, "upgrade order ignored: shutting down"),
             },

@@ -47,6 +47,7 @@ pub async fn prepare(
     client: &reqwest::Client,
     limits: Limits,
     step: impl Fn(Step),
+    may_switch: impl Fn() -> Result<(), String>,
 ) -> Result<Trial, String> {
     let Some(from) = slots.current() else {
         return Err(format!(
@@ -93,6 +94,9 @@ pub async fn prepare(
         health_timeout_ms: u64::try_from(order.health_timeout.as_millis()).unwrap_or(u64::MAX),
         starts: 0,
     };
+    // The robot's state may have changed during the download: it switches
+    // only if the rollout's conditions still hold now.
+    may_switch()?;
     slots
         .switch(&trial)
         .map_err(|e| format!("cannot switch to the new binary: {e}"))?;

@@ -39,6 +39,11 @@ pub struct UpgradeOrder {
     pub signature: Option<String>,
     /// How long the new agent has to be confirmed, in milliseconds.
     pub health_timeout_ms: u64,
+    /// The rollout's conditions on the robot's facts: the agent checks
+    /// them again just before it switches, and does not switch unless they
+    /// hold.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub when: Vec<crate::facts::FactRequirement>,
 }
 
 impl Message for UpgradeOrder {
@@ -49,6 +54,13 @@ impl Message for UpgradeOrder {
         bound(Self::KIND, "version", self.version.len(), MAX_VERSION_BYTES)?;
         bound(Self::KIND, "url", self.url.len(), MAX_URL_BYTES)?;
         bound(Self::KIND, "sha256", self.sha256.len(), 64)?;
+        bound(Self::KIND, "when", self.when.len(), 16)?;
+        for requirement in &self.when {
+            bound(Self::KIND, "when.key", requirement.key.len(), 63)?;
+            bound(Self::KIND, "when.values", requirement.values.len(), 16)?;
+            let longest = requirement.values.iter().map(String::len).max().unwrap_or(0);
+            bound(Self::KIND, "when.values[]", longest, 256)?;
+        }
         bound(
             Self::KIND,
             "signature",
@@ -99,6 +111,10 @@ mod tests {
             sha256: "ab".repeat(32),
             signature: Some("untrusted comment: x\nRW...\n".into()),
             health_timeout_ms: 120_000,
+            when: serde_json::from_value(
+                serde_json::json!([{"key": "docked", "operator": "In", "values": ["true"]}]),
+            )
+            .unwrap(),
         };
         assert_eq!(decode::<UpgradeOrder>(&encode(&order)).unwrap(), order);
         let long = UpgradeOrder {

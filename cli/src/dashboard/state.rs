@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s4r_api::names::DEFAULT_ROBOT_LEASE_NAMESPACE;
-use k8s4r_api::{Job, PeriodicJob, Robot, Task, TaskGroup};
+use k8s4r_api::{AgentRollout, Job, PeriodicJob, Robot, Task, TaskGroup};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
 };
@@ -37,6 +37,7 @@ pub enum Kind {
     PeriodicJob,
     /// The robots' Leases (their freshest sign of life).
     Lease,
+    AgentRollout,
 }
 
 impl Kind {
@@ -48,6 +49,7 @@ impl Kind {
             Kind::Task => "task",
             Kind::PeriodicJob => "periodicjob",
             Kind::Lease => "lease",
+            Kind::AgentRollout => "agentrollout",
         }
     }
 
@@ -58,6 +60,7 @@ impl Kind {
             Kind::TaskGroup,
             Kind::Task,
             Kind::PeriodicJob,
+            Kind::AgentRollout,
         ]
         .into_iter()
         .find(|k| k.name() == s)
@@ -79,6 +82,8 @@ pub struct State {
     pub periodics: Store<PeriodicJob>,
     /// The robots' Leases, when the user may read them.
     pub leases: Store<Lease>,
+    /// The AgentRollouts (cluster-scoped).
+    pub rollouts: Store<AgentRollout>,
     /// A kind changed (or its watch broke or came back).
     pub changes: broadcast::Sender<Kind>,
     /// Per kind, why it cannot be watched now.
@@ -129,6 +134,7 @@ impl State {
                 Kind::Lease,
                 feed,
             ),
+            rollouts: watch(Api::all(client.clone()), Kind::AgentRollout, feed),
             changes,
             notices,
             user: crate::operate::whoami(&client).await,

@@ -106,6 +106,7 @@ impl Page {
                             strong { "k8s4r" }
                             a href="/fleet" { "Fleet" }
                             a href="/jobs" { "Jobs" }
+                            a href="/rollouts" { "Rollouts" }
                         }
                         span.who { "as " (state.user.as_deref().unwrap_or("(unknown user)")) }
                     }
@@ -746,6 +747,9 @@ pub async fn task(
     }
     .render(&state, &headers)
 }
+
+mod rollouts;
+pub use rollouts::rollouts;
 
 #[cfg(test)]
 mod tests;

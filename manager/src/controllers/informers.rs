@@ -140,10 +140,12 @@ impl Context {
                 self.triggers.robot(robot);
             }
             if before.is_some() {
-                // Room on a robot: tasks that found none may fit now.
+                // Room on a robot: tasks that found none may fit now, and
+                // a rollout waiting for the robot's tasks may go on.
                 for waiting in sched.waiting_by_priority() {
                     self.triggers.task(waiting);
                 }
+                self.trigger_rollouts();
             }
         }
         drop(sched);

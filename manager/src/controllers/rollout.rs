@@ -7,12 +7,15 @@
 //! counts. Robots marked for a rollout that is gone are let go by the
 //! RobotController ([`unmark_orphan`]).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use jiff::Timestamp;
-use k8s4r_api::names::{ANNOTATION_AGENT_ROLLOUT, ANNOTATION_CANCEL};
-use k8s4r_api::{AgentRollout, AgentRolloutStatus, Robot, RobotPhase, RobotUpgradePhase, RolloutState};
+use k8s4r_api::names::{ANNOTATION_AGENT_ROLLOUT, ANNOTATION_CANCEL, ANNOTATION_CORDONED_FOR_ROLLOUT};
+use k8s4r_api::{
+    AgentRollout, AgentRolloutStatus, Robot, RobotPhase, RobotUpgradePhase, RolloutState, TaskKind, TaskState,
+};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
@@ -20,7 +23,7 @@ use kube::{Api, ResourceExt};
 use tracing::instrument;
 
 use super::{key_of, Context, Look};
-use crate::agent_rollout::{plan, RobotView, Rollout};
+use crate::agent_rollout::{plan, RobotView, Rollout, Running};
 use crate::error::{Error, Result};
 
 /// How often a rollout is looked at without a change: robots offline for
@@ -45,10 +48,23 @@ pub fn error_policy(rollout: Arc<AgentRollout>, error: &Error, ctx: Arc<Context>
     ctx.error_policy("agentrollout", &key_of(rollout.as_ref()), error)
 }
 
-/// What the plan reads of a Robot.
-fn view_of(robot: &Robot) -> RobotView<'_> {
+/// What the plan reads of a Robot; `running` counts its tasks.
+fn view_of<'a>(robot: &'a Robot, running: &BTreeMap<String, Running>) -> RobotView<'a> {
     let status = robot.status.as_ref();
+    let name = robot.metadata.name.as_deref().unwrap_or_default();
+    let annotation = |key: &str| {
+        robot
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(key))
+            .map(String::as_str)
+    };
     RobotView {
+        facts: status.map(|s| &s.facts),
+        running: running.get(name).copied().unwrap_or_default(),
+        unschedulable: robot.spec.unschedulable,
+        cordoned_for: annotation(ANNOTATION_CORDONED_FOR_ROLLOUT),
         name: robot.metadata.name.as_deref().unwrap_or_default(),
         labels: robot.metadata.labels.as_ref().unwrap_or(&EMPTY),
         online: status.and_then(|s| s.phase) == Some(RobotPhase::Online),
@@ -70,6 +86,38 @@ fn mark_patch(rollout: Option<&str>) -> serde_json::Value {
     serde_json::json!({ "metadata": { "annotations": { ANNOTATION_AGENT_ROLLOUT: rollout } } })
 }
 
+/// Cordons a robot for `rollout` (Some), or lifts that cordon (None).
+fn cordon_patch(rollout: Option<&str>) -> serde_json::Value {
+    serde_json::json!({
+        "metadata": { "annotations": { ANNOTATION_CORDONED_FOR_ROLLOUT: rollout } },
+        "spec": { "unschedulable": rollout.map(|_| true) },
+    })
+}
+
+/// Per robot, its tasks that are dispatched or running (the Task cache).
+fn running_tasks(ctx: &Context) -> BTreeMap<String, Running> {
+    let mut running: BTreeMap<String, Running> = BTreeMap::new();
+    for task in ctx.stores.tasks.state() {
+        let status = task.status.as_ref();
+        let state = status.and_then(|s| s.state);
+        if !matches!(state, Some(TaskState::Dispatching | TaskState::Running)) {
+            continue;
+        }
+        let Some(robot) = status
+            .and_then(|s| s.robot.clone())
+            .or_else(|| task.spec.target_robot.clone())
+        else {
+            continue;
+        };
+        let entry = running.entry(robot).or_default();
+        entry.all += 1;
+        if task.spec.template.kind == TaskKind::Batch {
+            entry.batch += 1;
+        }
+    }
+    running
+}
+
 async fn reconcile_rollout(rollout: &AgentRollout, ctx: &Context) -> Result<Action> {
     if rollout.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
@@ -80,7 +128,8 @@ async fn reconcile_rollout(rollout: &AgentRollout, ctx: &Context) -> Result<Acti
         .as_ref()
         .map(|c| c.by.clone().unwrap_or_else(|| "a person".to_owned()));
     let robots = ctx.stores.robots.state();
-    let views: Vec<RobotView<'_>> = robots.iter().map(|r| view_of(r)).collect();
+    let running = running_tasks(ctx);
+    let views: Vec<RobotView<'_>> = robots.iter().map(|r| view_of(r, &running)).collect();
     let now = Timestamp::now();
     let planned = plan(
         Rollout {
@@ -93,6 +142,10 @@ async fn reconcile_rollout(rollout: &AgentRollout, ctx: &Context) -> Result<Acti
     );
     let robot_api: Api<Robot> = Api::all(ctx.client());
     ctx.annotate_all(&robot_api, &planned.unmark, &mark_patch(None))
+        .await?;
+    ctx.annotate_all(&robot_api, &planned.uncordon, &cordon_patch(None))
+        .await?;
+    ctx.annotate_all(&robot_api, &planned.cordon, &cordon_patch(Some(&name)))
         .await?;
     let previous = rollout.status.clone().unwrap_or_default();
     let mut status = planned.status;
@@ -186,16 +239,24 @@ fn publish_changes(
 /// Lets `robot` go when the rollout it is marked for is gone (deleted: an
 /// abort). Called by the RobotController.
 pub(super) async fn unmark_orphan(ctx: &Context, robot: &Robot) -> Result<()> {
-    let Some(rollout) = robot.annotations().get(ANNOTATION_AGENT_ROLLOUT) else {
-        return Ok(());
+    let gone = |key: &str| {
+        robot
+            .annotations()
+            .get(key)
+            .filter(|rollout| ctx.stores.rollouts.get(&ObjectRef::new(rollout)).is_none())
     };
-    if ctx.stores.rollouts.get(&ObjectRef::new(rollout)).is_some() {
-        return Ok(());
-    }
-    tracing::info!(robot = %robot.name_any(), rollout, "the robot's rollout is gone; unmarking it");
     let api: Api<Robot> = Api::all(ctx.client());
-    ctx.annotate_all(&api, &[robot.name_any()], &mark_patch(None))
-        .await
+    if let Some(rollout) = gone(ANNOTATION_AGENT_ROLLOUT) {
+        tracing::info!(robot = %robot.name_any(), rollout, "the robot's rollout is gone; unmarking it");
+        ctx.annotate_all(&api, &[robot.name_any()], &mark_patch(None))
+            .await?;
+    }
+    if let Some(rollout) = gone(ANNOTATION_CORDONED_FOR_ROLLOUT) {
+        tracing::info!(robot = %robot.name_any(), rollout, "the rollout that cordoned the robot is gone; uncordoning it");
+        ctx.annotate_all(&api, &[robot.name_any()], &cordon_patch(None))
+            .await?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

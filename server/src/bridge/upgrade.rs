@@ -207,6 +207,7 @@ fn order_for(
         sha256: artifact.sha256.clone(),
         signature: artifact.signature.clone(),
         health_timeout_ms: u64::try_from(health_timeout.as_millis()).unwrap_or(u64::MAX),
+        when: spec.when.clone(),
     })
 }
 

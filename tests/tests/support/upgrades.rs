@@ -84,12 +84,14 @@ pub async fn fleet(robots: &[&str], failpoints: &[(&str, &str)]) -> Fleet {
         let toml = format!(
             "robot_id = \"{robot}\"\ntoken = \"{}\"\nbroker_url = \"{}\"\nstate_dir = \"{}\"\n\
              heartbeat_interval = \"1s\"\nraw_exec = true\nallow_root = true\n\
-             upgrade_public_keys = [\"{}\"]\n",
+             upgrade_public_keys = [\"{}\"]\nfacts_file = \"{}\"\n",
             token.trim(),
             env.broker_url,
             state.display(),
-            signer.public_key()
+            signer.public_key(),
+            facts_file(&env, robot).display()
         );
+        std::fs::write(facts_file(&env, robot), "{}").expect("the robot's facts");
         let unit = install_robot(&state, OLD_VERSION, Path::new(AGENT), &config, &toml);
         let mut vars = vec![("RUST_LOG".to_owned(), "info".to_owned())];
         if let Some((_, step)) = failpoints.iter().find(|(r, _)| r == robot) {
@@ -113,7 +115,20 @@ pub async fn fleet(robots: &[&str], failpoints: &[(&str, &str)]) -> Fleet {
     }
 }
 
+/// Where `robot`'s software writes its facts.
+fn facts_file(env: &Env, robot: &str) -> PathBuf {
+    env.dir.path().join(format!("{robot}-facts.json"))
+}
+
 impl Fleet {
+    /// Writes `robot`'s facts as a careful robot does (rename into place).
+    pub fn set_facts(&self, robot: &str, facts: serde_json::Value) {
+        let file = facts_file(&self.env, robot);
+        let tmp = file.with_extension("tmp");
+        std::fs::write(&tmp, facts.to_string()).expect("write the facts");
+        std::fs::rename(&tmp, &file).expect("rename the facts into place");
+    }
+
     /// Stops the robots' units, then the stack (see [`Env::stop`]).
     pub async fn stop(mut self) {
         for unit in self.units.values_mut() {
@@ -140,6 +155,28 @@ impl Fleet {
         max_failed: i32,
         health: &str,
     ) {
+        self.roll_out_with(
+            name,
+            artifact,
+            max_parallel,
+            max_failed,
+            health,
+            serde_json::json!({}),
+        )
+        .await;
+    }
+
+    /// Like [`Fleet::roll_out`], with more of the spec (`when`,
+    /// `waitForTasks`, ...) from `extra`.
+    pub async fn roll_out_with(
+        &self,
+        name: &str,
+        artifact: &str,
+        max_parallel: i32,
+        max_failed: i32,
+        health: &str,
+        extra: serde_json::Value,
+    ) {
         let a = &self.artifacts[artifact];
         let rollout: AgentRollout = serde_json::from_value(serde_json::json!({
             "apiVersion": "robot.k8s4r.io/v1alpha1",
@@ -159,6 +196,11 @@ impl Fleet {
             }
         }))
         .expect("a valid AgentRollout");
+        let mut rollout = serde_json::to_value(rollout).expect("json");
+        for (key, value) in extra.as_object().into_iter().flatten() {
+            rollout["spec"][key] = value.clone();
+        }
+        let rollout: AgentRollout = serde_json::from_value(rollout).expect("a valid AgentRollout");
         self.rollouts()
             .create(&PostParams::default(), &rollout)
             .await
