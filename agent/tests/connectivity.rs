@@ -669,8 +669,8 @@ async fn sigterm_without_a_broker_keeps_the_status_for_the_next_start() {
         .filter_map(|f| std::fs::read_to_string(state.join("outbox").join(f)).ok())
         .collect();
     assert!(
-        waiting.iter().any(|t| t.contains("Cancelled")),
-        "the cancelled status waits on disk: {waiting:?}"
+        waiting.iter().any(|t| t.contains("AgentShutdown")),
+        "the stopped status waits on disk: {waiting:?}"
     );
 
     broker.restart();
@@ -680,7 +680,7 @@ async fn sigterm_without_a_broker_keeps_the_status_for_the_next_start() {
     let last = updates.last().unwrap();
     assert_eq!(
         (last.state, last.reason),
-        (TaskState::Failed, Some(TaskReason::Cancelled)),
+        (TaskState::Failed, Some(TaskReason::AgentShutdown)),
         "{updates:#?}"
     );
     assert!(last.seq > running.seq);

@@ -146,7 +146,8 @@ async fn with_stop_signal_sigint_a_ros_like_launch_shuts_its_nodes_down_cleanly_
         let reason = match path {
             Path_::Timeout => TaskReason::Timeout,
             Path_::Fence => TaskReason::Disconnected,
-            Path_::Cancel | Path_::Shutdown => TaskReason::Cancelled,
+            Path_::Cancel => TaskReason::Cancelled,
+            Path_::Shutdown => TaskReason::AgentShutdown,
         };
         assert_eq!(outcome.reason, reason, "{path:?}: {outcome:?}");
     }

@@ -508,6 +508,10 @@ pub enum TaskReason {
     InvalidSpec,
     /// The agent restarted while the task ran; the task was killed.
     AgentRestarted,
+    /// The robot's agent stopped the attempt as it shut down (a restart,
+    /// an upgrade, a stop of k8s4r-agent): not the task's doing, nor a
+    /// person's. The task waits for a robot again, using no retry.
+    AgentShutdown,
     /// The robot went offline while the task ran.
     RobotLost,
     /// The robot never acknowledged the dispatch.

@@ -141,11 +141,15 @@ pub fn is_infrastructure(reason: Option<TaskReason>) -> bool {
 }
 
 /// Ends that are no failure at all: the robot was not ready for the task
-/// (at admission its fresher facts failed a start condition) or it was
-/// drained. The task waits for a robot again as a new attempt, using no
-/// retry of either budget.
+/// (at admission its fresher facts failed a start condition), it was
+/// drained, or its agent stopped the attempt as it shut down (a restart,
+/// an upgrade). The task waits for a robot again as a new attempt, using
+/// no retry of either budget.
 pub fn is_returned(reason: Option<TaskReason>) -> bool {
-    matches!(reason, Some(TaskReason::NotReady | TaskReason::Drained))
+    matches!(
+        reason,
+        Some(TaskReason::NotReady | TaskReason::Drained | TaskReason::AgentShutdown)
+    )
 }
 
 /// How the current attempt ended, as the budgets count it: one that was
@@ -177,14 +181,17 @@ pub const NOT_READY_MAX_DELAY: Duration = Duration::from_secs(60);
 /// `reason` ([`is_returned`]): none after a drain (the task goes elsewhere
 /// at once); after `NotReady`, see [`NOT_READY_DELAY`].
 fn return_delay(status: &TaskStatus, reason: Option<TaskReason>) -> Duration {
-    if reason != Some(TaskReason::NotReady) {
+    // A robot whose agent is shutting down refuses the dispatches it still
+    // gets as `AgentShutdown`: the same backoff keeps a long shutdown from
+    // costing an attempt every quarter second.
+    if !matches!(reason, Some(TaskReason::NotReady | TaskReason::AgentShutdown)) {
         return Duration::ZERO;
     }
     let in_a_row = status
         .attempts
         .iter()
         .rev()
-        .take_while(|a| a.reason == Some(TaskReason::NotReady))
+        .take_while(|a| a.reason == reason)
         .count() as u32;
     let doublings = in_a_row.saturating_sub(NOT_READY_FREE - 1).min(31);
     NOT_READY_DELAY

@@ -158,7 +158,17 @@ impl Session {
     #[tracing::instrument(skip_all, fields(task = %dispatch.task_uid, attempt = dispatch.attempt))]
     pub(super) fn on_dispatch(&mut self, dispatch: Dispatch, phase: &Phase) {
         if !matches!(phase, Phase::Running) {
-            tracing::warn!(task = %dispatch.task_uid, attempt = dispatch.attempt, "dispatch during shutdown ignored");
+            // Taken from the broker (and acknowledged) but never started:
+            // said so, or the cluster would wait for its dispatch deadline.
+            // The task waits for a robot again, using no retry.
+            tracing::warn!(task = %dispatch.task_uid, attempt = dispatch.attempt, "dispatch during shutdown refused");
+            let _ = self.updates_tx.send(failed_status(
+                &dispatch.task_uid,
+                dispatch.attempt,
+                TaskReason::AgentShutdown,
+                "not started: the agent was shutting down (a restart, an upgrade or a stop of k8s4r-agent)"
+                    .into(),
+            ));
             return;
         }
         let now = boot_clock();

@@ -139,8 +139,8 @@ pub fn verdict(exit: Exit, stop: Option<&StopCause>, kill_timeout: Duration) -> 
         ),
         Some(StopCause::Shutdown) => (
             TaskState::Failed,
-            TaskReason::Cancelled,
-            "agent shutting down".to_owned(),
+            TaskReason::AgentShutdown,
+            format!("stopped by the agent as it shut down (a restart, an upgrade or a stop of k8s4r-agent): {how}"),
         ),
         Some(StopCause::DiskLimit(why)) => (
             TaskState::Failed,
@@ -260,7 +260,9 @@ pub(crate) fn unstarted(cause: &StopCause, when: Unstarted) -> (TaskReason, Stri
     };
     let message = match cause {
         StopCause::Cancelled(why) => format!("cancelled ({why}) {before}"),
-        StopCause::Shutdown => "agent shutting down".to_owned(),
+        StopCause::Shutdown => {
+            format!("{stopped}: the agent shut down (a restart, an upgrade or a stop of k8s4r-agent)")
+        }
         StopCause::Timeout(_) => "timed out".to_owned(),
         StopCause::DiskLimit(why)
         | StopCause::Unhealthy(why)
@@ -272,6 +274,7 @@ pub(crate) fn unstarted(cause: &StopCause, when: Unstarted) -> (TaskReason, Stri
         (StopCause::DiskLimit(_), Unstarted::Waiting) => TaskReason::DiskLimit,
         (StopCause::Disconnected(_), _) => TaskReason::Disconnected,
         (StopCause::Drained(_), _) => TaskReason::Drained,
+        (StopCause::Shutdown, _) => TaskReason::AgentShutdown,
         // It had not run yet: it waits for the robot to be ready again.
         (StopCause::ConditionLost(_), Unstarted::Preparing) => TaskReason::NotReady,
         (StopCause::ConditionLost(_), Unstarted::Waiting) => TaskReason::ConditionLost,
@@ -495,15 +498,20 @@ mod tests {
     }
 
     #[test]
-    fn cancel_and_shutdown_are_cancelled() {
+    fn a_cancel_says_cancelled_and_a_shutdown_says_the_agent_stopped_it() {
         let stop = StopCause::Cancelled("task deleted".to_owned());
         let v = verdict(signal(Signal::SIGTERM), Some(&stop), KILL);
         assert_eq!((v.reason, v.exit_code), (TaskReason::Cancelled, Some(143)));
         assert!(v.message.contains("task deleted"));
         let v = verdict(signal(Signal::SIGTERM), Some(&StopCause::Shutdown), KILL);
-        assert_eq!(
-            (v.reason, v.message.as_str()),
-            (TaskReason::Cancelled, "agent shutting down")
+        assert_eq!(v.reason, TaskReason::AgentShutdown, "not a person's cancel");
+        assert!(
+            v.message.starts_with("stopped by the agent as it shut down"),
+            "{}",
+            v.message
         );
+        let (reason, message) = unstarted(&StopCause::Shutdown, Unstarted::Preparing);
+        assert_eq!(reason, TaskReason::AgentShutdown);
+        assert!(message.contains("the agent shut down"), "{message}");
     }
 }

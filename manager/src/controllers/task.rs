@@ -249,6 +249,8 @@ fn publish_progress(ctx: &Context, task: &Task) {
             let (kind, reason) = match ended_as(&status) {
                 Some(TaskReason::Timeout) => (EventType::Warning, "TimedOut"),
                 Some(TaskReason::ConditionLost) => (EventType::Warning, "ConditionLost"),
+                // The agent's restart or upgrade: the task goes on.
+                Some(TaskReason::AgentShutdown) => (EventType::Normal, "AgentShutdown"),
                 // The manager's own failures got their Event when decided,
                 // and an attempt that returns gets its own when it does.
                 Some(

@@ -164,6 +164,26 @@ fn a_lost_start_condition_uses_no_retry_up_to_its_own_limit() {
 }
 
 #[test]
+fn an_agent_shutdown_uses_no_retry_and_backs_off_when_it_repeats() {
+    let mut s = status(TaskState::Failed);
+    s.reason = Some(TaskReason::AgentShutdown);
+    // No policy, the lost budget (2) spent: still a new attempt, at once.
+    s.attempts.push(record(1, TaskReason::RobotLost));
+    s.attempts.push(record(2, TaskReason::RobotLost));
+    assert_eq!(retry_delay(&s, None, &cfg()), Some(NOT_READY_DELAY));
+    assert_eq!(exhausted(&s, None, &cfg()), None);
+    // A shutting-down agent refusing dispatch after dispatch: the wait grows.
+    for attempt in 3..12 {
+        s.attempts.push(record(attempt, TaskReason::AgentShutdown));
+    }
+    let long = retry_delay(&s, None, &cfg()).unwrap();
+    assert!(
+        long > Duration::from_secs(10) && long <= NOT_READY_MAX_DELAY,
+        "{long:?}"
+    );
+}
+
+#[test]
 fn a_job_sets_its_own_lost_budget_and_an_exhausted_one_is_named() {
     let mut s = status(TaskState::Failed);
     s.reason = Some(TaskReason::RobotLost);

@@ -176,6 +176,20 @@ impl Env {
         proc.0.wait().expect("reap the agent");
     }
 
+    /// SIGTERMs the agent of `robot`, as `systemctl stop` or a restart
+    /// does, and waits for it to exit (it stops its batch tasks first).
+    pub fn stop_agent(&mut self, robot: &str) {
+        let i = self
+            .agents
+            .iter()
+            .position(|(r, _)| r == robot)
+            .expect("that agent runs");
+        let (_, mut proc) = self.agents.remove(i);
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(proc.0.id()).expect("a pid"));
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM the agent");
+        proc.0.wait().expect("reap the agent");
+    }
+
     pub async fn wait_phase(&self, robot: &str, phase: RobotPhase) {
         let robots: Api<Robot> = Api::all(self.client.clone());
         eventually(&format!("robot {robot} {phase:?}"), || {

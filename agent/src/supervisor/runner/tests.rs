@@ -810,7 +810,7 @@ async fn on_shutdown_services_are_left_running_for_the_next_agent_and_batch_task
     s.run("batch", task("sleep")).await;
     s.handle.shutdown().await;
     let outcome = s.finished("batch").await;
-    assert_eq!(outcome.reason, TaskReason::Cancelled);
+    assert_eq!(outcome.reason, TaskReason::AgentShutdown);
     assert!(
         s.fake.signals_while_alive("svc", 1).is_empty(),
         "the service was signalled"
@@ -830,7 +830,7 @@ async fn where_the_process_ends_for_good_shutdown_stops_services_too() {
     let service = restarting(task("sleep"), TaskKind::Service, 2, LocalRestartMode::Fail);
     s.run("svc", service).await;
     s.handle.shutdown().await;
-    assert_eq!(s.finished("svc").await.reason, TaskReason::Cancelled);
+    assert_eq!(s.finished("svc").await.reason, TaskReason::AgentShutdown);
 }
 
 #[tokio::test(start_paused = true)]
@@ -878,5 +878,5 @@ async fn on_shutdown_a_fenced_service_is_stopped_not_left_running() {
     s.started("fenced").await;
     s.handle.shutdown().await;
     // Nothing would fence it while no agent runs.
-    assert_eq!(s.finished("fenced").await.reason, TaskReason::Cancelled);
+    assert_eq!(s.finished("fenced").await.reason, TaskReason::AgentShutdown);
 }
