@@ -227,15 +227,31 @@ pub struct NoFit {
     /// Robots refused, per first failing filter.
     pub rejections: BTreeMap<Rejection, usize>,
     /// The anti-affinity's topology label, to name it.
-    pub topology_key: Option<String>,
+    pub topology_key: Option<Box<str>>,
     /// The one robot the task may run on, when it has one.
-    pub robot: Option<String>,
+    pub robot: Option<Box<str>>,
     /// The task's start conditions as text (`battery Gt 30`), to name the
     /// one a robot does not meet.
-    pub conditions: Vec<String>,
+    pub conditions: Box<[String]>,
     /// The task's driver, to name it when robots lack it (boxed: the
     /// struct is an `Err` returned by value).
     pub driver: Box<str>,
+    /// Facts the task's start conditions name that no robot looked at
+    /// reports (a typo, most often), each with the reported fact closest
+    /// to it, if one is close.
+    pub unreported: Vec<(String, Option<String>)>,
+}
+
+/// The fact robots report that is closest to `key`, when one is close
+/// enough to be what was meant (a few letters apart).
+pub fn closest<'a>(key: &str, reported: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    let limit = (key.chars().count() / 3).clamp(1, 3);
+    reported
+        .into_iter()
+        .map(|r| (strsim::damerau_levenshtein(key, r), r))
+        .filter(|(d, _)| *d <= limit)
+        .min()
+        .map(|(_, r)| r)
 }
 
 impl fmt::Display for NoFit {
@@ -259,6 +275,12 @@ impl fmt::Display for NoFit {
         }
         if let Some(robot) = &self.robot {
             write!(f, " (the task runs only on robot {robot})")?;
+        }
+        for (key, near) in self.unreported.iter() {
+            write!(f, "; no robot reports a fact named {key:?}")?;
+            if let Some(near) = near {
+                write!(f, " (robots report {near:?})")?;
+            }
         }
         Ok(())
     }
@@ -576,8 +598,8 @@ where
     let mut best: Option<(Score, &'r RobotFacts)> = None;
     let topology_key = request.anti_affinity.and_then(|a| a.topology_key.as_deref());
     let mut nofit = NoFit {
-        topology_key: topology_key.map(str::to_owned),
-        robot: request.robot.map(str::to_owned),
+        topology_key: topology_key.map(Into::into),
+        robot: request.robot.map(Into::into),
         driver: request.driver.into(),
         ..NoFit::default()
     };
@@ -596,11 +618,13 @@ where
             .collect(),
         None => HashSet::new(),
     };
+    let mut reported: std::collections::BTreeSet<&'r str> = std::collections::BTreeSet::new();
     for robot in robots {
         if request.robot.is_some_and(|only| only != robot.name) {
             continue;
         }
         nofit.total += 1;
+        reported.extend(robot.facts.keys().map(String::as_str));
         let used = usage(&robot.name);
         let checked = check(robot, request, used).and_then(|()| {
             let value = topology_key.and_then(|k| robot.labels.get(k));
@@ -630,9 +654,20 @@ where
             break;
         }
     }
-    best.map(|(_, r)| r).ok_or_else(|| NoFit {
-        conditions: request.when.iter().map(ToString::to_string).collect(),
-        ..nofit
+    best.map(|(_, r)| r).ok_or_else(|| {
+        let mut unreported: Vec<(String, Option<String>)> = Vec::new();
+        for condition in request.when {
+            let key = condition.key.as_str();
+            if !reported.contains(key) && !unreported.iter().any(|(k, _)| k == key) {
+                let near = closest(key, reported.iter().copied()).map(str::to_owned);
+                unreported.push((key.to_owned(), near));
+            }
+        }
+        NoFit {
+            conditions: request.when.iter().map(ToString::to_string).collect(),
+            unreported,
+            ..nofit
+        }
     })
 }
 

@@ -248,7 +248,7 @@ fn fleet_view(ctx: &Context, group: &TaskGroup) -> FleetView {
         topology_key: template
             .anti_affinity
             .as_ref()
-            .and_then(|a| a.topology_key.clone()),
+            .and_then(|a| a.topology_key.as_deref().map(Into::into)),
         conditions: template.task.when.iter().map(ToString::to_string).collect(),
         ..scheduler::NoFit::default()
     };

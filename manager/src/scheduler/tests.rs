@@ -314,7 +314,7 @@ fn no_fit_names_the_condition_a_robot_does_not_meet() {
     let err = choose(&robots, &req, |_| None).unwrap_err();
     assert_eq!(
         err.to_string(),
-        "0/3 robots: 1 offline, 2 don't meet battery Gt 30"
+        "0/3 robots: 1 offline, 2 don't meet battery Gt 30; no robot reports a fact named \"docked\""
     );
     let robots = [
         robot("b").with_fact("battery", serde_json::json!(10)),
@@ -323,13 +323,36 @@ fn no_fit_names_the_condition_a_robot_does_not_meet() {
     let err = choose(&robots, &req, |_| None).unwrap_err();
     assert_eq!(
         err.to_string(),
-        "0/2 robots: 1 don't meet battery Gt 30, 1 don't meet docked In [true]"
+        "0/2 robots: 1 don't meet battery Gt 30, 1 don't meet docked In [true]; no robot reports a fact named \"docked\""
     );
     let docked = robot("d")
         .with_fact("battery", serde_json::json!(90))
         .with_fact("docked", serde_json::json!(true));
     let robots = [robots[0].clone(), robots[1].clone(), docked];
     assert_eq!(choose(&robots, &req, |_| None).unwrap().name, "d");
+}
+
+#[test]
+fn a_condition_on_a_fact_no_robot_reports_names_the_closest_one() {
+    let when = [condition("batery Gt 30")];
+    let req = Request {
+        when: &when,
+        ..request("g")
+    };
+    let robots = [
+        robot("a").with_fact("battery", serde_json::json!(80)),
+        robot("b")
+            .with_fact("battery", serde_json::json!(90))
+            .with_fact("docked", serde_json::json!(true)),
+    ];
+    let err = choose(&robots, &req, |_| None).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "0/2 robots: 2 don't meet batery Gt 30; no robot reports a fact named \"batery\" (robots report \"battery\")"
+    );
+    // Nothing close: said without a guess.
+    assert_eq!(closest("temperature", ["battery", "docked"]), None);
+    assert_eq!(closest("dokced", ["battery", "docked"]), Some("docked"));
 }
 
 #[test]
