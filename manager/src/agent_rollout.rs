@@ -152,7 +152,24 @@ impl Rollout<'_> {
     fn phase_of(&self, robot: &RobotView<'_>, now: Timestamp) -> (RobotUpgradePhase, Option<String>) {
         let spec = self.spec;
         if robot.agent_version == Some(spec.version.as_str()) {
-            return (RobotUpgradePhase::Healthy, None);
+            // On the version, but its trial not settled yet (its agent
+            // reports Healthy once the cluster confirmed it): it keeps its
+            // place, so that no more than maxParallel robots are ever
+            // mid-upgrade, unless it went quiet for long.
+            return match robot.upgrade {
+                Some(u)
+                    if u.rollout == self.name
+                        && u.version == spec.version
+                        && in_progress(u.phase)
+                        && (robot.online || !self.overdue(u.since, now)) =>
+                {
+                    (
+                        u.phase,
+                        Some("on the new version; its trial is not confirmed yet".into()),
+                    )
+                }
+                _ => (RobotUpgradePhase::Healthy, None),
+            };
         }
         let arch = robot.arch.unwrap_or("unknown");
         if !spec.artifacts.iter().any(|a| a.arch == arch) {
@@ -542,6 +559,19 @@ mod tests {
 
     fn when(json: serde_json::Value) -> Vec<k8s4r_api::facts::FactRequirement> {
         serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn a_robot_on_the_version_keeps_its_place_until_its_trial_is_confirmed() {
+        let fleet = Fleet::new(vec![report(RobotUpgradePhase::Restarting), None]);
+        // r0 registered on the new version, its trial not confirmed yet.
+        let p = plan_of(&spec(1, 0), &fleet.views(&[], &[0], &[0]));
+        assert!(p.mark.is_empty(), "r1 waits: {p:?}");
+        assert_eq!(p.status.upgraded, 0);
+        let confirmed = Fleet::new(vec![report(RobotUpgradePhase::Healthy), None]);
+        let p = plan_of(&spec(1, 0), &confirmed.views(&[], &[0], &[0]));
+        assert_eq!(p.mark, ["r1"]);
+        assert_eq!(p.status.upgraded, 1);
     }
 
     #[test]
