@@ -379,7 +379,6 @@ async fn an_operator_marking_a_robot_for_a_rollout_orders_no_upgrade() {
             ],
         );
     }
-    let next = &f.artifacts["next"];
     for (name, selector, paused) in [
         (
             "elsewhere",
@@ -388,27 +387,8 @@ async fn an_operator_marking_a_robot_for_a_rollout_orders_no_upgrade() {
         ),
         ("held", serde_json::json!({}), true),
     ] {
-        let rollout: k8s4r_api::AgentRollout = serde_json::from_value(serde_json::json!({
-            "apiVersion": "robot.k8s4r.io/v1alpha1",
-            "kind": "AgentRollout",
-            "metadata": { "name": name },
-            "spec": {
-                "version": NEXT_VERSION,
-                "artifacts": [{
-                    "arch": std::env::consts::ARCH,
-                    "url": format!("{}/next", f.files),
-                    "sha256": next.sha256,
-                    "signature": next.signature,
-                }],
-                "robotSelector": selector,
-                "paused": paused,
-            }
-        }))
-        .expect("a valid AgentRollout");
-        f.rollouts()
-            .create(&kube::api::PostParams::default(), &rollout)
-            .await
-            .expect("create the AgentRollout");
+        let spec = serde_json::json!({"robotSelector": selector, "paused": paused});
+        f.roll_out_with(name, "next", 1, 0, "60s", spec).await;
         // What the operator may do (patch, not read), and does.
         let mark = serde_json::json!({"metadata": {"annotations": {ANNOTATION_AGENT_ROLLOUT: name}}});
         kubectl(

@@ -164,14 +164,19 @@ impl Env {
         self.agents.push((robot.to_owned(), Proc(child)));
     }
 
-    /// SIGKILLs the agent of `robot` (its tasks' processes are left alone).
-    pub fn kill_agent(&mut self, robot: &str) {
+    /// The running agent of `robot`, no longer kept with the others.
+    fn take_agent(&mut self, robot: &str) -> Proc {
         let i = self
             .agents
             .iter()
             .position(|(r, _)| r == robot)
             .expect("that agent runs");
-        let (_, mut proc) = self.agents.remove(i);
+        self.agents.remove(i).1
+    }
+
+    /// SIGKILLs the agent of `robot` (its tasks' processes are left alone).
+    pub fn kill_agent(&mut self, robot: &str) {
+        let mut proc = self.take_agent(robot);
         proc.0.kill().expect("SIGKILL the agent");
         proc.0.wait().expect("reap the agent");
     }
@@ -179,12 +184,7 @@ impl Env {
     /// SIGTERMs the agent of `robot`, as `systemctl stop` or a restart
     /// does, and waits for it to exit (it stops its batch tasks first).
     pub fn stop_agent(&mut self, robot: &str) {
-        let i = self
-            .agents
-            .iter()
-            .position(|(r, _)| r == robot)
-            .expect("that agent runs");
-        let (_, mut proc) = self.agents.remove(i);
+        let mut proc = self.take_agent(robot);
         let pid = nix::unistd::Pid::from_raw(i32::try_from(proc.0.id()).expect("a pid"));
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM the agent");
         proc.0.wait().expect("reap the agent");
