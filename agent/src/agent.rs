@@ -118,8 +118,7 @@ pub fn start(
             path: config.state_dir.join(crate::admitted::FILE),
             source,
         })?;
-    let (mut session, status) = Session::new(config, options, outbox, supervisor, events);
-    session = session.with_admitted(admitted, seen);
+    let (mut session, status) = Session::new(config, options, outbox, (admitted, seen), supervisor, events);
     let stop = shutdown.child_token();
     let upgrades = Arc::new(Mutex::new(Upgrades::at_start(
         &config.state_dir,

@@ -1,5 +1,7 @@
-//! The agent's event loop: owns the MQTT connection, the outbox and the
-//! timers, and talks to the supervisor through a worker task.
+//! The agent's event loop: the shell around the protocol's [`core`]. It
+//! owns the MQTT connection, the outbox and the timers, feeds the core
+//! every event with the time, and carries out the commands it returns;
+//! supervisor calls go to a worker task.
 //!
 //! One tokio task runs [`Session::run`]. It never awaits anything but its
 //! `select!`: publishes go through `try_publish` (awaiting `publish` in the
@@ -8,15 +10,12 @@
 //! `poll` runs in a future that owns the event loop and is never cancelled
 //! half-way (`poll` is not cancel-safe).
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
 use k8s4r_api::backoff::{Backoff, Jitter};
-use k8s4r_api::names::{DEFAULT_BOOTSTRAP_SECRET, DEFAULT_NAMESPACE};
-use k8s4r_api::protocol::{encode, Dispatch, Online, StatusUpdate, Topics, UsageReports};
-use k8s4r_api::DeviceInfo;
+use k8s4r_api::protocol::{encode, Register, StatusUpdate, Topics};
 use rumqttc::{AsyncClient, ConnectionError, Event, EventLoop, Outgoing, Packet, QoS};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
@@ -24,26 +23,23 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::facts::FactsNow;
-use crate::fence::Fence;
 use crate::host::UsageSampler;
-use crate::link::{Link, RegisterAction, Registrar, RunningSet, Tag, REJECTED_RETRY_MAX};
 use crate::log_reader::LogReaders;
 use crate::mqtt;
 use crate::outbox::Outbox;
 use crate::supervisor::{SupervisorHandle, TaskEvent};
 
-mod downlink;
+pub mod core;
+mod disk;
 mod upgrades;
-mod uplink;
 mod worker;
 
+use self::core::{Command, Core, Disk, Now, Payload, Settings};
+use disk::Files;
 use upgrades::UpgradeHooks;
-pub use worker::{failed_status, status_of};
+pub use worker::status_of;
 use worker::{forward_events, worker, TaskCommand};
 
-/// Dispatches kept while waiting for approval; older ones beyond this are
-/// dropped (the server's dispatch timeout sends them again).
-const MAX_HELD_DISPATCHES: usize = 256;
 /// How long to wait for the PUBACK of `online=false` and for the DISCONNECT
 /// to go out when leaving.
 const LEAVE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -95,24 +91,11 @@ pub fn boot_clock() -> Duration {
 
 static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
 
-/// Says that the cluster rejected this robot: an error when it is news,
-/// with what a person must do, and quietly while it goes on (the
-/// registrar spaces the retries out meanwhile).
-fn report_rejection(message: Option<&str>, news: bool, retry_in: Duration) {
-    let reason = message.unwrap_or("no reason given");
-    if news {
-        tracing::error!(
-            reason,
-            ?retry_in,
-            "the cluster rejected this robot's registration: the agent's bootstrap token (token_file or \
-             token) must be a value of the Secret {DEFAULT_BOOTSTRAP_SECRET} (namespace {DEFAULT_NAMESPACE} \
-             by default; `k8s4r up` keeps its own in the file bootstrap-token of its data dir): add it \
-             there, or give the agent one of its values and restart it; meanwhile it registers again less \
-             and less often, at most every {}s",
-            REJECTED_RETRY_MAX.as_secs()
-        );
-    } else {
-        tracing::debug!(reason, ?retry_in, "registration rejected again");
+/// Now, for the core.
+fn now() -> Now {
+    Now {
+        mono: boot_clock(),
+        wall: jiff::Timestamp::now(),
     }
 }
 
@@ -152,92 +135,37 @@ enum Phase {
 
 /// The MQTT session of one agent.
 pub struct Session {
-    robot_id: String,
-    token: Option<String>,
-    labels: std::collections::BTreeMap<String, String>,
-    topics: Topics,
+    core: Core,
+    disk: Files,
     client: AsyncClient,
     eventloop: Option<EventLoop>,
-    link: Link,
-    registrar: Registrar,
-    running: RunningSet,
-    outbox: Outbox,
     sampler: UsageSampler,
-    device: DeviceInfo,
-    jitter: Jitter,
     reconnect: Backoff,
-    heartbeat_interval: Duration,
-    heartbeat_seq: u64,
-    next_heartbeat: Option<Instant>,
-    /// Dispatches waiting for the registration's approval, or for fresh
-    /// contact (a fenced attempt is admitted only while contact is fresh).
-    held: VecDeque<Dispatch>,
-    /// This process's id: heartbeats carry it and their confirmations
-    /// echo it; registration nonces start with it.
-    session_id: String,
-    /// The `namespace/name` of each Task uid held, from its dispatch: sent
-    /// with what the robot holds and with its statuses, so that a server
-    /// whose cache lacks the uid can read the Task.
-    names: HashMap<String, String>,
-    /// Contact with the cluster and the leases of the attempts held.
-    fence: Fence,
-    /// The server confirms statuses it applied (it said so at
-    /// registration): outbox entries wait for that, not for the PUBACK.
-    status_acks: bool,
-    /// Which usage figures the heartbeats carry.
-    usage: UsageReports,
-    /// Outbox entries the broker acknowledged, waiting for the server's
-    /// confirmation, and when the broker did.
-    delivered: BTreeMap<u64, Instant>,
-    /// How long a delivered status may wait for the server's confirmation
-    /// before the outbox is sent again.
-    confirm_timeout: Duration,
     commands: mpsc::UnboundedSender<TaskCommand>,
-    /// What the supervisor offers (drivers, task policy) and its health,
-    /// reported at registration and in every heartbeat.
-    offer: crate::supervisor::Offer,
     health: watch::Receiver<k8s4r_api::AgentHealth>,
     updates: mpsc::UnboundedReceiver<StatusUpdate>,
-    updates_tx: mpsc::UnboundedSender<StatusUpdate>,
     status: watch::Sender<SessionStatus>,
     flush_timeout: Duration,
     /// Readers of task output the server asked for.
     log_readers: LogReaders,
     /// The robot's facts, when the agent reads some.
     facts: Option<watch::Receiver<FactsNow>>,
-    /// When a change of facts last sent a heartbeat early.
-    facts_sent: Option<Instant>,
     /// systemd's watchdog, told from this loop that the agent is alive.
     watchdog: Option<crate::watchdog::Watchdog>,
     /// Upgrades of this agent: a binary on trial is confirmed by its first
     /// confirmed heartbeat.
     upgrades: Option<UpgradeHooks>,
-    /// The attempts accepted, on disk: each is recorded before it starts,
-    /// and a restarted agent refuses them again.
-    admitted: Option<crate::admitted::Admitted>,
-}
-
-/// What the previous run left running (re-adopted) or is starting again,
-/// held from the first registration so that its Tasks are not "not on
-/// robot"; and the Task names the supervisor kept for them.
-fn held_at_start(supervisor: &SupervisorHandle) -> (RunningSet, HashMap<String, String>) {
-    let mut running = RunningSet::default();
-    let mut names = HashMap::new();
-    for held in supervisor.held_at_start() {
-        running.insert(&held.uid, held.attempt);
-        if let Some(name) = &held.name {
-            names.insert(held.uid.clone(), name.clone());
-        }
-    }
-    (running, names)
 }
 
 impl Session {
     /// Wires a session; spawns the worker and event-forwarding tasks.
+    /// `admitted` records the attempts accepted; those it held at start
+    /// (`seen`) are refused as already run.
     pub fn new(
         config: &Config,
         options: rumqttc::MqttOptions,
         outbox: Outbox,
+        (admitted, seen): (crate::admitted::Admitted, Vec<(String, u32)>),
         supervisor: SupervisorHandle,
         events: mpsc::UnboundedReceiver<TaskEvent>,
     ) -> (Session, watch::Receiver<SessionStatus>) {
@@ -246,22 +174,45 @@ impl Session {
         let (commands, commands_rx) = mpsc::unbounded_channel();
         let offer = supervisor.offer().clone();
         let health = supervisor.health();
-        let (running, names) = held_at_start(&supervisor);
-        let session_id = session_id();
+        // What the previous run left running (re-adopted) or is starting
+        // again, held from the first registration so that its Tasks are
+        // not "not on robot".
+        let running = supervisor
+            .held_at_start()
+            .iter()
+            .map(|held| (held.uid.clone(), held.attempt, held.name.clone()))
+            .collect();
         tokio::spawn(worker(supervisor, commands_rx, updates_tx.clone()));
-        tokio::spawn(forward_events(events, updates_tx.clone()));
+        tokio::spawn(forward_events(events, updates_tx));
         let mut sampler = UsageSampler::new(&config.state_dir);
-        let device = sampler.device_info();
+        let template = Register {
+            token: config.token.clone(),
+            drivers: offer.drivers.clone(),
+            labels: config.labels.clone(),
+            task_policy: Some(offer.policy.clone()),
+            ..Register::new(&config.robot_id, crate::version(), sampler.device_info())
+        };
         let mut jitter = Jitter::from_entropy();
         let reconnect = Backoff::new(config.reconnect_min, config.reconnect_max, jitter.clone());
         // Advance so the two backoffs do not share a sequence.
         jitter.next_f64();
-        let register_backoff = Backoff::new(
-            config.register_retry_min,
-            config.register_retry_max,
-            Jitter::with_seed(jitter.next_f64().to_bits()),
+        if !seen.is_empty() {
+            tracing::info!(tasks = seen.len(), path = %admitted.path().display(), "attempts accepted before this start are refused if delivered again");
+        }
+        let core = Core::new(
+            Settings {
+                robot_id: config.robot_id.clone(),
+                topic_prefix: config.topic_prefix.clone(),
+                session_id: session_id(),
+                template,
+                heartbeat_interval: config.heartbeat_interval,
+                register_retry: (config.register_retry_min, config.register_retry_max),
+                max_outstanding: mqtt::MAX_OUTSTANDING,
+                jitter,
+            },
+            running,
+            &seen,
         );
-        let registrar = Registrar::new(register_backoff, session_id.clone());
         let (status, status_rx) = watch::channel(SessionStatus {
             outbox_len: outbox.len(),
             ..Default::default()
@@ -273,60 +224,23 @@ impl Session {
             config.supervisor.tasks_dir(),
         );
         let session = Session {
-            robot_id: config.robot_id.clone(),
-            token: config.token.clone(),
-            labels: config.labels.clone(),
-            topics: Topics::new(&config.topic_prefix),
+            core,
+            disk: Files { outbox, admitted },
             client,
             eventloop: Some(eventloop),
-            link: Link::new(mqtt::MAX_OUTSTANDING),
-            registrar,
-            running,
-            outbox,
             sampler,
-            device,
-            jitter,
             reconnect,
-            heartbeat_interval: config.heartbeat_interval,
-            heartbeat_seq: 0,
-            next_heartbeat: None,
-            held: VecDeque::new(),
-            session_id,
-            names,
-            fence: Fence::new(),
-            status_acks: false,
-            usage: UsageReports::default(),
-            delivered: BTreeMap::new(),
-            confirm_timeout: (config.heartbeat_interval * 2)
-                .clamp(Duration::from_secs(5), Duration::from_secs(60)),
             commands,
-            offer,
             health,
             updates,
-            updates_tx,
             status,
             flush_timeout: config.shutdown_flush_timeout,
             log_readers,
             facts: None,
-            facts_sent: None,
             watchdog: None,
             upgrades: None,
-            admitted: None,
         };
         (session, status_rx)
-    }
-
-    /// Records accepted attempts in `admitted` before they start; `seen`,
-    /// what it held at start, is refused as already run.
-    pub fn with_admitted(mut self, admitted: crate::admitted::Admitted, seen: Vec<(String, u32)>) -> Self {
-        for (uid, attempt) in &seen {
-            self.fence.remember(uid, *attempt);
-        }
-        if !seen.is_empty() {
-            tracing::info!(tasks = seen.len(), path = %admitted.path().display(), "attempts accepted before this start are refused if delivered again");
-        }
-        self.admitted = Some(admitted);
-        self
     }
 
     /// Reads the robot's facts from `facts`: they go to the supervisor and
@@ -357,6 +271,88 @@ impl Session {
         health
     }
 
+    /// Carries out what the core asked for, in order.
+    fn perform(&mut self, commands: Vec<Command>) {
+        let mut refused = 0;
+        for command in commands {
+            match command {
+                Command::Publish {
+                    topic,
+                    payload,
+                    retain,
+                } => {
+                    // Once the client refused one, the rest of the batch
+                    // would not fit either; all go back to the core.
+                    if refused > 0 {
+                        refused += 1;
+                        continue;
+                    }
+                    let payload = self.encode(payload);
+                    if let Err(e) = self.client.try_publish(&topic, QoS::AtLeastOnce, retain, payload) {
+                        tracing::warn!(topic, error = %e, "cannot queue a publish; it will be retried");
+                        refused += 1;
+                    }
+                }
+                Command::Subscribe(topics) => {
+                    let filters = topics
+                        .into_iter()
+                        .map(|t| rumqttc::SubscribeFilter::new(t, QoS::AtLeastOnce));
+                    if let Err(e) = self.client.try_subscribe_many(filters) {
+                        tracing::error!(error = %e, "cannot queue the subscription");
+                    }
+                }
+                Command::Start(request) => {
+                    let _ = self.commands.send(TaskCommand::Submit(request));
+                }
+                Command::Stop { uid, attempt, cause } => {
+                    let _ = self.commands.send(TaskCommand::Stop { uid, attempt, cause });
+                }
+                Command::Logs(request) => self.log_readers.handle(request),
+                Command::Upgrade(order) => {
+                    if let Some(hooks) = &self.upgrades {
+                        crate::upgrade::start(
+                            &hooks.upgrades,
+                            order,
+                            hooks.limits,
+                            std::sync::Arc::clone(&hooks.news),
+                            hooks.restart.clone(),
+                            self.facts.clone(),
+                        );
+                    }
+                }
+                Command::HeartbeatConfirmed(seq) => {
+                    if let Some(hooks) = &self.upgrades {
+                        crate::upgrade::lock(&hooks.upgrades).heartbeat_confirmed(seq);
+                    }
+                }
+            }
+        }
+        for _ in 0..refused {
+            self.core.withdraw_last();
+        }
+    }
+
+    /// A payload as it goes out: registrations and heartbeats with the
+    /// robot's health, facts, upgrade report and usage.
+    fn encode(&mut self, payload: Payload) -> Vec<u8> {
+        match payload {
+            Payload::Bytes(bytes) => bytes,
+            Payload::Register(mut register) => {
+                register.health = Some(self.current_health());
+                register.upgrade = self.upgrades.as_ref().and_then(UpgradeHooks::report);
+                encode(&*register)
+            }
+            Payload::Heartbeat(mut heartbeat) => {
+                let seq = heartbeat.seq;
+                heartbeat.health = Some(self.current_health());
+                heartbeat.facts = self.facts.as_ref().map(|rx| rx.borrow().facts.clone());
+                heartbeat.upgrade = self.upgrades.as_ref().and_then(|h| h.report_in_heartbeat(seq));
+                heartbeat.usage = self.core.usage_for(seq, self.sampler.sample());
+                encode(&*heartbeat)
+            }
+        }
+    }
+
     /// Runs until `shutdown` is cancelled and the shutdown sequence is
     /// done: tasks stopped, outbox flushed as far as the broker allows
     /// within the flush timeout, `online=false` published, disconnected.
@@ -369,8 +365,7 @@ impl Session {
         let mut phase = Phase::Running;
         let mut stopping: Option<oneshot::Receiver<()>> = None;
         loop {
-            let now = Instant::now();
-            let wake = self.next_wake(&phase, now);
+            let wake = self.next_wake(&phase, Instant::now());
             tokio::select! {
                 (eventloop, result) = &mut poll => {
                     match self.on_poll(result, &phase) {
@@ -378,17 +373,18 @@ impl Session {
                         After::Stop => break,
                     }
                 }
-                Some(()) = uplink::facts_changed(&mut self.facts) => self.on_facts(Instant::now()),
-                () = upgrades::news(self.upgrades.as_ref()) => self.on_upgrade_news(),
+                Some(()) = facts_changed(&mut self.facts) => self.on_facts(),
+                () = upgrades::news(self.upgrades.as_ref()) => self.core.news(now()),
                 Some(update) = self.updates.recv() => {
-                    self.on_update(update);
+                    let commands = self.core.status(update, &mut self.disk);
+                    self.perform(commands);
                     if let Phase::Flushing { quiet_since, .. } = &mut phase {
                         *quiet_since = Instant::now();
                     }
                 }
                 _ = shutdown.cancelled(), if matches!(phase, Phase::Running) => {
                     tracing::info!("shutting down: stopping tasks");
-                    self.next_heartbeat = None;
+                    self.core.leave();
                     self.log_readers.stop_all();
                     let (tx, rx) = oneshot::channel();
                     let _ = self.commands.send(TaskCommand::Shutdown(tx));
@@ -397,12 +393,13 @@ impl Session {
                 }
                 _ = async { match stopping.as_mut() { Some(rx) => { let _ = rx.await; } None => std::future::pending().await } } => {
                     stopping = None;
-                    tracing::info!(outbox = self.outbox.len(), "tasks stopped; flushing the outbox");
+                    tracing::info!(outbox = self.disk.len(), "tasks stopped; flushing the outbox");
                     let now = Instant::now();
                     phase = Phase::Flushing { deadline: now + self.flush_timeout, quiet_since: now };
                 }
                 _ = tokio::time::sleep_until(wake) => {
-                    self.on_tick(Instant::now(), matches!(phase, Phase::Running));
+                    let commands = self.core.tick(now(), &mut self.disk);
+                    self.perform(commands);
                 }
                 () = watchdog_due(self.watchdog.as_ref()) => {
                     if let Some(dog) = self.watchdog.as_mut() {
@@ -412,14 +409,25 @@ impl Session {
             }
             phase = self.advance(phase);
             if let Phase::Disconnecting { deadline } = phase {
-                if !self.link.is_connected() || Instant::now() >= deadline {
+                if !self.core.is_connected() || Instant::now() >= deadline {
                     break;
                 }
             }
             self.publish_status();
         }
-        tracing::info!(outbox = self.outbox.len(), "agent stopped");
+        tracing::info!(outbox = self.disk.len(), "agent stopped");
         self.publish_status();
+    }
+
+    /// The facts changed: the supervisor checks tasks against them, and
+    /// the core sends a heartbeat with them.
+    fn on_facts(&mut self) {
+        let Some(rx) = self.facts.as_mut() else {
+            return;
+        };
+        let facts = rx.borrow_and_update().facts.clone();
+        let _ = self.commands.send(TaskCommand::Facts(facts));
+        self.core.facts_changed(now());
     }
 
     /// Moves the shutdown sequence along.
@@ -430,20 +438,17 @@ impl Session {
                 deadline,
                 quiet_since,
             } => {
-                let drained = self.outbox.is_empty() && now.duration_since(quiet_since) >= QUIET;
+                let drained = self.disk.is_empty() && now.duration_since(quiet_since) >= QUIET;
                 if drained || now >= deadline {
                     if !drained {
                         tracing::warn!(
-                            outbox = self.outbox.len(),
+                            outbox = self.disk.len(),
                             "flush timeout: undelivered status updates stay in the outbox for the next start"
                         );
                     }
-                    if self.link.is_connected() {
-                        self.publish_control(
-                            &self.topics.online(&self.robot_id),
-                            encode(&Online::new(false)),
-                            true,
-                        );
+                    if self.core.is_connected() {
+                        let commands = self.core.say_offline();
+                        self.perform(commands);
                         return Phase::Leaving {
                             deadline: now + LEAVE_TIMEOUT,
                         };
@@ -456,7 +461,7 @@ impl Session {
                 }
             }
             Phase::Leaving { deadline } => {
-                if self.link.idle() || now >= deadline || !self.link.is_connected() {
+                if self.core.idle() || now >= deadline || !self.core.is_connected() {
                     if let Err(e) = self.client.try_disconnect() {
                         tracing::warn!(error = %e, "cannot queue the MQTT disconnect");
                     }
@@ -471,20 +476,10 @@ impl Session {
     }
 
     fn next_wake(&self, phase: &Phase, now: Instant) -> Instant {
-        let mut wake = now + Duration::from_secs(3600);
-        for t in [
-            self.next_heartbeat,
-            self.registrar.deadline().map(Instant::from_std),
-            self.fence
-                .next_deadline()
-                .map(|at| now + at.saturating_sub(boot_clock())),
-            self.delivered.values().min().map(|at| *at + self.confirm_timeout),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            wake = wake.min(t);
-        }
+        let wake = match self.core.next_wake() {
+            Some(at) => now + at.saturating_sub(boot_clock()),
+            None => now + Duration::from_secs(3600),
+        };
         match phase {
             Phase::Flushing {
                 deadline,
@@ -497,41 +492,28 @@ impl Session {
 
     /// Handles one poll result.
     fn on_poll(&mut self, result: Result<Event, ConnectionError>, phase: &Phase) -> After {
-        match result {
+        let commands = match result {
             Ok(Event::Incoming(Packet::ConnAck(ack))) => {
                 tracing::info!(session_present = ack.session_present, "connected to the broker");
                 self.reconnect.reset();
-                self.on_connected(matches!(phase, Phase::Running));
+                self.core.connected(now(), &mut self.disk)
             }
-            // Every topic the agent reads is a command from the server, which
-            // never retains one: a retained message was left by someone
-            // else (a robot before the ACL was tightened) and would act
-            // again at every start.
-            Ok(Event::Incoming(Packet::Publish(p))) if p.retain => {
-                tracing::warn!(topic = %p.topic, "ignored a retained message on a command topic");
+            Ok(Event::Incoming(Packet::Publish(p))) => {
+                let span = tracing::info_span!("message", topic = %p.topic);
+                let _entered = span.enter();
+                self.core
+                    .message(&p.topic, &p.payload, p.retain, now(), &mut self.disk)
             }
-            Ok(Event::Incoming(Packet::Publish(p))) => self.on_message(&p.topic, &p.payload, phase),
-            Ok(Event::Incoming(Packet::PubAck(ack))) => {
-                if let Some(Tag::Status(id)) = self.link.acked(ack.pkid) {
-                    if self.status_acks {
-                        // The broker has it; the server has not said it applied it.
-                        if self.outbox.contains(id) {
-                            self.delivered.insert(id, Instant::now());
-                        }
-                    } else {
-                        self.forget(id);
-                    }
-                }
-                self.pump();
+            Ok(Event::Incoming(Packet::PubAck(ack))) => self.core.puback(ack.pkid, now(), &mut self.disk),
+            Ok(Event::Outgoing(Outgoing::Publish(pkid))) => {
+                self.core.sent(pkid);
+                Vec::new()
             }
-            Ok(Event::Outgoing(Outgoing::Publish(pkid))) => self.link.sent(pkid),
             Ok(Event::Outgoing(Outgoing::Disconnect)) => return After::Stop,
-            Ok(_) => {}
+            Ok(_) => Vec::new(),
             Err(e) => {
-                let was_connected = self.link.is_connected();
-                self.link.disconnected();
-                self.registrar.disconnected();
-                self.next_heartbeat = None;
+                let was_connected = self.core.is_connected();
+                self.core.disconnected();
                 if matches!(phase, Phase::Disconnecting { .. }) {
                     return After::Stop;
                 }
@@ -543,52 +525,34 @@ impl Session {
                 }
                 return After::Poll(delay);
             }
-        }
+        };
+        self.perform(commands);
         After::Poll(Duration::ZERO)
-    }
-
-    fn on_connected(&mut self, running: bool) {
-        self.link.connected();
-        // Everything unconfirmed goes out again on this connection.
-        self.delivered.clear();
-        let subscriptions = self
-            .topics
-            .agent_subscriptions(&self.robot_id)
-            .into_iter()
-            .map(|t| rumqttc::SubscribeFilter::new(t, QoS::AtLeastOnce));
-        if let Err(e) = self.client.try_subscribe_many(subscriptions) {
-            tracing::error!(error = %e, "cannot queue the subscription");
-        }
-        self.publish_control(
-            &self.topics.online(&self.robot_id),
-            encode(&Online::new(true)),
-            true,
-        );
-        if running && self.registrar.connected(Instant::now().into_std()) == RegisterAction::Register {
-            self.register();
-        }
-        self.pump();
-    }
-
-    /// Drops a settled status from the outbox.
-    fn forget(&mut self, id: u64) {
-        self.delivered.remove(&id);
-        if let Err(e) = self.outbox.remove(id) {
-            tracing::error!(error = %e, "cannot remove a settled status from the outbox");
-        }
     }
 
     fn publish_status(&self) {
         let status = SessionStatus {
-            connected: self.link.is_connected(),
-            approved: self.registrar.approved(),
-            outbox_len: self.outbox.len(),
-            heartbeats: self.heartbeat_seq,
+            connected: self.core.is_connected(),
+            approved: self.core.approved(),
+            outbox_len: self.disk.len(),
+            heartbeats: self.core.heartbeats(),
         };
         self.status.send_if_modified(|s| {
             let changed = *s != status;
             *s = status;
             changed
         });
+    }
+}
+
+/// Resolves when the facts changed; pending forever without facts (or once
+/// their reader is gone).
+async fn facts_changed(facts: &mut Option<watch::Receiver<FactsNow>>) -> Option<()> {
+    match facts {
+        Some(rx) => match rx.changed().await {
+            Ok(()) => Some(()),
+            Err(_) => std::future::pending().await,
+        },
+        None => std::future::pending().await,
     }
 }

@@ -52,6 +52,12 @@ impl<T> PacketIds<T> {
         self.handed.push_back(tag);
     }
 
+    /// The client refused the publish handed over last (its request
+    /// channel was full): it will never get a packet id.
+    pub fn withdraw_last(&mut self) -> Option<T> {
+        self.handed.pop_back()
+    }
+
     /// The client sent a publish with this packet id. Id 0 (QoS 0) and the
     /// retransmission of an id already in flight change nothing.
     pub fn sent(&mut self, pkid: u16) {

@@ -5,7 +5,6 @@
 use std::sync::{Arc, Mutex};
 
 use k8s4r_api::protocol::UpgradeReport;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Session;
@@ -62,12 +61,5 @@ impl Session {
             limits,
         });
         self
-    }
-
-    /// An upgrade moved on: a registered agent says so at once.
-    pub(super) fn on_upgrade_news(&mut self) {
-        if self.next_heartbeat.is_some() {
-            self.next_heartbeat = Some(Instant::now());
-        }
     }
 }

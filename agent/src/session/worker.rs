@@ -6,6 +6,7 @@ use k8s4r_api::protocol::StatusUpdate;
 use k8s4r_api::{RestartStatus, TaskReason, TaskState};
 use tokio::sync::{mpsc, oneshot};
 
+use super::core::failed_status;
 use crate::supervisor::outcome::StopCause;
 use crate::supervisor::{Submit, SupervisorHandle, TaskEvent, TaskRequest};
 
@@ -53,16 +54,6 @@ pub fn status_of(event: TaskEvent) -> StatusUpdate {
     update
 }
 
-/// A `failed` update for an attempt that never reached the supervisor.
-pub fn failed_status(uid: &str, attempt: u32, reason: TaskReason, message: String) -> StatusUpdate {
-    StatusUpdate {
-        reason: Some(reason),
-        message: Some(message),
-        finish_time: Some(jiff::Timestamp::now()),
-        ..StatusUpdate::new(uid, attempt, 0, TaskState::Failed)
-    }
-}
-
 pub(super) async fn worker(
     supervisor: SupervisorHandle,
     mut commands: mpsc::UnboundedReceiver<TaskCommand>,
@@ -84,6 +75,7 @@ pub(super) async fn worker(
                             attempt,
                             TaskReason::StartFailed,
                             e.to_string(),
+                            jiff::Timestamp::now(),
                         ));
                     }
                 }

@@ -1,63 +1,76 @@
 //! What comes down from the server: registration answers, dispatches,
-//! cancels, log requests and confirmations, each handled by the session.
+//! cancels, log requests, upgrade orders and confirmations.
 
 use k8s4r_api::protocol::{Cancel, Dispatch, RegisterResponse, StatusAck};
 use k8s4r_api::{RobotPhase, TaskReason};
-use tokio::time::Instant;
 
-use super::{boot_clock, failed_status, report_rejection, Phase, Session, TaskCommand, MAX_HELD_DISPATCHES};
+use super::{failed_status, Command, Core, Disk, Now};
 use crate::gate::Verdict;
 use crate::inbound::{classify, Inbound, Refused};
-use crate::link::RegisterAction;
+use crate::link::{RegisterAction, REJECTED_RETRY_MAX};
 use crate::supervisor::outcome::StopCause;
 use crate::supervisor::TaskRequest;
 
-impl Session {
-    #[tracing::instrument(skip_all, fields(topic))]
-    pub(super) fn on_message(&mut self, topic: &str, payload: &[u8], phase: &Phase) {
+impl Core {
+    /// A message from the broker. Every topic the agent reads is a command
+    /// from the server, which never retains one: a `retained` message was
+    /// left by someone else (a robot before the ACL was tightened) and
+    /// would act again at every start, so it is ignored.
+    pub fn message(
+        &mut self,
+        topic: &str,
+        payload: &[u8],
+        retained: bool,
+        now: Now,
+        disk: &mut dyn Disk,
+    ) -> Vec<Command> {
+        let mut out = Vec::new();
+        if retained {
+            tracing::warn!(topic, "ignored a retained message on a command topic");
+            return out;
+        }
         match classify(&self.topics, &self.robot_id, topic, payload) {
-            Ok(Inbound::Response(response)) => self.on_response(response, phase),
-            Ok(Inbound::Dispatch(dispatch)) => self.on_dispatch(*dispatch, phase),
-            Ok(Inbound::Cancel(cancel)) => self.on_cancel(cancel),
-            Ok(Inbound::Upgrade(order)) => match &self.upgrades {
-                Some(hooks) if matches!(phase, Phase::Running) => crate::upgrade::start(
-                    &hooks.upgrades,
-                    order,
-                    hooks.limits,
-                    std::sync::Arc::clone(&hooks.news),
-                    hooks.restart.clone(),
-                    self.facts.clone(),
-                ),
-                _ => tracing::warn!(version = %order.version, "upgrade order ignored: shutting down"),
-            },
+            Ok(Inbound::Response(response)) => self.on_response(response, now, disk, &mut out),
+            Ok(Inbound::Dispatch(dispatch)) => self.on_dispatch(*dispatch, now, disk, &mut out),
+            Ok(Inbound::Cancel(cancel)) => self.on_cancel(cancel, now, disk, &mut out),
+            Ok(Inbound::Upgrade(order)) if !self.leaving => out.push(Command::Upgrade(order)),
+            Ok(Inbound::Upgrade(order)) => {
+                tracing::warn!(version = %order.version, "upgrade order ignored: shutting down")
+            }
             Ok(Inbound::LogRequest(request)) => {
                 tracing::debug!(task = %request.task_uid, attempt = request.attempt, follow = request.follow, stop = request.stop, "log request");
-                self.log_readers.handle(request);
+                out.push(Command::Logs(request));
             }
-            Ok(Inbound::StatusAck(ack)) => self.on_confirmation(ack, phase),
+            Ok(Inbound::StatusAck(ack)) => self.on_confirmation(ack, now, disk, &mut out),
             Err(Refused { error, task }) => {
                 tracing::error!(topic, error = %error, "refused a message");
                 if let Some((uid, attempt)) = task {
-                    let _ = self.updates_tx.send(failed_status(
+                    let failed = failed_status(
                         &uid,
                         attempt,
                         TaskReason::InvalidSpec,
                         error.to_string(),
-                    ));
+                        now.wall,
+                    );
+                    self.status_into(failed, disk, &mut out);
                 }
             }
         }
+        out
     }
 
     /// A registration answer: taken only when this process asked for it
     /// (its nonce), or from a server too old to echo nonces.
-    fn on_response(&mut self, response: RegisterResponse, phase: &Phase) {
-        let ours = match &response.nonce {
-            Some(nonce) => self.registrar.asked(nonce),
-            // A server too old to echo nonces: its answers are
-            // taken as before, without fencing or its clock.
-            None => false,
-        };
+    fn on_response(
+        &mut self,
+        response: RegisterResponse,
+        now: Now,
+        disk: &mut dyn Disk,
+        out: &mut Vec<Command>,
+    ) {
+        // A server too old to echo nonces: its answers are taken as
+        // before, without fencing or its clock.
+        let ours = response.nonce.as_deref().is_some_and(|n| self.registrar.asked(n));
         if response.nonce.is_some() && !ours {
             tracing::warn!(phase = ?response.phase, nonce = response.nonce.as_deref().unwrap_or(""), "ignored a registration answer this process did not ask for (it waited in the broker)");
             return;
@@ -69,17 +82,14 @@ impl Session {
         self.usage.registered(ours && response.usage_when_moved);
         if ours {
             self.fence
-                .registered(response.status_acks, response.server_time, boot_clock());
+                .registered(response.status_acks, response.server_time, now.mono);
         }
         let message = response.message.as_deref();
-        match self
-            .registrar
-            .response(response.phase, message, Instant::now().into_std())
-        {
+        match self.registrar.response(response.phase, message, now.mono) {
             RegisterAction::Approved => {
                 tracing::info!("registration approved");
-                self.next_heartbeat = matches!(phase, Phase::Running).then(Instant::now);
-                self.release_held(phase);
+                self.next_heartbeat = (!self.leaving).then_some(now.mono);
+                self.release_held(now, disk, out);
             }
             RegisterAction::Rejected { news, retry_in } => report_rejection(message, news, retry_in),
             RegisterAction::None | RegisterAction::Register => {}
@@ -88,17 +98,15 @@ impl Session {
 
     /// Statuses the server applied, and the heartbeat it recorded when the
     /// confirmation is meant for this process.
-    fn on_confirmation(&mut self, ack: StatusAck, phase: &Phase) {
+    fn on_confirmation(&mut self, ack: StatusAck, now: Now, disk: &mut dyn Disk, out: &mut Vec<Command>) {
         if let Some(heartbeat) = ack.heartbeat {
-            // Seqs restart with every process: a confirmation meant
-            // for a previous one must not renew this one's leases.
+            // Seqs restart with every process: a confirmation meant for a
+            // previous one must not renew this one's leases.
             if ack.session.as_deref() == Some(self.session_id.as_str()) {
-                self.fence.heartbeat_recorded(heartbeat, ack.time, boot_clock());
+                self.fence.heartbeat_recorded(heartbeat, ack.time, now.mono);
                 self.usage.confirmed(heartbeat);
-                if let Some(hooks) = &self.upgrades {
-                    crate::upgrade::lock(&hooks.upgrades).heartbeat_confirmed(heartbeat);
-                }
-                self.release_held(phase);
+                out.push(Command::HeartbeatConfirmed(heartbeat));
+                self.release_held(now, disk, out);
             } else {
                 tracing::debug!(
                     heartbeat,
@@ -107,32 +115,30 @@ impl Session {
             }
         }
         for seq in ack.seqs {
-            self.forget(seq);
+            self.settle(seq, disk);
         }
-        self.pump();
+        self.pump(out, disk);
     }
 
     /// Stops an attempt. One this robot does not hold (never received,
     /// held for approval, refused, or finished) is answered at once with a
     /// terminal status, so a deletion waiting for it never hangs.
-    pub(super) fn on_cancel(&mut self, cancel: Cancel) {
+    fn on_cancel(&mut self, cancel: Cancel, now: Now, disk: &mut dyn Disk, out: &mut Vec<Command>) {
         tracing::info!(task = %cancel.task_uid, attempt = cancel.attempt, reason = %cancel.reason, "cancel");
         let matches = |uid: &str, attempt: u32| {
             uid == cancel.task_uid && (cancel.attempt == 0 || attempt == cancel.attempt)
         };
         let held_back = self.held.iter().any(|d| matches(&d.task_uid, d.attempt));
         self.held.retain(|d| !matches(&d.task_uid, d.attempt));
-        let runs = self.running.to_vec().iter().any(|a| matches(&a.uid, a.attempt));
-        if runs {
-            let attempt = (cancel.attempt != 0).then_some(cancel.attempt);
+        if self.running.to_vec().iter().any(|a| matches(&a.uid, a.attempt)) {
             let cause = if cancel.drain {
                 StopCause::Drained(cancel.reason)
             } else {
                 StopCause::Cancelled(cancel.reason)
             };
-            let _ = self.commands.send(TaskCommand::Stop {
+            out.push(Command::Stop {
                 uid: cancel.task_uid,
-                attempt,
+                attempt: (cancel.attempt != 0).then_some(cancel.attempt),
                 cause,
             });
             return;
@@ -146,39 +152,44 @@ impl Session {
             } else {
                 "cancelled; this robot does not run it"
             };
-            let _ = self.updates_tx.send(failed_status(
+            let message = format!("{why}: {}", cancel.reason);
+            let failed = failed_status(
                 &cancel.task_uid,
                 cancel.attempt,
                 TaskReason::Cancelled,
-                format!("{why}: {}", cancel.reason),
-            ));
+                message,
+                now.wall,
+            );
+            self.status_into(failed, disk, out);
         }
     }
 
-    #[tracing::instrument(skip_all, fields(task = %dispatch.task_uid, attempt = dispatch.attempt))]
-    pub(super) fn on_dispatch(&mut self, dispatch: Dispatch, phase: &Phase) {
-        if !matches!(phase, Phase::Running) {
+    fn on_dispatch(&mut self, dispatch: Dispatch, now: Now, disk: &mut dyn Disk, out: &mut Vec<Command>) {
+        if self.leaving {
             // Taken from the broker (and acknowledged) but never started:
             // said so, or the cluster would wait for its dispatch deadline.
             // The task waits for a robot again, using no retry.
             tracing::warn!(task = %dispatch.task_uid, attempt = dispatch.attempt, "dispatch during shutdown refused");
-            let _ = self.updates_tx.send(failed_status(
+            let message =
+                "not started: the agent was shutting down (a restart, an upgrade or a stop of k8s4r-agent)";
+            let failed = failed_status(
                 &dispatch.task_uid,
                 dispatch.attempt,
                 TaskReason::AgentShutdown,
-                "not started: the agent was shutting down (a restart, an upgrade or a stop of k8s4r-agent)"
-                    .into(),
-            ));
+                message.into(),
+                now.wall,
+            );
+            self.status_into(failed, disk, out);
             return;
         }
-        let now = boot_clock();
+        let approved = self.registrar.approved();
         let verdict = crate::gate::decide(
             &dispatch,
-            self.registrar.approved(),
+            approved,
             &self.running,
             &mut self.fence,
-            now,
-            jiff::Timestamp::now(),
+            now.mono,
+            now.wall,
         );
         let stop_after = match verdict {
             Verdict::HoldForApproval => {
@@ -193,12 +204,14 @@ impl Session {
             Verdict::Refused(refusal) => {
                 tracing::warn!(task = %dispatch.task_uid, attempt = dispatch.attempt, %refusal, "dispatch refused");
                 if matches!(refusal, crate::fence::Refusal::Expired { .. }) {
-                    let _ = self.updates_tx.send(failed_status(
+                    let failed = failed_status(
                         &dispatch.task_uid,
                         dispatch.attempt,
                         TaskReason::DispatchTimeout,
                         refusal.to_string(),
-                    ));
+                        now.wall,
+                    );
+                    self.status_into(failed, disk, out);
                 }
                 return;
             }
@@ -206,9 +219,9 @@ impl Session {
                 // Contact is too old for this attempt's stopAfter: a
                 // heartbeat now, and the dispatch waits for its
                 // confirmation (or its deadline, or a cancel).
-                tracing::info!(task = %dispatch.task_uid, attempt = dispatch.attempt, contact_age = ?self.fence.contact_age(now), "dispatch waits for a confirmed heartbeat");
+                tracing::info!(task = %dispatch.task_uid, attempt = dispatch.attempt, contact_age = ?self.fence.contact_age(now.mono), "dispatch waits for a confirmed heartbeat");
                 self.push_held(dispatch);
-                self.next_heartbeat = Some(Instant::now());
+                self.next_heartbeat = Some(now.mono);
                 return;
             }
             Verdict::Start { stop_after } => stop_after,
@@ -216,20 +229,20 @@ impl Session {
         // Recorded before it starts: a restarted agent that gets this
         // dispatch again (a lost PUBACK, a server that published it twice)
         // refuses it. Unrecorded, it does not start.
-        if let Some(admitted) = &mut self.admitted {
-            if let Err(e) = admitted.record(&dispatch.task_uid, dispatch.attempt) {
-                tracing::error!(task = %dispatch.task_uid, attempt = dispatch.attempt, error = %e, path = %admitted.path().display(), "cannot record the attempt as accepted; it does not start");
-                self.fence.release(&dispatch.task_uid, dispatch.attempt);
-                let _ = self.updates_tx.send(failed_status(
-                    &dispatch.task_uid,
-                    dispatch.attempt,
-                    TaskReason::StartFailed,
-                    format!(
-                        "the agent could not record that it accepted the attempt ({e}); it did not start it"
-                    ),
-                ));
-                return;
-            }
+        if let Err(e) = disk.admit(&dispatch.task_uid, dispatch.attempt) {
+            tracing::error!(task = %dispatch.task_uid, attempt = dispatch.attempt, error = %e, "cannot record the attempt as accepted; it does not start");
+            self.fence.release(&dispatch.task_uid, dispatch.attempt);
+            let message =
+                format!("the agent could not record that it accepted the attempt ({e}); it did not start it");
+            let failed = failed_status(
+                &dispatch.task_uid,
+                dispatch.attempt,
+                TaskReason::StartFailed,
+                message,
+                now.wall,
+            );
+            self.status_into(failed, disk, out);
+            return;
         }
         tracing::info!(task = %dispatch.task_uid, attempt = dispatch.attempt, name = %dispatch.task_name, "dispatch");
         if let Some(lease) = stop_after {
@@ -238,7 +251,7 @@ impl Session {
         self.names
             .insert(dispatch.task_uid.clone(), dispatch.task_name.clone());
         self.running.insert(&dispatch.task_uid, dispatch.attempt);
-        let _ = self.commands.send(TaskCommand::Submit(Box::new(TaskRequest {
+        out.push(Command::Start(Box::new(TaskRequest {
             uid: dispatch.task_uid,
             attempt: dispatch.attempt,
             name: dispatch.task_name,
@@ -247,21 +260,36 @@ impl Session {
         })));
     }
 
-    pub(super) fn push_held(&mut self, dispatch: Dispatch) {
-        if self.held.len() >= MAX_HELD_DISPATCHES {
-            self.held.pop_front();
-        }
-        self.held.push_back(dispatch);
-    }
-
     /// Tries the held dispatches again (approval or contact came); those
     /// still waiting are held again.
-    pub(super) fn release_held(&mut self, phase: &Phase) {
+    fn release_held(&mut self, now: Now, disk: &mut dyn Disk, out: &mut Vec<Command>) {
         if !self.registrar.approved() {
             return;
         }
         for dispatch in std::mem::take(&mut self.held) {
-            self.on_dispatch(dispatch, phase);
+            self.on_dispatch(dispatch, now, disk, out);
         }
+    }
+}
+
+/// Says that the cluster rejected this robot: an error when it is news,
+/// with what a person must do, and quietly while it goes on (the
+/// registrar spaces the retries out meanwhile).
+fn report_rejection(message: Option<&str>, news: bool, retry_in: std::time::Duration) {
+    use k8s4r_api::names::{DEFAULT_BOOTSTRAP_SECRET, DEFAULT_NAMESPACE};
+    let reason = message.unwrap_or("no reason given");
+    if news {
+        tracing::error!(
+            reason,
+            ?retry_in,
+            "the cluster rejected this robot's registration: the agent's bootstrap token (token_file or \
+             token) must be a value of the Secret {DEFAULT_BOOTSTRAP_SECRET} (namespace {DEFAULT_NAMESPACE} \
+             by default; `k8s4r up` keeps its own in the file bootstrap-token of its data dir): add it \
+             there, or give the agent one of its values and restart it; meanwhile it registers again less \
+             and less often, at most every {}s",
+            REJECTED_RETRY_MAX.as_secs()
+        );
+    } else {
+        tracing::debug!(reason, ?retry_in, "registration rejected again");
     }
 }

@@ -1,0 +1,294 @@
+//! The core on its own: events in, commands out, on a clock the test
+//! moves, with a disk in memory that outlives a "restart" (a new core).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s4r_api::backoff::Jitter;
+use k8s4r_api::protocol::{
+    encode, Dispatch, Heartbeat, Register, RegisterResponse, StatusAck, StatusUpdate, Topics,
+};
+use k8s4r_api::{DeviceInfo, RobotPhase, TaskState, TaskTemplate};
+
+use super::*;
+
+#[derive(Default)]
+struct Mem {
+    outbox: BTreeMap<u64, StatusUpdate>,
+    next: u64,
+    admitted: Vec<(String, u32)>,
+    broken: bool,
+}
+
+impl Disk for Mem {
+    fn push(&mut self, mut update: StatusUpdate) -> u64 {
+        let seq = self.next;
+        self.next += 1;
+        update.seq = seq;
+        self.outbox.insert(seq, update);
+        seq
+    }
+    fn settle(&mut self, seq: u64) {
+        self.outbox.remove(&seq);
+    }
+    fn get(&self, seq: u64) -> Option<&StatusUpdate> {
+        self.outbox.get(&seq)
+    }
+    fn first_from(&self, from: u64) -> Option<(u64, &StatusUpdate)> {
+        self.outbox.range(from..).next().map(|(s, u)| (*s, u))
+    }
+    fn waiting(&self) -> Vec<(String, u32)> {
+        self.outbox
+            .values()
+            .map(|u| (u.task_uid.clone(), u.attempt))
+            .collect()
+    }
+    fn len(&self) -> usize {
+        self.outbox.len()
+    }
+    fn next_seq(&self) -> u64 {
+        self.next
+    }
+    fn admit(&mut self, uid: &str, attempt: u32) -> std::io::Result<()> {
+        if self.broken {
+            return Err(std::io::Error::other("disk full"));
+        }
+        self.admitted.push((uid.to_owned(), attempt));
+        Ok(())
+    }
+}
+
+const ROBOT: &str = "r1";
+
+fn at(secs: u64) -> Now {
+    Now {
+        mono: Duration::from_secs(secs),
+        wall: Timestamp::from_second(1_800_000_000 + secs as i64).unwrap(),
+    }
+}
+
+fn core(session: &str, disk: &Mem) -> Core {
+    let settings = Settings {
+        robot_id: ROBOT.into(),
+        topic_prefix: "k8s4r".into(),
+        session_id: session.into(),
+        template: Register::new(ROBOT, "test", DeviceInfo::default()),
+        heartbeat_interval: Duration::from_secs(30),
+        register_retry: (Duration::from_secs(1), Duration::from_secs(8)),
+        max_outstanding: 16,
+        jitter: Jitter::with_seed(7),
+    };
+    Core::new(settings, Vec::new(), &disk.admitted)
+}
+
+fn topics() -> Topics {
+    Topics::new("k8s4r")
+}
+
+/// Connects and answers the registration Online; returns the commands of
+/// the approval.
+fn approve(core: &mut Core, disk: &mut Mem, now: Now) -> Vec<Command> {
+    let out = core.connected(now, disk);
+    let nonce = out
+        .iter()
+        .find_map(|c| match c {
+            Command::Publish {
+                payload: Payload::Register(r),
+                ..
+            } => r.nonce.clone(),
+            _ => None,
+        })
+        .expect("a registration on connect");
+    let response = RegisterResponse {
+        status_acks: true,
+        nonce: Some(nonce),
+        ..RegisterResponse::new(RobotPhase::Online, None)
+    };
+    core.message(&topics().response(ROBOT), &encode(&response), false, now, disk)
+}
+
+fn heartbeats(out: &[Command]) -> Vec<Heartbeat> {
+    out.iter()
+        .filter_map(|c| match c {
+            Command::Publish {
+                payload: Payload::Heartbeat(h),
+                ..
+            } => Some((**h).clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn starts(out: &[Command]) -> Vec<(String, u32)> {
+    out.iter()
+        .filter_map(|c| match c {
+            Command::Start(r) => Some((r.uid.clone(), r.attempt)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn spec() -> TaskTemplate {
+    TaskTemplate {
+        driver: "raw_exec".into(),
+        command: "true".into(),
+        ..Default::default()
+    }
+}
+
+fn dispatch(core: &mut Core, disk: &mut Mem, attempt: u32, now: Now) -> Vec<Command> {
+    let d = Dispatch::new("u1", "default/t", attempt, spec());
+    core.message(&topics().dispatch(ROBOT), &encode(&d), false, now, disk)
+}
+
+#[test]
+fn a_connection_subscribes_says_online_and_registers_and_approval_starts_heartbeats() {
+    let mut disk = Mem::default();
+    let mut c = core("s1", &disk);
+    let out = c.connected(at(10), &mut disk);
+    assert!(matches!(&out[0], Command::Subscribe(t) if !t.is_empty()));
+    assert!(
+        matches!(&out[1], Command::Publish { retain: true, .. }),
+        "online=true, retained"
+    );
+    assert!(matches!(
+        &out[2],
+        Command::Publish {
+            payload: Payload::Register(_),
+            ..
+        }
+    ));
+    assert!(
+        heartbeats(&c.tick(at(10), &mut disk)).is_empty(),
+        "no heartbeat before approval"
+    );
+    approve(&mut c, &mut disk, at(11));
+    let out = c.tick(at(11), &mut disk);
+    let sent = heartbeats(&out);
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].session.as_deref(), Some("s1"));
+    assert!(
+        c.next_wake().unwrap() > at(11).mono,
+        "the next heartbeat is scheduled later"
+    );
+}
+
+#[test]
+fn an_attempt_starts_once_recorded_and_never_again_after_a_restart() {
+    let mut disk = Mem::default();
+    let mut c = core("s1", &disk);
+    approve(&mut c, &mut disk, at(10));
+    assert_eq!(
+        starts(&dispatch(&mut c, &mut disk, 1, at(11))),
+        vec![("u1".into(), 1)]
+    );
+    assert_eq!(
+        disk.admitted,
+        vec![("u1".to_owned(), 1)],
+        "recorded before the start"
+    );
+    assert!(
+        starts(&dispatch(&mut c, &mut disk, 1, at(12))).is_empty(),
+        "a redelivery"
+    );
+    // The agent restarts: memory gone, the disk kept. The broker delivers
+    // the same dispatch again to the new process.
+    let mut c = core("s2", &disk);
+    approve(&mut c, &mut disk, at(20));
+    assert!(
+        starts(&dispatch(&mut c, &mut disk, 1, at(21))).is_empty(),
+        "ran before the restart"
+    );
+    assert_eq!(
+        starts(&dispatch(&mut c, &mut disk, 2, at(22))),
+        vec![("u1".into(), 2)]
+    );
+}
+
+#[test]
+fn an_acceptance_that_cannot_be_recorded_does_not_start_and_says_why() {
+    let mut disk = Mem {
+        broken: true,
+        ..Mem::default()
+    };
+    let mut c = core("s1", &disk);
+    approve(&mut c, &mut disk, at(10));
+    let out = dispatch(&mut c, &mut disk, 1, at(11));
+    assert!(starts(&out).is_empty());
+    let failed = disk.outbox.values().next().expect("a status");
+    assert_eq!(failed.state, TaskState::Failed);
+    assert_eq!(failed.reason, Some(k8s4r_api::TaskReason::StartFailed));
+}
+
+#[test]
+fn an_ended_attempt_stays_listed_until_the_server_confirms_its_status() {
+    let mut disk = Mem::default();
+    let mut c = core("s1", &disk);
+    approve(&mut c, &mut disk, at(10));
+    dispatch(&mut c, &mut disk, 1, at(11));
+    let mut done = StatusUpdate::new("u1", 1, 0, TaskState::Completed);
+    done.reason = Some(k8s4r_api::TaskReason::Completed);
+    let out = c.status(done, &mut disk);
+    assert!(out
+        .iter()
+        .any(|cmd| matches!(cmd, Command::Publish { topic, .. } if topic == &topics().status(ROBOT, "u1"))));
+    let listed = |c: &mut Core, disk: &mut Mem, t: u64| {
+        let out = c.tick(at(t), disk);
+        heartbeats(&out)
+            .pop()
+            .map(|h| h.held.running.iter().map(|a| a.attempt).collect::<Vec<_>>())
+    };
+    assert_eq!(
+        listed(&mut c, &mut disk, 100),
+        Some(vec![1]),
+        "ended, not yet confirmed"
+    );
+    let seq = *disk.outbox.keys().next().unwrap();
+    c.message(
+        &topics().status_ack(ROBOT),
+        &encode(&StatusAck::new(vec![seq])),
+        false,
+        at(101),
+        &mut disk,
+    );
+    assert!(disk.outbox.is_empty());
+    assert_eq!(
+        listed(&mut c, &mut disk, 200),
+        Some(vec![]),
+        "confirmed: no longer held"
+    );
+}
+
+#[test]
+fn a_dispatch_while_leaving_is_refused_with_a_status_and_a_retained_command_is_ignored() {
+    let mut disk = Mem::default();
+    let mut c = core("s1", &disk);
+    approve(&mut c, &mut disk, at(10));
+    let d = Dispatch::new("u1", "default/t", 1, spec());
+    assert!(c
+        .message(&topics().dispatch(ROBOT), &encode(&d), true, at(11), &mut disk)
+        .is_empty());
+    c.leave();
+    assert!(starts(&dispatch(&mut c, &mut disk, 1, at(12))).is_empty());
+    let refused = disk.outbox.values().next().expect("a status");
+    assert_eq!(refused.reason, Some(k8s4r_api::TaskReason::AgentShutdown));
+    assert!(
+        heartbeats(&c.tick(at(100), &mut disk)).is_empty(),
+        "no heartbeats while leaving"
+    );
+}
+
+#[test]
+fn a_publish_the_client_refused_goes_out_again() {
+    let mut disk = Mem::default();
+    let mut c = core("s1", &disk);
+    approve(&mut c, &mut disk, at(10));
+    let out = c.status(StatusUpdate::new("u1", 1, 0, TaskState::Running), &mut disk);
+    assert_eq!(out.len(), 1);
+    c.withdraw_last();
+    let again = c.tick(at(11), &mut disk);
+    assert!(again
+        .iter()
+        .any(|cmd| matches!(cmd, Command::Publish { topic, .. } if topic == &topics().status(ROBOT, "u1"))));
+}

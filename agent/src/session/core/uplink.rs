@@ -1,0 +1,196 @@
+//! What the robot tells the cluster: registrations and heartbeats with the
+//! attempts it holds, its status updates through the outbox, and the
+//! timers that send them (heartbeats within every fenced attempt's
+//! `stopAfter`, statuses again when their confirmation is late), with the
+//! robot's own fence stopping attempts whose contact ran out.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use k8s4r_api::protocol::{encode, Heartbeat, HeldList, Register, StatusUpdate, MAX_HELD_ATTEMPTS};
+use k8s4r_api::{TaskAttempt, TaskReason, TaskState};
+
+use super::{Command, Core, Disk, Now, Payload};
+use crate::link::{RegisterAction, Tag};
+use crate::supervisor::outcome::StopCause;
+
+impl Core {
+    /// A status update of an attempt (from the supervisor, or the core's
+    /// own for an attempt that never started): journaled, then sent.
+    pub fn status(&mut self, update: StatusUpdate, disk: &mut dyn Disk) -> Vec<Command> {
+        let mut out = Vec::new();
+        self.status_into(update, disk, &mut out);
+        out
+    }
+
+    pub(super) fn status_into(
+        &mut self,
+        mut update: StatusUpdate,
+        disk: &mut dyn Disk,
+        out: &mut Vec<Command>,
+    ) {
+        if update.state.is_terminal() {
+            self.running.remove(&update.task_uid, update.attempt);
+            if self.fence.release(&update.task_uid, update.attempt)
+                && update.reason == Some(TaskReason::Cancelled)
+            {
+                update.reason = Some(TaskReason::Disconnected);
+            }
+        } else if update.state == TaskState::Running {
+            self.running.insert(&update.task_uid, update.attempt);
+        }
+        tracing::info!(task = %update.task_uid, attempt = update.attempt, state = update.state.as_str(), "status");
+        if update.task_name.is_none() {
+            update.task_name = self.names.get(&update.task_uid).cloned();
+        }
+        disk.push(update);
+        self.pump(out, disk);
+    }
+
+    /// The attempts this robot holds, for register and heartbeat: those it
+    /// runs or was given, and those whose final status is not settled yet
+    /// (so the server never fails a Task whose result is on its way); and
+    /// whether that is all of them (the protocol bounds the list).
+    fn holding(&mut self, disk: &dyn Disk) -> HeldList {
+        let mut held: Vec<TaskAttempt> = self.running.to_vec();
+        let mut listed: BTreeSet<(String, u32)> = held.iter().map(|a| (a.uid.clone(), a.attempt)).collect();
+        for (uid, attempt) in disk.waiting() {
+            if listed.insert((uid.clone(), attempt)) {
+                held.push(TaskAttempt::new(uid, attempt));
+            }
+        }
+        // Names of uids no longer held are forgotten.
+        let uids: BTreeSet<&str> = listed.iter().map(|(u, _)| u.as_str()).collect();
+        self.names.retain(|uid, _| uids.contains(uid.as_str()));
+        for attempt in &mut held {
+            attempt.name = self.names.get(&attempt.uid).cloned();
+        }
+        let complete = held.len() <= MAX_HELD_ATTEMPTS;
+        if !complete {
+            tracing::warn!(
+                held = held.len(),
+                limit = MAX_HELD_ATTEMPTS,
+                "holding more attempts than one message lists; reporting the first ones as incomplete"
+            );
+            held.truncate(MAX_HELD_ATTEMPTS);
+        }
+        HeldList {
+            running: held,
+            reconcile: complete,
+            last_seq: disk.next_seq().checked_sub(1),
+        }
+    }
+
+    pub(super) fn register(&mut self, out: &mut Vec<Command>, disk: &dyn Disk) {
+        let register = Register {
+            held: self.holding(disk),
+            nonce: Some(self.registrar.next_nonce()),
+            ..self.template.clone()
+        };
+        tracing::info!(running = self.running.len(), "registering");
+        let topic = self.topics.register(&self.robot_id);
+        self.publish_control(out, topic, Payload::Register(Box::new(register)), false);
+    }
+
+    /// Hands outbox entries to the client, oldest first, while there is room.
+    pub(super) fn pump(&mut self, out: &mut Vec<Command>, disk: &dyn Disk) {
+        while self.link.has_room() {
+            let Some((id, update)) = disk.first_from(self.link.cursor()) else {
+                break;
+            };
+            let topic = self.topics.status(&self.robot_id, &update.task_uid);
+            let payload = Payload::Bytes(encode(update));
+            self.link.handed_over(Tag::Status(id));
+            out.push(Command::Publish {
+                topic,
+                payload,
+                retain: false,
+            });
+        }
+    }
+
+    /// A fenced attempt with this `stopAfter` was admitted: heartbeats go
+    /// several times within it from now on, the first at once when contact
+    /// is older than a quarter of it, so that one lost heartbeat never
+    /// stops it.
+    pub(super) fn heartbeat_for(&mut self, lease: Duration, now: Now) {
+        let every = self.heartbeat_interval.min(lease / 4);
+        let soon = if self.fence.contact_age(now.mono).is_none_or(|age| age > lease / 4) {
+            now.mono
+        } else {
+            now.mono + every
+        };
+        self.next_heartbeat = Some(self.next_heartbeat.map_or(soon, |at| at.min(soon)));
+    }
+
+    /// Time passed: registration retries, heartbeats, attempts whose
+    /// contact ran out, statuses whose confirmation is late.
+    pub fn tick(&mut self, now: Now, disk: &mut dyn Disk) -> Vec<Command> {
+        let mut out = Vec::new();
+        if !self.leaving && self.registrar.tick(now.mono) == RegisterAction::Register {
+            tracing::info!(last_phase = ?self.registrar.last_phase(), "no approval yet; registering again");
+            self.register(&mut out, disk);
+        }
+        if self.next_heartbeat.is_some_and(|at| now.mono >= at) && !self.leaving {
+            self.heartbeat(now, disk, &mut out);
+            // Confirmed heartbeats are the contact that keeps attempts
+            // running (and lets waiting ones start): several per shortest
+            // stopAfter.
+            let waiting = self
+                .held
+                .iter()
+                .filter_map(|d| d.stop_after.as_ref()?.parse().ok());
+            let every = match self.fence.shortest_lease().into_iter().chain(waiting).min() {
+                Some(lease) => self.heartbeat_interval.min(lease / 4),
+                None => self.heartbeat_interval,
+            };
+            self.next_heartbeat = Some(now.mono + self.jitter.spread(every, 0.1));
+        }
+        for (uid, attempt, stop_after) in self.fence.due(now.mono) {
+            tracing::warn!(task = %uid, attempt, ?stop_after, "no contact with the cluster for the attempt's stopAfter: stopping it");
+            let reason = format!(
+                "stopped by the robot: no contact with the cluster for {}s (disconnect.stopAfter)",
+                stop_after.as_secs()
+            );
+            out.push(Command::Stop {
+                uid,
+                attempt: Some(attempt),
+                cause: StopCause::Disconnected(reason),
+            });
+        }
+        let stale = self
+            .delivered
+            .values()
+            .any(|at| now.mono.saturating_sub(*at) >= self.confirm_timeout);
+        if stale && self.link.is_connected() {
+            tracing::info!(
+                unconfirmed = self.delivered.len(),
+                "the server did not confirm statuses in time; sending them again"
+            );
+            self.delivered.clear();
+            self.link.rewind();
+        }
+        // A full request channel earlier may have left entries behind.
+        self.pump(&mut out, disk);
+        out
+    }
+
+    fn heartbeat(&mut self, now: Now, disk: &dyn Disk, out: &mut Vec<Command>) {
+        if !self.link.is_connected() {
+            return;
+        }
+        self.heartbeat_seq += 1;
+        let heartbeat = Heartbeat {
+            held: self.holding(disk),
+            server_time: self.fence.server_now(now.mono),
+            session: Some(self.session_id.clone()),
+            // The shell adds what the robot measures (`Core::usage_for`).
+            usage: None,
+            ..Heartbeat::new(&self.robot_id, self.heartbeat_seq, now.wall, Default::default())
+        };
+        self.fence.heartbeat_sent(self.heartbeat_seq, now.mono);
+        self.facts_sent = Some(now.mono);
+        let topic = self.topics.heartbeat(&self.robot_id);
+        self.publish_control(out, topic, Payload::Heartbeat(Box::new(heartbeat)), false);
+    }
+}
