@@ -1,64 +1,101 @@
-//! A simulated robot: the agent's own dispatch gate and fence, with a
-//! session around them (connect, register, heartbeat, outbox) and task
-//! processes that end when the seed says. What survives a restart is the
-//! state directory: the outbox and the processes' ends.
+//! A simulated robot: the agent's own protocol core
+//! (`k8s4r_agent::session::core`) in a shell of simulated parts: the
+//! broker link, task processes that end when the seed says, and a state
+//! directory (the outbox, the record of accepted attempts, the task
+//! processes) that survives a restart of the agent.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s4r_agent::fence::{Fence, Refusal};
-use k8s4r_agent::gate::{self, Verdict};
-use k8s4r_agent::inbound::{classify, Inbound};
-use k8s4r_agent::link::RunningSet;
-use k8s4r_api::protocol::{encode, Cancel, Dispatch, Heartbeat, HeldList, Register, StatusUpdate, Topics};
-use k8s4r_api::{DeviceInfo, RobotPhase, TaskAttempt, TaskReason, TaskState, Usage};
+use k8s4r_agent::session::core::{Command, Core, Disk, Now, Payload, Settings};
+use k8s4r_agent::supervisor::outcome::StopCause;
+use k8s4r_api::backoff::Jitter;
+use k8s4r_api::protocol::{encode, Register, StatusUpdate};
+use k8s4r_api::{DeviceInfo, TaskReason, TaskState};
 
 use super::history::What;
 use super::{robot_name, Down, Ms, Net, Node, Up, PREFIX};
 use crate::broker::{Message, Output};
 
 /// The agent's heartbeat interval (its default).
-const HEARTBEAT: Ms = 30_000;
-/// How long a delivered status waits for its confirmation before it is
-/// sent again.
-const CONFIRM_TIMEOUT: Ms = 20_000;
+const HEARTBEAT: Duration = Duration::from_secs(30);
+/// The agent's registration retries (its defaults).
+const REGISTER_RETRY: (Duration, Duration) = (Duration::from_secs(5), Duration::from_secs(60));
 const TICK: Ms = 500;
 
 #[derive(Debug)]
 struct Proc {
     end: Ms,
     stop: Option<TaskReason>,
-    exited: bool,
 }
 
-/// What the state directory keeps across agent restarts.
+/// The outbox and the record of accepted attempts, as the agent keeps them
+/// under its state directory.
 #[derive(Debug, Default)]
-struct Disk {
+struct Files {
     outbox: BTreeMap<u64, StatusUpdate>,
     next_seq: u64,
-    procs: BTreeMap<(String, u32), Proc>,
-    restarts: u64,
-    /// The agent's record of accepted attempts (`k8s4r_agent::admitted`).
     admitted: Vec<(String, u32)>,
+    /// Final statuses settled since the shell last looked: the robot was
+    /// told the cluster recorded them.
+    settled: Vec<StatusUpdate>,
+}
+
+impl Disk for Files {
+    fn push(&mut self, mut update: StatusUpdate) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        update.seq = seq;
+        self.outbox.insert(seq, update);
+        seq
+    }
+
+    fn settle(&mut self, seq: u64) {
+        if let Some(update) = self.outbox.remove(&seq) {
+            if update.state.is_terminal() {
+                self.settled.push(update);
+            }
+        }
+    }
+
+    fn get(&self, seq: u64) -> Option<&StatusUpdate> {
+        self.outbox.get(&seq)
+    }
+
+    fn first_from(&self, from: u64) -> Option<(u64, &StatusUpdate)> {
+        self.outbox.range(from..).next().map(|(seq, u)| (*seq, u))
+    }
+
+    fn waiting(&self) -> Vec<(String, u32)> {
+        self.outbox
+            .values()
+            .map(|u| (u.task_uid.clone(), u.attempt))
+            .collect()
+    }
+
+    fn len(&self) -> usize {
+        self.outbox.len()
+    }
+
+    fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    fn admit(&mut self, uid: &str, attempt: u32) -> std::io::Result<()> {
+        self.admitted.push((uid.to_owned(), attempt));
+        Ok(())
+    }
 }
 
 /// One agent process's memory.
 #[derive(Debug)]
 struct Mem {
-    session: String,
-    nonces: u64,
-    approved: bool,
-    fence: Fence,
-    running: RunningSet,
-    held: VecDeque<Dispatch>,
-    names: BTreeMap<String, String>,
-    heartbeat_seq: u64,
-    next_heartbeat: Ms,
+    core: Core,
     online: bool,
     reconnect_at: Ms,
-    /// Outbox entries sent, and when.
-    sent: BTreeMap<u64, Ms>,
     tick_at: Ms,
+    /// The packet id of the next publish (rumqttc counts from 1).
+    next_pkid: u16,
 }
 
 /// A simulated robot.
@@ -68,8 +105,9 @@ pub struct Agent {
     name: String,
     /// The boot clock at the simulation's start.
     boot: Ms,
-    topics: Topics,
-    disk: Disk,
+    files: Files,
+    procs: BTreeMap<(String, u32), Proc>,
+    restarts: u64,
     mem: Option<Mem>,
 }
 
@@ -80,8 +118,9 @@ impl Agent {
             robot,
             name: robot_name(robot),
             boot,
-            topics: Topics::new(PREFIX),
-            disk: Disk::default(),
+            files: Files::default(),
+            procs: BTreeMap::new(),
+            restarts: 0,
             mem: None,
         }
     }
@@ -90,8 +129,11 @@ impl Agent {
         Node::Agent(self.robot)
     }
 
-    fn boot_clock(&self, net: &Net) -> Duration {
-        Duration::from_millis(self.boot + net.now())
+    fn now(&self, net: &Net) -> Now {
+        Now {
+            mono: Duration::from_millis(self.boot + net.now()),
+            wall: net.wall(),
+        }
     }
 
     /// The agent process starts (first boot or after a restart).
@@ -100,29 +142,35 @@ impl Agent {
             // Two restarts overlapped: the first start already ran.
             return;
         }
-        self.disk.restarts += 1;
+        self.restarts += 1;
         net.log(What::Agent {
             robot: self.robot,
             up: true,
         });
-        let mut fence = Fence::new();
-        for (uid, attempt) in &self.disk.admitted {
-            fence.remember(uid, *attempt);
-        }
+        let settings = Settings {
+            robot_id: self.name.clone(),
+            topic_prefix: PREFIX.to_owned(),
+            session_id: format!("{}-p{}", self.name, self.restarts),
+            template: Register::new(&self.name, "sim", DeviceInfo::default()),
+            heartbeat_interval: HEARTBEAT,
+            register_retry: REGISTER_RETRY,
+            max_outstanding: k8s4r_agent::mqtt::MAX_OUTSTANDING,
+            jitter: Jitter::with_seed(net.rng().u64(..)),
+        };
+        // What the previous process left running, as the supervisor reports
+        // it at start (the unit's ExecStopPost stopped it: normally none).
+        let running = self
+            .procs
+            .keys()
+            .map(|(uid, attempt)| (uid.clone(), *attempt, None))
+            .collect();
+        let core = Core::new(settings, running, &self.files.admitted);
         self.mem = Some(Mem {
-            session: format!("{}-p{}", self.name, self.disk.restarts),
-            nonces: 0,
-            approved: false,
-            fence,
-            running: RunningSet::default(),
-            held: VecDeque::new(),
-            names: BTreeMap::new(),
-            heartbeat_seq: 0,
-            next_heartbeat: net.now(),
+            core,
             online: false,
             reconnect_at: net.now(),
-            sent: BTreeMap::new(),
             tick_at: net.now(),
+            next_pkid: 1,
         });
         self.tick(net);
     }
@@ -140,7 +188,7 @@ impl Agent {
             robot: self.robot,
             up: false,
         });
-        let keys: Vec<_> = self.disk.procs.keys().cloned().collect();
+        let keys: Vec<_> = self.procs.keys().cloned().collect();
         for (uid, attempt) in keys {
             self.stop_within(net, &uid, attempt, TaskReason::AgentRestarted, 900);
         }
@@ -149,6 +197,7 @@ impl Agent {
     /// The agent noticed its connection is gone (keep-alive).
     pub fn link_down(&mut self, net: &mut Net) {
         if let Some(mem) = &mut self.mem {
+            mem.core.disconnected();
             mem.online = false;
             mem.reconnect_at = net.now() + net.rng().u64(1_000..5_000);
         }
@@ -156,7 +205,7 @@ impl Agent {
 
     /// A timer of this process.
     pub fn tick(&mut self, net: &mut Net) {
-        let boot = self.boot_clock(net);
+        let now = self.now(net);
         let node = self.node();
         let Some(mem) = &mut self.mem else {
             return;
@@ -173,115 +222,79 @@ impl Agent {
                 mem.reconnect_at = net.now() + net.rng().u64(1_000..5_000);
             }
         }
-        for (uid, attempt, _) in mem.fence.due(boot) {
-            self.stop(net, &uid, attempt, TaskReason::Disconnected);
-        }
-        let Some(mem) = &mut self.mem else {
-            return;
-        };
-        if mem.approved && mem.online && net.now() >= mem.next_heartbeat {
-            self.heartbeat(net);
-        }
-        self.resend(net, Some(CONFIRM_TIMEOUT));
-        self.release_held(net);
+        let commands = mem.core.tick(now, &mut self.files);
+        self.perform(net, commands);
     }
 
     /// A packet from the broker. `ack`: the PUBACK of a QoS 1 delivery
     /// leaves (rumqttc acknowledges as it reads); false when the link is
     /// cut right after the delivery.
     pub fn receive(&mut self, net: &mut Net, packet: Down, ack: bool) {
-        if self.mem.is_none() {
+        let now = self.now(net);
+        let node = self.node();
+        let Some(mem) = &mut self.mem else {
             return;
-        }
-        match packet {
-            Down::Broker(Output::ConnAck { .. }) => self.connected(net),
+        };
+        let commands = match packet {
+            Down::Broker(Output::ConnAck { .. }) => mem.core.connected(now, &mut self.files),
             Down::Broker(Output::Deliver {
                 packet_id, message, ..
             }) => {
                 if ack && message.qos == 1 {
-                    net.up(self.node(), Up::Ack(packet_id));
+                    net.up(node, Up::Ack(packet_id));
                 }
-                self.message(net, &message);
+                mem.core.message(
+                    &message.topic,
+                    &message.payload,
+                    message.retain,
+                    now,
+                    &mut self.files,
+                )
             }
-            Down::Broker(Output::Closed { .. }) | Down::PubAck(_) => {}
-        }
+            Down::PubAck((_, pkid)) => match u16::try_from(pkid) {
+                Ok(pkid) => mem.core.puback(pkid, now, &mut self.files),
+                Err(_) => Vec::new(),
+            },
+            Down::Broker(Output::Closed { .. }) => Vec::new(),
+        };
+        self.perform(net, commands);
     }
 
-    fn connected(&mut self, net: &mut Net) {
-        let node = self.node();
-        for filter in self.topics.agent_subscriptions(&self.name) {
-            net.up(node, Up::Subscribe(filter));
-        }
-        let held = self.holding();
-        let last_seq = self.disk.next_seq.checked_sub(1);
-        let Some(mem) = &mut self.mem else {
-            return;
-        };
-        mem.nonces += 1;
-        let mut register = Register::new(&self.name, "sim", DeviceInfo::default());
-        register.nonce = Some(format!("{}:{}", mem.session, mem.nonces));
-        register.held = HeldList {
-            running: held,
-            reconcile: true,
-            last_seq,
-        };
-        let topic = self.topics.register(&self.name);
-        publish(net, node, topic, encode(&register));
-        self.resend(net, None);
-    }
-
-    fn message(&mut self, net: &mut Net, message: &Message) {
-        let boot = self.boot_clock(net);
-        let Ok(inbound) = classify(&self.topics, &self.name, &message.topic, &message.payload) else {
-            return;
-        };
-        let Some(mem) = &mut self.mem else {
-            return;
-        };
-        match inbound {
-            Inbound::Response(response) => {
-                let ours = response
-                    .nonce
-                    .as_deref()
-                    .is_some_and(|n| n == format!("{}:{}", mem.session, mem.nonces));
-                if !ours {
-                    return;
-                }
-                mem.fence
-                    .registered(response.status_acks, response.server_time, boot);
-                mem.approved = response.phase != RobotPhase::Rejected;
-                mem.next_heartbeat = net.now();
-                self.release_held(net);
-            }
-            Inbound::StatusAck(ack) => {
-                if let Some(seq) = ack.heartbeat {
-                    if ack.session.as_deref() == Some(mem.session.as_str()) {
-                        mem.fence.heartbeat_recorded(seq, ack.time, boot);
+    /// Carries out what the core asked for, as the agent's session does.
+    fn perform(&mut self, net: &mut Net, commands: Vec<Command>) {
+        for command in commands {
+            match command {
+                Command::Subscribe(filters) => {
+                    for filter in filters {
+                        net.up(self.node(), Up::Subscribe(filter));
                     }
                 }
-                for seq in ack.seqs {
-                    self.settled(net, seq);
+                Command::Publish {
+                    topic,
+                    payload,
+                    retain,
+                } => self.publish(net, topic, payload, retain),
+                Command::Start(request) => self.spawn(net, &request.uid, request.attempt),
+                Command::Stop { uid, attempt, cause } => {
+                    let reason = match cause {
+                        StopCause::Disconnected(_) => TaskReason::Disconnected,
+                        StopCause::Drained(_) => TaskReason::Drained,
+                        _ => TaskReason::Cancelled,
+                    };
+                    let live: Vec<_> = self
+                        .procs
+                        .keys()
+                        .filter(|(u, a)| *u == uid && attempt.is_none_or(|n| n == *a))
+                        .cloned()
+                        .collect();
+                    for (uid, attempt) in live {
+                        self.stop_within(net, &uid, attempt, reason, 5_000);
+                    }
                 }
-                self.release_held(net);
-            }
-            Inbound::Dispatch(dispatch) => self.dispatch(net, *dispatch),
-            Inbound::Cancel(cancel) => self.cancel(net, cancel),
-            Inbound::LogRequest(_) | Inbound::Upgrade(_) => {}
-        }
-    }
-
-    /// The server applied status `seq`.
-    fn settled(&mut self, net: &mut Net, seq: u64) {
-        let Some(update) = self.disk.outbox.remove(&seq) else {
-            return;
-        };
-        if let Some(mem) = &mut self.mem {
-            mem.sent.remove(&seq);
-            if update.state.is_terminal() {
-                mem.running.remove(&update.task_uid, update.attempt);
+                Command::Logs(_) | Command::Upgrade(_) | Command::HeartbeatConfirmed(_) => {}
             }
         }
-        if update.state.is_terminal() {
+        for update in std::mem::take(&mut self.files.settled) {
             net.log(What::Recorded {
                 robot: self.robot,
                 uid: update.task_uid,
@@ -291,106 +304,60 @@ impl Agent {
         }
     }
 
-    fn dispatch(&mut self, net: &mut Net, dispatch: Dispatch) {
-        let boot = self.boot_clock(net);
-        let wall = net.wall();
+    /// Hands a QoS 1 publish to the link, as rumqttc does: a packet id the
+    /// core learns, and the broker's PUBACK comes back tagged with it.
+    fn publish(&mut self, net: &mut Net, topic: String, payload: Payload, retain: bool) {
+        let node = self.node();
         let Some(mem) = &mut self.mem else {
             return;
         };
-        let verdict = gate::decide(&dispatch, mem.approved, &mem.running, &mut mem.fence, boot, wall);
-        match verdict {
-            Verdict::HoldForApproval => mem.held.push_back(dispatch),
-            Verdict::WaitForContact => {
-                mem.held.push_back(dispatch);
-                mem.next_heartbeat = net.now();
-            }
-            Verdict::Duplicate | Verdict::Refused(Refusal::Seen { .. }) => {}
-            Verdict::Refused(refusal @ Refusal::Expired { .. }) => {
-                let mut update = self.update(&dispatch.task_uid, dispatch.attempt, TaskState::Failed);
-                update.reason = Some(TaskReason::DispatchTimeout);
-                update.message = Some(refusal.to_string());
-                self.send(net, update);
-            }
-            Verdict::Start { stop_after } => {
-                // Recorded on disk before it starts, as the agent does.
-                self.disk
-                    .admitted
-                    .push((dispatch.task_uid.clone(), dispatch.attempt));
-                if let Some(lease) = stop_after {
-                    if mem.fence.contact_age(boot).is_none_or(|age| age > lease / 4) {
-                        mem.next_heartbeat = net.now();
-                    }
-                }
-                mem.running.insert(&dispatch.task_uid, dispatch.attempt);
-                mem.names
-                    .insert(dispatch.task_uid.clone(), dispatch.task_name.clone());
-                let length = net.rng().u64(10_000..120_000);
-                let end = net.now() + length;
-                self.disk.procs.insert(
-                    (dispatch.task_uid.clone(), dispatch.attempt),
-                    Proc {
-                        end,
-                        stop: None,
-                        exited: false,
-                    },
-                );
-                net.exit_at(end, self.robot, &dispatch.task_uid, dispatch.attempt);
-                net.log(What::Start {
-                    robot: self.robot,
-                    uid: dispatch.task_uid.clone(),
-                    attempt: dispatch.attempt,
-                });
-                let mut update = self.update(&dispatch.task_uid, dispatch.attempt, TaskState::Running);
-                update.start_time = Some(wall);
-                self.send(net, update);
-            }
-        }
-    }
-
-    fn cancel(&mut self, net: &mut Net, cancel: Cancel) {
-        let Some(mem) = &mut self.mem else {
-            return;
+        let pkid = mem.next_pkid;
+        mem.next_pkid = mem.next_pkid.checked_add(1).unwrap_or(1);
+        mem.core.sent(pkid);
+        let payload = match payload {
+            Payload::Bytes(bytes) => bytes,
+            Payload::Register(register) => encode(&*register),
+            Payload::Heartbeat(heartbeat) => encode(&*heartbeat),
         };
-        let matches = |uid: &str, attempt: u32| {
-            uid == cancel.task_uid && (cancel.attempt == 0 || attempt == cancel.attempt)
+        let message = Message {
+            topic,
+            payload,
+            qos: 1,
+            retain,
         };
-        let held_back = mem.held.iter().any(|d| matches(&d.task_uid, d.attempt));
-        mem.held.retain(|d| !matches(&d.task_uid, d.attempt));
-        let live: Vec<_> = self
-            .disk
-            .procs
-            .iter()
-            .filter(|((uid, attempt), p)| !p.exited && matches(uid, *attempt))
-            .map(|(key, _)| key.clone())
-            .collect();
-        if !live.is_empty() {
-            for (uid, attempt) in live {
-                self.stop(net, &uid, attempt, TaskReason::Cancelled);
-            }
-            return;
-        }
-        let ended = !held_back && mem.fence.seen(&cancel.task_uid, cancel.attempt);
-        if cancel.attempt > 0 && !ended {
-            let mut update = self.update(&cancel.task_uid, cancel.attempt, TaskState::Failed);
-            update.reason = Some(TaskReason::Cancelled);
-            self.send(net, update);
-        }
+        net.up(
+            node,
+            Up::Publish {
+                message,
+                tag: Some((self.name.clone(), u32::from(pkid))),
+            },
+        );
     }
 
-    /// Stops a process: SIGTERM, SIGKILL within its kill timeout.
-    fn stop(&mut self, net: &mut Net, uid: &str, attempt: u32, reason: TaskReason) {
-        self.stop_within(net, uid, attempt, reason, 5_000);
+    /// The supervisor starts the attempt's process and reports it running.
+    fn spawn(&mut self, net: &mut Net, uid: &str, attempt: u32) {
+        let now = self.now(net);
+        let end = net.now() + net.rng().u64(10_000..120_000);
+        self.procs
+            .insert((uid.to_owned(), attempt), Proc { end, stop: None });
+        net.exit_at(end, self.robot, uid, attempt);
+        net.log(What::Start {
+            robot: self.robot,
+            uid: uid.to_owned(),
+            attempt,
+        });
+        let mut update = StatusUpdate::new(uid, attempt, 0, TaskState::Running);
+        update.start_time = Some(now.wall);
+        self.report(net, update);
     }
 
+    /// Stops a process: SIGTERM, then SIGKILL within `most` ms.
     fn stop_within(&mut self, net: &mut Net, uid: &str, attempt: u32, reason: TaskReason, most: Ms) {
         let now = net.now();
         let within = net.rng().u64(50..most);
-        let Some(proc) = self.disk.procs.get_mut(&(uid.to_owned(), attempt)) else {
+        let Some(proc) = self.procs.get_mut(&(uid.to_owned(), attempt)) else {
             return;
         };
-        if proc.exited {
-            return;
-        }
         proc.stop = proc.stop.or(Some(reason));
         if now + within < proc.end {
             proc.end = now + within;
@@ -402,15 +369,14 @@ impl Agent {
     /// end is stale).
     pub fn exit(&mut self, net: &mut Net, uid: &str, attempt: u32) {
         let key = (uid.to_owned(), attempt);
-        let Some(proc) = self.disk.procs.get_mut(&key) else {
+        let Some(proc) = self.procs.get(&key) else {
             return;
         };
-        if proc.exited || proc.end != net.now() {
+        if proc.end != net.now() {
             return;
         }
-        proc.exited = true;
         let stop = proc.stop;
-        self.disk.procs.remove(&key);
+        self.procs.remove(&key);
         let how = match stop {
             Some(reason) => format!("stopped ({reason:?})"),
             None => "exit 0".to_owned(),
@@ -423,145 +389,34 @@ impl Agent {
         });
         let mut update = match stop {
             Some(reason) => {
-                let mut update = self.update(uid, attempt, TaskState::Failed);
+                let mut update = StatusUpdate::new(uid, attempt, 0, TaskState::Failed);
                 update.reason = Some(reason);
                 update.signal = Some(15);
                 update
             }
             None => {
-                let mut update = self.update(uid, attempt, TaskState::Completed);
+                let mut update = StatusUpdate::new(uid, attempt, 0, TaskState::Completed);
                 update.exit_code = Some(0);
                 update.reason = Some(TaskReason::Completed);
                 update
             }
         };
         update.finish_time = Some(net.wall());
-        if let Some(mem) = &mut self.mem {
-            mem.fence.release(uid, attempt);
-        }
-        self.send(net, update);
+        self.report(net, update);
     }
 
-    fn update(&mut self, uid: &str, attempt: u32, state: TaskState) -> StatusUpdate {
-        self.disk.next_seq += 1;
-        let mut update = StatusUpdate::new(uid, attempt, self.disk.next_seq, state);
-        update.task_name = self.mem.as_ref().and_then(|m| m.names.get(uid).cloned());
-        update
-    }
-
-    /// Keeps a status in the outbox and sends it when the agent runs.
-    fn send(&mut self, net: &mut Net, update: StatusUpdate) {
-        let seq = update.seq;
-        self.disk.outbox.insert(seq, update);
-        if self.mem.is_some() {
-            self.publish_status(net, seq);
-        }
-    }
-
-    fn publish_status(&mut self, net: &mut Net, seq: u64) {
-        let node = self.node();
-        let Some(update) = self.disk.outbox.get(&seq) else {
-            return;
-        };
-        let Some(mem) = &mut self.mem else {
-            return;
-        };
-        if !mem.online {
-            return;
-        }
-        mem.sent.insert(seq, net.now());
-        let topic = self.topics.status(&self.name, &update.task_uid);
-        publish(net, node, topic, encode(update));
-    }
-
-    /// Sends again what waits for a confirmation longer than `older`
-    /// (everything, for None).
-    fn resend(&mut self, net: &mut Net, older: Option<Ms>) {
-        let Some(mem) = &self.mem else {
-            return;
-        };
-        let now = net.now();
-        let due: Vec<u64> = self
-            .disk
-            .outbox
-            .keys()
-            .filter(|seq| match (older, mem.sent.get(seq)) {
-                (None, _) | (_, None) => true,
-                (Some(older), Some(at)) => now.saturating_sub(*at) >= older,
-            })
-            .copied()
-            .collect();
-        for seq in due {
-            self.publish_status(net, seq);
-        }
-    }
-
-    fn release_held(&mut self, net: &mut Net) {
-        let Some(mem) = &mut self.mem else {
-            return;
-        };
-        if !mem.approved {
-            return;
-        }
-        for dispatch in std::mem::take(&mut mem.held) {
-            self.dispatch(net, dispatch);
-        }
-    }
-
-    /// What it lists as held: running, or its end not yet confirmed.
-    fn holding(&self) -> Vec<TaskAttempt> {
-        let mut held: Vec<TaskAttempt> = self.mem.as_ref().map(|m| m.running.to_vec()).unwrap_or_default();
-        for update in self.disk.outbox.values() {
-            if !held
-                .iter()
-                .any(|h| h.uid == update.task_uid && h.attempt == update.attempt)
-            {
-                held.push(TaskAttempt::new(update.task_uid.clone(), update.attempt));
+    /// A status from the supervisor: through the core when the agent runs;
+    /// into its journal for the next process otherwise (the supervisor's
+    /// journal keeps the ends of tasks the unit stopped).
+    fn report(&mut self, net: &mut Net, update: StatusUpdate) {
+        match &mut self.mem {
+            Some(mem) => {
+                let commands = mem.core.status(update, &mut self.files);
+                self.perform(net, commands);
+            }
+            None => {
+                self.files.push(update);
             }
         }
-        held
     }
-
-    fn heartbeat(&mut self, net: &mut Net) {
-        let boot = self.boot_clock(net);
-        let node = self.node();
-        let held = self.holding();
-        let last_seq = Some(self.disk.next_seq);
-        let Some(mem) = &mut self.mem else {
-            return;
-        };
-        mem.heartbeat_seq += 1;
-        let seq = mem.heartbeat_seq;
-        mem.fence.heartbeat_sent(seq, boot);
-        let interval = mem
-            .fence
-            .shortest_lease()
-            .map_or(HEARTBEAT, |l| (l.as_millis() as u64 / 4).min(HEARTBEAT));
-        mem.next_heartbeat = net.now() + interval;
-        let mut heartbeat = Heartbeat::new(&self.name, seq, net.wall(), Usage::default());
-        heartbeat.session = Some(mem.session.clone());
-        heartbeat.server_time = mem.fence.server_now(boot);
-        heartbeat.held = HeldList {
-            running: held,
-            reconcile: true,
-            last_seq,
-        };
-        let topic = self.topics.heartbeat(&self.name);
-        publish(net, node, topic, encode(&heartbeat));
-    }
-}
-
-fn publish(net: &mut Net, node: Node, topic: String, payload: Vec<u8>) {
-    net.up(
-        node,
-        Up::Publish {
-            message: Message {
-                topic,
-                payload,
-                qos: 1,
-                retain: false,
-            },
-            tag: None,
-        },
-    );
 }
