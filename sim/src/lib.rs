@@ -90,7 +90,8 @@ pub struct Counters {
     /// again. (A task run twice shows in [`Fleet::runs`].)
     pub duplicate_dispatches: AtomicU64,
     /// Dispatches refused for arriving after their deadline (reported
-    /// failed, as the agent does).
+    /// failed, as the agent does), counted once the server confirmed the
+    /// report.
     pub expired_dispatches: AtomicU64,
     /// Status updates sent again because the server had not confirmed
     /// them.

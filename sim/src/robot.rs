@@ -6,13 +6,13 @@
 //! agent's code; the shell only carries the commands out, as the agent's
 //! session does.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s4r_agent::inbound::{classify, Inbound};
-use k8s4r_agent::session::core::{Command, Core, Disk, Now, Payload, Settings};
+use k8s4r_agent::session::core::{Command, Core, Memory, Now, Payload, Settings};
 use k8s4r_api::backoff::Jitter;
 use k8s4r_api::protocol::{encode, Online, Register, StatusUpdate, Topics};
 use k8s4r_api::{DeviceInfo, TaskReason, TaskState, Usage};
@@ -69,60 +69,10 @@ fn idle_usage(rng: &mut Rng) -> Usage {
     }
 }
 
-/// The outbox in memory (the scale fleet never restarts its robots'
-/// processes).
-#[derive(Default)]
-struct Memory {
-    outbox: BTreeMap<u64, StatusUpdate>,
-    next_seq: u64,
-    /// Dispatches refused for their deadline since the shell last looked.
-    expired: u64,
-}
-
-impl Disk for Memory {
-    fn push(&mut self, mut update: StatusUpdate) -> u64 {
-        if update.reason == Some(TaskReason::DispatchTimeout) {
-            self.expired += 1;
-        }
-        let seq = self.next_seq;
-        self.next_seq += 1;
-        update.seq = seq;
-        self.outbox.insert(seq, update);
-        seq
-    }
-
-    fn settle(&mut self, seq: u64) {
-        self.outbox.remove(&seq);
-    }
-
-    fn get(&self, seq: u64) -> Option<&StatusUpdate> {
-        self.outbox.get(&seq)
-    }
-
-    fn first_from(&self, from: u64) -> Option<(u64, &StatusUpdate)> {
-        self.outbox.range(from..).next().map(|(seq, u)| (*seq, u))
-    }
-
-    fn waiting(&self) -> Vec<(String, u32)> {
-        self.outbox.values().map(|u| (u.task_uid.clone(), u.attempt)).collect()
-    }
-
-    fn len(&self) -> usize {
-        self.outbox.len()
-    }
-
-    fn next_seq(&self) -> u64 {
-        self.next_seq
-    }
-
-    fn admit(&mut self, _uid: &str, _attempt: u32) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// One robot's memory across its connections.
 struct State {
     core: Core,
+    /// The outbox (the scale fleet never restarts its robots' processes).
     disk: Memory,
     rng: Rng,
     topics: Topics,
@@ -255,13 +205,18 @@ impl SimRobot {
         for _ in 0..refused {
             state.core.withdraw_last();
         }
+        let expired = state
+            .disk
+            .settled
+            .drain(..)
+            .filter(|u| u.reason == Some(TaskReason::DispatchTimeout))
+            .count();
+        self.counters.expired_dispatches.fetch_add(expired as u64, Ordering::Relaxed);
         let resent = state.statuses_published.saturating_sub(state.disk.next_seq);
         if resent > 0 {
             self.counters.resent_statuses.fetch_add(resent, Ordering::Relaxed);
             state.statuses_published -= resent;
         }
-        let expired = std::mem::take(&mut state.disk.expired);
-        self.counters.expired_dispatches.fetch_add(expired, Ordering::Relaxed);
     }
 
     /// The supervisor "starts" an attempt: it runs for a drawn duration,

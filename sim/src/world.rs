@@ -54,6 +54,10 @@ pub struct WorldConfig {
     pub faults: usize,
     /// After the last fault, every Task must be over within this.
     pub settle_minutes: u64,
+    /// The robots record each accepted attempt before they start it, as
+    /// the agent does. Off only to show that the simulation finds what
+    /// the record prevents.
+    pub record_admissions: bool,
 }
 
 impl Default for WorldConfig {
@@ -64,6 +68,7 @@ impl Default for WorldConfig {
             fault_minutes: 30,
             faults: 24,
             settle_minutes: 15,
+            record_admissions: true,
         }
     }
 }
@@ -386,7 +391,7 @@ pub fn run_with(seed: u64, config: &WorldConfig, keep: Option<&[usize]>) -> Repo
     };
     for robot in 0..config.robots {
         let boot = world.net.rng.u64(0..3_600_000);
-        world.agents.push(Agent::new(robot, boot));
+        world.agents.push(Agent::new(robot, boot, config.record_admissions));
         world.net.at(0, Ev::Start(Node::Agent(robot)));
     }
     world.net.at(0, Ev::Start(Node::Server));

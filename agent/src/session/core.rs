@@ -29,7 +29,10 @@ use crate::supervisor::outcome::StopCause;
 use crate::supervisor::TaskRequest;
 
 mod downlink;
+mod memory;
 mod uplink;
+
+pub use memory::{Admissions, Memory};
 
 /// Dispatches kept while waiting for approval; older ones beyond this are
 /// dropped (the server's dispatch timeout sends them again).

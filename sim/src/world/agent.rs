@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s4r_agent::session::core::{Command, Core, Disk, Now, Payload, Settings};
+use k8s4r_agent::session::core::{Admissions, Command, Core, Disk, Memory, Now, Payload, Settings};
 use k8s4r_agent::supervisor::outcome::StopCause;
 use k8s4r_api::backoff::Jitter;
 use k8s4r_api::protocol::{encode, Register, StatusUpdate};
@@ -29,64 +29,6 @@ struct Proc {
     stop: Option<TaskReason>,
 }
 
-/// The outbox and the record of accepted attempts, as the agent keeps them
-/// under its state directory.
-#[derive(Debug, Default)]
-struct Files {
-    outbox: BTreeMap<u64, StatusUpdate>,
-    next_seq: u64,
-    admitted: Vec<(String, u32)>,
-    /// Final statuses settled since the shell last looked: the robot was
-    /// told the cluster recorded them.
-    settled: Vec<StatusUpdate>,
-}
-
-impl Disk for Files {
-    fn push(&mut self, mut update: StatusUpdate) -> u64 {
-        let seq = self.next_seq;
-        self.next_seq += 1;
-        update.seq = seq;
-        self.outbox.insert(seq, update);
-        seq
-    }
-
-    fn settle(&mut self, seq: u64) {
-        if let Some(update) = self.outbox.remove(&seq) {
-            if update.state.is_terminal() {
-                self.settled.push(update);
-            }
-        }
-    }
-
-    fn get(&self, seq: u64) -> Option<&StatusUpdate> {
-        self.outbox.get(&seq)
-    }
-
-    fn first_from(&self, from: u64) -> Option<(u64, &StatusUpdate)> {
-        self.outbox.range(from..).next().map(|(seq, u)| (*seq, u))
-    }
-
-    fn waiting(&self) -> Vec<(String, u32)> {
-        self.outbox
-            .values()
-            .map(|u| (u.task_uid.clone(), u.attempt))
-            .collect()
-    }
-
-    fn len(&self) -> usize {
-        self.outbox.len()
-    }
-
-    fn next_seq(&self) -> u64 {
-        self.next_seq
-    }
-
-    fn admit(&mut self, uid: &str, attempt: u32) -> std::io::Result<()> {
-        self.admitted.push((uid.to_owned(), attempt));
-        Ok(())
-    }
-}
-
 /// One agent process's memory.
 #[derive(Debug)]
 struct Mem {
@@ -105,20 +47,29 @@ pub struct Agent {
     name: String,
     /// The boot clock at the simulation's start.
     boot: Ms,
-    files: Files,
+    /// The state directory: the outbox and the record of accepted attempts.
+    files: Memory,
     procs: BTreeMap<(String, u32), Proc>,
     restarts: u64,
     mem: Option<Mem>,
 }
 
 impl Agent {
-    /// Robot `robot`, booted `boot` before the simulation began.
-    pub fn new(robot: usize, boot: Ms) -> Self {
+    /// Robot `robot`, booted `boot` before the simulation began; its
+    /// agent records accepted attempts on disk when `records`.
+    pub fn new(robot: usize, boot: Ms, records: bool) -> Self {
         Self {
             robot,
             name: robot_name(robot),
             boot,
-            files: Files::default(),
+            files: Memory {
+                admissions: if records {
+                    Admissions::Record
+                } else {
+                    Admissions::Forget
+                },
+                ..Memory::default()
+            },
             procs: BTreeMap::new(),
             restarts: 0,
             mem: None,

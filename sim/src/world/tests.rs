@@ -113,6 +113,20 @@ fn regression_seeds() {
     }
 }
 
+/// The simulation finds hole 2 by itself: with the agent's record of
+/// accepted attempts taken away, a redelivered dispatch runs again after a
+/// restart. (With the record, the same seed breaks no rule.)
+#[test]
+fn without_the_record_of_accepted_attempts_a_restart_runs_an_attempt_again() {
+    let forgetful = WorldConfig {
+        record_admissions: false,
+        ..WorldConfig::default()
+    };
+    let report = run(2, &forgetful);
+    assert!(found(&report, Kind::Rerun), "seed 2 without the record: {:#?}", report.violations);
+    assert!(run(2, &WorldConfig::default()).violations.is_empty());
+}
+
 /// Fresh seeds every run, as scripts/test.sh runs them: a failure prints
 /// its seed and story, which `cargo bench -p k8s4r-e2e --bench simulation
 /// -- --seed S` replays. `K8S4R_SIM_SEEDS` sets how many (200).

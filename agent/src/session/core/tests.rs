@@ -1,7 +1,6 @@
 //! The core on its own: events in, commands out, on a clock the test
 //! moves, with a disk in memory that outlives a "restart" (a new core).
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -13,51 +12,7 @@ use k8s4r_api::{DeviceInfo, RobotPhase, TaskState, TaskTemplate};
 
 use super::*;
 
-#[derive(Default)]
-struct Mem {
-    outbox: BTreeMap<u64, StatusUpdate>,
-    next: u64,
-    admitted: Vec<(String, u32)>,
-    broken: bool,
-}
-
-impl Disk for Mem {
-    fn push(&mut self, mut update: StatusUpdate) -> u64 {
-        let seq = self.next;
-        self.next += 1;
-        update.seq = seq;
-        self.outbox.insert(seq, update);
-        seq
-    }
-    fn settle(&mut self, seq: u64) {
-        self.outbox.remove(&seq);
-    }
-    fn get(&self, seq: u64) -> Option<&StatusUpdate> {
-        self.outbox.get(&seq)
-    }
-    fn first_from(&self, from: u64) -> Option<(u64, &StatusUpdate)> {
-        self.outbox.range(from..).next().map(|(s, u)| (*s, u))
-    }
-    fn waiting(&self) -> Vec<(String, u32)> {
-        self.outbox
-            .values()
-            .map(|u| (u.task_uid.clone(), u.attempt))
-            .collect()
-    }
-    fn len(&self) -> usize {
-        self.outbox.len()
-    }
-    fn next_seq(&self) -> u64 {
-        self.next
-    }
-    fn admit(&mut self, uid: &str, attempt: u32) -> std::io::Result<()> {
-        if self.broken {
-            return Err(std::io::Error::other("disk full"));
-        }
-        self.admitted.push((uid.to_owned(), attempt));
-        Ok(())
-    }
-}
+type Mem = Memory;
 
 const ROBOT: &str = "r1";
 
@@ -209,7 +164,7 @@ fn an_attempt_starts_once_recorded_and_never_again_after_a_restart() {
 #[test]
 fn an_acceptance_that_cannot_be_recorded_does_not_start_and_says_why() {
     let mut disk = Mem {
-        broken: true,
+        admissions: Admissions::Fail,
         ..Mem::default()
     };
     let mut c = core("s1", &disk);
