@@ -154,7 +154,11 @@ impl SimRobot {
         let mut pending: std::collections::VecDeque<Command> = commands.into();
         while let Some(command) = pending.pop_front() {
             match command {
-                Command::Publish { topic, payload, retain } => {
+                Command::Publish {
+                    topic,
+                    payload,
+                    retain,
+                } => {
                     if refused > 0 {
                         refused += 1;
                         continue;
@@ -211,7 +215,9 @@ impl SimRobot {
             .drain(..)
             .filter(|u| u.reason == Some(TaskReason::DispatchTimeout))
             .count();
-        self.counters.expired_dispatches.fetch_add(expired as u64, Ordering::Relaxed);
+        self.counters
+            .expired_dispatches
+            .fetch_add(expired as u64, Ordering::Relaxed);
         let resent = state.statuses_published.saturating_sub(state.disk.next_seq);
         if resent > 0 {
             self.counters.resent_statuses.fetch_add(resent, Ordering::Relaxed);
@@ -282,14 +288,18 @@ impl SimRobot {
 
     /// A message from the broker, counted as the fleet counts them.
     fn message(&self, state: &mut State, topic: &str, payload: &[u8], retain: bool) -> Vec<Command> {
-        self.counters.bytes_in.fetch_add(payload.len() as u64, Ordering::Relaxed);
+        self.counters
+            .bytes_in
+            .fetch_add(payload.len() as u64, Ordering::Relaxed);
         if let Ok(Inbound::Dispatch(d)) = classify(&state.topics, &self.id, topic, payload) {
             if state.started.contains(&(d.task_uid.clone(), d.attempt)) {
                 self.counters.duplicate_dispatches.fetch_add(1, Ordering::Relaxed);
             }
         }
         let approved = state.core.approved();
-        let commands = state.core.message(topic, payload, retain, self.now(), &mut state.disk);
+        let commands = state
+            .core
+            .message(topic, payload, retain, self.now(), &mut state.disk);
         if !approved && state.core.approved() {
             self.counters.registrations.fetch_add(1, Ordering::Relaxed);
             let mut online = lock(&self.online_at);
@@ -304,7 +314,11 @@ impl SimRobot {
     }
 
     /// One poll result of the client.
-    fn polled(&self, state: &mut State, polled: Result<Event, rumqttc::ConnectionError>) -> Option<Vec<Command>> {
+    fn polled(
+        &self,
+        state: &mut State,
+        polled: Result<Event, rumqttc::ConnectionError>,
+    ) -> Option<Vec<Command>> {
         let now = self.now();
         Some(match polled {
             Ok(Event::Incoming(Packet::ConnAck(_))) => {
@@ -342,9 +356,13 @@ impl SimRobot {
             done_tx,
         };
         'connection: loop {
-            let (client, mut eventloop) = AsyncClient::new(self.options(), k8s4r_agent::mqtt::REQUEST_CHANNEL);
+            let (client, mut eventloop) =
+                AsyncClient::new(self.options(), k8s4r_agent::mqtt::REQUEST_CHANNEL);
             loop {
-                let wake = state.core.next_wake().map_or(Duration::from_secs(3600), |at| at.saturating_sub(self.now().mono));
+                let wake = state
+                    .core
+                    .next_wake()
+                    .map_or(Duration::from_secs(3600), |at| at.saturating_sub(self.now().mono));
                 tokio::select! {
                     () = self.stop.cancelled() => return,
                     changed = self.vanish.changed() => {

@@ -391,7 +391,9 @@ pub fn run_with(seed: u64, config: &WorldConfig, keep: Option<&[usize]>) -> Repo
     };
     for robot in 0..config.robots {
         let boot = world.net.rng.u64(0..3_600_000);
-        world.agents.push(Agent::new(robot, boot, config.record_admissions));
+        world
+            .agents
+            .push(Agent::new(robot, boot, config.record_admissions));
         world.net.at(0, Ev::Start(Node::Agent(robot)));
     }
     world.net.at(0, Ev::Start(Node::Server));

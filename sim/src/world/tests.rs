@@ -123,7 +123,11 @@ fn without_the_record_of_accepted_attempts_a_restart_runs_an_attempt_again() {
         ..WorldConfig::default()
     };
     let report = run(2, &forgetful);
-    assert!(found(&report, Kind::Rerun), "seed 2 without the record: {:#?}", report.violations);
+    assert!(
+        found(&report, Kind::Rerun),
+        "seed 2 without the record: {:#?}",
+        report.violations
+    );
     assert!(run(2, &WorldConfig::default()).violations.is_empty());
 }
 
