@@ -365,3 +365,47 @@ fn the_checks_see_what_they_are_meant_to_see() {
         assert_eq!(issue_reference(fine), None, "{fine}");
     }
 }
+
+/// BENCHMARKS.md and RELIABILITY.md open with the table of current figures
+/// `scripts/bench-record.py` writes: one row and exactly one `BENCH` line
+/// per figure, saying the same value and unit, and no other `BENCH` line
+/// in the file (earlier runs are history: docs/benchmarks-history.md, or
+/// quoted without the mark).
+#[test]
+fn each_figure_has_one_current_value() {
+    const BEGIN: &str = "<!-- figures: written by scripts/bench-record.py; do not edit by hand -->";
+    const END: &str = "<!-- end of figures -->";
+    for name in ["BENCHMARKS.md", "RELIABILITY.md"] {
+        let text = read(&repo_root().join(name));
+        let (before, rest) = text
+            .split_once(BEGIN)
+            .unwrap_or_else(|| panic!("{name}: no table of current figures"));
+        let (block, after) = rest
+            .split_once(END)
+            .unwrap_or_else(|| panic!("{name}: the table of figures does not end"));
+        assert!(
+            !before.lines().chain(after.lines()).any(|l| l.starts_with("BENCH ")),
+            "{name}: a BENCH line outside the table's block"
+        );
+        let mut rows = std::collections::BTreeMap::new();
+        let mut lines = std::collections::BTreeMap::new();
+        for line in block.lines() {
+            let cells: Vec<&str> = line.trim().trim_matches('|').split('|').map(str::trim).collect();
+            if line.starts_with("| `") && cells.len() == 7 {
+                rows.insert(cells[0].trim_matches('`').to_owned(), (cells[1].to_owned(), cells[2].to_owned()));
+            }
+            if let Some(rest) = line.strip_prefix("BENCH ") {
+                let mut words = rest.splitn(3, ' ');
+                let figure = words.next().unwrap_or_default().to_owned();
+                let value = words.next().unwrap_or_default().to_owned();
+                let unit = words.next().unwrap_or_default().trim().to_owned();
+                assert!(
+                    lines.insert(figure.clone(), (value, unit)).is_none(),
+                    "{name}: two BENCH lines for {figure}"
+                );
+            }
+        }
+        assert!(!rows.is_empty(), "{name}: an empty table");
+        assert_eq!(rows, lines, "{name}: the table and its BENCH lines disagree");
+    }
+}
