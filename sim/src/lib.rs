@@ -46,7 +46,8 @@ pub struct SimConfig {
     pub heartbeat: Duration,
     /// How long a task "runs": uniformly between these.
     pub task_duration: (Duration, Duration),
-    /// The fraction of tasks that fail (exit code 1).
+    /// The fraction of tasks that fail (exit code 1); a task whose command
+    /// is `/bin/false` always does.
     pub fail_fraction: f64,
     /// Robots connecting per second at most (0: all at once).
     pub connect_rate: u32,

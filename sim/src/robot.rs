@@ -189,7 +189,9 @@ impl SimRobot {
                     }
                 }
                 Command::Start(request) => {
-                    let more = self.start(state, request.uid, request.attempt);
+                    // "Runs" it: `/bin/false` fails, as it would.
+                    let fails = request.spec.command == "/bin/false";
+                    let more = self.start(state, request.uid, request.attempt, fails);
                     pending.extend(more);
                 }
                 Command::Stop { uid, attempt, .. } => {
@@ -227,7 +229,7 @@ impl SimRobot {
 
     /// The supervisor "starts" an attempt: it runs for a drawn duration,
     /// and is reported running.
-    fn start(&self, state: &mut State, uid: String, attempt: u32) -> Vec<Command> {
+    fn start(&self, state: &mut State, uid: String, attempt: u32, fails: bool) -> Vec<Command> {
         self.counters.dispatches.fetch_add(1, Ordering::Relaxed);
         let wall = jiff::Timestamp::now();
         let run = {
@@ -245,7 +247,7 @@ impl SimRobot {
         state.started.insert((uid.clone(), attempt));
         let (lo, hi) = self.config.task_duration;
         let length = lo + (hi.saturating_sub(lo)).mul_f64(state.rng.next_f64());
-        let failed = state.rng.next_f64() < self.config.fail_fraction;
+        let failed = fails || state.rng.next_f64() < self.config.fail_fraction;
         let done = state.done_tx.clone();
         let key = (uid.clone(), attempt);
         tokio::spawn(async move {

@@ -13,6 +13,7 @@
 //!     cargo bench -p k8s4r-e2e --bench scale -- dispatch [--robots 10000] [--jobs 10000] [--rate 200]
 //!     cargo bench -p k8s4r-e2e --bench scale -- reconnect-storm [--robots 5000] [--jobs 2000] [--rate 50] [--settle 70]
 //!     cargo bench -p k8s4r-e2e --bench scale -- dashboard [--robots 10000] [--updates 100]
+//!     cargo bench -p k8s4r-e2e --bench scale -- cost [--robots 100] [--jobs 100] [--rate 5]
 //!
 //! Each prints `BENCH <name> <value> <unit>` lines (BENCHMARKS.md) and a
 //! short summary. The server and manager run with their production
@@ -30,6 +31,8 @@ use kube::{Api, Client};
 
 const TOKEN: &str = "sim-bootstrap-token";
 
+#[path = "scale/cost.rs"]
+mod cost;
 #[path = "scale/dashboard.rs"]
 mod dashboard;
 #[path = "scale/phases.rs"]
@@ -726,6 +729,7 @@ fn main() {
             usize::try_from(arg("--jobs", 2_000)).unwrap_or(2_000),
             arg("--rate", 50),
         )),
+        "cost" => runtime.block_on(cost::run(usize::try_from(arg("--robots", 100)).unwrap_or(100))),
         "dashboard" => runtime.block_on(dashboard::run(
             start_cluster(robots),
             robots,
@@ -733,7 +737,7 @@ fn main() {
         )),
         other => {
             eprintln!(
-                "unknown scenario {other:?}: register-storm, heartbeats, dispatch, reconnect-storm or dashboard"
+                "unknown scenario {other:?}: register-storm, heartbeats, dispatch, reconnect-storm, dashboard or cost"
             )
         }
     }

@@ -384,7 +384,10 @@ fn each_figure_has_one_current_value() {
             .split_once(END)
             .unwrap_or_else(|| panic!("{name}: the table of figures does not end"));
         assert!(
-            !before.lines().chain(after.lines()).any(|l| l.starts_with("BENCH ")),
+            !before
+                .lines()
+                .chain(after.lines())
+                .any(|l| l.starts_with("BENCH ")),
             "{name}: a BENCH line outside the table's block"
         );
         let mut rows = std::collections::BTreeMap::new();
@@ -392,7 +395,10 @@ fn each_figure_has_one_current_value() {
         for line in block.lines() {
             let cells: Vec<&str> = line.trim().trim_matches('|').split('|').map(str::trim).collect();
             if line.starts_with("| `") && cells.len() == 7 {
-                rows.insert(cells[0].trim_matches('`').to_owned(), (cells[1].to_owned(), cells[2].to_owned()));
+                rows.insert(
+                    cells[0].trim_matches('`').to_owned(),
+                    (cells[1].to_owned(), cells[2].to_owned()),
+                );
             }
             if let Some(rest) = line.strip_prefix("BENCH ") {
                 let mut words = rest.splitn(3, ' ');

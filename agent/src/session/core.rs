@@ -158,7 +158,11 @@ pub struct Core {
     fence: Fence,
     /// The server confirms statuses it applied (it said so at
     /// registration): outbox entries wait for that, not for the PUBACK.
-    status_acks: bool,
+    /// None until this process's first answer: a status the broker takes
+    /// before it waits too, or a restarted agent would forget a status
+    /// the server had not applied yet (the server's own acknowledgement
+    /// to the broker comes before its write).
+    status_acks: Option<bool>,
     /// Which usage figures the heartbeats carry.
     usage: UsageReports,
     /// Outbox entries the broker acknowledged, waiting for the server's
@@ -247,7 +251,7 @@ impl Core {
             session_id,
             names,
             fence,
-            status_acks: false,
+            status_acks: None,
             usage: UsageReports::default(),
             delivered: BTreeMap::new(),
             confirm_timeout: (heartbeat_interval * 2).clamp(Duration::from_secs(5), Duration::from_secs(60)),
@@ -294,7 +298,7 @@ impl Core {
     pub fn puback(&mut self, pkid: u16, now: Now, disk: &mut dyn Disk) -> Vec<Command> {
         let mut out = Vec::new();
         if let Some(Tag::Status(id)) = self.link.acked(pkid) {
-            if self.status_acks {
+            if self.status_acks != Some(false) {
                 // The broker has it; the server has not said it applied it.
                 if disk.get(id).is_some() {
                     self.delivered.insert(id, now.mono);

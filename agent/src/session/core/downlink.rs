@@ -78,7 +78,15 @@ impl Core {
         if response.phase != RobotPhase::Rejected {
             tracing::info!(phase = ?response.phase, message = response.message.as_deref().unwrap_or(""), "registration response");
         }
-        self.status_acks = ours && response.status_acks;
+        let confirms = ours && response.status_acks;
+        if !confirms && self.status_acks != Some(false) {
+            // A server that confirms nothing: what the broker took is
+            // settled, as it would have been at its PUBACK.
+            for seq in std::mem::take(&mut self.delivered).into_keys() {
+                disk.settle(seq);
+            }
+        }
+        self.status_acks = Some(confirms);
         self.usage.registered(ours && response.usage_when_moved);
         if ours {
             self.fence

@@ -247,3 +247,79 @@ fn a_publish_the_client_refused_goes_out_again() {
         .iter()
         .any(|cmd| matches!(cmd, Command::Publish { topic, .. } if topic == &topics().status(ROBOT, "u1"))));
 }
+
+#[test]
+fn a_status_the_broker_took_before_the_registration_answer_waits_for_the_server() {
+    // A restarted agent sends its outbox as soon as it connects; the
+    // broker's PUBACK comes before the registration's answer. The status
+    // must wait for the server's confirmation all the same: the server
+    // acknowledges to the broker before it writes.
+    let mut disk = Mem::default();
+    let seq = disk.push(StatusUpdate::new("u1", 1, 0, TaskState::Completed));
+    let mut c = core("s2", &disk);
+    let out = c.connected(at(10), &mut disk);
+    let published = out
+        .iter()
+        .filter(|cmd| matches!(cmd, Command::Publish { .. }))
+        .count();
+    for pkid in 1..=published as u16 {
+        c.sent(pkid);
+    }
+    // online, register, the status: all acknowledged by the broker.
+    for pkid in 1..=published as u16 {
+        c.puback(pkid, at(10), &mut disk);
+    }
+    assert!(
+        disk.outbox.contains_key(&seq),
+        "kept until the server says it applied it"
+    );
+    approve(&mut c, &mut disk, at(11));
+    assert!(
+        disk.outbox.contains_key(&seq),
+        "the server confirms statuses: still kept"
+    );
+    c.message(
+        &topics().status_ack(ROBOT),
+        &encode(&StatusAck::new(vec![seq])),
+        false,
+        at(12),
+        &mut disk,
+    );
+    assert!(disk.outbox.is_empty());
+}
+
+#[test]
+fn against_a_server_that_confirms_nothing_the_brokers_acknowledgement_settles() {
+    let mut disk = Mem::default();
+    let seq = disk.push(StatusUpdate::new("u1", 1, 0, TaskState::Completed));
+    let mut c = core("s2", &disk);
+    let out = c.connected(at(10), &mut disk);
+    let nonce = out
+        .iter()
+        .find_map(|cmd| match cmd {
+            Command::Publish {
+                payload: Payload::Register(r),
+                ..
+            } => r.nonce.clone(),
+            _ => None,
+        })
+        .unwrap();
+    let published = out
+        .iter()
+        .filter(|cmd| matches!(cmd, Command::Publish { .. }))
+        .count();
+    for pkid in 1..=published as u16 {
+        c.sent(pkid);
+        c.puback(pkid, at(10), &mut disk);
+    }
+    assert!(disk.outbox.contains_key(&seq));
+    let old = RegisterResponse {
+        nonce: Some(nonce),
+        ..RegisterResponse::new(RobotPhase::Online, None)
+    };
+    c.message(&topics().response(ROBOT), &encode(&old), false, at(11), &mut disk);
+    assert!(
+        disk.outbox.is_empty(),
+        "the broker had it, and that is all this server offers"
+    );
+}

@@ -1,0 +1,229 @@
+//! What a Job costs the cluster: for each common shape of Job, the API
+//! writes of the server and the manager by writer and kind, and the
+//! CPU-milliseconds of the API server, the server, the manager and the
+//! broker, per completed task. CPU comes from each process's own
+//! accounting (`/proc/<pid>/stat`), not wall time, so the figures carry to
+//! another machine; the cost of the idle fleet (heartbeats, Lease
+//! renewals), measured over a window of the same length just before, is
+//! taken off. The user's creates are not counted (they are the bench's).
+//!
+//!     cargo bench -p k8s4r-e2e --bench scale -- cost [--robots 100] [--jobs 100] [--rate 5]
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use k8s4r_api::{Job, WorkState};
+use k8s4r_testbed::bench_arg as arg;
+use kube::api::{ListParams, PostParams};
+use kube::Api;
+use serde_json::{json, Value};
+
+use super::sims::{Behaviour, Sims};
+use super::{all_online, cpu_seconds, start_cluster, writes_by_kind, Cluster};
+
+/// One shape of Job.
+struct Shape {
+    name: &'static str,
+    jobs: usize,
+    /// Tasks each Job completes (or fails for good).
+    tasks_per_job: usize,
+    group: Value,
+}
+
+fn task(command: &str) -> Value {
+    json!({"driver": "raw_exec", "command": command})
+}
+
+fn shapes(robots: usize, jobs: usize) -> Vec<Shape> {
+    vec![
+        Shape {
+            name: "single",
+            jobs,
+            tasks_per_job: 1,
+            group: json!({"name": "t", "count": 1, "task": task("/bin/true")}),
+        },
+        Shape {
+            name: "group10",
+            jobs: (jobs / 10).max(1),
+            tasks_per_job: 10,
+            group: json!({"name": "t", "count": 10, "task": task("/bin/true")}),
+        },
+        Shape {
+            name: "every_robot",
+            jobs: 2,
+            tasks_per_job: robots,
+            group: json!({"name": "t", "mode": "everyRobot", "task": task("/bin/true")}),
+        },
+        // The simulated robots fail `/bin/false`: four attempts, then the
+        // task fails for good.
+        Shape {
+            name: "retries3",
+            jobs: (jobs / 4).max(1),
+            tasks_per_job: 1,
+            group: json!({"name": "t", "count": 1, "task": task("/bin/false"),
+                "restartPolicy": {"attempts": 3, "delay": "1s"}}),
+        },
+    ]
+}
+
+/// What the cluster spent so far: CPU seconds by program, API writes by
+/// writer and kind.
+struct Spent {
+    cpu: BTreeMap<&'static str, f64>,
+    writes: BTreeMap<String, f64>,
+    at: Instant,
+}
+
+async fn spent(cluster: &Cluster) -> Spent {
+    let mut cpu = BTreeMap::new();
+    let pids = [
+        ("apiserver", cluster._api.pid()),
+        ("server", cluster.server.pid()),
+        ("manager", cluster.manager.pid()),
+        ("broker", cluster.broker.as_ref().and_then(|b| b.pid())),
+        ("bench process (the simulated robots)", Some(std::process::id())),
+    ];
+    for (name, pid) in pids {
+        cpu.insert(name, pid.map_or(0.0, cpu_seconds));
+    }
+    Spent {
+        cpu,
+        writes: writes_by_kind(cluster).await,
+        at: Instant::now(),
+    }
+}
+
+/// `after - before`, less the idle rate over the same time.
+fn less_idle(before: f64, after: f64, idle_per_s: f64, seconds: f64) -> f64 {
+    (after - before - idle_per_s * seconds).max(0.0)
+}
+
+async fn create(jobs_api: &Api<Job>, shape: &Shape, rate: u64) -> Vec<String> {
+    let started = Instant::now();
+    let mut names = Vec::new();
+    for i in 0..shape.jobs {
+        let at = started + Duration::from_secs_f64(i as f64 / rate as f64);
+        tokio::time::sleep_until(at.into()).await;
+        let name = format!("cost-{}-{i}", shape.name.replace('_', "-"));
+        let job: Job = serde_json::from_value(json!({
+            "apiVersion": "robot.k8s4r.io/v1alpha1", "kind": "Job",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"taskGroups": [shape.group.clone()]},
+        }))
+        .expect("a Job");
+        jobs_api
+            .create(&PostParams::default(), &job)
+            .await
+            .expect("create job");
+        names.push(name);
+    }
+    names
+}
+
+/// Waits until every Job named is over, up to `deadline`; how many are.
+async fn over(jobs_api: &Api<Job>, names: &[String], deadline: Instant) -> usize {
+    loop {
+        let list = jobs_api.list(&ListParams::default()).await.expect("list jobs");
+        let done = list
+            .items
+            .iter()
+            .filter(|j| names.iter().any(|n| Some(n) == j.metadata.name.as_ref()))
+            .filter(|j| {
+                j.status
+                    .as_ref()
+                    .and_then(|s| s.state)
+                    .is_some_and(|s| matches!(s, WorkState::Completed | WorkState::Failed))
+            })
+            .count();
+        if done == names.len() || Instant::now() >= deadline {
+            return done;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Runs each shape in turn on one cluster and prints its cost per task.
+pub async fn run(robots: usize) {
+    let jobs = usize::try_from(arg("--jobs", 100)).unwrap_or(100);
+    let rate = arg("--rate", 5).max(1);
+    let cluster = start_cluster(robots).await;
+    let fleet = Sims::start(&cluster, robots, Behaviour::heartbeat(Duration::from_secs(30)));
+    all_online(&cluster, robots).await;
+    tokio::time::sleep(Duration::from_secs(arg("--settle", 10))).await;
+    let jobs_api: Api<Job> = Api::namespaced(cluster.client.clone(), "default");
+    for shape in shapes(robots, jobs) {
+        // The idle fleet's cost, over a window as long as the last shape's
+        // (at least 20 s).
+        let idle_from = spent(&cluster).await;
+        tokio::time::sleep(Duration::from_secs(arg("--idle", 20))).await;
+        let idle_to = spent(&cluster).await;
+        let idle_s = idle_to.at.duration_since(idle_from.at).as_secs_f64();
+        let before = spent(&cluster).await;
+        let names = create(&jobs_api, &shape, rate).await;
+        let deadline = Instant::now() + Duration::from_secs(arg("--deadline", 600));
+        let done = over(&jobs_api, &names, deadline).await;
+        // The Jobs' last writes (their final status) are in by now; the
+        // metrics are read after them.
+        let after = spent(&cluster).await;
+        let seconds = after.at.duration_since(before.at).as_secs_f64();
+        let tasks = (done * shape.tasks_per_job).max(1) as f64;
+        report(
+            &shape,
+            done,
+            tasks,
+            seconds,
+            [&idle_from, &idle_to, &before, &after],
+            idle_s,
+        );
+    }
+    println!("INFO the fleet finished {} tasks in all", fleet.finished());
+    fleet.stop().await;
+}
+
+fn report(
+    shape: &Shape,
+    done: usize,
+    tasks: f64,
+    seconds: f64,
+    [idle_from, idle_to, before, after]: [&Spent; 4],
+    idle_s: f64,
+) {
+    let name = shape.name;
+    println!(
+        "INFO {name}: {done} of {} Jobs over ({tasks} tasks) in {seconds:.1} s; the idle fleet's cost over {idle_s:.1} s taken off",
+        shape.jobs
+    );
+    let mut writes = 0.0;
+    let mut kinds = Vec::new();
+    for (kind, n) in &after.writes {
+        let idle = idle_to.writes.get(kind).copied().unwrap_or(0.0)
+            - idle_from.writes.get(kind).copied().unwrap_or(0.0);
+        let added = less_idle(
+            before.writes.get(kind).copied().unwrap_or(0.0),
+            *n,
+            idle / idle_s,
+            seconds,
+        );
+        if added > 0.0 {
+            writes += added;
+            kinds.push(format!("{kind} {:.2}", added / tasks));
+        }
+    }
+    println!(
+        "INFO {name}: API writes per task by writer and kind: {}",
+        kinds.join(", ")
+    );
+    println!("BENCH api_writes_per_task_{name} {:.2} writes", writes / tasks);
+    let mut cluster_ms = 0.0;
+    let mut parts = Vec::new();
+    for (program, cpu) in &after.cpu {
+        let idle = idle_to.cpu[program] - idle_from.cpu[program];
+        let ms = less_idle(before.cpu[program], *cpu, idle / idle_s, seconds) * 1000.0 / tasks;
+        if !program.starts_with("bench process") {
+            cluster_ms += ms;
+        }
+        parts.push(format!("{program} {ms:.2}"));
+    }
+    println!("INFO {name}: CPU-ms per task by program: {}", parts.join(", "));
+    println!("BENCH cluster_cpu_ms_per_task_{name} {cluster_ms:.2} ms");
+}
