@@ -1,5 +1,7 @@
 //! What a Job costs the cluster: for each common shape of Job, the API
-//! writes of the server and the manager by writer and kind, and the
+//! writes by kind of object (every write the API server made, as watches
+//! of each kind see them; the server's own by kind of write from its
+//! metrics, the manager's the rest), and the
 //! CPU-milliseconds of the API server, the server, the manager and the
 //! broker, per completed task. CPU comes from each process's own
 //! accounting (`/proc/<pid>/stat`), not wall time, so the figures carry to
@@ -66,15 +68,67 @@ fn shapes(robots: usize, jobs: usize) -> Vec<Shape> {
     ]
 }
 
+/// Writes the API server made so far, by kind of object: a watch of each
+/// kind counts every object created, changed or deleted after its first
+/// list. (A watch that fell behind lists again; what that list brings is
+/// not counted, so the counts can only be short, never double.)
+#[derive(Clone, Default)]
+struct Written(std::sync::Arc<std::sync::Mutex<BTreeMap<&'static str, f64>>>);
+
+impl Written {
+    fn watch<K>(&self, api: Api<K>, kind: &'static str) -> tokio::task::JoinHandle<()>
+    where
+        K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+    {
+        use futures::StreamExt;
+        use kube::runtime::watcher::{self, Event};
+        let counts = self.0.clone();
+        tokio::spawn(async move {
+            let mut events = std::pin::pin!(watcher::watcher(api, watcher::Config::default()));
+            while let Some(event) = events.next().await {
+                if let Ok(Event::Apply(_) | Event::Delete(_)) = event {
+                    *counts.lock().unwrap().entry(kind).or_insert(0.0) += 1.0;
+                }
+            }
+        })
+    }
+
+    fn start(client: &kube::Client) -> (Self, Vec<tokio::task::JoinHandle<()>>) {
+        use k8s_openapi::api::coordination::v1::Lease;
+        use k8s_openapi::api::events::v1::Event;
+        let written = Self::default();
+        let c = client.clone();
+        let tasks = vec![
+            written.watch(Api::<Job>::all(c.clone()), "Job"),
+            written.watch(Api::<k8s4r_api::TaskGroup>::all(c.clone()), "TaskGroup"),
+            written.watch(Api::<k8s4r_api::Task>::all(c.clone()), "Task"),
+            written.watch(Api::<k8s4r_api::Robot>::all(c.clone()), "Robot"),
+            written.watch(Api::<Lease>::all(c.clone()), "Lease"),
+            written.watch(Api::<Event>::all(c), "Event"),
+        ];
+        (written, tasks)
+    }
+
+    fn now(&self) -> BTreeMap<String, f64> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), *v))
+            .collect()
+    }
+}
+
 /// What the cluster spent so far: CPU seconds by program, API writes by
-/// writer and kind.
+/// kind of object, and the server's by kind of write.
 struct Spent {
     cpu: BTreeMap<&'static str, f64>,
     writes: BTreeMap<String, f64>,
+    server: BTreeMap<String, f64>,
     at: Instant,
 }
 
-async fn spent(cluster: &Cluster) -> Spent {
+async fn spent(cluster: &Cluster, written: &Written) -> Spent {
     let mut cpu = BTreeMap::new();
     let pids = [
         ("apiserver", cluster._api.pid()),
@@ -86,9 +140,15 @@ async fn spent(cluster: &Cluster) -> Spent {
     for (name, pid) in pids {
         cpu.insert(name, pid.map_or(0.0, cpu_seconds));
     }
+    let server = writes_by_kind(cluster)
+        .await
+        .into_iter()
+        .filter(|(kind, _)| kind.starts_with("server ") && kind.ends_with(" ok"))
+        .collect();
     Spent {
         cpu,
-        writes: writes_by_kind(cluster).await,
+        writes: written.now(),
+        server,
         at: Instant::now(),
     }
 }
@@ -151,20 +211,22 @@ pub async fn run(robots: usize) {
     all_online(&cluster, robots).await;
     tokio::time::sleep(Duration::from_secs(arg("--settle", 10))).await;
     let jobs_api: Api<Job> = Api::namespaced(cluster.client.clone(), "default");
+    let (written, watches) = Written::start(&cluster.client);
+    tokio::time::sleep(Duration::from_secs(5)).await;
     for shape in shapes(robots, jobs) {
         // The idle fleet's cost, over a window as long as the last shape's
         // (at least 20 s).
-        let idle_from = spent(&cluster).await;
+        let idle_from = spent(&cluster, &written).await;
         tokio::time::sleep(Duration::from_secs(arg("--idle", 20))).await;
-        let idle_to = spent(&cluster).await;
+        let idle_to = spent(&cluster, &written).await;
         let idle_s = idle_to.at.duration_since(idle_from.at).as_secs_f64();
-        let before = spent(&cluster).await;
+        let before = spent(&cluster, &written).await;
         let names = create(&jobs_api, &shape, rate).await;
         let deadline = Instant::now() + Duration::from_secs(arg("--deadline", 600));
         let done = over(&jobs_api, &names, deadline).await;
         // The Jobs' last writes (their final status) are in by now; the
         // metrics are read after them.
-        let after = spent(&cluster).await;
+        let after = spent(&cluster, &written).await;
         let seconds = after.at.duration_since(before.at).as_secs_f64();
         let tasks = (done * shape.tasks_per_job).max(1) as f64;
         report(
@@ -177,6 +239,9 @@ pub async fn run(robots: usize) {
         );
     }
     println!("INFO the fleet finished {} tasks in all", fleet.finished());
+    for watch in watches {
+        watch.abort();
+    }
     fleet.stop().await;
 }
 
@@ -193,25 +258,44 @@ fn report(
         "INFO {name}: {done} of {} Jobs over ({tasks} tasks) in {seconds:.1} s; the idle fleet's cost over {idle_s:.1} s taken off",
         shape.jobs
     );
-    let mut writes = 0.0;
-    let mut kinds = Vec::new();
-    for (kind, n) in &after.writes {
-        let idle = idle_to.writes.get(kind).copied().unwrap_or(0.0)
-            - idle_from.writes.get(kind).copied().unwrap_or(0.0);
-        let added = less_idle(
-            before.writes.get(kind).copied().unwrap_or(0.0),
-            *n,
-            idle / idle_s,
-            seconds,
-        );
-        if added > 0.0 {
-            writes += added;
-            kinds.push(format!("{kind} {:.2}", added / tasks));
+    let added = |from: &BTreeMap<String, f64>,
+                 to: &BTreeMap<String, f64>,
+                 idle_from: &BTreeMap<String, f64>,
+                 idle_to: &BTreeMap<String, f64>| {
+        let mut out = BTreeMap::new();
+        for (kind, n) in to {
+            let get = |m: &BTreeMap<String, f64>| m.get(kind).copied().unwrap_or(0.0);
+            let idle = get(idle_to) - get(idle_from);
+            let more = less_idle(get(from), *n, idle / idle_s, seconds);
+            if more > 0.0 {
+                out.insert(kind.clone(), more);
+            }
         }
+        out
+    };
+    let mut by_kind = added(&before.writes, &after.writes, &idle_from.writes, &idle_to.writes);
+    // The bench's own creates are the user's, not the cluster's.
+    if let Some(jobs) = by_kind.get_mut("Job") {
+        *jobs = (*jobs - done as f64).max(0.0);
     }
+    let writes: f64 = by_kind.values().sum();
+    let server = added(&before.server, &after.server, &idle_from.server, &idle_to.server);
+    let server_total: f64 = server.values().sum();
+    let per = |m: &BTreeMap<String, f64>| {
+        m.iter()
+            .map(|(k, n)| format!("{k} {:.2}", n / tasks))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     println!(
-        "INFO {name}: API writes per task by writer and kind: {}",
-        kinds.join(", ")
+        "INFO {name}: API writes per task by kind of object: {}",
+        per(&by_kind)
+    );
+    println!(
+        "INFO {name}: the server's {:.2} per task ({}), the manager's the other {:.2}",
+        server_total / tasks,
+        per(&server),
+        (writes - server_total).max(0.0) / tasks
     );
     println!("BENCH api_writes_per_task_{name} {:.2} writes", writes / tasks);
     let mut cluster_ms = 0.0;
