@@ -56,6 +56,53 @@ pub fn parse_duration(input: &str) -> Result<Duration, DurationError> {
     })
 }
 
+/// Parses a duration as a spec may carry it: [`parse_duration`]'s rules,
+/// and only the units `d`, `h`, `m`, `s` and `ms`, largest first, each at
+/// most once, without spaces (the CRD schemas' [`DURATION_PATTERN`]).
+pub fn parse_spec_duration(input: &str) -> Result<Duration, DurationError> {
+    let duration = parse_duration(input)?;
+    if !in_documented_form(input.trim()) {
+        return Err(DurationError {
+            input: input.to_owned(),
+            reason: "write it with the units d, h, m, s and ms, largest first, each at most once and \
+                     without spaces"
+                .to_owned(),
+        });
+    }
+    Ok(duration)
+}
+
+/// Whether `text` matches [`DURATION_PATTERN`], without a regex engine.
+fn in_documented_form(text: &str) -> bool {
+    const UNITS: [(&str, usize); 5] = [("d", 2), ("h", 3), ("m", 5), ("s", 7), ("ms", 10)];
+    if text == "0" {
+        return true;
+    }
+    let mut rest = text;
+    let mut next = 0;
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        let after = &rest[digits..];
+        let unit = if after.starts_with("ms") {
+            "ms"
+        } else {
+            match after.get(..1) {
+                Some(u) => u,
+                None => return false,
+            }
+        };
+        let Some(at) = UNITS[next..]
+            .iter()
+            .position(|(u, most)| *u == unit && (1..=*most).contains(&digits))
+        else {
+            return false;
+        };
+        next += at + 1;
+        rest = &after[unit.len()..];
+    }
+    !text.is_empty()
+}
+
 /// Formats a duration the way the parser reads it back ("1h30m", "250ms").
 pub fn format_duration(duration: Duration) -> String {
     if duration.is_zero() {
@@ -79,6 +126,14 @@ impl DurationString {
     /// The parsed value.
     pub fn parse(&self) -> Result<Duration, DurationError> {
         parse_duration(&self.0)
+    }
+
+    /// The parsed value, in the documented form only (what the CRD
+    /// schemas' [`DURATION_PATTERN`] admits): validation refuses a spec a
+    /// real API server would refuse, rather than read it with the more
+    /// lenient parser (`5 min`, `1hour`).
+    pub fn parse_strict(&self) -> Result<Duration, DurationError> {
+        parse_spec_duration(&self.0)
     }
 
     /// The text as written.
@@ -203,8 +258,31 @@ mod tests {
             parse_duration(ok).unwrap();
         }
         // (The empty string is refused by the schema's minLength.)
-        for refused in ["3y", "1.5h", "100d", "30m1h", "5 m", "99999999999s", "-1s", "1w"] {
+        for refused in [
+            "3y",
+            "1.5h",
+            "100d",
+            "30m1h",
+            "5 m",
+            "5 min",
+            "1hour",
+            "2 hours",
+            "99999999999s",
+            "-1s",
+            "1w",
+            "1m1m",
+            "ms",
+            "5",
+        ] {
             assert!(!pattern.is_match(refused), "{refused}");
+            assert!(
+                DurationString::from(refused).parse_strict().is_err(),
+                "{refused}: a spec duration the schema refuses is refused by k8s4r too"
+            );
+        }
+        for ok in ["0", "30s", "1h30m", "1d2h3m4s5ms", "250ms", "1m0s"] {
+            assert!(pattern.is_match(ok), "{ok}");
+            DurationString::from(ok).parse_strict().unwrap();
         }
         // The largest value the pattern admits stays far below the ~2 years
         // a tokio timer wheel can hold.

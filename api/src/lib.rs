@@ -45,7 +45,7 @@ pub use agent_rollout::{
 };
 pub use condition::{Condition, ConditionStatus};
 pub use disconnect::{DisconnectPolicy, Reconcile};
-pub use duration::{parse_duration, DurationError, DurationString};
+pub use duration::{parse_duration, parse_spec_duration, DurationError, DurationString};
 pub use facts::{FactOperator, FactRequirement, FactValue, Facts, WhileRunning};
 pub use job::{
     CountOrPercent, GroupMode, GroupSummary, JobSpec, JobStatus, Rollout, TaskGroupSpec, TaskGroupStatus,

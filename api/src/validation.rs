@@ -369,7 +369,7 @@ pub fn validate_periodic_job_spec(spec: &PeriodicJobSpec) -> Result<(), Validati
         report.error("spec.schedule", "a cron schedule is required");
     }
     if let Some(deadline) = &spec.starting_deadline {
-        match crate::duration::parse_duration(deadline) {
+        match crate::duration::parse_spec_duration(deadline) {
             Err(e) => report.error("spec.startingDeadline", e.to_string()),
             Ok(d) if d > MAX_STARTING_DEADLINE => report.error(
                 "spec.startingDeadline",
@@ -549,7 +549,7 @@ fn check_stopping(report: &mut Report, path: &str, t: &TaskTemplate) {
         }
         if let Some(timeout) = &pre_stop.timeout {
             let kill = kill_timeout_of(t);
-            match timeout.parse() {
+            match timeout.parse_strict() {
                 Ok(d) if d.is_zero() => report.error(format!("{ppath}.timeout"), "must be > 0"),
                 Ok(d) if d > kill => report.error(
                     format!("{ppath}.timeout"),
@@ -698,7 +698,7 @@ fn check_template(report: &mut Report, path: &str, t: &TaskTemplate) {
         }
     }
     if let Some(timeout) = &t.timeout {
-        match timeout.parse() {
+        match timeout.parse_strict() {
             Ok(d) if d.is_zero() => report.error(format!("{path}.timeout"), "must be > 0"),
             Ok(_) => check_duration_within(report, &format!("{path}.timeout"), timeout, MAX_TIMEOUT),
             Err(e) => report.error(format!("{path}.timeout"), e.to_string()),
@@ -713,7 +713,7 @@ fn check_template(report: &mut Report, path: &str, t: &TaskTemplate) {
 }
 
 fn check_duration_within(report: &mut Report, path: &str, value: &DurationString, cap: Duration) {
-    match value.parse() {
+    match value.parse_strict() {
         Ok(d) if d > cap => report.error(
             path,
             format!(
@@ -1215,13 +1215,26 @@ mod tests {
     #[test]
     fn every_duration_has_a_cap() {
         let t = TaskTemplate {
-            timeout: Some("3y".into()),
+            timeout: Some("31d".into()),
             kill_timeout: Some("100000000000000000000s".into()),
             ..template()
         };
         let err = validate_task_template(&t).unwrap_err();
         assert_eq!(paths(err.clone()), vec!["spec.timeout", "spec.killTimeout"]);
-        assert!(err.to_string().contains("3y exceeds the cap of 30days"), "{err}");
+        assert!(err.to_string().contains("31d exceeds the cap of 30days"), "{err}");
+        // Units outside the documented ones are refused as a real API
+        // server's schema refuses them, not read by the lenient parser.
+        for written in ["3y", "5 min", "1hour"] {
+            let t = TaskTemplate {
+                timeout: Some(written.into()),
+                ..template()
+            };
+            let err = validate_task_template(&t).unwrap_err();
+            assert!(
+                err.to_string().contains("with the units d, h, m, s and ms"),
+                "{written}: {err}"
+            );
+        }
         let at_cap = TaskTemplate {
             timeout: Some("30d".into()),
             kill_timeout: Some("5m".into()),
