@@ -84,6 +84,25 @@ fn starts(out: &[Command]) -> Vec<(String, u32)> {
         .collect()
 }
 
+/// Connects; the broker acknowledges everything the core publishes on
+/// the connection. Returns the registration's nonce.
+fn connect_all_acknowledged(core: &mut Core, disk: &mut Mem, now: Now) -> String {
+    let out = core.connected(now, disk);
+    let mut nonce = None;
+    let mut pkid = 0;
+    for command in &out {
+        if let Command::Publish { payload, .. } = command {
+            if let Payload::Register(r) = payload {
+                nonce = r.nonce.clone();
+            }
+            pkid += 1;
+            core.sent(pkid);
+            core.puback(pkid, now, disk);
+        }
+    }
+    nonce.expect("a registration on connect")
+}
+
 fn spec() -> TaskTemplate {
     TaskTemplate {
         driver: "raw_exec".into(),
@@ -257,18 +276,8 @@ fn a_status_the_broker_took_before_the_registration_answer_waits_for_the_server(
     let mut disk = Mem::default();
     let seq = disk.push(StatusUpdate::new("u1", 1, 0, TaskState::Completed));
     let mut c = core("s2", &disk);
-    let out = c.connected(at(10), &mut disk);
-    let published = out
-        .iter()
-        .filter(|cmd| matches!(cmd, Command::Publish { .. }))
-        .count();
-    for pkid in 1..=published as u16 {
-        c.sent(pkid);
-    }
     // online, register, the status: all acknowledged by the broker.
-    for pkid in 1..=published as u16 {
-        c.puback(pkid, at(10), &mut disk);
-    }
+    connect_all_acknowledged(&mut c, &mut disk, at(10));
     assert!(
         disk.outbox.contains_key(&seq),
         "kept until the server says it applied it"
@@ -293,25 +302,7 @@ fn against_a_server_that_confirms_nothing_the_brokers_acknowledgement_settles() 
     let mut disk = Mem::default();
     let seq = disk.push(StatusUpdate::new("u1", 1, 0, TaskState::Completed));
     let mut c = core("s2", &disk);
-    let out = c.connected(at(10), &mut disk);
-    let nonce = out
-        .iter()
-        .find_map(|cmd| match cmd {
-            Command::Publish {
-                payload: Payload::Register(r),
-                ..
-            } => r.nonce.clone(),
-            _ => None,
-        })
-        .unwrap();
-    let published = out
-        .iter()
-        .filter(|cmd| matches!(cmd, Command::Publish { .. }))
-        .count();
-    for pkid in 1..=published as u16 {
-        c.sent(pkid);
-        c.puback(pkid, at(10), &mut disk);
-    }
+    let nonce = connect_all_acknowledged(&mut c, &mut disk, at(10));
     assert!(disk.outbox.contains_key(&seq));
     let old = RegisterResponse {
         nonce: Some(nonce),
