@@ -112,7 +112,7 @@ fn request(uid: String, spec: TaskTemplate) -> TaskRequest {
         uid,
         attempt: 1,
         spec,
-        fenced: false,
+        stop_after: None,
     }
 }
 

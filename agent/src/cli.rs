@@ -10,7 +10,11 @@ use tokio_util::sync::CancellationToken;
 /// The `k8s4r-agent` program: what its `main` does, for any binary that
 /// should behave exactly like it (the end-to-end tests run one).
 pub fn main() -> ExitCode {
-    run_main(Args::parse())
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Some(code) = run_helper(&args) {
+        return code;
+    }
+    run_main(Args::parse_from(args))
 }
 
 /// The `k8s4r-agent` program, saying it is `version` (`--version`, its
@@ -18,11 +22,24 @@ pub fn main() -> ExitCode {
 /// binary built to stand for another release.
 pub fn main_as(version: &'static str, args: Vec<std::ffi::OsString>) -> ExitCode {
     use clap::{CommandFactory, FromArgMatches};
+    if let Some(code) = run_helper(&args) {
+        return code;
+    }
     let _ = crate::VERSION.set(version);
     let matches = Args::command().version(version).get_matches_from(args);
     match Args::from_arg_matches(&matches) {
         Ok(args) => run_main(args),
         Err(e) => e.exit(),
+    }
+}
+
+/// The binary started as a task's shim or logger (`args` with the program
+/// name): that, and nothing of the agent.
+fn run_helper(args: &[std::ffi::OsString]) -> Option<ExitCode> {
+    match args.get(1).and_then(|a| a.to_str()) {
+        Some(k8s4r_drivers::shim::FLAG) => k8s4r_drivers::shim::main(&args[1..]),
+        Some(k8s4r_drivers::shim::LOGGER_FLAG) => Some(crate::logger::main(&args[2..])),
+        _ => None,
     }
 }
 
@@ -32,6 +49,10 @@ fn run_main(args: Args) -> ExitCode {
     let boot_check = args.boot_check;
     let config = match args.load() {
         Ok(config) if boot_check => return run_boot_check(&config),
+        Ok(_) if stop_left && crate::unit::how_it_ends() == crate::unit::UnitEnd::Restarts => {
+            println!("k8s4r-agent: the unit restarts: its tasks are left running for the next agent");
+            return ExitCode::SUCCESS;
+        }
         Ok(config) if stop_left => {
             return match crate::supervisor::stop_left_tasks(&config.supervisor.state_dir) {
                 Ok(n) => {
@@ -142,7 +163,10 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
     // inherits as their subreaper is theirs.
     config.supervisor.reap_all_orphans = true;
     // An agent restart (an upgrade) re-adopts its services.
-    config.supervisor.leave_services_running = true;
+    config.supervisor.leave_tasks_running = true;
+    // Tasks run under this binary as their shim, so that they outlive it
+    // with their exit status kept.
+    config.supervisor.shim_program = Some(std::path::PathBuf::from("/proc/self/exe"));
     let shutdown = CancellationToken::new();
     let (handle, session) = crate::agent::start(&config, shutdown.clone())?;
     tokio::spawn(signals(shutdown));

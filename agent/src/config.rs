@@ -97,9 +97,11 @@ pub struct Args {
     #[arg(long)]
     pub check_config: bool,
 
-    /// Kill what is left of the tasks an agent that ended left running,
-    /// except the services the next agent re-adopts, and exit (the unit's
-    /// ExecStopPost: systemd itself leaves task processes alone).
+    /// Stop what is left of the tasks an agent that ended left running,
+    /// except services with no stopAfter, and exit (the unit's
+    /// ExecStopPost: systemd itself leaves task processes alone). Run by
+    /// systemd while it restarts the unit, it leaves them all for the next
+    /// agent to re-adopt.
     #[arg(long)]
     pub stop_left_tasks: bool,
 
@@ -581,7 +583,8 @@ fn resolve_supervisor(
         disk_budget: s.disk_budget.unwrap_or(defaults.disk_budget),
         disk_reserve: s.disk_reserve.or(defaults.disk_reserve),
         reap_all_orphans: defaults.reap_all_orphans,
-        leave_services_running: defaults.leave_services_running,
+        leave_tasks_running: defaults.leave_tasks_running,
+        shim_program: defaults.shim_program,
     })
 }
 

@@ -83,7 +83,8 @@ impl std::fmt::Display for Refusal {
 #[derive(Debug)]
 pub struct Fence {
     armed: bool,
-    /// When this process sent the newest heartbeat the server confirmed.
+    /// When this process sent the newest heartbeat the server confirmed
+    /// (or, for attempts it adopted, the previous process of this boot).
     contact: Option<Duration>,
     /// Heartbeats sent: seq → when.
     sent: BTreeMap<u64, Duration>,
@@ -116,6 +117,29 @@ impl Fence {
             highest: HashMap::new(),
             order: VecDeque::new(),
         }
+    }
+
+    /// A previous agent process of this boot left these fenced attempts
+    /// running (each with its `stopAfter`), and had contact at `contact`
+    /// as far as it wrote down (None: unknown). They are held from that
+    /// contact, not from this process's start: without one, they are due
+    /// at once (the robot may have been silent since boot). Arms the
+    /// fence, as the previous process was.
+    pub fn adopted(&mut self, leases: &[(String, u32, Duration)], contact: Option<Duration>) {
+        if leases.is_empty() {
+            return;
+        }
+        self.armed = true;
+        self.contact = self.contact.max(contact);
+        for (uid, attempt, stop_after) in leases {
+            self.remember(uid, *attempt);
+            self.leases.insert((uid.clone(), *attempt), *stop_after);
+        }
+    }
+
+    /// The last contact, if any (boot clock).
+    pub fn contact(&self) -> Option<Duration> {
+        self.contact
     }
 
     /// The server answered a registration this process sent (the caller

@@ -11,10 +11,12 @@ pub mod host;
 pub mod inbound;
 pub mod link;
 pub mod log_reader;
+pub mod logger;
 pub mod mqtt;
 pub mod outbox;
 pub mod session;
 pub mod supervisor;
+pub mod unit;
 pub mod upgrade;
 pub mod watchdog;
 

@@ -29,6 +29,7 @@ use crate::mqtt;
 use crate::outbox::Outbox;
 use crate::supervisor::{SupervisorHandle, TaskEvent};
 
+mod contact;
 pub mod core;
 mod disk;
 mod upgrades;
@@ -137,6 +138,8 @@ enum Phase {
 pub struct Session {
     core: Core,
     disk: Files,
+    /// The last contact, kept for the next process of this boot.
+    contact: contact::ContactFile,
     client: AsyncClient,
     eventloop: Option<EventLoop>,
     sampler: UsageSampler,
@@ -182,6 +185,7 @@ impl Session {
             .iter()
             .map(|held| (held.uid.clone(), held.attempt, held.name.clone()))
             .collect();
+        let leases = supervisor.leases_at_start().to_vec();
         tokio::spawn(worker(supervisor, commands_rx, updates_tx.clone()));
         tokio::spawn(forward_events(events, updates_tx));
         let mut sampler = UsageSampler::new(&config.state_dir);
@@ -199,7 +203,7 @@ impl Session {
         if !seen.is_empty() {
             tracing::info!(tasks = seen.len(), path = %admitted.path().display(), "attempts accepted before this start are refused if delivered again");
         }
-        let core = Core::new(
+        let mut core = Core::new(
             Settings {
                 robot_id: config.robot_id.clone(),
                 topic_prefix: config.topic_prefix.clone(),
@@ -213,6 +217,13 @@ impl Session {
             running,
             &seen,
         );
+        let contact =
+            contact::ContactFile::new(&config.supervisor.runtime_dir(), crate::supervisor::boot_id());
+        if !leases.is_empty() {
+            let last = contact.load();
+            tracing::info!(tasks = leases.len(), last_contact_ago = ?last.map(|c| boot_clock().saturating_sub(c)), "fencing the re-adopted attempts from the previous process's last contact");
+            core.adopted(&leases, last, now());
+        }
         let (status, status_rx) = watch::channel(SessionStatus {
             outbox_len: outbox.len(),
             ..Default::default()
@@ -226,6 +237,7 @@ impl Session {
         let session = Session {
             core,
             disk: Files { outbox, admitted },
+            contact,
             client,
             eventloop: Some(eventloop),
             sampler,
@@ -320,7 +332,10 @@ impl Session {
                         );
                     }
                 }
-                Command::HeartbeatConfirmed(seq) => {
+                Command::HeartbeatConfirmed { seq, contact } => {
+                    if let Some(contact) = contact {
+                        self.contact.save(contact);
+                    }
                     if let Some(hooks) = &self.upgrades {
                         crate::upgrade::lock(&hooks.upgrades).heartbeat_confirmed(seq);
                     }

@@ -440,23 +440,41 @@ async fn the_last_will_fires_on_an_unclean_disconnect() {
     assert!(!will.decode::<Online>().online);
 }
 
+/// A task that runs until `go` exists, writing its pid to `pid` first.
+fn until_go(tmp: &std::path::Path) -> (String, std::path::PathBuf, std::path::PathBuf) {
+    let (go, pid) = (tmp.join("go"), tmp.join("pid"));
+    let script = format!(
+        "echo $$ > {}; while [ ! -e {} ]; do sleep 0.05; done",
+        pid.display(),
+        go.display()
+    );
+    (script, go, pid)
+}
+
+/// SIGTERM, as `systemctl restart` and an upgrade's switch send: the
+/// agent goes offline and exits, leaving its running task running; the
+/// next agent re-adopts it and reports its own end, in attempt 1.
 #[tokio::test]
-async fn sigterm_stops_tasks_delivers_their_status_and_goes_offline() {
+async fn sigterm_leaves_a_running_task_to_the_next_agent_and_goes_offline() {
     let broker = Broker::start();
     let mut server = Server::connect(&broker, "rb9").await;
     let tmp = tempfile::tempdir().unwrap();
-    let mut agent = Agent::start(&broker, "rb9", &tmp.path().join("state"), &[]);
+    let state = tmp.path().join("state");
+    let mut agent = Agent::start(&broker, "rb9", &state, &[]);
     server.approve("rb9").await;
+    let (script, go, pid_file) = until_go(tmp.path());
     server
         .publish(
             server.topics.dispatch("rb9"),
-            encode(&shell_dispatch("u-term", 1, "sleep 60")),
+            encode(&shell_dispatch("u-term", 1, &script)),
         )
         .await;
     server.next("/tasks/u-term/status", LONG).await;
+    let pid: i32 = eventually("the task's pid", LONG, || {
+        std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
+    })
+    .await;
     agent.signal(Signal::SIGTERM);
-    let updates = server.statuses_until_terminal("u-term", LONG).await;
-    assert_eq!(updates.last().unwrap().state, TaskState::Failed, "{updates:#?}");
     let online = server.next("/online", LONG).await;
     assert!(!online.decode::<Online>().online);
     let status = eventually("the agent to exit", LONG, || {
@@ -464,7 +482,27 @@ async fn sigterm_stops_tasks_delivers_their_status_and_goes_offline() {
     })
     .await;
     assert!(status.success(), "{status:?}\n{}", agent.log());
-    assert!(agent.outbox_files().is_empty());
+    assert!(agent.outbox_files().is_empty(), "no end was reported");
+    assert!(
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok(),
+        "the task was stopped"
+    );
+
+    let next = Agent::start(&broker, "rb9", &state, &[]);
+    eventually("the next agent re-adopting the task", LONG, || {
+        next.log()
+            .contains("re-adopting a batch task of the previous run")
+            .then_some(())
+    })
+    .await;
+    std::fs::write(&go, "").unwrap();
+    let updates = server.statuses_until_terminal("u-term", LONG).await;
+    let last = updates.last().unwrap();
+    assert_eq!(
+        (last.state, last.attempt, last.exit_code),
+        (TaskState::Completed, 1, Some(0)),
+        "{updates:#?}"
+    );
 }
 
 #[tokio::test]
@@ -639,6 +677,8 @@ async fn refuses_a_broker_whose_certificate_does_not_chain_to_the_ca() {
     );
 }
 
+/// An end that happened while the broker was away waits on disk through
+/// a SIGTERM, and the next start delivers it.
 #[tokio::test]
 async fn sigterm_without_a_broker_keeps_the_status_for_the_next_start() {
     let mut broker = Broker::start();
@@ -648,29 +688,39 @@ async fn sigterm_without_a_broker_keeps_the_status_for_the_next_start() {
     let flush = ["--shutdown-flush-timeout", "1s"];
     let mut agent = Agent::start(&broker, "rb13", &state, &flush);
     server.approve("rb13").await;
+    let (script, go, _) = until_go(tmp.path());
     server
         .publish(
             server.topics.dispatch("rb13"),
-            encode(&shell_dispatch("u-down", 1, "sleep 60")),
+            encode(&shell_dispatch("u-down", 1, &script)),
         )
         .await;
     let running: k8s4r_api::protocol::StatusUpdate = server.next("/tasks/u-down/status", LONG).await.decode();
     broker.stop();
+    std::fs::write(&go, "").unwrap();
+    let outbox = state.join("outbox");
+    let waiting = || -> Vec<String> {
+        std::fs::read_dir(&outbox)
+            .map(|d| {
+                d.filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    eventually("the end waiting on disk", LONG, || {
+        waiting().iter().any(|t| t.contains("Completed")).then_some(())
+    })
+    .await;
     agent.signal(Signal::SIGTERM);
-    // Bounded: the task's kill escalation plus the 1s flush timeout.
+    // Bounded by the 1s flush timeout.
     let status = eventually("the agent to exit", LONG, || {
         agent.child.try_wait().ok().flatten()
     })
     .await;
     assert!(status.success(), "{status:?}");
-    let waiting: Vec<String> = agent
-        .outbox_files()
-        .iter()
-        .filter_map(|f| std::fs::read_to_string(state.join("outbox").join(f)).ok())
-        .collect();
     assert!(
-        waiting.iter().any(|t| t.contains("AgentShutdown")),
-        "the stopped status waits on disk: {waiting:?}"
+        waiting().iter().any(|t| t.contains("Completed")),
+        "the end still waits on disk"
     );
 
     broker.restart();
@@ -678,11 +728,7 @@ async fn sigterm_without_a_broker_keeps_the_status_for_the_next_start() {
     let updates = server.statuses_until_terminal("u-down", LONG).await;
     assert_in_order(&updates);
     let last = updates.last().unwrap();
-    assert_eq!(
-        (last.state, last.reason),
-        (TaskState::Failed, Some(TaskReason::AgentShutdown)),
-        "{updates:#?}"
-    );
+    assert_eq!(last.state, TaskState::Completed, "{updates:#?}");
     assert!(last.seq > running.seq);
 }
 

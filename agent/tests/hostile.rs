@@ -80,7 +80,11 @@ impl Robot {
         // directory, as they do under /var/lib on a robot.
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         let state = state.map_or_else(|| dir.path().join("state"), Path::to_path_buf);
-        let agent = Agent::start(&broker, id, &state, extra);
+        // Off the state's disk, as systemd's tmpfs for the unit is.
+        let run = dir.path().join("run");
+        std::fs::create_dir(&run).unwrap();
+        let env = [("RUNTIME_DIRECTORY", run.to_str().unwrap())];
+        let agent = Agent::start_with_env(&broker, id, &state, extra, &env);
         server.approve(id).await;
         Robot {
             id: id.to_owned(),

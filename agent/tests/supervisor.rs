@@ -52,25 +52,33 @@ async fn logs_rotate_and_the_tail_is_capped() {
         c.log_max_files = 3;
         c.output_tail_bytes = 16;
     });
-    // 50 lines of 11 bytes: 550 bytes through files of 100, of which the
-    // last three files keep 250.
-    let out = h
-        .run(
-            "rotate",
-            sh("i=10; while [ $i -lt 60 ]; do echo \"line $i...\"; i=$((i+1)); done"),
+    // The task writes its log files itself; the agent rotates them (copy
+    // and truncate) when it measures the disk, every two seconds while
+    // tasks run, and once more at the end. 15 lines of 11 bytes, a wait
+    // for the rotation, 15 more.
+    let lines = |from: u32| {
+        format!(
+            "i={from}; while [ $i -lt {} ]; do echo \"line $i...\"; i=$((i+1)); done",
+            from + 15
         )
-        .await;
-    assert_eq!(out.reason, TaskReason::Completed);
-    assert_eq!(out.output_tail, "8...\nline 59...\n");
+    };
+    let script = format!(
+        "{}; while [ ! -e ../logs/stdout.log.1 ]; do sleep 0.05; done; {}",
+        lines(10),
+        lines(25)
+    );
+    let out = h.run("rotate", sh(&script).with_timeout("30s")).await;
+    assert_eq!(out.reason, TaskReason::Completed, "{}", out.message);
+    assert_eq!(out.output_tail, "8...\nline 39...\n");
     h.handle.shutdown().await;
-    let all: String = (10..60).map(|i| format!("line {i}...\n")).collect();
-    let kept = [
-        h.log("rotate", "stdout.log.2"),
-        h.log("rotate", "stdout.log.1"),
-        h.log("rotate", "stdout.log"),
-    ];
-    assert_eq!(kept.iter().map(String::len).collect::<Vec<_>>(), [100, 100, 50]);
-    assert_eq!(kept.concat(), all[all.len() - 250..]);
+    let run = |from: u32| {
+        (from..from + 15)
+            .map(|i| format!("line {i}...\n"))
+            .collect::<String>()
+    };
+    assert_eq!(h.log("rotate", "stdout.log.2"), run(10));
+    assert_eq!(h.log("rotate", "stdout.log.1"), run(25));
+    assert_eq!(h.log("rotate", "stdout.log"), "", "rotated at the end");
     let logs = h.dir.path().join("tasks/rotate-1/logs");
     assert!(!logs.join("stdout.log.3").exists());
 }
@@ -761,10 +769,10 @@ async fn shutdown_terminates_everything_and_reports_it() {
 const HELPER_DIR: &str = "K8S4R_SUPERVISOR_HELPER_DIR";
 
 /// Not a test of its own: the "previous agent" of
-/// `restart_kills_the_previous_runs_tasks`, run in a child process that the
+/// `a_restart_re_adopts_the_previous_runs_tasks_and_stops_each_whole`, run in a child process that the
 /// test SIGKILLs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "helper process of restart_kills_the_previous_runs_tasks"]
+#[ignore = "helper process of a_restart_re_adopts_the_previous_runs_tasks_and_stops_each_whole"]
 async fn restart_helper_agent() {
     let Ok(dir) = std::env::var(HELPER_DIR) else {
         return;
@@ -794,7 +802,7 @@ async fn restart_helper_agent() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn restart_kills_the_previous_runs_tasks() {
+async fn a_restart_re_adopts_the_previous_runs_tasks_and_stops_each_whole() {
     let dir = state_dir();
     let mut helper = tokio::process::Command::new(std::env::current_exe().unwrap())
         .args([
@@ -846,46 +854,16 @@ async fn restart_kills_the_previous_runs_tasks() {
         );
     }
 
+    // The next run re-adopts them as they run (the same processes).
     let (handle, mut events) = supervisor::spawn(config(dir.path())).unwrap();
-    let mut settled = HashMap::new();
-    for _ in 0..3 {
-        let event = tokio::time::timeout(PATIENCE, events.recv())
-            .await
-            .unwrap()
-            .unwrap();
-        let TaskEvent::Finished {
-            uid,
-            attempt,
-            outcome,
-        } = event
-        else {
-            panic!("expected Finished first, got {event:?}");
-        };
-        assert_eq!(attempt, 1);
-        settled.insert(uid, outcome);
-    }
-    let mut uids: Vec<_> = settled.keys().cloned().collect();
-    uids.sort();
-    assert_eq!(uids, ["restart-sleep", "restart-stubborn", "restart-tree"]);
-    for (uid, outcome) in &settled {
-        assert_eq!(
-            (outcome.state, outcome.reason),
-            (TaskState::Failed, TaskReason::AgentRestarted),
-            "{uid}"
-        );
-        assert!(outcome.started_at.is_some(), "{uid}");
+    let mut running: Vec<String> = handle.running().await.into_iter().map(|a| a.uid).collect();
+    running.sort();
+    assert_eq!(running, ["restart-sleep", "restart-stubborn", "restart-tree"]);
+    for pgid in pgids.values() {
         assert!(
-            outcome.message.contains("was killed"),
-            "{uid}: {}",
-            outcome.message
+            !group_members(*pgid, false).is_empty(),
+            "a re-adopted task was stopped"
         );
-    }
-    assert_eq!(settled["restart-stubborn"].output_tail, "before the crash\n");
-    for (uid, pgid) in &pgids {
-        poll_until(&format!("{uid}'s processes are gone"), || {
-            group_members(*pgid, false).is_empty()
-        })
-        .await;
     }
     // The same dispatch delivered again is not run twice.
     let again = TaskRequest {
@@ -893,10 +871,49 @@ async fn restart_kills_the_previous_runs_tasks() {
         attempt: 1,
         name: "x".to_owned(),
         spec: task("sleep", &["1000"]),
-        fenced: false,
+        stop_after: None,
     };
     assert_eq!(handle.submit(again).await.unwrap(), Submit::Duplicate);
-    assert!(handle.running().await.is_empty());
+    // Each is still the supervisor's to stop, whole: the tree's other
+    // sleep and the one that ignores SIGTERM too.
+    for uid in ["restart-sleep", "restart-stubborn", "restart-tree"] {
+        handle.cancel(uid, Some(1), "the test is over".to_owned()).await;
+    }
+    let mut ended = HashMap::new();
+    while ended.len() < 3 {
+        let event = tokio::time::timeout(PATIENCE, events.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        if let TaskEvent::Finished {
+            uid,
+            attempt,
+            outcome,
+        } = event
+        {
+            assert_eq!(attempt, 1);
+            ended.insert(uid, outcome);
+        }
+    }
+    for (uid, outcome) in &ended {
+        assert_eq!(
+            outcome.reason,
+            TaskReason::Cancelled,
+            "{uid}: {}",
+            outcome.message
+        );
+    }
+    assert!(
+        ended["restart-stubborn"].output_tail.contains("before the crash"),
+        "{}",
+        ended["restart-stubborn"].output_tail
+    );
+    for (uid, pgid) in &pgids {
+        poll_until(&format!("{uid}'s processes are gone"), || {
+            group_members(*pgid, false).is_empty()
+        })
+        .await;
+    }
     handle.shutdown().await;
     let _ = helper.wait().await;
 }

@@ -308,7 +308,9 @@ pub struct AgentHealth {
     #[serde(default)]
     pub disk_used_bytes: u64,
     /// Bytes of task output not logged since the agent started, because
-    /// the disk could not keep up.
+    /// the disk could not keep up: only agents that wrote their tasks'
+    /// output themselves dropped any. Tasks now write their log files
+    /// themselves, and agents report 0.
     #[serde(default)]
     pub dropped_output_bytes: u64,
 }

@@ -1,10 +1,13 @@
 //! Building and spawning the command, shared by both drivers.
 
 use std::io::ErrorKind;
+use std::os::fd::AsRawFd;
 use std::process::Stdio;
 
+use nix::fcntl::OFlag;
 use nix::unistd::{Gid, Uid};
 
+use crate::shim::{Orders, Shim};
 use crate::sys::{self, ChildSetup, SwitchUser};
 use crate::{DriverError, Launch, Launched};
 
@@ -23,7 +26,15 @@ pub(crate) struct Isolation {
 pub(crate) fn spawn(launch: Launch<'_>, isolation: Isolation) -> Result<Launched, DriverError> {
     let template = launch.template;
     let prepared = launch.prepared;
-    let mut command = tokio::process::Command::new(&template.command);
+    let mut command = match launch.shim {
+        Some(shim) => {
+            let mut command = tokio::process::Command::new(&shim.program);
+            command.args(shim_orders(shim, prepared, &isolation).to_args());
+            command.arg(&template.command);
+            command
+        }
+        None => tokio::process::Command::new(&template.command),
+    };
     command.args(&template.args);
     command.env_clear();
     command.envs(isolation.base_env.iter().map(|(k, v)| (k, v)));
@@ -36,31 +47,67 @@ pub(crate) fn spawn(launch: Launch<'_>, isolation: Isolation) -> Result<Launched
     // The supervisor kills the whole group itself; a dropped handle (agent
     // crash, runtime teardown) must not kill the task behind its back.
     command.kill_on_drop(false);
+    let spawn_error = |source| DriverError::Spawn {
+        command: template.command.clone(),
+        source,
+    };
     let cgroup_procs = match launch.cgroup {
-        Some(cgroup) => Some(cgroup.open_procs().map_err(|source| DriverError::Spawn {
-            command: template.command.clone(),
-            source,
-        })?),
+        Some(cgroup) => Some(cgroup.open_procs().map_err(spawn_error)?),
+        None => None,
+    };
+    let report = match launch.shim {
+        Some(_) => Some(nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| spawn_error(e.into()))?),
         None => None,
     };
     // The user is switched in the pre-exec hook rather than by
-    // `Command::uid`, which can only drop every supplementary group.
+    // `Command::uid`, which can only drop every supplementary group. Under
+    // a shim, the shim's child switches (the shim stays the agent's user).
     let switch_user = prepared.identity.as_ref().map(|identity| SwitchUser {
         uid: Uid::from_raw(identity.uid),
         gid: Gid::from_raw(identity.gid),
         groups: identity.groups.iter().map(|g| Gid::from_raw(*g)).collect(),
     });
+    let direct = launch.shim.is_none();
     sys::install(
         &mut command,
         ChildSetup {
+            new_session: true,
+            new_group: false,
+            reset_oom_score: direct,
+            unblock_signals: false,
+            report_fd: report.as_ref().map(|(_, write)| write.as_raw_fd()),
             cgroup_procs,
-            switch_user,
-            no_new_privs: isolation.no_new_privs,
-            address_space: isolation.address_space,
-            processes: isolation.processes,
+            switch_user: switch_user.filter(|_| direct),
+            no_new_privs: isolation.no_new_privs && direct,
+            address_space: isolation.address_space.filter(|_| direct),
+            processes: isolation.processes.filter(|_| direct),
         },
     );
-    let child = command.spawn().map_err(|source| match source.kind() {
+    let child = command.spawn().map_err(|source| start_error(template, source))?;
+    let pid = child.id().ok_or_else(|| DriverError::Spawn {
+        command: template.command.clone(),
+        source: std::io::Error::other("process exited before its pid was read"),
+    })?;
+    // The command's group: the shim's child leads its own.
+    let pgid = match report {
+        Some((read, write)) => {
+            drop(write);
+            // A shim that could not start the command ends at once (127);
+            // its zombie is reaped with the other orphans of the supervisor.
+            shim_started(read).map_err(|source| start_error(template, source))?
+        }
+        None => pid as i32,
+    };
+    Ok(Launched {
+        child,
+        pid,
+        pgid,
+        unapplied_limits: Vec::new(),
+    })
+}
+
+fn start_error(template: &k8s4r_api::TaskTemplate, source: std::io::Error) -> DriverError {
+    match source.kind() {
         ErrorKind::NotFound => DriverError::CommandNotFound {
             command: template.command.clone(),
         },
@@ -71,15 +118,43 @@ pub(crate) fn spawn(launch: Launch<'_>, isolation: Isolation) -> Result<Launched
             command: template.command.clone(),
             source,
         },
-    })?;
-    let pid = child.id().ok_or_else(|| DriverError::Spawn {
-        command: template.command.clone(),
-        source: std::io::Error::other("process exited before its pid was read"),
-    })?;
-    Ok(Launched {
-        child,
-        pid,
-        pgid: pid as i32,
-        unapplied_limits: Vec::new(),
-    })
+    }
+}
+
+/// What the shim is to do besides starting the command.
+// `rlim_t` is `u64` on 64-bit targets, where the conversion is an identity.
+#[allow(clippy::useless_conversion)]
+fn shim_orders(shim: &Shim, prepared: &crate::Prepared, isolation: &Isolation) -> Orders {
+    Orders {
+        status_file: shim.status_file.clone(),
+        user: prepared
+            .identity
+            .as_ref()
+            .map(|i| (i.uid, i.gid, i.groups.clone())),
+        no_new_privs: isolation.no_new_privs,
+        address_space: isolation.address_space.map(u64::from),
+        processes: isolation.processes.map(u64::from),
+    }
+}
+
+/// Reads the shim's report: the command's pid if it started (the error of
+/// its exec when not).
+fn shim_started(read: std::os::fd::OwnedFd) -> std::io::Result<i32> {
+    use std::io::Read;
+    let mut report = String::new();
+    std::fs::File::from(read).take(64).read_to_string(&mut report)?;
+    match report.trim_end().split_once(' ') {
+        Some(("ok", pid)) => pid
+            .parse::<i32>()
+            .ok()
+            .filter(|pid| *pid > 1)
+            .ok_or_else(|| std::io::Error::other("the task shim reported no pid")),
+        Some(("err", errno)) => match errno.parse::<i32>() {
+            Ok(errno) if errno != 0 => Err(std::io::Error::from_raw_os_error(errno)),
+            _ => Err(std::io::Error::other("the task shim could not start the command")),
+        },
+        _ => Err(std::io::Error::other(
+            "the task shim ended before it started the command",
+        )),
+    }
 }

@@ -26,6 +26,7 @@ pub mod identity;
 mod launch;
 pub mod leftovers;
 mod raw_exec;
+pub mod shim;
 mod sys;
 
 pub use cgroup::{Cgroups, LimitKind, TaskCgroup};
@@ -87,6 +88,9 @@ pub struct Launch<'a> {
     pub stderr: OwnedFd,
     /// The task's cgroup, when the agent has a writable cgroup v2 subtree.
     pub cgroup: Option<&'a TaskCgroup>,
+    /// Start the command under this shim (so that it outlives the agent
+    /// with its exit status kept); `None`: as the agent's own child.
+    pub shim: Option<&'a shim::Shim>,
 }
 
 /// A started process: the leader of its own session and process group.
@@ -94,9 +98,11 @@ pub struct Launch<'a> {
 pub struct Launched {
     /// The process; the supervisor waits on it.
     pub child: tokio::process::Child,
-    /// Its pid.
+    /// Its pid (the shim's, when it runs under one: the process the
+    /// supervisor waits for).
     pub pid: u32,
-    /// Its process group (equal to the pid: it called setsid).
+    /// Its process group: the command's pid (it leads its own group; under
+    /// a shim, the shim is not in it).
     pub pgid: i32,
     /// Limits that could not be applied, if any.
     pub unapplied_limits: Vec<LimitKind>,

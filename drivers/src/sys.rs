@@ -6,6 +6,7 @@
 #![allow(unsafe_code)]
 
 use std::fs::File;
+use std::os::fd::RawFd;
 
 use nix::libc::rlim_t;
 use nix::sys::resource::{setrlimit, Resource};
@@ -21,6 +22,16 @@ pub(crate) struct SwitchUser {
 
 /// What the child does to itself before exec.
 pub(crate) struct ChildSetup {
+    /// Lead a new session (and process group).
+    pub new_session: bool,
+    /// Lead a new process group in the same session.
+    pub new_group: bool,
+    /// Take the ordinary OOM score (the agent runs with a low one).
+    pub reset_oom_score: bool,
+    /// Unblock every signal (the shim blocks them all for itself).
+    pub unblock_signals: bool,
+    /// The write end of the shim's report pipe, to pass as fd 3.
+    pub report_fd: Option<RawFd>,
     /// `cgroup.procs` of the task's cgroup, opened by the parent; writing
     /// "0" moves the child there before it can fork anything.
     pub cgroup_procs: Option<File>,
@@ -35,29 +46,56 @@ pub(crate) struct ChildSetup {
     pub processes: Option<rlim_t>,
 }
 
-/// Installs the pre-exec hook. In order: a new session (so the child leads
-/// its own process group), the ordinary OOM score, the cgroup (while still
-/// root), supplementary
-/// groups, gid, uid (groups and gid first: they need the privilege the uid
-/// change gives up), then no_new_privs and rlimits. std has already moved
-/// the child into its working directory; as root that grants nothing,
-/// since every later path lookup is checked against the task's own user.
-pub(crate) fn install(command: &mut tokio::process::Command, setup: ChildSetup) {
-    let hook = move || -> std::io::Result<()> {
-        nix::unistd::setsid()?;
-        // The agent may run with a low OOM score (its unit sets one): a
-        // task takes the ordinary score, so that the kernel kills a task
-        // before the agent. Raising one's own score needs no privilege;
-        // where /proc is missing, the task keeps the agent's.
-        if let Ok(fd) = nix::fcntl::open(
-            c"/proc/self/oom_score_adj",
-            nix::fcntl::OFlag::O_WRONLY | nix::fcntl::OFlag::O_CLOEXEC,
-            nix::sys::stat::Mode::empty(),
-        ) {
-            let _ = nix::unistd::write(&fd, b"0");
+/// The pre-exec hook. In order: a new session or process group (so the
+/// child leads its own process group), the ordinary OOM score, the cgroup (while still root),
+/// the report pipe, signals, supplementary groups, gid, uid (groups and gid
+/// first: they need the privilege the uid change gives up), then
+/// no_new_privs and rlimits. std has already moved the child into its
+/// working directory; as root that grants nothing, since every later path
+/// lookup is checked against the task's own user.
+fn hook(setup: ChildSetup) -> impl FnMut() -> std::io::Result<()> + Send + Sync + 'static {
+    move || -> std::io::Result<()> {
+        if setup.new_session {
+            nix::unistd::setsid()?;
+        }
+        if setup.new_group {
+            nix::unistd::setpgid(nix::unistd::Pid::from_raw(0), nix::unistd::Pid::from_raw(0))?;
+        }
+        // Raising one's own score needs no privilege; where /proc is
+        // missing, the task keeps the agent's.
+        if setup.reset_oom_score {
+            if let Ok(fd) = nix::fcntl::open(
+                c"/proc/self/oom_score_adj",
+                nix::fcntl::OFlag::O_WRONLY | nix::fcntl::OFlag::O_CLOEXEC,
+                nix::sys::stat::Mode::empty(),
+            ) {
+                let _ = nix::unistd::write(&fd, b"0");
+            }
         }
         if let Some(procs) = &setup.cgroup_procs {
             nix::unistd::write(procs, b"0")?;
+        }
+        if let Some(fd) = setup.report_fd {
+            // SAFETY: plain syscalls on an fd the parent kept open for the
+            // child; fd 3 is closed on exec otherwise, so replacing it
+            // loses nothing the shim needs.
+            let rc = unsafe {
+                if fd == crate::shim::REPORT_FD {
+                    nix::libc::fcntl(fd, nix::libc::F_SETFD, 0)
+                } else {
+                    nix::libc::dup2(fd, crate::shim::REPORT_FD)
+                }
+            };
+            if rc == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        if setup.unblock_signals {
+            nix::sys::signal::sigprocmask(
+                nix::sys::signal::SigmaskHow::SIG_SETMASK,
+                Some(&nix::sys::signal::SigSet::empty()),
+                None,
+            )?;
         }
         if let Some(user) = &setup.switch_user {
             nix::unistd::setgroups(&user.groups)?;
@@ -74,14 +112,48 @@ pub(crate) fn install(command: &mut tokio::process::Command, setup: ChildSetup) 
             setrlimit(Resource::RLIMIT_NPROC, n, n)?;
         }
         Ok(())
-    };
-    // SAFETY: the hook only makes raw syscalls on values prepared before the
-    // fork (setsid, open of a static C string, write to an fd, close,
-    // setgroups on a prepared slice, setgid, setuid, prctl, setrlimit); it
-    // neither allocates nor takes locks, so it is safe in the forked child.
-    unsafe {
-        command.pre_exec(hook);
     }
+}
+
+/// Installs the pre-exec hook on a command the agent starts.
+pub(crate) fn install(command: &mut tokio::process::Command, setup: ChildSetup) {
+    // SAFETY: the hook only makes raw syscalls on values prepared before the
+    // fork (setsid, setpgid, open of a static C string, write to an fd, fcntl, dup2,
+    // sigprocmask, setgroups on a prepared slice, setgid, setuid, prctl,
+    // setrlimit); it neither allocates nor takes locks, so it is safe in
+    // the forked child.
+    unsafe {
+        command.pre_exec(hook(setup));
+    }
+}
+
+/// Installs the pre-exec hook on the command a task shim starts.
+pub(crate) fn install_std(command: &mut std::process::Command, setup: ChildSetup) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: as for `install`; the shim is single-threaded besides.
+    unsafe {
+        command.pre_exec(hook(setup));
+    }
+}
+
+/// An fd this process was started with (the shim's report pipe, the
+/// logger's second pipe), closed on exec from now on.
+pub(crate) fn report_pipe(fd: RawFd) -> File {
+    use std::os::fd::FromRawFd;
+    // SAFETY: F_SETFD on an fd number; a closed one makes it fail (EBADF).
+    unsafe { nix::libc::fcntl(fd, nix::libc::F_SETFD, nix::libc::FD_CLOEXEC) };
+    // SAFETY: the agent passed the report pipe as this fd (the shim's
+    // pre-exec hook put it there) and nothing else in the shim owns it; if
+    // it is not open, writes to it fail and are ignored.
+    unsafe { File::from_raw_fd(fd) }
+}
+
+/// Restores `signal`'s default action (the shim ends as its command did).
+pub(crate) fn default_action(signal: nix::sys::signal::Signal) -> nix::Result<()> {
+    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet};
+    let default = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
+    // SAFETY: installing SIG_DFL runs no code of ours in a signal context.
+    unsafe { sigaction(signal, &default) }.map(|_| ())
 }
 
 /// A System V IPC object's kind.

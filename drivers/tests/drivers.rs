@@ -39,6 +39,7 @@ async fn run_as(
             stdout: write,
             stderr,
             cgroup: None,
+            shim: None,
         })
         .expect("start");
     let status = launched.child.wait().await.unwrap();
@@ -202,6 +203,7 @@ async fn a_missing_command_is_reported_as_not_found() {
             stdout: null(),
             stderr: null(),
             cgroup: None,
+            shim: None,
         })
         .unwrap_err();
     assert!(matches!(err, DriverError::CommandNotFound { .. }), "{err}");

@@ -205,7 +205,7 @@ impl SimRobot {
                         pending.extend(self.finish(state, uid, attempt, End::Cancelled));
                     }
                 }
-                Command::Logs(_) | Command::Upgrade(_) | Command::HeartbeatConfirmed(_) => {}
+                Command::Logs(_) | Command::Upgrade(_) | Command::HeartbeatConfirmed { .. } => {}
             }
         }
         for _ in 0..refused {

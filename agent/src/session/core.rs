@@ -125,8 +125,10 @@ pub enum Command {
     /// An upgrade of the agent was ordered.
     Upgrade(UpgradeOrder),
     /// The server recorded this process's heartbeat `seq` (an upgrade on
-    /// trial is confirmed by it).
-    HeartbeatConfirmed(u64),
+    /// trial is confirmed by it); `contact` is the fence's contact now
+    /// (boot clock), which the shell keeps for the next process of this
+    /// boot.
+    HeartbeatConfirmed { seq: u64, contact: Option<Duration> },
 }
 
 /// The agent's protocol state: registration, the connection's publishes,
@@ -336,6 +338,17 @@ impl Core {
             .facts_sent
             .map_or(now.mono, |sent| (sent + FACTS_EVERY).max(now.mono));
         self.next_heartbeat = Some(next.min(soonest));
+    }
+
+    /// The previous process of this boot left these fenced attempts
+    /// running (re-adopted by the supervisor), and had contact at
+    /// `contact` (boot clock) as far as it wrote down: they are fenced from
+    /// then on, as if this process had held them all along.
+    pub fn adopted(&mut self, leases: &[(String, u32, Duration)], contact: Option<Duration>, now: Now) {
+        self.fence.adopted(leases, contact);
+        if let Some(shortest) = leases.iter().map(|(_, _, d)| *d).min() {
+            self.heartbeat_for(shortest, now);
+        }
     }
 
     /// Something the heartbeats report moved on (an upgrade): a registered

@@ -305,6 +305,9 @@ pub(crate) fn launch_as_task(
                     stderr,
                     // Counted against the task's limits, like the task.
                     cgroup: cgroup.as_ref(),
+                    // The agent waits for a check itself: it never
+                    // outlives it.
+                    shim: None,
                 })
             },
             |process| process.pid as i32,

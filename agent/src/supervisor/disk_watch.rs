@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::disk::{self, Measurement, Reserve, TaskUse};
-use super::logs::{self, Stream};
+use super::logs::Stream;
 use super::SupervisorConfig;
 
 /// How often the disk is measured while tasks run (or it is full)...
@@ -55,8 +55,6 @@ pub(crate) struct DiskWatch {
     measuring: bool,
     /// When the next measurement is due.
     next: Option<Instant>,
-    log_max_bytes: u64,
-    log_max_files: u32,
     /// Directories of finished tasks, oldest first.
     finished: VecDeque<((String, u32), PathBuf)>,
 }
@@ -81,8 +79,6 @@ impl DiskWatch {
             used: 0,
             measuring: false,
             next: None,
-            log_max_bytes: config.log_max_bytes,
-            log_max_files: config.log_max_files,
         }
     }
 
@@ -119,11 +115,11 @@ impl DiskWatch {
     }
 
     /// The measurement timer fired: the blocking work, if one is due and
-    /// none is in flight. `services` are the log files services write
-    /// themselves, rotated with it.
+    /// none is in flight. `rotate` runs with it (the rotation of the log
+    /// files tasks write themselves).
     pub(crate) fn measure(
         &mut self,
-        services: Vec<PathBuf>,
+        rotate: impl FnOnce() + Send + 'static,
     ) -> Option<impl FnOnce() -> Measurement + Send + 'static> {
         if self.next.is_none_or(|next| Instant::now() < next) {
             return None; // a timer another, sooner one replaced
@@ -135,13 +131,8 @@ impl DiskWatch {
         self.measuring = true;
         let tasks_dir = self.tasks_dir.clone();
         let reserve = self.reserve.clone();
-        let (max_bytes, max_files) = (self.log_max_bytes, self.log_max_files);
         Some(move || {
-            for path in &services {
-                if let Err(e) = logs::rotate_shared(path, max_bytes, max_files) {
-                    tracing::warn!(path = %path.display(), error = %e, "cannot rotate a service's log");
-                }
-            }
+            rotate();
             disk::measure(&tasks_dir, &reserve)
         })
     }
@@ -246,8 +237,8 @@ impl DiskWatch {
     }
 }
 
-/// The log files of a service (which writes them itself).
-pub(crate) fn service_logs(dir: &Path) -> [PathBuf; 2] {
+/// The log files of a task (which writes them itself).
+pub(crate) fn task_logs(dir: &Path) -> [PathBuf; 2] {
     [Stream::Stdout, Stream::Stderr].map(|s| dir.join("logs").join(s.file_name()))
 }
 
@@ -531,7 +522,7 @@ mod tests {
         let (mut w, _state) = watch(100 * MIB, 0);
         std::fs::create_dir(dir(&w, "t")).unwrap();
         std::fs::write(dir(&w, "t").join("file"), vec![b'x'; 64 * 1024]).unwrap();
-        assert!(w.measure(Vec::new()).is_none(), "nothing is due");
+        assert!(w.measure(|| {}).is_none(), "nothing is due");
 
         assert!(w.schedule(MEASURE_IDLE));
         assert!(w.schedule(MEASURE_BUSY), "sooner: armed");
@@ -539,32 +530,32 @@ mod tests {
         assert!(!w.schedule(MEASURE_BUSY), "no sooner than the one due");
 
         tokio::time::advance(MEASURE_BUSY - Duration::from_millis(1)).await;
-        assert!(w.measure(Vec::new()).is_none(), "not due yet");
+        assert!(w.measure(|| {}).is_none(), "not due yet");
         tokio::time::advance(Duration::from_millis(1)).await;
-        let work = w.measure(Vec::new()).expect("due");
-        assert!(w.measure(Vec::new()).is_none(), "the one due is taken");
+        let work = w.measure(|| {}).expect("due");
+        assert!(w.measure(|| {}).is_none(), "the one due is taken");
 
         // Due again while the first is in flight: that one schedules the next.
         assert!(w.schedule(Duration::ZERO));
-        assert!(w.measure(Vec::new()).is_none());
+        assert!(w.measure(|| {}).is_none());
 
         let m = work();
         assert_eq!(m.dirs.keys().collect::<Vec<_>>(), vec![&dir(&w, "t")]);
         assert!(m.dirs[&dir(&w, "t")] > 0);
         assert!(w.measured(&m, &[], true).next.is_some());
         assert!(w.schedule(Duration::ZERO), "the one in flight consumed the last");
-        assert!(w.measure(Vec::new()).is_some());
+        assert!(w.measure(|| {}).is_some());
         w.measured(&m, &[], true);
 
         // The 30 s timer replaced at the start fires: nothing is due.
         tokio::time::advance(MEASURE_IDLE).await;
-        assert!(w.measure(Vec::new()).is_none());
+        assert!(w.measure(|| {}).is_none());
     }
 
     #[test]
-    fn a_services_log_files_are_under_its_logs() {
+    fn a_tasks_log_files_are_under_its_logs() {
         assert_eq!(
-            service_logs(Path::new("/t/a-1")),
+            task_logs(Path::new("/t/a-1")),
             [
                 PathBuf::from("/t/a-1/logs/stdout.log"),
                 PathBuf::from("/t/a-1/logs/stderr.log")

@@ -5,8 +5,6 @@
 //! - `sleep`: runs until the test ends it with [`FakeDriver::exit`]; SIGTERM
 //!   or SIGKILL ends it.
 //! - `stubborn`: like `sleep`, but ignores SIGTERM.
-//! - `chatty <bytes>`: like `sleep`, and writes that many bytes to stdout
-//!   from a thread of its own ([`FakeDriver::output_written`] waits for it).
 //! - `missing`: cannot start (command not found).
 //!
 //! A process writes its arguments, space-separated, to stdout when it
@@ -47,7 +45,6 @@ struct State {
     started: u32,
     processes: HashMap<Key, FakeProcess>,
     signals: Vec<Sent>,
-    floods: HashMap<Key, std::thread::JoinHandle<()>>,
 }
 
 fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
@@ -104,17 +101,6 @@ impl FakeDriver {
         Some((process.started_at, process.pid))
     }
 
-    /// Waits until a `chatty` process has written all its output (on the
-    /// blocking pool, which holds tokio's paused clock still meanwhile).
-    pub(crate) async fn output_written(&self, uid: &str, attempt: u32) {
-        let flood = self.state().floods.remove(&(uid.to_owned(), attempt));
-        if let Some(flood) = flood {
-            tokio::task::spawn_blocking(move || flood.join().expect("the flood thread"))
-                .await
-                .unwrap();
-        }
-    }
-
     /// How many processes were started in all.
     pub(crate) fn starts(&self) -> u32 {
         self.state().started
@@ -151,7 +137,7 @@ impl Launcher for FakeDriver {
 
     fn start(&self, launch: Launch<'_>) -> Result<Process, DriverError> {
         let command = launch.template.command.as_str();
-        if !["sleep", "stubborn", "chatty"].contains(&command) {
+        if !["sleep", "stubborn"].contains(&command) {
             return Err(DriverError::CommandNotFound {
                 command: command.to_owned(),
             });
@@ -172,32 +158,8 @@ impl Launcher for FakeDriver {
                 command: command.to_owned(),
                 source,
             })?;
-        let flood = match (command, launch.template.args.first()) {
-            ("chatty", Some(bytes)) => {
-                let bytes: usize = bytes.parse().unwrap_or(0);
-                let mut out = stdout.try_clone().map_err(|source| DriverError::Spawn {
-                    command: command.to_owned(),
-                    source,
-                })?;
-                Some(std::thread::spawn(move || {
-                    let chunk = vec![b'.'; 64 * 1024];
-                    let mut left = bytes;
-                    while left > 0 {
-                        let n = left.min(chunk.len());
-                        if out.write_all(&chunk[..n]).is_err() {
-                            return;
-                        }
-                        left -= n;
-                    }
-                }))
-            }
-            _ => None,
-        };
         let (exit_tx, exit_rx) = oneshot::channel();
         let mut state = self.state();
-        if let Some(flood) = flood {
-            state.floods.insert(key.clone(), flood);
-        }
         let pid = FIRST_PID + state.started;
         state.started += 1;
         let process = FakeProcess {

@@ -1,5 +1,5 @@
 //! What the supervisor says of itself: whether it takes tasks (and why
-//! not), how many it holds, its disk use, the output it dropped. Published
+//! not), how many it holds, its disk use. Published
 //! on a watch channel, only when it changed.
 
 use std::path::{Path, PathBuf};
@@ -18,11 +18,10 @@ pub(crate) struct Snapshot<'a> {
     pub journal: &'a Path,
     pub tasks: usize,
     pub disk_used: u64,
-    pub dropped_output: u64,
 }
 
 /// What the health last said, to send only changes.
-type Key = (bool, &'static str, usize, u64, u64);
+type Key = (bool, &'static str, usize, u64);
 
 /// The publisher.
 pub(crate) struct Health {
@@ -34,7 +33,7 @@ pub(crate) struct Health {
 impl Health {
     /// A supervisor that takes tasks, and the channel that follows it.
     pub(crate) fn new(state_dir: PathBuf) -> (Self, watch::Receiver<AgentHealth>) {
-        let (tx, rx) = watch::channel(ready(0, 0, 0));
+        let (tx, rx) = watch::channel(ready(0, 0));
         (
             Health {
                 tx,
@@ -56,12 +55,12 @@ impl Health {
         } else {
             (true, AgentHealth::REASON_READY)
         };
-        let key = (accepting, reason, s.tasks, s.disk_used, s.dropped_output);
+        let key = (accepting, reason, s.tasks, s.disk_used);
         if self.key == Some(key) {
             return;
         }
         self.key = Some(key);
-        let mut health = ready(s.tasks, s.disk_used, s.dropped_output);
+        let mut health = ready(s.tasks, s.disk_used);
         if !accepting {
             health.accepting_tasks = false;
             health.reason = Some(reason.to_owned());
@@ -94,14 +93,14 @@ impl Health {
 }
 
 /// Health of a supervisor that takes tasks.
-fn ready(tasks: usize, disk_used_bytes: u64, dropped_output_bytes: u64) -> AgentHealth {
+fn ready(tasks: usize, disk_used_bytes: u64) -> AgentHealth {
     AgentHealth {
         accepting_tasks: true,
         reason: Some(AgentHealth::REASON_READY.to_owned()),
         message: None,
         tasks: u32::try_from(tasks).unwrap_or(u32::MAX),
         disk_used_bytes,
-        dropped_output_bytes,
+        dropped_output_bytes: 0,
     }
 }
 
@@ -119,7 +118,6 @@ mod tests {
             journal,
             tasks: 2,
             disk_used: 300,
-            dropped_output: 7,
         }
     }
 
@@ -152,10 +150,7 @@ mod tests {
         let sent = changed(&mut rx).expect("published");
         assert!(sent.accepting_tasks);
         assert_eq!(sent.reason.as_deref(), Some("Ready"));
-        assert_eq!(
-            (sent.tasks, sent.disk_used_bytes, sent.dropped_output_bytes),
-            (2, 300, 7)
-        );
+        assert_eq!((sent.tasks, sent.disk_used_bytes), (2, 300));
 
         health.publish(&snapshot(&journal));
         assert_eq!(changed(&mut rx), None, "nothing changed: nothing sent");
@@ -169,20 +164,12 @@ mod tests {
                 disk_used: 301,
                 ..snapshot(&journal)
             },
-            Snapshot {
-                dropped_output: 8,
-                ..snapshot(&journal)
-            },
         ] {
             health.publish(&changed_one);
             let sent = changed(&mut rx).expect("a change is published");
             assert_eq!(
-                (sent.tasks, sent.disk_used_bytes, sent.dropped_output_bytes),
-                (
-                    changed_one.tasks as u32,
-                    changed_one.disk_used,
-                    changed_one.dropped_output
-                )
+                (sent.tasks, sent.disk_used_bytes),
+                (changed_one.tasks as u32, changed_one.disk_used)
             );
         }
     }

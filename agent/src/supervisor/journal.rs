@@ -100,13 +100,31 @@ fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
-/// What starting an attempt again from the journal needs (after a reboot
-/// or an agent restart, with or without the cluster).
+/// What taking an attempt over needs: re-adopting it after an agent
+/// restart (it still runs), or starting it again from the journal after a
+/// reboot (with or without the cluster) when `restart` says so.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct Resume {
     pub name: String,
     pub spec: TaskTemplate,
+    /// It starts again from the journal when it does not run any more (it
+    /// restarts on the robot and is not fenced). Older agents recorded a
+    /// resume only for those, so a record without it does.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub restart: bool,
+    /// Its `stopAfter` (fenced), in milliseconds: the next agent fences it
+    /// from the last contact of this one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_after_ms: Option<u64>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 /// One line of the journal.
@@ -118,9 +136,8 @@ pub(crate) enum Record {
         uid: String,
         attempt: u32,
         task_dir: PathBuf,
-        /// Set for an attempt the robot starts again itself after a reboot
-        /// or an agent restart; absent for the others (and in the
-        /// journals of older agents).
+        /// What the next agent needs to take it over (absent in the
+        /// journals of older agents but for what restarts on the robot).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         resume: Option<Box<Resume>>,
     },

@@ -4,6 +4,7 @@
 //! the median and up to 407 ms under load when the runner did it itself
 //! (BENCHMARKS.md): every deadline due meanwhile waited.
 
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -14,7 +15,6 @@ use super::containment::Lineage;
 use super::journal;
 use super::logs::Stream;
 use super::outcome::driver_reason;
-use super::output::{self, PipeFd};
 use super::process::{BoxFuture, Launcher, Process};
 use super::reaper::OwnedPids;
 use super::table::{Running, Task};
@@ -25,22 +25,25 @@ pub(crate) struct LaunchJob {
     /// Its cgroup's name (a restart gets a new one).
     pub cgroup_name: String,
     pub cgroups: Option<Cgroups>,
-    /// A service writes to its log files itself.
-    pub service: bool,
     pub logs_dir: PathBuf,
     pub launcher: Arc<dyn Launcher>,
     pub template: TaskTemplate,
     pub prepared: Prepared,
     pub env: Vec<(String, String)>,
     pub owned: OwnedPids,
+    /// The shim to start the command under, if any; its program is the
+    /// task's logger too.
+    pub shim: Option<k8s4r_drivers::shim::Shim>,
+    /// The caps of each log file: bytes, and files kept.
+    pub log_caps: (u64, u32),
 }
 
 /// A started process and what was set up for it.
 pub(crate) struct Launched {
     pub process: Process,
     pub cgroup: Option<TaskCgroup>,
-    /// The read ends of its pipes (none for a service).
-    pub piped: Option<(PipeFd, PipeFd)>,
+    /// The task's logger, when it has one.
+    pub logger: Option<tokio::process::Child>,
     /// The leader's start time in clock ticks.
     pub pid_start: u64,
     pub prepared: Prepared,
@@ -60,17 +63,18 @@ pub(crate) fn launch(job: LaunchJob) -> Result<Launched, Refused> {
             None
         }
     });
-    // A service writes to its log files itself, so that its output reaches
-    // the disk while no agent runs (an agent restart leaves it running);
-    // other tasks' output passes through the agent.
-    let outputs = if job.service {
-        open_log_files(&job.logs_dir).map(|(out, err)| (None, out, err))
-    } else {
-        output::pipe()
-            .and_then(|out| Ok((out, output::pipe()?)))
-            .map(|((out, out_w), (err, err_w))| (Some((out, err)), out_w, err_w))
+    // A run before this one (a restart on the robot) may have left its end.
+    if let Some(shim) = &job.shim {
+        let _ = std::fs::remove_file(&shim.status_file);
+    }
+    // The task's output never passes through the agent: its logger writes
+    // it (or, without one, the task itself), so that it reaches the disk
+    // while no agent runs (an agent restart leaves it running).
+    let outputs = match &job.shim {
+        Some(shim) => logged(&shim.program, &job.logs_dir, job.log_caps),
+        None => open_log_files(&job.logs_dir).map(|(out, err)| (out, err, None)),
     };
-    let (piped, stdout, stderr) = match outputs {
+    let (stdout, stderr, logger) = match outputs {
         Ok(outputs) => outputs,
         Err(e) => {
             remove_cgroup(cgroup.as_ref());
@@ -89,6 +93,7 @@ pub(crate) fn launch(job: LaunchJob) -> Result<Launched, Refused> {
                 stdout,
                 stderr,
                 cgroup: cgroup.as_ref(),
+                shim: job.shim.as_ref(),
             })
         },
         |process| process.pid as i32,
@@ -107,7 +112,7 @@ pub(crate) fn launch(job: LaunchJob) -> Result<Launched, Refused> {
     Ok(Launched {
         process,
         cgroup,
-        piped,
+        logger,
         pid_start,
         prepared: job.prepared,
         at,
@@ -123,8 +128,6 @@ pub(crate) struct HandedOver {
     pub running: Running,
     /// Resolves when it has exited and is reaped.
     pub exit: BoxFuture<std::io::Result<std::process::ExitStatus>>,
-    /// Its pipes, to read (none for a service).
-    pub piped: Option<(PipeFd, PipeFd)>,
     /// When it started, for its timeout.
     pub now: tokio::time::Instant,
     /// The restart on the robot it is, if it is one.
@@ -134,13 +137,13 @@ pub(crate) struct HandedOver {
 }
 
 /// Gives `task` what it keeps of its process (`restarting`: a restart on
-/// the robot): its cgroup, pipes and preparation, and what the journal and
+/// the robot): its cgroup and preparation, and what the journal and
 /// the table record of it.
 pub(crate) fn hand_over(task: &mut Task, restarting: bool, boot_id: &str, launched: Launched) -> HandedOver {
     let Launched {
         process,
         cgroup,
-        piped,
+        logger,
         pid_start,
         prepared,
         at,
@@ -165,8 +168,7 @@ pub(crate) fn hand_over(task: &mut Task, restarting: bool, boot_id: &str, launch
         .is_none()
         .then(|| Lineage::new(pid, pid_start, task.own_uid, &task.uid, task.attempt));
     task.cgroup = cgroup;
-    task.stdout = piped.as_ref().map(|(out, _)| out.clone());
-    task.stderr = piped.as_ref().map(|(_, err)| err.clone());
+    task.logger = logger;
     task.resumed = false;
     let restarted = task
         .restarts
@@ -188,10 +190,10 @@ pub(crate) fn hand_over(task: &mut Task, restarting: bool, boot_id: &str, launch
         },
         record,
         exit: process.exit,
-        piped,
         now,
         restarted,
-        pid: process.pid,
+        // The command's: it leads its group (its shim, if any, does not).
+        pid: process.pgid as u32,
         at,
     }
 }
@@ -223,10 +225,22 @@ fn remove_cgroup(cgroup: Option<&TaskCgroup>) {
     }
 }
 
-/// A service's log files, opened for it to append to.
-pub(crate) fn open_log_files(
+/// Pipes for a task's output and its logger, which reads them: the write
+/// ends, for the task, and the logger.
+fn logged(
+    program: &Path,
     logs_dir: &Path,
-) -> std::io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
+    (max_bytes, max_files): (u64, u32),
+) -> std::io::Result<(OwnedFd, OwnedFd, Option<tokio::process::Child>)> {
+    let (out_r, out_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    let (err_r, err_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    let args = crate::logger::args(logs_dir, max_bytes, max_files);
+    let logger = k8s4r_drivers::shim::spawn_logger(program, &args, out_r, err_r)?;
+    Ok((out_w, err_w, Some(logger)))
+}
+
+/// A task's log files, opened for it to append to (a task with no logger).
+pub(crate) fn open_log_files(logs_dir: &Path) -> std::io::Result<(OwnedFd, OwnedFd)> {
     use std::os::unix::fs::OpenOptionsExt;
     let open = |stream: Stream| {
         std::fs::OpenOptions::new()
@@ -276,7 +290,7 @@ mod tests {
             driver: 0,
             own_uid,
         };
-        Task::preparing(new, AbortHandle::new_pair().0, 64)
+        Task::preparing(new, AbortHandle::new_pair().0)
     }
 
     /// A start of `template` by the fake driver, without a cgroup.
@@ -285,13 +299,14 @@ mod tests {
         LaunchJob {
             cgroup_name: format!("{UID}-1"),
             cgroups: None,
-            service: template.kind == TaskKind::Service,
             logs_dir: logs_dir.to_path_buf(),
             launcher: Arc::new(fake.clone()),
             template,
             prepared,
             env: task_env(UID, 1, "nav", Path::new("/t"), ""),
             owned: OwnedPids::default(),
+            shim: None,
+            log_caps: (1 << 20, 2),
         }
     }
 
@@ -325,13 +340,10 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_started_process_is_handed_to_its_task_with_its_pipes_and_lineage() {
+    async fn a_started_process_is_handed_to_its_task_with_its_lineage() {
         let fake = FakeDriver::default();
-        let job = job(
-            &fake,
-            template("sleep", TaskKind::Batch),
-            Path::new("/nonexistent"),
-        );
+        let logs = tempfile::tempdir().unwrap();
+        let job = job(&fake, template("sleep", TaskKind::Batch), logs.path());
         let owned = job.owned.clone();
         let started = launched(job);
         let (_, pid) = fake.started(UID, 1).expect("the fake process started");
@@ -380,11 +392,6 @@ mod tests {
         assert!(!task.resumed, "it runs in this run now");
         assert!(task.prepared.is_none(), "nothing will start it again");
 
-        // The task reads the pipes the process writes to.
-        let (out, _) = handed.piped.clone().expect("a batch task's output is piped");
-        assert!(Arc::ptr_eq(task.stdout.as_ref().unwrap(), &out));
-        let (_, _, _, line) = output::read_next(1, Stream::Stdout, out).await;
-        assert_eq!(line.unwrap(), b"hello robot\n");
         fake.exit(UID, 1, 3);
         assert_eq!(handed.exit.await.unwrap().code(), Some(3));
     }
@@ -418,11 +425,10 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_service_writes_its_output_to_its_log_files_itself() {
+    async fn a_task_writes_its_output_to_its_log_files_itself() {
         let fake = FakeDriver::default();
         let logs = tempfile::tempdir().unwrap();
-        let started = launched(job(&fake, template("sleep", TaskKind::Service), logs.path()));
-        assert!(started.piped.is_none(), "nothing passes through the agent");
+        launched(job(&fake, template("sleep", TaskKind::Batch), logs.path()));
         let stdout = logs.path().join("stdout.log");
         assert_eq!(std::fs::read_to_string(&stdout).unwrap(), "hello robot\n");
         let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
@@ -430,14 +436,10 @@ mod tests {
             (mode(&stdout), mode(&logs.path().join("stderr.log"))),
             (0o600, 0o600)
         );
-
-        let mut task = task(template("sleep", TaskKind::Service), None);
-        let handed = hand_over(&mut task, false, "boot-1", started);
-        assert!(handed.piped.is_none() && task.stdout.is_none() && task.stderr.is_none());
     }
 
     #[tokio::test]
-    async fn a_service_whose_log_files_cannot_be_opened_is_not_started() {
+    async fn a_task_whose_log_files_cannot_be_opened_is_not_started() {
         let fake = FakeDriver::default();
         let logs = tempfile::tempdir().unwrap();
         let missing = logs.path().join("missing");
@@ -456,11 +458,8 @@ mod tests {
     #[tokio::test]
     async fn a_command_the_driver_cannot_start_is_refused() {
         let fake = FakeDriver::default();
-        let job = job(
-            &fake,
-            template("missing", TaskKind::Batch),
-            Path::new("/nonexistent"),
-        );
+        let logs = tempfile::tempdir().unwrap();
+        let job = job(&fake, template("missing", TaskKind::Batch), logs.path());
         let Err((reason, message)) = launch(job) else {
             panic!("started");
         };
@@ -474,11 +473,8 @@ mod tests {
     #[tokio::test]
     async fn a_process_in_a_cgroup_needs_no_lineage() {
         let fake = FakeDriver::default();
-        let mut started = launched(job(
-            &fake,
-            template("sleep", TaskKind::Batch),
-            Path::new("/nonexistent"),
-        ));
+        let logs = tempfile::tempdir().unwrap();
+        let mut started = launched(job(&fake, template("sleep", TaskKind::Batch), logs.path()));
         let path = PathBuf::from("/sys/fs/cgroup/k8s4r/launch-test-1");
         started.cgroup = Some(TaskCgroup::at(path.clone()));
         let mut task = task(template("sleep", TaskKind::Batch), None);

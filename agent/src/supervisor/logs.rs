@@ -1,23 +1,17 @@
-//! Per-task log files with a size cap and rotation, written by one thread.
+//! Per-task log files: where they are, their rotation and their tail.
 //!
-//! The supervisor reads the pipes; writing to disk happens on a dedicated
-//! thread so a slow SD card never delays a deadline. Nothing the supervisor
-//! asks of it ever blocks: output waits in a queue bounded by bytes, and
-//! what does not fit is dropped and counted (the task's status says how
-//! much); opening and closing a task's logs queue without a bound, one
-//! each per task. One thread for every task: the per-task cost is two open
-//! files at most.
+//! A task's output never passes through the agent. Under the agent's
+//! binary, the task logger (a process of its own per task, `crate::logger`)
+//! reads it from pipes and writes it with [`RotatingLog`]: it outlives the
+//! agent with the task, and a stalled disk stalls only the logger (the task
+//! then waits on a full pipe, which a signal still interrupts). Elsewhere
+//! (a supervisor in another process, as `k8s4r up`'s) a task writes to its
+//! log files itself, and the supervisor rotates them (copy and truncate)
+//! each time it measures the disk and once more when the task ends.
 
-use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::Arc;
-
-/// Bytes of output queued for the writer before more is dropped.
-const QUEUE_BYTES: u64 = 8 << 20;
 
 /// Which stream a chunk of output came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,166 +29,8 @@ impl Stream {
     }
 }
 
-pub(crate) enum Op {
-    Open { id: u64, dir: PathBuf },
-    Write { id: u64, stream: Stream, data: Vec<u8> },
-    Close { id: u64 },
-    Flush(tokio::sync::oneshot::Sender<()>),
-}
-
-/// How the writer thread takes its operations from the channel: as they
-/// come in production; the unit tests hold them at a gate, as a stalled
-/// disk would.
-pub(crate) type OpSource = Box<dyn FnOnce(Receiver<Op>) -> Box<dyn Iterator<Item = Op> + Send> + Send>;
-
-/// Operations as they come.
-pub(crate) fn as_they_come() -> OpSource {
-    Box::new(|rx| Box::new(rx.into_iter()))
-}
-
-/// The sending side, owned by the supervisor.
-pub(crate) struct LogWriter {
-    tx: Sender<Op>,
-    queued: Arc<AtomicU64>,
-    alive: Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl LogWriter {
-    /// Starts the writer thread, which takes its operations through
-    /// `source`.
-    pub(crate) fn start(max_bytes: u64, max_files: u32, source: OpSource) -> io::Result<Self> {
-        let (tx, rx) = mpsc::channel();
-        let queued = Arc::new(AtomicU64::new(0));
-        let counter = Arc::clone(&queued);
-        let alive = Arc::new(std::sync::atomic::AtomicBool::new(true));
-        let guard = super::journal::Alive(Arc::clone(&alive));
-        std::thread::Builder::new()
-            .name("k8s4r-logs".to_owned())
-            .stack_size(256 * 1024)
-            .spawn(move || {
-                let _alive = guard;
-                write_loop(source(rx), counter, max_bytes.max(1), max_files.max(1))
-            })?;
-        Ok(LogWriter { tx, queued, alive })
-    }
-
-    /// Logs of task `id` go to `dir/stdout.log` and `dir/stderr.log`.
-    pub(crate) fn open(&self, id: u64, dir: PathBuf) {
-        let _ = self.tx.send(Op::Open { id, dir });
-    }
-
-    /// Whether the thread still runs (it ends only when the writer is
-    /// dropped, or by a bug).
-    pub(crate) fn is_alive(&self) -> bool {
-        self.alive.load(Ordering::Relaxed)
-    }
-
-    /// Bytes of output waiting for the writer.
-    pub(crate) fn queued(&self) -> u64 {
-        self.queued.load(Ordering::Relaxed)
-    }
-
-    /// Queues a chunk; returns false when it had to be dropped (the writer
-    /// is that far behind).
-    pub(crate) fn write(&self, id: u64, stream: Stream, data: Vec<u8>) -> bool {
-        let len = data.len() as u64;
-        let before = self.queued.fetch_add(len, Ordering::Relaxed);
-        if before.saturating_add(len) > QUEUE_BYTES {
-            self.queued.fetch_sub(len, Ordering::Relaxed);
-            return false;
-        }
-        if self.tx.send(Op::Write { id, stream, data }).is_err() {
-            self.queued.fetch_sub(len, Ordering::Relaxed);
-            return false;
-        }
-        true
-    }
-
-    pub(crate) fn close(&self, id: u64) {
-        let _ = self.tx.send(Op::Close { id });
-    }
-
-    /// Resolves when everything queued so far is written.
-    pub(crate) fn flush(&self) -> tokio::sync::oneshot::Receiver<()> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let _ = self.tx.send(Op::Flush(tx));
-        rx
-    }
-}
-
-fn write_loop(rx: impl Iterator<Item = Op>, queued: Arc<AtomicU64>, max_bytes: u64, max_files: u32) {
-    let mut open: HashMap<u64, [RotatingLog; 2]> = HashMap::new();
-    for op in rx {
-        match op {
-            Op::Open { id, dir } => {
-                let logs = [Stream::Stdout, Stream::Stderr]
-                    .map(|s| RotatingLog::new(dir.join(s.file_name()), max_bytes, max_files));
-                open.insert(id, logs);
-            }
-            Op::Write { id, stream, data } => {
-                if let Some(logs) = open.get_mut(&id) {
-                    let log = &mut logs[stream as usize];
-                    if let Err(e) = log.write(&data) {
-                        tracing::warn!(path = %log.path.display(), error = %e, "cannot write task log");
-                    }
-                }
-                queued.fetch_sub(data.len() as u64, Ordering::Relaxed);
-            }
-            Op::Close { id } => {
-                open.remove(&id);
-            }
-            Op::Flush(done) => {
-                let _ = done.send(());
-            }
-        }
-    }
-}
-
-/// A stall switch for the unit tests: the writer thread waits at the gate
-/// before each operation while it is closed.
-#[cfg(test)]
-pub(crate) mod test_gate {
-    use super::Receiver;
-    use std::sync::{Arc, Condvar, Mutex};
-
-    #[derive(Default)]
-    pub(crate) struct Gate {
-        closed: Mutex<bool>,
-        opened: Condvar,
-    }
-
-    pub(crate) struct Stall(Arc<Gate>);
-
-    impl Gate {
-        pub(crate) fn close(self: &Arc<Self>) -> Stall {
-            *self.closed.lock().unwrap() = true;
-            Stall(Arc::clone(self))
-        }
-    }
-
-    impl Drop for Stall {
-        fn drop(&mut self) {
-            *self.0.closed.lock().unwrap() = false;
-            self.0.opened.notify_all();
-        }
-    }
-
-    /// Operations held at `gate` while it is closed.
-    pub(crate) fn gated(gate: Arc<Gate>) -> super::OpSource {
-        Box::new(move |rx: Receiver<super::Op>| {
-            Box::new(std::iter::from_fn(move || {
-                let op = rx.recv().ok()?;
-                let mut closed = gate.closed.lock().unwrap();
-                while *closed {
-                    closed = gate.opened.wait(closed).unwrap();
-                }
-                Some(op)
-            }))
-        })
-    }
-}
-
-/// One stream's log: `name`, then `name.1` (newest) to `name.<max_files-1>`.
+/// One stream's log: `name`, then `name.1` (newest) to `name.<max_files-1>`,
+/// written by the task logger (its own process: see `crate::logger`).
 pub(crate) struct RotatingLog {
     path: PathBuf,
     file: Option<File>,
@@ -209,12 +45,14 @@ impl RotatingLog {
             path,
             file: None,
             size: 0,
-            max_bytes,
-            max_files,
+            max_bytes: max_bytes.max(1),
+            max_files: max_files.max(1),
         }
     }
 
     pub(crate) fn write(&mut self, mut data: &[u8]) -> io::Result<()> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
         while !data.is_empty() {
             if self.size >= self.max_bytes {
                 self.rotate()?;
@@ -222,7 +60,11 @@ impl RotatingLog {
             let file = match &mut self.file {
                 Some(file) => file,
                 None => {
-                    let file = OpenOptions::new().create(true).append(true).open(&self.path)?;
+                    let file = OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .mode(0o600)
+                        .open(&self.path)?;
                     self.size = file.metadata()?.len();
                     self.file.insert(file)
                 }
@@ -324,6 +166,16 @@ pub(crate) fn read_tail(path: &Path, max: usize) -> Vec<u8> {
     buf
 }
 
+/// Text of bytes that may start in the middle of a UTF-8 character.
+pub(crate) fn lossy_tail(bytes: &[u8]) -> String {
+    let skip = bytes
+        .iter()
+        .take(3)
+        .take_while(|b| (**b & 0b1100_0000) == 0b1000_0000)
+        .count();
+    String::from_utf8_lossy(&bytes[skip..]).into_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -341,45 +193,39 @@ mod tests {
         assert_eq!(fs::read(numbered(&path, 1)).unwrap(), b"klmnopqrst");
         assert_eq!(fs::read(numbered(&path, 2)).unwrap(), b"abcdefghij");
         assert!(!numbered(&path, 3).exists());
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
     }
 
     #[test]
-    fn a_single_file_is_truncated() {
+    fn a_file_over_its_cap_is_copied_away_and_truncated_keeping_max_files() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("stderr.log");
-        let mut log = RotatingLog::new(path.clone(), 4, 1);
-        log.write(b"abcdefghij").unwrap();
-        assert_eq!(fs::read(&path).unwrap(), b"ij");
-        assert!(!numbered(&path, 1).exists());
-    }
-
-    #[test]
-    fn a_stalled_writer_never_blocks_and_drops_what_does_not_fit() {
-        let dir = tempfile::tempdir().unwrap();
-        let gate = std::sync::Arc::new(test_gate::Gate::default());
-        let logs = LogWriter::start(1 << 30, 2, test_gate::gated(gate.clone())).unwrap();
-        logs.open(1, dir.path().to_path_buf());
-        let stall = gate.close();
-        let chunk = vec![b'x'; 1 << 20];
-        let mut taken = 0u64;
-        let mut dropped = 0u64;
-        for _ in 0..16 {
-            if logs.write(1, Stream::Stdout, chunk.clone()) {
-                taken += 1;
-            } else {
-                dropped += 1;
-            }
+        let path = dir.path().join("stdout.log");
+        for chunk in ["0123456789abc", "defghijklmnopqrstu", "vwxyz"] {
+            fs::write(&path, chunk).unwrap();
+            rotate_shared(&path, 10, 3).unwrap();
         }
-        // Open and close never wait, however far behind the writer is.
-        logs.open(2, dir.path().join("other"));
-        logs.close(2);
-        assert_eq!((taken, dropped), (8, 8));
-        drop(stall);
-        let flushed = logs.flush();
-        flushed.blocking_recv().unwrap();
-        let written = fs::metadata(dir.path().join("stdout.log")).unwrap().len();
-        assert_eq!(written, 8 << 20);
-        assert!(logs.write(1, Stream::Stdout, chunk), "room again once written");
+        // Under the cap: left alone.
+        assert_eq!(fs::read(&path).unwrap(), b"vwxyz");
+        assert_eq!(fs::read(numbered(&path, 1)).unwrap(), b"defghijklmnopqrstu");
+        assert_eq!(fs::read(numbered(&path, 2)).unwrap(), b"0123456789abc");
+        fs::write(&path, "0123456789").unwrap();
+        rotate_shared(&path, 10, 3).unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"");
+        assert_eq!(fs::read(numbered(&path, 2)).unwrap(), b"defghijklmnopqrstu");
+        assert!(!numbered(&path, 3).exists());
+        // One file in all: truncated only.
+        let single = dir.path().join("stderr.log");
+        fs::write(&single, "abcdefghij").unwrap();
+        rotate_shared(&single, 4, 1).unwrap();
+        assert_eq!(fs::read(&single).unwrap(), b"");
+        assert!(!numbered(&single, 1).exists());
+    }
+
+    #[test]
+    fn tail_drops_a_cut_character() {
+        let bytes = "aé€".as_bytes(); // 1 + 2 + 3 bytes
+        assert_eq!(lossy_tail(&bytes[2..]), "€");
     }
 
     #[test]

@@ -1,17 +1,18 @@
 //! The task supervisor: one tokio task, on a thread of its own, that owns
 //! every running process.
 //!
-//! It starts tasks through a driver, waits for them (child waits and output
-//! pipes polled in `FuturesUnordered`s it drives itself), enforces each
+//! It starts tasks through a driver (each under a shim, so that it outlives
+//! the agent), waits for them (child waits polled in a `FuturesUnordered`
+//! it drives itself), enforces each
 //! deadline with SIGTERM to the task's process group and SIGKILL after the
 //! task's kill timeout (one `DelayQueue` for every timer), and reports
 //! [`TaskEvent`]s on a channel. A running task costs a record in that one
 //! task, not a tokio task, thread or polling loop.
 //!
 //! Nothing on its thread waits for the disk: task directories are made
-//! and artifacts fetched on tokio's blocking pool, logs are written by a
-//! thread of their own (output the disk cannot keep up with is dropped and
-//! counted), and so is the journal, through which the events pass. Its own
+//! and artifacts fetched on tokio's blocking pool, tasks write their output
+//! to their log files themselves, and the journal, through which the events
+//! pass, is written by a thread of its own. Its own
 //! thread keeps the agent's other work (the MQTT session, the outbox's
 //! fsyncs) from delaying a deadline too.
 //!
@@ -20,13 +21,13 @@
 //! ended, and whether it runs again), `policy` (who a task may run as),
 //! `disk` (budget and reserve) and `containment` (a task's processes
 //! without cgroups) are the pure state and decisions; `admission`,
-//! `launching`, `checks`, `cleanup`, `disk_watch`, `output`, `journal` and
+//! `launching`, `checks`, `cleanup`, `disk_watch`, `journal` and
 //! `health` the components that own a concern's state; `runner` the event
-//! loop that owns processes and pipes (its module doc draws the
+//! loop that owns processes (its module doc draws the
 //! lifecycle); [`SupervisorHandle`] the cheap cloneable front. The runner
 //! starts processes through `process::Launcher`, the seam its unit tests
-//! fill with a fake driver; the journal and the log source have seams of
-//! their own (`journal::Journal`, `logs::OpSource`).
+//! fill with a fake driver; the journal has a seam of its own
+//! (`journal::Journal`).
 
 mod admission;
 pub mod artifacts;
@@ -40,9 +41,8 @@ mod fake;
 mod health;
 mod journal;
 mod launching;
-mod logs;
+pub(crate) mod logs;
 pub mod outcome;
-mod output;
 pub mod policy;
 mod prestop;
 mod process;
@@ -72,6 +72,28 @@ pub use stats::{Histogram, SupervisorStats};
 /// directory.
 pub fn task_dir(tasks_dir: &std::path::Path, uid: &str, attempt: u32) -> PathBuf {
     tasks_dir.join(format!("{uid}-{attempt}"))
+}
+
+/// This boot's id (the kernel's `boot_id`).
+pub(crate) fn boot_id() -> String {
+    procfs::boot_id()
+}
+
+/// Where the agent keeps what only this boot needs and no disk should
+/// stall: `$RUNTIME_DIRECTORY` (systemd's tmpfs for the unit, kept across
+/// its restarts), else `state_dir/run`.
+pub fn runtime_dir(state_dir: &std::path::Path) -> PathBuf {
+    std::env::var_os("RUNTIME_DIRECTORY")
+        .map(PathBuf::from)
+        .filter(|d| d.is_absolute())
+        .unwrap_or_else(|| state_dir.join("run"))
+}
+
+/// Where a task's shim writes how its command ended: under the runtime
+/// directory, which only the agent's user may write (so the shim's write
+/// never waits for a stalled disk).
+pub(crate) fn exit_status_file(runtime_dir: &std::path::Path, uid: &str, attempt: u32) -> PathBuf {
+    runtime_dir.join("tasks").join(format!("{uid}-{attempt}.exit"))
 }
 
 /// Settings of the supervisor.
@@ -116,12 +138,18 @@ pub struct SupervisorConfig {
     /// other children); wrong where the supervisor shares its process
     /// with code that waits for children of its own.
     pub reap_all_orphans: bool,
-    /// On shutdown, leave services running (those the journal can start
-    /// again) for the next agent to re-adopt, instead of stopping them.
-    /// Right for the agent's own process under systemd (an upgrade must
-    /// not stop a navigation stack); wrong where the supervisor's process
-    /// ends for good, as `k8s4r up`'s does.
-    pub leave_services_running: bool,
+    /// On shutdown, leave running tasks running for the next agent to
+    /// re-adopt, instead of stopping them. Right for the agent's own
+    /// process under systemd (a restart or an upgrade must not stop a
+    /// mission; the unit's real stop stops them, `--stop-left-tasks`);
+    /// wrong where the supervisor's process ends for good, as `k8s4r
+    /// up`'s does.
+    pub leave_tasks_running: bool,
+    /// The task shim's program (the agent's own binary): tasks run under
+    /// it, so that they outlive the agent with their exit status kept.
+    /// None: tasks are the supervisor's own children (a supervisor in a
+    /// process that is not the agent's binary, as in tests).
+    pub shim_program: Option<PathBuf>,
 }
 
 /// The disk reserve when none is configured (capped at 5% of a small disk).
@@ -145,6 +173,11 @@ impl SupervisorConfig {
     /// The task attempts' directories: `state_dir/tasks`.
     pub fn tasks_dir(&self) -> PathBuf {
         self.state_dir.join("tasks")
+    }
+
+    /// See [`runtime_dir`].
+    pub fn runtime_dir(&self) -> PathBuf {
+        runtime_dir(&self.state_dir)
     }
 
     /// The journal of the task attempts: `state_dir/journal.jsonl`.
@@ -195,7 +228,8 @@ impl Default for SupervisorConfig {
             disk_budget: DiskSize::Percent(50),
             disk_reserve: None,
             reap_all_orphans: false,
-            leave_services_running: false,
+            leave_tasks_running: false,
+            shim_program: None,
         }
     }
 }
@@ -211,10 +245,12 @@ pub struct TaskRequest {
     pub name: String,
     /// What to run.
     pub spec: TaskTemplate,
-    /// The robot stops the attempt when it loses the cluster (the
-    /// dispatch carried `stopAfter`): it may have been replaced meanwhile,
-    /// so it is never started again from the journal.
-    pub fenced: bool,
+    /// The robot stops the attempt when it has had no contact with the
+    /// cluster for this long (the dispatch's `stopAfter`: it is fenced). It
+    /// may have been replaced after that, so it is never started again
+    /// from the journal; the next agent re-adopts it if it still runs, and
+    /// fences it from the last contact of this one.
+    pub stop_after: Option<std::time::Duration>,
 }
 
 /// The answer to a submission.
@@ -306,9 +342,6 @@ pub enum SupervisorError {
         /// The error.
         source: std::io::Error,
     },
-    /// The log writer thread could not be started.
-    #[error("cannot start the log writer: {0}")]
-    LogWriter(std::io::Error),
     /// The supervisor is shutting down and takes no new tasks.
     #[error("the supervisor is shutting down")]
     ShuttingDown,
@@ -341,6 +374,7 @@ pub struct SupervisorHandle {
     /// The attempts of the previous run it holds from its start
     /// (re-adopted, or started again from the journal).
     held_at_start: Vec<TaskAttempt>,
+    leases_at_start: Vec<(String, u32, Duration)>,
 }
 
 /// What the robot offers tasks, fixed at start.
@@ -364,6 +398,13 @@ impl SupervisorHandle {
     /// reports them from its first registration on.
     pub fn held_at_start(&self) -> &[TaskAttempt] {
         &self.held_at_start
+    }
+
+    /// Those of [`Self::held_at_start`] the robot fences, each with its
+    /// `stopAfter`: the session fences them from the last contact of the
+    /// previous agent.
+    pub fn leases_at_start(&self) -> &[(String, u32, Duration)] {
+        &self.leases_at_start
     }
 
     /// The drivers and task policy to report at registration.
@@ -442,20 +483,24 @@ impl SupervisorHandle {
     }
 }
 
-/// Stops what is left of the tasks an agent that ended left behind, except
-/// the services the next agent re-adopts (each with its stop signal, then
-/// SIGKILL after its kill timeout; its `preStop` needs the agent and is not
-/// run); returns how many it found. For
-/// the unit's `ExecStopPost`: with `KillMode=process` systemd leaves the
-/// task processes of a crashed agent alone, and a batch task or a fenced
-/// service must not run on unsupervised until (or unless) the next agent
-/// starts. The journal is left as it is: the next agent reports them.
+/// Stops what is left of the tasks an agent that ended for good left
+/// behind, except the services the next agent re-adopts (each with its
+/// stop signal, then SIGKILL after its kill timeout; its `preStop` needs
+/// the agent and is not run); returns how many it found. For the unit's
+/// `ExecStopPost` when systemd stops the unit (not when it restarts it:
+/// see [`crate::unit`]): with `KillMode=process` systemd leaves task
+/// processes alone, and a batch task or a fenced service must not run on
+/// unsupervised. Each is marked, and the journal left as it is: the next
+/// agent reports them as `AgentShutdown`.
 pub fn stop_left_tasks(state_dir: &std::path::Path) -> std::io::Result<usize> {
     let boot_id = procfs::boot_id();
     let left: Vec<journal::Unfinished> = journal::replay(state_dir)?
         .into_iter()
-        .filter(|task| task.resume.is_none() && task.started.is_some())
+        .filter(|task| task.started.is_some() && !outlives_the_unit(task))
         .collect();
+    for task in &left {
+        recovery::mark_stopped(task);
+    }
     let asked = left
         .iter()
         .filter_map(|task| recovery::ask_to_stop(task, &boot_id))
@@ -466,6 +511,14 @@ pub fn stop_left_tasks(state_dir: &std::path::Path) -> std::io::Result<usize> {
         tracing::info!(uid = %task.uid, attempt = task.attempt, %message, "task left by the agent stopped");
     }
     Ok(left.len())
+}
+
+/// A service with no `stopAfter`: it runs on while the agent's unit is
+/// stopped (the next agent re-adopts it); delete its Job to stop it.
+fn outlives_the_unit(task: &journal::Unfinished) -> bool {
+    task.resume
+        .as_ref()
+        .is_some_and(|r| r.spec.kind == k8s4r_api::TaskKind::Service && r.stop_after_ms.is_none())
 }
 
 /// Starts the supervisor on a thread of its own (with its own
@@ -483,6 +536,7 @@ pub fn spawn(
     let (commands_tx, commands_rx) = mpsc::unbounded_channel();
     let (runner, health, offer) = runner::Runner::on_this_machine(config, events_tx)?;
     let held_at_start = runner.attempts();
+    let leases_at_start = runner.leases();
     // A bounded blocking pool: a burst of 500 tasks made as many threads,
     // which then took the CPU from the thread that fires deadlines.
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -502,6 +556,7 @@ pub fn spawn(
         SupervisorHandle {
             commands: commands_tx,
             held_at_start,
+            leases_at_start,
             health,
             offer,
         },

@@ -190,8 +190,6 @@ pub(crate) struct Ending<'a> {
     pub kind: TaskKind,
     /// Its restarts on the robot so far.
     pub restarts: u32,
-    /// Bytes of its output the log writer could not keep.
-    pub dropped_output: u64,
     /// The robot's disk was full (below the agent's reserve) at the last
     /// measurement: the free bytes then.
     pub disk_full: Option<u64>,
@@ -214,12 +212,6 @@ pub(crate) fn final_verdict(exit: Exit, kill_timeout: Duration, ending: &Ending<
     } else if restarted > 0 && ending.stop.is_none() && v.state != TaskState::Completed {
         v.message.push_str(&format!(
             "; its restarts on the robot are used up ({restarted} so far)"
-        ));
-    }
-    if ending.dropped_output > 0 {
-        v.message.push_str(&format!(
-            "; {} bytes of its output were not logged (the disk could not keep up)",
-            ending.dropped_output
         ));
     }
     // A task that failed on a full disk should say so: it most likely
@@ -443,18 +435,12 @@ mod tests {
     }
 
     #[test]
-    fn dropped_output_and_a_full_disk_are_said() {
+    fn a_full_disk_is_said() {
         let ending = Ending {
-            dropped_output: 4096,
             disk_full: Some(1 << 20),
             ..Ending::default()
         };
         let v = final_verdict(code(2), KILL, &ending);
-        assert!(
-            v.message.contains("; 4096 bytes of its output were not logged"),
-            "{}",
-            v.message
-        );
         assert!(
             v.message
                 .ends_with("; the robot's disk was full when it ended (1.0 MiB free)"),

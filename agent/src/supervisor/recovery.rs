@@ -1,5 +1,7 @@
 //! Settling the tasks a previous run of the agent left behind: kill what
-//! survives of them and report each as failed with reason AgentRestarted.
+//! survives of them and report how each ended: as its shim wrote it down
+//! when it ended while no agent ran, else failed with reason
+//! AgentRestarted (or AgentShutdown, when the unit's stop stopped it).
 
 use k8s4r_api::{TaskReason, TaskState};
 use k8s4r_drivers::TaskCgroup;
@@ -8,23 +10,92 @@ use nix::unistd::Pid;
 
 use super::containment::Lineage;
 use super::journal::Unfinished;
-use super::logs::files_tail;
-use super::output::lossy_tail;
+use super::logs::{files_tail, lossy_tail};
+use super::outcome::{final_verdict, Ending, Exit};
 use super::{procfs, TaskOutcome};
+use k8s4r_api::TaskKind;
+use std::os::unix::process::ExitStatusExt;
+use std::time::Duration;
 
 /// Kills what is left of `task` and says how it ended.
-pub(crate) fn settle(task: &Unfinished, boot_id: &str, tail_bytes: usize) -> TaskOutcome {
+pub(crate) fn settle(
+    task: &Unfinished,
+    boot_id: &str,
+    runtime_dir: &std::path::Path,
+    tail_bytes: usize,
+) -> TaskOutcome {
+    let ended = ended_while_no_agent_ran(task, boot_id, runtime_dir);
     let message = kill_leftovers(task, boot_id);
-    let tail = files_tail(&task.task_dir.join("logs"), tail_bytes);
-    TaskOutcome {
-        state: TaskState::Failed,
-        exit_code: None,
-        signal: None,
-        reason: TaskReason::AgentRestarted,
-        message,
-        started_at: task.started.as_ref().map(|s| s.started_at),
-        finished_at: jiff::Timestamp::now(),
-        output_tail: lossy_tail(&tail),
+    let tail = lossy_tail(&files_tail(&task.task_dir.join("logs"), tail_bytes));
+    let started_at = task.started.as_ref().map(|s| s.started_at);
+    let stopped_by_unit = read_stop_mark(&task.task_dir);
+    match ended {
+        // Its own end, unless the unit's stop ended it.
+        Some(ended) if !stopped_by_unit => {
+            let kind = task.resume.as_ref().map_or(TaskKind::Batch, |r| r.spec.kind);
+            let ending = Ending {
+                kind,
+                ..Ending::default()
+            };
+            let exit = Exit::from(std::process::ExitStatus::from_raw(ended.wait_status()));
+            let v = final_verdict(exit, Duration::ZERO, &ending);
+            TaskOutcome {
+                state: v.state,
+                exit_code: v.exit_code,
+                signal: v.signal,
+                reason: v.reason,
+                message: format!("{} while no agent ran", v.message),
+                started_at,
+                finished_at: jiff::Timestamp::now(),
+                output_tail: tail,
+            }
+        }
+        _ => TaskOutcome {
+            state: TaskState::Failed,
+            exit_code: None,
+            signal: None,
+            reason: match stopped_by_unit {
+                true => TaskReason::AgentShutdown,
+                false => TaskReason::AgentRestarted,
+            },
+            message: match stopped_by_unit {
+                true => "stopped as the agent's unit stopped for good".to_owned(),
+                false => message,
+            },
+            started_at,
+            finished_at: jiff::Timestamp::now(),
+            output_tail: tail,
+        },
+    }
+}
+
+/// How `task` ended, as its shim wrote it down, if it ended in this boot.
+fn ended_while_no_agent_ran(
+    task: &Unfinished,
+    boot_id: &str,
+    runtime_dir: &std::path::Path,
+) -> Option<k8s4r_drivers::shim::Ended> {
+    task.started.as_ref().filter(|s| s.boot_id == boot_id)?;
+    let file = super::exit_status_file(runtime_dir, &task.uid, task.attempt);
+    let ended = k8s4r_drivers::shim::read_status(&file);
+    let _ = std::fs::remove_file(file);
+    ended
+}
+
+/// The mark `--stop-left-tasks` leaves on a task it stopped.
+fn stop_mark(task_dir: &std::path::Path) -> std::path::PathBuf {
+    task_dir.join("stopped-by-unit")
+}
+
+fn read_stop_mark(task_dir: &std::path::Path) -> bool {
+    stop_mark(task_dir).exists()
+}
+
+/// Marks `task` as stopped by the unit's stop (its next report says
+/// `AgentShutdown`, which uses no retry).
+pub(crate) fn mark_stopped(task: &Unfinished) {
+    if let Err(e) = std::fs::write(stop_mark(&task.task_dir), b"") {
+        tracing::warn!(uid = %task.uid, attempt = task.attempt, error = %e, "cannot mark a task stopped by the unit");
     }
 }
 

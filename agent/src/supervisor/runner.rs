@@ -21,13 +21,13 @@
 //!
 //!  after every exit: cleanup (cgroups removed, lineages swept, orphans
 //!  reaped: blocking jobs) · the journal (record + event, one write, its
-//!  own thread) · output (pipes read here, written by the log thread)
+//!  own thread). Tasks write their output to their log files themselves.
 //! ```
 //!
 //! The runner keeps only the loop, the task table (its timers included)
 //! and the processes (it alone signals them). Each concern is a component
 //! that owns its state and answers the lifecycle's events:
-//! [`Admission`], [`Containment`] (cleanup.rs), [`DiskWatch`], [`Output`],
+//! [`Admission`], [`Containment`] (cleanup.rs), [`DiskWatch`],
 //! the [`Journal`], [`Health`], the restart [`Budget`](super::restarts::Budget)
 //! and the pure rules of [`outcome`](super::outcome). The runner's side of
 //! each lives in a child module: `starting` (admission to hand-over),
@@ -50,7 +50,7 @@ use std::time::Duration;
 use futures::future::{AbortHandle, Abortable, Aborted};
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
-use k8s4r_api::{TaskKind, TaskReason, TaskState};
+use k8s4r_api::{TaskReason, TaskState};
 use k8s4r_drivers::Prepared;
 use nix::sys::signal::Signal;
 use tokio::signal::unix::{signal, SignalKind};
@@ -66,11 +66,10 @@ use super::disk_watch::{self, DiskWatch, Seen, MEASURE_BUSY};
 use super::health::{Health, Snapshot};
 use super::journal::{self, Journal, Record};
 use super::launching::{self, task_env, LaunchJob, Launched, Refused};
-use super::logs::{self, Stream};
+use super::logs;
 use super::outcome::{
     self, failed_outcome, final_verdict, may_restart, verdict, Ending, Exit, StopCause, Unstarted,
 };
-use super::output::{self, Kept, Output, PipeFd};
 use super::process::{BoxFuture, Launcher};
 use super::stats::SupervisorStats;
 use super::table::{Deadline, NewTask, Phase, Stop, Table, Task};
@@ -103,7 +102,7 @@ pub(crate) enum Housework {
         pid: Option<i32>,
         result: Result<(), String>,
     },
-    /// A service's end, once its output tail was read from its log files.
+    /// A task's end, once its output tail was read from its log files.
     Ended {
         uid: String,
         attempt: u32,
@@ -120,7 +119,6 @@ pub(crate) struct Runner {
     pub(super) admission: Admission,
     pub(super) containment: Containment,
     pub(super) disk: DiskWatch,
-    pub(super) output: Output,
     pub(super) journal: Box<dyn Journal>,
     pub(super) health: Health,
     pub(super) http_checks: checks::HttpClient,
@@ -190,11 +188,6 @@ impl Runner {
                     }
                     ("prepared", handling)
                 }
-                Some((id, stream, fd, result)) = self.output.next(), if !self.output.is_empty() => {
-                    let handling = now();
-                    self.on_output(id, stream, fd, result);
-                    ("output", handling)
-                }
                 Some(work) = self.housework.next(), if !self.housework.is_empty() => {
                     let handling = now();
                     self.on_housework(work);
@@ -215,13 +208,9 @@ impl Runner {
     /// leaves. The loop then ends, so that the agent exits and is
     /// restarted, and the journal settles what runs.
     fn a_helper_died(&self) -> bool {
-        let died = !self.journal.is_alive() || !self.output.is_alive();
+        let died = !self.journal.is_alive();
         if died {
-            tracing::error!(
-                journal = self.journal.is_alive(),
-                logs = self.output.is_alive(),
-                "a thread of the supervisor died; the supervisor stops"
-            );
+            tracing::error!("the journal's thread died; the supervisor stops");
         }
         died
     }
@@ -333,15 +322,6 @@ impl Runner {
         let wants = self.containment.exited(task.cgroup.take(), lineage, own_uid);
         self.apply(wants);
         self.table.remember_group(running.pgid);
-        let pipes = [task.stdout.take(), task.stderr.take()];
-        self.output.finish(
-            id,
-            pipes,
-            Kept {
-                tail: &mut task.tail,
-                dropped: &mut task.dropped_output,
-            },
-        );
         match restart {
             Some(wait) => self.wait_to_restart(task, exit, wait),
             None => self.finish(task, exit, running.started.started_at),
@@ -378,20 +358,9 @@ impl Runner {
         self.table.attempts()
     }
 
-    fn on_output(&mut self, id: u64, stream: Stream, fd: PipeFd, result: io::Result<Vec<u8>>) {
-        let data = match result {
-            Ok(data) if !data.is_empty() => data,
-            // End of file or a broken pipe: this stream is done.
-            _ => return,
-        };
-        // The task is over: whatever escaped it may not keep us reading.
-        if let Some(task) = self.table.get_mut(id) {
-            let kept = Kept {
-                tail: &mut task.tail,
-                dropped: &mut task.dropped_output,
-            };
-            self.output.received(id, stream, fd, data, kept);
-        }
+    /// The fenced attempts it holds, with their `stopAfter`.
+    pub(crate) fn leases(&self) -> Vec<(String, u32, Duration)> {
+        self.table.leases()
     }
 
     fn on_housework(&mut self, work: Housework) {
@@ -446,7 +415,6 @@ impl Runner {
             journal: self.journal.path(),
             tasks: self.table.len(),
             disk_used: self.disk.used(),
-            dropped_output: self.output.dropped(),
         };
         self.health.publish(&snapshot);
     }

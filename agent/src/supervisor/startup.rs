@@ -1,12 +1,12 @@
 //! How the runner starts: the state directory, the previous run settled
-//! from the journal (its services re-adopted, what restarts on the robot
+//! from the journal (its running tasks re-adopted, what restarts on the robot
 //! started again, the rest reported over), and each component made. This
 //! runs on the caller's thread, before the loop has one of its own.
 
 use std::collections::HashSet;
 use std::io;
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,8 +25,6 @@ use super::disk;
 use super::disk_watch::DiskWatch;
 use super::health::Health;
 use super::journal::{self, JournalStart, Record, Unfinished};
-use super::logs::{LogWriter, OpSource};
-use super::output::Output;
 use super::process::{self, Launcher};
 use super::reaper::OwnedPids;
 use super::runner::Runner;
@@ -35,13 +33,12 @@ use super::table::{Running, Table};
 use super::{procfs, reaper, recovery, Offer, SupervisorConfig, SupervisorError, TaskEvent, TaskRequest};
 
 /// What the runner is started with besides its config: its drivers, its
-/// cgroup subtree, and the seams its unit tests fill (a journal written in
-/// line, a log writer they can stall).
+/// cgroup subtree, and the seam its unit tests fill (a journal written in
+/// line).
 pub(crate) struct Parts {
     pub launchers: Vec<Arc<dyn Launcher>>,
     pub cgroups: Option<Cgroups>,
     pub journal: JournalStart,
-    pub log_ops: OpSource,
 }
 
 /// What the journal of the previous run leaves to this one.
@@ -86,7 +83,6 @@ impl Runner {
             launchers,
             cgroups,
             journal: journal::on_its_thread(),
-            log_ops: super::logs::as_they_come(),
         };
         Runner::new(config, events, parts)
     }
@@ -100,13 +96,22 @@ impl Runner {
     ) -> Result<(Self, watch::Receiver<AgentHealth>, Offer), SupervisorError> {
         let tasks_dir = config.tasks_dir();
         prepare_state_dir(&config.state_dir, &tasks_dir)?;
+        let runtime_tasks = config.runtime_dir().join("tasks");
+        std::fs::create_dir_all(&runtime_tasks)
+            .and_then(|()| std::fs::set_permissions(&runtime_tasks, std::fs::Permissions::from_mode(0o700)))
+            .map_err(state_error(&runtime_tasks))?;
         let journal_error = |source| SupervisorError::Journal {
             path: config.journal_file(),
             source,
         };
         let unfinished = journal::replay(&config.state_dir).map_err(journal_error)?;
         let boot_id = procfs::boot_id();
-        let recovered = recover(&unfinished, &boot_id, config.output_tail_bytes);
+        let recovered = recover(
+            &unfinished,
+            &boot_id,
+            &config.runtime_dir(),
+            config.output_tail_bytes,
+        );
         let journal = (parts.journal)(&config.state_dir, events, &recovered.kept).map_err(journal_error)?;
         for event in recovered.settled {
             journal.event(event);
@@ -127,8 +132,6 @@ impl Runner {
         let disk = DiskWatch::new(&config, tasks_dir.clone(), total);
         let offer = offer(&config, &parts.launchers, agent_is_root, disk.budget());
         let (health, health_rx) = Health::new(config.state_dir.clone());
-        let logs = LogWriter::start(config.log_max_bytes, config.log_max_files, parts.log_ops)
-            .map_err(SupervisorError::LogWriter)?;
         let containment = Containment::new(
             parts.cgroups,
             config.reap_all_orphans,
@@ -142,7 +145,6 @@ impl Runner {
             admission,
             containment,
             disk,
-            output: Output::new(logs),
             journal,
             health,
             http_checks: checks::HttpClient::default(),
@@ -161,7 +163,7 @@ impl Runner {
     }
 
     /// What the previous run left: leftover cgroups go once their
-    /// processes do, services are re-adopted (first: their uids are theirs
+    /// processes do, running tasks are re-adopted (first: their uids are theirs
     /// before anything takes one), what restarts on the robot starts again.
     fn take_over(
         &mut self,
@@ -197,8 +199,9 @@ impl Runner {
         }
     }
 
-    /// Takes back a service the previous agent left running: the same
-    /// process, its timeout counted from its start, its checks; its
+    /// Takes back a task the previous agent left running: the same
+    /// process, its timeout counted from its start, its checks, its fence
+    /// (the session fences it from the last contact of that agent); its
     /// driver prepares it again (kept directory) for checks and restarts.
     fn adopt(&mut self, task: Unfinished, resume: journal::Resume, started: journal::Started) {
         let request = TaskRequest {
@@ -206,7 +209,7 @@ impl Runner {
             attempt: task.attempt,
             name: resume.name,
             spec: resume.spec,
-            fenced: false,
+            stop_after: resume.stop_after_ms.map(Duration::from_millis),
         };
         let how = Resumed {
             restarts: started.restarts,
@@ -215,7 +218,7 @@ impl Runner {
         let Some(id) = self.begin(request, Some(how)) else {
             // Refused now (its spec or the robot's policy): stop what runs.
             let message = recovery::kill_leftovers(&task, &self.boot_id);
-            tracing::warn!(uid = %task.uid, attempt = task.attempt, %message, "a re-adopted service was refused");
+            tracing::warn!(uid = %task.uid, attempt = task.attempt, %message, "a re-adopted task was refused");
             return;
         };
         let lineage = started.cgroup.is_none().then(|| {
@@ -228,6 +231,7 @@ impl Runner {
             )
         });
         let (pid, pid_start) = (started.pid, started.pid_start);
+        let status_file = super::exit_status_file(&self.config.runtime_dir(), &task.uid, task.attempt);
         let ran_for = jiff::Timestamp::now()
             .duration_since(started.started_at)
             .try_into()
@@ -249,17 +253,19 @@ impl Runner {
             lineage,
         };
         self.table.adopted(id, running, Instant::now(), ran_for);
-        self.waits
-            .push(Box::pin(async move { (id, adopted_exit(pid, pid_start).await) }));
+        self.waits.push(Box::pin(async move {
+            (id, adopted_exit(pid, pid_start, status_file).await)
+        }));
         self.journal.write(Some(record), Vec::new());
         self.schedule_first_checks(id);
     }
 }
 
-/// Sorts the previous run's unfinished tasks: a service still running is
+/// Sorts the previous run's unfinished tasks: a task still running is
 /// re-adopted, what restarts on the robot starts again, the rest is
-/// settled (its leftovers killed, a `Finished` event).
-fn recover(unfinished: &[Unfinished], boot_id: &str, tail_bytes: usize) -> Recovered {
+/// settled (its leftovers killed, a `Finished` event: how it ended, when
+/// its shim wrote that down while no agent ran).
+fn recover(unfinished: &[Unfinished], boot_id: &str, runtime_dir: &Path, tail_bytes: usize) -> Recovered {
     let mut r = Recovered {
         table: Table::new(),
         to_remove: Vec::new(),
@@ -269,13 +275,17 @@ fn recover(unfinished: &[Unfinished], boot_id: &str, tail_bytes: usize) -> Recov
         kept: Vec::new(),
     };
     for task in unfinished {
-        // A service the last agent left running is re-adopted as it runs.
+        // What the last agent left running is re-adopted as it runs.
         if let (Some(resume), Some(started)) = (&task.resume, &task.started) {
             let alive = started.boot_id == boot_id
                 && procfs::stat(started.pid)
                     .is_some_and(|s| s.start_time == started.pid_start && s.is_live());
-            if alive && resume.spec.kind == k8s4r_api::TaskKind::Service {
-                tracing::info!(uid = %task.uid, attempt = task.attempt, pid = started.pid, "re-adopting a service of the previous run");
+            if alive {
+                let kind = match resume.spec.kind {
+                    k8s4r_api::TaskKind::Service => "service",
+                    k8s4r_api::TaskKind::Batch => "batch task",
+                };
+                tracing::info!(uid = %task.uid, attempt = task.attempt, pid = started.pgid, "re-adopting a {kind} of the previous run");
                 r.adopted
                     .push((task.clone(), (**resume).clone(), started.clone()));
                 r.kept.push(task.clone());
@@ -290,7 +300,7 @@ fn recover(unfinished: &[Unfinished], boot_id: &str, tail_bytes: usize) -> Recov
             r.table.remember_group(started.pgid);
         }
         // What restarts on the robot starts again, cluster or not.
-        if let Some(resume) = &task.resume {
+        if let Some(resume) = task.resume.as_ref().filter(|r| r.restart) {
             let message = recovery::kill_leftovers(task, boot_id);
             tracing::warn!(uid = %task.uid, attempt = task.attempt, %message, "task of the previous run started again");
             let request = TaskRequest {
@@ -298,7 +308,7 @@ fn recover(unfinished: &[Unfinished], boot_id: &str, tail_bytes: usize) -> Recov
                 attempt: task.attempt,
                 name: resume.name.clone(),
                 spec: resume.spec.clone(),
-                fenced: false,
+                stop_after: None,
             };
             let how = Resumed {
                 restarts: task.started.as_ref().map_or(0, |s| s.restarts),
@@ -308,7 +318,7 @@ fn recover(unfinished: &[Unfinished], boot_id: &str, tail_bytes: usize) -> Recov
             r.kept.push(task.clone());
             continue;
         }
-        let outcome = recovery::settle(task, boot_id, tail_bytes);
+        let outcome = recovery::settle(task, boot_id, runtime_dir, tail_bytes);
         tracing::warn!(uid = %task.uid, attempt = task.attempt, message = %outcome.message, "task of the previous run settled");
         r.table.remember_finished(task.uid.clone(), task.attempt);
         r.settled.push(TaskEvent::Finished {
@@ -366,16 +376,25 @@ fn prepare_state_dir(state_dir: &Path, tasks_dir: &Path) -> Result<(), Superviso
     Ok(())
 }
 
-/// Waits for a re-adopted process to end. It is not the agent's child, so
-/// its exit status cannot be had: it is watched through /proc.
-async fn adopted_exit(pid: i32, pid_start: u64) -> io::Result<std::process::ExitStatus> {
+/// Waits for a re-adopted process to end. It is not the agent's child: it
+/// is watched through /proc, and its exit status is what its shim wrote
+/// (unknown without a shim, or when the shim was killed with its task).
+async fn adopted_exit(
+    pid: i32,
+    pid_start: u64,
+    status_file: PathBuf,
+) -> io::Result<std::process::ExitStatus> {
+    use std::os::unix::process::ExitStatusExt;
     const POLL: Duration = Duration::from_millis(100);
     while procfs::stat(pid).is_some_and(|s| s.start_time == pid_start && s.is_live()) {
         tokio::time::sleep(POLL).await;
     }
-    Err(io::Error::other(
-        "it ended after an agent restart re-adopted it, so its exit status is unknown",
-    ))
+    match k8s4r_drivers::shim::read_status(&status_file) {
+        Some(ended) => Ok(std::process::ExitStatus::from_raw(ended.wait_status())),
+        None => Err(io::Error::other(
+            "it ended after an agent restart re-adopted it, and its shim left no exit status",
+        )),
+    }
 }
 
 /// Task uids that processes run as now (left by an earlier run that could

@@ -46,7 +46,6 @@ use super::checks::Check;
 use super::containment::Lineage;
 use super::journal;
 use super::outcome::StopCause;
-use super::output::{PipeFd, Tail};
 use super::process::ProcessGroup;
 use super::restarts::Budget;
 
@@ -137,11 +136,11 @@ pub(crate) struct Task {
     pub pre_stop_failed: Option<String>,
     /// Why the supervisor is stopping it, once it is.
     pub stop: Option<StopCause>,
-    pub stdout: Option<PipeFd>,
-    pub stderr: Option<PipeFd>,
-    pub tail: Tail,
     pub cgroup: Option<TaskCgroup>,
-    pub dropped_output: u64,
+    /// Its logger, while it runs (a task with one, started by this agent).
+    pub logger: Option<tokio::process::Child>,
+    /// Its `stopAfter`, when the robot fences it.
+    pub stop_after: Option<Duration>,
     /// Its restarts on the robot, if it has any.
     pub restarts: Option<Budget>,
     /// What its driver prepared, kept to start it again (tasks with
@@ -174,7 +173,7 @@ pub(crate) struct NewTask {
 
 impl Task {
     /// A task being prepared.
-    pub(crate) fn preparing(new: NewTask, abort: AbortHandle, tail_bytes: usize) -> Task {
+    pub(crate) fn preparing(new: NewTask, abort: AbortHandle) -> Task {
         Task {
             timeout: k8s4r_api::validation::timeout_of(&new.template),
             kill_timeout: k8s4r_api::validation::kill_timeout_of(&new.template),
@@ -198,11 +197,9 @@ impl Task {
             due: None,
             timer: None,
             stop: None,
-            stdout: None,
-            stderr: None,
-            tail: Tail::new(tail_bytes),
             cgroup: None,
-            dropped_output: 0,
+            stop_after: None,
+            logger: None,
             prepared: None,
             resumed: false,
         }
@@ -353,6 +350,17 @@ impl Table {
             .collect();
         attempts.sort_by(|a, b| (&a.uid, a.attempt).cmp(&(&b.uid, b.attempt)));
         attempts
+    }
+
+    /// The fenced attempts it holds, each with its `stopAfter`.
+    pub(crate) fn leases(&self) -> Vec<(String, u32, Duration)> {
+        let mut leases: Vec<_> = self
+            .tasks
+            .values()
+            .filter_map(|t| Some((t.uid.clone(), t.attempt, t.stop_after?)))
+            .collect();
+        leases.sort();
+        leases
     }
 
     /// What marks a process as a task's, running or recently finished:

@@ -80,7 +80,7 @@ pub fn request(uid: &str, attempt: u32, spec: TaskTemplate) -> TaskRequest {
         attempt,
         name: uid.to_owned(),
         spec,
-        fenced: false,
+        stop_after: None,
     }
 }
 

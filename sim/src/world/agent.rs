@@ -242,7 +242,7 @@ impl Agent {
                         self.stop_within(net, &uid, attempt, reason, 5_000);
                     }
                 }
-                Command::Logs(_) | Command::Upgrade(_) | Command::HeartbeatConfirmed(_) => {}
+                Command::Logs(_) | Command::Upgrade(_) | Command::HeartbeatConfirmed { .. } => {}
             }
         }
         for update in std::mem::take(&mut self.files.settled) {

@@ -113,7 +113,10 @@ impl Core {
             if ack.session.as_deref() == Some(self.session_id.as_str()) {
                 self.fence.heartbeat_recorded(heartbeat, ack.time, now.mono);
                 self.usage.confirmed(heartbeat);
-                out.push(Command::HeartbeatConfirmed(heartbeat));
+                out.push(Command::HeartbeatConfirmed {
+                    seq: heartbeat,
+                    contact: self.fence.contact(),
+                });
                 self.release_held(now, disk, out);
             } else {
                 tracing::debug!(
@@ -264,7 +267,7 @@ impl Core {
             attempt: dispatch.attempt,
             name: dispatch.task_name,
             spec: dispatch.spec,
-            fenced: stop_after.is_some(),
+            stop_after,
         })));
     }
 

@@ -446,7 +446,7 @@ fn capacity_counts_what_each_held_task_takes_or_may_take() {
             driver: 0,
             own_uid: None,
         };
-        let mut task = Task::preparing(new, AbortHandle::new_pair().0, 64);
+        let mut task = Task::preparing(new, AbortHandle::new_pair().0);
         task.disk_used = used;
         table.insert(task);
     }

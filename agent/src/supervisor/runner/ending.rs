@@ -5,23 +5,32 @@
 
 use super::*;
 
+/// How long the end of a task waits for its logger to write the last of
+/// its output (the logger ends once the task's processes are all gone).
+const LOGGER_DRAIN: Duration = Duration::from_secs(2);
+
+/// Rotates the log files a task wrote itself (copy and truncate).
+pub(super) fn rotate_logs(dir: &std::path::Path, (max_bytes, max_files): (u64, u32)) {
+    for path in crate::supervisor::disk_watch::task_logs(dir) {
+        if let Err(e) = logs::rotate_shared(&path, max_bytes, max_files) {
+            tracing::warn!(path = %path.display(), error = %e, "cannot rotate a task's log");
+        }
+    }
+}
+
 impl Runner {
-    /// The attempt is over: its outcome by the rules, its tail (a service's
-    /// from its log files, read off the loop), its end.
-    pub(super) fn finish(&mut self, task: Task, exit: Exit, started_at: jiff::Timestamp) {
+    /// The attempt is over: its outcome by the rules, its tail (from its
+    /// log files, read off the loop), its end.
+    pub(super) fn finish(&mut self, mut task: Task, exit: Exit, started_at: jiff::Timestamp) {
         let ending = Ending {
             stop: task.stop.as_ref(),
             kind: task.template.kind,
             restarts: task.restarts.as_ref().map_or(0, |b| b.count),
-            dropped_output: task.dropped_output,
             disk_full: self.disk.full().map(|(free, _)| free),
         };
         let mut v = final_verdict(exit, task.kill_timeout, &ending);
         if let Some(why) = &task.pre_stop_failed {
             v.message.push_str(&format!("; its preStop {why}"));
-        }
-        if task.dropped_output > 0 {
-            tracing::warn!(uid = %task.uid, bytes = task.dropped_output, queued = self.output.queued(), "task output dropped: log writer too slow");
         }
         // What a task stopped for its disk use wrote goes at once: the disk
         // needs it back (its logs stay, they are bounded).
@@ -38,22 +47,38 @@ impl Runner {
         };
         // Known finished from now: a dispatch of it again is a duplicate.
         self.table.remember_finished(task.uid.clone(), task.attempt);
-        if task.template.kind != TaskKind::Service {
-            outcome.output_tail = task.tail.text();
-            return self.end(task.uid, task.attempt, outcome, free_work);
-        }
-        // A service wrote to its log files itself.
-        let (logs_dir, max) = (task.dir.join("logs"), self.config.output_tail_bytes);
+        // Its shim's record of its end is not needed any more.
+        let status_file =
+            crate::supervisor::exit_status_file(&self.config.runtime_dir(), &task.uid, task.attempt);
+        let (dir, max) = (task.dir.clone(), self.config.output_tail_bytes);
+        let caps = (self.config.log_max_bytes, self.config.log_max_files);
+        // Without a logger the task wrote its files itself: they are
+        // brought within their caps now that nothing writes them.
+        let rotate = self.config.shim_program.is_none();
+        let logger = task.logger.take();
         let (uid, attempt) = (task.uid, task.attempt);
-        self.offload_with(move || {
-            outcome.output_tail = output::lossy_tail(&logs::files_tail(&logs_dir, max));
+        self.housework.push(Box::pin(async move {
+            // The logger writes the last of the output once every process
+            // of the task is gone; a stalled disk does not hold the end up.
+            if let Some(mut logger) = logger {
+                let _ = tokio::time::timeout(LOGGER_DRAIN, logger.wait()).await;
+            }
+            let read = tokio::task::spawn_blocking(move || {
+                let _ = std::fs::remove_file(status_file);
+                let tail = logs::lossy_tail(&logs::files_tail(&dir.join("logs"), max));
+                if rotate {
+                    rotate_logs(&dir, caps);
+                }
+                tail
+            });
+            outcome.output_tail = read.await.unwrap_or_default();
             Housework::Ended {
                 uid,
                 attempt,
                 outcome: Box::new(outcome),
                 free_work,
             }
-        });
+        }));
     }
 
     /// A task that never got a record (bad spec, refused).

@@ -1,12 +1,12 @@
 //! The supervisor's end: what is stopped, what is left running for the
-//! next agent (services), and what is waited for once the loop is over.
+//! next agent, and what is waited for once the loop is over.
 
 use super::*;
 
 impl Runner {
     /// After the loop: what containment still does is given two seconds,
-    /// the rest of the housework five, then the logs and the journal are
-    /// flushed and the waiters answered.
+    /// the rest of the housework five, then the journal is flushed and the
+    /// waiters answered.
     pub(super) async fn finish_shutdown(&mut self) {
         self.reap();
         let give_up = Instant::now() + Duration::from_secs(2);
@@ -30,7 +30,6 @@ impl Runner {
             }
         })
         .await;
-        let _ = self.output.flush().await;
         let flushed = self.journal.flush();
         let _ = tokio::task::spawn_blocking(move || flushed.recv_timeout(Duration::from_secs(5))).await;
         self.health.stopped();
@@ -48,16 +47,20 @@ impl Runner {
         let ids = self.table.ids();
         tracing::info!(tasks = ids.len(), "supervisor shutting down");
         for id in ids {
-            // A fenced one is stopped: nothing would fence it while no
-            // agent runs.
-            let service = self.config.leave_services_running
+            // A running task is re-adopted by the next agent (which fences
+            // it from this one's last contact); one between runs is started
+            // again from the journal if it restarts on the robot. The rest
+            // (starting, being stopped, fetching) is stopped.
+            let leave = self.config.leave_tasks_running
                 && self.table.get(id).is_some_and(|t| {
-                    t.template.kind == TaskKind::Service
-                        && t.resumable
-                        && t.stop.is_none()
-                        && !matches!(t.phase, Phase::Launching { .. })
+                    t.stop.is_none()
+                        && match t.phase {
+                            Phase::Running(_) => true,
+                            Phase::Launching { .. } => false,
+                            Phase::Preparing { .. } | Phase::Waiting => t.resumable,
+                        }
                 });
-            if service {
+            if leave {
                 self.leave_running(id);
             } else {
                 self.stop(id, StopCause::Shutdown);
@@ -65,7 +68,7 @@ impl Runner {
         }
     }
 
-    /// Lets go of a service as the agent stops: it keeps running (or is
+    /// Lets go of a task as the agent stops: it keeps running (or is
     /// started again, if it was between runs) and the journal keeps it
     /// unfinished, so that the next agent re-adopts it.
     pub(super) fn leave_running(&mut self, id: u64) {
@@ -74,7 +77,7 @@ impl Runner {
         };
         match &task.phase {
             Phase::Running(running) => {
-                tracing::info!(uid = %task.uid, attempt = task.attempt, pid = running.pid, "service left running for the next agent");
+                tracing::info!(uid = %task.uid, attempt = task.attempt, pid = running.pgid, "task left running for the next agent");
             }
             Phase::Preparing { abort } => abort.abort(),
             Phase::Launching { .. } | Phase::Waiting => {}

@@ -16,7 +16,7 @@ impl Runner {
             attempt,
             name,
             spec,
-            fenced,
+            stop_after,
         } = req;
         if let (None, Some(why)) = (resumed, self.not_ready_for(&spec)) {
             self.finish_early(uid, attempt, TaskReason::NotReady, why);
@@ -52,10 +52,11 @@ impl Runner {
             driver: admitted.driver,
             own_uid: admitted.own_uid,
         };
-        let mut task = Task::preparing(new, abort, self.config.output_tail_bytes);
+        let mut task = Task::preparing(new, abort);
         // Started again from the journal after a reboot or an agent restart:
         // what has restarts on the robot and cannot have been replaced.
-        task.resumable = !fenced && task.restarts.is_some();
+        task.resumable = stop_after.is_none() && task.restarts.is_some();
+        task.stop_after = stop_after;
         if let (Some(resumed), Some(budget)) = (resumed, task.restarts.as_mut()) {
             budget.count = resumed.restarts;
             task.resumed = true;
@@ -64,12 +65,12 @@ impl Runner {
             uid: task.uid.clone(),
             attempt,
             task_dir: task.dir.clone(),
-            resume: task.resumable.then(|| {
-                Box::new(journal::Resume {
-                    name: task.name.clone(),
-                    spec: task.template.clone(),
-                })
-            }),
+            resume: Some(Box::new(journal::Resume {
+                name: task.name.clone(),
+                spec: task.template.clone(),
+                restart: task.resumable,
+                stop_after_ms: stop_after.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            })),
         };
         let id = self.table.insert(task);
         self.journal.write(Some(record), Vec::new());
@@ -116,7 +117,6 @@ impl Runner {
         let job = LaunchJob {
             cgroup_name,
             cgroups: self.containment.cgroups(),
-            service: task.template.kind == TaskKind::Service,
             logs_dir: task.dir.join("logs"),
             launcher: Arc::clone(&self.launchers[task.driver]),
             env: task_env(
@@ -129,6 +129,19 @@ impl Runner {
             template: task.template.clone(),
             prepared,
             owned: self.containment.owned(),
+            shim: self
+                .config
+                .shim_program
+                .clone()
+                .map(|program| k8s4r_drivers::shim::Shim {
+                    program,
+                    status_file: crate::supervisor::exit_status_file(
+                        &self.config.runtime_dir(),
+                        &task.uid,
+                        task.attempt,
+                    ),
+                }),
+            log_caps: (self.config.log_max_bytes, self.config.log_max_files),
         };
         self.offload_with(move || Housework::Launched {
             id,
@@ -150,7 +163,6 @@ impl Runner {
         let Phase::Launching { restarting, stop } = std::mem::replace(&mut task.phase, Phase::Waiting) else {
             return self.abandon(launched);
         };
-        let logs_dir = task.dir.join("logs");
         let handed = launching::hand_over(task, restarting, &self.boot_id, launched);
         let record = Record::Started {
             uid: task.uid.clone(),
@@ -167,9 +179,6 @@ impl Runner {
         self.table.started(id, handed.running, handed.now);
         let exit = handed.exit;
         self.waits.push(Box::pin(async move { (id, exit.await) }));
-        if let Some((stdout, stderr)) = handed.piped {
-            self.output.attach(id, logs_dir, stdout, stderr);
-        }
         self.journal.write(Some(record), vec![event]);
         self.schedule_first_checks(id);
         if let Some(cause) = stop {

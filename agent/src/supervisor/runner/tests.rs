@@ -59,25 +59,21 @@ struct Harness {
     handle: SupervisorHandle,
     events: mpsc::UnboundedReceiver<TaskEvent>,
     fake: FakeDriver,
-    /// Holds the log writer still while set.
-    stall: Option<crate::supervisor::logs::test_gate::Stall>,
     _state_dir: tempfile::TempDir,
 }
 
 impl Harness {
     fn start() -> Self {
-        Self::with(|_| {}, false)
+        Self::with(|_| {})
     }
 
-    /// A runner whose config `adjust` changes, its log writer stalled from
-    /// the start if `stalled`.
-    fn with(adjust: impl FnOnce(&mut SupervisorConfig), stalled: bool) -> Self {
-        Self::with_runner(adjust, stalled, |_| {})
+    /// A runner whose config `adjust` changes.
+    fn with(adjust: impl FnOnce(&mut SupervisorConfig)) -> Self {
+        Self::with_runner(adjust, |_| {})
     }
 
     fn with_runner(
         adjust: impl FnOnce(&mut SupervisorConfig),
-        stalled: bool,
         before_run: impl FnOnce(&std::sync::atomic::AtomicBool),
     ) -> Self {
         let state_dir = tempfile::tempdir().unwrap();
@@ -96,14 +92,11 @@ impl Harness {
         let fake = FakeDriver::default();
         let (events_tx, events) = mpsc::unbounded_channel();
         let (commands, commands_rx) = mpsc::unbounded_channel();
-        let gate = Arc::new(crate::supervisor::logs::test_gate::Gate::default());
-        let stall = stalled.then(|| gate.close());
         let journal_alive = Arc::new(std::sync::atomic::AtomicBool::new(true));
         let parts = Parts {
             launchers: vec![Arc::new(fake.clone())],
             cgroups: None,
             journal: crate::supervisor::journal::inline::start(Arc::clone(&journal_alive)),
-            log_ops: crate::supervisor::logs::test_gate::gated(gate),
         };
         let (runner, health, offer) = Runner::new(config, events_tx, parts).unwrap();
         before_run(&journal_alive);
@@ -114,10 +107,10 @@ impl Harness {
                 health,
                 offer,
                 held_at_start: Vec::new(),
+                leases_at_start: Vec::new(),
             },
             events,
             fake,
-            stall,
             _state_dir: state_dir,
         }
     }
@@ -128,7 +121,7 @@ impl Harness {
             attempt,
             name: uid.to_owned(),
             spec,
-            fenced: false,
+            stop_after: None,
         };
         self.handle.submit(req).await.unwrap()
     }
@@ -386,46 +379,8 @@ async fn a_huge_timeout_fails_its_task_and_the_supervisor_runs_on() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_stalled_log_writer_delays_no_deadline_and_the_dropped_output_is_counted() {
-    let mut s = Harness::with(|_| {}, true);
-    assert!(s.stall.is_some());
-    // 20 MiB of output while the writer takes none: 8 MiB wait in its
-    // queue, the rest is dropped.
-    let t0 = s
-        .run(
-            "chatty",
-            task("chatty").with_args(&["20971520"]).with_timeout("10s"),
-        )
-        .await;
-    s.fake.output_written("chatty", 1).await;
-    let outcome = s.finished("chatty").await;
-    assert_eq!(
-        s.fake.signals_while_alive("chatty", 1),
-        vec![(Signal::SIGTERM, t0 + Duration::from_secs(10))],
-        "SIGTERM on the dot, with the writer stalled"
-    );
-    assert_eq!(outcome.reason, TaskReason::Timeout);
-    let dropped: u64 = outcome
-        .message
-        .split("; ")
-        .nth(1)
-        .and_then(|note| {
-            note.strip_suffix(" bytes of its output were not logged (the disk could not keep up)")
-        })
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("{}", outcome.message));
-    // 20 MiB less what fits the queue (8 MiB, give or take a pipe read).
-    assert!(
-        (12 << 20..(12 << 20) + (64 << 10)).contains(&dropped),
-        "{dropped}"
-    );
-    assert_eq!(s.handle.health().borrow().dropped_output_bytes, dropped);
-    drop(s.stall.take());
-}
-
-#[tokio::test(start_paused = true)]
 async fn beyond_max_tasks_a_dispatch_is_refused_and_the_rest_run_on() {
-    let mut s = Harness::with(|c| c.max_tasks = 2, false);
+    let mut s = Harness::with(|c| c.max_tasks = 2);
     s.run("one", task("sleep")).await;
     s.run("two", task("sleep")).await;
     assert_eq!(s.submit("three", 1, task("sleep")).await, Submit::Accepted);
@@ -450,7 +405,7 @@ async fn beyond_max_tasks_a_dispatch_is_refused_and_the_rest_run_on() {
 
 #[tokio::test(start_paused = true)]
 async fn a_disk_request_beyond_the_budget_is_refused() {
-    let mut s = Harness::with(|c| c.disk_budget = DiskSize::Bytes(100 << 20), false);
+    let mut s = Harness::with(|c| c.disk_budget = DiskSize::Bytes(100 << 20));
     let wants = |q: &str| TaskTemplate {
         resources: Some(TaskResources {
             disk: Some(q.into()),
@@ -474,7 +429,7 @@ async fn a_disk_request_beyond_the_budget_is_refused() {
 
 #[tokio::test(start_paused = true)]
 async fn the_robots_policy_refuses_what_it_does_not_allow() {
-    let mut s = Harness::with(|c| c.policy.raw_exec = false, false);
+    let mut s = Harness::with(|c| c.policy.raw_exec = false);
     assert_eq!(s.submit("raw", 1, task("sleep")).await, Submit::Accepted);
     let outcome = s.finished("raw").await;
     assert_eq!(outcome.reason, TaskReason::NotPermitted);
@@ -495,7 +450,6 @@ async fn the_robots_policy_refuses_what_it_does_not_allow() {
 async fn a_dead_helper_thread_ends_the_supervisor_visibly() {
     let s = Harness::with_runner(
         |_| {},
-        false,
         |journal_alive| journal_alive.store(false, std::sync::atomic::Ordering::Relaxed),
     );
     let mut health = s.handle.health();
@@ -506,7 +460,7 @@ async fn a_dead_helper_thread_ends_the_supervisor_visibly() {
         attempt: 1,
         name: "late".to_owned(),
         spec: task("sleep"),
-        fenced: false,
+        stop_after: None,
     };
     assert!(s.handle.submit(req).await.is_err());
 }
@@ -643,6 +597,8 @@ fn leave_journal(state_dir: &std::path::Path, uid: &str, spec: &TaskTemplate, re
                 Box::new(Resume {
                     name: uid.to_owned(),
                     spec: spec.clone(),
+                    restart: true,
+                    stop_after_ms: None,
                 })
             }),
         },
@@ -673,10 +629,7 @@ fn leave_journal(state_dir: &std::path::Path, uid: &str, spec: &TaskTemplate, re
 async fn a_service_of_the_previous_run_starts_again_from_the_journal_with_its_directory() {
     let spec = restarting(task("sleep"), TaskKind::Service, 2, LocalRestartMode::Fail);
     let journal_spec = spec.clone();
-    let mut s = Harness::with(
-        move |config| leave_journal(&config.state_dir, "svc", &journal_spec, 4, true),
-        false,
-    );
+    let mut s = Harness::with(move |config| leave_journal(&config.state_dir, "svc", &journal_spec, 4, true));
     let r = s.restarted("svc").await;
     assert_eq!(
         (r.count, r.last_exit_code),
@@ -694,17 +647,14 @@ async fn a_service_of_the_previous_run_starts_again_from_the_journal_with_its_di
 #[tokio::test(start_paused = true)]
 async fn an_attempt_not_recorded_to_resume_is_settled_as_before() {
     let spec = task("sleep");
-    let mut s = Harness::with(
-        move |config| leave_journal(&config.state_dir, "b", &spec, 0, false),
-        false,
-    );
+    let mut s = Harness::with(move |config| leave_journal(&config.state_dir, "b", &spec, 0, false));
     let outcome = s.finished("b").await;
     assert_eq!(outcome.reason, TaskReason::AgentRestarted);
     assert_eq!(s.fake.starts(), 0);
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_fenced_service_is_not_recorded_to_resume() {
+async fn a_fenced_service_is_recorded_to_be_re_adopted_never_to_start_again() {
     let mut s = Harness::start();
     let spec = restarting(task("sleep"), TaskKind::Service, 2, LocalRestartMode::Fail);
     let req = TaskRequest {
@@ -712,7 +662,7 @@ async fn a_fenced_service_is_not_recorded_to_resume() {
         attempt: 1,
         name: "f".to_owned(),
         spec: spec.clone(),
-        fenced: true,
+        stop_after: Some(Duration::from_secs(120)),
     };
     assert_eq!(s.handle.submit(req).await.unwrap(), Submit::Accepted);
     s.started("f").await;
@@ -726,8 +676,15 @@ async fn a_fenced_service_is_not_recorded_to_resume() {
             .find(|r| r["op"] == "accepted" && r["uid"] == uid)
             .unwrap()
     };
-    assert!(accepted("f").get("resume").is_none(), "{journal}");
+    // Re-adopted if it still runs, fenced from the last contact; never
+    // started again from the journal: it may have been replaced.
+    assert_eq!(accepted("f")["resume"]["restart"], false, "{journal}");
+    assert_eq!(accepted("f")["resume"]["stopAfterMs"], 120_000, "{journal}");
     assert_eq!(accepted("u")["resume"]["spec"]["kind"], "service", "{journal}");
+    assert!(
+        accepted("u")["resume"].get("restart").is_none(),
+        "restarts: the default"
+    );
 }
 
 /// `spec` with one TCP health check on `port` every second, unhealthy at
@@ -803,25 +760,27 @@ async fn a_passing_health_check_leaves_the_service_alone() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn on_shutdown_services_are_left_running_for_the_next_agent_and_batch_tasks_stopped() {
-    let mut s = Harness::with(|c| c.leave_services_running = true, false);
+async fn on_shutdown_running_tasks_are_left_running_for_the_next_agent() {
+    let mut s = Harness::with(|c| c.leave_tasks_running = true);
     let service = restarting(task("sleep"), TaskKind::Service, 2, LocalRestartMode::Fail);
     s.run("svc", service).await;
     s.run("batch", task("sleep")).await;
     s.handle.shutdown().await;
-    let outcome = s.finished("batch").await;
-    assert_eq!(outcome.reason, TaskReason::AgentShutdown);
-    assert!(
-        s.fake.signals_while_alive("svc", 1).is_empty(),
-        "the service was signalled"
-    );
+    for uid in ["svc", "batch"] {
+        assert!(
+            s.fake.signals_while_alive(uid, 1).is_empty(),
+            "{uid} was signalled"
+        );
+    }
     let journal = std::fs::read_to_string(s._state_dir.path().join("journal.jsonl")).unwrap();
-    assert!(
-        !journal
-            .lines()
-            .any(|l| l.contains("\"ended\"") && l.contains("\"svc\"")),
-        "the service's attempt was ended: {journal}"
-    );
+    for uid in ["svc", "batch"] {
+        assert!(
+            !journal
+                .lines()
+                .any(|l| l.contains("\"ended\"") && l.contains(&format!("\"{uid}\""))),
+            "{uid}'s attempt was ended: {journal}"
+        );
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -865,18 +824,18 @@ async fn a_cancel_during_an_unhealthy_stop_ends_the_task_without_a_restart() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn on_shutdown_a_fenced_service_is_stopped_not_left_running() {
-    let mut s = Harness::with(|c| c.leave_services_running = true, false);
+async fn on_shutdown_a_fenced_service_is_left_running_too() {
+    let mut s = Harness::with(|c| c.leave_tasks_running = true);
     let req = TaskRequest {
         uid: "fenced".to_owned(),
         attempt: 1,
         name: "fenced".to_owned(),
         spec: restarting(task("sleep"), TaskKind::Service, 2, LocalRestartMode::Fail),
-        fenced: true,
+        stop_after: Some(Duration::from_secs(120)),
     };
     assert_eq!(s.handle.submit(req).await.unwrap(), Submit::Accepted);
     s.started("fenced").await;
     s.handle.shutdown().await;
-    // Nothing would fence it while no agent runs.
-    assert_eq!(s.finished("fenced").await.reason, TaskReason::AgentShutdown);
+    // The next agent fences it from this one's last contact.
+    assert!(s.fake.signals_while_alive("fenced", 1).is_empty());
 }

@@ -77,13 +77,14 @@ impl Runner {
 
     /// Measures the disk on the blocking pool.
     pub(super) fn measure(&mut self) {
-        let services = self
-            .table
-            .tasks()
-            .filter(|(_, t)| t.template.kind == TaskKind::Service)
-            .flat_map(|(_, t)| disk_watch::service_logs(&t.dir))
-            .collect();
-        if let Some(work) = self.disk.measure(services) {
+        // Tasks with a logger have their logs rotated as they are written.
+        let dirs: Vec<_> = match self.config.shim_program {
+            Some(_) => Vec::new(),
+            None => self.table.tasks().map(|(_, t)| t.dir.clone()).collect(),
+        };
+        let caps = (self.config.log_max_bytes, self.config.log_max_files);
+        let rotate = move || dirs.iter().for_each(|dir| super::ending::rotate_logs(dir, caps));
+        if let Some(work) = self.disk.measure(rotate) {
             self.offload_with(move || Housework::Measured(work()));
         }
     }

@@ -25,7 +25,7 @@ fn fetching(uid: &str, attempt: u32, timeout: Option<&str>) -> Task {
         driver: 0,
         own_uid: None,
     };
-    Task::preparing(new, abort, 64)
+    Task::preparing(new, abort)
 }
 
 fn running(pgid: i32) -> Running {

@@ -1,0 +1,376 @@
+//! The task shim: a small process between the agent and a task's command,
+//! as containerd's shims and Nomad's executor are. The agent starts the
+//! shim (the agent's own binary, run with [`FLAG`]) as the leader of the
+//! task's session and process group, in the task's cgroup; the shim starts
+//! the command as its child (another user, `no_new_privs`, rlimits), waits
+//! for it, and writes how it ended to a file only the agent's user can
+//! write. So a task outlives the agent (a restart, an upgrade, a crash)
+//! and the next agent still learns its exit status, which it could not
+//! otherwise: the task is no longer its child.
+//!
+//! While the agent is there, nothing changes for it: the shim ends the way
+//! its command ended (the same exit code, or the same signal), so the
+//! agent's own wait sees what it would have seen of the command.
+//!
+//! The command leads its own process group (in the shim's session), which
+//! is the group the agent signals: the shim is not in it, and blocks every
+//! signal it can besides. It stays root (or the agent's
+//! user) and keeps the agent's OOM score, so the kernel kills the task
+//! before it, and the task cannot signal it or write its status file.
+
+use std::ffi::{OsStr, OsString};
+use std::io::{self, Write};
+use std::os::fd::RawFd;
+use std::path::{Path, PathBuf};
+
+use nix::sys::signal::{SigSet, SigmaskHow, Signal};
+use nix::sys::wait::WaitStatus;
+use nix::unistd::{Gid, Pid, Uid};
+
+use crate::sys::{self, ChildSetup, SwitchUser};
+
+/// The first argument that makes the agent's binary a task shim.
+pub const FLAG: &str = "--task-shim";
+
+/// The fd the shim reports on whether the command started.
+pub const REPORT_FD: RawFd = 3;
+
+/// Where a task's shim is, and where it writes the task's end.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Shim {
+    /// The shim's program (the agent's binary: `/proc/self/exe`).
+    pub program: PathBuf,
+    /// The file the shim writes the command's end to (in a directory only
+    /// the agent's user may write).
+    pub status_file: PathBuf,
+}
+
+/// How a task's command ended, as its shim wrote it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// It exited with this code.
+    Exited(i32),
+    /// A signal ended it.
+    Signaled(i32),
+}
+
+impl Ended {
+    /// The raw wait status (for `ExitStatus::from_raw`).
+    pub fn wait_status(self) -> i32 {
+        match self {
+            Ended::Exited(code) => (code & 0xff) << 8,
+            Ended::Signaled(signal) => signal & 0x7f,
+        }
+    }
+
+    fn line(self) -> String {
+        match self {
+            Ended::Exited(code) => format!("exited {code}\n"),
+            Ended::Signaled(signal) => format!("signaled {signal}\n"),
+        }
+    }
+}
+
+/// Reads what a shim wrote to `status_file`: `None` when it wrote nothing
+/// (it was killed with its task, or the file is not one it wrote).
+pub fn read_status(status_file: &Path) -> Option<Ended> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(status_file)
+        .ok()?;
+    let mut text = String::new();
+    Read::by_ref(&mut file).take(64).read_to_string(&mut text).ok()?;
+    let (kind, number) = text.trim_end().split_once(' ')?;
+    let number: i32 = number.parse().ok()?;
+    match kind {
+        "exited" => Some(Ended::Exited(number)),
+        "signaled" => Some(Ended::Signaled(number)),
+        _ => None,
+    }
+}
+
+/// What the shim is told to do, besides its command.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Orders {
+    pub status_file: PathBuf,
+    /// uid, gid and supplementary gids of the user to become.
+    pub user: Option<(u32, u32, Vec<u32>)>,
+    pub no_new_privs: bool,
+    pub address_space: Option<u64>,
+    pub processes: Option<u64>,
+}
+
+impl Orders {
+    /// The shim's arguments, up to its command.
+    pub(crate) fn to_args(&self) -> Vec<OsString> {
+        let user = match &self.user {
+            Some((uid, gid, groups)) => {
+                let groups: Vec<String> = groups.iter().map(u32::to_string).collect();
+                format!("{uid}:{gid}:{}", groups.join(","))
+            }
+            None => "-".to_owned(),
+        };
+        let number = |n: Option<u64>| n.map_or_else(|| "-".to_owned(), |n| n.to_string());
+        let mut args = vec![OsString::from(FLAG), self.status_file.clone().into_os_string()];
+        args.extend(
+            [
+                user,
+                u8::from(self.no_new_privs).to_string(),
+                number(self.address_space),
+                number(self.processes),
+                "--".to_owned(),
+            ]
+            .map(OsString::from),
+        );
+        args
+    }
+
+    /// Reads the orders and the command back from the shim's arguments
+    /// (without the program name).
+    pub(crate) fn from_args(args: &[OsString]) -> Result<(Orders, OsString, Vec<OsString>), String> {
+        let [flag, status_file, user, nnp, address_space, processes, dashes, command, rest @ ..] = args
+        else {
+            return Err("usage: --task-shim STATUS USER NNP AS NPROC -- COMMAND [ARGS]".to_owned());
+        };
+        if flag != FLAG || dashes != "--" {
+            return Err("usage: --task-shim STATUS USER NNP AS NPROC -- COMMAND [ARGS]".to_owned());
+        }
+        let text = |s: &OsStr| {
+            s.to_str()
+                .map(str::to_owned)
+                .ok_or_else(|| format!("not text: {s:?}"))
+        };
+        let number = |s: &OsStr| -> Result<Option<u64>, String> {
+            match text(s)?.as_str() {
+                "-" => Ok(None),
+                n => n.parse().map(Some).map_err(|_| format!("not a number: {n}")),
+            }
+        };
+        let id = |s: &str| s.parse::<u32>().map_err(|_| format!("not an id: {s}"));
+        let user = match text(user)?.as_str() {
+            "-" => None,
+            u => {
+                let mut parts = u.splitn(3, ':');
+                let (uid, gid, groups) = (parts.next(), parts.next(), parts.next());
+                let (Some(uid), Some(gid), Some(groups)) = (uid, gid, groups) else {
+                    return Err(format!("not uid:gid:groups: {u}"));
+                };
+                let groups = groups
+                    .split(',')
+                    .filter(|g| !g.is_empty())
+                    .map(id)
+                    .collect::<Result<_, _>>()?;
+                Some((id(uid)?, id(gid)?, groups))
+            }
+        };
+        let orders = Orders {
+            status_file: PathBuf::from(status_file),
+            user,
+            no_new_privs: match text(nnp)?.as_str() {
+                "0" => false,
+                "1" => true,
+                other => return Err(format!("not 0 or 1: {other}")),
+            },
+            address_space: number(address_space)?,
+            processes: number(processes)?,
+        };
+        Ok((orders, command.clone(), rest.to_vec()))
+    }
+}
+
+/// The shim's whole life: `args` are its arguments without the program
+/// name. Never returns: it ends the way its command ended.
+pub fn main(args: &[OsString]) -> ! {
+    let (orders, command, command_args) = match Orders::from_args(args) {
+        Ok(parsed) => parsed,
+        Err(e) => {
+            eprintln!("k8s4r task shim: {e}");
+            std::process::exit(127);
+        }
+    };
+    let mut report = sys::report_pipe(REPORT_FD);
+    // Every signal that can be is blocked from here on: those sent to the
+    // task's group are for the command. The child unblocks them.
+    let _ = nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::all()), None);
+    let mut child = std::process::Command::new(&command);
+    child.args(&command_args);
+    let limit = |n: Option<u64>| n.and_then(|n| nix::libc::rlim_t::try_from(n).ok());
+    sys::install_std(
+        &mut child,
+        ChildSetup {
+            new_session: false,
+            // The command leads its own group (its pgid is its pid, as
+            // without a shim): the agent signals that group, never the shim.
+            new_group: true,
+            reset_oom_score: true,
+            unblock_signals: true,
+            report_fd: None,
+            cgroup_procs: None,
+            switch_user: orders.user.as_ref().map(|(uid, gid, groups)| SwitchUser {
+                uid: Uid::from_raw(*uid),
+                gid: Gid::from_raw(*gid),
+                groups: groups.iter().map(|g| Gid::from_raw(*g)).collect(),
+            }),
+            no_new_privs: orders.no_new_privs,
+            address_space: limit(orders.address_space),
+            processes: limit(orders.processes),
+        },
+    );
+    let pid = match child.spawn() {
+        Ok(child) => {
+            let _ = writeln!(report, "ok {}", child.id());
+            Pid::from_raw(child.id() as i32)
+        }
+        Err(e) => {
+            let _ = writeln!(report, "err {}", e.raw_os_error().unwrap_or(0));
+            std::process::exit(127);
+        }
+    };
+    drop(report);
+    let ended = wait(pid);
+    let _ = write_status(&orders.status_file, ended);
+    end_as(ended)
+}
+
+fn wait(pid: Pid) -> Ended {
+    loop {
+        match nix::sys::wait::waitpid(pid, None) {
+            Ok(WaitStatus::Exited(_, code)) => return Ended::Exited(code),
+            Ok(WaitStatus::Signaled(_, signal, _)) => return Ended::Signaled(signal as i32),
+            Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
+            // Not ours to wait for any more: nothing is known of its end.
+            Err(_) => return Ended::Exited(127),
+        }
+    }
+}
+
+/// Writes the end next to its file and renames it in place, so a reader
+/// sees all of it or nothing.
+fn write_status(status_file: &Path, ended: Ended) -> io::Result<()> {
+    let mut partial = status_file.as_os_str().to_owned();
+    partial.push(".partial");
+    let partial = PathBuf::from(partial);
+    let _ = std::fs::remove_file(&partial);
+    std::fs::write(&partial, ended.line().as_bytes())?;
+    std::fs::rename(&partial, status_file)
+}
+
+/// Ends this process as its command ended.
+fn end_as(ended: Ended) -> ! {
+    match ended {
+        Ended::Exited(code) => std::process::exit(code),
+        Ended::Signaled(number) => {
+            if let Ok(signal) = Signal::try_from(number) {
+                // No core file of the shim for a command that dumped one.
+                let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0);
+                let _ = sys::default_action(signal);
+                let mut only = SigSet::empty();
+                only.add(signal);
+                let _ = nix::sys::signal::sigprocmask(SigmaskHow::SIG_UNBLOCK, Some(&only), None);
+                let _ = nix::sys::signal::raise(signal);
+            }
+            std::process::exit(128 + number)
+        }
+    }
+}
+
+/// The first argument that makes the agent's binary a task logger.
+pub const LOGGER_FLAG: &str = "--task-logger";
+
+/// Starts a task's logger: `program` with `args` (after [`LOGGER_FLAG`]),
+/// reading the task's stdout pipe as its stdin and its stderr pipe as fd
+/// 3 ([`take_fd`]), in a session of its own so that nothing the agent
+/// sends a task's group reaches it, and it outlives the agent.
+pub fn spawn_logger(
+    program: &Path,
+    args: &[OsString],
+    stdout: std::os::fd::OwnedFd,
+    stderr: std::os::fd::OwnedFd,
+) -> io::Result<tokio::process::Child> {
+    use std::os::fd::AsRawFd;
+    let mut command = tokio::process::Command::new(program);
+    command.arg(LOGGER_FLAG).args(args);
+    command.env_clear();
+    command.stdin(std::process::Stdio::from(stdout));
+    command.kill_on_drop(false);
+    sys::install(
+        &mut command,
+        ChildSetup {
+            new_session: true,
+            new_group: false,
+            reset_oom_score: false,
+            unblock_signals: false,
+            report_fd: Some(stderr.as_raw_fd()),
+            cgroup_procs: None,
+            switch_user: None,
+            no_new_privs: false,
+            address_space: None,
+            processes: None,
+        },
+    );
+    let child = command.spawn();
+    drop(stderr);
+    child
+}
+
+/// An fd this process was started with (the task logger's second pipe),
+/// closed on exec from now on.
+pub fn take_fd(fd: RawFd) -> std::fs::File {
+    sys::report_pipe(fd)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn orders_read_back_as_they_were_written() {
+        let orders = Orders {
+            status_file: PathBuf::from("/var/lib/k8s4r/tasks/a-1/exit-status"),
+            user: Some((61000, 61000, vec![20, 44])),
+            no_new_privs: true,
+            address_space: Some(1 << 30),
+            processes: None,
+        };
+        let mut args = orders.to_args();
+        args.extend(["sh", "-c", "echo hi"].map(OsString::from));
+        let (back, command, rest) = Orders::from_args(&args).unwrap();
+        assert_eq!(back, orders);
+        assert_eq!(command, "sh");
+        assert_eq!(rest, ["-c", "echo hi"].map(OsString::from));
+        let no_user = Orders {
+            user: Some((5, 6, Vec::new())),
+            ..Orders::default()
+        };
+        let mut args = no_user.to_args();
+        args.push("true".into());
+        assert_eq!(Orders::from_args(&args).unwrap().0, no_user);
+    }
+
+    #[test]
+    fn arguments_that_are_not_orders_are_refused() {
+        assert!(Orders::from_args(&["--task-shim".into()]).is_err());
+        let mut args = Orders::default().to_args();
+        args[3] = "yes".into();
+        args.push("true".into());
+        assert!(Orders::from_args(&args).is_err());
+    }
+
+    #[test]
+    fn a_status_reads_back_and_a_foreign_file_is_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("exit-status");
+        for ended in [Ended::Exited(0), Ended::Exited(3), Ended::Signaled(9)] {
+            write_status(&file, ended).unwrap();
+            assert_eq!(read_status(&file), Some(ended));
+        }
+        std::fs::write(&file, "root:x:0:0\n").unwrap();
+        assert_eq!(read_status(&file), None);
+        assert_eq!(read_status(&dir.path().join("missing")), None);
+        assert_eq!(Ended::Exited(3).wait_status(), 3 << 8);
+        assert_eq!(Ended::Signaled(15).wait_status(), 15);
+    }
+}
