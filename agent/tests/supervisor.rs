@@ -52,33 +52,26 @@ async fn logs_rotate_and_the_tail_is_capped() {
         c.log_max_files = 3;
         c.output_tail_bytes = 16;
     });
-    // The task writes its log files itself; the agent rotates them (copy
-    // and truncate) when it measures the disk, every two seconds while
-    // tasks run, and once more at the end. 15 lines of 11 bytes, a wait
-    // for the rotation, 15 more.
-    let lines = |from: u32| {
-        format!(
-            "i={from}; while [ $i -lt {} ]; do echo \"line $i...\"; i=$((i+1)); done",
-            from + 15
+    // 50 lines of 11 bytes: 550 bytes through files of 100, of which the
+    // last three files keep 250. The task's logger rotates them as it
+    // writes.
+    let out = h
+        .run(
+            "rotate",
+            sh("i=10; while [ $i -lt 60 ]; do echo \"line $i...\"; i=$((i+1)); done"),
         )
-    };
-    let script = format!(
-        "{}; while [ ! -e ../logs/stdout.log.1 ]; do sleep 0.05; done; {}",
-        lines(10),
-        lines(25)
-    );
-    let out = h.run("rotate", sh(&script).with_timeout("30s")).await;
-    assert_eq!(out.reason, TaskReason::Completed, "{}", out.message);
-    assert_eq!(out.output_tail, "8...\nline 39...\n");
+        .await;
+    assert_eq!(out.reason, TaskReason::Completed);
+    assert_eq!(out.output_tail, "8...\nline 59...\n");
     h.handle.shutdown().await;
-    let run = |from: u32| {
-        (from..from + 15)
-            .map(|i| format!("line {i}...\n"))
-            .collect::<String>()
-    };
-    assert_eq!(h.log("rotate", "stdout.log.2"), run(10));
-    assert_eq!(h.log("rotate", "stdout.log.1"), run(25));
-    assert_eq!(h.log("rotate", "stdout.log"), "", "rotated at the end");
+    let all: String = (10..60).map(|i| format!("line {i}...\n")).collect();
+    let kept = [
+        h.log("rotate", "stdout.log.2"),
+        h.log("rotate", "stdout.log.1"),
+        h.log("rotate", "stdout.log"),
+    ];
+    assert_eq!(kept.iter().map(String::len).collect::<Vec<_>>(), [100, 100, 50]);
+    assert_eq!(kept.concat(), all[all.len() - 250..]);
     let logs = h.dir.path().join("tasks/rotate-1/logs");
     assert!(!logs.join("stdout.log.3").exists());
 }

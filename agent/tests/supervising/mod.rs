@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use k8s4r_agent::supervisor::{
@@ -109,6 +109,9 @@ pub fn config(dir: &Path) -> SupervisorConfig {
             ..SupervisorConfig::default().policy
         },
         disk_reserve: Some(DiskSize::Bytes(1 << 20)),
+        // As the agent's binary runs them: each under its shim, its output
+        // written by its logger.
+        shim_program: Some(PathBuf::from(env!("CARGO_BIN_EXE_k8s4r-agent"))),
         ..SupervisorConfig::default()
     }
 }

@@ -27,6 +27,8 @@ const TICK: Ms = 500;
 struct Proc {
     end: Ms,
     stop: Option<TaskReason>,
+    /// Its `stopAfter`, when the robot fences it.
+    stop_after: Option<Duration>,
 }
 
 /// One agent process's memory.
@@ -50,6 +52,9 @@ pub struct Agent {
     /// The state directory: the outbox and the record of accepted attempts.
     files: Memory,
     procs: BTreeMap<(String, u32), Proc>,
+    /// The last contact a process kept in the runtime directory (boot
+    /// clock), for the next one.
+    contact: Option<Duration>,
     restarts: u64,
     mem: Option<Mem>,
 }
@@ -71,6 +76,7 @@ impl Agent {
                 ..Memory::default()
             },
             procs: BTreeMap::new(),
+            contact: None,
             restarts: 0,
             mem: None,
         }
@@ -109,13 +115,19 @@ impl Agent {
             jitter: Jitter::with_seed(net.rng().u64(..)),
         };
         // What the previous process left running, as the supervisor reports
-        // it at start (the unit's ExecStopPost stopped it: normally none).
+        // it at start (re-adopted), and the leases of those it fences.
         let running = self
             .procs
             .keys()
             .map(|(uid, attempt)| (uid.clone(), *attempt, None))
             .collect();
-        let core = Core::new(settings, running, &self.files.admitted);
+        let leases: Vec<_> = self
+            .procs
+            .iter()
+            .filter_map(|((uid, attempt), p)| Some((uid.clone(), *attempt, p.stop_after?)))
+            .collect();
+        let mut core = Core::new(settings, running, &self.files.admitted);
+        core.adopted(&leases, self.contact, self.now(net));
         self.mem = Some(Mem {
             core,
             online: false,
@@ -126,11 +138,10 @@ impl Agent {
         self.tick(net);
     }
 
-    /// SIGKILL: the memory is gone; the unit's ExecStopPost stops the batch
-    /// tasks it left (`stop_left_tasks`), which the next process reports.
-    /// systemd starts the next process only after ExecStopPost is done: the
-    /// world restarts it no sooner than a second later, and the tasks are
-    /// gone within that.
+    /// SIGKILL (or the SIGTERM of a restart): the memory is gone; the
+    /// tasks run on under their shims, and the unit restarts (its
+    /// ExecStopPost leaves them: no stop job). The next process re-adopts
+    /// them, fencing them from the contact this one kept.
     pub fn kill(&mut self, net: &mut Net) {
         if self.mem.take().is_none() {
             return;
@@ -139,10 +150,6 @@ impl Agent {
             robot: self.robot,
             up: false,
         });
-        let keys: Vec<_> = self.procs.keys().cloned().collect();
-        for (uid, attempt) in keys {
-            self.stop_within(net, &uid, attempt, TaskReason::AgentRestarted, 900);
-        }
     }
 
     /// The agent noticed its connection is gone (keep-alive).
@@ -225,7 +232,7 @@ impl Agent {
                     payload,
                     retain,
                 } => self.publish(net, topic, payload, retain),
-                Command::Start(request) => self.spawn(net, &request.uid, request.attempt),
+                Command::Start(request) => self.spawn(net, &request.uid, request.attempt, request.stop_after),
                 Command::Stop { uid, attempt, cause } => {
                     let reason = match cause {
                         StopCause::Disconnected(_) => TaskReason::Disconnected,
@@ -242,7 +249,8 @@ impl Agent {
                         self.stop_within(net, &uid, attempt, reason, 5_000);
                     }
                 }
-                Command::Logs(_) | Command::Upgrade(_) | Command::HeartbeatConfirmed { .. } => {}
+                Command::HeartbeatConfirmed { contact, .. } => self.contact = self.contact.max(contact),
+                Command::Logs(_) | Command::Upgrade(_) => {}
             }
         }
         for update in std::mem::take(&mut self.files.settled) {
@@ -286,11 +294,15 @@ impl Agent {
     }
 
     /// The supervisor starts the attempt's process and reports it running.
-    fn spawn(&mut self, net: &mut Net, uid: &str, attempt: u32) {
+    fn spawn(&mut self, net: &mut Net, uid: &str, attempt: u32, stop_after: Option<Duration>) {
         let now = self.now(net);
         let end = net.now() + net.rng().u64(10_000..120_000);
-        self.procs
-            .insert((uid.to_owned(), attempt), Proc { end, stop: None });
+        let proc = Proc {
+            end,
+            stop: None,
+            stop_after,
+        };
+        self.procs.insert((uid.to_owned(), attempt), proc);
         net.exit_at(end, self.robot, uid, attempt);
         net.log(What::Start {
             robot: self.robot,

@@ -124,21 +124,22 @@ fn regression_seeds() {
 }
 
 /// The simulation finds hole 2 by itself: with the agent's record of
-/// accepted attempts taken away, a redelivered dispatch runs again after a
-/// restart. (With the record, the same seed breaks no rule.)
+/// accepted attempts taken away, a redelivered dispatch of an attempt that
+/// ended runs again after a restart, within the first seeds. (With the
+/// record, the same seed breaks no rule.)
 #[test]
 fn without_the_record_of_accepted_attempts_a_restart_runs_an_attempt_again() {
     let forgetful = WorldConfig {
         record_admissions: false,
         ..WorldConfig::default()
     };
-    let report = run(2, &forgetful);
+    let seed = (0..64)
+        .find(|seed| found(&run(*seed, &forgetful), Kind::Rerun))
+        .expect("no seed of the first 64 ran an attempt again without the record");
     assert!(
-        found(&report, Kind::Rerun),
-        "seed 2 without the record: {:#?}",
-        report.violations
+        run(seed, &WorldConfig::default()).violations.is_empty(),
+        "seed {seed} with the record"
     );
-    assert!(run(2, &WorldConfig::default()).violations.is_empty());
 }
 
 /// Fresh seeds every run, as scripts/test.sh runs them: a failure prints
