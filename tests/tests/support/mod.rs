@@ -182,12 +182,26 @@ impl Env {
     }
 
     /// SIGTERMs the agent of `robot`, as `systemctl stop` or a restart
-    /// does, and waits for it to exit (it stops its batch tasks first).
+    /// does, and waits for it to exit (it leaves its running tasks
+    /// running).
     pub fn stop_agent(&mut self, robot: &str) {
         let mut proc = self.take_agent(robot);
         let pid = nix::unistd::Pid::from_raw(i32::try_from(proc.0.id()).expect("a pid"));
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM the agent");
         proc.0.wait().expect("reap the agent");
+    }
+
+    /// Runs `--stop-left-tasks` for `robot`'s state, as the unit's
+    /// `ExecStopPost` does when systemd stops the unit for good.
+    pub fn stop_left_tasks(&self, robot: &str) {
+        let out = Command::new(env!("CARGO_BIN_EXE_e2e-agent"))
+            .args(["--robot-id", robot, "--broker-url", &self.broker_url])
+            .arg("--state-dir")
+            .arg(self.dir.path().join("agents").join(robot))
+            .arg("--stop-left-tasks")
+            .output()
+            .expect("run --stop-left-tasks");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     }
 
     pub async fn wait_phase(&self, robot: &str, phase: RobotPhase) {
