@@ -14,8 +14,11 @@
 //! loop says how long one handling took (count, p50, p99, max): a late
 //! signal waited for the slowest of them.
 //! - `agent_rss_{0,100,1000}_tasks_mib`: this process's RSS (the agent:
-//!   runtime + supervisor; the children are not counted) with that many
-//!   `sleep` tasks running.
+//!   runtime + supervisor; the children, shims and loggers included, are
+//!   not counted) with that many `sleep` tasks running.
+//!
+//! Every task runs under its shim with its logger, as under the agent's
+//! binary.
 //! - `task_start_p99_ms`: submit() called -> Started event received, for
 //!   1,000 tasks dispatched one after the other, without artifacts.
 //! - `tokio_alive_tasks_*`: tokio tasks alive at 0, 100 and 1,000 running
@@ -92,6 +95,9 @@ fn start(dir: &std::path::Path) -> (SupervisorHandle, UnboundedReceiver<TaskEven
             ..SupervisorConfig::default().policy
         },
         max_tasks: 2000,
+        // As the agent's binary runs tasks: each under its shim, its
+        // output written by its logger (two more processes a task).
+        shim_program: Some(std::path::PathBuf::from(env!("CARGO_BIN_EXE_k8s4r-agent"))),
         ..SupervisorConfig::default()
     })
     .expect("supervisor")

@@ -29,10 +29,14 @@ pub fn how_it_ends() -> UnitEnd {
     if std::env::var_os("SERVICE_RESULT").is_none() {
         return UnitEnd::NotAUnit;
     }
-    let Some(unit) = std::fs::read_to_string("/proc/self/cgroup")
-        .ok()
-        .and_then(|c| unit_of(&c))
-    else {
+    // The unit names itself (`Environment=K8S4R_UNIT=%n`); else its
+    // name is read off the cgroup.
+    let named = std::env::var("K8S4R_UNIT").ok().filter(|u| !u.is_empty());
+    let Some(unit) = named.or_else(|| {
+        std::fs::read_to_string("/proc/self/cgroup")
+            .ok()
+            .and_then(|c| unit_of(&c))
+    }) else {
         return UnitEnd::StopsForGood;
     };
     let jobs = std::process::Command::new("systemctl")

@@ -32,8 +32,9 @@ use crate::sys::{self, ChildSetup, SwitchUser};
 /// The first argument that makes the agent's binary a task shim.
 pub const FLAG: &str = "--task-shim";
 
-/// The fd the shim reports on whether the command started.
-pub const REPORT_FD: RawFd = 3;
+/// The fd the shim reports on whether the command started (and the
+/// logger reads the task's stderr from).
+pub const REPORT_FD: RawFd = sys::REPORT_FD;
 
 /// Where a task's shim is, and where it writes the task's end.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -20,6 +20,10 @@ pub(crate) struct SwitchUser {
     pub groups: Vec<Gid>,
 }
 
+/// The fd a task shim reports on whether its command started (and the
+/// fd a task logger reads the task's stderr from).
+pub(crate) const REPORT_FD: RawFd = 3;
+
 /// What the child does to itself before exec.
 pub(crate) struct ChildSetup {
     /// Lead a new session (and process group).
@@ -80,10 +84,10 @@ fn hook(setup: ChildSetup) -> impl FnMut() -> std::io::Result<()> + Send + Sync 
             // child; fd 3 is closed on exec otherwise, so replacing it
             // loses nothing the shim needs.
             let rc = unsafe {
-                if fd == crate::shim::REPORT_FD {
+                if fd == REPORT_FD {
                     nix::libc::fcntl(fd, nix::libc::F_SETFD, 0)
                 } else {
-                    nix::libc::dup2(fd, crate::shim::REPORT_FD)
+                    nix::libc::dup2(fd, REPORT_FD)
                 }
             };
             if rc == -1 {

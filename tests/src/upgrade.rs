@@ -1,7 +1,10 @@
 //! What the agent-upgrade tests and bench share: a stand-in for systemd
 //! that runs the agent exactly as `systemd/k8s4r-agent.service` says
 //! (its `ExecStartPre`, `ExecStart` and `ExecStopPost` lines, its
-//! `RestartSec`, `Restart=always`, and its watchdog: `WatchdogSec`, with
+//! `Environment` (`%n` the unit's name), `RestartSec`, `Restart=always`;
+//! its `ExecStopPost` sees `SERVICE_RESULT` and, through a `systemctl`
+//! of its own on `PATH`, a `stop` job only when the unit is stopped,
+//! none when it restarts; and its watchdog: `WatchdogSec`, with
 //! `NOTIFY_SOCKET` and `WATCHDOG_USEC` given to the main process, SIGABRT
 //! when it is not told in time and SIGKILL `TimeoutAbortSec` later), a robot installed in upgrade slots as
 //! `systemd/install.sh` installs it, and the signing of artifacts with the
@@ -44,7 +47,12 @@ pub struct UnitFile {
     pub watchdog: Option<Duration>,
     /// `TimeoutAbortSec`.
     pub abort_timeout: Duration,
+    /// `Environment`, for every command.
+    environment: Vec<(String, String)>,
 }
+
+/// The unit's name (`%n`).
+const UNIT_NAME: &str = "k8s4r-agent.service";
 
 impl UnitFile {
     /// Parses the unit's text, replacing each `(from, to)` in its command
@@ -56,6 +64,7 @@ impl UnitFile {
         let mut restart_sec = Duration::from_millis(100);
         let mut watchdog = None;
         let mut abort_timeout = Duration::from_secs(90);
+        let mut environment = Vec::new();
         for line in text.lines().map(str::trim) {
             let Some((key, value)) = line.split_once('=') else {
                 continue;
@@ -82,6 +91,11 @@ impl UnitFile {
                 "ExecStartPre" => start_pre.push(exec()),
                 "ExecStart" => start = Some(exec()),
                 "ExecStopPost" => stop_post.push(exec()),
+                "Environment" => {
+                    if let Some((name, value)) = value.split_once('=') {
+                        environment.push((name.to_owned(), value.replace("%n", UNIT_NAME)));
+                    }
+                }
                 "RestartSec" => {
                     restart_sec = k8s4r_api::parse_duration(value).expect("RestartSec is a duration");
                 }
@@ -101,6 +115,7 @@ impl UnitFile {
             restart_sec,
             watchdog,
             abort_timeout,
+            environment,
         }
     }
 }
@@ -206,6 +221,26 @@ fn command(line: &ExecLine, env: &[(String, String)], log: &Path) -> Command {
     cmd
 }
 
+/// What systemd gives `ExecStopPost` besides the unit's environment:
+/// `SERVICE_RESULT`, and here a `systemctl` whose `list-jobs` says the
+/// unit's job (written next to `log` before each stop).
+fn stop_post_env(env: &[(String, String)], log: &Path) -> Vec<(String, String)> {
+    let bin = log.with_extension("bin");
+    let _ = std::fs::create_dir_all(&bin);
+    let script = format!(
+        "#!/bin/sh\ncat {} 2>/dev/null\n",
+        log.with_extension("jobs").display()
+    );
+    let systemctl = bin.join("systemctl");
+    let _ = std::fs::write(&systemctl, script);
+    let _ = std::fs::set_permissions(&systemctl, std::os::unix::fs::PermissionsExt::from_mode(0o755));
+    let path = std::env::var("PATH").unwrap_or_default();
+    let mut env = env.to_vec();
+    env.push(("SERVICE_RESULT".into(), "success".into()));
+    env.push(("PATH".into(), format!("{}:{path}", bin.display())));
+    env
+}
+
 /// Runs `line` to its end; whether it succeeded.
 fn run_to_end(line: &ExecLine, env: &[(String, String)], log: &Path) -> bool {
     command(line, env, log).status().is_ok_and(|s| s.success())
@@ -235,6 +270,8 @@ fn run_unit(unit: &UnitFile, env: &[(String, String)], log: &Path, shared: &Shar
             abort_timeout: unit.abort_timeout,
         }
     });
+    let env = &[unit.environment.clone(), env.to_vec()].concat();
+    let stop_env = stop_post_env(env, log);
     let mut main_env = env.to_vec();
     if let Some(dog) = &watchdog {
         main_env.push(("NOTIFY_SOCKET".into(), dog.path.display().to_string()));
@@ -257,8 +294,15 @@ fn run_unit(unit: &UnitFile, env: &[(String, String)], log: &Path, shared: &Shar
                         });
                 }
             }
+            // systemd runs a `stop` job while it stops the unit; when the
+            // unit restarts on its own (a crash, an upgrade's switch) none.
+            let jobs = match shared.stop.load(Ordering::SeqCst) {
+                true => format!("1 {UNIT_NAME} stop running\n"),
+                false => String::new(),
+            };
+            let _ = std::fs::write(log.with_extension("jobs"), jobs);
             for line in &unit.stop_post {
-                run_to_end(line, env, log);
+                run_to_end(line, &stop_env, log);
             }
         }
         let guard = shared.wake.0.lock().unwrap();
