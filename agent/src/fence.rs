@@ -121,15 +121,18 @@ impl Fence {
 
     /// A previous agent process of this boot left these fenced attempts
     /// running (each with its `stopAfter`), and had contact at `contact`
-    /// as far as it wrote down (None: unknown). They are held from that
-    /// contact, not from this process's start: without one, they are due
-    /// at once (the robot may have been silent since boot). Arms the
-    /// fence, as the previous process was.
+    /// as far as it wrote down. They are held from that contact, not from
+    /// this process's start, and the fence is armed as the previous
+    /// process's was (it wrote a contact only once the server confirmed a
+    /// heartbeat, which arms it). Without one (a server that confirms
+    /// nothing, or the record was lost) they wait for this process's own
+    /// registration answer: a confirming server arms the fence then, and
+    /// with no contact yet they are due at once.
     pub fn adopted(&mut self, leases: &[(String, u32, Duration)], contact: Option<Duration>) {
         if leases.is_empty() {
             return;
         }
-        self.armed = true;
+        self.armed |= contact.is_some();
         self.contact = self.contact.max(contact);
         for (uid, attempt, stop_after) in leases {
             self.remember(uid, *attempt);

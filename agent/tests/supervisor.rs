@@ -87,6 +87,41 @@ async fn non_zero_exit_is_an_error() {
     assert_eq!(out.message, "exited with code 3");
 }
 
+/// The shim is a fenced task's last line of fencing: with the agent's
+/// kept contact older than `stopAfter` plus the kill timeout (here a
+/// minute old, as when no agent has run since), it SIGKILLs the command
+/// itself, whether an agent is there to do it or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_task_whose_contact_ran_out_is_killed_by_its_shim() {
+    let mut h = Harness::new();
+    let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).unwrap();
+    let stale = Duration::from(now).saturating_sub(Duration::from_secs(60));
+    let run = h.dir.path().join("run");
+    std::fs::create_dir_all(&run).unwrap();
+    std::fs::write(
+        run.join("contact"),
+        format!("{} {}\n", boot_id.trim(), stale.as_nanos()),
+    )
+    .unwrap();
+    let mut req = request("fenced", 1, task("sleep", &["1000"]).with_kill_timeout("1s"));
+    req.stop_after = Some(Duration::from_secs(1));
+    let started = std::time::Instant::now();
+    assert_eq!(h.handle.submit(req).await.unwrap(), Submit::Accepted);
+    let out = h.finished("fenced").await;
+    assert_eq!(
+        (out.signal, out.reason),
+        (Some(9), TaskReason::Signaled),
+        "{}",
+        out.message
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_by_a_signal_is_signaled() {
     let mut h = Harness::new();

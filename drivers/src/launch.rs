@@ -26,31 +26,49 @@ pub(crate) struct Isolation {
 pub(crate) fn spawn(launch: Launch<'_>, isolation: Isolation) -> Result<Launched, DriverError> {
     let template = launch.template;
     let prepared = launch.prepared;
-    let mut command = match launch.shim {
+    let vars = || {
+        let base = isolation.base_env.iter().chain(launch.extra_env.iter());
+        base.map(|(k, v)| (k.as_str(), v.as_str())).chain(
+            template
+                .env
+                .iter()
+                .map(|var| (var.name.as_str(), var.value.as_str())),
+        )
+    };
+    let spawn_error = |source| DriverError::Spawn {
+        command: template.command.clone(),
+        source,
+    };
+    let mut command = tokio::process::Command::new(match launch.shim {
+        Some(shim) => shim.program.as_path(),
+        None => std::path::Path::new(&template.command),
+    });
+    command.env_clear();
+    // The shim runs as the agent's user: nothing of the task's (its
+    // environment, its directory) may reach it. It gets the command's
+    // environment on its stdin and starts the command in its directory.
+    let env_pipe = match launch.shim {
         Some(shim) => {
-            let mut command = tokio::process::Command::new(&shim.program);
             command.args(shim_orders(shim, prepared, &isolation).to_args());
             command.arg(&template.command);
-            command
+            command.current_dir("/");
+            let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| spawn_error(e.into()))?;
+            command.stdin(Stdio::from(read));
+            Some(write)
         }
-        None => tokio::process::Command::new(&template.command),
+        None => {
+            command.envs(vars());
+            command.current_dir(&prepared.cwd);
+            command.stdin(Stdio::null());
+            None
+        }
     };
     command.args(&template.args);
-    command.env_clear();
-    command.envs(isolation.base_env.iter().map(|(k, v)| (k, v)));
-    command.envs(launch.extra_env.iter().map(|(k, v)| (k, v)));
-    command.envs(template.env.iter().map(|var| (&var.name, &var.value)));
-    command.current_dir(&prepared.cwd);
-    command.stdin(Stdio::null());
     command.stdout(Stdio::from(launch.stdout));
     command.stderr(Stdio::from(launch.stderr));
     // The supervisor kills the whole group itself; a dropped handle (agent
     // crash, runtime teardown) must not kill the task behind its back.
     command.kill_on_drop(false);
-    let spawn_error = |source| DriverError::Spawn {
-        command: template.command.clone(),
-        source,
-    };
     let cgroup_procs = match launch.cgroup {
         Some(cgroup) => Some(cgroup.open_procs().map_err(spawn_error)?),
         None => None,
@@ -84,6 +102,12 @@ pub(crate) fn spawn(launch: Launch<'_>, isolation: Isolation) -> Result<Launched
         },
     );
     let child = command.spawn().map_err(|source| start_error(template, source))?;
+    drop(command);
+    if let Some(write) = env_pipe {
+        // The shim reads it all before it starts the command; a shim that
+        // died first makes this fail, and its report says why.
+        let _ = std::io::Write::write_all(&mut std::fs::File::from(write), &crate::shim::encode_env(vars()));
+    }
     let pid = child.id().ok_or_else(|| DriverError::Spawn {
         command: template.command.clone(),
         source: std::io::Error::other("process exited before its pid was read"),
@@ -127,6 +151,7 @@ fn start_error(template: &k8s4r_api::TaskTemplate, source: std::io::Error) -> Dr
 fn shim_orders(shim: &Shim, prepared: &crate::Prepared, isolation: &Isolation) -> Orders {
     Orders {
         status_file: shim.status_file.clone(),
+        cwd: prepared.cwd.clone(),
         user: prepared
             .identity
             .as_ref()
@@ -134,6 +159,9 @@ fn shim_orders(shim: &Shim, prepared: &crate::Prepared, isolation: &Isolation) -
         no_new_privs: isolation.no_new_privs,
         address_space: isolation.address_space.map(u64::from),
         processes: isolation.processes.map(u64::from),
+        fence_ms: shim
+            .fence
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
     }
 }
 

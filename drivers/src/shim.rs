@@ -22,9 +22,9 @@ use std::ffi::{OsStr, OsString};
 use std::io::{self, Write};
 use std::os::fd::RawFd;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-use nix::sys::signal::{SigSet, SigmaskHow, Signal};
-use nix::sys::wait::WaitStatus;
+use nix::sys::signal::{SigSet, SigmaskHow};
 use nix::unistd::{Gid, Pid, Uid};
 
 use crate::sys::{self, ChildSetup, SwitchUser};
@@ -42,8 +42,14 @@ pub struct Shim {
     /// The shim's program (the agent's binary: `/proc/self/exe`).
     pub program: PathBuf,
     /// The file the shim writes the command's end to (in a directory only
-    /// the agent's user may write).
+    /// the agent's user may write). The agent's last contact with the
+    /// cluster is kept two levels up (`contact`).
     pub status_file: PathBuf,
+    /// For a fenced task, `stopAfter` plus its kill timeout: the shim
+    /// SIGKILLs the command's group when the agent's kept contact is older
+    /// than that, the moment by which the agent would have (see
+    /// [`main`]).
+    pub fence: Option<std::time::Duration>,
 }
 
 /// How a task's command ended, as its shim wrote it.
@@ -97,11 +103,15 @@ pub fn read_status(status_file: &Path) -> Option<Ended> {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Orders {
     pub status_file: PathBuf,
+    /// The command's working directory (the shim itself runs in `/`).
+    pub cwd: PathBuf,
     /// uid, gid and supplementary gids of the user to become.
     pub user: Option<(u32, u32, Vec<u32>)>,
     pub no_new_privs: bool,
     pub address_space: Option<u64>,
     pub processes: Option<u64>,
+    /// The fence, in milliseconds (see [`Shim::fence`]).
+    pub fence_ms: Option<u64>,
 }
 
 impl Orders {
@@ -115,13 +125,18 @@ impl Orders {
             None => "-".to_owned(),
         };
         let number = |n: Option<u64>| n.map_or_else(|| "-".to_owned(), |n| n.to_string());
-        let mut args = vec![OsString::from(FLAG), self.status_file.clone().into_os_string()];
+        let mut args = vec![
+            OsString::from(FLAG),
+            self.status_file.clone().into_os_string(),
+            self.cwd.clone().into_os_string(),
+        ];
         args.extend(
             [
                 user,
                 u8::from(self.no_new_privs).to_string(),
                 number(self.address_space),
                 number(self.processes),
+                number(self.fence_ms),
                 "--".to_owned(),
             ]
             .map(OsString::from),
@@ -132,12 +147,14 @@ impl Orders {
     /// Reads the orders and the command back from the shim's arguments
     /// (without the program name).
     pub(crate) fn from_args(args: &[OsString]) -> Result<(Orders, OsString, Vec<OsString>), String> {
-        let [flag, status_file, user, nnp, address_space, processes, dashes, command, rest @ ..] = args
+        const USAGE: &str = "usage: --task-shim STATUS CWD USER NNP AS NPROC FENCE -- COMMAND [ARGS]";
+        let [flag, status_file, cwd, user, nnp, address_space, processes, fence, dashes, command, rest @ ..] =
+            args
         else {
-            return Err("usage: --task-shim STATUS USER NNP AS NPROC -- COMMAND [ARGS]".to_owned());
+            return Err(USAGE.to_owned());
         };
         if flag != FLAG || dashes != "--" {
-            return Err("usage: --task-shim STATUS USER NNP AS NPROC -- COMMAND [ARGS]".to_owned());
+            return Err(USAGE.to_owned());
         }
         let text = |s: &OsStr| {
             s.to_str()
@@ -169,6 +186,7 @@ impl Orders {
         };
         let orders = Orders {
             status_file: PathBuf::from(status_file),
+            cwd: PathBuf::from(cwd),
             user,
             no_new_privs: match text(nnp)?.as_str() {
                 "0" => false,
@@ -177,6 +195,7 @@ impl Orders {
             },
             address_space: number(address_space)?,
             processes: number(processes)?,
+            fence_ms: number(fence)?,
         };
         Ok((orders, command.clone(), rest.to_vec()))
     }
@@ -196,8 +215,20 @@ pub fn main(args: &[OsString]) -> ! {
     // Every signal that can be is blocked from here on: those sent to the
     // task's group are for the command. The child unblocks them.
     let _ = nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::all()), None);
+    // The command's environment comes on stdin, never in the shim's own:
+    // the shim runs as root, and a task's LD_PRELOAD must not reach it.
+    let env = match read_env(std::io::stdin().lock()) {
+        Ok(env) => env,
+        Err(e) => {
+            let _ = writeln!(report, "err {}", e.raw_os_error().unwrap_or(0));
+            std::process::exit(127);
+        }
+    };
     let mut child = std::process::Command::new(&command);
     child.args(&command_args);
+    child.env_clear().envs(env);
+    child.current_dir(&orders.cwd);
+    child.stdin(std::process::Stdio::null());
     let limit = |n: Option<u64>| n.and_then(|n| nix::libc::rlim_t::try_from(n).ok());
     sys::install_std(
         &mut child,
@@ -231,21 +262,110 @@ pub fn main(args: &[OsString]) -> ! {
         }
     };
     drop(report);
-    let ended = wait(pid);
+    let ended = match orders.fence_ms {
+        Some(ms) => wait_fenced(pid, &orders.status_file, Duration::from_millis(ms)),
+        None => wait(pid),
+    };
     let _ = write_status(&orders.status_file, ended);
     end_as(ended)
 }
 
-fn wait(pid: Pid) -> Ended {
-    loop {
-        match nix::sys::wait::waitpid(pid, None) {
-            Ok(WaitStatus::Exited(_, code)) => return Ended::Exited(code),
-            Ok(WaitStatus::Signaled(_, signal, _)) => return Ended::Signaled(signal as i32),
-            Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
-            // Not ours to wait for any more: nothing is known of its end.
-            Err(_) => return Ended::Exited(127),
-        }
+/// Most bytes of environment the shim takes for its command.
+const ENV_MAX: u64 = 4 << 20;
+
+/// The command's environment: `NAME=value` entries, each ended by a NUL.
+fn read_env(input: impl std::io::Read) -> io::Result<Vec<(OsString, OsString)>> {
+    use std::io::Read;
+    use std::os::unix::ffi::OsStrExt;
+    let mut bytes = Vec::new();
+    input.take(ENV_MAX).read_to_end(&mut bytes)?;
+    Ok(bytes
+        .split(|b| *b == 0)
+        .filter(|entry| !entry.is_empty())
+        .filter_map(|entry| {
+            let at = entry.iter().position(|b| *b == b'=')?;
+            let (name, value) = (&entry[..at], &entry[at + 1..]);
+            Some((
+                OsStr::from_bytes(name).to_owned(),
+                OsStr::from_bytes(value).to_owned(),
+            ))
+        })
+        .collect())
+}
+
+/// The environment as the shim reads it (see [`read_env`]).
+pub(crate) fn encode_env<'a>(vars: impl Iterator<Item = (&'a str, &'a str)>) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (name, value) in vars {
+        out.extend_from_slice(name.as_bytes());
+        out.push(b'=');
+        out.extend_from_slice(value.as_bytes());
+        out.push(0);
     }
+    out
+}
+
+fn wait(pid: Pid) -> Ended {
+    ended(sys::wait_raw(pid.as_raw(), true))
+}
+
+fn ended(status: Option<i32>) -> Ended {
+    match status {
+        Some(status) if nix::libc::WIFEXITED(status) => Ended::Exited(nix::libc::WEXITSTATUS(status)),
+        Some(status) if nix::libc::WIFSIGNALED(status) => Ended::Signaled(nix::libc::WTERMSIG(status)),
+        // Not ours to wait for any more: nothing is known of its end.
+        _ => Ended::Exited(127),
+    }
+}
+
+/// Waits for a fenced command, as the robot's last line of fencing: the
+/// agent stops a fenced attempt once it has had no contact with the
+/// cluster for `stopAfter`, and SIGKILLs it a kill timeout later; while no
+/// agent runs (a crash loop, a unit stopped while it waited to restart),
+/// nothing would. So the shim reads the contact the agent keeps (boot
+/// clock, this boot's) every second, and SIGKILLs the command's group once
+/// it is older than `fence` (`stopAfter` plus the kill timeout), the moment
+/// the agent would have; the cluster replaces the attempt only later
+/// (docs/fencing.md). Without a kept contact it counts from its own start.
+fn wait_fenced(pid: Pid, status_file: &Path, fence: Duration) -> Ended {
+    let contact_file = status_file
+        .parent()
+        .and_then(Path::parent)
+        .map(|d| d.join("contact"));
+    let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let now = || {
+        nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
+            .map(Duration::from)
+            .ok()
+    };
+    let started = now().unwrap_or_default();
+    let mut killed = false;
+    loop {
+        if let Some(status) = sys::wait_raw(pid.as_raw(), false) {
+            return ended(Some(status));
+        }
+        if nix::sys::signal::kill(pid, None).is_err() {
+            return ended(None); // not this process's child any more
+        }
+        let contact = contact_file
+            .as_deref()
+            .and_then(|f| read_contact(f, boot_id.trim()))
+            .unwrap_or(started);
+        if !killed && now().is_some_and(|now| now > contact + fence) {
+            killed = true;
+            let _ = nix::sys::signal::killpg(pid, nix::sys::signal::Signal::SIGKILL);
+        }
+        sys::wait_for_a_child(Duration::from_secs(1));
+    }
+}
+
+/// The contact the agent kept (see the agent's `session/contact.rs`):
+/// `<boot id> <nanoseconds of the boot clock>`, if of this boot.
+fn read_contact(file: &Path, boot_id: &str) -> Option<Duration> {
+    let text = std::fs::read_to_string(file).ok()?;
+    let (boot, nanos) = text.trim_end().split_once(' ')?;
+    (boot == boot_id).then_some(())?;
+    Some(Duration::from_nanos(nanos.parse().ok()?))
 }
 
 /// Writes the end next to its file and renames it in place, so a reader
@@ -264,15 +384,9 @@ fn end_as(ended: Ended) -> ! {
     match ended {
         Ended::Exited(code) => std::process::exit(code),
         Ended::Signaled(number) => {
-            if let Ok(signal) = Signal::try_from(number) {
-                // No core file of the shim for a command that dumped one.
-                let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0);
-                let _ = sys::default_action(signal);
-                let mut only = SigSet::empty();
-                only.add(signal);
-                let _ = nix::sys::signal::sigprocmask(SigmaskHow::SIG_UNBLOCK, Some(&only), None);
-                let _ = nix::sys::signal::raise(signal);
-            }
+            // No core file of the shim for a command that dumped one.
+            let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0);
+            sys::raise_default(number);
             std::process::exit(128 + number)
         }
     }
@@ -330,11 +444,13 @@ mod tests {
     #[test]
     fn orders_read_back_as_they_were_written() {
         let orders = Orders {
-            status_file: PathBuf::from("/var/lib/k8s4r/tasks/a-1/exit-status"),
+            status_file: PathBuf::from("/run/k8s4r/tasks/a-1.exit"),
+            cwd: PathBuf::from("/var/lib/k8s4r/tasks/a-1/work"),
             user: Some((61000, 61000, vec![20, 44])),
             no_new_privs: true,
             address_space: Some(1 << 30),
             processes: None,
+            fence_ms: Some(125_000),
         };
         let mut args = orders.to_args();
         args.extend(["sh", "-c", "echo hi"].map(OsString::from));
@@ -355,9 +471,21 @@ mod tests {
     fn arguments_that_are_not_orders_are_refused() {
         assert!(Orders::from_args(&["--task-shim".into()]).is_err());
         let mut args = Orders::default().to_args();
-        args[3] = "yes".into();
+        args[4] = "yes".into();
         args.push("true".into());
         assert!(Orders::from_args(&args).is_err());
+    }
+
+    #[test]
+    fn the_environment_reads_back_entry_by_entry() {
+        let vars = [("PATH", "/usr/bin:/bin"), ("EMPTY", ""), ("EQ", "a=b")];
+        let bytes = encode_env(vars.iter().copied());
+        let back = read_env(&bytes[..]).unwrap();
+        let back: Vec<(String, String)> = back
+            .into_iter()
+            .map(|(k, v)| (k.into_string().unwrap(), v.into_string().unwrap()))
+            .collect();
+        assert_eq!(back, vars.map(|(k, v)| (k.to_owned(), v.to_owned())));
     }
 
     #[test]

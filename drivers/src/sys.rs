@@ -152,12 +152,58 @@ pub(crate) fn report_pipe(fd: RawFd) -> File {
     unsafe { File::from_raw_fd(fd) }
 }
 
-/// Restores `signal`'s default action (the shim ends as its command did).
-pub(crate) fn default_action(signal: nix::sys::signal::Signal) -> nix::Result<()> {
-    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet};
-    let default = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
-    // SAFETY: installing SIG_DFL runs no code of ours in a signal context.
-    unsafe { sigaction(signal, &default) }.map(|_| ())
+/// Waits for child `pid` to end; its raw wait status (None when it is not
+/// this process's child). Real-time signals included, which nix's
+/// `waitpid` cannot name.
+/// `block`: wait for it; else None while it runs.
+pub(crate) fn wait_raw(pid: i32, block: bool) -> Option<i32> {
+    let flags = if block { 0 } else { nix::libc::WNOHANG };
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid writes one int through a valid pointer.
+        let rc = unsafe { nix::libc::waitpid(pid, &mut status, flags) };
+        if rc == pid {
+            return Some(status);
+        }
+        if rc == -1 && std::io::Error::last_os_error().raw_os_error() == Some(nix::libc::EINTR) {
+            continue;
+        }
+        return None;
+    }
+}
+
+/// Sleeps until a child of this process changes state (SIGCHLD, which the
+/// caller blocks) or `most` passes.
+pub(crate) fn wait_for_a_child(most: std::time::Duration) {
+    use nix::libc;
+    let timeout = libc::timespec {
+        tv_sec: most.as_secs() as libc::time_t,
+        tv_nsec: most.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: a sigset and a timespec on the stack, valid for the call; the
+    // signal is taken from the pending set, no handler runs.
+    unsafe {
+        let mut chld: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut chld);
+        libc::sigaddset(&mut chld, libc::SIGCHLD);
+        libc::sigtimedwait(&chld, std::ptr::null_mut(), &timeout);
+    }
+}
+
+/// Ends this process by `signal` (any number, real-time ones included):
+/// its default action, unblocked, raised. Returns if it did not end it.
+pub(crate) fn raise_default(signal: i32) {
+    use nix::libc;
+    // SAFETY: plain calls with integers and a sigset on the stack;
+    // SIG_DFL runs no code of ours.
+    unsafe {
+        libc::signal(signal, libc::SIG_DFL);
+        let mut only: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut only);
+        libc::sigaddset(&mut only, signal);
+        libc::sigprocmask(libc::SIG_UNBLOCK, &only, std::ptr::null_mut());
+        libc::kill(libc::getpid(), signal);
+    }
 }
 
 /// A System V IPC object's kind.

@@ -45,6 +45,11 @@ pub(crate) struct Started {
     pub pgid: i32,
     /// The leader's start time in clock ticks, to tell it from a reused pid.
     pub pid_start: u64,
+    /// The start time of the group's leader (the command, when `pid` is
+    /// its shim), to tell the group from a reused id; 0: unknown (older
+    /// agents, whose group leader was `pid`).
+    #[serde(default, skip_serializing_if = "is_zero_ticks")]
+    pub pgid_start: u64,
     /// The boot the process ran in; after a reboot nothing is left to kill.
     pub boot_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -100,6 +105,10 @@ fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
+fn is_zero_ticks(n: &u64) -> bool {
+    *n == 0
+}
+
 /// What taking an attempt over needs: re-adopting it after an agent
 /// restart (it still runs), or starting it again from the journal after a
 /// reboot (with or without the cluster) when `restart` says so.
@@ -109,9 +118,10 @@ pub(crate) struct Resume {
     pub name: String,
     pub spec: TaskTemplate,
     /// It starts again from the journal when it does not run any more (it
-    /// restarts on the robot and is not fenced). Older agents recorded a
-    /// resume only for those, so a record without it does.
-    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    /// restarts on the robot and is not fenced). Not written: a record's
+    /// `resume` says it does (what older agents, which know only that
+    /// field, start again), its `adopt` that it does not.
+    #[serde(skip, default = "yes")]
     pub restart: bool,
     /// Its `stopAfter` (fenced), in milliseconds: the next agent fences it
     /// from the last contact of this one.
@@ -123,10 +133,6 @@ fn yes() -> bool {
     true
 }
 
-fn is_true(b: &bool) -> bool {
-    *b
-}
-
 /// One line of the journal.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "camelCase")]
@@ -136,10 +142,15 @@ pub(crate) enum Record {
         uid: String,
         attempt: u32,
         task_dir: PathBuf,
-        /// What the next agent needs to take it over (absent in the
-        /// journals of older agents but for what restarts on the robot).
+        /// What the next agent needs to take it over, for an attempt it
+        /// starts again when it no longer runs.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         resume: Option<Box<Resume>>,
+        /// The same, for one it only re-adopts while it runs (a field of
+        /// its own: an older agent, rolled back to, must not start it
+        /// again, and its `--stop-left-tasks` stops what has no `resume`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        adopt: Option<Box<Resume>>,
     },
     #[serde(rename_all = "camelCase")]
     Started {
@@ -197,7 +208,12 @@ fn apply(live: &mut Live, record: Record) {
             attempt,
             task_dir,
             resume,
+            adopt,
         } => {
+            let resume = resume.or(adopt.map(|mut a| {
+                a.restart = false;
+                a
+            }));
             live.insert(
                 (uid.clone(), attempt),
                 Unfinished {
@@ -238,7 +254,8 @@ fn records_of(live: &Live) -> Vec<Record> {
             uid: task.uid.clone(),
             attempt: task.attempt,
             task_dir: task.task_dir.clone(),
-            resume: task.resume.clone(),
+            resume: task.resume.clone().filter(|r| r.restart),
+            adopt: task.resume.clone().filter(|r| !r.restart),
         });
         if let Some(at) = &task.started {
             out.push(Record::Started {
@@ -587,6 +604,7 @@ mod tests {
             pid,
             pgid: pid,
             pid_start: 7,
+            pgid_start: 0,
             boot_id: "b".to_owned(),
             cgroup: None,
             task_uid: None,
@@ -602,6 +620,7 @@ mod tests {
             attempt: 1,
             task_dir: PathBuf::from("/t"),
             resume: None,
+            adopt: None,
         }
     }
 

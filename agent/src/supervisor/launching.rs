@@ -71,7 +71,7 @@ pub(crate) fn launch(job: LaunchJob) -> Result<Launched, Refused> {
     // it (or, without one, the task itself), so that it reaches the disk
     // while no agent runs (an agent restart leaves it running).
     let outputs = match &job.shim {
-        Some(shim) => logged(&shim.program, &job.logs_dir, job.log_caps),
+        Some(shim) => logged(&shim.program, &job.logs_dir, job.log_caps, &job.owned),
         None => open_log_files(&job.logs_dir).map(|(out, err)| (out, err, None)),
     };
     let (stdout, stderr, logger) = match outputs {
@@ -150,10 +150,15 @@ pub(crate) fn hand_over(task: &mut Task, restarting: bool, boot_id: &str, launch
         now,
     } = launched;
     let pid = process.pid as i32;
+    let pgid_start = match process.pgid == pid {
+        true => pid_start,
+        false => procfs::stat(process.pgid).map_or(0, |s| s.start_time),
+    };
     let record = journal::Started {
         pid,
         pgid: process.pgid,
         pid_start,
+        pgid_start,
         boot_id: boot_id.to_owned(),
         cgroup: cgroup.as_ref().map(|c| c.path().to_path_buf()),
         task_uid: task.own_uid,
@@ -227,15 +232,21 @@ fn remove_cgroup(cgroup: Option<&TaskCgroup>) {
 
 /// Pipes for a task's output and its logger, which reads them: the write
 /// ends, for the task, and the logger.
+/// The logger's pid is the supervisor's (`owned`) until its end is waited
+/// for: the orphan reaper must not take it.
 fn logged(
     program: &Path,
     logs_dir: &Path,
     (max_bytes, max_files): (u64, u32),
+    owned: &OwnedPids,
 ) -> std::io::Result<(OwnedFd, OwnedFd, Option<tokio::process::Child>)> {
     let (out_r, out_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
     let (err_r, err_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
     let args = crate::logger::args(logs_dir, max_bytes, max_files);
-    let logger = k8s4r_drivers::shim::spawn_logger(program, &args, out_r, err_r)?;
+    let logger = owned.spawn(
+        || k8s4r_drivers::shim::spawn_logger(program, &args, out_r, err_r),
+        |child| child.id().map_or(0, |pid| pid as i32),
+    )?;
     Ok((out_w, err_w, Some(logger)))
 }
 
@@ -365,6 +376,7 @@ mod tests {
                 pid: pid as i32,
                 pgid: pid as i32,
                 pid_start: 0,
+                pgid_start: 0,
                 boot_id: "boot-1".into(),
                 cgroup: None,
                 task_uid: Some(70_001),

@@ -93,7 +93,33 @@ pub fn runtime_dir(state_dir: &std::path::Path) -> PathBuf {
 /// directory, which only the agent's user may write (so the shim's write
 /// never waits for a stalled disk).
 pub(crate) fn exit_status_file(runtime_dir: &std::path::Path, uid: &str, attempt: u32) -> PathBuf {
-    runtime_dir.join("tasks").join(format!("{uid}-{attempt}.exit"))
+    runtime_dir.join("tasks").join(exit_status_name(uid, attempt))
+}
+
+fn exit_status_name(uid: &str, attempt: u32) -> String {
+    format!("{uid}-{attempt}.exit")
+}
+
+/// Removes the shims' records older than `age` but those of attempts in
+/// `held` (file names). Blocking.
+fn forget_old_exit_statuses(
+    runtime_dir: &std::path::Path,
+    held: &std::collections::HashSet<String>,
+    age: Duration,
+) {
+    let Ok(entries) = std::fs::read_dir(runtime_dir.join("tasks")) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let old = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .is_ok_and(|at| at.elapsed().is_ok_and(|e| e > age));
+        if old && !held.contains(&name) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
 }
 
 /// Settings of the supervisor.
@@ -498,12 +524,14 @@ pub fn stop_left_tasks(state_dir: &std::path::Path) -> std::io::Result<usize> {
         .into_iter()
         .filter(|task| task.started.is_some() && !outlives_the_unit(task))
         .collect();
-    for task in &left {
-        recovery::mark_stopped(task);
-    }
+    // Marked once signalled: one that had ended by itself reports its end.
     let asked = left
         .iter()
-        .filter_map(|task| recovery::ask_to_stop(task, &boot_id))
+        .filter_map(|task| {
+            let asked = recovery::ask_to_stop(task, &boot_id)?;
+            recovery::mark_stopped(task);
+            Some(asked)
+        })
         .collect();
     recovery::wait_for(asked);
     for task in &left {

@@ -70,16 +70,13 @@ pub(crate) fn settle(
 }
 
 /// How `task` ended, as its shim wrote it down, if it ended in this boot.
-fn ended_while_no_agent_ran(
+pub(crate) fn ended_while_no_agent_ran(
     task: &Unfinished,
     boot_id: &str,
     runtime_dir: &std::path::Path,
 ) -> Option<k8s4r_drivers::shim::Ended> {
     task.started.as_ref().filter(|s| s.boot_id == boot_id)?;
-    let file = super::exit_status_file(runtime_dir, &task.uid, task.attempt);
-    let ended = k8s4r_drivers::shim::read_status(&file);
-    let _ = std::fs::remove_file(file);
-    ended
+    k8s4r_drivers::shim::read_status(&super::exit_status_file(runtime_dir, &task.uid, task.attempt))
 }
 
 /// The mark `--stop-left-tasks` leaves on a task it stopped.
@@ -97,6 +94,11 @@ pub(crate) fn mark_stopped(task: &Unfinished) {
     if let Err(e) = std::fs::write(stop_mark(&task.task_dir), b"") {
         tracing::warn!(uid = %task.uid, attempt = task.attempt, error = %e, "cannot mark a task stopped by the unit");
     }
+}
+
+/// It runs (re-adopted, or started again): no stop of the unit ended it.
+pub(crate) fn clear_stop_mark(task: &Unfinished) {
+    let _ = std::fs::remove_file(stop_mark(&task.task_dir));
 }
 
 /// A leftover task asked to stop: its group and cgroup, and until when it
@@ -168,7 +170,13 @@ pub(crate) fn kill_leftovers(task: &Unfinished, boot_id: &str) -> String {
             // leader with another start time means the group is someone
             // else's now.
             let ours = procfs::stat(started.pid).is_none_or(|s| s.start_time == started.pid_start);
-            let mut killed = ours && killpg(Pid::from_raw(started.pgid), Signal::SIGKILL).is_ok();
+            // Under a shim the group is the command's: its leader, if any
+            // is left, must be the command, not a process that took its pid.
+            let group_ours = ours
+                && (started.pgid == started.pid
+                    || started.pgid_start == 0
+                    || procfs::stat(started.pgid).is_none_or(|s| s.start_time == started.pgid_start));
+            let mut killed = group_ours && killpg(Pid::from_raw(started.pgid), Signal::SIGKILL).is_ok();
             // What left the group: its session, children, its own uid,
             // orphans (now init's) whose environment names the task.
             if ours {

@@ -286,6 +286,7 @@ fn recover(unfinished: &[Unfinished], boot_id: &str, runtime_dir: &Path, tail_by
                     k8s4r_api::TaskKind::Batch => "batch task",
                 };
                 tracing::info!(uid = %task.uid, attempt = task.attempt, pid = started.pgid, "re-adopting a {kind} of the previous run");
+                recovery::clear_stop_mark(task);
                 r.adopted
                     .push((task.clone(), (**resume).clone(), started.clone()));
                 r.kept.push(task.clone());
@@ -299,8 +300,14 @@ fn recover(unfinished: &[Unfinished], boot_id: &str, runtime_dir: &Path, tail_by
         if let Some(started) = &task.started {
             r.table.remember_group(started.pgid);
         }
-        // What restarts on the robot starts again, cluster or not.
-        if let Some(resume) = task.resume.as_ref().filter(|r| r.restart) {
+        // What restarts on the robot starts again, cluster or not; but a
+        // batch task that ended while no agent ran is over (its shim kept
+        // how), and is reported as it ended.
+        let ended = || recovery::ended_while_no_agent_ran(task, boot_id, runtime_dir).is_some();
+        let restarts =
+            |r: &journal::Resume| r.restart && (r.spec.kind == k8s4r_api::TaskKind::Service || !ended());
+        if let Some(resume) = task.resume.as_ref().filter(|r| restarts(r)) {
+            recovery::clear_stop_mark(task);
             let message = recovery::kill_leftovers(task, boot_id);
             tracing::warn!(uid = %task.uid, attempt = task.attempt, %message, "task of the previous run started again");
             let request = TaskRequest {

@@ -47,24 +47,27 @@ impl Runner {
         };
         // Known finished from now: a dispatch of it again is a duplicate.
         self.table.remember_finished(task.uid.clone(), task.attempt);
-        // Its shim's record of its end is not needed any more.
-        let status_file =
-            crate::supervisor::exit_status_file(&self.config.runtime_dir(), &task.uid, task.attempt);
         let (dir, max) = (task.dir.clone(), self.config.output_tail_bytes);
         let caps = (self.config.log_max_bytes, self.config.log_max_files);
         // Without a logger the task wrote its files itself: they are
         // brought within their caps now that nothing writes them.
         let rotate = self.config.shim_program.is_none();
         let logger = task.logger.take();
+        let owned = self.containment.owned();
         let (uid, attempt) = (task.uid, task.attempt);
         self.housework.push(Box::pin(async move {
             // The logger writes the last of the output once every process
             // of the task is gone; a stalled disk does not hold the end up.
             if let Some(mut logger) = logger {
-                let _ = tokio::time::timeout(LOGGER_DRAIN, logger.wait()).await;
+                let pid = logger.id();
+                if tokio::time::timeout(LOGGER_DRAIN, logger.wait()).await.is_ok() {
+                    // Reaped: the pid is the kernel's to give again.
+                    if let Some(pid) = pid {
+                        owned.remove(pid as i32);
+                    }
+                }
             }
             let read = tokio::task::spawn_blocking(move || {
-                let _ = std::fs::remove_file(status_file);
                 let tail = logs::lossy_tail(&logs::files_tail(&dir.join("logs"), max));
                 if rotate {
                     rotate_logs(&dir, caps);

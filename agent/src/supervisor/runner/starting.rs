@@ -61,16 +61,18 @@ impl Runner {
             budget.count = resumed.restarts;
             task.resumed = true;
         }
+        let take_over = Box::new(journal::Resume {
+            name: task.name.clone(),
+            spec: task.template.clone(),
+            restart: task.resumable,
+            stop_after_ms: stop_after.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        });
         let record = Record::Accepted {
             uid: task.uid.clone(),
             attempt,
             task_dir: task.dir.clone(),
-            resume: Some(Box::new(journal::Resume {
-                name: task.name.clone(),
-                spec: task.template.clone(),
-                restart: task.resumable,
-                stop_after_ms: stop_after.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
-            })),
+            resume: task.resumable.then(|| take_over.clone()),
+            adopt: (!task.resumable).then_some(take_over),
         };
         let id = self.table.insert(task);
         self.journal.write(Some(record), Vec::new());
@@ -140,6 +142,9 @@ impl Runner {
                         &task.uid,
                         task.attempt,
                     ),
+                    // The shim SIGKILLs a fenced task when the agent would
+                    // have, should no agent run by then.
+                    fence: task.stop_after.map(|d| d.saturating_add(task.kill_timeout)),
                 }),
             log_caps: (self.config.log_max_bytes, self.config.log_max_files),
         };

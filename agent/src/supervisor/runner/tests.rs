@@ -601,6 +601,7 @@ fn leave_journal(state_dir: &std::path::Path, uid: &str, spec: &TaskTemplate, re
                     stop_after_ms: None,
                 })
             }),
+            adopt: None,
         },
         Record::Started {
             uid: uid.to_owned(),
@@ -609,6 +610,7 @@ fn leave_journal(state_dir: &std::path::Path, uid: &str, spec: &TaskTemplate, re
                 pid: 1 << 22,
                 pgid: 1 << 22,
                 pid_start: 1,
+                pgid_start: 0,
                 boot_id: "a boot long gone".to_owned(),
                 cgroup: None,
                 task_uid: None,
@@ -677,14 +679,12 @@ async fn a_fenced_service_is_recorded_to_be_re_adopted_never_to_start_again() {
             .unwrap()
     };
     // Re-adopted if it still runs, fenced from the last contact; never
-    // started again from the journal: it may have been replaced.
-    assert_eq!(accepted("f")["resume"]["restart"], false, "{journal}");
-    assert_eq!(accepted("f")["resume"]["stopAfterMs"], 120_000, "{journal}");
+    // started again from the journal (it may have been replaced): not a
+    // `resume`, which an older agent rolled back to would start again.
+    assert!(accepted("f").get("resume").is_none(), "{journal}");
+    assert_eq!(accepted("f")["adopt"]["stopAfterMs"], 120_000, "{journal}");
     assert_eq!(accepted("u")["resume"]["spec"]["kind"], "service", "{journal}");
-    assert!(
-        accepted("u")["resume"].get("restart").is_none(),
-        "restarts: the default"
-    );
+    assert!(accepted("u").get("adopt").is_none(), "{journal}");
 }
 
 /// `spec` with one TCP health check on `port` every second, unhealthy at

@@ -83,8 +83,21 @@ impl Runner {
             None => self.table.tasks().map(|(_, t)| t.dir.clone()).collect(),
         };
         let caps = (self.config.log_max_bytes, self.config.log_max_files);
-        let rotate = move || dirs.iter().for_each(|dir| super::ending::rotate_logs(dir, caps));
-        if let Some(work) = self.disk.measure(rotate) {
+        // The shims' records of ends reported long ago go: a record stays
+        // a minute after its attempt left the table, for its end to be in
+        // the journal (a record read after a crash is worth more than one
+        // removed early).
+        let held: std::collections::HashSet<String> = self
+            .table
+            .tasks()
+            .map(|(_, t)| super::super::exit_status_name(&t.uid, t.attempt))
+            .collect();
+        let runtime = self.config.runtime_dir();
+        let chores = move || {
+            dirs.iter().for_each(|dir| super::ending::rotate_logs(dir, caps));
+            super::super::forget_old_exit_statuses(&runtime, &held, Duration::from_secs(60));
+        };
+        if let Some(work) = self.disk.measure(chores) {
             self.offload_with(move || Housework::Measured(work()));
         }
     }

@@ -36,6 +36,7 @@ fn running(pgid: i32) -> Running {
             pid: pgid,
             pgid,
             pid_start: 0,
+            pgid_start: 0,
             boot_id: String::new(),
             cgroup: None,
             task_uid: None,
