@@ -143,6 +143,47 @@ async fn env_args_and_cwd_reach_the_process() {
     assert_eq!(out.output_tail, format!("hi arg0\n{}\n", work.display()));
 }
 
+/// The task's environment (an `LD_PRELOAD` of its choosing included)
+/// reaches its command, never its shim, which runs as the agent's user.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tasks_environment_reaches_its_command_and_not_its_root_shim() {
+    let mut h = Harness::new();
+    let mut spec = task("sleep", &["1000"]);
+    spec.env.push(EnvVar {
+        name: "LD_PRELOAD".to_owned(),
+        value: "/nonexistent/evil.so".to_owned(),
+    });
+    assert_eq!(
+        h.handle.submit(request("env-shim", 1, spec)).await.unwrap(),
+        Submit::Accepted
+    );
+    let pid = h.started("env-shim").await;
+    let environ = |pid: u32| std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+    let has_preload = |env: &[u8]| env.split(|b| *b == 0).any(|v| v.starts_with(b"LD_PRELOAD="));
+    assert!(has_preload(&environ(pid)), "the command lacks its environment");
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let shim: u32 = stat
+        .rsplit(')')
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let shim_cmdline = std::fs::read(format!("/proc/{shim}/cmdline")).unwrap();
+    assert!(
+        shim_cmdline.split(|b| *b == 0).any(|a| a == b"--task-shim"),
+        "{shim} is not the shim"
+    );
+    assert!(
+        !has_preload(&environ(shim)),
+        "the shim got the task's environment"
+    );
+    h.handle.cancel("env-shim", Some(1), "done".to_owned()).await;
+    h.finished("env-shim").await;
+}
+
 // ----------------------------------------------------------------- timeouts
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
