@@ -39,7 +39,42 @@ fn run_helper(args: &[std::ffi::OsString]) -> Option<ExitCode> {
     match args.get(1).and_then(|a| a.to_str()) {
         Some(k8s4r_drivers::shim::FLAG) => k8s4r_drivers::shim::main(&args[1..]),
         Some(k8s4r_drivers::shim::LOGGER_FLAG) => Some(crate::logger::main(&args[2..])),
+        Some(HELPER_PROBE) => {
+            println!("{HELPER_PROBE_ANSWER}");
+            Some(ExitCode::SUCCESS)
+        }
         _ => None,
+    }
+}
+
+/// Asks this binary, run again, whether it can be its tasks' helpers.
+const HELPER_PROBE: &str = "--task-helper-probe";
+const HELPER_PROBE_ANSWER: &str = "k8s4r task helpers";
+
+/// This binary, if the machine can run it again as its tasks' shim and
+/// logger. Where it cannot (an emulator such as qemu-user with no
+/// binfmt_misc entry, which runs the agent but cannot exec it again),
+/// tasks are the supervisor's own children and do not outlive it: said
+/// once, as a warning.
+fn own_binary_as_helpers() -> Option<std::path::PathBuf> {
+    let program = std::path::PathBuf::from("/proc/self/exe");
+    let answer = std::process::Command::new(&program)
+        .arg(HELPER_PROBE)
+        .env_clear()
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output();
+    match answer {
+        Ok(out) if out.status.success() && out.stdout.trim_ascii() == HELPER_PROBE_ANSWER.as_bytes() => {
+            Some(program)
+        }
+        _ => {
+            tracing::warn!(
+                "this machine cannot run the agent's binary again (an emulator?): tasks run as the agent's \
+                 children, without a shim or a logger, and do not outlive it"
+            );
+            None
+        }
     }
 }
 
@@ -166,7 +201,7 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
     config.supervisor.leave_tasks_running = true;
     // Tasks run under this binary as their shim, so that they outlive it
     // with their exit status kept.
-    config.supervisor.shim_program = Some(std::path::PathBuf::from("/proc/self/exe"));
+    config.supervisor.shim_program = own_binary_as_helpers();
     let shutdown = CancellationToken::new();
     let (handle, session) = crate::agent::start(&config, shutdown.clone())?;
     tokio::spawn(signals(shutdown));

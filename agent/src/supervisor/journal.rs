@@ -50,6 +50,11 @@ pub(crate) struct Started {
     /// agents, whose group leader was `pid`).
     #[serde(default, skip_serializing_if = "is_zero_ticks")]
     pub pgid_start: u64,
+    /// A logger writes its log files (else the task writes them itself,
+    /// and the agent rotates them: tasks of older agents, or a supervisor
+    /// with no shim program).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub logger: bool,
     /// The boot the process ran in; after a reboot nothing is left to kill.
     pub boot_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -605,6 +610,7 @@ mod tests {
             pgid: pid,
             pid_start: 7,
             pgid_start: 0,
+            logger: false,
             boot_id: "b".to_owned(),
             cgroup: None,
             task_uid: None,

@@ -159,6 +159,7 @@ pub(crate) fn hand_over(task: &mut Task, restarting: bool, boot_id: &str, launch
         pgid: process.pgid,
         pid_start,
         pgid_start,
+        logger: logger.is_some(),
         boot_id: boot_id.to_owned(),
         cgroup: cgroup.as_ref().map(|c| c.path().to_path_buf()),
         task_uid: task.own_uid,
@@ -173,6 +174,7 @@ pub(crate) fn hand_over(task: &mut Task, restarting: bool, boot_id: &str, launch
         .is_none()
         .then(|| Lineage::new(pid, pid_start, task.own_uid, &task.uid, task.attempt));
     task.cgroup = cgroup;
+    task.own_logs = logger.is_none();
     task.logger = logger;
     task.resumed = false;
     let restarted = task
@@ -377,6 +379,7 @@ mod tests {
                 pgid: pid as i32,
                 pid_start: 0,
                 pgid_start: 0,
+                logger: false,
                 boot_id: "boot-1".into(),
                 cgroup: None,
                 task_uid: Some(70_001),

@@ -238,6 +238,7 @@ impl Runner {
             .unwrap_or(Duration::ZERO);
         if let Some(t) = self.table.get_mut(id) {
             t.cgroup = started.cgroup.clone().map(TaskCgroup::at);
+            t.own_logs = !started.logger;
             t.resumed = false;
         }
         let record = Record::Started {

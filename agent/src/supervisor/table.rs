@@ -139,6 +139,8 @@ pub(crate) struct Task {
     pub cgroup: Option<TaskCgroup>,
     /// Its logger, while it runs (a task with one, started by this agent).
     pub logger: Option<tokio::process::Child>,
+    /// It writes its log files itself (no logger): the agent rotates them.
+    pub own_logs: bool,
     /// Its `stopAfter`, when the robot fences it.
     pub stop_after: Option<Duration>,
     /// Its restarts on the robot, if it has any.
@@ -200,6 +202,7 @@ impl Task {
             cgroup: None,
             stop_after: None,
             logger: None,
+            own_logs: false,
             prepared: None,
             resumed: false,
         }

@@ -51,7 +51,7 @@ impl Runner {
         let caps = (self.config.log_max_bytes, self.config.log_max_files);
         // Without a logger the task wrote its files itself: they are
         // brought within their caps now that nothing writes them.
-        let rotate = self.config.shim_program.is_none();
+        let rotate = task.own_logs;
         let logger = task.logger.take();
         let owned = self.containment.owned();
         let (uid, attempt) = (task.uid, task.attempt);

@@ -611,6 +611,7 @@ fn leave_journal(state_dir: &std::path::Path, uid: &str, spec: &TaskTemplate, re
                 pgid: 1 << 22,
                 pid_start: 1,
                 pgid_start: 0,
+                logger: false,
                 boot_id: "a boot long gone".to_owned(),
                 cgroup: None,
                 task_uid: None,

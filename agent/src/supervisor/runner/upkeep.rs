@@ -78,10 +78,12 @@ impl Runner {
     /// Measures the disk on the blocking pool.
     pub(super) fn measure(&mut self) {
         // Tasks with a logger have their logs rotated as they are written.
-        let dirs: Vec<_> = match self.config.shim_program {
-            Some(_) => Vec::new(),
-            None => self.table.tasks().map(|(_, t)| t.dir.clone()).collect(),
-        };
+        let dirs: Vec<_> = self
+            .table
+            .tasks()
+            .filter(|(_, t)| t.own_logs)
+            .map(|(_, t)| t.dir.clone())
+            .collect();
         let caps = (self.config.log_max_bytes, self.config.log_max_files);
         // The shims' records of ends reported long ago go: a record stays
         // a minute after its attempt left the table, for its end to be in

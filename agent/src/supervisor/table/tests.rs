@@ -37,6 +37,7 @@ fn running(pgid: i32) -> Running {
             pgid,
             pid_start: 0,
             pgid_start: 0,
+            logger: false,
             boot_id: String::new(),
             cgroup: None,
             task_uid: None,
