@@ -100,6 +100,23 @@ fn now() -> Now {
     }
 }
 
+/// The file of the last contact, for this process's confirmations; the
+/// fenced attempts the supervisor re-adopted (`leases`) are held from the
+/// one the previous process of this boot kept there.
+fn fence_adopted(
+    core: &mut Core,
+    leases: &[(String, u32, Duration)],
+    config: &Config,
+) -> contact::ContactFile {
+    let contact = contact::ContactFile::new(&config.supervisor.runtime_dir(), crate::supervisor::boot_id());
+    if !leases.is_empty() {
+        let last = contact.load();
+        tracing::info!(tasks = leases.len(), last_contact_ago = ?last.map(|c| boot_clock().saturating_sub(c)), "fencing the re-adopted attempts from the previous process's last contact");
+        core.adopted(leases, last, now());
+    }
+    contact
+}
+
 type PollResult = (EventLoop, Result<Event, ConnectionError>);
 
 /// Polls the event loop once, after `delay`. Owns the event loop so that
@@ -217,13 +234,7 @@ impl Session {
             running,
             &seen,
         );
-        let contact =
-            contact::ContactFile::new(&config.supervisor.runtime_dir(), crate::supervisor::boot_id());
-        if !leases.is_empty() {
-            let last = contact.load();
-            tracing::info!(tasks = leases.len(), last_contact_ago = ?last.map(|c| boot_clock().saturating_sub(c)), "fencing the re-adopted attempts from the previous process's last contact");
-            core.adopted(&leases, last, now());
-        }
+        let contact = fence_adopted(&mut core, &leases, config);
         let (status, status_rx) = watch::channel(SessionStatus {
             outbox_len: outbox.len(),
             ..Default::default()

@@ -101,7 +101,7 @@ async fn a_fenced_task_whose_contact_ran_out_is_killed_by_its_shim() {
     std::fs::create_dir_all(&run).unwrap();
     std::fs::write(
         run.join("contact"),
-        format!("{} {}\n", boot_id.trim(), stale.as_nanos()),
+        k8s4r_drivers::shim::contact_line(boot_id.trim(), stale),
     )
     .unwrap();
     let mut req = request("fenced", 1, task("sleep", &["1000"]).with_kill_timeout("1s"));

@@ -77,50 +77,28 @@ pub(crate) fn spawn(launch: Launch<'_>, isolation: Isolation) -> Result<Launched
         Some(_) => Some(nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| spawn_error(e.into()))?),
         None => None,
     };
-    // The user is switched in the pre-exec hook rather than by
-    // `Command::uid`, which can only drop every supplementary group. Under
-    // a shim, the shim's child switches (the shim stays the agent's user).
-    let switch_user = prepared.identity.as_ref().map(|identity| SwitchUser {
-        uid: Uid::from_raw(identity.uid),
-        gid: Gid::from_raw(identity.gid),
-        groups: identity.groups.iter().map(|g| Gid::from_raw(*g)).collect(),
-    });
-    let direct = launch.shim.is_none();
+    let report_fd = report.as_ref().map(|(_, write)| write.as_raw_fd());
     sys::install(
         &mut command,
-        ChildSetup {
-            new_session: true,
-            new_group: false,
-            reset_oom_score: direct,
-            unblock_signals: false,
-            report_fd: report.as_ref().map(|(_, write)| write.as_raw_fd()),
+        child_setup(
+            launch.shim.is_none(),
+            prepared,
+            &isolation,
+            report_fd,
             cgroup_procs,
-            switch_user: switch_user.filter(|_| direct),
-            no_new_privs: isolation.no_new_privs && direct,
-            address_space: isolation.address_space.filter(|_| direct),
-            processes: isolation.processes.filter(|_| direct),
-        },
+        ),
     );
     let child = command.spawn().map_err(|source| start_error(template, source))?;
     drop(command);
-    if let Some(write) = env_pipe {
-        // The shim reads it all before it starts the command; a shim that
-        // died first makes this fail, and its report says why.
-        let _ = std::io::Write::write_all(&mut std::fs::File::from(write), &crate::shim::encode_env(vars()));
-    }
     let pid = child.id().ok_or_else(|| DriverError::Spawn {
         command: template.command.clone(),
         source: std::io::Error::other("process exited before its pid was read"),
     })?;
     // The command's group: the shim's child leads its own.
-    let pgid = match report {
-        Some((read, write)) => {
-            drop(write);
-            // A shim that could not start the command ends at once (127);
-            // its zombie is reaped with the other orphans of the supervisor.
-            shim_started(read).map_err(|source| start_error(template, source))?
-        }
-        None => pid as i32,
+    let pgid = match (env_pipe, report) {
+        (Some(env), Some(report)) => shim_handover(env, &crate::shim::encode_env(vars()), report)
+            .map_err(|source| start_error(template, source))?,
+        _ => pid as i32,
     };
     Ok(Launched {
         child,
@@ -128,6 +106,54 @@ pub(crate) fn spawn(launch: Launch<'_>, isolation: Isolation) -> Result<Launched
         pgid,
         unapplied_limits: Vec::new(),
     })
+}
+
+/// What the child of `spawn` does before exec: all of it when it is the
+/// command (`direct`); only its session, cgroup and report pipe when it is
+/// the shim, whose own child switches user and takes the limits (the shim
+/// stays the agent's user, with its OOM score).
+fn child_setup(
+    direct: bool,
+    prepared: &crate::Prepared,
+    isolation: &Isolation,
+    report_fd: Option<std::os::fd::RawFd>,
+    cgroup_procs: Option<std::fs::File>,
+) -> ChildSetup {
+    // The user is switched in the pre-exec hook rather than by
+    // `Command::uid`, which can only drop every supplementary group.
+    let switch_user = prepared.identity.as_ref().map(|identity| SwitchUser {
+        uid: Uid::from_raw(identity.uid),
+        gid: Gid::from_raw(identity.gid),
+        groups: identity.groups.iter().map(|g| Gid::from_raw(*g)).collect(),
+    });
+    ChildSetup {
+        new_session: true,
+        new_group: false,
+        reset_oom_score: direct,
+        unblock_signals: false,
+        report_fd,
+        cgroup_procs,
+        switch_user: switch_user.filter(|_| direct),
+        no_new_privs: isolation.no_new_privs && direct,
+        address_space: isolation.address_space.filter(|_| direct),
+        processes: isolation.processes.filter(|_| direct),
+    }
+}
+
+/// Gives a started shim the command's environment, then reads whether it
+/// started the command: the command's pid (its group's id).
+fn shim_handover(
+    env_pipe: std::os::fd::OwnedFd,
+    env: &[u8],
+    (read, write): (std::os::fd::OwnedFd, std::os::fd::OwnedFd),
+) -> std::io::Result<i32> {
+    // The shim reads it all before it starts the command; a shim that died
+    // first makes this fail, and its report says why.
+    let _ = std::io::Write::write_all(&mut std::fs::File::from(env_pipe), env);
+    drop(write);
+    // A shim that could not start the command ends at once (127); its
+    // zombie is reaped with the other orphans of the supervisor.
+    shim_started(read)
 }
 
 fn start_error(template: &k8s4r_api::TaskTemplate, source: std::io::Error) -> DriverError {

@@ -359,9 +359,14 @@ fn wait_fenced(pid: Pid, status_file: &Path, fence: Duration) -> Ended {
     }
 }
 
-/// The contact the agent kept (see the agent's `session/contact.rs`):
-/// `<boot id> <nanoseconds of the boot clock>`, if of this boot.
-fn read_contact(file: &Path, boot_id: &str) -> Option<Duration> {
+/// The agent's last contact as it keeps it for the shims and its next
+/// process: `<boot id> <nanoseconds of the boot clock>`.
+pub fn contact_line(boot_id: &str, contact: Duration) -> String {
+    format!("{boot_id} {}\n", contact.as_nanos())
+}
+
+/// The contact kept in `file` ([`contact_line`]), if of boot `boot_id`.
+pub fn read_contact(file: &Path, boot_id: &str) -> Option<Duration> {
     let text = std::fs::read_to_string(file).ok()?;
     let (boot, nanos) = text.trim_end().split_once(' ')?;
     (boot == boot_id).then_some(())?;

@@ -38,8 +38,7 @@ impl ContactFile {
 
     /// The contact a previous process of this boot wrote down, if any.
     pub(crate) fn load(&self) -> Option<Duration> {
-        let text = std::fs::read_to_string(&self.path).ok()?;
-        parse(&text, &self.boot_id)
+        k8s4r_drivers::shim::read_contact(&self.path, &self.boot_id)
     }
 
     /// Keeps `contact` for the next process (when it moved on).
@@ -48,7 +47,7 @@ impl ContactFile {
             return;
         }
         let partial = self.path.with_extension("partial");
-        let text = format!("{} {}\n", self.boot_id, contact.as_nanos());
+        let text = k8s4r_drivers::shim::contact_line(&self.boot_id, contact);
         let written = std::fs::write(&partial, text).and_then(|()| std::fs::rename(&partial, &self.path));
         match written {
             Ok(()) => self.written = Some(contact),
@@ -57,15 +56,6 @@ impl ContactFile {
             }
         }
     }
-}
-
-fn parse(text: &str, boot_id: &str) -> Option<Duration> {
-    let (boot, nanos) = text.trim_end().split_once(' ')?;
-    if boot != boot_id {
-        return None;
-    }
-    let nanos: u64 = nanos.parse().ok()?;
-    Some(Duration::from_nanos(nanos))
 }
 
 #[cfg(test)]
