@@ -320,20 +320,48 @@ pub fn unmet<'a>(conditions: &'a [FactRequirement], facts: &Facts) -> Option<&'a
     conditions.iter().find(|c| !c.admits(facts))
 }
 
-/// The facts a Robot's [`LABEL_SHOW_FACTS`] label names, as
-/// `battery=80 docked=true` (a missing one as `estop=<none>`); None
-/// without the label.
-pub fn shown(labels: &BTreeMap<String, String>, facts: &Facts) -> Option<String> {
-    let names = labels.get(LABEL_SHOW_FACTS)?;
-    let shown: Vec<String> = names
-        .split('.')
-        .filter(|n| !n.is_empty())
-        .map(|n| match facts.get(n) {
-            Some(v) => format!("{n}={v}"),
-            None => format!("{n}=<none>"),
-        })
-        .collect();
-    Some(shown.join(" "))
+/// Facts shown for a robot without a [`LABEL_SHOW_FACTS`] label: its
+/// first few, by name.
+pub const SHOWN_WITHOUT_LABEL: usize = 4;
+
+/// What marks the facts of an Offline robot: they are as of its last
+/// heartbeat, whose age the HEARTBEAT column gives.
+pub const STALE_MARK: &str = "stale:";
+
+/// The FACTS column of a Robot: the facts its [`LABEL_SHOW_FACTS`] label
+/// names, as `battery=80 docked=true` (a missing one as `estop=<none>`),
+/// or without the label its first [`SHOWN_WITHOUT_LABEL`] facts by name
+/// (with `+N` for the rest); None without facts or label. The facts of an
+/// `offline` robot are marked stale.
+pub fn shown(labels: &BTreeMap<String, String>, facts: &Facts, offline: bool) -> Option<String> {
+    let text = match labels.get(LABEL_SHOW_FACTS) {
+        Some(names) => names
+            .split('.')
+            .filter(|n| !n.is_empty())
+            .map(|n| match facts.get(n) {
+                Some(v) => format!("{n}={v}"),
+                None => format!("{n}=<none>"),
+            })
+            .collect::<Vec<_>>()
+            .join(" "),
+        None if facts.is_empty() => return None,
+        None => {
+            let mut first: Vec<String> = facts
+                .iter()
+                .take(SHOWN_WITHOUT_LABEL)
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            if facts.len() > SHOWN_WITHOUT_LABEL {
+                first.push(format!("+{}", facts.len() - SHOWN_WITHOUT_LABEL));
+            }
+            first.join(" ")
+        }
+    };
+    Some(if offline {
+        format!("{STALE_MARK} {text}")
+    } else {
+        text
+    })
 }
 
 #[cfg(test)]
@@ -443,7 +471,23 @@ mod tests {
     fn the_label_names_the_facts_shown() {
         let f = facts(r#"{"battery": 80, "docked": true}"#);
         let labels = BTreeMap::from([(LABEL_SHOW_FACTS.to_owned(), "battery.estop".to_owned())]);
-        assert_eq!(shown(&labels, &f).as_deref(), Some("battery=80 estop=<none>"));
-        assert_eq!(shown(&BTreeMap::new(), &f), None);
+        assert_eq!(
+            shown(&labels, &f, false).as_deref(),
+            Some("battery=80 estop=<none>")
+        );
+        assert_eq!(
+            shown(&labels, &f, true).as_deref(),
+            Some("stale: battery=80 estop=<none>")
+        );
+        let none = BTreeMap::new();
+        assert_eq!(
+            shown(&none, &f, false).as_deref(),
+            Some("battery=80 docked=true"),
+            "no label: the first few facts"
+        );
+        let many = facts(r#"{"a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "f": 6}"#);
+        assert_eq!(shown(&none, &many, false).as_deref(), Some("a=1 b=2 c=3 d=4 +2"));
+        assert_eq!(shown(&none, &Facts::new(), false), None);
+        assert_eq!(shown(&none, &Facts::new(), true), None);
     }
 }

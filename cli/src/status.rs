@@ -8,7 +8,7 @@ use anyhow::Context as _;
 use clap::Args as ClapArgs;
 use k8s4r_api::{Job, Robot, RobotPhase, Task, TaskState, WorkState};
 use kube::api::ListParams;
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 
 use crate::operate::KubeArgs;
 
@@ -16,6 +16,8 @@ use crate::operate::KubeArgs;
 const API_TIMEOUT: Duration = Duration::from_secs(10);
 /// Reasons for waiting shown, the most common first.
 const TOP_REASONS: usize = 5;
+/// Offline robots named, the longest silent first.
+const OFFLINE_LISTED: usize = 10;
 
 /// `k8s4r status`.
 #[derive(Debug, Clone, ClapArgs)]
@@ -48,6 +50,39 @@ pub struct Summary {
     pub tasks: BTreeMap<String, usize>,
     /// Why waiting tasks wait, with how many, the most common first.
     pub waiting: Vec<(usize, String)>,
+    /// Offline robots, the longest silent first (at most
+    /// [`OFFLINE_LISTED`]): how long, and what they last reported.
+    pub offline: Vec<String>,
+    /// Offline robots not listed.
+    pub offline_more: usize,
+}
+
+/// One Offline robot, as `status` names it: how long it has been silent
+/// and what it last reported, said to be stale.
+pub fn offline_line(robot: &Robot, now: jiff::Timestamp) -> String {
+    let status = robot.status.clone().unwrap_or_default();
+    let silent = match status.last_heartbeat_time {
+        Some(t) => {
+            let secs = now.duration_since(t).as_secs().max(0) as u64;
+            format!(
+                "silent for {}",
+                k8s4r_api::duration::format_duration(Duration::from_secs(secs))
+            )
+        }
+        None => "never heard from".to_owned(),
+    };
+    let mut stale = Vec::new();
+    if let Some(facts) = k8s4r_api::facts::shown(robot.labels(), &status.facts, false) {
+        stale.push(format!("facts {facts}"));
+    }
+    if let Some(u) = &status.usage {
+        stale.push(format!("usage {:.0}% cpu", u.cpu_percent));
+    }
+    let name = robot.metadata.name.as_deref().unwrap_or_default();
+    if stale.is_empty() {
+        return format!("{name}  {silent}");
+    }
+    format!("{name}  {silent}; as of then (stale): {}", stale.join(", "))
 }
 
 impl Summary {
@@ -90,6 +125,23 @@ impl Summary {
         waiting.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
         waiting.truncate(TOP_REASONS);
         s.waiting = waiting;
+        let mut offline: Vec<&Robot> = robots
+            .iter()
+            .filter(|r| r.status.as_ref().and_then(|st| st.phase) == Some(RobotPhase::Offline))
+            .collect();
+        offline.sort_by_key(|r| {
+            (
+                r.status.as_ref().and_then(|st| st.last_heartbeat_time),
+                r.name_any(),
+            )
+        });
+        s.offline_more = offline.len().saturating_sub(OFFLINE_LISTED);
+        let now = jiff::Timestamp::now();
+        s.offline = offline
+            .iter()
+            .take(OFFLINE_LISTED)
+            .map(|r| offline_line(r, now))
+            .collect();
         s
     }
 
@@ -109,6 +161,15 @@ impl Summary {
             out.push_str(&format!(" ({} cordoned)", self.cordoned));
         }
         out.push('\n');
+        if !self.offline.is_empty() {
+            out.push_str("OFFLINE ROBOTS (the longest silent first)\n");
+            for line in &self.offline {
+                out.push_str(&format!("  {line}\n"));
+            }
+            if self.offline_more > 0 {
+                out.push_str(&format!("  ... and {} more\n", self.offline_more));
+            }
+        }
         out.push_str(&format!("JOBS    {} ({scope})\n", line(&self.jobs)));
         out.push_str(&format!("TASKS   {}\n", line(&self.tasks)));
         if !self.waiting.is_empty() {
@@ -292,6 +353,27 @@ mod tests {
         version(args, dir.path())
             .await
             .expect("version does not fail for an unreachable cluster");
+    }
+
+    #[test]
+    fn an_offline_robot_is_named_with_its_silence_and_its_stale_facts() {
+        let mut r = robot(Some(RobotPhase::Offline), false);
+        let status = r.status.as_mut().unwrap();
+        status.last_heartbeat_time = Some("2026-12-03T10:00:00Z".parse().unwrap());
+        status.facts = serde_json::from_str(r#"{"battery": 80, "estop": false}"#).unwrap();
+        let now = "2026-12-03T10:03:12Z".parse().unwrap();
+        assert_eq!(
+            offline_line(&r, now),
+            "r  silent for 3m12s; as of then (stale): facts battery=80 estop=false"
+        );
+        let s = Summary::of(&[r, robot(Some(RobotPhase::Online), false)], &[], &[]);
+        assert_eq!(s.offline.len(), 1);
+        let screen = s.render("all namespaces");
+        assert!(screen.contains("OFFLINE ROBOTS"), "{screen}");
+        assert!(
+            screen.contains("(stale): facts battery=80 estop=false"),
+            "{screen}"
+        );
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! A robot's facts into its Robot's `status.facts` and `status.shownFacts`
-//! (the FACTS column of `kubectl get robots -o wide`): what to write and
-//! when. Pure state per robot with the clock passed in, kept by the worker
+//! (the FACTS column of `kubectl get robots -o wide`, marked stale while
+//! the robot is Offline): what to write and when. Pure state per robot with the clock passed in, kept by the worker
 //! that serves the robot, as [`crate::held`] is.
 //!
 //! Facts are written at once, outside the heartbeat's coalescing: a task
@@ -108,7 +108,7 @@ impl FactsMemory {
         };
         let empty = BTreeMap::new();
         let labels = robot.metadata.labels.as_ref().unwrap_or(&empty);
-        let text = shown(labels, facts);
+        let text = shown(labels, facts, offline(robot));
         let none = RobotStatus::default();
         let status = robot.status.as_ref().unwrap_or(&none);
         let trusted = self
@@ -183,13 +183,19 @@ fn facts_patch(shows: &Facts, written: Option<&Facts>, facts: &Facts, text: Opti
     }
 }
 
-/// The `shownFacts` a Robot should have when its labels changed since it
-/// was written (None: it has it, or it has no status yet).
+/// Whether the Robot is Offline: its facts are shown as stale.
+fn offline(robot: &Robot) -> bool {
+    robot.status.as_ref().and_then(|s| s.phase) == Some(k8s4r_api::RobotPhase::Offline)
+}
+
+/// The `shownFacts` a Robot should have when its labels or its phase
+/// changed since it was written (None: it has it, or it has no status
+/// yet).
 pub fn shown_facts_stale(robot: &Robot) -> Option<ShownFactsPatch> {
     let status = robot.status.as_ref()?;
     let empty = BTreeMap::new();
     let labels = robot.metadata.labels.as_ref().unwrap_or(&empty);
-    let text = shown(labels, &status.facts);
+    let text = shown(labels, &status.facts, offline(robot));
     (text != status.shown_facts).then_some(ShownFactsPatch { shown_facts: text })
 }
 

@@ -113,7 +113,17 @@ async fn the_shown_facts_follow_the_robots_label() {
         (status.facts == battery).then_some(())
     })
     .await;
-    assert_eq!(env.robot("rb1").await.unwrap().status.unwrap().shown_facts, None);
+    assert_eq!(
+        env.robot("rb1")
+            .await
+            .unwrap()
+            .status
+            .unwrap()
+            .shown_facts
+            .as_deref(),
+        Some("battery=80 docked=true"),
+        "without a label, the first facts"
+    );
 
     let label =
         |value: Option<&str>| serde_json::json!({ "metadata": { "labels": { LABEL_SHOW_FACTS: value } } });
@@ -137,6 +147,8 @@ async fn the_shown_facts_follow_the_robots_label() {
         .patch("rb1", &pp, &Patch::Merge(label(None)))
         .await
         .unwrap();
-    shown(None).await;
+    shown(Some("battery=80 docked=true")).await;
+    env.set_phase("rb1", RobotPhase::Offline).await;
+    shown(Some("stale: battery=80 docked=true")).await;
     server.stop().await;
 }

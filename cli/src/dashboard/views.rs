@@ -276,6 +276,15 @@ pub fn url_encode(s: &str) -> String {
         .collect()
 }
 
+/// What marks a figure of an Offline robot: it is as old as its last
+/// heartbeat. Nothing for a robot that is not Offline.
+fn stale(robot: &Robot, heartbeat: Option<Timestamp>) -> Markup {
+    if phase_of(robot) != "Offline" {
+        return html! {};
+    }
+    html! { span.stale title="the robot is offline: this is what it reported last" { "stale, " (age(heartbeat)) " old" } " " }
+}
+
 fn robot_row(robot: &Robot, heartbeat: Option<Timestamp>) -> Markup {
     let name = robot.name_any();
     let status = robot.status.clone().unwrap_or_default();
@@ -283,14 +292,7 @@ fn robot_row(robot: &Robot, heartbeat: Option<Timestamp>) -> Markup {
     let used = status.allocated.as_ref().map_or(0, |a| a.tasks);
     let capacity = status.capacity.as_ref().map_or(0, |c| c.tasks);
     let usage = status.usage.as_ref();
-    let facts = status.shown_facts.clone().unwrap_or_else(|| {
-        status
-            .facts
-            .iter()
-            .map(|(k, v)| format!("{k}={}", v.to_string().trim_matches('"')))
-            .collect::<Vec<_>>()
-            .join(" ")
-    });
+    let facts = k8s4r_api::facts::shown(robot.labels(), &status.facts, false).unwrap_or_default();
     html! {
         tr id=(format!("robot-{name}")) data-rv=(robot.resource_version().unwrap_or_default()) {
             th scope="row" { a href=(format!("/robots/{name}")) { (name) } }
@@ -303,11 +305,12 @@ fn robot_row(robot: &Robot, heartbeat: Option<Timestamp>) -> Markup {
             td { (status.device.as_ref().map_or("-", |d| d.arch.as_str())) }
             td { (status.agent_version.as_deref().unwrap_or("-")) }
             td { (used) "/" (capacity) }
-            td { @if let Some(u) = usage {
+            td.usage { @if let Some(u) = usage {
+                (stale(robot, heartbeat))
                 (format!("{:.0}%", u.cpu_percent)) " cpu, "
                 (format!("{:.0}%", 100.0 * u.memory_used_bytes as f64 / u.memory_total_bytes.max(1) as f64)) " mem"
             } @else { "-" } }
-            td.facts { (facts) }
+            td.facts { @if !facts.is_empty() { (stale(robot, heartbeat)) } (facts) }
         }
     }
 }
@@ -485,7 +488,7 @@ pub async fn robot(
             dt { "Device" } dd { @if let Some(d) = &status.device { (d.arch) ", " (d.os) " " (d.os_version.as_deref().unwrap_or("")) ", " (d.cpus) " CPUs" } @else { "-" } }
             dt { "Drivers" } dd { (status.drivers.join(", ")) }
             dt { "Tasks" } dd { (status.allocated.as_ref().map_or(0, |a| a.tasks)) " of " (status.capacity.as_ref().map_or(0, |a| a.tasks)) }
-            @if let Some(u) = &status.usage { dt { "Usage" } dd { (format!("{:.0}% cpu, load {:.2}, {} MiB of {} MiB memory, {} MiB disk free", u.cpu_percent, u.load1, u.memory_used_bytes >> 20, u.memory_total_bytes >> 20, u.disk_free_bytes >> 20)) } }
+            @if let Some(u) = &status.usage { dt { "Usage" } dd { (stale(&robot, state.last_heartbeat(&robot))) (format!("{:.0}% cpu, load {:.2}, {} MiB of {} MiB memory, {} MiB disk free", u.cpu_percent, u.load1, u.memory_used_bytes >> 20, u.memory_total_bytes >> 20, u.disk_free_bytes >> 20)) } }
         }
         h2 { "Conditions" }
         table { thead { tr { th scope="col" { "Type" } th scope="col" { "Status" } th scope="col" { "Reason" } th scope="col" { "Since" } th scope="col" { "Message" } } }
@@ -497,7 +500,7 @@ pub async fn robot(
         p { @for (k, v) in robot.labels() { code { (k) "=" (v) } " " } }
         @if !status.facts.is_empty() {
             h2 { "Facts" }
-            p { @for (k, v) in &status.facts { code { (k) "=" (v.to_string()) } " " } }
+            p { (stale(&robot, state.last_heartbeat(&robot))) @for (k, v) in &status.facts { code { (k) "=" (v.to_string()) } " " } }
         }
         h2 { "Tasks, now and recently" }
         (tasks_table(&tasks, false))

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use jiff::Timestamp;
 use k8s4r_api::condition::{find_condition, set_condition};
-use k8s4r_api::names::{CONDITION_APPROVED, CONDITION_CONNECTED, CONDITION_READY};
+use k8s4r_api::names::{CONDITION_ACCEPTING_TASKS, CONDITION_APPROVED, CONDITION_CONNECTED, CONDITION_READY};
 use k8s4r_api::{Condition, ConditionStatus, Quantity, Robot, RobotPhase, RobotResources, RobotStatus};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
@@ -37,6 +37,8 @@ pub struct RobotStatusPatch {
     allocated: Option<RobotResources>,
     #[serde(skip_serializing_if = "Option::is_none")]
     schedulable: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    last_heartbeat_time: Option<Timestamp>,
 }
 
 /// Reconciles one Robot.
@@ -147,7 +149,8 @@ async fn reconcile_robot(robot: &Robot, ctx: &Context) -> Result<Action> {
         Some(phase @ (RobotPhase::Online | RobotPhase::Offline)) => {
             let live = liveness_of(robot, robot_lease(ctx, &robot.name_any()).as_deref());
             let now = Timestamp::now();
-            plan_liveness(&status, verdict(phase, &live, now, &ctx.config.liveness), now)
+            let verdict = verdict(phase, &live, now, &ctx.config.liveness);
+            plan_liveness(&status, verdict, live.lease_renew, now)
         }
     };
 
@@ -270,8 +273,21 @@ pub fn plan_approval(status: &RobotStatus, decision: Approval, now: Timestamp) -
 }
 
 /// Plans the status of an approved robot (Online or Offline) from the
-/// liveness `verdict`.
-pub fn plan_liveness(status: &RobotStatus, verdict: Verdict, now: Timestamp) -> PhasePlan {
+/// liveness `verdict`; `lease_renew` is the robot's last sign of life its
+/// Lease shows.
+///
+/// An Offline robot takes no tasks, whatever its agent last said: its
+/// `AcceptingTasks` condition becomes Unknown (as a node's conditions do
+/// when its kubelet stops posting), until its next heartbeat says again;
+/// and its `lastHeartbeatTime`, which the server writes coalesced, becomes
+/// its last heartbeat exactly, so that the HEARTBEAT column gives the age
+/// of what it shows (its facts and usage, marked stale).
+pub fn plan_liveness(
+    status: &RobotStatus,
+    verdict: Verdict,
+    lease_renew: Option<Timestamp>,
+    now: Timestamp,
+) -> PhasePlan {
     let mut plan = PhasePlan::default();
     let (phase, ready, event, reason, message) = match verdict {
         Verdict::Stay(after) => {
@@ -299,6 +315,22 @@ pub fn plan_liveness(status: &RobotStatus, verdict: Verdict, now: Timestamp) -> 
         &mut conditions,
         condition_at(CONDITION_READY, ready, reason, message.clone(), now),
     );
+    if phase == RobotPhase::Offline {
+        if find_condition(&conditions, CONDITION_ACCEPTING_TASKS).is_some() {
+            set_condition(
+                &mut conditions,
+                condition_at(
+                    CONDITION_ACCEPTING_TASKS,
+                    ConditionStatus::Unknown,
+                    "RobotOffline",
+                    "the robot is offline: it takes no tasks, and what it last reported is stale",
+                    now,
+                ),
+            );
+        }
+        plan.patch.last_heartbeat_time =
+            lease_renew.filter(|renew| status.last_heartbeat_time < Some(*renew));
+    }
     plan.event = Some(event);
     plan.patch.message = Some(message);
     if conditions != status.conditions {
@@ -373,8 +405,16 @@ mod tests {
 
     #[test]
     fn liveness_moves_a_robot_offline_and_back() {
-        let online = in_phase(Some(RobotPhase::Online));
-        let stay = plan_liveness(&online, Verdict::Stay(Some(Duration::from_secs(5))), now());
+        let mut online = in_phase(Some(RobotPhase::Online));
+        online.conditions.push(condition_at(
+            CONDITION_ACCEPTING_TASKS,
+            ConditionStatus::True,
+            "Ready",
+            "the agent takes tasks",
+            now(),
+        ));
+        online.last_heartbeat_time = Some("2026-11-25T09:55:00Z".parse().unwrap());
+        let stay = plan_liveness(&online, Verdict::Stay(Some(Duration::from_secs(5))), None, now());
         assert_eq!(stay.patch, RobotStatusPatch::default());
         assert_eq!(stay.requeue, Some(Duration::from_secs(5)));
 
@@ -382,12 +422,24 @@ mod tests {
             reason: "HeartbeatTimeout",
             message: "silent for 2m".into(),
         };
-        let plan = plan_liveness(&online, offline, now());
+        let renewed: Timestamp = "2026-11-25T09:57:30Z".parse().unwrap();
+        let plan = plan_liveness(&online, offline, Some(renewed), now());
         assert_eq!(plan.patch.phase, Some(RobotPhase::Offline));
         assert_eq!(plan.event, Some(Note::warning("Offline", "silent for 2m")));
+        assert_eq!(
+            plan.patch.last_heartbeat_time,
+            Some(renewed),
+            "the last heartbeat exactly, not as coalesced"
+        );
         let conditions = plan.patch.conditions.unwrap();
         let ready = find_condition(&conditions, CONDITION_READY).unwrap();
         assert_eq!(ready.status, ConditionStatus::False);
+        let accepting = find_condition(&conditions, CONDITION_ACCEPTING_TASKS).unwrap();
+        assert_eq!(
+            (accepting.status, accepting.reason.as_deref()),
+            (ConditionStatus::Unknown, Some("RobotOffline")),
+            "an Offline robot is not shown accepting tasks"
+        );
 
         let back = Verdict::Online {
             reason: "Heartbeat",
@@ -398,7 +450,7 @@ mod tests {
             conditions,
             ..RobotStatus::default()
         };
-        let plan = plan_liveness(&status, back, now());
+        let plan = plan_liveness(&status, back, None, now());
         assert_eq!(plan.patch.phase, Some(RobotPhase::Online));
         assert_eq!(plan.event, Some(Note::normal("Online", "heard again")));
     }

@@ -73,7 +73,11 @@ fn facts_no_longer_reported_are_removed() {
     memory.offer(facts(r#"{"battery": 70, "docked": true}"#));
     let patch = written(memory.step(&cached, now));
     assert_eq!(patch.facts.get("mission"), Some(&None), "{patch:?}");
-    assert_eq!(patch.shown_facts, None, "no label: nothing shown");
+    assert_eq!(
+        patch.shown_facts.as_deref(),
+        Some("battery=70 docked=true"),
+        "no label: the first facts"
+    );
     // What this server wrote is removed too, though the cache lags.
     memory.offer(facts(r#"{"battery": 70}"#));
     let patch = written(memory.step(&cached, now + Duration::from_millis(600)));
@@ -160,9 +164,16 @@ fn the_label_alone_is_followed_from_the_watch() {
         shown_facts_stale(&changed).and_then(|p| p.shown_facts).as_deref(),
         Some("battery=80 estop=<none>")
     );
-    let removed = robot(&[], battery, Some("battery=80"));
+    let removed = robot(&[], r#"{}"#, Some("battery=80"));
     let patch = shown_facts_stale(&removed).expect("the text goes with the label");
     assert_eq!(serde_json::to_string(&patch).unwrap(), r#"{"shownFacts":null}"#);
+    let mut offline = robot(&[(LABEL_SHOW_FACTS, "battery")], battery, Some("battery=80"));
+    offline.status.as_mut().unwrap().phase = Some(k8s4r_api::RobotPhase::Offline);
+    assert_eq!(
+        shown_facts_stale(&offline).and_then(|p| p.shown_facts).as_deref(),
+        Some("stale: battery=80"),
+        "an Offline robot's facts are marked stale"
+    );
     let mut unregistered = Robot::new("rb1", RobotSpec::default());
     unregistered.metadata.labels = Some([(LABEL_SHOW_FACTS.to_owned(), "battery".to_owned())].into());
     assert_eq!(shown_facts_stale(&unregistered), None, "no status to write yet");
