@@ -37,6 +37,9 @@ pub struct RobotView<'a> {
     pub upgrade: Option<&'a AgentUpgradeStatus>,
     /// The rollout the robot is marked for, if any.
     pub marked_for: Option<&'a str>,
+    /// When its agent last registered (a new process, with the version it
+    /// runs).
+    pub registered_at: Option<Timestamp>,
     /// Its facts, as last reported.
     pub facts: Option<&'a Facts>,
     /// Its tasks that are dispatched or running.
@@ -181,8 +184,21 @@ impl Rollout<'_> {
         let marked = robot.marked_for == Some(self.name);
         match robot.upgrade {
             Some(u) if u.rollout == self.name && u.version == spec.version => match u.phase {
-                // It reported healthy, but runs another version (rolled back
-                // by hand, or its report is older than its version): again.
+                // The process that reported its trial healthy calls itself
+                // another version: the artifact's binary is not the
+                // version the rollout names. Ordering it again would only
+                // repeat the same switch.
+                RobotUpgradePhase::Healthy if reported_since_registering(u, robot) => (
+                    RobotUpgradePhase::Failed,
+                    Some(format!(
+                        "its new agent confirmed its trial but reports version {}, not {}: \
+                         the artifact's binary is another version",
+                        robot.agent_version.unwrap_or("unknown"),
+                        spec.version
+                    )),
+                ),
+                // It reported healthy, then a later process runs another
+                // version (rolled back by hand): again.
                 RobotUpgradePhase::Healthy => (RobotUpgradePhase::Pending, None),
                 // Switched, then silent for far longer than its trial: it
                 // lost power or its network. It settles its trial by itself
@@ -220,6 +236,12 @@ impl Rollout<'_> {
         let waited = Duration::try_from(now.duration_since(since)).unwrap_or_default();
         waited > self.health_timeout() * 2
     }
+}
+
+/// Whether the robot's report came from the process that runs now: it
+/// was recorded after the agent's last registration.
+fn reported_since_registering(report: &AgentUpgradeStatus, robot: &RobotView<'_>) -> bool {
+    matches!((report.since, robot.registered_at), (Some(since), Some(registered)) if since >= registered)
 }
 
 fn phase_word(phase: RobotUpgradePhase) -> &'static str {

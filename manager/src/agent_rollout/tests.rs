@@ -51,6 +51,7 @@ impl Fleet {
                 agent_version: Some(if new.contains(&i) { "0.2.0" } else { "0.1.0" }),
                 upgrade: self.upgrades[i].as_ref(),
                 marked_for: marked.contains(&i).then_some("r"),
+                registered_at: Some("2026-11-26T03:58:00Z".parse().unwrap()),
                 facts: None,
                 running: Running::default(),
                 unschedulable: false,
@@ -330,4 +331,29 @@ fn a_cancelled_rollout_starts_nobody_and_lets_ordered_robots_go() {
     assert_eq!(p.unmark, ["r1"], "r1 was only ordered; r0 finishes its trial");
     assert_eq!(p.status.state, Some(RolloutState::Aborted));
     assert!(p.status.message.unwrap().starts_with("cancelled by alice"));
+}
+
+#[test]
+fn a_new_binary_that_reports_the_old_version_fails_instead_of_being_ordered_again() {
+    // r0's new process confirmed its trial (reported after it registered)
+    // yet calls itself 0.1.0.
+    let fleet = Fleet::new(vec![report(RobotUpgradePhase::Healthy), None]);
+    let views = fleet.views(&[], &[], &[0]);
+    let p = plan_of(&spec(1, 5), &views);
+    assert_eq!(
+        p.status.robot_upgrades[0].phase,
+        RobotUpgradePhase::Failed,
+        "{p:?}"
+    );
+    let why = p.status.robot_upgrades[0].reason.clone().unwrap();
+    assert!(why.contains("reports version 0.1.0, not 0.2.0"), "{why}");
+    assert_eq!(p.unmark, ["r0"]);
+    assert_eq!(p.mark, ["r1"], "the place goes to the next robot");
+    assert_eq!(p.status.failed, 1);
+    // Registered again after its report (rolled back by hand): ordered again.
+    let mut views = fleet.views(&[], &[], &[]);
+    views[0].registered_at = Some("2026-11-26T03:59:30Z".parse().unwrap());
+    views.truncate(1);
+    let p = plan_of(&spec(1, 5), &views);
+    assert_eq!(p.mark, ["r0"], "{p:?}");
 }

@@ -71,6 +71,7 @@ fn view_of<'a>(robot: &'a Robot, running: &BTreeMap<String, Running>) -> RobotVi
         arch: status.and_then(|s| s.device.as_ref()).map(|d| d.arch.as_str()),
         agent_version: status.and_then(|s| s.agent_version.as_deref()),
         upgrade: status.and_then(|s| s.agent_upgrade.as_ref()),
+        registered_at: status.and_then(|s| s.last_registration_time),
         marked_for: robot
             .metadata
             .annotations

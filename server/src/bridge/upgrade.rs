@@ -35,7 +35,34 @@ pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(120);
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 struct UpgradePatch<'a> {
-    agent_upgrade: &'a AgentUpgradeStatus,
+    agent_upgrade: UpgradeFields<'a>,
+}
+
+/// `status.agentUpgrade` as a merge patch writes it: every field, a
+/// missing reason as null, so that a reason of an earlier phase (a failure)
+/// does not outlive it.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct UpgradeFields<'a> {
+    rollout: &'a str,
+    version: &'a str,
+    phase: RobotUpgradePhase,
+    reason: Option<&'a str>,
+    since: Option<Timestamp>,
+}
+
+impl<'a> UpgradePatch<'a> {
+    fn of(status: &'a AgentUpgradeStatus) -> Self {
+        Self {
+            agent_upgrade: UpgradeFields {
+                rollout: &status.rollout,
+                version: &status.version,
+                phase: status.phase,
+                reason: status.reason.as_deref(),
+                since: status.since,
+            },
+        }
+    }
 }
 
 impl Bridge {
@@ -64,15 +91,8 @@ impl Bridge {
             since: Some(Timestamp::now()),
         };
         info!(robot = name, rollout = %status.rollout, version = %status.version, phase = ?status.phase, reason = status.reason.as_deref().unwrap_or(""), "agent upgrade");
-        self.patch_robot_status(
-            name,
-            &UpgradePatch {
-                agent_upgrade: &status,
-            },
-            None,
-            "robot_upgrade",
-        )
-        .await
+        self.patch_robot_status(name, &UpgradePatch::of(&status), None, "robot_upgrade")
+            .await
     }
 
     /// Sends the order at once to a robot newly marked for a rollout (seen
@@ -339,5 +359,23 @@ mod tests {
         assert!(rollout_orders(&crowded, &rb1)
             .unwrap_err()
             .contains("maxParallel"));
+    }
+
+    #[test]
+    fn a_phase_without_a_reason_clears_the_reason_of_the_phase_before() {
+        let healthy = AgentUpgradeStatus {
+            rollout: "next".into(),
+            version: "2.0.0".into(),
+            phase: RobotUpgradePhase::Healthy,
+            reason: None,
+            since: None,
+        };
+        let patch = serde_json::to_value(UpgradePatch::of(&healthy)).unwrap();
+        assert_eq!(
+            patch["agentUpgrade"]["reason"],
+            serde_json::Value::Null,
+            "a merge patch keeps a field it leaves out: {patch}"
+        );
+        assert!(patch["agentUpgrade"].as_object().unwrap().contains_key("reason"));
     }
 }
