@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::ops::Bound;
 
-use k8s4r_api::selector::affinity_weight;
+use k8s4r_api::selector::{affinity_weight, SelectorOperator};
 use k8s4r_api::{
     AntiAffinity, Constraint, FactRequirement, Facts, LabelSelector, RobotPhase, TaskPolicy, WeightedAffinity,
 };
@@ -240,6 +240,66 @@ pub struct NoFit {
     /// reports (a typo, most often), each with the reported fact closest
     /// to it, if one is close.
     pub unreported: Vec<(String, Option<String>)>,
+    /// What of the robot selector no robot looked at has, with the closest
+    /// label robots do have (`no robot has label "sitee" (robots have
+    /// "site")`): only when some robot did not match it.
+    pub unmatched: Vec<String>,
+}
+
+/// Labels named for a selector value no robot has, at most.
+const VALUES_NAMED: usize = 5;
+
+/// Each part of `selector` that no robot of `robots` satisfies, said with
+/// the label key or values robots have instead.
+pub fn selector_hints<'a>(
+    selector: &LabelSelector,
+    robots: impl Iterator<Item = &'a BTreeMap<String, String>>,
+) -> Vec<String> {
+    let mut seen: BTreeMap<&str, std::collections::BTreeSet<&str>> = BTreeMap::new();
+    for labels in robots {
+        for (k, v) in labels {
+            seen.entry(k).or_default().insert(v);
+        }
+    }
+    let key_hint = |key: &str| {
+        let near = closest(key, seen.keys().copied());
+        match near {
+            Some(near) => format!("no robot has label {key:?} (robots have {near:?})"),
+            None => format!("no robot has label {key:?}"),
+        }
+    };
+    let value_hint = |key: &str, wanted: &[&str], values: &std::collections::BTreeSet<&str>| {
+        let named: Vec<&str> = values.iter().copied().take(VALUES_NAMED).collect();
+        let more = values.len().saturating_sub(VALUES_NAMED);
+        let near = wanted.iter().find_map(|w| closest(w, values.iter().copied()));
+        let mut hint = format!("no robot has {key}={}", wanted.join("|"));
+        match near {
+            Some(near) => hint.push_str(&format!(" (robots have {key}={near})")),
+            None if more > 0 => hint.push_str(&format!(" (robots have {key}={} and {more} more)", named.join("|"))),
+            None => hint.push_str(&format!(" (robots have {key}={})", named.join("|"))),
+        }
+        hint
+    };
+    let mut hints = Vec::new();
+    let wanted = selector
+        .match_labels
+        .iter()
+        .map(|(k, v)| (k.as_str(), vec![v.as_str()]))
+        .chain(selector.match_expressions.iter().filter_map(|r| match r.operator {
+            SelectorOperator::In => Some((r.key.as_str(), r.values.iter().map(String::as_str).collect())),
+            SelectorOperator::Exists => Some((r.key.as_str(), Vec::new())),
+            _ => None,
+        }));
+    for (key, values) in wanted {
+        match seen.get(key) {
+            None => hints.push(key_hint(key)),
+            Some(have) if !values.is_empty() && !values.iter().any(|v| have.contains(v)) => {
+                hints.push(value_hint(key, &values, have));
+            }
+            Some(_) => {}
+        }
+    }
+    hints
 }
 
 /// The fact robots report that is closest to `key`, when one is close
@@ -281,6 +341,9 @@ impl fmt::Display for NoFit {
             if let Some(near) = near {
                 write!(f, " (robots report {near:?})")?;
             }
+        }
+        for hint in &self.unmatched {
+            write!(f, "; {hint}")?;
         }
         Ok(())
     }
@@ -619,7 +682,7 @@ where
         None => HashSet::new(),
     };
     let mut reported: std::collections::BTreeSet<&'r str> = std::collections::BTreeSet::new();
-    for robot in robots {
+    for robot in robots.clone() {
         if request.robot.is_some_and(|only| only != robot.name) {
             continue;
         }
@@ -663,9 +726,16 @@ where
                 unreported.push((key.to_owned(), near));
             }
         }
+        let unmatched = match request.selector {
+            Some(selector) if nofit.rejections.contains_key(&Rejection::Selector) => {
+                selector_hints(selector, robots.map(|r| &r.labels))
+            }
+            _ => Vec::new(),
+        };
         NoFit {
             conditions: request.when.iter().map(ToString::to_string).collect(),
             unreported,
+            unmatched,
             ..nofit
         }
     })

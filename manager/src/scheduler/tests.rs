@@ -92,6 +92,62 @@ fn selector_filters_by_labels() {
 }
 
 #[test]
+fn a_selector_nobody_matches_names_the_closest_labels() {
+    let robots = [
+        robot("a").with_label("site", "lab"),
+        robot("b").with_label("site", "field").with_label("zone", "north"),
+    ];
+    let typo = LabelSelector::from_labels([("sitee", "lab")]);
+    let req = Request {
+        selector: Some(&typo),
+        ..request("g")
+    };
+    assert_eq!(
+        choose(&robots, &req, |_| None).unwrap_err().to_string(),
+        "0/2 robots: 2 don't match selector; no robot has label \"sitee\" (robots have \"site\")"
+    );
+    let value = LabelSelector::from_labels([("site", "labb")]);
+    let req = Request {
+        selector: Some(&value),
+        ..request("g")
+    };
+    assert!(
+        choose(&robots, &req, |_| None)
+            .unwrap_err()
+            .to_string()
+            .ends_with("; no robot has site=labb (robots have site=lab)"),
+        "the closest value"
+    );
+    let far = LabelSelector::from_labels([("site", "warehouse")]);
+    let req = Request {
+        selector: Some(&far),
+        ..request("g")
+    };
+    assert!(
+        choose(&robots, &req, |_| None)
+            .unwrap_err()
+            .to_string()
+            .ends_with("; no robot has site=warehouse (robots have site=field|lab)"),
+        "none close: the values robots have"
+    );
+    // Some robot matches (and is busy or offline): no hint.
+    let fine = LabelSelector::from_labels([("zone", "north")]);
+    let offline = [robot("a").with_label("site", "lab"), {
+        let mut r = robot("b").with_label("zone", "north");
+        r.phase = Some(RobotPhase::Offline);
+        r
+    }];
+    let req = Request {
+        selector: Some(&fine),
+        ..request("g")
+    };
+    assert_eq!(
+        choose(&offline, &req, |_| None).unwrap_err().to_string(),
+        "0/2 robots: 1 offline, 1 don't match selector"
+    );
+}
+
+#[test]
 fn constraints_read_device_attributes_and_labels() {
     let constraints = [
         Constraint {
@@ -530,7 +586,10 @@ fn no_fit_says_why_for_a_person() {
     robots.extend((0..5).map(|i| robot(&format!("on{i}"))));
     let err = choose(&robots, &req, |_| None).unwrap_err();
     assert_eq!(err.total, 12);
-    assert_eq!(err.to_string(), "0/12 robots: 7 offline, 5 don't match selector");
+    assert_eq!(
+        err.to_string(),
+        "0/12 robots: 7 offline, 5 don't match selector; no robot has label \"site\""
+    );
     let none: [RobotFacts; 0] = [];
     assert_eq!(
         choose(&none, &req, |_| None).unwrap_err().to_string(),
