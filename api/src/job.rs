@@ -58,6 +58,20 @@ pub struct JobSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub ttl_seconds_after_finished: Option<i32>,
+    /// Seconds the job may be active, from its start, before it fails
+    /// with reason `DeadlineExceeded`: its unfinished tasks are cancelled
+    /// (a running one stopped on its robot, as a person's cancel would),
+    /// and no new one starts. As a Kubernetes Job's; unset: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 31_536_000))]
+    pub active_deadline_seconds: Option<i64>,
+    /// Seconds a task of the job may wait for a robot (from its creation,
+    /// or from when its retry came due) before it fails for good with
+    /// reason `Unschedulable` and the reason no robot fits. Unset: it
+    /// waits as long as it takes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 31_536_000))]
+    pub pending_deadline_seconds: Option<i64>,
 }
 
 impl JobSpec {
@@ -345,6 +359,9 @@ pub struct TaskGroupSpec {
     /// Scheduling priority, from the job.
     #[serde(default)]
     pub priority: i32,
+    /// The job's `pendingDeadlineSeconds`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_deadline_seconds: Option<i64>,
 }
 
 /// What the group's tasks are doing.

@@ -429,6 +429,10 @@ pub struct TaskSpec {
     /// Scheduling priority (higher first), from the Job.
     #[serde(default)]
     pub priority: i32,
+    /// How long the task may wait for a robot before it fails
+    /// `Unschedulable`, from the Job's `pendingDeadlineSeconds`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_deadline_seconds: Option<i64>,
     /// At most one running task of the task's group per robot (or per value
     /// of a robot label), from its group.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -546,8 +550,10 @@ pub enum TaskReason {
     /// The robot was drained (`k8s4r drain`): the attempt was stopped and
     /// the task waits for another robot (no retry used).
     Drained,
-    /// Not the end of an attempt: the task waits because no robot fits it
-    /// now; its `Scheduled` condition and message say why, robot by robot.
+    /// While the task waits (state pending): no robot fits it now; its
+    /// `Scheduled` condition and message say why, robot by robot. As the
+    /// end of a failed task: it waited past its Job's
+    /// `pendingDeadlineSeconds`, and the message says why no robot fit.
     Unschedulable,
     /// Not the end of an attempt: the task waits for its restart policy's
     /// delay before the next attempt; its message says how the last one

@@ -402,6 +402,10 @@ pub fn validate_periodic_job_spec(spec: &PeriodicJobSpec) -> Result<(), Validati
     report.finish()
 }
 
+/// The longest `activeDeadlineSeconds` or `pendingDeadlineSeconds` (a
+/// year): a longer one is a mistake, and a year's seconds fit any timer.
+pub const MAX_DEADLINE_SECONDS: i64 = 365 * 24 * 3600;
+
 /// Validates a Job spec, every group included.
 pub fn validate_job_spec(spec: &JobSpec) -> Result<(), ValidationErrors> {
     let mut report = Report::default();
@@ -411,6 +415,17 @@ pub fn validate_job_spec(spec: &JobSpec) -> Result<(), ValidationErrors> {
     check_constraints(&mut report, "spec.constraints", &spec.constraints);
     if let Some(ttl) = spec.ttl_seconds_after_finished.filter(|t| *t < 0) {
         report.error("spec.ttlSecondsAfterFinished", format!("must be >= 0, got {ttl}"));
+    }
+    for (field, value) in [
+        ("spec.activeDeadlineSeconds", spec.active_deadline_seconds),
+        ("spec.pendingDeadlineSeconds", spec.pending_deadline_seconds),
+    ] {
+        if let Some(v) = value.filter(|v| !(1..=MAX_DEADLINE_SECONDS).contains(v)) {
+            report.error(
+                field,
+                format!("must be between 1 and {MAX_DEADLINE_SECONDS}, got {v}"),
+            );
+        }
     }
     if spec.task_groups.is_empty() {
         report.error("spec.taskGroups", "at least one group is required");

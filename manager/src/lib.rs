@@ -19,6 +19,7 @@ pub mod aggregate;
 pub mod cli;
 pub mod config;
 pub mod controllers;
+pub mod deadline;
 pub mod error;
 pub mod expiry;
 pub mod fleet;

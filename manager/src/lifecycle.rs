@@ -231,7 +231,12 @@ pub fn retry_delay(
     if is_returned(ended) {
         return Some(return_delay(status, ended));
     }
-    if matches!(ended, Some(TaskReason::InvalidSpec | TaskReason::Cancelled)) {
+    // A task that waited past its pending deadline fails for good: a retry
+    // would only wait again.
+    if matches!(
+        ended,
+        Some(TaskReason::InvalidSpec | TaskReason::Cancelled | TaskReason::Unschedulable)
+    ) {
         return None;
     }
     // A person's retry counts the budget afresh from the attempt it acted at;
@@ -307,7 +312,7 @@ pub fn exhausted(
     }
     let ended = ended_as(status);
     Some(match ended {
-        Some(TaskReason::InvalidSpec | TaskReason::Cancelled) => return None,
+        Some(TaskReason::InvalidSpec | TaskReason::Cancelled | TaskReason::Unschedulable) => return None,
         _ if status.cancel_requested() => return None,
         Some(TaskReason::ConditionLost) => format!(
             "its start conditions stopped holding {} times, its restartPolicy.conditionRestarts; the task fails",

@@ -275,7 +275,10 @@ pub fn selector_hints<'a>(
         let mut hint = format!("no robot has {key}={}", wanted.join("|"));
         match near {
             Some(near) => hint.push_str(&format!(" (robots have {key}={near})")),
-            None if more > 0 => hint.push_str(&format!(" (robots have {key}={} and {more} more)", named.join("|"))),
+            None if more > 0 => hint.push_str(&format!(
+                " (robots have {key}={} and {more} more)",
+                named.join("|")
+            )),
             None => hint.push_str(&format!(" (robots have {key}={})", named.join("|"))),
         }
         hint
@@ -285,11 +288,18 @@ pub fn selector_hints<'a>(
         .match_labels
         .iter()
         .map(|(k, v)| (k.as_str(), vec![v.as_str()]))
-        .chain(selector.match_expressions.iter().filter_map(|r| match r.operator {
-            SelectorOperator::In => Some((r.key.as_str(), r.values.iter().map(String::as_str).collect())),
-            SelectorOperator::Exists => Some((r.key.as_str(), Vec::new())),
-            _ => None,
-        }));
+        .chain(
+            selector
+                .match_expressions
+                .iter()
+                .filter_map(|r| match r.operator {
+                    SelectorOperator::In => {
+                        Some((r.key.as_str(), r.values.iter().map(String::as_str).collect()))
+                    }
+                    SelectorOperator::Exists => Some((r.key.as_str(), Vec::new())),
+                    _ => None,
+                }),
+        );
     for (key, values) in wanted {
         match seen.get(key) {
             None => hints.push(key_hint(key)),

@@ -458,3 +458,45 @@ async fn drain_moves_a_robots_batch_tasks_elsewhere_once_and_leaves_its_service(
     }
     env.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offline_robot_is_not_shown_accepting_tasks_and_its_facts_are_marked_stale() {
+    let mut env = Env::start(&[]).await;
+    robot_with_facts(&mut env, "r1", r#"{"battery": 80, "estop": false}"#).await;
+    let kubeconfig = kubeconfig_path(&env.data_dir);
+    // Without a show-facts label, FACTS shows the robot's first facts.
+    eventually("the FACTS column without a label", || async {
+        let out = kubectl(&kubeconfig, &["get", "robots", "-o", "wide"]);
+        out.contains("battery=80 estop=false").then_some(())
+    })
+    .await;
+
+    env.kill_agent("r1");
+    env.wait_phase("r1", RobotPhase::Offline).await;
+    let robots: Api<Robot> = Api::all(env.client.clone());
+    let status = eventually("the robot's figures marked stale", || async {
+        let status = robots.get("r1").await.ok()?.status?;
+        let stale = status.shown_facts.as_deref()? == "stale: battery=80 estop=false";
+        stale.then_some(status)
+    })
+    .await;
+    let accepting = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == CONDITION_ACCEPTING_TASKS)
+        .expect("an AcceptingTasks condition");
+    assert_eq!(
+        (format!("{:?}", accepting.status), accepting.reason.as_deref()),
+        ("Unknown".to_owned(), Some("RobotOffline")),
+        "{accepting:?}"
+    );
+    let wide = kubectl(&kubeconfig, &["get", "robots", "-o", "wide"]);
+    assert!(wide.contains("stale: battery=80"), "{wide}");
+    let robot = robots.get("r1").await.expect("the robot");
+    let screen = k8s4r::status::Summary::of(&[robot], &[], &[]).render("all namespaces");
+    assert!(
+        screen.contains("OFFLINE ROBOTS") && screen.contains("(stale): facts battery=80 estop=false"),
+        "{screen}"
+    );
+    env.stop().await;
+}

@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use k8s4r::up::kubeconfig_path;
-use k8s4r_api::names::CONDITION_SCHEDULED;
-use k8s4r_api::{ConditionStatus, RobotPhase, TaskGroup, TaskReason};
+use k8s4r_api::names::{CONDITION_FAILED, CONDITION_SCHEDULED};
+use k8s4r_api::{ConditionStatus, RobotPhase, TaskGroup, TaskReason, TaskState, WorkState};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::ListParams;
 use kube::Api;
@@ -158,5 +158,95 @@ async fn after_a_restart_of_the_cluster_side_a_robot_without_its_agent_is_not_on
         status.message.as_deref().is_some_and(|m| m.contains("offline")),
         "{status:?}"
     );
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_misspelled_selector_names_the_label_and_the_pending_deadline_fails_the_task() {
+    let env = Env::start(&[("rb1", &["site=lab"])]).await;
+    let mut job = job_json(
+        "typo",
+        serde_json::json!([{ "name": "g", "count": 1, "task": exec_true(),
+            "robotSelector": { "matchLabels": { "sitee": "lab" } } }]),
+    );
+    job["spec"]["pendingDeadlineSeconds"] = serde_json::json!(3);
+    env.create_job(job).await;
+    let status = eventually("the task failed past its pending deadline", || async {
+        let status = env.job_tasks("typo").await.pop()?.status?;
+        (status.state == Some(TaskState::Failed)).then_some(status)
+    })
+    .await;
+    assert_eq!(status.reason, Some(TaskReason::Unschedulable), "{status:?}");
+    let message = status.message.clone().unwrap_or_default();
+    assert!(
+        message.contains("pendingDeadlineSeconds (3s)")
+            && message.contains(r#"no robot has label "sitee" (robots have "site")"#),
+        "{message}"
+    );
+    eventually("the Job failed", || async {
+        let state = env.jobs().get("typo").await.ok()?.status?.state?;
+        (state == WorkState::Failed).then_some(())
+    })
+    .await;
+    assert_eq!(
+        env.job_tasks("typo")
+            .await
+            .pop()
+            .and_then(|t| t.status)
+            .map(|s| s.attempt),
+        Some(status.attempt),
+        "no retry of a task that waited past its deadline"
+    );
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_past_its_active_deadline_fails_and_its_running_task_is_stopped() {
+    let env = Env::start(&[("rb1", &[])]).await;
+    let mut job = job_json(
+        "bounded",
+        serde_json::json!([{ "name": "g", "count": 1, "task": sh("echo started; exec sleep 300", "10m") }]),
+    );
+    job["spec"]["activeDeadlineSeconds"] = serde_json::json!(6);
+    env.create_job(job).await;
+    eventually("the task runs", || async {
+        let status = env.job_tasks("bounded").await.pop()?.status?;
+        (status.state == Some(TaskState::Running)).then_some(())
+    })
+    .await;
+    let status = eventually("the Job failed past its deadline", || async {
+        let status = env.jobs().get("bounded").await.ok()?.status?;
+        (status.state == Some(WorkState::Failed)).then_some(status)
+    })
+    .await;
+    let failed = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == CONDITION_FAILED)
+        .expect("a Failed condition");
+    assert_eq!(
+        (failed.status, failed.reason.as_deref()),
+        (ConditionStatus::True, Some("DeadlineExceeded")),
+        "{failed:?}"
+    );
+    // The Job fails only once its task ended on the robot.
+    let task = env
+        .job_tasks("bounded")
+        .await
+        .pop()
+        .and_then(|t| t.status)
+        .unwrap_or_default();
+    assert_eq!(task.state, Some(TaskState::Cancelled), "{task:?}");
+    assert!(
+        serde_json::to_string(&task)
+            .unwrap()
+            .contains("activeDeadlineSeconds"),
+        "the task says what stopped it: {task:?}"
+    );
+    eventually("a DeadlineExceeded Event", || async {
+        let notes = event_notes(&env, "bounded", "DeadlineExceeded").await;
+        (!notes.is_empty()).then_some(())
+    })
+    .await;
     env.stop().await;
 }

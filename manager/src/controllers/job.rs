@@ -24,6 +24,7 @@ use tracing::instrument;
 use super::pacing::job_progress_only;
 use super::{condition_at, key_of, Context, Look, Note, Requests};
 use crate::aggregate::{gates, job_status, Gate, GroupView};
+use crate::deadline::{active_deadline, fail_past_deadline, ActiveDeadline};
 use crate::error::{Error, Result};
 use crate::expiry::{plan_expiry, Expiry, REASON_EXPIRED};
 
@@ -80,6 +81,7 @@ pub fn desired_groups(job_name: &str, spec: &JobSpec) -> BTreeMap<String, TaskGr
                     template: merged_group(spec, g),
                     job: job_name.to_owned(),
                     priority: spec.priority,
+                    pending_deadline_seconds: spec.pending_deadline_seconds,
                 },
             )
         })
@@ -118,8 +120,19 @@ async fn reconcile_job(job: &Job, ctx: &Context) -> Result<Action> {
         reason: "no uid to own task groups with".into(),
     })?;
 
-    // A person's cancel or retry of the Job goes to its TaskGroups.
-    let before = job.status.clone().unwrap_or_default();
+    // A person's cancel or retry of the Job goes to its TaskGroups, and so
+    // does the cancel of a Job past its activeDeadlineSeconds.
+    let mut before = job.status.clone().unwrap_or_default();
+    let later = match active_deadline(job, Timestamp::now()) {
+        ActiveDeadline::Due(cancel) => {
+            let message = cancel.message.clone().unwrap_or_default();
+            ctx.event(job, EventType::Warning, crate::deadline::REASON, message);
+            before.cancellation = Some(cancel);
+            None
+        }
+        ActiveDeadline::Later(left) => Some(left),
+        ActiveDeadline::None => None,
+    };
     let uid = job.uid().unwrap_or_default();
     let owned: Vec<Arc<TaskGroup>> = ctx.job_groups.of(&ctx.stores.groups, &uid);
     let (children, retry_to) = requests_to_pass(&owned);
@@ -154,6 +167,9 @@ async fn reconcile_job(job: &Job, ctx: &Context) -> Result<Action> {
         if let Some(note) = plan.event {
             ctx.publish(job, note);
         }
+    }
+    if let Some(left) = later {
+        return Ok(Action::requeue(left));
     }
     expire(ctx, &jobs, written.as_ref().unwrap_or(job)).await
 }
@@ -442,11 +458,21 @@ pub fn plan_job_status(
     }
     status.cancellation = requests.cancellation;
     status.retry = requests.retry;
+    let past_deadline = requests.cancelled
+        && fail_past_deadline(
+            &mut status,
+            job.spec.active_deadline_seconds,
+            job.meta().generation,
+        );
     if previous == Some(&status) {
         return JobStatusPlan::default();
     }
     let was_finished = previous.and_then(|p| p.state).is_some_and(WorkState::is_finished);
     let event = match status.state {
+        Some(WorkState::Failed) if past_deadline && !was_finished => Some(Note::warning(
+            crate::deadline::REASON,
+            "the Job was active longer than its activeDeadlineSeconds; it failed",
+        )),
         Some(WorkState::Completed) if !was_finished => Some(Note::normal(
             "Completed",
             format!("all {} tasks completed", status.counts.completed),
@@ -513,12 +539,18 @@ mod tests {
             ],
             priority: 7,
             order: Vec::new(),
-            ttl_seconds_after_finished: None,
+            pending_deadline_seconds: Some(600),
+            ..JobSpec::default()
         };
         let groups = desired_groups("j", &job);
         let a = &groups["j-a"];
         assert_eq!(a.job, "j");
         assert_eq!(a.priority, 7);
+        assert_eq!(
+            a.pending_deadline_seconds,
+            Some(600),
+            "the job's pending deadline"
+        );
         let selector = a.template.robot_selector.as_ref().unwrap();
         assert_eq!(selector.match_labels.len(), 2);
         assert_eq!(a.template.constraints.len(), 2);

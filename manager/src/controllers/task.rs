@@ -363,12 +363,20 @@ async fn schedule(task: &Task, ctx: &Context, now: Timestamp) -> Result<Action> 
         Some(Err(nofit)) => {
             ctx.metrics.unschedulable.inc();
             let message = nofit.to_string();
+            let left = match pending_deadline(task, now) {
+                Err(waited) => {
+                    let message = format!("{waited}: {message}");
+                    return fail(task, ctx, TaskReason::Unschedulable, message, now).await;
+                }
+                Ok(left) => left,
+            };
             if let Some(patch) = plan_unschedulable(&status, &message, now) {
                 ctx.patch_status(&api, &name, task.resource_version(), patch)
                     .await?;
                 ctx.event(task, EventType::Warning, "FailedScheduling", message);
             }
-            return Ok(Action::requeue(UNSCHEDULABLE_RECHECK));
+            let recheck = left.map_or(UNSCHEDULABLE_RECHECK, |l| l.min(UNSCHEDULABLE_RECHECK));
+            return Ok(Action::requeue(recheck.max(Duration::from_millis(100))));
         }
     };
 
@@ -397,6 +405,33 @@ async fn schedule(task: &Task, ctx: &Context, now: Timestamp) -> Result<Action> 
         format!("attempt {attempt} assigned to robot {robot}"),
     );
     Ok(Action::requeue(ctx.config.lifecycle.dispatch_timeout))
+}
+
+/// How long a Task no robot fits may still wait by its Job's
+/// `pendingDeadlineSeconds` (None: no deadline), or, once past it, what
+/// to say of its wait. It waits from its creation, or from when its retry
+/// came due.
+pub fn pending_deadline(task: &Task, now: Timestamp) -> Result<Option<Duration>, String> {
+    let Some(seconds) = task.spec.pending_deadline_seconds else {
+        return Ok(None);
+    };
+    let deadline = Duration::from_secs(u64::try_from(seconds).unwrap_or(0));
+    let since = task
+        .status
+        .as_ref()
+        .and_then(|s| s.next_attempt_time)
+        .or_else(|| task.metadata.creation_timestamp.as_ref().map(|t| t.0));
+    let Some(since) = since else {
+        return Ok(Some(deadline));
+    };
+    let waited = Duration::try_from(now.duration_since(since)).unwrap_or_default();
+    match deadline.checked_sub(waited).filter(|left| !left.is_zero()) {
+        Some(left) => Ok(Some(left)),
+        None => Err(format!(
+            "waited {} for a robot, past its Job's pendingDeadlineSeconds ({seconds}s)",
+            k8s4r_api::duration::format_duration(Duration::from_secs(waited.as_secs()))
+        )),
+    }
 }
 
 /// The status patch of a Task no robot fits (`message` says why), or
@@ -445,6 +480,7 @@ async fn fail(
     let event = match reason {
         TaskReason::RobotLost => "RobotLost",
         TaskReason::TimeoutBackstop => "TimedOut",
+        TaskReason::Unschedulable => "PendingDeadlineExceeded",
         _ => "DispatchTimeout",
     };
     tracing::info!(task = %name, ?reason, %message, "failing attempt");

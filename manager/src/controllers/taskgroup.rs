@@ -119,6 +119,7 @@ fn new_task(group: &TaskGroup, suffix: &str, slot: (&str, String), robot: Option
             restart_policy: template.restart_policy.clone(),
             disconnect: template.disconnect.clone(),
             priority: group.spec.priority,
+            pending_deadline_seconds: group.spec.pending_deadline_seconds,
             anti_affinity: template.anti_affinity.clone(),
             affinity: template.affinity.clone(),
             robot_name: robot,
@@ -567,6 +568,7 @@ mod tests {
                 },
                 job: "j".into(),
                 priority: 0,
+                pending_deadline_seconds: None,
             },
         );
         g.metadata.namespace = Some("ns".into());

@@ -327,7 +327,7 @@ pub async fn create_job(
             task_groups: groups,
             priority: 0,
             order: vec![],
-            ttl_seconds_after_finished: None,
+            ..JobSpec::default()
         },
     );
     api.create(&PostParams::default(), &job)

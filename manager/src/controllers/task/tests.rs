@@ -454,3 +454,28 @@ fn a_refused_retry_buys_the_task_no_retries() {
     assert_eq!(retry_base(&status), 4);
     assert_eq!(retry_delay(&status, None, &cfg), before);
 }
+
+#[test]
+fn a_task_waits_for_a_robot_until_its_jobs_pending_deadline() {
+    let mut task: Task = serde_json::from_value(serde_json::json!({
+        "apiVersion": "robot.k8s4r.io/v1alpha1", "kind": "Task",
+        "metadata": { "name": "t", "namespace": "default", "creationTimestamp": "2026-11-25T09:59:00Z" },
+        "spec": { "driver": "exec", "command": "true" },
+    }))
+    .unwrap();
+    assert_eq!(pending_deadline(&task, now()), Ok(None), "no deadline: waits");
+    task.spec.pending_deadline_seconds = Some(90);
+    assert_eq!(pending_deadline(&task, now()), Ok(Some(Duration::from_secs(30))));
+    let later: Timestamp = "2026-11-25T10:00:31Z".parse().unwrap();
+    let why = pending_deadline(&task, later).unwrap_err();
+    assert_eq!(
+        why,
+        "waited 1m31s for a robot, past its Job's pendingDeadlineSeconds (90s)"
+    );
+    // A retry waits from when it came due.
+    task.status = Some(TaskStatus {
+        next_attempt_time: Some("2026-11-25T10:00:20Z".parse().unwrap()),
+        ..TaskStatus::default()
+    });
+    assert_eq!(pending_deadline(&task, later), Ok(Some(Duration::from_secs(79))));
+}
