@@ -559,6 +559,7 @@ fn resolve_supervisor(
         log_max_bytes: s.log_max_bytes.unwrap_or(defaults.log_max_bytes),
         log_max_files: s.log_max_files.unwrap_or(defaults.log_max_files),
         output_tail_bytes: s.output_tail_bytes.unwrap_or(defaults.output_tail_bytes),
+        output_tail_every: s.output_tail_every.unwrap_or(defaults.output_tail_every),
         artifact_max_bytes: s.artifact_max_bytes.unwrap_or(defaults.artifact_max_bytes),
         artifact_timeout: s.artifact_timeout.unwrap_or(defaults.artifact_timeout),
         artifact_retries: s.artifact_retries.unwrap_or(defaults.artifact_retries),

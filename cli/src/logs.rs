@@ -289,10 +289,20 @@ pub async fn copy(
         bail!("the output above is incomplete (see the warning(s) above)");
     }
     if let Some(notice) = notice {
-        bail!("only the last output the cluster keeps was printed ({notice})");
+        return Err(Partial(notice).into());
     }
     Ok(())
 }
+
+/// The exit code of `k8s4r logs` when the robot could not be asked and
+/// only the last output the cluster keeps was printed.
+pub const EXIT_PARTIAL: u8 = 3;
+
+/// The robot could not be asked: what was printed is the last output the
+/// cluster keeps (the Task's `status.outputTail`), not the whole of it.
+#[derive(Debug, thiserror::Error)]
+#[error("only the last output the cluster keeps was printed ({0})")]
+pub struct Partial(pub String);
 
 /// Writes output as it comes, or, with a prefix, line by line.
 struct Lines {

@@ -230,3 +230,52 @@ async fn a_read_whose_connection_is_cut_fails_saying_so() {
     assert!(out.len() < 40_000_000, "only part of the output: {}", out.len());
     env.stop().await;
 }
+
+/// While its robot is offline, a running task's last output is what the
+/// cluster holds: `k8s4r logs` prints it, says why on stderr, and fails
+/// as partial.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_tasks_last_output_is_read_while_its_robot_is_offline() {
+    let mut env = Env::start(&[]).await;
+    env.spawn_agent_with("rb1", &[], &["--output-tail-every", "1s"]);
+    env.wait_phase("rb1", RobotPhase::Online).await;
+    let script = "echo leaving the dock; echo at waypoint 3; exec sleep 60";
+    env.create_job(job_json(
+        "mission",
+        serde_json::json!([{ "name": "drive", "count": 1, "task": sh(script, "10m") }]),
+    ))
+    .await;
+    eventually("the running task's output in its status", || async {
+        let status = env.job_tasks("mission").await.pop()?.status?;
+        let running = status.state == Some(TaskState::Running);
+        (running && status.output_tail.as_deref()?.contains("at waypoint 3")).then_some(())
+    })
+    .await;
+
+    env.kill_agent("rb1");
+    env.wait_phase("rb1", RobotPhase::Offline).await;
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let result = k8s4r::logs::copy(
+        &env.client,
+        "default",
+        "mission-drive-0",
+        "",
+        None,
+        false,
+        &mut out,
+        &mut err,
+    )
+    .await;
+    let (out, err) = (String::from_utf8_lossy(&out), String::from_utf8_lossy(&err));
+    assert_eq!(out, "leaving the dock\nat waypoint 3\n", "stderr: {err}");
+    assert!(err.contains("robot rb1 is offline"), "{err}");
+    let error = result.expect_err("only part of the output: a failure");
+    assert!(error.downcast_ref::<k8s4r::logs::Partial>().is_some(), "{error:#}");
+    let task = env.job_tasks("mission").await.pop().and_then(|t| t.status);
+    assert_eq!(
+        task.and_then(|s| s.state),
+        Some(TaskState::Running),
+        "the task still runs as far as the cluster knows"
+    );
+    env.stop().await;
+}

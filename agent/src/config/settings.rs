@@ -140,6 +140,13 @@ pub struct Settings {
     #[arg(long, env = "K8S4R_OUTPUT_TAIL_BYTES", value_name = "BYTES")]
     pub output_tail_bytes: Option<usize>,
 
+    /// How often a running task's latest output goes to the cluster (its
+    /// Task's `status.outputTail`, read while the robot is offline), when
+    /// it printed something since; 0 never. Default: 60s.
+    #[arg(long, env = "K8S4R_OUTPUT_TAIL_EVERY", value_name = "DURATION", value_parser = parse_duration)]
+    #[serde(default, deserialize_with = "de_duration")]
+    pub output_tail_every: Option<Duration>,
+
     /// Largest artifact a task may download. Default: the supervisor's.
     #[arg(long, env = "K8S4R_ARTIFACT_MAX_BYTES", value_name = "BYTES")]
     pub artifact_max_bytes: Option<u64>,
@@ -320,6 +327,7 @@ impl Settings {
             log_max_bytes: self.log_max_bytes.or(file.log_max_bytes),
             log_max_files: self.log_max_files.or(file.log_max_files),
             output_tail_bytes: self.output_tail_bytes.or(file.output_tail_bytes),
+            output_tail_every: self.output_tail_every.or(file.output_tail_every),
             artifact_max_bytes: self.artifact_max_bytes.or(file.artifact_max_bytes),
             artifact_timeout: self.artifact_timeout.or(file.artifact_timeout),
             artifact_retries: self.artifact_retries.or(file.artifact_retries),

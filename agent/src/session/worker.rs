@@ -40,6 +40,10 @@ pub fn status_of(event: TaskEvent) -> StatusUpdate {
                 update.message = Some(format!("restarted on the robot ({}): {}", r.count, r.cause));
             }
         }
+        TaskEvent::Output { started, tail, .. } => {
+            update.start_time = Some(started);
+            update.output_tail = Some(tail);
+        }
         TaskEvent::Finished { outcome, .. } => {
             update.state = outcome.state;
             update.exit_code = outcome.exit_code;

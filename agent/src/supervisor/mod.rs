@@ -137,6 +137,9 @@ pub struct SupervisorConfig {
     pub log_max_files: u32,
     /// Bytes of output kept for the status message.
     pub output_tail_bytes: usize,
+    /// How often a running task's output tail is sent as a status
+    /// ([`TaskEvent::Output`]) when it changed; zero: never.
+    pub output_tail_every: Duration,
     /// Largest artifact accepted.
     pub artifact_max_bytes: u64,
     /// Time limit of one download attempt.
@@ -237,6 +240,7 @@ impl Default for SupervisorConfig {
             log_max_bytes: 10 * 1024 * 1024,
             log_max_files: 10,
             output_tail_bytes: 4096,
+            output_tail_every: Duration::from_secs(60),
             artifact_max_bytes: 1 << 30,
             artifact_timeout: Duration::from_secs(300),
             artifact_retries: 3,
@@ -305,6 +309,19 @@ pub enum TaskEvent {
         /// attempt's first start.
         restarted: Option<Restarted>,
     },
+    /// A running attempt printed since its last report: its latest
+    /// output, for the cluster to show while the robot cannot be asked.
+    Output {
+        /// Task uid.
+        uid: String,
+        /// Attempt.
+        attempt: u32,
+        /// When the attempt started.
+        started: jiff::Timestamp,
+        /// The last of its output (stdout and stderr), as the final status
+        /// carries it.
+        tail: String,
+    },
     /// The attempt is over (or never started).
     Finished {
         /// Task uid.
@@ -334,14 +351,16 @@ impl TaskEvent {
     /// The task uid the event is about.
     pub fn uid(&self) -> &str {
         match self {
-            TaskEvent::Started { uid, .. } | TaskEvent::Finished { uid, .. } => uid,
+            TaskEvent::Started { uid, .. } | TaskEvent::Output { uid, .. } | TaskEvent::Finished { uid, .. } => uid,
         }
     }
 
     /// The attempt the event is about.
     pub fn attempt(&self) -> u32 {
         match self {
-            TaskEvent::Started { attempt, .. } | TaskEvent::Finished { attempt, .. } => *attempt,
+            TaskEvent::Started { attempt, .. }
+            | TaskEvent::Output { attempt, .. }
+            | TaskEvent::Finished { attempt, .. } => *attempt,
         }
     }
 }

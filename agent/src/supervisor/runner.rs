@@ -109,6 +109,8 @@ pub(crate) enum Housework {
         outcome: Box<TaskOutcome>,
         free_work: bool,
     },
+    /// Running tasks' output tails, read.
+    Tails(Vec<tails::Tail>),
     Done,
 }
 
@@ -132,6 +134,8 @@ pub(crate) struct Runner {
     pub(super) shutdown_waiters: Vec<oneshot::Sender<()>>,
     /// The robot's facts, once its agent has read them.
     pub(super) facts: Option<k8s4r_api::Facts>,
+    /// Running tasks' output tails sent as they go.
+    pub(super) tails: tails::Tails,
 }
 
 impl Runner {
@@ -152,6 +156,7 @@ impl Runner {
                 return;
             }
             self.publish_health();
+            self.arm_tails();
             // Biased: timers first so that a flood of output or commands
             // never delays a deadline. Each arm notes when its handling
             // began (the wait before it is not the handler's).
@@ -267,6 +272,7 @@ impl Runner {
                 return self.apply(wants);
             }
             Deadline::Measure => return self.measure(),
+            Deadline::Tails => return self.read_tails(),
             Deadline::Restart(id) => return self.restart(id),
             Deadline::Check(id, index) => return self.run_check(id, index),
             Deadline::Term(_) | Deadline::Kill(_) => {}
@@ -381,6 +387,7 @@ impl Runner {
                 outcome,
                 free_work,
             } => self.end(uid, attempt, *outcome, free_work),
+            Housework::Tails(read) => self.on_tails(read),
             Housework::Done => {}
         }
     }
@@ -441,6 +448,7 @@ mod ending;
 mod shutdown;
 mod starting;
 mod stopping;
+mod tails;
 #[cfg(test)]
 mod tests;
 mod upkeep;

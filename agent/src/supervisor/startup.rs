@@ -157,6 +157,7 @@ impl Runner {
             shutting_down: false,
             shutdown_waiters: Vec::new(),
             facts: None,
+            tails: Default::default(),
         };
         runner.take_over(recovered.adopted, recovered.resumed);
         Ok((runner, health_rx, offer))

@@ -77,6 +77,8 @@ pub(crate) enum Deadline {
     Restart(u64),
     /// Run health check `.1` of a running task.
     Check(u64, usize),
+    /// Send the output tails of running tasks that printed.
+    Tails,
 }
 
 pub(crate) enum Phase {
@@ -430,6 +432,7 @@ impl Table {
             Deadline::Cleanup
             | Deadline::Sweep
             | Deadline::Measure
+            | Deadline::Tails
             | Deadline::Restart(_)
             | Deadline::Check(..) => return None,
         };

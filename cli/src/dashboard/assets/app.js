@@ -63,11 +63,18 @@ if (log && log.dataset.src) {
     mark.textContent = "[" + e.data + "]\n";
     log.append(mark);
   });
-  source.addEventListener("notice", (e) => say(e.data));
+  // The robot could not be asked: what shows is the cluster's last output,
+  // said in place to the end.
+  let notice = null;
+  source.addEventListener("notice", (e) => { notice = e.data; say(notice); });
   source.addEventListener("error", (e) => {
     if (e.data) { say(e.data); done = true; source.close(); }
   });
-  source.addEventListener("end", () => { done = true; say("End of output."); source.close(); });
+  source.addEventListener("end", () => {
+    done = true;
+    say(notice ? notice + ". The robot holds the rest." : "End of output.");
+    source.close();
+  });
   source.addEventListener("cut", () => {
     done = true; source.close();
     say("The output was cut off before its end: reload to read it again.");
