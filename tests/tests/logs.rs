@@ -270,7 +270,10 @@ async fn a_running_tasks_last_output_is_read_while_its_robot_is_offline() {
     assert_eq!(out, "leaving the dock\nat waypoint 3\n", "stderr: {err}");
     assert!(err.contains("robot rb1 is offline"), "{err}");
     let error = result.expect_err("only part of the output: a failure");
-    assert!(error.downcast_ref::<k8s4r::logs::Partial>().is_some(), "{error:#}");
+    assert!(
+        error.downcast_ref::<k8s4r::logs::Partial>().is_some(),
+        "{error:#}"
+    );
     let task = env.job_tasks("mission").await.pop().and_then(|t| t.status);
     assert_eq!(
         task.and_then(|s| s.state),

@@ -351,7 +351,9 @@ impl TaskEvent {
     /// The task uid the event is about.
     pub fn uid(&self) -> &str {
         match self {
-            TaskEvent::Started { uid, .. } | TaskEvent::Output { uid, .. } | TaskEvent::Finished { uid, .. } => uid,
+            TaskEvent::Started { uid, .. }
+            | TaskEvent::Output { uid, .. }
+            | TaskEvent::Finished { uid, .. } => uid,
         }
     }
 

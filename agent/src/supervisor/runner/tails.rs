@@ -55,7 +55,13 @@ impl Runner {
             .table
             .tasks()
             .filter_map(|(id, t)| match &t.phase {
-                Phase::Running(r) => Some((id, t.uid.clone(), t.attempt, r.started.started_at, t.dir.join("logs"))),
+                Phase::Running(r) => Some((
+                    id,
+                    t.uid.clone(),
+                    t.attempt,
+                    r.started.started_at,
+                    t.dir.join("logs"),
+                )),
                 _ => None,
             })
             .collect();

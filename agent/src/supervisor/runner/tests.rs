@@ -840,3 +840,27 @@ async fn on_shutdown_a_fenced_service_is_left_running_too() {
     // The next agent fences it from this one's last contact.
     assert!(s.fake.signals_while_alive("fenced", 1).is_empty());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_running_task_sends_its_latest_output_when_it_changed() {
+    let mut s = Harness::with(|c| c.output_tail_every = Duration::from_secs(5));
+    s.run("t", task("sleep").with_timeout("1h")).await;
+    let logs = crate::supervisor::task_dir(&s._state_dir.path().join("tasks"), "t", 1).join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    std::fs::write(logs.join("stdout.log"), "leaving the dock\n").unwrap();
+    let tail = |event: TaskEvent| match event {
+        TaskEvent::Output {
+            uid, attempt, tail, ..
+        } => {
+            assert_eq!((uid.as_str(), attempt), ("t", 1));
+            tail
+        }
+        other => panic!("expected an output tail, got {other:?}"),
+    };
+    assert_eq!(tail(s.next_event().await), "leaving the dock\n");
+    // Unchanged: nothing; changed: the new tail, at the next round.
+    std::fs::write(logs.join("stdout.log"), "leaving the dock\nat waypoint 3\n").unwrap();
+    assert_eq!(tail(s.next_event().await), "leaving the dock\nat waypoint 3\n");
+    s.handle.cancel("t", Some(1), "done".to_owned()).await;
+    assert!(matches!(s.next_event().await, TaskEvent::Finished { .. }));
+}
