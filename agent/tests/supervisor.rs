@@ -455,7 +455,7 @@ async fn two_hundred_concurrent_tasks() {
         .iter()
         .filter_map(|e| match e {
             TaskEvent::Finished { uid, .. } => Some(uid.as_str()),
-            TaskEvent::Started { .. } => None,
+            TaskEvent::Started { .. } | TaskEvent::Output { .. } => None,
         })
         .collect();
     for uid in &finished[100..] {

@@ -731,6 +731,9 @@ pub struct AttemptRecord {
     /// What the status said about it when it ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// When it started on its robot (none for one that never started).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Timestamp>,
     /// When it ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finish_time: Option<Timestamp>,
@@ -752,6 +755,7 @@ impl AttemptRecord {
             exit_code: status.exit_code,
             reason,
             message: status.message.clone(),
+            start_time: status.start_time,
             finish_time: status.finish_time.or(Some(now)),
         }
     }

@@ -385,15 +385,32 @@ async fn the_dashboard_shows_the_fleet_jobs_logs_and_acts_as_its_user() {
     browser
         .goto(&format!("{base}/ns/default/tasks/sleeper-s-0"))
         .await;
-    browser.wait_for("button[data-action=Cancel]", DEADLINE).await;
-    // Clicked in one script: the live part may be swapped between finding
-    // the button and a WebDriver click.
-    browser
+    // A running task's Cancel asks first: its button shows once the
+    // question is open. Retry is not offered for a task that runs.
+    browser.wait_for("summary[data-action='Cancel?']", DEADLINE).await;
+    let shown = browser
         .execute(
-            "document.querySelector('button[data-action=Cancel]').click();",
+            "const b = document.querySelector('button[data-action=Cancel]'); return b.checkVisibility();",
             &[],
         )
         .await;
+    assert_eq!(shown, serde_json::json!(false), "no cancel without the question");
+    assert!(browser.find_all("button[data-action=Retry]").await.is_empty());
+    // Clicked in one script: the live part may be swapped between finding
+    // the button and a WebDriver click.
+    let shown = browser
+        .execute(
+            "document.querySelector(\"summary[data-action='Cancel?']\").click(); \
+             const b = document.querySelector('button[data-action=Cancel]'); \
+             const shown = b.checkVisibility(); b.click(); return shown;",
+            &[],
+        )
+        .await;
+    assert_eq!(
+        shown,
+        serde_json::json!(true),
+        "the question open, its button shows"
+    );
     support::eventually("the task's process gone", || async {
         let gone = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_err();
         gone.then_some(())
@@ -401,6 +418,65 @@ async fn the_dashboard_shows_the_fleet_jobs_logs_and_acts_as_its_user() {
     .await;
     browser.wait_text("#live", "cancelled", DEADLINE).await;
     browser.screenshot("dashboard-cancelled").await;
+
+    // Retry in the page: the output pane follows the new attempt, which
+    // starts after the page came back, without a reload.
+    let flaky =
+        "echo \"attempt $K8S4R_TASK_ATTEMPT\"; [ \"$K8S4R_TASK_ATTEMPT\" -ge 2 ] && exec sleep 600; exit 3";
+    let job_flaky = job_json(
+        "flaky",
+        serde_json::json!([{ "name": "f", "count": 1, "task": sh(flaky, "1h") }]),
+    );
+    jobs.create(
+        &PostParams::default(),
+        &serde_json::from_value(job_flaky).expect("a Job"),
+    )
+    .await
+    .expect("create the Job");
+    support::eventually("flaky failed", || async {
+        let s = tasks.get("flaky-f-0").await.ok()?.status?;
+        (s.state == Some(k8s4r_api::TaskState::Failed)).then_some(())
+    })
+    .await;
+    browser.goto(&format!("{base}/ns/default/tasks/flaky-f-0")).await;
+    browser.wait_text("#log", "attempt 1", DEADLINE).await;
+    assert!(
+        browser
+            .find_all("summary[data-action='Cancel?']")
+            .await
+            .is_empty()
+            && browser.find_all("button[data-action=Cancel]").await.is_empty(),
+        "no cancel for a task that ended"
+    );
+    browser
+        .execute(
+            "document.querySelector('button[data-action=Retry]').click();",
+            &[],
+        )
+        .await;
+    browser.wait_text("#live", "attempt 2", DEADLINE).await;
+    browser.execute("window.notReloaded = true;", &[]).await;
+    browser.wait_text("#log", "attempt 2", DEADLINE).await;
+    let kept = browser.execute("return window.notReloaded === true;", &[]).await;
+    assert_eq!(kept, serde_json::json!(true), "followed without a reload");
+    let status = browser.wait_for("#log-status", DEADLINE).await.text().await;
+    assert!(
+        !status.contains("cut off") && !status.contains("keeps no output"),
+        "{status}"
+    );
+    let started = browser
+        .execute(
+            "return [...document.querySelectorAll('table.attempts tbody tr:not(.said)')].map(r => r.cells[2].textContent.trim());",
+            &[],
+        )
+        .await;
+    let started: Vec<String> = serde_json::from_value(started).expect("the Started column");
+    assert_eq!(started.len(), 2, "{started:?}");
+    assert!(
+        started.iter().all(|s| s.ends_with("ago")),
+        "each attempt keeps its start: {started:?}"
+    );
+    browser.screenshot("dashboard-retried").await;
 
     // A user bound only to `view` sees no action and is told why.
     let viewer = viewer_kubeconfig(&admin, &kubeconfig, dir.path()).await;

@@ -414,6 +414,23 @@ fn events_table(events: &[Event]) -> Markup {
 }
 
 /// A form that posts `action` to `url`, or nothing when not `allowed`.
+/// An action that asks first (`question`), for one that stops work: its
+/// button shows only once the person opened the question.
+pub fn confirm_button(state: &State, url: &str, label: &str, question: &str, allowed: bool) -> Markup {
+    html! {
+        @if allowed {
+            details.confirm id=(format!("confirm-{}", label.to_lowercase())) {
+                summary data-action=(format!("{label}?")) { (label) "…" }
+                form.action method="post" action=(url) {
+                    p { (question) }
+                    input type="hidden" name="_csrf" value=(state.csrf_token());
+                    button type="submit" data-action=(label) { "Yes, " (label.to_lowercase()) }
+                }
+            }
+        }
+    }
+}
+
 pub fn action_button(state: &State, url: &str, label: &str, allowed: bool) -> Markup {
     html! {
         @if allowed {
@@ -706,25 +723,46 @@ pub async fn task(
         s.state,
         Some(k8s4r_api::TaskState::Running | k8s4r_api::TaskState::Dispatching)
     );
+    let ended = s.state.is_some_and(k8s4r_api::TaskState::is_terminal);
+    let retryable = matches!(
+        s.state,
+        Some(k8s4r_api::TaskState::Failed | k8s4r_api::TaskState::Cancelled)
+    );
+    // What the output pane follows: the current attempt, once it began.
+    let phase = if ended {
+        "ended"
+    } else if s.state == Some(k8s4r_api::TaskState::Running) {
+        "running"
+    } else {
+        "waiting"
+    };
+    let cancel_url = format!("/ns/{ns}/tasks/{name}/cancel");
     let job = task.labels().get(LABEL_JOB).cloned();
     let live = html! {
         p { (badge(task_state(&task))) " attempt " (s.attempt)
             @if let Some(r) = &s.robot { " on " a href=(format!("/robots/{r}")) { (r) } }
             @if let Some(j) = &job { " · job " a href=(format!("/ns/{ns}/jobs/{j}")) { (j) } } }
         @if let Some(m) = &s.message { p.message { (m) } }
+        span #attempt-now hidden data-attempt=(s.attempt) data-phase=(phase) {}
         div.actions {
-            (action_button(&state, &format!("/ns/{ns}/tasks/{name}/cancel"), "Cancel", can))
-            (action_button(&state, &format!("/ns/{ns}/tasks/{name}/retry"), "Retry", can))
+            @if running {
+                (confirm_button(&state, &cancel_url, "Cancel", &format!("Stop attempt {} on robot {} and cancel the task?", s.attempt, s.robot.as_deref().unwrap_or("?")), can))
+            } @else if !ended {
+                (action_button(&state, &cancel_url, "Cancel", can))
+            }
+            @if retryable { (action_button(&state, &format!("/ns/{ns}/tasks/{name}/retry"), "Retry", can)) }
         }
         h2 { "Attempts" }
         table.attempts { thead { tr { th scope="col" { "Attempt" } th scope="col" { "Robot" } th scope="col" { "Started" } th scope="col" { "Ended" } th scope="col" { "State" } th scope="col" { "Reason" } th scope="col" { "Exit" } th scope="col" { "Restarts" } } }
             tbody {
-                @for a in &s.attempts { tr {
-                    th scope="row" { (a.attempt) } td { (a.robot.as_deref().unwrap_or("-")) } td { "-" } td { (time(a.finish_time)) }
-                    td { (badge(a.state.as_str())) } td { (a.reason.map(|r| format!("{r:?}")).unwrap_or_default()) }
-                    td { (a.exit_code.map(|c| c.to_string()).unwrap_or_default()) } td { "-" }
-                    @if let Some(m) = &a.message { td.message { (m) } }
-                } }
+                @for a in &s.attempts {
+                    tr {
+                        th scope="row" { (a.attempt) } td { (a.robot.as_deref().unwrap_or("-")) } td { (time(a.start_time)) } td { (time(a.finish_time)) }
+                        td { (badge(a.state.as_str())) } td { (a.reason.map(|r| format!("{r:?}")).unwrap_or_default()) }
+                        td { (a.exit_code.map(|c| c.to_string()).unwrap_or_default()) } td { "-" }
+                    }
+                    @if let Some(m) = &a.message { tr.said { td.message colspan="8" { (m) } } }
+                }
                 tr.current {
                     th scope="row" { (s.attempt) " (current)" } td { (s.robot.as_deref().unwrap_or("-")) } td { (time(s.start_time)) } td { (time(s.finish_time)) }
                     td { (badge(task_state(&task))) } td { (s.reason.map(|r| format!("{r:?}")).unwrap_or_default()) }
@@ -739,7 +777,7 @@ pub async fn task(
         section.log aria-labelledby="log-h" {
             h2 #log-h { "Output" }
             p #log-status role="status" aria-live="polite" {}
-            pre #log tabindex="0" aria-label="The task's output" data-src=(format!("/ns/{ns}/tasks/{name}/log?follow={running}")) {}
+            pre #log tabindex="0" aria-label="The task's output" data-base=(format!("/ns/{ns}/tasks/{name}/log")) {}
         }
     };
     Page {

@@ -39,6 +39,7 @@ fn status(state: TaskState) -> TaskStatus {
 
 fn record(attempt: u32, reason: TaskReason) -> AttemptRecord {
     AttemptRecord {
+        start_time: None,
         attempt,
         robot: Some("r1".into()),
         state: TaskState::Failed,

@@ -100,6 +100,7 @@ impl TaskBuilder {
     fn closed_attempt(mut self, attempt: u32) -> Self {
         let status = self.0.status.get_or_insert_with(TaskStatus::default);
         status.attempts.push(AttemptRecord {
+            start_time: None,
             attempt,
             robot: None,
             state: TaskState::Failed,
@@ -927,6 +928,7 @@ fn deletion_cancels_and_holds_the_finalizer_until_the_robot_reports() {
 
 fn lost_attempt(robot: &str, attempt: u32) -> AttemptRecord {
     AttemptRecord {
+        start_time: None,
         attempt,
         robot: Some(robot.into()),
         state: TaskState::Failed,

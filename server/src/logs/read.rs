@@ -346,6 +346,7 @@ mod tests {
     #[test]
     fn a_read_is_of_the_current_attempt_or_with_previous_the_one_before_on_its_own_robot() {
         let earlier = AttemptRecord {
+            start_time: None,
             attempt: 1,
             robot: Some("rb1".into()),
             state: k8s4r_api::TaskState::Failed,

@@ -20,7 +20,10 @@ async function refresh() {
     const r = await fetch(location.href, { headers: { "x-fragment": "1" }, cache: "no-store" });
     if (r.ok) {
       const focused = document.activeElement && document.activeElement.id;
+      // A question a person opened (confirm a cancel) stays open.
+      const open = [...live.querySelectorAll("details[open][id]")].map((d) => d.id);
       live.innerHTML = await r.text();
+      for (const id of open) { const d = document.getElementById(id); if (d) d.open = true; }
       if (focused) { const el = document.getElementById(focused); if (el) el.focus(); }
       document.dispatchEvent(new CustomEvent("k8s4r:refreshed"));
     }
@@ -45,12 +48,33 @@ if (live && live.dataset.watch) {
   source.onerror = () => { showBanner("Connection to the dashboard lost: retrying…"); };
 }
 
-// A task's output.
+// A task's output: the current attempt's, followed while it runs. The live
+// part says which attempt is current and whether it began (#attempt-now);
+// when a retry makes a new one, the pane follows it without a reload.
 const log = document.getElementById("log");
 const logStatus = document.getElementById("log-status");
-if (log && log.dataset.src) {
-  const source = new EventSource(log.dataset.src);
+let reading = null;
+function readLog() {
+  const now = document.getElementById("attempt-now");
+  if (!log || !now) return;
+  const attempt = now.dataset.attempt;
+  const phase = now.dataset.phase;
+  const key = attempt + "/" + (phase === "waiting" ? "waiting" : "begun");
+  if (reading && reading.key === key) {
+    // The same attempt: a follow that was running goes on to its end.
+    return;
+  }
+  if (reading) reading.source && reading.source.close();
   const say = (text) => { logStatus.textContent = text; };
+  reading = { key, source: null };
+  log.textContent = "";
+  if (phase === "waiting") {
+    say("Attempt " + attempt + " has not started yet: its output shows here once it runs.");
+    return;
+  }
+  say("");
+  const source = new EventSource(log.dataset.base + "?follow=" + (phase === "running"));
+  reading.source = source;
   let done = false;
   source.addEventListener("out", (e) => {
     const atEnd = log.scrollTop + log.clientHeight >= log.scrollHeight - 4;
@@ -80,6 +104,10 @@ if (log && log.dataset.src) {
     say("The output was cut off before its end: reload to read it again.");
   });
   source.onerror = () => { if (!done) say("Output connection lost: retrying…"); };
+}
+if (log) {
+  readLog();
+  document.addEventListener("k8s4r:refreshed", readLog);
 }
 
 // Relative ages ("5m ago") stay true without a refetch.

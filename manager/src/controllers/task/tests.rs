@@ -243,6 +243,7 @@ fn a_dispatch_starts_a_clean_attempt_with_a_deadline() {
 fn the_robot_that_lost_the_last_attempt_is_avoided() {
     let mut status = failed(1, "r1");
     status.attempts.push(AttemptRecord {
+        start_time: None,
         attempt: 1,
         robot: Some("r1".into()),
         state: TaskState::Failed,
@@ -422,6 +423,7 @@ fn a_refused_retry_buys_the_task_no_retries() {
     status.reason = Some(TaskReason::RobotLost);
     status.attempts = (1..=4)
         .map(|attempt| AttemptRecord {
+            start_time: None,
             attempt,
             robot: Some("r1".into()),
             state: TaskState::Failed,
