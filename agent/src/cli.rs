@@ -34,8 +34,9 @@ pub fn main_as(version: &'static str, args: Vec<std::ffi::OsString>) -> ExitCode
 }
 
 /// The binary started as a task's shim or logger (`args` with the program
-/// name): that, and nothing of the agent.
-fn run_helper(args: &[std::ffi::OsString]) -> Option<ExitCode> {
+/// name): that, and nothing of the agent. Any binary that hosts the agent
+/// (`k8s4r up`) calls it first, to serve as its tasks' helpers too.
+pub fn run_helper(args: &[std::ffi::OsString]) -> Option<ExitCode> {
     match args.get(1).and_then(|a| a.to_str()) {
         Some(k8s4r_drivers::shim::FLAG) => k8s4r_drivers::shim::main(&args[1..]),
         Some(k8s4r_drivers::shim::LOGGER_FLAG) => Some(crate::logger::main(&args[2..])),
@@ -56,7 +57,7 @@ const HELPER_PROBE_ANSWER: &str = "k8s4r task helpers";
 /// binfmt_misc entry, which runs the agent but cannot exec it again),
 /// tasks are the supervisor's own children and do not outlive it: said
 /// once, as a warning.
-fn own_binary_as_helpers() -> Option<std::path::PathBuf> {
+pub fn own_binary_as_helpers() -> Option<std::path::PathBuf> {
     let program = std::path::PathBuf::from("/proc/self/exe");
     let answer = std::process::Command::new(&program)
         .arg(HELPER_PROBE)

@@ -436,14 +436,19 @@ impl Job {
         }
     }
 
-    /// What is on disk now of `stream` (each file up to its length now,
-    /// those changed since `since` only), and its current file to follow
+    /// What is on disk now of `stream` (each file up to its length now;
+    /// with `since`, those changed since, each from where its time index
+    /// says output of that time begins), and its current file to follow
     /// from there: what comes later is followed.
-    fn open_stream(&self, stream: LogStream) -> (Vec<(File, u64)>, Followed) {
+    fn open_stream(&self, stream: LogStream) -> (Vec<Part>, Followed) {
         let files = files_oldest_first(&self.dir, stream);
         let since = self.request.since.map(SystemTime::from);
+        let since_ms = self
+            .request
+            .since
+            .map(|s| u64::try_from(s.as_millisecond()).unwrap_or(0));
         let current = files.last().cloned().unwrap_or_default();
-        let mut history: Vec<(File, u64)> = Vec::new();
+        let mut history: Vec<Part> = Vec::new();
         let mut followed = None;
         for path in &files {
             let Ok(file) = File::open(path) else {
@@ -464,7 +469,15 @@ impl Job {
                 }
             }
             if recent {
-                history.push((file, meta.len()));
+                let from = since_ms
+                    .and_then(|s| crate::supervisor::log_times::start_of(path, s))
+                    .unwrap_or(0)
+                    .min(meta.len());
+                history.push(Part {
+                    file,
+                    from,
+                    len: meta.len(),
+                });
             }
         }
         let followed = followed.unwrap_or(Followed {
@@ -528,14 +541,21 @@ impl Job {
     }
 }
 
-/// Sends the files' contents in order, whole, a block at a time.
-fn send_history(files: &mut [(File, u64)], out: &mut Out<'_>) {
+/// What is read of one log file: from `from` to its length when opened.
+struct Part {
+    file: File,
+    from: u64,
+    len: u64,
+}
+
+/// Sends the files' contents in order, a block at a time.
+fn send_history(files: &mut [Part], out: &mut Out<'_>) {
     let mut block = vec![0u8; BLOCK];
-    for (file, len) in files.iter_mut() {
-        if file.seek(SeekFrom::Start(0)).is_err() {
+    for Part { file, from, len } in files.iter_mut() {
+        if file.seek(SeekFrom::Start(*from)).is_err() {
             continue;
         }
-        let mut left = *len;
+        let mut left = len.saturating_sub(*from);
         while left > 0 && out.alive() {
             let want = usize::try_from(left).unwrap_or(BLOCK).min(BLOCK);
             let n = match file.read(&mut block[..want]) {
@@ -550,17 +570,17 @@ fn send_history(files: &mut [(File, u64)], out: &mut Out<'_>) {
 
 /// The last `lines` lines of the files (newest last), read backwards a
 /// block at a time, at most [`MAX_TAIL_BYTES`] of them.
-fn tail_of(files: &mut [(File, u64)], lines: u32) -> Vec<u8> {
+fn tail_of(files: &mut [Part], lines: u32) -> Vec<u8> {
     let mut blocks: Vec<Vec<u8>> = Vec::new();
     let mut newlines = 0u64;
     let mut taken = 0u64;
-    'files: for (file, len) in files.iter_mut().rev() {
+    'files: for Part { file, from, len } in files.iter_mut().rev() {
         let mut end = *len;
-        while end > 0 {
+        while end > *from {
             if newlines > u64::from(lines) || taken >= MAX_TAIL_BYTES {
                 break 'files;
             }
-            let start = end.saturating_sub(BLOCK as u64);
+            let start = end.saturating_sub(BLOCK as u64).max(*from);
             let mut block = vec![0u8; usize::try_from(end - start).unwrap_or(BLOCK)];
             if file.seek(SeekFrom::Start(start)).is_err() || file.read_exact(&mut block).is_err() {
                 break;
@@ -715,6 +735,36 @@ mod tests {
             (0..seqs.len() as u64).collect::<Vec<_>>(),
             "numbered without gaps"
         );
+    }
+
+    #[test]
+    fn since_reads_from_the_time_index_not_whole_files() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("stdout.log"), "early\nlate\n").unwrap();
+        std::fs::create_dir(dir.path().join(crate::supervisor::log_times::DIR)).unwrap();
+        let now = jiff::Timestamp::now();
+        let (then, recent) = (now.as_millisecond() - 60_000, now.as_millisecond() - 1_000);
+        std::fs::write(
+            crate::supervisor::log_times::index_path(&dir.path().join("stdout.log")).unwrap(),
+            format!("{then} 0 1000\n{recent} 6 1000\n"),
+        )
+        .unwrap();
+        let since = |ago_ms: i64| {
+            let sink = Collect::default();
+            let at = jiff::Timestamp::from_millisecond(now.as_millisecond() - ago_ms).unwrap();
+            job(
+                dir.path(),
+                LogRequest {
+                    since: Some(at),
+                    ..request(false)
+                },
+            )
+            .run(&sink);
+            sink.text()
+        };
+        assert_eq!(since(2_000), "late\n", "early was written a minute ago");
+        assert_eq!(since(1_500), "late\n");
+        assert_eq!(since(120_000), "early\nlate\n", "all of it is newer");
     }
 
     #[test]

@@ -74,6 +74,10 @@ async fn logs_rotate_and_the_tail_is_capped() {
     assert_eq!(kept.concat(), all[all.len() - 250..]);
     let logs = h.dir.path().join("tasks/rotate-1/logs");
     assert!(!logs.join("stdout.log.3").exists());
+    assert!(
+        logs.join(".times/stdout.log").exists() && !logs.join(".times/stdout.log.3").exists(),
+        "the time index rotates with its file"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -119,6 +119,27 @@ pub enum Command {
 /// async code is compiled once, in this crate: a `#[tokio::main]` in the
 /// binary made rustc generate every future `run` awaits a second time in
 /// the binary crate (about 45 s of a clean release build on 2 cores).
+/// The `k8s4r` program: a task's shim or logger when `k8s4r up`'s agent
+/// starts it as one, else the command line; the exit code says how it
+/// went (`k8s4r logs` that printed only the cluster's last output: 3).
+pub fn program() -> std::process::ExitCode {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Some(code) = k8s4r_agent::cli::run_helper(&args) {
+        return code;
+    }
+    match main() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("Error: {error:?}");
+            if error.downcast_ref::<logs::Partial>().is_some() {
+                std::process::ExitCode::from(logs::EXIT_PARTIAL)
+            } else {
+                std::process::ExitCode::FAILURE
+            }
+        }
+    }
+}
+
 pub fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     tokio::runtime::Builder::new_multi_thread()

@@ -743,7 +743,12 @@ fn spawn_local_agent(
         allow_root: Some(true),
         ..Default::default()
     };
-    let config = k8s4r_agent::config::Config::resolve(settings).context("the local agent's settings")?;
+    let mut config = k8s4r_agent::config::Config::resolve(settings).context("the local agent's settings")?;
+    // The `k8s4r` binary serves as its tasks' shim and logger, as the
+    // agent's does: tasks outlive a crash of `k8s4r up` and are re-adopted
+    // by the next, their output is written as it comes, with the time
+    // index `k8s4r logs --since` reads. (A stop of `k8s4r up` stops them.)
+    config.supervisor.shim_program = k8s4r_agent::cli::own_binary_as_helpers();
     let (_handle, task) = k8s4r_agent::agent::start(&config, shutdown)?;
     tasks.spawn(async move {
         let result = task

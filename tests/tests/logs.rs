@@ -42,7 +42,9 @@ fn sha256(path: &Path) -> String {
 fn robot_log(dir: &Path) -> Option<std::path::PathBuf> {
     for entry in std::fs::read_dir(dir).ok()?.flatten() {
         let path = entry.path();
-        if path.is_dir() {
+        // (`logs/.times` holds the logs' time indexes, named as they are.)
+        let hidden = entry.file_name().to_string_lossy().starts_with('.');
+        if path.is_dir() && !hidden {
             if let Some(found) = robot_log(&path) {
                 return Some(found);
             }
@@ -280,5 +282,44 @@ async fn a_running_tasks_last_output_is_read_while_its_robot_is_offline() {
         Some(TaskState::Running),
         "the task still runs as far as the cluster knows"
     );
+    env.stop().await;
+}
+
+/// `--since` reads from the time each line was written (the logger's time
+/// index), not whole files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn since_prints_what_was_written_since_not_whole_files() {
+    let mut env = Env::start(&[]).await;
+    env.spawn_agent("rb1", &[]);
+    env.wait_phase("rb1", RobotPhase::Online).await;
+    let marker = env.scratch.join("late");
+    let script = format!(
+        "seq 1 300 | sed 's/^/early /'; sleep 4; echo late; touch {}; exec sleep 60",
+        marker.display()
+    );
+    env.create_job(job_json(
+        "since",
+        serde_json::json!([{ "name": "t", "count": 1, "task": sh(&script, "10m") }]),
+    ))
+    .await;
+    eventually("the late line written", || async {
+        marker.exists().then_some(())
+    })
+    .await;
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    k8s4r::logs::copy(
+        &env.client,
+        "default",
+        "since-t-0",
+        "sinceSeconds=2",
+        None,
+        false,
+        &mut out,
+        &mut err,
+    )
+    .await
+    .expect("read the logs");
+    let out = String::from_utf8_lossy(&out);
+    assert_eq!(out, "late\n", "stderr: {}", String::from_utf8_lossy(&err));
     env.stop().await;
 }

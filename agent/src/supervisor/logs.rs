@@ -37,11 +37,14 @@ pub(crate) struct RotatingLog {
     size: u64,
     max_bytes: u64,
     max_files: u32,
+    /// When each part was written (`--since`), rotated with the file.
+    marks: Option<super::log_times::Marks>,
 }
 
 impl RotatingLog {
     pub(crate) fn new(path: PathBuf, max_bytes: u64, max_files: u32) -> Self {
         RotatingLog {
+            marks: super::log_times::Marks::new(&path, max_bytes.max(1)),
             path,
             file: None,
             size: 0,
@@ -74,6 +77,9 @@ impl RotatingLog {
             }
             let room = usize::try_from(self.max_bytes - self.size).unwrap_or(usize::MAX);
             let n = room.min(data.len());
+            if let Some(marks) = &mut self.marks {
+                marks.mark(self.size, super::log_times::now_ms());
+            }
             file.write_all(&data[..n])?;
             self.size += n as u64;
             data = &data[n..];
@@ -84,16 +90,27 @@ impl RotatingLog {
     fn rotate(&mut self) -> io::Result<()> {
         self.file = None;
         self.size = 0;
-        let kept = self.max_files - 1;
-        if kept == 0 {
-            return remove_if_exists(&self.path);
+        if let Some(marks) = &mut self.marks {
+            marks.rotated();
+            // The index follows its file; it only makes `--since` finer.
+            let _ = shift(marks.path(), self.max_files);
         }
-        remove_if_exists(&numbered(&self.path, kept))?;
-        for i in (1..kept).rev() {
-            rename_if_exists(&numbered(&self.path, i), &numbered(&self.path, i + 1))?;
-        }
-        rename_if_exists(&self.path, &numbered(&self.path, 1))
+        shift(&self.path, self.max_files)
     }
+}
+
+/// `path` becomes `path.1`, `path.1` becomes `path.2`, ..., `max_files`
+/// kept in all (the current one included).
+fn shift(path: &Path, max_files: u32) -> io::Result<()> {
+    let kept = max_files - 1;
+    if kept == 0 {
+        return remove_if_exists(path);
+    }
+    remove_if_exists(&numbered(path, kept))?;
+    for i in (1..kept).rev() {
+        rename_if_exists(&numbered(path, i), &numbered(path, i + 1))?;
+    }
+    rename_if_exists(path, &numbered(path, 1))
 }
 
 fn numbered(path: &Path, n: u32) -> PathBuf {

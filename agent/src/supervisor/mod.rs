@@ -41,6 +41,7 @@ mod fake;
 mod health;
 mod journal;
 mod launching;
+pub(crate) mod log_times;
 pub(crate) mod logs;
 pub mod outcome;
 pub mod policy;
