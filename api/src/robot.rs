@@ -62,7 +62,13 @@ use crate::quantity::Quantity;
             name = "Heartbeat",
             type_ = "date",
             json_path = ".status.lastHeartbeatTime",
-            description = "When the server last recorded a heartbeat: refreshed at most every 4 minutes while the robot holds work and every 30 minutes while it holds none (the server's --heartbeat-refresh and --idle-heartbeat-refresh), unless something else changes. CONNECTED and PHASE are current."
+            description = "When the server last recorded a heartbeat: refreshed at most every 4 minutes while the robot holds work and every 30 minutes while it holds none (the server's --heartbeat-refresh and --idle-heartbeat-refresh), unless something else changes; REFRESH says which. CONNECTED and PHASE are current."
+        ),
+        printcolumn(
+            name = "Refresh",
+            type_ = "string",
+            json_path = ".status.heartbeatRefresh",
+            description = "How far HEARTBEAT may lag the robot's last heartbeat while it is Online: the server records one at most this often unless something else changes (4m while the robot holds work, 30m while it holds none). An Offline robot's HEARTBEAT is exact."
         ),
         printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
     )
@@ -109,6 +115,12 @@ pub struct RobotStatus {
     /// now.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_heartbeat_time: Option<Timestamp>,
+    /// How often the server records a heartbeat at most while nothing else
+    /// changes, as it was when it last did (`4m` while the robot holds
+    /// work, `30m` while it holds none): how far `lastHeartbeatTime` may
+    /// lag the robot's last heartbeat while it is Online.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_refresh: Option<String>,
     /// When the robot last registered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_registration_time: Option<Timestamp>,

@@ -151,6 +151,9 @@ pub struct RobotStatusPatch {
     /// When a heartbeat was last recorded.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_heartbeat_time: Option<Timestamp>,
+    /// How often one is recorded at most, as of this write.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub heartbeat_refresh: Option<String>,
     /// Usage from the last recorded heartbeat.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,

@@ -223,6 +223,7 @@ pub fn plan_heartbeat(
         }
         RobotStatusPatch {
             last_heartbeat_time: Some(now),
+            heartbeat_refresh: Some(k8s4r_api::duration::format_duration(limits.status_refresh(busy))),
             usage: usage.cloned(),
             conditions: list,
             ..Default::default()
