@@ -464,12 +464,14 @@ async fn an_offline_robot_is_not_shown_accepting_tasks_and_its_facts_are_marked_
     let mut env = Env::start(&[]).await;
     robot_with_facts(&mut env, "r1", r#"{"battery": 80, "estop": false}"#).await;
     let kubeconfig = kubeconfig_path(&env.data_dir);
-    // Without a show-facts label, FACTS shows the robot's first facts.
-    eventually("the FACTS column without a label", || async {
+    // Without a show-facts label, FACTS shows the robot's first facts;
+    // REFRESH says how far HEARTBEAT may lag.
+    let wide = eventually("the FACTS column without a label", || async {
         let out = kubectl(&kubeconfig, &["get", "robots", "-o", "wide"]);
-        out.contains("battery=80 estop=false").then_some(())
+        out.contains("battery=80 estop=false").then_some(out)
     })
     .await;
+    assert!(wide.contains("REFRESH") && wide.contains("4m"), "{wide}");
 
     env.kill_agent("r1");
     env.wait_phase("r1", RobotPhase::Offline).await;
