@@ -138,7 +138,7 @@ fn job(i: usize) -> Job {
             }],
             priority: 0,
             order: vec![],
-            ttl_seconds_after_finished: None,
+            ..JobSpec::default()
         },
     )
 }

@@ -239,15 +239,20 @@ pub struct NoFit {
     /// Facts the task's start conditions name that no robot looked at
     /// reports (a typo, most often), each with the reported fact closest
     /// to it, if one is close.
-    pub unreported: Vec<(String, Option<String>)>,
+    pub unreported: Box<[(String, Option<String>)]>,
     /// What of the robot selector no robot looked at has, with the closest
     /// label robots do have (`no robot has label "sitee" (robots have
-    /// "site")`): only when some robot did not match it.
-    pub unmatched: Vec<String>,
+    /// "site")`): only when no robot looked at matches the selector. (A
+    /// box, as rare: the struct is an `Err` returned by value.)
+    pub unmatched: Option<Box<Vec<String>>>,
 }
 
 /// Labels named for a selector value no robot has, at most.
 const VALUES_NAMED: usize = 5;
+/// Values of one label key compared with a value no robot has, at most
+/// (a key with a value per robot, such as a host name, is not searched
+/// whole).
+const VALUES_COMPARED: usize = 1000;
 
 /// Each part of `selector` that no robot of `robots` satisfies, said with
 /// the label key or values robots have instead.
@@ -258,7 +263,10 @@ pub fn selector_hints<'a>(
     let mut seen: BTreeMap<&str, std::collections::BTreeSet<&str>> = BTreeMap::new();
     for labels in robots {
         for (k, v) in labels {
-            seen.entry(k).or_default().insert(v);
+            let values = seen.entry(k).or_default();
+            if values.len() < VALUES_COMPARED {
+                values.insert(v);
+            }
         }
     }
     let key_hint = |key: &str| {
@@ -352,7 +360,7 @@ impl fmt::Display for NoFit {
                 write!(f, " (robots report {near:?})")?;
             }
         }
-        for hint in &self.unmatched {
+        for hint in self.unmatched.iter().flat_map(|h| h.iter()) {
             write!(f, "; {hint}")?;
         }
         Ok(())
@@ -736,16 +744,22 @@ where
                 unreported.push((key.to_owned(), near));
             }
         }
+        // Only when no robot looked at matches the selector: then it is
+        // what keeps the task waiting.
+        let looked_at = robots.filter(|r| request.robot.is_none_or(|only| only == r.name));
         let unmatched = match request.selector {
-            Some(selector) if nofit.rejections.contains_key(&Rejection::Selector) => {
-                selector_hints(selector, robots.map(|r| &r.labels))
+            Some(selector)
+                if nofit.rejections.contains_key(&Rejection::Selector)
+                    && !looked_at.clone().any(|r| selector.matches(&r.labels)) =>
+            {
+                selector_hints(selector, looked_at.map(|r| &r.labels))
             }
             _ => Vec::new(),
         };
         NoFit {
             conditions: request.when.iter().map(ToString::to_string).collect(),
-            unreported,
-            unmatched,
+            unreported: unreported.into(),
+            unmatched: (!unmatched.is_empty()).then(|| Box::new(unmatched)),
             ..nofit
         }
     })
