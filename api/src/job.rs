@@ -290,6 +290,11 @@ pub struct JobStatus {
     /// When the job completed or failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completion_time: Option<Timestamp>,
+    /// When its `activeDeadlineSeconds` ran out: its unfinished tasks were
+    /// cancelled then, and it fails `DeadlineExceeded` once they ended (a
+    /// person's retry runs it again for as long, and clears this).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_time: Option<Timestamp>,
     /// The generation this status was computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,

@@ -68,7 +68,7 @@ use crate::quantity::Quantity;
             name = "Refresh",
             type_ = "string",
             json_path = ".status.heartbeatRefresh",
-            description = "How far HEARTBEAT may lag the robot's last heartbeat while it is Online: the server records one at most this often unless something else changes (4m while the robot holds work, 30m while it holds none). An Offline robot's HEARTBEAT is exact."
+            description = "How far HEARTBEAT may lag the robot's last heartbeat while it is Online: the server records one at most this often unless something else changes (4m while the robot holds work, 30m while it holds none). An Offline robot's HEARTBEAT is its Lease's last renewal (within a minute of its last heartbeat while it held work, 10 minutes while it held none)."
         ),
         printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
     )

@@ -125,16 +125,31 @@ pub async fn run(args: LogsArgs, data_dir: &Path) -> anyhow::Result<()> {
         results = readers => results,
         _ = tokio::signal::ctrl_c() => return Ok(()),
     };
-    let failed: Vec<String> = results
+    let mut errors: Vec<(String, anyhow::Error)> = results
         .into_iter()
         .zip(&tasks)
-        .filter_map(|(r, name)| r.err().map(|e| format!("task {name}: {e:#}")))
+        .filter_map(|(r, name)| r.err().map(|e| (name.clone(), e)))
         .collect();
-    if failed.is_empty() {
-        Ok(())
-    } else {
-        bail!("{}", failed.join("\n"))
+    if errors.is_empty() {
+        return Ok(());
     }
+    if !prefixed {
+        if let Some((_, error)) = errors.pop() {
+            return Err(error);
+        }
+    }
+    // Only partial (robots that could not be asked): said as such, for
+    // the exit code.
+    let partial = errors.iter().all(|(_, e)| e.downcast_ref::<Partial>().is_some());
+    let said = errors
+        .iter()
+        .map(|(name, e)| format!("task {name}: {e:#}"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    if partial {
+        return Err(Partial(said).into());
+    }
+    bail!("{said}")
 }
 
 /// What a refusal from the API server or the logs API means for a person.

@@ -207,6 +207,7 @@ pub fn job_status(
         conditions,
         retry: previous.and_then(|p| p.retry.clone()),
         cancellation: previous.and_then(|p| p.cancellation.clone()),
+        deadline_time: previous.and_then(|p| p.deadline_time),
     }
 }
 

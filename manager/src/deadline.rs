@@ -1,10 +1,12 @@
 //! A Job's `activeDeadlineSeconds`, as a Kubernetes Job's: once the Job
 //! has been active that long it fails with reason `DeadlineExceeded`. The
-//! manager carries it out as a cancel of the Job, recorded in its status
-//! as a person's is (with a value of its own, and the deadline named as
-//! who asked) and passed on to its TaskGroups and Tasks the same way, so
-//! that its tasks stop as a person's cancel stops them, running ones on
-//! their robots included; the Job then ends Failed, not Cancelled.
+//! manager records when it ran out (`status.deadlineTime`) and passes a
+//! cancel of its own to the Job's TaskGroups (the annotation
+//! `robot.k8s4r.io/cancel`, with `robot.k8s4r.io/requested-by` naming the
+//! deadline), so that its tasks stop as a person's cancel stops them,
+//! running ones on their robots included; once they ended the Job is
+//! Failed, not Cancelled. A person's cancel already in force is left to
+//! do that. The Job's own annotations, a person's, are never written.
 //!
 //! The deadline counts from the Job's creation, or from a person's last
 //! retry of it: a retry runs the Job again for as long again. Pure.
@@ -14,9 +16,9 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s4r_api::condition::set_condition;
 use k8s4r_api::names::CONDITION_FAILED;
-use k8s4r_api::{Condition, ConditionStatus, Job, JobStatus, ManualAction, WorkState};
+use k8s4r_api::{Condition, ConditionStatus, Job, JobStatus, WorkState};
 
-/// How the cancel values the deadline writes begin.
+/// How the cancel values the deadline passes on begin.
 pub const CANCEL_PREFIX: &str = "active-deadline-";
 /// Who the deadline's cancel names as having asked.
 pub const REQUESTED_BY: &str = "the Job's activeDeadlineSeconds";
@@ -26,12 +28,29 @@ pub const REASON: &str = "DeadlineExceeded";
 /// What a Job's deadline calls for now.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ActiveDeadline {
-    /// No deadline, or the Job has finished, or its cancel is recorded.
+    /// No deadline, or none that ran out.
     None,
-    /// It passes in this long.
+    /// It runs out in this long.
     Later(Duration),
-    /// It passed: the cancel to act on, as a person's would be.
-    Due(ManualAction),
+    /// It ran out `at` (recorded, or now when `new`): the Job's unfinished
+    /// tasks are cancelled with the cancel value `cancel`.
+    Passed {
+        at: Timestamp,
+        cancel: String,
+        new: bool,
+    },
+    /// It ran out `at`, and the Job is over: only the record stays.
+    Over(Timestamp),
+}
+
+impl ActiveDeadline {
+    /// When it ran out, if it did.
+    pub fn time(&self) -> Option<Timestamp> {
+        match self {
+            ActiveDeadline::Passed { at, .. } | ActiveDeadline::Over(at) => Some(*at),
+            _ => None,
+        }
+    }
 }
 
 /// What `job`'s `activeDeadlineSeconds` calls for at `now`.
@@ -40,69 +59,50 @@ pub fn active_deadline(job: &Job, now: Timestamp) -> ActiveDeadline {
         return ActiveDeadline::None;
     };
     let status = job.status.as_ref();
-    if status.and_then(|s| s.state).is_some_and(WorkState::is_finished) {
-        return ActiveDeadline::None;
-    }
     let created = job.metadata.creation_timestamp.as_ref().map(|t| t.0);
-    let retried = status.and_then(|s| s.retry.as_ref()).map(|r| r.at);
+    let retried = status
+        .and_then(|s| s.retry.as_ref())
+        .filter(|r| !r.noop)
+        .map(|r| r.at);
     let Some(since) = created.max(retried) else {
         return ActiveDeadline::None;
     };
+    let recorded = status.and_then(|s| s.deadline_time).filter(|t| *t >= since);
+    if status.and_then(|s| s.state).is_some_and(WorkState::is_finished) {
+        return recorded.map_or(ActiveDeadline::None, ActiveDeadline::Over);
+    }
     let limit = Duration::from_secs(u64::try_from(seconds).unwrap_or(0));
     let active = Duration::try_from(now.duration_since(since)).unwrap_or_default();
-    if let Some(left) = limit.checked_sub(active).filter(|l| !l.is_zero()) {
-        return ActiveDeadline::Later(left);
+    match limit.checked_sub(active).filter(|l| !l.is_zero()) {
+        Some(left) if recorded.is_none() => ActiveDeadline::Later(left),
+        _ => ActiveDeadline::Passed {
+            at: recorded.unwrap_or(now),
+            cancel: format!("{CANCEL_PREFIX}{}", since.as_second()),
+            new: recorded.is_none(),
+        },
     }
-    let value = format!("{CANCEL_PREFIX}{}", since.as_second());
-    let recorded = status
-        .and_then(|s| s.cancellation.as_ref())
-        .is_some_and(|c| c.value == value);
-    if recorded {
-        return ActiveDeadline::None;
-    }
-    ActiveDeadline::Due(ManualAction {
-        value,
-        by: Some(REQUESTED_BY.to_owned()),
-        at: now,
-        attempt: 0,
-        message: Some(message(seconds)),
-        noop: false,
-    })
 }
 
-fn message(seconds: i64) -> String {
-    format!("the Job was active longer than its activeDeadlineSeconds ({seconds}s); its unfinished tasks are cancelled")
+/// What the Job says of its deadline.
+pub fn message(seconds: Option<i64>) -> String {
+    format!(
+        "the Job was active longer than its activeDeadlineSeconds ({}s); its unfinished tasks are cancelled",
+        seconds.unwrap_or(0)
+    )
 }
 
-/// Whether the cancel `status` acted on is the deadline's.
-pub fn cancelled_by_deadline(status: &JobStatus) -> bool {
-    status
-        .cancellation
-        .as_ref()
-        .is_some_and(|c| c.value.starts_with(CANCEL_PREFIX))
-}
-
-/// A finished Job that the deadline cancelled ends Failed, its Failed
-/// condition saying `DeadlineExceeded`; true when it was so rewritten.
+/// A finished Job whose deadline ran out ends Failed (unless it completed),
+/// its Failed condition saying `DeadlineExceeded`; true when it was so
+/// rewritten.
 pub fn fail_past_deadline(status: &mut JobStatus, seconds: Option<i64>, generation: Option<i64>) -> bool {
     let finished = status.state.is_some_and(WorkState::is_finished);
-    if !finished || status.state == Some(WorkState::Completed) || !cancelled_by_deadline(status) {
+    if !finished || status.state == Some(WorkState::Completed) || status.deadline_time.is_none() {
         return false;
     }
     status.state = Some(WorkState::Failed);
-    let mut failed = Condition::new(
-        CONDITION_FAILED,
-        ConditionStatus::True,
-        REASON,
-        message(seconds.unwrap_or(0)),
-    );
+    let mut failed = Condition::new(CONDITION_FAILED, ConditionStatus::True, REASON, message(seconds));
     failed.observed_generation = generation;
-    let kept = status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == CONDITION_FAILED && c.reason.as_deref() == Some(REASON))
-        .and_then(|c| c.last_transition_time);
-    failed.last_transition_time = kept.or(status.completion_time);
+    failed.last_transition_time = status.deadline_time;
     set_condition(&mut status.conditions, failed);
     true
 }
@@ -129,8 +129,19 @@ mod tests {
         t.parse().unwrap()
     }
 
+    fn retried(when: &str) -> ManualAction {
+        ManualAction {
+            value: "again".into(),
+            by: None,
+            at: at(when),
+            attempt: 0,
+            message: None,
+            noop: false,
+        }
+    }
+
     #[test]
-    fn the_deadline_cancels_once_then_the_job_fails_deadline_exceeded() {
+    fn the_deadline_is_recorded_once_then_the_job_fails_deadline_exceeded() {
         assert_eq!(
             active_deadline(&job(None), at("2026-12-03T11:00:00Z")),
             ActiveDeadline::None
@@ -140,34 +151,33 @@ mod tests {
             active_deadline(&j, at("2026-12-03T10:00:45Z")),
             ActiveDeadline::Later(Duration::from_secs(15))
         );
-        let ActiveDeadline::Due(cancel) = active_deadline(&j, at("2026-12-03T10:01:00Z")) else {
-            panic!("due at 60 s");
+        let due = active_deadline(&j, at("2026-12-03T10:01:00Z"));
+        let ActiveDeadline::Passed {
+            at: ran_out,
+            cancel,
+            new: true,
+        } = due
+        else {
+            panic!("due at 60 s: {due:?}");
         };
-        let said = cancel.message.clone().unwrap_or_default();
-        assert!(said.contains("activeDeadlineSeconds (60s)"), "{said}");
-        assert_eq!(cancel.by.as_deref(), Some(REQUESTED_BY));
-        let value = cancel.value.clone();
+        assert!(cancel.starts_with(CANCEL_PREFIX), "{cancel}");
         j.status = Some(JobStatus {
-            cancellation: Some(cancel),
+            deadline_time: Some(ran_out),
             ..JobStatus::default()
         });
         assert_eq!(
             active_deadline(&j, at("2026-12-03T10:02:00Z")),
-            ActiveDeadline::None,
-            "acted on once"
+            ActiveDeadline::Passed {
+                at: ran_out,
+                cancel: cancel.clone(),
+                new: false
+            },
+            "recorded: the same cancel, no new Event"
         );
 
-        let action = |value: &str| ManualAction {
-            value: value.into(),
-            by: Some(REQUESTED_BY.into()),
-            at: at("2026-12-03T10:01:00Z"),
-            attempt: 0,
-            message: None,
-            noop: false,
-        };
         let mut status = JobStatus {
             state: Some(WorkState::Cancelled),
-            cancellation: Some(action(&value)),
+            deadline_time: Some(ran_out),
             ..JobStatus::default()
         };
         assert!(fail_past_deadline(&mut status, Some(60), Some(1)));
@@ -177,10 +187,15 @@ mod tests {
             (failed.status, failed.reason.as_deref()),
             (ConditionStatus::True, Some(REASON))
         );
-        // A person's cancel stays a cancel.
+        j.status = Some(status);
+        assert_eq!(
+            active_deadline(&j, at("2026-12-03T11:00:00Z")),
+            ActiveDeadline::Over(ran_out),
+            "over: the record stays, nothing is passed on"
+        );
+        // A person's cancel without a deadline stays a cancel.
         let mut person = JobStatus {
             state: Some(WorkState::Cancelled),
-            cancellation: Some(action("now")),
             ..JobStatus::default()
         };
         assert!(!fail_past_deadline(&mut person, Some(60), None));
@@ -191,14 +206,9 @@ mod tests {
     fn a_retry_runs_the_job_for_as_long_again() {
         let mut j = job(Some(60));
         j.status = Some(JobStatus {
-            retry: Some(ManualAction {
-                value: "again".into(),
-                by: None,
-                at: at("2026-12-03T10:05:00Z"),
-                attempt: 0,
-                message: None,
-                noop: false,
-            }),
+            retry: Some(retried("2026-12-03T10:05:00Z")),
+            // The deadline of the run before the retry no longer counts.
+            deadline_time: Some(at("2026-12-03T10:01:00Z")),
             ..JobStatus::default()
         });
         assert_eq!(
@@ -207,7 +217,7 @@ mod tests {
         );
         assert!(matches!(
             active_deadline(&j, at("2026-12-03T10:06:00Z")),
-            ActiveDeadline::Due(_)
+            ActiveDeadline::Passed { new: true, .. }
         ));
     }
 }

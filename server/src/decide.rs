@@ -623,8 +623,12 @@ fn completed_after_fail(update: &StatusUpdate, robot: &str, status: &TaskStatus)
     }
     let failed = status.state == Some(TaskState::Failed) && given_up(status.reason);
     let record = status.attempts.iter().find(|a| a.attempt == update.attempt);
-    let retrying = status.state == Some(TaskState::Pending)
-        && record.is_some_and(|a| given_up(a.reason) && a.robot.as_deref() == Some(robot));
+    let given_up_here = record.is_some_and(|a| given_up(a.reason) && a.robot.as_deref() == Some(robot));
+    // Waiting for its next attempt, or failed while it waited (its Job's
+    // pendingDeadlineSeconds): the lost attempt's completion still stands.
+    let waiting = matches!(status.state, Some(TaskState::Pending))
+        || (status.state == Some(TaskState::Failed) && status.reason == Some(TaskReason::Unschedulable));
+    let retrying = waiting && given_up_here;
     if !(failed || retrying) {
         return None;
     }

@@ -399,17 +399,35 @@ impl Parts {
     }
 }
 
+/// Writes of `status.shownFacts` that follow a Robot's label or phase at
+/// once, at most (beyond them, a Robot's next change or heartbeat brings
+/// it up to date: after an upgrade every Robot may want one).
+const SHOWN_FACTS_WRITES: usize = 8;
+
 /// Answers the registrations that waited for the manager, as the Robots
-/// it decided on come by.
+/// it decided on come by, and makes their shown facts follow their label
+/// and phase off this loop, so that no answer waits behind those writes.
 async fn answer_robot_changes(
     bridge: Arc<Bridge>,
     robot_events: BoxStream<'static, std::result::Result<Robot, watcher::Error>>,
     shutdown: CancellationToken,
 ) {
+    let writes = Arc::new(tokio::sync::Semaphore::new(SHOWN_FACTS_WRITES));
     let mut events = std::pin::pin!(robot_events.take_until(shutdown.cancelled_owned()));
     while let Some(event) = events.next().await {
         match event {
-            Ok(robot) => bridge.robot_changed(&robot).await,
+            Ok(robot) => {
+                bridge.robot_changed(&robot).await;
+                if crate::facts::shown_facts_stale(&robot).is_some() {
+                    if let Ok(permit) = Arc::clone(&writes).try_acquire_owned() {
+                        let bridge = Arc::clone(&bridge);
+                        tokio::spawn(async move {
+                            bridge.follow_show_facts(&robot).await;
+                            drop(permit);
+                        });
+                    }
+                }
+            }
             Err(error) => warn!(%error, "watching robots"),
         }
     }

@@ -276,6 +276,24 @@ async fn a_running_tasks_last_output_is_read_while_its_robot_is_offline() {
         error.downcast_ref::<k8s4r::logs::Partial>().is_some(),
         "{error:#}"
     );
+    // `k8s4r logs` says it by its exit code.
+    let run = Command::new(env!("CARGO_BIN_EXE_e2e-k8s4r"))
+        .arg("logs")
+        .arg("mission-drive-0")
+        .arg("--kubeconfig")
+        .arg(kubeconfig_path(&env.data_dir))
+        .output()
+        .expect("run k8s4r logs");
+    assert_eq!(
+        run.status.code(),
+        Some(i32::from(k8s4r::logs::EXIT_PARTIAL)),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&run.stdout),
+        "leaving the dock\nat waypoint 3\n"
+    );
     let task = env.job_tasks("mission").await.pop().and_then(|t| t.status);
     assert_eq!(
         task.and_then(|s| s.state),

@@ -7,7 +7,9 @@
 //! `UNIX_MS`, and that what follows, up to the next mark, was written
 //! within `WINDOW_MS` of it (a later write would have made a mark). The
 //! task logger writes it as it writes the output; a log a task writes
-//! itself (no logger) has none.
+//! itself (no logger) has none. An index that reaches an eighth of its
+//! file's cap (a task that prints a few bytes a second for days) ends
+//! with a mark whose window has no end: what follows is read whole.
 //!
 //! `k8s4r logs --since` reads each file from the first mark whose window
 //! reaches the time asked for: it prints at most a window of output more
@@ -23,6 +25,8 @@ pub(crate) const DIR: &str = ".times";
 const EVERY_MS: u64 = 1_000;
 /// Marks at most this often once it is not.
 const SPARSE_EVERY_MS: u64 = 10_000;
+/// The window of an index's last mark, once it is full.
+const FOREVER_MS: u64 = u64::MAX / 2;
 
 /// The index of the log at `log`.
 pub(crate) fn index_path(log: &Path) -> Option<PathBuf> {
@@ -69,11 +73,14 @@ impl Marks {
         {
             return;
         }
-        let line = format!("{now_ms} {offset} {every}\n");
+        let full = self.written > self.sparse_after.saturating_mul(2);
+        let window = if full { FOREVER_MS } else { every };
+        let line = format!("{now_ms} {offset} {window}\n");
         let written = self.open().and_then(|f| f.write_all(line.as_bytes()));
         match written {
             Ok(()) => {
-                self.last_ms = Some(now_ms);
+                // A full index marks no more until its file rotates.
+                self.last_ms = Some(if full { u64::MAX } else { now_ms });
                 self.written += line.len() as u64;
             }
             Err(_) => self.failed = true,
@@ -173,10 +180,20 @@ mod tests {
             marks.mark(i * 10, t);
             t += 1_000;
         }
-        let lines = fs::read_to_string(index_path(&log).unwrap())
-            .unwrap()
-            .lines()
-            .count();
-        assert!(lines < 10, "sparser past a sixteenth of the cap: {lines}");
+        let index = fs::read_to_string(index_path(&log).unwrap()).unwrap();
+        assert!(
+            index.lines().count() < 10,
+            "sparser past a sixteenth of the cap: {index}"
+        );
+        // Past an eighth it ends, with a mark that reaches every time after.
+        for i in 0..100 {
+            marks.mark(100 + i, t);
+            t += 10_000;
+        }
+        let index = fs::read_to_string(index_path(&log).unwrap()).unwrap();
+        assert!(index.len() < 16 * 40 / 8 + 40, "bounded: {index}");
+        let last = index.lines().last().unwrap();
+        let offset: u64 = last.split_whitespace().nth(1).unwrap().parse().unwrap();
+        assert_eq!(start_of(&log, t), Some(offset), "read whole after the last mark");
     }
 }

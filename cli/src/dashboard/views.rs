@@ -736,6 +736,11 @@ pub async fn task(
     } else {
         "waiting"
     };
+    // A pending task's attempt is the one before the one it waits to start.
+    let pane_attempt = match s.state {
+        None | Some(k8s4r_api::TaskState::Pending) => s.attempt + 1,
+        _ => s.attempt,
+    };
     let cancel_url = format!("/ns/{ns}/tasks/{name}/cancel");
     let job = task.labels().get(LABEL_JOB).cloned();
     let live = html! {
@@ -743,7 +748,7 @@ pub async fn task(
             @if let Some(r) = &s.robot { " on " a href=(format!("/robots/{r}")) { (r) } }
             @if let Some(j) = &job { " · job " a href=(format!("/ns/{ns}/jobs/{j}")) { (j) } } }
         @if let Some(m) = &s.message { p.message { (m) } }
-        span #attempt-now hidden data-attempt=(s.attempt) data-phase=(phase) {}
+        span #attempt-now hidden data-attempt=(pane_attempt) data-phase=(phase) {}
         div.actions {
             @if running {
                 (confirm_button(&state, &cancel_url, "Cancel", &format!("Stop attempt {} on robot {} and cancel the task?", s.attempt, s.robot.as_deref().unwrap_or("?")), can))

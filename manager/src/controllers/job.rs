@@ -120,23 +120,12 @@ async fn reconcile_job(job: &Job, ctx: &Context) -> Result<Action> {
         reason: "no uid to own task groups with".into(),
     })?;
 
-    // A person's cancel or retry of the Job goes to its TaskGroups, and so
-    // does the cancel of a Job past its activeDeadlineSeconds.
-    let mut before = job.status.clone().unwrap_or_default();
-    let later = match active_deadline(job, Timestamp::now()) {
-        ActiveDeadline::Due(cancel) => {
-            let message = cancel.message.clone().unwrap_or_default();
-            ctx.event(job, EventType::Warning, crate::deadline::REASON, message);
-            before.cancellation = Some(cancel);
-            None
-        }
-        ActiveDeadline::Later(left) => Some(left),
-        ActiveDeadline::None => None,
-    };
+    // A person's cancel or retry of the Job goes to its TaskGroups.
+    let before = job.status.clone().unwrap_or_default();
     let uid = job.uid().unwrap_or_default();
     let owned: Vec<Arc<TaskGroup>> = ctx.job_groups.of(&ctx.stores.groups, &uid);
     let (children, retry_to) = requests_to_pass(&owned);
-    let requests = ctx
+    let mut requests = ctx
         .pass_on_requests(
             job,
             (before.cancellation.as_ref(), before.retry.as_ref()),
@@ -146,14 +135,16 @@ async fn reconcile_job(job: &Job, ctx: &Context) -> Result<Action> {
             "task groups",
         )
         .await?;
-
+    let deadline = active_deadline(job, Timestamp::now());
+    pass_on_deadline(ctx, job, &deadline, &groups_api, &children, &mut requests).await?;
     let owned: Vec<String> = owned.iter().map(|g| g.name_any()).collect();
     let plan = plan_groups(job, &owner, &stored_groups(ctx, job), &owned, requests.cancelled);
     write_groups(ctx, &groups_api, plan.writes, plan.delete).await?;
 
     // The status counts what the cache shows after those writes.
     let stored = stored_groups(ctx, job);
-    let plan = plan_job_status(job, &stored, &plan.gates, requests, Timestamp::now());
+    let ran_out = deadline.time();
+    let plan = plan_job_status(job, &stored, &plan.gates, requests, ran_out, Timestamp::now());
     let mut written = None;
     if let Some(status) = plan.status {
         let progress = job
@@ -168,10 +159,46 @@ async fn reconcile_job(job: &Job, ctx: &Context) -> Result<Action> {
             ctx.publish(job, note);
         }
     }
-    if let Some(left) = later {
+    if let ActiveDeadline::Later(left) = deadline {
         return Ok(Action::requeue(left));
     }
     expire(ctx, &jobs, written.as_ref().unwrap_or(job)).await
+}
+
+/// The cancel of a Job past its activeDeadlineSeconds goes to its
+/// TaskGroups (`children`, with their cancel annotations) that lack it,
+/// unless a person's cancel is in force already; an Event says it once.
+async fn pass_on_deadline(
+    ctx: &Context,
+    job: &Job,
+    deadline: &ActiveDeadline,
+    api: &Api<TaskGroup>,
+    children: &[(String, Option<String>)],
+    requests: &mut Requests,
+) -> Result<()> {
+    let ActiveDeadline::Passed { cancel, new, .. } = deadline else {
+        return Ok(());
+    };
+    if *new {
+        let message = crate::deadline::message(job.spec.active_deadline_seconds);
+        ctx.event(job, EventType::Warning, crate::deadline::REASON, message);
+    }
+    if requests.cancelled {
+        return Ok(());
+    }
+    let lacking: Vec<String> = children
+        .iter()
+        .filter(|(_, value)| value.as_deref() != Some(cancel.as_str()))
+        .map(|(name, _)| name.clone())
+        .collect();
+    let request = crate::manual::Request {
+        value: cancel.clone(),
+        by: Some(crate::deadline::REQUESTED_BY.to_owned()),
+    };
+    let patch = crate::manual::passed_on(ANNOTATION_CANCEL, &request);
+    ctx.annotate_all(api, &lacking, &patch).await?;
+    requests.cancelled = true;
+    Ok(())
 }
 
 /// Writes a Job's status; the Job as written is what its next reconcile
@@ -416,12 +443,14 @@ pub struct JobStatusPlan {
 }
 
 /// Plans a Job's status from its groups' TaskGroups (`stored`, by name),
-/// their `gates` and what became of a person's cancel and retry.
+/// their `gates`, what became of a person's cancel and retry, and when its
+/// activeDeadlineSeconds ran out (`ran_out`), if it did.
 pub fn plan_job_status(
     job: &Job,
     stored: &BTreeMap<String, Arc<TaskGroup>>,
     gates: &BTreeMap<String, Gate>,
     requests: Requests,
+    ran_out: Option<Timestamp>,
     now: Timestamp,
 ) -> JobStatusPlan {
     let name = job.name_any();
@@ -458,12 +487,12 @@ pub fn plan_job_status(
     }
     status.cancellation = requests.cancellation;
     status.retry = requests.retry;
-    let past_deadline = requests.cancelled
-        && fail_past_deadline(
-            &mut status,
-            job.spec.active_deadline_seconds,
-            job.meta().generation,
-        );
+    status.deadline_time = ran_out;
+    let past_deadline = fail_past_deadline(
+        &mut status,
+        job.spec.active_deadline_seconds,
+        job.meta().generation,
+    );
     if previous == Some(&status) {
         return JobStatusPlan::default();
     }
@@ -682,7 +711,7 @@ mod tests {
         let mut j = job(vec![template("a", 2, &[])]);
         let stored = BTreeMap::from([stored(&j, "a", WorkState::Completed, counts(2, 0))]);
         let gates = BTreeMap::from([("a".to_owned(), Gate::Open)]);
-        let plan = plan_job_status(&j, &stored, &gates, Requests::default(), now());
+        let plan = plan_job_status(&j, &stored, &gates, Requests::default(), None, now());
         let status = plan.status.unwrap();
         assert_eq!(status.state, Some(WorkState::Completed));
         assert_eq!(status.completion_time, Some(now()));
@@ -691,7 +720,7 @@ mod tests {
             Some(Note::normal("Completed", "all 2 tasks completed"))
         );
         j.status = Some(status);
-        let again = plan_job_status(&j, &stored, &gates, Requests::default(), now());
+        let again = plan_job_status(&j, &stored, &gates, Requests::default(), None, now());
         assert_eq!(again, JobStatusPlan::default());
     }
 
@@ -703,7 +732,7 @@ mod tests {
             ("a".to_owned(), Gate::Open),
             ("b".to_owned(), Gate::Skipped("group a failed".into())),
         ]);
-        let plan = plan_job_status(&j, &stored, &gates, Requests::default(), now());
+        let plan = plan_job_status(&j, &stored, &gates, Requests::default(), None, now());
         assert_eq!(plan.status.unwrap().state, Some(WorkState::Failed));
         assert_eq!(
             plan.event,
@@ -726,7 +755,7 @@ mod tests {
             cancelled: true,
             ..Requests::default()
         };
-        let plan = plan_job_status(&j, &stored, &gates, requests, now());
+        let plan = plan_job_status(&j, &stored, &gates, requests, None, now());
         assert_eq!(plan.status.unwrap().state, Some(WorkState::Cancelled));
         assert_eq!(plan.event, None);
     }

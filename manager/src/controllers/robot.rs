@@ -280,8 +280,10 @@ pub fn plan_approval(status: &RobotStatus, decision: Approval, now: Timestamp) -
 /// `AcceptingTasks` condition becomes Unknown (as a node's conditions do
 /// when its kubelet stops posting), until its next heartbeat says again;
 /// and its `lastHeartbeatTime`, which the server writes coalesced, becomes
-/// its last heartbeat exactly, so that the HEARTBEAT column gives the age
-/// of what it shows (its facts and usage, marked stale).
+/// its Lease's last renewal when that is newer (within a Lease interval of
+/// its last heartbeat), so that the HEARTBEAT column gives the age of what
+/// it shows (its facts and usage, marked stale) as closely as the cluster
+/// knows it.
 pub fn plan_liveness(
     status: &RobotStatus,
     verdict: Verdict,
@@ -429,7 +431,7 @@ mod tests {
         assert_eq!(
             plan.patch.last_heartbeat_time,
             Some(renewed),
-            "the last heartbeat exactly, not as coalesced"
+            "the Lease's last renewal, not the coalesced heartbeat"
         );
         let conditions = plan.patch.conditions.unwrap();
         let ready = find_condition(&conditions, CONDITION_READY).unwrap();

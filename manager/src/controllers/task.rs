@@ -365,6 +365,11 @@ async fn schedule(task: &Task, ctx: &Context, now: Timestamp) -> Result<Action> 
             let message = nofit.to_string();
             let left = match pending_deadline(task, now) {
                 Err(waited) => {
+                    // It waits no more: tasks that gave way to it may go.
+                    let lower = ctx.sched().stop_waiting(&ObjectRef::from_obj(task));
+                    for lower in lower {
+                        ctx.triggers.task(lower);
+                    }
                     let message = format!("{waited}: {message}");
                     return fail(task, ctx, TaskReason::Unschedulable, message, now).await;
                 }
@@ -409,18 +414,24 @@ async fn schedule(task: &Task, ctx: &Context, now: Timestamp) -> Result<Action> 
 
 /// How long a Task no robot fits may still wait by its Job's
 /// `pendingDeadlineSeconds` (None: no deadline), or, once past it, what
-/// to say of its wait. It waits from its creation, or from when its retry
-/// came due.
+/// to say of its wait. It waits from the latest of its creation, when its
+/// retry came due, and a person's last retry or eviction of it.
 pub fn pending_deadline(task: &Task, now: Timestamp) -> Result<Option<Duration>, String> {
     let Some(seconds) = task.spec.pending_deadline_seconds else {
         return Ok(None);
     };
     let deadline = Duration::from_secs(u64::try_from(seconds).unwrap_or(0));
-    let since = task
-        .status
-        .as_ref()
-        .and_then(|s| s.next_attempt_time)
-        .or_else(|| task.metadata.creation_timestamp.as_ref().map(|t| t.0));
+    let status = task.status.as_ref();
+    let acted = |a: Option<&k8s4r_api::ManualAction>| a.filter(|a| !a.noop).map(|a| a.at);
+    let since = [
+        task.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        status.and_then(|s| s.next_attempt_time),
+        status.and_then(|s| acted(s.retry.as_ref())),
+        status.and_then(|s| acted(s.eviction.as_ref())),
+    ]
+    .into_iter()
+    .flatten()
+    .max();
     let Some(since) = since else {
         return Ok(Some(deadline));
     };

@@ -108,7 +108,7 @@ impl Bridge {
     /// Rewrites `status.shownFacts` when the Robot's show-facts label no
     /// longer matches it, guarded by the version seen: if anything changed
     /// since, the next event looks again.
-    pub(super) async fn follow_show_facts(&self, robot: &Robot) {
+    pub async fn follow_show_facts(&self, robot: &Robot) {
         let Some(patch) = shown_facts_stale(robot) else {
             return;
         };

@@ -139,10 +139,10 @@ impl Bridge {
     }
 
     /// Called for every Robot the watch sees: answers a waiting robot once
-    /// its phase is decided, and makes the shown facts follow the Robot's
-    /// show-facts label.
+    /// its phase is decided, and sends a marked robot its upgrade order.
+    /// (The shown facts follow the Robot's label and phase beside it:
+    /// [`Bridge::follow_show_facts`].)
     pub async fn robot_changed(&self, robot: &Robot) {
-        self.follow_show_facts(robot).await;
         self.order_on_mark(robot).await;
         let Some(status) = robot.status.as_ref() else {
             return;

@@ -1118,6 +1118,27 @@ fn a_completion_after_the_manager_gave_the_attempt_up_stands() {
 }
 
 #[test]
+fn a_completion_of_a_lost_attempt_stands_after_the_task_failed_waiting_for_a_robot() {
+    // Attempt 1 was given up (RobotLost); the task then waited past its
+    // Job's pendingDeadlineSeconds and failed Unschedulable. The robot
+    // comes back with attempt 1 completed: it stands.
+    let mut task = TaskBuilder::new().target("rb1").state(TaskState::Failed, 1, 3).0;
+    let status = task.status.as_mut().unwrap();
+    status.reason = Some(TaskReason::Unschedulable);
+    status.attempts.push(lost_attempt("rb1", 1));
+    let done = update(1, 4, TaskState::Completed);
+    let StatusDecision::Apply(patch) = decide_status(&done, "u1", "rb1", Some(&task), now()).unwrap() else {
+        panic!("the completion is recorded");
+    };
+    assert_eq!(patch.state, TaskState::Completed);
+    // From another robot, it does not.
+    assert!(!matches!(
+        decide_status(&done, "u1", "rb2", Some(&task), now()),
+        Ok(StatusDecision::Apply(_))
+    ));
+}
+
+#[test]
 fn an_expired_dispatch_is_not_published() {
     let mut task = TaskBuilder::new()
         .target("rb1")

@@ -314,3 +314,26 @@ fn against_a_server_that_confirms_nothing_the_brokers_acknowledgement_settles() 
         "the broker had it, and that is all this server offers"
     );
 }
+
+#[test]
+fn a_running_tasks_output_is_not_kept_while_the_link_is_down() {
+    let mut disk = Mem::default();
+    let mut c = core("s1", &disk);
+    approve(&mut c, &mut disk, at(1));
+    let mut running = StatusUpdate::new("u1", 1, 0, TaskState::Running);
+    c.status(running.clone(), &mut disk);
+    let output = |text: &str| {
+        let mut update = StatusUpdate::new("u1", 1, 0, TaskState::Running);
+        update.output_tail = Some(text.to_owned());
+        update
+    };
+    c.status(output("at waypoint 3\n"), &mut disk);
+    assert_eq!(disk.outbox.len(), 2, "connected: journaled and sent");
+    c.disconnected();
+    c.status(output("at waypoint 4\n"), &mut disk);
+    assert_eq!(disk.outbox.len(), 2, "made while cut off: not kept");
+    // What matters is kept whatever the link: the end.
+    running.state = TaskState::Completed;
+    c.status(running, &mut disk);
+    assert_eq!(disk.outbox.len(), 3);
+}

@@ -29,6 +29,13 @@ impl Core {
         disk: &mut dyn Disk,
         out: &mut Vec<Command>,
     ) {
+        // A running attempt's latest output is for the cluster to show
+        // while the robot cannot be asked: made while the link is down it
+        // would only arrive late, in a burst, behind what matters. The
+        // next one after the link is back says the same and newer.
+        if output_only(&update) && !self.link.is_connected() {
+            return;
+        }
         if update.state.is_terminal() {
             self.running.remove(&update.task_uid, update.attempt);
             if self.fence.release(&update.task_uid, update.attempt)
@@ -193,4 +200,10 @@ impl Core {
         let topic = self.topics.heartbeat(&self.robot_id);
         self.publish_control(out, topic, Payload::Heartbeat(Box::new(heartbeat)), false);
     }
+}
+
+/// A status that only carries a running attempt's latest output (the
+/// supervisor's `TaskEvent::Output`): its start has a status of its own.
+fn output_only(update: &StatusUpdate) -> bool {
+    update.state == TaskState::Running && update.output_tail.is_some()
 }

@@ -481,3 +481,25 @@ fn a_task_waits_for_a_robot_until_its_jobs_pending_deadline() {
     });
     assert_eq!(pending_deadline(&task, later), Ok(Some(Duration::from_secs(79))));
 }
+
+#[test]
+fn a_persons_retry_restarts_the_pending_deadline() {
+    let mut task: Task = serde_json::from_value(serde_json::json!({
+        "apiVersion": "robot.k8s4r.io/v1alpha1", "kind": "Task",
+        "metadata": { "name": "t", "namespace": "default", "creationTimestamp": "2026-11-25T08:00:00Z" },
+        "spec": { "driver": "exec", "command": "true", "pendingDeadlineSeconds": 600 },
+    }))
+    .unwrap();
+    assert!(
+        pending_deadline(&task, now()).is_err(),
+        "two hours after its creation"
+    );
+    task.status = Some(TaskStatus {
+        retry: Some(ManualAction {
+            at: "2026-11-25T09:59:00Z".parse().unwrap(),
+            ..action("retried")
+        }),
+        ..TaskStatus::default()
+    });
+    assert_eq!(pending_deadline(&task, now()), Ok(Some(Duration::from_secs(540))));
+}
