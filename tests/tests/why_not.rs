@@ -250,3 +250,73 @@ async fn a_job_past_its_active_deadline_fails_and_its_running_task_is_stopped() 
     .await;
     env.stop().await;
 }
+
+/// A person's cancel and retry before the deadline: the retry runs the Job
+/// for as long again, and the deadline then stops it, the person's old
+/// cancel annotation still on the Job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_job_runs_for_its_deadline_again_and_then_fails() {
+    let env = Env::start(&[("rb1", &[])]).await;
+    let mut job = job_json(
+        "again",
+        serde_json::json!([{ "name": "g", "count": 1, "task": sh("exec sleep 300", "10m") }]),
+    );
+    job["spec"]["activeDeadlineSeconds"] = serde_json::json!(8);
+    env.create_job(job).await;
+    let task_state = |want: TaskState| {
+        let env = &env;
+        async move {
+            eventually(&format!("the task {want:?}"), || async {
+                let status = env.job_tasks("again").await.pop()?.status?;
+                (status.state == Some(want)).then_some(status)
+            })
+            .await
+        }
+    };
+    task_state(TaskState::Running).await;
+    let kubeconfig = kubeconfig_path(&env.data_dir);
+    kubectl(
+        &kubeconfig,
+        &[
+            "annotate",
+            "rjob",
+            "again",
+            "robot.k8s4r.io/cancel=first",
+            "-n",
+            "default",
+        ],
+    );
+    task_state(TaskState::Cancelled).await;
+    kubectl(
+        &kubeconfig,
+        &[
+            "annotate",
+            "rjob",
+            "again",
+            "robot.k8s4r.io/retry=first",
+            "-n",
+            "default",
+        ],
+    );
+    let retried = std::time::Instant::now();
+    task_state(TaskState::Running).await;
+    let status = eventually("the Job failed past its deadline", || async {
+        let status = env.jobs().get("again").await.ok()?.status?;
+        (status.state == Some(WorkState::Failed)).then_some(status)
+    })
+    .await;
+    assert!(
+        retried.elapsed() >= Duration::from_secs(7),
+        "not before its deadline counted from the retry"
+    );
+    assert!(status.deadline_time.is_some(), "{status:?}");
+    assert_eq!(
+        env.job_tasks("again")
+            .await
+            .pop()
+            .and_then(|t| t.status)
+            .and_then(|s| s.state),
+        Some(TaskState::Cancelled)
+    );
+    env.stop().await;
+}
