@@ -569,7 +569,7 @@ pub fn decide_status(
         message: update.message.clone(),
         start_time: update.start_time,
         finish_time: update.finish_time,
-        output_tail: update.output_tail.clone(),
+        output_tail: update.output_tail.as_deref().map(bounded_tail),
         observed_running_time: status.observed_running_time.is_none().then_some(now),
         restarts: (update.restarts.restart_count > 0).then(|| update.restarts.clone()),
     }))
@@ -648,6 +648,22 @@ fn completed_after_fail(update: &StatusUpdate, robot: &str, status: &TaskStatus)
     )))
 }
 
+/// The most of a robot's output tail a Task's status keeps: a robot's
+/// own setting sends 4 KiB unless its operator chose more, and a robot
+/// that sends more (up to a whole message) costs the API server no more
+/// than this per write.
+pub const MAX_OUTPUT_TAIL_BYTES: usize = 64 * 1024;
+
+/// The end of `tail`, at most [`MAX_OUTPUT_TAIL_BYTES`], cut at a
+/// character's start.
+fn bounded_tail(tail: &str) -> String {
+    let mut start = tail.len().saturating_sub(MAX_OUTPUT_TAIL_BYTES);
+    while !tail.is_char_boundary(start) {
+        start += 1;
+    }
+    tail[start..].to_owned()
+}
+
 /// Whether an attempt ended because the cluster gave it up (its robot
 /// silent, its dispatch not taken), not by the robot's own report.
 fn given_up(reason: Option<TaskReason>) -> bool {
@@ -666,7 +682,7 @@ fn completion(update: &StatusUpdate, seq: u64, message: String) -> TaskStatusPat
         message: Some(message),
         start_time: update.start_time,
         finish_time: update.finish_time,
-        output_tail: update.output_tail.clone(),
+        output_tail: update.output_tail.as_deref().map(bounded_tail),
         observed_running_time: None,
         restarts: None,
     }

@@ -1248,3 +1248,18 @@ fn reconcile_cancels_what_no_task_wants_and_fails_what_the_robot_lost() {
 
 mod connection;
 mod eviction;
+
+#[test]
+fn a_robots_output_tail_is_kept_to_its_last_64_kib() {
+    let task = TaskBuilder::new().target("rb1").state(TaskState::Running, 1, 3).0;
+    let mut running = update(1, 4, TaskState::Running);
+    // The cut falls inside the two bytes of "é": it moves past them.
+    running.output_tail = Some(format!("é{}", "x".repeat(MAX_OUTPUT_TAIL_BYTES - 1)));
+    let StatusDecision::Apply(patch) = decide_status(&running, "u1", "rb1", Some(&task), now()).unwrap()
+    else {
+        panic!("applied");
+    };
+    let tail = patch.output_tail.unwrap();
+    assert_eq!(tail.len(), MAX_OUTPUT_TAIL_BYTES - 1);
+    assert!(tail.chars().all(|c| c == 'x'));
+}
