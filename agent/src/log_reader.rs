@@ -22,14 +22,15 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use k8s4r_api::protocol::{
     encode, LogChunk, LogRequest, LogStream, Topics, LOG_FOLLOW_LEASE, MAX_LOG_CHUNK_BYTES, PROTOCOL_VERSION,
 };
 use rumqttc::{AsyncClient, QoS};
 
-use crate::supervisor::LogFile;
+mod history;
+use history::{send_history, tail_of};
 
 /// Readers at once, per robot.
 pub const MAX_READERS: usize = 8;
@@ -213,33 +214,6 @@ fn chunk(request_id: &str, seq: u64) -> LogChunk {
     }
 }
 
-fn file_name(stream: LogStream) -> &'static str {
-    match stream {
-        LogStream::Stderr => LogFile::Stderr,
-        _ => LogFile::Stdout,
-    }
-    .file_name()
-}
-
-/// A log's files, oldest first: `name.N` ... `name.1`, `name`.
-fn files_oldest_first(dir: &Path, stream: LogStream) -> Vec<PathBuf> {
-    let name = file_name(stream);
-    let mut rotated: Vec<(u32, PathBuf)> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let file = e.file_name().into_string().ok()?;
-            let n: u32 = file.strip_prefix(name)?.strip_prefix('.')?.parse().ok()?;
-            Some((n, e.path()))
-        })
-        .collect();
-    rotated.sort_by_key(|r| std::cmp::Reverse(r.0));
-    let mut files: Vec<PathBuf> = rotated.into_iter().map(|(_, p)| p).collect();
-    files.push(dir.join(name));
-    files
-}
-
 /// A token bucket of bytes.
 struct Rate {
     tokens: f64,
@@ -410,83 +384,12 @@ fn utf8_boundary(data: &[u8], max: usize) -> usize {
     }
 }
 
-/// The last `lines` lines of `data`.
-fn last_lines(data: &[u8], lines: u32) -> &[u8] {
-    if lines == 0 {
-        return &[];
-    }
-    let body = data.strip_suffix(b"\n").unwrap_or(data);
-    let mut seen = 0;
-    for (i, b) in body.iter().enumerate().rev() {
-        if *b == b'\n' {
-            seen += 1;
-            if seen == lines {
-                return &data[i + 1..];
-            }
-        }
-    }
-    data
-}
-
 impl Job {
     fn streams(&self) -> Vec<LogStream> {
         match self.request.stream {
             LogStream::All => vec![LogStream::Stdout, LogStream::Stderr],
             s => vec![s],
         }
-    }
-
-    /// What is on disk now of `stream` (each file up to its length now;
-    /// with `since`, those changed since, each from where its time index
-    /// says output of that time begins), and its current file to follow
-    /// from there: what comes later is followed.
-    fn open_stream(&self, stream: LogStream) -> (Vec<Part>, Followed) {
-        let files = files_oldest_first(&self.dir, stream);
-        let since = self.request.since.map(SystemTime::from);
-        let since_ms = self
-            .request
-            .since
-            .map(|s| u64::try_from(s.as_millisecond()).unwrap_or(0));
-        let current = files.last().cloned().unwrap_or_default();
-        let mut history: Vec<Part> = Vec::new();
-        let mut followed = None;
-        for path in &files {
-            let Ok(file) = File::open(path) else {
-                continue;
-            };
-            let Ok(meta) = file.metadata() else {
-                continue;
-            };
-            let recent = since.is_none_or(|s| meta.modified().is_ok_and(|m| m >= s));
-            if *path == current {
-                if let Ok(again) = file.try_clone() {
-                    followed = Some(Followed {
-                        path: path.clone(),
-                        inode: meta.ino(),
-                        offset: meta.len(),
-                        file: Some(again),
-                    });
-                }
-            }
-            if recent {
-                let from = since_ms
-                    .and_then(|s| crate::supervisor::log_times::start_of(path, s))
-                    .unwrap_or(0)
-                    .min(meta.len());
-                history.push(Part {
-                    file,
-                    from,
-                    len: meta.len(),
-                });
-            }
-        }
-        let followed = followed.unwrap_or(Followed {
-            path: current,
-            inode: 0,
-            offset: 0,
-            file: None,
-        });
-        (history, followed)
     }
 
     fn run(&self, sink: &dyn ChunkSink) {
@@ -539,60 +442,6 @@ impl Job {
         }
         out.end(Some("nobody follows any more".into()));
     }
-}
-
-/// What is read of one log file: from `from` to its length when opened.
-struct Part {
-    file: File,
-    from: u64,
-    len: u64,
-}
-
-/// Sends the files' contents in order, a block at a time.
-fn send_history(files: &mut [Part], out: &mut Out<'_>) {
-    let mut block = vec![0u8; BLOCK];
-    for Part { file, from, len } in files.iter_mut() {
-        if file.seek(SeekFrom::Start(*from)).is_err() {
-            continue;
-        }
-        let mut left = len.saturating_sub(*from);
-        while left > 0 && out.alive() {
-            let want = usize::try_from(left).unwrap_or(BLOCK).min(BLOCK);
-            let n = match file.read(&mut block[..want]) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => n,
-            };
-            left -= n as u64;
-            out.data(&block[..n], false);
-        }
-    }
-}
-
-/// The last `lines` lines of the files (newest last), read backwards a
-/// block at a time, at most [`MAX_TAIL_BYTES`] of them.
-fn tail_of(files: &mut [Part], lines: u32) -> Vec<u8> {
-    let mut blocks: Vec<Vec<u8>> = Vec::new();
-    let mut newlines = 0u64;
-    let mut taken = 0u64;
-    'files: for Part { file, from, len } in files.iter_mut().rev() {
-        let mut end = *len;
-        while end > *from {
-            if newlines > u64::from(lines) || taken >= MAX_TAIL_BYTES {
-                break 'files;
-            }
-            let start = end.saturating_sub(BLOCK as u64).max(*from);
-            let mut block = vec![0u8; usize::try_from(end - start).unwrap_or(BLOCK)];
-            if file.seek(SeekFrom::Start(start)).is_err() || file.read_exact(&mut block).is_err() {
-                break;
-            }
-            newlines += block.iter().filter(|b| **b == b'\n').count() as u64;
-            taken += block.len() as u64;
-            blocks.push(block);
-            end = start;
-        }
-    }
-    let all: Vec<u8> = blocks.into_iter().rev().flatten().collect();
-    last_lines(&all, lines).to_vec()
 }
 
 /// Reads what a followed file gained since the last look, across a
@@ -655,6 +504,7 @@ fn follow_once(f: &mut Followed, buf: &mut [u8], out: &mut Out<'_>) {
 
 #[cfg(test)]
 mod tests {
+    use super::history::last_lines;
     use super::*;
     use std::io::Write;
     use std::sync::Mutex;

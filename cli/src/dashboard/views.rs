@@ -279,10 +279,9 @@ pub fn url_encode(s: &str) -> String {
 /// What marks a figure of an Offline robot: it is as old as its last
 /// heartbeat. Nothing for a robot that is not Offline.
 fn stale(robot: &Robot, heartbeat: Option<Timestamp>) -> Markup {
-    if phase_of(robot) != "Offline" {
-        return html! {};
-    }
-    html! { span.stale title="the robot is offline: this is what it reported last" { "stale, " (age(heartbeat)) " old" } " " }
+    html! { @if phase_of(robot) == "Offline" {
+        span.stale title="the robot is offline: this is what it reported last" { "stale, " (age(heartbeat)) " old" } " "
+    } }
 }
 
 fn robot_row(robot: &Robot, heartbeat: Option<Timestamp>) -> Markup {
