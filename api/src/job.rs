@@ -66,7 +66,8 @@ pub struct JobSpec {
     #[schemars(range(min = 1, max = 31_536_000))]
     pub active_deadline_seconds: Option<i64>,
     /// Seconds a task of the job may wait for a robot (from its creation,
-    /// or from when its retry came due) before it fails for good with
+    /// when its retry came due, or a person's retry or eviction of it,
+    /// whichever is latest) before it fails for good with
     /// reason `Unschedulable` and the reason no robot fits. Unset: it
     /// waits as long as it takes.
     #[serde(default, skip_serializing_if = "Option::is_none")]

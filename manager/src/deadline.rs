@@ -16,7 +16,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s4r_api::condition::set_condition;
 use k8s4r_api::names::CONDITION_FAILED;
-use k8s4r_api::{Condition, ConditionStatus, Job, JobStatus, WorkState};
+use k8s4r_api::{Condition, ConditionStatus, Job, JobStatus, ManualAction, WorkState};
 
 /// How the cancel values the deadline passes on begin.
 pub const CANCEL_PREFIX: &str = "active-deadline-";
@@ -53,25 +53,30 @@ impl ActiveDeadline {
     }
 }
 
-/// What `job`'s `activeDeadlineSeconds` calls for at `now`.
-pub fn active_deadline(job: &Job, now: Timestamp) -> ActiveDeadline {
+/// What `job`'s `activeDeadlineSeconds` calls for at `now`, `retry`
+/// being a person's last retry as this reconcile recorded it (it may be
+/// newer than the Job's status says).
+pub fn active_deadline(job: &Job, retry: Option<&ManualAction>, now: Timestamp) -> ActiveDeadline {
     let Some(seconds) = job.spec.active_deadline_seconds else {
         return ActiveDeadline::None;
     };
     let status = job.status.as_ref();
     let created = job.metadata.creation_timestamp.as_ref().map(|t| t.0);
-    let retried = status
-        .and_then(|s| s.retry.as_ref())
-        .filter(|r| !r.noop)
-        .map(|r| r.at);
+    let retried = retry.filter(|r| !r.noop).map(|r| r.at);
     let Some(since) = created.max(retried) else {
         return ActiveDeadline::None;
     };
-    let recorded = status.and_then(|s| s.deadline_time).filter(|t| *t >= since);
+    let limit = Duration::from_secs(u64::try_from(seconds).unwrap_or(0));
+    // A record counts for this run only: one made at or after its end.
+    let end = jiff::SignedDuration::try_from(limit)
+        .ok()
+        .and_then(|l| since.checked_add(l).ok());
+    let recorded = status
+        .and_then(|s| s.deadline_time)
+        .filter(|t| end.is_some_and(|end| *t >= end));
     if status.and_then(|s| s.state).is_some_and(WorkState::is_finished) {
         return recorded.map_or(ActiveDeadline::None, ActiveDeadline::Over);
     }
-    let limit = Duration::from_secs(u64::try_from(seconds).unwrap_or(0));
     let active = Duration::try_from(now.duration_since(since)).unwrap_or_default();
     match limit.checked_sub(active).filter(|l| !l.is_zero()) {
         Some(left) if recorded.is_none() => ActiveDeadline::Later(left),
@@ -110,7 +115,7 @@ pub fn fail_past_deadline(status: &mut JobStatus, seconds: Option<i64>, generati
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s4r_api::{JobSpec, ManualAction};
+    use k8s4r_api::JobSpec;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn job(deadline: Option<i64>) -> Job {
@@ -143,15 +148,23 @@ mod tests {
     #[test]
     fn the_deadline_is_recorded_once_then_the_job_fails_deadline_exceeded() {
         assert_eq!(
-            active_deadline(&job(None), at("2026-12-03T11:00:00Z")),
+            active_deadline(&job(None), None, at("2026-12-03T11:00:00Z")),
             ActiveDeadline::None
         );
         let mut j = job(Some(60));
         assert_eq!(
-            active_deadline(&j, at("2026-12-03T10:00:45Z")),
+            active_deadline(
+                &j,
+                j.status.as_ref().and_then(|s| s.retry.as_ref()),
+                at("2026-12-03T10:00:45Z")
+            ),
             ActiveDeadline::Later(Duration::from_secs(15))
         );
-        let due = active_deadline(&j, at("2026-12-03T10:01:00Z"));
+        let due = active_deadline(
+            &j,
+            j.status.as_ref().and_then(|s| s.retry.as_ref()),
+            at("2026-12-03T10:01:00Z"),
+        );
         let ActiveDeadline::Passed {
             at: ran_out,
             cancel,
@@ -166,7 +179,11 @@ mod tests {
             ..JobStatus::default()
         });
         assert_eq!(
-            active_deadline(&j, at("2026-12-03T10:02:00Z")),
+            active_deadline(
+                &j,
+                j.status.as_ref().and_then(|s| s.retry.as_ref()),
+                at("2026-12-03T10:02:00Z")
+            ),
             ActiveDeadline::Passed {
                 at: ran_out,
                 cancel: cancel.clone(),
@@ -189,7 +206,11 @@ mod tests {
         );
         j.status = Some(status);
         assert_eq!(
-            active_deadline(&j, at("2026-12-03T11:00:00Z")),
+            active_deadline(
+                &j,
+                j.status.as_ref().and_then(|s| s.retry.as_ref()),
+                at("2026-12-03T11:00:00Z")
+            ),
             ActiveDeadline::Over(ran_out),
             "over: the record stays, nothing is passed on"
         );
@@ -212,11 +233,19 @@ mod tests {
             ..JobStatus::default()
         });
         assert_eq!(
-            active_deadline(&j, at("2026-12-03T10:05:30Z")),
+            active_deadline(
+                &j,
+                j.status.as_ref().and_then(|s| s.retry.as_ref()),
+                at("2026-12-03T10:05:30Z")
+            ),
             ActiveDeadline::Later(Duration::from_secs(30))
         );
         assert!(matches!(
-            active_deadline(&j, at("2026-12-03T10:06:00Z")),
+            active_deadline(
+                &j,
+                j.status.as_ref().and_then(|s| s.retry.as_ref()),
+                at("2026-12-03T10:06:00Z")
+            ),
             ActiveDeadline::Passed { new: true, .. }
         ));
     }

@@ -400,8 +400,8 @@ impl Parts {
 }
 
 /// Writes of `status.shownFacts` that follow a Robot's label or phase at
-/// once, at most (beyond them, a Robot's next change or heartbeat brings
-/// it up to date: after an upgrade every Robot may want one).
+/// once, at most; the others wait their turn, one per Robot, and write
+/// what the Robot then shows (after an upgrade every Robot may want one).
 const SHOWN_FACTS_WRITES: usize = 8;
 
 /// Answers the registrations that waited for the manager, as the Robots
@@ -413,19 +413,24 @@ async fn answer_robot_changes(
     shutdown: CancellationToken,
 ) {
     let writes = Arc::new(tokio::sync::Semaphore::new(SHOWN_FACTS_WRITES));
+    let waiting: Arc<std::sync::Mutex<std::collections::HashSet<String>>> = Arc::default();
     let mut events = std::pin::pin!(robot_events.take_until(shutdown.cancelled_owned()));
     while let Some(event) = events.next().await {
         match event {
             Ok(robot) => {
                 bridge.robot_changed(&robot).await;
-                if crate::facts::shown_facts_stale(&robot).is_some() {
-                    if let Ok(permit) = Arc::clone(&writes).try_acquire_owned() {
-                        let bridge = Arc::clone(&bridge);
-                        tokio::spawn(async move {
-                            bridge.follow_show_facts(&robot).await;
-                            drop(permit);
-                        });
-                    }
+                let name = robot.metadata.name.clone().unwrap_or_default();
+                let stale = crate::facts::shown_facts_stale(&robot).is_some();
+                if stale && k8s4r_service::lock(&waiting).insert(name.clone()) {
+                    let (bridge, writes, waiting) =
+                        (Arc::clone(&bridge), Arc::clone(&writes), Arc::clone(&waiting));
+                    tokio::spawn(async move {
+                        let Ok(_turn) = writes.acquire_owned().await else {
+                            return;
+                        };
+                        k8s4r_service::lock(&waiting).remove(&name);
+                        bridge.follow_show_facts_of(&name).await;
+                    });
                 }
             }
             Err(error) => warn!(%error, "watching robots"),

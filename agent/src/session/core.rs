@@ -175,6 +175,9 @@ pub struct Core {
     confirm_timeout: Duration,
     /// When a change of facts last sent a heartbeat early.
     facts_sent: Option<Duration>,
+    /// The latest output of each running attempt made while the link was
+    /// down: it goes when the link is back (unless the attempt ended).
+    unsent_output: BTreeMap<(String, u32), StatusUpdate>,
     /// The agent is shutting down: no heartbeats, registrations or new
     /// work; statuses still go out.
     leaving: bool,
@@ -258,6 +261,7 @@ impl Core {
             delivered: BTreeMap::new(),
             confirm_timeout: (heartbeat_interval * 2).clamp(Duration::from_secs(5), Duration::from_secs(60)),
             facts_sent: None,
+            unsent_output: BTreeMap::new(),
             leaving: false,
         }
     }
@@ -274,6 +278,9 @@ impl Core {
         self.publish_control(&mut out, online, Payload::Bytes(encode(&Online::new(true))), true);
         if !self.leaving && self.registrar.connected(now.mono) == RegisterAction::Register {
             self.register(&mut out, disk);
+        }
+        for (_, update) in std::mem::take(&mut self.unsent_output) {
+            self.status_into(update, disk, &mut out);
         }
         self.pump(&mut out, disk);
         out

@@ -135,7 +135,7 @@ async fn reconcile_job(job: &Job, ctx: &Context) -> Result<Action> {
             "task groups",
         )
         .await?;
-    let deadline = active_deadline(job, Timestamp::now());
+    let deadline = active_deadline(job, requests.retry.as_ref(), Timestamp::now());
     pass_on_deadline(ctx, job, &deadline, &groups_api, &children, &mut requests).await?;
     let owned: Vec<String> = owned.iter().map(|g| g.name_any()).collect();
     let plan = plan_groups(job, &owner, &stored_groups(ctx, job), &owned, requests.cancelled);
@@ -176,8 +176,14 @@ async fn pass_on_deadline(
     children: &[(String, Option<String>)],
     requests: &mut Requests,
 ) -> Result<()> {
-    let ActiveDeadline::Passed { cancel, new, .. } = deadline else {
-        return Ok(());
+    let (cancel, new) = match deadline {
+        ActiveDeadline::Passed { cancel, new, .. } => (cancel, new),
+        // Over: nothing more is passed on, and nothing new starts.
+        ActiveDeadline::Over(_) => {
+            requests.cancelled = true;
+            return Ok(());
+        }
+        _ => return Ok(()),
     };
     if *new {
         let message = crate::deadline::message(job.spec.active_deadline_seconds);

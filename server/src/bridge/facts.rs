@@ -108,6 +108,16 @@ impl Bridge {
     /// Rewrites `status.shownFacts` when the Robot's show-facts label no
     /// longer matches it, guarded by the version seen: if anything changed
     /// since, the next event looks again.
+    /// [`Bridge::follow_show_facts`] for `name` as the cache shows it now.
+    pub async fn follow_show_facts_of(&self, name: &str) {
+        let robot = self
+            .robot_cache
+            .get(&kube::runtime::reflector::ObjectRef::new(name));
+        if let Some(robot) = robot {
+            self.follow_show_facts(&robot).await;
+        }
+    }
+
     pub async fn follow_show_facts(&self, robot: &Robot) {
         let Some(patch) = shown_facts_stale(robot) else {
             return;

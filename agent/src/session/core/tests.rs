@@ -331,9 +331,21 @@ fn a_running_tasks_output_is_not_kept_while_the_link_is_down() {
     assert_eq!(disk.outbox.len(), 2, "connected: journaled and sent");
     c.disconnected();
     c.status(output("at waypoint 4\n"), &mut disk);
-    assert_eq!(disk.outbox.len(), 2, "made while cut off: not kept");
-    // What matters is kept whatever the link: the end.
+    c.status(output("at waypoint 5\n"), &mut disk);
+    assert_eq!(disk.outbox.len(), 2, "made while cut off: not journaled");
+    // The link is back: the latest goes, once.
+    c.connected(at(5), &mut disk);
+    assert_eq!(disk.outbox.len(), 3);
+    let last = disk.outbox.values().last().unwrap();
+    assert_eq!(last.output_tail.as_deref(), Some("at waypoint 5\n"));
+    c.connected(at(6), &mut disk);
+    assert_eq!(disk.outbox.len(), 3, "sent once");
+    // Cut off again, then the attempt ends: its late output never goes.
+    c.disconnected();
+    c.status(output("at waypoint 6\n"), &mut disk);
     running.state = TaskState::Completed;
     c.status(running, &mut disk);
-    assert_eq!(disk.outbox.len(), 3);
+    assert_eq!(disk.outbox.len(), 4, "the end is kept whatever the link");
+    c.connected(at(7), &mut disk);
+    assert_eq!(disk.outbox.len(), 4, "no running status after the end");
 }

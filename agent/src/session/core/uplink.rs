@@ -30,13 +30,17 @@ impl Core {
         out: &mut Vec<Command>,
     ) {
         // A running attempt's latest output is for the cluster to show
-        // while the robot cannot be asked: made while the link is down it
-        // would only arrive late, in a burst, behind what matters. The
-        // next one after the link is back says the same and newer.
+        // while the robot cannot be asked: made while the link is down,
+        // only the latest of each attempt is kept, in memory, and goes
+        // when the link is back (the supervisor sends a tail only when it
+        // changed), not a burst of them behind what matters.
+        let key = (update.task_uid.clone(), update.attempt);
         if output_only(&update) && !self.link.is_connected() {
+            self.unsent_output.insert(key, update);
             return;
         }
         if update.state.is_terminal() {
+            self.unsent_output.remove(&key);
             self.running.remove(&update.task_uid, update.attempt);
             if self.fence.release(&update.task_uid, update.attempt)
                 && update.reason == Some(TaskReason::Cancelled)
