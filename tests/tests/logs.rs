@@ -233,6 +233,25 @@ async fn a_read_whose_connection_is_cut_fails_saying_so() {
     env.stop().await;
 }
 
+/// `k8s4r logs` of task `name` in `default` (`query` as the logs API
+/// takes it): stdout, stderr and how it ended.
+async fn read_text(env: &Env, name: &str, query: &str) -> (String, String, anyhow::Result<()>) {
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let result = k8s4r::logs::copy(
+        &env.client,
+        "default",
+        name,
+        query,
+        None,
+        false,
+        &mut out,
+        &mut err,
+    )
+    .await;
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (text(&out), text(&err), result)
+}
+
 /// While its robot is offline, a running task's last output is what the
 /// cluster holds: `k8s4r logs` prints it, says why on stderr, and fails
 /// as partial.
@@ -256,19 +275,7 @@ async fn a_running_tasks_last_output_is_read_while_its_robot_is_offline() {
 
     env.kill_agent("rb1");
     env.wait_phase("rb1", RobotPhase::Offline).await;
-    let (mut out, mut err) = (Vec::new(), Vec::new());
-    let result = k8s4r::logs::copy(
-        &env.client,
-        "default",
-        "mission-drive-0",
-        "",
-        None,
-        false,
-        &mut out,
-        &mut err,
-    )
-    .await;
-    let (out, err) = (String::from_utf8_lossy(&out), String::from_utf8_lossy(&err));
+    let (out, err, result) = read_text(&env, "mission-drive-0", "").await;
     assert_eq!(out, "leaving the dock\nat waypoint 3\n", "stderr: {err}");
     assert!(err.contains("robot rb1 is offline"), "{err}");
     let error = result.expect_err("only part of the output: a failure");
@@ -324,20 +331,8 @@ async fn since_prints_what_was_written_since_not_whole_files() {
         marker.exists().then_some(())
     })
     .await;
-    let (mut out, mut err) = (Vec::new(), Vec::new());
-    k8s4r::logs::copy(
-        &env.client,
-        "default",
-        "since-t-0",
-        "sinceSeconds=2",
-        None,
-        false,
-        &mut out,
-        &mut err,
-    )
-    .await
-    .expect("read the logs");
-    let out = String::from_utf8_lossy(&out);
-    assert_eq!(out, "late\n", "stderr: {}", String::from_utf8_lossy(&err));
+    let (out, err, result) = read_text(&env, "since-t-0", "sinceSeconds=2").await;
+    result.expect("read the logs");
+    assert_eq!(out, "late\n", "stderr: {err}");
     env.stop().await;
 }

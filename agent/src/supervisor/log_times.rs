@@ -15,7 +15,7 @@
 //! reaches the time asked for: it prints at most a window of output more
 //! than asked for, where without an index it can only pick whole files.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -89,15 +89,10 @@ impl Marks {
 
     fn open(&mut self) -> std::io::Result<&mut File> {
         if self.file.is_none() {
-            use std::os::unix::fs::OpenOptionsExt;
             if let Some(dir) = self.path.parent() {
                 fs::create_dir_all(dir)?;
             }
-            let file = OpenOptions::new()
-                .create(true)
-                .append(true)
-                .mode(0o600)
-                .open(&self.path)?;
+            let file = super::logs::open_appending(&self.path)?;
             self.written = file.metadata()?.len();
             self.file = Some(file);
         }

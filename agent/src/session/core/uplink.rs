@@ -34,13 +34,16 @@ impl Core {
         // only the latest of each attempt is kept, in memory, and goes
         // when the link is back (the supervisor sends a tail only when it
         // changed), not a burst of them behind what matters.
-        let key = (update.task_uid.clone(), update.attempt);
         if output_only(&update) && !self.link.is_connected() {
+            let key = (update.task_uid.clone(), update.attempt);
             self.unsent_output.insert(key, update);
             return;
         }
         if update.state.is_terminal() {
-            self.unsent_output.remove(&key);
+            if !self.unsent_output.is_empty() {
+                self.unsent_output
+                    .remove(&(update.task_uid.clone(), update.attempt));
+            }
             self.running.remove(&update.task_uid, update.attempt);
             if self.fence.release(&update.task_uid, update.attempt)
                 && update.reason == Some(TaskReason::Cancelled)
