@@ -15,7 +15,7 @@
 //! reaches the time asked for: it prints at most a window of output more
 //! than asked for, where without an index it can only pick whole files.
 
-use std::fs::{self, File};
+use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -27,6 +27,17 @@ const EVERY_MS: u64 = 1_000;
 const SPARSE_EVERY_MS: u64 = 10_000;
 /// The window of an index's last mark, once it is full.
 const FOREVER_MS: u64 = u64::MAX / 2;
+
+/// A log file or its index opened to append to, created (owner only)
+/// when missing.
+pub(crate) fn open_appending(path: &Path) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(path)
+}
 
 /// The index of the log at `log`.
 pub(crate) fn index_path(log: &Path) -> Option<PathBuf> {
@@ -92,7 +103,7 @@ impl Marks {
             if let Some(dir) = self.path.parent() {
                 fs::create_dir_all(dir)?;
             }
-            let file = super::logs::open_appending(&self.path)?;
+            let file = open_appending(&self.path)?;
             self.written = file.metadata()?.len();
             self.file = Some(file);
         }

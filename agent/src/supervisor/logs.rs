@@ -62,7 +62,7 @@ impl RotatingLog {
             let file = match &mut self.file {
                 Some(file) => file,
                 None => {
-                    let file = open_appending(&self.path)?;
+                    let file = super::log_times::open_appending(&self.path)?;
                     self.size = file.metadata()?.len();
                     self.file.insert(file)
                 }
@@ -106,17 +106,6 @@ fn shift(path: &Path, max_files: u32) -> io::Result<()> {
         rename_if_exists(&numbered(path, i), &numbered(path, i + 1))?;
     }
     rename_if_exists(path, &numbered(path, 1))
-}
-
-/// A file of the task's logs opened to append to, created (owner only)
-/// when missing.
-pub(crate) fn open_appending(path: &Path) -> io::Result<File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o600)
-        .open(path)
 }
 
 fn numbered(path: &Path, n: u32) -> PathBuf {
