@@ -740,8 +740,8 @@ mod reconcile;
 
 pub use connection::{absent_at_start, connected, REASON_NOT_CONNECTED_AT_START};
 pub use dispatch::{
-    decide_task, dispatched_attempt, expired_unsent, has_finalizer, phase_of, reachable, sent_attempt, Stop,
-    TaskAction,
+    decide_task, dispatched_attempt, dispatching, expired_unsent, has_finalizer, phase_of, reachable,
+    sent_attempt, Stop, TaskAction,
 };
 pub use heartbeat::{plan_heartbeat, plan_lease, Coalescing, HeartbeatMemory, HeartbeatPlan, LeaseRecord};
 pub use reconcile::{plan_reconcile, unwanted, Holding, ReconcilePlan, DISPATCH_GRACE};

@@ -3,12 +3,11 @@
 //!
 //! Exactly once per (uid, attempt), as far as the agent can tell: before
 //! the publish, one write guarded by the Task's resourceVersion adds the
-//! finalizer and sets `robot.k8s4r.io/sending-attempt` to the attempt, and
-//! after the broker's PUBACK the annotation
-//! `robot.k8s4r.io/dispatched-attempt` is set to it. A crash between the
-//! two republishes the same (uid, attempt) after the restart, which the
-//! agent ignores as a duplicate; a crash before the PUBACK publishes it
-//! again, which is what at-least-once needs.
+//! finalizer and sets `robot.k8s4r.io/sending-attempt` to the attempt; the
+//! broker's PUBACK is kept in memory only. A new process (a restart, a new
+//! leader) publishes a still-dispatching attempt again, which the agent
+//! drops as one it accepted before (across its own restarts too); a crash
+//! before the PUBACK publishes it again, which is what at-least-once needs.
 //!
 //! The guarded write before the publish closes the window in which a
 //! cancel could find the attempt "never sent" while it is on its way: the
@@ -41,7 +40,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, instrument, warn};
 
 use crate::bridge::Bridge;
-use crate::decide::{self, decide_task, Stop, TaskAction, ANNOTATION_DISPATCHED_ATTEMPT};
+use crate::decide::{self, decide_task, Stop, TaskAction};
 use crate::error::{Error, Result};
 use crate::leader::Leadership;
 
@@ -61,9 +60,9 @@ pub struct Context {
     routine: RoutineBudget,
     leadership: Leadership,
     failures: Failures<String>,
-    /// The attempt this process last published per uid: the watch cache can
-    /// lag behind the annotation written a moment ago, and a reconcile woken
-    /// by the finalizer patch must not publish the same attempt again.
+    /// The attempt this process last published per uid, while the Task is
+    /// dispatching: a reconcile woken by the sending record's own write
+    /// must not publish the same attempt again.
     published: Mutex<HashMap<String, u32>>,
 }
 
@@ -80,12 +79,6 @@ struct Finalizers {
 struct Sending {
     #[serde(skip_serializing_if = "Option::is_none")]
     finalizers: Option<Vec<String>>,
-    annotations: BTreeMap<String, String>,
-}
-
-/// Metadata fields of the annotation patch (merged key by key).
-#[derive(Debug, Serialize)]
-struct Annotations {
     annotations: BTreeMap<String, String>,
 }
 
@@ -200,17 +193,12 @@ async fn reconcile(task: Arc<Task>, ctx: Arc<Context>) -> Result<Action> {
     let now = jiff::Timestamp::now();
     let action = {
         let mut published = lock(&ctx.published);
-        let action = decide_task(&task, phase, now);
-        match (&action, published.get(&uid).copied()) {
-            (TaskAction::Dispatch { attempt, .. }, Some(sent)) if sent >= *attempt => TaskAction::Nothing,
-            (TaskAction::Dispatch { .. }, _) => action,
-            (_, Some(sent)) if decide::dispatched_attempt(&task) >= sent => {
-                // The cache caught up with the annotation.
-                published.remove(&uid);
-                action
-            }
-            _ => action,
+        let action = decide_task(&task, phase, published.get(&uid).copied(), now);
+        if decide::dispatching(&task) == 0 {
+            // Running, over or not placed: nothing of it is published again.
+            published.remove(&uid);
         }
+        action
     };
     note_expired(&ctx, &task, &action, now);
     let next = carry_out(&ctx, &task, action, seen, &uid).await?;
@@ -333,41 +321,13 @@ fn api_for(bridge: &Bridge, task: &Task) -> Api<Task> {
     )
 }
 
-/// Records the attempt as being sent, publishes it and records that it
-/// was; false when the Task changed first (nothing sent).
+/// Records the attempt as being sent (unless a server did before) and
+/// publishes it; false when the Task changed first (nothing sent).
 async fn dispatch(ctx: &Context, task: &Task, robot: &str, attempt: u32, seen: Instant) -> Result<bool> {
     let bridge = ctx.bridge.as_ref();
-    let api = api_for(bridge, task);
-    let name = task.name_any();
-    let full = decide::task_name(task);
-    let finalizers = (!decide::has_finalizer(task)).then(|| {
-        let mut finalizers = task.finalizers().to_vec();
-        finalizers.push(FINALIZER_CANCEL.to_owned());
-        finalizers
-    });
-    let body = Guarded::metadata(
-        task.metadata.resource_version.as_deref(),
-        Sending {
-            finalizers,
-            annotations: [(ANNOTATION_SENDING_ATTEMPT.to_owned(), attempt.to_string())].into(),
-        },
-    );
-    let written = bridge
-        .kube()
-        .patch("task_sending", &api, &name, &body, || {
-            format!("recording that attempt {attempt} of task {full} is being sent")
-        })
-        .await
-        .map_err(Error::from);
-    match written {
-        Ok(written) => bridge.record_written(written),
-        // The Task changed since it was read (a cancel, a deletion, a new
-        // attempt): nothing was sent; the next reconcile reads it again.
-        Err(e) if e.is_conflict() || e.is_not_found() => {
-            info!(robot, attempt, "task changed before its dispatch; not sent");
-            return Ok(false);
-        }
-        Err(e) => return Err(e),
+    let recorded = decide::sent_attempt(task) >= attempt && decide::has_finalizer(task);
+    if !recorded && !record_sending(bridge, task, robot, attempt).await? {
+        return Ok(false);
     }
     note_wait(ctx, task);
     // The robot fences the attempt only when a replacement may start
@@ -380,7 +340,7 @@ async fn dispatch(ctx: &Context, task: &Task, robot: &str, attempt: u32, seen: I
         stop_after,
         ..Dispatch::new(
             task.metadata.uid.clone().unwrap_or_default(),
-            full.clone(),
+            decide::task_name(task),
             attempt,
             task.spec.template.clone(),
         )
@@ -396,19 +356,52 @@ async fn dispatch(ctx: &Context, task: &Task, robot: &str, attempt: u32, seen: I
     lock(&ctx.published).insert(message.task_uid.clone(), attempt);
     bridge.metrics().message_out("dispatch", "acked");
     bridge.metrics().dispatch_latency(seen.elapsed());
-    info!(robot, attempt, "task dispatched");
+    info!(robot, attempt, again = recorded, "task dispatched");
     let note = format!("attempt {attempt} sent to robot {robot}");
-    record(ctx, task, "Dispatched", "Dispatch", note).await;
-    let annotations = [(ANNOTATION_DISPATCHED_ATTEMPT.to_owned(), attempt.to_string())].into();
-    let body = Guarded::metadata(None, Annotations { annotations });
+    if !recorded {
+        record(ctx, task, "Dispatched", "Dispatch", note).await;
+    }
+    Ok(true)
+}
+
+/// Writes that `attempt` of `task` is being sent, with the cancel
+/// finalizer when it is missing, guarded by the version the decision was
+/// made on; false when the Task changed first.
+async fn record_sending(bridge: &Bridge, task: &Task, robot: &str, attempt: u32) -> Result<bool> {
+    let api = api_for(bridge, task);
+    let full = decide::task_name(task);
+    let finalizers = (!decide::has_finalizer(task)).then(|| {
+        let mut finalizers = task.finalizers().to_vec();
+        finalizers.push(FINALIZER_CANCEL.to_owned());
+        finalizers
+    });
+    let body = Guarded::metadata(
+        task.metadata.resource_version.as_deref(),
+        Sending {
+            finalizers,
+            annotations: [(ANNOTATION_SENDING_ATTEMPT.to_owned(), attempt.to_string())].into(),
+        },
+    );
     let written = bridge
         .kube()
-        .patch("task_dispatched", &api, &name, &body, || {
-            format!("recording the dispatch of task {full}")
+        .patch("task_sending", &api, &task.name_any(), &body, || {
+            format!("recording that attempt {attempt} of task {full} is being sent")
         })
-        .await?;
-    bridge.record_written(written);
-    Ok(true)
+        .await
+        .map_err(Error::from);
+    match written {
+        Ok(written) => {
+            bridge.record_written(written);
+            Ok(true)
+        }
+        // The Task changed since it was read (a cancel, a deletion, a new
+        // attempt): nothing was sent; the next reconcile reads it again.
+        Err(e) if e.is_conflict() || e.is_not_found() => {
+            info!(robot, attempt, "task changed before its dispatch; not sent");
+            Ok(false)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Records an Event on the Task for `kubectl describe`; best effort, since

@@ -6,7 +6,7 @@ mod support;
 use k8s4r_api::condition::find_condition;
 use k8s4r_api::protocol::{decode, Cancel, Dispatch, RegisterResponse};
 use k8s4r_api::{names, ConditionStatus, RobotPhase, TaskAttempt, TaskState};
-use k8s4r_server::decide::{ANNOTATION_DISPATCHED_ATTEMPT, ANNOTATION_TOKEN_SHA256};
+use k8s4r_server::decide::ANNOTATION_TOKEN_SHA256;
 use k8s4r_service::leader::LeaderConfig;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::DeleteParams;
@@ -106,7 +106,7 @@ async fn dispatch_status_ordering_and_terminal_state() {
             t.metadata
                 .annotations
                 .as_ref()
-                .and_then(|a| a.get(ANNOTATION_DISPATCHED_ATTEMPT))
+                .and_then(|a| a.get(names::ANNOTATION_SENDING_ATTEMPT))
                 .is_some_and(|a| a == "1")
         })
     })
@@ -197,19 +197,19 @@ async fn a_restart_neither_loses_nor_repeats_dispatches() {
     env.set_phase("rb1", RobotPhase::Online).await;
     let before = env.dispatch_task("before", "rb1", 1).await;
     robot.expect("/tasks/dispatch").await;
-    eventually("dispatch recorded", || async {
+    let recorded = eventually("sending recorded", || async {
         env.task("before")
             .await
-            .filter(|t| k8s4r_server::decide::dispatched_attempt(t) == 1)
+            .filter(|t| k8s4r_server::decide::sent_attempt(t) == 1)
     })
     .await;
     server.stop().await;
 
-    // While the server is down the manager dispatches another task, and
-    // `before` looks as if the server had crashed between the PUBACK and
-    // recording it (the annotation is missing).
+    // While the server is down the manager dispatches another task. What
+    // the broker took is kept in the old process's memory only: the new
+    // one sends `before` again (the robot drops an attempt it accepted
+    // before), without writing its sending record again.
     let during = env.dispatch_task("during", "rb1", 1).await;
-    env.forget_dispatch("before").await;
     let server = env.server().await;
     let mut sent = Vec::new();
     for _ in 0..2 {
@@ -217,11 +217,11 @@ async fn a_restart_neither_loses_nor_repeats_dispatches() {
         sent.push((d.task_uid, d.attempt));
     }
     sent.sort();
-    let mut expected = vec![(during, 1), (before.clone(), 1)];
+    let mut expected = vec![(during.clone(), 1), (before.clone(), 1)];
     expected.sort();
     assert_eq!(
         sent, expected,
-        "the missed dispatch is sent, the unrecorded one again"
+        "the missed dispatch is sent, the one still dispatching again"
     );
     // A task dispatched after the restart is a marker: once it arrives, a
     // further repeat would have arrived too.
@@ -234,11 +234,26 @@ async fn a_restart_neither_loses_nor_repeats_dispatches() {
         .filter(|(t, _)| t.ends_with("/dispatch"))
         .collect();
     assert!(repeats.is_empty(), "no dispatch repeated: {repeats:?}");
+    let again = env.task("before").await.expect("the task");
+    assert_eq!(
+        again.metadata.resource_version, recorded.metadata.resource_version,
+        "sent again without a write"
+    );
 
-    // A retry of the task dispatched before the restart is a new attempt: sent.
+    // Once the robot reports its attempts running, a restart sends
+    // nothing; a retry is a new attempt: sent.
+    for uid in [&before, &during, &after] {
+        let topic = robot.topics.status("rb1", uid);
+        robot
+            .send(topic, &robot.status(uid, 1, 1, TaskState::Running))
+            .await;
+    }
+    server.wait_in("status", "applied", 3).await;
+    server.stop().await;
+    let server = env.server().await;
     env.move_task("before", "rb1", TaskState::Dispatching, 2).await;
     let retry: Dispatch = decode(&robot.expect("/tasks/dispatch").await).unwrap();
-    assert_eq!(retry.attempt, 2);
+    assert_eq!((retry.task_uid.as_str(), retry.attempt), (before.as_str(), 2));
     server.stop().await;
 }
 
@@ -487,20 +502,31 @@ async fn two_replicas_share_the_messages_and_one_dispatches() {
     let second = env.dispatch_task("job-a-1", "rb1", 1).await;
     let d: Dispatch = decode(&robot.expect("/tasks/dispatch").await).unwrap();
     assert_eq!(d.task_uid, second, "job-a-0 was not published twice");
+    assert!(robot.drain().iter().all(|(t, _)| !t.ends_with("/dispatch")));
     assert_eq!(
         b.metrics.messages_out("dispatch", "acked"),
         0,
         "only the leader dispatches"
     );
 
-    // The leader stops and hands over: the other replica dispatches.
+    // The leader stops and hands over: the other replica dispatches. What
+    // the broker took is in the old leader's memory only, so the new one
+    // sends the attempts still dispatching again (the robot drops an
+    // attempt it accepted before), each once.
     a.stop().await;
     let third = env.dispatch_task("job-a-2", "rb1", 1).await;
-    let d: Dispatch = decode(&robot.expect("/tasks/dispatch").await).unwrap();
-    assert_eq!(d.task_uid, third);
+    let mut sent = Vec::new();
+    for _ in 0..3 {
+        let d: Dispatch = decode(&robot.expect("/tasks/dispatch").await).unwrap();
+        sent.push(d.task_uid);
+    }
+    sent.sort();
+    let mut expected = vec![first, second, third];
+    expected.sort();
+    assert_eq!(sent, expected);
     // The robot can see the message before the replica sees the PUBACK.
-    eventually("replica b counts its dispatch", || async {
-        (b.metrics.messages_out("dispatch", "acked") == 1).then_some(())
+    eventually("replica b counts its dispatches", || async {
+        (b.metrics.messages_out("dispatch", "acked") == 3).then_some(())
     })
     .await;
     b.stop().await;

@@ -294,16 +294,21 @@ fn kind_of<K: Resource<DynamicType = ()>>() -> std::borrow::Cow<'static, str> {
 
 impl Context {
     /// `None` when `obj`'s status may be written now (and then it is taken
-    /// as written); else how long until it may: a write that only moves
-    /// its counts (`progress`) waits for its turn (controllers/pacing.rs).
-    /// Keyed by kind too, as a TaskGroup may share a Job's name.
+    /// as written); else how long until it may: a write that is only
+    /// progress waits for its turn, the first one counted from `obj`'s
+    /// creation (controllers/pacing.rs). Keyed by kind too, as a TaskGroup
+    /// may share a Job's name.
     pub(super) fn progress_due<K: Resource<DynamicType = ()>>(
         &self,
         obj: &K,
         progress: bool,
     ) -> Option<std::time::Duration> {
         let key = format!("{}/{}", kind_of::<K>(), key_of(obj));
-        self.progress.due(&key, !progress)
+        let created = obj.meta().creation_timestamp.as_ref().map(|t| t.0);
+        let age = created
+            .and_then(|t| std::time::Duration::try_from(jiff::Timestamp::now().duration_since(t)).ok())
+            .unwrap_or(std::time::Duration::MAX);
+        self.progress.due(&key, !progress, age)
     }
 
     /// The API client.

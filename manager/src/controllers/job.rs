@@ -147,10 +147,7 @@ async fn reconcile_job(job: &Job, ctx: &Context) -> Result<Action> {
     let plan = plan_job_status(job, &stored, &plan.gates, requests, ran_out, Timestamp::now());
     let mut written = None;
     if let Some(status) = plan.status {
-        let progress = job
-            .status
-            .as_ref()
-            .is_some_and(|old| job_progress_only(old, &status));
+        let progress = job_progress_only(job.status.as_ref(), &status);
         if let Some(wait) = ctx.progress_due(job, progress) {
             return Ok(Action::requeue(wait));
         }

@@ -1,16 +1,24 @@
 //! Writes that only report progress, paced: at most one per object per
-//! interval. A Robot's `allocated` follows every task placed on it, and a
-//! TaskGroup's or Job's counts follow every Task that changes state; while
-//! a large group is placed, written each time they were most of the
-//! manager's writes. Kubernetes' own Job controller batches its Pod
-//! updates for a second the same way. A write that carries more than
-//! progress (a state, a condition) is never held back.
+//! interval, counted from the object's creation. A Robot's `allocated`
+//! follows every task placed on it, and a TaskGroup's or Job's counts
+//! follow every Task that changes state; while a large group is placed,
+//! written each time they were most of the manager's writes. Kubernetes'
+//! own Job controller batches its Pod updates for a second the same way.
+//!
+//! For a TaskGroup or a Job, progress is everything but news: news is a
+//! state that finishes the object (or reopens a finished one), a person's
+//! cancel or retry acted on, a deadline that ran out, an everyRobot
+//! rollout that stopped. News is written at once; the rest (counts, the
+//! first `pending`, `pending` to `running`, conditions that say "not yet")
+//! waits for the object's turn. So a one-task Job that is over within the
+//! interval writes its status once, finished, and its TaskGroup too
+//! (docs/contract.md, "what a task costs").
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use k8s4r_api::{GroupSummary, JobStatus, Rollout, TaskCounts, TaskGroupStatus};
+use k8s4r_api::{JobStatus, Rollout, TaskCounts, TaskGroupStatus, WorkState};
 
 use k8s4r_service::lock;
 
@@ -46,15 +54,13 @@ impl Pacer {
 
     /// `None` when object `key` may be written now (and then it is taken as
     /// written); else how long until it may. An `urgent` write (it carries
-    /// more than progress) may always go.
-    pub fn due(&self, key: &str, urgent: bool) -> Option<Duration> {
+    /// more than progress) may always go. An object not written yet counts
+    /// as written at its creation, `age` ago.
+    pub fn due(&self, key: &str, urgent: bool, age: Duration) -> Option<Duration> {
         let now = Instant::now();
         let mut written = lock(&self.written);
-        let wait = written
-            .at
-            .get(key)
-            .map(|at| self.interval.saturating_sub(now.duration_since(*at)))
-            .filter(|wait| !wait.is_zero() && !urgent);
+        let since = written.at.get(key).map_or(age, |at| now.duration_since(*at));
+        let wait = Some(self.interval.saturating_sub(since)).filter(|wait| !wait.is_zero() && !urgent);
         if wait.is_none() {
             if written.at.len() >= written.prune_at {
                 written.at.retain(|_, at| now.duration_since(*at) < self.interval);
@@ -66,44 +72,53 @@ impl Pacer {
     }
 }
 
-/// Whether TaskGroup status `new` differs from `old` only in progress: its
-/// counts, completions, the robots its tasks are on, an everyRobot
-/// rollout's tallies.
-pub fn group_progress_only(old: &TaskGroupStatus, new: &TaskGroupStatus) -> bool {
-    without_group_progress(old) == without_group_progress(new)
+/// Whether a change of state from `old` to `new` is news: it finishes the
+/// object, or reopens a finished one.
+fn state_news(old: Option<WorkState>, new: Option<WorkState>) -> bool {
+    let finished = |s: Option<WorkState>| s.is_some_and(WorkState::is_finished);
+    old != new && (finished(old) || finished(new))
+}
+
+/// Whether TaskGroup status `new` differs from `old` (none: never written)
+/// only in progress (see the module's doc).
+pub fn group_progress_only(old: Option<&TaskGroupStatus>, new: &TaskGroupStatus) -> bool {
+    let old = old.cloned().unwrap_or_default();
+    !state_news(old.state, new.state) && without_group_progress(&old) == without_group_progress(new)
 }
 
 fn without_group_progress(s: &TaskGroupStatus) -> TaskGroupStatus {
     TaskGroupStatus {
+        state: None,
         completions: None,
         counts: TaskCounts::default(),
         robots: Vec::new(),
+        desired: None,
         rollout: s.rollout.as_ref().map(|r| Rollout {
             stopped: r.stopped.clone(),
             ..Rollout::default()
         }),
+        observed_generation: None,
+        conditions: Vec::new(),
         ..s.clone()
     }
 }
 
-/// Whether Job status `new` differs from `old` only in progress: its
-/// counts and completions, and its groups' counts.
-pub fn job_progress_only(old: &JobStatus, new: &JobStatus) -> bool {
-    without_job_progress(old) == without_job_progress(new)
+/// Whether Job status `new` differs from `old` (none: never written) only
+/// in progress (see the module's doc).
+pub fn job_progress_only(old: Option<&JobStatus>, new: &JobStatus) -> bool {
+    let old = old.cloned().unwrap_or_default();
+    !state_news(old.state, new.state) && without_job_progress(&old) == without_job_progress(new)
 }
 
 fn without_job_progress(s: &JobStatus) -> JobStatus {
     JobStatus {
+        state: None,
         completions: None,
         counts: TaskCounts::default(),
-        groups: s
-            .groups
-            .iter()
-            .map(|g| GroupSummary {
-                counts: TaskCounts::default(),
-                ..g.clone()
-            })
-            .collect(),
+        groups: Vec::new(),
+        start_time: None,
+        observed_generation: None,
+        conditions: Vec::new(),
         ..s.clone()
     }
 }
@@ -111,10 +126,13 @@ fn without_job_progress(s: &JobStatus) -> JobStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s4r_api::WorkState;
+    use k8s4r_api::GroupSummary;
+
+    const NEW: Duration = Duration::ZERO;
+    const OLD: Duration = Duration::MAX;
 
     #[test]
-    fn counts_are_progress_and_a_state_is_not() {
+    fn counts_are_progress_and_a_finishing_state_is_not() {
         let old = TaskGroupStatus {
             state: Some(WorkState::Running),
             completions: Some("1/3".into()),
@@ -124,9 +142,22 @@ mod tests {
         new.completions = Some("2/3".into());
         new.counts.completed = 2;
         new.robots = vec!["r1".into()];
-        assert!(group_progress_only(&old, &new));
+        assert!(group_progress_only(Some(&old), &new));
         new.state = Some(WorkState::Completed);
-        assert!(!group_progress_only(&old, &new));
+        assert!(!group_progress_only(Some(&old), &new));
+        assert!(!group_progress_only(None, &new), "finished at its first write");
+        new.state = Some(WorkState::Pending);
+        assert!(group_progress_only(None, &new), "the first pending is progress");
+        let reopened = TaskGroupStatus {
+            state: Some(WorkState::Failed),
+            ..TaskGroupStatus::default()
+        };
+        assert!(!group_progress_only(Some(&reopened), &old), "a retry reopens it");
+        new.rollout = Some(Rollout {
+            stopped: Some("a robot failed".into()),
+            ..Rollout::default()
+        });
+        assert!(!group_progress_only(Some(&old), &new), "a stopped rollout");
 
         let old = JobStatus {
             groups: vec![GroupSummary {
@@ -139,34 +170,55 @@ mod tests {
         let mut new = old.clone();
         new.counts.running = 1;
         new.groups[0].counts.running = 1;
-        assert!(job_progress_only(&old, &new));
+        assert!(job_progress_only(Some(&old), &new));
         new.groups[0].state = Some(WorkState::Failed);
-        assert!(!job_progress_only(&old, &new));
+        new.state = Some(WorkState::Running);
+        assert!(job_progress_only(Some(&old), &new), "running, a group over");
+        new.state = Some(WorkState::Failed);
+        assert!(!job_progress_only(Some(&old), &new));
+        new.state = Some(WorkState::Running);
+        new.deadline_time = Some(jiff::Timestamp::UNIX_EPOCH);
+        assert!(!job_progress_only(Some(&old), &new), "a deadline ran out");
     }
 
     #[test]
     fn progress_waits_out_the_interval_and_urgent_writes_do_not() {
         let pacer = Pacer::new(Duration::from_secs(60));
-        assert_eq!(pacer.due("ns/a", false), None, "the first write goes");
-        let wait = pacer.due("ns/a", false).expect("held back");
+        assert_eq!(
+            pacer.due("ns/a", false, OLD),
+            None,
+            "the first write of an old object goes"
+        );
+        let wait = pacer.due("ns/a", false, OLD).expect("held back");
         assert!(wait > Duration::from_secs(59) && wait <= Duration::from_secs(60));
-        assert_eq!(pacer.due("ns/b", false), None, "per object");
-        assert_eq!(pacer.due("ns/a", true), None, "urgent");
-        assert!(pacer.due("ns/a", false).is_some(), "the urgent write counts");
+        assert_eq!(pacer.due("ns/b", false, OLD), None, "per object");
+        assert_eq!(pacer.due("ns/a", true, OLD), None, "urgent");
+        assert!(pacer.due("ns/a", false, OLD).is_some(), "the urgent write counts");
+    }
+
+    #[test]
+    fn a_new_object_counts_as_written_at_its_creation() {
+        let pacer = Pacer::new(Duration::from_secs(60));
+        let wait = pacer
+            .due("ns/a", false, Duration::from_secs(20))
+            .expect("held back");
+        assert!(wait > Duration::from_secs(39) && wait <= Duration::from_secs(40));
+        assert_eq!(pacer.due("ns/a", true, NEW), None, "urgent");
+        assert!(pacer.due("ns/b", false, NEW).is_some());
     }
 
     #[test]
     fn an_interval_of_zero_holds_nothing_back() {
         let pacer = Pacer::new(Duration::ZERO);
-        assert_eq!(pacer.due("ns/a", false), None);
-        assert_eq!(pacer.due("ns/a", false), None);
+        assert_eq!(pacer.due("ns/a", false, NEW), None);
+        assert_eq!(pacer.due("ns/a", false, NEW), None);
     }
 
     #[test]
     fn objects_written_long_ago_are_forgotten() {
         let pacer = Pacer::new(Duration::ZERO);
         for i in 0..PRUNE_AT + 10 {
-            pacer.due(&format!("ns/{i}"), false);
+            pacer.due(&format!("ns/{i}"), false, NEW);
         }
         assert!(lock(&pacer.written).at.len() <= 11, "pruned once full");
     }

@@ -162,7 +162,7 @@ async fn reconcile_robot(robot: &Robot, ctx: &Context) -> Result<Action> {
         // `allocated` is for people (the scheduler keeps its own ledger):
         // a robot taking tasks in a burst gets it written at most once per
         // interval, unless something else is written anyway.
-        match ctx.allocations.due(&name, writing) {
+        match ctx.allocations.due(&name, writing, std::time::Duration::MAX) {
             None => patch.allocated = Some(alloc),
             Some(wait) => requeue = Some(requeue.map_or(wait, |r| r.min(wait))),
         }

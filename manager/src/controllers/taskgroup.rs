@@ -165,10 +165,7 @@ async fn reconcile_group(group: &TaskGroup, ctx: &Context) -> Result<Action> {
     create_tasks(ctx, &api, plan.create).await?;
     delete_tasks(ctx, &api, plan.delete).await?;
     if let Some(status) = plan.status {
-        let progress = group
-            .status
-            .as_ref()
-            .is_some_and(|old| group_progress_only(old, &status));
+        let progress = group_progress_only(group.status.as_ref(), &status);
         if let Some(wait) = ctx.progress_due(group, progress) {
             return Ok(Action::requeue(wait));
         }

@@ -8,7 +8,9 @@ use k8s4r_api::{Robot, RobotPhase, Task, TaskState, TaskStatus};
 
 use super::ANNOTATION_DISPATCHED_ATTEMPT;
 
-/// The attempt whose dispatch the broker acknowledged, from the annotation.
+/// The attempt whose dispatch the broker acknowledged, from the annotation
+/// servers before this one wrote (this one keeps that in memory: see
+/// [`decide_task`]).
 pub fn dispatched_attempt(task: &Task) -> u32 {
     task.metadata
         .annotations
@@ -39,10 +41,9 @@ pub enum TaskAction {
     /// Nothing to do until the Task changes.
     Nothing,
     /// Record the attempt as being sent (and add the finalizer if
-    /// missing) in one write guarded by the Task's resourceVersion, publish
-    /// the dispatch, then record the broker's PUBACK in the annotation. The
-    /// guard orders the send against a person's cancel: see
-    /// [`sent_attempt`].
+    /// missing) in one write guarded by the Task's resourceVersion, unless
+    /// that record is there already, then publish the dispatch. The guard
+    /// orders the send against a person's cancel: see [`sent_attempt`].
     Dispatch {
         /// The robot.
         robot: String,
@@ -86,8 +87,19 @@ pub enum TaskAction {
 }
 
 /// Decides what to do about `task`, given its robot's phase (None: no such
-/// Robot), at `now`.
-pub fn decide_task(task: &Task, robot_phase: Option<RobotPhase>, now: Timestamp) -> TaskAction {
+/// Robot) and the attempt of it this process last published (the broker
+/// acknowledged it), at `now`.
+///
+/// What was published is not written to the Task: a write per attempt for
+/// what only a restart needs. A new process (a restart, a new leader)
+/// publishes a dispatching attempt again; the robot drops an attempt it
+/// accepted before, across its own restarts (docs/fencing.md).
+pub fn decide_task(
+    task: &Task,
+    robot_phase: Option<RobotPhase>,
+    published: Option<u32>,
+    now: Timestamp,
+) -> TaskAction {
     let status = task.status.clone().unwrap_or_default();
     let robot = task.spec.target_robot.clone().filter(|r| !r.is_empty());
     let attempt = status.attempt;
@@ -125,7 +137,7 @@ pub fn decide_task(task: &Task, robot_phase: Option<RobotPhase>, now: Timestamp)
     }
     // A dispatch past its deadline would be refused by the robot; the
     // manager gives the attempt up and schedules the next one.
-    match (unsent(task), robot) {
+    match (unsent(task, published.unwrap_or(0)), robot) {
         (Some(deadline), Some(robot)) if deadline.is_none_or(|d| d > now) => {
             TaskAction::Dispatch { robot, attempt }
         }
@@ -149,12 +161,19 @@ pub fn reachable(phase: RobotPhase) -> bool {
     matches!(phase, RobotPhase::Online | RobotPhase::Pending)
 }
 
-/// The dispatch deadline (if any) of a Task's dispatching attempt not yet
-/// published; None when there is no such attempt.
-fn unsent(task: &Task) -> Option<Option<Timestamp>> {
-    let status = task.status.as_ref()?;
-    let dispatching = status.state == Some(TaskState::Dispatching) && status.attempt >= 1;
-    (dispatching && dispatched_attempt(task) < status.attempt).then_some(status.dispatch_deadline)
+/// The attempt a Task is dispatching (0: none).
+pub fn dispatching(task: &Task) -> u32 {
+    task.status
+        .as_ref()
+        .filter(|s| s.state == Some(TaskState::Dispatching))
+        .map_or(0, |s| s.attempt)
+}
+
+/// The dispatch deadline (if any) of a Task's dispatching attempt newer
+/// than `published`; None when there is no such attempt.
+fn unsent(task: &Task, published: u32) -> Option<Option<Timestamp>> {
+    let attempt = dispatching(task);
+    (attempt >= 1 && published < attempt).then(|| task.status.as_ref().and_then(|s| s.dispatch_deadline))
 }
 
 /// Whether a Task's dispatching attempt no server began to send (no
@@ -167,7 +186,7 @@ pub fn expired_unsent(task: &Task, now: Timestamp) -> bool {
     let stopping = task.metadata.deletion_timestamp.is_some()
         || status.cancel_requested()
         || status.eviction_requested();
-    !stopping && sent_attempt(task) < status.attempt && unsent(task).flatten().is_some_and(|d| d <= now)
+    !stopping && sent_attempt(task) < status.attempt && unsent(task, 0).flatten().is_some_and(|d| d <= now)
 }
 
 /// What a cancel tells a robot: why, and whether the robot is being

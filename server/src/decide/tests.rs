@@ -111,12 +111,16 @@ impl TaskBuilder {
         });
         self
     }
+    /// The server recorded `attempt` as being sent.
     fn dispatched(mut self, attempt: u32) -> Self {
         self.0
             .metadata
             .annotations
             .get_or_insert_with(Default::default)
-            .insert(ANNOTATION_DISPATCHED_ATTEMPT.into(), attempt.to_string());
+            .insert(
+                k8s4r_api::names::ANNOTATION_SENDING_ATTEMPT.into(),
+                attempt.to_string(),
+            );
         self
     }
     fn finalizer(mut self) -> Self {
@@ -811,13 +815,14 @@ fn bad_status_updates_are_rejected_with_a_reason() {
 }
 
 #[test]
-fn dispatch_once_per_attempt() {
+fn dispatch_once_per_attempt_and_again_after_a_restart() {
     let task = TaskBuilder::new()
         .target("rb1")
         .state(TaskState::Dispatching, 1, 0)
         .0;
+    let online = Some(RobotPhase::Online);
     assert_eq!(
-        decide_task(&task, Some(RobotPhase::Online), now()),
+        decide_task(&task, online, None, now()),
         TaskAction::Dispatch {
             robot: "rb1".into(),
             attempt: 1
@@ -828,21 +833,30 @@ fn dispatch_once_per_attempt() {
         .state(TaskState::Dispatching, 1, 0)
         .dispatched(1)
         .0;
-    assert_eq!(
-        decide_task(&sent, Some(RobotPhase::Online), now()),
-        TaskAction::Nothing
-    );
+    assert_eq!(decide_task(&sent, online, Some(1), now()), TaskAction::Nothing);
+    // A new process does not know what the broker took: it sends again,
+    // and the robot drops an attempt it accepted before.
+    assert!(matches!(
+        decide_task(&sent, online, None, now()),
+        TaskAction::Dispatch { attempt: 1, .. }
+    ));
     let retry = TaskBuilder::new()
         .target("rb1")
         .state(TaskState::Dispatching, 2, 0)
         .dispatched(1)
         .0;
     assert!(matches!(
-        decide_task(&retry, Some(RobotPhase::Online), now()),
+        decide_task(&retry, online, Some(1), now()),
         TaskAction::Dispatch { attempt: 2, .. }
     ));
+    let running = TaskBuilder::new()
+        .target("rb1")
+        .state(TaskState::Running, 1, 1)
+        .dispatched(1)
+        .0;
+    assert_eq!(decide_task(&running, online, None, now()), TaskAction::Nothing);
     let pending = TaskBuilder::new().state(TaskState::Pending, 0, 0).0;
-    assert_eq!(decide_task(&pending, None, now()), TaskAction::Nothing);
+    assert_eq!(decide_task(&pending, None, None, now()), TaskAction::Nothing);
 }
 
 #[test]
@@ -855,7 +869,7 @@ fn a_dispatch_is_counted_expired_only_when_no_server_began_to_send_it() {
     let unsent = late(TaskBuilder::new());
     assert!(expired_unsent(&unsent, now()));
     assert_eq!(
-        decide_task(&unsent, Some(RobotPhase::Online), now()),
+        decide_task(&unsent, Some(RobotPhase::Online), None, now()),
         TaskAction::Nothing
     );
     // Being sent (the record written before the publish) or sent: not expired.
@@ -874,7 +888,7 @@ fn a_dispatch_is_counted_expired_only_when_no_server_began_to_send_it() {
     early.status.as_mut().unwrap().dispatch_deadline = Some(t("2999-01-01T00:00:00Z"));
     assert!(!expired_unsent(&early, now()));
     assert!(matches!(
-        decide_task(&early, Some(RobotPhase::Online), now()),
+        decide_task(&early, Some(RobotPhase::Online), None, now()),
         TaskAction::Dispatch { .. }
     ));
 }
@@ -888,14 +902,14 @@ fn deletion_cancels_and_holds_the_finalizer_until_the_robot_reports() {
         .finalizer()
         .deleting();
     assert_eq!(
-        decide_task(&running.0, Some(RobotPhase::Online), now()),
+        decide_task(&running.0, Some(RobotPhase::Online), None, now()),
         TaskAction::CancelAndWait {
             robot: "rb1".into(),
             attempt: 1
         }
     );
     assert!(matches!(
-        decide_task(&running.0, Some(RobotPhase::Offline), now()),
+        decide_task(&running.0, Some(RobotPhase::Offline), None, now()),
         TaskAction::CancelAndRelease { .. }
     ));
     let ended = TaskBuilder::new()
@@ -906,7 +920,7 @@ fn deletion_cancels_and_holds_the_finalizer_until_the_robot_reports() {
         .deleting()
         .0;
     assert_eq!(
-        decide_task(&ended, Some(RobotPhase::Online), now()),
+        decide_task(&ended, Some(RobotPhase::Online), None, now()),
         TaskAction::Release
     );
     let unsent = TaskBuilder::new()
@@ -916,12 +930,12 @@ fn deletion_cancels_and_holds_the_finalizer_until_the_robot_reports() {
         .deleting()
         .0;
     assert!(matches!(
-        decide_task(&unsent, Some(RobotPhase::Online), now()),
+        decide_task(&unsent, Some(RobotPhase::Online), None, now()),
         TaskAction::CancelAndRelease { .. }
     ));
     let released = TaskBuilder::new().state(TaskState::Running, 1, 0).deleting().0;
     assert_eq!(
-        decide_task(&released, Some(RobotPhase::Online), now()),
+        decide_task(&released, Some(RobotPhase::Online), None, now()),
         TaskAction::Nothing
     );
 }
@@ -1146,11 +1160,11 @@ fn an_expired_dispatch_is_not_published() {
         .0;
     task.status.as_mut().unwrap().dispatch_deadline = Some(t("2026-11-22T10:00:30Z"));
     assert!(matches!(
-        decide_task(&task, Some(RobotPhase::Online), now()),
+        decide_task(&task, Some(RobotPhase::Online), None, now()),
         TaskAction::Dispatch { .. }
     ));
     assert_eq!(
-        decide_task(&task, Some(RobotPhase::Online), t("2026-11-22T10:00:30Z")),
+        decide_task(&task, Some(RobotPhase::Online), None, t("2026-11-22T10:00:30Z")),
         TaskAction::Nothing
     );
 }

@@ -153,7 +153,7 @@ impl Env {
         eventually("dispatch recorded", || async {
             self.task("job-a-0")
                 .await
-                .filter(|t| k8s4r_server::decide::dispatched_attempt(t) == 1)
+                .filter(|t| k8s4r_server::decide::sent_attempt(t) == 1)
         })
         .await;
         let topic = robot.topics.status("rb1", &uid);
@@ -202,28 +202,6 @@ impl Env {
             .patch_status(name, &pp, &Patch::Merge(&StatusPatch { status }))
             .await
             .expect("task status set");
-    }
-
-    /// Removes the dispatched-attempt annotation, as if the server had died
-    /// between the broker's PUBACK and recording the dispatch.
-    pub async fn forget_dispatch(&self, name: &str) {
-        #[derive(Debug, Serialize)]
-        struct Body {
-            metadata: Annotations,
-        }
-        #[derive(Debug, Serialize)]
-        struct Annotations {
-            annotations: std::collections::BTreeMap<&'static str, Option<String>>,
-        }
-        let body = Body {
-            metadata: Annotations {
-                annotations: [(k8s4r_server::decide::ANNOTATION_DISPATCHED_ATTEMPT, None)].into(),
-            },
-        };
-        self.tasks()
-            .patch(name, &PatchParams::default(), &Patch::Merge(&body))
-            .await
-            .expect("annotation removed");
     }
 
     /// Plays the manager: sets a Robot's phase.

@@ -34,7 +34,6 @@ const SERVER_TICK: Ms = 500;
 const MANAGER_TICK: Ms = 1_000;
 
 enum Then {
-    Nothing,
     AckStatus {
         robot: String,
         update: StatusUpdate,
@@ -231,7 +230,6 @@ impl Cluster {
             None => true,
         };
         match pending.then {
-            Then::Nothing => {}
             Then::Done { uid } => {
                 self.busy.remove(&uid);
             }
@@ -334,23 +332,13 @@ impl Cluster {
                 }
                 self.on_message(net, &message);
             }
-            Down::PubAck((uid, attempt)) => {
+            // The server keeps the broker's PUBACK in memory only (what it
+            // sent this generation, `sending`); an armed kill takes it here,
+            // after the broker took the dispatch.
+            Down::PubAck(_) => {
                 if let Some(secs) = armed.take() {
                     return Some(secs);
                 }
-                let patch = json!({"metadata": {"annotations": {
-                    k8s4r_api::names::ANNOTATION_DISPATCHED_ATTEMPT: attempt.to_string()
-                }}});
-                self.write(
-                    net,
-                    Op::Patch {
-                        uid,
-                        guard: None,
-                        patch,
-                    },
-                    true,
-                    Then::Nothing,
-                );
             }
             Down::Broker(Output::Closed { .. }) => {}
         }
@@ -373,12 +361,23 @@ impl Cluster {
             return;
         }
         let mut sends = Vec::new();
+        let mut again = Vec::new();
         for (uid, task) in &self.tasks {
-            if let TaskAction::Dispatch { attempt, .. } = decide_task(task, Some(RobotPhase::Online), now) {
+            if let TaskAction::Dispatch { attempt, .. } =
+                decide_task(task, Some(RobotPhase::Online), None, now)
+            {
                 if server.sending.insert((uid.clone(), attempt)) {
-                    sends.push((uid.clone(), attempt, task.metadata.resource_version.clone()));
+                    // Recorded as being sent by an earlier generation: sent
+                    // again without a write, as the server does.
+                    match k8s4r_server::decide::sent_attempt(task) >= attempt {
+                        true => again.push((uid.clone(), attempt)),
+                        false => sends.push((uid.clone(), attempt, task.metadata.resource_version.clone())),
+                    }
                 }
             }
+        }
+        for (uid, attempt) in again {
+            self.publish_dispatch(net, &uid, attempt);
         }
         for (uid, attempt, guard) in sends {
             let patch = json!({"metadata": {"annotations": {

@@ -29,7 +29,7 @@ fn evicted(mut task: TaskBuilder, attempt: u32, by: Option<&str>) -> Task {
 #[test]
 fn an_evicted_attempt_is_stopped_by_a_cancel_that_drains() {
     let task = evicted(running(2), 2, Some("alice"));
-    let action = decide_task(&task, Some(RobotPhase::Online), now());
+    let action = decide_task(&task, Some(RobotPhase::Online), None, now());
     assert_eq!(
         action,
         TaskAction::Evict {
@@ -57,14 +57,14 @@ fn an_eviction_acts_on_its_own_attempt_only_and_only_if_it_was_sent() {
     // Asked at attempt 1; the task runs attempt 2 elsewhere now.
     let moved = evicted(running(2), 1, None);
     assert_eq!(
-        decide_task(&moved, Some(RobotPhase::Online), now()),
+        decide_task(&moved, Some(RobotPhase::Online), None, now()),
         TaskAction::Nothing
     );
     // An eviction that found nothing to do stops nothing.
     let mut noop = evicted(running(2), 2, None);
     noop.status.as_mut().unwrap().eviction.as_mut().unwrap().noop = true;
     assert_eq!(
-        decide_task(&noop, Some(RobotPhase::Online), now()),
+        decide_task(&noop, Some(RobotPhase::Online), None, now()),
         TaskAction::Nothing
     );
     // A dispatch never sent is neither sent nor cancelled.
@@ -76,7 +76,7 @@ fn an_eviction_acts_on_its_own_attempt_only_and_only_if_it_was_sent() {
         None,
     );
     assert_eq!(
-        decide_task(&unsent, Some(RobotPhase::Online), now()),
+        decide_task(&unsent, Some(RobotPhase::Online), None, now()),
         TaskAction::Nothing
     );
     // Over: the robot reported the attempt drained.
@@ -86,7 +86,7 @@ fn an_eviction_acts_on_its_own_attempt_only_and_only_if_it_was_sent() {
         None,
     );
     assert_eq!(
-        decide_task(&over, Some(RobotPhase::Online), now()),
+        decide_task(&over, Some(RobotPhase::Online), None, now()),
         TaskAction::Nothing
     );
 }
@@ -96,7 +96,7 @@ fn a_cancel_wins_over_an_eviction() {
     let mut task = evicted(running(2), 2, Some("alice"));
     task.status.as_mut().unwrap().cancellation = asked(2, Some("bob"));
     assert_eq!(
-        decide_task(&task, Some(RobotPhase::Online), now()),
+        decide_task(&task, Some(RobotPhase::Online), None, now()),
         TaskAction::Cancel {
             robot: "rb1".into(),
             attempt: 2
