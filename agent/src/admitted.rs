@@ -2,8 +2,8 @@
 //! (`uid attempt`), appended and synced before the attempt starts, read
 //! back into the fence when the agent starts. A dispatch the broker
 //! delivers again after an agent restart (its PUBACK was lost with the
-//! link; a server died before it recorded the send and published it again)
-//! is then refused as seen, instead of running the attempt a second time.
+//! link; a new server process sent a still-dispatching attempt again) is
+//! then refused as seen, instead of running the attempt a second time.
 //!
 //! The file is the agent's own (root's, mode 0600, in the state
 //! directory). A line it cannot read is skipped with a warning; a line cut

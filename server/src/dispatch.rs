@@ -14,7 +14,11 @@
 //! manager's cancel is guarded by the same resourceVersion, so either the
 //! cancel lands first (this write fails, nothing is published) or the
 //! sending annotation does (the manager sees it and has the robot stop the
-//! attempt). Nothing is remembered in memory across reconciles.
+//! attempt). A new process that sends an attempt again finds the record
+//! there and does not write it again: the manager already treats the
+//! attempt as possibly on its robot. Across reconciles only what this
+//! process published is remembered, and only while it leads and the Task
+//! is dispatching.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -185,6 +189,11 @@ fn robot_phase(cache: &Store<Robot>, name: &str) -> Option<k8s4r_api::RobotPhase
 async fn reconcile(task: Arc<Task>, ctx: Arc<Context>) -> Result<Action> {
     ctx.bridge.index_task(&task);
     if !ctx.leadership.is_leader() {
+        // A leader again later sends what still dispatches again, as a new
+        // process would.
+        if let Some(uid) = task.metadata.uid.as_deref() {
+            lock(&ctx.published).remove(uid);
+        }
         return Ok(Action::requeue(FOLLOWER_RECHECK));
     }
     let seen = Instant::now();
@@ -292,6 +301,7 @@ async fn carry_out(
             Ok(Action::requeue(CANCEL_RETRY))
         }
         TaskAction::CancelAndRelease { robot, attempt } => {
+            lock(&ctx.published).remove(uid);
             if let Err(error) = cancel(bridge, task, &robot, attempt).await {
                 warn!(%error, "cancel not delivered; releasing the task anyway (robot offline or never dispatched)");
             }
@@ -329,7 +339,9 @@ async fn dispatch(ctx: &Context, task: &Task, robot: &str, attempt: u32, seen: I
     if !recorded && !record_sending(bridge, task, robot, attempt).await? {
         return Ok(false);
     }
-    note_wait(ctx, task);
+    if !recorded {
+        note_wait(ctx, task);
+    }
     // The robot fences the attempt only when a replacement may start
     // (replace: true); without one it keeps running until it is back.
     let policy = task.spec.disconnect.as_ref();
@@ -354,13 +366,19 @@ async fn dispatch(ctx: &Context, task: &Task, robot: &str, attempt: u32, seen: I
         return Err(e);
     }
     lock(&ctx.published).insert(message.task_uid.clone(), attempt);
+    // Sent again (a new process, or the publish after a recorded send
+    // failed): counted apart, and the wait since placement is not this
+    // send's. The Dispatched Event is the first send's.
+    if recorded {
+        bridge.metrics().message_out("dispatch", "resent");
+        info!(robot, attempt, "task dispatched again");
+        return Ok(true);
+    }
     bridge.metrics().message_out("dispatch", "acked");
     bridge.metrics().dispatch_latency(seen.elapsed());
-    info!(robot, attempt, again = recorded, "task dispatched");
+    info!(robot, attempt, "task dispatched");
     let note = format!("attempt {attempt} sent to robot {robot}");
-    if !recorded {
-        record(ctx, task, "Dispatched", "Dispatch", note).await;
-    }
+    record(ctx, task, "Dispatched", "Dispatch", note).await;
     Ok(true)
 }
 

@@ -176,6 +176,14 @@ impl Core {
     }
 
     fn on_dispatch(&mut self, dispatch: Dispatch, now: Now, disk: &mut dyn Disk, out: &mut Vec<Command>) {
+        let (uid, attempt) = (dispatch.task_uid.as_str(), dispatch.attempt);
+        if self.leaving && (self.running.contains(uid, attempt) || self.fence.seen(uid, attempt)) {
+            // A copy of an attempt accepted before (a new server sends a
+            // dispatching attempt again): it runs, or ran, here; the next
+            // agent re-adopts it. Refusing it would fail a running task.
+            tracing::info!(task = %uid, attempt, "dispatch of an attempt accepted before, during shutdown: dropped");
+            return;
+        }
         if self.leaving {
             // Taken from the broker (and acknowledged) but never started:
             // said so, or the cluster would wait for its dispatch deadline.

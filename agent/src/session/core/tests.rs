@@ -254,6 +254,30 @@ fn a_dispatch_while_leaving_is_refused_with_a_status_and_a_retained_command_is_i
 }
 
 #[test]
+fn a_copy_of_an_accepted_attempt_during_shutdown_fails_nothing() {
+    // A restarted server sends a still-dispatching attempt again; the agent
+    // took it already and is shutting down (a restart: the task goes on).
+    let mut disk = Mem::default();
+    let mut c = core("s1", &disk);
+    approve(&mut c, &mut disk, at(10));
+    assert_eq!(
+        starts(&dispatch(&mut c, &mut disk, 1, at(11))),
+        vec![("u1".into(), 1)]
+    );
+    c.leave();
+    let queued = disk.outbox.len();
+    assert!(dispatch(&mut c, &mut disk, 1, at(12)).is_empty());
+    assert_eq!(disk.outbox.len(), queued, "no status for the copy");
+    // A new attempt is still refused with a status.
+    assert!(starts(&dispatch(&mut c, &mut disk, 2, at(13))).is_empty());
+    let refused = disk.outbox.values().last().expect("a status");
+    assert_eq!(
+        (refused.attempt, refused.reason),
+        (2, Some(k8s4r_api::TaskReason::AgentShutdown))
+    );
+}
+
+#[test]
 fn a_publish_the_client_refused_goes_out_again() {
     let mut disk = Mem::default();
     let mut c = core("s1", &disk);
