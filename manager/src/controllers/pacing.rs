@@ -6,13 +6,13 @@
 //! own Job controller batches its Pod updates for a second the same way.
 //!
 //! For a TaskGroup or a Job, progress is everything but news: news is a
-//! state that finishes the object (or reopens a finished one), a person's
-//! cancel or retry acted on, a deadline that ran out, an everyRobot
-//! rollout that stopped. News is written at once; the rest (counts, the
-//! first `pending`, `pending` to `running`, conditions that say "not yet")
-//! waits for the object's turn. So a one-task Job that is over within the
-//! interval writes its status once, finished, and its TaskGroup too
-//! (docs/contract.md, "what a task costs").
+//! change of its state (each transition is written once, at once), a first
+//! state other than `pending`, a person's cancel or retry acted on, a
+//! deadline that ran out, an everyRobot rollout that stopped. The rest
+//! (counts, conditions that say "not yet", and a first status that only
+//! says `pending`) waits for the object's turn. So a Job whose task is
+//! placed within a second of its creation never writes `pending`
+//! (docs/contract.md, "What a task costs").
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -72,18 +72,22 @@ impl Pacer {
     }
 }
 
-/// Whether a change of state from `old` to `new` is news: it finishes the
-/// object, or reopens a finished one.
-fn state_news(old: Option<WorkState>, new: Option<WorkState>) -> bool {
-    let finished = |s: Option<WorkState>| s.is_some_and(WorkState::is_finished);
-    old != new && (finished(old) || finished(new))
+/// Whether the state in `new` is news against `old`'s (none: the status
+/// was never written): any change of a written state, and a first state
+/// other than `pending`.
+fn state_news(old: Option<Option<WorkState>>, new: Option<WorkState>) -> bool {
+    match old {
+        Some(old) => old != new,
+        None => new.is_some_and(|s| s != WorkState::Pending),
+    }
 }
 
 /// Whether TaskGroup status `new` differs from `old` (none: never written)
 /// only in progress (see the module's doc).
 pub fn group_progress_only(old: Option<&TaskGroupStatus>, new: &TaskGroupStatus) -> bool {
+    let news = state_news(old.map(|o| o.state), new.state);
     let old = old.cloned().unwrap_or_default();
-    !state_news(old.state, new.state) && without_group_progress(&old) == without_group_progress(new)
+    !news && without_group_progress(&old) == without_group_progress(new)
 }
 
 fn without_group_progress(s: &TaskGroupStatus) -> TaskGroupStatus {
@@ -106,8 +110,9 @@ fn without_group_progress(s: &TaskGroupStatus) -> TaskGroupStatus {
 /// Whether Job status `new` differs from `old` (none: never written) only
 /// in progress (see the module's doc).
 pub fn job_progress_only(old: Option<&JobStatus>, new: &JobStatus) -> bool {
+    let news = state_news(old.map(|o| o.state), new.state);
     let old = old.cloned().unwrap_or_default();
-    !state_news(old.state, new.state) && without_job_progress(&old) == without_job_progress(new)
+    !news && without_job_progress(&old) == without_job_progress(new)
 }
 
 fn without_job_progress(s: &JobStatus) -> JobStatus {
@@ -132,7 +137,7 @@ mod tests {
     const OLD: Duration = Duration::MAX;
 
     #[test]
-    fn counts_are_progress_and_a_finishing_state_is_not() {
+    fn counts_are_progress_and_a_change_of_state_is_not() {
         let old = TaskGroupStatus {
             state: Some(WorkState::Running),
             completions: Some("1/3".into()),
@@ -148,6 +153,13 @@ mod tests {
         assert!(!group_progress_only(None, &new), "finished at its first write");
         new.state = Some(WorkState::Pending);
         assert!(group_progress_only(None, &new), "the first pending is progress");
+        new.state = Some(WorkState::Running);
+        assert!(!group_progress_only(None, &new), "a first running is news");
+        let pending = TaskGroupStatus {
+            state: Some(WorkState::Pending),
+            ..TaskGroupStatus::default()
+        };
+        assert!(!group_progress_only(Some(&pending), &old), "pending to running");
         let reopened = TaskGroupStatus {
             state: Some(WorkState::Failed),
             ..TaskGroupStatus::default()
@@ -160,6 +172,7 @@ mod tests {
         assert!(!group_progress_only(Some(&old), &new), "a stopped rollout");
 
         let old = JobStatus {
+            state: Some(WorkState::Running),
             groups: vec![GroupSummary {
                 name: "g".into(),
                 state: Some(WorkState::Running),
@@ -172,7 +185,6 @@ mod tests {
         new.groups[0].counts.running = 1;
         assert!(job_progress_only(Some(&old), &new));
         new.groups[0].state = Some(WorkState::Failed);
-        new.state = Some(WorkState::Running);
         assert!(job_progress_only(Some(&old), &new), "running, a group over");
         new.state = Some(WorkState::Failed);
         assert!(!job_progress_only(Some(&old), &new));

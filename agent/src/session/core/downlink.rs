@@ -175,30 +175,28 @@ impl Core {
         }
     }
 
-    fn on_dispatch(&mut self, dispatch: Dispatch, now: Now, disk: &mut dyn Disk, out: &mut Vec<Command>) {
+    /// A dispatch while the agent shuts down: a copy of an attempt it
+    /// accepted before (a new server sends a dispatching attempt again) is
+    /// dropped, as it runs, or ran, here and the next agent re-adopts it
+    /// (refusing it would fail a running task); any other is refused with
+    /// a status, or the cluster would wait for its dispatch deadline (the
+    /// task waits for a robot again, using no retry).
+    fn while_leaving(&mut self, dispatch: &Dispatch, now: Now, disk: &mut dyn Disk, out: &mut Vec<Command>) {
         let (uid, attempt) = (dispatch.task_uid.as_str(), dispatch.attempt);
-        if self.leaving && (self.running.contains(uid, attempt) || self.fence.seen(uid, attempt)) {
-            // A copy of an attempt accepted before (a new server sends a
-            // dispatching attempt again): it runs, or ran, here; the next
-            // agent re-adopts it. Refusing it would fail a running task.
+        if self.running.contains(uid, attempt) || self.fence.seen(uid, attempt) {
             tracing::info!(task = %uid, attempt, "dispatch of an attempt accepted before, during shutdown: dropped");
             return;
         }
+        tracing::warn!(task = %uid, attempt, "dispatch during shutdown refused");
+        let message =
+            "not started: the agent was shutting down (a restart, an upgrade or a stop of k8s4r-agent)";
+        let failed = failed_status(uid, attempt, TaskReason::AgentShutdown, message.into(), now.wall);
+        self.status_into(failed, disk, out);
+    }
+
+    fn on_dispatch(&mut self, dispatch: Dispatch, now: Now, disk: &mut dyn Disk, out: &mut Vec<Command>) {
         if self.leaving {
-            // Taken from the broker (and acknowledged) but never started:
-            // said so, or the cluster would wait for its dispatch deadline.
-            // The task waits for a robot again, using no retry.
-            tracing::warn!(task = %dispatch.task_uid, attempt = dispatch.attempt, "dispatch during shutdown refused");
-            let message =
-                "not started: the agent was shutting down (a restart, an upgrade or a stop of k8s4r-agent)";
-            let failed = failed_status(
-                &dispatch.task_uid,
-                dispatch.attempt,
-                TaskReason::AgentShutdown,
-                message.into(),
-                now.wall,
-            );
-            self.status_into(failed, disk, out);
+            self.while_leaving(&dispatch, now, disk, out);
             return;
         }
         let approved = self.registrar.approved();
