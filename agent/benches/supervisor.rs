@@ -119,6 +119,7 @@ fn request(uid: String, spec: TaskTemplate) -> TaskRequest {
         attempt: 1,
         spec,
         stop_after: None,
+        config: None,
     }
 }
 

@@ -58,6 +58,7 @@ fn launcher(dir: &Path) -> TaskTemplate {
     t.env.push(k8s4r_api::EnvVar {
         name: "MARKS".into(),
         value: dir.join("marks").display().to_string(),
+        value_from: None,
     });
     t.with_kill_timeout("5s")
 }

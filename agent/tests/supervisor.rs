@@ -141,6 +141,7 @@ async fn env_args_and_cwd_reach_the_process() {
     spec.env.push(EnvVar {
         name: "GREETING".to_owned(),
         value: "hi".to_owned(),
+        value_from: None,
     });
     let out = h.run("env-args", spec).await;
     let work = h.dir.path().canonicalize().unwrap().join("tasks/env-args-1/work");
@@ -156,6 +157,7 @@ async fn the_tasks_environment_reaches_its_command_and_not_its_root_shim() {
     spec.env.push(EnvVar {
         name: "LD_PRELOAD".to_owned(),
         value: "/nonexistent/evil.so".to_owned(),
+        value_from: None,
     });
     assert_eq!(
         h.handle.submit(request("env-shim", 1, spec)).await.unwrap(),
@@ -945,6 +947,7 @@ async fn a_restart_re_adopts_the_previous_runs_tasks_and_stops_each_whole() {
         name: "x".to_owned(),
         spec: task("sleep", &["1000"]),
         stop_after: None,
+        config: None,
     };
     assert_eq!(handle.submit(again).await.unwrap(), Submit::Duplicate);
     // Each is still the supervisor's to stop, whole: the tree's other

@@ -14,6 +14,7 @@
 pub mod agent_rollout;
 pub mod backoff;
 pub mod condition;
+pub mod config_ref;
 pub mod disconnect;
 pub mod duration;
 pub mod facts;

@@ -775,6 +775,92 @@ pub struct Dispatch {
     /// from the cluster (the group's `disconnect.stopAfter`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_after: Option<DurationString>,
+    /// What the spec's references to ConfigMaps and Secrets came to for
+    /// this robot, read by the server as it dispatched (values and file
+    /// contents: never logged). Absent when the spec makes none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<TaskConfig>,
+}
+
+/// A task's configuration from ConfigMaps and Secrets, resolved for its
+/// robot. Its `Debug` shows names and paths, never values.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskConfig {
+    /// Variables, in the order they are set (a later one of the same name
+    /// wins; the spec's literal `env` values win over all of them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<ConfigVar>,
+    /// Files, each relative to the task's directory.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<ConfigFile>,
+    /// The objects read, each at the version read.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sources: Vec<ConfigSource>,
+}
+
+impl std::fmt::Debug for TaskConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TaskConfig")
+            .field("env", &self.env.iter().map(|v| &v.name).collect::<Vec<_>>())
+            .field("files", &self.files.iter().map(|x| &x.path).collect::<Vec<_>>())
+            .field("sources", &self.sources)
+            .finish()
+    }
+}
+
+/// One variable from a ConfigMap or Secret.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConfigVar {
+    pub name: String,
+    pub value: String,
+    /// From a Secret.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub secret: bool,
+}
+
+/// One file from a ConfigMap or Secret.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConfigFile {
+    /// Relative to the task's directory.
+    pub path: String,
+    /// Its mode (permission bits).
+    pub mode: u32,
+    /// From a Secret.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub secret: bool,
+    /// Its content, base64.
+    pub data: String,
+}
+
+impl ConfigFile {
+    /// Its content.
+    pub fn content(&self) -> Result<Vec<u8>, base64::DecodeError> {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.decode(&self.data)
+    }
+
+    /// A file of `content`.
+    pub fn new(path: String, mode: u32, secret: bool, content: &[u8]) -> Self {
+        use base64::Engine as _;
+        Self {
+            path,
+            mode,
+            secret,
+            data: base64::engine::general_purpose::STANDARD.encode(content),
+        }
+    }
+}
+
+/// A ConfigMap or Secret a task's configuration came from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConfigSource {
+    pub kind: crate::config_ref::ObjectKind,
+    pub name: String,
+    pub resource_version: String,
 }
 
 impl Message for Dispatch {
@@ -797,6 +883,7 @@ impl Dispatch {
             spec,
             expires_at: None,
             stop_after: None,
+            config: None,
         }
     }
 }
@@ -1381,12 +1468,26 @@ mod tests {
                 env: vec![EnvVar {
                     name: "A".into(),
                     value: "b".into(),
+                    value_from: None,
                 }],
                 timeout: Some("30s".into()),
                 ..Default::default()
             },
             expires_at: Some("2026-11-22T10:01:00Z".parse().unwrap()),
             stop_after: Some("2m".into()),
+            config: Some(TaskConfig {
+                env: vec![ConfigVar {
+                    name: "TOKEN".into(),
+                    value: "t".into(),
+                    secret: true,
+                }],
+                files: vec![ConfigFile::new("conf/a.yaml".into(), 0o644, false, b"a: 1\n")],
+                sources: vec![ConfigSource {
+                    kind: crate::config_ref::ObjectKind::Secret,
+                    name: "api".into(),
+                    resource_version: "7".into(),
+                }],
+            }),
         });
         round_trip(Cancel {
             v: 1,

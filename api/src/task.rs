@@ -5,6 +5,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::condition::Condition;
+use crate::config_ref::{ConfigFiles, EnvFromSource, EnvVarSource};
 use crate::disconnect::DisconnectPolicy;
 use crate::duration::DurationString;
 use crate::quantity::Quantity;
@@ -34,9 +35,21 @@ pub struct TaskTemplate {
     /// Arguments to the program.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub args: Vec<String>,
-    /// Environment variables set for the process.
+    /// Environment variables set for the process: a value, or a key of a
+    /// ConfigMap or Secret (`valueFrom`). They win over `envFrom`'s.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env: Vec<EnvVar>,
+    /// Every key of a ConfigMap or Secret as an environment variable (a key
+    /// that is not a variable name is skipped, with an Event).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub env_from: Vec<EnvFromSource>,
+    /// Files from ConfigMaps and Secrets, written under the task's
+    /// directory before it starts, owned by its user (Secrets 0400 by
+    /// default), removed when the attempt ends.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub files: Vec<ConfigFiles>,
     /// Working directory, relative to the task's own directory on the robot
     /// (no `..`); defaults to that directory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -301,9 +314,13 @@ impl TaskTemplate {
 pub struct EnvVar {
     /// Variable name.
     pub name: String,
-    /// Variable value.
+    /// Variable value (empty when it comes from `valueFrom`).
     #[serde(default)]
     pub value: String,
+    /// A key of a ConfigMap or Secret instead of `value`, read when the
+    /// task is dispatched to its robot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_from: Option<EnvVarSource>,
 }
 
 /// A file fetched before the task starts.
@@ -555,6 +572,15 @@ pub enum TaskReason {
     /// end of a failed task: it waited past its Job's
     /// `pendingDeadlineSeconds`, and the message says why no robot fit.
     Unschedulable,
+    /// While the task waits (state pending): a ConfigMap or Secret (or a
+    /// key of one) its template needs on the robots that fit it does not
+    /// exist yet; the message names it. Creating it starts the task.
+    ConfigMissing,
+    /// While the task waits (state pending): what it takes from ConfigMaps
+    /// and Secrets cannot be given to it (more than a task may take, or a
+    /// variable's value that is not text); the message names the object.
+    /// Changing the object starts it.
+    ConfigInvalid,
     /// Not the end of an attempt: the task waits for its restart policy's
     /// delay before the next attempt; its message says how the last one
     /// ended and when the next comes.

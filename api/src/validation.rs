@@ -133,6 +133,8 @@ pub fn restarts_of(template: &TaskTemplate) -> Option<Restarts> {
     })
 }
 
+mod config_refs;
+
 /// One problem with one field.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FieldError {
@@ -625,6 +627,7 @@ fn check_template(report: &mut Report, path: &str, t: &TaskTemplate) {
             report.error(format!("{path}.args[{i}]"), "must not contain NUL");
         }
     }
+    config_refs::check(report, path, t);
     let mut env_names = BTreeSet::new();
     for (i, var) in t.env.iter().enumerate() {
         if var.name.is_empty() || var.name.contains(['=', '\0']) {
@@ -1167,6 +1170,7 @@ mod tests {
             env: vec![EnvVar {
                 name: "A=B".into(),
                 value: String::new(),
+                value_from: None,
             }],
             artifacts: vec![Artifact {
                 url: "ftp://x/y".into(),

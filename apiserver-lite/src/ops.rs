@@ -9,7 +9,7 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 
 use crate::authz::Identity;
-use crate::error::ApiError;
+use crate::error::{ApiError, FieldError};
 use crate::fields::{self, Scope};
 use crate::metadata::{meta_str, now};
 use crate::object::Object;
@@ -142,12 +142,90 @@ fn fold_string_data(secret: &mut Value) {
     }
 }
 
+/// Kubernetes's bound on a ConfigMap's or Secret's data, in bytes.
+const MAX_DATA_BYTES: usize = 1024 * 1024;
+
+/// What Kubernetes checks of a ConfigMap's or Secret's data: every key a
+/// valid key (`[-._a-zA-Z0-9]+`, at most 253), a key in `data` or
+/// `binaryData` but not both, base64 where it must be, and at most 1 MiB
+/// of values in all (decoded).
+fn check_data(obj: &Value, secret: bool) -> Vec<FieldError> {
+    use base64::Engine as _;
+    let mut errs = Vec::new();
+    let mut total = 0usize;
+    let mut seen = std::collections::BTreeSet::new();
+    let fields: &[(&str, bool)] = if secret {
+        &[("data", true)]
+    } else {
+        &[("data", false), ("binaryData", true)]
+    };
+    for (field, encoded) in fields {
+        let Some(map) = obj[*field].as_object() else {
+            continue;
+        };
+        for (key, value) in map {
+            let path = format!("{field}[{key}]");
+            let valid = !key.is_empty()
+                && key.len() <= 253
+                && key != "."
+                && key != ".."
+                && key
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+            if !valid {
+                errs.push(FieldError::invalid(
+                    &path,
+                    &Value::String(key.clone()),
+                    "a valid config key must consist of alphanumeric characters, '-', '_' or '.'",
+                ));
+            }
+            if !seen.insert(key.clone()) {
+                errs.push(FieldError::invalid(
+                    &path,
+                    &Value::String(key.clone()),
+                    "duplicate of key present in data",
+                ));
+            }
+            let text = value.as_str().unwrap_or_default();
+            total += if *encoded {
+                match base64::engine::general_purpose::STANDARD.decode(text) {
+                    Ok(bytes) => bytes.len(),
+                    Err(_) => {
+                        errs.push(FieldError::invalid(
+                            &path,
+                            &Value::String("<value>".into()),
+                            "illegal base64 data",
+                        ));
+                        0
+                    }
+                }
+            } else {
+                text.len()
+            };
+        }
+    }
+    if total > MAX_DATA_BYTES {
+        errs.push(FieldError {
+            reason: "FieldValueTooLong",
+            field: if secret { "data".into() } else { "[]".into() },
+            detail: format!("Too long: must have at most {MAX_DATA_BYTES} bytes"),
+        });
+    }
+    errs
+}
+
 /// Prunes and validates a custom resource; returns the warnings of pruning.
 fn prune_and_validate(rt: &ResourceType, obj: &mut Value, opts: &WriteOpts) -> Result<Vec<String>, ApiError> {
     let mut warnings = Vec::new();
     let name = meta_str(obj, "name").to_string();
     if rt.group.is_empty() && rt.plural == "secrets" {
         fold_string_data(obj);
+    }
+    if rt.group.is_empty() && matches!(rt.plural.as_str(), "secrets" | "configmaps") {
+        let errs = check_data(obj, rt.plural == "secrets");
+        if !errs.is_empty() {
+            return Err(ApiError::invalid(&rt.kind, &rt.group, &name, &errs));
+        }
     }
     if rt.is_crd() {
         if let Err(errs) = resources::from_crd(obj) {

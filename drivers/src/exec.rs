@@ -98,6 +98,7 @@ impl Driver for ExecDriver {
             task_dir: task_dir.to_path_buf(),
             cwd: resolve_cwd(template, task_dir)?,
             limits,
+            config_env: Default::default(),
         })
     }
 

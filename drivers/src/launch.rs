@@ -27,11 +27,18 @@ pub(crate) fn spawn(launch: Launch<'_>, isolation: Isolation) -> Result<Launched
     let template = launch.template;
     let prepared = launch.prepared;
     let vars = || {
-        let base = isolation.base_env.iter().chain(launch.extra_env.iter());
+        let base = isolation
+            .base_env
+            .iter()
+            .chain(launch.extra_env.iter())
+            .chain(prepared.config_env.0.iter());
+        // A variable from a ConfigMap or Secret has its value in
+        // `config_env`, not in the template.
         base.map(|(k, v)| (k.as_str(), v.as_str())).chain(
             template
                 .env
                 .iter()
+                .filter(|var| var.value_from.is_none())
                 .map(|var| (var.name.as_str(), var.value.as_str())),
         )
     };

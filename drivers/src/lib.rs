@@ -72,6 +72,22 @@ pub struct Prepared {
     pub cwd: PathBuf,
     /// Limits to apply (exec only; empty for raw_exec).
     pub limits: Limits,
+    /// Variables from the task's ConfigMaps and Secrets, set after the
+    /// agent's and before the template's literal ones.
+    pub config_env: ConfigEnv,
+}
+
+/// Variables from ConfigMaps and Secrets: their `Debug` names them only
+/// (values may be secret).
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct ConfigEnv(pub Vec<(String, String)>);
+
+impl std::fmt::Debug for ConfigEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.0.iter().map(|(name, _)| name))
+            .finish()
+    }
 }
 
 /// Everything needed to start one prepared task.

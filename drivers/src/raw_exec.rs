@@ -47,6 +47,7 @@ impl Driver for RawExecDriver {
                 pids: self.pids_max,
                 ..Limits::default()
             },
+            config_env: Default::default(),
         })
     }
 

@@ -99,6 +99,7 @@ async fn raw_exec_does_not_pass_on_the_agents_environment() {
     template.env.push(k8s4r_api::EnvVar {
         name: "DECLARED".to_owned(),
         value: "1".to_owned(),
+        value_from: None,
     });
     let (_, out, code) = run(&RawExecDriver::default(), &template, dir.path()).await;
     assert_eq!(code, 0);

@@ -142,13 +142,21 @@ pub fn is_infrastructure(reason: Option<TaskReason>) -> bool {
 
 /// Ends that are no failure at all: the robot was not ready for the task
 /// (at admission its fresher facts failed a start condition), it was
-/// drained, or its agent stopped the attempt as it shut down (a restart,
-/// an upgrade). The task waits for a robot again as a new attempt, using
-/// no retry of either budget.
+/// drained, its agent stopped the attempt as it shut down (a restart, an
+/// upgrade), or its configuration did not resolve as it was dispatched (a
+/// ConfigMap or Secret gone since it was placed: never sent). The task
+/// waits for a robot again as a new attempt, using no retry of either
+/// budget.
 pub fn is_returned(reason: Option<TaskReason>) -> bool {
     matches!(
         reason,
-        Some(TaskReason::NotReady | TaskReason::Drained | TaskReason::AgentShutdown)
+        Some(
+            TaskReason::NotReady
+                | TaskReason::Drained
+                | TaskReason::AgentShutdown
+                | TaskReason::ConfigMissing
+                | TaskReason::ConfigInvalid
+        )
     )
 }
 
@@ -183,8 +191,18 @@ pub const NOT_READY_MAX_DELAY: Duration = Duration::from_secs(60);
 fn return_delay(status: &TaskStatus, reason: Option<TaskReason>) -> Duration {
     // A robot whose agent is shutting down refuses the dispatches it still
     // gets as `AgentShutdown`: the same backoff keeps a long shutdown from
-    // costing an attempt every quarter second.
-    if !matches!(reason, Some(TaskReason::NotReady | TaskReason::AgentShutdown)) {
+    // costing an attempt every quarter second; a configuration the server
+    // could not resolve while the scheduler's cache still could backs off
+    // alike until the cache has caught up.
+    if !matches!(
+        reason,
+        Some(
+            TaskReason::NotReady
+                | TaskReason::AgentShutdown
+                | TaskReason::ConfigMissing
+                | TaskReason::ConfigInvalid
+        )
+    ) {
         return Duration::ZERO;
     }
     let in_a_row = status

@@ -22,9 +22,11 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::ops::Bound;
 
+use k8s4r_api::config_ref::Problem;
 use k8s4r_api::selector::{affinity_weight, SelectorOperator};
 use k8s4r_api::{
-    AntiAffinity, Constraint, FactRequirement, Facts, LabelSelector, RobotPhase, TaskPolicy, WeightedAffinity,
+    AntiAffinity, Constraint, FactRequirement, Facts, LabelSelector, RobotPhase, TaskPolicy, TaskReason,
+    WeightedAffinity,
 };
 
 /// What the scheduler needs to know about one robot.
@@ -130,6 +132,16 @@ pub struct Request<'a> {
     pub reserved: &'a [String],
     /// The start conditions (`when`) the robot's facts must all satisfy.
     pub when: &'a [FactRequirement],
+    /// What the task takes from ConfigMaps and Secrets, when it takes
+    /// anything: it must resolve on the robot.
+    pub config: Option<&'a dyn ConfigLookup>,
+}
+
+/// Whether a task's references to ConfigMaps and Secrets resolve on a
+/// robot (a key may be per robot).
+pub trait ConfigLookup: fmt::Debug + Sync {
+    /// What keeps them from resolving on `robot`, if anything.
+    fn problem(&self, robot: &str) -> Option<Problem>;
 }
 
 /// Why one robot was filtered out. The order is the order of the filters.
@@ -154,6 +166,9 @@ pub enum Rejection {
     /// Its facts do not satisfy the task's start condition at this index
     /// (the first one that fails).
     Unmet(usize),
+    /// A ConfigMap or Secret (or key) the task needs there is missing, or
+    /// all it takes is too much.
+    Config,
     /// It runs a task of the same group (required anti-affinity per robot).
     AntiAffinity,
     /// It lacks the anti-affinity's topology label.
@@ -184,6 +199,7 @@ impl Rejection {
                     None => "don't meet a start condition".to_owned(),
                 };
             }
+            Rejection::Config => "lack the task's configuration",
             Rejection::AntiAffinity => "already run a task of this group (anti-affinity)",
             Rejection::TopologyMissing => {
                 return format!("lack label {topology_key} (anti-affinity)");
@@ -240,11 +256,38 @@ pub struct NoFit {
     /// reports (a typo, most often), each with the reported fact closest
     /// to it, if one is close.
     pub unreported: Box<[(String, Option<String>)]>,
+    /// What names the rarer reasons (a box, as rare: the struct is an
+    /// `Err` returned by value).
+    pub hints: Option<Box<Hints>>,
+}
+
+/// What a [`NoFit`] says of the rarer reasons.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Hints {
     /// What of the robot selector no robot looked at has, with the closest
     /// label robots do have (`no robot has label "sitee" (robots have
-    /// "site")`): only when no robot looked at matches the selector. (A
-    /// box, as rare: the struct is an `Err` returned by value.)
-    pub unmatched: Option<Box<Vec<String>>>,
+    /// "site")`): only when no robot looked at matches the selector.
+    pub unmatched: Vec<String>,
+    /// Why the task's configuration does not resolve, on the first robot
+    /// refused for it.
+    pub config: Option<Problem>,
+}
+
+impl NoFit {
+    /// The reason a task that fits no robot waits with: its configuration's
+    /// when that is what keeps it from a robot it would otherwise fit.
+    pub fn reason(&self) -> TaskReason {
+        match self.hints.as_ref().and_then(|h| h.config.as_ref()) {
+            Some(problem) if self.rejections.contains_key(&Rejection::Config) => {
+                if problem.is_missing() {
+                    TaskReason::ConfigMissing
+                } else {
+                    TaskReason::ConfigInvalid
+                }
+            }
+            _ => TaskReason::Unschedulable,
+        }
+    }
 }
 
 /// Labels named for a selector value no robot has, at most.
@@ -360,8 +403,13 @@ impl fmt::Display for NoFit {
                 write!(f, " (robots report {near:?})")?;
             }
         }
-        for hint in self.unmatched.iter().flat_map(|h| h.iter()) {
-            write!(f, "; {hint}")?;
+        if let Some(hints) = &self.hints {
+            for hint in &hints.unmatched {
+                write!(f, "; {hint}")?;
+            }
+            if let Some(problem) = &hints.config {
+                write!(f, "; {problem}")?;
+            }
         }
         Ok(())
     }
@@ -419,6 +467,7 @@ pub fn may_take_later(checked: Result<(), Rejection>) -> bool {
             Rejection::Offline
                 | Rejection::NotAccepting
                 | Rejection::Unmet(_)
+                | Rejection::Config
                 | Rejection::AntiAffinity
                 | Rejection::TopologyTaken
                 | Rejection::Reserved
@@ -472,6 +521,9 @@ pub fn check(robot: &RobotFacts, request: &Request<'_>, usage: Option<&Usage>) -
     // admission with a fresher view.
     if let Some(index) = request.when.iter().position(|c| !c.admits(&robot.facts)) {
         return Err(Rejection::Unmet(index));
+    }
+    if request.config.is_some_and(|c| c.problem(&robot.name).is_some()) {
+        return Err(Rejection::Config);
     }
     if let Some(anti) = request.anti_affinity {
         match anti.topology_key.as_deref() {
@@ -700,6 +752,7 @@ where
         None => HashSet::new(),
     };
     let mut reported: std::collections::BTreeSet<&'r str> = std::collections::BTreeSet::new();
+    let mut config: Option<Problem> = None;
     for robot in robots.clone() {
         if request.robot.is_some_and(|only| only != robot.name) {
             continue;
@@ -716,6 +769,9 @@ where
         });
         if let Err(why) = checked {
             *nofit.rejections.entry(why).or_default() += 1;
+            if why == Rejection::Config && config.is_none() {
+                config = request.config.and_then(|c| c.problem(&robot.name));
+            }
             continue;
         }
         let s = score(robot, request, used);
@@ -756,10 +812,12 @@ where
             }
             _ => Vec::new(),
         };
+        let hints =
+            (!unmatched.is_empty() || config.is_some()).then(|| Box::new(Hints { unmatched, config }));
         NoFit {
             conditions: request.when.iter().map(ToString::to_string).collect(),
             unreported: unreported.into(),
-            unmatched: (!unmatched.is_empty()).then(|| Box::new(unmatched)),
+            hints,
             ..nofit
         }
     })

@@ -27,8 +27,8 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s4r_api::backoff::exponential;
 use k8s4r_api::names::{ANNOTATION_SENDING_ATTEMPT, FINALIZER_CANCEL};
-use k8s4r_api::protocol::{encode, Dispatch};
-use k8s4r_api::{DisconnectPolicy, DurationString, Robot, Task};
+use k8s4r_api::protocol::{encode, Dispatch, MAX_MESSAGE_BYTES};
+use k8s4r_api::{DisconnectPolicy, DurationString, Robot, Task, TaskReason, TaskState};
 use k8s4r_service::backoff::Failures;
 use k8s4r_service::events::{Recorder, RoutineBudget};
 use k8s4r_service::lock;
@@ -47,6 +47,7 @@ use crate::bridge::Bridge;
 use crate::decide::{self, decide_task, Stop, TaskAction};
 use crate::error::{Error, Result};
 use crate::leader::Leadership;
+use crate::task_config;
 
 /// How often a Task waiting for its robot to stop is looked at again (and
 /// the cancel published again).
@@ -336,36 +337,36 @@ fn api_for(bridge: &Bridge, task: &Task) -> Api<Task> {
 async fn dispatch(ctx: &Context, task: &Task, robot: &str, attempt: u32, seen: Instant) -> Result<bool> {
     let bridge = ctx.bridge.as_ref();
     let recorded = decide::sent_attempt(task) >= attempt && decide::has_finalizer(task);
+    // Built before anything is recorded: a dispatch that cannot carry the
+    // task's configuration is not sent.
+    let body = match body_of(bridge, task, robot, attempt).await? {
+        Ok(body) => body,
+        Err((_, why)) if recorded => {
+            // It may be on the robot already: nothing is said of the
+            // attempt here; its dispatch deadline decides.
+            warn!(robot, attempt, %why, "configuration no longer resolves; attempt not sent again");
+            return Ok(true);
+        }
+        Err((reason, why)) => {
+            refuse(ctx, task, robot, attempt, reason, why).await?;
+            return Ok(true);
+        }
+    };
     if !recorded && !record_sending(bridge, task, robot, attempt).await? {
         return Ok(false);
     }
     if !recorded {
         note_wait(ctx, task);
     }
-    // The robot fences the attempt only when a replacement may start
-    // (replace: true); without one it keeps running until it is back.
-    let policy = task.spec.disconnect.as_ref();
-    let stop_after = DisconnectPolicy::replace(policy, task.spec.template.kind)
-        .then(|| DurationString::from_duration(DisconnectPolicy::stop_after(policy)));
-    let message = Dispatch {
-        expires_at: task.status.as_ref().and_then(|s| s.dispatch_deadline),
-        stop_after,
-        ..Dispatch::new(
-            task.metadata.uid.clone().unwrap_or_default(),
-            decide::task_name(task),
-            attempt,
-            task.spec.template.clone(),
-        )
-    };
     let published = bridge
         .publisher()
-        .publish(bridge.topics().dispatch(robot), encode(&message))
+        .publish(bridge.topics().dispatch(robot), body)
         .await;
     if let Err(e) = published {
         bridge.metrics().message_out("dispatch", "failed");
         return Err(e);
     }
-    lock(&ctx.published).insert(message.task_uid.clone(), attempt);
+    lock(&ctx.published).insert(task.metadata.uid.clone().unwrap_or_default(), attempt);
     // Sent again (a new process, or the publish after a recorded send
     // failed): counted apart, and the wait since placement is not this
     // send's. The Dispatched Event is the first send's.
@@ -380,6 +381,85 @@ async fn dispatch(ctx: &Context, task: &Task, robot: &str, attempt: u32, seen: I
     let note = format!("attempt {attempt} sent to robot {robot}");
     record(ctx, task, "Dispatched", "Dispatch", note).await;
     Ok(true)
+}
+
+/// The dispatch of `attempt` of `task` to `robot`, encoded, with what its
+/// ConfigMap and Secret references come to there; `Err` with the reason
+/// and why, when those do not allow it to be sent.
+async fn body_of(
+    bridge: &Bridge,
+    task: &Task,
+    robot: &str,
+    attempt: u32,
+) -> Result<std::result::Result<Vec<u8>, (TaskReason, String)>> {
+    let config = match task_config::resolve(bridge, task, robot).await? {
+        None => None,
+        Some(Ok(config)) => Some(config),
+        Some(Err(why)) => return Ok(Err((why.reason(), why.to_string()))),
+    };
+    // The robot fences the attempt only when a replacement may start
+    // (replace: true); without one it keeps running until it is back.
+    let policy = task.spec.disconnect.as_ref();
+    let stop_after = DisconnectPolicy::replace(policy, task.spec.template.kind)
+        .then(|| DurationString::from_duration(DisconnectPolicy::stop_after(policy)));
+    let message = Dispatch {
+        expires_at: task.status.as_ref().and_then(|s| s.dispatch_deadline),
+        stop_after,
+        config,
+        ..Dispatch::new(
+            task.metadata.uid.clone().unwrap_or_default(),
+            decide::task_name(task),
+            attempt,
+            task.spec.template.clone(),
+        )
+    };
+    let body = encode(&message);
+    if body.len() > MAX_MESSAGE_BYTES {
+        let why = format!(
+            "its dispatch would be {} KiB with its configuration, over the {} KiB a message to a robot may be",
+            body.len().div_ceil(1024),
+            MAX_MESSAGE_BYTES / 1024
+        );
+        return Ok(Err((TaskReason::ConfigInvalid, why)));
+    }
+    Ok(Ok(body))
+}
+
+/// Ends `attempt` of `task`, never sent, as `reason` says (its
+/// configuration does not resolve on `robot`): the manager returns it to
+/// waiting, using no retry, and its scheduler says what is missing.
+async fn refuse(
+    ctx: &Context,
+    task: &Task,
+    robot: &str,
+    attempt: u32,
+    reason: TaskReason,
+    why: String,
+) -> Result<()> {
+    let status = task.status.clone().unwrap_or_default();
+    let message = format!("attempt {attempt} not sent to robot {robot}: {why}");
+    info!(robot, attempt, %why, "task's configuration does not resolve; not sent");
+    let patch = decide::TaskStatusPatch {
+        state: TaskState::Failed,
+        seq: status.seq,
+        exit_code: None,
+        signal: None,
+        reason: Some(reason),
+        message: Some(message.clone()),
+        start_time: None,
+        finish_time: Some(jiff::Timestamp::now()),
+        output_tail: None,
+        observed_running_time: None,
+        restarts: None,
+    };
+    match ctx.bridge.write_status(task, &patch).await {
+        Ok(()) => {
+            record_warning(ctx, task, reason, message).await;
+            Ok(())
+        }
+        Err(e) if e.is_conflict() || e.is_not_found() => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 /// Writes that `attempt` of `task` is being sent, with the cancel
@@ -425,12 +505,29 @@ async fn record_sending(bridge: &Bridge, task: &Task, robot: &str, attempt: u32)
 /// Records an Event on the Task for `kubectl describe`; best effort, since
 /// a lost Event must not hold up a dispatch.
 async fn record(ctx: &Context, task: &Task, reason: &str, action: &str, note: String) {
-    if !ctx.routine.admits(EventType::Normal) {
+    record_event(ctx, task, EventType::Normal, reason, action, note).await;
+}
+
+/// A Warning on the Task: its configuration kept an attempt from its robot.
+async fn record_warning(ctx: &Context, task: &Task, reason: TaskReason, note: String) {
+    let reason = format!("{reason:?}");
+    record_event(ctx, task, EventType::Warning, &reason, "Dispatch", note).await;
+}
+
+async fn record_event(
+    ctx: &Context,
+    task: &Task,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    note: String,
+) {
+    if !ctx.routine.admits(type_) {
         ctx.bridge.metrics().event_dropped();
         return;
     }
     let event = Event {
-        type_: EventType::Normal,
+        type_,
         reason: reason.to_owned(),
         note: Some(note),
         action: action.to_owned(),

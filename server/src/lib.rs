@@ -26,6 +26,7 @@ pub mod logs;
 pub mod metrics;
 pub mod mqtt;
 pub mod retained;
+pub mod task_config;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

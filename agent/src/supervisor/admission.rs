@@ -10,6 +10,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
+use k8s4r_api::protocol::TaskConfig;
 use k8s4r_api::validation::validate_task_template;
 use k8s4r_api::{TaskReason, TaskTemplate};
 use k8s4r_drivers::identity::{self, RunAs};
@@ -20,6 +21,7 @@ use super::disk;
 use super::outcome::driver_reason;
 use super::policy::{passwd_uids, Plan, Policy, TaskUids};
 use super::process::Launcher;
+use super::task_config;
 use super::SupervisorConfig;
 
 /// The file under the state directory that keeps the task uid rotation's
@@ -242,6 +244,7 @@ impl Admission {
             http: Arc::clone(&self.http),
             limits: self.limits,
             new_uid_position: new_uid.then(|| (self.uid_file.clone(), self.uids.position())),
+            config: None,
         }
     }
 }
@@ -287,6 +290,17 @@ pub(crate) struct PrepInput {
     http: Arc<OnceLock<Result<reqwest::Client, String>>>,
     limits: artifacts::Limits,
     new_uid_position: Option<(PathBuf, u32)>,
+    /// What the dispatch carried of the task's ConfigMaps and Secrets;
+    /// `None` reads what the task's directory kept, when the spec takes
+    /// any.
+    config: Option<TaskConfig>,
+}
+
+impl PrepInput {
+    /// With the configuration a dispatch carried.
+    pub(crate) fn with_config(self, config: Option<TaskConfig>) -> Self {
+        Self { config, ..self }
+    }
 }
 
 /// Makes the task's directory, removes what its new uid's earlier tasks
@@ -304,6 +318,7 @@ pub(crate) async fn prepare(input: PrepInput) -> Result<Prepared, Failure> {
         http,
         limits,
         new_uid_position,
+        config,
     } = input;
     let artifacts = template.artifacts.clone();
     let task_dir = dir.clone();
@@ -325,7 +340,8 @@ pub(crate) async fn prepare(input: PrepInput) -> Result<Prepared, Failure> {
                 )
             })?;
             let identity = identity::resolve(&run_as, &template.groups, allow_root)?;
-            let prepared = launcher.prepare(&template, &task_dir.join("work"), identity)?;
+            let mut prepared = launcher.prepare(&template, &task_dir.join("work"), identity)?;
+            configure(&task_dir, &template, config, &mut prepared)?;
             let client = match template.artifacts.is_empty() {
                 true => None,
                 false => Some(
@@ -350,6 +366,42 @@ pub(crate) async fn prepare(input: PrepInput) -> Result<Prepared, Failure> {
             .map_err(|message| Failure::new(TaskReason::ArtifactFailed, message))?;
     }
     Ok(prepared)
+}
+
+/// Keeps, places and sets the task's configuration from ConfigMaps and
+/// Secrets: the dispatch's, or the one its directory kept (an attempt
+/// started again without the cluster). Blocking.
+fn configure(
+    dir: &Path,
+    template: &TaskTemplate,
+    config: Option<TaskConfig>,
+    prepared: &mut Prepared,
+) -> Result<(), Failure> {
+    let failed = |message: String| Failure::new(TaskReason::StartFailed, message);
+    let config = match config {
+        Some(config) => {
+            task_config::keep(dir, &config)
+                .map_err(|e| failed(format!("cannot keep the task's configuration: {e}")))?;
+            config
+        }
+        None if k8s4r_api::config_ref::has_references(template) => task_config::kept(dir)
+            .map_err(|e| failed(format!("cannot read the task's kept configuration: {e}")))?
+            .ok_or_else(|| {
+                failed(
+                    "the task takes ConfigMaps or Secrets, and neither its dispatch nor its directory carries them (a server older than this agent?)"
+                        .to_owned(),
+                )
+            })?,
+        None => return Ok(()),
+    };
+    let places = artifacts::Places {
+        fetch_dir: dir.join("fetch"),
+        work_dir: prepared.task_dir.clone(),
+        owner: prepared.identity.as_ref().map(|i| (i.uid, i.gid)),
+    };
+    task_config::place(&places, &config).map_err(failed)?;
+    prepared.config_env = task_config::env(&config);
+    Ok(())
 }
 
 /// Fetches artifacts on a runtime of their own, on a thread started at the

@@ -102,7 +102,7 @@ pub(crate) async fn fetch_all(
         let places = places.clone();
         let destination = artifact.destination.clone();
         let name = format!("{i}.partial");
-        tokio::task::spawn_blocking(move || hand_over(&places, &name, &destination))
+        tokio::task::spawn_blocking(move || hand_over(&places, &name, &destination, ARTIFACT_MODE))
             .await
             .map_err(|e| format!("artifact {i}: {e}"))?
             .map_err(|e| format!("artifact {i} ({}): {e}", artifact.destination))?;
@@ -110,9 +110,12 @@ pub(crate) async fn fetch_all(
     Ok(())
 }
 
-/// Moves `fetch_dir/name` to `work_dir/destination`, creating the
-/// directories on the way, following no symbolic link. Blocking.
-pub(crate) fn hand_over(places: &Places, name: &str, destination: &str) -> Result<(), String> {
+/// Executable: an artifact is often the program the task runs.
+const ARTIFACT_MODE: u32 = 0o755;
+
+/// Moves `fetch_dir/name` to `work_dir/destination` with `mode`, creating
+/// the directories on the way, following no symbolic link. Blocking.
+pub(crate) fn hand_over(places: &Places, name: &str, destination: &str, mode: u32) -> Result<(), String> {
     let owner = places.owner.map(|(u, g)| (Uid::from_raw(u), Gid::from_raw(g)));
     let dir_flags = OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
     let open_dir = |path: &Path| {
@@ -130,8 +133,7 @@ pub(crate) fn hand_over(places: &Places, name: &str, destination: &str) -> Resul
     if let Some((uid, gid)) = owner {
         fchown(&file, Some(uid), Some(gid)).map_err(|e| format!("cannot give the file to the task: {e}"))?;
     }
-    // Executable: an artifact is often the program the task runs.
-    fchmod(&file, Mode::from_bits_truncate(0o755)).map_err(|e| format!("cannot set the file's mode: {e}"))?;
+    fchmod(&file, Mode::from_bits_truncate(mode)).map_err(|e| format!("cannot set the file's mode: {e}"))?;
     let path = Path::new(destination);
     let Some(file_name) = path.file_name() else {
         return Err("names no file".to_owned());
@@ -150,7 +152,7 @@ pub(crate) fn hand_over(places: &Places, name: &str, destination: &str) -> Resul
         };
         dir = openat(&dir, part, dir_flags, Mode::empty()).map_err(|e| match e {
             Errno::ELOOP | Errno::ENOTDIR => format!(
-                "{} is a symbolic link or not a directory; artifacts are never written through links",
+                "{} is a symbolic link or not a directory; files are never written through links",
                 walked.display()
             ),
             e => format!("cannot open directory {}: {e}", walked.display()),
@@ -168,21 +170,9 @@ pub(crate) fn hand_over(places: &Places, name: &str, destination: &str) -> Resul
 /// the task's to plant). Blocking.
 fn in_place(work_dir: &Path, artifact: &Artifact, max_bytes: u64) -> bool {
     let flags = OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-    let Ok(mut dir) = openat(AT_FDCWD, work_dir, flags | OFlag::O_DIRECTORY, Mode::empty()) else {
+    let Some((dir, file_name)) = parent_of(work_dir, &artifact.destination) else {
         return false;
     };
-    let path = Path::new(&artifact.destination);
-    let Some(file_name) = path.file_name() else {
-        return false;
-    };
-    for part in path.parent().into_iter().flat_map(Path::components) {
-        if let Component::Normal(part) = part {
-            match openat(&dir, part, flags | OFlag::O_DIRECTORY, Mode::empty()) {
-                Ok(next) => dir = next,
-                Err(_) => return false,
-            }
-        }
-    }
     let Ok(file) = openat(
         &dir,
         file_name,
@@ -201,6 +191,34 @@ fn in_place(work_dir: &Path, artifact: &Artifact, max_bytes: u64) -> bool {
         return false;
     }
     hex(&hasher.finalize()).eq_ignore_ascii_case(&artifact.sha256)
+}
+
+/// The directory `destination` (relative to `work_dir`) is in, opened, and
+/// its file name: reached through no symbolic link. Blocking.
+fn parent_of<'a>(work_dir: &Path, destination: &'a str) -> Option<(OwnedFd, &'a std::ffi::OsStr)> {
+    let flags = OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_DIRECTORY;
+    let mut dir = openat(AT_FDCWD, work_dir, flags, Mode::empty()).ok()?;
+    let path = Path::new(destination);
+    let file_name = path.file_name()?;
+    for part in path.parent().into_iter().flat_map(Path::components) {
+        if let Component::Normal(part) = part {
+            dir = openat(&dir, part, flags, Mode::empty()).ok()?;
+        }
+    }
+    Some((dir, file_name))
+}
+
+/// Removes the file at `destination` under `work_dir` that the agent
+/// placed there, reaching it through no symbolic link (the task may have
+/// planted one). Blocking; what is not there is not an error.
+pub(crate) fn remove_placed(work_dir: &Path, destination: &str) -> Result<(), String> {
+    let Some((dir, file_name)) = parent_of(work_dir, destination) else {
+        return Ok(());
+    };
+    match nix::unistd::unlinkat(&dir, file_name, nix::unistd::UnlinkatFlags::NoRemoveDir) {
+        Ok(()) | Err(Errno::ENOENT) => Ok(()),
+        Err(e) => Err(format!("cannot remove {destination}: {e}")),
+    }
 }
 
 pub(crate) async fn fetch_with_retries(
@@ -332,7 +350,7 @@ mod tests {
     #[test]
     fn a_file_is_moved_into_place_with_its_directories() {
         let (_dir, places) = places();
-        hand_over(&places, "0.partial", "./bin/tools/payload").unwrap();
+        hand_over(&places, "0.partial", "./bin/tools/payload", ARTIFACT_MODE).unwrap();
         let placed = places.work_dir.join("bin/tools/payload");
         assert_eq!(std::fs::read(&placed).unwrap(), b"payload");
         use std::os::unix::fs::PermissionsExt;
@@ -349,14 +367,14 @@ mod tests {
         let victim_dir = dir.path().join("victim-dir");
         std::fs::create_dir(&victim_dir).unwrap();
         std::os::unix::fs::symlink(&victim_dir, places.work_dir.join("bin")).unwrap();
-        let err = hand_over(&places, "0.partial", "bin/payload").unwrap_err();
+        let err = hand_over(&places, "0.partial", "bin/payload", ARTIFACT_MODE).unwrap_err();
         assert!(err.contains("bin is a symbolic link"), "{err}");
         assert_eq!(std::fs::read_dir(&victim_dir).unwrap().count(), 0);
 
         let victim = dir.path().join("victim");
         std::fs::write(&victim, b"secret").unwrap();
         std::os::unix::fs::symlink(&victim, places.work_dir.join("payload")).unwrap();
-        hand_over(&places, "0.partial", "payload").unwrap();
+        hand_over(&places, "0.partial", "payload", ARTIFACT_MODE).unwrap();
         assert_eq!(
             std::fs::read(&victim).unwrap(),
             b"secret",
@@ -377,7 +395,7 @@ mod tests {
         }
         let (_dir, mut places) = places();
         places.owner = Some((70_002, 70_002));
-        hand_over(&places, "0.partial", "sub/file").unwrap();
+        hand_over(&places, "0.partial", "sub/file", ARTIFACT_MODE).unwrap();
         use std::os::unix::fs::MetadataExt;
         for path in ["sub", "sub/file"] {
             let meta = std::fs::metadata(places.work_dir.join(path)).unwrap();

@@ -205,7 +205,7 @@ impl DiskWatch {
     /// Keeps the directory of a finished task among the last
     /// [`KEEP_FINISHED_DIRS`]: the blocking work that closes it to everyone
     /// but root (a later task given the same uid must not reach its files),
-    /// frees its `work/` if asked, and deletes the oldest beyond the limit
+    /// removes its configuration's files, frees its `work/` if asked, and deletes the oldest beyond the limit
     /// (but those `held` again).
     pub(crate) fn retire(
         &mut self,
@@ -227,6 +227,9 @@ impl DiskWatch {
         }
         move || {
             let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
+            // Its ConfigMaps' and Secrets' files, and the kept copy, go
+            // with the attempt.
+            super::task_config::remove(&dir, &dir.join("work"));
             if free_work {
                 remove_dir(&dir.join("work"));
             }

@@ -132,6 +132,7 @@ impl Launcher for FakeDriver {
             task_dir: task_dir.to_path_buf(),
             cwd: task_dir.to_path_buf(),
             limits: Limits::default(),
+            config_env: Default::default(),
         })
     }
 

@@ -55,6 +55,7 @@ mod runner;
 mod startup;
 mod stats;
 mod table;
+mod task_config;
 
 use std::ops::RangeInclusive;
 use std::path::PathBuf;
@@ -282,6 +283,10 @@ pub struct TaskRequest {
     /// from the journal; the next agent re-adopts it if it still runs, and
     /// fences it from the last contact of this one.
     pub stop_after: Option<std::time::Duration>,
+    /// What the spec takes from ConfigMaps and Secrets, as the dispatch
+    /// carried it; `None` when it takes nothing, or for an attempt started
+    /// again from the journal (its directory keeps it).
+    pub config: Option<k8s4r_api::protocol::TaskConfig>,
 }
 
 /// The answer to a submission.

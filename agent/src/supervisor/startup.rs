@@ -211,6 +211,7 @@ impl Runner {
             name: resume.name,
             spec: resume.spec,
             stop_after: resume.stop_after_ms.map(Duration::from_millis),
+            config: None,
         };
         let how = Resumed {
             restarts: started.restarts,
@@ -318,6 +319,7 @@ fn recover(unfinished: &[Unfinished], boot_id: &str, runtime_dir: &Path, tail_by
                 name: resume.name.clone(),
                 spec: resume.spec.clone(),
                 stop_after: None,
+                config: None,
             };
             let how = Resumed {
                 restarts: task.started.as_ref().map_or(0, |s| s.restarts),

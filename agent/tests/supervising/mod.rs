@@ -81,6 +81,7 @@ pub fn request(uid: &str, attempt: u32, spec: TaskTemplate) -> TaskRequest {
         name: uid.to_owned(),
         spec,
         stop_after: None,
+        config: None,
     }
 }
 

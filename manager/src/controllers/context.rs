@@ -47,6 +47,10 @@ pub struct Stores {
     pub jobs: Store<Job>,
     /// Every AgentRollout.
     pub rollouts: Store<AgentRollout>,
+    /// Every ConfigMap, keys and sizes only (see [`super::config`]).
+    pub config_maps: Store<k8s_openapi::api::core::v1::ConfigMap>,
+    /// Every Secret, keys and sizes only.
+    pub secrets: Store<k8s_openapi::api::core::v1::Secret>,
 }
 
 /// The scheduler's state: one lock, held only for in-memory work.

@@ -12,6 +12,7 @@
 //! What the informers learn that should reconcile another object enters
 //! that object's controller through a channel (`reconcile_on`).
 
+mod config;
 pub mod context;
 pub mod facts;
 mod informers;
@@ -35,6 +36,7 @@ use k8s4r_service::backoff::Failures;
 use k8s4r_service::events::Recorder;
 use k8s4r_service::Kube;
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, store::Writer, ObjectRef, Store};
 use kube::runtime::Controller;
@@ -116,6 +118,8 @@ pub async fn run(
             stores.leases.wait_until_ready(),
             stores.jobs.wait_until_ready(),
             stores.rollouts.wait_until_ready(),
+            stores.config_maps.wait_until_ready(),
+            stores.secrets.wait_until_ready(),
             periodics.wait_until_ready()
         );
     };
@@ -192,6 +196,8 @@ struct Writers {
     lease: Writer<Lease>,
     periodic: Writer<PeriodicJob>,
     rollout: Writer<AgentRollout>,
+    config_map: Writer<ConfigMap>,
+    secret: Writer<Secret>,
 }
 
 /// The empty caches: those the reconciles share, the PeriodicJobs' (only
@@ -204,6 +210,8 @@ fn caches() -> (Stores, Store<PeriodicJob>, Writers) {
     let (leases, lease) = reflector::store::<Lease>();
     let (periodics, periodic) = reflector::store::<PeriodicJob>();
     let (rollouts, rollout) = reflector::store::<AgentRollout>();
+    let (config_maps, config_map) = reflector::store::<ConfigMap>();
+    let (secrets, secret) = reflector::store::<Secret>();
     let stores = Stores {
         tasks,
         groups,
@@ -211,6 +219,8 @@ fn caches() -> (Stores, Store<PeriodicJob>, Writers) {
         leases,
         jobs,
         rollouts,
+        config_maps,
+        secrets,
     };
     let writers = Writers {
         task,
@@ -220,6 +230,8 @@ fn caches() -> (Stores, Store<PeriodicJob>, Writers) {
         lease,
         periodic,
         rollout,
+        config_map,
+        secret,
     };
     (stores, periodics, writers)
 }
@@ -251,7 +263,9 @@ fn start_informers(client: &Client, ctx: &Arc<Context>, writers: Writers) -> tok
     // (a controller with a cache of its own waits for it even while shutting
     // down).
     let lease_api = Api::<Lease>::namespaced(client.clone(), &ctx.config.robot_lease_namespace);
-    let (c1, c2, c3, c4, c5, c6, c7) = (
+    let (c1, c2, c3, c4, c5, c6, c7, c8, c9) = (
+        ctx.clone(),
+        ctx.clone(),
         ctx.clone(),
         ctx.clone(),
         ctx.clone(),
@@ -273,6 +287,23 @@ fn start_informers(client: &Client, ctx: &Arc<Context>, writers: Writers) -> tok
         keep,
         "agentrollout watch",
         move |e| c7.on_rollout(e),
+    );
+    // What tasks take from ConfigMaps and Secrets: keys and sizes only.
+    let config_watch = futures::future::join(
+        informer(
+            Api::all(client.clone()),
+            writers.config_map,
+            config::keys_of_config_map,
+            "configmap watch",
+            move |e| c8.on_config_map(e),
+        ),
+        informer(
+            Api::all(client.clone()),
+            writers.secret,
+            config::keys_of_secret,
+            "secret watch",
+            move |e| c9.on_secret(e),
+        ),
     );
     let all = futures::future::join5(
         informer(
@@ -309,7 +340,7 @@ fn start_informers(client: &Client, ctx: &Arc<Context>, writers: Writers) -> tok
         ),
     );
     tokio::spawn(async move {
-        futures::future::join3(all, periodic_watch, rollout_watch).await;
+        futures::future::join4(all, periodic_watch, rollout_watch, config_watch).await;
     })
 }
 

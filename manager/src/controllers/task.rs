@@ -375,7 +375,7 @@ async fn schedule(task: &Task, ctx: &Context, now: Timestamp) -> Result<Action> 
                 }
                 Ok(left) => left,
             };
-            if let Some(patch) = plan_unschedulable(&status, &message, now) {
+            if let Some(patch) = plan_unschedulable(&status, nofit.reason(), &message, now) {
                 ctx.patch_status(&api, &name, task.resource_version(), patch)
                     .await?;
                 ctx.event(task, EventType::Warning, "FailedScheduling", message);
@@ -445,12 +445,18 @@ pub fn pending_deadline(task: &Task, now: Timestamp) -> Result<Option<Duration>,
     }
 }
 
-/// The status patch of a Task no robot fits (`message` says why), or
-/// `None` when its status says so already.
-pub fn plan_unschedulable(status: &TaskStatus, message: &str, now: Timestamp) -> Option<TaskStatusPatch> {
+/// The status patch of a Task no robot fits (`reason` is `Unschedulable`,
+/// `ConfigMissing` or `ConfigInvalid`, `message` says why), or `None` when
+/// its status says so already.
+pub fn plan_unschedulable(
+    status: &TaskStatus,
+    reason: TaskReason,
+    message: &str,
+    now: Timestamp,
+) -> Option<TaskStatusPatch> {
     let previous = find_condition(&status.conditions, CONDITION_SCHEDULED);
     if status.state.is_some()
-        && status.reason == Some(TaskReason::Unschedulable)
+        && status.reason == Some(reason)
         && previous.and_then(|c| c.message.as_deref()) == Some(message)
     {
         return None;
@@ -461,7 +467,7 @@ pub fn plan_unschedulable(status: &TaskStatus, message: &str, now: Timestamp) ->
         condition_at(
             CONDITION_SCHEDULED,
             ConditionStatus::False,
-            "Unschedulable",
+            &format!("{reason:?}"),
             message,
             now,
         ),
@@ -469,7 +475,7 @@ pub fn plan_unschedulable(status: &TaskStatus, message: &str, now: Timestamp) ->
     Some(TaskStatusPatch {
         state: Some(TaskState::Pending),
         // The REASON column says the task waits, the message why.
-        reason: Some(Some(TaskReason::Unschedulable)),
+        reason: Some(Some(reason)),
         message: Some(Some(message.to_owned())),
         conditions: Some(conditions),
         ..TaskStatusPatch::default()

@@ -238,6 +238,7 @@ fn fleet_view(ctx: &Context, group: &TaskGroup) -> FleetView {
         affinity: &template.affinity,
         reserved: &[],
         when: &template.task.when,
+        config: None,
     };
     let sched = ctx.sched();
     let mut nofit = scheduler::NoFit {

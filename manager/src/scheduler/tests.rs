@@ -42,6 +42,7 @@ fn request(group: &str) -> Request<'_> {
         affinity: &[],
         reserved: &[],
         when: &[],
+        config: None,
     }
 }
 
@@ -326,6 +327,7 @@ fn start_conditions_read_the_robots_facts() {
     let when = [condition("battery Gt 30"), condition("estop NotIn true")];
     let req = Request {
         when: &when,
+        config: None,
         ..request("g")
     };
     let charged = robot("a").with_fact("battery", serde_json::json!(80));
@@ -360,6 +362,7 @@ fn no_fit_names_the_condition_a_robot_does_not_meet() {
     let when = [condition("battery Gt 30"), condition("docked In true")];
     let req = Request {
         when: &when,
+        config: None,
         ..request("g")
     };
     let robots = [
@@ -393,6 +396,7 @@ fn a_condition_on_a_fact_no_robot_reports_names_the_closest_one() {
     let when = [condition("batery Gt 30")];
     let req = Request {
         when: &when,
+        config: None,
         ..request("g")
     };
     let robots = [
@@ -762,4 +766,48 @@ fn at_most_max_reserved_robots_are_left_to_others() {
     );
     assert!(chosen.is_ok());
     assert_eq!(outranked_by.len(), MAX_RESERVED);
+}
+
+/// A task's configuration that resolves on the robots named only.
+#[derive(Debug)]
+struct ConfigOn(&'static [&'static str]);
+
+impl ConfigLookup for ConfigOn {
+    fn problem(&self, robot: &str) -> Option<Problem> {
+        (!self.0.contains(&robot)).then(|| Problem::NoKey {
+            kind: k8s4r_api::config_ref::ObjectKind::ConfigMap,
+            name: "calibration".into(),
+            key: robot.into(),
+        })
+    }
+}
+
+#[test]
+fn a_task_goes_only_where_its_configuration_resolves_and_waits_saying_what_is_missing() {
+    let robots = [robot("a"), robot("b")];
+    let only_b = ConfigOn(&["b"]);
+    let req = Request {
+        config: Some(&only_b),
+        ..request("g")
+    };
+    assert_eq!(check(&robots[0], &req, None), Err(Rejection::Config));
+    let chosen = choose(robots.iter(), &req, |_| None).map(|r| r.name.as_str());
+    assert_eq!(chosen, Ok("b"));
+    assert!(may_take_later(Err(Rejection::Config)));
+
+    let nowhere = ConfigOn(&[]);
+    let req = Request {
+        config: Some(&nowhere),
+        ..request("g")
+    };
+    let nofit = choose(robots.iter(), &req, |_| None).unwrap_err();
+    assert_eq!(nofit.reason(), TaskReason::ConfigMissing);
+    assert_eq!(
+        nofit.to_string(),
+        r#"0/2 robots: 2 lack the task's configuration; ConfigMap "calibration" has no key "a""#
+    );
+    // A robot refused for something else first says that instead.
+    let offline = [robot("a").with_phase(RobotPhase::Offline)];
+    let nofit = choose(offline.iter(), &req, |_| None).unwrap_err();
+    assert_eq!(nofit.reason(), TaskReason::Unschedulable);
 }

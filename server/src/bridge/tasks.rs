@@ -375,7 +375,7 @@ impl Bridge {
 
     /// Patches `task`'s status, guarded by the version it was decided on,
     /// and keeps what was written.
-    async fn write_status<S: serde::Serialize + std::fmt::Debug>(
+    pub(crate) async fn write_status<S: serde::Serialize + std::fmt::Debug>(
         &self,
         task: &Task,
         patch: &S,

@@ -274,6 +274,7 @@ impl Core {
             name: dispatch.task_name,
             spec: dispatch.spec,
             stop_after,
+            config: dispatch.config,
         })));
     }
 

@@ -17,6 +17,7 @@ impl Runner {
             name,
             spec,
             stop_after,
+            config,
         } = req;
         if let (None, Some(why)) = (resumed, self.not_ready_for(&spec)) {
             self.finish_early(uid, attempt, TaskReason::NotReady, why);
@@ -34,14 +35,17 @@ impl Runner {
         let dir = crate::supervisor::task_dir(&self.tasks_dir, &uid, attempt);
         let launcher = Arc::clone(&self.launchers[admitted.driver]);
         let new_uid = resumed.is_none() && admitted.own_uid.is_some();
-        let input = self.admission.prep_input(
-            dir.clone(),
-            launcher,
-            spec.clone(),
-            admitted.run_as,
-            resumed.is_some(),
-            new_uid,
-        );
+        let input = self
+            .admission
+            .prep_input(
+                dir.clone(),
+                launcher,
+                spec.clone(),
+                admitted.run_as,
+                resumed.is_some(),
+                new_uid,
+            )
+            .with_config(config);
         let (abort, registration) = AbortHandle::new_pair();
         let new = NewTask {
             uid,

@@ -122,6 +122,7 @@ impl Harness {
             name: uid.to_owned(),
             spec,
             stop_after: None,
+            config: None,
         };
         self.handle.submit(req).await.unwrap()
     }
@@ -461,6 +462,7 @@ async fn a_dead_helper_thread_ends_the_supervisor_visibly() {
         name: "late".to_owned(),
         spec: task("sleep"),
         stop_after: None,
+        config: None,
     };
     assert!(s.handle.submit(req).await.is_err());
 }
@@ -666,6 +668,7 @@ async fn a_fenced_service_is_recorded_to_be_re_adopted_never_to_start_again() {
         name: "f".to_owned(),
         spec: spec.clone(),
         stop_after: Some(Duration::from_secs(120)),
+        config: None,
     };
     assert_eq!(s.handle.submit(req).await.unwrap(), Submit::Accepted);
     s.started("f").await;
@@ -833,6 +836,7 @@ async fn on_shutdown_a_fenced_service_is_left_running_too() {
         name: "fenced".to_owned(),
         spec: restarting(task("sleep"), TaskKind::Service, 2, LocalRestartMode::Fail),
         stop_after: Some(Duration::from_secs(120)),
+        config: None,
     };
     assert_eq!(s.handle.submit(req).await.unwrap(), Submit::Accepted);
     s.started("fenced").await;

@@ -16,12 +16,13 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use serde::Serialize;
 
+use super::super::config::Cached;
 use super::super::{condition_at, demand_of, group_of, key_of, Context, SchedState};
 use super::TaskStatusPatch;
 use crate::error::Result;
 use crate::ledger::Placement;
 use crate::lifecycle::plus;
-use crate::scheduler::{choose_outranked, choose_sampled, NoFit, Request};
+use crate::scheduler::{choose_outranked, choose_sampled, ConfigLookup, NoFit, Request};
 use k8s4r_service::patch::Guarded;
 
 #[derive(Debug, Serialize)]
@@ -149,7 +150,8 @@ pub(super) fn robot_for(
     }
     let group = group_of(task);
     let avoid = avoided_robot(status);
-    let request = request_for(task, &group, avoid.as_deref());
+    let config = config_of(task, ctx);
+    let request = request_for(task, &group, avoid.as_deref(), config_ref(&config));
     let choice = decide(task, ctx, key, attempt, &request, Asker::Task)?;
     for higher in choice.outranked_by {
         ctx.triggers.task(higher);
@@ -196,7 +198,8 @@ pub fn place_new(task: &mut Task, ctx: &Context) -> Option<String> {
     }
     let key = key_of(task);
     let group = group_of(task);
-    let request = request_for(task, &group, None);
+    let config = config_of(task, ctx);
+    let request = request_for(task, &group, None, config_ref(&config));
     let choice = decide(task, ctx, &key, 1, &request, Asker::Creation)?;
     for higher in choice.outranked_by {
         ctx.triggers.task(higher);
@@ -224,8 +227,23 @@ pub fn unplace_new(task: &Task, ctx: &Context) {
 /// Most waiting tasks of higher priority one decision looks at.
 const MAX_OUTRANKING_LOOKS: usize = 8;
 
+/// What `task` takes from ConfigMaps and Secrets, looked up in the cache.
+fn config_of<'a>(task: &'a Task, ctx: &'a Context) -> Option<Cached<'a>> {
+    let namespace = task.metadata.namespace.as_deref().unwrap_or_default();
+    Cached::of(&task.spec.template, namespace, &ctx.stores)
+}
+
+fn config_ref<'a>(config: &'a Option<Cached<'a>>) -> Option<&'a dyn ConfigLookup> {
+    config.as_ref().map(|c| c as &dyn ConfigLookup)
+}
+
 /// What `task` asks of the scheduler.
-fn request_for<'a>(task: &'a Task, group: &'a str, avoid: Option<&'a str>) -> Request<'a> {
+fn request_for<'a>(
+    task: &'a Task,
+    group: &'a str,
+    avoid: Option<&'a str>,
+    config: Option<&'a dyn ConfigLookup>,
+) -> Request<'a> {
     Request {
         group,
         selector: task.spec.robot_selector.as_ref(),
@@ -238,6 +256,7 @@ fn request_for<'a>(task: &'a Task, group: &'a str, avoid: Option<&'a str>) -> Re
         affinity: &task.spec.affinity,
         reserved: &[],
         when: &task.spec.template.when,
+        config,
     }
 }
 
@@ -276,9 +295,10 @@ fn outranking(
                 return false;
             }
             let group = group_of(&other);
+            let config = config_of(&other, ctx);
             let request = Request {
                 robot: Some(robot),
-                ..request_for(&other, &group, None)
+                ..request_for(&other, &group, None, config_ref(&config))
             };
             choose_sampled(&sched.robots, "", &request, |n| sched.ledger.usage(n)).is_ok()
         })

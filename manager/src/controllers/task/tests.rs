@@ -204,7 +204,8 @@ fn an_unschedulable_task_is_told_once_per_reason() {
         state: Some(TaskState::Pending),
         ..TaskStatus::default()
     };
-    let patch = plan_unschedulable(&status, "0/2 robots: 2 offline", now()).unwrap();
+    let patch =
+        plan_unschedulable(&status, TaskReason::Unschedulable, "0/2 robots: 2 offline", now()).unwrap();
     assert_eq!(patch.state, Some(TaskState::Pending));
     // The REASON column says the task waits for a robot.
     assert_eq!(patch.reason, Some(Some(TaskReason::Unschedulable)));
@@ -216,8 +217,11 @@ fn an_unschedulable_task_is_told_once_per_reason() {
         reason: Some(TaskReason::Unschedulable),
         ..status
     };
-    assert_eq!(plan_unschedulable(&told, "0/2 robots: 2 offline", now()), None);
-    assert!(plan_unschedulable(&told, "0/3 robots: 3 offline", now()).is_some());
+    assert_eq!(
+        plan_unschedulable(&told, TaskReason::Unschedulable, "0/2 robots: 2 offline", now()),
+        None
+    );
+    assert!(plan_unschedulable(&told, TaskReason::Unschedulable, "0/3 robots: 3 offline", now()).is_some());
 }
 
 #[test]

@@ -1,0 +1,184 @@
+//! A task's configuration from ConfigMaps and Secrets on the robot.
+//!
+//! The dispatch carries it (the server resolved it for this robot). The
+//! agent keeps it in the task's directory, readable by root alone
+//! (`<dir>/config.json`, 0600), so that an attempt started again without
+//! the network (an agent restart, a reboot) starts with it; the journal
+//! keeps the spec's references only, never a value. Its files are written
+//! under the task's working directory, owned by the task's user, through
+//! no symbolic link; its variables reach the process, its exec checks and
+//! its `preStop`. When the attempt ends, its files and the kept copy are
+//! removed.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+use k8s4r_api::protocol::TaskConfig;
+use k8s4r_drivers::ConfigEnv;
+
+use super::artifacts::{hand_over, remove_placed, Places};
+
+/// The kept copy, in the task's directory.
+const KEPT: &str = "config.json";
+
+/// Keeps `config` in `dir` (root alone reads it), replacing what was there.
+pub(crate) fn keep(dir: &Path, config: &TaskConfig) -> std::io::Result<()> {
+    let bytes = serde_json::to_vec(config).map_err(std::io::Error::other)?;
+    let tmp = dir.join(format!(".{KEPT}.tmp"));
+    let _ = fs::remove_file(&tmp);
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(&tmp)?;
+    file.write_all(&bytes)?;
+    file.sync_all()?;
+    drop(file);
+    fs::rename(&tmp, dir.join(KEPT))?;
+    File::open(dir).and_then(|d| d.sync_all())
+}
+
+/// The copy kept in `dir`, if there is one.
+pub(crate) fn kept(dir: &Path) -> std::io::Result<Option<TaskConfig>> {
+    match fs::read(dir.join(KEPT)) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(std::io::Error::other),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Writes `config`'s files into place (see [`Places`]), each with its
+/// mode. Blocking.
+pub(crate) fn place(places: &Places, config: &TaskConfig) -> Result<(), String> {
+    for (i, file) in config.files.iter().enumerate() {
+        let content = file
+            .content()
+            .map_err(|e| format!("configuration file {}: {e}", file.path))?;
+        let name = format!("config-{i}.partial");
+        let staged = places.fetch_dir.join(&name);
+        let _ = fs::remove_file(&staged);
+        let written = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(&staged)
+            .and_then(|mut f| f.write_all(&content));
+        written.map_err(|e| format!("configuration file {}: {e}", file.path))?;
+        hand_over(places, &name, &file.path, file.mode)
+            .map_err(|e| format!("configuration file {}: {e}", file.path))?;
+    }
+    Ok(())
+}
+
+/// The variables `config` sets.
+pub(crate) fn env(config: &TaskConfig) -> ConfigEnv {
+    ConfigEnv(
+        config
+            .env
+            .iter()
+            .map(|v| (v.name.clone(), v.value.clone()))
+            .collect(),
+    )
+}
+
+/// Removes what the configuration kept in `dir` put on the robot: its
+/// files under `work_dir`, then the kept copy. Blocking; best effort, what
+/// fails is said.
+pub(crate) fn remove(dir: &Path, work_dir: &Path) {
+    let config = match kept(dir) {
+        Ok(Some(config)) => config,
+        Ok(None) => return,
+        Err(error) => {
+            tracing::warn!(dir = %dir.display(), %error, "cannot read a task's kept configuration to remove it");
+            let _ = fs::remove_file(dir.join(KEPT));
+            return;
+        }
+    };
+    for file in &config.files {
+        if let Err(error) = remove_placed(work_dir, &file.path) {
+            tracing::warn!(%error, "cannot remove a task's configuration file");
+        }
+    }
+    if let Err(error) = fs::remove_file(dir.join(KEPT)) {
+        tracing::warn!(dir = %dir.display(), %error, "cannot remove a task's kept configuration");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s4r_api::protocol::{ConfigFile, ConfigVar};
+    use std::os::unix::fs::PermissionsExt;
+
+    fn config() -> TaskConfig {
+        TaskConfig {
+            env: vec![ConfigVar {
+                name: "TOKEN".into(),
+                value: "s3cr3t".into(),
+                secret: true,
+            }],
+            files: vec![
+                ConfigFile::new("conf/params.yaml".into(), 0o644, false, b"rate: 10\n"),
+                ConfigFile::new("secrets/token".into(), 0o400, true, b"s3cr3t"),
+            ],
+            sources: Vec::new(),
+        }
+    }
+
+    fn places(root: &Path) -> Places {
+        let fetch_dir = root.join("fetch");
+        let work_dir = root.join("work");
+        fs::create_dir_all(&fetch_dir).unwrap();
+        fs::create_dir_all(&work_dir).unwrap();
+        Places {
+            fetch_dir,
+            work_dir,
+            owner: None,
+        }
+    }
+
+    #[test]
+    fn files_are_placed_with_their_modes_and_removed_with_the_kept_copy() {
+        let root = tempfile::tempdir().unwrap();
+        let places = places(root.path());
+        keep(root.path(), &config()).unwrap();
+        let kept_mode = fs::metadata(root.path().join(KEPT)).unwrap().permissions().mode();
+        assert_eq!(kept_mode & 0o777, 0o600);
+        place(&places, &config()).unwrap();
+        let params = places.work_dir.join("conf/params.yaml");
+        assert_eq!(fs::read_to_string(&params).unwrap(), "rate: 10\n");
+        assert_eq!(fs::metadata(&params).unwrap().permissions().mode() & 0o777, 0o644);
+        let token = places.work_dir.join("secrets/token");
+        assert_eq!(fs::metadata(&token).unwrap().permissions().mode() & 0o777, 0o400);
+        // Placed again (a restart): replaced, not refused.
+        place(&places, &config()).unwrap();
+        assert_eq!(kept(root.path()).unwrap(), Some(config()));
+        assert_eq!(env(&config()).0, vec![("TOKEN".to_owned(), "s3cr3t".to_owned())]);
+        assert!(!format!("{:?}", env(&config())).contains("s3cr3t"));
+        remove(root.path(), &places.work_dir);
+        assert!(!token.exists() && !params.exists());
+        assert_eq!(kept(root.path()).unwrap(), None);
+    }
+
+    #[test]
+    fn a_symbolic_link_the_task_planted_is_never_written_through_nor_removed_through() {
+        let root = tempfile::tempdir().unwrap();
+        let places = places(root.path());
+        let outside = root.path().join("outside");
+        fs::create_dir(&outside).unwrap();
+        std::os::unix::fs::symlink(&outside, places.work_dir.join("secrets")).unwrap();
+        let err = place(&places, &config()).unwrap_err();
+        assert!(err.contains("symbolic link"), "{err}");
+        assert!(!outside.join("token").exists());
+        fs::write(outside.join("token"), "theirs").unwrap();
+        keep(root.path(), &config()).unwrap();
+        remove(root.path(), &places.work_dir);
+        assert_eq!(fs::read_to_string(outside.join("token")).unwrap(), "theirs");
+    }
+}

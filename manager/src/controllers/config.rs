@@ -1,0 +1,144 @@
+//! What Tasks take from ConfigMaps and Secrets, as the scheduler sees it:
+//! the objects are cached with their keys and the size of each value, never
+//! the values (the server reads those at dispatch), and a task's references
+//! must resolve on a robot for it to go there.
+
+use std::collections::BTreeMap;
+
+use k8s4r_api::config_ref::{self, expand, ObjectKind, Problem};
+use k8s4r_api::TaskTemplate;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::ResourceExt;
+
+use super::context::{Context, Stores};
+use crate::scheduler::ConfigLookup;
+
+/// The annotation the manager's cache keeps each key's size in, as JSON
+/// (`{"key": bytes}`); only in memory, never written.
+const SIZES: &str = "k8s4r.io/cached-sizes";
+
+/// Shapes a ConfigMap for the cache: keys and sizes, no values.
+pub(super) fn keys_of_config_map(cm: &mut ConfigMap) {
+    let mut sizes: BTreeMap<String, usize> = BTreeMap::new();
+    for (key, value) in cm.data.take().unwrap_or_default() {
+        sizes.insert(key, value.len());
+    }
+    for (key, value) in cm.binary_data.take().unwrap_or_default() {
+        sizes.insert(key, value.0.len());
+    }
+    cached(&mut cm.metadata, &sizes);
+}
+
+/// Shapes a Secret for the cache: keys and sizes, no values.
+pub(super) fn keys_of_secret(secret: &mut Secret) {
+    let mut sizes: BTreeMap<String, usize> = BTreeMap::new();
+    for (key, value) in secret.data.take().unwrap_or_default() {
+        sizes.insert(key, value.0.len());
+    }
+    for (key, value) in secret.string_data.take().unwrap_or_default() {
+        sizes.insert(key, value.len());
+    }
+    cached(&mut secret.metadata, &sizes);
+}
+
+fn cached(meta: &mut kube::api::ObjectMeta, sizes: &BTreeMap<String, usize>) {
+    meta.managed_fields = None;
+    let annotations = meta.annotations.get_or_insert_with(BTreeMap::new);
+    annotations.clear();
+    annotations.insert(SIZES.to_owned(), serde_json::to_string(sizes).unwrap_or_default());
+}
+
+fn sizes_of(meta: &kube::api::ObjectMeta) -> config_ref::Object<usize> {
+    let data = meta
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(SIZES))
+        .and_then(|s| serde_json::from_str(s).ok())
+        .unwrap_or_default();
+    config_ref::Object {
+        data,
+        resource_version: meta.resource_version.clone().unwrap_or_default(),
+    }
+}
+
+/// A task's references, checked against the cache.
+pub(super) struct Cached<'a> {
+    template: &'a TaskTemplate,
+    namespace: &'a str,
+    stores: &'a Stores,
+}
+
+impl std::fmt::Debug for Cached<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cached")
+            .field("namespace", &self.namespace)
+            .finish()
+    }
+}
+
+impl<'a> Cached<'a> {
+    /// The lookup for `template` in `namespace`; `None` when it takes
+    /// nothing from ConfigMaps or Secrets.
+    pub(super) fn of(template: &'a TaskTemplate, namespace: &'a str, stores: &'a Stores) -> Option<Self> {
+        config_ref::has_references(template).then_some(Self {
+            template,
+            namespace,
+            stores,
+        })
+    }
+}
+
+impl ConfigLookup for Cached<'_> {
+    fn problem(&self, robot: &str) -> Option<Problem> {
+        let mut objects = BTreeMap::new();
+        for (kind, name) in config_ref::objects_named(self.template) {
+            let name = expand(name, robot);
+            let meta = match kind {
+                ObjectKind::ConfigMap => self
+                    .stores
+                    .config_maps
+                    .get(&ObjectRef::new(&name).within(self.namespace))
+                    .map(|o| o.metadata.clone()),
+                ObjectKind::Secret => self
+                    .stores
+                    .secrets
+                    .get(&ObjectRef::new(&name).within(self.namespace))
+                    .map(|o| o.metadata.clone()),
+            };
+            if let Some(meta) = meta {
+                objects.insert((kind, name), sizes_of(&meta));
+            }
+        }
+        config_ref::resolve(self.template, robot, |kind, name| {
+            objects.get(&(kind, name.to_owned()))
+        })
+        .err()
+    }
+}
+
+impl Context {
+    /// A ConfigMap or Secret appeared or changed: the tasks waiting in its
+    /// namespace look again (one may wait for it).
+    fn wake_in(&self, namespace: Option<String>) {
+        let sched = self.sched();
+        for waiting in sched.waiting_by_priority() {
+            if waiting.namespace == namespace {
+                self.triggers.task(waiting);
+            }
+        }
+    }
+
+    pub(super) fn on_config_map(&self, event: &watcher::Event<ConfigMap>) {
+        if let watcher::Event::Apply(o) = event {
+            self.wake_in(o.namespace());
+        }
+    }
+
+    pub(super) fn on_secret(&self, event: &watcher::Event<Secret>) {
+        if let watcher::Event::Apply(o) = event {
+            self.wake_in(o.namespace());
+        }
+    }
+}
