@@ -40,7 +40,7 @@ pub struct TaskTemplate {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env: Vec<EnvVar>,
     /// Every key of a ConfigMap or Secret as an environment variable (a key
-    /// that is not a variable name is skipped, with an Event).
+    /// that is not a variable name is skipped).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
     pub env_from: Vec<EnvFromSource>,

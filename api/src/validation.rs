@@ -1703,4 +1703,81 @@ mod tests {
             ]
         );
     }
+
+    #[test]
+    fn references_to_config_maps_and_secrets_are_checked_field_by_field() {
+        use crate::config_ref::*;
+        let key = |name: &str, key: &str| KeySelector {
+            name: name.into(),
+            key: key.into(),
+            optional: None,
+        };
+        let t = TaskTemplate {
+            env: vec![
+                EnvVar {
+                    name: "OK".into(),
+                    value: String::new(),
+                    value_from: Some(EnvVarSource {
+                        config_map_key_ref: Some(key("calibration", "$(K8S4R_ROBOT_ID)")),
+                        secret_key_ref: None,
+                    }),
+                },
+                EnvVar {
+                    name: "BOTH".into(),
+                    value: "literal".into(),
+                    value_from: Some(EnvVarSource {
+                        config_map_key_ref: Some(key("a", "k")),
+                        secret_key_ref: Some(key("b", "k")),
+                    }),
+                },
+                EnvVar {
+                    name: "BAD".into(),
+                    value: String::new(),
+                    value_from: Some(EnvVarSource {
+                        config_map_key_ref: None,
+                        secret_key_ref: Some(key("Not_A_Name", "a/b")),
+                    }),
+                },
+            ],
+            env_from: vec![EnvFromSource::default()],
+            files: vec![
+                ConfigFiles {
+                    path: "../etc".into(),
+                    config_map: Some(ConfigMapFiles {
+                        name: "params".into(),
+                        default_mode: Some(0o1777),
+                        ..ConfigMapFiles::default()
+                    }),
+                    secret: None,
+                },
+                ConfigFiles {
+                    path: "certs".into(),
+                    config_map: None,
+                    secret: Some(SecretFiles {
+                        secret_name: "cert-$(K8S4R_ROBOT_ID)".into(),
+                        items: vec![KeyToPath {
+                            key: "tls.key".into(),
+                            path: "/abs".into(),
+                            mode: None,
+                        }],
+                        ..SecretFiles::default()
+                    }),
+                },
+            ],
+            ..template()
+        };
+        assert_eq!(
+            paths(validate_task_template(&t).unwrap_err()),
+            vec![
+                "spec.env[1].value",
+                "spec.env[1].valueFrom",
+                "spec.env[2].valueFrom.secretKeyRef.name",
+                "spec.env[2].valueFrom.secretKeyRef.key",
+                "spec.envFrom[0]",
+                "spec.files[0].path",
+                "spec.files[0].configMap.defaultMode",
+                "spec.files[1].secret.items[0].path",
+            ]
+        );
+    }
 }

@@ -63,12 +63,17 @@ fn sizes_of(meta: &kube::api::ObjectMeta) -> config_ref::Object<usize> {
     }
 }
 
-/// A task's references, checked against the cache.
+/// A task's references, checked against the cache. One decision looks at
+/// many robots: each object is read off the cache once per decision.
 pub(super) struct Cached<'a> {
     template: &'a TaskTemplate,
     namespace: &'a str,
     stores: &'a Stores,
+    read: std::sync::Mutex<Read>,
 }
+
+/// The objects one decision read: keys and sizes, `None` when missing.
+type Read = BTreeMap<(ObjectKind, String), Option<config_ref::Object<usize>>>;
 
 impl std::fmt::Debug for Cached<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -82,19 +87,23 @@ impl<'a> Cached<'a> {
     /// The lookup for `template` in `namespace`; `None` when it takes
     /// nothing from ConfigMaps or Secrets.
     pub(super) fn of(template: &'a TaskTemplate, namespace: &'a str, stores: &'a Stores) -> Option<Self> {
-        config_ref::has_references(template).then_some(Self {
+        config_ref::has_references(template).then(|| Self {
             template,
             namespace,
             stores,
+            read: std::sync::Mutex::default(),
         })
     }
 }
 
 impl ConfigLookup for Cached<'_> {
     fn problem(&self, robot: &str) -> Option<Problem> {
-        let mut objects = BTreeMap::new();
+        let mut read = k8s4r_service::lock(&self.read);
         for (kind, name) in config_ref::objects_named(self.template) {
             let name = expand(name, robot);
+            if read.contains_key(&(kind, name.clone())) {
+                continue;
+            }
             let meta = match kind {
                 ObjectKind::ConfigMap => self
                     .stores
@@ -107,12 +116,11 @@ impl ConfigLookup for Cached<'_> {
                     .get(&ObjectRef::new(&name).within(self.namespace))
                     .map(|o| o.metadata.clone()),
             };
-            if let Some(meta) = meta {
-                objects.insert((kind, name), sizes_of(&meta));
-            }
+            read.insert((kind, name), meta.as_ref().map(sizes_of));
         }
+        let read = &*read;
         config_ref::resolve(self.template, robot, |kind, name| {
-            objects.get(&(kind, name.to_owned()))
+            read.get(&(kind, name.to_owned())).and_then(Option::as_ref)
         })
         .err()
     }
