@@ -15,6 +15,7 @@ pub mod agent_rollout;
 pub mod backoff;
 pub mod condition;
 pub mod config_ref;
+pub mod config_resolve;
 pub mod disconnect;
 pub mod duration;
 pub mod facts;

@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::ops::Bound;
 
-use k8s4r_api::config_ref::Problem;
+use k8s4r_api::config_resolve::Problem;
 use k8s4r_api::selector::{affinity_weight, SelectorOperator};
 use k8s4r_api::{
     AntiAffinity, Constraint, FactRequirement, Facts, LabelSelector, RobotPhase, TaskPolicy, TaskReason,

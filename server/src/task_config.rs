@@ -1,13 +1,14 @@
 //! What a Task's references to ConfigMaps and Secrets come to on its robot,
 //! read as it is dispatched: each object the template names (the robot's
 //! name put in for `$(K8S4R_ROBOT_ID)`) is read from the Task's namespace,
-//! and [`k8s4r_api::config_ref::resolve`] (the same rule the manager's
+//! and [`k8s4r_api::config_resolve::resolve`] (the same rule the manager's
 //! scheduler placed it by) makes the values and files the dispatch carries.
 //! Values are never logged: errors name objects and keys only.
 
 use std::collections::BTreeMap;
 
-use k8s4r_api::config_ref::{self, expand, Object, ObjectKind, Problem};
+use k8s4r_api::config_ref::ObjectKind;
+use k8s4r_api::config_resolve::{self, expand, Object, Problem};
 use k8s4r_api::protocol::{ConfigFile, ConfigSource, ConfigVar, TaskConfig};
 use k8s4r_api::Task;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
@@ -60,18 +61,18 @@ pub async fn resolve(
     robot: &str,
 ) -> Result<Option<std::result::Result<TaskConfig, Unresolved>>> {
     let template = &task.spec.template;
-    if !config_ref::has_references(template) {
+    if !config_resolve::has_references(template) {
         return Ok(None);
     }
     let namespace = task.metadata.namespace.as_deref().unwrap_or_default();
     let mut objects: BTreeMap<(ObjectKind, String), Object<Vec<u8>>> = BTreeMap::new();
-    for (kind, name) in config_ref::objects_named(template) {
+    for (kind, name) in config_resolve::objects_named(template) {
         let name = expand(name, robot);
         if let Some(object) = read(bridge, namespace, kind, &name).await? {
             objects.insert((kind, name), object);
         }
     }
-    let resolved = match config_ref::resolve(template, robot, |kind, name| {
+    let resolved = match config_resolve::resolve(template, robot, |kind, name| {
         objects.get(&(kind, name.to_owned()))
     }) {
         Ok(r) => r,

@@ -384,7 +384,7 @@ fn configure(
                 .map_err(|e| failed(format!("cannot keep the task's configuration: {e}")))?;
             config
         }
-        None if k8s4r_api::config_ref::has_references(template) => task_config::kept(dir)
+        None if k8s4r_api::config_resolve::has_references(template) => task_config::kept(dir)
             .map_err(|e| failed(format!("cannot read the task's kept configuration: {e}")))?
             .ok_or_else(|| {
                 failed(

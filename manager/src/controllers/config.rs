@@ -5,7 +5,8 @@
 
 use std::collections::BTreeMap;
 
-use k8s4r_api::config_ref::{self, expand, ObjectKind, Problem};
+use k8s4r_api::config_ref::ObjectKind;
+use k8s4r_api::config_resolve::{self, expand, Problem};
 use k8s4r_api::TaskTemplate;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::runtime::reflector::ObjectRef;
@@ -50,14 +51,14 @@ fn cached(meta: &mut kube::api::ObjectMeta, sizes: &BTreeMap<String, usize>) {
     annotations.insert(SIZES.to_owned(), serde_json::to_string(sizes).unwrap_or_default());
 }
 
-fn sizes_of(meta: &kube::api::ObjectMeta) -> config_ref::Object<usize> {
+fn sizes_of(meta: &kube::api::ObjectMeta) -> config_resolve::Object<usize> {
     let data = meta
         .annotations
         .as_ref()
         .and_then(|a| a.get(SIZES))
         .and_then(|s| serde_json::from_str(s).ok())
         .unwrap_or_default();
-    config_ref::Object {
+    config_resolve::Object {
         data,
         resource_version: meta.resource_version.clone().unwrap_or_default(),
     }
@@ -73,7 +74,7 @@ pub(super) struct Cached<'a> {
 }
 
 /// The objects one decision read: keys and sizes, `None` when missing.
-type Read = BTreeMap<(ObjectKind, String), Option<config_ref::Object<usize>>>;
+type Read = BTreeMap<(ObjectKind, String), Option<config_resolve::Object<usize>>>;
 
 impl std::fmt::Debug for Cached<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -87,7 +88,7 @@ impl<'a> Cached<'a> {
     /// The lookup for `template` in `namespace`; `None` when it takes
     /// nothing from ConfigMaps or Secrets.
     pub(super) fn of(template: &'a TaskTemplate, namespace: &'a str, stores: &'a Stores) -> Option<Self> {
-        config_ref::has_references(template).then(|| Self {
+        config_resolve::has_references(template).then(|| Self {
             template,
             namespace,
             stores,
@@ -99,7 +100,7 @@ impl<'a> Cached<'a> {
 impl ConfigLookup for Cached<'_> {
     fn problem(&self, robot: &str) -> Option<Problem> {
         let mut read = k8s4r_service::lock(&self.read);
-        for (kind, name) in config_ref::objects_named(self.template) {
+        for (kind, name) in config_resolve::objects_named(self.template) {
             let name = expand(name, robot);
             if read.contains_key(&(kind, name.clone())) {
                 continue;
@@ -119,7 +120,7 @@ impl ConfigLookup for Cached<'_> {
             read.insert((kind, name), meta.as_ref().map(sizes_of));
         }
         let read = &*read;
-        config_ref::resolve(self.template, robot, |kind, name| {
+        config_resolve::resolve(self.template, robot, |kind, name| {
             read.get(&(kind, name.to_owned())).and_then(Option::as_ref)
         })
         .err()

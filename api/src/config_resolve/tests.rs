@@ -1,6 +1,7 @@
 use std::collections::BTreeMap;
 
 use super::*;
+use crate::config_ref::*;
 use crate::task::EnvVar;
 
 fn object(pairs: &[(&str, &str)]) -> Object<Vec<u8>> {
