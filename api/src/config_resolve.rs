@@ -10,7 +10,7 @@ use crate::config_ref::{
     is_env_name, ConfigFiles, EnvFromSource, KeySelector, ObjectKind, CONFIG_MAP_FILE_MODE,
     MAX_TASK_CONFIG_BYTES, ROBOT_PLACEHOLDER, SECRET_FILE_MODE,
 };
-use crate::task::TaskTemplate;
+use crate::task::{TaskReason, TaskTemplate};
 
 /// Whether `template` takes anything from ConfigMaps or Secrets.
 pub fn has_references(template: &TaskTemplate) -> bool {
@@ -59,15 +59,38 @@ pub fn expand(text: &str, robot: &str) -> String {
 }
 
 /// What a ConfigMap's or Secret's key holds, as far as the resolver needs
-/// it: the manager knows only sizes, the server the bytes.
+/// it: the manager knows only its size and whether it is text, the server
+/// the bytes.
 pub trait Value: Clone {
     /// Its size in bytes.
     fn size(&self) -> usize;
+    /// Whether it may be a variable's value: UTF-8 without NUL.
+    fn is_text(&self) -> bool;
 }
 
-impl Value for usize {
+/// What the manager keeps of a key: no value.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct KeyInfo {
+    pub bytes: usize,
+    pub text: bool,
+}
+
+impl KeyInfo {
+    /// What `value` is.
+    pub fn of(value: &[u8]) -> Self {
+        Self {
+            bytes: value.len(),
+            text: is_text(value),
+        }
+    }
+}
+
+impl Value for KeyInfo {
     fn size(&self) -> usize {
-        *self
+        self.bytes
+    }
+    fn is_text(&self) -> bool {
+        self.text
     }
 }
 
@@ -75,6 +98,14 @@ impl Value for Vec<u8> {
     fn size(&self) -> usize {
         self.len()
     }
+    fn is_text(&self) -> bool {
+        is_text(self)
+    }
+}
+
+/// Whether `bytes` may be a variable's value: UTF-8 without NUL.
+pub fn is_text(bytes: &[u8]) -> bool {
+    std::str::from_utf8(bytes).is_ok() && !bytes.contains(&0)
 }
 
 /// One object as the resolver sees it: its keys and what each holds, and
@@ -96,6 +127,12 @@ pub enum Problem {
         name: String,
         key: String,
     },
+    /// A key a variable takes is not text.
+    NotText {
+        kind: ObjectKind,
+        name: String,
+        key: String,
+    },
     /// All together it is more than a task may take.
     TooLarge {
         bytes: usize,
@@ -107,7 +144,16 @@ impl Problem {
     /// Whether the task should wait for it (an object or key that may
     /// appear), rather than be refused.
     pub fn is_missing(&self) -> bool {
-        !matches!(self, Problem::TooLarge { .. })
+        matches!(self, Problem::NoObject { .. } | Problem::NoKey { .. })
+    }
+
+    /// The Task's reason for it: `ConfigMissing` or `ConfigInvalid`.
+    pub fn reason(&self) -> TaskReason {
+        if self.is_missing() {
+            TaskReason::ConfigMissing
+        } else {
+            TaskReason::ConfigInvalid
+        }
     }
 }
 
@@ -116,6 +162,10 @@ impl fmt::Display for Problem {
         match self {
             Problem::NoObject { kind, name } => write!(f, "{kind} {name:?} not found"),
             Problem::NoKey { kind, name, key } => write!(f, "{kind} {name:?} has no key {key:?}"),
+            Problem::NotText { kind, name, key } => write!(
+                f,
+                "key {key:?} of {kind} {name:?} is not text (UTF-8 without NUL) and cannot be a variable; take it as a file"
+            ),
             Problem::TooLarge {
                 bytes,
                 largest: (kind, name),
@@ -176,13 +226,14 @@ impl<V> fmt::Debug for Resolved<V> {
 }
 
 impl<V: Value> Resolved<V> {
-    /// Bytes of values and file contents together.
+    /// Bytes of values and file contents together, as the dispatch carries
+    /// them (a file's content in base64).
     pub fn bytes(&self) -> usize {
         self.env.iter().map(|(n, v, _)| n.len() + v.size()).sum::<usize>()
             + self
                 .files
                 .iter()
-                .map(|f| f.path.len() + f.value.size())
+                .map(|f| f.path.len() + f.value.size().div_ceil(3) * 4)
                 .sum::<usize>()
     }
 }
@@ -227,6 +278,11 @@ where
         };
         let key = expand(&selector.key, self.robot);
         match object.data.get(&key) {
+            Some(value) if !value.is_text() => Err(Problem::NotText {
+                kind,
+                name: expand(&selector.name, self.robot),
+                key,
+            }),
             Some(value) => {
                 self.count(kind, &selector.name, value.size());
                 Ok(Some(value.clone()))
@@ -259,6 +315,13 @@ where
             if !is_env_name(&name) {
                 self.out.skipped_keys.push(name);
                 continue;
+            }
+            if !value.is_text() {
+                return Err(Problem::NotText {
+                    kind,
+                    name: expand(&selector.name, self.robot),
+                    key: key.clone(),
+                });
             }
             self.count(kind, &selector.name, value.size());
             self.out

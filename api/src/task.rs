@@ -579,7 +579,9 @@ pub enum TaskReason {
     /// While the task waits (state pending): what it takes from ConfigMaps
     /// and Secrets cannot be given to it (more than a task may take, or a
     /// variable's value that is not text); the message names the object.
-    /// Changing the object starts it.
+    /// Changing the object starts it. As the end of a failed task: it was
+    /// found only as the attempt was dispatched (never sent), and the task
+    /// fails for good.
     ConfigInvalid,
     /// Not the end of an attempt: the task waits for its restart policy's
     /// delay before the next attempt; its message says how the last one

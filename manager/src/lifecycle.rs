@@ -143,10 +143,9 @@ pub fn is_infrastructure(reason: Option<TaskReason>) -> bool {
 /// Ends that are no failure at all: the robot was not ready for the task
 /// (at admission its fresher facts failed a start condition), it was
 /// drained, its agent stopped the attempt as it shut down (a restart, an
-/// upgrade), or its configuration did not resolve as it was dispatched (a
-/// ConfigMap or Secret gone since it was placed: never sent). The task
-/// waits for a robot again as a new attempt, using no retry of either
-/// budget.
+/// upgrade), or a ConfigMap or Secret (or key) it takes was gone as it was
+/// dispatched, after it was placed (never sent). The task waits for a robot
+/// again as a new attempt, using no retry of either budget.
 pub fn is_returned(reason: Option<TaskReason>) -> bool {
     matches!(
         reason,
@@ -155,7 +154,6 @@ pub fn is_returned(reason: Option<TaskReason>) -> bool {
                 | TaskReason::Drained
                 | TaskReason::AgentShutdown
                 | TaskReason::ConfigMissing
-                | TaskReason::ConfigInvalid
         )
     )
 }
@@ -196,12 +194,7 @@ fn return_delay(status: &TaskStatus, reason: Option<TaskReason>) -> Duration {
     // alike until the cache has caught up.
     if !matches!(
         reason,
-        Some(
-            TaskReason::NotReady
-                | TaskReason::AgentShutdown
-                | TaskReason::ConfigMissing
-                | TaskReason::ConfigInvalid
-        )
+        Some(TaskReason::NotReady | TaskReason::AgentShutdown | TaskReason::ConfigMissing)
     ) {
         return Duration::ZERO;
     }
@@ -250,10 +243,17 @@ pub fn retry_delay(
         return Some(return_delay(status, ended));
     }
     // A task that waited past its pending deadline fails for good: a retry
-    // would only wait again.
+    // would only wait again. So does one whose configuration could not be
+    // given to it as it was dispatched (too large for a dispatch, a value
+    // that cannot be a variable): it would only be refused again.
     if matches!(
         ended,
-        Some(TaskReason::InvalidSpec | TaskReason::Cancelled | TaskReason::Unschedulable)
+        Some(
+            TaskReason::InvalidSpec
+                | TaskReason::Cancelled
+                | TaskReason::Unschedulable
+                | TaskReason::ConfigInvalid
+        )
     ) {
         return None;
     }
@@ -330,7 +330,12 @@ pub fn exhausted(
     }
     let ended = ended_as(status);
     Some(match ended {
-        Some(TaskReason::InvalidSpec | TaskReason::Cancelled | TaskReason::Unschedulable) => return None,
+        Some(
+            TaskReason::InvalidSpec
+            | TaskReason::Cancelled
+            | TaskReason::Unschedulable
+            | TaskReason::ConfigInvalid,
+        ) => return None,
         _ if status.cancel_requested() => return None,
         Some(TaskReason::ConditionLost) => format!(
             "its start conditions stopped holding {} times, its restartPolicy.conditionRestarts; the task fails",

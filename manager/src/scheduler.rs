@@ -278,13 +278,7 @@ impl NoFit {
     /// when that is what keeps it from a robot it would otherwise fit.
     pub fn reason(&self) -> TaskReason {
         match self.hints.as_ref().and_then(|h| h.config.as_ref()) {
-            Some(problem) if self.rejections.contains_key(&Rejection::Config) => {
-                if problem.is_missing() {
-                    TaskReason::ConfigMissing
-                } else {
-                    TaskReason::ConfigInvalid
-                }
-            }
+            Some(problem) if self.rejections.contains_key(&Rejection::Config) => problem.reason(),
             _ => TaskReason::Unschedulable,
         }
     }

@@ -395,7 +395,7 @@ async fn body_of(
     let config = match task_config::resolve(bridge, task, robot).await? {
         None => None,
         Some(Ok(config)) => Some(config),
-        Some(Err(why)) => return Ok(Err((why.reason(), why.to_string()))),
+        Some(Err(problem)) => return Ok(Err((problem.reason(), problem.to_string()))),
     };
     // The robot fences the attempt only when a replacement may start
     // (replace: true); without one it keeps running until it is back.

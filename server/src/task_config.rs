@@ -17,49 +17,13 @@ use kube::Api;
 use crate::bridge::Bridge;
 use crate::error::{Error, Result};
 
-/// Why a dispatch cannot carry its task's configuration.
-#[derive(Debug)]
-pub enum Unresolved {
-    /// The objects say no (missing, too large, a value that cannot be a
-    /// variable).
-    Problem(Problem),
-    /// A variable's value is not text without NUL.
-    NotText {
-        kind: ObjectKind,
-        name: String,
-        var: String,
-    },
-}
-
-impl Unresolved {
-    /// The Task's reason: the task waits for the objects to change.
-    pub fn reason(&self) -> k8s4r_api::TaskReason {
-        match self {
-            Unresolved::Problem(p) if p.is_missing() => k8s4r_api::TaskReason::ConfigMissing,
-            _ => k8s4r_api::TaskReason::ConfigInvalid,
-        }
-    }
-}
-
-impl std::fmt::Display for Unresolved {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Unresolved::Problem(p) => p.fmt(f),
-            Unresolved::NotText { kind, name, var } => write!(
-                f,
-                "variable {var} from {kind} {name:?} is not text (UTF-8 without NUL); use it as a file instead"
-            ),
-        }
-    }
-}
-
 /// The configuration `task` takes on `robot`: `Ok(None)` when it takes
 /// none, `Ok(Err(_))` when the objects do not allow it.
 pub async fn resolve(
     bridge: &Bridge,
     task: &Task,
     robot: &str,
-) -> Result<Option<std::result::Result<TaskConfig, Unresolved>>> {
+) -> Result<Option<std::result::Result<TaskConfig, Problem>>> {
     let template = &task.spec.template;
     if !config_resolve::has_references(template) {
         return Ok(None);
@@ -76,22 +40,18 @@ pub async fn resolve(
         objects.get(&(kind, name.to_owned()))
     }) {
         Ok(r) => r,
-        Err(problem) => return Ok(Some(Err(Unresolved::Problem(problem)))),
+        Err(problem) => return Ok(Some(Err(problem))),
     };
-    let mut env = Vec::with_capacity(resolved.env.len());
-    for (name, value, secret) in resolved.env {
-        match String::from_utf8(value) {
-            Ok(value) if !value.contains('\0') => env.push(ConfigVar { name, value, secret }),
-            _ => {
-                let (kind, object) = source_of_var(template, &name, robot);
-                return Ok(Some(Err(Unresolved::NotText {
-                    kind,
-                    name: object,
-                    var: name,
-                })));
-            }
-        }
-    }
+    // Every variable's value is text: the resolution refuses others.
+    let env = resolved
+        .env
+        .into_iter()
+        .map(|(name, value, secret)| ConfigVar {
+            name,
+            value: String::from_utf8_lossy(&value).into_owned(),
+            secret,
+        })
+        .collect();
     Ok(Some(Ok(TaskConfig {
         env,
         files: resolved
@@ -109,36 +69,6 @@ pub async fn resolve(
             })
             .collect(),
     })))
-}
-
-/// The object a variable named `var` came from, for a message.
-fn source_of_var(template: &k8s4r_api::TaskTemplate, var: &str, robot: &str) -> (ObjectKind, String) {
-    let direct = template
-        .env
-        .iter()
-        .find(|v| v.name == var)
-        .and_then(|v| v.value_from.as_ref());
-    if let Some(from) = direct {
-        if let Some(r) = &from.config_map_key_ref {
-            return (ObjectKind::ConfigMap, expand(&r.name, robot));
-        }
-        if let Some(r) = &from.secret_key_ref {
-            return (ObjectKind::Secret, expand(&r.name, robot));
-        }
-    }
-    for from in &template.env_from {
-        let prefix = from.prefix.as_deref().unwrap_or_default();
-        if !var.starts_with(prefix) {
-            continue;
-        }
-        if let Some(r) = &from.secret_ref {
-            return (ObjectKind::Secret, expand(&r.name, robot));
-        }
-        if let Some(r) = &from.config_map_ref {
-            return (ObjectKind::ConfigMap, expand(&r.name, robot));
-        }
-    }
-    (ObjectKind::ConfigMap, String::new())
 }
 
 /// One object's data, `None` when it does not exist.

@@ -10,6 +10,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
+use futures::future::AbortHandle;
 use k8s4r_api::protocol::TaskConfig;
 use k8s4r_api::validation::validate_task_template;
 use k8s4r_api::{TaskReason, TaskTemplate};
@@ -245,6 +246,7 @@ impl Admission {
             limits: self.limits,
             new_uid_position: new_uid.then(|| (self.uid_file.clone(), self.uids.position())),
             config: None,
+            abort: None,
         }
     }
 }
@@ -294,12 +296,20 @@ pub(crate) struct PrepInput {
     /// `None` reads what the task's directory kept, when the spec takes
     /// any.
     config: Option<TaskConfig>,
+    /// Aborted when the task is stopped while being prepared: the blocking
+    /// work goes on regardless, and must leave no configuration behind.
+    abort: Option<AbortHandle>,
 }
 
 impl PrepInput {
-    /// With the configuration a dispatch carried.
-    pub(crate) fn with_config(self, config: Option<TaskConfig>) -> Self {
-        Self { config, ..self }
+    /// With the configuration a dispatch carried, for a preparation that
+    /// `abort` may abort.
+    pub(crate) fn with_config(self, config: Option<TaskConfig>, abort: AbortHandle) -> Self {
+        Self {
+            config,
+            abort: Some(abort),
+            ..self
+        }
     }
 }
 
@@ -319,6 +329,7 @@ pub(crate) async fn prepare(input: PrepInput) -> Result<Prepared, Failure> {
         limits,
         new_uid_position,
         config,
+        abort,
     } = input;
     let artifacts = template.artifacts.clone();
     let task_dir = dir.clone();
@@ -341,7 +352,19 @@ pub(crate) async fn prepare(input: PrepInput) -> Result<Prepared, Failure> {
             })?;
             let identity = identity::resolve(&run_as, &template.groups, allow_root)?;
             let mut prepared = launcher.prepare(&template, &task_dir.join("work"), identity)?;
-            configure(&task_dir, &template, config, &mut prepared)?;
+            let aborted = || abort.as_ref().is_some_and(AbortHandle::is_aborted);
+            if !aborted() {
+                configure(&task_dir, &template, config, &mut prepared)?;
+            }
+            // Stopped meanwhile: the end of the attempt may have run before
+            // the files were written; nothing of them may stay.
+            if aborted() {
+                task_config::forget(&task_dir);
+                return Err(Failure::new(
+                    TaskReason::Cancelled,
+                    "stopped while being prepared".to_owned(),
+                ));
+            }
             let client = match template.artifacts.is_empty() {
                 true => None,
                 false => Some(

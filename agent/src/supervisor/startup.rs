@@ -220,6 +220,7 @@ impl Runner {
         let Some(id) = self.begin(request, Some(how)) else {
             // Refused now (its spec or the robot's policy): stop what runs.
             let message = recovery::kill_leftovers(&task, &self.boot_id);
+            super::task_config::forget(&task.task_dir);
             tracing::warn!(uid = %task.uid, attempt = task.attempt, %message, "a re-adopted task was refused");
             return;
         };
@@ -330,6 +331,7 @@ fn recover(unfinished: &[Unfinished], boot_id: &str, runtime_dir: &Path, tail_by
             continue;
         }
         let outcome = recovery::settle(task, boot_id, runtime_dir, tail_bytes);
+        super::task_config::forget(&task.task_dir);
         tracing::warn!(uid = %task.uid, attempt = task.attempt, message = %outcome.message, "task of the previous run settled");
         r.table.remember_finished(task.uid.clone(), task.attempt);
         r.settled.push(TaskEvent::Finished {

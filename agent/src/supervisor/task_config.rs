@@ -69,9 +69,14 @@ pub(crate) fn place(places: &Places, config: &TaskConfig) -> Result<(), String> 
             .custom_flags(nix::libc::O_NOFOLLOW)
             .open(&staged)
             .and_then(|mut f| f.write_all(&content));
-        written.map_err(|e| format!("configuration file {}: {e}", file.path))?;
-        hand_over(places, &name, &file.path, file.mode)
-            .map_err(|e| format!("configuration file {}: {e}", file.path))?;
+        let placed = written
+            .map_err(|e| e.to_string())
+            .and_then(|()| hand_over(places, &name, &file.path, file.mode));
+        if let Err(e) = placed {
+            // Nothing of it stays behind, even root's alone.
+            let _ = fs::remove_file(&staged);
+            return Err(format!("configuration file {}: {e}", file.path));
+        }
     }
     Ok(())
 }
@@ -85,6 +90,16 @@ pub(crate) fn env(config: &TaskConfig) -> ConfigEnv {
             .map(|v| (v.name.clone(), v.value.clone()))
             .collect(),
     )
+}
+
+/// Removes what an attempt that ended put on the robot of its
+/// configuration, and closes its directory to everyone but root, as the end
+/// of an attempt does: for attempts settled or refused as an agent starts,
+/// which never reach that end. Blocking.
+pub(crate) fn forget(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    remove(dir, &dir.join("work"));
+    let _ = fs::set_permissions(dir, fs::Permissions::from_mode(0o700));
 }
 
 /// Removes what the configuration kept in `dir` put on the robot: its
@@ -164,6 +179,29 @@ mod tests {
         remove(root.path(), &places.work_dir);
         assert!(!token.exists() && !params.exists());
         assert_eq!(kept(root.path()).unwrap(), None);
+    }
+
+    #[test]
+    fn an_attempt_settled_as_an_agent_starts_is_forgotten_and_closed() {
+        let root = tempfile::tempdir().unwrap();
+        let places = places(root.path());
+        keep(root.path(), &config()).unwrap();
+        place(&places, &config()).unwrap();
+        fs::set_permissions(root.path(), fs::Permissions::from_mode(0o711)).unwrap();
+        forget(root.path());
+        assert!(!places.work_dir.join("secrets/token").exists());
+        assert_eq!(kept(root.path()).unwrap(), None);
+        let mode = fs::metadata(root.path()).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+    }
+
+    #[test]
+    fn a_file_that_cannot_be_placed_leaves_nothing_staged() {
+        let root = tempfile::tempdir().unwrap();
+        let places = places(root.path());
+        std::os::unix::fs::symlink("/", places.work_dir.join("secrets")).unwrap();
+        place(&places, &config()).unwrap_err();
+        assert_eq!(fs::read_dir(&places.fetch_dir).unwrap().count(), 0);
     }
 
     #[test]

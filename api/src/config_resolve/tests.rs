@@ -195,10 +195,23 @@ fn the_manager_resolves_by_sizes_alike() {
         ..TaskTemplate::default()
     };
     let sizes = Object {
-        data: BTreeMap::from([("rb1".to_owned(), 8usize)]),
+        data: BTreeMap::from([
+            ("rb1".to_owned(), KeyInfo::of(b"offset=3")),
+            ("rb2".to_owned(), KeyInfo::of(b"\xff\x00")),
+        ]),
         resource_version: "1".into(),
     };
     let r = resolve(&t, "rb1", |_, _| Some(&sizes)).unwrap();
     assert_eq!(r.bytes(), 3 + 8);
-    assert!(resolve(&t, "rb2", |_, _| Some(&sizes)).is_err());
+    assert!(resolve(&t, "rb3", |_, _| Some(&sizes)).is_err());
+    // A value that is not text cannot be a variable: refused, not waited
+    // for, by the manager as by the server.
+    let err = resolve(&t, "rb2", |_, _| Some(&sizes)).unwrap_err();
+    assert_eq!(err.reason(), crate::task::TaskReason::ConfigInvalid);
+    assert!(err.to_string().contains("not text"), "{err}");
+    let bytes = Object {
+        data: BTreeMap::from([("rb2".to_owned(), b"\xff\x00".to_vec())]),
+        resource_version: "1".into(),
+    };
+    assert_eq!(resolve(&t, "rb2", |_, _| Some(&bytes)).unwrap_err(), err);
 }

@@ -1,12 +1,12 @@
 //! What Tasks take from ConfigMaps and Secrets, as the scheduler sees it:
-//! the objects are cached with their keys and the size of each value, never
-//! the values (the server reads those at dispatch), and a task's references
+//! the objects are cached with their keys, the size of each value and
+//! whether it is text, never the values (the server reads those at dispatch), and a task's references
 //! must resolve on a robot for it to go there.
 
 use std::collections::BTreeMap;
 
 use k8s4r_api::config_ref::ObjectKind;
-use k8s4r_api::config_resolve::{self, expand, Problem};
+use k8s4r_api::config_resolve::{self, expand, KeyInfo, Problem};
 use k8s4r_api::TaskTemplate;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::runtime::reflector::ObjectRef;
@@ -16,42 +16,43 @@ use kube::ResourceExt;
 use super::context::{Context, Stores};
 use crate::scheduler::ConfigLookup;
 
-/// The annotation the manager's cache keeps each key's size in, as JSON
-/// (`{"key": bytes}`); only in memory, never written.
+/// The annotation the manager's cache keeps what it knows of each key in,
+/// as JSON (`{"key": {"bytes": 8, "text": true}}`); only in memory, never
+/// written.
 const SIZES: &str = "k8s4r.io/cached-sizes";
 
 /// Shapes a ConfigMap for the cache: keys and sizes, no values.
 pub(super) fn keys_of_config_map(cm: &mut ConfigMap) {
-    let mut sizes: BTreeMap<String, usize> = BTreeMap::new();
+    let mut sizes: BTreeMap<String, KeyInfo> = BTreeMap::new();
     for (key, value) in cm.data.take().unwrap_or_default() {
-        sizes.insert(key, value.len());
+        sizes.insert(key, KeyInfo::of(value.as_bytes()));
     }
     for (key, value) in cm.binary_data.take().unwrap_or_default() {
-        sizes.insert(key, value.0.len());
+        sizes.insert(key, KeyInfo::of(&value.0));
     }
     cached(&mut cm.metadata, &sizes);
 }
 
 /// Shapes a Secret for the cache: keys and sizes, no values.
 pub(super) fn keys_of_secret(secret: &mut Secret) {
-    let mut sizes: BTreeMap<String, usize> = BTreeMap::new();
+    let mut sizes: BTreeMap<String, KeyInfo> = BTreeMap::new();
     for (key, value) in secret.data.take().unwrap_or_default() {
-        sizes.insert(key, value.0.len());
+        sizes.insert(key, KeyInfo::of(&value.0));
     }
     for (key, value) in secret.string_data.take().unwrap_or_default() {
-        sizes.insert(key, value.len());
+        sizes.insert(key, KeyInfo::of(value.as_bytes()));
     }
     cached(&mut secret.metadata, &sizes);
 }
 
-fn cached(meta: &mut kube::api::ObjectMeta, sizes: &BTreeMap<String, usize>) {
+fn cached(meta: &mut kube::api::ObjectMeta, sizes: &BTreeMap<String, KeyInfo>) {
     meta.managed_fields = None;
     let annotations = meta.annotations.get_or_insert_with(BTreeMap::new);
     annotations.clear();
     annotations.insert(SIZES.to_owned(), serde_json::to_string(sizes).unwrap_or_default());
 }
 
-fn sizes_of(meta: &kube::api::ObjectMeta) -> config_resolve::Object<usize> {
+fn sizes_of(meta: &kube::api::ObjectMeta) -> config_resolve::Object<KeyInfo> {
     let data = meta
         .annotations
         .as_ref()
@@ -74,7 +75,7 @@ pub(super) struct Cached<'a> {
 }
 
 /// The objects one decision read: keys and sizes, `None` when missing.
-type Read = BTreeMap<(ObjectKind, String), Option<config_resolve::Object<usize>>>;
+type Read = BTreeMap<(ObjectKind, String), Option<config_resolve::Object<KeyInfo>>>;
 
 impl std::fmt::Debug for Cached<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -139,14 +140,16 @@ impl Context {
         }
     }
 
+    // A relist after a watch gap brings what changed meanwhile as
+    // InitApply: it may be what a task waits for.
     pub(super) fn on_config_map(&self, event: &watcher::Event<ConfigMap>) {
-        if let watcher::Event::Apply(o) = event {
+        if let watcher::Event::Apply(o) | watcher::Event::InitApply(o) = event {
             self.wake_in(o.namespace());
         }
     }
 
     pub(super) fn on_secret(&self, event: &watcher::Event<Secret>) {
-        if let watcher::Event::Apply(o) = event {
+        if let watcher::Event::Apply(o) | watcher::Event::InitApply(o) = event {
             self.wake_in(o.namespace());
         }
     }

@@ -619,3 +619,20 @@ fn a_lease_shortened_by_another_writer_moves_no_fence_earlier() {
     assert_eq!(record_lag(Some(1800), &cfg), Duration::from_secs(600));
     assert_eq!(record_lag(None, &cfg), cfg.unleased_record_lag);
 }
+
+#[test]
+fn an_attempt_never_sent_for_its_configuration_waits_again_or_fails_for_good() {
+    let p = policy(3, "1s", "1m");
+    let mut s = status(TaskState::Failed);
+    // An object gone between placement and dispatch: back to waiting, no
+    // retry used, backing off as a robot that is not ready does.
+    s.reason = Some(TaskReason::ConfigMissing);
+    assert_eq!(retry_delay(&s, Some(&p), &cfg()), Some(NOT_READY_DELAY));
+    assert_eq!(retry_delay(&s, None, &cfg()), Some(NOT_READY_DELAY), "no policy");
+    assert_eq!(exhausted(&s, None, &cfg()), None);
+    // A configuration that cannot be given: retrying would be refused
+    // again, whatever the policy.
+    s.reason = Some(TaskReason::ConfigInvalid);
+    assert_eq!(retry_delay(&s, Some(&p), &cfg()), None);
+    assert_eq!(exhausted(&s, Some(&p), &cfg()), None, "not a budget used up");
+}

@@ -35,6 +35,7 @@ impl Runner {
         let dir = crate::supervisor::task_dir(&self.tasks_dir, &uid, attempt);
         let launcher = Arc::clone(&self.launchers[admitted.driver]);
         let new_uid = resumed.is_none() && admitted.own_uid.is_some();
+        let (abort, registration) = AbortHandle::new_pair();
         let input = self
             .admission
             .prep_input(
@@ -45,8 +46,7 @@ impl Runner {
                 resumed.is_some(),
                 new_uid,
             )
-            .with_config(config);
-        let (abort, registration) = AbortHandle::new_pair();
+            .with_config(config, abort.clone());
         let new = NewTask {
             uid,
             attempt,
