@@ -232,7 +232,7 @@ async fn lateness(tasks: usize, ignore_sigterm: bool) -> Lateness {
                 let span = outcome.finished_at.duration_since(due[&uid]);
                 late.push(span.as_secs_f64() * 1000.0);
             }
-            TaskEvent::Output { .. } => {}
+            TaskEvent::Output { .. } | TaskEvent::Reconfigured { .. } => {}
         }
     }
     let max = late.iter().copied().fold(f64::MIN, f64::max);

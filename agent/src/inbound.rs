@@ -2,11 +2,12 @@
 //! dispatch or a cancel for this robot, or something refused with a reason.
 //! Pure: no I/O, so every bad message has a unit test.
 
+use k8s4r_api::config_ref::is_env_name;
 use k8s4r_api::protocol::{
-    self, Cancel, Dispatch, LogRequest, ProtocolError, RegisterResponse, StatusAck, Topic, TopicKind, Topics,
-    UpgradeOrder,
+    self, Cancel, ConfigUpdate, Dispatch, LogRequest, ProtocolError, RegisterResponse, StatusAck, Topic,
+    TopicKind, Topics, UpgradeOrder,
 };
-use k8s4r_api::validation::{validate_task_template, ValidationErrors};
+use k8s4r_api::validation::{is_inside_task_dir, validate_task_template, ValidationErrors};
 
 /// A message the agent acts on.
 #[derive(Debug, Clone, PartialEq)]
@@ -17,6 +18,8 @@ pub enum Inbound {
     Dispatch(Box<Dispatch>),
     /// Stop an attempt.
     Cancel(Cancel),
+    /// A running attempt's configuration changed.
+    ConfigUpdate(Box<ConfigUpdate>),
     /// The server applied these statuses, or recorded a heartbeat.
     StatusAck(StatusAck),
     /// Read, follow, renew or stop reading a task's output.
@@ -67,6 +70,41 @@ pub struct Refused {
     pub task: Option<(String, u32)>,
 }
 
+/// A configuration change's files must stay inside the task's directory
+/// and its variables be names (the server's bug or forgery must not write
+/// elsewhere), and its task uid must be one a dispatch could carry.
+fn check_config_paths(update: &ConfigUpdate) -> Result<(), InboundError> {
+    let config = &update.config;
+    let bad = config
+        .files
+        .iter()
+        .find(|f| !is_inside_task_dir(&f.path))
+        .map(|f| {
+            format!(
+                "file path {:?} is not a relative path inside the task's directory",
+                f.path
+            )
+        })
+        .or_else(|| {
+            config
+                .env
+                .iter()
+                .find(|v| !is_env_name(&v.name))
+                .map(|v| format!("invalid variable name {:?}", v.name))
+        })
+        .or_else(|| {
+            (!usable_uid(&update.task_uid)).then(|| format!("task uid {:?} is not usable", update.task_uid))
+        });
+    match bad {
+        None => Ok(()),
+        Some(reason) => Err(ProtocolError::Malformed {
+            kind: "config",
+            reason,
+        }
+        .into()),
+    }
+}
+
 /// Classifies one message received on `topic`.
 pub fn classify(topics: &Topics, robot_id: &str, topic: &str, payload: &[u8]) -> Result<Inbound, Refused> {
     let refuse = |error: InboundError| Refused { error, task: None };
@@ -93,6 +131,12 @@ pub fn classify(topics: &Topics, robot_id: &str, topic: &str, payload: &[u8]) ->
         TopicKind::Cancel => protocol::decode(payload)
             .map(Inbound::Cancel)
             .map_err(|e| refuse(e.into())),
+        TopicKind::ConfigUpdate => protocol::decode::<ConfigUpdate>(payload)
+            .map_err(|e| refuse(e.into()))
+            .and_then(|update| match check_config_paths(&update) {
+                Ok(()) => Ok(Inbound::ConfigUpdate(Box::new(update))),
+                Err(error) => Err(refuse(error)),
+            }),
         TopicKind::LogRequest => protocol::decode(payload)
             .map(Inbound::LogRequest)
             .map_err(|e| refuse(e.into())),
@@ -218,6 +262,53 @@ mod tests {
             classify(&t, "rb1", &t.cancel("rb1"), &encode(&c)),
             Ok(Inbound::Cancel(c))
         );
+    }
+
+    fn config_update(path: &str, var: &str) -> ConfigUpdate {
+        use k8s4r_api::protocol::{ConfigFile, ConfigVar, TaskConfig};
+        ConfigUpdate {
+            v: 1,
+            task_uid: "u1".into(),
+            attempt: 1,
+            config: TaskConfig {
+                env: vec![ConfigVar {
+                    name: var.into(),
+                    value: "v".into(),
+                    secret: false,
+                }],
+                files: vec![ConfigFile::new(path.into(), 0o644, false, b"x")],
+                generation: 2,
+                ..Default::default()
+            },
+        }
+    }
+
+    #[test]
+    fn a_config_change_is_taken_only_with_paths_inside_the_task_and_variable_names() {
+        let t = topics();
+        let good = config_update("conf/params.yaml", "MAP");
+        assert_eq!(
+            classify(&t, "rb1", &t.config_update("rb1"), &encode(&good)),
+            Ok(Inbound::ConfigUpdate(Box::new(good)))
+        );
+        for (path, var) in [
+            ("../escape", "MAP"),
+            ("/etc/passwd", "MAP"),
+            ("conf/../../x", "MAP"),
+            ("", "MAP"),
+            ("conf/a", "A=B"),
+            ("conf/a", ""),
+        ] {
+            let bad = config_update(path, var);
+            let refused = classify(&t, "rb1", &t.config_update("rb1"), &encode(&bad)).unwrap_err();
+            assert!(
+                matches!(
+                    refused.error,
+                    InboundError::Protocol(ProtocolError::Malformed { kind: "config", .. })
+                ),
+                "{path:?} {var:?}: {refused:?}"
+            );
+        }
     }
 
     #[test]

@@ -330,6 +330,9 @@ impl Session {
                 Command::Stop { uid, attempt, cause } => {
                     let _ = self.commands.send(TaskCommand::Stop { uid, attempt, cause });
                 }
+                Command::Reconfigure(update) => {
+                    let _ = self.commands.send(TaskCommand::Reconfigure(update));
+                }
                 Command::Logs(request) => self.log_readers.handle(request),
                 Command::Upgrade(order) => {
                     if let Some(hooks) = &self.upgrades {

@@ -534,3 +534,233 @@ async fn a_re_adopted_service_that_dies_is_restarted_by_the_new_agent() {
         "{update:#?}"
     );
 }
+
+/// The configuration a dispatch or a change carries: `params`' key `value`
+/// as the file `conf/value` and the variable `VALUE`, at `generation`.
+fn params(generation: u64, file: &str, var: &str) -> k8s4r_api::protocol::TaskConfig {
+    use k8s4r_api::config_ref::{ConfigSource, ObjectKind};
+    use k8s4r_api::protocol::{ConfigFile, ConfigVar, TaskConfig};
+    TaskConfig {
+        env: vec![ConfigVar {
+            name: "VALUE".into(),
+            value: var.into(),
+            secret: false,
+        }],
+        files: vec![ConfigFile::new(
+            "conf/value".into(),
+            0o644,
+            false,
+            file.as_bytes(),
+        )],
+        sources: vec![ConfigSource {
+            kind: ObjectKind::ConfigMap,
+            name: "params".into(),
+            resource_version: format!("{}", 100 + generation),
+        }],
+        generation,
+    }
+}
+
+/// A service taking `params` (file and variable) that does `on_change`.
+fn configured_service(
+    uid: &str,
+    script: &str,
+    on_change: k8s4r_api::config_ref::OnConfigChange,
+) -> k8s4r_api::protocol::Dispatch {
+    use k8s4r_api::config_ref::{ConfigFiles, ConfigMapFiles, EnvVarSource, KeySelector};
+    let mut dispatch = shell_dispatch(uid, 1, script);
+    dispatch.spec.kind = TaskKind::Service;
+    dispatch.spec.files = vec![ConfigFiles {
+        path: "conf".into(),
+        config_map: Some(ConfigMapFiles {
+            name: "params".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }];
+    dispatch.spec.env = vec![k8s4r_api::EnvVar {
+        name: "VALUE".into(),
+        value: String::new(),
+        value_from: Some(EnvVarSource {
+            config_map_key_ref: Some(KeySelector {
+                name: "params".into(),
+                key: "value".into(),
+                optional: None,
+            }),
+            ..Default::default()
+        }),
+    }];
+    dispatch.spec.on_config_change = on_change;
+    dispatch.config = Some(params(0, "1", "v1"));
+    dispatch
+}
+
+fn change(uid: &str, config: k8s4r_api::protocol::TaskConfig) -> Vec<u8> {
+    encode(&k8s4r_api::protocol::ConfigUpdate {
+        v: 1,
+        task_uid: uid.into(),
+        attempt: 1,
+        config,
+    })
+}
+
+/// The next status of `uid` that reports its configuration.
+async fn config_report(server: &mut Server, uid: &str) -> StatusUpdate {
+    let suffix = format!("/tasks/{uid}/status");
+    loop {
+        let update: StatusUpdate = server.next(&suffix, LONG).await.decode();
+        if update.config.is_some() {
+            return update;
+        }
+        assert!(!update.state.is_terminal(), "{uid} ended: {update:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configuration_change_is_in_place_before_its_signal_and_a_restart_takes_the_new_values() {
+    use k8s4r_api::config_ref::OnConfigChange;
+    // Every part is kept to the end: a field left to `..` would drop
+    // (the broker stopping) here.
+    let Online {
+        broker: _broker,
+        mut server,
+        agent: _agent,
+        tmp,
+        state: _state,
+    } = Online::start("rc1").await;
+    let log = tmp.path().join("seen");
+    std::fs::write(&log, b"").unwrap();
+
+    // signal: the file changes in place, then SIGHUP; the variable keeps
+    // its value until a start.
+    let script = format!(
+        "trap 'echo \"hup $(cat conf/value) $VALUE\" >> {log}' HUP; echo \"sig-start $(cat conf/value) $VALUE\" >> {log}; while true; do sleep 3600 & wait $!; done",
+        log = log.display()
+    );
+    let dispatch = configured_service("u-sig", &script, OnConfigChange::Signal);
+    server
+        .publish(server.topics.dispatch("rc1"), encode(&dispatch))
+        .await;
+    let first = config_report(&mut server, "u-sig").await;
+    let config = first.config.clone().unwrap();
+    assert_eq!((config.generation, config.sources.len()), (0, 1), "{first:?}");
+    eventually("the service's start", LONG, || {
+        std::fs::read_to_string(&log)
+            .ok()?
+            .contains("sig-start 1 v1")
+            .then_some(())
+    })
+    .await;
+    server
+        .publish(
+            server.topics.config_update("rc1"),
+            change("u-sig", params(1, "2", "v2")),
+        )
+        .await;
+    let applied = config_report(&mut server, "u-sig").await.config.unwrap();
+    assert_eq!(applied.generation, 1);
+    assert!(
+        applied
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("sent SIGHUP"),
+        "{applied:?}"
+    );
+    eventually("the signal, with the new file in place", LONG, || {
+        std::fs::read_to_string(&log)
+            .ok()?
+            .contains("hup 2 v1")
+            .then_some(())
+    })
+    .await;
+    // The same change delivered again is dropped; a newer one with the
+    // same values is recorded, nothing signalled.
+    server
+        .publish(
+            server.topics.config_update("rc1"),
+            change("u-sig", params(1, "2", "v2")),
+        )
+        .await;
+    server
+        .publish(
+            server.topics.config_update("rc1"),
+            change("u-sig", params(2, "2", "v2")),
+        )
+        .await;
+    let same = config_report(&mut server, "u-sig").await.config.unwrap();
+    assert_eq!(same.generation, 2, "{same:?}");
+    assert!(
+        same.message
+            .as_deref()
+            .unwrap_or_default()
+            .starts_with("unchanged"),
+        "{same:?}"
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(text.matches("hup ").count(), 1, "{text}");
+
+    // restart: stopped and started again at once with the new file and
+    // variable, the restart counted, in the same attempt.
+    let script = format!(
+        "echo \"rst-start $(cat conf/value) $VALUE\" >> {log}; exec sleep 3600",
+        log = log.display()
+    );
+    let dispatch = configured_service("u-rst", &script, OnConfigChange::Restart);
+    server
+        .publish(server.topics.dispatch("rc1"), encode(&dispatch))
+        .await;
+    config_report(&mut server, "u-rst").await;
+    eventually("the restarting service's start", LONG, || {
+        std::fs::read_to_string(&log)
+            .ok()?
+            .contains("rst-start 1 v1")
+            .then_some(())
+    })
+    .await;
+    server
+        .publish(
+            server.topics.config_update("rc1"),
+            change("u-rst", params(1, "3", "v3")),
+        )
+        .await;
+    let restarted = config_report(&mut server, "u-rst").await;
+    assert_eq!(
+        (
+            restarted.state,
+            restarted.attempt,
+            restarted.restarts.restart_count,
+            restarted.config.as_ref().map(|c| c.generation)
+        ),
+        (TaskState::Running, 1, 1, Some(1)),
+        "{restarted:?}"
+    );
+    eventually("the restart with the new values", LONG, || {
+        std::fs::read_to_string(&log)
+            .ok()?
+            .contains("rst-start 3 v3")
+            .then_some(())
+    })
+    .await;
+    // A change for an attempt this robot does not run is dropped.
+    let mut other = k8s4r_api::protocol::ConfigUpdate {
+        v: 1,
+        task_uid: "u-rst".into(),
+        attempt: 7,
+        config: params(5, "9", "v9"),
+    };
+    server
+        .publish(server.topics.config_update("rc1"), encode(&other))
+        .await;
+    other.attempt = 1;
+    other.config = params(6, "3", "v3");
+    server
+        .publish(server.topics.config_update("rc1"), encode(&other))
+        .await;
+    let last = config_report(&mut server, "u-rst").await.config.unwrap();
+    assert_eq!(
+        last.generation, 6,
+        "the change for attempt 7 was not taken: {last:?}"
+    );
+    assert!(!std::fs::read_to_string(&log).unwrap().contains(" 9 "));
+}

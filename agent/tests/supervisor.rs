@@ -461,7 +461,7 @@ async fn two_hundred_concurrent_tasks() {
         .iter()
         .filter_map(|e| match e {
             TaskEvent::Finished { uid, .. } => Some(uid.as_str()),
-            TaskEvent::Started { .. } | TaskEvent::Output { .. } => None,
+            TaskEvent::Started { .. } | TaskEvent::Output { .. } | TaskEvent::Reconfigured { .. } => None,
         })
         .collect();
     for uid in &finished[100..] {

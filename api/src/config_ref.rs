@@ -161,3 +161,88 @@ impl fmt::Display for ObjectKind {
 pub fn is_env_name(name: &str) -> bool {
     !name.is_empty() && !name.contains(['=', '\0'])
 }
+
+/// What a running service does when a ConfigMap or Secret it takes
+/// changes (its files are rewritten first in every case). Batch tasks keep
+/// the values they started with.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum OnConfigChange {
+    /// Files rewritten in place, nothing else: variables keep their values
+    /// until the process starts again (Kubernetes's volumes).
+    #[default]
+    None,
+    /// The process is stopped (its stop signal, `killTimeout`) and started
+    /// again with the new values: a rolling restart, no more of the group
+    /// at once than its `maxParallel` (default 1).
+    Restart,
+    /// `configChangeSignal` (default SIGHUP) is sent to its process group,
+    /// for software that reloads its files.
+    Signal,
+}
+
+impl OnConfigChange {
+    /// Whether it is the default (`none`).
+    pub fn is_none(&self) -> bool {
+        *self == OnConfigChange::None
+    }
+
+    /// Its name, as a spec writes it.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            OnConfigChange::None => "none",
+            OnConfigChange::Restart => "restart",
+            OnConfigChange::Signal => "signal",
+        }
+    }
+}
+
+/// A ConfigMap or Secret a task's configuration came from, at the version
+/// read.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConfigSource {
+    pub kind: ObjectKind,
+    pub name: String,
+    pub resource_version: String,
+}
+
+impl ConfigSource {
+    /// The objects' versions in one line, in a fixed order (kind, then
+    /// name): `ConfigMap/calibration@1042,Secret/fleet-keys@977`. Two lists
+    /// of the same objects at the same versions give the same line.
+    pub fn versions(sources: &[ConfigSource]) -> String {
+        let mut sorted: Vec<&ConfigSource> = sources.iter().collect();
+        sorted.sort();
+        sorted.dedup();
+        sorted
+            .iter()
+            .map(|s| format!("{}/{}@{}", s.kind, s.name, s.resource_version))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+/// The manager's request that a running attempt take its configuration
+/// again (the annotation [`crate::names::ANNOTATION_CONFIG_REFRESH`], as
+/// JSON): the server reads the objects and sends them to the robot.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConfigRefresh {
+    /// The attempt asked.
+    pub attempt: u32,
+    /// Increases with each request within the attempt; the robot reports
+    /// the one it applied.
+    pub generation: u64,
+    /// The objects' versions the manager saw ([`ConfigSource::versions`]).
+    pub versions: String,
+}
+
+impl ConfigRefresh {
+    /// The request a Task's annotations carry, if any (a malformed one is
+    /// none).
+    pub fn of(annotations: Option<&std::collections::BTreeMap<String, String>>) -> Option<Self> {
+        let value = annotations?.get(crate::names::ANNOTATION_CONFIG_REFRESH)?;
+        serde_json::from_str(value).ok()
+    }
+}

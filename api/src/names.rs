@@ -31,6 +31,10 @@ pub const ANNOTATION_DISPATCHED_ATTEMPT: &str = "robot.k8s4r.io/dispatched-attem
 /// publish): an attempt at or below it may be running on its robot, so a
 /// cancel must reach the robot (see [`crate::task::sent_attempt`]).
 pub const ANNOTATION_SENDING_ATTEMPT: &str = "robot.k8s4r.io/sending-attempt";
+/// Annotation on a running Task (the manager sets it): take the
+/// configuration from ConfigMaps and Secrets again, as JSON
+/// ([`crate::config_ref::ConfigRefresh`]); the server sends it to the robot.
+pub const ANNOTATION_CONFIG_REFRESH: &str = "robot.k8s4r.io/config-refresh";
 /// Annotation on a Task, TaskGroup or Job: stop what runs and mark it
 /// cancelled, keeping it. Each new value acts once.
 pub const ANNOTATION_CANCEL: &str = "robot.k8s4r.io/cancel";

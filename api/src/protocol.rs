@@ -143,6 +143,9 @@ pub enum TopicKind {
     Dispatch,
     /// `robots/{id}/tasks/cancel`: server → robot.
     Cancel,
+    /// `robots/{id}/tasks/config`: server → robot, a running attempt's
+    /// changed configuration.
+    ConfigUpdate,
     /// `robots/{id}/tasks/{uid}/status`: robot → server.
     Status {
         /// The Task's uid.
@@ -230,6 +233,11 @@ impl Topics {
     pub fn cancel(&self, id: &str) -> String {
         self.robot(id, "tasks/cancel")
     }
+
+    /// `{prefix}/robots/{id}/tasks/config`
+    pub fn config_update(&self, id: &str) -> String {
+        self.robot(id, "tasks/config")
+    }
     /// `{prefix}/robots/{id}/tasks/{uid}/status`
     pub fn status(&self, id: &str, task_uid: &str) -> String {
         self.robot(id, &format!("tasks/{task_uid}/status"))
@@ -280,6 +288,7 @@ impl Topics {
             self.response(id),
             self.dispatch(id),
             self.cancel(id),
+            self.config_update(id),
             self.status_ack(id),
             self.log_request(id),
             self.agent_upgrade(id),
@@ -312,6 +321,7 @@ impl Topics {
             ["online"] => TopicKind::Online,
             ["tasks", "dispatch"] => TopicKind::Dispatch,
             ["tasks", "cancel"] => TopicKind::Cancel,
+            ["tasks", "config"] => TopicKind::ConfigUpdate,
             ["tasks", "acks"] => TopicKind::StatusAck,
             ["logs", "request"] => TopicKind::LogRequest,
             ["agent", "upgrade"] => TopicKind::AgentUpgrade,
@@ -797,6 +807,9 @@ pub struct TaskConfig {
     /// The objects read, each at the version read.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sources: Vec<ConfigSource>,
+    /// 0 for the dispatch's; a [`ConfigUpdate`]'s generation after it.
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub generation: u64,
 }
 
 impl std::fmt::Debug for TaskConfig {
@@ -805,6 +818,7 @@ impl std::fmt::Debug for TaskConfig {
             .field("env", &self.env.iter().map(|v| &v.name).collect::<Vec<_>>())
             .field("files", &self.files.iter().map(|x| &x.path).collect::<Vec<_>>())
             .field("sources", &self.sources)
+            .field("generation", &self.generation)
             .finish()
     }
 }
@@ -854,14 +868,7 @@ impl ConfigFile {
     }
 }
 
-/// A ConfigMap or Secret a task's configuration came from.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ConfigSource {
-    pub kind: crate::config_ref::ObjectKind,
-    pub name: String,
-    pub resource_version: String,
-}
+pub use crate::config_ref::ConfigSource;
 
 impl Message for Dispatch {
     const KIND: &'static str = "dispatch";
@@ -886,6 +893,56 @@ impl Dispatch {
             config: None,
         }
     }
+}
+
+/// `tasks/config`: a running attempt's configuration from ConfigMaps and
+/// Secrets changed. The robot rewrites its files, then does what the
+/// spec's `onConfigChange` says, and reports the generation it applied
+/// in a status ([`ConfigReport`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConfigUpdate {
+    /// Protocol version.
+    #[serde(default = "version")]
+    pub v: u32,
+    /// The Task's uid.
+    pub task_uid: String,
+    /// The attempt it is for (another attempt ignores it).
+    pub attempt: u32,
+    /// The whole configuration, as a dispatch carries it; its
+    /// `generation` orders updates (an older one than applied is ignored).
+    pub config: TaskConfig,
+}
+
+impl Message for ConfigUpdate {
+    const KIND: &'static str = "config";
+
+    fn check_limits(&self) -> Result<(), ProtocolError> {
+        bound(
+            Self::KIND,
+            "config.sources",
+            self.config.sources.len(),
+            MAX_CONFIG_SOURCES,
+        )
+    }
+}
+
+/// What configuration a running attempt runs with, in a status: the
+/// dispatch's (generation 0) from its first start, and each update the
+/// robot applied.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConfigReport {
+    /// The update applied (0: the dispatch's configuration).
+    #[serde(default)]
+    pub generation: u64,
+    /// The objects, each at the version it was read.
+    #[serde(default)]
+    pub sources: Vec<ConfigSource>,
+    /// What the robot did, for a person ("restarted", "sent SIGHUP",
+    /// "files rewritten", "unchanged: ..."); none for the dispatch's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 /// `tasks/cancel`: stop an attempt (SIGTERM, then SIGKILL after its kill timeout).
@@ -1081,11 +1138,31 @@ pub struct StatusUpdate {
     /// cache lacks the uid reads the Task by this name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task_name: Option<String>,
+    /// The configuration from ConfigMaps and Secrets the attempt runs with,
+    /// when this report says (its first start, and each update applied).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<ConfigReport>,
 }
 
 impl Message for StatusUpdate {
     const KIND: &'static str = "status";
+
+    fn check_limits(&self) -> Result<(), ProtocolError> {
+        if let Some(config) = &self.config {
+            bound(
+                Self::KIND,
+                "config.sources",
+                config.sources.len(),
+                MAX_CONFIG_SOURCES,
+            )?;
+        }
+        Ok(())
+    }
 }
+
+/// The most objects one task's configuration names: 16 each of `env`,
+/// `envFrom` and `files`, with room for `$(K8S4R_ROBOT_ID)` variants.
+pub const MAX_CONFIG_SOURCES: usize = 64;
 
 impl StatusUpdate {
     /// Update `seq` of `attempt` of the Task `task_uid`: now in `state`,
@@ -1106,6 +1183,7 @@ impl StatusUpdate {
             output_tail: None,
             restarts: RestartStatus::default(),
             task_name: None,
+            config: None,
         }
     }
 
@@ -1487,8 +1565,35 @@ mod tests {
                     name: "api".into(),
                     resource_version: "7".into(),
                 }],
+                generation: 0,
             }),
         });
+        round_trip(ConfigUpdate {
+            v: 1,
+            task_uid: "u1".into(),
+            attempt: 2,
+            config: TaskConfig {
+                files: vec![ConfigFile::new("conf/a.yaml".into(), 0o644, false, b"a: 2\n")],
+                sources: vec![ConfigSource {
+                    kind: crate::config_ref::ObjectKind::ConfigMap,
+                    name: "calibration".into(),
+                    resource_version: "9".into(),
+                }],
+                generation: 3,
+                ..Default::default()
+            },
+        });
+        let mut applied = StatusUpdate::new("u1", 2, 4, TaskState::Running);
+        applied.config = Some(ConfigReport {
+            generation: 3,
+            sources: vec![ConfigSource {
+                kind: crate::config_ref::ObjectKind::ConfigMap,
+                name: "calibration".into(),
+                resource_version: "9".into(),
+            }],
+            message: Some("sent SIGHUP".into()),
+        });
+        round_trip(applied);
         round_trip(Cancel {
             v: 1,
             task_uid: "u1".into(),
@@ -1515,6 +1620,7 @@ mod tests {
                 last_restart_time: Some("2026-11-22T10:00:20Z".parse().unwrap()),
             },
             task_name: Some("default/job-a-0".into()),
+            config: None,
         });
         round_trip(Online { v: 1, online: false });
     }
@@ -1532,6 +1638,7 @@ mod tests {
             (t.response("rb1"), robot(TopicKind::Response)),
             (t.dispatch("rb1"), robot(TopicKind::Dispatch)),
             (t.cancel("rb1"), robot(TopicKind::Cancel)),
+            (t.config_update("rb1"), robot(TopicKind::ConfigUpdate)),
             (
                 t.status("rb1", "u-1"),
                 robot(TopicKind::Status {

@@ -50,6 +50,17 @@ pub struct TaskTemplate {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
     pub files: Vec<ConfigFiles>,
+    /// What a running service does when a ConfigMap or Secret it takes
+    /// changes, once its files are rewritten: `none` (the default: files
+    /// only; variables keep their values until it starts again),
+    /// `restart` (a rolling restart, at most the group's `maxParallel` at
+    /// once, default 1) or `signal` (`configChangeSignal` to its process
+    /// group). Batch tasks keep the values they started with.
+    #[serde(default, skip_serializing_if = "crate::config_ref::OnConfigChange::is_none")]
+    pub on_config_change: crate::config_ref::OnConfigChange,
+    /// The signal `onConfigChange: signal` sends (default SIGHUP).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_change_signal: Option<StopSignal>,
     /// Working directory, relative to the task's own directory on the robot
     /// (no `..`); defaults to that directory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -423,7 +434,14 @@ pub enum RestartMode {
         printcolumn(name = "Exit", type_ = "integer", json_path = ".status.exitCode"),
         printcolumn(name = "Restarts", type_ = "integer", json_path = ".status.restartCount"),
         printcolumn(name = "Reason", type_ = "string", json_path = ".status.reason"),
-        printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+        printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+        printcolumn(
+            name = "Config",
+            type_ = "string",
+            json_path = ".status.config.versions",
+            priority = 1,
+            description = "The ConfigMaps and Secrets the attempt runs with, each at its resourceVersion."
+        )
     )
 )]
 #[serde(rename_all = "camelCase")]
@@ -666,6 +684,30 @@ pub struct TaskStatus {
     /// Scheduled and similar conditions.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// The ConfigMaps and Secrets the current attempt runs with, as its
+    /// robot reported them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<TaskConfigStatus>,
+}
+
+/// What configuration from ConfigMaps and Secrets an attempt runs with
+/// (names and versions only, never a value).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskConfigStatus {
+    /// The objects at their versions, in one line
+    /// (`ConfigMap/calibration@1042,Secret/fleet-keys@977`).
+    #[serde(default)]
+    pub versions: String,
+    /// The same, one by one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sources: Vec<crate::config_ref::ConfigSource>,
+    /// The last change the robot applied (0: none since the dispatch).
+    #[serde(default)]
+    pub generation: u64,
+    /// What the robot did with the last change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 impl TaskStatus {

@@ -459,13 +459,23 @@ pub fn validate_job_spec(spec: &JobSpec) -> Result<(), ValidationErrors> {
                 if group.count.is_none() {
                     report.error(format!("{path}.count"), "required (or mode: everyRobot)");
                 }
-                for (field, set) in [
-                    ("maxParallel", group.max_parallel.is_some()),
-                    ("maxFailed", group.max_failed.is_some()),
+                // A group of services rolls a configuration change out
+                // maxParallel at a time, whatever its mode.
+                let rolls = group.task.kind == crate::task_kind::TaskKind::Service;
+                for (field, set, why) in [
+                    (
+                        "maxParallel",
+                        group.max_parallel.is_some() && !rolls,
+                        "only applies to mode everyRobot, or to a group of services (their restarts for a configuration change)",
+                    ),
+                    ("maxFailed", group.max_failed.is_some(), "only applies to mode everyRobot"),
                 ] {
                     if set {
-                        report.error(format!("{path}.{field}"), "only applies to mode everyRobot");
+                        report.error(format!("{path}.{field}"), why);
                     }
+                }
+                if let Some(n) = group.max_parallel.filter(|n| *n < 1 && rolls) {
+                    report.error(format!("{path}.maxParallel"), format!("must be >= 1, got {n}"));
                 }
             }
             GroupMode::EveryRobot => {

@@ -18,6 +18,7 @@ pub mod agent_rollout;
 pub mod aggregate;
 pub mod cli;
 pub mod config;
+pub mod config_change;
 pub mod controllers;
 pub mod deadline;
 pub mod error;

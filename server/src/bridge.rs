@@ -288,6 +288,7 @@ impl Bridge {
                 TopicKind::Response
                 | TopicKind::Dispatch
                 | TopicKind::Cancel
+                | TopicKind::ConfigUpdate
                 | TopicKind::StatusAck
                 | TopicKind::LogRequest
                 | TopicKind::AgentUpgrade => "server_topic",
@@ -356,6 +357,7 @@ impl Bridge {
             TopicKind::Response
             | TopicKind::Dispatch
             | TopicKind::Cancel
+            | TopicKind::ConfigUpdate
             | TopicKind::StatusAck
             | TopicKind::LogRequest
             | TopicKind::AgentUpgrade => Ok(Outcome::Rejected(

@@ -447,6 +447,9 @@ pub struct TaskStatusPatch {
     /// (a report without them leaves what an earlier one said).
     #[serde(flatten)]
     pub restarts: Option<RestartStatus>,
+    /// The configuration the attempt runs with, when the report says.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub config: Option<Box<k8s4r_api::TaskConfigStatus>>,
 }
 
 /// Why a well-formed update was not applied: at-least-once delivery makes
@@ -572,7 +575,19 @@ pub fn decide_status(
         output_tail: update.output_tail.as_deref().map(bounded_tail),
         observed_running_time: status.observed_running_time.is_none().then_some(now),
         restarts: (update.restarts.restart_count > 0).then(|| update.restarts.clone()),
+        config: update.config.as_ref().map(|c| Box::new(config_status(c))),
     }))
+}
+
+/// What a Task's status shows of the configuration a report says the
+/// attempt runs with.
+pub fn config_status(report: &k8s4r_api::protocol::ConfigReport) -> k8s4r_api::TaskConfigStatus {
+    k8s4r_api::TaskConfigStatus {
+        versions: k8s4r_api::config_ref::ConfigSource::versions(&report.sources),
+        sources: report.sources.clone(),
+        generation: report.generation,
+        message: report.message.clone(),
+    }
 }
 
 /// A replaced attempt's late completion that does not decide the Task
@@ -685,6 +700,7 @@ fn completion(update: &StatusUpdate, seq: u64, message: String) -> TaskStatusPat
         output_tail: update.output_tail.as_deref().map(bounded_tail),
         observed_running_time: None,
         restarts: None,
+        config: None,
     }
 }
 
@@ -740,8 +756,8 @@ mod reconcile;
 
 pub use connection::{absent_at_start, connected, REASON_NOT_CONNECTED_AT_START};
 pub use dispatch::{
-    decide_task, dispatched_attempt, dispatching, expired_unsent, has_finalizer, phase_of, reachable,
-    sent_attempt, Stop, TaskAction,
+    config_to_send, decide_task, dispatched_attempt, dispatching, expired_unsent, has_finalizer, phase_of,
+    reachable, sent_attempt, ConfigSend, Stop, TaskAction,
 };
 pub use heartbeat::{plan_heartbeat, plan_lease, Coalescing, HeartbeatMemory, HeartbeatPlan, LeaseRecord};
 pub use reconcile::{plan_reconcile, unwanted, Holding, ReconcilePlan, DISPATCH_GRACE};

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s4r_api::backoff::exponential;
 use k8s4r_api::names::{ANNOTATION_SENDING_ATTEMPT, FINALIZER_CANCEL};
-use k8s4r_api::protocol::{encode, Dispatch, MAX_MESSAGE_BYTES};
+use k8s4r_api::protocol::{encode, ConfigUpdate, Dispatch, MAX_MESSAGE_BYTES};
 use k8s4r_api::{DisconnectPolicy, DurationString, Robot, Task, TaskReason, TaskState};
 use k8s4r_service::backoff::Failures;
 use k8s4r_service::events::{Recorder, RoutineBudget};
@@ -69,6 +69,11 @@ pub struct Context {
     /// dispatching: a reconcile woken by the sending record's own write
     /// must not publish the same attempt again.
     published: Mutex<HashMap<String, u32>>,
+    /// The attempt and configuration generation this process last sent
+    /// per uid (`robot.k8s4r.io/config-refresh`): sent once each; a new
+    /// process sends an unreported one again, which the robot drops if it
+    /// applied it.
+    config_sent: Mutex<HashMap<String, (u32, u64)>>,
 }
 
 /// Metadata fields of the finalizer patch (guarded: the list replaces
@@ -163,6 +168,7 @@ pub async fn run(
         leadership,
         failures: Failures::default(),
         published: Mutex::default(),
+        config_sent: Mutex::default(),
     });
     controller
         .graceful_shutdown_on(shutdown.cancelled_owned())
@@ -194,6 +200,7 @@ async fn reconcile(task: Arc<Task>, ctx: Arc<Context>) -> Result<Action> {
         // process would.
         if let Some(uid) = task.metadata.uid.as_deref() {
             lock(&ctx.published).remove(uid);
+            lock(&ctx.config_sent).remove(uid);
         }
         return Ok(Action::requeue(FOLLOWER_RECHECK));
     }
@@ -211,6 +218,12 @@ async fn reconcile(task: Arc<Task>, ctx: Arc<Context>) -> Result<Action> {
         action
     };
     note_expired(&ctx, &task, &action, now);
+    if action == TaskAction::Nothing {
+        let sent = lock(&ctx.config_sent).get(&uid).copied();
+        if let Some(send) = decide::config_to_send(&task, sent) {
+            send_config(&ctx, &task, &uid, send).await?;
+        }
+    }
     let next = carry_out(&ctx, &task, action, seen, &uid).await?;
     ctx.failures.succeeded(&uid);
     Ok(next)
@@ -303,6 +316,7 @@ async fn carry_out(
         }
         TaskAction::CancelAndRelease { robot, attempt } => {
             lock(&ctx.published).remove(uid);
+            lock(&ctx.config_sent).remove(uid);
             if let Err(error) = cancel(bridge, task, &robot, attempt).await {
                 warn!(%error, "cancel not delivered; releasing the task anyway (robot offline or never dispatched)");
             }
@@ -311,6 +325,7 @@ async fn carry_out(
         }
         TaskAction::Release => {
             lock(&ctx.published).remove(uid);
+            lock(&ctx.config_sent).remove(uid);
             release(bridge, task).await?;
             Ok(Action::await_change())
         }
@@ -451,6 +466,7 @@ async fn refuse(
         output_tail: None,
         observed_running_time: None,
         restarts: None,
+        config: None,
     };
     match ctx.bridge.write_status(task, &patch).await {
         Ok(()) => {
@@ -500,6 +516,81 @@ async fn record_sending(bridge: &Bridge, task: &Task, robot: &str, attempt: u32)
         }
         Err(e) => Err(e),
     }
+}
+
+/// Sends a running attempt its configuration as the objects are now (the
+/// manager asked: one of them changed). When they no longer resolve, the
+/// attempt runs on with what it has; its status says so at the asked
+/// generation (so that a rolling restart does not wait for it), with a
+/// Warning Event.
+async fn send_config(ctx: &Context, task: &Task, uid: &str, send: decide::ConfigSend) -> Result<()> {
+    let bridge = ctx.bridge.as_ref();
+    let decide::ConfigSend {
+        robot,
+        attempt,
+        generation,
+    } = send;
+    let problem = match task_config::resolve(bridge, task, &robot).await? {
+        None => None,
+        Some(Err(problem)) => Some(problem.to_string()),
+        Some(Ok(mut config)) => {
+            config.generation = generation;
+            let body = encode(&ConfigUpdate {
+                v: k8s4r_api::protocol::PROTOCOL_VERSION,
+                task_uid: uid.to_owned(),
+                attempt,
+                config,
+            });
+            if body.len() > MAX_MESSAGE_BYTES {
+                Some(format!(
+                    "it would be {} KiB, over the {} KiB a message to a robot may be",
+                    body.len().div_ceil(1024),
+                    MAX_MESSAGE_BYTES / 1024
+                ))
+            } else {
+                let published = bridge
+                    .publisher()
+                    .publish(bridge.topics().config_update(&robot), body)
+                    .await;
+                if let Err(e) = published {
+                    bridge.metrics().message_out("config", "failed");
+                    return Err(e);
+                }
+                bridge.metrics().message_out("config", "acked");
+                info!(robot, attempt, generation, "changed configuration sent");
+                None
+            }
+        }
+    };
+    let Some(why) = problem else {
+        lock(&ctx.config_sent).insert(uid.to_owned(), (attempt, generation));
+        return Ok(());
+    };
+    warn!(robot, attempt, generation, %why, "changed configuration not sent");
+    let mut config = task
+        .status
+        .as_ref()
+        .and_then(|s| s.config.clone())
+        .unwrap_or_default();
+    config.generation = generation;
+    config.message = Some(format!("not sent: {why}; it runs on with what it had"));
+    #[derive(Debug, Serialize)]
+    struct ConfigOnly {
+        config: k8s4r_api::TaskConfigStatus,
+    }
+    bridge.write_status(task, &ConfigOnly { config }).await?;
+    lock(&ctx.config_sent).insert(uid.to_owned(), (attempt, generation));
+    let note = format!("attempt {attempt} on robot {robot}: the changed configuration was not sent: {why}; it runs on with what it had");
+    record_event(
+        ctx,
+        task,
+        EventType::Warning,
+        "ConfigChangeFailed",
+        "Reconfigure",
+        note,
+    )
+    .await;
+    Ok(())
 }
 
 /// Records an Event on the Task for `kubectl describe`; best effort, since

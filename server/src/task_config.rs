@@ -68,6 +68,7 @@ pub async fn resolve(
                 resource_version,
             })
             .collect(),
+        generation: 0,
     })))
 }
 

@@ -205,7 +205,10 @@ impl SimRobot {
                         pending.extend(self.finish(state, uid, attempt, End::Cancelled));
                     }
                 }
-                Command::Logs(_) | Command::Upgrade(_) | Command::HeartbeatConfirmed { .. } => {}
+                Command::Logs(_)
+                | Command::Upgrade(_)
+                | Command::Reconfigure(_)
+                | Command::HeartbeatConfirmed { .. } => {}
             }
         }
         for _ in 0..refused {

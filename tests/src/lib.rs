@@ -5,6 +5,7 @@
 //! `benches/faults.rs`, which prints their figures.
 
 pub mod chaos;
+pub mod config_change;
 pub mod faults;
 pub mod stopping;
 pub mod upgrade;

@@ -297,6 +297,230 @@ echo "cal=$CAL params=$(cat conf/params.yaml) token=$ok" >> {runs}; echo $$ > {p
     kill(pid);
 }
 
+/// The events on `task` with `reason`, as kubectl shows them.
+async fn events_of(env: &Env, task: &str, reason: &str) -> Vec<String> {
+    use k8s_openapi::api::events::v1::Event;
+    let events = Api::<Event>::namespaced(env.client.clone(), "default")
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
+    events
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(task))
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .filter_map(|e| e.note)
+        .collect()
+}
+
+async fn resource_version(env: &Env, name: &str) -> String {
+    Api::<ConfigMap>::namespaced(env.client.clone(), "default")
+        .get(name)
+        .await
+        .expect("the ConfigMap")
+        .metadata
+        .resource_version
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_config_map_reaches_a_running_service_which_gets_its_signal_with_the_new_file_in_place() {
+    let env = Env::start(&[("cfg-sig", &[])]).await;
+    create_config_map(&env, "ros-params", &[("params.yaml", "rate: 1")]).await;
+    let runs = env.scratch.join("runs");
+    let pid_file = env.scratch.join("pid");
+    // On SIGHUP it says what its file holds then: the new file must be in
+    // place before the signal.
+    let script = format!(
+        r#"trap 'echo "hup params=$(cat conf/params.yaml)" >> {runs}' HUP
+echo $$ > {pid}; echo "start params=$(cat conf/params.yaml)" >> {runs}
+while true; do sleep 0.1; done"#,
+        runs = runs.display(),
+        pid = pid_file.display()
+    );
+    let mut task = sh(&script, "1h");
+    task["kind"] = serde_json::json!("service");
+    task["files"] = serde_json::json!([{ "path": "conf", "configMap": { "name": "ros-params" } }]);
+    task["onConfigChange"] = serde_json::json!("signal");
+    env.create_job(job_json(
+        "sig",
+        serde_json::json!([{ "name": "g", "count": 1, "task": task }]),
+    ))
+    .await;
+    eventually("the service's first run", || async {
+        let lines = std::fs::read_to_string(&runs).ok()?;
+        lines.contains("start params=rate: 1").then_some(())
+    })
+    .await;
+    let before = resource_version(&env, "ros-params").await;
+    let running = eventually("the task showing the version it runs with", || async {
+        let task = only_task(&env, "sig").await?;
+        let config = task.status.clone()?.config?;
+        (config.versions == format!("ConfigMap/ros-params@{before}")).then_some(task)
+    })
+    .await;
+    let name = running.metadata.name.clone().unwrap_or_default();
+
+    Api::<ConfigMap>::namespaced(env.client.clone(), "default")
+        .patch(
+            "ros-params",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({ "data": { "params.yaml": "rate: 2" } })),
+        )
+        .await
+        .expect("change the ConfigMap");
+    let after = resource_version(&env, "ros-params").await;
+    let lines = eventually("SIGHUP with the new file in place", || async {
+        let lines = std::fs::read_to_string(&runs).ok()?;
+        lines.contains("hup params=rate: 2").then_some(lines)
+    })
+    .await;
+    assert_eq!(
+        lines.lines().filter(|l| l.starts_with("start")).count(),
+        1,
+        "signalled, not restarted:\n{lines}"
+    );
+    assert!(
+        !lines.contains("hup params=rate: 1"),
+        "the signal came before the file:\n{lines}"
+    );
+    // The Task says which version it runs with (kubectl's wide view too),
+    // and an Event names the object and its resourceVersion.
+    let config = eventually("the new version in the Task's status", || async {
+        let config = only_task(&env, "sig").await?.status?.config?;
+        (config.versions == format!("ConfigMap/ros-params@{after}")).then_some(config)
+    })
+    .await;
+    assert_eq!(config.generation, 1, "{config:?}");
+    assert!(
+        config
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("sent SIGHUP"),
+        "{config:?}"
+    );
+    let kubeconfig = kubeconfig_path(&env.data_dir);
+    let wide = kubectl(
+        &kubeconfig,
+        &["get", "rtask", &name, "-n", "default", "-o", "wide"],
+    );
+    assert!(wide.contains(&format!("ConfigMap/ros-params@{after}")), "{wide}");
+    let notes = eventually("the ConfigChanged Event", || async {
+        let notes = events_of(&env, &name, "ConfigChanged").await;
+        (!notes.is_empty()).then_some(notes)
+    })
+    .await;
+    assert!(
+        notes[0].contains(&format!("ConfigMap ros-params (resourceVersion {after})")),
+        "{notes:?}"
+    );
+    let pid = read_pid(&pid_file).await;
+    env.stop().await;
+    kill(pid);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_for_a_changed_config_map_keeps_to_the_groups_max_parallel() {
+    let robots = ["roll-a", "roll-b", "roll-c"];
+    let env = Env::start(&[("roll-a", &[]), ("roll-b", &[]), ("roll-c", &[])]).await;
+    create_config_map(&env, "fleet", &[("version", "1")]).await;
+    let log = env.scratch.join("restarts");
+    // Each run notes its start (with the value its variable got) and its
+    // stop, which takes a second: restarts that overlap would show.
+    let script = format!(
+        r#"echo $$ > {log}.$K8S4R_ROBOT_ID.pid
+echo "$(date +%s%N) start $K8S4R_ROBOT_ID v=$VERSION" >> {log}
+trap 'echo "$(date +%s%N) stopping $K8S4R_ROBOT_ID" >> {log}; sleep 1; echo "$(date +%s%N) stopped $K8S4R_ROBOT_ID" >> {log}; exit 0' TERM
+while true; do sleep 0.1; done"#,
+        log = log.display()
+    );
+    let mut task = sh(&script, "1h");
+    task["kind"] = serde_json::json!("service");
+    task["killTimeout"] = serde_json::json!("5s");
+    task["env"] = serde_json::json!([
+        { "name": "VERSION", "valueFrom": { "configMapKeyRef": { "name": "fleet", "key": "version" } } },
+    ]);
+    task["onConfigChange"] = serde_json::json!("restart");
+    env.create_job(job_json(
+        "roll",
+        serde_json::json!([{ "name": "g", "count": 3, "antiAffinity": {}, "maxParallel": 1, "task": task }]),
+    ))
+    .await;
+    eventually("three services running with version 1", || async {
+        let lines = std::fs::read_to_string(&log).ok()?;
+        (lines.matches("v=1").count() == 3).then_some(())
+    })
+    .await;
+    // Every robot has reported what it runs with: the change is seen by all.
+    eventually("each task showing its configuration", || async {
+        let tasks = env
+            .tasks()
+            .list(&ListParams::default().labels(&format!("{LABEL_JOB}=roll")))
+            .await
+            .ok()?
+            .items;
+        (tasks.len() == 3
+            && tasks
+                .iter()
+                .all(|t| t.status.as_ref().is_some_and(|s| s.config.is_some())))
+        .then_some(())
+    })
+    .await;
+    Api::<ConfigMap>::namespaced(env.client.clone(), "default")
+        .patch(
+            "fleet",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({ "data": { "version": "2" } })),
+        )
+        .await
+        .expect("change the ConfigMap");
+    let lines = eventually("three services restarted with version 2", || async {
+        let lines = std::fs::read_to_string(&log).ok()?;
+        (lines.matches("v=2").count() == 3).then_some(lines)
+    })
+    .await;
+    // Each robot's restart spans its "stopping" to its next "start"; no
+    // two of them overlap (maxParallel: 1).
+    let mut spans: Vec<(u128, u128, &str)> = Vec::new();
+    for robot in robots {
+        let at = |what: &str| -> u128 {
+            lines
+                .lines()
+                .find(|l| l.contains(what))
+                .and_then(|l| l.split_whitespace().next()?.parse().ok())
+                .unwrap_or_else(|| panic!("no {what:?} in:\n{lines}"))
+        };
+        let stopping = at(&format!("stopping {robot}"));
+        let restarted = at(&format!("start {robot} v=2"));
+        assert!(stopping < restarted, "{robot}:\n{lines}");
+        spans.push((stopping, restarted, robot));
+    }
+    spans.sort();
+    for pair in spans.windows(2) {
+        assert!(
+            pair[0].1 <= pair[1].0,
+            "{} and {} restarted at once:\n{lines}",
+            pair[0].2,
+            pair[1].2
+        );
+    }
+    let pids: Vec<i32> = robots
+        .iter()
+        .filter_map(|r| {
+            std::fs::read_to_string(format!("{}.{r}.pid", log.display()))
+                .ok()?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .collect();
+    env.stop().await;
+    for pid in pids {
+        kill(pid);
+    }
+}
+
 fn kill(pid: i32) {
     let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
 }

@@ -368,6 +368,56 @@ async fn the_dashboard_shows_the_fleet_jobs_logs_and_acts_as_its_user() {
     assert!(worst <= 1000, "a line took {worst} ms to show: {latencies:?}");
     browser.screenshot("dashboard-task-log").await;
 
+    // A task that takes a Secret: its pages never show the value.
+    const PLANTED: &str = "PLANTED-dashboard-7f3e-s3cr3t";
+    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "dash-keys", "namespace": "default" },
+        "stringData": { "token": PLANTED },
+    }))
+    .expect("a Secret");
+    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(admin.clone(), "default")
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("create the Secret");
+    let mut keyed = sh(
+        "[ -n \"$TOKEN\" ] && [ -s keys/token ] && echo has-its-key; exec sleep 30",
+        "1m",
+    );
+    keyed["env"] = serde_json::json!([
+        { "name": "TOKEN", "valueFrom": { "secretKeyRef": { "name": "dash-keys", "key": "token" } } },
+    ]);
+    keyed["files"] = serde_json::json!([{ "path": "keys", "secret": { "secretName": "dash-keys" } }]);
+    jobs.create(
+        &PostParams::default(),
+        &serde_json::from_value(job_json(
+            "keyed",
+            serde_json::json!([{ "name": "k", "count": 1, "task": keyed }]),
+        ))
+        .expect("a Job"),
+    )
+    .await
+    .expect("create the Job");
+    support::eventually("keyed running with its key", || async {
+        let s = tasks.get("keyed-k-0").await.ok()?.status?;
+        (s.state == Some(k8s4r_api::TaskState::Running)).then_some(())
+    })
+    .await;
+    for page in ["ns/default/tasks/keyed-k-0", "ns/default/jobs/keyed", "jobs", ""] {
+        browser.goto(&format!("{base}/{page}")).await;
+        if page.contains("tasks") {
+            browser.wait_text("#log", "has-its-key", DEADLINE).await;
+        }
+        let html = browser
+            .execute("return document.documentElement.outerHTML;", &[])
+            .await;
+        let html = html.as_str().unwrap_or_default();
+        assert!(!html.is_empty(), "the page {page} is empty");
+        assert!(
+            !html.contains(PLANTED),
+            "the dashboard's {page} page shows the secret"
+        );
+    }
+
     // Cancel in the page stops the task's process on its robot.
     let pid_file = dir.path().join("sleeper.pid");
     let sleeper = format!("echo $$ > {}; exec sleep 600", pid_file.display());

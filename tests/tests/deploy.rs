@@ -841,6 +841,7 @@ async fn deployed_mosquitto_enforces_tls_passwords_and_the_per_robot_acl() {
         "k8s4r/robots/r1/response",
         "k8s4r/robots/r1/tasks/dispatch",
         "k8s4r/robots/r1/tasks/cancel",
+        "k8s4r/robots/r1/tasks/config",
         "k8s4r/robots/r1/tasks/acks",
         "k8s4r/robots/r1/logs/request",
     ] {

@@ -19,8 +19,8 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s4r_api::backoff::{Backoff, Jitter};
 use k8s4r_api::protocol::{
-    encode, Dispatch, Heartbeat, LogRequest, Online, Register, StatusUpdate, Topics, UpgradeOrder,
-    UsageReports,
+    encode, ConfigUpdate, Dispatch, Heartbeat, LogRequest, Online, Register, StatusUpdate, Topics,
+    UpgradeOrder, UsageReports,
 };
 
 use crate::fence::Fence;
@@ -120,6 +120,8 @@ pub enum Command {
         /// Why.
         cause: StopCause,
     },
+    /// A running attempt's configuration changed.
+    Reconfigure(Box<ConfigUpdate>),
     /// The server asked for a task's output.
     Logs(LogRequest),
     /// An upgrade of the agent was ordered.

@@ -21,6 +21,8 @@ pub(super) enum TaskCommand {
         attempt: Option<u32>,
         cause: StopCause,
     },
+    /// A running attempt's changed configuration.
+    Reconfigure(Box<k8s4r_api::protocol::ConfigUpdate>),
     Shutdown(oneshot::Sender<()>),
 }
 
@@ -29,8 +31,14 @@ pub(super) enum TaskCommand {
 pub fn status_of(event: TaskEvent) -> StatusUpdate {
     let mut update = StatusUpdate::new(event.uid(), event.attempt(), 0, TaskState::Running);
     match event {
-        TaskEvent::Started { at, restarted, .. } => {
+        TaskEvent::Started {
+            at,
+            restarted,
+            config,
+            ..
+        } => {
             update.start_time = Some(at);
+            update.config = config;
             if let Some(r) = restarted {
                 update.restarts = RestartStatus {
                     restart_count: r.count,
@@ -40,6 +48,7 @@ pub fn status_of(event: TaskEvent) -> StatusUpdate {
                 update.message = Some(format!("restarted on the robot ({}): {}", r.count, r.cause));
             }
         }
+        TaskEvent::Reconfigured { config, .. } => update.config = Some(config),
         TaskEvent::Output { started, tail, .. } => {
             update.start_time = Some(started);
             update.output_tail = Some(tail);
@@ -88,6 +97,10 @@ pub(super) async fn worker(
             TaskCommand::Stop { uid, attempt, cause } => {
                 supervisor.stop(&uid, attempt, cause).await;
             }
+            TaskCommand::Reconfigure(update) => {
+                let update = *update;
+                supervisor.reconfigure(&update.task_uid, update.attempt, update.config);
+            }
             TaskCommand::Shutdown(done) => {
                 supervisor.shutdown().await;
                 let _ = done.send(());
@@ -121,6 +134,7 @@ mod tests {
             pid: 42,
             at,
             restarted: None,
+            config: None,
         });
         assert_eq!(
             (started.state, started.attempt, started.start_time),

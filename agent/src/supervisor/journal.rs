@@ -637,6 +637,7 @@ mod tests {
             pid: 1,
             at: jiff::Timestamp::UNIX_EPOCH,
             restarted: None,
+            config: None,
         }
     }
 

@@ -314,6 +314,22 @@ pub enum TaskEvent {
         /// Set when the robot started it again (`restart`), not for the
         /// attempt's first start.
         restarted: Option<Restarted>,
+        /// The configuration from ConfigMaps and Secrets it runs with, for
+        /// a task that takes some (and knows it: not one re-adopted or
+        /// started again from the journal before any change).
+        config: Option<k8s4r_api::protocol::ConfigReport>,
+    },
+    /// A running attempt took a change of its configuration (its files
+    /// rewritten, then what its `onConfigChange` says), or found nothing
+    /// to change. A restart for it is reported by the `Started` that
+    /// follows, which carries the change.
+    Reconfigured {
+        /// Task uid.
+        uid: String,
+        /// Attempt.
+        attempt: u32,
+        /// The configuration it runs with now, and what was done.
+        config: k8s4r_api::protocol::ConfigReport,
     },
     /// A running attempt printed since its last report: its latest
     /// output, for the cluster to show while the robot cannot be asked.
@@ -359,6 +375,7 @@ impl TaskEvent {
         match self {
             TaskEvent::Started { uid, .. }
             | TaskEvent::Output { uid, .. }
+            | TaskEvent::Reconfigured { uid, .. }
             | TaskEvent::Finished { uid, .. } => uid,
         }
     }
@@ -368,6 +385,7 @@ impl TaskEvent {
         match self {
             TaskEvent::Started { attempt, .. }
             | TaskEvent::Output { attempt, .. }
+            | TaskEvent::Reconfigured { attempt, .. }
             | TaskEvent::Finished { attempt, .. } => *attempt,
         }
     }
@@ -410,6 +428,12 @@ pub(crate) enum Command {
         attempt: Option<u32>,
         cause: outcome::StopCause,
         done: oneshot::Sender<()>,
+    },
+    /// A running attempt's configuration changed.
+    Reconfigure {
+        uid: String,
+        attempt: u32,
+        config: Box<k8s4r_api::protocol::TaskConfig>,
     },
     Running(oneshot::Sender<Vec<TaskAttempt>>),
     Stats(oneshot::Sender<SupervisorStats>),
@@ -505,6 +529,18 @@ impl SupervisorHandle {
         if self.commands.send(command).is_ok() {
             let _ = rx.await;
         }
+    }
+
+    /// Gives a running attempt its changed configuration: its files are
+    /// rewritten, then its `onConfigChange` acts; a [`TaskEvent`] says what
+    /// was done (nothing for an attempt it does not hold, or a change older
+    /// than the one it applied).
+    pub fn reconfigure(&self, uid: &str, attempt: u32, config: k8s4r_api::protocol::TaskConfig) {
+        let _ = self.commands.send(Command::Reconfigure {
+            uid: uid.to_owned(),
+            attempt,
+            config: Box::new(config),
+        });
     }
 
     /// The attempts that are running (or fetching their artifacts).

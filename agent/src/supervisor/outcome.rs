@@ -43,7 +43,7 @@ pub enum StopCause {
     /// Its directory outgrew what it may take on disk (the reason says how).
     DiskLimit(String),
     /// A health check failed too often in a row (the reason says which).
-    /// The only stop that `restart` may follow with a restart.
+    /// `restart` may follow it with a restart, as after any failure.
     Unhealthy(String),
     /// The robot heard nothing from the cluster for the attempt's
     /// `disconnect.stopAfter` (the reason says how long).
@@ -53,6 +53,10 @@ pub enum StopCause {
     /// A `whileRunning: stop` condition no longer holds (the reason names
     /// it and the fact).
     ConditionLost(String),
+    /// Its configuration changed and its `onConfigChange` is `restart`
+    /// (the reason names the objects): it starts again at once, using
+    /// none of its restarts.
+    ConfigChanged(String),
 }
 
 impl StopCause {
@@ -67,6 +71,7 @@ impl StopCause {
             StopCause::Disconnected(_) => "Disconnected",
             StopCause::Drained(_) => "Drained",
             StopCause::ConditionLost(_) => "ConditionLost",
+            StopCause::ConfigChanged(_) => "ConfigChanged",
         }
     }
 }
@@ -165,6 +170,12 @@ pub fn verdict(exit: Exit, stop: Option<&StopCause>, kill_timeout: Duration) -> 
             TaskReason::ConditionLost,
             format!("stopped: {why}: {how}"),
         ),
+        // It ends only when the agent shuts down before starting it again.
+        Some(StopCause::ConfigChanged(why)) => (
+            TaskState::Failed,
+            TaskReason::AgentShutdown,
+            format!("stopped to restart with its new configuration ({why}), and the agent shut down: {how}"),
+        ),
         None => match (exit.code, exit.signal) {
             (Some(0), None) => (TaskState::Completed, TaskReason::Completed, how),
             (_, Some(_)) => (TaskState::Failed, TaskReason::Signaled, how),
@@ -230,7 +241,10 @@ pub(crate) fn final_verdict(exit: Exit, kill_timeout: Duration, ending: &Ending<
 /// this exit: it was not stopped on purpose (a failed health check is a
 /// failure like any other), and the agent is not stopping.
 pub(crate) fn may_restart(stop: Option<&StopCause>, shutting_down: bool) -> bool {
-    matches!(stop, None | Some(StopCause::Unhealthy(_))) && !shutting_down
+    matches!(
+        stop,
+        None | Some(StopCause::Unhealthy(_) | StopCause::ConfigChanged(_))
+    ) && !shutting_down
 }
 
 /// When a stop found the attempt with no process (`waiting`: between two
@@ -260,7 +274,8 @@ pub(crate) fn unstarted(cause: &StopCause, when: Unstarted) -> (TaskReason, Stri
         | StopCause::Unhealthy(why)
         | StopCause::Disconnected(why)
         | StopCause::Drained(why)
-        | StopCause::ConditionLost(why) => format!("{stopped}: {why}"),
+        | StopCause::ConditionLost(why)
+        | StopCause::ConfigChanged(why) => format!("{stopped}: {why}"),
     };
     let reason = match (cause, when) {
         (StopCause::DiskLimit(_), Unstarted::Waiting) => TaskReason::DiskLimit,

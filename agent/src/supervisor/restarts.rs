@@ -89,6 +89,14 @@ impl Budget {
         Some(wait)
     }
 
+    /// The process was stopped on purpose to start again (its configuration
+    /// changed): at once, counted as a restart, not against the interval.
+    pub(crate) fn requested(&mut self, exit_code: Option<i32>, cause: String) -> Duration {
+        self.last_exit_code = exit_code;
+        self.last_cause = Some(cause);
+        Duration::ZERO
+    }
+
     /// The process was started again at `at`.
     pub(crate) fn restarted(&mut self, at: jiff::Timestamp) -> super::Restarted {
         self.count = self.count.saturating_add(1);

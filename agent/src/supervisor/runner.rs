@@ -111,6 +111,13 @@ pub(crate) enum Housework {
     },
     /// Running tasks' output tails, read.
     Tails(Vec<tails::Tail>),
+    /// A running attempt's changed configuration, written (or not).
+    Reconfigured {
+        uid: String,
+        attempt: u32,
+        report: k8s4r_api::protocol::ConfigReport,
+        result: Result<super::task_config::Applied, String>,
+    },
     Done,
 }
 
@@ -257,6 +264,7 @@ impl Runner {
                 self.begin_shutdown();
             }
             Command::Facts(facts) => self.on_facts(facts),
+            Command::Reconfigure { uid, attempt, config } => self.reconfigure(uid, attempt, *config),
         }
     }
 
@@ -340,6 +348,10 @@ impl Runner {
         if !may_restart(task.stop.as_ref(), self.shutting_down) {
             return None;
         }
+        if let Some(StopCause::ConfigChanged(why)) = &task.stop {
+            // Asked for: at once, using none of the restarts.
+            return Some(budget.requested(exit.code, format!("its configuration changed ({why})")));
+        }
         let v = verdict(exit, task.stop.as_ref(), task.kill_timeout);
         let wait = budget.after_exit(v.state == TaskState::Completed, v.exit_code, Instant::now());
         budget.last_cause = Some(v.message);
@@ -388,6 +400,12 @@ impl Runner {
                 free_work,
             } => self.end(uid, attempt, *outcome, free_work),
             Housework::Tails(read) => self.on_tails(read),
+            Housework::Reconfigured {
+                uid,
+                attempt,
+                report,
+                result,
+            } => self.on_reconfigured(uid, attempt, report, result),
             Housework::Done => {}
         }
     }
@@ -445,6 +463,7 @@ async fn recv_signal(signal: &mut Option<tokio::signal::unix::Signal>) -> Option
 mod checking;
 mod conditions;
 mod ending;
+mod reconfiguring;
 mod shutdown;
 mod starting;
 mod stopping;

@@ -155,6 +155,11 @@ pub(crate) struct Task {
     pub resumed: bool,
     /// Its health checks.
     pub checks: Vec<Check>,
+    /// The configuration from ConfigMaps and Secrets it runs with (what
+    /// its dispatch or the last change carried), for its reports; none
+    /// when it takes none, or it came from the journal and no change
+    /// came since.
+    pub config: Option<k8s4r_api::protocol::ConfigReport>,
     /// The journal can start it again (it has restarts on the robot and
     /// no `stopAfter`): a service that may outlive the agent.
     pub resumable: bool,
@@ -207,6 +212,7 @@ impl Task {
             own_logs: false,
             prepared: None,
             resumed: false,
+            config: None,
         }
     }
 
@@ -484,10 +490,16 @@ impl Table {
                 stop.get_or_insert_with(|| cause.clone());
                 Stop::Nothing
             }
-            // A task stopped for a failed check, then cancelled (or the
-            // agent stops): it ends for the new reason, without a restart,
-            // on the escalation already under way.
-            Phase::Running(_) if matches!(task.stop, Some(StopCause::Unhealthy(_))) => {
+            // A task stopped for a failed check or to take its new
+            // configuration, then cancelled (or the agent stops): it ends
+            // for the new reason, without a restart, on the escalation
+            // already under way.
+            Phase::Running(_)
+                if matches!(
+                    task.stop,
+                    Some(StopCause::Unhealthy(_) | StopCause::ConfigChanged(_))
+                ) =>
+            {
                 task.stop = Some(cause.clone());
                 Stop::Nothing
             }

@@ -92,6 +92,61 @@ pub(crate) fn env(config: &TaskConfig) -> ConfigEnv {
     )
 }
 
+/// What taking a change of configuration did.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Applied {
+    /// Not newer than the one kept: nothing done.
+    Stale,
+    /// The values and files are those kept: only the versions recorded.
+    Same,
+    /// Files rewritten (each replaced whole: a reader sees the old file or
+    /// the new one), those no longer taken removed; the variables it sets
+    /// now.
+    Changed(ConfigEnv),
+}
+
+/// Takes a change of a running attempt's configuration in `dir` (the
+/// attempt's directory): its files rewritten under `dir/work`, owned as
+/// that directory is (by the task's user), and the kept copy replaced.
+/// Blocking.
+pub(crate) fn update(dir: &Path, config: &TaskConfig) -> Result<Applied, String> {
+    let old = kept(dir)
+        .map_err(|e| format!("cannot read the kept configuration: {e}"))?
+        .unwrap_or_default();
+    if config.generation <= old.generation {
+        return Ok(Applied::Stale);
+    }
+    let same = old.env == config.env && old.files == config.files;
+    if !same {
+        use std::os::unix::fs::MetadataExt;
+        let work_dir = dir.join("work");
+        let owner = fs::symlink_metadata(&work_dir)
+            .map(|m| (m.uid(), m.gid()))
+            .map_err(|e| format!("cannot read the task's directory: {e}"))?;
+        let places = Places {
+            fetch_dir: dir.join("fetch"),
+            work_dir: work_dir.clone(),
+            owner: Some(owner),
+        };
+        place(&places, config)?;
+        for gone in old
+            .files
+            .iter()
+            .filter(|f| !config.files.iter().any(|n| n.path == f.path))
+        {
+            if let Err(error) = remove_placed(&work_dir, &gone.path) {
+                tracing::warn!(%error, "cannot remove a configuration file the task no longer takes");
+            }
+        }
+    }
+    keep(dir, config).map_err(|e| format!("cannot keep the configuration: {e}"))?;
+    Ok(if same {
+        Applied::Same
+    } else {
+        Applied::Changed(env(config))
+    })
+}
+
 /// Removes what an attempt that ended put on the robot of its
 /// configuration, and closes its directory to everyone but root, as the end
 /// of an attempt does: for attempts settled or refused as an agent starts,
@@ -143,6 +198,7 @@ mod tests {
                 ConfigFile::new("secrets/token".into(), 0o400, true, b"s3cr3t"),
             ],
             sources: Vec::new(),
+            generation: 0,
         }
     }
 
@@ -179,6 +235,60 @@ mod tests {
         remove(root.path(), &places.work_dir);
         assert!(!token.exists() && !params.exists());
         assert_eq!(kept(root.path()).unwrap(), None);
+    }
+
+    #[test]
+    fn a_change_rewrites_the_files_removes_those_no_longer_taken_and_keeps_the_newest_only() {
+        let root = tempfile::tempdir().unwrap();
+        let places = places(root.path());
+        keep(root.path(), &config()).unwrap();
+        place(&places, &config()).unwrap();
+        let params = places.work_dir.join("conf/params.yaml");
+        let token = places.work_dir.join("secrets/token");
+        let mut changed = config();
+        changed.generation = 1;
+        changed.files = vec![ConfigFile::new(
+            "conf/params.yaml".into(),
+            0o644,
+            false,
+            b"rate: 20\n",
+        )];
+        changed.env[0].value = "n3w".into();
+        match update(root.path(), &changed).unwrap() {
+            Applied::Changed(env) => assert_eq!(env.0, vec![("TOKEN".to_owned(), "n3w".to_owned())]),
+            other => panic!("expected a change, got {other:?}"),
+        }
+        assert_eq!(fs::read_to_string(&params).unwrap(), "rate: 20\n");
+        assert!(!token.exists(), "a file no longer taken is removed");
+        assert_eq!(kept(root.path()).unwrap(), Some(changed.clone()));
+        // The same change again, or an older one: nothing.
+        assert_eq!(update(root.path(), &changed).unwrap(), Applied::Stale);
+        let mut older = config();
+        older.generation = 1;
+        assert_eq!(update(root.path(), &older).unwrap(), Applied::Stale);
+        assert_eq!(fs::read_to_string(&params).unwrap(), "rate: 20\n");
+        // Newer versions of the objects with the same values: recorded only.
+        let mut same = changed.clone();
+        same.generation = 2;
+        same.sources = vec![k8s4r_api::protocol::ConfigSource {
+            kind: k8s4r_api::config_ref::ObjectKind::ConfigMap,
+            name: "calibration".into(),
+            resource_version: "9".into(),
+        }];
+        assert_eq!(update(root.path(), &same).unwrap(), Applied::Same);
+        assert_eq!(kept(root.path()).unwrap(), Some(same));
+        // A file the task replaced by a link is refused, never written through.
+        fs::remove_file(&params).unwrap();
+        let outside = root.path().join("outside");
+        fs::create_dir(&outside).unwrap();
+        fs::remove_dir(places.work_dir.join("conf")).unwrap();
+        std::os::unix::fs::symlink(&outside, places.work_dir.join("conf")).unwrap();
+        let mut third = changed.clone();
+        third.generation = 3;
+        third.files[0] = ConfigFile::new("conf/params.yaml".into(), 0o644, false, b"rate: 30\n");
+        let err = update(root.path(), &third).unwrap_err();
+        assert!(err.contains("symbolic link"), "{err}");
+        assert!(!outside.join("params.yaml").exists());
     }
 
     #[test]

@@ -3,8 +3,9 @@
 use std::collections::BTreeSet;
 
 use super::{is_inside_task_dir, Report};
-use crate::config_ref::{is_env_name, ConfigFiles, KeyToPath, ROBOT_PLACEHOLDER};
+use crate::config_ref::{is_env_name, ConfigFiles, KeyToPath, OnConfigChange, ROBOT_PLACEHOLDER};
 use crate::task::TaskTemplate;
+use crate::task_kind::TaskKind;
 
 /// At most this many `envFrom` sources and `files` entries each.
 pub const MAX_SOURCES: usize = 16;
@@ -72,6 +73,32 @@ pub(super) fn check(report: &mut Report, path: &str, t: &TaskTemplate) {
             );
         }
         file_source(report, &at, files);
+    }
+    on_change(report, path, t);
+}
+
+/// `onConfigChange` and `configChangeSignal`: for services that take
+/// something from ConfigMaps or Secrets; the signal with `signal` only.
+fn on_change(report: &mut Report, path: &str, t: &TaskTemplate) {
+    if !t.on_config_change.is_none() {
+        let at = format!("{path}.onConfigChange");
+        if t.kind != TaskKind::Service {
+            report.error(
+                at,
+                "only a service takes configuration changes (kind: service); a batch task keeps the values it started with",
+            );
+        } else if !crate::config_resolve::has_references(t) {
+            report.error(
+                at,
+                "the task takes nothing from ConfigMaps or Secrets (env valueFrom, envFrom or files)",
+            );
+        }
+    }
+    if t.config_change_signal.is_some() && t.on_config_change != OnConfigChange::Signal {
+        report.error(
+            format!("{path}.configChangeSignal"),
+            "only with onConfigChange: signal",
+        );
     }
 }
 

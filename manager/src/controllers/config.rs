@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s4r_api::config_ref::ObjectKind;
+use k8s4r_api::config_ref::{ConfigSource, ObjectKind};
 use k8s4r_api::config_resolve::{self, expand, KeyInfo, Problem};
 use k8s4r_api::TaskTemplate;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
@@ -98,8 +98,31 @@ impl<'a> Cached<'a> {
     }
 }
 
-impl ConfigLookup for Cached<'_> {
-    fn problem(&self, robot: &str) -> Option<Problem> {
+impl Cached<'_> {
+    /// The objects the task takes on `robot` as the cache has them, each
+    /// at its version; None when they do not resolve there.
+    pub(super) fn sources(&self, robot: &str) -> Option<Vec<ConfigSource>> {
+        let read = self.read_for(robot);
+        let resolved = config_resolve::resolve(self.template, robot, |kind, name| {
+            read.get(&(kind, name.to_owned())).and_then(Option::as_ref)
+        })
+        .ok()?;
+        Some(
+            resolved
+                .sources
+                .into_iter()
+                .map(|(kind, name, resource_version)| ConfigSource {
+                    kind,
+                    name,
+                    resource_version,
+                })
+                .collect(),
+        )
+    }
+
+    /// The objects the template names on `robot`, read off the cache once
+    /// per decision.
+    fn read_for(&self, robot: &str) -> std::sync::MutexGuard<'_, Read> {
         let mut read = k8s4r_service::lock(&self.read);
         for (kind, name) in config_resolve::objects_named(self.template) {
             let name = expand(name, robot);
@@ -120,6 +143,13 @@ impl ConfigLookup for Cached<'_> {
             };
             read.insert((kind, name), meta.as_ref().map(sizes_of));
         }
+        read
+    }
+}
+
+impl ConfigLookup for Cached<'_> {
+    fn problem(&self, robot: &str) -> Option<Problem> {
+        let read = self.read_for(robot);
         let read = &*read;
         config_resolve::resolve(self.template, robot, |kind, name| {
             read.get(&(kind, name.to_owned())).and_then(Option::as_ref)
@@ -140,17 +170,46 @@ impl Context {
         }
     }
 
+    /// A ConfigMap or Secret changed: the running services that take it
+    /// look again (their robots may take the change).
+    fn wake_users(&self, kind: ObjectKind, namespace: Option<String>, name: &str) {
+        for task in self.stores.tasks.state() {
+            let template = &task.spec.template;
+            let running = task.status.as_ref().and_then(|s| s.state) == Some(k8s4r_api::TaskState::Running);
+            if template.kind != k8s4r_api::TaskKind::Service
+                || !running
+                || task.metadata.namespace != namespace
+                || !config_resolve::has_references(template)
+            {
+                continue;
+            }
+            let robot = task
+                .status
+                .as_ref()
+                .and_then(|s| s.robot.clone())
+                .unwrap_or_default();
+            let takes = config_resolve::objects_named(template)
+                .into_iter()
+                .any(|(k, n)| k == kind && expand(n, &robot) == name);
+            if takes {
+                self.triggers.task(ObjectRef::from_obj(task.as_ref()));
+            }
+        }
+    }
+
     // A relist after a watch gap brings what changed meanwhile as
     // InitApply: it may be what a task waits for.
     pub(super) fn on_config_map(&self, event: &watcher::Event<ConfigMap>) {
         if let watcher::Event::Apply(o) | watcher::Event::InitApply(o) = event {
             self.wake_in(o.namespace());
+            self.wake_users(ObjectKind::ConfigMap, o.namespace(), &o.name_any());
         }
     }
 
     pub(super) fn on_secret(&self, event: &watcher::Event<Secret>) {
         if let watcher::Event::Apply(o) | watcher::Event::InitApply(o) = event {
             self.wake_in(o.namespace());
+            self.wake_users(ObjectKind::Secret, o.namespace(), &o.name_any());
         }
     }
 }

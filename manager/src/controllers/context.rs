@@ -192,7 +192,7 @@ impl Triggers {
 
 /// A task's attempt and state.
 /// (attempt, state, restarts on the robot) of a task.
-pub(super) type Progress = (u32, Option<TaskState>, u32);
+pub(super) type Progress = (u32, Option<TaskState>, u32, u64);
 
 /// What every reconcile gets.
 pub struct Context {
@@ -237,6 +237,13 @@ pub struct Context {
     pub(super) slots: HashMap<&'static str, Semaphore>,
     /// Tasks by the uid of their TaskGroup.
     pub(super) group_tasks: Children<Task>,
+    /// Per task uid: the configuration refresh this manager last asked
+    /// for, until its cache shows it (controllers/task/refresh.rs).
+    pub(super) config_asked: Mutex<HashMap<String, k8s4r_api::config_ref::ConfigRefresh>>,
+    /// Held while a restart for a configuration change is decided and
+    /// asked for, so that a group never has more under way than its
+    /// `maxParallel`.
+    pub(super) config_turns: tokio::sync::Mutex<()>,
     /// TaskGroups by the uid of their Job.
     pub(super) job_groups: Children<TaskGroup>,
 }

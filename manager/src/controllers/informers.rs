@@ -151,6 +151,9 @@ impl Context {
         drop(sched);
         if deleted {
             lock(&self.seen).remove(&key);
+            if let Some(uid) = task.metadata.uid.as_deref() {
+                lock(&self.config_asked).remove(uid);
+            }
         }
     }
 
@@ -332,16 +335,18 @@ impl Context {
             status.map_or(0, |s| s.attempt),
             status.and_then(|s| s.state),
             status.map_or(0, |s| s.restarts.restart_count),
+            status.and_then(|s| s.config.as_ref()).map_or(0, |c| c.generation),
         );
         let previous = lock(&self.seen).insert(key_of(task), now);
         match (previous, now) {
-            (Some(p), (attempt, Some(state), restarts)) if p != now => {
+            (Some(p), (attempt, Some(state), restarts, config)) if p != now => {
                 let same_run = p.0 == attempt && p.1 == Some(state);
                 Some(Progressed {
                     attempt,
                     state,
                     seen_running: p.0 == attempt && p.1 == Some(TaskState::Running),
                     restarted: (p.0 == attempt && restarts > p.2).then_some(restarts),
+                    reconfigured: p.0 == attempt && config > p.3,
                     moved: !same_run,
                 })
             }
@@ -358,6 +363,8 @@ pub(super) struct Progressed {
     pub seen_running: bool,
     /// The robot restarted the attempt since (its restart count now).
     pub restarted: Option<u32>,
+    /// The robot reported taking a change of its configuration since.
+    pub reconfigured: bool,
     /// The attempt or its state changed (not only its restarts).
     pub moved: bool,
 }

@@ -104,6 +104,8 @@ pub async fn run(
         progress: Pacer::new(config.progress_interval),
         group_tasks: Default::default(),
         job_groups: Default::default(),
+        config_asked: Mutex::default(),
+        config_turns: tokio::sync::Mutex::default(),
         config,
     });
     let informers = start_informers(&client, &ctx, writers);

@@ -28,6 +28,7 @@ use crate::manual::TaskManual;
 /// How long a task that found no robot waits before looking again on its
 /// own; robot changes wake it much sooner.
 mod placement;
+mod refresh;
 mod requests;
 
 use placement::{place, robot_for};
@@ -87,6 +88,8 @@ pub struct TaskStatusPatch {
     eviction: Option<ManualAction>,
     #[serde(skip_serializing_if = "Option::is_none")]
     conditions: Option<Vec<Condition>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    config: Option<Option<k8s4r_api::TaskConfigStatus>>,
 }
 
 impl TaskStatusPatch {
@@ -111,6 +114,7 @@ impl TaskStatusPatch {
             restart_count: Some(None),
             last_exit_code: Some(None),
             last_restart_time: Some(None),
+            config: Some(None),
             ..TaskStatusPatch::default()
         }
     }
@@ -197,7 +201,8 @@ fn publish_progress(ctx: &Context, task: &Task) {
     let (attempt, state, seen_running) = (progressed.attempt, progressed.state, progressed.seen_running);
     let status = task.status.clone().unwrap_or_default();
     let robot = status.robot.clone().unwrap_or_default();
-    if let Some(count) = progressed.restarted {
+    // A restart for a configuration change is said by its ConfigChanged.
+    if let Some(count) = progressed.restarted.filter(|_| !progressed.reconfigured) {
         // The robot's message says how often and why.
         let why = status
             .message
@@ -209,6 +214,20 @@ fn publish_progress(ctx: &Context, task: &Task) {
             "Restarted",
             format!("attempt {attempt} on robot {robot}: {why}"),
         );
+    }
+    if progressed.reconfigured {
+        if let Some(config) = &status.config {
+            let what = config.message.as_deref().unwrap_or("taken");
+            ctx.event(
+                task,
+                EventType::Normal,
+                "ConfigChanged",
+                format!(
+                    "attempt {attempt} on robot {robot} runs with {}: {what}",
+                    describe_sources(&config.sources)
+                ),
+            );
+        }
     }
     if !progressed.moved {
         return;
@@ -278,6 +297,20 @@ fn publish_progress(ctx: &Context, task: &Task) {
     }
 }
 
+/// The objects of a configuration, each with its resourceVersion, for a
+/// person: `ConfigMap calibration (resourceVersion 1042), Secret keys
+/// (resourceVersion 977)`.
+fn describe_sources(sources: &[k8s4r_api::config_ref::ConfigSource]) -> String {
+    if sources.is_empty() {
+        return "no ConfigMap or Secret".to_owned();
+    }
+    sources
+        .iter()
+        .map(|s| format!("{} {} (resourceVersion {})", s.kind, s.name, s.resource_version))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 async fn reconcile_task(task: &Task, ctx: &Context) -> Result<Action> {
     if task.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
@@ -307,6 +340,15 @@ async fn reconcile_task(task: &Task, ctx: &Context) -> Result<Action> {
             tracing::info!(uid = ?task.metadata.uid, cached = ?health, ?fresh, "the robot's record was stale in the cache; deciding on the API server's");
         }
         step = decide_step(task, fresh, now, &ctx.config.lifecycle);
+    }
+    if matches!(step, Step::Wait(_) | Step::Done) {
+        // A running service whose ConfigMaps or Secrets changed.
+        if let Some(turn) = refresh::refresh_config(task, ctx).await? {
+            step = match step {
+                Step::Wait(Some(after)) => Step::Wait(Some(after.min(turn))),
+                _ => Step::Wait(Some(turn)),
+            };
+        }
     }
     tracing::debug!(?step, uid = ?task.metadata.uid, "next step");
     match step {

@@ -145,6 +145,44 @@ pub fn decide_task(
     }
 }
 
+/// A running attempt's configuration to send its robot again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigSend {
+    /// The robot.
+    pub robot: String,
+    /// The attempt.
+    pub attempt: u32,
+    /// The manager's request's generation: the robot reports it applied.
+    pub generation: u64,
+}
+
+/// Whether to send `task`'s running attempt its configuration again: the
+/// manager asked (`robot.k8s4r.io/config-refresh`) for this attempt, at a
+/// generation its robot has not reported applying and this process has
+/// not sent (`sent`: the attempt and generation it last sent). A Task
+/// being deleted, cancelled or evicted gets none.
+pub fn config_to_send(task: &Task, sent: Option<(u32, u64)>) -> Option<ConfigSend> {
+    let status = task.status.as_ref()?;
+    if task.metadata.deletion_timestamp.is_some()
+        || status.state != Some(TaskState::Running)
+        || status.cancel_requested()
+        || status.eviction_requested()
+    {
+        return None;
+    }
+    let asked = k8s4r_api::config_ref::ConfigRefresh::of(task.metadata.annotations.as_ref())?;
+    let applied = status.config.as_ref().map_or(0, |c| c.generation);
+    let robot = task.spec.target_robot.clone().filter(|r| !r.is_empty())?;
+    let new = asked.attempt == status.attempt
+        && asked.generation > applied
+        && sent.is_none_or(|s| s < (asked.attempt, asked.generation));
+    new.then_some(ConfigSend {
+        robot,
+        attempt: asked.attempt,
+        generation: asked.generation,
+    })
+}
+
 /// A Robot's phase; Pending before the manager has decided one.
 pub fn phase_of(robot: &Robot) -> RobotPhase {
     robot

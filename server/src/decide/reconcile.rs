@@ -160,6 +160,7 @@ pub fn plan_reconcile<'a>(
                 output_tail: None,
                 observed_running_time: None,
                 restarts: None,
+                config: None,
             },
         ));
     }

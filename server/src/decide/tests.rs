@@ -1277,3 +1277,96 @@ fn a_robots_output_tail_is_kept_to_its_last_64_kib() {
     assert_eq!(tail.len(), MAX_OUTPUT_TAIL_BYTES - 1);
     assert!(tail.chars().all(|c| c == 'x'));
 }
+
+#[test]
+fn a_changed_configuration_is_sent_once_per_generation_the_robot_has_not_reported() {
+    use k8s4r_api::config_ref::ConfigRefresh;
+    let asked = |task: &mut Task, attempt: u32, generation: u64| {
+        let value = serde_json::to_string(&ConfigRefresh {
+            attempt,
+            generation,
+            versions: "ConfigMap/params@2".into(),
+        })
+        .unwrap();
+        task.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(k8s4r_api::names::ANNOTATION_CONFIG_REFRESH.into(), value);
+    };
+    let mut task = TaskBuilder::new().target("rb1").state(TaskState::Running, 2, 3).0;
+    assert_eq!(config_to_send(&task, None), None, "nothing asked");
+    asked(&mut task, 2, 1);
+    let send = ConfigSend {
+        robot: "rb1".into(),
+        attempt: 2,
+        generation: 1,
+    };
+    assert_eq!(config_to_send(&task, None), Some(send.clone()));
+    assert_eq!(config_to_send(&task, Some((2, 1))), None, "sent by this process");
+    assert_eq!(
+        config_to_send(&task, Some((1, 7))),
+        Some(send),
+        "an earlier attempt's"
+    );
+    // The robot reported it: a new process does not send it again.
+    task.status.as_mut().unwrap().config = Some(k8s4r_api::TaskConfigStatus {
+        generation: 1,
+        ..Default::default()
+    });
+    assert_eq!(config_to_send(&task, None), None);
+    // A request for another attempt, or a task no longer running, gets none.
+    asked(&mut task, 1, 5);
+    assert_eq!(config_to_send(&task, None), None);
+    let mut done = TaskBuilder::new()
+        .target("rb1")
+        .state(TaskState::Completed, 2, 3)
+        .0;
+    asked(&mut done, 2, 1);
+    assert_eq!(config_to_send(&done, None), None);
+    let mut deleting = TaskBuilder::new()
+        .target("rb1")
+        .state(TaskState::Running, 2, 3)
+        .deleting()
+        .0;
+    asked(&mut deleting, 2, 1);
+    assert_eq!(config_to_send(&deleting, None), None);
+}
+
+#[test]
+fn a_report_of_the_configuration_reaches_the_status_with_its_versions_in_one_line() {
+    use k8s4r_api::config_ref::{ConfigSource, ObjectKind};
+    use k8s4r_api::protocol::ConfigReport;
+    let task = TaskBuilder::new().target("rb1").state(TaskState::Running, 1, 3).0;
+    let mut running = update(1, 4, TaskState::Running);
+    running.config = Some(ConfigReport {
+        generation: 2,
+        sources: vec![
+            ConfigSource {
+                kind: ObjectKind::Secret,
+                name: "keys".into(),
+                resource_version: "9".into(),
+            },
+            ConfigSource {
+                kind: ObjectKind::ConfigMap,
+                name: "params".into(),
+                resource_version: "12".into(),
+            },
+        ],
+        message: Some("sent SIGHUP to its process group".into()),
+    });
+    let StatusDecision::Apply(patch) = decide_status(&running, "u1", "rb1", Some(&task), now()).unwrap()
+    else {
+        panic!("applied");
+    };
+    let config = patch.config.expect("the configuration");
+    assert_eq!(config.versions, "ConfigMap/params@12,Secret/keys@9");
+    assert_eq!(config.generation, 2);
+    // A report that says nothing of it leaves what the status has.
+    let plain = update(1, 5, TaskState::Running);
+    let StatusDecision::Apply(patch) = decide_status(&plain, "u1", "rb1", Some(&task), now()).unwrap() else {
+        panic!("applied");
+    };
+    assert!(patch.config.is_none());
+    let json = serde_json::to_value(&patch).unwrap();
+    assert!(json.get("config").is_none(), "{json}");
+}

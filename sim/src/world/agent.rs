@@ -250,7 +250,7 @@ impl Agent {
                     }
                 }
                 Command::HeartbeatConfirmed { contact, .. } => self.contact = self.contact.max(contact),
-                Command::Logs(_) | Command::Upgrade(_) => {}
+                Command::Logs(_) | Command::Upgrade(_) | Command::Reconfigure(_) => {}
             }
         }
         for update in std::mem::take(&mut self.files.settled) {

@@ -36,7 +36,7 @@ const MANAGER_TICK: Ms = 1_000;
 enum Then {
     AckStatus {
         robot: String,
-        update: StatusUpdate,
+        update: Box<StatusUpdate>,
     },
     AckHeartbeat {
         robot: String,
@@ -258,7 +258,7 @@ impl Cluster {
                     self.ack(net, &robot, StatusAck::new(vec![update.seq]));
                 } else {
                     // A conflict: read again and decide again.
-                    self.on_status(net, &robot, update);
+                    self.on_status(net, &robot, *update);
                 }
             }
             Then::AckHeartbeat { robot, seq, session } if alive => {
@@ -530,7 +530,7 @@ impl Cluster {
                 };
                 let then = Then::AckStatus {
                     robot: robot.to_owned(),
-                    update,
+                    update: Box::new(update),
                 };
                 self.write(net, Op::Patch { uid, guard, patch }, true, then);
             }

@@ -1,7 +1,7 @@
 //! What comes down from the server: registration answers, dispatches,
 //! cancels, log requests, upgrade orders and confirmations.
 
-use k8s4r_api::protocol::{Cancel, Dispatch, RegisterResponse, StatusAck};
+use k8s4r_api::protocol::{Cancel, ConfigUpdate, Dispatch, RegisterResponse, StatusAck};
 use k8s4r_api::{RobotPhase, TaskReason};
 
 use super::{failed_status, Command, Core, Disk, Now};
@@ -33,6 +33,7 @@ impl Core {
             Ok(Inbound::Response(response)) => self.on_response(response, now, disk, &mut out),
             Ok(Inbound::Dispatch(dispatch)) => self.on_dispatch(*dispatch, now, disk, &mut out),
             Ok(Inbound::Cancel(cancel)) => self.on_cancel(cancel, now, disk, &mut out),
+            Ok(Inbound::ConfigUpdate(update)) => self.on_config_update(*update, &mut out),
             Ok(Inbound::Upgrade(order)) if !self.leaving => out.push(Command::Upgrade(order)),
             Ok(Inbound::Upgrade(order)) => {
                 tracing::warn!(version = %order.version, "upgrade order ignored: shutting down")
@@ -173,6 +174,19 @@ impl Core {
             );
             self.status_into(failed, disk, out);
         }
+    }
+
+    /// A running attempt's changed configuration: for the supervisor, when
+    /// it runs here; any other is dropped (an attempt over, or one this
+    /// robot never ran: its next dispatch carries the configuration).
+    fn on_config_update(&mut self, update: ConfigUpdate, out: &mut Vec<Command>) {
+        let (uid, attempt) = (update.task_uid.as_str(), update.attempt);
+        if self.leaving || !self.running.contains(uid, attempt) {
+            tracing::info!(task = %uid, attempt, generation = update.config.generation, "configuration change for an attempt this robot does not run: dropped");
+            return;
+        }
+        tracing::info!(task = %uid, attempt, generation = update.config.generation, config = ?update.config, "configuration change");
+        out.push(Command::Reconfigure(Box::new(update)));
     }
 
     /// A dispatch while the agent shuts down: a copy of an attempt it

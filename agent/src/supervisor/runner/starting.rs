@@ -36,6 +36,11 @@ impl Runner {
         let launcher = Arc::clone(&self.launchers[admitted.driver]);
         let new_uid = resumed.is_none() && admitted.own_uid.is_some();
         let (abort, registration) = AbortHandle::new_pair();
+        let report = config.as_ref().map(|c| k8s4r_api::protocol::ConfigReport {
+            generation: c.generation,
+            sources: c.sources.clone(),
+            message: None,
+        });
         let input = self
             .admission
             .prep_input(
@@ -57,6 +62,7 @@ impl Runner {
             own_uid: admitted.own_uid,
         };
         let mut task = Task::preparing(new, abort);
+        task.config = report;
         // Started again from the journal after a reboot or an agent restart:
         // what has restarts on the robot and cannot have been replaced.
         task.resumable = stop_after.is_none() && task.restarts.is_some();
@@ -184,6 +190,7 @@ impl Runner {
             pid: handed.pid,
             at: handed.at,
             restarted: handed.restarted,
+            config: task.config.clone(),
         };
         self.table.started(id, handed.running, handed.now);
         let exit = handed.exit;

@@ -384,5 +384,7 @@ pub fn plan_dispatch(
         retry: None,
         cancellation: None,
         eviction: None,
+        // The new attempt's robot reports what it runs with.
+        config: Some(None),
     }
 }
