@@ -604,6 +604,24 @@ fn change(uid: &str, config: k8s4r_api::protocol::TaskConfig) -> Vec<u8> {
     })
 }
 
+/// Waits for a line holding `needle` in `log`; says what is there, and
+/// the agent's log, when none comes.
+async fn wait_line(log: &std::path::Path, needle: &str, agent: &Agent) {
+    let deadline = std::time::Instant::now() + LONG;
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if text.contains(needle) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no {needle:?} in:\n{text}\nagent log:\n{}",
+            agent.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// The next status of `uid` that reports its configuration.
 async fn config_report(server: &mut Server, uid: &str) -> StatusUpdate {
     let suffix = format!("/tasks/{uid}/status");
@@ -624,7 +642,7 @@ async fn a_configuration_change_is_in_place_before_its_signal_and_a_restart_take
     let Online {
         broker: _broker,
         mut server,
-        agent: _agent,
+        agent,
         tmp,
         state: _state,
     } = Online::start("rc1").await;
@@ -644,13 +662,7 @@ async fn a_configuration_change_is_in_place_before_its_signal_and_a_restart_take
     let first = config_report(&mut server, "u-sig").await;
     let config = first.config.clone().unwrap();
     assert_eq!((config.generation, config.sources.len()), (0, 1), "{first:?}");
-    eventually("the service's start", LONG, || {
-        std::fs::read_to_string(&log)
-            .ok()?
-            .contains("sig-start 1 v1")
-            .then_some(())
-    })
-    .await;
+    wait_line(&log, "sig-start 1 v1", &agent).await;
     server
         .publish(
             server.topics.config_update("rc1"),
@@ -667,13 +679,7 @@ async fn a_configuration_change_is_in_place_before_its_signal_and_a_restart_take
             .contains("sent SIGHUP"),
         "{applied:?}"
     );
-    eventually("the signal, with the new file in place", LONG, || {
-        std::fs::read_to_string(&log)
-            .ok()?
-            .contains("hup 2 v1")
-            .then_some(())
-    })
-    .await;
+    wait_line(&log, "hup 2 v1", &agent).await;
     // The same change delivered again is dropped; a newer one with the
     // same values is recorded, nothing signalled.
     server
@@ -711,13 +717,7 @@ async fn a_configuration_change_is_in_place_before_its_signal_and_a_restart_take
         .publish(server.topics.dispatch("rc1"), encode(&dispatch))
         .await;
     config_report(&mut server, "u-rst").await;
-    eventually("the restarting service's start", LONG, || {
-        std::fs::read_to_string(&log)
-            .ok()?
-            .contains("rst-start 1 v1")
-            .then_some(())
-    })
-    .await;
+    wait_line(&log, "rst-start 1 v1", &agent).await;
     server
         .publish(
             server.topics.config_update("rc1"),
@@ -735,13 +735,7 @@ async fn a_configuration_change_is_in_place_before_its_signal_and_a_restart_take
         (TaskState::Running, 1, 1, Some(1)),
         "{restarted:?}"
     );
-    eventually("the restart with the new values", LONG, || {
-        std::fs::read_to_string(&log)
-            .ok()?
-            .contains("rst-start 3 v3")
-            .then_some(())
-    })
-    .await;
+    wait_line(&log, "rst-start 3 v3", &agent).await;
     // A change for an attempt this robot does not run is dropped.
     let mut other = k8s4r_api::protocol::ConfigUpdate {
         v: 1,

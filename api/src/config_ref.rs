@@ -236,6 +236,10 @@ pub struct ConfigRefresh {
     pub generation: u64,
     /// The objects' versions the manager saw ([`ConfigSource::versions`]).
     pub versions: String,
+    /// When it was asked: one its robot has not reported after a while is
+    /// asked again (a report lost with an agent's restart).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<jiff::Timestamp>,
 }
 
 impl ConfigRefresh {

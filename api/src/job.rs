@@ -177,6 +177,9 @@ pub struct TaskGroupTemplate {
     #[serde(default, skip_serializing_if = "GroupMode::is_count")]
     pub mode: GroupMode,
     /// everyRobot: at most this many robots run the group's task at once.
+    /// A group of services (either mode): at most this many of its tasks
+    /// restart at once for a configuration change (`onConfigChange:
+    /// restart`; default 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_parallel: Option<i32>,
     /// everyRobot: once more tasks than this have failed for good (a count

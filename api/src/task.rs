@@ -58,7 +58,8 @@ pub struct TaskTemplate {
     /// group). Batch tasks keep the values they started with.
     #[serde(default, skip_serializing_if = "crate::config_ref::OnConfigChange::is_none")]
     pub on_config_change: crate::config_ref::OnConfigChange,
-    /// The signal `onConfigChange: signal` sends (default SIGHUP).
+    /// The signal `onConfigChange: signal` sends: SIGHUP (the default),
+    /// SIGUSR1 or SIGUSR2.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config_change_signal: Option<StopSignal>,
     /// Working directory, relative to the task's own directory on the robot
@@ -700,13 +701,15 @@ pub struct TaskConfigStatus {
     #[serde(default)]
     pub versions: String,
     /// The same, one by one.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default)]
     pub sources: Vec<crate::config_ref::ConfigSource>,
     /// The last change the robot applied (0: none since the dispatch).
     #[serde(default)]
     pub generation: u64,
-    /// What the robot did with the last change.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// What the robot did with the last change. Written as null when a
+    /// report has none (the status is merge-patched: nothing of an earlier
+    /// report stays).
+    #[serde(default)]
     pub message: Option<String>,
 }
 

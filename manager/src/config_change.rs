@@ -16,6 +16,9 @@
 //! versions: the cache may lag behind the versions the server read, and
 //! the robot then reports the values unchanged, once.
 
+use std::time::Duration;
+
+use jiff::Timestamp;
 use k8s4r_api::config_ref::{ConfigRefresh, OnConfigChange};
 use k8s4r_api::{TaskConfigStatus, TaskKind, TaskState, TaskStatus, TaskTemplate};
 
@@ -66,43 +69,76 @@ impl Running<'_> {
 /// What to do about one running Task.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refresh {
-    /// Nothing (not a running service that takes configuration, nothing
-    /// changed, or a request is under way).
+    /// Nothing (not a running service that takes configuration, or
+    /// nothing changed).
     Nothing,
-    /// A change waits for its turn: as many of its group are restarting as
-    /// `maxParallel` allows.
-    Wait,
+    /// Look again after this long: a change waits for its turn (as many of
+    /// its group are restarting as `maxParallel` allows), or a request is
+    /// under way and is asked again if still unreported then.
+    Wait(Duration),
     /// Write this request.
     Ask(ConfigRefresh),
 }
+
+/// How soon a change that waits for its turn in a rolling restart looks
+/// again (the group's restarts end in about a kill timeout and a start).
+pub const TURN_RECHECK: Duration = Duration::from_secs(1);
+
+/// How long a request may go unreported before it is asked again, one
+/// generation up (the robot lost it, or its report, with an agent restart
+/// or shutdown; one it applied reports the values `unchanged`).
+pub const REASK_AFTER: Duration = Duration::from_secs(60);
 
 /// Decides whether `task` is asked to take its configuration again:
 /// `desired` are the versions of its objects as the cache has them now
 /// (`ConfigSource::versions`; None when they do not resolve there: the
 /// running attempt keeps what it has), `restarting` how many others of
 /// its group are restarting for a change, `max_parallel` how many may.
-pub fn decide(task: Running<'_>, desired: Option<&str>, restarting: usize, max_parallel: usize) -> Refresh {
+pub fn decide(
+    task: Running<'_>,
+    desired: Option<&str>,
+    restarting: usize,
+    max_parallel: usize,
+    now: Timestamp,
+) -> Refresh {
     let (Some(reported), Some(desired)) = (task.reported(), desired) else {
         return Refresh::Nothing;
     };
-    if !task.takes_changes() || task.in_flight() || reported.versions == desired {
-        return Refresh::Nothing;
-    }
     let attempt = task.attempt();
     let asked = task.asked.filter(|a| a.attempt == attempt);
+    if let (true, Some(asked)) = (task.in_flight(), asked) {
+        let waited = asked
+            .at
+            .and_then(|at| Duration::try_from(now.duration_since(at)).ok())
+            .unwrap_or(Duration::ZERO);
+        return match REASK_AFTER.checked_sub(waited).filter(|left| !left.is_zero()) {
+            Some(left) => Refresh::Wait(left),
+            // Its place in the group is its own already.
+            None => Refresh::Ask(ConfigRefresh {
+                attempt,
+                generation: asked.generation + 1,
+                versions: desired.to_owned(),
+                at: Some(now),
+            }),
+        };
+    }
+    if !task.takes_changes() || reported.versions == desired {
+        return Refresh::Nothing;
+    }
     if asked.is_some_and(|a| a.versions == desired) {
         // Asked for these versions, and answered: the robot runs with what
         // the server read then (newer than the cache, or unchanged).
         return Refresh::Nothing;
     }
     if task.template.on_config_change == OnConfigChange::Restart && restarting >= max_parallel.max(1) {
-        return Refresh::Wait;
+        return Refresh::Wait(TURN_RECHECK);
     }
     let generation = asked.map_or(0, |a| a.generation).max(reported.generation) + 1;
     Refresh::Ask(ConfigRefresh {
         attempt,
         generation,
         versions: desired.to_owned(),
+        at: Some(now),
     })
 }
 
@@ -156,7 +192,16 @@ mod tests {
             attempt,
             generation,
             versions: versions.into(),
+            at: Some(now()),
         }
+    }
+
+    fn now() -> Timestamp {
+        "2026-12-03T10:00:00Z".parse().unwrap()
+    }
+
+    fn decide(task: Running<'_>, desired: Option<&str>, restarting: usize, max_parallel: usize) -> Refresh {
+        super::decide(task, desired, restarting, max_parallel, now())
     }
 
     const OLD: &str = "ConfigMap/calibration@1";
@@ -182,7 +227,17 @@ mod tests {
         assert!(task.in_flight() && !task.restarting());
         assert_eq!(
             decide(task, Some("ConfigMap/calibration@3"), 0, 1),
-            Refresh::Nothing
+            Refresh::Wait(REASK_AFTER)
+        );
+        // Unreported for too long (lost with an agent restart): asked again,
+        // one generation up, whatever its group does.
+        let later = now() + REASK_AFTER;
+        assert_eq!(
+            super::decide(task, Some(NEW), 5, 1, later),
+            Refresh::Ask(ConfigRefresh {
+                at: Some(later),
+                ..asked(3, 2, NEW)
+            })
         );
         // Answered at another version than the cache's (the server read a
         // newer one): not asked again for the same versions.
@@ -209,7 +264,7 @@ mod tests {
             status: Some(&s),
             asked: None,
         };
-        assert_eq!(decide(task, Some(NEW), 1, 1), Refresh::Wait);
+        assert_eq!(decide(task, Some(NEW), 1, 1), Refresh::Wait(TURN_RECHECK));
         assert_eq!(decide(task, Some(NEW), 1, 2), Refresh::Ask(asked(1, 1, NEW)));
         let a = asked(1, 1, NEW);
         assert!(Running {

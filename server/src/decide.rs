@@ -575,7 +575,13 @@ pub fn decide_status(
         output_tail: update.output_tail.as_deref().map(bounded_tail),
         observed_running_time: status.observed_running_time.is_none().then_some(now),
         restarts: (update.restarts.restart_count > 0).then(|| update.restarts.clone()),
-        config: update.config.as_ref().map(|c| Box::new(config_status(c))),
+        // A report older than what the status says (a restart's `Started`
+        // after the server recorded a change it could not send) leaves it.
+        config: update
+            .config
+            .as_ref()
+            .filter(|c| c.generation >= status.config.as_ref().map_or(0, |s| s.generation))
+            .map(|c| Box::new(config_status(c))),
     }))
 }
 

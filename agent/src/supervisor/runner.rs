@@ -116,7 +116,7 @@ pub(crate) enum Housework {
         uid: String,
         attempt: u32,
         report: k8s4r_api::protocol::ConfigReport,
-        result: Result<super::task_config::Applied, String>,
+        applied: super::task_config::Applied,
     },
     Done,
 }
@@ -404,8 +404,8 @@ impl Runner {
                 uid,
                 attempt,
                 report,
-                result,
-            } => self.on_reconfigured(uid, attempt, report, result),
+                applied,
+            } => self.on_reconfigured(uid, attempt, report, applied),
             Housework::Done => {}
         }
     }

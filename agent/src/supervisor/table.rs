@@ -160,6 +160,10 @@ pub(crate) struct Task {
     /// when it takes none, or it came from the journal and no change
     /// came since.
     pub config: Option<k8s4r_api::protocol::ConfigReport>,
+    /// A change of its configuration is being written (off the loop).
+    pub config_writing: bool,
+    /// The newest change that came meanwhile, taken next.
+    pub config_next: Option<Box<k8s4r_api::protocol::TaskConfig>>,
     /// The journal can start it again (it has restarts on the robot and
     /// no `stopAfter`): a service that may outlive the agent.
     pub resumable: bool,
@@ -213,6 +217,8 @@ impl Task {
             prepared: None,
             resumed: false,
             config: None,
+            config_writing: false,
+            config_next: None,
         }
     }
 

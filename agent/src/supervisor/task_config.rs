@@ -15,7 +15,7 @@ use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
-use k8s4r_api::protocol::TaskConfig;
+use k8s4r_api::protocol::{ConfigSource, TaskConfig};
 use k8s4r_drivers::ConfigEnv;
 
 use super::artifacts::{hand_over, remove_placed, Places};
@@ -103,19 +103,38 @@ pub(crate) enum Applied {
     /// the new one), those no longer taken removed; the variables it sets
     /// now.
     Changed(ConfigEnv),
+    /// It could not be taken (why): the attempt keeps the configuration it
+    /// had, from these objects (its files put back as they were).
+    Failed { why: String, kept: Vec<ConfigSource> },
 }
 
 /// Takes a change of a running attempt's configuration in `dir` (the
 /// attempt's directory): its files rewritten under `dir/work`, owned as
 /// that directory is (by the task's user), and the kept copy replaced.
 /// Blocking.
-pub(crate) fn update(dir: &Path, config: &TaskConfig) -> Result<Applied, String> {
-    let old = kept(dir)
-        .map_err(|e| format!("cannot read the kept configuration: {e}"))?
-        .unwrap_or_default();
+pub(crate) fn update(dir: &Path, config: &TaskConfig) -> Applied {
+    let old = match kept(dir) {
+        Ok(old) => old.unwrap_or_default(),
+        Err(e) => {
+            return Applied::Failed {
+                why: format!("cannot read the kept configuration: {e}"),
+                kept: Vec::new(),
+            }
+        }
+    };
     if config.generation <= old.generation {
-        return Ok(Applied::Stale);
+        return Applied::Stale;
     }
+    match rewrite(dir, &old, config) {
+        Ok(applied) => applied,
+        Err(why) => Applied::Failed {
+            why,
+            kept: old.sources,
+        },
+    }
+}
+
+fn rewrite(dir: &Path, old: &TaskConfig, config: &TaskConfig) -> Result<Applied, String> {
     let same = old.env == config.env && old.files == config.files;
     if !same {
         use std::os::unix::fs::MetadataExt;
@@ -128,7 +147,12 @@ pub(crate) fn update(dir: &Path, config: &TaskConfig) -> Result<Applied, String>
             work_dir: work_dir.clone(),
             owner: Some(owner),
         };
-        place(&places, config)?;
+        if let Err(why) = place(&places, config) {
+            // Some files may be new already: the old ones go back (best
+            // effort), so that the task's files match what it runs with.
+            let _ = place(&places, old);
+            return Err(why);
+        }
         for gone in old
             .files
             .iter()
@@ -254,7 +278,7 @@ mod tests {
             b"rate: 20\n",
         )];
         changed.env[0].value = "n3w".into();
-        match update(root.path(), &changed).unwrap() {
+        match update(root.path(), &changed) {
             Applied::Changed(env) => assert_eq!(env.0, vec![("TOKEN".to_owned(), "n3w".to_owned())]),
             other => panic!("expected a change, got {other:?}"),
         }
@@ -262,10 +286,10 @@ mod tests {
         assert!(!token.exists(), "a file no longer taken is removed");
         assert_eq!(kept(root.path()).unwrap(), Some(changed.clone()));
         // The same change again, or an older one: nothing.
-        assert_eq!(update(root.path(), &changed).unwrap(), Applied::Stale);
+        assert_eq!(update(root.path(), &changed), Applied::Stale);
         let mut older = config();
         older.generation = 1;
-        assert_eq!(update(root.path(), &older).unwrap(), Applied::Stale);
+        assert_eq!(update(root.path(), &older), Applied::Stale);
         assert_eq!(fs::read_to_string(&params).unwrap(), "rate: 20\n");
         // Newer versions of the objects with the same values: recorded only.
         let mut same = changed.clone();
@@ -275,8 +299,8 @@ mod tests {
             name: "calibration".into(),
             resource_version: "9".into(),
         }];
-        assert_eq!(update(root.path(), &same).unwrap(), Applied::Same);
-        assert_eq!(kept(root.path()).unwrap(), Some(same));
+        assert_eq!(update(root.path(), &same), Applied::Same);
+        assert_eq!(kept(root.path()).unwrap(), Some(same.clone()));
         // A file the task replaced by a link is refused, never written through.
         fs::remove_file(&params).unwrap();
         let outside = root.path().join("outside");
@@ -286,8 +310,11 @@ mod tests {
         let mut third = changed.clone();
         third.generation = 3;
         third.files[0] = ConfigFile::new("conf/params.yaml".into(), 0o644, false, b"rate: 30\n");
-        let err = update(root.path(), &third).unwrap_err();
-        assert!(err.contains("symbolic link"), "{err}");
+        let Applied::Failed { why, kept } = update(root.path(), &third) else {
+            panic!("a link is refused");
+        };
+        assert!(why.contains("symbolic link"), "{why}");
+        assert_eq!(kept, same.sources, "it runs on with what it had");
         assert!(!outside.join("params.yaml").exists());
     }
 

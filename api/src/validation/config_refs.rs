@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 
 use super::{is_inside_task_dir, Report};
 use crate::config_ref::{is_env_name, ConfigFiles, KeyToPath, OnConfigChange, ROBOT_PLACEHOLDER};
-use crate::task::TaskTemplate;
+use crate::task::{StopSignal, TaskTemplate};
 use crate::task_kind::TaskKind;
 
 /// At most this many `envFrom` sources and `files` entries each.
@@ -98,6 +98,20 @@ fn on_change(report: &mut Report, path: &str, t: &TaskTemplate) {
         report.error(
             format!("{path}.configChangeSignal"),
             "only with onConfigChange: signal",
+        );
+    }
+    // A signal that ends the process is a restart the group's maxParallel
+    // would not bound, taken from the task's restart budget.
+    if let Some(signal) = t
+        .config_change_signal
+        .filter(|s| !matches!(s, StopSignal::Hup | StopSignal::Usr1 | StopSignal::Usr2))
+    {
+        report.error(
+            format!("{path}.configChangeSignal"),
+            format!(
+                "{} stops the process: use SIGHUP, SIGUSR1 or SIGUSR2 for software that reloads, or onConfigChange: restart",
+                signal.name()
+            ),
         );
     }
 }

@@ -218,9 +218,14 @@ fn publish_progress(ctx: &Context, task: &Task) {
     if progressed.reconfigured {
         if let Some(config) = &status.config {
             let what = config.message.as_deref().unwrap_or("taken");
+            // "not applied" / "not sent": the task runs on with what it had.
+            let type_ = match what.starts_with("not ") {
+                true => EventType::Warning,
+                false => EventType::Normal,
+            };
             ctx.event(
                 task,
-                EventType::Normal,
+                type_,
                 "ConfigChanged",
                 format!(
                     "attempt {attempt} on robot {robot} runs with {}: {what}",

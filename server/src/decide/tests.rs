@@ -1286,6 +1286,7 @@ fn a_changed_configuration_is_sent_once_per_generation_the_robot_has_not_reporte
             attempt,
             generation,
             versions: "ConfigMap/params@2".into(),
+            at: None,
         })
         .unwrap();
         task.metadata
@@ -1369,4 +1370,19 @@ fn a_report_of_the_configuration_reaches_the_status_with_its_versions_in_one_lin
     assert!(patch.config.is_none());
     let json = serde_json::to_value(&patch).unwrap();
     assert!(json.get("config").is_none(), "{json}");
+    // An older generation than the status records is not written over it.
+    let mut recorded = task.clone();
+    recorded.status.as_mut().unwrap().config = Some(k8s4r_api::TaskConfigStatus {
+        generation: 3,
+        ..Default::default()
+    });
+    let StatusDecision::Apply(patch) = decide_status(&running, "u1", "rb1", Some(&recorded), now()).unwrap()
+    else {
+        panic!("applied");
+    };
+    assert!(patch.config.is_none(), "generation 2 after 3");
+    // Nothing of it is left out: a field it lacks is cleared (merge patch).
+    let running_json = serde_json::to_value(config_status(&ConfigReport::default())).unwrap();
+    assert_eq!(running_json["message"], serde_json::Value::Null, "{running_json}");
+    assert!(running_json["sources"].is_array(), "{running_json}");
 }

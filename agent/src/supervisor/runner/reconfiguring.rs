@@ -4,8 +4,12 @@
 //! group, or a stop and an immediate start with the new values (using none
 //! of its restarts). What was done goes out as the attempt's status: at
 //! once, or, for a restart, with the `Started` of the new process.
+//!
+//! One change of an attempt is written at a time: one that comes while
+//! another is being written (a QoS 1 copy, or a newer change) waits, the
+//! newest only, and is taken once the first is done.
 
-use k8s4r_api::config_ref::OnConfigChange;
+use k8s4r_api::config_ref::{ConfigSource, OnConfigChange};
 use k8s4r_api::protocol::{ConfigReport, TaskConfig};
 
 use super::*;
@@ -19,14 +23,26 @@ impl Runner {
             .table
             .ids_of(&uid, Some(attempt))
             .first()
-            .and_then(|id| self.table.get(*id))
+            .copied()
+            .and_then(|id| self.table.get_mut(id))
         else {
             tracing::info!(task = %uid, attempt, "configuration change for an attempt not held here: dropped");
             return;
         };
+        if task.config_writing {
+            let newer = task
+                .config_next
+                .as_ref()
+                .is_none_or(|next| next.generation < config.generation);
+            if newer {
+                task.config_next = Some(Box::new(config));
+            }
+            return;
+        }
+        task.config_writing = true;
         let dir = task.dir.clone();
         self.offload_with(move || {
-            let result = task_config::update(&dir, &config);
+            let applied = task_config::update(&dir, &config);
             Housework::Reconfigured {
                 uid,
                 attempt,
@@ -35,44 +51,65 @@ impl Runner {
                     sources: config.sources,
                     message: None,
                 },
-                result,
+                applied,
             }
         });
     }
 
-    /// The files are rewritten (or could not be): the attempt acts on it.
+    /// The files are rewritten (or could not be): the attempt acts on it,
+    /// then takes a change that came meanwhile.
     pub(super) fn on_reconfigured(
         &mut self,
         uid: String,
         attempt: u32,
-        mut report: ConfigReport,
-        result: Result<Applied, String>,
+        report: ConfigReport,
+        applied: Applied,
     ) {
         // The process may have restarted meanwhile: it is the attempt that
         // counts, not the run.
         let Some(id) = self.table.ids_of(&uid, Some(attempt)).first().copied() else {
             return;
         };
+        let next = self.table.get_mut(id).and_then(|task| {
+            task.config_writing = false;
+            task.config_next.take()
+        });
+        self.take_config(id, uid.clone(), attempt, report, applied);
+        if let Some(next) = next {
+            self.reconfigure(uid, attempt, *next);
+        }
+    }
+
+    fn take_config(
+        &mut self,
+        id: u64,
+        uid: String,
+        attempt: u32,
+        mut report: ConfigReport,
+        applied: Applied,
+    ) {
         let Some(task) = self.table.get_mut(id) else {
             return;
         };
-        let env = match result {
-            Ok(Applied::Stale) => return,
-            Ok(Applied::Same) => {
+        let env = match applied {
+            Applied::Stale => return,
+            Applied::Same => {
                 report.message = Some("unchanged: the values this task takes are the same".to_owned());
                 task.config = Some(report.clone());
                 return self.report_config(uid, attempt, report);
             }
-            Err(why) => {
+            Applied::Failed { why, kept } => {
                 tracing::warn!(task = %uid, attempt, %why, "cannot take the changed configuration");
                 // The versions it runs with are those of before.
-                let mut kept = task.config.clone().unwrap_or_default();
-                kept.generation = report.generation;
-                kept.message = Some(format!("not applied: {why}; it runs on with what it had"));
+                let kept = ConfigReport {
+                    generation: report.generation,
+                    sources: kept,
+                    message: Some(format!("not applied: {why}; it runs on with what it had")),
+                };
                 task.config = Some(kept.clone());
                 return self.report_config(uid, attempt, kept);
             }
-            Ok(Applied::Changed(env)) => env,
+            Applied::Changed(env) => env,
         };
         if let Some(prepared) = task.prepared.as_mut() {
             prepared.config_env = env;
@@ -113,8 +150,6 @@ impl Runner {
             .event(TaskEvent::Reconfigured { uid, attempt, config });
     }
 }
-
-use k8s4r_api::config_ref::ConfigSource;
 
 /// The signal a spec names.
 fn signal_of(signal: k8s4r_api::StopSignal) -> Signal {

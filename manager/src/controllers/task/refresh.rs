@@ -17,12 +17,9 @@ use crate::config_change::{self, Refresh, Running};
 use crate::controllers::config::Cached;
 use crate::error::Result;
 
-/// How soon a change that waits for its turn in a rolling restart looks
-/// again (the group's restarts end in about a kill timeout and a start).
-const TURN_RECHECK: Duration = Duration::from_secs(1);
-
 /// Asks for `task`'s configuration to be sent again when an object it
-/// takes changed; `Some(after)` when the change waits for its turn.
+/// takes changed; `Some(after)`: look again then (a change waits for its
+/// turn, or a request is under way).
 pub(super) async fn refresh_config(task: &Task, ctx: &Context) -> Result<Option<Duration>> {
     let template = &task.spec.template;
     if template.kind != TaskKind::Service || !k8s4r_api::config_resolve::has_references(template) {
@@ -53,9 +50,10 @@ pub(super) async fn refresh_config(task: &Task, ctx: &Context) -> Result<Option<
         true => group_restarts(task, ctx),
         false => (0, 1),
     };
-    let refresh = match config_change::decide(running, desired.as_deref(), restarting, max_parallel) {
+    let now = jiff::Timestamp::now();
+    let refresh = match config_change::decide(running, desired.as_deref(), restarting, max_parallel, now) {
         Refresh::Nothing => return Ok(None),
-        Refresh::Wait => return Ok(Some(TURN_RECHECK)),
+        Refresh::Wait(after) => return Ok(Some(after)),
         Refresh::Ask(refresh) => refresh,
     };
     let value = serde_json::to_string(&refresh).unwrap_or_default();
