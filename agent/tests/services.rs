@@ -650,9 +650,10 @@ async fn a_configuration_change_is_in_place_before_its_signal_and_a_restart_take
     std::fs::write(&log, b"").unwrap();
 
     // signal: the file changes in place, then SIGHUP; the variable keeps
-    // its value until a start.
+    // its value until a start. (A short foreground sleep: dash runs a trap
+    // that comes as it forks `sleep 3600 &` only once `wait` returns.)
     let script = format!(
-        "trap 'echo \"hup $(cat conf/value) $VALUE\" >> {log}' HUP; echo \"sig-start $(cat conf/value) $VALUE\" >> {log}; while true; do sleep 3600 & wait $!; done",
+        "trap 'echo \"hup $(cat conf/value) $VALUE\" >> {log}' HUP; echo \"sig-start $(cat conf/value) $VALUE\" >> {log}; while true; do sleep 0.1; done",
         log = log.display()
     );
     let dispatch = configured_service("u-sig", &script, OnConfigChange::Signal);

@@ -19,13 +19,14 @@ use crate::faults::{Binaries, Options, Stack, NS};
 const ROUND_DEADLINE: Duration = Duration::from_secs(120);
 
 /// The service: notes `<unix nanos> <file content>` on each SIGHUP, and
-/// otherwise sleeps (one process, not a loop of them: 100 of these share
-/// two cores with the cluster).
+/// otherwise sleeps a second at a time (the signal ends the sleep; `sleep
+/// 3600 & wait` would leave a signal that comes as dash forks pending for
+/// the hour).
 fn service_script(marks: &str) -> String {
     format!(
         "trap 'echo \"$(date +%s%N) $(cat conf/value)\" >> {marks}' HUP; \
          echo \"$(date +%s%N) start\" >> {marks}; \
-         while true; do sleep 3600 & wait $!; done"
+         while true; do sleep 1; done"
     )
 }
 

@@ -188,6 +188,21 @@ async fn config_maps_and_secrets_reach_tasks_per_robot_and_a_missing_key_waits_u
         tail.contains("cal=offset-b") && tail.contains("token-ok"),
         "{tail}"
     );
+    // `k8s4r logs` (its output and what it says around it) has the task's
+    // own output, never the secret.
+    let task_name = tasks[0].metadata.name.clone().unwrap_or_default();
+    let logs = std::process::Command::new(env!("CARGO_BIN_EXE_e2e-k8s4r"))
+        .args(["logs", &task_name, "--kubeconfig"])
+        .arg(kubeconfig_path(&env.data_dir))
+        .output()
+        .expect("run k8s4r logs");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&logs.stdout),
+        String::from_utf8_lossy(&logs.stderr)
+    );
+    assert!(said.contains("token-ok"), "{said}");
+    assert!(!said.contains(PLANTED), "k8s4r logs shows the secret:\n{said}");
 
     // An object over Kubernetes's 1 MiB is refused, named.
     let big: ConfigMap = serde_json::from_value(serde_json::json!({
