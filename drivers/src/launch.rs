@@ -137,7 +137,9 @@ fn child_setup(
         new_session: true,
         new_group: false,
         reset_oom_score: direct,
-        unblock_signals: false,
+        // A task started without a shim gets its signals as one under a
+        // shim does (the shim resets them for its command).
+        unblock_signals: direct,
         report_fd,
         cgroup_procs,
         switch_user: switch_user.filter(|_| direct),

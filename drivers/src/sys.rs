@@ -95,6 +95,15 @@ fn hook(setup: ChildSetup) -> impl FnMut() -> std::io::Result<()> + Send + Sync 
             }
         }
         if setup.unblock_signals {
+            // Every signal at its default, as systemd starts a service: an
+            // ignored one is inherited across exec, and a shell cannot trap
+            // a signal ignored on entry (an agent started under `nohup`
+            // made tasks deaf to SIGHUP, `onConfigChange: signal`'s).
+            for signal in 1..=SIGNALS {
+                // SAFETY: signal() is async-signal-safe; SIG_DFL runs no
+                // code of ours; SIGKILL and SIGSTOP refuse it, harmlessly.
+                unsafe { nix::libc::signal(signal, nix::libc::SIG_DFL) };
+            }
             nix::sys::signal::sigprocmask(
                 nix::sys::signal::SigmaskHow::SIG_SETMASK,
                 Some(&nix::sys::signal::SigSet::empty()),
@@ -119,11 +128,14 @@ fn hook(setup: ChildSetup) -> impl FnMut() -> std::io::Result<()> + Send + Sync 
     }
 }
 
+/// The highest signal number on Linux (real-time ones included).
+const SIGNALS: i32 = 64;
+
 /// Installs the pre-exec hook on a command the agent starts.
 pub(crate) fn install(command: &mut tokio::process::Command, setup: ChildSetup) {
     // SAFETY: the hook only makes raw syscalls on values prepared before the
     // fork (setsid, setpgid, open of a static C string, write to an fd, fcntl, dup2,
-    // sigprocmask, setgroups on a prepared slice, setgid, setuid, prctl,
+    // signal, sigprocmask, setgroups on a prepared slice, setgid, setuid, prctl,
     // setrlimit); it neither allocates nor takes locks, so it is safe in
     // the forked child.
     unsafe {
