@@ -202,8 +202,11 @@ impl OnConfigChange {
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ConfigSource {
+    /// ConfigMap or Secret.
     pub kind: ObjectKind,
+    /// The object's name (the robot's put in for `$(K8S4R_ROBOT_ID)`).
     pub name: String,
+    /// The object's resourceVersion as it was read.
     pub resource_version: String,
 }
 
