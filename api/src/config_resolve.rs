@@ -198,7 +198,7 @@ pub struct Resolved<V> {
     pub env: Vec<(String, V, bool)>,
     pub files: Vec<File<V>>,
     /// The objects read, each with its resourceVersion.
-    pub sources: Vec<(ObjectKind, String, String)>,
+    pub sources: Vec<crate::config_ref::ConfigSource>,
     /// Keys `envFrom` skipped because they are not variable names.
     pub skipped_keys: Vec<String>,
 }
@@ -259,10 +259,12 @@ where
         let name = expand(name, self.robot);
         match (self.lookup)(kind, &name) {
             Some(object) => {
-                if !self.out.sources.iter().any(|(k, n, _)| *k == kind && *n == name) {
-                    self.out
-                        .sources
-                        .push((kind, name.clone(), object.resource_version.clone()));
+                if !self.out.sources.iter().any(|s| s.kind == kind && s.name == name) {
+                    self.out.sources.push(crate::config_ref::ConfigSource {
+                        kind,
+                        name: name.clone(),
+                        resource_version: object.resource_version.clone(),
+                    });
                 }
                 Ok(Some(object))
             }

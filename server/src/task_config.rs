@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use k8s4r_api::config_ref::ObjectKind;
 use k8s4r_api::config_resolve::{self, expand, Object, Problem};
-use k8s4r_api::protocol::{ConfigFile, ConfigSource, ConfigVar, TaskConfig};
+use k8s4r_api::protocol::{ConfigFile, ConfigVar, TaskConfig};
 use k8s4r_api::Task;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Api;
@@ -59,15 +59,7 @@ pub async fn resolve(
             .into_iter()
             .map(|f| ConfigFile::new(f.path, f.mode, f.secret, &f.value))
             .collect(),
-        sources: resolved
-            .sources
-            .into_iter()
-            .map(|(kind, name, resource_version)| ConfigSource {
-                kind,
-                name,
-                resource_version,
-            })
-            .collect(),
+        sources: resolved.sources,
         generation: 0,
     })))
 }

@@ -60,7 +60,11 @@ fn a_per_robot_key_resolves_to_the_robots_own_value() {
     assert_eq!(r.env, vec![("CAL".to_owned(), b"offset=3".to_vec(), false)]);
     assert_eq!(
         r.sources,
-        vec![(ObjectKind::ConfigMap, "calibration".to_owned(), "7".to_owned())]
+        vec![crate::config_ref::ConfigSource {
+            kind: ObjectKind::ConfigMap,
+            name: "calibration".to_owned(),
+            resource_version: "7".to_owned(),
+        }]
     );
     assert_eq!(
         World::new().resolve(&t, "rb2").unwrap_err(),

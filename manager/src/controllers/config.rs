@@ -107,17 +107,7 @@ impl Cached<'_> {
             read.get(&(kind, name.to_owned())).and_then(Option::as_ref)
         })
         .ok()?;
-        Some(
-            resolved
-                .sources
-                .into_iter()
-                .map(|(kind, name, resource_version)| ConfigSource {
-                    kind,
-                    name,
-                    resource_version,
-                })
-                .collect(),
-        )
+        Some(resolved.sources)
     }
 
     /// The objects the template names on `robot`, read off the cache once
