@@ -208,6 +208,8 @@ pub struct Config {
     pub facts: Option<crate::facts::FactsSource>,
     /// Who may sign upgrades of this agent.
     pub upgrade_trust: Trust,
+    /// Which sessions from the cluster the robot takes.
+    pub reach: crate::reach::ReachConfig,
     /// Log format.
     pub log_format: LogFormat,
     /// Log filter, if set.
@@ -262,6 +264,7 @@ impl Config {
         let facts = resolve_facts(&s)?;
         let token = resolve_token(&s)?;
         let upgrade_trust = resolve_upgrade_trust(&s)?;
+        let reach = resolve_reach(&s)?;
         Ok(Config {
             robot_id,
             token,
@@ -284,6 +287,7 @@ impl Config {
             supervisor,
             facts,
             upgrade_trust,
+            reach,
             log_format: s.log_format.unwrap_or_default(),
             log: s.log,
         })
@@ -586,6 +590,50 @@ fn resolve_supervisor(
         reap_all_orphans: defaults.reap_all_orphans,
         leave_tasks_running: defaults.leave_tasks_running,
         shim_program: defaults.shim_program,
+    })
+}
+
+/// The robot's settings for sessions from the cluster.
+fn resolve_reach(s: &Settings) -> Result<crate::reach::ReachConfig, ConfigError> {
+    let defaults = crate::reach::ReachConfig::default();
+    let mode = match &s.sessions {
+        Some(text) => text.parse().map_err(|reason| ConfigError::Invalid {
+            key: "sessions",
+            reason,
+        })?,
+        None => defaults.mode,
+    };
+    if let Some(user) = &s.session_user {
+        k8s4r_api::validation::validate_account_name(user).map_err(|reason| ConfigError::Invalid {
+            key: "session_user",
+            reason,
+        })?;
+    }
+    let ports = match &s.forward_ports {
+        Some(text) => crate::reach::parse_ports(text).map_err(|reason| ConfigError::Invalid {
+            key: "forward_ports",
+            reason,
+        })?,
+        None => defaults.ports,
+    };
+    let max_sessions = match s.max_sessions {
+        Some(0) => {
+            return Err(ConfigError::Invalid {
+                key: "max_sessions",
+                reason: "must be > 0 (sessions = \"off\" turns them off)".into(),
+            })
+        }
+        Some(n) => n,
+        None => defaults.max_sessions,
+    };
+    Ok(crate::reach::ReachConfig {
+        mode,
+        user: s.session_user.clone(),
+        ports,
+        max_sessions,
+        bytes_per_second: s.session_bytes_per_second.unwrap_or(defaults.bytes_per_second),
+        max_copy_bytes: s.max_copy_bytes.unwrap_or(defaults.max_copy_bytes),
+        hangup_grace: defaults.hangup_grace,
     })
 }
 

@@ -187,7 +187,10 @@ pub fn classify(topics: &Topics, robot_id: &str, topic: &str, payload: &[u8]) ->
         | TopicKind::Heartbeat
         | TopicKind::Status { .. }
         | TopicKind::Online
-        | TopicKind::LogChunk { .. } => Err(refuse(InboundError::NotForAgent {
+        | TopicKind::LogChunk { .. }
+        // Session frames go to the sessions before this (`reach`).
+        | TopicKind::SessionIn { .. }
+        | TopicKind::SessionOut { .. } => Err(refuse(InboundError::NotForAgent {
             topic: topic.to_owned(),
         })),
     }

@@ -168,6 +168,8 @@ pub struct Session {
     flush_timeout: Duration,
     /// Readers of task output the server asked for.
     log_readers: LogReaders,
+    /// Sessions from the cluster (exec, port-forward, copies).
+    reach: crate::reach::Reach,
     /// The robot's facts, when the agent reads some.
     facts: Option<watch::Receiver<FactsNow>>,
     /// systemd's watchdog, told from this loop that the agent is alive.
@@ -203,6 +205,13 @@ impl Session {
             .map(|held| (held.uid.clone(), held.attempt, held.name.clone()))
             .collect();
         let leases = supervisor.leases_at_start().to_vec();
+        let reach = crate::reach::Reach::new(
+            config.reach.clone(),
+            client.clone(),
+            Topics::new(&config.topic_prefix),
+            config.robot_id.clone(),
+            supervisor.clone(),
+        );
         tokio::spawn(worker(supervisor, commands_rx, updates_tx.clone()));
         tokio::spawn(forward_events(events, updates_tx));
         let mut sampler = UsageSampler::new(&config.state_dir);
@@ -259,6 +268,7 @@ impl Session {
             status,
             flush_timeout: config.shutdown_flush_timeout,
             log_readers,
+            reach,
             facts: None,
             watchdog: None,
             upgrades: None,
@@ -415,6 +425,7 @@ impl Session {
                     tracing::info!("shutting down: stopping tasks");
                     self.core.leave();
                     self.log_readers.stop_all();
+                    self.reach.stop_all();
                     let (tx, rx) = oneshot::channel();
                     let _ = self.commands.send(TaskCommand::Shutdown(tx));
                     stopping = Some(rx);
@@ -527,6 +538,7 @@ impl Session {
                 self.reconnect.reset();
                 self.core.connected(now(), &mut self.disk)
             }
+            Ok(Event::Incoming(Packet::Publish(p))) if self.reach.offer(&p.topic, &p.payload) => Vec::new(),
             Ok(Event::Incoming(Packet::Publish(p))) => {
                 let span = tracing::info_span!("message", topic = %p.topic);
                 let _entered = span.enter();

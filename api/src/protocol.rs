@@ -15,6 +15,7 @@ use crate::robot::{AgentHealth, DeviceInfo, RobotPhase, TaskPolicy, Usage};
 use crate::task::{RestartStatus, TaskAttempt, TaskReason, TaskState, TaskTemplate};
 use crate::validation::validate_robot_id;
 
+pub mod reach;
 mod upgrade;
 pub use upgrade::{UpgradeOrder, UpgradeReport};
 
@@ -166,6 +167,18 @@ pub enum TopicKind {
         /// The Task's uid.
         task_uid: String,
     },
+    /// `robots/{id}/sessions/{sid}/in`: server → robot, a session's frames
+    /// ([`reach`]; QoS 0, binary).
+    SessionIn {
+        /// The session's id.
+        session: String,
+    },
+    /// `robots/{id}/sessions/{sid}/out`: robot → server, a session's
+    /// frames.
+    SessionOut {
+        /// The session's id.
+        session: String,
+    },
 }
 
 /// A parsed topic.
@@ -262,6 +275,14 @@ impl Topics {
     pub fn log_chunk(&self, id: &str, task_uid: &str) -> String {
         self.robot(id, &format!("tasks/{task_uid}/log"))
     }
+    /// `{prefix}/robots/{id}/sessions/{sid}/in`
+    pub fn session_in(&self, id: &str, session: &str) -> String {
+        self.robot(id, &format!("sessions/{session}/in"))
+    }
+    /// `{prefix}/robots/{id}/sessions/{sid}/out`
+    pub fn session_out(&self, id: &str, session: &str) -> String {
+        self.robot(id, &format!("sessions/{session}/out"))
+    }
     /// The seed protocol's `{prefix}/register`.
     pub fn legacy_register(&self) -> String {
         format!("{}/register", self.prefix)
@@ -279,6 +300,7 @@ impl Topics {
             self.robot("+", "tasks/+/status"),
             self.robot("+", "online"),
             self.robot("+", "tasks/+/log"),
+            self.robot("+", "sessions/+/out"),
         ]
     }
 
@@ -292,6 +314,7 @@ impl Topics {
             self.status_ack(id),
             self.log_request(id),
             self.agent_upgrade(id),
+            self.session_in(id, "+"),
         ]
     }
 
@@ -329,6 +352,18 @@ impl Topics {
                 check_topic_level("task uid", uid, topic)?;
                 TopicKind::LogChunk {
                     task_uid: (*uid).to_owned(),
+                }
+            }
+            ["sessions", sid, dir @ ("in" | "out")] => {
+                check_topic_level("session id", sid, topic)?;
+                if sid.len() > reach::MAX_SESSION_ID_BYTES {
+                    return Err(unknown());
+                }
+                let session = (*sid).to_owned();
+                if *dir == "in" {
+                    TopicKind::SessionIn { session }
+                } else {
+                    TopicKind::SessionOut { session }
                 }
             }
             ["tasks", uid, "status"] => {

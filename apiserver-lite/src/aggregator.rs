@@ -28,6 +28,8 @@ use crate::authz::Identity;
 use crate::error::ApiError;
 use crate::store::State;
 
+mod upgrade;
+
 /// Where APIServices are stored.
 pub const APISERVICES: &str = "apiservices.apiregistration.k8s.io";
 /// The ConfigMap (in kube-system) request-header backends read.
@@ -99,6 +101,15 @@ impl FrontProxy {
     /// An HTTPS client presenting the client certificate and trusting only
     /// `ca` (an APIService's caBundle).
     fn client(&self, ca: &[u8]) -> Result<reqwest::Client, String> {
+        reqwest::Client::builder()
+            .use_preconfigured_tls(self.tls(ca)?)
+            .build()
+            .map_err(|e| e.to_string())
+    }
+
+    /// The TLS settings of a connection to a backend: the client
+    /// certificate, and `ca` as the only root.
+    fn tls(&self, ca: &[u8]) -> Result<rustls::ClientConfig, String> {
         use rustls::pki_types::pem::PemObject;
         use rustls::pki_types::{CertificateDer, PrivateKeyDer};
         let mut roots = rustls::RootCertStore::empty();
@@ -117,10 +128,7 @@ impl FrontProxy {
                 .with_root_certificates(roots)
                 .with_client_auth_cert(chain, key)
                 .map_err(|e| e.to_string())?;
-        reqwest::Client::builder()
-            .use_preconfigured_tls(tls)
-            .build()
-            .map_err(|e| e.to_string())
+        Ok(tls)
     }
 }
 
@@ -205,26 +213,17 @@ pub async fn proxy(
     let ca = backend.ca_bundle.as_deref().ok_or_else(|| {
         unavailable("the APIService has no caBundle (insecureSkipTLSVerify is not supported)".into())
     })?;
+    if is_upgrade(parts) {
+        return upgrade::proxy(front, addr, ca, identity, parts)
+            .await
+            .map_err(unavailable);
+    }
     let client = front.client(ca).map_err(unavailable)?;
     let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let url = format!("https://{addr}{path_and_query}");
     let mut request = client.request(parts.method.clone(), &url).body(body);
-    let user = identity.user_info();
-    if let Some(name) = user["username"].as_str() {
-        request = request.header("X-Remote-User", name);
-    }
-    for group in user["groups"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-    {
-        request = request.header("X-Remote-Group", group);
-    }
-    for (key, values) in user["extra"].as_object().into_iter().flatten() {
-        for value in values.as_array().into_iter().flatten().filter_map(Value::as_str) {
-            request = request.header(format!("X-Remote-Extra-{}", header_safe(key)), value);
-        }
+    for (name, value) in remote_user(identity) {
+        request = request.header(name, value);
     }
     for h in [header::ACCEPT, header::CONTENT_TYPE, header::USER_AGENT] {
         if let Some(v) = parts.headers.get(&h) {
@@ -246,6 +245,42 @@ pub async fn proxy(
     response
         .body(Body::from_stream(stream))
         .map_err(|e| ApiError::internal(e.to_string()))
+}
+
+/// Whether the request asks to switch protocols (a WebSocket, as exec and
+/// port-forward ask).
+fn is_upgrade(parts: &Parts) -> bool {
+    let connection_upgrade = parts
+        .headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
+    connection_upgrade && parts.headers.contains_key(header::UPGRADE)
+}
+
+/// The headers that say who the user is, as the backend reads them.
+fn remote_user(identity: &Identity) -> Vec<(String, String)> {
+    let user = identity.user_info();
+    let mut headers = Vec::new();
+    if let Some(name) = user["username"].as_str() {
+        headers.push(("X-Remote-User".to_owned(), name.to_owned()));
+    }
+    for group in user["groups"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+    {
+        headers.push(("X-Remote-Group".to_owned(), group.to_owned()));
+    }
+    for (key, values) in user["extra"].as_object().into_iter().flatten() {
+        for value in values.as_array().into_iter().flatten().filter_map(Value::as_str) {
+            headers.push((format!("X-Remote-Extra-{}", header_safe(key)), value.to_owned()));
+        }
+    }
+    headers
 }
 
 /// An extra's key as a header name may hold it: percent-encoded, as

@@ -12,6 +12,7 @@ pub mod join;
 pub mod logs;
 pub mod operate;
 pub mod progress;
+pub mod reach;
 pub mod secret;
 pub mod sign;
 pub mod status;
@@ -77,6 +78,17 @@ pub enum Command {
     /// live with -f, the last lines with --tail; a robot that is offline
     /// is said so, with the last output the cluster has.
     Logs(logs::LogsArgs),
+    /// Run a command inside a running task (its user, directory,
+    /// environment and limits), or on a robot (`robot/NAME`, as the user
+    /// its agent names), like `kubectl exec`: -i passes stdin, -t gives it
+    /// a terminal; the exit status is the command's.
+    Exec(reach::ExecArgs),
+    /// Forward local ports to ports on a task's robot (or `robot/NAME`)'s
+    /// loopback, through the cluster, like `kubectl port-forward`.
+    PortForward(reach::PortForwardArgs),
+    /// Copy a file to or from a running task (TASK:PATH) or a robot
+    /// (robot/NAME:PATH), like `kubectl cp`.
+    Cp(reach::CpArgs),
     /// Start a new attempt of a failed or cancelled Task (or of every such
     /// Task of a TaskGroup or Job), its retry budget counted afresh: sets
     /// the robot.k8s4r.io/retry annotation, as `kubectl annotate` would.
@@ -129,6 +141,10 @@ pub fn program() -> std::process::ExitCode {
     }
     match main() {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) if error.downcast_ref::<reach::RemoteExit>().is_some() => {
+            let code = error.downcast_ref::<reach::RemoteExit>().map_or(1, |e| e.0);
+            std::process::ExitCode::from(code)
+        }
         Err(error) => {
             eprintln!("Error: {error:?}");
             if error.downcast_ref::<logs::Partial>().is_some() {
@@ -142,11 +158,15 @@ pub fn program() -> std::process::ExitCode {
 
 pub fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    tokio::runtime::Builder::new_multi_thread()
+    let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-        .context("start the tokio runtime")?
-        .block_on(args.run())
+        .context("start the tokio runtime")?;
+    let result = runtime.block_on(args.run());
+    // A read of a terminal's stdin (`k8s4r exec -i`) blocks a thread until
+    // a key is pressed: the command is over, it is not waited for.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(200));
+    result
 }
 
 impl Args {
@@ -174,6 +194,9 @@ impl Args {
                 Ok(())
             }
             Command::Logs(args) => logs::run(args, &data_dir).await,
+            Command::Exec(args) => reach::exec(args, &data_dir).await,
+            Command::PortForward(args) => reach::port_forward(args, &data_dir).await,
+            Command::Cp(args) => reach::cp(args, &data_dir).await,
             Command::Retry(args) => operate::run(operate::Manual::Retry, args, &data_dir).await,
             Command::Cancel(args) => operate::run(operate::Manual::Cancel, args, &data_dir).await,
             Command::Cordon(args) => drain::cordon(args, true, &data_dir).await,

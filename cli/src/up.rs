@@ -617,6 +617,7 @@ fn spawn_programs(
         addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         cert_pem: cert_pem.clone(),
         key_pem,
+        session_lease: k8s4r_api::protocol::reach::DEFAULT_SESSION_LEASE,
     });
     server.lease_namespace = LEASE_NAMESPACE.to_owned();
     // A lab fleet is small: renewing Leases every 10 s (idle or not) costs

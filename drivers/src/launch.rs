@@ -66,7 +66,10 @@ pub(crate) fn spawn(launch: Launch<'_>, isolation: Isolation) -> Result<Launched
         None => {
             command.envs(vars());
             command.current_dir(&prepared.cwd);
-            command.stdin(Stdio::null());
+            command.stdin(match launch.stdin {
+                Some(fd) => Stdio::from(fd),
+                None => Stdio::null(),
+            });
             None
         }
     };
@@ -89,6 +92,7 @@ pub(crate) fn spawn(launch: Launch<'_>, isolation: Isolation) -> Result<Launched
         &mut command,
         child_setup(
             launch.shim.is_none(),
+            launch.terminal && launch.shim.is_none(),
             prepared,
             &isolation,
             report_fd,
@@ -121,6 +125,7 @@ pub(crate) fn spawn(launch: Launch<'_>, isolation: Isolation) -> Result<Launched
 /// stays the agent's user, with its OOM score).
 fn child_setup(
     direct: bool,
+    terminal: bool,
     prepared: &crate::Prepared,
     isolation: &Isolation,
     report_fd: Option<std::os::fd::RawFd>,
@@ -136,6 +141,7 @@ fn child_setup(
     ChildSetup {
         new_session: true,
         new_group: false,
+        controlling_terminal: terminal,
         reset_oom_score: direct,
         // A task started without a shim gets its signals as one under a
         // shim does (the shim resets them for its command).

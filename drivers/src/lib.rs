@@ -25,6 +25,7 @@ mod exec;
 pub mod identity;
 mod launch;
 pub mod leftovers;
+pub mod pty;
 mod raw_exec;
 pub mod shim;
 mod sys;
@@ -107,6 +108,12 @@ pub struct Launch<'a> {
     /// Start the command under this shim (so that it outlives the agent
     /// with its exit status kept); `None`: as the agent's own child.
     pub shim: Option<&'a shim::Shim>,
+    /// The command's stdin (a session's pipe or pty); `None`: empty. Not
+    /// used under a shim (tasks have no stdin).
+    pub stdin: Option<OwnedFd>,
+    /// Make stdin the command's controlling terminal (a pty's slave), as a
+    /// login does.
+    pub terminal: bool,
 }
 
 /// A started process: the leader of its own session and process group.

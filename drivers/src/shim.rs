@@ -237,6 +237,7 @@ pub fn main(args: &[OsString]) -> ! {
             // The command leads its own group (its pgid is its pid, as
             // without a shim): the agent signals that group, never the shim.
             new_group: true,
+            controlling_terminal: false,
             reset_oom_score: true,
             unblock_signals: true,
             report_fd: None,
@@ -421,6 +422,7 @@ pub fn spawn_logger(
         ChildSetup {
             new_session: true,
             new_group: false,
+            controlling_terminal: false,
             reset_oom_score: false,
             unblock_signals: false,
             report_fd: Some(stderr.as_raw_fd()),

@@ -30,6 +30,9 @@ pub(crate) struct ChildSetup {
     pub new_session: bool,
     /// Lead a new process group in the same session.
     pub new_group: bool,
+    /// Take stdin (a pty's slave) as the new session's controlling
+    /// terminal.
+    pub controlling_terminal: bool,
     /// Take the ordinary OOM score (the agent runs with a low one).
     pub reset_oom_score: bool,
     /// Unblock every signal (the shim blocks them all for itself).
@@ -61,6 +64,13 @@ fn hook(setup: ChildSetup) -> impl FnMut() -> std::io::Result<()> + Send + Sync 
     move || -> std::io::Result<()> {
         if setup.new_session {
             nix::unistd::setsid()?;
+        }
+        if setup.controlling_terminal {
+            // SAFETY: an ioctl on fd 0, which std has already made the
+            // pty's slave; it takes an int argument and touches no memory.
+            if unsafe { nix::libc::ioctl(0, nix::libc::TIOCSCTTY, 0) } == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
         }
         if setup.new_group {
             nix::unistd::setpgid(nix::unistd::Pid::from_raw(0), nix::unistd::Pid::from_raw(0))?;
@@ -259,6 +269,24 @@ pub(crate) fn set_thread_nice(nice: i32) -> std::io::Result<()> {
     // PRIO_PROCESS and a thread id, Linux sets that thread's nice value.
     let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice) };
     if rc == -1 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Sets the window size of the terminal `fd` (a pty's master): the kernel
+/// sends SIGWINCH to its foreground process group.
+pub(crate) fn set_window_size(fd: std::os::fd::BorrowedFd<'_>, cols: u16, rows: u16) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let size = nix::libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ reads one winsize from the pointer, which lives
+    // through the call.
+    if unsafe { nix::libc::ioctl(fd.as_raw_fd(), nix::libc::TIOCSWINSZ, &size) } == -1 {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())

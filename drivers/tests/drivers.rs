@@ -40,6 +40,8 @@ async fn run_as(
             stderr,
             cgroup: None,
             shim: None,
+            stdin: None,
+            terminal: false,
         })
         .expect("start");
     let status = launched.child.wait().await.unwrap();
@@ -205,6 +207,8 @@ async fn a_missing_command_is_reported_as_not_found() {
             stderr: null(),
             cgroup: None,
             shim: None,
+            stdin: None,
+            terminal: false,
         })
         .unwrap_err();
     assert!(matches!(err, DriverError::CommandNotFound { .. }), "{err}");

@@ -285,7 +285,9 @@ impl Bridge {
                 TopicKind::Status { .. } => "status",
                 TopicKind::Online => "online",
                 TopicKind::LogChunk { .. } => "log",
+                TopicKind::SessionOut { .. } => "session",
                 TopicKind::Response
+                | TopicKind::SessionIn { .. }
                 | TopicKind::Dispatch
                 | TopicKind::Cancel
                 | TopicKind::ConfigUpdate
@@ -354,7 +356,9 @@ impl Bridge {
             },
             // Taken by the log hub before the lanes.
             TopicKind::LogChunk { .. } => Ok(Outcome::Done("log")),
+            TopicKind::SessionOut { .. } => Ok(Outcome::Done("session")),
             TopicKind::Response
+            | TopicKind::SessionIn { .. }
             | TopicKind::Dispatch
             | TopicKind::Cancel
             | TopicKind::ConfigUpdate

@@ -112,6 +112,11 @@ pub struct Args {
     /// APIService) on this address, HTTPS.
     #[arg(long, env = "K8S4R_LOGS_ADDR")]
     pub logs_addr: Option<SocketAddr>,
+    /// Silence after which an exec, port-forward or copy session ends, on
+    /// both sides: a robot cut off mid-session hangs its process up after
+    /// this, and the client is told.
+    #[arg(long, env = "K8S4R_SESSION_LEASE", default_value = "30s", value_parser = k8s4r_api::duration::parse_duration)]
+    pub session_lease: std::time::Duration,
     /// The logs API's certificate (PEM); without it and --logs-key-file, a
     /// self-signed one is made at start (for an APIService with
     /// insecureSkipTLSVerify, or whose caBundle a tool such as cert-manager
@@ -263,6 +268,7 @@ impl Args {
             addr,
             cert_pem,
             key_pem,
+            session_lease: self.session_lease,
         }))
     }
 

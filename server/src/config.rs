@@ -60,6 +60,9 @@ pub struct LogsConfig {
     pub cert_pem: String,
     /// Its key, PEM.
     pub key_pem: String,
+    /// Silence after which an exec, port-forward or copy session ends, on
+    /// both sides (the robot hangs its process up).
+    pub session_lease: std::time::Duration,
 }
 
 /// Everything the bridge needs besides a kube client.

@@ -78,14 +78,15 @@ pub fn subscriptions(config: &ServerConfig) -> Vec<String> {
         filters.push(topics.legacy_register());
         filters.push(topics.legacy_heartbeat());
     }
-    // Log chunks go to every replica: only the one that asked for them has
-    // the reader waiting.
+    // Log chunks and session frames go to every replica: only the one that
+    // asked for them has the reader or the session waiting.
     let logs = topics.log_chunk("+", "+");
+    let sessions = topics.session_out("+", "+");
     match &config.shared_group {
         Some(group) => filters
             .into_iter()
             .map(|f| {
-                if f == logs {
+                if f == logs || f == sessions {
                     f
                 } else {
                     format!("$share/{group}/{f}")

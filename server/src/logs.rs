@@ -52,6 +52,7 @@ use tracing::{info, warn};
 use crate::log_hub::LogHub;
 
 mod read;
+mod sessions;
 use crate::mqtt::Publisher;
 use read::{Piece, Step};
 
@@ -95,6 +96,10 @@ struct LogsState {
     topics: Topics,
     robots: Store<Robot>,
     tasks: Store<Task>,
+    /// Records the Events of exec, port-forward and copy sessions.
+    recorder: Arc<k8s4r_service::events::Recorder>,
+    /// Silence after which a session ends (either side).
+    session_lease: Duration,
 }
 
 /// What a reader asks, as kubectl's `logs` names it (plus `stream`).
@@ -172,6 +177,13 @@ pub async fn bind(
     let (ca, allowed_names) = request_header_ca(&client).await?;
     let tls = k8s4r_service::https::server_config(&config.cert_pem, &config.key_pem, Some(&ca))
         .map_err(|e| e.to_string())?;
+    let recorder = k8s4r_service::events::Recorder::new(
+        client.clone(),
+        kube::runtime::events::Reporter {
+            controller: k8s4r_api::names::MANAGER_SERVER.to_owned(),
+            instance: None,
+        },
+    );
     let state = LogsState {
         allowed_names: Arc::new(allowed_names),
         hub,
@@ -180,6 +192,8 @@ pub async fn bind(
         topics,
         robots,
         tasks,
+        recorder: Arc::new(recorder),
+        session_lease: config.session_lease,
     };
     let base = format!("/apis/{GROUP}/{VERSION}");
     let app = Router::new()
@@ -188,6 +202,19 @@ pub async fn bind(
         .route(
             &format!("{base}/namespaces/{{ns}}/tasks/{{name}}/log"),
             get(task_log),
+        )
+        .route(
+            &format!("{base}/namespaces/{{ns}}/tasks/{{name}}/exec"),
+            get(sessions::task_exec),
+        )
+        .route(
+            &format!("{base}/namespaces/{{ns}}/tasks/{{name}}/portforward"),
+            get(sessions::task_portforward),
+        )
+        .route(&format!("{base}/robots/{{name}}/exec"), get(sessions::robot_exec))
+        .route(
+            &format!("{base}/robots/{{name}}/portforward"),
+            get(sessions::robot_portforward),
         )
         .with_state(state);
     let (bound, serve) = k8s4r_service::https::bind(config.addr, tls, app, shutdown)
@@ -209,7 +236,13 @@ async fn group_doc() -> Response {
 async fn resources_doc() -> Response {
     axum::Json(json!({
         "kind": "APIResourceList", "apiVersion": "v1", "groupVersion": format!("{GROUP}/{VERSION}"),
-        "resources": [{"name": "tasks/log", "singularName": "", "namespaced": true, "kind": "Task", "verbs": ["get"]}],
+        "resources": [
+            {"name": "tasks/log", "singularName": "", "namespaced": true, "kind": "Task", "verbs": ["get"]},
+            {"name": "tasks/exec", "singularName": "", "namespaced": true, "kind": "Task", "verbs": ["get", "create"]},
+            {"name": "tasks/portforward", "singularName": "", "namespaced": true, "kind": "Task", "verbs": ["get", "create"]},
+            {"name": "robots/exec", "singularName": "", "namespaced": false, "kind": "Robot", "verbs": ["get", "create"]},
+            {"name": "robots/portforward", "singularName": "", "namespaced": false, "kind": "Robot", "verbs": ["get", "create"]},
+        ],
     }))
     .into_response()
 }
@@ -226,24 +259,32 @@ fn user_of(headers: &HeaderMap) -> Option<(String, Vec<String>)> {
     Some((user, groups))
 }
 
+/// What a request asks to do, as RBAC reads it.
+struct Access<'a> {
+    ns: Option<&'a str>,
+    name: &'a str,
+    resource: &'a str,
+    subresource: &'a str,
+    verb: &'a str,
+}
+
 async fn allowed(
     state: &LogsState,
     user: &str,
     groups: Vec<String>,
-    ns: &str,
-    name: &str,
+    access: &Access<'_>,
 ) -> Result<bool, String> {
     let review = SubjectAccessReview {
         spec: SubjectAccessReviewSpec {
             user: Some(user.to_owned()),
             groups: Some(groups),
             resource_attributes: Some(ResourceAttributes {
-                namespace: Some(ns.to_owned()),
-                verb: Some("get".into()),
+                namespace: access.ns.map(str::to_owned),
+                verb: Some(access.verb.into()),
                 group: Some(GROUP.into()),
-                resource: Some("tasks".into()),
-                subresource: Some("log".into()),
-                name: Some(name.to_owned()),
+                resource: Some(access.resource.into()),
+                subresource: Some(access.subresource.into()),
+                name: Some(access.name.to_owned()),
                 ..ResourceAttributes::default()
             }),
             ..SubjectAccessReviewSpec::default()
@@ -371,6 +412,25 @@ async fn authorize(
     ns: &str,
     name: &str,
 ) -> Result<(), Response> {
+    authorize_as(state, peer, headers, Some(ns), name, "tasks", "log", "get")
+        .await
+        .map(|_| ())
+}
+
+/// Refuses a request that does not come through the API server's front
+/// proxy, or whose user may not `verb` `resource/subresource`; the user's
+/// name when allowed.
+#[allow(clippy::too_many_arguments)]
+async fn authorize_as(
+    state: &LogsState,
+    peer: &PeerName,
+    headers: &HeaderMap,
+    ns: Option<&str>,
+    name: &str,
+    resource: &str,
+    subresource: &str,
+    verb: &str,
+) -> Result<String, Response> {
     // Only the front proxy speaks for users: its certificate (the TLS layer
     // checked the CA) must carry one of the names the API server allows.
     let trusted =
@@ -392,13 +452,26 @@ async fn authorize(
             "no user: requests come through the API server".into(),
         ));
     };
-    match allowed(state, &user, groups, ns, name).await {
-        Ok(true) => Ok(()),
-        Ok(false) => Err(status(
-            StatusCode::FORBIDDEN,
-            "Forbidden",
-            format!("tasks.{GROUP} \"{name}\" is forbidden: User \"{user}\" cannot get resource \"tasks/log\" in API group \"{GROUP}\" in the namespace \"{ns}\""),
-        )),
+    let access = Access {
+        ns,
+        name,
+        resource,
+        subresource,
+        verb,
+    };
+    match allowed(state, &user, groups, &access).await {
+        Ok(true) => Ok(user),
+        Ok(false) => {
+            let scope = match ns {
+                Some(ns) => format!("in the namespace \"{ns}\""),
+                None => "at the cluster scope".to_owned(),
+            };
+            Err(status(
+                StatusCode::FORBIDDEN,
+                "Forbidden",
+                format!("{resource}.{GROUP} \"{name}\" is forbidden: User \"{user}\" cannot {verb} resource \"{resource}/{subresource}\" in API group \"{GROUP}\" {scope}"),
+            ))
+        }
         Err(e) => Err(status(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable", e)),
     }
 }

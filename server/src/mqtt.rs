@@ -207,6 +207,23 @@ impl Publisher {
         self.hand(topic, payload, |route| &route.bulk)
     }
 
+    /// Queues a QoS 0 publish on the bulk queue of each of the topic's
+    /// routes, waiting for room (a session's frames: lost, one would end
+    /// the session; they wait behind dispatches and confirmations). True
+    /// when one took it.
+    pub async fn queue_bulk(&self, topic: String, payload: Vec<u8>) -> bool {
+        let mut taken = false;
+        for route in self.routes_for(&topic) {
+            let request = PublishRequest {
+                topic: topic.clone(),
+                payload: payload.clone(),
+                done: None,
+            };
+            taken |= route.bulk.send(request).await.is_ok();
+        }
+        taken
+    }
+
     /// Queues a QoS 0 publish on the chosen queue of each of the topic's
     /// routes; true when one took it.
     fn hand(
@@ -484,7 +501,9 @@ impl Connection {
                 return true;
             }
             Event::Incoming(Packet::Publish(publish)) => {
-                if publish.topic.ends_with("/log") && self.log_hub.offer(&publish.topic, &publish.payload) {
+                if (publish.topic.ends_with("/log") || publish.topic.ends_with("/out"))
+                    && self.log_hub.offer(&publish.topic, &publish.payload)
+                {
                     return false;
                 }
                 let topic = publish.topic.clone();

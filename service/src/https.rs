@@ -113,7 +113,9 @@ pub async fn bind(
                     .and_then(|cert| common_name(cert));
                 let app = app.layer(axum::Extension(PeerName(peer_name)));
                 let conn = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(tls), TowerToHyperService::new(app));
+                    .serve_connection(TokioIo::new(tls), TowerToHyperService::new(app))
+                    // Exec and port-forward sessions switch to WebSockets.
+                    .with_upgrades();
                 tokio::select! {
                     result = conn => if let Err(e) = result {
                         tracing::debug!(%peer, error = %e, "connection ended");

@@ -278,6 +278,37 @@ pub struct Settings {
     #[arg(long, env = "K8S4R_ALLOW_UNSIGNED_UPGRADES", value_name = "BOOL")]
     pub allow_unsigned_upgrades: Option<bool>,
 
+    /// Which sessions from the cluster (`k8s4r exec`, `port-forward`,
+    /// `cp`) this robot takes: `off`, `tasks` (inside running tasks, as
+    /// the task runs) or `robot` (also on the robot itself, as
+    /// session_user, to forward_ports). Default: tasks.
+    #[arg(long, env = "K8S4R_SESSIONS", value_name = "off|tasks|robot")]
+    pub sessions: Option<String>,
+
+    /// The user sessions on the robot itself run as (with sessions =
+    /// "robot"); none refuses them. Root only if named here.
+    #[arg(long, env = "K8S4R_SESSION_USER", value_name = "USER")]
+    pub session_user: Option<String>,
+
+    /// Ports on the robot's loopback a robot port-forward may reach, as
+    /// `22,8000-8100` (in the file: the same text). Default: none.
+    #[arg(long, env = "K8S4R_FORWARD_PORTS", value_name = "PORTS")]
+    pub forward_ports: Option<String>,
+
+    /// Sessions open at once. Default: 8.
+    #[arg(long, env = "K8S4R_MAX_SESSIONS", value_name = "N")]
+    pub max_sessions: Option<usize>,
+
+    /// Bytes a second all sessions together send, at most; 0 for no limit
+    /// beyond flow control. Default: 8388608 (8 MiB).
+    #[arg(long, env = "K8S4R_SESSION_BYTES_PER_SECOND", value_name = "BYTES")]
+    pub session_bytes_per_second: Option<u64>,
+
+    /// The largest file `k8s4r cp` moves to or from this robot. Default:
+    /// 268435456 (256 MiB).
+    #[arg(long, env = "K8S4R_MAX_COPY_BYTES", value_name = "BYTES")]
+    pub max_copy_bytes: Option<u64>,
+
     /// Log format. Default: text.
     #[arg(long, env = "K8S4R_LOG_FORMAT", value_name = "FORMAT")]
     pub log_format: Option<LogFormat>,
@@ -359,6 +390,12 @@ impl Settings {
                 self.upgrade_public_keys
             },
             allow_unsigned_upgrades: self.allow_unsigned_upgrades.or(file.allow_unsigned_upgrades),
+            sessions: self.sessions.or(file.sessions),
+            session_user: self.session_user.or(file.session_user),
+            forward_ports: self.forward_ports.or(file.forward_ports),
+            max_sessions: self.max_sessions.or(file.max_sessions),
+            session_bytes_per_second: self.session_bytes_per_second.or(file.session_bytes_per_second),
+            max_copy_bytes: self.max_copy_bytes.or(file.max_copy_bytes),
             log_format: self.log_format.or(file.log_format),
             log: self.log.or(file.log),
         }

@@ -285,6 +285,36 @@ pub(crate) fn launch_as_task(
     task: AsTask,
     (stdout, stderr): (std::os::fd::OwnedFd, std::os::fd::OwnedFd),
 ) -> Result<Process, String> {
+    launch_with(
+        task,
+        Streams {
+            stdin: None,
+            stdout,
+            stderr,
+            terminal: false,
+        },
+    )
+}
+
+/// A command's standard streams.
+pub(crate) struct Streams {
+    /// Its stdin; None: empty.
+    pub stdin: Option<std::os::fd::OwnedFd>,
+    pub stdout: std::os::fd::OwnedFd,
+    pub stderr: std::os::fd::OwnedFd,
+    /// stdin is a pty's slave, to be its controlling terminal.
+    pub terminal: bool,
+}
+
+/// Starts `task.template`'s command as [`launch_as_task`] does, with
+/// `streams`. Blocking.
+pub(crate) fn launch_with(task: AsTask, streams: Streams) -> Result<Process, String> {
+    let Streams {
+        stdin,
+        stdout,
+        stderr,
+        terminal,
+    } = streams;
     let AsTask {
         launcher,
         template,
@@ -308,6 +338,8 @@ pub(crate) fn launch_as_task(
                     // The agent waits for a check itself: it never
                     // outlives it.
                     shim: None,
+                    stdin,
+                    terminal,
                 })
             },
             |process| process.pid as i32,

@@ -94,6 +94,8 @@ pub(crate) fn launch(job: LaunchJob) -> Result<Launched, Refused> {
                 stderr,
                 cgroup: cgroup.as_ref(),
                 shim: job.shim.as_ref(),
+                stdin: None,
+                terminal: false,
             })
         },
         |process| process.pid as i32,
@@ -183,10 +185,8 @@ pub(crate) fn hand_over(task: &mut Task, restarting: bool, boot_id: &str, launch
         .filter(|_| restarting)
         .map(|budget| budget.restarted(at));
     // Kept for what runs again as the task: a restart, exec checks, its
-    // preStop.
-    if task.restarts.is_some() || !task.checks.is_empty() || task.pre_stop.is_some() {
-        task.prepared = Some(prepared);
-    }
+    // preStop, an exec session from the cluster.
+    task.prepared = Some(prepared);
     HandedOver {
         running: Running {
             pid,
@@ -405,7 +405,7 @@ mod tests {
         assert!(lineage.knows(pid as i32, &leader));
         assert!(handed.restarted.is_none());
         assert!(!task.resumed, "it runs in this run now");
-        assert!(task.prepared.is_none(), "nothing will start it again");
+        assert!(task.prepared.is_some(), "an exec session runs as it runs");
 
         fake.exit(UID, 1, 3);
         assert_eq!(handed.exit.await.unwrap().code(), Some(3));

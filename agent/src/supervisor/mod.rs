@@ -31,7 +31,7 @@
 
 mod admission;
 pub mod artifacts;
-mod checks;
+pub(crate) mod checks;
 mod cleanup;
 mod containment;
 pub mod disk;
@@ -46,7 +46,7 @@ pub(crate) mod logs;
 pub mod outcome;
 pub mod policy;
 mod prestop;
-mod process;
+pub(crate) mod process;
 mod procfs;
 mod reaper;
 mod recovery;
@@ -436,6 +436,13 @@ pub(crate) enum Command {
         config: Box<k8s4r_api::protocol::TaskConfig>,
     },
     Running(oneshot::Sender<Vec<TaskAttempt>>),
+    /// How to run a command inside a running attempt (an exec session).
+    Sandbox {
+        /// None: on the robot itself.
+        uid: Option<String>,
+        attempt: Option<u32>,
+        reply: oneshot::Sender<Result<checks::AsTask, String>>,
+    },
     Stats(oneshot::Sender<SupervisorStats>),
     Shutdown(oneshot::Sender<()>),
     /// The robot's facts changed (or were read for the first time).
@@ -544,6 +551,28 @@ impl SupervisorHandle {
     }
 
     /// The attempts that are running (or fetching their artifacts).
+    /// How to run a command as running attempt `attempt` (any, if None)
+    /// of task `uid` runs: its driver, user, directory, environment and
+    /// cgroup. An error says why not (not here, not running, stopping).
+    /// Without a task: raw_exec, not prepared (the caller says as whom).
+    pub(crate) async fn sandbox(
+        &self,
+        uid: Option<&str>,
+        attempt: Option<u32>,
+    ) -> Result<checks::AsTask, String> {
+        let (reply, rx) = oneshot::channel();
+        let command = Command::Sandbox {
+            uid: uid.map(str::to_owned),
+            attempt,
+            reply,
+        };
+        if self.commands.send(command).is_err() {
+            return Err("the agent's supervisor has stopped".into());
+        }
+        rx.await
+            .unwrap_or_else(|_| Err("the agent's supervisor has stopped".into()))
+    }
+
     pub async fn running(&self) -> Vec<TaskAttempt> {
         let (tx, rx) = oneshot::channel();
         if self.commands.send(Command::Running(tx)).is_err() {

@@ -256,6 +256,9 @@ impl Runner {
             Command::Running(reply) => {
                 let _ = reply.send(self.table.attempts());
             }
+            Command::Sandbox { uid, attempt, reply } => {
+                let _ = reply.send(self.sandbox(uid.as_deref(), attempt));
+            }
             Command::Stats(reply) => {
                 let _ = reply.send(self.stats.clone());
             }

@@ -149,9 +149,26 @@ impl Accepted {
     where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        let conn = self.http.serve_connection(TokioIo::new(io), self.service);
+        // Upgrades (exec and port-forward through an aggregated API) are
+        // served: the connection hands its socket over and ends.
+        let conn = self
+            .http
+            .serve_connection(TokioIo::new(io), self.service)
+            .with_upgrades();
+        tokio::pin!(conn);
+        // hyper-util's graceful watcher does not take an upgradeable
+        // connection: holding it keeps shutdown waiting for this one, which
+        // is told to finish its request itself when shutdown begins.
+        let _watching = self.watcher;
+        let ended = tokio::select! {
+            ended = conn.as_mut() => ended,
+            () = self.shutdown.cancelled() => {
+                conn.as_mut().graceful_shutdown();
+                conn.await
+            }
+        };
         // Header-read timeouts and clients that go away end up here.
-        if let Err(e) = self.watcher.watch(conn).await {
+        if let Err(e) = ended {
             tracing::debug!(peer = %self.peer, error = %e, "connection ended");
         }
     }

@@ -49,9 +49,13 @@ pub enum Kind {
 /// method (`GET` reads, anything else counts as mutating).
 pub fn classify(method: &Method, path: &str, query: &HashMap<String, String>) -> Kind {
     let info = request::parse(method, path, query).ok();
-    // Reading logs is long-running, as kube-apiserver counts it.
+    // Reading logs, exec, attach, port-forward and proxy are long-running,
+    // as kube-apiserver counts them.
     if let Some(request::Target::Resource(p)) = info.as_ref().map(|i| &i.target) {
-        if p.subresource == Some("log") {
+        if matches!(
+            p.subresource,
+            Some("log" | "exec" | "attach" | "portforward" | "proxy")
+        ) {
             return Kind::Watch;
         }
     }
