@@ -164,6 +164,11 @@ impl Fence {
         }
     }
 
+    /// When heartbeat `seq` went out (boot clock), if it is remembered.
+    pub fn sent_at(&self, seq: u64) -> Option<Duration> {
+        self.sent.get(&seq).copied()
+    }
+
     /// The server recorded heartbeat `seq` of this process (the caller
     /// checked the session) at `server_time`; the confirmation arrived at
     /// `now`.

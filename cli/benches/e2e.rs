@@ -37,6 +37,7 @@ fn up_args() -> UpArgs {
         in_memory: false,
         dashboard_listen: k8s4r::dashboard::DEFAULT_LISTEN.parse().expect("addr"),
         no_dashboard: true,
+        session_lease: k8s4r_api::protocol::reach::DEFAULT_SESSION_LEASE,
     }
 }
 

@@ -41,6 +41,7 @@ async fn measure() -> Vec<f64> {
         in_memory: true,
         dashboard_listen: k8s4r::dashboard::DEFAULT_LISTEN.parse().expect("addr"),
         no_dashboard: true,
+        session_lease: k8s4r_api::protocol::reach::DEFAULT_SESSION_LEASE,
     };
     let shutdown = CancellationToken::new();
     let stack = Stack::start(&args, dir.path(), shutdown.clone())

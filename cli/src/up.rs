@@ -96,6 +96,10 @@ pub struct UpArgs {
     /// Do not serve the dashboard.
     #[arg(long, env = "K8S4R_NO_DASHBOARD")]
     pub no_dashboard: bool,
+    /// Silence after which an exec, port-forward or copy session ends on
+    /// both sides (a robot cut off mid-session hangs its process up).
+    #[arg(long, env = "K8S4R_SESSION_LEASE", default_value = "30s", value_parser = k8s4r_api::duration::parse_duration)]
+    pub session_lease: std::time::Duration,
 }
 
 pub use crate::data_dir::kubeconfig_path;
@@ -246,7 +250,13 @@ impl Stack {
             server: apiserver.client_with_token(&server_token).await?,
             manager: apiserver.client_with_token(&manager_token).await?,
         };
-        let logs = spawn_programs(&mut tasks, programs, &broker_url, manager, shutdown.clone())?;
+        let logs = spawn_programs(
+            &mut tasks,
+            programs,
+            &broker_url,
+            (manager, args.session_lease),
+            shutdown.clone(),
+        )?;
         start_webhook(&mut tasks, &client, shutdown.clone()).await?;
         register_logs_api(&apiserver, &client, logs).await?;
         let local_robot = if args.local_agent.unwrap_or(args.demo) {
@@ -608,7 +618,7 @@ fn spawn_programs(
     tasks: &mut JoinSet<(&'static str, anyhow::Result<()>)>,
     clients: Clients,
     broker_url: &str,
-    manager: k8s4r_manager::ManagerConfig,
+    (manager, session_lease): (k8s4r_manager::ManagerConfig, std::time::Duration),
     shutdown: CancellationToken,
 ) -> anyhow::Result<LogsApi> {
     let mut server = k8s4r_server::ServerConfig::new(broker_url);
@@ -617,7 +627,7 @@ fn spawn_programs(
         addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         cert_pem: cert_pem.clone(),
         key_pem,
-        session_lease: k8s4r_api::protocol::reach::DEFAULT_SESSION_LEASE,
+        session_lease,
     });
     server.lease_namespace = LEASE_NAMESPACE.to_owned();
     // A lab fleet is small: renewing Leases every 10 s (idle or not) costs

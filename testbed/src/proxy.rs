@@ -8,6 +8,8 @@
 //!   way; bytes wait in the kernel's buffers and arrive intact when the link
 //!   heals (a Wi-Fi drop: neither end is told, keep-alives time out).
 //! - [`Fault::Delay`]: every chunk waits this long before it is forwarded.
+//! - [`Fault::Throttle`]: each direction forwards at most this many bytes
+//!   a second (a thin cellular link); what waits, waits in order.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -29,6 +31,8 @@ pub enum Fault {
     Blackhole,
     /// Bytes flow after this delay.
     Delay(Duration),
+    /// Bytes flow at most this fast (bytes a second, each direction).
+    Throttle(u64),
 }
 
 /// A running proxy; stops (closing every connection) on drop.
@@ -129,7 +133,7 @@ async fn pump(
     let (chunks, mut due) = tokio::sync::mpsc::channel::<(tokio::time::Instant, Vec<u8>)>(1024);
     let mut read_fault = fault.clone();
     let reader = async move {
-        let mut buf = vec![0u8; 64 * 1024];
+        let mut buf = vec![0u8; 16 * 1024];
         loop {
             // A blackhole stops reading: the sender's kernel buffers fill and
             // its TCP stalls, and nothing is lost when the link heals.
@@ -143,7 +147,7 @@ async fn pump(
                     }
                     Fault::Cut => return,
                     Fault::Delay(d) => break d,
-                    Fault::None => break Duration::ZERO,
+                    Fault::None | Fault::Throttle(_) => break Duration::ZERO,
                 }
             };
             let n = match from.read(&mut buf).await {
@@ -166,8 +170,12 @@ async fn pump(
                     return;
                 }
             }
-            if *write_fault.borrow() == Fault::Cut || to.write_all(&bytes).await.is_err() {
+            let now = *write_fault.borrow();
+            if now == Fault::Cut || to.write_all(&bytes).await.is_err() {
                 return;
+            }
+            if let Fault::Throttle(rate) = now {
+                tokio::time::sleep(Duration::from_secs_f64(bytes.len() as f64 / rate.max(1) as f64)).await;
             }
         }
     };

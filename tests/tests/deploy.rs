@@ -787,6 +787,7 @@ async fn deployed_mosquitto_enforces_tls_passwords_and_the_per_robot_acl() {
         "k8s4r/robots/r1/online",
         "k8s4r/robots/r1/tasks/u1/status",
         "k8s4r/robots/r1/tasks/u1/log",
+        "k8s4r/robots/r1/sessions/s1/out",
     ] {
         r1.publish(topic, QoS::AtLeastOnce, false, "up").await.unwrap();
         assert_eq!(
@@ -825,6 +826,21 @@ async fn deployed_mosquitto_enforces_tls_passwords_and_the_per_robot_acl() {
         ("k8s4r/robots/r1/tasks/dispatch", "for r1"),
         "r1 read r2's dispatch, or its own uplink"
     );
+    // Sessions likewise: r1 reads its own session's frames, not r2's.
+    for robot in ["r2", "r1"] {
+        let topic = format!("k8s4r/robots/{robot}/sessions/s1/in");
+        server
+            .publish(topic, QoS::AtLeastOnce, false, format!("session of {robot}"))
+            .await
+            .unwrap();
+        next(&mut to_server, "the session frames").await;
+    }
+    let (topic, body) = next(&mut to_r1, "r1's session frame").await;
+    assert_eq!(
+        (topic.as_str(), body.as_str()),
+        ("k8s4r/robots/r1/sessions/s1/in", "session of r1"),
+        "r1 read r2's session"
+    );
 
     // A robot cannot speak for another, nor write its own commands (not
     // even retained ones): none of these arrives, while its own status,
@@ -844,6 +860,8 @@ async fn deployed_mosquitto_enforces_tls_passwords_and_the_per_robot_acl() {
         "k8s4r/robots/r1/tasks/config",
         "k8s4r/robots/r1/tasks/acks",
         "k8s4r/robots/r1/logs/request",
+        "k8s4r/robots/r1/sessions/s1/in",
+        "k8s4r/robots/r2/sessions/s1/out",
     ] {
         r1.publish(topic, QoS::AtLeastOnce, true, "forged").await.unwrap();
     }

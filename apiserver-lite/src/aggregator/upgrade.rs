@@ -17,8 +17,12 @@ use hyper_util::rt::TokioIo;
 use super::{remote_user, FrontProxy};
 use crate::authz::Identity;
 
-/// How long the backend has to connect and answer the upgrade.
+/// How long the backend has to accept the connection.
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long the backend has to answer the upgrade: k8s4r-server asks the
+/// robot first (10 s), and its answer must get here rather than a 503
+/// that clients retry for minutes.
+const ANSWER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Headers of the request that go on to the backend.
 const REQUEST_HEADERS: [HeaderName; 7] = [
@@ -93,9 +97,9 @@ pub(super) async fn proxy(
         request = request.header(name, value);
     }
     let request = request.body(Body::empty()).map_err(|e| e.to_string())?;
-    let mut answer = tokio::time::timeout(CONNECT_TIMEOUT, sender.send_request(request))
+    let mut answer = tokio::time::timeout(ANSWER_TIMEOUT, sender.send_request(request))
         .await
-        .map_err(|_| format!("{addr} did not answer within {CONNECT_TIMEOUT:?}"))?
+        .map_err(|_| format!("{addr} did not answer within {ANSWER_TIMEOUT:?}"))?
         .map_err(|e| format!("{addr}: {e}"))?;
     let mut response = Response::builder().status(answer.status());
     for (name, value) in answer.headers() {

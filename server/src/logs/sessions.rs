@@ -223,6 +223,7 @@ async fn session(
     mut request: Request,
 ) -> Response {
     let headers = request.headers().clone();
+    tracing::debug!(target = %target.describe(), subresource, "session asked");
     let (ns, name) = match &target {
         Target::Task { ns, name } => (Some(ns.as_str()), name.as_str()),
         Target::Robot { name } => (None, name.as_str()),
@@ -247,6 +248,7 @@ async fn session(
         Err(why) => return status(StatusCode::BAD_REQUEST, "BadRequest", why),
     };
     open.user = user.clone();
+    tracing::debug!(%user, "session authorized");
     open.lease_ms = u64::try_from(state.session_lease.as_millis()).unwrap_or(u64::MAX);
     // Where it runs, and the object its Events are about.
     let (robot, regarding) = match &target {
@@ -286,8 +288,10 @@ async fn session(
             }
         },
     };
+    // Not 503 nor 504: clients (client-go, kube-rs) retry those for
+    // minutes; kube-apiserver answers 500 for a kubelet it cannot dial.
     if let Some(why) = unreachable(&state.robots, &robot) {
-        return status(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable", why);
+        return status(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", why);
     }
     let Some(protocol) = protocol_of(&headers) else {
         return status(
@@ -504,8 +508,8 @@ impl Bridge {
         let robot = self.robot.clone();
         if !self.send(Frame::Open(Box::new(open))).await {
             return Err(status(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "ServiceUnavailable",
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalError",
                 format!("cannot reach robot {robot}: no broker connection"),
             ));
         }
@@ -513,8 +517,8 @@ impl Bridge {
         let Ok(Some(bytes)) = first else {
             self.hang_up().await;
             return Err(status(
-                StatusCode::GATEWAY_TIMEOUT,
-                "Timeout",
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalError",
                 format!(
                     "robot {robot} did not answer the session in {}s (its agent may be too old, or cut off)",
                     OPEN_TIMEOUT.as_secs()

@@ -65,17 +65,23 @@ impl Env {
     /// Starts everything, with one agent per `(robot, labels)`, and waits
     /// until every robot is Online.
     pub async fn start(robots: &[(&str, &[&str])]) -> Env {
-        Self::start_with(robots, true).await
+        Self::start_with(robots, true, k8s4r_api::protocol::reach::DEFAULT_SESSION_LEASE).await
+    }
+
+    /// Like [`Env::start`], with exec and port-forward sessions ending
+    /// after `lease` of silence (the default is 30 s).
+    pub async fn start_with_session_lease(robots: &[(&str, &[&str])], lease: Duration) -> Env {
+        Self::start_with(robots, true, lease).await
     }
 
     /// Like [`Env::start`], with the API server's objects kept in the data
     /// directory, as `k8s4r up` keeps them, so that [`Env::restart_cluster`]
     /// finds them again.
     pub async fn start_persistent(robots: &[(&str, &[&str])]) -> Env {
-        Self::start_with(robots, false).await
+        Self::start_with(robots, false, k8s4r_api::protocol::reach::DEFAULT_SESSION_LEASE).await
     }
 
-    async fn start_with(robots: &[(&str, &[&str])], in_memory: bool) -> Env {
+    async fn start_with(robots: &[(&str, &[&str])], in_memory: bool, session_lease: Duration) -> Env {
         // RUST_LOG=k8s4r_manager=debug,k8s4r_server=debug shows, for a failed
         // test, what the stack did.
         let _ = tracing_subscriber::fmt()
@@ -88,7 +94,7 @@ impl Env {
         let data_dir = dir.path().join("data");
         let scratch = dir.path().join("scratch");
         std::fs::create_dir_all(&scratch).expect("scratch dir");
-        let stack = start_stack(&broker_url, &data_dir, in_memory).await;
+        let stack = start_stack(&broker_url, &data_dir, in_memory, session_lease).await;
         let client = stack.client.clone();
         let mut env = Env {
             stack: Some(stack),
@@ -121,7 +127,13 @@ impl Env {
         let mosq = Mosquitto::start();
         self.broker_url = mosq.url();
         self._mosquitto = mosq;
-        let stack = start_stack(&self.broker_url, &self.data_dir, false).await;
+        let stack = start_stack(
+            &self.broker_url,
+            &self.data_dir,
+            false,
+            k8s4r_api::protocol::reach::DEFAULT_SESSION_LEASE,
+        )
+        .await;
         self.client = stack.client.clone();
         self.stack = Some(stack);
     }
@@ -132,6 +144,13 @@ impl Env {
 
     /// An agent with further flags.
     pub fn spawn_agent_with(&mut self, robot: &str, labels: &[&str], extra: &[&str]) {
+        let broker_url = self.broker_url.clone();
+        self.spawn_agent_via(robot, labels, extra, &broker_url);
+    }
+
+    /// An agent with further flags that reaches the broker at
+    /// `broker_url` (a proxy in front of it).
+    pub fn spawn_agent_via(&mut self, robot: &str, labels: &[&str], extra: &[&str], broker_url: &str) {
         let token = std::fs::read_to_string(self.data_dir.join("bootstrap-token")).expect("bootstrap token");
         let state_dir = self.dir.path().join("agents").join(robot);
         std::fs::create_dir_all(&state_dir).expect("state dir");
@@ -142,7 +161,7 @@ impl Env {
             .arg("--token")
             .arg(token.trim())
             .arg("--broker-url")
-            .arg(&self.broker_url)
+            .arg(broker_url)
             .arg("--state-dir")
             .arg(&state_dir)
             .arg("--heartbeat-interval")
@@ -285,7 +304,7 @@ impl Env {
 }
 
 /// The stack of a test on `broker_url`, with short liveness timeouts.
-async fn start_stack(broker_url: &str, data_dir: &Path, in_memory: bool) -> Stack {
+async fn start_stack(broker_url: &str, data_dir: &Path, in_memory: bool, session_lease: Duration) -> Stack {
     let args = UpArgs {
         api_bind: format!("127.0.0.1:{}", free_port()).parse().expect("addr"),
         mqtt_bind: "127.0.0.1:0".parse().expect("addr"),
@@ -297,6 +316,7 @@ async fn start_stack(broker_url: &str, data_dir: &Path, in_memory: bool) -> Stac
         in_memory,
         dashboard_listen: k8s4r::dashboard::DEFAULT_LISTEN.parse().expect("addr"),
         no_dashboard: true,
+        session_lease,
     };
     let mut manager = manager_config();
     // A SIGKILLed agent's connection drops, so Mosquitto publishes its

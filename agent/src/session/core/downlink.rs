@@ -112,6 +112,12 @@ impl Core {
             // Seqs restart with every process: a confirmation meant for a
             // previous one must not renew this one's leases.
             if ack.session.as_deref() == Some(self.session_id.as_str()) {
+                // How long the round trip took: what a busy link (a session
+                // moving data) must not stretch past the interval.
+                if let Some(sent) = self.fence.sent_at(heartbeat) {
+                    let after_ms = now.mono.saturating_sub(sent).as_millis() as u64;
+                    tracing::debug!(heartbeat, after_ms, "heartbeat confirmed");
+                }
                 self.fence.heartbeat_recorded(heartbeat, ack.time, now.mono);
                 self.usage.confirmed(heartbeat);
                 out.push(Command::HeartbeatConfirmed {
