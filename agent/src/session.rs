@@ -191,7 +191,8 @@ impl Session {
         supervisor: SupervisorHandle,
         events: mpsc::UnboundedReceiver<TaskEvent>,
     ) -> (Session, watch::Receiver<SessionStatus>) {
-        let (client, eventloop) = AsyncClient::new(options, mqtt::REQUEST_CHANNEL);
+        let (client, mut eventloop) = AsyncClient::new(options, mqtt::REQUEST_CHANNEL);
+        k8s4r_mqtt::send_at_once(&mut eventloop);
         let (updates_tx, updates) = mpsc::unbounded_channel();
         let (commands, commands_rx) = mpsc::unbounded_channel();
         let offer = supervisor.offer().clone();

@@ -354,7 +354,8 @@ pub fn connect(
     let mut routes = Vec::with_capacity(brokers.len());
     for (index, broker) in brokers.iter().enumerate() {
         let options = mqtt_options(broker)?;
-        let (client, eventloop) = AsyncClient::new(options, PUBLISH_QUEUE);
+        let (client, mut eventloop) = AsyncClient::new(options, PUBLISH_QUEUE);
+        k8s4r_mqtt::send_at_once(&mut eventloop);
         let (tx, requests) = mpsc::channel(PUBLISH_QUEUE);
         let (bulk_tx, bulk) = mpsc::channel(BULK_QUEUE);
         connections.push(Connection {

@@ -98,6 +98,8 @@ pub async fn bind(
                 },
                 () = shutdown.cancelled() => return,
             };
+            // Small answers and a session's keystrokes go out at once.
+            let _ = stream.set_nodelay(true);
             let (acceptor, app, shutdown) = (acceptor.clone(), app.clone(), shutdown.clone());
             tokio::spawn(async move {
                 let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {

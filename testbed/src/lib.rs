@@ -214,7 +214,7 @@ impl Mosquitto {
     pub fn start() -> Mosquitto {
         Self::start_with(|port, _| {
             format!(
-                "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nmax_queued_messages 10000\n"
+                "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nmax_queued_messages 10000\nset_tcp_nodelay true\n"
             )
         })
     }

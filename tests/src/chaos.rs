@@ -264,7 +264,7 @@ impl Cluster {
         let broker = Mosquitto::start_with(|port, d| {
             format!(
                 "listener {port} 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location {}/\n\
-                 autosave_interval 1\nmax_queued_messages 10000\nmax_packet_size {}\n",
+                 autosave_interval 1\nmax_queued_messages 10000\nset_tcp_nodelay true\nmax_packet_size {}\n",
                 d.display(),
                 k8s4r_api::protocol::MAX_PACKET_BYTES
             )

@@ -323,7 +323,7 @@ impl Stack {
         let broker = Mosquitto::start_with(|port, _| {
             format!(
                 "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n\
-                 max_queued_messages 10000\nmax_packet_size {}\n",
+                 max_queued_messages 10000\nset_tcp_nodelay true\nmax_packet_size {}\n",
                 k8s4r_api::protocol::MAX_PACKET_BYTES
             )
         });
