@@ -111,13 +111,14 @@ fn command_of(open: &SessionOpen) -> Vec<String> {
         SessionKind::Upload => {
             let path = open.path.clone().unwrap_or_default();
             let name = path.rsplit('/').next().unwrap_or_default().to_owned();
+            // Permission bits only: an upload never makes a setuid file.
             vec![
                 "sh".into(),
                 "-c".into(),
                 UPLOAD.into(),
                 "k8s4r-cp".into(),
                 path,
-                format!("{:o}", open.mode.unwrap_or(0o644) & 0o7777),
+                format!("{:o}", open.mode.unwrap_or(0o644) & 0o777),
                 name,
             ]
         }
