@@ -313,13 +313,9 @@ async fn run_exec(ws: Ws, send_stdin: bool, tty: bool) -> anyhow::Result<i32> {
                 }
             }
             message = stream.next() => {
-                let data = match message {
-                    Some(Ok(Message::Binary(data))) => data,
-                    Some(Ok(Message::Close(_))) | None => bail!("the session ended without the command's exit status (the connection was lost)"),
-                    Some(Err(e)) => bail!("the session's connection failed: {e}"),
-                    Some(Ok(_)) => continue,
-                };
-                let Some((&channel, body)) = data.split_first() else { continue };
+                let early = "the session ended without the command's exit status (the connection was lost)";
+                let Some((channel, body)) = received(message, "session", early)? else { continue };
+                let body = &body[..];
                 match channel {
                     STDOUT => { stdout.write_all(body).await?; stdout.flush().await?; }
                     STDERR => { stderr.write_all(body).await?; stderr.flush().await?; }
@@ -328,6 +324,22 @@ async fn run_exec(ws: Ws, send_stdin: bool, tty: bool) -> anyhow::Result<i32> {
                 }
             }
         }
+    }
+}
+
+/// The channel and bytes of the session's next message; None for one
+/// that carries none (a ping, an empty frame); an error once the
+/// connection ended (`early` says what that means here) or failed.
+fn received(
+    message: Option<Result<Message, tokio_tungstenite::tungstenite::Error>>,
+    what: &str,
+    early: &str,
+) -> anyhow::Result<Option<(u8, bytes::Bytes)>> {
+    match message {
+        Some(Ok(Message::Binary(data))) => Ok(data.first().map(|&channel| (channel, data.slice(1..)))),
+        Some(Ok(Message::Close(_))) | None => bail!("{early}"),
+        Some(Err(e)) => bail!("the {what}'s connection failed: {e}"),
+        Some(Ok(_)) => Ok(None),
     }
 }
 
@@ -441,13 +453,9 @@ async fn forward_one(
                 }
             },
             message = stream.next() => {
-                let data = match message {
-                    Some(Ok(Message::Binary(data))) => data,
-                    Some(Ok(Message::Close(_))) | None => bail!("the session ended early (the connection was lost)"),
-                    Some(Err(e)) => bail!("the session's connection failed: {e}"),
-                    Some(Ok(_)) => continue,
-                };
-                let Some((&channel, body)) = data.split_first() else { continue };
+                let early = "the session ended early (the connection was lost)";
+                let Some((channel, body)) = received(message, "session", early)? else { continue };
+                let body = &body[..];
                 match channel {
                     STDOUT => write.write_all(body).await.context("writing to the local connection")?,
                     CLOSE => { let _ = write.shutdown().await; }
@@ -535,17 +543,13 @@ async fn download(
     let (_sink, mut stream) = ws.split();
     let mut errors = Vec::new();
     let outcome = loop {
-        let data = match stream.next().await {
-            Some(Ok(Message::Binary(data))) => data,
-            Some(Ok(Message::Close(_))) | None => {
-                break Err(anyhow::anyhow!("the copy ended early (the connection was lost)"))
-            }
-            Some(Err(e)) => break Err(anyhow::anyhow!("the copy's connection failed: {e}")),
-            Some(Ok(_)) => continue,
+        let early = "the copy ended early (the connection was lost)";
+        let (channel, body) = match received(stream.next().await, "copy", early) {
+            Ok(Some(received)) => received,
+            Ok(None) => continue,
+            Err(e) => break Err(e),
         };
-        let Some((&channel, body)) = data.split_first() else {
-            continue;
-        };
+        let body = &body[..];
         match channel {
             STDOUT => file
                 .write_all(body)
@@ -613,13 +617,9 @@ async fn upload(client: &Client, target: &Target, ns: &str, local: &Path, path: 
                 sink.send(Message::Binary(message.into())).await.context("the copy's connection was lost")?;
             }
             message = stream.next() => {
-                let data = match message {
-                    Some(Ok(Message::Binary(data))) => data,
-                    Some(Ok(Message::Close(_))) | None => bail!("the copy ended early (the connection was lost); the robot keeps its file as it was"),
-                    Some(Err(e)) => bail!("the copy's connection failed: {e}"),
-                    Some(Ok(_)) => continue,
-                };
-                let Some((&channel, body)) = data.split_first() else { continue };
+                let early = "the copy ended early (the connection was lost); the robot keeps its file as it was";
+                let Some((channel, body)) = received(message, "copy", early)? else { continue };
+                let body = &body[..];
                 match channel {
                     STDERR | STDOUT => errors.extend_from_slice(body),
                     STATUS => {

@@ -62,11 +62,16 @@ fn long_task(driver: &str, script: &str) -> serde_json::Value {
 
 /// Creates a Job of one task and waits until it runs; its Task.
 async fn running_task(env: &Env, job: &str, task: serde_json::Value) -> Task {
-    env.create_job(job_json(
-        job,
-        serde_json::json!([{ "name": "t", "count": 1, "task": task }]),
-    ))
-    .await;
+    running_task_on(env, job, task, None).await
+}
+
+/// Like [`running_task`], on the robot labelled `name=<robot>`.
+async fn running_task_on(env: &Env, job: &str, task: serde_json::Value, robot: Option<&str>) -> Task {
+    let mut group = serde_json::json!({ "name": "t", "count": 1, "task": task });
+    if let Some(robot) = robot {
+        group["robotSelector"] = serde_json::json!({ "matchLabels": { "name": robot } });
+    }
+    env.create_job(job_json(job, serde_json::json!([group]))).await;
     let name = format!("{job}-t-0");
     eventually(&format!("{name} running"), || async {
         let t = env.tasks().get(&name).await.ok()?;
@@ -377,17 +382,7 @@ async fn port_forward_and_who_may_open_what() {
             served.display()
         ),
     );
-    env.create_job(job_json(
-        "web",
-        serde_json::json!([{ "name": "t", "count": 1, "task": task,
-            "robotSelector": { "matchLabels": { "name": "fwd-1" } } }]),
-    ))
-    .await;
-    eventually("web running", || async {
-        let t = env.tasks().get("web-t-0").await.ok()?;
-        (t.status.as_ref()?.state? == TaskState::Running).then_some(())
-    })
-    .await;
+    running_task_on(&env, "web", task, Some("fwd-1")).await;
     let local = free_port();
     let mut forward = Proc(
         cli(&env)
@@ -452,17 +447,7 @@ async fn port_forward_and_who_may_open_what() {
     // One with sessions off refuses everything, naming the setting.
     let mut closed = long_task("raw_exec", "true");
     closed["killTimeout"] = "1s".into();
-    env.create_job(job_json(
-        "closed",
-        serde_json::json!([{ "name": "t", "count": 1, "task": closed,
-            "robotSelector": { "matchLabels": { "name": "closed-1" } } }]),
-    ))
-    .await;
-    eventually("closed running", || async {
-        let t = env.tasks().get("closed-t-0").await.ok()?;
-        (t.status.as_ref()?.state? == TaskState::Running).then_some(())
-    })
-    .await;
+    running_task_on(&env, "closed", closed, Some("closed-1")).await;
     let out = run(cli(&env).args(["exec", "closed-t-0", "--", "true"])).await;
     assert!(!out.status.success());
     assert!(

@@ -248,7 +248,6 @@ async fn session(
         Err(why) => return status(StatusCode::BAD_REQUEST, "BadRequest", why),
     };
     open.user = user.clone();
-    tracing::debug!(%user, "session authorized");
     open.lease_ms = u64::try_from(state.session_lease.as_millis()).unwrap_or(u64::MAX);
     // Where it runs, and the object its Events are about.
     let (robot, regarding) = match &target {
@@ -321,7 +320,7 @@ async fn session(
         );
     };
     let what = describe(&open);
-    let mut bridge = Bridge::new(state.clone(), id.clone(), robot.clone(), rx, open.lease());
+    let mut bridge = Bridge::new(state.clone(), &id, robot.clone(), rx, open.lease());
     let opened = match bridge.open(open.clone()).await {
         Ok(opened) => opened,
         Err(refusal) => {
@@ -465,7 +464,6 @@ fn final_status(end: &SessionEnd) -> serde_json::Value {
 /// WebSocket.
 struct Bridge {
     state: LogsState,
-    id: String,
     robot: String,
     topic: String,
     rx: tokio::sync::mpsc::Receiver<Vec<u8>>,
@@ -476,15 +474,14 @@ struct Bridge {
 impl Bridge {
     fn new(
         state: LogsState,
-        id: String,
+        id: &str,
         robot: String,
         rx: tokio::sync::mpsc::Receiver<Vec<u8>>,
         lease: Duration,
     ) -> Self {
-        let topic = state.topics.session_in(&robot, &id);
+        let topic = state.topics.session_in(&robot, id);
         Bridge {
             state,
-            id,
             robot,
             topic,
             rx,
@@ -671,7 +668,6 @@ impl Bridge {
             let _ = sink.send(Message::Binary(message.into())).await;
             let _ = sink.send(Message::Close(None)).await;
         }
-        let _ = &self.id;
         SessionEnd {
             bytes_in: if end.bytes_in > 0 { end.bytes_in } else { bytes_in },
             bytes_out: if end.bytes_out > 0 {
