@@ -250,42 +250,9 @@ async fn session(
     open.user = user.clone();
     open.lease_ms = u64::try_from(state.session_lease.as_millis()).unwrap_or(u64::MAX);
     // Where it runs, and the object its Events are about.
-    let (robot, regarding) = match &target {
-        Target::Task { ns, name } => {
-            let task = match super::task_named(&state.client, ns, name).await {
-                Ok(task) => task,
-                Err(answer) => return answer,
-            };
-            let st = task.status.clone().unwrap_or_default();
-            if st.state != Some(TaskState::Running) {
-                let state = st.state.map_or("not started", TaskState::as_str);
-                return status(
-                    StatusCode::BAD_REQUEST,
-                    "BadRequest",
-                    format!("task {name} is not running ({state}): sessions reach running tasks only"),
-                );
-            }
-            let Some(robot) = st.robot.clone() else {
-                return status(
-                    StatusCode::BAD_REQUEST,
-                    "BadRequest",
-                    format!("task {name} has no robot"),
-                );
-            };
-            open.task_uid = task.metadata.uid.clone();
-            open.attempt = Some(st.attempt);
-            (robot, task.object_ref(&()))
-        }
-        Target::Robot { name } => match state.robots.get(&ObjectRef::new(name)) {
-            Some(robot) => (name.clone(), robot.object_ref(&())),
-            None => {
-                return status(
-                    StatusCode::NOT_FOUND,
-                    "NotFound",
-                    format!("robots.robot.k8s4r.io \"{name}\" not found"),
-                )
-            }
-        },
+    let (robot, regarding) = match place_of(&state, &target, &mut open).await {
+        Ok(place) => place,
+        Err(answer) => return answer,
     };
     // Not 503 nor 504: clients (client-go, kube-rs) retry those for
     // minutes; kube-apiserver answers 500 for a kubelet it cannot dial.
@@ -377,19 +344,69 @@ async fn session(
         )
         .await;
     });
+    switching(protocol, &accept, &robot_header)
+}
+
+/// The 101 that accepts a session's WebSocket.
+fn switching(protocol: &'static str, accept: &str, robot: &str) -> Response {
     let mut response = Response::new(axum::body::Body::empty());
     *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
     let h = response.headers_mut();
     h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
     h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
     h.insert(header::SEC_WEBSOCKET_PROTOCOL, HeaderValue::from_static(protocol));
-    if let Ok(v) = HeaderValue::from_str(&accept) {
+    if let Ok(v) = HeaderValue::from_str(accept) {
         h.insert(header::SEC_WEBSOCKET_ACCEPT, v);
     }
-    if let Ok(v) = HeaderValue::from_str(&robot_header) {
+    if let Ok(v) = HeaderValue::from_str(robot) {
         h.insert("x-k8s4r-robot", v);
     }
     response
+}
+
+/// The robot a session on `target` runs on, and the object its Events are
+/// about; a task must be running, and `open` is told its uid and attempt.
+/// An answer for the client when it cannot be opened.
+async fn place_of(
+    state: &LogsState,
+    target: &Target,
+    open: &mut SessionOpen,
+) -> Result<(String, ObjectReference), Response> {
+    match target {
+        Target::Task { ns, name } => {
+            let task = match super::task_named(&state.client, ns, name).await {
+                Ok(task) => task,
+                Err(answer) => return Err(answer),
+            };
+            let st = task.status.clone().unwrap_or_default();
+            if st.state != Some(TaskState::Running) {
+                let state = st.state.map_or("not started", TaskState::as_str);
+                return Err(status(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    format!("task {name} is not running ({state}): sessions reach running tasks only"),
+                ));
+            }
+            let Some(robot) = st.robot.clone() else {
+                return Err(status(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    format!("task {name} has no robot"),
+                ));
+            };
+            open.task_uid = task.metadata.uid.clone();
+            open.attempt = Some(st.attempt);
+            Ok((robot, task.object_ref(&())))
+        }
+        Target::Robot { name } => match state.robots.get(&ObjectRef::new(name)) {
+            Some(robot) => Ok((name.clone(), robot.object_ref(&()))),
+            None => Err(status(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                format!("robots.robot.k8s4r.io \"{name}\" not found"),
+            )),
+        },
+    }
 }
 
 /// What a session does, for people.
