@@ -57,9 +57,27 @@ async fn heartbeats_are_coalesced_into_few_writes() {
     robot.registered(&env).await;
     env.set_phase("rb1", RobotPhase::Online).await;
 
-    for seq in 1..=30 {
+    // The server learns of the approval from its watch: until then a
+    // heartbeat is deferred (the robot sends it again). One at a time
+    // until one is applied.
+    let mut seq = 0;
+    while server.metrics.messages_in("heartbeat", "applied") == 0 {
+        seq += 1;
+        assert!(seq <= 50, "no heartbeat applied after {seq} tries");
         robot
             .send(robot.topics.heartbeat("rb1"), &robot.heartbeat(seq, 10.0))
+            .await;
+        let m = &server.metrics;
+        eventually("the heartbeat handled", || async {
+            let handled =
+                m.messages_in("heartbeat", "applied") + m.messages_in("heartbeat", "rejected_not_approved");
+            (handled >= seq).then_some(())
+        })
+        .await;
+    }
+    for next in seq + 1..=seq + 29 {
+        robot
+            .send(robot.topics.heartbeat("rb1"), &robot.heartbeat(next, 10.0))
             .await;
     }
     server.wait_in("heartbeat", "coalesced", 29).await;
@@ -81,7 +99,7 @@ async fn heartbeats_are_coalesced_into_few_writes() {
 
     // A material change in usage is written at once.
     robot
-        .send(robot.topics.heartbeat("rb1"), &robot.heartbeat(31, 95.0))
+        .send(robot.topics.heartbeat("rb1"), &robot.heartbeat(seq + 30, 95.0))
         .await;
     server.wait_in("heartbeat", "applied", 2).await;
     assert_eq!(server.metrics.api_writes("lease", "ok"), 1);
