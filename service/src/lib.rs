@@ -14,6 +14,7 @@
 //!   the cache holds them;
 //! - [`written`]: a program's own last writes, until its watch brings them
 //!   back;
+//! - [`websocket`]: accepting a WebSocket on an axum route;
 //! - [`lock()`]: a `Mutex` lock that survives a panic elsewhere.
 //!
 //! It holds no decisions: what to write and when stays in each program.
@@ -29,6 +30,7 @@ pub mod metrics;
 pub mod patch;
 pub mod process;
 pub mod watch;
+pub mod websocket;
 pub mod written;
 
 pub use call::{ApiError, Kube};

@@ -25,19 +25,18 @@ use axum::extract::{Extension, Path, RawQuery, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
 use futures::{SinkExt, StreamExt};
-use hyper_util::rt::TokioIo;
 use k8s4r_api::protocol::reach::{
     Flow, Frame, SessionEnd, SessionKind, SessionOpen, SessionOpened, DEFAULT_SESSION_WINDOW,
     MAX_SESSION_DATA, STDIN,
 };
 use k8s4r_api::TaskState;
 use k8s4r_service::https::PeerName;
+use k8s4r_service::websocket::Upgrade;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::ObjectRef;
 use kube::Resource;
 use serde_json::json;
-use tokio_tungstenite::tungstenite::protocol::Role;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 use tracing::{info, warn};
@@ -269,14 +268,13 @@ async fn session(
             ),
         );
     };
-    let Some(key) = headers.get(header::SEC_WEBSOCKET_KEY).cloned() else {
+    let Some(upgrade) = Upgrade::of(&mut request) else {
         return status(
             StatusCode::BAD_REQUEST,
             "BadRequest",
             "not a WebSocket upgrade".into(),
         );
     };
-    let on_upgrade = hyper::upgrade::on(&mut request);
     // Ask the robot before accepting: its refusal is an HTTP answer.
     let id = super::request_id();
     let Some(rx) = state.hub.open_session(&id, &robot) else {
@@ -310,14 +308,13 @@ async fn session(
     )
     .await;
     let started = std::time::Instant::now();
-    let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
-    let robot_header = robot.clone();
+    let mut response = upgrade.switching(Some(protocol));
+    if let Ok(v) = HeaderValue::from_str(&robot) {
+        response.headers_mut().insert("x-k8s4r-robot", v);
+    }
     tokio::spawn(async move {
-        let end = match on_upgrade.await {
-            Ok(upgraded) => {
-                let ws = WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, None).await;
-                bridge.run(ws).await
-            }
+        let end = match upgrade.socket(None).await {
+            Ok(ws) => bridge.run(ws).await,
             Err(e) => {
                 bridge.hang_up().await;
                 SessionEnd::error(format!("the WebSocket did not open: {e}"))
@@ -344,23 +341,6 @@ async fn session(
         )
         .await;
     });
-    switching(protocol, &accept, &robot_header)
-}
-
-/// The 101 that accepts a session's WebSocket.
-fn switching(protocol: &'static str, accept: &str, robot: &str) -> Response {
-    let mut response = Response::new(axum::body::Body::empty());
-    *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
-    let h = response.headers_mut();
-    h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
-    h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
-    h.insert(header::SEC_WEBSOCKET_PROTOCOL, HeaderValue::from_static(protocol));
-    if let Ok(v) = HeaderValue::from_str(accept) {
-        h.insert(header::SEC_WEBSOCKET_ACCEPT, v);
-    }
-    if let Ok(v) = HeaderValue::from_str(robot) {
-        h.insert("x-k8s4r-robot", v);
-    }
     response
 }
 
