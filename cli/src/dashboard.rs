@@ -11,13 +11,15 @@
 //! - [`views`], [`graph`]: the pages;
 //! - [`actions`]: cancel, retry, cordon, uncordon, through exactly what
 //!   `k8s4r cancel|retry|cordon|uncordon` do;
-//! - [`live`]: change notices, and a task's live log.
+//! - [`live`]: change notices, and a task's live log;
+//! - [`terminal`]: a shell in a running task, from its page (xterm.js).
 
 mod actions;
 mod graph;
 mod guard;
 mod live;
 mod state;
+mod terminal;
 mod views;
 
 use std::net::SocketAddr;
@@ -175,13 +177,13 @@ fn router(state: Arc<State>) -> Router {
         .route("/ns/{ns}/jobs/{name}", get(views::job))
         .route("/ns/{ns}/tasks/{name}", get(views::task))
         .route("/ns/{ns}/tasks/{name}/log", get(live::log))
+        .route("/ns/{ns}/tasks/{name}/terminal", get(terminal::terminal))
         .route(
             "/ns/{ns}/{kind}/{name}/{action}",
             get(actions::work_form).post(actions::work_action),
         )
         .route("/live", get(live::changes))
-        .route("/assets/app.js", get(views::script))
-        .route("/assets/app.css", get(views::style))
+        .route("/assets/{file}", get(views::asset))
         .route("/healthz", get(views::healthz))
         .layer(axum::middleware::from_fn_with_state(state.clone(), guard::guard))
         .with_state(state)

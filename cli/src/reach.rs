@@ -20,18 +20,18 @@ use tokio_tungstenite::tungstenite::Message;
 
 use crate::operate::KubeArgs;
 
-type Ws = tokio_tungstenite::WebSocketStream<hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>>;
+pub(crate) type Ws = tokio_tungstenite::WebSocketStream<hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>>;
 
 /// The channel of stdin (and of what a forward sends to the robot).
-const STDIN: u8 = 0;
+pub(crate) const STDIN: u8 = 0;
 /// The channel of stdout (and of what a forward gets back).
-const STDOUT: u8 = 1;
+pub(crate) const STDOUT: u8 = 1;
 /// The channel of stderr.
-const STDERR: u8 = 2;
+pub(crate) const STDERR: u8 = 2;
 /// The channel of the final Status.
-const STATUS: u8 = 3;
+pub(crate) const STATUS: u8 = 3;
 /// The channel of terminal sizes.
-const RESIZE: u8 = 4;
+pub(crate) const RESIZE: u8 = 4;
 /// The channel that says a stream ended.
 const CLOSE: u8 = 255;
 /// Bytes read from a local source at a time.
@@ -152,7 +152,7 @@ pub struct CpArgs {
 }
 
 /// Opens a session's WebSocket, or says why not as a person reads it.
-async fn connect(
+pub(crate) async fn connect(
     client: &Client,
     target: &Target,
     ns: &str,
@@ -188,7 +188,7 @@ async fn connect(
     }
 }
 
-fn query_of(pairs: &[(&str, String)]) -> String {
+pub(crate) fn query_of(pairs: &[(&str, String)]) -> String {
     let mut q = form_urlencoded::Serializer::new(String::new());
     for (k, v) in pairs {
         q.append_pair(k, v);
@@ -330,7 +330,7 @@ async fn run_exec(ws: Ws, send_stdin: bool, tty: bool) -> anyhow::Result<i32> {
 /// The channel and bytes of the session's next message; None for one
 /// that carries none (a ping, an empty frame); an error once the
 /// connection ended (`early` says what that means here) or failed.
-fn received(
+pub(crate) fn received(
     message: Option<Result<Message, tokio_tungstenite::tungstenite::Error>>,
     what: &str,
     early: &str,
@@ -345,7 +345,7 @@ fn received(
 
 /// The exit code a final Status gives; a failure that is not an exit code
 /// is an error.
-fn exit_code_of(status: &[u8]) -> anyhow::Result<i32> {
+pub(crate) fn exit_code_of(status: &[u8]) -> anyhow::Result<i32> {
     let status: serde_json::Value =
         serde_json::from_slice(status).context("reading the session's final status")?;
     if status["status"] == "Success" {

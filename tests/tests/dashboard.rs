@@ -180,6 +180,94 @@ async fn group_state(browser: &Browser, group: &str) -> String {
         .to_owned()
 }
 
+/// The terminal on a running task's page (the browser is on it): a shell
+/// in the task's directory with its environment, typed into, resized,
+/// exited with a status; and no terminal for a WebSocket of another site.
+async fn terminal_in_the_task(browser: &Browser, url: &str) {
+    browser.wait_for("#term-open:not([disabled])", DEADLINE).await;
+    let violations = browser.axe_violations().await;
+    assert!(violations.is_empty(), "accessibility:\n{}", violations.join("\n"));
+    browser
+        .execute("document.getElementById('term-open').click();", &[])
+        .await;
+    browser.wait_text("#term-status", "Running sh", DEADLINE).await;
+    let keys = browser
+        .wait_for("#terminal .xterm-helper-textarea", DEADLINE)
+        .await;
+    // Typed as keys (WebDriver's Enter is U+E007). What is checked is what
+    // the shell computes, never the echo of what was typed.
+    keys.send_keys(
+        "echo name=$K8S4R_TASK_NAME sum=$((6*7)); [ \"$(pwd)\" = \"$K8S4R_TASK_DIR\" ] && echo at-$((1+1))-home\u{E007}",
+    )
+    .await;
+    let screen = browser
+        .wait_text("#terminal .xterm-rows", "at-2-home", DEADLINE)
+        .await;
+    assert!(screen.contains("sum=42"), "{screen}");
+    assert!(screen.contains("sleeper-s-0"), "{screen}");
+    // The page's size reaches the pty, and so does a resize.
+    let size = browser
+        .execute(
+            "const t = window.k8s4rTerminal; return t.rows + 'x' + t.cols;",
+            &[],
+        )
+        .await;
+    let size = size.as_str().expect("the terminal's size").to_owned();
+    keys.send_keys("stty size | tr ' ' x\u{E007}").await;
+    browser.wait_text("#terminal .xterm-rows", &size, DEADLINE).await;
+    browser
+        .execute("window.k8s4rTerminal.resize(100, 20);", &[])
+        .await;
+    keys.send_keys("stty size | tr ' ' x\u{E007}").await;
+    browser
+        .wait_text("#terminal .xterm-rows", "20x100", DEADLINE)
+        .await;
+    browser.screenshot("dashboard-terminal").await;
+    keys.send_keys("exit 3\u{E007}").await;
+    browser
+        .wait_text("#term-status", "exited with status 3", DEADLINE)
+        .await;
+    browser.wait_for("#term-open:not([hidden])", DEADLINE).await;
+
+    // A page of another site may open a WebSocket to the dashboard, and
+    // its browser may even send the cookie: the Origin tells it apart.
+    for origin in [Some("http://evil.example"), None] {
+        let status = terminal_upgrade(url, "/ns/default/tasks/sleeper-s-0/terminal", origin).await;
+        assert_eq!(status, 403, "a terminal WebSocket from origin {origin:?}");
+    }
+    let own = url.split("/?").next().expect("base").to_owned();
+    let status = terminal_upgrade(url, "/ns/default/tasks/sleeper-s-0/terminal", Some(&own)).await;
+    assert_eq!(status, 101, "the dashboard's own origin opens it");
+}
+
+/// The status of a WebSocket upgrade to `path` of the dashboard at `url`
+/// (which carries its login token), sent with the login cookie and
+/// `origin`.
+async fn terminal_upgrade(url: &str, path: &str, origin: Option<&str>) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rest = url.strip_prefix("http://").expect("an http URL");
+    let (host, query) = rest.split_once("/?token=").expect("a login token");
+    let port = host.rsplit(':').next().expect("a port");
+    let mut request = format!(
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+         Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+         Cookie: k8s4r_dashboard_{port}={query}\r\n"
+    );
+    if let Some(origin) = origin {
+        request.push_str(&format!("Origin: {origin}\r\n"));
+    }
+    request.push_str("\r\n");
+    let mut stream = tokio::net::TcpStream::connect(host).await.expect("connect");
+    stream.write_all(request.as_bytes()).await.expect("send");
+    let mut answer = vec![0u8; 512];
+    let n = stream.read(&mut answer).await.expect("read");
+    let line = String::from_utf8_lossy(&answer[..n]).to_string();
+    line.split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {line:?}"))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_shows_the_fleet_jobs_logs_and_acts_as_its_user() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -435,6 +523,7 @@ async fn the_dashboard_shows_the_fleet_jobs_logs_and_acts_as_its_user() {
     browser
         .goto(&format!("{base}/ns/default/tasks/sleeper-s-0"))
         .await;
+    terminal_in_the_task(&browser, &url).await;
     // A running task's Cancel asks first: its button shows once the
     // question is open. Retry is not offered for a task that runs.
     browser.wait_for("summary[data-action='Cancel?']", DEADLINE).await;
@@ -548,6 +637,10 @@ async fn the_dashboard_shows_the_fleet_jobs_logs_and_acts_as_its_user() {
     assert!(
         browser.find_all("button[data-action]").await.is_empty(),
         "a viewer sees no action"
+    );
+    assert!(
+        browser.find_all("#term-form").await.is_empty(),
+        "a viewer (no tasks/exec) is offered no terminal"
     );
     browser
         .goto(&format!("{viewer_base}/ns/default/tasks/talker-t-0/cancel"))

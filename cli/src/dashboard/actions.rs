@@ -247,6 +247,7 @@ fn confirm(state: &State, headers: &HeaderMap, question: &str, action: &str) -> 
         watch: "",
         live,
         after: None,
+        terminal: false,
     }
     .render(state, headers)
 }

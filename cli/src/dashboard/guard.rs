@@ -10,10 +10,13 @@
 //!   port;
 //! - forms carry a second token (the CSRF token, only in pages the cookie
 //!   opened), checked with the Origin header on every POST ([`form_ok`]);
+//! - a WebSocket (a task's terminal) must name the dashboard as its
+//!   Origin, as browsers always do ([`origin_is_dashboard`]);
 //! - responses forbid framing, inline scripts, sniffing, caching and
 //!   referrers to other sites (`same-origin`: with `no-referrer` a browser
 //!   sends `Origin: null` on a form's POST, and the Origin check could not
-//!   tell the dashboard's own forms from another site's).
+//!   tell the dashboard's own forms from another site's). Inline styles
+//!   are forbidden too, except on a page with a terminal ([`TERMINAL_CSP`]).
 
 use std::sync::Arc;
 
@@ -26,6 +29,13 @@ use super::State;
 
 const CSP: &str = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
                    connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'";
+/// The policy of a page with a terminal: xterm.js sizes and colours its
+/// cells with `<style>` elements it writes, which `style-src 'self'`
+/// refuses. Scripts stay the dashboard's own, and nothing may be loaded
+/// from elsewhere, so an injected style has no way to send anything out.
+pub const TERMINAL_CSP: &str = "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; \
+                   img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; \
+                   form-action 'self'";
 
 /// The cookie of the dashboard on `port` (cookies are per host, not per
 /// port: two dashboards must not share one).
@@ -136,8 +146,14 @@ pub async fn guard(Extract(state): Extract<Arc<State>>, request: Request, next: 
 
 /// A POST's Origin, when the browser sends one, must be the dashboard.
 fn origin_ok(state: &State, headers: &HeaderMap) -> bool {
+    headers.get(header::ORIGIN).is_none() || origin_is_dashboard(state, headers)
+}
+
+/// Whether the request names its Origin and that is the dashboard (a
+/// browser names it on every WebSocket).
+pub fn origin_is_dashboard(state: &State, headers: &HeaderMap) -> bool {
     let Some(origin) = headers.get(header::ORIGIN).and_then(|o| o.to_str().ok()) else {
-        return true;
+        return false;
     };
     let host = origin.strip_prefix("http://").unwrap_or("");
     state.hosts.iter().any(|h| h.eq_ignore_ascii_case(host))
@@ -150,7 +166,9 @@ pub fn form_ok(state: &State, csrf: Option<&str>) -> bool {
 
 fn secured(mut response: Response) -> Response {
     let h = response.headers_mut();
-    h.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CSP));
+    // A page may set a policy of its own (a terminal's).
+    h.entry(header::CONTENT_SECURITY_POLICY)
+        .or_insert(HeaderValue::from_static(CSP));
     h.insert(
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),

@@ -67,8 +67,8 @@ impl Kind {
     }
 }
 
-/// What is asked of the API server: (verb, resource, namespace).
-type Question = (String, String, String);
+/// What is asked of the API server: group, resource, subresource, verb, namespace.
+type Question = [String; 5];
 
 /// The dashboard's state.
 pub struct State {
@@ -197,7 +197,27 @@ impl State {
     /// Whether the user may `verb` `resource` (of robot.k8s4r.io) in `ns`
     /// (cluster-wide when empty), as the API server answers.
     pub async fn can_i(&self, verb: &str, resource: &str, ns: &str) -> bool {
-        let key = (verb.to_owned(), resource.to_owned(), ns.to_owned());
+        let group = k8s4r_api::Robot::group(&()).into_owned();
+        self.may(&group, resource, None, verb, ns).await
+    }
+
+    /// Whether the user may open exec sessions on tasks in `ns`
+    /// (`create` on `tasks/exec` of logs.k8s4r.io, as `k8s4r exec` needs).
+    pub async fn can_exec(&self, ns: &str) -> bool {
+        self.may(k8s4r_server::logs::GROUP, "tasks", Some("exec"), "create", ns)
+            .await
+    }
+
+    /// The API server's answer (a SelfSubjectAccessReview), kept a while.
+    async fn may(
+        &self,
+        group: &str,
+        resource: &str,
+        subresource: Option<&str>,
+        verb: &str,
+        ns: &str,
+    ) -> bool {
+        let key = [group, resource, subresource.unwrap_or(""), verb, ns].map(str::to_owned);
         if let Some((at, allowed)) = lock(&self.can).get(&key) {
             if at.elapsed() < CAN_I_FOR {
                 return *allowed;
@@ -206,8 +226,9 @@ impl State {
         let review = SelfSubjectAccessReview {
             spec: SelfSubjectAccessReviewSpec {
                 resource_attributes: Some(ResourceAttributes {
-                    group: Some(k8s4r_api::Robot::group(&()).into_owned()),
+                    group: Some(group.to_owned()),
                     resource: Some(resource.to_owned()),
+                    subresource: subresource.map(str::to_owned),
                     verb: Some(verb.to_owned()),
                     namespace: (!ns.is_empty()).then(|| ns.to_owned()),
                     ..ResourceAttributes::default()

@@ -25,26 +25,33 @@ use super::State;
 /// Robots on one page of the fleet view.
 pub const PAGE: usize = 100;
 
-const SCRIPT: &str = include_str!("assets/app.js");
-const STYLE: &str = include_str!("assets/app.css");
+/// The files a page may load, all compiled in: the dashboard's own, and
+/// the terminal's emulator (xterm.js from npm, by scripts/vendor-xterm.sh;
+/// its licence sits beside it).
+const ASSETS: [(&str, &str, &str); 6] = [
+    ("app.js", JS, include_str!("assets/app.js")),
+    ("app.css", CSS, include_str!("assets/app.css")),
+    ("terminal.js", JS, include_str!("assets/terminal.js")),
+    ("xterm.js", JS, include_str!("assets/vendor/xterm.js")),
+    ("addon-fit.js", JS, include_str!("assets/vendor/addon-fit.js")),
+    ("xterm.css", CSS, include_str!("assets/vendor/xterm.css")),
+];
+const JS: &str = "text/javascript; charset=utf-8";
+const CSS: &str = "text/css; charset=utf-8";
 
-pub async fn script() -> Response {
-    asset("text/javascript; charset=utf-8", SCRIPT)
-}
-
-pub async fn style() -> Response {
-    asset("text/css; charset=utf-8", STYLE)
-}
-
-fn asset(content_type: &'static str, body: &'static str) -> Response {
-    (
-        [
-            (header::CONTENT_TYPE, content_type),
-            (header::CACHE_CONTROL, "max-age=3600"),
-        ],
-        body,
-    )
-        .into_response()
+/// `GET /assets/{file}`.
+pub async fn asset(Path(file): Path<String>) -> Response {
+    match ASSETS.iter().find(|(name, ..)| *name == file) {
+        Some((_, content_type, body)) => (
+            [
+                (header::CONTENT_TYPE, *content_type),
+                (header::CACHE_CONTROL, "max-age=3600"),
+            ],
+            *body,
+        )
+            .into_response(),
+        None => (StatusCode::NOT_FOUND, "no such file\n").into_response(),
+    }
 }
 
 /// 200 once every watch has listed; what the caches hold.
@@ -75,6 +82,9 @@ pub struct Page {
     pub live: Markup,
     /// Outside the live part (a task's log).
     pub after: Option<Markup>,
+    /// Whether it holds a terminal: its emulator's scripts and styles,
+    /// and the policy that lets them draw.
+    pub terminal: bool,
 }
 
 impl Page {
@@ -98,6 +108,12 @@ impl Page {
                     title { (self.title) " · k8s4r" }
                     link rel="stylesheet" href="/assets/app.css";
                     script src="/assets/app.js" defer {}
+                    @if self.terminal {
+                        link rel="stylesheet" href="/assets/xterm.css";
+                        script src="/assets/xterm.js" defer {}
+                        script src="/assets/addon-fit.js" defer {}
+                        script src="/assets/terminal.js" defer {}
+                    }
                 }
                 body {
                     a.skip href="#main" { "Skip to content" }
@@ -119,7 +135,14 @@ impl Page {
                 }
             }
         };
-        html_response(doc)
+        let mut response = html_response(doc);
+        if self.terminal {
+            response.headers_mut().insert(
+                header::CONTENT_SECURITY_POLICY,
+                header::HeaderValue::from_static(super::guard::TERMINAL_CSP),
+            );
+        }
+        response
     }
 }
 
@@ -144,6 +167,7 @@ pub fn problem(
         watch: "",
         live: html! { p.problem role="alert" { (message) } },
         after: None,
+        terminal: false,
     };
     let mut response = page.render(state, headers);
     *response.status_mut() = status;
@@ -365,6 +389,7 @@ pub async fn fleet(
         watch: "robot",
         live,
         after: None,
+        terminal: false,
     }
     .render(&state, &headers)
 }
@@ -527,6 +552,7 @@ pub async fn robot(
         watch: "robot,task",
         live,
         after: None,
+        terminal: false,
     }
     .render(&state, &headers)
 }
@@ -573,6 +599,7 @@ pub async fn jobs(Extract(state): Extract<Arc<State>>, headers: HeaderMap) -> Re
         watch: "job,periodicjob",
         live,
         after: None,
+        terminal: false,
     }
     .render(&state, &headers)
 }
@@ -700,6 +727,7 @@ pub async fn job(
         watch: "job,taskgroup,task",
         live,
         after: None,
+        terminal: false,
     }
     .render(&state, &headers)
 }

@@ -75,6 +75,7 @@ pub async fn rollouts(Extract(state): Extract<Arc<State>>, headers: HeaderMap) -
         watch: "agentrollout",
         live,
         after: None,
+        terminal: false,
     }
     .render(&state, &headers)
 }

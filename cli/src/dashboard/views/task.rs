@@ -1,5 +1,6 @@
 //! A Task's page: its state and actions, its attempts, conditions and
-//! Events, and the current attempt's output, which follows a retry.
+//! Events, the current attempt's output, which follows a retry, and a
+//! terminal in the running task for a user who may exec.
 
 use std::sync::Arc;
 
@@ -13,6 +14,7 @@ use kube::ResourceExt;
 use maud::{html, Markup};
 
 use super::{action_button, badge, confirm_button, events_of, events_table, problem, task_state, time, Page};
+use crate::dashboard::terminal::DEFAULT_COMMAND;
 use crate::dashboard::State;
 
 pub async fn task(
@@ -27,6 +29,7 @@ pub async fn task(
     let s = task.status.clone().unwrap_or_default();
     let events = events_of(&state, "Task", &name, Some(&ns)).await;
     let can = state.can_i("patch", "tasks", &ns).await;
+    let can_exec = state.can_exec(&ns).await;
     // What the output pane follows: the current attempt, once it began; a
     // pending task waits to start the attempt after its last.
     let (phase, pane_attempt) = match s.state {
@@ -63,16 +66,37 @@ pub async fn task(
         section.log aria-labelledby="log-h" {
             h2 #log-h { "Output" }
             p #log-status role="status" aria-live="polite" {}
-            pre #log tabindex="0" aria-label="The task's output" data-base=(format!("/ns/{ns}/tasks/{name}/log")) {}
+            pre #log role="log" tabindex="0" aria-label="The task's output" data-base=(format!("/ns/{ns}/tasks/{name}/log")) {}
         }
+        @if can_exec { (terminal_section(&ns, &name)) }
     };
     Page {
         title: format!("Task {name}"),
         watch: "task",
         live,
         after: Some(after),
+        terminal: can_exec,
     }
     .render(&state, &headers)
+}
+
+/// A terminal in the running task, for a user who may exec (as
+/// `k8s4r exec -it TASK -- COMMAND`): the command to run, and the
+/// emulator once it is opened.
+fn terminal_section(ns: &str, name: &str) -> Markup {
+    html! {
+        section.terminal aria-labelledby="term-h" {
+            h2 #term-h { "Terminal" }
+            form #term-form {
+                label for="term-command" { "Command" }
+                input #term-command name="command" value=(DEFAULT_COMMAND) autocomplete="off" spellcheck="false";
+                button #term-open type="submit" { "Open a terminal" }
+                button #term-close type="button" hidden { "Close" }
+            }
+            p #term-status role="status" aria-live="polite" {}
+            div #terminal hidden data-url=(format!("/ns/{ns}/tasks/{name}/terminal")) {}
+        }
+    }
 }
 
 /// Every attempt of the task, each with its start and end, its message
