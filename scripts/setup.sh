@@ -4,8 +4,9 @@
 #
 #   scripts/setup.sh            a C toolchain, Mosquitto, systemd-analyze, openssl,
 #                               buildah and podman, headless Chromium with chromedriver
-#                               and the tests' npm packages (axe-core); checks that
-#                               kubectl (1.27+) is there
+#                               and the tests' npm packages (axe-core), moto (a second
+#                               S3 server, in target/moto); checks that kubectl (1.27+)
+#                               is there
 #   scripts/setup.sh --cross    the above plus the aarch64/armv7 cross toolchain
 #                               (K8S4R_SKIP_ARMV7=1 leaves armv7 out, saying so)
 #
@@ -91,6 +92,22 @@ browser() {
     echo "$lock" >"$stamp"
 }
 
+# The task outputs' tests run the upload path against a second S3
+# implementation, independent of the embedded one (s3s): moto's server,
+# from PyPI, pinned, in a virtualenv under target/ (Debian's python3
+# refuses pip installs outside one).
+MOTO_VERSION="5.2.1"
+s3() {
+    apt_install python3-venv
+    local venv="$ROOT/target/moto"
+    if [ -x "$venv/bin/moto_server" ] && "$venv/bin/python" -c "import moto, sys; sys.exit(moto.__version__ != '$MOTO_VERSION')" 2>/dev/null; then
+        return 0
+    fi
+    echo "setup: installing moto[server]==$MOTO_VERSION (a second S3 implementation for the tests) in $venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q --disable-pip-version-check "moto[server]==$MOTO_VERSION"
+}
+
 # Debian's libstd for a foreign architecture cannot be apt-installed beside
 # the native one (multiarch version clash), so its rustlib is unpacked by hand.
 install_target_std() {
@@ -137,6 +154,7 @@ cross() {
 
 base
 browser
+s3
 if [ "${1:-}" = "--cross" ]; then
     cross
 fi

@@ -12,6 +12,7 @@
 //! [`run`] is the entry point; the binary and `k8s4r up` both call it.
 
 pub mod bridge;
+pub mod bucket;
 pub mod cli;
 pub mod config;
 pub mod decide;

@@ -8,6 +8,7 @@
 
 pub mod browser;
 pub mod http;
+pub mod moto;
 pub mod process;
 pub mod proxy;
 
