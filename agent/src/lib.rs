@@ -14,6 +14,7 @@ pub mod log_reader;
 pub mod logger;
 pub mod mqtt;
 pub mod outbox;
+pub mod outputs;
 pub mod reach;
 pub mod session;
 pub mod supervisor;

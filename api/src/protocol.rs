@@ -15,6 +15,7 @@ use crate::robot::{AgentHealth, DeviceInfo, RobotPhase, TaskPolicy, Usage};
 use crate::task::{RestartStatus, TaskAttempt, TaskReason, TaskState, TaskTemplate};
 use crate::validation::validate_robot_id;
 
+pub mod outputs;
 pub mod reach;
 mod upgrade;
 pub use upgrade::{UpgradeOrder, UpgradeReport};
