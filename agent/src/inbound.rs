@@ -4,8 +4,8 @@
 
 use k8s4r_api::config_ref::is_env_name;
 use k8s4r_api::protocol::{
-    self, Cancel, ConfigUpdate, Dispatch, LogRequest, ProtocolError, RegisterResponse, StatusAck, Topic,
-    TopicKind, Topics, UpgradeOrder,
+    self, outputs::OutputAnswer, Cancel, ConfigUpdate, Dispatch, LogRequest, ProtocolError, RegisterResponse,
+    StatusAck, Topic, TopicKind, Topics, UpgradeOrder,
 };
 use k8s4r_api::validation::{is_inside_task_dir, validate_task_template, ValidationErrors};
 
@@ -26,6 +26,8 @@ pub enum Inbound {
     LogRequest(LogRequest),
     /// Run another version of the agent.
     Upgrade(UpgradeOrder),
+    /// The server's answer about an output's upload.
+    OutputAnswer(OutputAnswer),
 }
 
 /// Why a message was refused.
@@ -146,6 +148,9 @@ pub fn classify(topics: &Topics, robot_id: &str, topic: &str, payload: &[u8]) ->
         TopicKind::AgentUpgrade => protocol::decode(payload)
             .map(Inbound::Upgrade)
             .map_err(|e| refuse(e.into())),
+        TopicKind::OutputAnswer => protocol::decode(payload)
+            .map(Inbound::OutputAnswer)
+            .map_err(|e| refuse(e.into())),
         TopicKind::Dispatch => match protocol::decode::<Dispatch>(payload) {
             Ok(dispatch) => {
                 if let Err(errors) = validate_task_template(&dispatch.spec) {
@@ -188,6 +193,7 @@ pub fn classify(topics: &Topics, robot_id: &str, topic: &str, payload: &[u8]) ->
         | TopicKind::Status { .. }
         | TopicKind::Online
         | TopicKind::LogChunk { .. }
+        | TopicKind::OutputAsk
         // Session frames go to the sessions before this (`reach`).
         | TopicKind::SessionIn { .. }
         | TopicKind::SessionOut { .. } => Err(refuse(InboundError::NotForAgent {

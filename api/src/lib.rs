@@ -65,9 +65,9 @@ pub use selector::{
 };
 pub use task::{
     Artifact, AttemptRecord, EnvVar, ExecCheck, HealthCheck, HttpCheck, LocalRestart, LocalRestartMode,
-    ManualAction, PreStop, RestartMode, RestartPolicy, RestartStatus, StopSignal, TaskAttempt,
-    TaskConfigStatus, TaskCounts, TaskReason, TaskResources, TaskSpec, TaskState, TaskStatus, TaskTemplate,
-    TcpCheck,
+    ManualAction, OutputState, OutputStatus, PreStop, RestartMode, RestartPolicy, RestartStatus, StopSignal,
+    TaskAttempt, TaskConfigStatus, TaskCounts, TaskReason, TaskResources, TaskSpec, TaskState, TaskStatus,
+    TaskTemplate, TcpCheck,
 };
 pub use task_kind::TaskKind;
 

@@ -180,6 +180,11 @@ pub enum TopicKind {
         /// The session's id.
         session: String,
     },
+    /// `robots/{id}/outputs/ask`: robot → server, what an output's upload
+    /// needs ([`outputs`]).
+    OutputAsk,
+    /// `robots/{id}/outputs/answer`: server → robot.
+    OutputAnswer,
 }
 
 /// A parsed topic.
@@ -284,6 +289,14 @@ impl Topics {
     pub fn session_out(&self, id: &str, session: &str) -> String {
         self.robot(id, &format!("sessions/{session}/out"))
     }
+    /// `{prefix}/robots/{id}/outputs/ask`
+    pub fn output_ask(&self, id: &str) -> String {
+        self.robot(id, "outputs/ask")
+    }
+    /// `{prefix}/robots/{id}/outputs/answer`
+    pub fn output_answer(&self, id: &str) -> String {
+        self.robot(id, "outputs/answer")
+    }
     /// The seed protocol's `{prefix}/register`.
     pub fn legacy_register(&self) -> String {
         format!("{}/register", self.prefix)
@@ -302,6 +315,7 @@ impl Topics {
             self.robot("+", "online"),
             self.robot("+", "tasks/+/log"),
             self.robot("+", "sessions/+/out"),
+            self.robot("+", "outputs/ask"),
         ]
     }
 
@@ -316,6 +330,7 @@ impl Topics {
             self.log_request(id),
             self.agent_upgrade(id),
             self.session_in(id, "+"),
+            self.output_answer(id),
         ]
     }
 
@@ -349,6 +364,8 @@ impl Topics {
             ["tasks", "acks"] => TopicKind::StatusAck,
             ["logs", "request"] => TopicKind::LogRequest,
             ["agent", "upgrade"] => TopicKind::AgentUpgrade,
+            ["outputs", "ask"] => TopicKind::OutputAsk,
+            ["outputs", "answer"] => TopicKind::OutputAnswer,
             ["tasks", uid, "log"] => {
                 check_topic_level("task uid", uid, topic)?;
                 TopicKind::LogChunk {

@@ -689,6 +689,46 @@ pub struct TaskStatus {
     /// robot reported them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config: Option<TaskConfigStatus>,
+    /// Files the task's attempts left for the cluster (`outputs`), each
+    /// with where it is in the bucket and how its upload stands.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 100))]
+    pub outputs: Vec<OutputStatus>,
+}
+
+/// One output file of one attempt.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OutputStatus {
+    pub attempt: u32,
+    /// The file, relative to the task's working directory.
+    pub path: String,
+    /// Its object in the bucket.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub key: String,
+    pub size: u64,
+    /// Its sha256 (hex), as the robot read it before sending it; the
+    /// object carries it too (`x-amz-meta-sha256`).
+    pub sha256: String,
+    pub state: OutputState,
+    /// Why it was dropped, or what holds it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// When it reached this state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time: Option<Timestamp>,
+}
+
+/// Where an output's upload stands.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum OutputState {
+    /// Its parts are being sent.
+    #[default]
+    Uploading,
+    /// Whole in the bucket.
+    Uploaded,
+    /// Given up: `message` says why.
+    Dropped,
 }
 
 /// What configuration from ConfigMaps and Secrets an attempt runs with

@@ -74,6 +74,8 @@ pub struct Bridge {
     marks_seen: Mutex<HashMap<String, String>>,
     /// The Tasks this server wrote, until the watch brings them back.
     written: Written<Task>,
+    /// Task outputs: asks answered off the lanes.
+    outputs: Arc<crate::outputs::Outputs>,
 }
 
 /// What one worker remembers of one robot. All of a robot's messages go to
@@ -136,7 +138,7 @@ impl Memory {
 }
 
 /// What became of one message, for the counter and the log.
-enum Outcome {
+pub(crate) enum Outcome {
     Done(&'static str),
     /// Refused for good: a status is confirmed all the same, so the robot
     /// forgets it.
@@ -159,16 +161,25 @@ impl Bridge {
         metrics: Arc<Metrics>,
         config: ServerConfig,
     ) -> Self {
+        let kube = Kube::new(client.clone(), config.api_timeout, MANAGER_SERVER).with_metrics(metrics.api());
+        let topics = Topics::new(&config.topic_prefix);
+        let outputs = crate::outputs::Outputs::new(
+            config.outputs.as_ref(),
+            kube.clone(),
+            publisher.clone(),
+            topics.clone(),
+        );
         Self {
             robots: Api::all(client.clone()),
-            leases: Api::namespaced(client.clone(), &config.lease_namespace),
-            kube: Kube::new(client, config.api_timeout, MANAGER_SERVER).with_metrics(metrics.api()),
+            leases: Api::namespaced(client, &config.lease_namespace),
+            kube,
+            outputs: Arc::new(outputs),
             robot_cache,
             task_cache,
             lease_cache,
             uid_index: Mutex::default(),
             publisher,
-            topics: Topics::new(&config.topic_prefix),
+            topics,
             metrics,
             config,
             awaiting_response: Mutex::default(),
@@ -286,6 +297,7 @@ impl Bridge {
                 TopicKind::Online => "online",
                 TopicKind::LogChunk { .. } => "log",
                 TopicKind::SessionOut { .. } => "session",
+                TopicKind::OutputAsk => "output",
                 TopicKind::Response
                 | TopicKind::SessionIn { .. }
                 | TopicKind::Dispatch
@@ -293,6 +305,7 @@ impl Bridge {
                 | TopicKind::ConfigUpdate
                 | TopicKind::StatusAck
                 | TopicKind::LogRequest
+                | TopicKind::OutputAnswer
                 | TopicKind::AgentUpgrade => "server_topic",
             },
             Ok(Topic::LegacyRegister) => "legacy_register",
@@ -357,6 +370,15 @@ impl Bridge {
             // Taken by the log hub before the lanes.
             TopicKind::LogChunk { .. } => Ok(Outcome::Done("log")),
             TopicKind::SessionOut { .. } => Ok(Outcome::Done("session")),
+            TopicKind::OutputAsk => {
+                match decode_for::<k8s4r_api::protocol::outputs::OutputAsk>(body, robot_id, |m| &m.robot_id) {
+                    Ok(ask) => {
+                        let task = self.task_by_uid(&ask.task_uid);
+                        Ok(self.outputs.offer(robot_id, ask, task))
+                    }
+                    Err(e) => Ok(rejected(e)),
+                }
+            }
             TopicKind::Response
             | TopicKind::SessionIn { .. }
             | TopicKind::Dispatch
@@ -364,6 +386,7 @@ impl Bridge {
             | TopicKind::ConfigUpdate
             | TopicKind::StatusAck
             | TopicKind::LogRequest
+            | TopicKind::OutputAnswer
             | TopicKind::AgentUpgrade => Ok(Outcome::Rejected(
                 "a server-to-robot topic".into(),
                 "rejected_topic",

@@ -47,8 +47,8 @@ pub enum BucketError {
     },
 }
 
-/// Where the bucket is and the key to it.
-#[derive(Clone, Debug)]
+/// Where the bucket is and the key to it (its Debug hides the secret).
+#[derive(Clone, PartialEq, Eq)]
 pub struct BucketConfig {
     /// `http(s)://host[:port]`: path-style requests go to it.
     pub endpoint: String,
@@ -57,6 +57,17 @@ pub struct BucketConfig {
     pub region: String,
     pub access_key: String,
     pub secret_key: String,
+}
+
+impl std::fmt::Debug for BucketConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BucketConfig")
+            .field("endpoint", &self.endpoint)
+            .field("bucket", &self.bucket)
+            .field("region", &self.region)
+            .field("access_key", &self.access_key)
+            .finish_non_exhaustive()
+    }
 }
 
 /// An object as the bucket holds it.

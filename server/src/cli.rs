@@ -127,6 +127,22 @@ pub struct Args {
     #[arg(long, env = "K8S4R_LOGS_KEY_FILE", requires = "logs_cert_file")]
     pub logs_key_file: Option<std::path::PathBuf>,
 
+    /// The S3 endpoint task outputs go to (`https://s3.eu-west-1.amazonaws.com`,
+    /// `http://minio.storage:9000`): path-style requests, SigV4.
+    #[arg(long, env = "K8S4R_OUTPUTS_ENDPOINT", requires_all = ["outputs_bucket", "outputs_secret"])]
+    pub outputs_endpoint: Option<String>,
+    /// The bucket in it.
+    #[arg(long, env = "K8S4R_OUTPUTS_BUCKET", requires = "outputs_endpoint")]
+    pub outputs_bucket: Option<String>,
+    /// The region signatures name.
+    #[arg(long, env = "K8S4R_OUTPUTS_REGION", default_value = "us-east-1")]
+    pub outputs_region: String,
+    /// The Secret (NAMESPACE/NAME) with the bucket's credentials, keys
+    /// `accessKeyId` and `secretAccessKey`; read at start, by the server
+    /// only (robots get presigned URLs).
+    #[arg(long, env = "K8S4R_OUTPUTS_SECRET", requires = "outputs_endpoint")]
+    pub outputs_secret: Option<String>,
+
     /// This replica's name (default: $HOSTNAME, the pod name).
     #[arg(long, env = "K8S4R_IDENTITY")]
     pub identity: Option<String>,
@@ -284,7 +300,47 @@ impl Args {
         let shutdown = k8s4r_service::process::shutdown_on_signals();
         let mut config = self.server_config();
         config.logs = self.logs_config()?;
+        config.outputs = self.outputs_config(&client).await?;
         crate::run(config, client, shutdown).await
+    }
+
+    /// The outputs' bucket, its credentials read from their Secret.
+    async fn outputs_config(&self, client: &kube::Client) -> Result<Option<crate::bucket::BucketConfig>> {
+        let (Some(endpoint), Some(bucket), Some(secret)) =
+            (&self.outputs_endpoint, &self.outputs_bucket, &self.outputs_secret)
+        else {
+            return Ok(None);
+        };
+        let Some((ns, name)) = secret.split_once('/') else {
+            return Err(Error::Config(format!(
+                "--outputs-secret {secret:?}: name it NAMESPACE/NAME"
+            )));
+        };
+        let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> =
+            kube::Api::namespaced(client.clone(), ns);
+        let found = secrets
+            .get_opt(name)
+            .await
+            .map_err(|e| Error::Config(format!("reading the outputs' Secret {secret}: {e}")))?
+            .ok_or_else(|| Error::Config(format!("the outputs' Secret {secret} does not exist")))?;
+        let key = |k: &str| {
+            found
+                .data
+                .as_ref()
+                .and_then(|d| d.get(k))
+                .and_then(|v| String::from_utf8(v.0.clone()).ok())
+                .filter(|v| !v.is_empty())
+                .ok_or_else(|| Error::Config(format!("the outputs' Secret {secret} has no key {k}")))
+        };
+        let config = crate::bucket::BucketConfig {
+            endpoint: endpoint.clone(),
+            bucket: bucket.clone(),
+            region: self.outputs_region.clone(),
+            access_key: key("accessKeyId")?,
+            secret_key: key("secretAccessKey")?,
+        };
+        crate::bucket::Bucket::new(&config).map_err(|e| Error::Config(e.to_string()))?;
+        Ok(Some(config))
     }
 }
 

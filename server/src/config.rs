@@ -115,6 +115,8 @@ pub struct ServerConfig {
     pub workers: usize,
     /// Each robot's share of the inbound path: queued bytes and rate.
     pub ingress: Limits,
+    /// The bucket task outputs go to; None: robots are told there is none.
+    pub outputs: Option<crate::bucket::BucketConfig>,
 }
 
 /// Inbound workers by default. Each waits on its own API write, so this is
@@ -158,6 +160,7 @@ impl ServerConfig {
             max_backoff: Duration::from_secs(30),
             workers: DEFAULT_WORKERS,
             ingress: Limits::default(),
+            outputs: None,
         }
     }
 }

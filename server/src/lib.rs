@@ -26,6 +26,7 @@ pub mod log_hub;
 pub mod logs;
 pub mod metrics;
 pub mod mqtt;
+pub mod outputs;
 pub mod retained;
 pub mod task_config;
 

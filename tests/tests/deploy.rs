@@ -788,6 +788,7 @@ async fn deployed_mosquitto_enforces_tls_passwords_and_the_per_robot_acl() {
         "k8s4r/robots/r1/tasks/u1/status",
         "k8s4r/robots/r1/tasks/u1/log",
         "k8s4r/robots/r1/sessions/s1/out",
+        "k8s4r/robots/r1/outputs/ask",
     ] {
         r1.publish(topic, QoS::AtLeastOnce, false, "up").await.unwrap();
         assert_eq!(
@@ -841,6 +842,21 @@ async fn deployed_mosquitto_enforces_tls_passwords_and_the_per_robot_acl() {
         ("k8s4r/robots/r1/sessions/s1/in", "session of r1"),
         "r1 read r2's session"
     );
+    // And outputs' answers.
+    for robot in ["r2", "r1"] {
+        let topic = format!("k8s4r/robots/{robot}/outputs/answer");
+        server
+            .publish(topic, QoS::AtLeastOnce, false, format!("answer for {robot}"))
+            .await
+            .unwrap();
+        next(&mut to_server, "the answers").await;
+    }
+    let (topic, body) = next(&mut to_r1, "r1's answer").await;
+    assert_eq!(
+        (topic.as_str(), body.as_str()),
+        ("k8s4r/robots/r1/outputs/answer", "answer for r1"),
+        "r1 read r2's answer"
+    );
 
     // A robot cannot speak for another, nor write its own commands (not
     // even retained ones): none of these arrives, while its own status,
@@ -862,6 +878,8 @@ async fn deployed_mosquitto_enforces_tls_passwords_and_the_per_robot_acl() {
         "k8s4r/robots/r1/logs/request",
         "k8s4r/robots/r1/sessions/s1/in",
         "k8s4r/robots/r2/sessions/s1/out",
+        "k8s4r/robots/r1/outputs/answer",
+        "k8s4r/robots/r2/outputs/ask",
     ] {
         r1.publish(topic, QoS::AtLeastOnce, true, "forged").await.unwrap();
     }

@@ -254,7 +254,7 @@ impl Bridge {
             .message_out("cancel", if sent { "queued" } else { "failed" });
     }
 
-    fn task_by_uid(&self, uid: &str) -> Option<Arc<Task>> {
+    pub(super) fn task_by_uid(&self, uid: &str) -> Option<Arc<Task>> {
         let mut index = lock(&self.uid_index);
         // Entries of deleted Tasks are dropped by a rebuild now and then.
         let age = index.rebuilt.map(|at| at.elapsed());

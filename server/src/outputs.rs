@@ -1,0 +1,419 @@
+//! Task outputs, the server's part: a robot asks for what an upload needs
+//! next (`outputs/ask`), the server checks that the attempt ran on that
+//! robot, starts or completes the multipart upload with the bucket's
+//! credentials, presigns the parts' URLs, answers (`outputs/answer`) and
+//! records the output in the Task's status.
+//!
+//! [`plan`] decides, without I/O, what an ask may do; [`Outputs`] does it
+//! off the robot's message lane (a bucket call may take seconds; the
+//! robot's heartbeats must not wait behind it), a bounded number at once.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s4r_api::names::LABEL_JOB;
+use k8s4r_api::protocol::outputs::{Answer, OutputAnswer, OutputAsk, PartUrl, Want, MAX_PARTS};
+use k8s4r_api::protocol::Topics;
+use k8s4r_api::{OutputState, OutputStatus, Task};
+use k8s4r_service::Kube;
+use kube::{Api, ResourceExt};
+use tokio::sync::Semaphore;
+use tracing::{info, warn};
+
+use crate::bridge::Outcome;
+use crate::bucket::{Bucket, BucketConfig};
+use crate::mqtt::Publisher;
+
+/// Asks handled at once; more are answered "not now".
+const AT_ONCE: usize = 16;
+/// How long a part's URL is valid.
+pub const URL_VALID: Duration = Duration::from_secs(15 * 60);
+/// Outputs a Task's status lists, over all its attempts.
+pub const MAX_OUTPUTS: usize = 100;
+/// Tries of a status write that met a newer Task.
+const CONFLICT_TRIES: u32 = 5;
+
+/// What an ask may do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Plan {
+    /// Start the upload of `key`, then sign `parts`.
+    Begin { key: String, parts: Vec<u32> },
+    /// Sign `parts` of upload `upload_id`.
+    Sign {
+        key: String,
+        upload_id: String,
+        parts: Vec<u32>,
+    },
+    /// Complete upload `upload_id` from `etags`.
+    Complete {
+        key: String,
+        upload_id: String,
+        etags: Vec<String>,
+    },
+    /// Record that the robot gave the output up.
+    Drop { key: String, reason: String },
+}
+
+/// Why an ask is refused: said to the robot, which tries again later only
+/// when `retry`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub reason: String,
+    pub retry: bool,
+}
+
+fn never(reason: String) -> Refusal {
+    Refusal { reason, retry: false }
+}
+
+/// What `ask` from `robot` may do, given the Task it names (None: not in
+/// the cache).
+pub fn plan(ask: &OutputAsk, task: Option<&Task>, robot: &str) -> Result<Plan, Refusal> {
+    let Some(task) = task else {
+        return Err(never(format!("task {} is not known (deleted?)", ask.task_uid)));
+    };
+    let name = task.name_any();
+    if !ran_on(task, ask.attempt, robot) {
+        return Err(never(format!(
+            "attempt {} of task {name} did not run on robot {robot}",
+            ask.attempt
+        )));
+    }
+    if let Err(why) = check_path(&ask.path) {
+        return Err(never(format!("output {:?}: {why}", ask.path)));
+    }
+    let parts = k8s4r_api::protocol::outputs::parts_of(ask.size, ask.part_size);
+    if parts > MAX_PARTS || ask.part_size == 0 {
+        return Err(never(format!(
+            "output {:?}: {} bytes in parts of {} make more than {MAX_PARTS} parts",
+            ask.path, ask.size, ask.part_size
+        )));
+    }
+    if !is_sha256(&ask.sha256) {
+        return Err(never(format!(
+            "output {:?}: {:?} is not a sha256",
+            ask.path, ask.sha256
+        )));
+    }
+    let key = object_key(task, ask.attempt, robot, &ask.path);
+    let known = task.status.as_ref().is_some_and(|s| {
+        s.outputs
+            .iter()
+            .any(|o| o.attempt == ask.attempt && o.path == ask.path)
+    });
+    let listed = task.status.as_ref().map_or(0, |s| s.outputs.len());
+    match &ask.want {
+        Want::Parts { upload_id: None, .. } if !known && listed >= MAX_OUTPUTS => Err(never(format!(
+            "task {name} lists {MAX_OUTPUTS} outputs already, the most it may have"
+        ))),
+        Want::Parts { parts: wanted, .. } if wanted.iter().any(|p| *p == 0 || *p > parts) => {
+            Err(never(format!(
+                "output {:?} has parts 1 to {parts}; asked for {wanted:?}",
+                ask.path
+            )))
+        }
+        Want::Parts {
+            upload_id: None,
+            parts,
+        } => Ok(Plan::Begin {
+            key,
+            parts: parts.clone(),
+        }),
+        Want::Parts {
+            upload_id: Some(id),
+            parts,
+        } => Ok(Plan::Sign {
+            key,
+            upload_id: id.clone(),
+            parts: parts.clone(),
+        }),
+        Want::Complete { upload_id, etags } if etags.len() != parts as usize => Err(never(format!(
+            "output {:?} has {parts} parts; {} ETags came to complete it",
+            ask.path,
+            etags.len()
+        ))),
+        Want::Complete { upload_id, etags } => Ok(Plan::Complete {
+            key,
+            upload_id: upload_id.clone(),
+            etags: etags.clone(),
+        }),
+        Want::Dropped { reason, .. } => Ok(Plan::Drop {
+            key,
+            reason: reason.clone(),
+        }),
+    }
+}
+
+/// Whether attempt `attempt` of `task` was placed on `robot`.
+fn ran_on(task: &Task, attempt: u32, robot: &str) -> bool {
+    let Some(status) = &task.status else { return false };
+    if status.attempt == attempt {
+        return status.robot.as_deref() == Some(robot);
+    }
+    status
+        .attempts
+        .iter()
+        .any(|a| a.attempt == attempt && a.robot.as_deref() == Some(robot))
+}
+
+/// A path inside the task's working directory: relative, no `..`, no
+/// empty or `.` step, printable.
+fn check_path(path: &str) -> Result<(), &'static str> {
+    if path.is_empty() || path.starts_with('/') {
+        return Err("not a relative path");
+    }
+    if path.chars().any(char::is_control) {
+        return Err("control characters");
+    }
+    if path.split('/').any(|step| matches!(step, "" | "." | "..")) {
+        return Err("an empty, '.' or '..' step");
+    }
+    Ok(())
+}
+
+fn is_sha256(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// The object of an output: namespace, Job, Task, attempt and robot, then
+/// the file's path (`default/survey/survey-scan-0/2/rb7/out/run.bag`).
+pub fn object_key(task: &Task, attempt: u32, robot: &str, path: &str) -> String {
+    let ns = task.namespace().unwrap_or_default();
+    let job = task.labels().get(LABEL_JOB).map_or("-", String::as_str);
+    format!("{ns}/{job}/{}/{attempt}/{robot}/{path}", task.name_any())
+}
+
+/// The Task's outputs with `entry` in place of the one of its attempt and
+/// path (or added last).
+pub fn with_output(outputs: &[OutputStatus], entry: OutputStatus) -> Vec<OutputStatus> {
+    let mut list: Vec<OutputStatus> = outputs
+        .iter()
+        .filter(|o| !(o.attempt == entry.attempt && o.path == entry.path))
+        .cloned()
+        .collect();
+    list.push(entry);
+    list
+}
+
+/// The shell: the bucket, and the ways to the robots and the API server.
+pub struct Outputs {
+    bucket: Option<Bucket>,
+    /// Why there is no bucket.
+    missing: String,
+    kube: Kube,
+    publisher: Publisher,
+    topics: Topics,
+    slots: Arc<Semaphore>,
+}
+
+impl Outputs {
+    pub fn new(config: Option<&BucketConfig>, kube: Kube, publisher: Publisher, topics: Topics) -> Outputs {
+        let (bucket, missing) = match config.map(Bucket::new) {
+            None => (
+                None,
+                "no bucket is configured for task outputs (k8s4r-server --outputs-endpoint and --outputs-bucket)"
+                    .to_owned(),
+            ),
+            Some(Ok(bucket)) => (Some(bucket), String::new()),
+            Some(Err(error)) => (None, format!("the outputs bucket is misconfigured: {error}")),
+        };
+        Outputs {
+            bucket,
+            missing,
+            kube,
+            publisher,
+            topics,
+            slots: Arc::new(Semaphore::new(AT_ONCE)),
+        }
+    }
+
+    /// Takes `ask` from `robot`, about `task`: answered off the lane.
+    pub(crate) fn offer(self: &Arc<Self>, robot: &str, ask: OutputAsk, task: Option<Arc<Task>>) -> Outcome {
+        let decided = plan(&ask, task.as_deref(), robot);
+        let Ok(permit) = self.slots.clone().try_acquire_owned() else {
+            self.answer(
+                robot,
+                &ask,
+                Answer::Refused {
+                    reason: "the server is busy with other uploads".into(),
+                    retry: true,
+                },
+            );
+            return Outcome::Done("output_busy");
+        };
+        let (this, robot) = (self.clone(), robot.to_owned());
+        tokio::spawn(async move {
+            let answer = match decided {
+                Err(refusal) => {
+                    warn!(robot, task = %ask.task_uid, path = %ask.path, reason = %refusal.reason, "output ask refused");
+                    Answer::Refused {
+                        reason: refusal.reason,
+                        retry: refusal.retry,
+                    }
+                }
+                Ok(plan) => this.carry_out(plan, &ask, &robot, task).await,
+            };
+            this.answer(&robot, &ask, answer);
+            drop(permit);
+        });
+        Outcome::Done("output")
+    }
+
+    fn answer(&self, robot: &str, ask: &OutputAsk, answer: Answer) {
+        let message = OutputAnswer {
+            v: k8s4r_api::protocol::PROTOCOL_VERSION,
+            task_uid: ask.task_uid.clone(),
+            attempt: ask.attempt,
+            path: ask.path.clone(),
+            answer,
+        };
+        self.publisher.send(
+            self.topics.output_answer(robot),
+            k8s4r_api::protocol::encode(&message),
+        );
+    }
+
+    /// Does `plan` with the bucket; the answer for the robot.
+    async fn carry_out(&self, plan: Plan, ask: &OutputAsk, robot: &str, task: Option<Arc<Task>>) -> Answer {
+        let Some(bucket) = &self.bucket else {
+            return Answer::Refused {
+                reason: self.missing.clone(),
+                retry: false,
+            };
+        };
+        let not_now = |error: crate::bucket::BucketError| Answer::Refused {
+            reason: error.to_string(),
+            retry: true,
+        };
+        let entry = |key: &str, state, message| OutputStatus {
+            attempt: ask.attempt,
+            path: ask.path.clone(),
+            key: key.to_owned(),
+            size: ask.size,
+            sha256: ask.sha256.clone(),
+            state,
+            message,
+            time: Some(Timestamp::now()),
+        };
+        match plan {
+            Plan::Begin { key, parts } => {
+                let upload_id = match bucket.start_upload(&key, &ask.sha256).await {
+                    Ok(id) => id,
+                    Err(error) => return not_now(error),
+                };
+                self.record(task, entry(&key, OutputState::Uploading, None)).await;
+                sign(bucket, key, upload_id, &parts)
+            }
+            Plan::Sign {
+                key,
+                upload_id,
+                parts,
+            } => sign(bucket, key, upload_id, &parts),
+            Plan::Complete {
+                key,
+                upload_id,
+                etags,
+            } => {
+                let completed = bucket.complete(&key, &upload_id, &etags).await;
+                // Completed before (its answer was lost): the object is
+                // there, with this sha256.
+                let whole = match completed {
+                    Ok(()) => true,
+                    Err(error) => match bucket.head(&key).await {
+                        Ok(Some(info)) => info.sha256.as_deref() == Some(ask.sha256.as_str()),
+                        _ => return not_now(error),
+                    },
+                };
+                if !whole {
+                    return Answer::Refused {
+                        reason: format!("the bucket did not complete {key}"),
+                        retry: true,
+                    };
+                }
+                info!(robot, key, size = ask.size, "output uploaded");
+                self.record(task, entry(&key, OutputState::Uploaded, None)).await;
+                Answer::Completed { key }
+            }
+            Plan::Drop { key, reason } => {
+                warn!(robot, key, %reason, "the robot dropped an output");
+                self.record(task, entry(&key, OutputState::Dropped, Some(reason.clone())))
+                    .await;
+                Answer::Refused {
+                    reason: format!("dropped: {reason}"),
+                    retry: false,
+                }
+            }
+        }
+    }
+
+    /// Writes `entry` into the Task's status, re-reading it after a
+    /// conflict. A write that fails is logged: the upload goes on.
+    async fn record(&self, task: Option<Arc<Task>>, entry: OutputStatus) {
+        let Some(mut task) = task.map(|t| (*t).clone()) else {
+            return;
+        };
+        let ns = task.namespace().unwrap_or_default();
+        let name = task.name_any();
+        let api: Api<Task> = Api::namespaced(self.kube.client().clone(), &ns);
+        for _ in 0..CONFLICT_TRIES {
+            let listed = task
+                .status
+                .as_ref()
+                .map(|s| s.outputs.as_slice())
+                .unwrap_or_default();
+            let status = serde_json::json!({ "outputs": with_output(listed, entry.clone()) });
+            let written = self
+                .kube
+                .patch_status(
+                    "task_outputs",
+                    &api,
+                    &name,
+                    task.metadata.resource_version.as_deref(),
+                    &status,
+                    || format!("recording output {} of task {name}", entry.path),
+                )
+                .await;
+            match written {
+                Ok(_) => return,
+                Err(error) if error.is_conflict() => {
+                    match self
+                        .kube
+                        .read(|| format!("reading task {name}"), api.get_opt(&name))
+                        .await
+                    {
+                        Ok(Some(fresh)) if fresh.metadata.uid == task.metadata.uid => task = fresh,
+                        _ => return,
+                    }
+                }
+                Err(error) => {
+                    warn!(task = %name, %error, "could not record an output in the task's status");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// URLs for `parts` of upload `upload_id` of `key`.
+fn sign(bucket: &Bucket, key: String, upload_id: String, parts: &[u32]) -> Answer {
+    let urls = parts
+        .iter()
+        .filter_map(|p| {
+            let part = u16::try_from(*p).ok()?;
+            Some(PartUrl {
+                part: *p,
+                url: bucket.part_url(&key, &upload_id, part, URL_VALID),
+            })
+        })
+        .collect();
+    Answer::Parts {
+        key,
+        upload_id,
+        urls,
+        valid_ms: u64::try_from(URL_VALID.as_millis()).unwrap_or(u64::MAX),
+    }
+}
+
+#[cfg(test)]
+mod tests;
