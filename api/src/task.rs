@@ -700,12 +700,14 @@ pub struct TaskStatus {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct OutputStatus {
+    /// The attempt that wrote it.
     pub attempt: u32,
     /// The file, relative to the task's working directory.
     pub path: String,
     /// Its object in the bucket.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub key: String,
+    /// Its size in bytes.
     pub size: u64,
     /// Its sha256 (hex), as the robot read it before sending it; the
     /// object carries it too (`x-amz-meta-sha256`).

@@ -138,7 +138,7 @@ impl Memory {
 }
 
 /// What became of one message, for the counter and the log.
-pub(crate) enum Outcome {
+enum Outcome {
     Done(&'static str),
     /// Refused for good: a status is confirmed all the same, so the robot
     /// forgets it.
@@ -374,7 +374,7 @@ impl Bridge {
                 match decode_for::<k8s4r_api::protocol::outputs::OutputAsk>(body, robot_id, |m| &m.robot_id) {
                     Ok(ask) => {
                         let task = self.task_by_uid(&ask.task_uid);
-                        Ok(self.outputs.offer(robot_id, ask, task))
+                        Ok(Outcome::Done(self.outputs.offer(robot_id, ask, task)))
                     }
                     Err(e) => Ok(rejected(e)),
                 }

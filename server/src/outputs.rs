@@ -21,7 +21,6 @@ use kube::{Api, ResourceExt};
 use tokio::sync::Semaphore;
 use tracing::{info, warn};
 
-use crate::bridge::Outcome;
 use crate::bucket::{Bucket, BucketConfig};
 use crate::mqtt::Publisher;
 
@@ -228,8 +227,9 @@ impl Outputs {
         }
     }
 
-    /// Takes `ask` from `robot`, about `task`: answered off the lane.
-    pub(crate) fn offer(self: &Arc<Self>, robot: &str, ask: OutputAsk, task: Option<Arc<Task>>) -> Outcome {
+    /// Takes `ask` from `robot`, about `task`: answered off the lane. What
+    /// became of it, for the message counter.
+    pub fn offer(self: &Arc<Self>, robot: &str, ask: OutputAsk, task: Option<Arc<Task>>) -> &'static str {
         let decided = plan(&ask, task.as_deref(), robot);
         let Ok(permit) = self.slots.clone().try_acquire_owned() else {
             self.answer(
@@ -240,7 +240,7 @@ impl Outputs {
                     retry: true,
                 },
             );
-            return Outcome::Done("output_busy");
+            return "output_busy";
         };
         let (this, robot) = (self.clone(), robot.to_owned());
         tokio::spawn(async move {
@@ -257,7 +257,7 @@ impl Outputs {
             this.answer(&robot, &ask, answer);
             drop(permit);
         });
-        Outcome::Done("output")
+        "output"
     }
 
     fn answer(&self, robot: &str, ask: &OutputAsk, answer: Answer) {
