@@ -3,30 +3,15 @@
 //! upload whose parts go through presigned URLs only, as a robot sends
 //! them, completed by the server, read back whole with its sha256.
 
+mod support;
+
 use std::time::Duration;
 
 use k8s4r_server::bucket::{Bucket, BucketConfig, ObjectInfo};
 use sha2::{Digest, Sha256};
-use tokio_util::sync::CancellationToken;
+use support::s3_store;
 
 const PART: usize = 5 * 1024 * 1024;
-
-async fn store(dir: &std::path::Path, secret: &str) -> (k8s4r_store::Served, CancellationToken) {
-    let stop = CancellationToken::new();
-    let served = k8s4r_store::serve(
-        k8s4r_store::StoreConfig {
-            root: dir.to_owned(),
-            listen: "127.0.0.1:0".parse().unwrap(),
-            bucket: "outputs".into(),
-            access_key: "k8s4r".into(),
-            secret_key: secret.into(),
-        },
-        stop.clone(),
-    )
-    .await
-    .expect("the store serves");
-    (served, stop)
-}
 
 fn bucket(endpoint: &str, secret: &str) -> Bucket {
     Bucket::new(&BucketConfig {
@@ -43,8 +28,8 @@ fn bucket(endpoint: &str, secret: &str) -> Bucket {
 async fn the_embedded_store_takes_an_upload_through_presigned_urls() {
     k8s4r_mqtt::install_crypto_provider();
     let dir = tempfile::tempdir().unwrap();
-    let (served, stop) = store(dir.path(), SECRET).await;
-    let store = bucket(&served.endpoint, SECRET);
+    let (config, stop) = s3_store(dir.path(), SECRET).await;
+    let store = Bucket::new(&config).expect("a bucket");
     upload_and_read_back(&store).await;
     // A URL for one part sends nothing else (moto, below, checks no
     // signatures, so this is asked of the store only).
@@ -59,7 +44,7 @@ async fn the_embedded_store_takes_an_upload_through_presigned_urls() {
         .unwrap();
     assert_eq!(refused.status(), 403, "a signature covers its key");
     // A wrong key is refused, and said.
-    let wrong = bucket(&served.endpoint, "not-the-secret-at-all");
+    let wrong = bucket(&config.endpoint, "not-the-secret-at-all");
     let error = wrong.start_upload("x", "00").await.unwrap_err().to_string();
     assert!(error.contains("refused to start an upload"), "{error}");
     stop.cancel();

@@ -10,37 +10,12 @@ use std::time::Duration;
 use k8s4r_api::protocol::decode;
 use k8s4r_api::protocol::outputs::{Answer, OutputAnswer, OutputAsk, Want};
 use k8s4r_api::{OutputState, RobotPhase, TaskState};
-use k8s4r_server::bucket::{Bucket, BucketConfig};
+use k8s4r_server::bucket::Bucket;
 use sha2::{Digest, Sha256};
-use support::{eventually, Env, FakeRobot};
-use tokio_util::sync::CancellationToken;
+use support::{eventually, s3_store, Env, FakeRobot};
 
 const PART: u64 = 5 * 1024 * 1024;
 const SECRET: &str = "outputs-secret-never-on-a-robot";
-
-async fn store(dir: &std::path::Path) -> (BucketConfig, CancellationToken) {
-    let stop = CancellationToken::new();
-    let served = k8s4r_store::serve(
-        k8s4r_store::StoreConfig {
-            root: dir.to_owned(),
-            listen: "127.0.0.1:0".parse().unwrap(),
-            bucket: "outputs".into(),
-            access_key: "k8s4r".into(),
-            secret_key: SECRET.into(),
-        },
-        stop.clone(),
-    )
-    .await
-    .expect("the store serves");
-    let config = BucketConfig {
-        endpoint: served.endpoint,
-        bucket: "outputs".into(),
-        region: "us-east-1".into(),
-        access_key: "k8s4r".into(),
-        secret_key: SECRET.into(),
-    };
-    (config, stop)
-}
 
 fn ask(uid: &str, robot: &str, data: &[u8], want: Want) -> OutputAsk {
     OutputAsk {
@@ -65,15 +40,11 @@ async fn a_robot_uploads_an_output_through_urls_and_the_task_lists_it() {
     k8s4r_mqtt::install_crypto_provider();
     let env = Env::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let (bucket_config, stop) = store(dir.path()).await;
+    let (bucket_config, stop) = s3_store(dir.path(), SECRET).await;
     let mut config = env.config();
     config.outputs = Some(bucket_config.clone());
     let server = env.server_with(config).await;
-    let mut robot = FakeRobot::connect(&env.broker, "rb1").await;
-    robot.registered(&env).await;
-    env.set_phase("rb1", RobotPhase::Online).await;
-    let uid = env.dispatch_task("job-a-0", "rb1", 1).await;
-    robot.expect("/tasks/dispatch").await;
+    let (mut robot, uid) = env.dispatched_to("rb1", "job-a-0").await;
     env.move_task("job-a-0", "rb1", TaskState::Completed, 1).await;
 
     let data: Vec<u8> = (0..2 * PART + 777).map(|i| (i % 253) as u8).collect();
@@ -179,11 +150,7 @@ async fn a_robot_uploads_an_output_through_urls_and_the_task_lists_it() {
 async fn without_a_bucket_the_robot_is_told_so() {
     let env = Env::start().await;
     let server = env.server().await;
-    let mut robot = FakeRobot::connect(&env.broker, "rb1").await;
-    robot.registered(&env).await;
-    env.set_phase("rb1", RobotPhase::Online).await;
-    let uid = env.dispatch_task("job-a-0", "rb1", 1).await;
-    robot.expect("/tasks/dispatch").await;
+    let (mut robot, uid) = env.dispatched_to("rb1", "job-a-0").await;
     let want = Want::Parts {
         upload_id: None,
         parts: vec![1],

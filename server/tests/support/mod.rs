@@ -140,16 +140,24 @@ impl Env {
         created.metadata.uid.expect("uid")
     }
 
+    /// `robot` online (registered, approved) and attempt 1 of Task `task`
+    /// dispatched to it, as it received it; returns the robot and the
+    /// Task's uid. A server must run.
+    pub async fn dispatched_to(&self, robot: &str, task: &str) -> (FakeRobot, String) {
+        let mut fake = FakeRobot::connect(&self.broker, robot).await;
+        fake.registered(self).await;
+        self.set_phase(robot, k8s4r_api::RobotPhase::Online).await;
+        let uid = self.dispatch_task(task, robot, 1).await;
+        fake.expect("/tasks/dispatch").await;
+        (fake, uid)
+    }
+
     /// A server, and `rb1` online (registered, approved) running attempt 1
     /// of Task `job-a-0`, which the server dispatched and saw running;
     /// returns the server, the robot and the Task's uid.
     pub async fn running_on_rb1(&self) -> (Running, FakeRobot, String) {
         let server = self.server().await;
-        let mut robot = FakeRobot::connect(&self.broker, "rb1").await;
-        robot.registered(self).await;
-        self.set_phase("rb1", k8s4r_api::RobotPhase::Online).await;
-        let uid = self.dispatch_task("job-a-0", "rb1", 1).await;
-        robot.expect("/tasks/dispatch").await;
+        let (robot, uid) = self.dispatched_to("rb1", "job-a-0").await;
         eventually("dispatch recorded", || async {
             self.task("job-a-0")
                 .await
@@ -260,6 +268,36 @@ impl Running {
         })
         .await;
     }
+}
+
+/// The embedded S3 store on a free port, bucket `outputs`, key `k8s4r`
+/// with `secret`, keeping objects under `dir`: where it is and the key to
+/// it, and what stops it.
+pub async fn s3_store(
+    dir: &std::path::Path,
+    secret: &str,
+) -> (k8s4r_server::bucket::BucketConfig, CancellationToken) {
+    let stop = CancellationToken::new();
+    let served = k8s4r_store::serve(
+        k8s4r_store::StoreConfig {
+            root: dir.to_owned(),
+            listen: "127.0.0.1:0".parse().expect("an address"),
+            bucket: "outputs".into(),
+            access_key: "k8s4r".into(),
+            secret_key: secret.into(),
+        },
+        stop.clone(),
+    )
+    .await
+    .expect("the store serves");
+    let config = k8s4r_server::bucket::BucketConfig {
+        endpoint: served.endpoint,
+        bucket: "outputs".into(),
+        region: "us-east-1".into(),
+        access_key: "k8s4r".into(),
+        secret_key: secret.into(),
+    };
+    (config, stop)
 }
 
 /// A scripted robot: a plain MQTT client speaking the protocol by hand.
