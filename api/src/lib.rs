@@ -24,6 +24,7 @@ pub mod log_frame;
 #[cfg(feature = "logging")]
 pub mod logging;
 pub mod names;
+pub mod output;
 pub mod periodic;
 pub mod protocol;
 pub mod quantity;

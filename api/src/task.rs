@@ -128,6 +128,13 @@ pub struct TaskTemplate {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
     pub when: Vec<crate::facts::FactRequirement>,
+    /// Files the robot uploads to the cluster's bucket: paths or globs
+    /// under the working directory, taken when the attempt ends or, for
+    /// rolling files, once each is closed and settled. Each is listed in
+    /// the Task's status.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub outputs: Vec<crate::output::Output>,
 }
 
 /// The signal a task is asked to stop with.

@@ -134,6 +134,7 @@ pub fn restarts_of(template: &TaskTemplate) -> Option<Restarts> {
 }
 
 mod config_refs;
+mod outputs;
 
 /// One problem with one field.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -638,6 +639,7 @@ fn check_template(report: &mut Report, path: &str, t: &TaskTemplate) {
         }
     }
     config_refs::check(report, path, t);
+    outputs::check(report, path, t);
     let mut env_names = BTreeSet::new();
     for (i, var) in t.env.iter().enumerate() {
         if var.name.is_empty() || var.name.contains(['=', '\0']) {

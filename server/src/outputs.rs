@@ -66,6 +66,14 @@ fn never(reason: String) -> Refusal {
     Refusal { reason, retry: false }
 }
 
+/// Whether one of a template's `outputs` names `path`.
+fn named_by(outputs: &[k8s4r_api::output::Output], path: &str) -> bool {
+    outputs
+        .iter()
+        .filter_map(|o| k8s4r_api::output::matcher(&o.path).ok())
+        .any(|m| m.is_match(path))
+}
+
 /// What `ask` from `robot` may do, given the Task it names (None: not in
 /// the cache).
 pub fn plan(ask: &OutputAsk, task: Option<&Task>, robot: &str) -> Result<Plan, Refusal> {
@@ -81,6 +89,12 @@ pub fn plan(ask: &OutputAsk, task: Option<&Task>, robot: &str) -> Result<Plan, R
     }
     if let Err(why) = check_path(&ask.path) {
         return Err(never(format!("output {:?}: {why}", ask.path)));
+    }
+    if !named_by(&task.spec.template.outputs, &ask.path) {
+        return Err(never(format!(
+            "output {:?} is not named by the outputs of task {name}",
+            ask.path
+        )));
     }
     let parts = k8s4r_api::protocol::outputs::parts_of(ask.size, ask.part_size);
     if parts > MAX_PARTS || ask.part_size == 0 {

@@ -8,6 +8,10 @@ const SHA: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00
 
 fn task(attempt: u32, robot: &str, earlier: &[(u32, &str)]) -> Task {
     let mut task = Task::new("survey-scan-0", TaskSpec::default());
+    task.spec.template.outputs = vec![k8s4r_api::output::Output {
+        path: "out/*.bag".into(),
+        ..Default::default()
+    }];
     task.metadata.namespace = Some("default".into());
     task.metadata.uid = Some("u-1".into());
     task.metadata.labels = Some([(LABEL_JOB.to_owned(), "survey".to_owned())].into());
@@ -126,7 +130,7 @@ fn a_task_lists_at_most_its_share_of_outputs() {
     let listed: Vec<OutputStatus> = (0..MAX_OUTPUTS)
         .map(|i| OutputStatus {
             attempt: 2,
-            path: format!("f{i}"),
+            path: format!("out/f{i}.bag"),
             state: OutputState::Uploaded,
             ..OutputStatus::default()
         })
@@ -136,7 +140,7 @@ fn a_task_lists_at_most_its_share_of_outputs() {
     assert!(refusal.reason.contains("100 outputs"), "{refusal:?}");
     // One it lists already goes on.
     let again = OutputAsk {
-        path: "f3".into(),
+        path: "out/f3.bag".into(),
         ..ask(parts(None, vec![1]))
     };
     assert!(plan(&again, Some(&t), "rb7").is_ok());
@@ -161,4 +165,17 @@ fn an_output_replaces_its_own_entry_and_keeps_the_others() {
     };
     let list = with_output(&[a, b.clone()], done.clone());
     assert_eq!(list, vec![b, done]);
+}
+
+#[test]
+fn a_path_no_output_of_the_template_names_is_refused() {
+    let t = task(2, "rb7", &[]);
+    let mut other = ask(parts(None, vec![1]));
+    other.path = "secrets/token".into();
+    let refused = plan(&other, Some(&t), "rb7").unwrap_err();
+    assert!(refused.reason.contains("not named by the outputs"), "{refused:?}");
+    assert!(!refused.retry);
+    // `*` stops at a `/`.
+    other.path = "out/deeper/run.bag".into();
+    assert!(plan(&other, Some(&t), "rb7").is_err());
 }

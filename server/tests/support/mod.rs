@@ -127,6 +127,10 @@ impl Env {
                     driver: "raw_exec".into(),
                     command: "sleep".into(),
                     args: vec!["1".into()],
+                    outputs: vec![k8s4r_api::output::Output {
+                        path: "out/*.bag".into(),
+                        ..Default::default()
+                    }],
                     ..Default::default()
                 },
                 ..Default::default()
