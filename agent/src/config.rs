@@ -590,6 +590,25 @@ fn resolve_supervisor(
         reap_all_orphans: defaults.reap_all_orphans,
         leave_tasks_running: defaults.leave_tasks_running,
         shim_program: defaults.shim_program,
+        outputs: resolve_outputs(s)?,
+    })
+}
+
+/// The robot's settings for task outputs.
+fn resolve_outputs(s: &Settings) -> Result<crate::outputs::OutputsConfig, ConfigError> {
+    let defaults = crate::outputs::OutputsConfig::default();
+    let when_full = match &s.outputs_when_full {
+        Some(text) => text.parse().map_err(|reason| ConfigError::Invalid {
+            key: "outputs_when_full",
+            reason,
+        })?,
+        None => defaults.when_full,
+    };
+    Ok(crate::outputs::OutputsConfig {
+        quota_bytes: s.outputs_quota_bytes.unwrap_or(defaults.quota_bytes),
+        when_full,
+        bytes_per_second: s.upload_bytes_per_second.unwrap_or(defaults.bytes_per_second),
+        part_bytes: defaults.part_bytes,
     })
 }
 

@@ -2,8 +2,21 @@
 //! cluster's bucket through URLs the server presigns, part by part, so a
 //! cut link or a restart loses at most the part on the way.
 //!
+//! - [`take`]: finding a task's output files and putting them into the
+//!   spool, through no symbolic link (blocking I/O);
+//! - [`spool`]: the files waiting, within the robot's quota and its
+//!   policy when it is full;
+//! - [`journal`]: what the spool holds and how far each upload got, on
+//!   disk;
 //! - [`upload`]: one file's upload as decisions without I/O (what to ask
 //!   the server, which part to send where, what to journal), driven by
-//!   events and the time.
+//!   events and the time;
+//! - [`uploader`]: the shell that does what they decide.
 
+pub mod journal;
+pub mod spool;
+pub mod take;
 pub mod upload;
+pub mod uploader;
+
+pub use spool::{OutputsConfig, Spool, WhenFull};

@@ -170,6 +170,10 @@ pub struct Session {
     log_readers: LogReaders,
     /// Sessions from the cluster (exec, port-forward, copies).
     reach: crate::reach::Reach,
+    /// Task outputs waiting for their upload; the uploader stops with the
+    /// session.
+    outputs: std::sync::Arc<crate::outputs::Spool>,
+    _uploads: tokio_util::sync::DropGuard,
     /// The robot's facts, when the agent reads some.
     facts: Option<watch::Receiver<FactsNow>>,
     /// systemd's watchdog, told from this loop that the agent is alive.
@@ -212,6 +216,17 @@ impl Session {
             Topics::new(&config.topic_prefix),
             config.robot_id.clone(),
             supervisor.clone(),
+        );
+        let outputs = supervisor.outputs().clone();
+        let uploads = CancellationToken::new();
+        crate::outputs::uploader::spawn(
+            outputs.clone(),
+            crate::outputs::uploader::Asking {
+                client: client.clone(),
+                topics: Topics::new(&config.topic_prefix),
+                robot_id: config.robot_id.clone(),
+            },
+            uploads.clone(),
         );
         tokio::spawn(worker(supervisor, commands_rx, updates_tx.clone()));
         tokio::spawn(forward_events(events, updates_tx));
@@ -270,6 +285,8 @@ impl Session {
             flush_timeout: config.shutdown_flush_timeout,
             log_readers,
             reach,
+            outputs,
+            _uploads: uploads.drop_guard(),
             facts: None,
             watchdog: None,
             upgrades: None,
@@ -345,6 +362,7 @@ impl Session {
                     let _ = self.commands.send(TaskCommand::Reconfigure(update));
                 }
                 Command::Logs(request) => self.log_readers.handle(request),
+                Command::OutputAnswer(answer) => self.outputs.answer(answer),
                 Command::Upgrade(order) => {
                     if let Some(hooks) = &self.upgrades {
                         crate::upgrade::start(

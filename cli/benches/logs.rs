@@ -42,6 +42,9 @@ async fn measure() -> Vec<f64> {
         dashboard_listen: k8s4r::dashboard::DEFAULT_LISTEN.parse().expect("addr"),
         no_dashboard: true,
         session_lease: k8s4r_api::protocol::reach::DEFAULT_SESSION_LEASE,
+
+        store_listen: "127.0.0.1:0".parse().expect("addr"),
+        store_url: None,
     };
     let shutdown = CancellationToken::new();
     let stack = Stack::start(&args, dir.path(), shutdown.clone())

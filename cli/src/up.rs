@@ -100,7 +100,20 @@ pub struct UpArgs {
     /// both sides (a robot cut off mid-session hangs its process up).
     #[arg(long, env = "K8S4R_SESSION_LEASE", default_value = "30s", value_parser = k8s4r_api::duration::parse_duration)]
     pub session_lease: std::time::Duration,
+    /// Where the embedded object store for task outputs listens (an S3
+    /// API; its files under the data directory's `outputs/`).
+    #[arg(long, env = "K8S4R_STORE_LISTEN", default_value = DEFAULT_STORE_LISTEN)]
+    pub store_listen: SocketAddr,
+    /// The store's URL as robots reach it, when not `http://` and the
+    /// listen address (a robot elsewhere on the network).
+    #[arg(long, env = "K8S4R_STORE_URL")]
+    pub store_url: Option<String>,
 }
+
+/// Where the embedded object store listens unless told.
+pub const DEFAULT_STORE_LISTEN: &str = "127.0.0.1:9878";
+/// Its one bucket.
+pub const STORE_BUCKET: &str = "k8s4r-outputs";
 
 pub use crate::data_dir::kubeconfig_path;
 use crate::secret::random_secret;
@@ -179,6 +192,9 @@ pub struct Stack {
     pub broker_url: String,
     /// The local agent's robot id, when one runs.
     pub local_robot: Option<String>,
+    /// The embedded object store's bucket for task outputs (its secret
+    /// is the server's; Debug leaves it out).
+    pub bucket: k8s4r_server::bucket::BucketConfig,
     tasks: JoinSet<(&'static str, anyhow::Result<()>)>,
     shutdown: CancellationToken,
 }
@@ -250,11 +266,12 @@ impl Stack {
             server: apiserver.client_with_token(&server_token).await?,
             manager: apiserver.client_with_token(&manager_token).await?,
         };
+        let bucket = start_store(args, data_dir, shutdown.clone()).await?;
         let logs = spawn_programs(
             &mut tasks,
             programs,
             &broker_url,
-            (manager, args.session_lease),
+            (manager, args.session_lease, bucket.clone()),
             shutdown.clone(),
         )?;
         start_webhook(&mut tasks, &client, shutdown.clone()).await?;
@@ -282,6 +299,7 @@ impl Stack {
             client,
             broker_url,
             local_robot,
+            bucket,
             tasks,
             shutdown,
         })
@@ -600,6 +618,38 @@ pub async fn run_demo(client: Client, local_robot: Option<&str>, kubeconfig: &Pa
     Ok(())
 }
 
+/// Serves the embedded object store for task outputs (s3s-fs, under
+/// `DATA_DIR/outputs`) with a key made for this run, which only the server
+/// holds; the bucket the server presigns uploads for.
+async fn start_store(
+    args: &UpArgs,
+    data_dir: &Path,
+    shutdown: CancellationToken,
+) -> anyhow::Result<k8s4r_server::bucket::BucketConfig> {
+    let secret_key = random_secret()?;
+    let access_key = "k8s4r-up".to_owned();
+    let served = k8s4r_store::serve(
+        k8s4r_store::StoreConfig {
+            root: data_dir.join("outputs"),
+            listen: args.store_listen,
+            bucket: STORE_BUCKET.to_owned(),
+            access_key: access_key.clone(),
+            secret_key: secret_key.clone(),
+        },
+        shutdown,
+    )
+    .await?;
+    let endpoint = args.store_url.clone().unwrap_or(served.endpoint);
+    tracing::info!(%endpoint, bucket = STORE_BUCKET, "the object store for task outputs is serving");
+    Ok(k8s4r_server::bucket::BucketConfig {
+        endpoint,
+        bucket: STORE_BUCKET.to_owned(),
+        region: "us-east-1".to_owned(),
+        access_key,
+        secret_key,
+    })
+}
+
 /// The server's and the manager's clients, each with its own token.
 struct Clients {
     server: Client,
@@ -618,10 +668,15 @@ fn spawn_programs(
     tasks: &mut JoinSet<(&'static str, anyhow::Result<()>)>,
     clients: Clients,
     broker_url: &str,
-    (manager, session_lease): (k8s4r_manager::ManagerConfig, std::time::Duration),
+    (manager, session_lease, bucket): (
+        k8s4r_manager::ManagerConfig,
+        std::time::Duration,
+        k8s4r_server::bucket::BucketConfig,
+    ),
     shutdown: CancellationToken,
 ) -> anyhow::Result<LogsApi> {
     let mut server = k8s4r_server::ServerConfig::new(broker_url);
+    server.outputs = Some(bucket);
     let (cert_pem, key_pem) = k8s4r_server::logs::self_signed(&[]).map_err(|e| anyhow::anyhow!(e))?;
     server.logs = Some(k8s4r_server::logs::LogsConfig {
         addr: SocketAddr::from(([127, 0, 0, 1], 0)),

@@ -17,7 +17,7 @@ use k8s4r_api::protocol::outputs::{Answer, OutputAnswer, OutputAsk, PartUrl, Wan
 use k8s4r_api::protocol::Topics;
 use k8s4r_api::{OutputState, OutputStatus, Task};
 use k8s4r_service::Kube;
-use kube::{Api, ResourceExt};
+use kube::{Api, Resource, ResourceExt};
 use tokio::sync::Semaphore;
 use tracing::{info, warn};
 
@@ -62,6 +62,18 @@ pub struct Refusal {
     pub retry: bool,
 }
 
+impl Plan {
+    /// The object it is about.
+    pub fn key(&self) -> &str {
+        match self {
+            Plan::Begin { key, .. }
+            | Plan::Sign { key, .. }
+            | Plan::Complete { key, .. }
+            | Plan::Drop { key, .. } => key,
+        }
+    }
+}
+
 fn never(reason: String) -> Refusal {
     Refusal { reason, retry: false }
 }
@@ -103,7 +115,9 @@ pub fn plan(ask: &OutputAsk, task: Option<&Task>, robot: &str) -> Result<Plan, R
             ask.path, ask.size, ask.part_size
         )));
     }
-    if !is_sha256(&ask.sha256) {
+    // A file the robot never took (its quota was full) was never read.
+    let unread = ask.sha256.is_empty() && matches!(ask.want, Want::Dropped { .. });
+    if !is_sha256(&ask.sha256) && !unread {
         return Err(never(format!(
             "output {:?}: {:?} is not a sha256",
             ask.path, ask.sha256
@@ -218,6 +232,7 @@ pub struct Outputs {
     publisher: Publisher,
     topics: Topics,
     slots: Arc<Semaphore>,
+    recorder: k8s4r_service::events::Recorder,
 }
 
 impl Outputs {
@@ -234,10 +249,17 @@ impl Outputs {
         Outputs {
             bucket,
             missing,
-            kube,
             publisher,
             topics,
             slots: Arc::new(Semaphore::new(AT_ONCE)),
+            recorder: k8s4r_service::events::Recorder::new(
+                kube.client().clone(),
+                kube::runtime::events::Reporter {
+                    controller: k8s4r_api::names::MANAGER_SERVER.to_owned(),
+                    instance: None,
+                },
+            ),
+            kube,
         }
     }
 
@@ -290,16 +312,6 @@ impl Outputs {
 
     /// Does `plan` with the bucket; the answer for the robot.
     async fn carry_out(&self, plan: Plan, ask: &OutputAsk, robot: &str, task: Option<Arc<Task>>) -> Answer {
-        let Some(bucket) = &self.bucket else {
-            return Answer::Refused {
-                reason: self.missing.clone(),
-                retry: false,
-            };
-        };
-        let not_now = |error: crate::bucket::BucketError| Answer::Refused {
-            reason: error.to_string(),
-            retry: true,
-        };
         let entry = |key: &str, state, message| OutputStatus {
             attempt: ask.attempt,
             path: ask.path.clone(),
@@ -309,6 +321,41 @@ impl Outputs {
             state,
             message,
             time: Some(Timestamp::now()),
+        };
+        let reason = match (&plan, &self.bucket) {
+            (Plan::Drop { reason, .. }, _) => Some(reason.clone()),
+            (_, None) => Some(self.missing.clone()),
+            (_, Some(_)) => None,
+        };
+        if let Some(reason) = reason {
+            // Never silent: the Task lists it dropped, and an Event says why.
+            warn!(robot, key = plan.key(), %reason, "an output dropped");
+            let note = format!(
+                "output {} of attempt {} on robot {robot} dropped: {reason}",
+                ask.path, ask.attempt
+            );
+            if let Some(task) = &task {
+                self.warn_on(task, note).await;
+            }
+            self.record(
+                task,
+                entry(plan.key(), OutputState::Dropped, Some(reason.clone())),
+            )
+            .await;
+            return Answer::Refused {
+                reason: format!("dropped: {reason}"),
+                retry: false,
+            };
+        }
+        let Some(bucket) = &self.bucket else {
+            return Answer::Refused {
+                reason: self.missing.clone(),
+                retry: false,
+            };
+        };
+        let not_now = |error: crate::bucket::BucketError| Answer::Refused {
+            reason: error.to_string(),
+            retry: true,
         };
         match plan {
             Plan::Begin { key, parts } => {
@@ -349,15 +396,25 @@ impl Outputs {
                 self.record(task, entry(&key, OutputState::Uploaded, None)).await;
                 Answer::Completed { key }
             }
-            Plan::Drop { key, reason } => {
-                warn!(robot, key, %reason, "the robot dropped an output");
-                self.record(task, entry(&key, OutputState::Dropped, Some(reason.clone())))
-                    .await;
-                Answer::Refused {
-                    reason: format!("dropped: {reason}"),
-                    retry: false,
-                }
-            }
+            // Recorded above.
+            Plan::Drop { reason, .. } => Answer::Refused {
+                reason: format!("dropped: {reason}"),
+                retry: false,
+            },
+        }
+    }
+
+    /// A Warning Event about `task`, reason `OutputDropped`.
+    async fn warn_on(&self, task: &Task, note: String) {
+        let event = kube::runtime::events::Event {
+            type_: kube::runtime::events::EventType::Warning,
+            reason: "OutputDropped".into(),
+            note: Some(note),
+            action: "Upload".into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &task.object_ref(&())).await {
+            warn!(error = %e, "cannot record an output's Event");
         }
     }
 

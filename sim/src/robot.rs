@@ -208,6 +208,7 @@ impl SimRobot {
                 Command::Logs(_)
                 | Command::Upgrade(_)
                 | Command::Reconfigure(_)
+                | Command::OutputAnswer(_)
                 | Command::HeartbeatConfirmed { .. } => {}
             }
         }

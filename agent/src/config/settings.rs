@@ -309,6 +309,25 @@ pub struct Settings {
     #[arg(long, env = "K8S4R_MAX_COPY_BYTES", value_name = "BYTES")]
     pub max_copy_bytes: Option<u64>,
 
+    /// Bytes a second all task output uploads together send, at most; 0
+    /// for no limit. Keep it below the link's uplink so that heartbeats
+    /// and statuses are not queued behind uploads. Default: 1048576 (1
+    /// MiB).
+    #[arg(long, env = "K8S4R_UPLOAD_BYTES_PER_SECOND", value_name = "BYTES")]
+    pub upload_bytes_per_second: Option<u64>,
+
+    /// Bytes of task outputs that may wait for their upload on this robot.
+    /// Default: 2147483648 (2 GiB).
+    #[arg(long, env = "K8S4R_OUTPUTS_QUOTA_BYTES", value_name = "BYTES")]
+    pub outputs_quota_bytes: Option<u64>,
+
+    /// What a full outputs quota does to a new output: `refuse` it (the
+    /// default) or `dropOldest` (drop the oldest waiting ones until it
+    /// fits). Either way the Task lists the dropped file and why, and an
+    /// Event says so.
+    #[arg(long, env = "K8S4R_OUTPUTS_WHEN_FULL", value_name = "POLICY")]
+    pub outputs_when_full: Option<String>,
+
     /// Log format. Default: text.
     #[arg(long, env = "K8S4R_LOG_FORMAT", value_name = "FORMAT")]
     pub log_format: Option<LogFormat>,
@@ -396,6 +415,9 @@ impl Settings {
             max_sessions: self.max_sessions.or(file.max_sessions),
             session_bytes_per_second: self.session_bytes_per_second.or(file.session_bytes_per_second),
             max_copy_bytes: self.max_copy_bytes.or(file.max_copy_bytes),
+            upload_bytes_per_second: self.upload_bytes_per_second.or(file.upload_bytes_per_second),
+            outputs_quota_bytes: self.outputs_quota_bytes.or(file.outputs_quota_bytes),
+            outputs_when_full: self.outputs_when_full.or(file.outputs_when_full),
             log_format: self.log_format.or(file.log_format),
             log: self.log.or(file.log),
         }

@@ -61,7 +61,8 @@ pub enum Do {
 }
 
 /// A step of an upload the journal keeps.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", tag = "step")]
 pub enum Step {
     /// The bucket began upload `upload_id` of `key`.
     Begun { upload_id: String, key: String },

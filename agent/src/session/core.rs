@@ -124,6 +124,8 @@ pub enum Command {
     Reconfigure(Box<ConfigUpdate>),
     /// The server asked for a task's output.
     Logs(LogRequest),
+    /// The server answered the uploader.
+    OutputAnswer(k8s4r_api::protocol::outputs::OutputAnswer),
     /// An upgrade of the agent was ordered.
     Upgrade(UpgradeOrder),
     /// The server recorded this process's heartbeat `seq` (an upgrade on

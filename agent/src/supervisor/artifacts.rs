@@ -195,7 +195,7 @@ fn in_place(work_dir: &Path, artifact: &Artifact, max_bytes: u64) -> bool {
 
 /// The directory `destination` (relative to `work_dir`) is in, opened, and
 /// its file name: reached through no symbolic link. Blocking.
-fn parent_of<'a>(work_dir: &Path, destination: &'a str) -> Option<(OwnedFd, &'a std::ffi::OsStr)> {
+pub(crate) fn parent_of<'a>(work_dir: &Path, destination: &'a str) -> Option<(OwnedFd, &'a std::ffi::OsStr)> {
     let flags = OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_DIRECTORY;
     let mut dir = openat(AT_FDCWD, work_dir, flags, Mode::empty()).ok()?;
     let path = Path::new(destination);
@@ -323,7 +323,7 @@ async fn fetch_once(
     Ok(())
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 

@@ -181,6 +181,9 @@ pub struct SupervisorConfig {
     /// None: tasks are the supervisor's own children (a supervisor in a
     /// process that is not the agent's binary, as in tests).
     pub shim_program: Option<PathBuf>,
+    /// Task outputs: the spool's quota and what to do when it is full, the
+    /// upload rate, the part size.
+    pub outputs: crate::outputs::OutputsConfig,
 }
 
 /// The disk reserve when none is configured (capped at 5% of a small disk).
@@ -262,6 +265,7 @@ impl Default for SupervisorConfig {
             reap_all_orphans: false,
             leave_tasks_running: false,
             shim_program: None,
+            outputs: crate::outputs::OutputsConfig::default(),
         }
     }
 }
@@ -459,6 +463,8 @@ pub struct SupervisorHandle {
     /// (re-adopted, or started again from the journal).
     held_at_start: Vec<TaskAttempt>,
     leases_at_start: Vec<(String, u32, Duration)>,
+    /// Task outputs waiting for their upload.
+    outputs: std::sync::Arc<crate::outputs::Spool>,
 }
 
 /// What the robot offers tasks, fixed at start.
@@ -494,6 +500,11 @@ impl SupervisorHandle {
     /// The drivers and task policy to report at registration.
     pub fn offer(&self) -> &Offer {
         &self.offer
+    }
+
+    /// The spool of task outputs, for the uploader.
+    pub fn outputs(&self) -> &std::sync::Arc<crate::outputs::Spool> {
+        &self.outputs
     }
 
     /// Hands a task over. A bad spec, driver, user, cwd or command is still
@@ -657,6 +668,7 @@ pub fn spawn(
     let (runner, health, offer) = runner::Runner::on_this_machine(config, events_tx)?;
     let held_at_start = runner.attempts();
     let leases_at_start = runner.leases();
+    let outputs = runner.outputs.clone();
     // A bounded blocking pool: a burst of 500 tasks made as many threads,
     // which then took the CPU from the thread that fires deadlines.
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -679,6 +691,7 @@ pub fn spawn(
             leases_at_start,
             health,
             offer,
+            outputs,
         },
         events_rx,
     ))

@@ -143,6 +143,8 @@ pub(crate) struct Runner {
     pub(super) facts: Option<k8s4r_api::Facts>,
     /// Running tasks' output tails sent as they go.
     pub(super) tails: tails::Tails,
+    /// Task outputs taken at the end of their attempts.
+    pub(crate) outputs: Arc<crate::outputs::Spool>,
 }
 
 impl Runner {

@@ -132,6 +132,8 @@ impl Runner {
         let disk = DiskWatch::new(&config, tasks_dir.clone(), total);
         let offer = offer(&config, &parts.launchers, agent_is_root, disk.budget());
         let (health, health_rx) = Health::new(config.state_dir.clone());
+        let outputs = crate::outputs::Spool::open(&config.state_dir, config.outputs.clone())
+            .map_err(state_error(&crate::outputs::take::spool_dir(&config.state_dir)))?;
         let containment = Containment::new(
             parts.cgroups,
             config.reap_all_orphans,
@@ -158,6 +160,7 @@ impl Runner {
             shutdown_waiters: Vec::new(),
             facts: None,
             tails: Default::default(),
+            outputs: Arc::new(outputs),
         };
         runner.take_over(recovered.adopted, recovered.resumed);
         Ok((runner, health_rx, offer))

@@ -250,7 +250,10 @@ impl Agent {
                     }
                 }
                 Command::HeartbeatConfirmed { contact, .. } => self.contact = self.contact.max(contact),
-                Command::Logs(_) | Command::Upgrade(_) | Command::Reconfigure(_) => {}
+                Command::Logs(_)
+                | Command::Upgrade(_)
+                | Command::Reconfigure(_)
+                | Command::OutputAnswer(_) => {}
             }
         }
         for update in std::mem::take(&mut self.files.settled) {

@@ -317,6 +317,9 @@ async fn start_stack(broker_url: &str, data_dir: &Path, in_memory: bool, session
         dashboard_listen: k8s4r::dashboard::DEFAULT_LISTEN.parse().expect("addr"),
         no_dashboard: true,
         session_lease,
+
+        store_listen: "127.0.0.1:0".parse().expect("addr"),
+        store_url: None,
     };
     let mut manager = manager_config();
     // A SIGKILLed agent's connection drops, so Mosquitto publishes its

@@ -43,10 +43,7 @@ impl Core {
                 out.push(Command::Logs(request));
             }
             Ok(Inbound::StatusAck(ack)) => self.on_confirmation(ack, now, disk, &mut out),
-            Ok(Inbound::OutputAnswer(answer)) => {
-                // This agent uploads no outputs yet: nothing asked for it.
-                tracing::debug!(task = %answer.task_uid, attempt = answer.attempt, path = %answer.path, "an outputs answer no upload waits for");
-            }
+            Ok(Inbound::OutputAnswer(answer)) => out.push(Command::OutputAnswer(answer)),
             Err(Refused { error, task }) => {
                 tracing::error!(topic, error = %error, "refused a message");
                 if let Some((uid, attempt)) = task {

@@ -18,6 +18,33 @@ pub(super) fn rotate_logs(dir: &std::path::Path, (max_bytes, max_files): (u64, u
     }
 }
 
+/// An ended attempt's outputs, to take into the spool.
+struct Outputs {
+    spool: std::sync::Arc<crate::outputs::Spool>,
+    uid: String,
+    attempt: u32,
+    work_dir: std::path::PathBuf,
+    within: Option<String>,
+    outputs: Vec<k8s4r_api::output::Output>,
+}
+
+impl Outputs {
+    /// Blocking: links and reads the files.
+    fn take(self) {
+        let at = crate::outputs::spool::Attempt {
+            uid: &self.uid,
+            attempt: self.attempt,
+            work_dir: &self.work_dir,
+            within: self.within.as_deref(),
+        };
+        let outputs: Vec<&k8s4r_api::output::Output> = self.outputs.iter().collect();
+        let taken = self.spool.take_attempt(at, &outputs);
+        if taken > 0 {
+            tracing::info!(uid = %self.uid, attempt = self.attempt, files = taken, "outputs taken for upload");
+        }
+    }
+}
+
 impl Runner {
     /// The attempt is over: its outcome by the rules, its tail (from its
     /// log files, read off the loop), its end.
@@ -55,6 +82,14 @@ impl Runner {
         let logger = task.logger.take();
         let owned = self.containment.owned();
         let (uid, attempt) = (task.uid, task.attempt);
+        let outputs = (!task.template.outputs.is_empty()).then(|| Outputs {
+            spool: self.outputs.clone(),
+            uid: uid.clone(),
+            attempt,
+            work_dir: dir.join("work"),
+            within: task.template.working_dir.clone(),
+            outputs: task.template.outputs.clone(),
+        });
         self.housework.push(Box::pin(async move {
             // The logger writes the last of the output once every process
             // of the task is gone; a stalled disk does not hold the end up.
@@ -71,6 +106,10 @@ impl Runner {
                 let tail = logs::lossy_tail(&logs::files_tail(&dir.join("logs"), max));
                 if rotate {
                     rotate_logs(&dir, caps);
+                }
+                // Before the end is journaled and the directory may go.
+                if let Some(outputs) = outputs {
+                    outputs.take();
                 }
                 tail
             });

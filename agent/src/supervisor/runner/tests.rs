@@ -99,6 +99,7 @@ impl Harness {
             journal: crate::supervisor::journal::inline::start(Arc::clone(&journal_alive)),
         };
         let (runner, health, offer) = Runner::new(config, events_tx, parts).unwrap();
+        let outputs = runner.outputs.clone();
         before_run(&journal_alive);
         tokio::spawn(runner.run(commands_rx));
         Harness {
@@ -108,6 +109,7 @@ impl Harness {
                 offer,
                 held_at_start: Vec::new(),
                 leases_at_start: Vec::new(),
+                outputs,
             },
             events,
             fake,

@@ -1,0 +1,416 @@
+//! The uploader: a tokio task of its own that empties the spool, oldest
+//! file first, one at a time. [`Upload`] decides each step; this shell
+//! journals, asks the server over MQTT, and PUTs parts to the URLs it
+//! gets, within the robot's upload rate. A file the robot gave up (a full
+//! quota) is reported until the server has it on the Task.
+//!
+//! Uploads go to the bucket on connections of their own, never through
+//! the MQTT connection: an upload cannot hold a heartbeat or a status
+//! behind it there, and the rate keeps it from filling the link.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s4r_api::protocol::outputs::{Answer, OutputAnswer, OutputAsk, Want};
+use k8s4r_api::protocol::{Topics, PROTOCOL_VERSION};
+use rumqttc::AsyncClient;
+use tokio::io::{AsyncReadExt, AsyncSeekExt};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::journal::{Entry, Pending};
+use super::spool::{Notice, Spool};
+use super::take;
+use super::upload::{Do, Event, Phase, Step, Upload, ASK_AGAIN};
+use crate::reach::Rate;
+
+/// How often the uploader looks at the time.
+const TICK: Duration = Duration::from_secs(1);
+/// Bytes read from the file for one write to the connection.
+const CHUNK: usize = 64 * 1024;
+/// The slowest a part may go before it is given up (and sent again).
+const MIN_PART_RATE: u64 = 16 * 1024;
+
+/// Where the uploader sends: the server's topic, and who asks.
+#[derive(Clone)]
+pub struct Asking {
+    pub client: AsyncClient,
+    pub topics: Topics,
+    pub robot_id: String,
+}
+
+/// Starts the uploader of `spool` (once; a second call does nothing).
+pub fn spawn(spool: Arc<Spool>, asking: Asking, stop: CancellationToken) {
+    let Some((notices, pending)) = spool.receiver() else {
+        return;
+    };
+    let http = match crate::supervisor::artifacts::client() {
+        Ok(http) => http,
+        Err(e) => {
+            tracing::error!(error = %e, "outputs are not uploaded");
+            return;
+        }
+    };
+    let rate = Arc::new(Rate::new(spool.config().bytes_per_second));
+    let uploader = Uploader {
+        spool,
+        asking,
+        http,
+        rate,
+        queue: pending.into(),
+        active: None,
+        sending: JoinSet::new(),
+        began: Instant::now(),
+    };
+    tokio::spawn(uploader.run(notices, stop));
+}
+
+/// The file being uploaded, or reported.
+struct Active {
+    entry: Entry,
+    work: Work,
+}
+
+enum Work {
+    Upload(Upload),
+    /// Given up: said to the server until it answers.
+    Report {
+        reason: String,
+        asked: Option<Duration>,
+    },
+}
+
+/// What became of one part.
+struct Sent {
+    id: u64,
+    part: u32,
+    result: Result<String, Failure>,
+}
+
+struct Failure {
+    refused: bool,
+    why: String,
+}
+
+struct Uploader {
+    spool: Arc<Spool>,
+    asking: Asking,
+    http: reqwest::Client,
+    rate: Arc<Rate>,
+    queue: VecDeque<Pending>,
+    active: Option<Active>,
+    sending: JoinSet<Sent>,
+    began: Instant,
+}
+
+impl Uploader {
+    async fn run(
+        mut self,
+        mut notices: tokio::sync::mpsc::UnboundedReceiver<Notice>,
+        stop: CancellationToken,
+    ) {
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            if self.active.is_none() {
+                self.next();
+            }
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                notice = notices.recv() => match notice {
+                    Some(notice) => self.heard(notice),
+                    None => break,
+                },
+                Some(joined) = self.sending.join_next() => {
+                    if let Ok(sent) = joined {
+                        self.sent(sent);
+                    }
+                }
+                _ = tick.tick() => self.ticked(),
+            }
+        }
+        self.sending.abort_all();
+    }
+
+    fn now(&self) -> Duration {
+        self.began.elapsed()
+    }
+
+    /// Takes the oldest waiting file up.
+    fn next(&mut self) {
+        let Some(Pending { entry, steps }) = self.queue.pop_front() else {
+            return;
+        };
+        // Refused when taken, or dropped for a newer file: reported.
+        let given_up = entry.refused.clone().or_else(|| {
+            steps.iter().find_map(|s| match s {
+                Step::Dropped { reason } => Some(reason.clone()),
+                _ => None,
+            })
+        });
+        let work = match given_up {
+            Some(reason) => Work::Report { reason, asked: None },
+            None => Work::Upload(Upload::resume(entry.size, entry.part_size, &steps)),
+        };
+        tracing::info!(task = %entry.task_uid, attempt = entry.attempt, path = %entry.path, size = entry.size, "output upload");
+        self.active = Some(Active { entry, work });
+        self.step(Event::Start);
+    }
+
+    fn heard(&mut self, notice: Notice) {
+        match notice {
+            Notice::Added(entry) => self.queue.push_back(Pending {
+                entry,
+                steps: Vec::new(),
+            }),
+            Notice::Dropped { id, reason } => {
+                if let Some(active) = self.active.as_mut().filter(|a| a.entry.id == id) {
+                    active.work = Work::Report { reason, asked: None };
+                    self.step(Event::Tick);
+                } else if let Some(waiting) = self.queue.iter_mut().find(|p| p.entry.id == id) {
+                    waiting.steps.push(Step::Dropped { reason });
+                }
+            }
+            Notice::Answer(answer) => {
+                let ours = self.active.as_ref().is_some_and(|a| {
+                    a.entry.task_uid == answer.task_uid
+                        && a.entry.attempt == answer.attempt
+                        && a.entry.path == answer.path
+                });
+                if ours {
+                    self.answered(answer);
+                } else {
+                    tracing::debug!(task = %answer.task_uid, path = %answer.path, "an outputs answer for no upload under way");
+                }
+            }
+        }
+    }
+
+    fn answered(&mut self, answer: OutputAnswer) {
+        let Some(active) = self.active.as_mut() else {
+            return;
+        };
+        if let Work::Report { .. } = active.work {
+            // The server has it (or will never take it): reported.
+            if let Answer::Refused { retry: true, .. } = answer.answer {
+                return;
+            }
+            let id = active.entry.id;
+            self.active = None;
+            self.spool.done(id);
+            return;
+        }
+        self.step(Event::Answer(answer.answer));
+    }
+
+    fn sent(&mut self, sent: Sent) {
+        if self.active.as_ref().is_none_or(|a| a.entry.id != sent.id) {
+            return;
+        }
+        let event = match sent.result {
+            Ok(etag) => Event::PartSent {
+                part: sent.part,
+                etag,
+            },
+            Err(Failure { refused, why }) => {
+                tracing::warn!(part = sent.part, refused, error = %why, "an output's part did not get there");
+                Event::PartFailed {
+                    part: sent.part,
+                    refused,
+                }
+            }
+        };
+        self.step(event);
+    }
+
+    fn ticked(&mut self) {
+        let now = self.now();
+        if let Some(Active {
+            entry,
+            work: Work::Report { reason, asked },
+        }) = self.active.as_mut()
+        {
+            if asked.is_none_or(|at| now >= at + ASK_AGAIN) {
+                *asked = Some(now);
+                let want = Want::Dropped {
+                    upload_id: None,
+                    reason: reason.clone(),
+                };
+                let ask = ask_of(&self.asking, entry, want);
+                publish(&self.asking, ask);
+            }
+            return;
+        }
+        self.step(Event::Tick);
+    }
+
+    /// Steps the active upload with `event` and does what it says.
+    fn step(&mut self, event: Event) {
+        let now = self.now();
+        let Some(active) = self.active.as_mut() else {
+            return;
+        };
+        let upload = match &mut active.work {
+            Work::Upload(upload) => upload,
+            Work::Report { .. } => {
+                self.ticked();
+                return;
+            }
+        };
+        // A journal that resumed to an end: nothing more to do.
+        let ended = match upload.phase() {
+            Phase::Done { key } => Some(Ok(key.clone())),
+            Phase::Dropped { reason } => Some(Err(reason.clone())),
+            _ => None,
+        };
+        let actions = if ended.is_some() {
+            Vec::new()
+        } else {
+            upload.step(event, now)
+        };
+        let entry = active.entry.clone();
+        for action in actions {
+            match action {
+                Do::Journal(step) => {
+                    if !self.spool.step(entry.id, &step) {
+                        // Not recorded: not done. The upload waits and
+                        // goes on from the journal's last step.
+                        return;
+                    }
+                }
+                Do::Ask(want) => publish(&self.asking, ask_of(&self.asking, &entry, want)),
+                Do::Send {
+                    part,
+                    url,
+                    offset,
+                    len,
+                } => {
+                    let (http, rate) = (self.http.clone(), self.rate.clone());
+                    let file = self.spool.file(entry.id);
+                    let id = entry.id;
+                    self.sending.spawn(async move {
+                        let result = put_part(&http, &rate, &file, &url, offset, len).await;
+                        Sent { id, part, result }
+                    });
+                }
+                Do::Finished { key } => return self.finished(&entry, Ok(key)),
+                Do::GaveUp { reason } => return self.finished(&entry, Err(reason)),
+            }
+        }
+        if let Some(end) = ended {
+            self.finished(&entry, end);
+        }
+    }
+
+    fn finished(&mut self, entry: &Entry, end: Result<String, String>) {
+        match end {
+            Ok(key) => {
+                tracing::info!(task = %entry.task_uid, attempt = entry.attempt, path = %entry.path, key, "output uploaded");
+                if entry.delete_after {
+                    let inside = take::inside(entry.within.as_deref(), &entry.path);
+                    take::remove_original(&entry.work_dir, &inside, &self.spool.file(entry.id));
+                }
+            }
+            Err(reason) => {
+                tracing::warn!(task = %entry.task_uid, attempt = entry.attempt, path = %entry.path, %reason, "output not uploaded")
+            }
+        }
+        self.active = None;
+        self.spool.done(entry.id);
+    }
+}
+
+fn ask_of(asking: &Asking, entry: &Entry, want: Want) -> OutputAsk {
+    OutputAsk {
+        v: PROTOCOL_VERSION,
+        robot_id: asking.robot_id.clone(),
+        task_uid: entry.task_uid.clone(),
+        attempt: entry.attempt,
+        path: entry.path.clone(),
+        size: entry.size,
+        sha256: entry.sha256.clone(),
+        part_size: entry.part_size,
+        want,
+    }
+}
+
+/// Sends `ask` at QoS 1; one that does not get there is asked again.
+fn publish(asking: &Asking, ask: OutputAsk) {
+    let topic = asking.topics.output_ask(&asking.robot_id);
+    let payload = k8s4r_api::protocol::encode(&ask);
+    if let Err(e) = asking
+        .client
+        .try_publish(topic, rumqttc::QoS::AtLeastOnce, false, payload)
+    {
+        tracing::debug!(error = %e, "an outputs ask not sent now; asked again later");
+    }
+}
+
+/// PUTs bytes `offset..offset + len` of `file` to `url`, read a chunk at
+/// a time within `rate`; the part's ETag.
+async fn put_part(
+    http: &reqwest::Client,
+    rate: &Arc<Rate>,
+    file: &std::path::Path,
+    url: &str,
+    offset: u64,
+    len: u64,
+) -> Result<String, Failure> {
+    let failed = |why: String| Failure { refused: false, why };
+    let mut f = tokio::fs::File::open(file)
+        .await
+        .map_err(|e| failed(format!("cannot open the spooled file: {e}")))?;
+    f.seek(std::io::SeekFrom::Start(offset))
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+    let rate = rate.clone();
+    let body = futures::stream::unfold((f, len), move |(mut f, left)| {
+        let rate = rate.clone();
+        async move {
+            if left == 0 {
+                return None;
+            }
+            let mut buf = vec![0u8; left.min(CHUNK as u64) as usize];
+            let read = match f.read_exact(&mut buf).await {
+                Ok(_) => Ok(buf),
+                Err(e) => Err(e),
+            };
+            let n = read.as_ref().map_or(0, |b: &Vec<u8>| b.len() as u64);
+            rate.spend(n as usize).await;
+            let left = if read.is_ok() { left - n } else { 0 };
+            Some((read, (f, left)))
+        }
+    });
+    let floor = rate_floor(len);
+    let response = http
+        .put(url)
+        .header(reqwest::header::CONTENT_LENGTH, len)
+        .body(reqwest::Body::wrap_stream(body.boxed()))
+        .timeout(floor)
+        .send()
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+    let status = response.status();
+    if !status.is_success() {
+        // 403: the URL expired or is not valid; asked for again.
+        return Err(Failure {
+            refused: status == reqwest::StatusCode::FORBIDDEN,
+            why: format!("the bucket answered {status}"),
+        });
+    }
+    response
+        .headers()
+        .get(reqwest::header::ETAG)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .ok_or_else(|| failed("the bucket's answer has no ETag".into()))
+}
+
+/// How long a part of `len` bytes may take: at [`MIN_PART_RATE`], plus a
+/// minute.
+fn rate_floor(len: u64) -> Duration {
+    Duration::from_secs(60 + len / MIN_PART_RATE)
+}
