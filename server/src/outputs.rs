@@ -212,15 +212,22 @@ pub fn object_key(task: &Task, attempt: u32, robot: &str, path: &str) -> String 
 }
 
 /// The Task's outputs with `entry` in place of the one of its attempt and
-/// path (or added last).
-pub fn with_output(outputs: &[OutputStatus], entry: OutputStatus) -> Vec<OutputStatus> {
+/// path (or added last); None when that one has ended (uploaded, dropped)
+/// and `entry` is a late step of its upload, which never takes it back.
+pub fn with_output(outputs: &[OutputStatus], entry: OutputStatus) -> Option<Vec<OutputStatus>> {
+    let ended = outputs
+        .iter()
+        .any(|o| o.attempt == entry.attempt && o.path == entry.path && o.state != OutputState::Uploading);
+    if ended && entry.state == OutputState::Uploading {
+        return None;
+    }
     let mut list: Vec<OutputStatus> = outputs
         .iter()
         .filter(|o| !(o.attempt == entry.attempt && o.path == entry.path))
         .cloned()
         .collect();
     list.push(entry);
-    list
+    Some(list)
 }
 
 /// The shell: the bucket, and the ways to the robots and the API server.
@@ -433,7 +440,10 @@ impl Outputs {
                 .as_ref()
                 .map(|s| s.outputs.as_slice())
                 .unwrap_or_default();
-            let status = serde_json::json!({ "outputs": with_output(listed, entry.clone()) });
+            let Some(outputs) = with_output(listed, entry.clone()) else {
+                return;
+            };
+            let status = serde_json::json!({ "outputs": outputs });
             let written = self
                 .kube
                 .patch_status(

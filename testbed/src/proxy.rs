@@ -12,6 +12,7 @@
 //!   a second (a thin cellular link); what waits, waits in order.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -41,6 +42,8 @@ pub struct Proxy {
     fault: watch::Sender<Fault>,
     accept: JoinHandle<()>,
     links: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    /// Bytes forwarded from clients to the upstream.
+    upstream_bytes: Arc<AtomicU64>,
 }
 
 impl Proxy {
@@ -50,15 +53,16 @@ impl Proxy {
         let addr = listener.local_addr().expect("the proxy's address");
         let (fault, _) = watch::channel(Fault::None);
         let links: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+        let upstream_bytes = Arc::new(AtomicU64::new(0));
         let accept = {
-            let (fault, links) = (fault.clone(), links.clone());
+            let (fault, links, counted) = (fault.clone(), links.clone(), upstream_bytes.clone());
             tokio::spawn(async move {
                 while let Ok((client, _)) = listener.accept().await {
                     if *fault.borrow() == Fault::Cut {
                         drop(client);
                         continue;
                     }
-                    let link = tokio::spawn(forward(client, upstream, fault.subscribe()));
+                    let link = tokio::spawn(forward(client, upstream, fault.subscribe(), counted.clone()));
                     let mut links = links.lock().unwrap_or_else(|e| e.into_inner());
                     links.retain(|l| !l.is_finished());
                     links.push(link);
@@ -70,6 +74,7 @@ impl Proxy {
             fault,
             accept,
             links,
+            upstream_bytes,
         }
     }
 
@@ -93,6 +98,11 @@ impl Proxy {
         }
     }
 
+    /// Bytes forwarded from clients to the upstream so far.
+    pub fn upstream_bytes(&self) -> u64 {
+        self.upstream_bytes.load(Ordering::Relaxed)
+    }
+
     /// Back to a healthy link.
     pub fn heal(&self) {
         self.set(Fault::None);
@@ -108,7 +118,12 @@ impl Drop for Proxy {
     }
 }
 
-async fn forward(client: TcpStream, upstream: SocketAddr, fault: watch::Receiver<Fault>) {
+async fn forward(
+    client: TcpStream,
+    upstream: SocketAddr,
+    fault: watch::Receiver<Fault>,
+    counted: Arc<AtomicU64>,
+) {
     let Ok(server) = TcpStream::connect(upstream).await else {
         return;
     };
@@ -117,8 +132,8 @@ async fn forward(client: TcpStream, upstream: SocketAddr, fault: watch::Receiver
     let (client_read, client_write) = client.into_split();
     let (server_read, server_write) = server.into_split();
     tokio::select! {
-        _ = pump(client_read, server_write, fault.clone()) => {}
-        _ = pump(server_read, client_write, fault) => {}
+        _ = pump(client_read, server_write, fault.clone(), Some(counted)) => {}
+        _ = pump(server_read, client_write, fault, None) => {}
     }
 }
 
@@ -129,6 +144,7 @@ async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     fault: watch::Receiver<Fault>,
+    counted: Option<Arc<AtomicU64>>,
 ) {
     let (chunks, mut due) = tokio::sync::mpsc::channel::<(tokio::time::Instant, Vec<u8>)>(1024);
     let mut read_fault = fault.clone();
@@ -173,6 +189,9 @@ async fn pump(
             let now = *write_fault.borrow();
             if now == Fault::Cut || to.write_all(&bytes).await.is_err() {
                 return;
+            }
+            if let Some(counted) = &counted {
+                counted.fetch_add(bytes.len() as u64, Ordering::Relaxed);
             }
             if let Fault::Throttle(rate) = now {
                 tokio::time::sleep(Duration::from_secs_f64(bytes.len() as f64 / rate.max(1) as f64)).await;

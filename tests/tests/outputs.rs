@@ -129,3 +129,281 @@ async fn outputs_reach_the_bucket_whole_with_their_sha256() {
     .await;
     env.stop().await;
 }
+
+/// Lines of the robot's outputs journal that record a part the bucket took.
+fn parts_journaled(env: &Env, robot: &str) -> usize {
+    let journal = env
+        .dir
+        .path()
+        .join("agents")
+        .join(robot)
+        .join("outputs/journal.jsonl");
+    std::fs::read_to_string(journal)
+        .unwrap_or_default()
+        .matches("\"partSent\"")
+        .count()
+}
+
+/// A job of one task on `robot` that writes `bytes` random bytes to
+/// `bags/run.mcap`, an output.
+fn recording(name: &str, robot: &str, bytes: u64) -> serde_json::Value {
+    let mut task = sh(
+        &format!("mkdir -p bags && head -c {bytes} /dev/urandom > bags/run.mcap"),
+        "5m",
+    );
+    task["outputs"] = serde_json::json!([{ "path": "bags/*.mcap" }]);
+    let mut job = job_json(
+        name,
+        serde_json::json!([{ "name": "t", "count": 1, "task": task }]),
+    );
+    job["spec"]["robotSelector"] = serde_json::json!({ "matchLabels": { "robot": robot } });
+    job
+}
+
+const PART: u64 = 8 << 20;
+
+/// The link to the bucket cut in the middle of a 200 MB upload, then the
+/// agent SIGKILLed further on and started again: the upload goes on from
+/// the last part the bucket confirmed, the object is whole, and the robot
+/// sent at most the part on the way again each time (counted on the wire,
+/// by a proxy before the store).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_link_and_a_killed_agent_resume_from_the_last_confirmed_part() {
+    let store = std::net::SocketAddr::from(([127, 0, 0, 1], k8s4r_testbed::free_port()));
+    let proxy = k8s4r_testbed::proxy::Proxy::start(store).await;
+    let mut env = Env::start_with_store(store, format!("http://{}", proxy.addr())).await;
+    let flags = ["--upload-bytes-per-second", "25000000", "--label", "robot=res-1"];
+    env.spawn_agent_with("res-1", &[], &flags);
+    env.wait_phase("res-1", RobotPhase::Online).await;
+    let size = 200_000_000;
+    env.create_job(recording("cut", "res-1", size)).await;
+
+    eventually("three parts confirmed", || async {
+        (parts_journaled(&env, "res-1") >= 3).then_some(())
+    })
+    .await;
+    proxy.set(k8s4r_testbed::proxy::Fault::Cut);
+    let cut_at = parts_journaled(&env, "res-1");
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    assert_eq!(
+        parts_journaled(&env, "res-1"),
+        cut_at,
+        "no part gets through a cut link"
+    );
+    proxy.heal();
+
+    eventually("ten parts confirmed", || async {
+        (parts_journaled(&env, "res-1") >= 10).then_some(())
+    })
+    .await;
+    env.kill_agent("res-1");
+    let before_restart = parts_journaled(&env, "res-1");
+    env.spawn_agent_with("res-1", &[], &flags);
+
+    let done = outputs_of(&env, "cut-t-0", 1).await;
+    let bag = &done.status.as_ref().unwrap().outputs[0];
+    assert_eq!(bag.size, size);
+    assert_eq!(sha256(&stored(&env, &bag.key)), bag.sha256);
+    assert!(
+        parts_journaled(&env, "res-1") >= before_restart,
+        "the journal kept its parts"
+    );
+    let sent = proxy.upstream_bytes();
+    // Two faults, at most one part again each; requests' headers besides.
+    let most = size + 2 * PART + 2_000_000;
+    println!("sent {sent} bytes for {size} (at most {most})");
+    assert!(
+        sent >= size && sent <= most,
+        "{sent} bytes sent for a {size}-byte file"
+    );
+    env.stop().await;
+}
+
+/// A full quota applies the robot's policy and says so: with `refuse`, the
+/// file that does not fit is listed Dropped on the Task with the reason,
+/// with a Warning Event; with `dropOldest`, the older one is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_quota_applies_its_policy_and_says_so_on_the_task() {
+    let mut env = Env::start(&[]).await;
+    // Slow uploads: the first file still waits when the second is taken.
+    for (robot, policy) in [("q-refuse", "refuse"), ("q-drop", "dropOldest")] {
+        env.spawn_agent_with(
+            robot,
+            &[],
+            &[
+                "--label",
+                &format!("robot={robot}"),
+                "--upload-bytes-per-second",
+                "100000",
+                "--outputs-quota-bytes",
+                "1000000",
+                "--outputs-when-full",
+                policy,
+            ],
+        );
+        env.wait_phase(robot, RobotPhase::Online).await;
+    }
+    for (job, robot) in [("refused", "q-refuse"), ("dropped", "q-drop")] {
+        let mut task = sh(
+            "head -c 600000 /dev/urandom > a.bin && head -c 600000 /dev/urandom > b.bin",
+            "1m",
+        );
+        task["outputs"] = serde_json::json!([{ "path": "a.bin" }, { "path": "b.bin" }]);
+        let mut spec = job_json(
+            job,
+            serde_json::json!([{ "name": "t", "count": 1, "task": task }]),
+        );
+        spec["spec"]["robotSelector"] = serde_json::json!({ "matchLabels": { "robot": robot } });
+        env.create_job(spec).await;
+    }
+    let listed = |task: &'static str| {
+        let env = &env;
+        async move {
+            eventually(&format!("{task} lists a dropped output"), || async {
+                let t = env.tasks().get(task).await.ok()?;
+                let outputs = t.status?.outputs;
+                outputs
+                    .iter()
+                    .any(|o| o.state == OutputState::Dropped)
+                    .then_some(outputs)
+            })
+            .await
+        }
+    };
+    let refused = listed("refused-t-0").await;
+    let dropped: Vec<_> = refused
+        .iter()
+        .filter(|o| o.state == OutputState::Dropped)
+        .collect();
+    assert_eq!(dropped.len(), 1, "{refused:?}");
+    assert_eq!(
+        dropped[0].path, "b.bin",
+        "refuse keeps what waits: the newer file is refused"
+    );
+    let why = dropped[0].message.as_deref().unwrap_or_default();
+    assert!(why.contains("quota is full") && why.contains("refuse"), "{why}");
+
+    let by_age = listed("dropped-t-0").await;
+    let dropped: Vec<_> = by_age
+        .iter()
+        .filter(|o| o.state == OutputState::Dropped)
+        .collect();
+    assert_eq!(dropped.len(), 1, "{by_age:?}");
+    assert_eq!(dropped[0].path, "a.bin", "dropOldest drops the older file");
+    assert!(dropped[0]
+        .message
+        .as_deref()
+        .unwrap_or_default()
+        .contains("dropOldest"));
+    // The one kept arrives.
+    outputs_uploaded(&env, "dropped-t-0", "b.bin").await;
+
+    let events: kube::Api<k8s_openapi::api::events::v1::Event> =
+        kube::Api::namespaced(env.client.clone(), "default");
+    let notes: Vec<String> = eventually("the Warning Events", || async {
+        let notes: Vec<String> = events
+            .list(&Default::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some("OutputDropped"))
+            .filter_map(|e| e.note)
+            .collect();
+        (notes.len() >= 2).then_some(notes)
+    })
+    .await;
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("b.bin") && n.contains("q-refuse")),
+        "{notes:?}"
+    );
+    assert!(
+        notes.iter().any(|n| n.contains("a.bin") && n.contains("q-drop")),
+        "{notes:?}"
+    );
+    env.stop().await;
+}
+
+async fn outputs_uploaded(env: &Env, task: &str, path: &str) {
+    eventually(&format!("{path} of {task} uploaded"), || async {
+        let t = env.tasks().get(task).await.ok()?;
+        t.status?
+            .outputs
+            .iter()
+            .any(|o| o.path == path && o.state == OutputState::Uploaded)
+            .then_some(())
+    })
+    .await;
+}
+
+/// An upload keeps to the robot's rate (within 10%, measured on the wire),
+/// and heartbeat confirmations keep coming within their interval while it
+/// goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uploads_keep_to_their_rate_and_heartbeats_to_their_interval() {
+    let store = std::net::SocketAddr::from(([127, 0, 0, 1], k8s4r_testbed::free_port()));
+    let proxy = k8s4r_testbed::proxy::Proxy::start(store).await;
+    let mut env = Env::start_with_store(store, format!("http://{}", proxy.addr())).await;
+    let rate: u64 = 2_000_000;
+    env.spawn_agent_with(
+        "rate-1",
+        &[],
+        &[
+            "--label",
+            "robot=rate-1",
+            "--upload-bytes-per-second",
+            &rate.to_string(),
+            "--log",
+            "info,k8s4r_agent::session::core::downlink=debug",
+        ],
+    );
+    env.wait_phase("rate-1", RobotPhase::Online).await;
+    env.create_job(recording("paced", "rate-1", 24_000_000)).await;
+    // Past the first burst.
+    let (from, t0) = eventually("the upload under way", || async {
+        let sent = proxy.upstream_bytes();
+        (sent > 1_000_000).then(|| (sent, std::time::Instant::now()))
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_secs(8)).await;
+    let (to, t1) = (proxy.upstream_bytes(), std::time::Instant::now());
+    let measured = (to - from) as f64 / (t1 - t0).as_secs_f64();
+    println!("upload rate {measured:.0} B/s for a limit of {rate}");
+    assert!(
+        (measured - rate as f64).abs() <= rate as f64 * 0.10,
+        "{measured:.0} B/s against a limit of {rate}"
+    );
+    outputs_uploaded(&env, "paced-t-0", "bags/run.mcap").await;
+
+    // Heartbeats every second (the tests' interval): confirmed within it
+    // all along the upload.
+    let log = std::fs::read_to_string(env.dir.path().join("rate-1.log")).unwrap();
+    let during: Vec<&str> = log
+        .lines()
+        .skip_while(|l| !l.contains(" output upload "))
+        .take_while(|l| !l.contains(" output uploaded "))
+        .filter(|l| l.contains("heartbeat confirmed"))
+        .collect();
+    let after_ms: Vec<u64> = during
+        .iter()
+        .filter_map(|l| {
+            l.split("after_ms=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect();
+    assert!(
+        after_ms.len() >= 8,
+        "confirmations during a 12 s upload: {after_ms:?}"
+    );
+    assert!(
+        after_ms.iter().all(|ms| *ms < 1000),
+        "a confirmation took longer than the interval: {after_ms:?}"
+    );
+    env.stop().await;
+}

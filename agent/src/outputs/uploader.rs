@@ -60,27 +60,27 @@ pub fn spawn(spool: Arc<Spool>, asking: Asking, stop: CancellationToken) {
         asking,
         http,
         rate,
-        queue: pending.into(),
+        queue: VecDeque::new(),
         active: None,
+        reports: Vec::new(),
         sending: JoinSet::new(),
         began: Instant::now(),
     };
-    tokio::spawn(uploader.run(notices, stop));
+    tokio::spawn(uploader.run(pending, notices, stop));
 }
 
-/// The file being uploaded, or reported.
+/// The file being uploaded.
 struct Active {
     entry: Entry,
-    work: Work,
+    upload: Upload,
 }
 
-enum Work {
-    Upload(Upload),
-    /// Given up: said to the server until it answers.
-    Report {
-        reason: String,
-        asked: Option<Duration>,
-    },
+/// A file the robot gave up, said to the server until it answers (at once,
+/// not behind an upload).
+struct Report {
+    entry: Entry,
+    reason: String,
+    asked: Option<Duration>,
 }
 
 /// What became of one part.
@@ -102,6 +102,7 @@ struct Uploader {
     rate: Arc<Rate>,
     queue: VecDeque<Pending>,
     active: Option<Active>,
+    reports: Vec<Report>,
     sending: JoinSet<Sent>,
     began: Instant,
 }
@@ -109,9 +110,14 @@ struct Uploader {
 impl Uploader {
     async fn run(
         mut self,
+        pending: Vec<Pending>,
         mut notices: tokio::sync::mpsc::UnboundedReceiver<Notice>,
         stop: CancellationToken,
     ) {
+        for p in pending {
+            self.added(p);
+        }
+        self.report();
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -139,71 +145,83 @@ impl Uploader {
         self.began.elapsed()
     }
 
-    /// Takes the oldest waiting file up.
-    fn next(&mut self) {
-        let Some(Pending { entry, steps }) = self.queue.pop_front() else {
-            return;
-        };
-        // Refused when taken, or dropped for a newer file: reported.
+    /// A file to upload, or (given up before its upload) to report.
+    fn added(&mut self, Pending { entry, steps }: Pending) {
+        // Refused when taken, or dropped for a newer file (journaled).
         let given_up = entry.refused.clone().or_else(|| {
             steps.iter().find_map(|s| match s {
                 Step::Dropped { reason } => Some(reason.clone()),
                 _ => None,
             })
         });
-        let work = match given_up {
-            Some(reason) => Work::Report { reason, asked: None },
-            None => Work::Upload(Upload::resume(entry.size, entry.part_size, &steps)),
+        match given_up {
+            Some(reason) => self.reports.push(Report {
+                entry,
+                reason,
+                asked: None,
+            }),
+            None => self.queue.push_back(Pending { entry, steps }),
+        }
+    }
+
+    /// Takes the oldest waiting file up.
+    fn next(&mut self) {
+        let Some(Pending { entry, steps }) = self.queue.pop_front() else {
+            return;
         };
         tracing::info!(task = %entry.task_uid, attempt = entry.attempt, path = %entry.path, size = entry.size, "output upload");
-        self.active = Some(Active { entry, work });
+        let upload = Upload::resume(entry.size, entry.part_size, &steps);
+        self.active = Some(Active { entry, upload });
         self.step(Event::Start);
     }
 
     fn heard(&mut self, notice: Notice) {
         match notice {
-            Notice::Added(entry) => self.queue.push_back(Pending {
-                entry,
-                steps: Vec::new(),
-            }),
-            Notice::Dropped { id, reason } => {
-                if let Some(active) = self.active.as_mut().filter(|a| a.entry.id == id) {
-                    active.work = Work::Report { reason, asked: None };
-                    self.step(Event::Tick);
-                } else if let Some(waiting) = self.queue.iter_mut().find(|p| p.entry.id == id) {
-                    waiting.steps.push(Step::Dropped { reason });
-                }
-            }
-            Notice::Answer(answer) => {
-                let ours = self.active.as_ref().is_some_and(|a| {
-                    a.entry.task_uid == answer.task_uid
-                        && a.entry.attempt == answer.attempt
-                        && a.entry.path == answer.path
+            Notice::Added(entry) => {
+                self.added(Pending {
+                    entry,
+                    steps: Vec::new(),
                 });
-                if ours {
-                    self.answered(answer);
+                self.report();
+            }
+            Notice::Dropped { id, reason } => {
+                let entry = if self.active.as_ref().is_some_and(|a| a.entry.id == id) {
+                    self.active.take().map(|a| a.entry)
                 } else {
-                    tracing::debug!(task = %answer.task_uid, path = %answer.path, "an outputs answer for no upload under way");
+                    let at = self.queue.iter().position(|p| p.entry.id == id);
+                    at.and_then(|i| self.queue.remove(i)).map(|p| p.entry)
+                };
+                if let Some(entry) = entry {
+                    self.reports.push(Report {
+                        entry,
+                        reason,
+                        asked: None,
+                    });
+                    self.report();
                 }
             }
+            Notice::Answer(answer) => self.answered(answer),
         }
     }
 
     fn answered(&mut self, answer: OutputAnswer) {
-        let Some(active) = self.active.as_mut() else {
-            return;
-        };
-        if let Work::Report { .. } = active.work {
-            // The server has it (or will never take it): reported.
-            if let Answer::Refused { retry: true, .. } = answer.answer {
-                return;
+        let about =
+            |e: &Entry| e.task_uid == answer.task_uid && e.attempt == answer.attempt && e.path == answer.path;
+        if let Some(i) = self.reports.iter().position(|r| about(&r.entry)) {
+            // The server has it (or never will): reported. (URLs or a
+            // completion answer what was asked before the file was given
+            // up.)
+            if matches!(answer.answer, Answer::Refused { retry: false, .. }) {
+                let report = self.reports.swap_remove(i);
+                self.spool.done(report.entry.id);
             }
-            let id = active.entry.id;
-            self.active = None;
-            self.spool.done(id);
             return;
         }
-        self.step(Event::Answer(answer.answer));
+        if self.active.as_ref().is_some_and(|a| about(&a.entry)) {
+            self.step(Event::Answer(answer.answer));
+        } else {
+            tracing::debug!(task = %answer.task_uid, path = %answer.path, "an outputs answer for no upload under way");
+        }
     }
 
     fn sent(&mut self, sent: Sent) {
@@ -227,24 +245,23 @@ impl Uploader {
     }
 
     fn ticked(&mut self) {
+        self.report();
+        self.step(Event::Tick);
+    }
+
+    /// Says each given-up file to the server, again if unanswered.
+    fn report(&mut self) {
         let now = self.now();
-        if let Some(Active {
-            entry,
-            work: Work::Report { reason, asked },
-        }) = self.active.as_mut()
-        {
-            if asked.is_none_or(|at| now >= at + ASK_AGAIN) {
-                *asked = Some(now);
+        for report in &mut self.reports {
+            if report.asked.is_none_or(|at| now >= at + ASK_AGAIN) {
+                report.asked = Some(now);
                 let want = Want::Dropped {
                     upload_id: None,
-                    reason: reason.clone(),
+                    reason: report.reason.clone(),
                 };
-                let ask = ask_of(&self.asking, entry, want);
-                publish(&self.asking, ask);
+                publish(&self.asking, ask_of(&self.asking, &report.entry, want));
             }
-            return;
         }
-        self.step(Event::Tick);
     }
 
     /// Steps the active upload with `event` and does what it says.
@@ -253,13 +270,7 @@ impl Uploader {
         let Some(active) = self.active.as_mut() else {
             return;
         };
-        let upload = match &mut active.work {
-            Work::Upload(upload) => upload,
-            Work::Report { .. } => {
-                self.ticked();
-                return;
-            }
-        };
+        let upload = &mut active.upload;
         // A journal that resumed to an end: nothing more to do.
         let ended = match upload.phase() {
             Phase::Done { key } => Some(Ok(key.clone())),
@@ -337,13 +348,15 @@ fn ask_of(asking: &Asking, entry: &Entry, want: Want) -> OutputAsk {
     }
 }
 
-/// Sends `ask` at QoS 1; one that does not get there is asked again.
+/// Sends `ask` at QoS 0: one that does not get there is asked again after
+/// [`ASK_AGAIN`]. (QoS 1 is the session's: its packet ids are matched to
+/// what its outbox handed over, in order.)
 fn publish(asking: &Asking, ask: OutputAsk) {
     let topic = asking.topics.output_ask(&asking.robot_id);
     let payload = k8s4r_api::protocol::encode(&ask);
     if let Err(e) = asking
         .client
-        .try_publish(topic, rumqttc::QoS::AtLeastOnce, false, payload)
+        .try_publish(topic, rumqttc::QoS::AtMostOnce, false, payload)
     {
         tracing::debug!(error = %e, "an outputs ask not sent now; asked again later");
     }

@@ -43,17 +43,23 @@ impl Rate {
         Duration::from_secs_f64((bytes - *tokens) / rate)
     }
 
-    /// Waits until `bytes` may go.
+    /// Waits until `bytes` may go (more than the bucket holds go in
+    /// pieces it does).
     pub async fn spend(&self, bytes: usize) {
         if self.per_second == 0 {
             return;
         }
-        loop {
-            let wait = self.take(bytes, Instant::now());
-            if wait.is_zero() {
-                return;
+        let mut left = bytes;
+        while left > 0 {
+            let piece = left.min(self.capacity() as usize);
+            loop {
+                let wait = self.take(piece, Instant::now());
+                if wait.is_zero() {
+                    break;
+                }
+                tokio::time::sleep(wait).await;
             }
-            tokio::time::sleep(wait).await;
+            left -= piece;
         }
     }
 }
@@ -78,5 +84,18 @@ mod tests {
         let idle = later + Duration::from_secs(60);
         assert_eq!(rate.take(256 * 1024 - 32 * 1024, idle), Duration::ZERO);
         assert!(rate.take(64 * 1024, idle) > Duration::from_millis(25));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn more_than_the_bucket_holds_goes_in_pieces() {
+        // 100 kB/s holds a frame's worth, less than 100 kB.
+        let rate = Rate::new(100_000);
+        let start = Instant::now();
+        rate.spend(100_000).await;
+        let took = start.elapsed();
+        assert!(
+            took >= Duration::from_millis(990) && took < Duration::from_millis(1100),
+            "{took:?}"
+        );
     }
 }

@@ -163,8 +163,16 @@ fn an_output_replaces_its_own_entry_and_keeps_the_others() {
         state: OutputState::Uploaded,
         ..a.clone()
     };
-    let list = with_output(&[a, b.clone()], done.clone());
-    assert_eq!(list, vec![b, done]);
+    let list = with_output(&[a.clone(), b.clone()], done.clone()).unwrap();
+    assert_eq!(list, vec![b.clone(), done.clone()]);
+    // A late step of the upload (its start, recorded after the robot
+    // dropped it) does not take an ended output back.
+    let dropped = OutputStatus {
+        state: OutputState::Dropped,
+        ..a.clone()
+    };
+    assert_eq!(with_output(&[dropped], a.clone()), None);
+    assert_eq!(with_output(&[done], a), None);
 }
 
 #[test]

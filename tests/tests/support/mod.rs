@@ -68,6 +68,18 @@ impl Env {
         Self::start_with(robots, true, k8s4r_api::protocol::reach::DEFAULT_SESSION_LEASE).await
     }
 
+    /// Like [`Env::start`] with no robots, the object store listening on
+    /// `listen` and robots told to reach it at `url` (a proxy before it).
+    pub async fn start_with_store(listen: std::net::SocketAddr, url: String) -> Env {
+        Self::start_with_options(
+            &[],
+            true,
+            k8s4r_api::protocol::reach::DEFAULT_SESSION_LEASE,
+            Some((listen, url)),
+        )
+        .await
+    }
+
     /// Like [`Env::start`], with exec and port-forward sessions ending
     /// after `lease` of silence (the default is 30 s).
     pub async fn start_with_session_lease(robots: &[(&str, &[&str])], lease: Duration) -> Env {
@@ -82,6 +94,15 @@ impl Env {
     }
 
     async fn start_with(robots: &[(&str, &[&str])], in_memory: bool, session_lease: Duration) -> Env {
+        Self::start_with_options(robots, in_memory, session_lease, None).await
+    }
+
+    async fn start_with_options(
+        robots: &[(&str, &[&str])],
+        in_memory: bool,
+        session_lease: Duration,
+        store: Option<(std::net::SocketAddr, String)>,
+    ) -> Env {
         // RUST_LOG=k8s4r_manager=debug,k8s4r_server=debug shows, for a failed
         // test, what the stack did.
         let _ = tracing_subscriber::fmt()
@@ -94,7 +115,7 @@ impl Env {
         let data_dir = dir.path().join("data");
         let scratch = dir.path().join("scratch");
         std::fs::create_dir_all(&scratch).expect("scratch dir");
-        let stack = start_stack(&broker_url, &data_dir, in_memory, session_lease).await;
+        let stack = start_stack(&broker_url, &data_dir, in_memory, session_lease, store).await;
         let client = stack.client.clone();
         let mut env = Env {
             stack: Some(stack),
@@ -132,6 +153,7 @@ impl Env {
             &self.data_dir,
             false,
             k8s4r_api::protocol::reach::DEFAULT_SESSION_LEASE,
+            None,
         )
         .await;
         self.client = stack.client.clone();
@@ -304,7 +326,17 @@ impl Env {
 }
 
 /// The stack of a test on `broker_url`, with short liveness timeouts.
-async fn start_stack(broker_url: &str, data_dir: &Path, in_memory: bool, session_lease: Duration) -> Stack {
+async fn start_stack(
+    broker_url: &str,
+    data_dir: &Path,
+    in_memory: bool,
+    session_lease: Duration,
+    store: Option<(std::net::SocketAddr, String)>,
+) -> Stack {
+    let (store_listen, store_url) = match store {
+        Some((listen, url)) => (listen, Some(url)),
+        None => ("127.0.0.1:0".parse().expect("addr"), None),
+    };
     let args = UpArgs {
         api_bind: format!("127.0.0.1:{}", free_port()).parse().expect("addr"),
         mqtt_bind: "127.0.0.1:0".parse().expect("addr"),
@@ -318,8 +350,8 @@ async fn start_stack(broker_url: &str, data_dir: &Path, in_memory: bool, session
         no_dashboard: true,
         session_lease,
 
-        store_listen: "127.0.0.1:0".parse().expect("addr"),
-        store_url: None,
+        store_listen,
+        store_url,
     };
     let mut manager = manager_config();
     // A SIGKILLed agent's connection drops, so Mosquitto publishes its
