@@ -4,6 +4,8 @@
 //!
 //! - [`take`]: finding a task's output files and putting them into the
 //!   spool, through no symbolic link (blocking I/O);
+//! - [`continuous`]: a running task's rolling files, each taken once it
+//!   is closed and settled;
 //! - [`spool`]: the files waiting, within the robot's quota and its
 //!   policy when it is full;
 //! - [`journal`]: what the spool holds and how far each upload got, on
@@ -13,6 +15,7 @@
 //!   events and the time;
 //! - [`uploader`]: the shell that does what they decide.
 
+pub mod continuous;
 pub mod journal;
 pub mod spool;
 pub mod take;

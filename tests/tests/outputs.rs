@@ -407,3 +407,75 @@ async fn uploads_keep_to_their_rate_and_heartbeats_to_their_interval() {
     );
     env.stop().await;
 }
+
+/// A task's rolling files (`when: continuous`) leave while it runs, each
+/// once it is closed and settled, and each once; a file it holds open is
+/// left until the attempt ends, then taken with the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rolling_files_leave_while_the_task_runs_each_once() {
+    let mut env = Env::start(&[]).await;
+    env.spawn_agent_with(
+        "roll-1",
+        &[],
+        &["--label", "robot=roll-1", "--upload-bytes-per-second", "0"],
+    );
+    env.wait_phase("roll-1", RobotPhase::Online).await;
+    let mut task = sh(
+        "mkdir -p bags; exec 4>bags/open.mcap; echo held >&4; \
+         for i in 1 2 3; do (exec 3>bags/part-$i.mcap; head -c 100000 /dev/urandom >&3; sleep 1); done; \
+         i=0; while [ $i -lt 600 ] && [ ! -e stop ]; do sleep 0.1; i=$((i+1)); done",
+        "5m",
+    );
+    task["outputs"] = serde_json::json!([{ "path": "bags/*.mcap", "when": "continuous", "settle": "1s" }]);
+    let mut job = job_json(
+        "roll",
+        serde_json::json!([{ "name": "t", "count": 1, "task": task }]),
+    );
+    job["spec"]["robotSelector"] = serde_json::json!({ "matchLabels": { "robot": "roll-1" } });
+    env.create_job(job).await;
+
+    // The three closed parts, while the task still runs; not the open file.
+    let running = eventually("three parts uploaded while the task runs", || async {
+        let t = env.tasks().get("roll-t-0").await.ok()?;
+        let status = t.status.as_ref()?;
+        let uploaded = status
+            .outputs
+            .iter()
+            .filter(|o| o.state == OutputState::Uploaded)
+            .count();
+        (uploaded == 3).then_some(t)
+    })
+    .await;
+    let status = running.status.as_ref().unwrap();
+    assert_eq!(status.state, Some(TaskState::Running), "taken while it ran");
+    assert!(
+        status.outputs.iter().all(|o| o.path != "bags/open.mcap"),
+        "a file held open is not taken: {:?}",
+        status.outputs
+    );
+    // Let it end: the open file goes with the end of the attempt.
+    let work = env.dir.path().join("agents/roll-1/tasks");
+    let dir = std::fs::read_dir(&work)
+        .unwrap()
+        .flatten()
+        .next()
+        .expect("the task's directory")
+        .path();
+    std::fs::write(dir.join("work/stop"), b"").unwrap();
+    let done = outputs_of(&env, "roll-t-0", 4).await;
+    let mut paths: Vec<String> = done.status.unwrap().outputs.into_iter().map(|o| o.path).collect();
+    paths.sort();
+    assert_eq!(
+        paths,
+        [
+            "bags/open.mcap",
+            "bags/part-1.mcap",
+            "bags/part-2.mcap",
+            "bags/part-3.mcap"
+        ]
+    );
+    // Each taken once.
+    let log = std::fs::read_to_string(env.dir.path().join("roll-1.log")).unwrap();
+    assert_eq!(log.matches(" output upload ").count(), 4, "{log}");
+    env.stop().await;
+}

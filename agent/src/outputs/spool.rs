@@ -16,6 +16,7 @@ use k8s4r_api::output::Output;
 use k8s4r_api::protocol::outputs::part_size;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
+use super::continuous::Watch;
 use super::journal::{Entry, Journal, Pending};
 use super::take;
 use super::upload::Step;
@@ -146,11 +147,22 @@ struct State {
     taken: BTreeSet<(String, u32, String)>,
 }
 
+/// Running attempts whose continuous outputs are looked at.
+#[derive(Default)]
+struct Watches {
+    map: BTreeMap<(String, u32), Watch>,
+    /// A look is under way (the map is out)...
+    looking: bool,
+    /// ...and these ended meanwhile.
+    gone: BTreeSet<(String, u32)>,
+}
+
 /// The spool, shared by the ends of attempts and the uploader.
 pub struct Spool {
     dir: PathBuf,
     config: OutputsConfig,
     state: Mutex<State>,
+    watches: Mutex<Watches>,
     notices: UnboundedSender<Notice>,
     receiver: Mutex<Option<(UnboundedReceiver<Notice>, Vec<Pending>)>>,
 }
@@ -197,6 +209,7 @@ impl Spool {
             dir,
             config,
             state: Mutex::new(state),
+            watches: Mutex::default(),
             notices,
             receiver: Mutex::new(Some((receiver, pending))),
         })
@@ -225,26 +238,84 @@ impl Spool {
     /// the task's directory `work_dir`) for attempt `attempt` of task
     /// `uid`, each once. Blocking. Returns how many.
     pub fn take_attempt(&self, at: Attempt<'_>, outputs: &[&Output]) -> usize {
-        let skip: BTreeSet<String> = lock(&self.state)
-            .taken
-            .iter()
-            .filter(|(u, a, _)| u == at.uid && *a == at.attempt)
-            .map(|(_, _, p)| p.clone())
-            .collect();
+        let skip = self.taken_of(at.uid, at.attempt);
         let cwd = match at.within {
             Some(within) => at.work_dir.join(within),
             None => at.work_dir.to_owned(),
         };
+        let found = take::find(&cwd, outputs, &skip);
+        self.take_files(at, &found, outputs)
+    }
+
+    /// Takes `paths` (relative to the working directory), which `outputs`
+    /// named, each once. Blocking. Returns how many.
+    pub fn take_files(&self, at: Attempt<'_>, paths: &[String], outputs: &[&Output]) -> usize {
         let mut taken = 0;
-        for path in take::find(&cwd, outputs, &skip) {
+        for path in paths {
             let delete_after = outputs.iter().any(|o| {
-                o.delete_after_upload && k8s4r_api::output::matcher(&o.path).is_ok_and(|m| m.is_match(&path))
+                o.delete_after_upload && k8s4r_api::output::matcher(&o.path).is_ok_and(|m| m.is_match(path))
             });
-            if self.take_one(&at, &path, delete_after) {
+            if self.take_one(&at, path, delete_after) {
                 taken += 1;
             }
         }
         taken
+    }
+
+    /// The paths of attempt `attempt` of `uid` taken already.
+    pub fn taken_of(&self, uid: &str, attempt: u32) -> BTreeSet<String> {
+        lock(&self.state)
+            .taken
+            .iter()
+            .filter(|(u, a, _)| u == uid && *a == attempt)
+            .map(|(_, _, p)| p.clone())
+            .collect()
+    }
+
+    /// Watches a running attempt's continuous outputs (again after a
+    /// restart of its process: the watch it has stays).
+    pub fn watch(&self, watch: Watch) {
+        let mut watches = lock(&self.watches);
+        let key = (watch.uid.clone(), watch.attempt);
+        watches.gone.remove(&key);
+        watches.map.entry(key).or_insert(watch);
+    }
+
+    /// The attempt has ended: its directory is no longer looked at.
+    pub fn unwatch(&self, uid: &str, attempt: u32) {
+        let mut watches = lock(&self.watches);
+        let key = (uid.to_owned(), attempt);
+        watches.map.remove(&key);
+        if watches.looking {
+            watches.gone.insert(key);
+        }
+    }
+
+    /// Whether any attempt is watched.
+    pub fn watching(&self) -> bool {
+        let watches = lock(&self.watches);
+        watches.looking || !watches.map.is_empty()
+    }
+
+    /// One look at every watched attempt (blocking; without the lock, so
+    /// that the runner's watch and unwatch never wait for a file's hash).
+    pub fn look_at_watched(&self, now: std::time::Duration) {
+        let mut looked = {
+            let mut watches = lock(&self.watches);
+            watches.looking = true;
+            std::mem::take(&mut watches.map)
+        };
+        for watch in looked.values_mut() {
+            watch.look(self, now);
+        }
+        let mut watches = lock(&self.watches);
+        for (key, watch) in looked {
+            if !watches.gone.contains(&key) {
+                watches.map.entry(key).or_insert(watch);
+            }
+        }
+        watches.looking = false;
+        watches.gone.clear();
     }
 
     fn take_one(&self, at: &Attempt<'_>, path: &str, delete_after: bool) -> bool {
@@ -258,9 +329,13 @@ impl Spool {
             }
         };
         let mut state = lock(&self.state);
+        if !state.taken.insert((uid.to_owned(), attempt, path.to_owned())) {
+            // Taken meanwhile (a look at a running task's directory and
+            // its end at once).
+            return false;
+        }
         let id = state.next_id;
         state.next_id += 1;
-        state.taken.insert((uid.to_owned(), attempt, path.to_owned()));
         let mut entry = Entry {
             id,
             task_uid: uid.to_owned(),

@@ -91,6 +91,16 @@ pub fn size_of(work_dir: &Path, path: &str) -> Result<u64, String> {
     Ok(file.metadata().map_err(|e| e.to_string())?.len())
 }
 
+/// The size and modification time of `work_dir/path`, a regular file
+/// reached through no link.
+pub fn seen(work_dir: &Path, path: &str) -> Result<(u64, i128), String> {
+    let meta = open(work_dir, path)?.metadata().map_err(|e| e.to_string())?;
+    Ok((
+        meta.len(),
+        i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
+    ))
+}
+
 /// Puts `work_dir/path` into the spool as `spooled` (a new name) and
 /// reads its size and sha256 there.
 pub fn take(work_dir: &Path, path: &str, spooled: &Path) -> Result<Taken, String> {

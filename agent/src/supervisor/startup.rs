@@ -260,6 +260,7 @@ impl Runner {
             lineage,
         };
         self.table.adopted(id, running, Instant::now(), ran_for);
+        self.watch_outputs(id);
         self.waits.push(Box::pin(async move {
             (id, adopted_exit(pid, pid_start, status_file).await)
         }));

@@ -46,6 +46,24 @@ impl Outputs {
 }
 
 impl Runner {
+    /// A task that started (or was re-adopted) with continuous outputs:
+    /// its directory is looked at while it runs.
+    pub(crate) fn watch_outputs(&mut self, id: u64) {
+        let Some(task) = self.table.get(id) else {
+            return;
+        };
+        let watch = crate::outputs::continuous::Watch::of(
+            &task.uid,
+            task.attempt,
+            task.dir.join("work"),
+            task.template.working_dir.clone(),
+            &task.template.outputs,
+        );
+        if let Some(watch) = watch {
+            self.outputs.watch(watch);
+        }
+    }
+
     /// The attempt is over: its outcome by the rules, its tail (from its
     /// log files, read off the loop), its end.
     pub(super) fn finish(&mut self, mut task: Task, exit: Exit, started_at: jiff::Timestamp) {
@@ -82,6 +100,7 @@ impl Runner {
         let logger = task.logger.take();
         let owned = self.containment.owned();
         let (uid, attempt) = (task.uid, task.attempt);
+        self.outputs.unwatch(&uid, attempt);
         let outputs = (!task.template.outputs.is_empty()).then(|| Outputs {
             spool: self.outputs.clone(),
             uid: uid.clone(),

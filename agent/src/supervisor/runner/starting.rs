@@ -193,6 +193,7 @@ impl Runner {
             config: task.config.clone(),
         };
         self.table.started(id, handed.running, handed.now);
+        self.watch_outputs(id);
         let exit = handed.exit;
         self.waits.push(Box::pin(async move { (id, exit.await) }));
         self.journal.write(Some(record), vec![event]);
