@@ -51,7 +51,15 @@ fn measure_up_ready() -> f64 {
     let mut child = Command::new(env!("CARGO_BIN_EXE_k8s4r"))
         .arg("--data-dir")
         .arg(dir.path())
-        .args(["--log", "warn", "up", "--local-agent", "--api-bind"])
+        .args([
+            "--log",
+            "warn",
+            "up",
+            "--local-agent",
+            "--store-listen",
+            "127.0.0.1:0",
+            "--api-bind",
+        ])
         .arg(args.api_bind.to_string())
         .arg("--mqtt-bind")
         .arg(args.mqtt_bind.to_string())

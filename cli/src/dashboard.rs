@@ -177,6 +177,7 @@ fn router(state: Arc<State>) -> Router {
         .route("/ns/{ns}/jobs/{name}", get(views::job))
         .route("/ns/{ns}/tasks/{name}", get(views::task))
         .route("/ns/{ns}/tasks/{name}/log", get(live::log))
+        .route("/ns/{ns}/tasks/{name}/outputs", get(views::output))
         .route("/ns/{ns}/tasks/{name}/terminal", get(terminal::terminal))
         .route(
             "/ns/{ns}/{kind}/{name}/{action}",

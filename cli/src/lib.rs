@@ -11,6 +11,7 @@ pub mod error;
 pub mod join;
 pub mod logs;
 pub mod operate;
+pub mod outputs;
 pub mod progress;
 pub mod reach;
 pub mod secret;
@@ -78,6 +79,10 @@ pub enum Command {
     /// live with -f, the last lines with --tail; a robot that is offline
     /// is said so, with the last output the cluster has.
     Logs(logs::LogsArgs),
+    /// List the files a task's robot uploaded (its `outputs`: path, size,
+    /// state, object key or why it was dropped), or download one through
+    /// the cluster with --get PATH, checked against its sha256.
+    Outputs(outputs::OutputsArgs),
     /// Run a command inside a running task (its user, directory,
     /// environment and limits), or on a robot (`robot/NAME`, as the user
     /// its agent names), like `kubectl exec`: -i passes stdin, -t gives it
@@ -194,6 +199,7 @@ impl Args {
                 Ok(())
             }
             Command::Logs(args) => logs::run(args, &data_dir).await,
+            Command::Outputs(args) => outputs::run(args, &data_dir).await,
             Command::Exec(args) => reach::exec(args, &data_dir).await,
             Command::PortForward(args) => reach::port_forward(args, &data_dir).await,
             Command::Cp(args) => reach::cp(args, &data_dir).await,

@@ -23,7 +23,14 @@ impl Up {
         let mut child = Command::new(env!("CARGO_BIN_EXE_k8s4r"))
             .arg("--data-dir")
             .arg(data_dir)
-            .args(["--log", "warn", "up", "--api-bind"])
+            .args([
+                "--log",
+                "warn",
+                "up",
+                "--store-listen",
+                "127.0.0.1:0",
+                "--api-bind",
+            ])
             .arg(format!("127.0.0.1:{}", free_port()))
             .arg("--mqtt-bind")
             .arg(format!("127.0.0.1:{}", free_port()))

@@ -192,6 +192,7 @@ struct LogsApi {
     topics: Topics,
     robots: reflector::Store<Robot>,
     tasks: reflector::Store<Task>,
+    bucket: Option<Arc<bucket::Bucket>>,
 }
 
 /// Starts the logs API (it reads the request-header CA first; without it,
@@ -205,6 +206,7 @@ async fn serve_logs(api: LogsApi, bound: Option<oneshot::Sender<SocketAddr>>, sh
         api.topics,
         api.robots,
         api.tasks,
+        api.bucket,
         shutdown.clone(),
     )
     .await;
@@ -305,6 +307,12 @@ impl Parts {
             topics: Topics::new(&self.config.topic_prefix),
             robots: self.robot_cache.clone(),
             tasks: self.task_cache.clone(),
+            bucket: self
+                .config
+                .outputs
+                .as_ref()
+                .and_then(|c| bucket::Bucket::new(c).ok())
+                .map(Arc::new),
         })
     }
 

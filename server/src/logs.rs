@@ -51,6 +51,7 @@ use tracing::{info, warn};
 
 use crate::log_hub::LogHub;
 
+mod outputs;
 mod read;
 mod sessions;
 use crate::mqtt::Publisher;
@@ -100,6 +101,10 @@ struct LogsState {
     recorder: Arc<k8s4r_service::events::Recorder>,
     /// Silence after which a session ends (either side).
     session_lease: Duration,
+    /// The bucket of task outputs, when one is configured.
+    bucket: Option<Arc<crate::bucket::Bucket>>,
+    /// Fetches outputs from it.
+    http: reqwest::Client,
 }
 
 /// What a reader asks, as kubectl's `logs` names it (plus `stream`).
@@ -172,6 +177,7 @@ pub async fn bind(
     topics: Topics,
     robots: Store<Robot>,
     tasks: Store<Task>,
+    bucket: Option<Arc<crate::bucket::Bucket>>,
     shutdown: CancellationToken,
 ) -> Result<(SocketAddr, impl std::future::Future<Output = ()> + Send + 'static), String> {
     let (ca, allowed_names) = request_header_ca(&client).await?;
@@ -194,6 +200,8 @@ pub async fn bind(
         tasks,
         recorder: Arc::new(recorder),
         session_lease: config.session_lease,
+        bucket,
+        http: reqwest::Client::new(),
     };
     let base = format!("/apis/{GROUP}/{VERSION}");
     let app = Router::new()
@@ -202,6 +210,10 @@ pub async fn bind(
         .route(
             &format!("{base}/namespaces/{{ns}}/tasks/{{name}}/log"),
             get(task_log),
+        )
+        .route(
+            &format!("{base}/namespaces/{{ns}}/tasks/{{name}}/outputs"),
+            get(outputs::task_outputs),
         )
         .route(
             &format!("{base}/namespaces/{{ns}}/tasks/{{name}}/exec"),
@@ -238,6 +250,7 @@ async fn resources_doc() -> Response {
         "kind": "APIResourceList", "apiVersion": "v1", "groupVersion": format!("{GROUP}/{VERSION}"),
         "resources": [
             {"name": "tasks/log", "singularName": "", "namespaced": true, "kind": "Task", "verbs": ["get"]},
+            {"name": "tasks/outputs", "singularName": "", "namespaced": true, "kind": "Task", "verbs": ["get"]},
             {"name": "tasks/exec", "singularName": "", "namespaced": true, "kind": "Task", "verbs": ["get", "create"]},
             {"name": "tasks/portforward", "singularName": "", "namespaced": true, "kind": "Task", "verbs": ["get", "create"]},
             {"name": "robots/exec", "singularName": "", "namespaced": false, "kind": "Robot", "verbs": ["get", "create"]},

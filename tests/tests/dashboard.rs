@@ -277,7 +277,14 @@ async fn the_dashboard_shows_the_fleet_jobs_logs_and_acts_as_its_user() {
     up_cmd
         .arg("--data-dir")
         .arg(&data)
-        .args(["--log", "warn", "up", "--in-memory"])
+        .args([
+            "--log",
+            "warn",
+            "up",
+            "--in-memory",
+            "--store-listen",
+            "127.0.0.1:0",
+        ])
         .args(["--api-bind", &format!("127.0.0.1:{}", free_port())])
         .args(["--mqtt-bind", &format!("127.0.0.1:{mqtt}")])
         .args(["--dashboard-listen", &format!("127.0.0.1:{}", free_port())]);
@@ -455,6 +462,39 @@ async fn the_dashboard_shows_the_fleet_jobs_logs_and_acts_as_its_user() {
     let worst = latencies.iter().max().copied().unwrap_or_default();
     assert!(worst <= 1000, "a line took {worst} ms to show: {latencies:?}");
     browser.screenshot("dashboard-task-log").await;
+
+    // A task's outputs: listed on its page, each uploaded one a link that
+    // downloads it through the cluster.
+    let mut recorder = sh("echo 'the report' > report.txt", "1m");
+    recorder["outputs"] = serde_json::json!([{ "path": "report.txt" }]);
+    jobs.create(
+        &PostParams::default(),
+        &serde_json::from_value(job_json(
+            "recorded",
+            serde_json::json!([{ "name": "t", "count": 1, "task": recorder }]),
+        ))
+        .expect("a Job"),
+    )
+    .await
+    .expect("create the Job");
+    // The page of a Task that exists (the manager makes it), before its
+    // upload: the list appears as the Task changes.
+    support::eventually("the task made", || async { tasks.get("recorded-t-0").await.ok() }).await;
+    browser
+        .goto(&format!("{base}/ns/default/tasks/recorded-t-0"))
+        .await;
+    browser.wait_text("table.outputs", "Uploaded", DEADLINE).await;
+    let got = browser
+        .execute_async(
+            "const done = arguments[0]; \
+             fetch(document.querySelector('table.outputs a[download]').href) \
+             .then(r => r.text().then(t => done([r.status, t])));",
+            &[],
+        )
+        .await;
+    assert_eq!(got, serde_json::json!([200, "the report\n"]), "the download link");
+    let violations = browser.axe_violations().await;
+    assert!(violations.is_empty(), "accessibility:\n{}", violations.join("\n"));
 
     // A task that takes a Secret: its pages never show the value.
     const PLANTED: &str = "PLANTED-dashboard-7f3e-s3cr3t";

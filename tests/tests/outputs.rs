@@ -104,6 +104,64 @@ async fn outputs_reach_the_bucket_whole_with_their_sha256() {
         .expect("the report is listed");
     assert_eq!(std::fs::read(stored(&env, &report.key)).unwrap(), b"<ok/>\n");
 
+    // Listed and downloaded through the cluster, checked against the
+    // sha256; refused to a user without `get` on tasks/outputs.
+    let kubeconfig = k8s4r::up::kubeconfig_path(&env.data_dir);
+    let listed = std::process::Command::new(env!("CARGO_BIN_EXE_e2e-k8s4r"))
+        .args(["outputs", "rec-t-0", "--kubeconfig"])
+        .arg(&kubeconfig)
+        .output()
+        .expect("k8s4r outputs runs");
+    let table = String::from_utf8_lossy(&listed.stdout);
+    assert!(
+        listed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&listed.stderr)
+    );
+    assert!(
+        table
+            .lines()
+            .any(|l| l.contains("bags/run.mcap") && l.contains("200000000") && l.contains("Uploaded")),
+        "{table}"
+    );
+    let got = env.dir.path().join("run.mcap");
+    let started = std::time::Instant::now();
+    k8s4r::outputs::download(&env.client, "default", "rec-t-0", "bags/run.mcap", None, &got)
+        .await
+        .expect("the download");
+    println!("downloaded 200 MB through the cluster in {:?}", started.elapsed());
+    assert_eq!(sha256(&got), bag.sha256);
+    let bob = env.stack.as_ref().unwrap().client_as("bob", &[]).await.unwrap();
+    let mine = env.dir.path().join("bob-report.xml");
+    let refused = k8s4r::outputs::download(&bob, "default", "rec-t-0", "report.xml", None, &mine)
+        .await
+        .expect_err("bob may not");
+    let message = format!("{refused:#}");
+    assert!(
+        message.contains("you may not read the outputs of task rec-t-0"),
+        "{message}"
+    );
+    assert!(!mine.exists() && !mine.with_extension("k8s4r-partial").exists());
+    kubectl(
+        &kubeconfig,
+        &[
+            "create",
+            "rolebinding",
+            "bob-outputs",
+            "-n",
+            "default",
+            "--clusterrole=k8s4r-log-reader",
+            "--user=bob",
+        ],
+    );
+    eventually("bob may read outputs once bound", || async {
+        k8s4r::outputs::download(&bob, "default", "rec-t-0", "report.xml", None, &mine)
+            .await
+            .ok()
+    })
+    .await;
+    assert_eq!(std::fs::read(&mine).unwrap(), b"<ok/>\n");
+
     // The secret is the server's alone.
     let secret = env.stack.as_ref().unwrap().bucket.secret_key.clone();
     let robot_dir = env.dir.path().join("agents/up-1");

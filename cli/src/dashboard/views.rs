@@ -735,7 +735,7 @@ pub async fn job(
 mod rollouts;
 pub use rollouts::rollouts;
 mod task;
-pub use task::task;
+pub use task::{output, task};
 
 #[cfg(test)]
 mod tests;

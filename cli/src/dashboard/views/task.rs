@@ -8,7 +8,7 @@ use axum::extract::{Path, State as Extract};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use k8s4r_api::names::LABEL_JOB;
-use k8s4r_api::{Task, TaskState, TaskStatus};
+use k8s4r_api::{OutputState, Task, TaskState, TaskStatus};
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 use maud::{html, Markup};
@@ -58,6 +58,10 @@ pub async fn task(
         }
         h2 { "Attempts" }
         (attempts_table(&task, &s))
+        @if !s.outputs.is_empty() {
+            h2 { "Outputs" }
+            (outputs_table(&ns, &name, &s))
+        }
         h2 { "Conditions" }
         ul { @for c in &s.conditions { li { (c.type_) ": " (format!("{:?}", c.status)) " " (c.reason.as_deref().unwrap_or("")) " — " (c.message.as_deref().unwrap_or("")) } } }
         (events_table(&events))
@@ -97,6 +101,96 @@ fn terminal_section(ns: &str, name: &str) -> Markup {
             div #terminal hidden data-url=(format!("/ns/{ns}/tasks/{name}/terminal")) {}
         }
     }
+}
+
+/// The files the task's robot uploaded: a download link for each one the
+/// bucket holds (through the cluster, with the viewer's permissions), the
+/// reason for each one dropped.
+fn outputs_table(ns: &str, name: &str, s: &TaskStatus) -> Markup {
+    html! {
+        table.outputs { thead { tr { th scope="col" { "Attempt" } th scope="col" { "Path" } th scope="col" { "Size" } th scope="col" { "State" } th scope="col" { "Key or reason" } } }
+            tbody {
+                @for o in &s.outputs {
+                    tr {
+                        th scope="row" { (o.attempt) }
+                        td { @if o.state == OutputState::Uploaded {
+                            a href=(format!("/ns/{ns}/tasks/{name}/outputs?attempt={}&path={}", o.attempt, query_value(&o.path))) download { (o.path) }
+                        } @else { (o.path) } }
+                        td { (o.size) }
+                        td { (badge(match o.state { OutputState::Uploading => "Uploading", OutputState::Uploaded => "Uploaded", OutputState::Dropped => "Dropped" })) }
+                        td { @if o.state == OutputState::Dropped { (o.message.as_deref().unwrap_or("")) } @else { code { (o.key) } } }
+                    }
+                }
+            } }
+    }
+}
+
+/// `s` as a URL query value.
+fn query_value(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Which output to download.
+#[derive(Debug, serde::Deserialize)]
+pub struct OutputQuery {
+    path: String,
+    attempt: Option<u32>,
+}
+
+/// One output, downloaded through the cluster as the viewer (`get` on
+/// `tasks/outputs`), as an attachment.
+pub async fn output(
+    Extract(state): Extract<Arc<State>>,
+    Path((ns, name)): Path<(String, String)>,
+    axum::extract::Query(query): axum::extract::Query<OutputQuery>,
+    headers: HeaderMap,
+) -> Response {
+    let opened = crate::outputs::open(&state.client, &ns, &name, &query.path, query.attempt).await;
+    let download = match opened {
+        Ok(d) => d,
+        Err(e) => {
+            let message = format!("{e:#}");
+            let code = if message.contains("you may not") {
+                StatusCode::FORBIDDEN
+            } else {
+                StatusCode::NOT_FOUND
+            };
+            return problem(&state, &headers, code, &name, &message);
+        }
+    };
+    let file = query
+        .path
+        .rsplit('/')
+        .next()
+        .unwrap_or("output")
+        .replace(['"', '\\'], "_");
+    let mut answer = Response::builder()
+        .header("content-type", "application/octet-stream")
+        .header("content-disposition", format!("attachment; filename=\"{file}\""));
+    if let Some(sha) = &download.sha256 {
+        answer = answer.header("x-k8s4r-sha256", sha.as_str());
+    }
+    if let Some(size) = download.size {
+        answer = answer.header("content-length", size);
+    }
+    answer
+        .body(axum::body::Body::from_stream(download.body))
+        .unwrap_or_else(|e| {
+            problem(
+                &state,
+                &headers,
+                StatusCode::INTERNAL_SERVER_ERROR,
+                &name,
+                &e.to_string(),
+            )
+        })
 }
 
 /// Every attempt of the task, each with its start and end, its message
