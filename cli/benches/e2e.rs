@@ -26,22 +26,24 @@ use tokio_util::sync::CancellationToken;
 const JOBS: usize = 200;
 
 fn up_args() -> UpArgs {
-    UpArgs {
-        api_bind: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
-        mqtt_bind: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
-        broker_url: None,
-        local_agent: Some(true),
-        robot_id: Some("bench-robot".to_owned()),
-        labels: Vec::new(),
-        demo: false,
-        in_memory: false,
-        dashboard_listen: k8s4r::dashboard::DEFAULT_LISTEN.parse().expect("addr"),
-        no_dashboard: true,
-        session_lease: k8s4r_api::protocol::reach::DEFAULT_SESSION_LEASE,
-
-        store_listen: "127.0.0.1:0".parse().expect("addr"),
-        store_url: None,
-    }
+    let (api, mqtt) = (
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+    );
+    UpArgs::from_flags(&[
+        "--api-bind",
+        &api,
+        "--mqtt-bind",
+        &mqtt,
+        "--local-agent",
+        "true",
+        "--robot-id",
+        "bench-robot",
+        "--no-dashboard",
+        "--store-listen",
+        "127.0.0.1:0",
+    ])
+    .expect("the flags of up")
 }
 
 fn measure_up_ready() -> f64 {

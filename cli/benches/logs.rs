@@ -30,22 +30,25 @@ async fn wait_for(what: &str, mut check: impl AsyncFnMut() -> bool) {
 
 async fn measure() -> Vec<f64> {
     let dir = tempfile::tempdir().unwrap();
-    let args = UpArgs {
-        api_bind: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
-        mqtt_bind: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
-        broker_url: None,
-        local_agent: Some(true),
-        robot_id: Some("bench-robot".to_owned()),
-        labels: Vec::new(),
-        demo: false,
-        in_memory: true,
-        dashboard_listen: k8s4r::dashboard::DEFAULT_LISTEN.parse().expect("addr"),
-        no_dashboard: true,
-        session_lease: k8s4r_api::protocol::reach::DEFAULT_SESSION_LEASE,
-
-        store_listen: "127.0.0.1:0".parse().expect("addr"),
-        store_url: None,
-    };
+    let (api, mqtt) = (
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+    );
+    let args = UpArgs::from_flags(&[
+        "--api-bind",
+        &api,
+        "--mqtt-bind",
+        &mqtt,
+        "--local-agent",
+        "true",
+        "--robot-id",
+        "bench-robot",
+        "--in-memory",
+        "--no-dashboard",
+        "--store-listen",
+        "127.0.0.1:0",
+    ])
+    .expect("the flags of up");
     let shutdown = CancellationToken::new();
     let stack = Stack::start(&args, dir.path(), shutdown.clone())
         .await

@@ -110,6 +110,21 @@ pub struct UpArgs {
     pub store_url: Option<String>,
 }
 
+impl UpArgs {
+    /// The flags as `k8s4r up` parses them (every other one its default;
+    /// their environment variables apply too), for programs that start a
+    /// stack in their own process (tests, benchmarks).
+    pub fn from_flags(flags: &[&str]) -> Result<UpArgs, clap::Error> {
+        #[derive(clap::Parser)]
+        struct Up {
+            #[command(flatten)]
+            args: UpArgs,
+        }
+        use clap::Parser as _;
+        Up::try_parse_from(std::iter::once("up").chain(flags.iter().copied())).map(|u| u.args)
+    }
+}
+
 /// Where the embedded object store listens unless told.
 pub const DEFAULT_STORE_LISTEN: &str = "127.0.0.1:9878";
 /// Its one bucket.

@@ -106,22 +106,22 @@ async fn main() {
     let dir = tempfile::tempdir().expect("a dir");
     let mosquitto = Mosquitto::start();
     let data_dir = dir.path().join("data");
-    let args = UpArgs {
-        api_bind: format!("127.0.0.1:{}", free_port()).parse().expect("addr"),
-        mqtt_bind: "127.0.0.1:0".parse().expect("addr"),
-        broker_url: Some(mosquitto.url()),
-        local_agent: Some(false),
-        robot_id: None,
-        labels: Vec::new(),
-        demo: false,
-        in_memory: true,
-        dashboard_listen: k8s4r::dashboard::DEFAULT_LISTEN.parse().expect("addr"),
-        no_dashboard: true,
-        session_lease: k8s4r_api::protocol::reach::DEFAULT_SESSION_LEASE,
-
-        store_listen: "127.0.0.1:0".parse().expect("addr"),
-        store_url: None,
-    };
+    let (api, broker) = (format!("127.0.0.1:{}", free_port()), mosquitto.url());
+    let args = UpArgs::from_flags(&[
+        "--api-bind",
+        &api,
+        "--mqtt-bind",
+        "127.0.0.1:0",
+        "--broker-url",
+        &broker,
+        "--local-agent",
+        "false",
+        "--in-memory",
+        "--no-dashboard",
+        "--store-listen",
+        "127.0.0.1:0",
+    ])
+    .expect("the flags of up");
     let stack = Stack::start_with(&args, &data_dir, CancellationToken::new(), manager_config())
         .await
         .expect("the stack starts");

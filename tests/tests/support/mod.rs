@@ -337,22 +337,31 @@ async fn start_stack(
         Some((listen, url)) => (listen, Some(url)),
         None => ("127.0.0.1:0".parse().expect("addr"), None),
     };
-    let args = UpArgs {
-        api_bind: format!("127.0.0.1:{}", free_port()).parse().expect("addr"),
-        mqtt_bind: "127.0.0.1:0".parse().expect("addr"),
-        broker_url: Some(broker_url.to_owned()),
-        local_agent: Some(false),
-        robot_id: None,
-        labels: Vec::new(),
-        demo: false,
-        in_memory,
-        dashboard_listen: k8s4r::dashboard::DEFAULT_LISTEN.parse().expect("addr"),
-        no_dashboard: true,
-        session_lease,
-
-        store_listen,
-        store_url,
-    };
+    let api = format!("127.0.0.1:{}", free_port());
+    let lease = format!("{}ms", session_lease.as_millis());
+    let listen = store_listen.to_string();
+    let mut flags = vec![
+        "--api-bind",
+        &api,
+        "--mqtt-bind",
+        "127.0.0.1:0",
+        "--broker-url",
+        broker_url,
+        "--local-agent",
+        "false",
+        "--no-dashboard",
+        "--session-lease",
+        &lease,
+        "--store-listen",
+        &listen,
+    ];
+    if in_memory {
+        flags.push("--in-memory");
+    }
+    if let Some(url) = &store_url {
+        flags.extend(["--store-url", url.as_str()]);
+    }
+    let args = UpArgs::from_flags(&flags).expect("the flags of up");
     let mut manager = manager_config();
     // A SIGKILLed agent's connection drops, so Mosquitto publishes its
     // last will at once: the disconnect grace is what makes it Offline.
