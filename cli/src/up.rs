@@ -108,14 +108,31 @@ pub struct UpArgs {
     /// listen address (a robot elsewhere on the network).
     #[arg(long, env = "K8S4R_STORE_URL")]
     pub store_url: Option<String>,
+    /// Keep task outputs in this S3-compatible endpoint's bucket instead of
+    /// the embedded store (with --outputs-credentials).
+    #[arg(long, env = "K8S4R_OUTPUTS_ENDPOINT", requires = "outputs_credentials")]
+    pub outputs_endpoint: Option<String>,
+    /// With --outputs-endpoint: the bucket.
+    #[arg(long, env = "K8S4R_OUTPUTS_BUCKET", default_value = STORE_BUCKET)]
+    pub outputs_bucket: String,
+    /// With --outputs-endpoint: the region signatures name.
+    #[arg(long, env = "K8S4R_OUTPUTS_REGION", default_value = "us-east-1")]
+    pub outputs_region: String,
+    /// With --outputs-endpoint: a file of two lines, `accessKeyId=...` and
+    /// `secretAccessKey=...` (read by the server alone; robots never see
+    /// them).
+    #[arg(long, env = "K8S4R_OUTPUTS_CREDENTIALS", value_name = "FILE")]
+    pub outputs_credentials: Option<PathBuf>,
 }
 
 impl UpArgs {
     /// The flags as `k8s4r up` parses them (every other one its default;
-    /// their environment variables apply too), for programs that start a
-    /// stack in their own process (tests, benchmarks).
+    /// their environment variables apply too; a flag given twice takes the
+    /// later value), for programs that start a stack in their own process
+    /// (tests, benchmarks).
     pub fn from_flags(flags: &[&str]) -> Result<UpArgs, clap::Error> {
         #[derive(clap::Parser)]
+        #[command(args_override_self = true)]
         struct Up {
             #[command(flatten)]
             args: UpArgs,
@@ -641,6 +658,21 @@ async fn start_store(
     data_dir: &Path,
     shutdown: CancellationToken,
 ) -> anyhow::Result<k8s4r_server::bucket::BucketConfig> {
+    if let Some(endpoint) = &args.outputs_endpoint {
+        let file = args
+            .outputs_credentials
+            .as_deref()
+            .context("--outputs-endpoint needs --outputs-credentials")?;
+        let (access_key, secret_key) = read_credentials(file)?;
+        tracing::info!(%endpoint, bucket = %args.outputs_bucket, "task outputs go to this bucket");
+        return Ok(k8s4r_server::bucket::BucketConfig {
+            endpoint: endpoint.clone(),
+            bucket: args.outputs_bucket.clone(),
+            region: args.outputs_region.clone(),
+            access_key,
+            secret_key,
+        });
+    }
     let secret_key = random_secret()?;
     let access_key = "k8s4r-up".to_owned();
     let served = k8s4r_store::serve(
@@ -663,6 +695,20 @@ async fn start_store(
         access_key,
         secret_key,
     })
+}
+
+/// The access key id and secret of `--outputs-credentials`.
+fn read_credentials(file: &Path) -> anyhow::Result<(String, String)> {
+    let text = std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let value = |key: &str| {
+        text.lines()
+            .filter_map(|l| l.trim().split_once('='))
+            .find(|(k, _)| k.trim() == key)
+            .map(|(_, v)| v.trim().to_owned())
+            .filter(|v| !v.is_empty())
+            .with_context(|| format!("{} has no {key}=... line", file.display()))
+    };
+    Ok((value("accessKeyId")?, value("secretAccessKey")?))
 }
 
 /// The server's and the manager's clients, each with its own token.

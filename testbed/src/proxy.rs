@@ -103,6 +103,11 @@ impl Proxy {
         self.upstream_bytes.load(Ordering::Relaxed)
     }
 
+    /// The fault applied now.
+    pub fn fault(&self) -> Fault {
+        *self.fault.borrow()
+    }
+
     /// Back to a healthy link.
     pub fn heal(&self) {
         self.set(Fault::None);

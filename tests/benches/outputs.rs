@@ -7,15 +7,21 @@
 //!   second 0`), from the first byte on the wire to the object complete
 //!   (the Task lists it uploaded);
 //! - `upload_resume_resent_mib`: bytes sent beyond the file's size after
-//!   the link to the store is cut in the middle of its upload (the part on
-//!   the way is sent again; the parts the store took are not);
+//!   the link to the store (slowed to 20 MB/s for it, so that the cut
+//!   lands in a part) is cut in the middle of its upload (the part on the
+//!   way is sent again; the parts the store took are not);
 //! - `upload_agent_rss_mib`: the agent's resident memory at its highest
-//!   while it uploads a large file (sampled every 100 ms).
+//!   while it uploads a large file, its first (sampled every 100 ms).
 //!
 //! Run as:
 //!
 //!     cargo bench -p k8s4r-e2e --bench outputs -- [MB uploaded] [MB for the RSS run]
 //!     (defaults 200 and 2000)
+//!
+//! The agent is this package's release build, unless `K8S4R_BENCH_AGENT`
+//! names another binary: the agent as shipped to robots, for its memory
+//! (`cargo build --profile robot -p k8s4r-agent`, then
+//! `K8S4R_BENCH_AGENT=target/robot/k8s4r-agent`).
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -111,9 +117,10 @@ impl Bench {
         loop {
             rss = rss.max(rss_kib(pid));
             if cut && !was_cut && self.proxy.upstream_bytes() - before >= bytes / 2 {
+                let was = self.proxy.fault();
                 self.proxy.set(Fault::Cut);
                 tokio::time::sleep(Duration::from_secs(2)).await;
-                self.proxy.heal();
+                self.proxy.set(was);
                 was_cut = true;
             }
             let uploaded = tasks
@@ -180,30 +187,32 @@ async fn main() {
         .expect("the stack starts");
     let token = std::fs::read_to_string(data_dir.join("bootstrap-token")).expect("token");
     let agent = Killed(
-        Command::new(env!("CARGO_BIN_EXE_e2e-agent"))
-            .args([
-                "--robot-id",
-                "bench-1",
-                "--token",
-                token.trim(),
-                "--broker-url",
-                &broker,
-            ])
-            .arg("--state-dir")
-            .arg(dir.path().join("agent"))
-            .args([
-                "--raw-exec",
-                "true",
-                "--allow-root",
-                "true",
-                "--upload-bytes-per-second",
-                "0",
-            ])
-            .args(["--outputs-quota-bytes", &(big * 2).to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("the agent starts"),
+        Command::new(
+            std::env::var_os("K8S4R_BENCH_AGENT").unwrap_or_else(|| env!("CARGO_BIN_EXE_e2e-agent").into()),
+        )
+        .args([
+            "--robot-id",
+            "bench-1",
+            "--token",
+            token.trim(),
+            "--broker-url",
+            &broker,
+        ])
+        .arg("--state-dir")
+        .arg(dir.path().join("agent"))
+        .args([
+            "--raw-exec",
+            "true",
+            "--allow-root",
+            "true",
+            "--upload-bytes-per-second",
+            "0",
+        ])
+        .args(["--outputs-quota-bytes", &(big * 2).to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the agent starts"),
     );
     let robots: Api<Robot> = Api::all(stack.client.clone());
     eventually(DEADLINE, "the robot online", || async {
@@ -219,28 +228,12 @@ async fn main() {
         jobs: 0,
     };
 
-    // Uncapped, on loopback.
-    let first = bench.upload(size, false).await;
-    let rate = size as f64 / MIB / first.took.as_secs_f64();
-    println!("INFO {} MB uploaded in {:.2?}", size / MB, first.took);
-    println!("BENCH upload_mib_per_s {rate:.1} MiB/s");
-
-    // A cut in the middle: what is sent beyond the file's size.
-    let resumed = bench.upload(size, true).await;
-    println!(
-        "INFO {} bytes carried for {size} with a cut, {} without",
-        resumed.carried, first.carried
-    );
-    println!(
-        "BENCH upload_resume_resent_mib {:.2} MiB",
-        resumed.carried.saturating_sub(size) as f64 / MIB
-    );
-
-    // The agent's memory while a large file goes.
+    // The agent's memory while a large file goes: first, on an agent that
+    // has uploaded nothing yet.
     let idle = rss_kib(bench.agent.0.id());
     let large = bench.upload(big, false).await;
     println!(
-        "INFO {} MB uploaded in {:.2?}; agent RSS idle {:.1} MiB",
+        "INFO {} MB uploaded in {:.2?}; agent RSS before {:.1} MiB",
         big / MB,
         large.took,
         idle as f64 / 1024.0
@@ -248,5 +241,25 @@ async fn main() {
     println!(
         "BENCH upload_agent_rss_mib {:.1} MiB",
         large.rss_kib as f64 / 1024.0
+    );
+
+    // Uncapped, on loopback.
+    let first = bench.upload(size, false).await;
+    let rate = size as f64 / MIB / first.took.as_secs_f64();
+    println!("INFO {} MB uploaded in {:.2?}", size / MB, first.took);
+    println!("BENCH upload_mib_per_s {rate:.1} MiB/s");
+
+    // A cut in the middle of a part: the link slowed to 20 MB/s (a part
+    // takes 0.4 s on it), cut once half the file is on the wire.
+    bench.proxy.set(Fault::Throttle(20 * MB));
+    let resumed = bench.upload(size, true).await;
+    bench.proxy.heal();
+    println!(
+        "INFO {} bytes carried for {size} with a cut, {} without",
+        resumed.carried, first.carried
+    );
+    println!(
+        "BENCH upload_resume_resent_mib {:.2} MiB",
+        resumed.carried.saturating_sub(size) as f64 / MIB
     );
 }

@@ -537,3 +537,49 @@ async fn rolling_files_leave_while_the_task_runs_each_once() {
     assert_eq!(log.matches(" output upload ").count(), 4, "{log}");
     env.stop().await;
 }
+
+/// The same path against a second, independent S3 implementation (moto,
+/// installed by scripts/setup.sh), as `k8s4r up --outputs-endpoint` uses
+/// a bucket of its own: the agent's parts, the server's multipart upload
+/// and the download back through the cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn moto_takes_what_an_agent_uploads() {
+    let moto = tokio::task::spawn_blocking(|| k8s4r_testbed::moto::Moto::start("fleet-outputs"))
+        .await
+        .expect("moto starts");
+    let keys = tempfile::NamedTempFile::new().expect("a file");
+    std::fs::write(
+        keys.path(),
+        "accessKeyId=moto-key\nsecretAccessKey=moto-secret-never-on-a-robot\n",
+    )
+    .unwrap();
+    let credentials = keys.path().display().to_string();
+    let mut env = Env::start_with_up_flags(&[
+        "--outputs-endpoint",
+        &moto.endpoint,
+        "--outputs-bucket",
+        "fleet-outputs",
+        "--outputs-credentials",
+        &credentials,
+    ])
+    .await;
+    env.spawn_agent_with(
+        "moto-1",
+        &[],
+        &["--label", "robot=moto-1", "--upload-bytes-per-second", "0"],
+    );
+    env.wait_phase("moto-1", RobotPhase::Online).await;
+    env.create_job(recording("viamoto", "moto-1", 20_000_000)).await;
+    let done = outputs_of(&env, "viamoto-t-0", 1).await;
+    let bag = &done.status.as_ref().unwrap().outputs[0];
+    assert_eq!(bag.size, 20_000_000);
+    let got = env.dir.path().join("from-moto.mcap");
+    k8s4r::outputs::download(&env.client, "default", "viamoto-t-0", "bags/run.mcap", None, &got)
+        .await
+        .expect("the download from moto");
+    assert_eq!(sha256(&got), bag.sha256);
+    let log = std::fs::read(env.dir.path().join("moto-1.log")).unwrap();
+    let secret = b"moto-secret-never-on-a-robot";
+    assert!(!log.windows(secret.len()).any(|w| w == secret));
+    env.stop().await;
+}

@@ -51,6 +51,9 @@ struct Recovered {
     /// What is taken over: the journal starts over holding it, so that a
     /// crash before their new records are written loses none of them.
     kept: Vec<Unfinished>,
+    /// Attempts settled (ended while no agent ran), with their templates:
+    /// their outputs are taken.
+    ended: Vec<(String, u32, PathBuf, k8s4r_api::TaskTemplate)>,
 }
 
 impl Runner {
@@ -163,6 +166,7 @@ impl Runner {
             outputs: Arc::new(outputs),
         };
         runner.take_over(recovered.adopted, recovered.resumed);
+        runner.take_outputs_of_settled(recovered.ended);
         Ok((runner, health_rx, offer))
     }
 
@@ -281,6 +285,7 @@ fn recover(unfinished: &[Unfinished], boot_id: &str, runtime_dir: &Path, tail_by
         resumed: Vec::new(),
         adopted: Vec::new(),
         kept: Vec::new(),
+        ended: Vec::new(),
     };
     for task in unfinished {
         // What the last agent left running is re-adopted as it runs.
@@ -338,6 +343,14 @@ fn recover(unfinished: &[Unfinished], boot_id: &str, runtime_dir: &Path, tail_by
         super::task_config::forget(&task.task_dir);
         tracing::warn!(uid = %task.uid, attempt = task.attempt, message = %outcome.message, "task of the previous run settled");
         r.table.remember_finished(task.uid.clone(), task.attempt);
+        if let Some(resume) = &task.resume {
+            r.ended.push((
+                task.uid.clone(),
+                task.attempt,
+                task.task_dir.clone(),
+                resume.spec.clone(),
+            ));
+        }
         r.settled.push(TaskEvent::Finished {
             uid: task.uid.clone(),
             attempt: task.attempt,

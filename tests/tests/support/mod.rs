@@ -71,11 +71,18 @@ impl Env {
     /// Like [`Env::start`] with no robots, the object store listening on
     /// `listen` and robots told to reach it at `url` (a proxy before it).
     pub async fn start_with_store(listen: std::net::SocketAddr, url: String) -> Env {
+        let listen = listen.to_string();
+        Self::start_with_up_flags(&["--store-listen", &listen, "--store-url", &url]).await
+    }
+
+    /// Like [`Env::start`] with no robots, and these flags of `up` too.
+    pub async fn start_with_up_flags(flags: &[&str]) -> Env {
+        let flags = flags.iter().map(|f| f.to_string()).collect();
         Self::start_with_options(
             &[],
             true,
             k8s4r_api::protocol::reach::DEFAULT_SESSION_LEASE,
-            Some((listen, url)),
+            flags,
         )
         .await
     }
@@ -94,14 +101,14 @@ impl Env {
     }
 
     async fn start_with(robots: &[(&str, &[&str])], in_memory: bool, session_lease: Duration) -> Env {
-        Self::start_with_options(robots, in_memory, session_lease, None).await
+        Self::start_with_options(robots, in_memory, session_lease, Vec::new()).await
     }
 
     async fn start_with_options(
         robots: &[(&str, &[&str])],
         in_memory: bool,
         session_lease: Duration,
-        store: Option<(std::net::SocketAddr, String)>,
+        up_flags: Vec<String>,
     ) -> Env {
         // RUST_LOG=k8s4r_manager=debug,k8s4r_server=debug shows, for a failed
         // test, what the stack did.
@@ -115,7 +122,7 @@ impl Env {
         let data_dir = dir.path().join("data");
         let scratch = dir.path().join("scratch");
         std::fs::create_dir_all(&scratch).expect("scratch dir");
-        let stack = start_stack(&broker_url, &data_dir, in_memory, session_lease, store).await;
+        let stack = start_stack(&broker_url, &data_dir, in_memory, session_lease, &up_flags).await;
         let client = stack.client.clone();
         let mut env = Env {
             stack: Some(stack),
@@ -153,7 +160,7 @@ impl Env {
             &self.data_dir,
             false,
             k8s4r_api::protocol::reach::DEFAULT_SESSION_LEASE,
-            None,
+            &[],
         )
         .await;
         self.client = stack.client.clone();
@@ -331,16 +338,15 @@ async fn start_stack(
     data_dir: &Path,
     in_memory: bool,
     session_lease: Duration,
-    store: Option<(std::net::SocketAddr, String)>,
+    up_flags: &[String],
 ) -> Stack {
-    let (store_listen, store_url) = match store {
-        Some((listen, url)) => (listen, Some(url)),
-        None => ("127.0.0.1:0".parse().expect("addr"), None),
-    };
     let api = format!("127.0.0.1:{}", free_port());
     let lease = format!("{}ms", session_lease.as_millis());
-    let listen = store_listen.to_string();
     let mut flags = vec![
+        // A free port for the store, unless the test names one (a later
+        // flag wins).
+        "--store-listen",
+        "127.0.0.1:0",
         "--api-bind",
         &api,
         "--mqtt-bind",
@@ -352,15 +358,11 @@ async fn start_stack(
         "--no-dashboard",
         "--session-lease",
         &lease,
-        "--store-listen",
-        &listen,
     ];
     if in_memory {
         flags.push("--in-memory");
     }
-    if let Some(url) = &store_url {
-        flags.extend(["--store-url", url.as_str()]);
-    }
+    flags.extend(up_flags.iter().map(String::as_str));
     let args = UpArgs::from_flags(&flags).expect("the flags of up");
     let mut manager = manager_config();
     // A SIGKILLed agent's connection drops, so Mosquitto publishes its

@@ -29,6 +29,25 @@ struct Outputs {
 }
 
 impl Outputs {
+    /// An attempt's outputs in its directory `task_dir`, if its template
+    /// names any.
+    fn of(
+        spool: &std::sync::Arc<crate::outputs::Spool>,
+        uid: &str,
+        attempt: u32,
+        task_dir: &std::path::Path,
+        template: &k8s4r_api::TaskTemplate,
+    ) -> Option<Outputs> {
+        (!template.outputs.is_empty()).then(|| Outputs {
+            spool: spool.clone(),
+            uid: uid.to_owned(),
+            attempt,
+            work_dir: task_dir.join("work"),
+            within: template.working_dir.clone(),
+            outputs: template.outputs.clone(),
+        })
+    }
+
     /// Blocking: links and reads the files.
     fn take(self) {
         let at = crate::outputs::spool::Attempt {
@@ -46,6 +65,22 @@ impl Outputs {
 }
 
 impl Runner {
+    /// Attempts that ended while no agent ran (settled from the journal
+    /// at start): their outputs are taken as an ended attempt's are.
+    pub(crate) fn take_outputs_of_settled(
+        &mut self,
+        settled: Vec<(String, u32, std::path::PathBuf, k8s4r_api::TaskTemplate)>,
+    ) {
+        for (uid, attempt, task_dir, template) in settled {
+            if let Some(outputs) = Outputs::of(&self.outputs, &uid, attempt, &task_dir, &template) {
+                self.offload_with(move || {
+                    outputs.take();
+                    Housework::Done
+                });
+            }
+        }
+    }
+
     /// A task that started (or was re-adopted) with continuous outputs:
     /// its directory is looked at while it runs.
     pub(crate) fn watch_outputs(&mut self, id: u64) {
@@ -101,14 +136,7 @@ impl Runner {
         let owned = self.containment.owned();
         let (uid, attempt) = (task.uid, task.attempt);
         self.outputs.unwatch(&uid, attempt);
-        let outputs = (!task.template.outputs.is_empty()).then(|| Outputs {
-            spool: self.outputs.clone(),
-            uid: uid.clone(),
-            attempt,
-            work_dir: dir.join("work"),
-            within: task.template.working_dir.clone(),
-            outputs: task.template.outputs.clone(),
-        });
+        let outputs = Outputs::of(&self.outputs, &uid, attempt, &dir, &task.template);
         self.housework.push(Box::pin(async move {
             // The logger writes the last of the output once every process
             // of the task is gone; a stalled disk does not hold the end up.
