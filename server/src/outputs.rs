@@ -51,7 +51,13 @@ pub enum Plan {
         etags: Vec<String>,
     },
     /// Record that the robot gave the output up.
-    Drop { key: String, reason: String },
+    /// Record that the robot gave the output up; abort its multipart
+    /// upload, if it began one.
+    Drop {
+        key: String,
+        reason: String,
+        upload_id: Option<String>,
+    },
 }
 
 /// Why an ask is refused: said to the robot, which tries again later only
@@ -165,7 +171,8 @@ pub fn plan(ask: &OutputAsk, task: Option<&Task>, robot: &str) -> Result<Plan, R
             upload_id: upload_id.clone(),
             etags: etags.clone(),
         }),
-        Want::Dropped { reason, .. } => Ok(Plan::Drop {
+        Want::Dropped { reason, upload_id } => Ok(Plan::Drop {
+            upload_id: upload_id.clone(),
             key,
             reason: reason.clone(),
         }),
@@ -343,6 +350,20 @@ impl Outputs {
             );
             if let Some(task) = &task {
                 self.warn_on(task, note).await;
+            }
+            // Its parts would wait in the bucket for its lifecycle rule.
+            if let (
+                Plan::Drop {
+                    upload_id: Some(id),
+                    key,
+                    ..
+                },
+                Some(bucket),
+            ) = (&plan, &self.bucket)
+            {
+                if let Err(e) = bucket.abort(key, id).await {
+                    warn!(key, error = %e, "cannot abort a dropped output's upload");
+                }
             }
             self.record(
                 task,

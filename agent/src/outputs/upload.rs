@@ -148,6 +148,11 @@ impl Upload {
         upload
     }
 
+    /// The bucket's upload, once begun.
+    pub fn upload_id(&self) -> Option<&str> {
+        self.upload_id.as_deref()
+    }
+
     pub fn phase(&self) -> &Phase {
         &self.phase
     }

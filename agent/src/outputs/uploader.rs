@@ -80,6 +80,8 @@ struct Active {
 struct Report {
     entry: Entry,
     reason: String,
+    /// The bucket's upload, when one began: the server aborts it.
+    upload_id: Option<String>,
     asked: Option<Duration>,
 }
 
@@ -154,10 +156,12 @@ impl Uploader {
                 _ => None,
             })
         });
+        let upload_id = begun(&steps);
         match given_up {
             Some(reason) => self.reports.push(Report {
                 entry,
                 reason,
+                upload_id,
                 asked: None,
             }),
             None => self.queue.push_back(Pending { entry, steps }),
@@ -185,16 +189,23 @@ impl Uploader {
                 self.report();
             }
             Notice::Dropped { id, reason } => {
-                let entry = if self.active.as_ref().is_some_and(|a| a.entry.id == id) {
-                    self.active.take().map(|a| a.entry)
+                let dropped = if self.active.as_ref().is_some_and(|a| a.entry.id == id) {
+                    self.active.take().map(|a| {
+                        let upload_id = a.upload.upload_id().map(str::to_owned);
+                        (a.entry, upload_id)
+                    })
                 } else {
                     let at = self.queue.iter().position(|p| p.entry.id == id);
-                    at.and_then(|i| self.queue.remove(i)).map(|p| p.entry)
+                    at.and_then(|i| self.queue.remove(i)).map(|p| {
+                        let upload_id = begun(&p.steps);
+                        (p.entry, upload_id)
+                    })
                 };
-                if let Some(entry) = entry {
+                if let Some((entry, upload_id)) = dropped {
                     self.reports.push(Report {
                         entry,
                         reason,
+                        upload_id,
                         asked: None,
                     });
                     self.report();
@@ -256,7 +267,7 @@ impl Uploader {
             if report.asked.is_none_or(|at| now >= at + ASK_AGAIN) {
                 report.asked = Some(now);
                 let want = Want::Dropped {
-                    upload_id: None,
+                    upload_id: report.upload_id.clone(),
                     reason: report.reason.clone(),
                 };
                 publish(&self.asking, ask_of(&self.asking, &report.entry, want));
@@ -332,6 +343,14 @@ impl Uploader {
         self.active = None;
         self.spool.done(entry.id);
     }
+}
+
+/// The bucket's upload the journal's steps say began.
+fn begun(steps: &[Step]) -> Option<String> {
+    steps.iter().find_map(|s| match s {
+        Step::Begun { upload_id, .. } => Some(upload_id.clone()),
+        _ => None,
+    })
 }
 
 fn ask_of(asking: &Asking, entry: &Entry, want: Want) -> OutputAsk {
