@@ -228,7 +228,7 @@ impl Session {
             },
             uploads.clone(),
         );
-        crate::outputs::continuous::spawn(outputs.clone(), uploads.clone());
+        outputs.clone().look_while_running(uploads.clone());
         tokio::spawn(worker(supervisor, commands_rx, updates_tx.clone()));
         tokio::spawn(forward_events(events, updates_tx));
         let mut sampler = UsageSampler::new(&config.state_dir);

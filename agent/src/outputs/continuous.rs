@@ -5,23 +5,17 @@
 //! with the rest of its outputs.
 //!
 //! [`Settling`] decides from what a look at the directory saw and the time
-//! (no I/O); [`spawn`] looks once a second for every running attempt the
-//! runner asked it to watch.
+//! (no I/O); a [`Watch`] looks at one running attempt's directory; the
+//! spool looks through every watch once a second
+//! ([`Spool::look_while_running`](super::spool::Spool::look_while_running)).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use k8s4r_api::output::{matcher, Output, OutputWhen};
-use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
-use super::spool::{Attempt, Spool};
 use super::take;
-
-/// How often the running attempts' directories are looked at.
-const LOOK_EVERY: Duration = Duration::from_secs(1);
 
 /// What a look saw of a file: its size and modification time.
 pub type Seen = (u64, i128);
@@ -103,23 +97,20 @@ impl Watch {
         })
     }
 
-    /// One look (blocking): takes what has settled into the spool.
-    pub(super) fn look(&mut self, spool: &Spool, now: Duration) {
-        let at = Attempt {
-            uid: &self.uid,
-            attempt: self.attempt,
-            work_dir: &self.work_dir,
-            within: self.within.as_deref(),
-        };
-        let cwd = match at.within {
-            Some(within) => at.work_dir.join(within),
-            None => at.work_dir.to_owned(),
+    /// One look (blocking): the files settled and closed, to take
+    /// (`skip`: those taken already).
+    pub fn look(&mut self, now: Duration, skip: &BTreeSet<String>) -> Vec<String> {
+        let cwd = match &self.within {
+            Some(within) => self.work_dir.join(within),
+            None => self.work_dir.clone(),
         };
         let outputs: Vec<&Output> = self.outputs.iter().collect();
-        let skip = spool.taken_of(at.uid, at.attempt);
-        let saw: Vec<(String, Seen)> = take::find(&cwd, &outputs, &skip)
+        let saw: Vec<(String, Seen)> = take::find(&cwd, &outputs, skip)
             .into_iter()
-            .filter_map(|path| take::seen(at.work_dir, &at.inside(&path)).ok().map(|s| (path, s)))
+            .filter_map(|path| {
+                let inside = take::inside(self.within.as_deref(), &path);
+                take::seen(&self.work_dir, &inside).ok().map(|s| (path, s))
+            })
             .collect();
         let settle = |path: &str| {
             self.outputs
@@ -129,17 +120,17 @@ impl Watch {
         };
         let ready = self.settling.look(now, saw, settle);
         if ready.is_empty() {
-            return;
+            return ready;
         }
         let open = open_files();
-        for path in ready {
-            let full = cwd.join(&path);
-            if open.contains(&full) {
-                continue;
-            }
-            self.settling.taken(&path);
-            spool.take_files(at, &[path], &outputs);
+        let closed: Vec<String> = ready
+            .into_iter()
+            .filter(|p| !open.contains(&cwd.join(p)))
+            .collect();
+        for path in &closed {
+            self.settling.taken(path);
         }
+        closed
     }
 }
 
@@ -169,27 +160,6 @@ fn open_files() -> BTreeSet<PathBuf> {
         }
     }
     open
-}
-
-/// Looks at every watched attempt once a second until `stop`.
-pub fn spawn(spool: Arc<Spool>, stop: CancellationToken) {
-    tokio::spawn(async move {
-        let began = Instant::now();
-        let mut every = tokio::time::interval(LOOK_EVERY);
-        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = every.tick() => {}
-            }
-            if !spool.watching() {
-                continue;
-            }
-            let spool = spool.clone();
-            let now = began.elapsed();
-            let _ = tokio::task::spawn_blocking(move || spool.look_at_watched(now)).await;
-        }
-    });
 }
 
 #[cfg(test)]

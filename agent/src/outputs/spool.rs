@@ -16,10 +16,18 @@ use k8s4r_api::output::Output;
 use k8s4r_api::protocol::outputs::part_size;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
 use super::continuous::Watch;
 use super::journal::{Entry, Journal, Pending};
 use super::take;
 use super::upload::Step;
+
+/// How often running attempts' directories are looked at for their
+/// continuous outputs.
+const LOOK_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// What the robot does when a file would not fit in its quota.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -306,7 +314,19 @@ impl Spool {
             std::mem::take(&mut watches.map)
         };
         for watch in looked.values_mut() {
-            watch.look(self, now);
+            let skip = self.taken_of(&watch.uid, watch.attempt);
+            let ready = watch.look(now, &skip);
+            if ready.is_empty() {
+                continue;
+            }
+            let at = Attempt {
+                uid: &watch.uid,
+                attempt: watch.attempt,
+                work_dir: &watch.work_dir,
+                within: watch.within.as_deref(),
+            };
+            let outputs: Vec<&Output> = watch.outputs.iter().collect();
+            self.take_files(at, &ready, &outputs);
         }
         let mut watches = lock(&self.watches);
         for (key, watch) in looked {
@@ -432,6 +452,27 @@ impl Spool {
         }
         drop(state);
         let _ = std::fs::remove_file(self.file(id));
+    }
+
+    /// Looks at every watched attempt once a second until `stop`.
+    pub fn look_while_running(self: Arc<Self>, stop: CancellationToken) {
+        tokio::spawn(async move {
+            let began = tokio::time::Instant::now();
+            let mut every = tokio::time::interval(LOOK_EVERY);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = every.tick() => {}
+                }
+                if !self.watching() {
+                    continue;
+                }
+                let spool = self.clone();
+                let now = began.elapsed();
+                let _ = tokio::task::spawn_blocking(move || spool.look_at_watched(now)).await;
+            }
+        });
     }
 
     /// Bytes waiting for upload.
