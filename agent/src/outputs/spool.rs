@@ -10,14 +10,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use k8s4r_api::output::Output;
 use k8s4r_api::protocol::outputs::part_size;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
-
-use std::sync::Arc;
-
 use tokio_util::sync::CancellationToken;
 
 use super::continuous::Watch;
