@@ -51,6 +51,8 @@ pub enum Plan {
         etags: Vec<String>,
     },
     /// Record that the robot gave the output up.
+    /// Nothing: the Task lists this file uploaded already.
+    Uploaded { key: String },
     /// Record that the robot gave the output up; abort its multipart
     /// upload, if it began one.
     Drop {
@@ -75,7 +77,8 @@ impl Plan {
             Plan::Begin { key, .. }
             | Plan::Sign { key, .. }
             | Plan::Complete { key, .. }
-            | Plan::Drop { key, .. } => key,
+            | Plan::Drop { key, .. }
+            | Plan::Uploaded { key } => key,
         }
     }
 }
@@ -130,6 +133,16 @@ pub fn plan(ask: &OutputAsk, task: Option<&Task>, robot: &str) -> Result<Plan, R
         )));
     }
     let key = object_key(task, ask.attempt, robot, &ask.path);
+    // Uploaded already, this very file (an agent that restarted took it
+    // again): nothing to send.
+    let uploaded = task.status.as_ref().is_some_and(|s| {
+        s.outputs.iter().any(|o| {
+            o.attempt == ask.attempt && o.path == ask.path && o.state == OutputState::Uploaded && o.sha256 == ask.sha256
+        })
+    });
+    if uploaded && matches!(ask.want, Want::Parts { upload_id: None, .. }) {
+        return Ok(Plan::Uploaded { key });
+    }
     let known = task.status.as_ref().is_some_and(|s| {
         s.outputs
             .iter()
@@ -336,6 +349,9 @@ impl Outputs {
             message,
             time: Some(Timestamp::now()),
         };
+        if let Plan::Uploaded { key } = plan {
+            return Answer::Completed { key };
+        }
         let reason = match (&plan, &self.bucket) {
             (Plan::Drop { reason, .. }, _) => Some(reason.clone()),
             (_, None) => Some(self.missing.clone()),
@@ -425,6 +441,7 @@ impl Outputs {
                 Answer::Completed { key }
             }
             // Recorded above.
+            Plan::Uploaded { key } => Answer::Completed { key },
             Plan::Drop { reason, .. } => Answer::Refused {
                 reason: format!("dropped: {reason}"),
                 retry: false,

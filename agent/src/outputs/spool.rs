@@ -199,9 +199,11 @@ impl Spool {
         let state = State {
             journal,
             next_id,
+            // What waits for its upload: not what was refused or dropped
+            // (its file is gone; it waits only to be reported).
             pending: pending
                 .iter()
-                .filter(|p| p.entry.refused.is_none())
+                .filter(|p| p.entry.refused.is_none() && !p.steps.iter().any(|s| matches!(s, Step::Dropped { .. })))
                 .map(|p| (p.entry.id, p.entry.size))
                 .collect(),
             taken: pending

@@ -82,6 +82,9 @@ pub fn find(work_dir: &Path, outputs: &[&Output], skip: &BTreeSet<String>) -> Ve
             }
         }
     }
+    if found.len() > MAX_FILES {
+        tracing::warn!(dir = %work_dir.display(), files = found.len(), "outputs name more than {MAX_FILES} files; the first {MAX_FILES} in order are taken");
+    }
     found.into_iter().take(MAX_FILES).collect()
 }
 
@@ -147,22 +150,27 @@ pub fn hash(path: &Path) -> Result<(u64, String), String> {
     Ok((size, hex(&hasher.finalize())))
 }
 
-/// Removes `work_dir/path` if it is still the file `spooled` links to (a
-/// task may have written a new one under the name since).
-pub fn remove_original(work_dir: &Path, path: &str, spooled: &Path) {
-    let (Ok(original), Ok(ours)) = (open(work_dir, path), std::fs::metadata(spooled)) else {
+/// Removes `work_dir/path` if it is still the file `spooled` links to,
+/// of the `size` uploaded (a task may have written a new one under the
+/// name since, or appended to it).
+pub fn remove_original(work_dir: &Path, path: &str, spooled: &Path, size: u64) {
+    // The original has two names now, ours and its own: looked at by
+    // hand, not through `open`, which takes files with one.
+    let Some((dir, name)) = parent_of(work_dir, path) else {
         return;
     };
-    let Ok(meta) = original.metadata() else {
+    let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
+    let Ok(fd) = openat(&dir, name, flags, Mode::empty()) else {
         return;
     };
-    if (meta.dev(), meta.ino()) != (ours.dev(), ours.ino()) {
+    let (Ok(meta), Ok(ours)) = (File::from(fd).metadata(), std::fs::metadata(spooled)) else {
+        return;
+    };
+    if (meta.dev(), meta.ino()) != (ours.dev(), ours.ino()) || meta.len() != size {
         return;
     }
-    if let Some((dir, name)) = parent_of(work_dir, path) {
-        if let Err(e) = nix::unistd::unlinkat(&dir, name, nix::unistd::UnlinkatFlags::NoRemoveDir) {
-            tracing::warn!(path, error = %e, "cannot remove an uploaded output");
-        }
+    if let Err(e) = nix::unistd::unlinkat(&dir, name, nix::unistd::UnlinkatFlags::NoRemoveDir) {
+        tracing::warn!(path, error = %e, "cannot remove an uploaded output");
     }
 }
 
@@ -180,6 +188,16 @@ fn open(work_dir: &Path, path: &str) -> Result<File, String> {
     let meta = file.metadata().map_err(|e| e.to_string())?;
     if !meta.is_file() {
         return Err(format!("{path} is not a regular file"));
+    }
+    // A hard link is a regular file too: one to a file outside the task's
+    // directory (`ln /etc/shadow out.txt`, where the kernel lets a user
+    // link what it does not own) would be read as root. A task's own
+    // output has one name.
+    if meta.nlink() != 1 {
+        return Err(format!(
+            "{path} has {} names (hard links); outputs take only files with one",
+            meta.nlink()
+        ));
     }
     Ok(file)
 }
@@ -280,14 +298,38 @@ mod tests {
         let spool = tempfile::tempdir().unwrap();
         write(work.path(), "a.log", b"first");
         write(work.path(), "b.log", b"first");
+        write(work.path(), "c.log", b"first");
         take(work.path(), "a.log", &spool.path().join("a")).unwrap();
         take(work.path(), "b.log", &spool.path().join("b")).unwrap();
-        remove_original(work.path(), "a.log", &spool.path().join("a"));
+        take(work.path(), "c.log", &spool.path().join("c")).unwrap();
+        remove_original(work.path(), "a.log", &spool.path().join("a"), 5);
         assert!(!work.path().join("a.log").exists());
         // A new b.log under the same name stays.
         std::fs::remove_file(work.path().join("b.log")).unwrap();
         write(work.path(), "b.log", b"second");
-        remove_original(work.path(), "b.log", &spool.path().join("b"));
+        remove_original(work.path(), "b.log", &spool.path().join("b"), 5);
         assert!(work.path().join("b.log").exists());
+        // So does one the task appended to since.
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(work.path().join("c.log"))
+            .unwrap()
+            .write_all(b" and more")
+            .unwrap();
+        remove_original(work.path(), "c.log", &spool.path().join("c"), 5);
+        assert!(work.path().join("c.log").exists());
+    }
+
+    #[test]
+    fn a_hard_link_to_another_file_is_refused() {
+        let work = tempfile::tempdir().unwrap();
+        let spool = tempfile::tempdir().unwrap();
+        let other = tempfile::tempdir().unwrap();
+        let elsewhere = other.path().join("not-the-tasks");
+        std::fs::write(&elsewhere, b"secret").unwrap();
+        std::fs::hard_link(&elsewhere, work.path().join("out.txt")).unwrap();
+        let err = take(work.path(), "out.txt", &spool.path().join("1")).unwrap_err();
+        assert!(err.contains("hard links"), "{err}");
+        assert!(!spool.path().join("1").exists());
     }
 }

@@ -95,6 +95,9 @@ struct Sent {
 struct Failure {
     refused: bool,
     why: String,
+    /// The upload cannot go on at all (the file changed after it was
+    /// taken, the bucket no longer has the upload): given up, and said.
+    lost: bool,
 }
 
 struct Uploader {
@@ -244,7 +247,8 @@ impl Uploader {
                 part: sent.part,
                 etag,
             },
-            Err(Failure { refused, why }) => {
+            Err(Failure { why, lost: true, .. }) => return self.give_up_active(why),
+            Err(Failure { refused, why, .. }) => {
                 tracing::warn!(part = sent.part, refused, error = %why, "an output's part did not get there");
                 Event::PartFailed {
                     part: sent.part,
@@ -253,6 +257,24 @@ impl Uploader {
             }
         };
         self.step(event);
+    }
+
+    /// The active upload cannot go on: journaled as dropped (a restart
+    /// reports it too), reported to the server, which lists it and aborts
+    /// the bucket's upload.
+    fn give_up_active(&mut self, reason: String) {
+        let Some(active) = self.active.take() else {
+            return;
+        };
+        tracing::warn!(task = %active.entry.task_uid, path = %active.entry.path, %reason, "output given up");
+        let _ = self.spool.step(active.entry.id, &Step::Dropped { reason: reason.clone() });
+        self.reports.push(Report {
+            upload_id: active.upload.upload_id().map(str::to_owned),
+            entry: active.entry,
+            reason,
+            asked: None,
+        });
+        self.report();
     }
 
     fn ticked(&mut self) {
@@ -296,12 +318,11 @@ impl Uploader {
         let entry = active.entry.clone();
         for action in actions {
             match action {
+                // Not recorded (the disk refused it, and said so in the
+                // log): the upload goes on; after a crash it would only
+                // send that part again, or begin a new upload.
                 Do::Journal(step) => {
-                    if !self.spool.step(entry.id, &step) {
-                        // Not recorded: not done. The upload waits and
-                        // goes on from the journal's last step.
-                        return;
-                    }
+                    let _ = self.spool.step(entry.id, &step);
                 }
                 Do::Ask(want) => publish(&self.asking, ask_of(&self.asking, &entry, want)),
                 Do::Send {
@@ -312,9 +333,9 @@ impl Uploader {
                 } => {
                     let (http, rate) = (self.http.clone(), self.rate.clone());
                     let file = self.spool.file(entry.id);
-                    let id = entry.id;
+                    let (id, size) = (entry.id, entry.size);
                     self.sending.spawn(async move {
-                        let result = put_part(&http, &rate, &file, &url, offset, len).await;
+                        let result = put_part(&http, &rate, (&file, size), &url, offset, len).await;
                         Sent { id, part, result }
                     });
                 }
@@ -333,7 +354,7 @@ impl Uploader {
                 tracing::info!(task = %entry.task_uid, attempt = entry.attempt, path = %entry.path, key, "output uploaded");
                 if entry.delete_after {
                     let inside = take::inside(entry.within.as_deref(), &entry.path);
-                    take::remove_original(&entry.work_dir, &inside, &self.spool.file(entry.id));
+                    take::remove_original(&entry.work_dir, &inside, &self.spool.file(entry.id), entry.size);
                 }
             }
             Err(reason) => {
@@ -386,15 +407,29 @@ fn publish(asking: &Asking, ask: OutputAsk) {
 async fn put_part(
     http: &reqwest::Client,
     rate: &Arc<Rate>,
-    file: &std::path::Path,
+    (file, size): (&std::path::Path, u64),
     url: &str,
     offset: u64,
     len: u64,
 ) -> Result<String, Failure> {
-    let failed = |why: String| Failure { refused: false, why };
+    let failed = |why: String| Failure {
+        refused: false,
+        why,
+        lost: false,
+    };
     let mut f = tokio::fs::File::open(file)
         .await
         .map_err(|e| failed(format!("cannot open the spooled file: {e}")))?;
+    // The spool holds the task's own inode: a task still running (or
+    // another name of it) may have changed it since it was read.
+    let now = f.metadata().await.map_err(|e| failed(e.to_string()))?.len();
+    if now != size {
+        return Err(Failure {
+            refused: false,
+            why: format!("the file changed after it was taken ({now} bytes, {size} when read)"),
+            lost: true,
+        });
+    }
     f.seek(std::io::SeekFrom::Start(offset))
         .await
         .map_err(|e| failed(e.to_string()))?;
@@ -416,7 +451,7 @@ async fn put_part(
             Some((read, (f, left)))
         }
     });
-    let floor = rate_floor(len);
+    let floor = part_timeout(len, rate.per_second());
     let response = http
         .put(url)
         .header(reqwest::header::CONTENT_LENGTH, len)
@@ -427,10 +462,13 @@ async fn put_part(
         .map_err(|e| failed(e.to_string()))?;
     let status = response.status();
     if !status.is_success() {
-        // 403: the URL expired or is not valid; asked for again.
+        // 403: the URL expired or is not valid; asked for again. 404: the
+        // bucket no longer has the upload (aborted by a lifecycle rule
+        // while the robot was away): it cannot be finished.
         return Err(Failure {
             refused: status == reqwest::StatusCode::FORBIDDEN,
             why: format!("the bucket answered {status}"),
+            lost: status == reqwest::StatusCode::NOT_FOUND,
         });
     }
     response
@@ -441,8 +479,12 @@ async fn put_part(
         .ok_or_else(|| failed("the bucket's answer has no ETag".into()))
 }
 
-/// How long a part of `len` bytes may take: at [`MIN_PART_RATE`], plus a
-/// minute.
-fn rate_floor(len: u64) -> Duration {
-    Duration::from_secs(60 + len / MIN_PART_RATE)
+/// How long a part of `len` bytes may take: at [`MIN_PART_RATE`] (or the
+/// robot's rate, when lower), plus a minute.
+fn part_timeout(len: u64, per_second: u64) -> Duration {
+    let slowest = match per_second {
+        0 => MIN_PART_RATE,
+        rate => rate.min(MIN_PART_RATE),
+    };
+    Duration::from_secs(60 + len / slowest)
 }

@@ -24,6 +24,11 @@ impl Rate {
         }
     }
 
+    /// Its bytes a second (0: no limit).
+    pub fn per_second(&self) -> u64 {
+        self.per_second
+    }
+
     fn capacity(&self) -> f64 {
         (self.per_second as f64 / 4.0).max(MAX_SESSION_DATA as f64)
     }

@@ -19,10 +19,14 @@ pub(super) fn check(report: &mut Report, path: &str, t: &TaskTemplate) {
         let pattern = output.path.as_str();
         if pattern.len() > MAX_PATTERN_LEN {
             report.error(format!("{at}.path"), format!("at most {MAX_PATTERN_LEN} bytes"));
-        } else if !is_inside_task_dir(pattern) || pattern.ends_with('/') {
+        } else if !is_inside_task_dir(pattern)
+            || pattern.ends_with('/')
+            || pattern.split('/').any(|s| s.is_empty() || s == ".")
+            || pattern.chars().any(char::is_control)
+        {
             report.error(
                 format!("{at}.path"),
-                format!("must be a relative path or glob inside the working directory (no '..', not a directory), got {pattern:?}"),
+                format!("must be a relative path or glob inside the working directory (no '..', '.' or empty step, not a directory), got {pattern:?}"),
             );
         } else if let Err(e) = matcher(pattern) {
             report.error(format!("{at}.path"), format!("invalid glob {pattern:?}: {e}"));
@@ -74,7 +78,7 @@ mod tests {
     #[test]
     fn paths_must_stay_inside_and_be_valid_globs() {
         assert!(problems(vec![output("bags/*.mcap"), output("report.xml")]).is_empty());
-        for bad in ["../x", "/etc/passwd", "a/../../b", "", "bags/", "bags/[a"] {
+        for bad in ["../x", "/etc/passwd", "a/../../b", "", "bags/", "bags/[a", "./x", "a//b.log", "a\nb"] {
             let found = problems(vec![output(bad)]);
             assert_eq!(found.len(), 1, "{bad:?}: {found:?}");
             assert!(found[0].contains("spec.outputs[0].path"), "{found:?}");

@@ -13,6 +13,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use k8s4r_api::{OutputState, OutputStatus};
+use kube::ResourceExt;
 use serde::Deserialize;
 
 use super::{authorize_as, status, task_named, LogsState, PeerName};
@@ -53,6 +54,9 @@ pub(super) async fn task_outputs(
         Ok(task) => task,
         Err(answer) => return answer,
     };
+    // Only this Task's own objects: a key in its status that names another
+    // (written by whoever may patch tasks/status) is not read.
+    let job = task.labels().get(k8s4r_api::names::LABEL_JOB).map_or("-", String::as_str).to_owned();
     let listed = task.status.map(|s| s.outputs).unwrap_or_default();
     let Some(path) = query.path else {
         return axum::Json(listed).into_response();
@@ -61,6 +65,14 @@ pub(super) async fn task_outputs(
         Ok(output) => output,
         Err(why) => return status(StatusCode::NOT_FOUND, "NotFound", format!("task {name}: {why}")),
     };
+    let own = format!("{ns}/{job}/{name}/{}/", output.attempt);
+    if !output.key.starts_with(&own) || output.key.contains("/../") {
+        return status(
+            StatusCode::FORBIDDEN,
+            "Forbidden",
+            format!("task {name}: output {path:?} names object {:?}, not one of its own", output.key),
+        );
+    }
     let Some(bucket) = &state.bucket else {
         return status(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -187,3 +187,28 @@ fn a_path_no_output_of_the_template_names_is_refused() {
     other.path = "out/deeper/run.bag".into();
     assert!(plan(&other, Some(&t), "rb7").is_err());
 }
+
+#[test]
+fn a_file_the_task_lists_uploaded_is_not_sent_again() {
+    let mut t = task(2, "rb7", &[]);
+    t.status.as_mut().unwrap().outputs = vec![OutputStatus {
+        attempt: 2,
+        path: "out/run.bag".into(),
+        sha256: SHA.into(),
+        state: OutputState::Uploaded,
+        ..OutputStatus::default()
+    }];
+    let again = plan(&ask(parts(None, vec![1, 2, 3])), Some(&t), "rb7").unwrap();
+    assert_eq!(
+        again,
+        Plan::Uploaded {
+            key: "default/survey/survey-scan-0/2/rb7/out/run.bag".into()
+        }
+    );
+    // Another file under the name (its sha256 differs) is uploaded.
+    let other = OutputAsk {
+        sha256: "ab".repeat(32),
+        ..ask(parts(None, vec![1]))
+    };
+    assert!(matches!(plan(&other, Some(&t), "rb7"), Ok(Plan::Begin { .. })));
+}
