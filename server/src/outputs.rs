@@ -137,7 +137,10 @@ pub fn plan(ask: &OutputAsk, task: Option<&Task>, robot: &str) -> Result<Plan, R
     // again): nothing to send.
     let uploaded = task.status.as_ref().is_some_and(|s| {
         s.outputs.iter().any(|o| {
-            o.attempt == ask.attempt && o.path == ask.path && o.state == OutputState::Uploaded && o.sha256 == ask.sha256
+            o.attempt == ask.attempt
+                && o.path == ask.path
+                && o.state == OutputState::Uploaded
+                && o.sha256 == ask.sha256
         })
     });
     if uploaded && matches!(ask.want, Want::Parts { upload_id: None, .. }) {

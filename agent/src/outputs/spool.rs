@@ -203,7 +203,9 @@ impl Spool {
             // (its file is gone; it waits only to be reported).
             pending: pending
                 .iter()
-                .filter(|p| p.entry.refused.is_none() && !p.steps.iter().any(|s| matches!(s, Step::Dropped { .. })))
+                .filter(|p| {
+                    p.entry.refused.is_none() && !p.steps.iter().any(|s| matches!(s, Step::Dropped { .. }))
+                })
                 .map(|p| (p.entry.id, p.entry.size))
                 .collect(),
             taken: pending

@@ -267,7 +267,12 @@ impl Uploader {
             return;
         };
         tracing::warn!(task = %active.entry.task_uid, path = %active.entry.path, %reason, "output given up");
-        let _ = self.spool.step(active.entry.id, &Step::Dropped { reason: reason.clone() });
+        let _ = self.spool.step(
+            active.entry.id,
+            &Step::Dropped {
+                reason: reason.clone(),
+            },
+        );
         self.reports.push(Report {
             upload_id: active.upload.upload_id().map(str::to_owned),
             entry: active.entry,
@@ -433,6 +438,7 @@ async fn put_part(
     f.seek(std::io::SeekFrom::Start(offset))
         .await
         .map_err(|e| failed(e.to_string()))?;
+    let floor = part_timeout(len, rate.per_second());
     let rate = rate.clone();
     let body = futures::stream::unfold((f, len), move |(mut f, left)| {
         let rate = rate.clone();
@@ -451,7 +457,6 @@ async fn put_part(
             Some((read, (f, left)))
         }
     });
-    let floor = part_timeout(len, rate.per_second());
     let response = http
         .put(url)
         .header(reqwest::header::CONTENT_LENGTH, len)

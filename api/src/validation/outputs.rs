@@ -78,7 +78,17 @@ mod tests {
     #[test]
     fn paths_must_stay_inside_and_be_valid_globs() {
         assert!(problems(vec![output("bags/*.mcap"), output("report.xml")]).is_empty());
-        for bad in ["../x", "/etc/passwd", "a/../../b", "", "bags/", "bags/[a", "./x", "a//b.log", "a\nb"] {
+        for bad in [
+            "../x",
+            "/etc/passwd",
+            "a/../../b",
+            "",
+            "bags/",
+            "bags/[a",
+            "./x",
+            "a//b.log",
+            "a\nb",
+        ] {
             let found = problems(vec![output(bad)]);
             assert_eq!(found.len(), 1, "{bad:?}: {found:?}");
             assert!(found[0].contains("spec.outputs[0].path"), "{found:?}");

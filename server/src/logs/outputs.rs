@@ -56,7 +56,11 @@ pub(super) async fn task_outputs(
     };
     // Only this Task's own objects: a key in its status that names another
     // (written by whoever may patch tasks/status) is not read.
-    let job = task.labels().get(k8s4r_api::names::LABEL_JOB).map_or("-", String::as_str).to_owned();
+    let job = task
+        .labels()
+        .get(k8s4r_api::names::LABEL_JOB)
+        .map_or("-", String::as_str)
+        .to_owned();
     let listed = task.status.map(|s| s.outputs).unwrap_or_default();
     let Some(path) = query.path else {
         return axum::Json(listed).into_response();
@@ -70,7 +74,10 @@ pub(super) async fn task_outputs(
         return status(
             StatusCode::FORBIDDEN,
             "Forbidden",
-            format!("task {name}: output {path:?} names object {:?}, not one of its own", output.key),
+            format!(
+                "task {name}: output {path:?} names object {:?}, not one of its own",
+                output.key
+            ),
         );
     }
     let Some(bucket) = &state.bucket else {
