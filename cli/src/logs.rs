@@ -170,6 +170,22 @@ fn refusal(code: u16, message: &str, name: &str, ns: &str) -> anyhow::Error {
     }
 }
 
+/// The message of a refusal's body (a Kubernetes Status, or plain text).
+pub(crate) async fn refusal_message<S, E>(body: &mut S) -> anyhow::Result<String>
+where
+    S: futures::Stream<Item = Result<bytes::Bytes, E>> + Unpin,
+    E: std::fmt::Display,
+{
+    let mut raw = Vec::new();
+    while let Some(chunk) = body.next().await {
+        raw.extend_from_slice(&chunk.map_err(|e| anyhow::anyhow!("{e}"))?);
+    }
+    Ok(serde_json::from_slice::<serde_json::Value>(&raw)
+        .ok()
+        .and_then(|v| v["message"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| String::from_utf8_lossy(&raw).into_owned()))
+}
+
 /// An answer of the logs API: what it says beside the output, and the
 /// output as it arrives.
 pub struct Reading {
@@ -199,14 +215,7 @@ pub async fn open(client: &Client, ns: &str, name: &str, query: &str) -> anyhow:
     let headers = response.headers().clone();
     let mut body = response.into_body().into_data_stream();
     if !status.is_success() {
-        let mut raw = Vec::new();
-        while let Some(chunk) = body.next().await {
-            raw.extend_from_slice(&chunk.map_err(|e| anyhow::anyhow!("{e}"))?);
-        }
-        let message = serde_json::from_slice::<serde_json::Value>(&raw)
-            .ok()
-            .and_then(|v| v["message"].as_str().map(str::to_owned))
-            .unwrap_or_else(|| String::from_utf8_lossy(&raw).into_owned());
+        let message = refusal_message(&mut body).await?;
         return Err(refusal(status.as_u16(), &message, name, ns));
     }
     let text = |h: &str| headers.get(h).and_then(|v| v.to_str().ok()).map(str::to_owned);

@@ -130,10 +130,11 @@ pub async fn open(
     path: &str,
     attempt: Option<u32>,
 ) -> anyhow::Result<Download> {
-    let mut query = format!("path={}", encode(path));
+    let mut pairs = vec![("path", path.to_owned())];
     if let Some(a) = attempt {
-        query.push_str(&format!("&attempt={a}"));
+        pairs.push(("attempt", a.to_string()));
     }
+    let query = crate::reach::query_of(&pairs);
     let uri = format!("/apis/logs.k8s4r.io/v1alpha1/namespaces/{ns}/tasks/{name}/outputs?{query}");
     let request = http::Request::get(&uri)
         .body(kube::client::Body::empty())
@@ -152,14 +153,7 @@ pub async fn open(
     drop(headers);
     let mut body = response.into_body().into_data_stream();
     if !status.is_success() {
-        let mut raw = Vec::new();
-        while let Some(chunk) = body.next().await {
-            raw.extend_from_slice(&chunk.map_err(|e| anyhow::anyhow!("{e}"))?);
-        }
-        let message = serde_json::from_slice::<serde_json::Value>(&raw)
-            .ok()
-            .and_then(|v| v["message"].as_str().map(str::to_owned))
-            .unwrap_or_else(|| String::from_utf8_lossy(&raw).into_owned());
+        let message = crate::logs::refusal_message(&mut body).await?;
         bail!("{}", refusal(status.as_u16(), &message, name, ns));
     }
     Ok(Download {
@@ -235,17 +229,6 @@ fn refusal(code: u16, message: &str, name: &str, ns: &str) -> String {
     }
 }
 
-fn encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -284,6 +267,5 @@ mod tests {
             "{t}"
         );
         assert_eq!(table(&[]), "No outputs.\n");
-        assert_eq!(encode("a b/c&d"), "a%20b/c%26d");
     }
 }

@@ -25,18 +25,6 @@ use support::*;
 const SCRIPT: &str =
     "i=0; while [ $i -lt 55 ]; do seq $((i*100000+1)) $(((i+1)*100000)); i=$((i+1)); sleep 0.05; done";
 
-fn sha256(path: &Path) -> String {
-    let out = Command::new("sha256sum")
-        .arg(path)
-        .output()
-        .expect("sha256sum runs");
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .next()
-        .expect("a checksum")
-        .to_owned()
-}
-
 /// The task's stdout log on the robot (the one file under the agent's
 /// state directory named so).
 fn robot_log(dir: &Path) -> Option<std::path::PathBuf> {

@@ -12,18 +12,6 @@ use k8s4r_api::{OutputState, RobotPhase, Task, TaskState};
 mod support;
 use support::*;
 
-fn sha256(path: &Path) -> String {
-    let out = std::process::Command::new("sha256sum")
-        .arg(path)
-        .output()
-        .expect("sha256sum runs");
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .next()
-        .expect("a checksum")
-        .to_owned()
-}
-
 /// Where the embedded store keeps `key`.
 fn stored(env: &Env, key: &str) -> PathBuf {
     env.data_dir

@@ -424,3 +424,16 @@ pub async fn read_pid(path: &Path) -> i32 {
     })
     .await
 }
+
+/// The sha256 of a file, as `sha256sum` prints it.
+pub fn sha256(path: &Path) -> String {
+    let out = std::process::Command::new("sha256sum")
+        .arg(path)
+        .output()
+        .expect("sha256sum runs");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .expect("a checksum")
+        .to_owned()
+}

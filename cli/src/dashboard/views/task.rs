@@ -114,7 +114,7 @@ fn outputs_table(ns: &str, name: &str, s: &TaskStatus) -> Markup {
                     tr {
                         th scope="row" { (o.attempt) }
                         td { @if o.state == OutputState::Uploaded {
-                            a href=(format!("/ns/{ns}/tasks/{name}/outputs?attempt={}&path={}", o.attempt, query_value(&o.path))) download { (o.path) }
+                            a href=(format!("/ns/{ns}/tasks/{name}/outputs?attempt={}&path={}", o.attempt, super::url_encode(&o.path))) download { (o.path) }
                         } @else { (o.path) } }
                         td { (o.size) }
                         td { (badge(match o.state { OutputState::Uploading => "Uploading", OutputState::Uploaded => "Uploaded", OutputState::Dropped => "Dropped" })) }
@@ -123,18 +123,6 @@ fn outputs_table(ns: &str, name: &str, s: &TaskStatus) -> Markup {
                 }
             } }
     }
-}
-
-/// `s` as a URL query value.
-fn query_value(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 /// Which output to download.
