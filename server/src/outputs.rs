@@ -95,13 +95,10 @@ fn named_by(outputs: &[k8s4r_api::output::Output], path: &str) -> bool {
         .any(|m| m.is_match(path))
 }
 
-/// What `ask` from `robot` may do, given the Task it names (None: not in
-/// the cache).
-pub fn plan(ask: &OutputAsk, task: Option<&Task>, robot: &str) -> Result<Plan, Refusal> {
-    let Some(task) = task else {
-        return Err(never(format!("task {} is not known (deleted?)", ask.task_uid)));
-    };
-    let name = task.name_any();
+/// Whether `ask` from `robot` may be answered at all (its attempt ran
+/// there, its path is one the task's outputs name, its sizes and sha256
+/// are sound); the number of parts of its file.
+fn admissible(ask: &OutputAsk, task: &Task, name: &str, robot: &str) -> Result<u32, Refusal> {
     if !ran_on(task, ask.attempt, robot) {
         return Err(never(format!(
             "attempt {} of task {name} did not run on robot {robot}",
@@ -132,6 +129,17 @@ pub fn plan(ask: &OutputAsk, task: Option<&Task>, robot: &str) -> Result<Plan, R
             ask.path, ask.sha256
         )));
     }
+    Ok(parts)
+}
+
+/// What `ask` from `robot` may do, given the Task it names (None: not in
+/// the cache).
+pub fn plan(ask: &OutputAsk, task: Option<&Task>, robot: &str) -> Result<Plan, Refusal> {
+    let Some(task) = task else {
+        return Err(never(format!("task {} is not known (deleted?)", ask.task_uid)));
+    };
+    let name = task.name_any();
+    let parts = admissible(ask, task, &name, robot)?;
     let key = object_key(task, ask.attempt, robot, &ask.path);
     // Uploaded already, this very file (an agent that restarted took it
     // again): nothing to send.
@@ -253,6 +261,20 @@ pub fn with_output(outputs: &[OutputStatus], entry: OutputStatus) -> Option<Vec<
     Some(list)
 }
 
+/// The Task's line for output `ask` as object `key`, now.
+fn status_of(ask: &OutputAsk, key: &str, state: OutputState, message: Option<String>) -> OutputStatus {
+    OutputStatus {
+        attempt: ask.attempt,
+        path: ask.path.clone(),
+        key: key.to_owned(),
+        size: ask.size,
+        sha256: ask.sha256.clone(),
+        state,
+        message,
+        time: Some(Timestamp::now()),
+    }
+}
+
 /// The shell: the bucket, and the ways to the robots and the API server.
 pub struct Outputs {
     bucket: Option<Bucket>,
@@ -342,16 +364,7 @@ impl Outputs {
 
     /// Does `plan` with the bucket; the answer for the robot.
     async fn carry_out(&self, plan: Plan, ask: &OutputAsk, robot: &str, task: Option<Arc<Task>>) -> Answer {
-        let entry = |key: &str, state, message| OutputStatus {
-            attempt: ask.attempt,
-            path: ask.path.clone(),
-            key: key.to_owned(),
-            size: ask.size,
-            sha256: ask.sha256.clone(),
-            state,
-            message,
-            time: Some(Timestamp::now()),
-        };
+        let entry = |key: &str, state, message| status_of(ask, key, state, message);
         if let Plan::Uploaded { key } = plan {
             return Answer::Completed { key };
         }
@@ -361,38 +374,7 @@ impl Outputs {
             (_, Some(_)) => None,
         };
         if let Some(reason) = reason {
-            // Never silent: the Task lists it dropped, and an Event says why.
-            warn!(robot, key = plan.key(), %reason, "an output dropped");
-            let note = format!(
-                "output {} of attempt {} on robot {robot} dropped: {reason}",
-                ask.path, ask.attempt
-            );
-            if let Some(task) = &task {
-                self.warn_on(task, note).await;
-            }
-            // Its parts would wait in the bucket for its lifecycle rule.
-            if let (
-                Plan::Drop {
-                    upload_id: Some(id),
-                    key,
-                    ..
-                },
-                Some(bucket),
-            ) = (&plan, &self.bucket)
-            {
-                if let Err(e) = bucket.abort(key, id).await {
-                    warn!(key, error = %e, "cannot abort a dropped output's upload");
-                }
-            }
-            self.record(
-                task,
-                entry(plan.key(), OutputState::Dropped, Some(reason.clone())),
-            )
-            .await;
-            return Answer::Refused {
-                reason: format!("dropped: {reason}"),
-                retry: false,
-            };
+            return self.dropped(&plan, ask, robot, task, reason).await;
         }
         let Some(bucket) = &self.bucket else {
             return Answer::Refused {
@@ -449,6 +431,47 @@ impl Outputs {
                 reason: format!("dropped: {reason}"),
                 retry: false,
             },
+        }
+    }
+
+    /// An output the robot gave up, or that no bucket can take: never
+    /// silent, the Task lists it dropped and a Warning Event says why; its
+    /// multipart upload, if one began, is aborted.
+    async fn dropped(
+        &self,
+        plan: &Plan,
+        ask: &OutputAsk,
+        robot: &str,
+        task: Option<Arc<Task>>,
+        reason: String,
+    ) -> Answer {
+        warn!(robot, key = plan.key(), %reason, "an output dropped");
+        let note = format!(
+            "output {} of attempt {} on robot {robot} dropped: {reason}",
+            ask.path, ask.attempt
+        );
+        if let Some(task) = &task {
+            self.warn_on(task, note).await;
+        }
+        // Its parts would wait in the bucket for its lifecycle rule.
+        if let (
+            Plan::Drop {
+                upload_id: Some(id),
+                key,
+                ..
+            },
+            Some(bucket),
+        ) = (plan, &self.bucket)
+        {
+            if let Err(e) = bucket.abort(key, id).await {
+                warn!(key, error = %e, "cannot abort a dropped output's upload");
+            }
+        }
+        let listed = status_of(ask, plan.key(), OutputState::Dropped, Some(reason.clone()));
+        self.record(task, listed).await;
+        Answer::Refused {
+            reason: format!("dropped: {reason}"),
+            retry: false,
         }
     }
 

@@ -87,6 +87,12 @@ pub(super) async fn task_outputs(
             "no bucket is configured for task outputs (k8s4r-server --outputs-endpoint)".into(),
         );
     };
+    streamed(&state, bucket, output).await
+}
+
+/// The object of `output`, fetched from the bucket as it streams to the
+/// caller, its sha256 in `x-k8s4r-sha256`.
+async fn streamed(state: &LogsState, bucket: &crate::bucket::Bucket, output: &OutputStatus) -> Response {
     let url = bucket.download_url(&output.key, URL_VALID);
     let fetched = match state.http.get(url).send().await {
         Ok(r) if r.status().is_success() => r,
