@@ -16,6 +16,7 @@ pub mod backoff;
 pub mod condition;
 pub mod config_ref;
 pub mod config_resolve;
+pub mod container;
 pub mod disconnect;
 pub mod duration;
 pub mod facts;

@@ -12,25 +12,33 @@ use crate::quantity::Quantity;
 use crate::selector::{AntiAffinity, Constraint, LabelSelector, WeightedAffinity};
 use crate::task_kind::TaskKind;
 
-/// The drivers an agent may offer. A robot offers `raw_exec` only when its
-/// configuration turns it on.
-pub const DRIVERS: &[&str] = &[DRIVER_EXEC, DRIVER_RAW_EXEC];
+/// The drivers an agent may offer. A robot offers `raw_exec` and `podman`
+/// only when its configuration turns them on.
+pub const DRIVERS: &[&str] = &[DRIVER_EXEC, DRIVER_RAW_EXEC, DRIVER_PODMAN];
 /// Runs the command isolated: a user of its own, no_new_privs, its own
 /// directory and resource limits.
 pub const DRIVER_EXEC: &str = "exec";
 /// Runs the command as the agent's user (root on a robot), in its own
 /// process group: off unless the robot's configuration turns it on.
 pub const DRIVER_RAW_EXEC: &str = "raw_exec";
+/// Runs the task in a container from `image` (pinned by digest), with
+/// podman and no daemon: off unless the robot's configuration turns it on.
+pub const DRIVER_PODMAN: &str = "podman";
 
 /// What to run and how: the part of a task the robot needs. A Job's groups
 /// carry one of these; each Task carries a copy.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TaskTemplate {
-    /// How to run the command: `exec` (isolated) or `raw_exec`.
-    #[schemars(extend("enum" = ["exec", "raw_exec"]))]
+    /// How to run the command: `exec` (isolated), `raw_exec`, or `podman`
+    /// (a container from `image`).
+    #[schemars(extend("enum" = ["exec", "raw_exec", "podman"]))]
     pub driver: String,
-    /// The program to run: a path, or a name looked up in PATH.
+    /// The program to run: a path, or a name looked up in PATH. With
+    /// `podman`, the container's entrypoint; empty: the image's own
+    /// entrypoint and command (then `args`, when given, replace the
+    /// image's command), as in a Kubernetes container.
+    #[serde(default)]
     pub command: String,
     /// Arguments to the program.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -135,6 +143,23 @@ pub struct TaskTemplate {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
     pub outputs: Vec<crate::output::Output>,
+    /// The container image of a `podman` task, pinned by digest:
+    /// `[registry/]name[:tag]@sha256:<64 hex digits>`. A tag alone is
+    /// refused. The robot pulls it once from its registry, or it is
+    /// loaded onto the robot beforehand (`k8s4r image push`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512))]
+    pub image: Option<String>,
+    /// The network of a `podman` task's container: `host` (the default,
+    /// for ROS 2's discovery), `bridge` or `none`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<crate::container::ContainerNetwork>,
+    /// Devices given to a `podman` task's container: paths under `/dev`
+    /// (`/dev/video0`, a serial port) or CDI names (`nvidia.com/gpu=all`),
+    /// each one the robot's configuration allows (`podman_devices`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub devices: Vec<String>,
 }
 
 /// The signal a task is asked to stop with.
@@ -609,6 +634,11 @@ pub enum TaskReason {
     /// found only as the attempt was dispatched (never sent), and the task
     /// fails for good.
     ConfigInvalid,
+    /// The task's container image is not on the robot and the robot could
+    /// not pull it (its registry unreachable, the digest unknown there):
+    /// the task waits for a robot again, using no retry, backing off, until
+    /// the image can be had (pulled, or `k8s4r image push`ed to the robot).
+    ImageUnavailable,
     /// Not the end of an attempt: the task waits for its restart policy's
     /// delay before the next attempt; its message says how the last one
     /// ended and when the next comes.

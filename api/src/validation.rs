@@ -14,7 +14,7 @@ use crate::selector::{
 };
 use crate::task::{
     HealthCheck, LocalRestart, LocalRestartMode, RestartPolicy, TaskResources, TaskSpec, TaskTemplate,
-    DRIVERS,
+    DRIVERS, DRIVER_PODMAN,
 };
 use crate::task_kind::TaskKind;
 
@@ -134,6 +134,7 @@ pub fn restarts_of(template: &TaskTemplate) -> Option<Restarts> {
 }
 
 mod config_refs;
+mod container;
 mod outputs;
 
 /// One problem with one field.
@@ -628,7 +629,10 @@ fn check_template(report: &mut Report, path: &str, t: &TaskTemplate) {
             ),
         );
     }
-    if t.command.trim().is_empty() {
+    container::check(report, path, t);
+    if t.driver == DRIVER_PODMAN {
+        // An empty command runs the image's own entrypoint.
+    } else if t.command.trim().is_empty() {
         report.error(format!("{path}.command"), "required");
     } else if t.command.contains('\0') {
         report.error(format!("{path}.command"), "must not contain NUL");
@@ -1164,6 +1168,48 @@ mod tests {
         assert_eq!(
             paths(validate_task_template(&t).unwrap_err()),
             ["spec.preStop.command"]
+        );
+    }
+
+    #[test]
+    fn a_podman_task_needs_an_image_by_digest_and_may_leave_its_command_to_the_image() {
+        let digest = format!("sha256:{}", "a".repeat(64));
+        let podman = |image: Option<&str>| TaskTemplate {
+            driver: "podman".into(),
+            command: String::new(),
+            image: image.map(str::to_owned),
+            devices: vec!["/dev/video0".into(), "nvidia.com/gpu=all".into()],
+            ..template()
+        };
+        validate_task_template(&podman(Some(&format!("localhost:5000/nav@{digest}")))).unwrap();
+        let err = validate_task_template(&podman(Some("ros:humble"))).unwrap_err();
+        assert!(err.to_string().contains("by digest"), "{err}");
+        assert_eq!(paths(err), vec!["spec.image"]);
+        assert_eq!(
+            paths(validate_task_template(&podman(None)).unwrap_err()),
+            vec!["spec.image"]
+        );
+        let bad_device = TaskTemplate {
+            devices: vec!["/etc/shadow".into()],
+            ..podman(Some(&format!("nav@{digest}")))
+        };
+        assert_eq!(
+            paths(validate_task_template(&bad_device).unwrap_err()),
+            vec!["spec.devices[0]"]
+        );
+    }
+
+    #[test]
+    fn container_fields_are_refused_on_other_drivers() {
+        let t = TaskTemplate {
+            image: Some(format!("nav@sha256:{}", "a".repeat(64))),
+            network: Some(crate::container::ContainerNetwork::None),
+            devices: vec!["/dev/video0".into()],
+            ..template()
+        };
+        assert_eq!(
+            paths(validate_task_template(&t).unwrap_err()),
+            vec!["spec.image", "spec.network", "spec.devices"]
         );
     }
 
