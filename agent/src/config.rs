@@ -591,7 +591,39 @@ fn resolve_supervisor(
         leave_tasks_running: defaults.leave_tasks_running,
         shim_program: defaults.shim_program,
         outputs: resolve_outputs(s)?,
+        podman: resolve_podman(s, state_dir)?,
     })
+}
+
+/// The robot's podman settings, when it offers the driver.
+fn resolve_podman(
+    s: &Settings,
+    state_dir: &Path,
+) -> Result<Option<k8s4r_drivers::PodmanConfig>, ConfigError> {
+    if !s.podman.unwrap_or(false) {
+        return Ok(None);
+    }
+    let defaults = k8s4r_drivers::PodmanConfig::default();
+    for device in &s.podman_devices {
+        k8s4r_api::container::check_device(device).map_err(|reason| ConfigError::Invalid {
+            key: "podman_devices",
+            reason,
+        })?;
+    }
+    Ok(Some(k8s4r_drivers::PodmanConfig {
+        program: s.podman_program.clone().unwrap_or(defaults.program),
+        global_args: s.podman_args.clone(),
+        tls_verify: s.podman_tls_verify.unwrap_or(defaults.tls_verify),
+        authfile: s.podman_authfile.clone(),
+        pull_timeout: s.podman_pull_timeout.unwrap_or(defaults.pull_timeout),
+        allowed_devices: s.podman_devices.clone(),
+        run_dir: state_dir.join("podman"),
+        pids_max: match s.task_pids_max {
+            Some(0) => None,
+            Some(n) => Some(n),
+            None => defaults.pids_max,
+        },
+    }))
 }
 
 /// The robot's settings for task outputs.

@@ -47,29 +47,31 @@ impl ExecDriver {
         self.pids_max = pids_max;
         self
     }
+}
 
-    fn limits(&self, template: &TaskTemplate) -> Result<Limits, DriverError> {
-        let mut limits = Limits {
-            pids: self.pids_max,
-            ..Limits::default()
-        };
-        if let Some(resources) = &template.resources {
-            if let Some(memory) = &resources.memory {
-                limits.memory_bytes = Some(
-                    memory
-                        .to_units()
-                        .map_err(|e| DriverError::InvalidResources(e.to_string()))?,
-                );
-            }
-            if let Some(cpu) = &resources.cpu {
-                limits.cpu_millis = Some(
-                    cpu.to_milli()
-                        .map_err(|e| DriverError::InvalidResources(e.to_string()))?,
-                );
-            }
+/// The limits of a task from its `resources`, with `pids` as the robot
+/// sets it.
+pub(crate) fn limits_of(template: &TaskTemplate, pids: Option<u64>) -> Result<Limits, DriverError> {
+    let mut limits = Limits {
+        pids,
+        ..Limits::default()
+    };
+    if let Some(resources) = &template.resources {
+        if let Some(memory) = &resources.memory {
+            limits.memory_bytes = Some(
+                memory
+                    .to_units()
+                    .map_err(|e| DriverError::InvalidResources(e.to_string()))?,
+            );
         }
-        Ok(limits)
+        if let Some(cpu) = &resources.cpu {
+            limits.cpu_millis = Some(
+                cpu.to_milli()
+                    .map_err(|e| DriverError::InvalidResources(e.to_string()))?,
+            );
+        }
     }
+    Ok(limits)
 }
 
 impl Driver for ExecDriver {
@@ -83,7 +85,7 @@ impl Driver for ExecDriver {
         task_dir: &Path,
         identity: Option<Identity>,
     ) -> Result<Prepared, DriverError> {
-        let limits = self.limits(template)?;
+        let limits = limits_of(template, self.pids_max)?;
         let dir_error = |source| DriverError::TaskDir {
             path: task_dir.to_path_buf(),
             source,

@@ -5,6 +5,8 @@
 //! - [`ExecDriver`] adds isolation: another user (the task's own, or one
 //!   the robot allows), `no_new_privs`, a private working directory and
 //!   resource limits (cgroup v2, rlimits otherwise).
+//! - [`PodmanDriver`] runs it in a container from an image pinned by
+//!   digest, under the same identity, limits and stop rules.
 //!
 //! Both start the process with only the task's declared environment plus
 //! a few basics (`PATH`, `HOME`, `USER`, `LOGNAME`, `TMPDIR`) and the
@@ -25,6 +27,7 @@ mod exec;
 pub mod identity;
 mod launch;
 pub mod leftovers;
+pub mod podman;
 pub mod pty;
 mod raw_exec;
 pub mod shim;
@@ -32,6 +35,7 @@ mod sys;
 
 pub use cgroup::{Cgroups, LimitKind, TaskCgroup};
 pub use exec::{ExecDriver, DEFAULT_PIDS_MAX};
+pub use podman::{PodmanConfig, PodmanDriver};
 pub use raw_exec::RawExecDriver;
 
 /// The identity a task runs as when it is not the agent's own.
@@ -114,6 +118,10 @@ pub struct Launch<'a> {
     /// Make stdin the command's controlling terminal (a pty's slave), as a
     /// login does.
     pub terminal: bool,
+    /// A command beside the running task (a health check, a `preStop`, a
+    /// session), not the task's own process: a container driver runs it
+    /// inside the task's container.
+    pub beside_task: bool,
 }
 
 /// A started process: the leader of its own session and process group.
@@ -215,6 +223,20 @@ pub enum DriverError {
         /// The error.
         source: std::io::Error,
     },
+    /// The image is not on the robot and could not be pulled.
+    #[error("image {image} is unavailable: {why}")]
+    ImageUnavailable {
+        /// The image, by digest.
+        image: String,
+        /// Why (the pull's last message).
+        why: String,
+    },
+    /// The task names a device the robot's configuration does not allow.
+    #[error("device {device:?} is not one this robot gives containers (podman_devices)")]
+    DeviceNotAllowed {
+        /// The device as the task names it.
+        device: String,
+    },
     /// The resources could not be turned into limits.
     #[error("invalid resources: {0}")]
     InvalidResources(String),
@@ -250,7 +272,9 @@ impl DriverError {
     pub fn is_not_permitted(&self) -> bool {
         matches!(
             self,
-            DriverError::RootNotAllowed { .. } | DriverError::WorkingDirOutside { .. }
+            DriverError::RootNotAllowed { .. }
+                | DriverError::WorkingDirOutside { .. }
+                | DriverError::DeviceNotAllowed { .. }
         )
     }
 }
@@ -273,6 +297,12 @@ pub trait Driver: Send + Sync {
     /// Starts the process in its own session (and process group), inside
     /// the cgroup when there is one. Must be called within a tokio runtime.
     fn start(&self, launch: Launch<'_>) -> Result<Launched, DriverError>;
+
+    /// Called as the task's process group is sent SIGKILL (on a kill, and
+    /// once its process has ended), for what the group does not hold (a
+    /// container's processes, the container itself). Must not block: it
+    /// runs on the supervisor's thread.
+    fn kill_beyond_group(&self, _task_dir: &Path) {}
 }
 
 /// The working directory a task asks for, resolved against its directory:

@@ -42,6 +42,7 @@ async fn run_as(
             shim: None,
             stdin: None,
             terminal: false,
+            beside_task: false,
         })
         .expect("start");
     let status = launched.child.wait().await.unwrap();
@@ -209,6 +210,7 @@ async fn a_missing_command_is_reported_as_not_found() {
             shim: None,
             stdin: None,
             terminal: false,
+            beside_task: false,
         })
         .unwrap_err();
     assert!(matches!(err, DriverError::CommandNotFound { .. }), "{err}");

@@ -145,7 +145,10 @@ pub fn is_infrastructure(reason: Option<TaskReason>) -> bool {
 /// drained, its agent stopped the attempt as it shut down (a restart, an
 /// upgrade), or a ConfigMap or Secret (or key) it takes was gone as it was
 /// dispatched, after it was placed (never sent). The task waits for a robot
-/// again as a new attempt, using no retry of either budget.
+/// again as a new attempt, using no retry of either budget. So does one
+/// whose robot could not have its container image: it backs off as a
+/// `NotReady` end does, preferring other robots, until the image can be
+/// had.
 pub fn is_returned(reason: Option<TaskReason>) -> bool {
     matches!(
         reason,
@@ -154,6 +157,7 @@ pub fn is_returned(reason: Option<TaskReason>) -> bool {
                 | TaskReason::Drained
                 | TaskReason::AgentShutdown
                 | TaskReason::ConfigMissing
+                | TaskReason::ImageUnavailable
         )
     )
 }
@@ -194,7 +198,12 @@ fn return_delay(status: &TaskStatus, reason: Option<TaskReason>) -> Duration {
     // alike until the cache has caught up.
     if !matches!(
         reason,
-        Some(TaskReason::NotReady | TaskReason::AgentShutdown | TaskReason::ConfigMissing)
+        Some(
+            TaskReason::NotReady
+                | TaskReason::AgentShutdown
+                | TaskReason::ConfigMissing
+                | TaskReason::ImageUnavailable
+        )
     ) {
         return Duration::ZERO;
     }

@@ -231,6 +231,7 @@ fn driver_setting(driver: &str) -> &'static str {
             " (agent setting raw_exec = true / --raw-exec true; an agent running as root needs allow_root = true too)"
         }
         k8s4r_api::task::DRIVER_EXEC => " (every agent offers it; these run an agent that does not)",
+        k8s4r_api::task::DRIVER_PODMAN => " (agent setting podman = true / --podman true, with podman installed on the robot)",
         _ => "",
     }
 }

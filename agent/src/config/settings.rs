@@ -171,6 +171,56 @@ pub struct Settings {
     #[arg(long, env = "K8S4R_ALLOW_ROOT", value_name = "BOOL")]
     pub allow_root: Option<bool>,
 
+    /// Offer the podman driver: tasks in containers from images pinned by
+    /// digest (podman must be installed). Default: false.
+    #[arg(long, env = "K8S4R_PODMAN", value_name = "BOOL")]
+    pub podman: Option<bool>,
+
+    /// The podman program. Default: podman (looked up in PATH).
+    #[arg(long, env = "K8S4R_PODMAN_PROGRAM", value_name = "PATH")]
+    pub podman_program: Option<PathBuf>,
+
+    /// An option given to podman before its subcommand on every call
+    /// (`--storage-driver=vfs`, `--root=/data/containers`); repeat the flag
+    /// or separate with commas in K8S4R_PODMAN_ARGS. In the file: a list.
+    #[arg(
+        long = "podman-arg",
+        env = "K8S4R_PODMAN_ARGS",
+        value_name = "ARG",
+        value_delimiter = ',',
+        allow_hyphen_values = true
+    )]
+    #[serde(default)]
+    pub podman_args: Vec<String>,
+
+    /// A device podman tasks may be given, as they name it (`/dev/video0`,
+    /// `nvidia.com/gpu=all`); repeat the flag or separate with commas in
+    /// K8S4R_PODMAN_DEVICES. In the file: a list. Default: none.
+    #[arg(
+        long = "podman-device",
+        env = "K8S4R_PODMAN_DEVICES",
+        value_name = "DEVICE",
+        value_delimiter = ','
+    )]
+    #[serde(default)]
+    pub podman_devices: Vec<String>,
+
+    /// Check the registry's TLS certificate when pulling (false only for a
+    /// registry on the robot's own network over plain HTTP). Default: true.
+    #[arg(long, env = "K8S4R_PODMAN_TLS_VERIFY", value_name = "BOOL")]
+    pub podman_tls_verify: Option<bool>,
+
+    /// Registry credentials for pulls (podman's auth.json). Default:
+    /// podman's own.
+    #[arg(long, env = "K8S4R_PODMAN_AUTHFILE", value_name = "FILE")]
+    pub podman_authfile: Option<PathBuf>,
+
+    /// How long a pull may take before the task's image is unavailable.
+    /// Default: 10m.
+    #[arg(long, env = "K8S4R_PODMAN_PULL_TIMEOUT", value_name = "DURATION", value_parser = parse_duration)]
+    #[serde(default, deserialize_with = "de_duration")]
+    pub podman_pull_timeout: Option<Duration>,
+
     /// A user exec tasks may name in `user` (root aside: see allow_root);
     /// repeat the flag or separate with commas in K8S4R_ALLOWED_USERS. In
     /// the file: a list. Default: none.
@@ -383,6 +433,21 @@ impl Settings {
             artifact_retries: self.artifact_retries.or(file.artifact_retries),
             raw_exec: self.raw_exec.or(file.raw_exec),
             allow_root: self.allow_root.or(file.allow_root),
+            podman: self.podman.or(file.podman),
+            podman_program: self.podman_program.or(file.podman_program),
+            podman_args: if self.podman_args.is_empty() {
+                file.podman_args
+            } else {
+                self.podman_args
+            },
+            podman_devices: if self.podman_devices.is_empty() {
+                file.podman_devices
+            } else {
+                self.podman_devices
+            },
+            podman_tls_verify: self.podman_tls_verify.or(file.podman_tls_verify),
+            podman_authfile: self.podman_authfile.or(file.podman_authfile),
+            podman_pull_timeout: self.podman_pull_timeout.or(file.podman_pull_timeout),
             allowed_users: if self.allowed_users.is_empty() {
                 file.allowed_users
             } else {

@@ -340,6 +340,7 @@ pub(crate) fn launch_with(task: AsTask, streams: Streams) -> Result<Process, Str
                     shim: None,
                     stdin,
                     terminal,
+                    beside_task: true,
                 })
             },
             |process| process.pid as i32,

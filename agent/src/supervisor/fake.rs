@@ -185,6 +185,9 @@ impl Launcher for FakeDriver {
             }),
         })
     }
+
+    /// Its processes are all in their group.
+    fn kill_beyond_group(&self, _task_dir: &Path) {}
 }
 
 struct FakeGroup {

@@ -96,6 +96,7 @@ pub(crate) fn launch(job: LaunchJob) -> Result<Launched, Refused> {
                 shim: job.shim.as_ref(),
                 stdin: None,
                 terminal: false,
+                beside_task: false,
             })
         },
         |process| process.pid as i32,

@@ -184,6 +184,8 @@ pub struct SupervisorConfig {
     /// Task outputs: the spool's quota and what to do when it is full, the
     /// upload rate, the part size.
     pub outputs: crate::outputs::OutputsConfig,
+    /// The podman driver's settings; None: the robot does not offer it.
+    pub podman: Option<k8s4r_drivers::PodmanConfig>,
 }
 
 /// The disk reserve when none is configured (capped at 5% of a small disk).
@@ -266,6 +268,7 @@ impl Default for SupervisorConfig {
             leave_tasks_running: false,
             shim_program: None,
             outputs: crate::outputs::OutputsConfig::default(),
+            podman: None,
         }
     }
 }

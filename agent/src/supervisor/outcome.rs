@@ -292,7 +292,9 @@ pub(crate) fn unstarted(cause: &StopCause, when: Unstarted) -> (TaskReason, Stri
 
 /// The reason of a start the driver refused.
 pub(crate) fn driver_reason(e: &DriverError) -> TaskReason {
-    if e.is_invalid_spec() {
+    if matches!(e, DriverError::ImageUnavailable { .. }) {
+        TaskReason::ImageUnavailable
+    } else if e.is_invalid_spec() {
         TaskReason::InvalidSpec
     } else if e.is_not_permitted() {
         TaskReason::NotPermitted

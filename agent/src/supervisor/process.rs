@@ -76,6 +76,9 @@ pub(crate) trait Launcher: Send + Sync {
 
     /// Starts the task's process (see [`Driver::start`]).
     fn start(&self, launch: Launch<'_>) -> Result<Process, DriverError>;
+
+    /// See [`Driver::kill_beyond_group`]: called with the group's SIGKILL.
+    fn kill_beyond_group(&self, task_dir: &Path);
 }
 
 impl<D: Driver> Launcher for D {
@@ -102,6 +105,10 @@ impl<D: Driver> Launcher for D {
             exit: Box::pin(async move { child.wait().await }),
             group: Box::new(Group(pgid)),
         })
+    }
+
+    fn kill_beyond_group(&self, task_dir: &Path) {
+        Driver::kill_beyond_group(self, task_dir);
     }
 }
 

@@ -329,8 +329,11 @@ impl Runner {
         let restart = self.restart_after(&mut task, exit);
         // The task is its whole process group (and cgroup, or lineage):
         // nothing of it outlives its main process. Orphans come back to us
-        // as zombies. A task that runs again keeps its uid.
+        // as zombies. A task that runs again keeps its uid. A container's
+        // runtime (podman's conmon) is killed with the rest: the driver
+        // removes what it leaves.
         running.group.signal(Signal::SIGKILL);
+        self.launchers[task.driver].kill_beyond_group(&task.dir.join("work"));
         let mut lineage = running.lineage;
         if let (Some(lineage), Some(_)) = (lineage.as_mut(), restart) {
             // The next run has the same uid and markers: the sweep must

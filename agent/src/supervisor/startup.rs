@@ -82,6 +82,9 @@ impl Runner {
         if config.policy.raw_exec {
             launchers.push(Arc::new(RawExecDriver::with_pids_max(config.task_pids_max)));
         }
+        if let Some(podman) = &config.podman {
+            launchers.push(Arc::new(k8s4r_drivers::PodmanDriver::new(podman.clone())));
+        }
         let parts = Parts {
             launchers,
             cgroups,

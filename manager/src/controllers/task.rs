@@ -282,6 +282,7 @@ fn publish_progress(ctx: &Context, task: &Task) {
                     | TaskReason::DispatchTimeout
                     | TaskReason::TimeoutBackstop
                     | TaskReason::NotReady
+                    | TaskReason::ImageUnavailable
                     | TaskReason::Drained,
                 ) => return,
                 _ => (EventType::Warning, "Failed"),
@@ -616,10 +617,10 @@ pub fn plan_return(
         message: Some(Some(message.clone())),
         ..plan_pending_again(status, Some(reason), plus(now, delay), now)
     };
-    let event = if reason == TaskReason::NotReady {
-        Note::warning("NotReady", message)
-    } else {
-        Note::warning("Drained", message)
+    let event = match reason {
+        TaskReason::NotReady => Note::warning("NotReady", message),
+        TaskReason::ImageUnavailable => Note::warning("ImageUnavailable", message),
+        _ => Note::warning("Drained", message),
     };
     (patch, event)
 }

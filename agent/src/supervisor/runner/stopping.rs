@@ -133,6 +133,7 @@ impl Runner {
             return;
         };
         running.group.signal(Signal::SIGKILL);
+        self.launchers[task.driver].kill_beyond_group(&task.dir.join("work"));
         let lineage = running.lineage.is_some();
         let mut seen = Vec::new();
         if let Some(cgroup) = &task.cgroup {

@@ -49,6 +49,7 @@ pub(super) fn avoided_robot(status: &TaskStatus) -> Option<String> {
                         | TaskReason::OverCapacity
                         | TaskReason::NotPermitted
                         | TaskReason::NotReady
+                        | TaskReason::ImageUnavailable
                         | TaskReason::Drained
                         | TaskReason::ConditionLost
                 )
