@@ -3,7 +3,7 @@
 # machine with Rust (via rustup). Idempotent: does nothing that is already done.
 #
 #   scripts/setup.sh            a C toolchain, Mosquitto, systemd-analyze, openssl,
-#                               buildah, podman, catatonit and docker-registry,
+#                               buildah, podman, catatonit, skopeo and docker-registry,
 #                               headless Chromium with chromedriver
 #                               and the tests' npm packages (axe-core), moto (a second
 #                               S3 server, in target/moto); checks that kubectl (1.27+)
@@ -67,9 +67,10 @@ base() {
     # (podman with runc: crun 1.8 refuses a hybrid cgroup hierarchy).
     apt_install ca-certificates buildah podman runc
     # The podman driver's tests: catatonit (the PID 1 podman's --init
-    # gives each task's container) and a real registry the test image is
-    # pushed to and pulled from by digest.
-    apt_install catatonit docker-registry
+    # gives each task's container), a real registry the test image is
+    # pushed to and pulled from by digest, and skopeo (`k8s4r image push`
+    # makes its OCI archives with it).
+    apt_install catatonit docker-registry skopeo
     # Tests start their own broker on a free port; the packaged service is
     # not needed and would hold port 1883.
     if command -v systemctl >/dev/null && systemctl is-active --quiet mosquitto 2>/dev/null; then

@@ -264,7 +264,13 @@ impl Config {
         let facts = resolve_facts(&s)?;
         let token = resolve_token(&s)?;
         let upgrade_trust = resolve_upgrade_trust(&s)?;
-        let reach = resolve_reach(&s)?;
+        let mut reach = resolve_reach(&s)?;
+        reach.images = supervisor.podman.as_ref().map(|podman| crate::reach::ImageLoads {
+            dir: state_dir.join("images"),
+            podman: std::iter::once(podman.program.display().to_string())
+                .chain(podman.global_args.iter().cloned())
+                .collect(),
+        });
         Ok(Config {
             robot_id,
             token,
@@ -685,6 +691,7 @@ fn resolve_reach(s: &Settings) -> Result<crate::reach::ReachConfig, ConfigError>
         bytes_per_second: s.session_bytes_per_second.unwrap_or(defaults.bytes_per_second),
         max_copy_bytes: s.max_copy_bytes.unwrap_or(defaults.max_copy_bytes),
         hangup_grace: defaults.hangup_grace,
+        images: None,
     })
 }
 

@@ -91,6 +91,18 @@ pub struct ReachConfig {
     /// How long a process of a session that ended has after SIGHUP before
     /// SIGKILL, when it is not inside a task (which has its own).
     pub hangup_grace: Duration,
+    /// Where pushed images go (`k8s4r image push`): set when the robot
+    /// offers the podman driver.
+    pub images: Option<ImageLoads>,
+}
+
+/// How the robot takes pushed container images.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageLoads {
+    /// Where archives are kept while they arrive (a cut push resumes).
+    pub dir: std::path::PathBuf,
+    /// podman and its options, as the driver calls it.
+    pub podman: Vec<String>,
 }
 
 impl Default for ReachConfig {
@@ -103,6 +115,7 @@ impl Default for ReachConfig {
             bytes_per_second: 8 << 20,
             max_copy_bytes: 256 << 20,
             hangup_grace: Duration::from_secs(10),
+            images: None,
         }
     }
 }
@@ -149,6 +162,8 @@ pub enum Place {
         /// The session user.
         user: String,
     },
+    /// Into the robot's podman store, as the agent (an image push).
+    Images,
 }
 
 /// Whether this robot takes `open` with `open_now` sessions already open,
@@ -183,6 +198,15 @@ pub fn admit(
                 "max_copy_bytes",
             ));
         }
+    }
+    if open.kind == SessionKind::LoadImage {
+        return match &config.images {
+            Some(_) => Ok(Place::Images),
+            None => Err(SessionEnd::refused(
+                format!("robot {robot} does not run container images (its agent setting podman = false)"),
+                "podman",
+            )),
+        };
     }
     if let Some(uid) = &open.task_uid {
         return Ok(Place::Task {
@@ -362,11 +386,13 @@ impl Run {
         let at = match &place {
             Place::Task { uid, .. } => format!("task {uid}"),
             Place::Robot { user } => format!("the robot as {user}"),
+            Place::Images => "the robot's podman store".to_owned(),
         };
         let what = match open.kind {
             SessionKind::Forward => format!("port {}", open.port.unwrap_or(0)),
             SessionKind::Exec => open.command.join(" "),
             SessionKind::Download | SessionKind::Upload => open.path.clone().unwrap_or_default(),
+            SessionKind::LoadImage => format!("sha256:{}", open.sha256.as_deref().unwrap_or_default()),
         };
         // The robot's own record of who reached into it.
         tracing::info!(session = %id, user = %open.user, kind = open.kind.as_str(), %what, %at, "session opened");
@@ -409,6 +435,8 @@ mod tests {
             path: Some("f".into()),
             length: Some(10),
             mode: None,
+            sha256: None,
+            image: None,
             window: DEFAULT_SESSION_WINDOW,
             lease_ms: 30_000,
         }

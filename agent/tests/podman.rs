@@ -297,3 +297,58 @@ async fn a_service_keeps_its_container_across_an_agent_restart() {
     poll_until("its container is removed", || store.containers().is_empty()).await;
     handle.shutdown().await;
 }
+
+/// Writes the contact the agent keeps for its shims, `age` old.
+fn write_contact(state_dir: &std::path::Path, age: Duration) {
+    let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).unwrap();
+    let run = state_dir.join("run");
+    std::fs::create_dir_all(&run).unwrap();
+    let line = k8s4r_drivers::shim::contact_line(boot_id.trim(), Duration::from(now).saturating_sub(age));
+    std::fs::write(run.join("contact"), line).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_agent_running_the_shims_fence_kills_the_container_too() {
+    let registry = Registry::start();
+    let image = registry.push_test_image("fenced");
+    let store = PodmanStore::new();
+    let dir = state_dir();
+    let mut config = config(dir.path());
+    podman_config(&mut config, &store);
+    config.leave_tasks_running = true;
+    // Contact now: the fence is far off while the container starts.
+    write_contact(dir.path(), Duration::ZERO);
+    let (handle, _events) = supervisor::spawn(config).unwrap();
+    // It ignores its stop signal: only SIGKILL ends it.
+    let t = container(
+        &image,
+        Some("trap '' TERM; id -u > uid; while :; do sleep 0.1; done"),
+    )
+    .with_kill_timeout("1s");
+    let mut fenced = request("img-fenced", 1, t);
+    fenced.stop_after = Some(Duration::from_secs(120));
+    handle.submit(fenced).await.unwrap();
+    let uid_file = dir.path().join("tasks/img-fenced-1/work/uid");
+    let uid_of = || {
+        std::fs::read_to_string(&uid_file)
+            .ok()?
+            .trim()
+            .parse::<u32>()
+            .ok()
+    };
+    poll_until("the container runs", || uid_of().is_some()).await;
+    let uid = uid_of().unwrap();
+    // The agent goes (a crash loop, a unit stopped): nobody but the shim
+    // is left to fence the attempt. Its last contact is long past.
+    handle.shutdown().await;
+    assert!(
+        !processes_of_uid(uid).is_empty(),
+        "the agent's shutdown stopped the task"
+    );
+    write_contact(dir.path(), Duration::from_secs(600));
+    poll_until("the fence killed every process of the container", || {
+        processes_of_uid(uid).is_empty()
+    })
+    .await;
+}

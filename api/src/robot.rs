@@ -136,7 +136,7 @@ pub struct RobotStatus {
     /// The latest usage figures from a heartbeat.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
-    /// Task drivers the agent offers (`exec`, `raw_exec`).
+    /// Task drivers the agent offers (`exec`, `raw_exec`, `podman`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub drivers: Vec<String>,
     /// What the robot lets tasks do, as its agent reported it; the

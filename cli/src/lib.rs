@@ -8,6 +8,7 @@ pub mod dashboard;
 pub mod data_dir;
 pub mod drain;
 pub mod error;
+pub mod image;
 pub mod join;
 pub mod logs;
 pub mod operate;
@@ -94,6 +95,12 @@ pub enum Command {
     /// Copy a file to or from a running task (TASK:PATH) or a robot
     /// (robot/NAME:PATH), like `kubectl cp`.
     Cp(reach::CpArgs),
+    /// Container images on robots: `k8s4r image push robot/NAME IMAGE`
+    /// copies one to robots that cannot reach a registry.
+    Image {
+        #[command(subcommand)]
+        command: image::ImageCommand,
+    },
     /// Start a new attempt of a failed or cancelled Task (or of every such
     /// Task of a TaskGroup or Job), its retry budget counted afresh: sets
     /// the robot.k8s4r.io/retry annotation, as `kubectl annotate` would.
@@ -203,6 +210,7 @@ impl Args {
             Command::Exec(args) => reach::exec(args, &data_dir).await,
             Command::PortForward(args) => reach::port_forward(args, &data_dir).await,
             Command::Cp(args) => reach::cp(args, &data_dir).await,
+            Command::Image { command } => image::run(command, &data_dir).await,
             Command::Retry(args) => operate::run(operate::Manual::Retry, args, &data_dir).await,
             Command::Cancel(args) => operate::run(operate::Manual::Cancel, args, &data_dir).await,
             Command::Cordon(args) => drain::cordon(args, true, &data_dir).await,

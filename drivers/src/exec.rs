@@ -144,6 +144,7 @@ impl Driver for ExecDriver {
                 no_new_privs: true,
                 address_space,
                 processes,
+                kill_also: None,
             },
         )?;
         launched.unapplied_limits = unapplied;

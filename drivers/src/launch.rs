@@ -21,6 +21,9 @@ pub(crate) struct Isolation {
     pub address_space: Option<nix::libc::rlim_t>,
     /// RLIMIT_NPROC, for a task without a pids-limited cgroup.
     pub processes: Option<nix::libc::rlim_t>,
+    /// A pidfile whose process the shim's fence kills with the group (a
+    /// container's PID 1).
+    pub kill_also: Option<std::path::PathBuf>,
 }
 
 pub(crate) fn spawn(launch: Launch<'_>, isolation: Isolation) -> Result<Launched, DriverError> {
@@ -203,6 +206,7 @@ fn shim_orders(shim: &Shim, prepared: &crate::Prepared, isolation: &Isolation) -
         fence_ms: shim
             .fence
             .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        kill_also: isolation.kill_also.clone(),
     }
 }
 

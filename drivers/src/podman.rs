@@ -316,7 +316,7 @@ impl PodmanDriver {
 /// PID 1 for the task in `task_dir` (its environment names the task's
 /// directory, `task_dir` or the attempt's directory above it): a stale
 /// file must never have the agent kill a stranger.
-fn container_pid(pidfile: &Path, task_dir: &Path) -> Option<i32> {
+pub(crate) fn container_pid(pidfile: &Path, task_dir: &Path) -> Option<i32> {
     let pid: i32 = std::fs::read_to_string(pidfile).ok()?.trim().parse().ok()?;
     if pid <= 1 {
         return None;
@@ -357,7 +357,7 @@ fn identity_args(identity: Option<&Identity>) -> Vec<OsString> {
 
 /// podman's own environment: a fixed PATH and the agent's HOME and
 /// runtime directory (a rootless podman keeps its store there).
-fn podman_env() -> Vec<(String, String)> {
+pub fn podman_env() -> Vec<(String, String)> {
     let mut env = vec![("PATH".to_owned(), DEFAULT_PATH.to_owned())];
     for name in ["HOME", "XDG_RUNTIME_DIR", "XDG_CONFIG_HOME", "XDG_DATA_HOME"] {
         if let Ok(value) = std::env::var(name) {
@@ -503,6 +503,10 @@ impl Driver for PodmanDriver {
             limits: Default::default(),
             config_env: crate::ConfigEnv(vars),
         };
+        // The shim's fence (no agent running) kills the container's PID 1
+        // with the client: the container is outside the client's group.
+        let kill_also =
+            (!launch.beside_task).then(|| self.run_file(&container_name(&launch.prepared.task_dir), "pid"));
         let launch = Launch {
             template: &podman,
             prepared: &prepared,
@@ -522,6 +526,7 @@ impl Driver for PodmanDriver {
                 no_new_privs: false,
                 address_space: None,
                 processes: None,
+                kill_also,
             },
         )
     }

@@ -65,6 +65,7 @@ impl Driver for RawExecDriver {
                 no_new_privs: false,
                 address_space: None,
                 processes: None,
+                kill_also: None,
             },
         )
     }

@@ -112,6 +112,9 @@ pub(crate) struct Orders {
     pub processes: Option<u64>,
     /// The fence, in milliseconds (see [`Shim::fence`]).
     pub fence_ms: Option<u64>,
+    /// A pidfile whose process is killed with the command's group when the
+    /// fence kills it: a container's PID 1, outside the group (podman).
+    pub kill_also: Option<PathBuf>,
 }
 
 impl Orders {
@@ -137,18 +140,23 @@ impl Orders {
                 number(self.address_space),
                 number(self.processes),
                 number(self.fence_ms),
-                "--".to_owned(),
             ]
             .map(OsString::from),
         );
+        args.push(match &self.kill_also {
+            Some(path) => path.clone().into_os_string(),
+            None => OsString::from("-"),
+        });
+        args.push(OsString::from("--"));
         args
     }
 
     /// Reads the orders and the command back from the shim's arguments
     /// (without the program name).
     pub(crate) fn from_args(args: &[OsString]) -> Result<(Orders, OsString, Vec<OsString>), String> {
-        const USAGE: &str = "usage: --task-shim STATUS CWD USER NNP AS NPROC FENCE -- COMMAND [ARGS]";
-        let [flag, status_file, cwd, user, nnp, address_space, processes, fence, dashes, command, rest @ ..] =
+        const USAGE: &str =
+            "usage: --task-shim STATUS CWD USER NNP AS NPROC FENCE KILL_ALSO -- COMMAND [ARGS]";
+        let [flag, status_file, cwd, user, nnp, address_space, processes, fence, kill_also, dashes, command, rest @ ..] =
             args
         else {
             return Err(USAGE.to_owned());
@@ -196,6 +204,7 @@ impl Orders {
             address_space: number(address_space)?,
             processes: number(processes)?,
             fence_ms: number(fence)?,
+            kill_also: (kill_also != "-").then(|| PathBuf::from(kill_also)),
         };
         Ok((orders, command.clone(), rest.to_vec()))
     }
@@ -264,7 +273,13 @@ pub fn main(args: &[OsString]) -> ! {
     };
     drop(report);
     let ended = match orders.fence_ms {
-        Some(ms) => wait_fenced(pid, &orders.status_file, Duration::from_millis(ms)),
+        Some(ms) => {
+            let kill_also = orders
+                .kill_also
+                .as_deref()
+                .map(|pidfile| (pidfile, orders.cwd.as_path()));
+            wait_fenced(pid, &orders.status_file, Duration::from_millis(ms), kill_also)
+        }
         None => wait(pid),
     };
     let _ = write_status(&orders.status_file, ended);
@@ -328,7 +343,9 @@ fn ended(status: Option<i32>) -> Ended {
 /// it is older than `fence` (`stopAfter` plus the kill timeout), the moment
 /// the agent would have; the cluster replaces the attempt only later
 /// (docs/fencing.md). Without a kept contact it counts from its own start.
-fn wait_fenced(pid: Pid, status_file: &Path, fence: Duration) -> Ended {
+/// `kill_also` (a pidfile, checked against the task's directory) names a
+/// process outside the group that goes with it: a container's PID 1.
+fn wait_fenced(pid: Pid, status_file: &Path, fence: Duration, kill_also: Option<(&Path, &Path)>) -> Ended {
     let contact_file = status_file
         .parent()
         .and_then(Path::parent)
@@ -354,9 +371,22 @@ fn wait_fenced(pid: Pid, status_file: &Path, fence: Duration) -> Ended {
             .unwrap_or(started);
         if !killed && now().is_some_and(|now| now > contact + fence) {
             killed = true;
+            kill_also_now(kill_also);
             let _ = nix::sys::signal::killpg(pid, nix::sys::signal::Signal::SIGKILL);
+            // A container still starting writes its pidfile a moment later.
+            for _ in 0..20 {
+                sys::wait_for_a_child(Duration::from_millis(100));
+                kill_also_now(kill_also);
+            }
         }
         sys::wait_for_a_child(Duration::from_secs(1));
+    }
+}
+
+/// SIGKILL to the process `kill_also` names, if it is the task's.
+fn kill_also_now(kill_also: Option<(&Path, &Path)>) {
+    if let Some(pid) = kill_also.and_then(|(pidfile, dir)| crate::podman::container_pid(pidfile, dir)) {
+        let _ = nix::sys::signal::kill(Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
     }
 }
 
@@ -458,6 +488,7 @@ mod tests {
             address_space: Some(1 << 30),
             processes: None,
             fence_ms: Some(125_000),
+            kill_also: Some(PathBuf::from("/var/lib/k8s4r/podman/k8s4r-a-1.pid")),
         };
         let mut args = orders.to_args();
         args.extend(["sh", "-c", "echo hi"].map(OsString::from));

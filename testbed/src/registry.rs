@@ -71,6 +71,12 @@ impl Registry {
     /// from the image'`) and pushes it as `<host>/<name>:test`; returns its
     /// reference by digest.
     pub fn push_test_image(&self, name: &str) -> String {
+        self.push_test_image_with(name, 0)
+    }
+
+    /// [`Registry::push_test_image`] with a file of `extra_bytes` random
+    /// bytes in the image too (`/filler`), for an image of a given size.
+    pub fn push_test_image_with(&self, name: &str, extra_bytes: u64) -> String {
         require("buildah");
         let store = self.dir.path().join("buildah");
         let buildah = |args: &[&str]| -> String {
@@ -98,6 +104,15 @@ impl Registry {
         }
         std::fs::create_dir_all(root.join("tmp")).unwrap();
         std::fs::write(root.join("image-marker"), "from the image\n").unwrap();
+        if extra_bytes > 0 {
+            let filler = std::fs::File::create(root.join("filler")).expect("the filler");
+            let status = Command::new("head")
+                .args(["-c", &extra_bytes.to_string(), "/dev/urandom"])
+                .stdout(filler)
+                .status()
+                .expect("head runs");
+            assert!(status.success());
+        }
         buildah(&[
             "config",
             "--cmd",

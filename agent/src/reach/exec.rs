@@ -47,6 +47,34 @@ trap 'rm -f "$p"; exit 129' HUP TERM INT
 umask 077
 cat > "$p" && chmod "$2" "$p" && mv -f "$p" "$t" || { rm -f "$p"; exit 1; }"#;
 
+/// The shell script an image push runs, as the agent: `$1` the spool
+/// directory, `$2` the archive's sha256, `$3` its length, `$4` the image
+/// the archive must hold (empty: any), then podman and its options. One
+/// push of an archive at a time; it says first how much of the archive the
+/// robot already has (`have N`: a push cut before resumes there), appends
+/// what comes up to the length, checks the whole archive's sha256, loads
+/// it and checks that the image is there by its digest. A verified archive
+/// stays until it loads; archives of pushes abandoned for a day go.
+const LOAD_IMAGE: &str = r#"d="$1"; s="$2"; n="$3"; ref="$4"; shift 4
+p="$d/$s.part"; umask 077; mkdir -p "$d" || exit 1
+exec 9>>"$d/$s.lock"
+flock -n 9 || { echo "another push of this archive to this robot is under way" >&2; exit 75; }
+find "$d" -maxdepth 1 -name '*.part' ! -name "$s.part" -mmin +1440 -delete 2>/dev/null
+h=$(stat -c %s "$p" 2>/dev/null || echo 0)
+if [ "$h" -gt "$n" ]; then : > "$p"; h=0; fi
+echo "have $h"
+head -c "$((n - h))" >> "$p" || exit 1
+h=$(stat -c %s "$p")
+if [ "$h" -ne "$n" ]; then echo "the archive arrived in part ($h of $n bytes); push it again to resume" >&2; exit 75; fi
+if ! echo "$s  $p" | sha256sum -c --status; then rm -f "$p"; echo "the archive's sha256 is not $s" >&2; exit 65; fi
+"$@" load --quiet --input "$p" || exit 1
+if [ -n "$ref" ] && ! "$@" image exists "$ref"; then
+  rm -f "$p"
+  echo "the archive loaded but holds no image $ref: its digest changed on the way into the archive (push an image by the digest of its own manifest)" >&2
+  exit 65
+fi
+rm -f "$p" "$d/$s.lock""#;
+
 /// Runs the session's process to its end; what the session said last.
 pub(super) async fn run(
     mut link: Link,
@@ -56,7 +84,7 @@ pub(super) async fn run(
     supervisor: &SupervisorHandle,
     stop: CancellationToken,
 ) -> SessionEnd {
-    let started = match start(open, place, supervisor).await {
+    let started = match start(open, place, config, supervisor).await {
         Ok(started) => started,
         Err(why) => return link.end(SessionEnd::error(why)).await,
     };
@@ -77,6 +105,8 @@ pub(super) async fn run(
         let _ = hang_up(process.group.as_ref(), process.exit, grace).await;
         return SessionEnd::error("the robot's connection is gone");
     }
+    // An image push is bounded by its announced length (the script reads
+    // no more), not by max_copy_bytes: images are larger than files.
     let limit = match open.kind {
         SessionKind::Download | SessionKind::Upload => Some(config.max_copy_bytes),
         _ => None,
@@ -105,9 +135,23 @@ struct Io {
 }
 
 /// The command a session runs, as argv.
-fn command_of(open: &SessionOpen) -> Vec<String> {
+fn command_of(open: &SessionOpen, images: Option<&super::ImageLoads>) -> Vec<String> {
     match open.kind {
         SessionKind::Download => vec!["cat".into(), "--".into(), open.path.clone().unwrap_or_default()],
+        SessionKind::LoadImage => {
+            let mut argv: Vec<String> = vec![
+                "sh".into(),
+                "-c".into(),
+                LOAD_IMAGE.into(),
+                "k8s4r-image-push".into(),
+                images.map(|i| i.dir.display().to_string()).unwrap_or_default(),
+                open.sha256.clone().unwrap_or_default(),
+                open.length.unwrap_or(0).to_string(),
+                open.image.clone().unwrap_or_default(),
+            ];
+            argv.extend(images.map(|i| i.podman.clone()).unwrap_or_default());
+            argv
+        }
         SessionKind::Upload => {
             let path = open.path.clone().unwrap_or_default();
             let name = path.rsplit('/').next().unwrap_or_default().to_owned();
@@ -127,8 +171,13 @@ fn command_of(open: &SessionOpen) -> Vec<String> {
 }
 
 /// Starts the process where `place` says.
-async fn start(open: &SessionOpen, place: &Place, supervisor: &SupervisorHandle) -> Result<Started, String> {
-    let argv = command_of(open);
+async fn start(
+    open: &SessionOpen,
+    place: &Place,
+    config: &ReachConfig,
+    supervisor: &SupervisorHandle,
+) -> Result<Started, String> {
+    let argv = command_of(open, config.images.as_ref());
     let (command, args) = argv.split_first().ok_or("no command")?;
     let (mut task, grace) = match place {
         Place::Task { uid, attempt } => {
@@ -139,6 +188,17 @@ async fn start(open: &SessionOpen, place: &Place, supervisor: &SupervisorHandle)
         Place::Robot { user } => {
             let mut task = supervisor.sandbox(None, None).await?;
             task.prepared = Some(robot_user(&task, user.clone()).await?);
+            (task, Duration::from_secs(10))
+        }
+        Place::Images => {
+            let mut task = supervisor.sandbox(None, None).await?;
+            task.prepared = Some(as_agent(&task).await?);
+            // podman's own environment (a rootless store lives under the
+            // agent's HOME), its temporary files beside the spool.
+            task.env.extend(k8s4r_drivers::podman::podman_env());
+            if let Some(images) = &config.images {
+                task.env.push(("TMPDIR".into(), images.dir.display().to_string()));
+            }
             (task, Duration::from_secs(10))
         }
     };
@@ -152,7 +212,7 @@ async fn start(open: &SessionOpen, place: &Place, supervisor: &SupervisorHandle)
     if tty {
         task.env.push(("TERM".into(), "xterm-256color".into()));
     }
-    let wants_stdin = open.stdin || open.kind == SessionKind::Upload;
+    let wants_stdin = open.stdin || matches!(open.kind, SessionKind::Upload | SessionKind::LoadImage);
     let (cols, rows) = open.size.unwrap_or((80, 24));
     let owned = task.owned.clone();
     let start = move || -> Result<(Process, Io), String> {
@@ -269,6 +329,18 @@ async fn robot_user(task: &AsTask, user: String) -> Result<k8s4r_drivers::Prepar
     .map_err(|e| e.to_string())?
 }
 
+/// The preparation of an image push: the agent's own user, in `/`.
+async fn as_agent(task: &AsTask) -> Result<k8s4r_drivers::Prepared, String> {
+    let launcher = std::sync::Arc::clone(&task.launcher);
+    tokio::task::spawn_blocking(move || {
+        launcher
+            .prepare(&TaskTemplate::default(), std::path::Path::new("/"), None)
+            .map_err(|e| format!("cannot prepare the image push: {e}"))
+    })
+    .await
+    .map_err(|e| e.to_string())?
+}
+
 /// Carries the streams until the process has ended and its output is
 /// read, or the session ends first (then the process is hung up).
 async fn pump(
@@ -306,6 +378,11 @@ async fn pump(
             }
             incoming = link.next() => match incoming {
                 Incoming::Data(STDIN, bytes) => {
+                    if open.kind == SessionKind::LoadImage {
+                        // An image comes within the robot's session rate,
+                        // as what it sends goes.
+                        link.take_in(bytes.len()).await;
+                    }
                     if let (Some(limit), SessionKind::Upload) = (limit, open.kind) {
                         let announced = open.length.unwrap_or(limit).min(limit);
                         if link.bytes_in > announced {

@@ -107,6 +107,12 @@ impl Link {
         self.send(Frame::Data(stream, bytes.to_vec())).await
     }
 
+    /// Waits until `bytes` that arrived fit in the robot's rate (shared
+    /// with what sessions send): an image push comes no faster.
+    pub async fn take_in(&self, bytes: usize) {
+        self.rate.spend(bytes).await;
+    }
+
     /// Says `stream` has ended.
     pub async fn eof(&mut self, stream: u8) -> bool {
         self.send(Frame::Eof(stream)).await

@@ -223,6 +223,9 @@ impl Frame {
     }
 }
 
+/// The largest image archive a push announces.
+pub const MAX_IMAGE_ARCHIVE_BYTES: u64 = 64 << 30;
+
 /// What a session does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -235,6 +238,9 @@ pub enum SessionKind {
     Download,
     /// Writes a file on the robot.
     Upload,
+    /// Takes a container image (an OCI archive) into the robot's podman
+    /// store: resumable, the robot first says how much of it it has.
+    LoadImage,
 }
 
 impl SessionKind {
@@ -245,6 +251,7 @@ impl SessionKind {
             SessionKind::Forward => "port-forward",
             SessionKind::Download => "copy from",
             SessionKind::Upload => "copy to",
+            SessionKind::LoadImage => "image push",
         }
     }
 }
@@ -289,6 +296,13 @@ pub struct SessionOpen {
     /// Upload: the file's mode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<u32>,
+    /// LoadImage: the archive's sha256, 64 lowercase hex digits (with
+    /// `length`, how the robot knows what it has of it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+    /// LoadImage: the image, by digest, the archive must hold once loaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
     /// Data frames the server takes ahead.
     pub window: u32,
     /// Silence after which the robot ends the session, in milliseconds.
@@ -325,6 +339,28 @@ impl SessionOpen {
                 self.port.is_none_or(|p| p == 0).then_some("a port"),
             ),
             SessionKind::Download | SessionKind::Upload => ("copy", self.path.is_none().then_some("a path")),
+            SessionKind::LoadImage => {
+                let sha_ok = self.sha256.as_deref().is_some_and(|s| {
+                    s.len() == 64
+                        && s.bytes()
+                            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+                });
+                if self.task_uid.is_some() {
+                    return Err("an image push goes to a robot, not into a task".into());
+                }
+                if let Some(image) = &self.image {
+                    crate::container::ImageRef::parse(image)
+                        .map_err(|why| format!("image push: image {why}"))?;
+                }
+                let missing = if !sha_ok {
+                    Some("the archive's sha256 (64 lowercase hex digits)")
+                } else if self.length.is_none_or(|l| l == 0 || l > MAX_IMAGE_ARCHIVE_BYTES) {
+                    Some("the archive's length (at most 64 GiB)")
+                } else {
+                    None
+                };
+                ("image push", missing)
+            }
         };
         match missing {
             Some(what) => Err(format!("{kind} without {what}")),
@@ -535,6 +571,8 @@ mod tests {
             path: None,
             length: None,
             mode: None,
+            sha256: None,
+            image: None,
             window: DEFAULT_SESSION_WINDOW,
             lease_ms: 30_000,
         }

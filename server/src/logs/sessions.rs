@@ -8,6 +8,9 @@
 //! - `GET .../namespaces/{ns}/tasks/{name}/exec?command=..&stdin=&tty=`
 //!   (and `copyFrom=PATH` or `copyTo=PATH&length=N&mode=M` for `k8s4r
 //!   cp`, which kubectl too authorizes as exec);
+//! - `GET .../robots/{name}/exec?loadImage=SHA256&length=N` for `k8s4r
+//!   image push`, an OCI archive into the robot's podman store, authorized
+//!   as exec on the robot;
 //! - `GET .../namespaces/{ns}/tasks/{name}/portforward?ports=P`, one TCP
 //!   connection per WebSocket;
 //! - `GET .../robots/{name}/exec` and `.../robots/{name}/portforward`.
@@ -148,6 +151,8 @@ fn parse_query(subresource: &str, query: Option<&str>) -> Result<SessionOpen, St
         path: None,
         length: None,
         mode: None,
+        sha256: None,
+        image: None,
         window: DEFAULT_SESSION_WINDOW,
         lease_ms: 0,
     };
@@ -177,6 +182,11 @@ fn parse_query(subresource: &str, query: Option<&str>) -> Result<SessionOpen, St
                 open.kind = SessionKind::Upload;
                 open.path = Some(value);
             }
+            "loadImage" => {
+                open.kind = SessionKind::LoadImage;
+                open.sha256 = Some(value);
+            }
+            "image" => open.image = Some(value),
             "length" => open.length = Some(value.parse().map_err(|_| format!("length {value:?}"))?),
             "mode" => {
                 open.mode =
@@ -246,6 +256,13 @@ async fn session(
         Ok(open) => open,
         Err(why) => return status(StatusCode::BAD_REQUEST, "BadRequest", why),
     };
+    if open.kind == SessionKind::LoadImage && matches!(target, Target::Task { .. }) {
+        return status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            "an image push goes to a robot (robots/NAME/exec), not into a task".to_owned(),
+        );
+    }
     open.user = user.clone();
     open.lease_ms = u64::try_from(state.session_lease.as_millis()).unwrap_or(u64::MAX);
     // Where it runs, and the object its Events are about.
@@ -398,6 +415,11 @@ fn describe(open: &SessionOpen) -> String {
         SessionKind::Upload => format!(
             "copy to {} ({} bytes)",
             open.path.as_deref().unwrap_or_default(),
+            open.length.unwrap_or(0)
+        ),
+        SessionKind::LoadImage => format!(
+            "image push of archive sha256:{} ({} bytes)",
+            open.sha256.as_deref().unwrap_or_default(),
             open.length.unwrap_or(0)
         ),
     }
@@ -696,6 +718,20 @@ mod tests {
         assert_eq!(
             (up.kind, up.length, up.mode),
             (SessionKind::Upload, Some(3), Some(0o600))
+        );
+        let sha = "a".repeat(64);
+        let push = parse_query("exec", Some(&format!("loadImage={sha}&length=9"))).unwrap();
+        assert_eq!(
+            (push.kind, push.sha256.as_deref(), push.length),
+            (SessionKind::LoadImage, Some(sha.as_str()), Some(9))
+        );
+        assert!(
+            parse_query("exec", Some("loadImage=abc&length=9")).is_err(),
+            "a sha256"
+        );
+        assert!(
+            parse_query("exec", Some(&format!("loadImage={sha}"))).is_err(),
+            "a length"
         );
         assert!(parse_query("exec", None).is_err(), "no command");
         assert!(
