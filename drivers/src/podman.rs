@@ -23,14 +23,12 @@
 //!   container (`podman exec`).
 
 use std::ffi::OsString;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use k8s4r_api::container::ImageRef;
-use k8s4r_api::names::ENV_TASK_DIR;
 use k8s4r_api::task::DRIVER_PODMAN;
 use k8s4r_api::TaskTemplate;
 
@@ -286,7 +284,7 @@ impl PodmanDriver {
     /// thread.
     pub fn kill_container(&self, task_dir: &Path) {
         let name = container_name(task_dir);
-        if let Some(pid) = container_pid(&self.run_file(&name, "pid"), task_dir) {
+        if let Some(pid) = crate::shim::container_pid(&self.run_file(&name, "pid"), task_dir) {
             let _ =
                 nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
         }
@@ -310,25 +308,6 @@ impl PodmanDriver {
                 Err(e) => tracing::warn!(container = %name, error = %e, "cannot run podman to remove a killed task's container"),
             });
     }
-}
-
-/// The pid in a container's pidfile, if that process is the container's
-/// PID 1 for the task in `task_dir` (its environment names the task's
-/// directory, `task_dir` or the attempt's directory above it): a stale
-/// file must never have the agent kill a stranger.
-pub(crate) fn container_pid(pidfile: &Path, task_dir: &Path) -> Option<i32> {
-    let pid: i32 = std::fs::read_to_string(pidfile).ok()?.trim().parse().ok()?;
-    if pid <= 1 {
-        return None;
-    }
-    let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
-    let prefix = format!("{ENV_TASK_DIR}=").into_bytes();
-    let ours = environ.split(|b| *b == 0).any(|var| {
-        var.strip_prefix(prefix.as_slice())
-            .map(|dir| Path::new(std::ffi::OsStr::from_bytes(dir)))
-            .is_some_and(|dir| dir.components().count() > 2 && task_dir.starts_with(dir))
-    });
-    ours.then_some(pid)
 }
 
 /// `--user` and groups for the process in the container; without an
@@ -562,9 +541,12 @@ mod tests {
         let pidfile = dir.path().join("c.pid");
         // This test's own process does not carry the task's marker.
         std::fs::write(&pidfile, std::process::id().to_string()).unwrap();
-        assert_eq!(container_pid(&pidfile, Path::new("/nowhere/tasks/x-1")), None);
+        assert_eq!(
+            crate::shim::container_pid(&pidfile, Path::new("/nowhere/tasks/x-1")),
+            None
+        );
         std::fs::write(&pidfile, "1").unwrap();
-        assert_eq!(container_pid(&pidfile, Path::new("/")), None);
+        assert_eq!(crate::shim::container_pid(&pidfile, Path::new("/")), None);
     }
 
     #[test]

@@ -385,9 +385,28 @@ fn wait_fenced(pid: Pid, status_file: &Path, fence: Duration, kill_also: Option<
 
 /// SIGKILL to the process `kill_also` names, if it is the task's.
 fn kill_also_now(kill_also: Option<(&Path, &Path)>) {
-    if let Some(pid) = kill_also.and_then(|(pidfile, dir)| crate::podman::container_pid(pidfile, dir)) {
+    if let Some(pid) = kill_also.and_then(|(pidfile, dir)| container_pid(pidfile, dir)) {
         let _ = nix::sys::signal::kill(Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
     }
+}
+
+/// The pid in a container's pidfile, if that process is the container's
+/// PID 1 for the task in `task_dir` (its environment names the task's
+/// directory, `task_dir` or the attempt's directory above it): a stale
+/// file must never have the agent kill a stranger.
+pub(crate) fn container_pid(pidfile: &Path, task_dir: &Path) -> Option<i32> {
+    let pid: i32 = std::fs::read_to_string(pidfile).ok()?.trim().parse().ok()?;
+    if pid <= 1 {
+        return None;
+    }
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    let prefix = format!("{}=", k8s4r_api::names::ENV_TASK_DIR).into_bytes();
+    let ours = environ.split(|b| *b == 0).any(|var| {
+        var.strip_prefix(prefix.as_slice())
+            .map(|dir| Path::new(<OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(dir)))
+            .is_some_and(|dir| dir.components().count() > 2 && task_dir.starts_with(dir))
+    });
+    ours.then_some(pid)
 }
 
 /// The agent's last contact as it keeps it for the shims and its next
