@@ -267,6 +267,7 @@ impl Config {
         let mut reach = resolve_reach(&s)?;
         reach.images = supervisor.podman.as_ref().map(|podman| crate::reach::ImageLoads {
             dir: state_dir.join("images"),
+            marks: podman.image_marks_dir(),
             podman: std::iter::once(podman.program.display().to_string())
                 .chain(podman.global_args.iter().cloned())
                 .collect(),
@@ -598,6 +599,8 @@ fn resolve_supervisor(
         shim_program: defaults.shim_program,
         outputs: resolve_outputs(s)?,
         podman: resolve_podman(s, state_dir)?,
+        image_keep: s.podman_keep_images.unwrap_or(defaults.image_keep),
+        image_budget: s.podman_image_budget.unwrap_or(defaults.image_budget),
     })
 }
 

@@ -103,6 +103,9 @@ pub struct ImageLoads {
     pub dir: std::path::PathBuf,
     /// podman and its options, as the driver calls it.
     pub podman: Vec<String>,
+    /// Where a loaded image is marked as the agent's, so that it is
+    /// removed once unused like a pulled one.
+    pub marks: std::path::PathBuf,
 }
 
 impl Default for ReachConfig {

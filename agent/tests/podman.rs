@@ -352,3 +352,79 @@ async fn with_no_agent_running_the_shims_fence_kills_the_container_too() {
     })
     .await;
 }
+
+/// Sets the time of the agent's mark of `image` (its last use) to
+/// `hours` ago, as if that much time had passed.
+fn age_mark(state_dir: &std::path::Path, image: &str, hours: u32) {
+    let hex = image.rsplit_once("@sha256:").expect("a pinned image").1;
+    let mark = state_dir.join("podman/images").join(hex);
+    assert!(mark.exists(), "the agent noted no use of {image}");
+    let status = std::process::Command::new("touch")
+        .args(["-m", "-d", &format!("{hours} hours ago")])
+        .arg(&mark)
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unused_images_the_agent_brought_are_removed_but_not_a_held_tasks_or_anothers() {
+    let registry = Registry::start();
+    let [old, older, held, last, foreign] =
+        ["old", "older", "held", "last", "foreign"].map(|name| registry.push_test_image_with(name, 4096));
+    let store = PodmanStore::new();
+    // Somebody else's image in the same store: no mark, never touched.
+    store.podman(&["pull", "--quiet", "--tls-verify=false", &foreign]);
+    let mut h = Harness::with_config(|c| {
+        podman_config(c, &store);
+        c.image_keep = 0;
+    });
+    let state = h.dir.path().to_path_buf();
+
+    for (uid, image) in [("gc-old", &old), ("gc-older", &older)] {
+        let outcome = h.run(uid, container(image, None)).await;
+        assert_eq!(outcome.state, TaskState::Completed, "{outcome:?}");
+    }
+    // Used within the grace: still there after the collections their
+    // ends started.
+    assert!(store.has_image(&old) && store.has_image(&older));
+    age_mark(&state, &old, 2);
+    age_mark(&state, &older, 3);
+
+    // A task that holds its image for as long as it runs, its use long ago.
+    h.submit("gc-held", container(&held, Some(": > up; exec sleep 300")))
+        .await;
+    let up = state.join("tasks/gc-held-1/work/up");
+    poll_until("the held task runs", || up.exists()).await;
+    age_mark(&state, &held, 4);
+
+    // Another podman task ends: unused and old, the first two go.
+    let outcome = h.run("gc-last", container(&last, None)).await;
+    assert_eq!(outcome.state, TaskState::Completed, "{outcome:?}");
+    poll_until("the unused images are removed", || {
+        !store.has_image(&old) && !store.has_image(&older)
+    })
+    .await;
+    assert!(store.has_image(&held), "the image of a running task was removed");
+    assert!(store.has_image(&last), "an image used a moment ago was removed");
+    assert!(
+        store.has_image(&foreign),
+        "an image the agent did not bring was removed"
+    );
+    let marks: Vec<_> = std::fs::read_dir(state.join("podman/images"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.starts_with('.'))
+        .collect();
+    assert_eq!(marks.len(), 2, "the marks of the removed images stay: {marks:?}");
+
+    // A removed image is pulled again when a task needs it.
+    let outcome = h.run("gc-again", container(&old, None)).await;
+    assert_eq!(outcome.state, TaskState::Completed, "{outcome:?}");
+    h.handle
+        .cancel("gc-held", Some(1), "the test is over".to_owned())
+        .await;
+    h.finished("gc-held").await;
+    poll_until("its container is removed", || store.containers().is_empty()).await;
+}

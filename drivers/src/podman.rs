@@ -33,6 +33,8 @@ use k8s4r_api::task::DRIVER_PODMAN;
 use k8s4r_api::TaskTemplate;
 
 use crate::launch::{self, Isolation};
+
+pub mod images;
 use crate::{
     resolve_cwd, user_name, Driver, DriverError, Identity, Launch, Launched, Prepared, DEFAULT_PATH,
 };
@@ -125,22 +127,28 @@ impl PodmanDriver {
         command
     }
 
-    /// The image on the robot: present, or pulled now by digest.
+    /// The image on the robot: present, or pulled now by digest. Its use
+    /// is noted first, under the lock the removal of unused images takes,
+    /// so that it is not removed between this look and the container.
     pub fn ensure_image(&self, image: &ImageRef) -> Result<(), DriverError> {
         let pinned = image.pinned();
         let unavailable = |why: String| DriverError::ImageUnavailable {
             image: pinned.clone(),
             why,
         };
-        let exists = self
-            .command()
-            .args(["image", "exists", &pinned])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .map_err(|e| unavailable(format!("cannot run {}: {e}", self.config.program.display())))?;
-        if exists.success() {
-            return Ok(());
+        {
+            let _lock = self.lock_marks();
+            self.mark_used(image, false);
+            let exists = self
+                .command()
+                .args(["image", "exists", &pinned])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .map_err(|e| unavailable(format!("cannot run {}: {e}", self.config.program.display())))?;
+            if exists.success() {
+                return Ok(());
+            }
         }
         let mut pull = self.command();
         pull.args(["pull", "--quiet"]);
@@ -152,7 +160,10 @@ impl PodmanDriver {
         let out = run_with_timeout(pull, self.config.pull_timeout)
             .map_err(|e| unavailable(format!("cannot run {}: {e}", self.config.program.display())))?;
         match out {
-            Some(out) if out.status.success() => Ok(()),
+            Some(out) if out.status.success() => {
+                self.mark_used(image, true);
+                Ok(())
+            }
             Some(out) => Err(unavailable(format!(
                 "it is not on the robot and the pull failed: {}",
                 last_line(&out.stderr)

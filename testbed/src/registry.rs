@@ -198,6 +198,16 @@ impl PodmanStore {
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
     }
 
+    /// Whether the store holds the image `reference`.
+    pub fn has_image(&self, reference: &str) -> bool {
+        Command::new("podman")
+            .args(self.args())
+            .args(["image", "exists", reference])
+            .status()
+            .expect("run podman")
+            .success()
+    }
+
     /// The names of the containers in the store, running or not.
     pub fn containers(&self) -> Vec<String> {
         self.podman(&["ps", "--all", "--format", "{{.Names}}"])

@@ -221,6 +221,20 @@ pub struct Settings {
     #[serde(default, deserialize_with = "de_duration")]
     pub podman_pull_timeout: Option<Duration>,
 
+    /// Images no held task names that are kept, the most recently used
+    /// first; the others the agent brought (pulled, or pushed with `k8s4r
+    /// image push`) are removed. Default: 3.
+    #[arg(long, env = "K8S4R_PODMAN_KEEP_IMAGES", value_name = "N")]
+    pub podman_keep_images: Option<usize>,
+
+    /// Disk the images the agent brought may take together, as a size
+    /// (`20Gi`) or a share of the file system podman keeps them on
+    /// (`25%`): over it, unused images go, the least recently used first.
+    /// Default: 25%.
+    #[arg(long, env = "K8S4R_PODMAN_IMAGE_BUDGET", value_name = "SIZE")]
+    #[serde(default, deserialize_with = "de_disk_size")]
+    pub podman_image_budget: Option<DiskSize>,
+
     /// A user exec tasks may name in `user` (root aside: see allow_root);
     /// repeat the flag or separate with commas in K8S4R_ALLOWED_USERS. In
     /// the file: a list. Default: none.
@@ -448,6 +462,8 @@ impl Settings {
             podman_tls_verify: self.podman_tls_verify.or(file.podman_tls_verify),
             podman_authfile: self.podman_authfile.or(file.podman_authfile),
             podman_pull_timeout: self.podman_pull_timeout.or(file.podman_pull_timeout),
+            podman_keep_images: self.podman_keep_images.or(file.podman_keep_images),
+            podman_image_budget: self.podman_image_budget.or(file.podman_image_budget),
             allowed_users: if self.allowed_users.is_empty() {
                 file.allowed_users
             } else {

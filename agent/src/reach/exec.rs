@@ -55,7 +55,7 @@ cat > "$p" && chmod "$2" "$p" && mv -f "$p" "$t" || { rm -f "$p"; exit 1; }"#;
 /// what comes up to the length, checks the whole archive's sha256, loads
 /// it and checks that the image is there by its digest. A verified archive
 /// stays until it loads; archives of pushes abandoned for a day go.
-const LOAD_IMAGE: &str = r#"d="$1"; s="$2"; n="$3"; ref="$4"; shift 4
+const LOAD_IMAGE: &str = r#"d="$1"; s="$2"; n="$3"; ref="$4"; m="$5"; shift 5
 p="$d/$s.part"; umask 077; mkdir -p "$d" || exit 1
 exec 9>>"$d/$s.lock"
 flock -n 9 || { echo "another push of this archive to this robot is under way" >&2; exit 75; }
@@ -73,6 +73,11 @@ if [ -n "$ref" ] && ! "$@" image exists "$ref"; then
   echo "the archive loaded but holds no image $ref: its digest changed on the way into the archive (push an image by the digest of its own manifest)" >&2
   exit 65
 fi
+hex="${ref##*@sha256:}"
+case "$hex" in
+  *[!0-9a-f]*) ;;
+  ????????????????????????????????????????????????????????????????) mkdir -p "$m" && printf '%s\n' "$ref" > "$m/$hex" ;;
+esac
 rm -f "$p" "$d/$s.lock""#;
 
 /// Runs the session's process to its end; what the session said last.
@@ -148,6 +153,7 @@ fn command_of(open: &SessionOpen, images: Option<&super::ImageLoads>) -> Vec<Str
                 open.sha256.clone().unwrap_or_default(),
                 open.length.unwrap_or(0).to_string(),
                 open.image.clone().unwrap_or_default(),
+                images.map(|i| i.marks.display().to_string()).unwrap_or_default(),
             ];
             argv.extend(images.map(|i| i.podman.clone()).unwrap_or_default());
             argv

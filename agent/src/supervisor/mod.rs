@@ -186,7 +186,19 @@ pub struct SupervisorConfig {
     pub outputs: crate::outputs::OutputsConfig,
     /// The podman driver's settings; None: the robot does not offer it.
     pub podman: Option<k8s4r_drivers::PodmanConfig>,
+    /// Unused images kept beside those held tasks name, the most recently
+    /// used first (podman).
+    pub image_keep: usize,
+    /// Disk all the images the agent brought may take together (podman);
+    /// a share is of the file system podman keeps them on.
+    pub image_budget: DiskSize,
 }
+
+/// Unused images kept when the robot's configuration says nothing.
+pub const DEFAULT_IMAGE_KEEP: usize = 3;
+
+/// The images' disk when the robot's configuration says nothing.
+pub const DEFAULT_IMAGE_BUDGET: DiskSize = DiskSize::Percent(25);
 
 /// The disk reserve when none is configured (capped at 5% of a small disk).
 pub const DEFAULT_DISK_RESERVE: u64 = 32 << 20;
@@ -269,6 +281,8 @@ impl Default for SupervisorConfig {
             shim_program: None,
             outputs: crate::outputs::OutputsConfig::default(),
             podman: None,
+            image_keep: DEFAULT_IMAGE_KEEP,
+            image_budget: DEFAULT_IMAGE_BUDGET,
         }
     }
 }

@@ -118,6 +118,8 @@ pub(crate) enum Housework {
         report: k8s4r_api::protocol::ConfigReport,
         applied: super::task_config::Applied,
     },
+    /// A collection of unused images is done.
+    ImagesCollected(k8s4r_drivers::podman::images::Collected),
     Done,
 }
 
@@ -145,6 +147,8 @@ pub(crate) struct Runner {
     pub(super) tails: tails::Tails,
     /// Task outputs taken at the end of their attempts.
     pub(crate) outputs: Arc<crate::outputs::Spool>,
+    /// The removal of unused images.
+    pub(super) images: images::ImageCollection,
 }
 
 impl Runner {
@@ -285,6 +289,7 @@ impl Runner {
                 return self.apply(wants);
             }
             Deadline::Measure => return self.measure(),
+            Deadline::Images => return self.collect_images(),
             Deadline::Tails => return self.read_tails(),
             Deadline::Restart(id) => return self.restart(id),
             Deadline::Check(id, index) => return self.run_check(id, index),
@@ -414,6 +419,7 @@ impl Runner {
                 report,
                 applied,
             } => self.on_reconfigured(uid, attempt, report, applied),
+            Housework::ImagesCollected(collected) => self.on_images_collected(collected),
             Housework::Done => {}
         }
     }
@@ -471,6 +477,7 @@ async fn recv_signal(signal: &mut Option<tokio::signal::unix::Signal>) -> Option
 mod checking;
 mod conditions;
 mod ending;
+mod images;
 mod reconfiguring;
 mod shutdown;
 mod starting;

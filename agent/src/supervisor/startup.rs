@@ -166,6 +166,7 @@ impl Runner {
             shutdown_waiters: Vec::new(),
             facts: None,
             tails: Default::default(),
+            images: Default::default(),
             outputs: Arc::new(outputs),
         };
         runner.take_over(recovered.adopted, recovered.resumed);
@@ -194,6 +195,7 @@ impl Runner {
         self.disk.keep_held(|key| table.holds(key));
         // The first measurement takes the disk reserve.
         self.schedule_measure(Duration::ZERO);
+        self.schedule_images(Duration::ZERO);
     }
 
     fn apply_startup(&mut self, wants: super::cleanup::Wants) {

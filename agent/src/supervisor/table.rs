@@ -73,6 +73,8 @@ pub(crate) enum Deadline {
     Sweep,
     /// Measure the disk.
     Measure,
+    /// Remove the images no task needs.
+    Images,
     /// Start a task waiting to restart.
     Restart(u64),
     /// Run health check `.1` of a running task.
@@ -444,6 +446,7 @@ impl Table {
             Deadline::Cleanup
             | Deadline::Sweep
             | Deadline::Measure
+            | Deadline::Images
             | Deadline::Tails
             | Deadline::Restart(_)
             | Deadline::Check(..) => return None,

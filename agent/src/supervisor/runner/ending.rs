@@ -102,6 +102,10 @@ impl Runner {
     /// The attempt is over: its outcome by the rules, its tail (from its
     /// log files, read off the loop), its end.
     pub(super) fn finish(&mut self, mut task: Task, exit: Exit, started_at: jiff::Timestamp) {
+        // Its image may have become unused.
+        if task.template.driver == k8s4r_api::task::DRIVER_PODMAN {
+            self.collect_images();
+        }
         let ending = Ending {
             stop: task.stop.as_ref(),
             kind: task.template.kind,
