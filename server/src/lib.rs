@@ -493,10 +493,11 @@ impl Running {
     async fn stop_when(self, shutdown: CancellationToken) {
         shutdown.cancelled().await;
         info!("shutting down: finishing reconciles in flight");
-        let _ = self.dispatcher.await;
-        let _ = self.responder.await;
+        let deadline = tokio::time::Instant::now() + FINISH_IN_FLIGHT;
+        finish_by("the task dispatcher", self.dispatcher, deadline).await;
+        finish_by("the robot watch", self.responder, deadline).await;
         if let Some(campaign) = self.campaign {
-            let _ = campaign.await;
+            finish_by("the leader election", campaign, deadline).await;
         }
         self.mqtt_stop.cancel();
         for connection in self.mqtt {
@@ -511,6 +512,24 @@ impl Running {
         }
         self.metrics.set_kube_synced(false);
         info!("stopped");
+    }
+}
+
+/// How long the reconciles in flight may take to finish at shutdown. A
+/// reconcile cut short is no worse than one a SIGKILL of the server cuts:
+/// what it did not record, the next run (or another replica) does again.
+const FINISH_IN_FLIGHT: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Waits for `part` until `deadline`, then abandons it, saying so: a stop
+/// of the server ends, whatever one part waits for.
+async fn finish_by(part: &str, mut handle: JoinHandle<()>, deadline: tokio::time::Instant) {
+    if tokio::time::timeout_at(deadline, &mut handle).await.is_err() {
+        warn!(
+            part,
+            "did not finish within {FINISH_IN_FLIGHT:?} of the shutdown; abandoned"
+        );
+        handle.abort();
+        let _ = handle.await;
     }
 }
 
