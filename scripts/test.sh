@@ -14,7 +14,10 @@ cd "$root"
 quick=0
 [ "${1:-}" = "--quick" ] && quick=1
 
-step() { printf '\n==> %s\n' "$*"; }
+# Each step says when it began, in seconds since the run's start: where a
+# slow run spent its time.
+started=$SECONDS
+step() { printf '\n==> [%ss] %s\n' "$((SECONDS - started))" "$*"; }
 
 # A clean run of everything below needs about 10 GB in target/ (measured:
 # 6.8 GB for the lints and the test build, 2 GB for the image's release
@@ -72,4 +75,4 @@ if [ "$quick" -eq 0 ]; then
     cross/build.sh
 fi
 echo
-echo "all checks passed"
+echo "all checks passed in $((SECONDS - started))s"
