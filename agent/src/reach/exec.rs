@@ -549,3 +549,67 @@ async fn hang_up(
     group.signal(Signal::SIGKILL);
     status
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sha2::Digest as _;
+    use std::io::Write as _;
+
+    /// Runs the push's script as the session would, with `podman` a
+    /// stand-in that loads anything and has every image; the archive on
+    /// stdin.
+    fn push(archive: &[u8], image: &str, dir: &std::path::Path) -> std::process::Output {
+        let podman = dir.join("podman");
+        std::fs::write(&podman, "#!/bin/sh\nexit 0\n").unwrap();
+        std::fs::set_permissions(&podman, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let sha = format!("{:x}", sha2::Sha256::digest(archive));
+        let open: SessionOpen = serde_json::from_value(serde_json::json!({
+            "kind": "loadImage",
+            "user": "test",
+            "length": archive.len(),
+            "sha256": sha,
+            "image": image,
+            "window": 0,
+            "leaseMs": 1000,
+        }))
+        .unwrap();
+        let loads = super::super::ImageLoads {
+            dir: dir.join("spool"),
+            podman: vec![podman.display().to_string()],
+            marks: dir.join("marks"),
+        };
+        let argv = command_of(&open, Some(&loads));
+        let mut child = std::process::Command::new(&argv[0])
+            .args(&argv[1..])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(archive).unwrap();
+        child.wait_with_output().unwrap()
+    }
+
+    #[test]
+    fn a_pushed_image_is_marked_as_the_agents_by_its_digest_and_a_bad_reference_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let hex = "0a".repeat(32);
+        let image = format!("registry.example/nav@sha256:{hex}");
+        let out = push(b"an archive", &image, dir.path());
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let mark = std::fs::read_to_string(dir.path().join("marks").join(&hex)).unwrap();
+        assert_eq!(mark.trim(), image);
+
+        // Not a digest of 64 lowercase hex digits: loaded, but no mark.
+        for bad in ["nav@sha256:../../etc/x", "nav@sha256:ABCD", "nav:tag"] {
+            let out = push(b"another archive", bad, dir.path());
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        }
+        let marks: Vec<_> = std::fs::read_dir(dir.path().join("marks"))
+            .unwrap()
+            .flatten()
+            .collect();
+        assert_eq!(marks.len(), 1, "{marks:?}");
+    }
+}
