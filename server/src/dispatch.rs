@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use futures::{FutureExt as _, StreamExt};
 use k8s4r_api::backoff::exponential;
 use k8s4r_api::names::{ANNOTATION_SENDING_ATTEMPT, FINALIZER_CANCEL};
 use k8s4r_api::protocol::{encode, ConfigUpdate, Dispatch, MAX_MESSAGE_BYTES};
@@ -170,8 +170,9 @@ pub async fn run(
         published: Mutex::default(),
         config_sent: Mutex::default(),
     });
-    controller
-        .graceful_shutdown_on(shutdown.cancelled_owned())
+    let tasks = controller.store();
+    let run = controller
+        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(reconcile, error_policy, context)
         .for_each(|result| async move {
             match result {
@@ -184,8 +185,21 @@ pub async fn run(
                 Err(error) => tracing::debug!(%error, "task controller"),
                 Ok(_) => {}
             }
-        })
-        .await;
+        });
+    // kube-runtime holds reconciles back until the Task cache has its first
+    // list, and its graceful shutdown then waits for that list forever (the
+    // shutdown has stopped the watch that would bring it). Stopped before
+    // the list, nothing was reconciled: the controller is dropped at once.
+    let unlisted_at_shutdown = async {
+        shutdown.cancelled().await;
+        if tasks.wait_until_ready().now_or_never().is_some() {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        () = run => {}
+        () = unlisted_at_shutdown => tracing::debug!("stopped before the Tasks were listed: nothing in flight"),
+    }
 }
 
 fn robot_phase(cache: &Store<Robot>, name: &str) -> Option<k8s4r_api::RobotPhase> {
