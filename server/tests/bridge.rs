@@ -10,10 +10,10 @@ use k8s4r_server::decide::ANNOTATION_TOKEN_SHA256;
 use k8s4r_service::leader::LeaderConfig;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::DeleteParams;
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, ResourceExt};
 use rumqttc::QoS;
 use std::time::Duration;
-use support::{eventually, Env, FakeRobot, LEASES};
+use support::{cluster_role, eventually, rule, Env, FakeRobot, LEASES};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn register_creates_a_pending_robot_and_answers_once_the_manager_decides() {
@@ -617,66 +617,14 @@ async fn a_robot_going_offline_releases_its_deleted_tasks() {
 /// status.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_with_a_stale_task_cache_neither_confirms_nor_cancels() {
-    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
+    use k8s_openapi::api::rbac::v1::ClusterRole;
     let env = Env::start().await;
-    env.api.add_user(
-        "stale-token",
-        apiserver_lite::authz::User::service_account("default", "stale"),
-    );
-    let rule = |groups: &[&str], resources: &[&str], verbs: &[&str]| PolicyRule {
-        api_groups: Some(groups.iter().map(|s| (*s).to_owned()).collect()),
-        resources: Some(resources.iter().map(|s| (*s).to_owned()).collect()),
-        verbs: verbs.iter().map(|s| (*s).to_owned()).collect(),
-        ..Default::default()
-    };
-    let role = |rules: Vec<PolicyRule>| ClusterRole {
-        metadata: kube::api::ObjectMeta {
-            name: Some("stale-server".into()),
-            ..Default::default()
-        },
-        rules: Some(rules),
-        ..Default::default()
-    };
-    let roles: Api<ClusterRole> = Api::all(env.client.clone());
-    roles
-        .create(&Default::default(), &role(vec![rule(&["*"], &["*"], &["*"])]))
-        .await
-        .unwrap();
-    let binding = ClusterRoleBinding {
-        metadata: kube::api::ObjectMeta {
-            name: Some("stale-server".into()),
-            ..Default::default()
-        },
-        role_ref: RoleRef {
-            api_group: Some("rbac.authorization.k8s.io".into()),
-            kind: "ClusterRole".into(),
-            name: "stale-server".into(),
-        },
-        subjects: Some(vec![Subject {
-            kind: "ServiceAccount".into(),
-            name: "stale".into(),
-            namespace: Some("default".into()),
-            ..Default::default()
-        }]),
-    };
-    Api::<ClusterRoleBinding>::all(env.client.clone())
-        .create(&Default::default(), &binding)
-        .await
-        .unwrap();
+    let token = env
+        .service_account("stale", vec![rule(&["*"], &["*"], &["*"])])
+        .await;
     // The stale replica reaches the API server through a link the test cuts.
     let link = k8s4r_testbed::Proxy::start(env.api.addr()).await;
-    let yaml = apiserver_lite::server::kubeconfig_yaml(
-        &env.api
-            .url()
-            .replace(&env.api.addr().to_string(), &link.addr().to_string()),
-        "stale-token",
-        env.api.ca_pem(),
-    );
-    let kubeconfig = kube::config::Kubeconfig::from_yaml(&yaml).unwrap();
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-        .await
-        .unwrap();
-    let stale_client = Client::try_from(config).unwrap();
+    let stale_client = env.client_via(link.addr(), &token).await;
     let replica = |name: &str| {
         let mut config = env.config();
         config.identity = name.into();
@@ -691,25 +639,28 @@ async fn a_replica_with_a_stale_task_cache_neither_confirms_nor_cancels() {
     env.set_phase("rb1", RobotPhase::Online).await;
     // The stale replica's watch ends, and it may no longer list, watch or
     // read Tasks: nothing it learns of Tasks from now on.
-    roles
+    Api::<ClusterRole>::all(env.client.clone())
         .replace(
-            "stale-server",
+            "stale",
             &Default::default(),
-            &role(vec![
-                rule(
-                    &["*"],
-                    &[
-                        "robots",
-                        "robots/status",
-                        "leases",
-                        "events",
-                        "namespaces",
-                        "tasks/status",
-                    ],
-                    &["*"],
-                ),
-                rule(&["robot.k8s4r.io"], &["tasks"], &["patch", "update"]),
-            ]),
+            &cluster_role(
+                "stale",
+                vec![
+                    rule(
+                        &["*"],
+                        &[
+                            "robots",
+                            "robots/status",
+                            "leases",
+                            "events",
+                            "namespaces",
+                            "tasks/status",
+                        ],
+                        &["*"],
+                    ),
+                    rule(&["robot.k8s4r.io"], &["tasks"], &["patch", "update"]),
+                ],
+            ),
         )
         .await
         .unwrap();
