@@ -40,6 +40,15 @@ impl ContainerNetwork {
     }
 }
 
+/// Whether `hex` is a sha256 as digests are written: 64 lowercase hex
+/// digits.
+pub fn is_sha256_hex(hex: &str) -> bool {
+    hex.len() == 64
+        && hex
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
 /// An image reference pinned by digest: `[registry/]path[:tag]@sha256:<hex>`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ImageRef {
@@ -68,11 +77,7 @@ impl ImageRef {
         let hex = digest
             .strip_prefix("sha256:")
             .ok_or_else(|| format!("the digest must be sha256:<64 hex digits>, got {digest:?}"))?;
-        if hex.len() != 64
-            || !hex
-                .bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-        {
+        if !is_sha256_hex(hex) {
             return Err(format!(
                 "the digest must be sha256:<64 lowercase hex digits>, got {digest:?}"
             ));

@@ -340,11 +340,10 @@ impl SessionOpen {
             ),
             SessionKind::Download | SessionKind::Upload => ("copy", self.path.is_none().then_some("a path")),
             SessionKind::LoadImage => {
-                let sha_ok = self.sha256.as_deref().is_some_and(|s| {
-                    s.len() == 64
-                        && s.bytes()
-                            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-                });
+                let sha_ok = self
+                    .sha256
+                    .as_deref()
+                    .is_some_and(crate::container::is_sha256_hex);
                 if self.task_uid.is_some() {
                     return Err("an image push goes to a robot, not into a task".into());
                 }

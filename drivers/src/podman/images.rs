@@ -20,7 +20,7 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use k8s4r_api::container::ImageRef;
+use k8s4r_api::container::{is_sha256_hex, ImageRef};
 
 use super::{last_line, run_with_timeout, PodmanConfig, PodmanDriver};
 
@@ -318,11 +318,7 @@ enum Inspected {
 /// `sha256:<hex>` for a mark named by 64 lowercase hex digits.
 fn digest_of_mark(path: &Path) -> Option<String> {
     let name = path.file_name()?.to_str()?;
-    let hex = name.len() == 64
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
-    hex.then(|| format!("sha256:{name}"))
+    is_sha256_hex(name).then(|| format!("sha256:{name}"))
 }
 
 #[cfg(test)]
@@ -339,6 +335,11 @@ mod tests {
             id: format!("id{n}"),
             size,
         }
+    }
+
+    /// Keep `keep` unused images, within `budget` bytes.
+    fn keeping(keep: usize, budget: Option<u64>) -> Policy {
+        Policy { keep, budget }
     }
 
     fn now() -> SystemTime {
@@ -361,85 +362,28 @@ mod tests {
             image(3, 300, MIB),
             image(4, 40, MIB),
         ];
-        let policy = Policy {
-            keep: 2,
-            budget: None,
-        };
+        let policy = keeping(2, None);
         assert_eq!(gone(&images, &[], policy), [3, 1]);
-        assert_eq!(
-            gone(
-                &images,
-                &[],
-                Policy {
-                    keep: 0,
-                    budget: None
-                }
-            ),
-            [3, 1, 4, 2]
-        );
-        assert!(gone(
-            &images,
-            &[],
-            Policy {
-                keep: 4,
-                budget: None
-            }
-        )
-        .is_empty());
+        assert_eq!(gone(&images, &[], keeping(0, None)), [3, 1, 4, 2]);
+        assert!(gone(&images, &[], keeping(4, None)).is_empty());
     }
 
     #[test]
     fn an_image_a_held_task_names_stays_and_does_not_count_among_the_kept() {
         let images = [image(1, 60, MIB), image(2, 20, MIB), image(3, 300, MIB)];
         // 3 is named by a task: of the unused, 2 is the newest and stays.
-        assert_eq!(
-            gone(
-                &images,
-                &[3],
-                Policy {
-                    keep: 1,
-                    budget: None
-                }
-            ),
-            [1]
-        );
-        assert!(gone(
-            &images,
-            &[1, 2, 3],
-            Policy {
-                keep: 0,
-                budget: Some(0)
-            }
-        )
-        .is_empty());
+        assert_eq!(gone(&images, &[3], keeping(1, None)), [1]);
+        assert!(gone(&images, &[1, 2, 3], keeping(0, Some(0))).is_empty());
     }
 
     #[test]
     fn an_image_used_within_the_grace_stays_whatever_the_count_or_the_budget() {
         let images = [image(1, 5, MIB), image(2, 60, MIB)];
-        assert_eq!(
-            gone(
-                &images,
-                &[],
-                Policy {
-                    keep: 0,
-                    budget: Some(0)
-                }
-            ),
-            [2]
-        );
+        assert_eq!(gone(&images, &[], keeping(0, Some(0))), [2]);
         // Used in the future (a clock stepped back): recent as well.
         let mut ahead = image(3, 0, MIB);
         ahead.used = now() + Duration::from_secs(3600);
-        assert!(gone(
-            &[ahead],
-            &[],
-            Policy {
-                keep: 0,
-                budget: None
-            }
-        )
-        .is_empty());
+        assert!(gone(&[ahead], &[], keeping(0, None)).is_empty());
     }
 
     #[test]
@@ -451,20 +395,10 @@ mod tests {
             image(4, 70, 100 * MIB),
         ];
         // Keep all four by count; 1000 MiB against 600: 1 goes (600 left).
-        let policy = Policy {
-            keep: 10,
-            budget: Some(600 * MIB),
-        };
+        let policy = keeping(10, Some(600 * MIB));
         assert_eq!(gone(&images, &[], policy), [1]);
         // A referenced image counts but stays: 1 is named, so 2 and 3 go.
-        let named = gone(
-            &images,
-            &[1],
-            Policy {
-                keep: 10,
-                budget: Some(500 * MIB),
-            },
-        );
+        let named = gone(&images, &[1], keeping(10, Some(500 * MIB)));
         assert_eq!(named, [2, 3]);
         let plan = plan(&images, &HashSet::new(), policy, now());
         assert_eq!(
@@ -481,15 +415,7 @@ mod tests {
         let mut twin = image(2, 50, 500 * MIB);
         twin.id = "id1".into();
         let images = [image(1, 60, 500 * MIB), twin];
-        assert!(gone(
-            &images,
-            &[],
-            Policy {
-                keep: 10,
-                budget: Some(600 * MIB)
-            }
-        )
-        .is_empty());
+        assert!(gone(&images, &[], keeping(10, Some(600 * MIB))).is_empty());
     }
 
     #[test]
