@@ -48,6 +48,9 @@ fi
 step "format"
 cargo fmt --all --check
 
+step "shape: the protocol's shells stay thin (scripts/shape.py)"
+scripts/shape.py
+
 step "lints"
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 

@@ -29,13 +29,17 @@ use crate::mqtt;
 use crate::outbox::Outbox;
 use crate::supervisor::{SupervisorHandle, TaskEvent};
 
+mod clock;
 mod contact;
 pub mod core;
 mod disk;
 mod upgrades;
 mod worker;
 
-use self::core::{Command, Core, Disk, Now, Payload, Settings};
+pub use self::clock::boot_clock;
+use self::clock::now;
+use self::contact::fence_adopted;
+use self::core::{Command, Core, Disk, Payload, Settings};
 use disk::Files;
 use upgrades::UpgradeHooks;
 pub use worker::status_of;
@@ -78,43 +82,6 @@ pub fn session_id() -> String {
         .map(|()| u64::from_le_bytes(bytes));
     let id = random.unwrap_or_else(|_| Jitter::from_entropy().next_f64().to_bits());
     format!("{id:016x}")
-}
-
-/// Now, on the clock that keeps running while the robot is suspended
-/// (`CLOCK_BOOTTIME`): fencing counts silence on it, so a robot that slept
-/// through a replacement does not think it was silent for a moment only.
-pub fn boot_clock() -> Duration {
-    nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
-        .map(Duration::from)
-        // Linux has it since 2.6.39; a monotonic fallback for anything else.
-        .unwrap_or_else(|_| START.get_or_init(std::time::Instant::now).elapsed())
-}
-
-static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-
-/// Now, for the core.
-fn now() -> Now {
-    Now {
-        mono: boot_clock(),
-        wall: jiff::Timestamp::now(),
-    }
-}
-
-/// The file of the last contact, for this process's confirmations; the
-/// fenced attempts the supervisor re-adopted (`leases`) are held from the
-/// one the previous process of this boot kept there.
-fn fence_adopted(
-    core: &mut Core,
-    leases: &[(String, u32, Duration)],
-    config: &Config,
-) -> contact::ContactFile {
-    let contact = contact::ContactFile::new(&config.supervisor.runtime_dir(), crate::supervisor::boot_id());
-    if !leases.is_empty() {
-        let last = contact.load();
-        tracing::info!(tasks = leases.len(), last_contact_ago = ?last.map(|c| boot_clock().saturating_sub(c)), "fencing the re-adopted attempts from the previous process's last contact");
-        core.adopted(leases, last, now());
-    }
-    contact
 }
 
 type PollResult = (EventLoop, Result<Event, ConnectionError>);

@@ -563,7 +563,12 @@ pub fn decide_status(
             Ignored::Duplicate
         }));
     }
-    Ok(StatusDecision::Apply(TaskStatusPatch {
+    Ok(StatusDecision::Apply(applied(update, &status, now)))
+}
+
+/// The patch an update that supersedes the status makes.
+fn applied(update: &StatusUpdate, status: &TaskStatus, now: Timestamp) -> TaskStatusPatch {
+    TaskStatusPatch {
         state: update.state,
         seq: update.seq,
         exit_code: update.exit_code,
@@ -582,7 +587,7 @@ pub fn decide_status(
             .as_ref()
             .filter(|c| c.generation >= status.config.as_ref().map_or(0, |s| s.generation))
             .map(|c| Box::new(config_status(c))),
-    }))
+    }
 }
 
 /// What a Task's status shows of the configuration a report says the

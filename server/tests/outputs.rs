@@ -35,6 +35,42 @@ async fn answer(robot: &mut FakeRobot) -> OutputAnswer {
     decode(&robot.expect("/outputs/answer").await).expect("an answer")
 }
 
+/// The robot's part of an upload: plain PUTs of `data`, a part per URL;
+/// the parts' ETags.
+async fn put_parts(urls: &[k8s4r_api::protocol::outputs::PartUrl], data: &[u8]) -> Vec<String> {
+    let http = reqwest::Client::new();
+    let mut etags = Vec::new();
+    for (u, chunk) in urls.iter().zip(data.chunks(PART as usize)) {
+        let sent = http.put(&u.url).body(chunk.to_vec()).send().await.unwrap();
+        assert!(sent.status().is_success(), "{}", sent.status());
+        etags.push(sent.headers()["etag"].to_str().unwrap().to_owned());
+    }
+    etags
+}
+
+/// Task `name`'s first output, once it is listed in `state`.
+async fn listed_as(env: &Env, name: &str, state: OutputState) -> k8s4r_api::OutputStatus {
+    eventually(&format!("the output listed as {state:?}"), || async {
+        let s = env.task(name).await?.status?;
+        s.outputs.first().filter(|o| o.state == state).cloned()
+    })
+    .await
+}
+
+/// Checks that the bucket holds `data` whole under `key`, with its sha256.
+async fn in_bucket(config: &k8s4r_server::bucket::BucketConfig, key: &str, sha256: &str, data: &[u8]) {
+    let bucket = Bucket::new(config).unwrap();
+    let info = bucket.head(key).await.unwrap().expect("the object");
+    assert_eq!(info.sha256.as_deref(), Some(sha256));
+    let read = reqwest::get(bucket.download_url(key, Duration::from_secs(60)))
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    assert_eq!(&read[..], data);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_robot_uploads_an_output_through_urls_and_the_task_lists_it() {
     k8s4r_mqtt::install_crypto_provider();
@@ -70,22 +106,8 @@ async fn a_robot_uploads_an_output_through_urls_and_the_task_lists_it() {
     for u in &urls {
         assert!(!u.url.contains(SECRET), "a URL carries the bucket's secret");
     }
-    // The robot's part: plain PUTs.
-    let http = reqwest::Client::new();
-    let mut etags = Vec::new();
-    for (u, chunk) in urls.iter().zip(data.chunks(PART as usize)) {
-        let sent = http.put(&u.url).body(chunk.to_vec()).send().await.unwrap();
-        assert!(sent.status().is_success(), "{}", sent.status());
-        etags.push(sent.headers()["etag"].to_str().unwrap().to_owned());
-    }
-    let listed = eventually("the output listed as uploading", || async {
-        let s = env.task("job-a-0").await?.status?;
-        s.outputs
-            .first()
-            .filter(|o| o.state == OutputState::Uploading)
-            .cloned()
-    })
-    .await;
+    let etags = put_parts(&urls, &data).await;
+    let listed = listed_as(&env, "job-a-0", OutputState::Uploading).await;
     assert_eq!(listed.key, key);
     assert_eq!(listed.size, data.len() as u64);
 
@@ -98,28 +120,9 @@ async fn a_robot_uploads_an_output_through_urls_and_the_task_lists_it() {
         .await;
     let got = answer(&mut robot).await;
     assert_eq!(got.answer, Answer::Completed { key: key.clone() });
-    let done = eventually("the output listed as uploaded", || async {
-        let s = env.task("job-a-0").await?.status?;
-        s.outputs
-            .first()
-            .filter(|o| o.state == OutputState::Uploaded)
-            .cloned()
-    })
-    .await;
+    let done = listed_as(&env, "job-a-0", OutputState::Uploaded).await;
     assert_eq!(done.sha256, format!("{:x}", Sha256::digest(&data)));
-    // In the bucket, whole, with its sha256.
-    let bucket = Bucket::new(&bucket_config).unwrap();
-    let info = bucket.head(&key).await.unwrap().expect("the object");
-    assert_eq!(info.sha256.as_deref(), Some(done.sha256.as_str()));
-    let read = http
-        .get(bucket.download_url(&key, Duration::from_secs(60)))
-        .send()
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .unwrap();
-    assert_eq!(&read[..], &data[..]);
+    in_bucket(&bucket_config, &key, &done.sha256, &data).await;
     // A completion asked again (its answer was lost) is answered the same.
     robot
         .send(topic.clone(), &ask(&uid, "rb1", &data, complete))

@@ -13,8 +13,11 @@
 //! record only makes the next process stop the attempts sooner.
 
 use std::path::{Path, PathBuf};
-
 use std::time::Duration;
+
+use super::clock::{boot_clock, now};
+use super::core::Core;
+use crate::config::Config;
 
 /// The file's name.
 const FILE_NAME: &str = "contact";
@@ -56,6 +59,23 @@ impl ContactFile {
             }
         }
     }
+}
+
+/// The file of the last contact, for this process's confirmations; the
+/// fenced attempts the supervisor re-adopted (`leases`) are held from the
+/// one the previous process of this boot kept there.
+pub(super) fn fence_adopted(
+    core: &mut Core,
+    leases: &[(String, u32, Duration)],
+    config: &Config,
+) -> ContactFile {
+    let contact = ContactFile::new(&config.supervisor.runtime_dir(), crate::supervisor::boot_id());
+    if !leases.is_empty() {
+        let last = contact.load();
+        tracing::info!(tasks = leases.len(), last_contact_ago = ?last.map(|c| boot_clock().saturating_sub(c)), "fencing the re-adopted attempts from the previous process's last contact");
+        core.adopted(leases, last, now());
+    }
+    contact
 }
 
 #[cfg(test)]

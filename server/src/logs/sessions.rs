@@ -22,6 +22,7 @@
 //! Status. Every session is an Event on its Task or Robot, opened and
 //! ended (who, what, exit status, bytes).
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use axum::extract::{Extension, Path, RawQuery, Request, State};
@@ -223,6 +224,80 @@ fn protocol_of(headers: &HeaderMap) -> Option<&'static str> {
     PROTOCOLS.into_iter().find(|p| offered.iter().any(|o| o == p))
 }
 
+/// Who asked a session, where it runs and the object its Events are about.
+struct Place {
+    user: String,
+    robot: String,
+    regarding: ObjectReference,
+}
+
+/// Checks a session's ask: the user's right to it (a SubjectAccessReview),
+/// its query, and that its robot is there to be asked; the open to send
+/// it, or the answer to give.
+async fn admit(
+    state: &LogsState,
+    peer: &PeerName,
+    headers: &HeaderMap,
+    target: &Target,
+    subresource: &'static str,
+    query: Option<&str>,
+) -> Result<(SessionOpen, Place), Response> {
+    let (ns, name) = match target {
+        Target::Task { ns, name } => (Some(ns.as_str()), name.as_str()),
+        Target::Robot { name } => (None, name.as_str()),
+    };
+    let user = super::authorize_as(
+        state,
+        peer,
+        headers,
+        ns,
+        name,
+        target.resource(),
+        subresource,
+        "create",
+    )
+    .await?;
+    let mut open =
+        parse_query(subresource, query).map_err(|why| status(StatusCode::BAD_REQUEST, "BadRequest", why))?;
+    if open.kind == SessionKind::LoadImage && matches!(target, Target::Task { .. }) {
+        return Err(status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            "an image push goes to a robot (robots/NAME/exec), not into a task".to_owned(),
+        ));
+    }
+    open.user = user.clone();
+    open.lease_ms = u64::try_from(state.session_lease.as_millis()).unwrap_or(u64::MAX);
+    // Where it runs, and the object its Events are about.
+    let (robot, regarding) = place_of(state, target, &mut open).await?;
+    // Not 503 nor 504: clients (client-go, kube-rs) retry those for
+    // minutes; kube-apiserver answers 500 for a kubelet it cannot dial.
+    if let Some(why) = unreachable(&state.robots, &robot) {
+        return Err(status(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", why));
+    }
+    Ok((
+        open,
+        Place {
+            user,
+            robot,
+            regarding,
+        },
+    ))
+}
+
+/// The subprotocol and the upgrade of a session's WebSocket; why a
+/// request is not one (a bad request).
+fn websocket_of(headers: &HeaderMap, request: &mut Request) -> Result<(&'static str, Upgrade), String> {
+    let Some(protocol) = protocol_of(headers) else {
+        return Err(format!(
+            "a session is a WebSocket with subprotocol {}",
+            PROTOCOLS.join(" or ")
+        ));
+    };
+    let upgrade = Upgrade::of(request).ok_or("not a WebSocket upgrade")?;
+    Ok((protocol, upgrade))
+}
+
 async fn session(
     state: LogsState,
     peer: PeerName,
@@ -233,64 +308,18 @@ async fn session(
 ) -> Response {
     let headers = request.headers().clone();
     tracing::debug!(target = %target.describe(), subresource, "session asked");
-    let (ns, name) = match &target {
-        Target::Task { ns, name } => (Some(ns.as_str()), name.as_str()),
-        Target::Robot { name } => (None, name.as_str()),
-    };
-    let user = match super::authorize_as(
-        &state,
-        &peer,
-        &headers,
-        ns,
-        name,
-        target.resource(),
-        subresource,
-        "create",
-    )
-    .await
-    {
-        Ok(user) => user,
-        Err(refused) => return refused,
-    };
-    let mut open = match parse_query(subresource, query.as_deref()) {
-        Ok(open) => open,
-        Err(why) => return status(StatusCode::BAD_REQUEST, "BadRequest", why),
-    };
-    if open.kind == SessionKind::LoadImage && matches!(target, Target::Task { .. }) {
-        return status(
-            StatusCode::BAD_REQUEST,
-            "BadRequest",
-            "an image push goes to a robot (robots/NAME/exec), not into a task".to_owned(),
-        );
-    }
-    open.user = user.clone();
-    open.lease_ms = u64::try_from(state.session_lease.as_millis()).unwrap_or(u64::MAX);
-    // Where it runs, and the object its Events are about.
-    let (robot, regarding) = match place_of(&state, &target, &mut open).await {
-        Ok(place) => place,
+    let (open, place) = match admit(&state, &peer, &headers, &target, subresource, query.as_deref()).await {
+        Ok(admitted) => admitted,
         Err(answer) => return answer,
     };
-    // Not 503 nor 504: clients (client-go, kube-rs) retry those for
-    // minutes; kube-apiserver answers 500 for a kubelet it cannot dial.
-    if let Some(why) = unreachable(&state.robots, &robot) {
-        return status(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", why);
-    }
-    let Some(protocol) = protocol_of(&headers) else {
-        return status(
-            StatusCode::BAD_REQUEST,
-            "BadRequest",
-            format!(
-                "a session is a WebSocket with subprotocol {}",
-                PROTOCOLS.join(" or ")
-            ),
-        );
-    };
-    let Some(upgrade) = Upgrade::of(&mut request) else {
-        return status(
-            StatusCode::BAD_REQUEST,
-            "BadRequest",
-            "not a WebSocket upgrade".into(),
-        );
+    let Place {
+        user,
+        robot,
+        regarding,
+    } = place;
+    let (protocol, upgrade) = match websocket_of(&headers, &mut request) {
+        Ok(websocket) => websocket,
+        Err(why) => return status(StatusCode::BAD_REQUEST, "BadRequest", why),
     };
     // Ask the robot before accepting: its refusal is an HTTP answer.
     let id = super::request_id();
@@ -324,41 +353,68 @@ async fn session(
         ),
     )
     .await;
-    let started = std::time::Instant::now();
     let mut response = upgrade.switching(Some(protocol));
     if let Ok(v) = HeaderValue::from_str(&robot) {
         response.headers_mut().insert("x-k8s4r-robot", v);
     }
-    tokio::spawn(async move {
-        let end = match upgrade.socket(None).await {
-            Ok(ws) => bridge.run(ws).await,
-            Err(e) => {
-                bridge.hang_up().await;
-                SessionEnd::error(format!("the WebSocket did not open: {e}"))
-            }
-        };
-        state.hub.close_session(&id);
-        let took = k8s4r_api::duration::format_duration(Duration::from_secs(started.elapsed().as_secs()));
-        let outcome = outcome_of(&end);
-        info!(session = %id, %user, %robot, %what, %outcome, bytes_in = end.bytes_in, bytes_out = end.bytes_out, "session ended");
-        let kind = if end.error.is_some() {
-            EventType::Warning
-        } else {
-            EventType::Normal
-        };
-        record(
-            &state,
-            &regarding,
-            kind,
-            "SessionEnded",
-            format!(
-                "{user}'s {what} on robot {robot} ended after {took}: {outcome}; {} bytes in, {} bytes out",
-                end.bytes_in, end.bytes_out
-            ),
-        )
-        .await;
-    });
+    tokio::spawn(serve(
+        state,
+        bridge,
+        upgrade,
+        id,
+        Place {
+            user,
+            robot,
+            regarding,
+        },
+        what,
+    ));
     response
+}
+
+/// Carries an accepted session to its end, then says how it ended (the
+/// log and an Event).
+async fn serve(
+    state: LogsState,
+    mut bridge: Bridge,
+    upgrade: Upgrade,
+    id: String,
+    place: Place,
+    what: String,
+) {
+    let started = std::time::Instant::now();
+    let Place {
+        user,
+        robot,
+        regarding,
+    } = place;
+    let end = match upgrade.socket(None).await {
+        Ok(ws) => bridge.run(ws).await,
+        Err(e) => {
+            bridge.hang_up().await;
+            SessionEnd::error(format!("the WebSocket did not open: {e}"))
+        }
+    };
+    state.hub.close_session(&id);
+    let took = k8s4r_api::duration::format_duration(Duration::from_secs(started.elapsed().as_secs()));
+    let outcome = outcome_of(&end);
+    info!(session = %id, %user, %robot, %what, %outcome, bytes_in = end.bytes_in, bytes_out = end.bytes_out, "session ended");
+    let kind = if end.error.is_some() {
+        EventType::Warning
+    } else {
+        EventType::Normal
+    };
+    record(
+        &state,
+        &regarding,
+        kind,
+        "SessionEnded",
+        format!(
+            "{user}'s {what} on robot {robot} ended after {took}: {outcome}; {} bytes in, {} bytes out",
+            end.bytes_in, end.bytes_out
+        ),
+    )
+    .await;
 }
 
 /// The robot a session on `target` runs on, and the object its Events are
@@ -584,9 +640,8 @@ impl Bridge {
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
     {
         let (mut sink, mut stream) = ws.split();
-        let mut pending: std::collections::VecDeque<Frame> = std::collections::VecDeque::new();
-        let mut bytes_in = 0u64;
-        let mut bytes_out = 0u64;
+        let mut pending: VecDeque<Frame> = VecDeque::new();
+        let mut bytes = Counted::default();
         let mut client_open = true;
         let tick = (self.flow.next_check(self.now())).min(Duration::from_secs(1));
         let mut ticker = tokio::time::interval(tick.max(Duration::from_millis(100)));
@@ -600,84 +655,27 @@ impl Bridge {
                 }
             }
             let read_client = client_open && pending.is_empty();
-            tokio::select! {
+            let ended = tokio::select! {
                 message = stream.next(), if read_client => match message {
                     Some(Ok(Message::Binary(data))) => {
-                        let Some((&channel, body)) = data.split_first() else { continue };
-                        match channel {
-                            STDIN => {
-                                bytes_in += body.len() as u64;
-                                for chunk in body.chunks(MAX_SESSION_DATA) {
-                                    pending.push_back(Frame::Data(STDIN, chunk.to_vec()));
-                                }
-                            }
-                            RESIZE_CHANNEL => {
-                                if let Ok(size) = serde_json::from_slice::<serde_json::Value>(body) {
-                                    let dim = |k: &str| size[k].as_u64().and_then(|n| u16::try_from(n).ok()).unwrap_or(0);
-                                    pending.push_back(Frame::Resize(dim("Width"), dim("Height")));
-                                }
-                            }
-                            CLOSE_CHANNEL if body.first() == Some(&STDIN) => {
-                                pending.push_back(Frame::Eof(STDIN));
-                            }
-                            _ => {}
-                        }
+                        bytes.inbound += from_client(&data, &mut pending);
+                        None
                     }
                     Some(Ok(Message::Close(_))) | None | Some(Err(_)) => {
                         client_open = false;
                         self.hang_up().await;
-                        break SessionEnd::error("the client left");
+                        Some(SessionEnd::error("the client left"))
                     }
-                    Some(Ok(_)) => {}
+                    Some(Ok(_)) => None,
                 },
-                bytes = self.rx.recv() => {
-                    let Some(bytes) = bytes else { break SessionEnd::error("the session's route closed") };
-                    let now = self.now();
-                    let (seq, frame) = match Frame::decode(&bytes) {
-                        Ok(decoded) => decoded,
-                        Err(e) => {
-                            self.hang_up().await;
-                            break SessionEnd::error(format!("robot {} sent a frame that cannot be read: {e}", self.robot));
-                        }
-                    };
-                    if let Err(gap) = self.flow.receive(seq, &frame, now) {
-                        self.hang_up().await;
-                        break SessionEnd::error(format!("robot {}: {gap}", self.robot));
-                    }
-                    match frame {
-                        Frame::Data(channel, data) => {
-                            bytes_out += data.len() as u64;
-                            let mut message = Vec::with_capacity(data.len() + 1);
-                            message.push(channel);
-                            message.extend_from_slice(&data);
-                            if sink.send(Message::Binary(message.into())).await.is_err() {
-                                self.hang_up().await;
-                                break SessionEnd::error("the client left");
-                            }
-                            if let Some(n) = self.flow.consumed() {
-                                self.send(Frame::Credit(n)).await;
-                            }
-                        }
-                        Frame::Eof(channel) => {
-                            let _ = sink.send(Message::Binary(vec![CLOSE_CHANNEL, channel].into())).await;
-                        }
-                        Frame::End(end) => break end,
-                        Frame::Credit(_) | Frame::Alive | Frame::Open(_) | Frame::Opened(_) | Frame::Resize(..) => {}
-                    }
-                }
-                _ = ticker.tick() => {
-                    let now = self.now();
-                    if self.flow.lapsed(now) {
-                        self.hang_up().await;
-                        break SessionEnd::error(format!(
-                            "robot {} stopped answering (cut off from the broker?); the session is over",
-                            self.robot
-                        ));
-                    }
-                    if self.flow.keepalive_due(now) {
-                        self.send(Frame::Alive).await;
-                    }
-                }
+                frame = self.rx.recv() => match frame {
+                    Some(frame) => self.carry_from_robot(&frame, &mut sink, &mut bytes.outbound).await,
+                    None => Some(SessionEnd::error("the session's route closed")),
+                },
+                _ = ticker.tick() => self.on_tick().await,
+            };
+            if let Some(end) = ended {
+                break end;
             }
         };
         if client_open {
@@ -687,15 +685,131 @@ impl Bridge {
             let _ = sink.send(Message::Binary(message.into())).await;
             let _ = sink.send(Message::Close(None)).await;
         }
+        bytes.into_end(end)
+    }
+
+    /// Carries one frame of the robot's to the client; the session's end
+    /// when it ends it.
+    async fn carry_from_robot<K>(
+        &mut self,
+        bytes: &[u8],
+        sink: &mut K,
+        bytes_out: &mut u64,
+    ) -> Option<SessionEnd>
+    where
+        K: futures::Sink<Message> + Unpin,
+    {
+        let now = self.now();
+        let (seq, frame) = match Frame::decode(bytes) {
+            Ok(decoded) => decoded,
+            Err(e) => {
+                self.hang_up().await;
+                return Some(SessionEnd::error(format!(
+                    "robot {} sent a frame that cannot be read: {e}",
+                    self.robot
+                )));
+            }
+        };
+        if let Err(gap) = self.flow.receive(seq, &frame, now) {
+            self.hang_up().await;
+            return Some(SessionEnd::error(format!("robot {}: {gap}", self.robot)));
+        }
+        match frame {
+            Frame::Data(channel, data) => {
+                *bytes_out += data.len() as u64;
+                let mut message = Vec::with_capacity(data.len() + 1);
+                message.push(channel);
+                message.extend_from_slice(&data);
+                if sink.send(Message::Binary(message.into())).await.is_err() {
+                    self.hang_up().await;
+                    return Some(SessionEnd::error("the client left"));
+                }
+                if let Some(n) = self.flow.consumed() {
+                    self.send(Frame::Credit(n)).await;
+                }
+                None
+            }
+            Frame::Eof(channel) => {
+                let _ = sink
+                    .send(Message::Binary(vec![CLOSE_CHANNEL, channel].into()))
+                    .await;
+                None
+            }
+            Frame::End(end) => Some(end),
+            Frame::Credit(_) | Frame::Alive | Frame::Open(_) | Frame::Opened(_) | Frame::Resize(..) => None,
+        }
+    }
+
+    /// The robot's lease on the session, and keep-alives to it; the end
+    /// when the robot stopped answering.
+    async fn on_tick(&mut self) -> Option<SessionEnd> {
+        let now = self.now();
+        if self.flow.lapsed(now) {
+            self.hang_up().await;
+            return Some(SessionEnd::error(format!(
+                "robot {} stopped answering (cut off from the broker?); the session is over",
+                self.robot
+            )));
+        }
+        if self.flow.keepalive_due(now) {
+            self.send(Frame::Alive).await;
+        }
+        None
+    }
+}
+
+/// The bytes a session carried, as the server counted them.
+#[derive(Default)]
+struct Counted {
+    inbound: u64,
+    outbound: u64,
+}
+
+impl Counted {
+    /// The end with the robot's counts, or the server's where the robot
+    /// gave none.
+    fn into_end(self, end: SessionEnd) -> SessionEnd {
         SessionEnd {
-            bytes_in: if end.bytes_in > 0 { end.bytes_in } else { bytes_in },
+            bytes_in: if end.bytes_in > 0 {
+                end.bytes_in
+            } else {
+                self.inbound
+            },
             bytes_out: if end.bytes_out > 0 {
                 end.bytes_out
             } else {
-                bytes_out
+                self.outbound
             },
             ..end
         }
+    }
+}
+
+/// The frames a client's binary message asks of the robot, queued on
+/// `pending`; how many bytes of stdin it carried.
+fn from_client(data: &[u8], pending: &mut VecDeque<Frame>) -> u64 {
+    let Some((&channel, body)) = data.split_first() else {
+        return 0;
+    };
+    match channel {
+        STDIN => {
+            for chunk in body.chunks(MAX_SESSION_DATA) {
+                pending.push_back(Frame::Data(STDIN, chunk.to_vec()));
+            }
+            body.len() as u64
+        }
+        RESIZE_CHANNEL => {
+            if let Ok(size) = serde_json::from_slice::<serde_json::Value>(body) {
+                let dim = |k: &str| size[k].as_u64().and_then(|n| u16::try_from(n).ok()).unwrap_or(0);
+                pending.push_back(Frame::Resize(dim("Width"), dim("Height")));
+            }
+            0
+        }
+        CLOSE_CHANNEL if body.first() == Some(&STDIN) => {
+            pending.push_back(Frame::Eof(STDIN));
+            0
+        }
+        _ => 0,
     }
 }
 
