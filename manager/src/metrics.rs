@@ -52,6 +52,10 @@ pub struct Metrics {
     pub target_patches: Counter,
     /// Routine Events not published: over the Event rate limit.
     pub events_dropped: Counter,
+    /// Replacements of a silent robot's attempt not made because the API
+    /// server's Robot and Lease were fresher than the caches' (a watch
+    /// that stalled or relists).
+    pub stale_robot_records: Counter,
     /// Tasks waiting for a robot that fits.
     waiting: Gauge,
     /// From a task becoming schedulable to its placement.
@@ -69,6 +73,7 @@ impl Default for Metrics {
         let unschedulable = Counter::default();
         let target_patches = Counter::default();
         let events_dropped = Counter::default();
+        let stale_robot_records = Counter::default();
         let waiting = Gauge::default();
         let scheduling_latency = metrics::latency();
         let leader = Gauge::default();
@@ -93,6 +98,11 @@ impl Default for Metrics {
             events_dropped.clone(),
         );
         registry.register(
+            "stale_robot_records",
+            "Replacements of a silent robot's attempt called off: the API server had the robot heard from later than the watch caches (a stalled or relisting watch).",
+            stale_robot_records.clone(),
+        );
+        registry.register(
             "tasks_waiting",
             "Tasks waiting for a robot that fits.",
             waiting.clone(),
@@ -114,6 +124,7 @@ impl Default for Metrics {
             unschedulable,
             target_patches,
             events_dropped,
+            stale_robot_records,
             waiting,
             scheduling_latency,
             leader,

@@ -8,12 +8,13 @@ use k8s4r_api::protocol::{decode, Cancel, Dispatch, RegisterResponse};
 use k8s4r_api::{names, ConditionStatus, RobotPhase, TaskAttempt, TaskState};
 use k8s4r_server::decide::ANNOTATION_TOKEN_SHA256;
 use k8s4r_service::leader::LeaderConfig;
+use k8s4r_testbed::rbac::rule;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::DeleteParams;
 use kube::{Api, ResourceExt};
 use rumqttc::QoS;
 use std::time::Duration;
-use support::{cluster_role, eventually, rule, Env, FakeRobot, LEASES};
+use support::{eventually, Env, FakeRobot, LEASES};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn register_creates_a_pending_robot_and_answers_once_the_manager_decides() {
@@ -463,30 +464,32 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
     out
 }
 
+/// Replica `name` of servers that share the messages and elect a leader.
+fn replica(env: &Env, name: &str) -> k8s4r_server::ServerConfig {
+    let mut config = env.config();
+    config.shared_group = Some("servers".into());
+    // A short Lease, so that a hand-over is quick.
+    config.leader = Some(LeaderConfig {
+        lease_seconds: 3,
+        renew_grace_seconds: 1,
+        ..LeaderConfig::new(k8s4r_server::leader::LEADER_LEASE, name)
+    });
+    config.identity = name.into();
+    config.broker.client_id = format!("k8s4r-server-{name}");
+    config
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_share_the_messages_and_one_dispatches() {
     let env = Env::start().await;
-    let replica = |name: &str| {
-        let mut config = env.config();
-        config.shared_group = Some("servers".into());
-        // A short Lease, so that the hand-over below is quick.
-        config.leader = Some(LeaderConfig {
-            lease_seconds: 3,
-            renew_grace_seconds: 1,
-            ..LeaderConfig::new(k8s4r_server::leader::LEADER_LEASE, name)
-        });
-        config.identity = name.into();
-        config.broker.client_id = format!("k8s4r-server-{name}");
-        config
-    };
-    let a = env.server_with(replica("a")).await;
+    let a = env.server_with(replica(&env, "a")).await;
     let leases: Api<Lease> = Api::namespaced(env.client.clone(), LEASES);
     eventually("replica a leads", || async {
         let lease = leases.get_opt(k8s4r_server::leader::LEADER_LEASE).await.ok()??;
         (lease.spec?.holder_identity.as_deref() == Some("a")).then_some(())
     })
     .await;
-    let b = env.server_with(replica("b")).await;
+    let b = env.server_with(replica(&env, "b")).await;
 
     let mut robot = FakeRobot::connect(&env.broker, "rb1").await;
     robot.registered(&env).await;
@@ -608,6 +611,78 @@ async fn a_robot_going_offline_releases_its_deleted_tasks() {
     server.stop().await;
 }
 
+/// The status messages a server handled, whatever it made of them.
+fn statuses_handled(m: &k8s4r_server::Metrics) -> u64 {
+    [
+        "applied",
+        "error",
+        "deferred_unsynced",
+        "deferred_unknown_task",
+        "deferred_no_name",
+        "rejected_unknown_task",
+    ]
+    .iter()
+    .map(|outcome| m.messages_in("status", outcome))
+    .sum()
+}
+
+/// What a robot that insists does: `status` now and again 31 s later,
+/// with heartbeats listing `listed` every 2 s for 36 s.
+async fn insist(
+    robot: &mut FakeRobot,
+    uid: &str,
+    status: &k8s4r_api::protocol::StatusUpdate,
+    listed: &[TaskAttempt],
+) {
+    let started = std::time::Instant::now();
+    let mut seq = 0;
+    let mut sent_again = false;
+    robot.send(robot.topics.status("rb1", uid), status).await;
+    while started.elapsed() < Duration::from_secs(36) {
+        seq += 1;
+        let heartbeat = k8s4r_api::protocol::Heartbeat {
+            held: k8s4r_api::protocol::HeldList {
+                running: listed.to_vec(),
+                reconcile: true,
+                last_seq: None,
+            },
+            session: Some("s".into()),
+            ..robot.heartbeat(seq, 5.0)
+        };
+        robot.send(robot.topics.heartbeat("rb1"), &heartbeat).await;
+        if !sent_again && started.elapsed() >= Duration::from_secs(31) {
+            robot.send(robot.topics.status("rb1", uid), status).await;
+            sent_again = true;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+/// Takes from ServiceAccount `name`'s ClusterRole the right to list,
+/// watch or read Tasks (it may still patch them and their status).
+async fn may_not_read_tasks(env: &Env, name: &str) {
+    k8s4r_testbed::rbac::set_rules(
+        &env.client,
+        name,
+        vec![
+            rule(
+                &["*"],
+                &[
+                    "robots",
+                    "robots/status",
+                    "leases",
+                    "events",
+                    "namespaces",
+                    "tasks/status",
+                ],
+                &["*"],
+            ),
+            rule(&["robot.k8s4r.io"], &["tasks"], &["patch", "update"]),
+        ],
+    )
+    .await;
+}
+
 /// Issue 26, hole 3: a replica whose Task cache is stale (its watch cut,
 /// and its ServiceAccount no longer allowed to list, watch or read Tasks,
 /// as a misconfigured or throttled replica would be) never confirms a
@@ -617,7 +692,6 @@ async fn a_robot_going_offline_releases_its_deleted_tasks() {
 /// status.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_with_a_stale_task_cache_neither_confirms_nor_cancels() {
-    use k8s_openapi::api::rbac::v1::ClusterRole;
     let env = Env::start().await;
     let token = env
         .service_account("stale", vec![rule(&["*"], &["*"], &["*"])])
@@ -639,31 +713,7 @@ async fn a_replica_with_a_stale_task_cache_neither_confirms_nor_cancels() {
     env.set_phase("rb1", RobotPhase::Online).await;
     // The stale replica's watch ends, and it may no longer list, watch or
     // read Tasks: nothing it learns of Tasks from now on.
-    Api::<ClusterRole>::all(env.client.clone())
-        .replace(
-            "stale",
-            &Default::default(),
-            &cluster_role(
-                "stale",
-                vec![
-                    rule(
-                        &["*"],
-                        &[
-                            "robots",
-                            "robots/status",
-                            "leases",
-                            "events",
-                            "namespaces",
-                            "tasks/status",
-                        ],
-                        &["*"],
-                    ),
-                    rule(&["robot.k8s4r.io"], &["tasks"], &["patch", "update"]),
-                ],
-            ),
-        )
-        .await
-        .unwrap();
+    may_not_read_tasks(&env, "stale").await;
     link.set(k8s4r_testbed::Fault::Cut);
     link.heal();
     let uid = env.dispatch_task("late", "rb1", 1).await;
@@ -674,44 +724,10 @@ async fn a_replica_with_a_stale_task_cache_neither_confirms_nor_cancels() {
         ..robot.status(&uid, 1, 7, TaskState::Running)
     };
     let listed = vec![TaskAttempt::new(&uid, 1).named(Some("default/late".into()))];
-    let started = std::time::Instant::now();
-    let mut seq = 0;
-    let mut sent_again = false;
-    robot.send(robot.topics.status("rb1", &uid), &status).await;
-    while started.elapsed() < Duration::from_secs(36) {
-        seq += 1;
-        let heartbeat = k8s4r_api::protocol::Heartbeat {
-            held: k8s4r_api::protocol::HeldList {
-                running: listed.clone(),
-                reconcile: true,
-                last_seq: None,
-            },
-            session: Some("s".into()),
-            ..robot.heartbeat(seq, 5.0)
-        };
-        robot.send(robot.topics.heartbeat("rb1"), &heartbeat).await;
-        if !sent_again && started.elapsed() >= Duration::from_secs(31) {
-            robot.send(robot.topics.status("rb1", &uid), &status).await;
-            sent_again = true;
-        }
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    }
+    insist(&mut robot, &uid, &status, &listed).await;
     // Both statuses reached the stale replica, whatever it made of them.
-    let handled = |m: &k8s4r_server::Metrics| {
-        [
-            "applied",
-            "error",
-            "deferred_unsynced",
-            "deferred_unknown_task",
-            "deferred_no_name",
-            "rejected_unknown_task",
-        ]
-        .iter()
-        .map(|outcome| m.messages_in("status", outcome))
-        .sum::<u64>()
-    };
     eventually("both statuses handled by the stale replica", || async {
-        (handled(&stale.metrics) >= 2).then_some(())
+        (statuses_handled(&stale.metrics) >= 2).then_some(())
     })
     .await;
     assert_eq!(

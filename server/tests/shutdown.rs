@@ -7,7 +7,8 @@ mod support;
 
 use std::time::Duration;
 
-use support::{eventually, rule, Env};
+use k8s4r_testbed::rbac::rule;
+use support::{eventually, Env};
 use tokio_util::sync::CancellationToken;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,6 +11,7 @@ pub mod http;
 pub mod moto;
 pub mod process;
 pub mod proxy;
+pub mod rbac;
 pub mod registry;
 
 pub use browser::{Browser, Element};

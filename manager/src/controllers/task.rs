@@ -346,6 +346,9 @@ async fn reconcile_task(task: &Task, ctx: &Context) -> Result<Action> {
             tracing::info!(uid = ?task.metadata.uid, cached = ?health, ?fresh, "the robot's record was stale in the cache; deciding on the API server's");
         }
         step = decide_step(task, fresh, now, &ctx.config.lifecycle);
+        if !replaces_a_silent_robots_attempt(&step) {
+            ctx.metrics.stale_robot_records.inc();
+        }
     }
     if matches!(step, Step::Wait(_) | Step::Done) {
         // A running service whose ConfigMaps or Secrets changed.

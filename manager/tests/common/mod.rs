@@ -390,3 +390,30 @@ pub fn dispatching_on(task: &Task) -> Option<&str> {
         None
     }
 }
+
+/// What the server does while robot `name` stays in contact: applies its
+/// Lease, renewed now and lasting `seconds`.
+pub async fn renew_lease(client: &Client, name: &str, seconds: i32) {
+    use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+    let api: Api<Lease> = Api::namespaced(client.clone(), "k8s4r-robot-leases");
+    let lease = Lease {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(name.into()),
+            lease_duration_seconds: Some(seconds),
+            renew_time: Some(MicroTime(Timestamp::now())),
+            ..LeaseSpec::default()
+        }),
+    };
+    api.patch(
+        name,
+        &PatchParams::apply(MANAGER_SERVER).force(),
+        &Patch::Apply(&lease),
+    )
+    .await
+    .expect("the Lease renewed");
+}

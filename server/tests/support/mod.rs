@@ -11,7 +11,7 @@ use k8s4r_api::protocol::{encode, Message, Topics};
 use k8s4r_api::{DeviceInfo, Task, TaskSpec, TaskState, TaskStatus, TaskTemplate, Usage};
 use k8s4r_server::{Metrics, Server, ServerConfig};
 use k8s_openapi::api::core::v1::Namespace;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::PolicyRule;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use rumqttc::{AsyncClient, Event, LastWill, MqttOptions, Packet, QoS};
@@ -34,29 +34,6 @@ where
 }
 
 pub use k8s4r_testbed::Mosquitto;
-
-/// An RBAC rule: `verbs` on `resources` of the API `groups`.
-pub fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
-    let owned = |items: &[&str]| items.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
-    PolicyRule {
-        api_groups: Some(owned(groups)),
-        resources: Some(owned(resources)),
-        verbs: owned(verbs),
-        ..Default::default()
-    }
-}
-
-/// The ClusterRole `name`, allowing `rules`.
-pub fn cluster_role(name: &str, rules: Vec<PolicyRule>) -> ClusterRole {
-    ClusterRole {
-        metadata: kube::api::ObjectMeta {
-            name: Some(name.into()),
-            ..Default::default()
-        },
-        rules: Some(rules),
-        ..Default::default()
-    }
-}
 
 /// The API server with the CRDs and the Lease namespace, and a broker.
 pub struct Env {
@@ -98,52 +75,13 @@ impl Env {
     /// ServiceAccount `default/<name>` with the token `<name>-token`,
     /// bound to a ClusterRole `<name>` of `rules`; its token.
     pub async fn service_account(&self, name: &str, rules: Vec<PolicyRule>) -> String {
-        let token = format!("{name}-token");
-        self.api.add_user(
-            &token,
-            apiserver_lite::authz::User::service_account("default", name),
-        );
-        Api::<ClusterRole>::all(self.client.clone())
-            .create(&PostParams::default(), &cluster_role(name, rules))
-            .await
-            .unwrap();
-        let binding = ClusterRoleBinding {
-            metadata: kube::api::ObjectMeta {
-                name: Some(name.into()),
-                ..Default::default()
-            },
-            role_ref: RoleRef {
-                api_group: Some("rbac.authorization.k8s.io".into()),
-                kind: "ClusterRole".into(),
-                name: name.into(),
-            },
-            subjects: Some(vec![Subject {
-                kind: "ServiceAccount".into(),
-                name: name.into(),
-                namespace: Some("default".into()),
-                ..Default::default()
-            }]),
-        };
-        Api::<ClusterRoleBinding>::all(self.client.clone())
-            .create(&PostParams::default(), &binding)
-            .await
-            .unwrap();
-        token
+        k8s4r_testbed::rbac::service_account(&self.api, &self.client, name, rules).await
     }
 
     /// A client presenting `token` to the API server at `addr` (its own,
     /// or a proxy's before it).
     pub async fn client_via(&self, addr: std::net::SocketAddr, token: &str) -> Client {
-        let url = self
-            .api
-            .url()
-            .replace(&self.api.addr().to_string(), &addr.to_string());
-        let yaml = apiserver_lite::server::kubeconfig_yaml(&url, token, self.api.ca_pem());
-        let kubeconfig = kube::config::Kubeconfig::from_yaml(&yaml).unwrap();
-        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-            .await
-            .unwrap();
-        Client::try_from(config).unwrap()
+        k8s4r_testbed::rbac::client_via(&self.api, addr, token).await
     }
 
     pub fn config(&self) -> ServerConfig {
