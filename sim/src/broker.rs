@@ -85,7 +85,7 @@ pub enum Output {
     Closed { client: ClientId },
 }
 
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Session {
     connected: bool,
     persistent: bool,
@@ -131,7 +131,7 @@ impl Session {
 }
 
 /// The broker's whole state.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Broker {
     sessions: BTreeMap<ClientId, Session>,
     retained: BTreeMap<String, Message>,
@@ -159,6 +159,26 @@ impl Broker {
             }
         }
         out
+    }
+
+    /// The broker started again from `saved`, what its persistence file
+    /// held (Mosquitto's `persistence true`: written at each
+    /// `autosave_interval` and at a clean stop, so a crash loses what came
+    /// since the last save). Persistent sessions come back with their
+    /// subscriptions, the deliveries not yet acknowledged (sent again, as
+    /// DUP, when the client reconnects) and the messages queued for them,
+    /// and so do retained messages; no client is connected, clean
+    /// sessions are gone, and no will is published: a broker that stops
+    /// sends none.
+    pub fn restarted(saved: &Broker) -> Broker {
+        let mut broker = saved.clone();
+        broker.sessions.retain(|_, s| s.persistent);
+        for session in broker.sessions.values_mut() {
+            session.connected = false;
+            session.will = None;
+        }
+        broker.turns.clear();
+        broker
     }
 
     /// Whether `client` is connected now.

@@ -92,6 +92,17 @@ pub enum Fault {
     LeaseWatchStall { secs: u64 },
     /// Every API write takes `delay_ms` for a while (an overloaded API).
     SlowApi { secs: u64, delay_ms: u64 },
+    /// The broker stops and starts again after `secs`: every connection
+    /// drops at once. A `crash` restarts from its last autosave (what came
+    /// in the 30 s before is lost, PUBACKed or not); a clean stop saves
+    /// everything first.
+    BrokerRestart { crash: bool, secs: u64 },
+    /// The robot's wall clock steps by `secs` (NTP, a wrong RTC, a person);
+    /// its boot clock runs on.
+    RobotClockStep { robot: usize, secs: i64 },
+    /// The manager's clock is `secs` from the server's for a while (within
+    /// `--robot-lost-grace`, the skew docs/fencing.md allows).
+    ManagerClockSkew { secs: i64, for_secs: u64 },
 }
 
 /// Who runs.
@@ -138,6 +149,9 @@ enum Ev {
     CreateTask(usize),
     StallOver,
     SlowOver,
+    SkewOver,
+    /// The broker writes its persistence file.
+    Autosave,
 }
 
 /// The network and the clock, shared by every node.
@@ -297,10 +311,15 @@ impl Report {
     }
 }
 
+/// Mosquitto's `autosave_interval` in deploy/mosquitto/mosquitto.conf.
+const AUTOSAVE: Ms = 30_000;
+
 /// The world: the broker, the nodes, the clock.
 struct World {
     net: Net,
     broker: Broker,
+    /// The broker's persistence file: its state at the last autosave.
+    saved: Broker,
     agents: Vec<Agent>,
     cluster: Cluster,
     faults: Vec<Fault>,
@@ -317,7 +336,7 @@ fn schedule(rng: &mut fastrand::Rng, config: &WorldConfig) -> Vec<(Ms, Fault)> {
         .map(|_| {
             let at = rng.u64(30_000..span.max(30_001));
             let robot = rng.usize(0..config.robots);
-            let fault = match rng.u32(0..12) {
+            let fault = match rng.u32(0..15) {
                 0..=2 => Fault::Partition {
                     robot,
                     secs: rng.u64(5..150),
@@ -337,6 +356,18 @@ fn schedule(rng: &mut fastrand::Rng, config: &WorldConfig) -> Vec<(Ms, Fault)> {
                 },
                 9 => Fault::LeaseWatchStall {
                     secs: rng.u64(30..300),
+                },
+                10 => Fault::BrokerRestart {
+                    crash: rng.bool(),
+                    secs: rng.u64(1..60),
+                },
+                11 => Fault::RobotClockStep {
+                    robot,
+                    secs: rng.i64(-7_200..7_200),
+                },
+                12 => Fault::ManagerClockSkew {
+                    secs: rng.i64(-20..20),
+                    for_secs: rng.u64(30..600),
                 },
                 _ => Fault::SlowApi {
                     secs: rng.u64(20..180),
@@ -383,6 +414,7 @@ pub fn run_with(seed: u64, config: &WorldConfig, keep: Option<&[usize]>) -> Repo
             history: Vec::new(),
         },
         broker: Broker::default(),
+        saved: Broker::default(),
         agents: Vec::new(),
         cluster: Cluster::new(config.robots),
         faults: planned.iter().map(|(_, f)| f.clone()).collect(),
@@ -397,6 +429,7 @@ pub fn run_with(seed: u64, config: &WorldConfig, keep: Option<&[usize]>) -> Repo
         world.net.at(0, Ev::Start(Node::Agent(robot)));
     }
     world.net.at(0, Ev::Start(Node::Server));
+    world.net.at(AUTOSAVE, Ev::Autosave);
     world.net.at(0, Ev::Tick(Node::Manager));
     let span = config.fault_minutes * 60_000;
     for task in 0..config.tasks {
@@ -502,7 +535,10 @@ impl World {
             Ev::ApiDone(id) => self.cluster.api_done(&mut self.net, id),
             Ev::Fault(i) => self.fault(i),
             Ev::Heal(node) => {
-                self.net.cut_until.remove(&node);
+                // A longer cut of the same link may still hold.
+                if self.net.cut_until.get(&node).is_some_and(|t| *t <= self.net.now) {
+                    self.net.cut_until.remove(&node);
+                }
             }
             Ev::LinkDown(i) => self.agents[i].link_down(&mut self.net),
             Ev::Start(Node::Agent(i)) => self.agents[i].start(&mut self.net),
@@ -511,6 +547,11 @@ impl World {
             Ev::CreateTask(n) => self.cluster.create_task(&mut self.net, n),
             Ev::StallOver => self.cluster.stall_lease_watch(false),
             Ev::SlowOver => self.cluster.slow_api(0),
+            Ev::SkewOver => self.cluster.skew_manager_clock(0),
+            Ev::Autosave => {
+                self.saved = self.broker.clone();
+                self.net.after(AUTOSAVE, Ev::Autosave);
+            }
         }
     }
 
@@ -568,12 +609,19 @@ impl World {
     /// notices some seconds later (its keep-alive).
     fn cut(&mut self, node: Node, ms: Ms) {
         self.drop_connection(node);
-        self.net.cut_until.insert(node, self.net.now + ms);
-        self.net.after(ms, Ev::Heal(node));
+        self.cut_until(node, ms);
         if let Node::Agent(i) = node {
             let notice = self.net.rng.u64(0..15_000);
             self.net.after(notice, Ev::LinkDown(i));
         }
+    }
+
+    /// `node` cannot connect for `ms` (or longer, if it already could not).
+    fn cut_until(&mut self, node: Node, ms: Ms) {
+        let until = self.net.now + ms;
+        let until = until.max(self.net.cut_until.get(&node).copied().unwrap_or(0));
+        self.net.cut_until.insert(node, until);
+        self.net.after(until - self.net.now, Ev::Heal(node));
     }
 
     fn drop_connection(&mut self, node: Node) {
@@ -590,6 +638,25 @@ impl World {
         self.drop_connection(Node::Agent(i));
         self.agents[i].kill(&mut self.net);
         self.net.after(ms, Ev::Start(Node::Agent(i)));
+    }
+
+    /// The broker stops for `ms` and starts from its persistence file
+    /// (`crash`: the last autosave; else saved as it stops). Every client
+    /// sees its connection end at once (the socket closes) and cannot
+    /// connect again until the broker is back.
+    fn restart_broker(&mut self, crash: bool, ms: Ms) {
+        let saved = if crash { &self.saved } else { &self.broker };
+        self.broker = Broker::restarted(saved);
+        self.saved = self.broker.clone();
+        let nodes: Vec<Node> = self.net.conns.keys().copied().collect();
+        for node in nodes {
+            self.net.conns.insert(node, 0);
+            self.cut_until(node, ms);
+            if let Node::Agent(i) = node {
+                let notice = self.net.rng.u64(0..1_000);
+                self.net.after(notice, Ev::LinkDown(i));
+            }
+        }
     }
 
     fn kill_server(&mut self, secs: u64) {
@@ -622,6 +689,12 @@ impl World {
             Fault::SlowApi { secs, delay_ms } => {
                 self.cluster.slow_api(delay_ms);
                 self.net.after(secs * 1000, Ev::SlowOver);
+            }
+            Fault::BrokerRestart { crash, secs } => self.restart_broker(crash, secs * 1000),
+            Fault::RobotClockStep { robot, secs } => self.agents[robot].step_clock(secs * 1000),
+            Fault::ManagerClockSkew { secs, for_secs } => {
+                self.cluster.skew_manager_clock(secs * 1000);
+                self.net.after(for_secs * 1000, Ev::SkewOver);
             }
         }
     }

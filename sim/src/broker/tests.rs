@@ -265,3 +265,56 @@ fn a_subscriber_gets_one_copy_at_its_best_qos_and_packet_ids_are_not_reused_in_f
     ids.dedup();
     assert_eq!(ids.len(), 11, "distinct while in flight");
 }
+
+#[test]
+fn a_restart_keeps_what_was_saved_and_loses_what_came_after() {
+    let mut b = Broker::default();
+    connect(&mut b, "rb1", false);
+    subscribe(&mut b, "rb1", "t/#");
+    connect(&mut b, "once", true);
+    subscribe(&mut b, "once", "t/#");
+    connect(&mut b, "s", true);
+    // In flight to rb1 (no PUBACK yet), and a retained message.
+    publish(&mut b, "s", msg("t/a", "1", 1, false));
+    publish(&mut b, "s", msg("r/x", "kept", 1, true));
+    let saved = b.clone();
+    publish(&mut b, "s", msg("t/a", "2", 1, false));
+
+    // A crash: what came after the last save is gone.
+    let mut after = Broker::restarted(&saved);
+    assert!(!after.is_connected("rb1") && !after.is_connected("s"));
+    let out = connect(&mut after, "rb1", false);
+    assert_eq!(
+        out[0],
+        Output::ConnAck {
+            client: "rb1".into(),
+            session_present: true
+        }
+    );
+    assert_eq!(delivered(&out), [("rb1".into(), "1".into(), true)]);
+    // The subscription came back with the session; the clean one did not.
+    assert_eq!(
+        delivered(&publish(&mut after, "rb1", msg("t/b", "3", 1, false))),
+        [("rb1".into(), "3".into(), false)]
+    );
+    assert_eq!(
+        connect(&mut after, "once", false)[0],
+        Output::ConnAck {
+            client: "once".into(),
+            session_present: false
+        }
+    );
+    connect(&mut after, "other", true);
+    assert_eq!(
+        delivered(&subscribe(&mut after, "other", "r/#")),
+        [("other".into(), "kept".into(), false)],
+        "retained messages are kept"
+    );
+
+    // A clean stop saves everything first.
+    let mut clean = Broker::restarted(&b);
+    assert_eq!(
+        delivered(&connect(&mut clean, "rb1", false)),
+        [("rb1".into(), "1".into(), true), ("rb1".into(), "2".into(), true)]
+    );
+}

@@ -49,6 +49,9 @@ pub struct Agent {
     name: String,
     /// The boot clock at the simulation's start.
     boot: Ms,
+    /// How far the robot's wall clock is from the cluster's, in ms (a
+    /// wrong RTC, NTP stepping it).
+    wall_offset: i64,
     /// The state directory: the outbox and the record of accepted attempts.
     files: Memory,
     procs: BTreeMap<(String, u32), Proc>,
@@ -67,6 +70,7 @@ impl Agent {
             robot,
             name: robot_name(robot),
             boot,
+            wall_offset: 0,
             files: Memory {
                 admissions: if records {
                     Admissions::Record
@@ -89,8 +93,13 @@ impl Agent {
     fn now(&self, net: &Net) -> Now {
         Now {
             mono: Duration::from_millis(self.boot + net.now()),
-            wall: net.wall(),
+            wall: net.wall() + jiff::SignedDuration::from_millis(self.wall_offset),
         }
+    }
+
+    /// The robot's wall clock steps by `ms` (its boot clock does not).
+    pub fn step_clock(&mut self, ms: i64) {
+        self.wall_offset += ms;
     }
 
     /// The agent process starts (first boot or after a restart).
@@ -367,7 +376,7 @@ impl Agent {
                 update
             }
         };
-        update.finish_time = Some(net.wall());
+        update.finish_time = Some(self.now(net).wall);
         self.report(net, update);
     }
 

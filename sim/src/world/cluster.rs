@@ -85,6 +85,10 @@ struct ServerMem {
     generation: u64,
     /// Dispatches this process published or is publishing.
     sending: BTreeSet<(String, u32)>,
+    /// Dispatches published whose PUBACK has not come: published again on
+    /// the next connection (the server's publish fails with its
+    /// connection, and the reconcile sends it again).
+    unacked: BTreeSet<(String, u32)>,
     tick_at: Ms,
 }
 
@@ -104,6 +108,8 @@ pub struct Cluster {
     generations: u64,
     lease_cache: BTreeMap<String, Timestamp>,
     stalled: bool,
+    /// How far the manager's clock is from the server's, in ms.
+    manager_skew: i64,
     /// Tasks with a manager write in flight.
     busy: BTreeSet<String>,
     lifecycle: LifecycleConfig,
@@ -126,6 +132,7 @@ impl Cluster {
             generations: 0,
             lease_cache: BTreeMap::new(),
             stalled: false,
+            manager_skew: 0,
             busy: BTreeSet::new(),
             lifecycle: LifecycleConfig {
                 // The simulated server renews a Lease every third of it.
@@ -159,6 +166,12 @@ impl Cluster {
     /// Freezes (or thaws) the manager's Lease cache.
     pub fn stall_lease_watch(&mut self, stalled: bool) {
         self.stalled = stalled;
+    }
+
+    /// Sets the manager's clock `ms` from the server's (NTP stepping one
+    /// of them; 0: in step again).
+    pub fn skew_manager_clock(&mut self, ms: i64) {
+        self.manager_skew = ms;
     }
 
     /// Every API write takes `ms` more (0: back to normal).
@@ -301,6 +314,7 @@ impl Cluster {
         self.server = Some(ServerMem {
             generation: self.generations,
             sending: BTreeSet::new(),
+            unacked: BTreeSet::new(),
             tick_at: net.now(),
         });
         net.connect(Node::Server, false);
@@ -317,11 +331,14 @@ impl Cluster {
     /// A packet for the server; returns the seconds it stays down when an
     /// armed kill takes it now.
     pub fn server_receive(&mut self, net: &mut Net, packet: Down, armed: &mut Option<u64>) -> Option<u64> {
-        self.server.as_ref()?;
+        let server = self.server.as_mut()?;
         match packet {
             Down::Broker(Output::ConnAck { .. }) => {
                 for filter in self.topics.server_subscriptions() {
                     net.up(Node::Server, Up::Subscribe(filter));
+                }
+                for (uid, attempt) in std::mem::take(&mut server.unacked) {
+                    self.publish_dispatch(net, &uid, attempt);
                 }
             }
             Down::Broker(Output::Deliver {
@@ -335,7 +352,8 @@ impl Cluster {
             // The server keeps the broker's PUBACK in memory only (what it
             // sent this generation, `sending`); an armed kill takes it here,
             // after the broker took the dispatch.
-            Down::PubAck(_) => {
+            Down::PubAck(tag) => {
+                server.unacked.remove(&tag);
                 if let Some(secs) = armed.take() {
                     return Some(secs);
                 }
@@ -412,6 +430,9 @@ impl Cluster {
             qos: 1,
             retain: false,
         };
+        if let Some(server) = &mut self.server {
+            server.unacked.insert((uid.to_owned(), attempt));
+        }
         net.up(
             Node::Server,
             Up::Publish {
@@ -555,7 +576,7 @@ impl Cluster {
         if !self.stalled {
             self.lease_cache = self.leases.clone();
         }
-        let now = net.wall();
+        let now = net.wall() + jiff::SignedDuration::from_millis(self.manager_skew);
         let mut writes = Vec::new();
         for (uid, task) in &self.tasks {
             if self.busy.contains(uid) {
