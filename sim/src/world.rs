@@ -1,9 +1,10 @@
 //! A deterministic simulation of a whole fleet in one process, on a virtual
-//! clock: robots (the agent's dispatch gate and fence, simulated task
-//! processes, restarts that keep the state directory), a server (the
-//! bridge's real decisions: `decide_status`, `decide_task`,
-//! `plan_reconcile`), a manager (the real lifecycle: `next_step`,
-//! `plan_dispatch`, `plan_fail`, `plan_retry`) and an in-memory API store
+//! clock: robots (the agent's protocol core, simulated task processes,
+//! restarts that keep the state directory), a server (the bridge's real
+//! decisions: `decide_status`, `decide_task`, `plan_reconcile`), two
+//! manager replicas with leader election (the real lifecycle:
+//! `decide_step`, `plan_dispatch`, `plan_fail`, `plan_retry`) and an
+//! in-memory API store
 //! with guarded merge patches, wired through the broker state machine of
 //! [`crate::broker`]. One seed draws everything (message delays, the fault
 //! schedule, task lengths) and gives the same history, byte for byte; the
@@ -18,9 +19,9 @@
 //! against real processes (`tests/tests/faults.rs`).
 //!
 //! What stands in for real code still (docs/simulation.md): the agent's
-//! session around its gate and fence (connect, register, heartbeat,
-//! outbox), the server's write paths around its decisions, and the
-//! manager's placement (a robot drawn by the seed).
+//! supervisor and link, the server's write paths around its decisions,
+//! the managers' election (kube-lease-manager's rules) and placement (a
+//! robot drawn by the seed).
 
 pub mod agent;
 pub mod check;
@@ -84,9 +85,14 @@ pub enum Fault {
     CutAtDelivery { robot: usize, restart: bool, secs: u64 },
     /// The agent is SIGKILLed and starts again (its state directory kept).
     AgentRestart { robot: usize, secs: u64 },
-    /// The server is SIGKILLed (right after its next dispatch reached the
-    /// broker, if `at_publish`) and starts again.
-    ServerKill { at_publish: bool, secs: u64 },
+    /// Server replica `replica` is SIGKILLed (or, if `at_publish`, the
+    /// replica whose next dispatch reached the broker, right after) and
+    /// starts again.
+    ServerKill {
+        replica: usize,
+        at_publish: bool,
+        secs: u64,
+    },
     /// The manager's Lease watch stalls (a relist at scale, a dropped
     /// watch).
     LeaseWatchStall { secs: u64 },
@@ -100,17 +106,26 @@ pub enum Fault {
     /// The robot's wall clock steps by `secs` (NTP, a wrong RTC, a person);
     /// its boot clock runs on.
     RobotClockStep { robot: usize, secs: i64 },
-    /// The manager's clock is `secs` from the server's for a while (within
-    /// `--robot-lost-grace`, the skew docs/fencing.md allows).
-    ManagerClockSkew { secs: i64, for_secs: u64 },
+    /// A manager's clock is `secs` from the server's for a while (within
+    /// `--robot-lost-grace`, the skew docs/fencing.md allows; more than
+    /// the leader Lease, so both managers may think they lead).
+    ManagerClockSkew {
+        manager: usize,
+        secs: i64,
+        for_secs: u64,
+    },
+    /// A manager stops for `secs` (SIGSTOP, a long pause, starved of CPU)
+    /// and wakes on its old caches, acting once as the leader it was
+    /// before its election notices that another took over.
+    ManagerPause { manager: usize, secs: u64 },
 }
 
 /// Who runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Node {
     Agent(usize),
-    Server,
-    Manager,
+    Server(usize),
+    Manager(usize),
 }
 
 /// A packet from a client to the broker.
@@ -137,10 +152,22 @@ pub enum Down {
 
 #[derive(Clone, Debug)]
 enum Ev {
-    Up { node: Node, conn: u64, packet: Up },
-    Down { node: Node, conn: u64, packet: Down },
+    Up {
+        node: Node,
+        conn: u64,
+        packet: Up,
+    },
+    Down {
+        node: Node,
+        conn: u64,
+        packet: Down,
+    },
     Tick(Node),
-    Exit { robot: usize, uid: String, attempt: u32 },
+    Exit {
+        robot: usize,
+        uid: String,
+        attempt: u32,
+    },
     ApiDone(u64),
     Fault(usize),
     Heal(Node),
@@ -149,7 +176,7 @@ enum Ev {
     CreateTask(usize),
     StallOver,
     SlowOver,
-    SkewOver,
+    SkewOver(usize),
     /// The broker writes its persistence file.
     Autosave,
 }
@@ -336,7 +363,8 @@ fn schedule(rng: &mut fastrand::Rng, config: &WorldConfig) -> Vec<(Ms, Fault)> {
         .map(|_| {
             let at = rng.u64(30_000..span.max(30_001));
             let robot = rng.usize(0..config.robots);
-            let fault = match rng.u32(0..15) {
+            let manager = rng.usize(0..2);
+            let fault = match rng.u32(0..16) {
                 0..=2 => Fault::Partition {
                     robot,
                     secs: rng.u64(5..150),
@@ -351,6 +379,7 @@ fn schedule(rng: &mut fastrand::Rng, config: &WorldConfig) -> Vec<(Ms, Fault)> {
                     secs: rng.u64(1..30),
                 },
                 7..=8 => Fault::ServerKill {
+                    replica: rng.usize(0..2),
                     at_publish: rng.bool(),
                     secs: rng.u64(1..15),
                 },
@@ -366,8 +395,13 @@ fn schedule(rng: &mut fastrand::Rng, config: &WorldConfig) -> Vec<(Ms, Fault)> {
                     secs: rng.i64(-7_200..7_200),
                 },
                 12 => Fault::ManagerClockSkew {
+                    manager,
                     secs: rng.i64(-20..20),
                     for_secs: rng.u64(30..600),
+                },
+                13 => Fault::ManagerPause {
+                    manager,
+                    secs: rng.u64(5..120),
                 },
                 _ => Fault::SlowApi {
                     secs: rng.u64(20..180),
@@ -428,9 +462,11 @@ pub fn run_with(seed: u64, config: &WorldConfig, keep: Option<&[usize]>) -> Repo
             .push(Agent::new(robot, boot, config.record_admissions));
         world.net.at(0, Ev::Start(Node::Agent(robot)));
     }
-    world.net.at(0, Ev::Start(Node::Server));
+    world.net.at(0, Ev::Start(Node::Server(0)));
+    world.net.at(200, Ev::Start(Node::Server(1)));
     world.net.at(AUTOSAVE, Ev::Autosave);
-    world.net.at(0, Ev::Tick(Node::Manager));
+    world.net.at(0, Ev::Tick(Node::Manager(0)));
+    world.net.at(500, Ev::Tick(Node::Manager(1)));
     let span = config.fault_minutes * 60_000;
     for task in 0..config.tasks {
         let at = (span / config.tasks.max(1) as u64) * task as u64;
@@ -517,20 +553,20 @@ impl World {
                             None => self.agents[i].receive(&mut self.net, packet, true),
                         }
                     }
-                    Node::Server => {
-                        let killed = self
-                            .cluster
-                            .server_receive(&mut self.net, packet, &mut self.armed_kill);
+                    Node::Server(r) => {
+                        let killed =
+                            self.cluster
+                                .server_receive(&mut self.net, r, packet, &mut self.armed_kill);
                         if let Some(secs) = killed {
-                            self.kill_server(secs);
+                            self.kill_server(r, secs);
                         }
                     }
-                    Node::Manager => {}
+                    Node::Manager(_) => {}
                 }
             }
             Ev::Tick(Node::Agent(i)) => self.agents[i].tick(&mut self.net),
-            Ev::Tick(Node::Server) => self.cluster.server_tick(&mut self.net),
-            Ev::Tick(Node::Manager) => self.cluster.manager_tick(&mut self.net),
+            Ev::Tick(Node::Server(r)) => self.cluster.server_tick(&mut self.net, r),
+            Ev::Tick(Node::Manager(m)) => self.cluster.manager_tick(&mut self.net, m),
             Ev::Exit { robot, uid, attempt } => self.agents[robot].exit(&mut self.net, &uid, attempt),
             Ev::ApiDone(id) => self.cluster.api_done(&mut self.net, id),
             Ev::Fault(i) => self.fault(i),
@@ -542,12 +578,12 @@ impl World {
             }
             Ev::LinkDown(i) => self.agents[i].link_down(&mut self.net),
             Ev::Start(Node::Agent(i)) => self.agents[i].start(&mut self.net),
-            Ev::Start(Node::Server) => self.cluster.server_start(&mut self.net),
-            Ev::Start(Node::Manager) => {}
+            Ev::Start(Node::Server(r)) => self.cluster.server_start(&mut self.net, r),
+            Ev::Start(Node::Manager(_)) => {}
             Ev::CreateTask(n) => self.cluster.create_task(&mut self.net, n),
             Ev::StallOver => self.cluster.stall_lease_watch(false),
             Ev::SlowOver => self.cluster.slow_api(0),
-            Ev::SkewOver => self.cluster.skew_manager_clock(0),
+            Ev::SkewOver(m) => self.cluster.skew_manager_clock(m, 0),
             Ev::Autosave => {
                 self.saved = self.broker.clone();
                 self.net.after(AUTOSAVE, Ev::Autosave);
@@ -659,10 +695,10 @@ impl World {
         }
     }
 
-    fn kill_server(&mut self, secs: u64) {
-        self.drop_connection(Node::Server);
-        self.cluster.server_kill(&mut self.net);
-        self.net.after(secs * 1000, Ev::Start(Node::Server));
+    fn kill_server(&mut self, replica: usize, secs: u64) {
+        self.drop_connection(Node::Server(replica));
+        self.cluster.server_kill(&mut self.net, replica);
+        self.net.after(secs * 1000, Ev::Start(Node::Server(replica)));
     }
 
     fn fault(&mut self, i: usize) {
@@ -677,11 +713,13 @@ impl World {
             Fault::ServerKill {
                 at_publish: true,
                 secs,
+                ..
             } => self.armed_kill = Some(secs),
             Fault::ServerKill {
+                replica,
                 at_publish: false,
                 secs,
-            } => self.kill_server(secs),
+            } => self.kill_server(replica, secs),
             Fault::LeaseWatchStall { secs } => {
                 self.cluster.stall_lease_watch(true);
                 self.net.after(secs * 1000, Ev::StallOver);
@@ -692,9 +730,16 @@ impl World {
             }
             Fault::BrokerRestart { crash, secs } => self.restart_broker(crash, secs * 1000),
             Fault::RobotClockStep { robot, secs } => self.agents[robot].step_clock(secs * 1000),
-            Fault::ManagerClockSkew { secs, for_secs } => {
-                self.cluster.skew_manager_clock(secs * 1000);
-                self.net.after(for_secs * 1000, Ev::SkewOver);
+            Fault::ManagerClockSkew {
+                manager,
+                secs,
+                for_secs,
+            } => {
+                self.cluster.skew_manager_clock(manager, secs * 1000);
+                self.net.after(for_secs * 1000, Ev::SkewOver(manager));
+            }
+            Fault::ManagerPause { manager, secs } => {
+                self.cluster.pause_manager(&self.net, manager, secs * 1000)
             }
         }
     }
@@ -712,14 +757,14 @@ pub fn robot_name(i: usize) -> String {
 pub fn client_id(node: Node) -> String {
     match node {
         Node::Agent(i) => robot_name(i),
-        Node::Server => "server".to_owned(),
-        Node::Manager => "manager".to_owned(),
+        Node::Server(r) => format!("server-{r}"),
+        Node::Manager(m) => format!("manager-{m}"),
     }
 }
 
 fn node_of(client: &str) -> Option<Node> {
-    if client == "server" {
-        return Some(Node::Server);
+    if let Some(r) = client.strip_prefix("server-") {
+        return r.parse().ok().map(Node::Server);
     }
     client.strip_prefix("rb")?.parse().ok().map(Node::Agent)
 }

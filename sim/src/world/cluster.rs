@@ -61,6 +61,8 @@ enum Then {
     Done {
         uid: String,
     },
+    /// A write to the leader Lease is done.
+    Lead,
 }
 
 enum Op {
@@ -72,13 +74,79 @@ enum Op {
     Renew {
         robot: String,
     },
+    /// A replica takes or renews its kind's leader Lease (`MANAGERS`,
+    /// `SERVERS`), guarded by the version of it that it read.
+    Lead {
+        kind: usize,
+        who: usize,
+        seen: u64,
+        renew: Timestamp,
+    },
 }
 
 struct Pending {
     op: Op,
-    /// The server process that wrote it (None: the manager).
-    server: Option<u64>,
+    /// The server replica and process that wrote it (None: a manager).
+    server: Option<(usize, u64)>,
+    /// The manager that wrote it.
+    manager: usize,
     then: Then,
+}
+
+/// The leader Leases: the managers' and the servers'.
+const MANAGERS: usize = 0;
+const SERVERS: usize = 1;
+
+/// A leader Lease, as the API store has it.
+#[derive(Clone, Copy, Debug)]
+struct LeaderLease {
+    holder: usize,
+    /// On the holder's clock, as kube-lease-manager writes it.
+    renew: Timestamp,
+    version: u64,
+}
+
+/// The leader Lease's duration and how long before its end the holder
+/// renews it (the manager's defaults, `LeaderConfig`).
+const LEADER_LEASE: Duration = Duration::from_secs(15);
+const LEADER_GRACE: Duration = Duration::from_secs(5);
+
+/// What a replica believes of its leadership.
+#[derive(Default)]
+struct Election {
+    /// It leads until then, on its clock (its last renewal that landed,
+    /// plus the Lease's duration); None: it follows.
+    leads_until: Option<Timestamp>,
+    /// A write to the leader Lease in flight.
+    campaigning: bool,
+}
+
+impl Election {
+    /// Whether it leads at `now` (`anyway`: as it did, whatever the time).
+    fn leads(&self, now: Timestamp, anyway: bool) -> bool {
+        self.leads_until.is_some_and(|until| anyway || now < until)
+    }
+}
+
+/// One manager replica: its caches, its clock, its writes in flight and
+/// what it believes of its leadership.
+#[derive(Default)]
+struct ManagerMem {
+    /// The Tasks as its watch last delivered them.
+    tasks: BTreeMap<String, Task>,
+    /// The robots' Leases as its watch last delivered them.
+    leases: BTreeMap<String, Timestamp>,
+    /// Tasks with a write of its in flight.
+    busy: BTreeSet<String>,
+    /// Its clock against the server's, in ms.
+    skew: i64,
+    election: Election,
+    /// Stopped (SIGSTOP, a long GC pause, starved of CPU) until then.
+    paused_until: Option<Ms>,
+    /// Woken from a pause: its next pass runs on the caches and the
+    /// leadership of before it, as reconciles queued before the pause run
+    /// before the election notices anything.
+    woken: bool,
 }
 
 struct ServerMem {
@@ -89,6 +157,8 @@ struct ServerMem {
     /// the next connection (the server's publish fails with its
     /// connection, and the reconcile sends it again).
     unacked: BTreeSet<(String, u32)>,
+    /// Only the leader dispatches.
+    election: Election,
     tick_at: Ms,
 }
 
@@ -104,14 +174,14 @@ pub struct Cluster {
     next_write: u64,
     /// Extra time every write takes (an overloaded API), 0 normally.
     slow: Ms,
-    server: Option<ServerMem>,
+    servers: [Option<ServerMem>; 2],
     generations: u64,
-    lease_cache: BTreeMap<String, Timestamp>,
+    /// The manager replicas.
+    managers: [ManagerMem; 2],
+    /// The leader Leases, by kind.
+    leaders: [Option<LeaderLease>; 2],
+    /// The managers' Lease watches are stalled.
     stalled: bool,
-    /// How far the manager's clock is from the server's, in ms.
-    manager_skew: i64,
-    /// Tasks with a manager write in flight.
-    busy: BTreeSet<String>,
     lifecycle: LifecycleConfig,
 }
 
@@ -128,12 +198,11 @@ impl Cluster {
             pending: BTreeMap::new(),
             next_write: 0,
             slow: 0,
-            server: None,
+            servers: [None, None],
             generations: 0,
-            lease_cache: BTreeMap::new(),
+            managers: Default::default(),
+            leaders: [None, None],
             stalled: false,
-            manager_skew: 0,
-            busy: BTreeSet::new(),
             lifecycle: LifecycleConfig {
                 // The simulated server renews a Lease every third of it.
                 lease_interval: Duration::from_secs(LEASE_SECONDS / 3),
@@ -170,8 +239,20 @@ impl Cluster {
 
     /// Sets the manager's clock `ms` from the server's (NTP stepping one
     /// of them; 0: in step again).
-    pub fn skew_manager_clock(&mut self, ms: i64) {
-        self.manager_skew = ms;
+    pub fn skew_manager_clock(&mut self, manager: usize, ms: i64) {
+        self.managers[manager].skew = ms;
+    }
+
+    /// Manager `manager` stops for `ms` (its writes in flight land
+    /// meanwhile); it wakes on its old caches.
+    pub fn pause_manager(&mut self, net: &Net, manager: usize, ms: Ms) {
+        let m = &mut self.managers[manager];
+        m.paused_until = Some(net.now() + ms);
+    }
+
+    /// The manager that holds the leader Lease, if any.
+    pub fn leader(&self) -> Option<usize> {
+        self.leaders[MANAGERS].map(|l| l.holder)
     }
 
     /// Every API write takes `ms` more (0: back to normal).
@@ -212,15 +293,28 @@ impl Cluster {
         self.tasks.insert(uid, task);
     }
 
-    fn write(&mut self, net: &mut Net, op: Op, server: bool, then: Then) {
+    /// A write by server replica `replica` (its current process).
+    fn write(&mut self, net: &mut Net, replica: usize, op: Op, then: Then) {
+        let server = self.servers[replica].as_ref().map(|s| (replica, s.generation));
+        self.enqueue(net, op, server, 0, then);
+    }
+
+    fn write_as(&mut self, net: &mut Net, op: Op, manager: usize, then: Then) {
+        self.enqueue(net, op, None, manager, then);
+    }
+
+    fn enqueue(&mut self, net: &mut Net, op: Op, server: Option<(usize, u64)>, manager: usize, then: Then) {
         self.next_write += 1;
         let id = self.next_write;
-        let server = if server {
-            self.server.as_ref().map(|s| s.generation)
-        } else {
-            None
-        };
-        self.pending.insert(id, Pending { op, server, then });
+        self.pending.insert(
+            id,
+            Pending {
+                op,
+                server,
+                manager,
+                then,
+            },
+        );
         let ms = net.rng().u64(WRITE_MS) + self.slow;
         net.api_done(ms, id);
     }
@@ -237,25 +331,34 @@ impl Cluster {
                 self.leases.insert(robot, net.wall());
                 true
             }
+            Op::Lead {
+                kind,
+                who,
+                seen,
+                renew,
+            } => self.lead(net, kind, who, seen, renew),
         };
         let alive = match pending.server {
-            Some(generation) => self.server.as_ref().is_some_and(|s| s.generation == generation),
+            Some((replica, generation)) => self.servers[replica]
+                .as_ref()
+                .is_some_and(|s| s.generation == generation),
             None => true,
         };
+        let replica = pending.server.map_or(0, |(r, _)| r);
         match pending.then {
             Then::Done { uid } => {
-                self.busy.remove(&uid);
+                self.managers[pending.manager].busy.remove(&uid);
             }
             Then::Failed { uid, attempt, reason } => {
                 if pending.server.is_none() {
-                    self.busy.remove(&uid);
+                    self.managers[pending.manager].busy.remove(&uid);
                 }
                 if applied {
                     net.log(What::Failed { uid, attempt, reason });
                 }
             }
             Then::Placed { uid, attempt, robot } => {
-                self.busy.remove(&uid);
+                self.managers[pending.manager].busy.remove(&uid);
                 if applied {
                     net.log(What::Placed { uid, attempt, robot });
                 }
@@ -268,20 +371,20 @@ impl Cluster {
                         state: update.state,
                         outcome: "applied",
                     });
-                    self.ack(net, &robot, StatusAck::new(vec![update.seq]));
+                    self.ack(net, replica, &robot, StatusAck::new(vec![update.seq]));
                 } else {
                     // A conflict: read again and decide again.
-                    self.on_status(net, &robot, *update);
+                    self.on_status(net, replica, &robot, *update);
                 }
             }
             Then::AckHeartbeat { robot, seq, session } if alive => {
                 let ack = StatusAck::heartbeat(seq, session, net.wall());
-                self.ack(net, &robot, ack);
+                self.ack(net, replica, &robot, ack);
             }
             Then::Publish { uid, attempt } if alive => {
                 if applied {
-                    self.publish_dispatch(net, &uid, attempt);
-                } else if let Some(server) = &mut self.server {
+                    self.publish_dispatch(net, replica, &uid, attempt);
+                } else if let Some(server) = &mut self.servers[replica] {
                     server.sending.remove(&(uid, attempt));
                 }
             }
@@ -307,47 +410,57 @@ impl Cluster {
 
     // ------------------------------------------------------------ server
 
-    /// The server process starts.
-    pub fn server_start(&mut self, net: &mut Net) {
+    /// Server replica `replica`'s process starts.
+    pub fn server_start(&mut self, net: &mut Net, replica: usize) {
         self.generations += 1;
-        net.log(What::Server { up: true });
-        self.server = Some(ServerMem {
+        net.log(What::Server { replica, up: true });
+        self.servers[replica] = Some(ServerMem {
             generation: self.generations,
             sending: BTreeSet::new(),
             unacked: BTreeSet::new(),
+            election: Election::default(),
             tick_at: net.now(),
         });
-        net.connect(Node::Server, false);
-        self.server_tick(net);
+        net.connect(Node::Server(replica), false);
+        self.server_tick(net, replica);
     }
 
-    /// The server is SIGKILLed.
-    pub fn server_kill(&mut self, net: &mut Net) {
-        if self.server.take().is_some() {
-            net.log(What::Server { up: false });
+    /// Server replica `replica` is SIGKILLed.
+    pub fn server_kill(&mut self, net: &mut Net, replica: usize) {
+        if self.servers[replica].take().is_some() {
+            net.log(What::Server { replica, up: false });
         }
     }
 
-    /// A packet for the server; returns the seconds it stays down when an
-    /// armed kill takes it now.
-    pub fn server_receive(&mut self, net: &mut Net, packet: Down, armed: &mut Option<u64>) -> Option<u64> {
-        let server = self.server.as_mut()?;
+    /// A packet for server replica `replica`; returns the seconds it stays
+    /// down when an armed kill takes it now.
+    pub fn server_receive(
+        &mut self,
+        net: &mut Net,
+        replica: usize,
+        packet: Down,
+        armed: &mut Option<u64>,
+    ) -> Option<u64> {
+        let node = Node::Server(replica);
+        let server = self.servers[replica].as_mut()?;
         match packet {
             Down::Broker(Output::ConnAck { .. }) => {
+                // The replicas share the robots' messages, as
+                // `--shared-group` makes them (src/lib.rs `subscriptions`).
                 for filter in self.topics.server_subscriptions() {
-                    net.up(Node::Server, Up::Subscribe(filter));
+                    net.up(node, Up::Subscribe(format!("$share/servers/{filter}")));
                 }
                 for (uid, attempt) in std::mem::take(&mut server.unacked) {
-                    self.publish_dispatch(net, &uid, attempt);
+                    self.publish_dispatch(net, replica, &uid, attempt);
                 }
             }
             Down::Broker(Output::Deliver {
                 packet_id, message, ..
             }) => {
                 if message.qos == 1 {
-                    net.up(Node::Server, Up::Ack(packet_id));
+                    net.up(node, Up::Ack(packet_id));
                 }
-                self.on_message(net, &message);
+                self.on_message(net, replica, &message);
             }
             // The server keeps the broker's PUBACK in memory only (what it
             // sent this generation, `sending`); an armed kill takes it here,
@@ -363,21 +476,31 @@ impl Cluster {
         None
     }
 
-    /// The server's timer: dispatches what waits to be sent.
-    pub fn server_tick(&mut self, net: &mut Net) {
+    /// Server replica `replica`'s timer: it campaigns for the servers'
+    /// leader Lease and, leading, dispatches what waits to be sent.
+    pub fn server_tick(&mut self, net: &mut Net, replica: usize) {
         let now = net.wall();
-        let Some(server) = &mut self.server else {
+        let node = Node::Server(replica);
+        let Some(server) = &mut self.servers[replica] else {
             return;
         };
         if server.tick_at != net.now() {
             return;
         }
         server.tick_at = net.now() + SERVER_TICK;
-        net.tick(Node::Server, SERVER_TICK);
-        if !net.connected(Node::Server) {
-            net.connect(Node::Server, false);
+        net.tick(node, SERVER_TICK);
+        if !net.connected(node) {
+            net.connect(node, false);
             return;
         }
+        let leads = server.election.leads(now, false);
+        self.campaign(net, SERVERS, replica, now);
+        if !leads {
+            return;
+        }
+        let Some(server) = &mut self.servers[replica] else {
+            return;
+        };
         let mut sends = Vec::new();
         let mut again = Vec::new();
         for (uid, task) in &self.tasks {
@@ -395,7 +518,7 @@ impl Cluster {
             }
         }
         for (uid, attempt) in again {
-            self.publish_dispatch(net, &uid, attempt);
+            self.publish_dispatch(net, replica, &uid, attempt);
         }
         for (uid, attempt, guard) in sends {
             let patch = json!({"metadata": {"annotations": {
@@ -405,11 +528,11 @@ impl Cluster {
                 uid: uid.clone(),
                 attempt,
             };
-            self.write(net, Op::Patch { uid, guard, patch }, true, then);
+            self.write(net, replica, Op::Patch { uid, guard, patch }, then);
         }
     }
 
-    fn publish_dispatch(&mut self, net: &mut Net, uid: &str, attempt: u32) {
+    fn publish_dispatch(&mut self, net: &mut Net, replica: usize, uid: &str, attempt: u32) {
         let Some(task) = self.tasks.get(uid) else {
             return;
         };
@@ -430,11 +553,11 @@ impl Cluster {
             qos: 1,
             retain: false,
         };
-        if let Some(server) = &mut self.server {
+        if let Some(server) = &mut self.servers[replica] {
             server.unacked.insert((uid.to_owned(), attempt));
         }
         net.up(
-            Node::Server,
+            Node::Server(replica),
             Up::Publish {
                 message,
                 tag: Some((uid.to_owned(), attempt)),
@@ -442,21 +565,21 @@ impl Cluster {
         );
     }
 
-    fn send(&self, net: &mut Net, topic: String, payload: Vec<u8>) {
+    fn send(&self, net: &mut Net, replica: usize, topic: String, payload: Vec<u8>) {
         let message = Message {
             topic,
             payload,
             qos: 1,
             retain: false,
         };
-        net.up(Node::Server, Up::Publish { message, tag: None });
+        net.up(Node::Server(replica), Up::Publish { message, tag: None });
     }
 
-    fn ack(&self, net: &mut Net, robot: &str, ack: StatusAck) {
-        self.send(net, self.topics.status_ack(robot), encode(&ack));
+    fn ack(&self, net: &mut Net, replica: usize, robot: &str, ack: StatusAck) {
+        self.send(net, replica, self.topics.status_ack(robot), encode(&ack));
     }
 
-    fn on_message(&mut self, net: &mut Net, message: &Message) {
+    fn on_message(&mut self, net: &mut Net, replica: usize, message: &Message) {
         let Ok(k8s4r_api::protocol::Topic::Robot { robot_id, kind }) = self.topics.parse(&message.topic)
         else {
             return;
@@ -471,27 +594,27 @@ impl Cluster {
                 response.nonce = register.nonce;
                 response.status_acks = true;
                 response.server_time = Some(net.wall());
-                self.send(net, self.topics.response(&robot_id), encode(&response));
+                self.send(net, replica, self.topics.response(&robot_id), encode(&response));
             }
             TopicKind::Heartbeat => {
                 let Ok(heartbeat) = decode::<Heartbeat>(&message.payload) else {
                     return;
                 };
-                self.on_heartbeat(net, &robot_id, heartbeat);
+                self.on_heartbeat(net, replica, &robot_id, heartbeat);
             }
             TopicKind::Status { task_uid } => {
                 let Ok(update) = decode::<StatusUpdate>(&message.payload) else {
                     return;
                 };
                 if update.task_uid == task_uid {
-                    self.on_status(net, &robot_id, update);
+                    self.on_status(net, replica, &robot_id, update);
                 }
             }
             _ => {}
         }
     }
 
-    fn on_heartbeat(&mut self, net: &mut Net, robot: &str, heartbeat: Heartbeat) {
+    fn on_heartbeat(&mut self, net: &mut Net, replica: usize, robot: &str, heartbeat: Heartbeat) {
         let now = net.wall();
         let holding = Holding {
             held: &heartbeat.held.running,
@@ -507,7 +630,7 @@ impl Cluster {
         let plan = plan_reconcile(robot, holding, lookup, assigned, now);
         for (attempt, stop) in plan.cancel {
             let cancel = Cancel::new(&attempt.uid, attempt.attempt, stop.reason);
-            self.send(net, self.topics.cancel(robot), encode(&cancel));
+            self.send(net, replica, self.topics.cancel(robot), encode(&cancel));
         }
         for (uid, patch) in plan.lost {
             let task = self.tasks.get(&uid);
@@ -518,25 +641,21 @@ impl Cluster {
                 reason: patch.reason.unwrap_or(k8s4r_api::TaskReason::NotOnRobot),
             };
             let patch = json!({ "status": patch });
-            self.write(net, Op::Patch { uid, guard, patch }, true, then);
+            self.write(net, replica, Op::Patch { uid, guard, patch }, then);
         }
         let then = Then::AckHeartbeat {
             robot: robot.to_owned(),
             seq: heartbeat.seq,
             session: heartbeat.session.clone(),
         };
-        self.write(
-            net,
-            Op::Renew {
-                robot: robot.to_owned(),
-            },
-            true,
-            then,
-        );
+        let op = Op::Renew {
+            robot: robot.to_owned(),
+        };
+        self.write(net, replica, op, then);
     }
 
-    fn on_status(&mut self, net: &mut Net, robot: &str, update: StatusUpdate) {
-        if self.server.is_none() {
+    fn on_status(&mut self, net: &mut Net, replica: usize, robot: &str, update: StatusUpdate) {
+        if self.servers[replica].is_none() {
             return;
         }
         let uid = update.task_uid.clone();
@@ -553,7 +672,7 @@ impl Cluster {
                     robot: robot.to_owned(),
                     update: Box::new(update),
                 };
-                self.write(net, Op::Patch { uid, guard, patch }, true, then);
+                self.write(net, replica, Op::Patch { uid, guard, patch }, then);
             }
             Ok(StatusDecision::Ignore(ignored)) => {
                 net.log(What::Status {
@@ -562,7 +681,7 @@ impl Cluster {
                     state: update.state,
                     outcome: ignored.outcome(),
                 });
-                self.ack(net, robot, StatusAck::new(vec![update.seq]));
+                self.ack(net, replica, robot, StatusAck::new(vec![update.seq]));
             }
             Err(_) => {}
         }
@@ -570,16 +689,121 @@ impl Cluster {
 
     // ----------------------------------------------------------- manager
 
-    /// The manager's pass over every Task.
-    pub fn manager_tick(&mut self, net: &mut Net) {
-        net.tick(Node::Manager, MANAGER_TICK);
-        if !self.stalled {
-            self.lease_cache = self.leases.clone();
+    /// What replica `who` of `kind` believes of its leadership (None: a
+    /// server replica that is down).
+    fn election(&mut self, kind: usize, who: usize) -> Option<&mut Election> {
+        match kind {
+            MANAGERS => Some(&mut self.managers[who].election),
+            _ => self.servers[who].as_mut().map(|s| &mut s.election),
         }
-        let now = net.wall() + jiff::SignedDuration::from_millis(self.manager_skew);
+    }
+
+    /// The leader Lease write of replica `who` of `kind` lands, unless
+    /// someone wrote the Lease since it read it.
+    fn lead(&mut self, net: &mut Net, kind: usize, who: usize, seen: u64, renew: Timestamp) -> bool {
+        let current = self.leaders[kind];
+        if current.map_or(0, |l| l.version) != seen {
+            // kube-lease-manager steps down when its renewal conflicts.
+            if let Some(e) = self.election(kind, who) {
+                e.campaigning = false;
+                if e.leads_until.take().is_some() {
+                    net.log(What::Leader {
+                        kind,
+                        who,
+                        leads: false,
+                    });
+                }
+            }
+            return false;
+        }
+        if current.map(|l| l.holder) != Some(who) {
+            net.log(What::Leader {
+                kind,
+                who,
+                leads: true,
+            });
+        }
+        self.leaders[kind] = Some(LeaderLease {
+            holder: who,
+            renew,
+            version: seen + 1,
+        });
+        if let Some(e) = self.election(kind, who) {
+            e.campaigning = false;
+            e.leads_until = Some(renew + LEADER_LEASE);
+        }
+        true
+    }
+
+    /// Replica `who` of `kind` campaigns for its leader Lease or renews
+    /// it, as kube-lease-manager does: on its own clock, it takes a Lease
+    /// that is free, its own, or not renewed for the Lease's duration, and
+    /// renews its own the grace before it ends.
+    fn campaign(&mut self, net: &mut Net, kind: usize, who: usize, now: Timestamp) {
+        let lease = self.leaders[kind];
+        let Some(e) = self.election(kind, who) else {
+            return;
+        };
+        if e.campaigning {
+            return;
+        }
+        let due = match lease {
+            None => true,
+            Some(l) if l.holder == who => now >= l.renew + (LEADER_LEASE - LEADER_GRACE),
+            Some(l) => now >= l.renew + LEADER_LEASE,
+        };
+        if !due {
+            return;
+        }
+        e.campaigning = true;
+        let op = Op::Lead {
+            kind,
+            who,
+            seen: lease.map_or(0, |l| l.version),
+            renew: now,
+        };
+        match kind {
+            MANAGERS => self.write_as(net, op, who, Then::Lead),
+            _ => self.write(net, who, op, Then::Lead),
+        }
+    }
+
+    /// Manager `manager`'s second: its caches catch up with the store
+    /// (unless its Lease watch is stalled, or it just woke from a pause),
+    /// it campaigns, and, leading, it makes its pass over the Tasks.
+    pub fn manager_tick(&mut self, net: &mut Net, manager: usize) {
+        net.tick(Node::Manager(manager), MANAGER_TICK);
+        let m = &mut self.managers[manager];
+        if let Some(until) = m.paused_until {
+            if net.now() < until {
+                return;
+            }
+            m.paused_until = None;
+            m.woken = true;
+        }
+        let now = net.wall() + jiff::SignedDuration::from_millis(m.skew);
+        let woken = std::mem::take(&mut m.woken);
+        if !woken {
+            m.tasks = self.tasks.clone();
+            if !self.stalled {
+                m.leases = self.leases.clone();
+            }
+        }
+        let leads = m.election.leads(now, woken);
+        self.campaign(net, MANAGERS, manager, now);
+        if leads {
+            self.manager_pass(net, manager, now);
+        }
+    }
+
+    /// The Task controller's pass over the Tasks as manager `manager`'s
+    /// cache has them, deciding with the real lifecycle; each write is
+    /// guarded by the version it decided on.
+    fn manager_pass(&mut self, net: &mut Net, manager: usize, now: Timestamp) {
+        let m = &self.managers[manager];
         let mut writes = Vec::new();
-        for (uid, task) in &self.tasks {
-            if self.busy.contains(uid) {
+        for (uid, task) in &m.tasks {
+            if m.busy.contains(uid) {
                 continue;
             }
             let status = task.status.clone().unwrap_or_default();
@@ -594,7 +818,7 @@ impl Cluster {
                     record_lag: record_lag(Some(LEASE_SECONDS as i32), &self.lifecycle),
                 },
             };
-            let mut step = decide_step(task, health(&self.lease_cache), now, &self.lifecycle);
+            let mut step = decide_step(task, health(&m.leases), now, &self.lifecycle);
             if replaces_a_silent_robots_attempt(&step) {
                 // As the Task controller does: read the Lease afresh.
                 step = decide_step(task, health(&self.leases), now, &self.lifecycle);
@@ -641,8 +865,8 @@ impl Cluster {
             writes.push((uid.clone(), guard, patch, then));
         }
         for (uid, guard, patch, then) in writes {
-            self.busy.insert(uid.clone());
-            self.write(net, Op::Patch { uid, guard, patch }, false, then);
+            self.managers[manager].busy.insert(uid.clone());
+            self.write_as(net, Op::Patch { uid, guard, patch }, manager, then);
         }
     }
 }

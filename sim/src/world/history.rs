@@ -63,9 +63,17 @@ pub enum What {
         robot: usize,
         up: bool,
     },
-    /// The server started or died.
+    /// A server replica started or died.
     Server {
+        replica: usize,
         up: bool,
+    },
+    /// A manager (`kind` 0) or server (1) replica took its kind's leader
+    /// Lease, or stepped down.
+    Leader {
+        kind: usize,
+        who: usize,
+        leads: bool,
     },
 }
 
@@ -80,7 +88,7 @@ impl Entry {
             | What::Placed { uid: u, .. }
             | What::Failed { uid: u, .. }
             | What::Status { uid: u, .. } => u == uid,
-            What::Fault(_) | What::Agent { .. } | What::Server { .. } => true,
+            What::Fault(_) | What::Agent { .. } | What::Server { .. } | What::Leader { .. } => true,
         }
     }
 }
@@ -118,7 +126,13 @@ impl fmt::Display for Entry {
             What::Agent { robot, up } => {
                 write!(f, "rb{robot} agent {}", if *up { "starts" } else { "killed" })
             }
-            What::Server { up } => write!(f, "server {}", if *up { "starts" } else { "killed" }),
+            What::Server { replica, up } => {
+                write!(f, "server-{replica} {}", if *up { "starts" } else { "killed" })
+            }
+            What::Leader { kind, who, leads } => {
+                let kind = if *kind == 0 { "manager" } else { "server" };
+                write!(f, "{kind}-{who} {}", if *leads { "leads" } else { "steps down" })
+            }
         }
     }
 }

@@ -169,3 +169,34 @@ fn fresh_seeds_break_no_rule() {
         failures.join("\n")
     );
 }
+
+/// The managers' and the servers' leadership moves between the replicas
+/// (pauses, clock skews and kills take it from one), and no rule breaks
+/// while it does.
+#[test]
+fn leadership_moves_between_replicas_and_no_rule_breaks() {
+    let mut led = std::collections::BTreeSet::new();
+    for seed in 0..20 {
+        let report = run(seed, &WorldConfig::default());
+        assert!(
+            report.violations.is_empty(),
+            "seed {seed}: {:#?}",
+            report.violations
+        );
+        for entry in &report.history {
+            if let What::Leader {
+                kind,
+                who,
+                leads: true,
+            } = entry.what
+            {
+                led.insert((kind, who));
+            }
+        }
+    }
+    assert_eq!(
+        led.len(),
+        4,
+        "each manager and each server led at some point: {led:?}"
+    );
+}
