@@ -311,12 +311,7 @@ async fn an_unacknowledged_dispatch_moves_to_another_robot_once_fenced() {
     // it is fenced (stopAfter 5 s + kill timeout 1 s after it was last
     // heard from), and it may still take it until the dispatch's deadline
     // (8 s), before the attempt moves.
-    let mut fenced = group("g", 1);
-    fenced.disconnect = Some(k8s4r_api::DisconnectPolicy {
-        stop_after: Some("5s".into()),
-        ..Default::default()
-    });
-    fenced.task.kill_timeout = Some("1s".into());
+    let fenced = fenced_group("g");
     create_job(c, "ack", None, vec![fenced]).await;
     let first = task_where(c, "ack-g-0", "attempt 1", |t| dispatching_on(t).is_some()).await;
     let first_robot = dispatching_on(&first).unwrap().to_owned();
@@ -365,13 +360,7 @@ async fn tasks_of_an_offline_robot_are_lost_and_rescheduled() {
     let (env, manager) = start(config()).await;
     let c = &env.client;
     robot("a").create(c).await;
-    // Fenced 5 s (stopAfter) + 1 s (kill timeout) after robot a was last heard.
-    let mut fenced = group("g", 1);
-    fenced.disconnect = Some(k8s4r_api::DisconnectPolicy {
-        stop_after: Some("5s".into()),
-        ..Default::default()
-    });
-    fenced.task.kill_timeout = Some("1s".into());
+    let fenced = fenced_group("g");
     create_job(c, "lost", None, vec![fenced]).await;
     task_where(c, "lost-g-0", "dispatched to a", |t| {
         dispatching_on(t) == Some("a")

@@ -56,13 +56,7 @@ async fn a_stalled_lease_watch_does_not_replace_a_robot_whose_lease_is_renewed()
 
     robot("a").create(c).await;
     renew_lease(c, "a", LEASE_SECONDS).await;
-    // Fenced 5 s (stopAfter) + 1 s (kill timeout) after robot a was last heard.
-    let mut fenced = group("g", 1);
-    fenced.disconnect = Some(k8s4r_api::DisconnectPolicy {
-        stop_after: Some("5s".into()),
-        ..Default::default()
-    });
-    fenced.task.kill_timeout = Some("1s".into());
+    let fenced = fenced_group("g");
     create_job(c, "steady", None, vec![fenced]).await;
     task_where(c, "steady-g-0", "dispatched to a", |t| {
         dispatching_on(t) == Some("a")

@@ -391,6 +391,18 @@ pub fn dispatching_on(task: &Task) -> Option<&str> {
     }
 }
 
+/// Group `name` of one task, fenced: its robot stops it 5 s (stopAfter)
+/// + 1 s (kill timeout) after the cluster last heard from it.
+pub fn fenced_group(name: &str) -> TaskGroupTemplate {
+    let mut fenced = group(name, 1);
+    fenced.disconnect = Some(k8s4r_api::DisconnectPolicy {
+        stop_after: Some("5s".into()),
+        ..Default::default()
+    });
+    fenced.task.kill_timeout = Some("1s".into());
+    fenced
+}
+
 /// What the server does while robot `name` stays in contact: applies its
 /// Lease, renewed now and lasting `seconds`.
 pub async fn renew_lease(client: &Client, name: &str, seconds: i32) {

@@ -132,8 +132,9 @@ impl Election {
 /// what it believes of its leadership.
 #[derive(Default)]
 struct ManagerMem {
-    /// The Tasks as its watch last delivered them.
-    tasks: BTreeMap<String, Task>,
+    /// While it is paused, the Tasks as its cache held them when it
+    /// stopped; None: its cache keeps up with the store, which is read.
+    paused_tasks: Option<BTreeMap<String, Task>>,
     /// The robots' Leases as its watch last delivered them.
     leases: BTreeMap<String, Timestamp>,
     /// Tasks with a write of its in flight.
@@ -143,10 +144,6 @@ struct ManagerMem {
     election: Election,
     /// Stopped (SIGSTOP, a long GC pause, starved of CPU) until then.
     paused_until: Option<Ms>,
-    /// Woken from a pause: its next pass runs on the caches and the
-    /// leadership of before it, as reconciles queued before the pause run
-    /// before the election notices anything.
-    woken: bool,
 }
 
 struct ServerMem {
@@ -248,11 +245,9 @@ impl Cluster {
     pub fn pause_manager(&mut self, net: &Net, manager: usize, ms: Ms) {
         let m = &mut self.managers[manager];
         m.paused_until = Some(net.now() + ms);
-    }
-
-    /// The manager that holds the leader Lease, if any.
-    pub fn leader(&self) -> Option<usize> {
-        self.leaders[MANAGERS].map(|l| l.holder)
+        if m.paused_tasks.is_none() {
+            m.paused_tasks = Some(self.tasks.clone());
+        }
     }
 
     /// Every API write takes `ms` more (0: back to normal).
@@ -769,40 +764,42 @@ impl Cluster {
     }
 
     /// Manager `manager`'s second: its caches catch up with the store
-    /// (unless its Lease watch is stalled, or it just woke from a pause),
-    /// it campaigns, and, leading, it makes its pass over the Tasks.
+    /// (unless its Lease watch is stalled), it campaigns, and, leading, it
+    /// makes its pass over the Tasks. Woken from a pause, its first pass
+    /// runs on the caches and the leadership of before it, as reconciles
+    /// queued before the pause run before the election notices anything.
     pub fn manager_tick(&mut self, net: &mut Net, manager: usize) {
         net.tick(Node::Manager(manager), MANAGER_TICK);
         let m = &mut self.managers[manager];
-        if let Some(until) = m.paused_until {
-            if net.now() < until {
-                return;
-            }
-            m.paused_until = None;
-            m.woken = true;
+        if m.paused_until.is_some_and(|until| net.now() < until) {
+            return;
+        }
+        m.paused_until = None;
+        let woken = m.paused_tasks.take();
+        if woken.is_none() && !self.stalled {
+            m.leases = self.leases.clone();
         }
         let now = net.wall() + jiff::SignedDuration::from_millis(m.skew);
-        let woken = std::mem::take(&mut m.woken);
-        if !woken {
-            m.tasks = self.tasks.clone();
-            if !self.stalled {
-                m.leases = self.leases.clone();
-            }
-        }
-        let leads = m.election.leads(now, woken);
+        let leads = m.election.leads(now, woken.is_some());
         self.campaign(net, MANAGERS, manager, now);
         if leads {
-            self.manager_pass(net, manager, now);
+            self.manager_pass(net, manager, woken.as_ref(), now);
         }
     }
 
     /// The Task controller's pass over the Tasks as manager `manager`'s
-    /// cache has them, deciding with the real lifecycle; each write is
-    /// guarded by the version it decided on.
-    fn manager_pass(&mut self, net: &mut Net, manager: usize, now: Timestamp) {
+    /// cache has them (the store's, or `stale` ones), deciding with the
+    /// real lifecycle; each write is guarded by the version it decided on.
+    fn manager_pass(
+        &mut self,
+        net: &mut Net,
+        manager: usize,
+        stale: Option<&BTreeMap<String, Task>>,
+        now: Timestamp,
+    ) {
         let m = &self.managers[manager];
         let mut writes = Vec::new();
-        for (uid, task) in &m.tasks {
+        for (uid, task) in stale.unwrap_or(&self.tasks) {
             if m.busy.contains(uid) {
                 continue;
             }
