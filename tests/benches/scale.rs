@@ -11,6 +11,7 @@
 //!     cargo bench -p k8s4r-e2e --bench scale -- register-storm [--robots 10000]
 //!     cargo bench -p k8s4r-e2e --bench scale -- heartbeats [--robots 10000] [--seconds 120]
 //!     cargo bench -p k8s4r-e2e --bench scale -- dispatch [--robots 10000] [--jobs 10000] [--rate 200]
+//!     cargo bench -p k8s4r-e2e --bench scale -- sustain [--robots 10000] [--rates 10,20,30] [--minutes 10]
 //!     cargo bench -p k8s4r-e2e --bench scale -- reconnect-storm [--robots 5000] [--jobs 2000] [--rate 50] [--settle 70]
 //!     cargo bench -p k8s4r-e2e --bench scale -- dashboard [--robots 10000] [--updates 100]
 //!     cargo bench -p k8s4r-e2e --bench scale -- cost [--robots 100] [--jobs 100] [--rate 5]
@@ -43,6 +44,8 @@ mod runs;
 mod shards;
 #[path = "scale/sims.rs"]
 mod sims;
+#[path = "scale/sustain.rs"]
+mod sustain;
 
 use phases::Phases;
 use runs::{Latencies, Twice};
@@ -67,6 +70,38 @@ pub fn status_kib(pid: &str, field: &str) -> f64 {
         .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
         .unwrap_or(0.0)
+}
+
+/// CPU seconds so far of the product's programs (API server, server,
+/// manager) and of what stands in for the fleet (brokers, simulators),
+/// each by name.
+fn cpu_by_part(cluster: &Cluster, fleet: &Sims) -> Vec<(&'static str, f64)> {
+    let of = |pids: &mut dyn Iterator<Item = Option<u32>>| pids.flatten().map(cpu_seconds).sum::<f64>();
+    let brokers = cluster.broker.iter().chain(cluster.edges.iter().map(|(edge, _, _)| edge));
+    vec![
+        ("apiserver", of(&mut std::iter::once(cluster._api.pid()))),
+        ("server", of(&mut std::iter::once(cluster.server.pid()))),
+        ("manager", of(&mut std::iter::once(cluster.manager.pid()))),
+        ("brokers", of(&mut brokers.map(|b| b.pid()))),
+        ("simulator", of(&mut fleet.pids().into_iter().map(Some))),
+    ]
+}
+
+/// What each part spent between two [`cpu_by_part`] readings over
+/// `seconds`, as a line (cores), and the product's CPU-seconds.
+fn cpu_spent(before: &[(&str, f64)], after: &[(&str, f64)], seconds: f64) -> (String, f64) {
+    let mut product = 0.0;
+    let parts: Vec<String> = before
+        .iter()
+        .zip(after)
+        .map(|((name, b), (_, a))| {
+            if !matches!(*name, "brokers" | "simulator") {
+                product += a - b;
+            }
+            format!("{name} {:.2}", (a - b) / seconds.max(1e-9))
+        })
+        .collect();
+    (parts.join(", "), product)
 }
 
 /// A process's peak resident memory, MiB.
@@ -328,11 +363,12 @@ async fn not_online_reasons(client: &Client) -> std::collections::BTreeMap<Strin
     }
 }
 
-/// Creates single-task Jobs `d-0`... at a steady rate (job i at i / rate
-/// seconds after `started`), each running `/bin/true`: their names and
-/// when each was created.
+/// Creates single-task Jobs `<prefix>0`... at a steady rate (job i at
+/// i / rate seconds after `started`), each running `/bin/true`: their
+/// names and when each was created.
 async fn create_jobs(
     client: &Client,
+    prefix: &str,
     jobs: usize,
     rate: u64,
     started: Instant,
@@ -345,7 +381,7 @@ async fn create_jobs(
             async move {
                 let at = started + Duration::from_secs_f64(i as f64 / rate as f64);
                 tokio::time::sleep_until(at.into()).await;
-                let name = format!("d-{i}");
+                let name = format!("{prefix}{i}");
                 let job: k8s4r_api::Job = serde_json::from_value(serde_json::json!({
                     "apiVersion": "robot.k8s4r.io/v1alpha1", "kind": "Job",
                     "metadata": {"name": name, "namespace": "default"},
@@ -533,7 +569,8 @@ async fn dispatch(robots: usize, jobs: usize, rate: u64) {
     all_online(&cluster, robots).await;
     tokio::time::sleep(Duration::from_secs(arg("--settle", 10))).await;
     let started = Instant::now();
-    let created = create_jobs(&cluster.client, jobs, rate, started).await;
+    let cpu_before = cpu_by_part(&cluster, &fleet);
+    let created = create_jobs(&cluster.client, "d-", jobs, rate, started).await;
     let all_created = started.elapsed().as_secs_f64();
     // What was measured is printed even when not every task finished in
     // time (the figures are then over the tasks that started).
@@ -551,6 +588,7 @@ async fn dispatch(robots: usize, jobs: usize, rate: u64) {
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
     let all_done = started.elapsed().as_secs_f64();
+    let (cores, product_cpu) = cpu_spent(&cpu_before, &cpu_by_part(&cluster, &fleet), all_done);
     let tasks = all_tasks(&cluster.client).await;
     // Read again after the Tasks: a run that began since counts too.
     let runs = fleet.runs();
@@ -565,18 +603,26 @@ async fn dispatch(robots: usize, jobs: usize, rate: u64) {
         .filter(|t| t.status.as_ref().is_some_and(|s| s.start_time.is_some()))
         .count();
     let latencies = Latencies::of(&tasks, &runs, &created, jiff::Timestamp::now());
+    println!("INFO {}", Latencies::stages(&tasks, &runs, &created));
     let twice = Twice::of(&runs);
     println!(
         "INFO {jobs} jobs at {rate}/s onto {robots} robots: created in {all_created:.1} s, all finished after {all_done:.1} s; {} dispatches, {retried} tasks retried",
         fleet.dispatches(),
     );
     println!(
-        "INFO {} tasks ran on two robots (or two attempts) at once, {} were completed twice one after the other; {} dispatches of an attempt already taken were refused by the robot's fence",
+        "INFO {} tasks ran on two robots (or two attempts) at once, {} were completed twice one after the other; {} dispatches of an attempt already taken were refused by the robot's fence, {} as come after their deadline",
         twice.at_once,
         twice.completed,
         fleet.resent_dispatches(),
+        fleet.expired_dispatches(),
     );
     println!("BENCH dispatch_duplicates {} tasks", twice.tasks);
+    // The fleet's heartbeats are in these too: the product's cost per task
+    // at this fleet size, not of the task alone (the cost bench's is).
+    println!(
+        "INFO cores used from the first Job to the last task's end, by part: {cores}; the product's CPU {:.2} ms a task, the idle fleet's included",
+        product_cpu * 1000.0 / runs::finished_tasks(&runs).max(1) as f64
+    );
     println!(
         "BENCH dispatch_p50_ms_{}_robots {:.1} ms",
         label(robots),
@@ -622,7 +668,7 @@ async fn reconnect_storm(robots: usize, jobs: usize, rate: u64) {
     tokio::time::sleep(Duration::from_secs(arg("--settle", 10))).await;
     // Jobs arrive before, during and after the restart.
     let client = cluster.client.clone();
-    let creating = tokio::spawn(async move { create_jobs(&client, jobs, rate, Instant::now()).await });
+    let creating = tokio::spawn(async move { create_jobs(&client, "d-", jobs, rate, Instant::now()).await });
     let deadline = Instant::now() + Duration::from_secs(300);
     while (fleet.dispatches() as usize) < jobs / 3 {
         assert!(Instant::now() < deadline, "work did not reach the robots");
@@ -729,6 +775,7 @@ fn main() {
             usize::try_from(arg("--jobs", 2_000)).unwrap_or(2_000),
             arg("--rate", 50),
         )),
+        "sustain" => runtime.block_on(sustain::run(robots)),
         "cost" => runtime.block_on(cost::run(usize::try_from(arg("--robots", 100)).unwrap_or(100))),
         "dashboard" => runtime.block_on(dashboard::run(
             start_cluster(robots),
@@ -737,7 +784,7 @@ fn main() {
         )),
         other => {
             eprintln!(
-                "unknown scenario {other:?}: register-storm, heartbeats, dispatch, reconnect-storm, dashboard or cost"
+                "unknown scenario {other:?}: register-storm, heartbeats, dispatch, sustain, reconnect-storm, dashboard or cost"
             )
         }
     }

@@ -123,6 +123,48 @@ impl Latencies {
         Latencies { sorted, started }
     }
 
+    /// Where the time went, for the Jobs whose task started: created →
+    /// placed (the manager: TaskGroup, Task, placement; the Task's
+    /// `dispatchTime`) and placed → started (the server's send, MQTT and
+    /// the robot), each as `p50/p99` ms.
+    pub fn stages(
+        tasks: &[k8s4r_api::Task],
+        runs: &[Run],
+        created: &HashMap<String, jiff::Timestamp>,
+    ) -> String {
+        let mut first_start: HashMap<&str, jiff::Timestamp> = HashMap::new();
+        for run in runs {
+            let start = first_start.entry(&run.uid).or_insert(run.start);
+            *start = (*start).min(run.start);
+        }
+        let ms = |from: jiff::Timestamp, to: jiff::Timestamp| to.duration_since(from).as_secs_f64() * 1000.0;
+        let (mut placing, mut sending) = (Vec::new(), Vec::new());
+        for t in tasks {
+            let job = t.labels().get(k8s4r_api::names::LABEL_JOB);
+            let at = job.and_then(|job| created.get(job));
+            let placed = t.status.as_ref().and_then(|s| s.dispatch_time);
+            let start = t.metadata.uid.as_deref().and_then(|uid| first_start.get(uid));
+            if let (Some(at), Some(placed), Some(start)) = (at, placed, start) {
+                placing.push(ms(*at, placed));
+                sending.push(ms(placed, *start));
+            }
+        }
+        let pcts = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            let l = Latencies { sorted: v, started: 0 };
+            if l.sorted.is_empty() {
+                "-".to_owned()
+            } else {
+                format!("{:.1}/{:.1}", l.pct(50.0), l.pct(99.0))
+            }
+        };
+        format!(
+            "created → placed p50/p99 {} ms, placed → started {} ms (the last attempt's placement)",
+            pcts(placing),
+            pcts(sending)
+        )
+    }
+
     /// The `p`th percentile, nearest rank.
     pub fn pct(&self, p: f64) -> f64 {
         let rank = ((p / 100.0) * self.sorted.len() as f64).ceil() as usize;

@@ -120,6 +120,7 @@ struct Seen {
     finished: AtomicU64,
     registered_since_mark: AtomicU64,
     resent_statuses: AtomicU64,
+    expired_dispatches: AtomicU64,
 }
 
 /// The simulator processes.
@@ -171,9 +172,10 @@ impl Shards {
                         .strip_prefix("SIM ")
                         .map(|rest| rest.split(' ').filter_map(|f| f.parse().ok()).collect())
                         .unwrap_or_default();
-                    if let [connects, online, heartbeats, bytes_out, bytes_in, dispatches, resent_dispatches, finished, since_mark, resent] =
+                    if let [connects, online, heartbeats, bytes_out, bytes_in, dispatches, resent_dispatches, finished, since_mark, resent, expired] =
                         fields[..]
                     {
+                        into.expired_dispatches.store(expired, Ordering::Relaxed);
                         into.registered_since_mark.store(since_mark, Ordering::Relaxed);
                         into.resent_statuses.store(resent, Ordering::Relaxed);
                         into.connects.store(connects, Ordering::Relaxed);
@@ -300,6 +302,16 @@ impl Shards {
             .sum()
     }
 
+    /// Dispatches refused as come after their deadline, all shards.
+    pub fn expired_dispatches(&self) -> u64 {
+        self.sum(|s| &s.expired_dispatches)
+    }
+
+    /// The shards' process ids.
+    pub fn pids(&self) -> Vec<u32> {
+        self.children.iter().map(|(child, _)| child.id()).collect()
+    }
+
     /// Makes robots `sim-0` .. `sim-<n-1>` vanish (they are the first shard's).
     pub fn vanish(&self, n: usize) {
         if let Some((_, stdin)) = self.children.first() {
@@ -375,7 +387,7 @@ pub fn shard_main(args: &[String]) {
                 _ = report.tick() => {
                     let c = &fleet.counters;
                     println!(
-                        "SIM {} {} {} {} {} {} {} {} {} {}",
+                        "SIM {} {} {} {} {} {} {} {} {} {} {}",
                         c.connects.load(Ordering::Relaxed),
                         c.online.load(Ordering::Relaxed),
                         c.heartbeats.load(Ordering::Relaxed),
@@ -386,6 +398,7 @@ pub fn shard_main(args: &[String]) {
                         c.finished.load(Ordering::Relaxed),
                         mark.map_or(0, |m| fleet.registered_since(m)),
                         c.resent_statuses.load(Ordering::Relaxed),
+                        c.expired_dispatches.load(Ordering::Relaxed),
                     );
                 }
                 line = rx.recv() => match line {

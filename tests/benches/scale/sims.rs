@@ -114,6 +114,22 @@ impl Sims {
         }
     }
 
+    /// Dispatches the robots refused as come after their deadline.
+    pub fn expired_dispatches(&self) -> u64 {
+        match self {
+            Sims::Here(f) => f.counters.expired_dispatches.load(Ordering::Relaxed),
+            Sims::Shards(s) => s.expired_dispatches(),
+        }
+    }
+
+    /// The processes that simulate the robots: this one, or the shards.
+    pub fn pids(&self) -> Vec<u32> {
+        match self {
+            Sims::Here(_) => vec![std::process::id()],
+            Sims::Shards(s) => s.pids(),
+        }
+    }
+
     /// How many robots were answered Online at or after `since`.
     pub fn registered_since(&self, since: Instant) -> usize {
         match self {
