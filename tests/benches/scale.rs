@@ -77,7 +77,10 @@ pub fn status_kib(pid: &str, field: &str) -> f64 {
 /// each by name.
 fn cpu_by_part(cluster: &Cluster, fleet: &Sims) -> Vec<(&'static str, f64)> {
     let of = |pids: &mut dyn Iterator<Item = Option<u32>>| pids.flatten().map(cpu_seconds).sum::<f64>();
-    let brokers = cluster.broker.iter().chain(cluster.edges.iter().map(|(edge, _, _)| edge));
+    let brokers = cluster
+        .broker
+        .iter()
+        .chain(cluster.edges.iter().map(|(edge, _, _)| edge));
     vec![
         ("apiserver", of(&mut std::iter::once(cluster._api.pid()))),
         ("server", of(&mut std::iter::once(cluster.server.pid()))),

@@ -151,7 +151,10 @@ impl Latencies {
         }
         let pcts = |mut v: Vec<f64>| {
             v.sort_by(f64::total_cmp);
-            let l = Latencies { sorted: v, started: 0 };
+            let l = Latencies {
+                sorted: v,
+                started: 0,
+            };
             if l.sorted.is_empty() {
                 "-".to_owned()
             } else {

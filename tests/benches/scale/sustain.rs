@@ -74,18 +74,27 @@ pub async fn run(robots: usize) {
         let latencies = Latencies::of(&tasks, &runs, &created, jiff::Timestamp::now());
         let (p50, p99) = (latencies.pct(50.0), latencies.pct(99.0));
         let twice = Twice::of(&runs);
-        println!("INFO {rate} Jobs/s: {}", Latencies::stages(&tasks, &runs, &created));
+        println!(
+            "INFO {rate} Jobs/s: {}",
+            Latencies::stages(&tasks, &runs, &created)
+        );
         println!(
             "INFO {rate} Jobs/s for {minutes} min onto {robots} robots: {finished} of {jobs} tasks finished in {took:.1} s; created → started p50 {p50:.1} ms, p99 {p99:.1} ms; {} ran twice; the product's CPU {:.2} ms a task, the idle fleet's taken off; cores by part: {cores}",
             twice.tasks,
             (product_cpu - idle_product_cores * took).max(0.0) * 1000.0 / finished.max(1) as f64,
         );
-        println!("BENCH sustain_p99_ms_at_{rate}_per_s_{}_robots {p99:.1} ms", label(robots));
+        println!(
+            "BENCH sustain_p99_ms_at_{rate}_per_s_{}_robots {p99:.1} ms",
+            label(robots)
+        );
         if finished < jobs || p99 > P99_BAR_MS {
             break;
         }
         sustained = rate;
     }
-    println!("BENCH sustained_jobs_per_s_{}_robots {sustained} jobs/s", label(robots));
+    println!(
+        "BENCH sustained_jobs_per_s_{}_robots {sustained} jobs/s",
+        label(robots)
+    );
     fleet.stop().await;
 }
