@@ -856,6 +856,6 @@ pub fn delete(
     next["metadata"]["finalizers"] = Value::Array(finalizers);
     let obj = txn.put(&gr, next);
     // Orphan and foreground deletions are carried out by the collector.
-    txn.deleted_something = true;
+    txn.garbage_possible = true;
     Ok(Deleted::Pending(obj))
 }

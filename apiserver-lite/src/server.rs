@@ -323,11 +323,16 @@ fn ensure_namespaces(store: &Store) {
     });
 }
 
-/// The garbage collector: after deletions (and now and then), deletes
-/// dependents whose owners are gone and carries out orphan and foreground
-/// deletions. Now and then it also drops Events older than `event_ttl`.
+/// The garbage collector: after each write that may leave garbage (see
+/// [`crate::store::Txn::garbage_possible`]) and every [`GC_INTERVAL`],
+/// deletes dependents whose owners are gone and carries out orphan and
+/// foreground deletions. Now and then it also drops Events older than
+/// `event_ttl`. A pass reads every object (a second of CPU at 100,000
+/// robots), so it runs on the blocking pool: on an async worker it held up
+/// the requests queued behind it on that worker, every write waiting up to
+/// a second.
 async fn collector(store: Arc<Store>, event_ttl: Duration, cancel: CancellationToken) {
-    let mut tick = tokio::time::interval(Duration::from_secs(5));
+    let mut tick = tokio::time::interval(GC_INTERVAL);
     // Expiry scans every Event, so it runs less often than the collector;
     // an Event outlives its TTL by at most this much.
     let mut expiry = tokio::time::interval(EVENT_EXPIRY_INTERVAL.min(event_ttl).max(Duration::from_secs(1)));
@@ -336,7 +341,11 @@ async fn collector(store: Arc<Store>, event_ttl: Duration, cancel: CancellationT
             _ = store.gc.notified() => {}
             _ = tick.tick() => {}
             _ = expiry.tick() => {
-                let expired = expire_events(&store, jiff::Timestamp::now(), event_ttl);
+                let store = store.clone();
+                let now = jiff::Timestamp::now();
+                let expired = tokio::task::spawn_blocking(move || expire_events(&store, now, event_ttl))
+                    .await
+                    .unwrap_or(0);
                 if expired > 0 {
                     tracing::debug!(expired, "events past their TTL deleted");
                 }
@@ -345,13 +354,23 @@ async fn collector(store: Arc<Store>, event_ttl: Duration, cancel: CancellationT
             _ = cancel.cancelled() => return,
         }
         // A pass can make more garbage (a foreground deletion's dependents).
-        for _ in 0..16 {
-            if !gc::collect_garbage_in(&store) {
-                break;
+        let store = store.clone();
+        let passes = tokio::task::spawn_blocking(move || {
+            for _ in 0..16 {
+                if !gc::collect_garbage_in(&store) {
+                    break;
+                }
             }
+        });
+        if let Err(e) = passes.await {
+            tracing::error!(error = %e, "a garbage collection pass failed");
         }
     }
 }
+
+/// How often the collector looks without being asked: every write that
+/// may leave garbage asks at once, so this is a backstop.
+const GC_INTERVAL: Duration = Duration::from_secs(30);
 
 /// How often Events past their TTL are looked for.
 const EVENT_EXPIRY_INTERVAL: Duration = Duration::from_secs(30);

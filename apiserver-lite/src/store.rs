@@ -292,7 +292,10 @@ pub struct Txn<'a> {
     pub state: &'a mut State,
     events: Vec<Arc<Event>>,
     persist: Vec<PersistOp>,
-    pub deleted_something: bool,
+    /// Whether this write may have left garbage for the collector: an
+    /// object removed or marked for deletion, or one naming an owner that
+    /// does not exist. The collector runs after each such write.
+    pub garbage_possible: bool,
 }
 
 impl Txn<'_> {
@@ -313,6 +316,16 @@ impl Txn<'_> {
             .to_string();
         let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
         let uid = obj["metadata"]["uid"].as_str().unwrap_or_default().to_string();
+        // One being deleted is left to its finalizers.
+        let absent_owner = obj["metadata"]["deletionTimestamp"].is_null()
+            && obj["metadata"]["ownerReferences"].as_array().is_some_and(|refs| {
+                refs.iter().any(|r| {
+                    r["uid"]
+                        .as_str()
+                        .is_some_and(|u| !self.state.uids.contains_key(u))
+                })
+            });
+        self.garbage_possible |= absent_owner;
         // Serialized once: for storage, every reader and every watcher.
         let obj = Object::new(obj);
         let prev = self
@@ -370,7 +383,7 @@ impl Txn<'_> {
             object: last.stored(gr),
             prev: Some(old),
         }));
-        self.deleted_something = true;
+        self.garbage_possible = true;
         Some(last)
     }
 }
@@ -453,13 +466,13 @@ impl Store {
             state: &mut st,
             events: Vec::new(),
             persist: Vec::new(),
-            deleted_something: false,
+            garbage_possible: false,
         };
         let result = f(&mut txn);
         let Txn {
             events,
             persist,
-            deleted_something,
+            garbage_possible,
             ..
         } = txn;
         // Changes made before an error stay (each put/remove is complete in
@@ -483,7 +496,7 @@ impl Store {
             }
         }
         drop(st);
-        if deleted_something {
+        if garbage_possible {
             self.gc.notify_one();
         }
         result
