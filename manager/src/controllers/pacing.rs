@@ -6,12 +6,14 @@
 //! own Job controller batches its Pod updates for a second the same way.
 //!
 //! For a TaskGroup or a Job, progress is everything but news: news is a
-//! change of its state (each transition is written once, at once), a first
-//! state other than `pending`, a person's cancel or retry acted on, a
-//! deadline that ran out, an everyRobot rollout that stopped. The rest
-//! (counts, conditions that say "not yet", and a first status that only
-//! says `pending`) waits for the object's turn. So a Job whose task is
-//! placed within a second of its creation never writes `pending`
+//! change of its state to an end or back from one (each written once, at
+//! once), a person's cancel or retry acted on, a deadline that ran out, an
+//! everyRobot rollout that stopped. The rest (counts, conditions that say
+//! "not yet", a first status that only says `pending`, and the step from
+//! `pending` to `running`) waits for the object's turn, as Kubernetes' Job
+//! controller holds its Job's `active` count for a second. So a Job whose
+//! task is placed within a second of its creation never writes `pending`,
+//! and one whose task also ends within that second never writes `running`
 //! (docs/contract.md, "What a task costs").
 
 use std::collections::HashMap;
@@ -73,12 +75,14 @@ impl Pacer {
 }
 
 /// Whether the state in `new` is news against `old`'s (none: the status
-/// was never written): any change of a written state, and a first state
-/// other than `pending`.
+/// was never written): any change of a written state but the step from
+/// `pending` (or none) to `running`, and a first state other than those two.
 fn state_news(old: Option<Option<WorkState>>, new: Option<WorkState>) -> bool {
+    let under_way = |s: Option<WorkState>| matches!(s, None | Some(WorkState::Pending | WorkState::Running));
     match old {
-        Some(old) => old != new,
-        None => new.is_some_and(|s| s != WorkState::Pending),
+        Some(old) if old == new => false,
+        Some(old) => !(old != Some(WorkState::Running) && under_way(old) && new == Some(WorkState::Running)),
+        None => !under_way(new),
     }
 }
 
@@ -154,12 +158,15 @@ mod tests {
         new.state = Some(WorkState::Pending);
         assert!(group_progress_only(None, &new), "the first pending is progress");
         new.state = Some(WorkState::Running);
-        assert!(!group_progress_only(None, &new), "a first running is news");
+        assert!(group_progress_only(None, &new), "a first running waits its turn");
         let pending = TaskGroupStatus {
             state: Some(WorkState::Pending),
             ..TaskGroupStatus::default()
         };
-        assert!(!group_progress_only(Some(&pending), &old), "pending to running");
+        assert!(group_progress_only(Some(&pending), &old), "pending to running waits");
+        let mut back = pending.clone();
+        back.completions = old.completions.clone();
+        assert!(!group_progress_only(Some(&old), &back), "running back to pending");
         let reopened = TaskGroupStatus {
             state: Some(WorkState::Failed),
             ..TaskGroupStatus::default()
@@ -188,6 +195,7 @@ mod tests {
         assert!(job_progress_only(Some(&old), &new), "running, a group over");
         new.state = Some(WorkState::Failed);
         assert!(!job_progress_only(Some(&old), &new));
+        assert!(!job_progress_only(None, &new), "failed at its first write");
         new.state = Some(WorkState::Running);
         new.deadline_time = Some(jiff::Timestamp::UNIX_EPOCH);
         assert!(!job_progress_only(Some(&old), &new), "a deadline ran out");
