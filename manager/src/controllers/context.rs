@@ -698,6 +698,16 @@ pub(super) async fn publish_events(
     }
 }
 
+/// How long ago `obj` was created (by its creation time, in whole seconds;
+/// none if that is ahead of this clock); the longest time if it says none.
+pub(super) fn age_of<K: Resource>(obj: &K) -> std::time::Duration {
+    match obj.meta().creation_timestamp.as_ref() {
+        Some(created) => std::time::Duration::try_from(jiff::Timestamp::now().duration_since(created.0))
+            .unwrap_or(std::time::Duration::ZERO),
+        None => std::time::Duration::MAX,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -772,15 +782,5 @@ mod tests {
         assert_eq!(sched.waiting_by_priority(), vec![lo.clone()]);
         assert!(sched.stop_waiting(&lo).is_empty());
         assert!(sched.waiting.is_empty());
-    }
-}
-
-/// How long ago `obj` was created (by its creation time, in whole seconds;
-/// none if that is ahead of this clock); the longest time if it says none.
-pub(super) fn age_of<K: Resource>(obj: &K) -> std::time::Duration {
-    match obj.meta().creation_timestamp.as_ref() {
-        Some(created) => std::time::Duration::try_from(jiff::Timestamp::now().duration_since(created.0))
-            .unwrap_or(std::time::Duration::ZERO),
-        None => std::time::Duration::MAX,
     }
 }
