@@ -590,3 +590,122 @@ async fn two_managers_elect_one_leader_and_fail_over() {
     .await;
     follower.stop().await;
 }
+
+/// Every state a Job or TaskGroup of this namespace was written with, in
+/// order, by name (`None`: a version with no state).
+type Written = std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, Vec<Option<WorkState>>>>>;
+
+fn watch_states<K>(
+    api: Api<K>,
+    written: &Written,
+    state: fn(&K) -> Option<WorkState>,
+) -> tokio::task::JoinHandle<()>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + 'static,
+{
+    use futures::TryStreamExt;
+    use kube::api::{WatchEvent, WatchParams};
+    let written = written.clone();
+    tokio::spawn(async move {
+        let events = api.watch(&WatchParams::default(), "0").await.expect("watch");
+        let mut events = std::pin::pin!(events);
+        while let Some(event) = events.try_next().await.expect("watch event") {
+            if let WatchEvent::Added(o) | WatchEvent::Modified(o) = event {
+                let name = format!("{}/{}", K::kind(&()), o.name_any());
+                written.lock().unwrap().entry(name).or_default().push(state(&o));
+            }
+        }
+    })
+}
+
+/// A TaskGroup's and Job's step to `running` waits its turn (up to the
+/// progress interval from when the manager first saw it), as their first
+/// `pending` does: a
+/// Job whose task ends within it writes neither, and its end goes at once.
+/// One whose task runs on past it shows `running`.
+#[tokio::test]
+async fn a_job_whose_task_ends_within_its_first_interval_never_writes_running() {
+    let interval = Duration::from_secs(5);
+    let mut config = config();
+    config.progress_interval = interval;
+    let (env, manager) = start(config).await;
+    let c = &env.client;
+    robot("r1").create(c).await;
+    let written = Written::default();
+    let watches = [
+        watch_states(Api::<Job>::namespaced(c.clone(), NS), &written, |j| {
+            j.status.as_ref()?.state
+        }),
+        watch_states(Api::<TaskGroup>::namespaced(c.clone(), NS), &written, |g| {
+            g.status.as_ref()?.state
+        }),
+    ];
+    let jobs: Api<Job> = Api::namespaced(c.clone(), NS);
+    let states = |name: &str| written.lock().unwrap().get(name).cloned().unwrap_or_default();
+
+    let created = std::time::Instant::now();
+    create_job(c, "quick", None, vec![group("g", 1)]).await;
+    task_where(c, "quick-g-0", "dispatching", |t| dispatching_on(t).is_some()).await;
+    report(c, "quick-g-0", TaskState::Running, None, None).await;
+    report(c, "quick-g-0", TaskState::Completed, None, Some(0)).await;
+    let ended = created.elapsed();
+    eventually(WAIT, "the quick job's end", || async {
+        (states("Job/quick").last() == Some(&Some(WorkState::Completed))).then_some(())
+    })
+    .await;
+    let shown = created.elapsed();
+    if shown < interval {
+        for name in ["Job/quick", "TaskGroup/quick-g"] {
+            let seen = states(name);
+            assert_eq!(
+                seen.iter().flatten().collect::<Vec<_>>(),
+                [&WorkState::Completed],
+                "{name}: only its end is written ({seen:?})"
+            );
+        }
+    } else {
+        // On a machine this slow the earlier steps had their turn.
+        eprintln!(
+            "skipped the check: the task ended {ended:?} and the Job showed it {shown:?} after its creation"
+        );
+    }
+
+    let created = std::time::Instant::now();
+    create_job(c, "long", None, vec![group("g", 1)]).await;
+    task_where(c, "long-g-0", "dispatching", |t| dispatching_on(t).is_some()).await;
+    report(c, "long-g-0", TaskState::Running, None, None).await;
+    eventually(WAIT, "the long job running", || async {
+        let s = jobs.get("long").await.ok()?.status?;
+        (s.state == Some(WorkState::Running)).then_some(())
+    })
+    .await;
+    // The group's `running` came at its turn, so the Job never said only
+    // `pending` (it waited for that), unless the machine was too slow for
+    // the group's turn to come before the Job stopped waiting.
+    let quick_enough = created.elapsed() < 2 * interval;
+    report(c, "long-g-0", TaskState::Completed, None, Some(0)).await;
+    eventually(WAIT, "the long job's end", || async {
+        (states("Job/long").last() == Some(&Some(WorkState::Completed))).then_some(())
+    })
+    .await;
+    for name in ["Job/long", "TaskGroup/long-g"] {
+        let seen = states(name);
+        let steps: Vec<_> = seen
+            .iter()
+            .flatten()
+            .filter(|s| quick_enough || **s != WorkState::Pending)
+            .collect();
+        assert_eq!(
+            steps,
+            [&WorkState::Running, &WorkState::Completed],
+            "{name}: running once, then its end ({seen:?})"
+        );
+    }
+    watches.iter().for_each(|w| w.abort());
+    manager.stop().await;
+}

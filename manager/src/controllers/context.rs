@@ -307,7 +307,8 @@ impl Context {
     /// `None` when `obj`'s status may be written now (and then it is taken
     /// as written); else how long until it may: a write that is only
     /// progress waits for its turn, the first one counted from `obj`'s
-    /// creation (controllers/pacing.rs). Keyed by kind too, as a TaskGroup
+    /// creation, or from the first ask for a young one
+    /// (controllers/pacing.rs). Keyed by kind too, as a TaskGroup
     /// may share a Job's name.
     pub(super) fn progress_due<K: Resource<DynamicType = ()>>(
         &self,
@@ -315,11 +316,7 @@ impl Context {
         progress: bool,
     ) -> Option<std::time::Duration> {
         let key = format!("{}/{}", kind_of::<K>(), key_of(obj));
-        let created = obj.meta().creation_timestamp.as_ref().map(|t| t.0);
-        let age = created
-            .and_then(|t| std::time::Duration::try_from(jiff::Timestamp::now().duration_since(t)).ok())
-            .unwrap_or(std::time::Duration::MAX);
-        self.progress.due(&key, !progress, age)
+        self.progress.due(&key, !progress, age_of(obj))
     }
 
     /// The API client.
@@ -698,6 +695,16 @@ pub(super) async fn publish_events(
             Ok(Err(e)) => tracing::debug!(error = %e, reason = %event.reason, "publishing an event failed"),
             Err(_) => tracing::debug!(reason = %event.reason, "publishing an event timed out"),
         }
+    }
+}
+
+/// How long ago `obj` was created (by its creation time, in whole seconds;
+/// none if that is ahead of this clock); the longest time if it says none.
+pub(super) fn age_of<K: Resource>(obj: &K) -> std::time::Duration {
+    match obj.meta().creation_timestamp.as_ref() {
+        Some(created) => std::time::Duration::try_from(jiff::Timestamp::now().duration_since(created.0))
+            .unwrap_or(std::time::Duration::ZERO),
+        None => std::time::Duration::MAX,
     }
 }
 

@@ -21,7 +21,8 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use tracing::instrument;
 
-use super::pacing::job_progress_only;
+use super::context::age_of;
+use super::pacing::{awaits_group, job_progress_only};
 use super::{condition_at, key_of, Context, Look, Note, Requests};
 use crate::aggregate::{gates, job_status, Gate, GroupView};
 use crate::deadline::{active_deadline, fail_past_deadline, ActiveDeadline};
@@ -147,8 +148,12 @@ async fn reconcile_job(job: &Job, ctx: &Context) -> Result<Action> {
     let plan = plan_job_status(job, &stored, &plan.gates, requests, ran_out, Timestamp::now());
     let mut written = None;
     if let Some(status) = plan.status {
-        let progress = job_progress_only(job.status.as_ref(), &status);
-        if let Some(wait) = ctx.progress_due(job, progress) {
+        if let Some(wait) = status_wait(ctx, job, &stored, &status) {
+            // A deadline that runs out meanwhile is not kept waiting.
+            let wait = match deadline {
+                ActiveDeadline::Later(left) => wait.min(left),
+                _ => wait,
+            };
             return Ok(Action::requeue(wait));
         }
         written = Some(write_status(ctx, &jobs, &name, &status).await?);
@@ -160,6 +165,35 @@ async fn reconcile_job(job: &Job, ctx: &Context) -> Result<Action> {
         return Ok(Action::requeue(left));
     }
     expire(ctx, &jobs, written.as_ref().unwrap_or(job)).await
+}
+
+/// How long the Job's new `status` waits for its turn (controllers/pacing.rs),
+/// if it does. One that says only `pending` also waits while a group of it
+/// has its first status on the way (in the cache or not there yet), which
+/// would outdate it at once; that status's write brings the Job's turn, and
+/// the wait is a backstop.
+fn status_wait(
+    ctx: &Context,
+    job: &Job,
+    stored: &BTreeMap<String, Arc<TaskGroup>>,
+    status: &JobStatus,
+) -> Option<std::time::Duration> {
+    let progress = job_progress_only(job.status.as_ref(), status);
+    let interval = ctx.config.progress_interval;
+    if progress && status.state == Some(WorkState::Pending) && !interval.is_zero() {
+        let cached = stored.values().any(|g| {
+            awaits_group(
+                g.status.as_ref().and_then(|s| s.state),
+                age_of(g.as_ref()),
+                interval,
+            )
+        });
+        let uncached = stored.len() < job.spec.task_groups.len() && awaits_group(None, age_of(job), interval);
+        if cached || uncached {
+            return Some(interval);
+        }
+    }
+    ctx.progress_due(job, progress)
 }
 
 /// The cancel of a Job past its activeDeadlineSeconds goes to its

@@ -1,18 +1,24 @@
 //! Writes that only report progress, paced: at most one per object per
-//! interval, counted from the object's creation. A Robot's `allocated`
+//! interval, counted from the object's creation (for one younger than the
+//! interval, from when the manager first saw it). A Robot's `allocated`
 //! follows every task placed on it, and a TaskGroup's or Job's counts
 //! follow every Task that changes state; while a large group is placed,
 //! written each time they were most of the manager's writes. Kubernetes'
 //! own Job controller batches its Pod updates for a second the same way.
 //!
 //! For a TaskGroup or a Job, progress is everything but news: news is a
-//! change of its state (each transition is written once, at once), a first
-//! state other than `pending`, a person's cancel or retry acted on, a
-//! deadline that ran out, an everyRobot rollout that stopped. The rest
-//! (counts, conditions that say "not yet", and a first status that only
-//! says `pending`) waits for the object's turn. So a Job whose task is
-//! placed within a second of its creation never writes `pending`
-//! (docs/contract.md, "What a task costs").
+//! change of its state to an end or back from one (each written once, at
+//! once), a person's cancel or retry acted on, a deadline that ran out, an
+//! everyRobot rollout that stopped. The rest (counts, conditions that say
+//! "not yet", a first status that only says `pending`, and the step from
+//! `pending` to `running`) waits for the object's turn, as Kubernetes' Job
+//! controller holds its Job's `active` count for a second. So a Job whose
+//! task is placed within a second of its creation never writes `pending`,
+//! and one whose task also ends within that second never writes `running`
+//! (docs/contract.md, "What a task costs"). A young object's turn is
+//! counted from when the manager first saw it, not from its creation time,
+//! which is in whole seconds; and a Job that would say only `pending`
+//! waits while a group of it has its first status on the way.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -55,11 +61,21 @@ impl Pacer {
     /// `None` when object `key` may be written now (and then it is taken as
     /// written); else how long until it may. An `urgent` write (it carries
     /// more than progress) may always go. An object not written yet counts
-    /// as written at its creation, `age` ago.
+    /// as written at its creation, `age` ago; one younger than the interval
+    /// as written when first asked about, since creation times are in
+    /// whole seconds (an object created late in one has an age of up to a
+    /// second as soon as it exists).
     pub fn due(&self, key: &str, urgent: bool, age: Duration) -> Option<Duration> {
         let now = Instant::now();
         let mut written = lock(&self.written);
-        let since = written.at.get(key).map_or(age, |at| now.duration_since(*at));
+        let since = match written.at.get(key) {
+            Some(at) => now.duration_since(*at),
+            None if age < self.interval && !urgent => {
+                written.at.insert(key.to_owned(), now);
+                Duration::ZERO
+            }
+            None => age,
+        };
         let wait = Some(self.interval.saturating_sub(since)).filter(|wait| !wait.is_zero() && !urgent);
         if wait.is_none() {
             if written.at.len() >= written.prune_at {
@@ -73,13 +89,25 @@ impl Pacer {
 }
 
 /// Whether the state in `new` is news against `old`'s (none: the status
-/// was never written): any change of a written state, and a first state
-/// other than `pending`.
+/// was never written): any change of a written state but the step from
+/// `pending` (or none) to `running`, and a first state other than those two.
 fn state_news(old: Option<Option<WorkState>>, new: Option<WorkState>) -> bool {
+    let under_way = |s: Option<WorkState>| matches!(s, None | Some(WorkState::Pending | WorkState::Running));
     match old {
-        Some(old) => old != new,
-        None => new.is_some_and(|s| s != WorkState::Pending),
+        Some(old) if old == new => false,
+        Some(old) => !(old != Some(WorkState::Running) && under_way(old) && new == Some(WorkState::Running)),
+        None => !under_way(new),
     }
+}
+
+/// Whether a Job's status that says only `pending`, and only progress,
+/// should wait for a group of it whose state is `group` and which was
+/// created `age` ago: one that has written no state yet has its first
+/// status on its way (within the interval from when the manager first saw
+/// it, and a second, as creation times are in whole seconds), and that
+/// status, `running` most likely, would outdate the Job's at once.
+pub fn awaits_group(group: Option<WorkState>, age: Duration, interval: Duration) -> bool {
+    group.is_none() && age < interval.saturating_mul(2).saturating_add(Duration::from_secs(1))
 }
 
 /// Whether TaskGroup status `new` differs from `old` (none: never written)
@@ -154,12 +182,18 @@ mod tests {
         new.state = Some(WorkState::Pending);
         assert!(group_progress_only(None, &new), "the first pending is progress");
         new.state = Some(WorkState::Running);
-        assert!(!group_progress_only(None, &new), "a first running is news");
+        assert!(group_progress_only(None, &new), "a first running waits its turn");
         let pending = TaskGroupStatus {
             state: Some(WorkState::Pending),
             ..TaskGroupStatus::default()
         };
-        assert!(!group_progress_only(Some(&pending), &old), "pending to running");
+        assert!(
+            group_progress_only(Some(&pending), &old),
+            "pending to running waits"
+        );
+        let mut back = pending.clone();
+        back.completions = old.completions.clone();
+        assert!(!group_progress_only(Some(&old), &back), "running back to pending");
         let reopened = TaskGroupStatus {
             state: Some(WorkState::Failed),
             ..TaskGroupStatus::default()
@@ -188,9 +222,19 @@ mod tests {
         assert!(job_progress_only(Some(&old), &new), "running, a group over");
         new.state = Some(WorkState::Failed);
         assert!(!job_progress_only(Some(&old), &new));
+        assert!(!job_progress_only(None, &new), "failed at its first write");
         new.state = Some(WorkState::Running);
         new.deadline_time = Some(jiff::Timestamp::UNIX_EPOCH);
         assert!(!job_progress_only(Some(&old), &new), "a deadline ran out");
+    }
+
+    #[test]
+    fn a_pending_job_waits_for_a_young_group_that_has_written_nothing() {
+        let second = Duration::from_secs(1);
+        assert!(awaits_group(None, NEW, second));
+        assert!(awaits_group(None, Duration::from_millis(2_500), second));
+        assert!(!awaits_group(None, Duration::from_secs(3), second), "not forever");
+        assert!(!awaits_group(Some(WorkState::Pending), NEW, second), "written");
     }
 
     #[test]
@@ -209,14 +253,20 @@ mod tests {
     }
 
     #[test]
-    fn a_new_object_counts_as_written_at_its_creation() {
+    fn a_new_object_counts_as_written_when_first_asked_about() {
         let pacer = Pacer::new(Duration::from_secs(60));
         let wait = pacer
             .due("ns/a", false, Duration::from_secs(20))
             .expect("held back");
-        assert!(wait > Duration::from_secs(39) && wait <= Duration::from_secs(40));
+        assert!(wait > Duration::from_secs(59) && wait <= Duration::from_secs(60));
+        let again = pacer
+            .due("ns/a", false, Duration::from_secs(21))
+            .expect("still held back");
+        assert!(again <= wait, "counted from the first ask, not again");
         assert_eq!(pacer.due("ns/a", true, NEW), None, "urgent");
         assert!(pacer.due("ns/b", false, NEW).is_some());
+        assert_eq!(pacer.due("ns/c", true, NEW), None, "an urgent first write goes");
+        assert!(pacer.due("ns/c", false, NEW).is_some(), "and counts");
     }
 
     #[test]
