@@ -113,6 +113,11 @@ pub struct Args {
     /// The burst of routine Events allowed above --event-qps.
     #[arg(long, env = "K8S4R_EVENT_BURST", default_value_t = 100)]
     pub event_burst: u32,
+    /// Publish routine (Normal) Events such as Scheduled, Started and
+    /// Completed; false: only Warnings (a one-task Job then costs five API
+    /// writes fewer; its status still says what happened).
+    #[arg(long, env = "K8S4R_ROUTINE_EVENTS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub routine_events: bool,
     /// Delete a finished Job (completed, failed or cancelled), with its
     /// TaskGroups and Tasks, this long after it finished, unless its
     /// spec.ttlSecondsAfterFinished says otherwise; a PeriodicJob's runs
@@ -179,6 +184,7 @@ impl Args {
             api_timeout: self.api_timeout,
             event_qps: self.event_qps,
             event_burst: self.event_burst,
+            routine_events: self.routine_events,
             job_ttl_after_finished: self.job_ttl_after_finished,
             concurrency: self.concurrent_reconciles,
             ..ManagerConfig::default()

@@ -59,6 +59,8 @@ pub struct ManagerConfig {
     pub event_qps: u32,
     /// The burst of routine Events allowed above `event_qps`.
     pub event_burst: u32,
+    /// Publish routine (Normal) Events at all; false: only Warnings.
+    pub routine_events: bool,
     /// Serve the validating admission webhook; `None`: not served.
     pub webhook: Option<crate::webhook::WebhookConfig>,
     /// How long a finished Job without a `ttlSecondsAfterFinished` of its
@@ -95,6 +97,7 @@ impl Default for ManagerConfig {
             events: true,
             event_qps: 50,
             event_burst: 100,
+            routine_events: true,
             webhook: None,
             job_ttl_after_finished: None,
             concurrency: 64,

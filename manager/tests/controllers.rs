@@ -709,3 +709,46 @@ async fn a_job_whose_task_ends_within_its_first_interval_never_writes_running() 
     watches.iter().for_each(|w| w.abort());
     manager.stop().await;
 }
+
+#[tokio::test]
+async fn with_routine_events_off_only_warnings_are_written() {
+    let mut config = config();
+    config.routine_events = false;
+    let (env, manager) = start(config).await;
+    let c = &env.client;
+    robot("r1").create(c).await;
+    create_job(c, "quiet", None, vec![group("g", 1)]).await;
+    task_where(c, "quiet-g-0", "dispatching", |t| dispatching_on(t).is_some()).await;
+    report(c, "quiet-g-0", TaskState::Running, None, None).await;
+    report(c, "quiet-g-0", TaskState::Completed, None, Some(0)).await;
+    let jobs: Api<Job> = Api::namespaced(c.clone(), NS);
+    eventually(WAIT, "the quiet job's end", || async {
+        let s = jobs.get("quiet").await.ok()?.status?;
+        (s.state == Some(WorkState::Completed)).then_some(())
+    })
+    .await;
+    // A failure afterwards still says so; Events go out in order, so once
+    // its Warning is in, any routine Event of the first Job would be too.
+    create_job(c, "loud", None, vec![group("g", 1)]).await;
+    task_where(c, "loud-g-0", "dispatching", |t| dispatching_on(t).is_some()).await;
+    report(c, "loud-g-0", TaskState::Failed, None, Some(3)).await;
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(c.clone(), NS);
+    let list = eventually(WAIT, "the failure's Warning", || async {
+        let list = events.list(&Default::default()).await.ok()?.items;
+        list.iter()
+            .any(|e| {
+                e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("loud-g-0")
+                    && e.type_.as_deref() == Some("Warning")
+                    && e.reason.as_deref() == Some("Failed")
+            })
+            .then_some(list)
+    })
+    .await;
+    let routine: Vec<_> = list
+        .iter()
+        .filter(|e| e.type_.as_deref() == Some("Normal"))
+        .map(|e| (e.reason.clone(), e.regarding.as_ref().and_then(|r| r.name.clone())))
+        .collect();
+    assert!(routine.is_empty(), "routine Events written: {routine:?}");
+    manager.stop().await;
+}

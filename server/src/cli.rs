@@ -179,6 +179,11 @@ pub struct Args {
     #[arg(long, env = "K8S4R_EVENT_BURST", default_value_t = 100)]
     pub event_burst: u32,
 
+    /// Record routine (Normal) Events such as Dispatched; false: only
+    /// Warnings, as the manager's --routine-events.
+    #[arg(long, env = "K8S4R_ROUTINE_EVENTS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub routine_events: bool,
+
     /// Timeout of every publish, until the broker's PUBACK.
     #[arg(long, env = "K8S4R_PUBLISH_TIMEOUT", default_value = "10s", value_parser = duration)]
     pub publish_timeout: Duration,
@@ -254,6 +259,7 @@ impl Args {
         config.api_timeout = self.api_timeout;
         config.event_qps = self.event_qps;
         config.event_burst = self.event_burst;
+        config.routine_events = self.routine_events;
         config.publish_timeout = self.publish_timeout;
         config.workers = self.workers;
         config.ingress = crate::ingress::Limits {

@@ -105,6 +105,8 @@ pub struct ServerConfig {
     pub event_qps: u32,
     /// The burst of routine Events allowed above `event_qps`.
     pub event_burst: u32,
+    /// Record routine (Normal) Events at all; false: only Warnings.
+    pub routine_events: bool,
     /// Timeout of every Kubernetes API call.
     pub api_timeout: Duration,
     /// Timeout of every publish (until the broker's PUBACK).
@@ -155,6 +157,7 @@ impl ServerConfig {
             leader: None,
             event_qps: 50,
             event_burst: 100,
+            routine_events: true,
             api_timeout: Duration::from_secs(10),
             publish_timeout: Duration::from_secs(10),
             max_backoff: Duration::from_secs(30),

@@ -160,7 +160,8 @@ pub async fn run(
             instance: Some(bridge.config().identity.clone()),
         },
     );
-    let routine = RoutineBudget::new(bridge.config().event_qps, bridge.config().event_burst);
+    let config = bridge.config();
+    let routine = RoutineBudget::configured(config.routine_events, config.event_qps, config.event_burst);
     let context = Arc::new(Context {
         recorder,
         routine,

@@ -25,7 +25,10 @@ use crate::lock;
 /// Scheduled or Dispatched per attempt would be an API write per task, as
 /// kubelet's `--event-qps` limits its own. Warnings always pass.
 pub struct RoutineBudget {
+    /// `None`: no limit.
     limiter: Option<governor::DefaultDirectRateLimiter>,
+    /// No routine Event is written at all.
+    off: bool,
 }
 
 impl RoutineBudget {
@@ -37,13 +40,26 @@ impl RoutineBudget {
             let burst = NonZeroU32::new(burst).unwrap_or(qps);
             governor::RateLimiter::direct(governor::Quota::per_second(qps).allow_burst(burst))
         });
-        Self { limiter }
+        Self { limiter, off: false }
+    }
+
+    /// The budget a program's flags ask for: routine Events at `qps` with
+    /// bursts of `burst` (as [`RoutineBudget::new`]), or none at all when
+    /// `routine` is false (`--routine-events=false`: only Warnings are
+    /// written, which at a steady stream of short tasks halves the API
+    /// writes per task; docs/contract.md, "What a task costs").
+    pub fn configured(routine: bool, qps: u32, burst: u32) -> Self {
+        if routine {
+            Self::new(qps, burst)
+        } else {
+            Self { limiter: None, off: true }
+        }
     }
 
     /// Whether an Event of `type_` may be written now (taking its place in
     /// the budget).
     pub fn admits(&self, type_: EventType) -> bool {
-        type_ == EventType::Warning || self.limiter.as_ref().is_none_or(|l| l.check().is_ok())
+        type_ == EventType::Warning || (!self.off && self.limiter.as_ref().is_none_or(|l| l.check().is_ok()))
     }
 }
 
@@ -209,6 +225,10 @@ mod tests {
         assert!(budget.admits(EventType::Warning));
         let unlimited = RoutineBudget::new(0, 0);
         assert!((0..1000).all(|_| unlimited.admits(EventType::Normal)));
+        let off = RoutineBudget::configured(false, 0, 0);
+        assert!(!off.admits(EventType::Normal), "no routine Event at all");
+        assert!(off.admits(EventType::Warning), "warnings still pass");
+        assert!(RoutineBudget::configured(true, 0, 0).admits(EventType::Normal));
     }
 
     fn reporter() -> Reporter {

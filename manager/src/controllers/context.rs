@@ -673,13 +673,10 @@ pub(super) struct EventSink {
 }
 
 impl EventSink {
-    /// A sink into `tx` that lets routine Events through at `qps` per
-    /// second with bursts of `burst` (0: no limit).
-    pub(super) fn new(tx: tokio::sync::mpsc::Sender<(ObjectReference, Event)>, qps: u32, burst: u32) -> Self {
-        EventSink {
-            tx,
-            routine: RoutineBudget::new(qps, burst),
-        }
+    /// A sink into `tx` that lets routine Events through as `routine`
+    /// allows.
+    pub(super) fn new(tx: tokio::sync::mpsc::Sender<(ObjectReference, Event)>, routine: RoutineBudget) -> Self {
+        EventSink { tx, routine }
     }
 }
 

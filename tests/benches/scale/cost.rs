@@ -10,6 +10,11 @@
 //! taken off. The user's creates are not counted (they are the bench's).
 //!
 //!     cargo bench -p k8s4r-e2e --bench scale -- cost [--robots 100] [--jobs 100] [--rate 5]
+//!
+//! With `K8S4R_ROUTINE_EVENTS=false` in its environment (which the
+//! cluster's programs inherit, as their `--routine-events=false`) it
+//! measures a cluster that writes no routine Events, and its figures are
+//! named `..._no_routine_events`.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -245,6 +250,14 @@ pub async fn run(robots: usize) {
     fleet.stop().await;
 }
 
+/// What the figures' names end with: the cluster's Event setting.
+fn variant() -> &'static str {
+    match std::env::var("K8S4R_ROUTINE_EVENTS") {
+        Ok(v) if v == "false" => "_no_routine_events",
+        _ => "",
+    }
+}
+
 fn report(
     shape: &Shape,
     done: usize,
@@ -253,7 +266,7 @@ fn report(
     [idle_from, idle_to, before, after]: [&Spent; 4],
     idle_s: f64,
 ) {
-    let name = shape.name;
+    let name = format!("{}{}", shape.name, variant());
     println!(
         "INFO {name}: {done} of {} Jobs over ({tasks} tasks) in {seconds:.1} s; the idle fleet's cost over {idle_s:.1} s taken off",
         shape.jobs
