@@ -10,8 +10,9 @@
 //! change of its state to an end or back from one (each written once, at
 //! once), a person's cancel or retry acted on, a deadline that ran out, an
 //! everyRobot rollout that stopped. The rest (counts, conditions that say
-//! "not yet", a first status that only says `pending`, and the step from
-//! `pending` to `running`) waits for the object's turn, as Kubernetes' Job
+//! "not yet", a first status that only says `pending`, and the steps
+//! between `pending` and `running`, a task placed or one waiting for its
+//! retry) waits for the object's turn, as Kubernetes' Job
 //! controller holds its Job's `active` count for a second. So a Job whose
 //! task is placed within a second of its creation never writes `pending`,
 //! and one whose task also ends within that second never writes `running`
@@ -89,13 +90,13 @@ impl Pacer {
 }
 
 /// Whether the state in `new` is news against `old`'s (none: the status
-/// was never written): any change of a written state but the step from
-/// `pending` (or none) to `running`, and a first state other than those two.
+/// was never written): a change to or from an end, and a first state that
+/// is one. Steps between `pending` and `running` (a task placed, or one
+/// waiting for its retry) are progress.
 fn state_news(old: Option<Option<WorkState>>, new: Option<WorkState>) -> bool {
     let under_way = |s: Option<WorkState>| matches!(s, None | Some(WorkState::Pending | WorkState::Running));
     match old {
-        Some(old) if old == new => false,
-        Some(old) => !(old != Some(WorkState::Running) && under_way(old) && new == Some(WorkState::Running)),
+        Some(old) => old != new && !(under_way(old) && under_way(new)),
         None => !under_way(new),
     }
 }
@@ -193,7 +194,10 @@ mod tests {
         );
         let mut back = pending.clone();
         back.completions = old.completions.clone();
-        assert!(!group_progress_only(Some(&old), &back), "running back to pending");
+        assert!(
+            group_progress_only(Some(&old), &back),
+            "running back to pending (a retry's wait) waits too"
+        );
         let reopened = TaskGroupStatus {
             state: Some(WorkState::Failed),
             ..TaskGroupStatus::default()
