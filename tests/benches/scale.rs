@@ -668,6 +668,9 @@ async fn reconnect_storm(robots: usize, jobs: usize, rate: u64) {
         },
     );
     all_online(&cluster, robots).await;
+    // What the storm writes, by kind of object (the watches list first,
+    // within the settling time).
+    let (written, watches) = cost::Written::start(&cluster.client);
     tokio::time::sleep(Duration::from_secs(arg("--settle", 10))).await;
     // Jobs arrive before, during and after the restart.
     let client = cluster.client.clone();
@@ -679,6 +682,7 @@ async fn reconnect_storm(robots: usize, jobs: usize, rate: u64) {
     }
     let held = fleet.dispatches().saturating_sub(fleet.finished());
     let rv0 = resource_version(&cluster.client).await;
+    let (by_kind0, server0) = (written.now(), writes_by_kind(&cluster).await);
     let restarted = Instant::now();
     tokio::task::block_in_place(|| cluster.restart_brokers());
     let deadline = Instant::now() + Duration::from_secs(arg("--deadline", 600));
@@ -695,6 +699,18 @@ async fn reconnect_storm(robots: usize, jobs: usize, rate: u64) {
     }
     let took = restarted.elapsed().as_secs_f64();
     let storm_writes = resource_version(&cluster.client).await.saturating_sub(rv0);
+    let (by_kind, server) = (written.now(), writes_by_kind(&cluster).await);
+    println!(
+        "INFO the storm's API writes by kind of object: {}",
+        writes_between(&by_kind0, &by_kind)
+    );
+    println!(
+        "INFO the server's and the manager's meanwhile, by kind: {}",
+        writes_between(&server0, &server)
+    );
+    for watch in watches {
+        watch.abort();
+    }
     let created = creating.await.expect("jobs created");
     // Every task ends: its robot reported it, or the manager moved it.
     let deadline = Instant::now() + Duration::from_secs(900);

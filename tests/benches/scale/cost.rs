@@ -78,7 +78,7 @@ fn shapes(robots: usize, jobs: usize) -> Vec<Shape> {
 /// list. (A watch that fell behind lists again; what that list brings is
 /// not counted, so the counts can only be short, never double.)
 #[derive(Clone, Default)]
-struct Written(std::sync::Arc<std::sync::Mutex<BTreeMap<&'static str, f64>>>);
+pub(super) struct Written(std::sync::Arc<std::sync::Mutex<BTreeMap<&'static str, f64>>>);
 
 impl Written {
     fn watch<K>(&self, api: Api<K>, kind: &'static str) -> tokio::task::JoinHandle<()>
@@ -98,7 +98,7 @@ impl Written {
         })
     }
 
-    fn start(client: &kube::Client) -> (Self, Vec<tokio::task::JoinHandle<()>>) {
+    pub(super) fn start(client: &kube::Client) -> (Self, Vec<tokio::task::JoinHandle<()>>) {
         use k8s_openapi::api::coordination::v1::Lease;
         use k8s_openapi::api::events::v1::Event;
         let written = Self::default();
@@ -114,7 +114,7 @@ impl Written {
         (written, tasks)
     }
 
-    fn now(&self) -> BTreeMap<String, f64> {
+    pub(super) fn now(&self) -> BTreeMap<String, f64> {
         self.0
             .lock()
             .unwrap()
