@@ -747,7 +747,12 @@ async fn with_routine_events_off_only_warnings_are_written() {
     let routine: Vec<_> = list
         .iter()
         .filter(|e| e.type_.as_deref() == Some("Normal"))
-        .map(|e| (e.reason.clone(), e.regarding.as_ref().and_then(|r| r.name.clone())))
+        .map(|e| {
+            (
+                e.reason.clone(),
+                e.regarding.as_ref().and_then(|r| r.name.clone()),
+            )
+        })
         .collect();
     assert!(routine.is_empty(), "routine Events written: {routine:?}");
     manager.stop().await;

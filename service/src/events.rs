@@ -52,7 +52,10 @@ impl RoutineBudget {
         if routine {
             Self::new(qps, burst)
         } else {
-            Self { limiter: None, off: true }
+            Self {
+                limiter: None,
+                off: true,
+            }
         }
     }
 

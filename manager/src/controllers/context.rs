@@ -675,7 +675,10 @@ pub(super) struct EventSink {
 impl EventSink {
     /// A sink into `tx` that lets routine Events through as `routine`
     /// allows.
-    pub(super) fn new(tx: tokio::sync::mpsc::Sender<(ObjectReference, Event)>, routine: RoutineBudget) -> Self {
+    pub(super) fn new(
+        tx: tokio::sync::mpsc::Sender<(ObjectReference, Event)>,
+        routine: RoutineBudget,
+    ) -> Self {
         EventSink { tx, routine }
     }
 }

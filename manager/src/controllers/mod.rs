@@ -242,16 +242,14 @@ fn caches() -> (Stores, Store<PeriodicJob>, Writers) {
 /// configuration turns Events off.
 fn event_sink(client: &Client, config: &ManagerConfig, identity: String) -> Option<EventSink> {
     let (events_tx, events_rx) = tokio::sync::mpsc::channel(4096);
-    let events = config
-        .events
-        .then(|| {
-            let routine = k8s4r_service::events::RoutineBudget::configured(
-                config.routine_events,
-                config.event_qps,
-                config.event_burst,
-            );
-            EventSink::new(events_tx, routine)
-        });
+    let events = config.events.then(|| {
+        let routine = k8s4r_service::events::RoutineBudget::configured(
+            config.routine_events,
+            config.event_qps,
+            config.event_burst,
+        );
+        EventSink::new(events_tx, routine)
+    });
     if events.is_some() {
         let recorder = Recorder::new(
             client.clone(),
