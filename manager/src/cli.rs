@@ -114,8 +114,9 @@ pub struct Args {
     #[arg(long, env = "K8S4R_EVENT_BURST", default_value_t = 100)]
     pub event_burst: u32,
     /// Publish routine (Normal) Events such as Scheduled, Started and
-    /// Completed; false: only Warnings (a one-task Job then costs five API
-    /// writes fewer; its status still says what happened).
+    /// Completed; false: only Warnings and a deleted Job's last record
+    /// (with the server's --routine-events=false too, a one-task Job then
+    /// costs five API writes fewer; its status still says what happened).
     #[arg(long, env = "K8S4R_ROUTINE_EVENTS", default_value_t = true, action = clap::ArgAction::Set)]
     pub routine_events: bool,
     /// Delete a finished Job (completed, failed or cancelled), with its

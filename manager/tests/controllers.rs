@@ -659,6 +659,10 @@ async fn a_job_whose_task_ends_within_its_first_interval_never_writes_running() 
     })
     .await;
     let shown = created.elapsed();
+    assert!(
+        shown.saturating_sub(ended) < Duration::from_secs(2),
+        "an end is written at once, not at its turn: the task ended {ended:?} and the Job showed it {shown:?} after its creation"
+    );
     if shown < interval {
         for name in ["Job/quick", "TaskGroup/quick-g"] {
             let seen = states(name);

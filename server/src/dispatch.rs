@@ -629,7 +629,9 @@ async fn record_event(
     note: String,
 ) {
     if !ctx.routine.admits(type_) {
-        ctx.bridge.metrics().event_dropped();
+        if !ctx.routine.is_off() {
+            ctx.bridge.metrics().event_dropped();
+        }
         return;
     }
     let event = Event {

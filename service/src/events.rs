@@ -59,6 +59,12 @@ impl RoutineBudget {
         }
     }
 
+    /// Whether routine Events are off altogether (not written, and not
+    /// dropped either: nothing was over a budget).
+    pub fn is_off(&self) -> bool {
+        self.off
+    }
+
     /// Whether an Event of `type_` may be written now (taking its place in
     /// the budget).
     pub fn admits(&self, type_: EventType) -> bool {

@@ -342,7 +342,9 @@ impl Context {
             return;
         };
         if !sink.routine.admits(type_) {
-            self.metrics.events_dropped.inc();
+            if !sink.routine.is_off() {
+                self.metrics.events_dropped.inc();
+            }
             return;
         }
         if sink.tx.try_send(queued(obj, type_, reason, note)).is_err() {

@@ -139,16 +139,16 @@ async fn reconcile_job(job: &Job, ctx: &Context) -> Result<Action> {
     let deadline = active_deadline(job, requests.retry.as_ref(), Timestamp::now());
     pass_on_deadline(ctx, job, &deadline, &groups_api, &children, &mut requests).await?;
     let owned: Vec<String> = owned.iter().map(|g| g.name_any()).collect();
-    let plan = plan_groups(job, &owner, &stored_groups(ctx, job), &owned, requests.cancelled);
-    write_groups(ctx, &groups_api, plan.writes, plan.delete).await?;
+    let groups = plan_groups(job, &owner, &stored_groups(ctx, job), &owned, requests.cancelled);
+    write_groups(ctx, &groups_api, groups.writes, groups.delete).await?;
 
     // The status counts what the cache shows after those writes.
     let stored = stored_groups(ctx, job);
     let ran_out = deadline.time();
-    let plan = plan_job_status(job, &stored, &plan.gates, requests, ran_out, Timestamp::now());
+    let plan = plan_job_status(job, &stored, &groups.gates, requests, ran_out, Timestamp::now());
     let mut written = None;
     if let Some(status) = plan.status {
-        if let Some(wait) = status_wait(ctx, job, &stored, &status) {
+        if let Some(wait) = status_wait(ctx, job, (&stored, &groups.gates), &status) {
             // A deadline that runs out meanwhile is not kept waiting.
             let wait = match deadline {
                 ActiveDeadline::Later(left) => wait.min(left),
@@ -169,13 +169,14 @@ async fn reconcile_job(job: &Job, ctx: &Context) -> Result<Action> {
 
 /// How long the Job's new `status` waits for its turn (controllers/pacing.rs),
 /// if it does. One that says only `pending` also waits while a group of it
-/// has its first status on the way (in the cache or not there yet), which
-/// would outdate it at once; that status's write brings the Job's turn, and
-/// the wait is a backstop.
+/// has its first status on the way (in the cache, or open by its gate and
+/// not there yet; a group that waits for others is not created, so it is
+/// not waited for), which would outdate it at once; that status's write
+/// brings the Job's turn, and the wait is a backstop.
 fn status_wait(
     ctx: &Context,
     job: &Job,
-    stored: &BTreeMap<String, Arc<TaskGroup>>,
+    (stored, gates): (&BTreeMap<String, Arc<TaskGroup>>, &BTreeMap<String, Gate>),
     status: &JobStatus,
 ) -> Option<std::time::Duration> {
     let progress = job_progress_only(job.status.as_ref(), status);
@@ -188,7 +189,12 @@ fn status_wait(
                 interval,
             )
         });
-        let uncached = stored.len() < job.spec.task_groups.len() && awaits_group(None, age_of(job), interval);
+        let name = job.name_any();
+        let open_uncached = job.spec.task_groups.iter().any(|g| {
+            gates.get(&g.name).is_none_or(|gate| *gate == Gate::Open)
+                && !stored.contains_key(&group_name(&name, &g.name))
+        });
+        let uncached = open_uncached && awaits_group(None, age_of(job), interval);
         if cached || uncached {
             return Some(interval);
         }

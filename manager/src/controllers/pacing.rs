@@ -63,15 +63,15 @@ impl Pacer {
     /// written); else how long until it may. An `urgent` write (it carries
     /// more than progress) may always go. An object not written yet counts
     /// as written at its creation, `age` ago; one younger than the interval
-    /// as written when first asked about, since creation times are in
-    /// whole seconds (an object created late in one has an age of up to a
-    /// second as soon as it exists).
+    /// (and a second, as creation times are in whole seconds: an object
+    /// created late in one has an age of up to a second as soon as it
+    /// exists) as written when first asked about.
     pub fn due(&self, key: &str, urgent: bool, age: Duration) -> Option<Duration> {
         let now = Instant::now();
         let mut written = lock(&self.written);
         let since = match written.at.get(key) {
             Some(at) => now.duration_since(*at),
-            None if age < self.interval && !urgent => {
+            None if age < self.interval.saturating_add(Duration::from_secs(1)) && !urgent => {
                 written.at.insert(key.to_owned(), now);
                 Duration::ZERO
             }
@@ -271,6 +271,23 @@ mod tests {
         assert!(pacer.due("ns/b", false, NEW).is_some());
         assert_eq!(pacer.due("ns/c", true, NEW), None, "an urgent first write goes");
         assert!(pacer.due("ns/c", false, NEW).is_some(), "and counts");
+    }
+
+    #[test]
+    fn an_age_read_from_whole_seconds_still_counts_as_young() {
+        let pacer = Pacer::new(Duration::from_secs(1));
+        // Created late in a second, first seen early in the next but one.
+        assert!(
+            pacer
+                .due("ns/late", false, Duration::from_millis(1_500))
+                .is_some(),
+            "held back its turn"
+        );
+        assert_eq!(
+            pacer.due("ns/old", false, Duration::from_millis(2_500)),
+            None,
+            "an object past its turn and a second is old"
+        );
     }
 
     #[test]
