@@ -71,7 +71,7 @@ impl Pacer {
         let mut written = lock(&self.written);
         let since = match written.at.get(key) {
             Some(at) => now.duration_since(*at),
-            None if age < self.interval.saturating_add(Duration::from_secs(1)) && !urgent => {
+            None if age < self.interval.saturating_add(CREATION_GRAIN) && !urgent => {
                 written.at.insert(key.to_owned(), now);
                 Duration::ZERO
             }
@@ -88,6 +88,10 @@ impl Pacer {
         wait
     }
 }
+
+/// How much an age read from a creation time may exceed the object's true
+/// age: creation times are in whole seconds.
+const CREATION_GRAIN: Duration = Duration::from_secs(1);
 
 /// Whether the state in `new` is news against `old`'s (none: the status
 /// was never written): a change to or from an end, and a first state that
@@ -108,7 +112,7 @@ fn state_news(old: Option<Option<WorkState>>, new: Option<WorkState>) -> bool {
 /// it, and a second, as creation times are in whole seconds), and that
 /// status, `running` most likely, would outdate the Job's at once.
 pub fn awaits_group(group: Option<WorkState>, age: Duration, interval: Duration) -> bool {
-    group.is_none() && age < interval.saturating_mul(2).saturating_add(Duration::from_secs(1))
+    group.is_none() && age < interval.saturating_mul(2).saturating_add(CREATION_GRAIN)
 }
 
 /// Whether TaskGroup status `new` differs from `old` (none: never written)
