@@ -323,7 +323,8 @@ async fn the_dashboard_shows_the_fleet_jobs_logs_and_acts_as_its_user() {
     let mut job = job_json(
         "chain",
         serde_json::json!([
-            { "name": "a", "count": 1, "task": sh("sleep 2", "1m") },
+            // Long enough for the Job's paced first status to show it.
+            { "name": "a", "count": 1, "task": sh("sleep 5", "1m") },
             { "name": "b", "count": 1, "task": sh("sleep 2", "1m") },
             { "name": "c", "count": 1, "task": sh("sleep 1", "1m") },
         ]),

@@ -542,7 +542,10 @@ fn groups_api(env: &Env) -> Api<TaskGroup> {
 async fn an_ordered_job_waits_for_its_groups_and_skips_what_follows_a_failure() {
     let env = Env::start(&[("ord-1", &[]), ("ord-2", &[])]).await;
     let done = env.scratch.join("first-done");
-    let first = format!("sleep 2; touch {}", done.display());
+    // Long enough to be seen running: a young Job's and group's status is
+    // paced, written a second or two after their creation (docs/contract.md,
+    // "What a task costs").
+    let first = format!("sleep 6; touch {}", done.display());
     // The second group fails unless the first one finished before it started.
     let second = format!("test -e {} || echo STARTED-EARLY; exit 3", done.display());
     let mut job = job_json(
@@ -642,7 +645,8 @@ async fn a_fleet_job_reaches_a_robot_that_registers_later_and_stops_at_max_faile
         "rollout",
         serde_json::json!([{
             "name": "update", "mode": "everyRobot", "maxParallel": 1,
-            "task": sh("sleep 1", "1m"),
+            // Long enough for the group's paced first status to show it.
+            "task": sh("sleep 4", "1m"),
         }]),
     );
     job["spec"]["robotSelector"] = serde_json::json!({ "matchLabels": { "fleet": "yes" } });
