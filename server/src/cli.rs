@@ -188,6 +188,14 @@ pub struct Args {
     #[arg(long, env = "K8S4R_PUBLISH_TIMEOUT", default_value = "10s", value_parser = duration)]
     pub publish_timeout: Duration,
 
+    /// How long a robot's `online: false` (its last will, or its own word
+    /// as it stops) is held before it is recorded: forgotten if the
+    /// server's connection to that broker drops meanwhile (a broker that
+    /// stops publishes every robot's last will: not every robot's fault)
+    /// or the robot says `online: true` again. 0: recorded at once.
+    #[arg(long, env = "K8S4R_WILL_HOLD", default_value = "2s", value_parser = duration)]
+    pub will_hold: Duration,
+
     /// Parallel workers for robot messages (one robot's stay in order).
     #[arg(long, env = "K8S4R_WORKERS", default_value_t = crate::config::DEFAULT_WORKERS)]
     pub workers: usize,
@@ -261,6 +269,7 @@ impl Args {
         config.event_burst = self.event_burst;
         config.routine_events = self.routine_events;
         config.publish_timeout = self.publish_timeout;
+        config.will_hold = self.will_hold;
         config.workers = self.workers;
         config.ingress = crate::ingress::Limits {
             queue_bytes: self.robot_queue_bytes,

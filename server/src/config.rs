@@ -113,6 +113,11 @@ pub struct ServerConfig {
     pub publish_timeout: Duration,
     /// Upper bound of retry backoff.
     pub max_backoff: Duration,
+    /// How long a robot's `online: false` is held before it is recorded,
+    /// and forgotten if the broker connection drops meanwhile (a broker
+    /// that stops publishes every robot's last will) or the robot comes
+    /// back (`crate::wills`). Zero: recorded at once.
+    pub will_hold: Duration,
     /// Inbound workers; a robot's messages always go to the same one, in order.
     pub workers: usize,
     /// Each robot's share of the inbound path: queued bytes and rate.
@@ -120,6 +125,11 @@ pub struct ServerConfig {
     /// The bucket task outputs go to; None: robots are told there is none.
     pub outputs: Option<crate::bucket::BucketConfig>,
 }
+
+/// How long a robot's `online: false` is held by default: well past the
+/// moment between a stopping broker's last wills and its closing the
+/// server's connection (milliseconds), short beside the heartbeat timeout.
+pub const DEFAULT_WILL_HOLD: Duration = Duration::from_secs(2);
 
 /// Inbound workers by default. Each waits on its own API write, so this is
 /// how many of a storm's writes are in flight at once: at 8, on an API
@@ -161,6 +171,7 @@ impl ServerConfig {
             api_timeout: Duration::from_secs(10),
             publish_timeout: Duration::from_secs(10),
             max_backoff: Duration::from_secs(30),
+            will_hold: DEFAULT_WILL_HOLD,
             workers: DEFAULT_WORKERS,
             ingress: Limits::default(),
             outputs: None,

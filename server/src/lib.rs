@@ -29,6 +29,7 @@ pub mod mqtt;
 pub mod outputs;
 pub mod retained;
 pub mod task_config;
+pub mod wills;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -244,6 +245,7 @@ impl Parts {
             config.ingress,
             config.publish_timeout,
             config.max_backoff,
+            config.will_hold,
             metrics.clone(),
             log_hub.clone(),
         )?;

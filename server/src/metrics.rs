@@ -127,7 +127,14 @@ impl Metrics {
     /// One message received on `kind` (register, heartbeat, status, online,
     /// unknown) with its outcome (applied, coalesced, stale, rejected_..).
     pub fn message_in(&self, kind: &str, outcome: &str) {
-        self.messages_in.get_or_create(&labels(kind, outcome)).inc();
+        self.add_messages_in(kind, outcome, 1);
+    }
+
+    /// `count` messages received on `kind` with the same outcome.
+    pub fn add_messages_in(&self, kind: &str, outcome: &str, count: u64) {
+        self.messages_in
+            .get_or_create(&labels(kind, outcome))
+            .inc_by(count);
     }
 
     /// One message published on `kind` (dispatch, cancel, response) with

@@ -9,10 +9,10 @@
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s4r_api::backoff::exponential;
-use k8s4r_api::protocol::{MAX_INCOMING_PACKET_BYTES, MAX_PACKET_BYTES};
+use k8s4r_api::protocol::{decode, Online, MAX_INCOMING_PACKET_BYTES, MAX_PACKET_BYTES};
 use k8s4r_mqtt::{BrokerUrl, PacketIds, TlsFiles};
 use rumqttc::{AsyncClient, Event, EventLoop, MqttOptions, Outgoing, Packet, QoS, SubscribeFilter};
 use tokio::sync::{mpsc, oneshot};
@@ -24,6 +24,7 @@ use crate::error::{Error, Result};
 use crate::ingress::{Lane, Limits};
 use crate::log_hub::LogHub;
 use crate::metrics::Metrics;
+use crate::wills::{Offer, Wills};
 use std::sync::Arc;
 
 /// Publishes not yet handed to rumqttc, at most.
@@ -112,6 +113,23 @@ impl Homes {
 /// robot left it for another).
 fn shows_home(topic: &str, retained: bool) -> bool {
     !retained && !topic.ends_with("/online")
+}
+
+/// What a robot's presence message says (`online`), or None for any other
+/// message (and a presence that does not parse, which the bridge refuses).
+fn presence(topic: &str, payload: &[u8]) -> Option<bool> {
+    if !topic.ends_with("/online") {
+        return None;
+    }
+    decode::<Online>(payload).ok().map(|m| m.online)
+}
+
+/// Sleeps until `at`, or for ever when there is no `at`.
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// A cheap, cloneable handle that publishes at QoS 1 and waits for PUBACK,
@@ -316,11 +334,15 @@ pub struct Connection {
     /// QoS 0 publishes handed to rumqttc and not yet written: with the QoS 1
     /// ones waiting for a packet id, what fills rumqttc's request queue.
     unsent_qos0: usize,
+    /// Robots' `online: false` held until it is clear the broker is not
+    /// going away with them.
+    wills: Wills<Inbound>,
 }
 
 /// Opens (lazily) a connection to each broker. Returns the connections to
 /// run, the publisher handle and one lane of robot queues per worker, which
-/// every connection feeds.
+/// every connection feeds. Each connection holds a robot's `online: false`
+/// for `will_hold` (see [`crate::wills`]).
 #[allow(clippy::too_many_arguments)]
 pub fn connect(
     brokers: &[BrokerConfig],
@@ -329,6 +351,7 @@ pub fn connect(
     limits: Limits,
     publish_timeout: Duration,
     max_backoff: Duration,
+    will_hold: Duration,
     metrics: Arc<Metrics>,
     log_hub: Arc<LogHub>,
 ) -> Result<(Vec<Connection>, Publisher, Vec<Arc<Lane>>)> {
@@ -373,6 +396,7 @@ pub fn connect(
             max_backoff,
             log_hub: log_hub.clone(),
             unsent_qos0: 0,
+            wills: Wills::new(will_hold),
         });
         routes.push(Route { tx, bulk: bulk_tx });
     }
@@ -392,6 +416,7 @@ impl Connection {
         let mut failures: u32 = 0;
         let mut connected = false;
         loop {
+            let wills_due = self.wills.next_due().map(tokio::time::Instant::from_std);
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 event = self.eventloop.poll() => match event {
@@ -406,6 +431,7 @@ impl Connection {
                             self.metrics.mqtt_connected(false);
                         }
                         connected = false;
+                        self.forget_wills();
                         let delay = exponential(RECONNECT_BASE, self.max_backoff, failures);
                         failures = failures.saturating_add(1);
                         warn!(broker = %self.url, %error, retry_in = ?delay, "MQTT connection lost");
@@ -415,6 +441,13 @@ impl Connection {
                         }
                     }
                 },
+                _ = sleep_until_some(wills_due) => {
+                    for will in self.wills.due(Instant::now()) {
+                        if !self.left(robot_of(&will.topic)) {
+                            self.pass_on(will);
+                        }
+                    }
+                }
                 Some(request) = self.requests.recv(), if self.queued(&waiters) < PUBLISH_QUEUE => {
                     self.hand_over(request, &mut waiters);
                 }
@@ -471,6 +504,42 @@ impl Connection {
         }
     }
 
+    /// Hands a robot's message to its worker's lane.
+    fn pass_on(&self, inbound: Inbound) {
+        let robot = robot_of(&inbound.topic).to_owned();
+        let lane = &self.lanes[worker_for(&inbound.topic, self.lanes.len())];
+        if let Err(refusal) = lane.push(&robot, inbound, &self.limits) {
+            debug!(robot, ?refusal, "robot message dropped");
+            self.metrics.message_in("any", refusal.outcome());
+        }
+    }
+
+    /// Whether `robot` was last heard on another of the server's brokers:
+    /// then the presence this one holds (its last will there, or a retained
+    /// one) is not the robot's word on where it is connected.
+    fn left(&self, robot: &str) -> bool {
+        let left = self
+            .homes
+            .as_ref()
+            .is_some_and(|homes| homes.of(robot).is_some_and(|home| home != self.index));
+        if left {
+            debug!(robot, broker = %self.url, "presence from a broker the robot left");
+            self.metrics.message_in("online", "stale_broker");
+        }
+        left
+    }
+
+    /// The broker connection dropped: the robots' last wills it held came
+    /// from a broker going away, not from the robots.
+    fn forget_wills(&mut self) {
+        let robots = self.wills.connection_lost();
+        if robots > 0 {
+            info!(broker = %self.url, robots, "the broker went away: its robots' last wills held are not recorded");
+            self.metrics
+                .add_messages_in("online", "broker_went_away", robots as u64);
+        }
+    }
+
     /// Handles one event; returns true when the connection is (re)established.
     fn handle(&mut self, event: Event, waiters: &mut PacketIds<Waiter>, connected: &mut bool) -> bool {
         match event {
@@ -484,6 +553,7 @@ impl Connection {
                     self.metrics.mqtt_connected(true);
                 }
                 *connected = true;
+                self.wills.connected(Instant::now());
                 self.metrics.mqtt_connection();
                 if !ack.session_present {
                     for waiter in waiters.session_lost().into_iter().flatten() {
@@ -508,29 +578,37 @@ impl Connection {
                     return false;
                 }
                 let topic = publish.topic.clone();
-                let lane = &self.lanes[worker_for(&topic, self.lanes.len())];
-                let robot = robot_of(&topic).to_owned();
+                let robot = robot_of(&topic);
                 if let Some(homes) = self.homes.as_ref().filter(|_| !robot.is_empty()) {
                     if shows_home(&topic, publish.retain) {
-                        if let Some(before) = homes.heard(&robot, self.index) {
+                        if let Some(before) = homes.heard(robot, self.index) {
                             info!(robot, broker = %self.url, before, "robot now on another broker");
                         }
-                    } else if homes.of(&robot).is_some_and(|home| home != self.index) {
-                        // The presence a broker the robot left still holds
-                        // (its last will there, or a retained one): not
-                        // the robot's word on where it is connected.
-                        debug!(robot, broker = %self.url, "presence from a broker the robot left");
-                        self.metrics.message_in("online", "stale_broker");
+                    } else if self.left(robot) {
                         return false;
                     }
                 }
                 let inbound = Inbound {
-                    topic,
+                    topic: topic.clone(),
                     payload: publish.payload.to_vec(),
                 };
-                if let Err(refusal) = lane.push(&robot, inbound, &self.limits) {
-                    debug!(robot, ?refusal, "robot message dropped");
-                    self.metrics.message_in("any", refusal.outcome());
+                let offer = match presence(&topic, &publish.payload) {
+                    Some(online) => self
+                        .wills
+                        .offer(robot, online, publish.retain, inbound, Instant::now()),
+                    None => Offer::Pass(inbound),
+                };
+                match offer {
+                    Offer::Pass(inbound) => self.pass_on(inbound),
+                    Offer::Held => {}
+                    Offer::Retained => {
+                        debug!(robot, broker = %self.url, "a retained last will: not recorded");
+                        self.metrics.message_in("online", "retained_offline");
+                    }
+                    Offer::Outage => {
+                        debug!(robot, broker = %self.url, "a last will of the broker's outage: not recorded");
+                        self.metrics.message_in("online", "broker_went_away");
+                    }
                 }
             }
             Event::Incoming(Packet::PubAck(ack)) => {
