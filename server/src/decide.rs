@@ -263,26 +263,12 @@ pub fn plan_register(
     // itself. Offline and Rejected are written: an Offline robot back after
     // its heartbeat timeout sends no heartbeat until its registration is
     // answered, so the fresh `lastRegistrationTime` is what makes it Online
-    // again, and a Rejected one gets the manager's look again. An Offline
-    // robot whose last registration was written moments ago is not written
-    // again: that one already tells the manager it is back, and an
-    // unanswered robot registers again every 5 to 60 s (in a reconnect
-    // storm of 100,000, Offline robots' registrations written each time
-    // were 385,401 writes, docs/scale.md).
-    let registered_lately = existing
-        .and_then(|r| r.status.as_ref())
-        .and_then(|s| s.last_registration_time)
-        .is_some_and(|at| {
-            jiff::SignedDuration::try_from(REGISTRATION_FRESH)
-                .is_ok_and(|fresh| now.duration_since(at) < fresh)
-        });
-    let quiet_phase = match phase {
-        Some(RobotPhase::Online | RobotPhase::Pending) => true,
-        Some(RobotPhase::Offline) => registered_lately,
-        _ => false,
-    };
-    let write_status =
-        !(same && quiet_phase && metadata.is_empty() && status.reported_labels.is_none() && !changed);
+    // again, and a Rejected one gets the manager's look again.
+    let write_status = !(same
+        && matches!(phase, Some(RobotPhase::Online | RobotPhase::Pending))
+        && metadata.is_empty()
+        && status.reported_labels.is_none()
+        && !changed);
     Ok(RegisterPlan {
         create: existing.is_none(),
         metadata,
@@ -291,12 +277,6 @@ pub fn plan_register(
         respond: phase.filter(|p| matches!(p, RobotPhase::Online | RobotPhase::Rejected)),
     })
 }
-
-/// How long an Offline robot's written registration counts as fresh
-/// enough that its next, saying nothing new, is not written: well inside
-/// any heartbeat timeout the manager may have (a minute at least, as the
-/// Lease interval requires), within which it sees the robot live again.
-pub const REGISTRATION_FRESH: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The label writes a registration asks for (see [`plan_register`] for
 /// who owns a label), and the change to `status.reportedLabels` (a removed
