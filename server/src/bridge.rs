@@ -321,7 +321,10 @@ impl Bridge {
         };
         let body = &inbound.payload;
         match topic {
-            Topic::Robot { robot_id, kind } => self.robot_message(&robot_id, kind, body, memory).await,
+            Topic::Robot { robot_id, kind } => {
+                self.robot_message(&robot_id, kind, body, inbound.held_since, memory)
+                    .await
+            }
             Topic::LegacyRegister | Topic::LegacyHeartbeat if !self.config.legacy_topics => Ok(
                 Outcome::Rejected("legacy topics are disabled".into(), "rejected_topic"),
             ),
@@ -342,12 +345,14 @@ impl Bridge {
         }
     }
 
-    /// A message on one robot's own topic.
+    /// A message on one robot's own topic (`held_since`: see
+    /// [`Inbound::held_since`]).
     async fn robot_message(
         &self,
         robot_id: &str,
         kind: TopicKind,
         body: &[u8],
+        held_since: Option<Timestamp>,
         memory: &mut Memory,
     ) -> Result<Outcome> {
         match kind {
@@ -364,7 +369,7 @@ impl Bridge {
                 Err(e) => Ok(rejected(e)),
             },
             TopicKind::Online => match decode::<Online>(body) {
-                Ok(msg) => self.online(robot_id, msg.online).await,
+                Ok(msg) => self.online(robot_id, msg.online, held_since).await,
                 Err(e) => Ok(rejected(e)),
             },
             // Taken by the log hub before the lanes.

@@ -765,7 +765,7 @@ mod dispatch;
 mod heartbeat;
 mod reconcile;
 
-pub use connection::{absent_at_start, connected, REASON_NOT_CONNECTED_AT_START};
+pub use connection::{absent_at_start, connected, heard_after, REASON_NOT_CONNECTED_AT_START};
 pub use dispatch::{
     config_to_send, decide_task, dispatched_attempt, dispatching, expired_unsent, has_finalizer, phase_of,
     reachable, sent_attempt, ConfigSend, Stop, TaskAction,

@@ -33,6 +33,10 @@ pub struct Inbound {
     pub topic: String,
     /// The body.
     pub payload: Vec<u8>,
+    /// When a robot's `online: false` was received, to be held
+    /// (`crate::wills`): the robot may have come back on another replica
+    /// or broker meanwhile. None for every other message.
+    pub held_since: Option<jiff::Timestamp>,
 }
 
 impl Inbound {
@@ -280,6 +284,7 @@ mod tests {
         Inbound {
             topic: topic.into(),
             payload: vec![b'x'; size],
+            held_since: None,
         }
     }
 

@@ -418,7 +418,12 @@ impl Connection {
         loop {
             let wills_due = self.wills.next_due().map(tokio::time::Instant::from_std);
             tokio::select! {
-                _ = shutdown.cancelled() => break,
+                _ = shutdown.cancelled() => {
+                    for will in self.wills.drain() {
+                        self.pass_on(will);
+                    }
+                    break;
+                }
                 event = self.eventloop.poll() => match event {
                     Ok(event) => {
                         if self.handle(event, &mut waiters, &mut connected) {
@@ -588,11 +593,13 @@ impl Connection {
                         return false;
                     }
                 }
+                let said = presence(&topic, &publish.payload);
                 let inbound = Inbound {
                     topic: topic.clone(),
                     payload: publish.payload.to_vec(),
+                    held_since: (said == Some(false)).then(jiff::Timestamp::now),
                 };
-                let offer = match presence(&topic, &publish.payload) {
+                let offer = match said {
                     Some(online) => self
                         .wills
                         .offer(robot, online, publish.retain, inbound, Instant::now()),

@@ -50,10 +50,11 @@ pub enum Offer<M> {
 #[derive(Debug)]
 pub struct Wills<M> {
     hold: Duration,
-    /// Each robot's latest held message, by the number of its offer.
-    latest: HashMap<Box<str>, u64>,
-    /// Held messages in the order they came (so by the time they are due).
-    queue: VecDeque<Held<M>>,
+    /// Each robot's latest held message, with the number of its offer: a
+    /// robot that says `online: false` again replaces it.
+    latest: HashMap<Box<str>, (u64, M)>,
+    /// When each offer is due, in the order they came (so by time).
+    queue: VecDeque<Due>,
     offers: u64,
     /// Whether the connection was ever lost.
     lost: bool,
@@ -62,11 +63,10 @@ pub struct Wills<M> {
 }
 
 #[derive(Debug)]
-struct Held<M> {
+struct Due {
     robot: Box<str>,
     offer: u64,
     until: Instant,
-    message: M,
 }
 
 impl<M> Wills<M> {
@@ -108,12 +108,11 @@ impl<M> Wills<M> {
             return Offer::Pass(message);
         }
         self.offers += 1;
-        self.latest.insert(robot.into(), self.offers);
-        self.queue.push_back(Held {
+        self.latest.insert(robot.into(), (self.offers, message));
+        self.queue.push_back(Due {
             robot: robot.into(),
             offer: self.offers,
             until: now + self.hold,
-            message,
         });
         Offer::Held
     }
@@ -122,14 +121,26 @@ impl<M> Wills<M> {
     /// robot's latest one, unless the robot came back meanwhile.
     pub fn due(&mut self, now: Instant) -> Vec<M> {
         let mut due = Vec::new();
-        while self.queue.front().is_some_and(|h| h.until <= now) {
-            let Some(held) = self.queue.pop_front() else { break };
-            if self.latest.get(&held.robot) == Some(&held.offer) {
-                self.latest.remove(&held.robot);
-                due.push(held.message);
+        while self.queue.front().is_some_and(|d| d.until <= now) {
+            let Some(next) = self.queue.pop_front() else { break };
+            if self
+                .latest
+                .get(&next.robot)
+                .is_some_and(|(offer, _)| *offer == next.offer)
+            {
+                if let Some((_, message)) = self.latest.remove(&next.robot) {
+                    due.push(message);
+                }
             }
         }
         due
+    }
+
+    /// Every held message, at once: the server stops while the broker
+    /// stays, so they are the robots' word.
+    pub fn drain(&mut self) -> Vec<M> {
+        self.queue.clear();
+        self.latest.drain().map(|(_, (_, message))| message).collect()
     }
 
     /// When the next held message is due, if one is held.
@@ -238,6 +249,17 @@ mod tests {
         );
         assert_eq!(wills.offer("r2", false, LIVE, 4, t1 + HOLD), Offer::Held);
         assert_eq!(wills.due(t1 + 2 * HOLD), vec![4]);
+    }
+
+    #[test]
+    fn what_is_held_when_the_server_stops_passes_at_once() {
+        let t0 = Instant::now();
+        let mut wills = Wills::new(HOLD);
+        assert_eq!(wills.offer("r1", false, LIVE, 1, t0), Offer::Held);
+        assert_eq!(wills.offer("r1", false, LIVE, 2, t0), Offer::Held);
+        assert_eq!(wills.drain(), vec![2], "a robot's latest only");
+        assert_eq!(wills.next_due(), None);
+        assert!(wills.due(t0 + HOLD).is_empty());
     }
 
     #[test]

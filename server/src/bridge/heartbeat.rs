@@ -216,8 +216,16 @@ impl Bridge {
         }
     }
 
+    /// Records what robot `name` said of its connection; `held_since`:
+    /// when a held `online: false` was received (see
+    /// [`crate::ingress::Inbound::held_since`]).
     #[instrument(skip(self))]
-    pub(super) async fn online(&self, name: &str, online: bool) -> Result<Outcome> {
+    pub(super) async fn online(
+        &self,
+        name: &str,
+        online: bool,
+        held_since: Option<Timestamp>,
+    ) -> Result<Outcome> {
         let mut robot = match self.robot(name).await? {
             Some(robot) => robot,
             // An agent announces itself online as it connects, just before it
@@ -225,6 +233,11 @@ impl Bridge {
             // is the normal first message of a new robot, not a bad one.
             None => return Ok(Outcome::Done("ignored_unregistered")),
         };
+        if let Some(since) = held_since.filter(|_| !online) {
+            if decide::heard_after(&robot, self.lease_record(name).map(|l| l.renewed), since) {
+                return Ok(Outcome::Done("superseded"));
+            }
+        }
         for tries in 1.. {
             let conditions = robot
                 .status

@@ -32,6 +32,30 @@ pub fn connected(conditions: &[Condition], up: bool, now: Timestamp) -> Option<V
     }
 }
 
+/// Whether `robot` was heard from, or connected again, after `since`,
+/// when its `online: false` was received and held (`crate::wills`): a
+/// robot whose agent restarted within the hold may have said `online:
+/// true` to another replica, or on another broker, and been recorded
+/// already; its older `online: false` must not undo that. `lease_renewed`:
+/// its Lease's `renewTime`, which heartbeats renew.
+pub fn heard_after(robot: &Robot, lease_renewed: Option<Timestamp>, since: Timestamp) -> bool {
+    let Some(status) = robot.status.as_ref() else {
+        return false;
+    };
+    let reconnected = find_condition(&status.conditions, CONDITION_CONNECTED)
+        .filter(|c| c.status == ConditionStatus::True)
+        .and_then(|c| c.last_transition_time);
+    [
+        reconnected,
+        status.last_registration_time,
+        status.last_heartbeat_time,
+        lease_renewed,
+    ]
+    .into_iter()
+    .flatten()
+    .any(|t| t > since)
+}
+
 /// Reason of `Connected=False` for a robot the broker did not know as
 /// connected when this server started.
 pub const REASON_NOT_CONNECTED_AT_START: &str = "NotConnectedAtStart";
