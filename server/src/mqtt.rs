@@ -545,6 +545,51 @@ impl Connection {
         }
     }
 
+    /// A message from the broker: a log chunk to its reader, a robot's
+    /// presence to the hold (`crate::wills`), the rest to its robot's lane.
+    fn received(&mut self, publish: &rumqttc::Publish) {
+        if (publish.topic.ends_with("/log") || publish.topic.ends_with("/out"))
+            && self.log_hub.offer(&publish.topic, &publish.payload)
+        {
+            return;
+        }
+        let topic = publish.topic.clone();
+        let robot = robot_of(&topic);
+        if let Some(homes) = self.homes.as_ref().filter(|_| !robot.is_empty()) {
+            if shows_home(&topic, publish.retain) {
+                if let Some(before) = homes.heard(robot, self.index) {
+                    info!(robot, broker = %self.url, before, "robot now on another broker");
+                }
+            } else if self.left(robot) {
+                return;
+            }
+        }
+        let said = presence(&topic, &publish.payload);
+        let inbound = Inbound {
+            topic: topic.clone(),
+            payload: publish.payload.to_vec(),
+            held_since: (said == Some(false)).then(jiff::Timestamp::now),
+        };
+        let offer = match said {
+            Some(online) => self
+                .wills
+                .offer(robot, online, publish.retain, inbound, Instant::now()),
+            None => Offer::Pass(inbound),
+        };
+        match offer {
+            Offer::Pass(inbound) => self.pass_on(inbound),
+            Offer::Held => {}
+            Offer::Retained => {
+                debug!(robot, broker = %self.url, "a retained last will: not recorded");
+                self.metrics.message_in("online", "retained_offline");
+            }
+            Offer::Outage => {
+                debug!(robot, broker = %self.url, "a last will of the broker's outage: not recorded");
+                self.metrics.message_in("online", "broker_went_away");
+            }
+        }
+    }
+
     /// Handles one event; returns true when the connection is (re)established.
     fn handle(&mut self, event: Event, waiters: &mut PacketIds<Waiter>, connected: &mut bool) -> bool {
         match event {
@@ -576,48 +621,7 @@ impl Connection {
                 }
                 return true;
             }
-            Event::Incoming(Packet::Publish(publish)) => {
-                if (publish.topic.ends_with("/log") || publish.topic.ends_with("/out"))
-                    && self.log_hub.offer(&publish.topic, &publish.payload)
-                {
-                    return false;
-                }
-                let topic = publish.topic.clone();
-                let robot = robot_of(&topic);
-                if let Some(homes) = self.homes.as_ref().filter(|_| !robot.is_empty()) {
-                    if shows_home(&topic, publish.retain) {
-                        if let Some(before) = homes.heard(robot, self.index) {
-                            info!(robot, broker = %self.url, before, "robot now on another broker");
-                        }
-                    } else if self.left(robot) {
-                        return false;
-                    }
-                }
-                let said = presence(&topic, &publish.payload);
-                let inbound = Inbound {
-                    topic: topic.clone(),
-                    payload: publish.payload.to_vec(),
-                    held_since: (said == Some(false)).then(jiff::Timestamp::now),
-                };
-                let offer = match said {
-                    Some(online) => self
-                        .wills
-                        .offer(robot, online, publish.retain, inbound, Instant::now()),
-                    None => Offer::Pass(inbound),
-                };
-                match offer {
-                    Offer::Pass(inbound) => self.pass_on(inbound),
-                    Offer::Held => {}
-                    Offer::Retained => {
-                        debug!(robot, broker = %self.url, "a retained last will: not recorded");
-                        self.metrics.message_in("online", "retained_offline");
-                    }
-                    Offer::Outage => {
-                        debug!(robot, broker = %self.url, "a last will of the broker's outage: not recorded");
-                        self.metrics.message_in("online", "broker_went_away");
-                    }
-                }
-            }
+            Event::Incoming(Packet::Publish(publish)) => self.received(&publish),
             Event::Incoming(Packet::PubAck(ack)) => {
                 if let Some(Some(waiter)) = waiters.acked(ack.pkid) {
                     let _ = waiter.send(Ok(()));
