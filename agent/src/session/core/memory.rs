@@ -22,7 +22,7 @@ pub enum Admissions {
 }
 
 /// The outbox and the record of accepted attempts, in memory.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Memory {
     /// Statuses waiting for their confirmation, by seq.
     pub outbox: BTreeMap<u64, StatusUpdate>,
@@ -35,6 +35,22 @@ pub struct Memory {
     /// Final statuses settled since the shell last took them: the robot was
     /// told the cluster recorded them.
     pub settled: Vec<StatusUpdate>,
+}
+
+impl Default for Memory {
+    /// Empty, its first status numbered 1 as the agent's outbox numbers
+    /// it: a Task's status counts as seq 0 before any report, so a first
+    /// report numbered 0 would be taken for a duplicate (the simulated
+    /// robots' first status was dropped that way).
+    fn default() -> Self {
+        Memory {
+            outbox: BTreeMap::new(),
+            next_seq: 1,
+            admitted: Vec::new(),
+            admissions: Admissions::default(),
+            settled: Vec::new(),
+        }
+    }
 }
 
 impl Disk for Memory {
@@ -84,5 +100,22 @@ impl Disk for Memory {
             Admissions::Fail => return Err(std::io::Error::other("no space left on device")),
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s4r_api::TaskState;
+
+    #[test]
+    fn a_first_status_is_numbered_so_that_it_counts_as_news() {
+        let mut memory = Memory::default();
+        let seq = memory.push(StatusUpdate::new("uid", 1, 0, TaskState::Running));
+        let update = memory.get(seq).expect("kept until settled");
+        assert!(
+            update.supersedes(1, 0, Some(TaskState::Dispatching)),
+            "a first report ({seq}) over a Task not reported on yet"
+        );
     }
 }
