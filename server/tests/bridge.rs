@@ -564,12 +564,7 @@ async fn the_server_reconnects_after_the_broker_restarts() {
     robot.crash();
 
     env.broker.restart();
-    let metrics = server.metrics.clone();
-    eventually("the server is connected again", || {
-        let m = metrics.clone();
-        async move { (m.mqtt_connections() >= 2 && m.ready()).then_some(()) }
-    })
-    .await;
+    server.connected_again().await;
     // The new broker has no sessions: the server subscribed again.
     let mut robot = FakeRobot::connect(&env.broker, "rb1").await;
     robot.send(robot.topics.register("rb1"), &robot.register()).await;

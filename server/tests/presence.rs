@@ -45,12 +45,8 @@ async fn a_broker_restart_keeps_its_robots_connected(persistence: bool) {
     // The broker stops (SIGTERM: it publishes the robot's last will as it
     // goes, and keeps it retained when it has persistence) and starts again.
     env.broker.restart();
-    let metrics = server.metrics.clone();
-    eventually("the server is connected again", || {
-        let m = metrics.clone();
-        async move { (m.mqtt_connections() >= 2 && m.ready()).then_some(()) }
-    })
-    .await;
+    server.connected_again().await;
+    let metrics = &server.metrics;
     // The will reached the server, live before its connection dropped or
     // retained after it came back, and was not taken as the robot's word.
     let wills = || {

@@ -268,6 +268,17 @@ pub struct Running {
 }
 
 impl Running {
+    /// Waits until the server connected to its broker a second time (after
+    /// a restart of the broker) and is ready again.
+    pub async fn connected_again(&self) {
+        let metrics = self.metrics.clone();
+        eventually("the server is connected again", || {
+            let m = metrics.clone();
+            async move { (m.mqtt_connections() >= 2 && m.ready()).then_some(()) }
+        })
+        .await;
+    }
+
     pub async fn stop(self) {
         self.shutdown.cancel();
         self.task
