@@ -199,6 +199,9 @@ pub struct Config {
     pub outbox_max_entries: usize,
     /// Outbox flush bound at shutdown.
     pub shutdown_flush_timeout: Duration,
+    /// How long a task's start waits to be reported (merged with an end
+    /// that comes within it).
+    pub status_hold: Duration,
     /// Labels reported at registration.
     pub labels: BTreeMap<String, String>,
     /// The supervisor's settings: the configured ones over its defaults,
@@ -290,6 +293,7 @@ impl Config {
             register_retry_max: register_retry_max.max(register_retry_min),
             outbox_max_entries,
             shutdown_flush_timeout: s.shutdown_flush_timeout.unwrap_or(Duration::from_secs(5)),
+            status_hold: status_hold(s.status_hold)?,
             labels,
             supervisor,
             facts,
@@ -738,6 +742,21 @@ fn positive(key: &'static str, value: Option<Duration>, default: Duration) -> Re
         }),
         Some(d) => Ok(d),
         None => Ok(default),
+    }
+}
+
+/// The default of `status_hold`.
+pub const DEFAULT_STATUS_HOLD: Duration = Duration::from_secs(1);
+
+/// `status_hold`, at most 10 s: a start held longer would leave the cluster
+/// showing the task not started for most of a dispatch deadline.
+fn status_hold(value: Option<Duration>) -> Result<Duration, ConfigError> {
+    match value {
+        Some(d) if d > Duration::from_secs(10) => Err(ConfigError::Invalid {
+            key: "status_hold",
+            reason: format!("must be at most 10s, not {}s", d.as_secs_f64()),
+        }),
+        value => Ok(value.unwrap_or(DEFAULT_STATUS_HOLD)),
     }
 }
 

@@ -220,6 +220,7 @@ impl Session {
                 session_id: session_id(),
                 template,
                 heartbeat_interval: config.heartbeat_interval,
+                status_hold: config.status_hold,
                 register_retry: (config.register_retry_min, config.register_retry_max),
                 max_outstanding: mqtt::MAX_OUTSTANDING,
                 jitter,
@@ -402,7 +403,7 @@ impl Session {
                 Some(()) = facts_changed(&mut self.facts) => self.on_facts(),
                 () = upgrades::news(self.upgrades.as_ref()) => self.core.news(now()),
                 Some(update) = self.updates.recv() => {
-                    let commands = self.core.status(update, &mut self.disk);
+                    let commands = self.core.status(update, now(), &mut self.disk);
                     self.perform(commands);
                     if let Phase::Flushing { quiet_since, .. } = &mut phase {
                         *quiet_since = Instant::now();
@@ -410,7 +411,8 @@ impl Session {
                 }
                 _ = shutdown.cancelled(), if matches!(phase, Phase::Running) => {
                     tracing::info!("shutting down: stopping tasks");
-                    self.core.leave();
+                    let commands = self.core.leave(&mut self.disk);
+                    self.perform(commands);
                     self.log_readers.stop_all();
                     self.reach.stop_all();
                     let (tx, rx) = oneshot::channel();

@@ -134,6 +134,7 @@ impl SimRobot {
             session_id: k8s4r_agent::session::session_id(),
             template,
             heartbeat_interval: self.config.heartbeat,
+            status_hold: k8s4r_agent::config::DEFAULT_STATUS_HOLD,
             register_retry: (Duration::from_secs(5), Duration::from_secs(60)),
             max_outstanding: k8s4r_agent::mqtt::MAX_OUTSTANDING,
             jitter: Jitter::with_seed(rng.next_f64().to_bits()),
@@ -260,7 +261,7 @@ impl SimRobot {
         });
         let mut update = StatusUpdate::new(&uid, attempt, 0, TaskState::Running);
         update.start_time = Some(wall);
-        state.core.status(update, &mut state.disk)
+        state.core.status(update, self.now(), &mut state.disk)
     }
 
     /// A held attempt ended: its end is reported.
@@ -289,7 +290,7 @@ impl SimRobot {
         if end != End::Cancelled {
             self.counters.finished.fetch_add(1, Ordering::Relaxed);
         }
-        state.core.status(update, &mut state.disk)
+        state.core.status(update, self.now(), &mut state.disk)
     }
 
     /// A message from the broker, counted as the fleet counts them.

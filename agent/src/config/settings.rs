@@ -108,6 +108,15 @@ pub struct Settings {
     #[arg(long, env = "K8S4R_OUTBOX_MAX_ENTRIES", value_name = "N")]
     pub outbox_max_entries: Option<usize>,
 
+    /// How long the report that a task started waits before it is sent: a
+    /// task that ends within it is reported once, with its end (one API
+    /// write instead of two, and no Lease renewal for it), as Nomad's
+    /// client batches allocation updates. 0 sends it at once; at most 10s.
+    /// Default: 1s.
+    #[arg(long, env = "K8S4R_STATUS_HOLD", value_name = "DURATION", value_parser = parse_duration)]
+    #[serde(default, deserialize_with = "de_duration")]
+    pub status_hold: Option<Duration>,
+
     /// On SIGTERM, how long to keep trying to deliver the outbox after the
     /// tasks have stopped. Default: 5s.
     #[arg(long, env = "K8S4R_SHUTDOWN_FLUSH_TIMEOUT", value_name = "DURATION", value_parser = parse_duration)]
@@ -437,6 +446,7 @@ impl Settings {
             register_retry_max: self.register_retry_max.or(file.register_retry_max),
             outbox_max_entries: self.outbox_max_entries.or(file.outbox_max_entries),
             shutdown_flush_timeout: self.shutdown_flush_timeout.or(file.shutdown_flush_timeout),
+            status_hold: self.status_hold.or(file.status_hold),
             labels,
             log_max_bytes: self.log_max_bytes.or(file.log_max_bytes),
             log_max_files: self.log_max_files.or(file.log_max_files),

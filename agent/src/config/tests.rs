@@ -267,6 +267,7 @@ fn defaults_apply() {
     assert_eq!(c.broker.port, 1883);
     assert_eq!(c.broker.tls, None);
     assert_eq!(c.heartbeat_interval, Duration::from_secs(30));
+    assert_eq!(c.status_hold, Duration::from_secs(1));
     assert_eq!(c.state_dir, PathBuf::from("/var/lib/k8s4r"));
     assert_eq!(c.topic_prefix, "k8s4r");
 }
@@ -280,6 +281,7 @@ robot_id = "from-file"
 broker_url = "mqtts://broker.example:9883"
 ca_file = "/etc/k8s4r/ca.pem"
 heartbeat_interval = "10s"
+status_hold = "0s"
 labels = { site = "lab", arm = "ur5" }
 "#,
     )
@@ -297,6 +299,7 @@ labels = { site = "lab", arm = "ur5" }
         PathBuf::from("/etc/k8s4r/ca.pem")
     );
     assert_eq!(c.heartbeat_interval, Duration::from_secs(10));
+    assert_eq!(c.status_hold, Duration::ZERO, "0 sends a start at once");
     assert_eq!(c.labels["site"], "field");
     assert_eq!(c.labels["arm"], "ur5");
 }
@@ -418,6 +421,13 @@ fn bad_values_are_refused() {
                 ..settings("rb1")
             },
             "heartbeat_interval",
+        ),
+        (
+            Settings {
+                status_hold: Some(Duration::from_secs(11)),
+                ..settings("rb1")
+            },
+            "status_hold",
         ),
         (
             Settings {

@@ -182,6 +182,12 @@ pub struct Core {
     /// The latest output of each running attempt made while the link was
     /// down: it goes when the link is back (unless the attempt ended).
     unsent_output: BTreeMap<(String, u32), StatusUpdate>,
+    /// How long an attempt's report that it runs waits before it is
+    /// journaled and sent (see [`Core::status`]).
+    status_hold: Duration,
+    /// Reports that an attempt runs, held until the time given (boot
+    /// clock): one that ends meanwhile is reported once, with its end.
+    held_reports: BTreeMap<(String, u32), (StatusUpdate, Duration)>,
     /// The agent is shutting down: no heartbeats, registrations or new
     /// work; statuses still go out.
     leaving: bool,
@@ -200,6 +206,8 @@ pub struct Settings {
     pub template: Register,
     /// The heartbeat interval with no fenced attempt held.
     pub heartbeat_interval: Duration,
+    /// How long an attempt's report that it runs waits (0: not at all).
+    pub status_hold: Duration,
     /// Registration retries.
     pub register_retry: (Duration, Duration),
     /// At most this many QoS 1 publishes between hand-over and PUBACK.
@@ -224,6 +232,7 @@ impl Core {
             session_id,
             template,
             heartbeat_interval,
+            status_hold,
             register_retry,
             max_outstanding,
             mut jitter,
@@ -266,6 +275,8 @@ impl Core {
             confirm_timeout: (heartbeat_interval * 2).clamp(Duration::from_secs(5), Duration::from_secs(60)),
             facts_sent: None,
             unsent_output: BTreeMap::new(),
+            status_hold,
+            held_reports: BTreeMap::new(),
             leaving: false,
         }
     }
@@ -324,10 +335,17 @@ impl Core {
         out
     }
 
-    /// The agent begins to shut down: no more heartbeats or new work.
-    pub fn leave(&mut self) {
+    /// The agent begins to shut down: no more heartbeats or new work; the
+    /// reports it held go now (into the outbox, which the next process
+    /// sends if this one cannot).
+    pub fn leave(&mut self, disk: &mut dyn Disk) -> Vec<Command> {
         self.leaving = true;
         self.next_heartbeat = None;
+        let mut out = Vec::new();
+        for (_, (update, _)) in std::mem::take(&mut self.held_reports) {
+            self.status_into(update, disk, &mut out);
+        }
+        out
     }
 
     /// The last word on a connection: `online=false`, retained.
@@ -377,6 +395,7 @@ impl Core {
             self.registrar.deadline(),
             self.fence.next_deadline(),
             self.delivered.values().min().map(|at| *at + self.confirm_timeout),
+            self.held_reports.values().map(|(_, due)| *due).min(),
         ]
         .into_iter()
         .flatten()

@@ -119,6 +119,7 @@ impl Agent {
             session_id: format!("{}-p{}", self.name, self.restarts),
             template: Register::new(&self.name, "sim", DeviceInfo::default()),
             heartbeat_interval: HEARTBEAT,
+            status_hold: k8s4r_agent::config::DEFAULT_STATUS_HOLD,
             register_retry: REGISTER_RETRY,
             max_outstanding: k8s4r_agent::mqtt::MAX_OUTSTANDING,
             jitter: Jitter::with_seed(net.rng().u64(..)),
@@ -384,9 +385,10 @@ impl Agent {
     /// into its journal for the next process otherwise (the supervisor's
     /// journal keeps the ends of tasks the unit stopped).
     fn report(&mut self, net: &mut Net, update: StatusUpdate) {
+        let now = self.now(net);
         match &mut self.mem {
             Some(mem) => {
-                let commands = mem.core.status(update, &mut self.files);
+                let commands = mem.core.status(update, now, &mut self.files);
                 self.perform(net, commands);
             }
             None => {

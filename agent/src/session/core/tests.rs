@@ -24,12 +24,18 @@ fn at(secs: u64) -> Now {
 }
 
 fn core(session: &str, disk: &Mem) -> Core {
+    core_holding(session, disk, Duration::ZERO)
+}
+
+/// A core that holds an attempt's report that it runs for `hold`.
+fn core_holding(session: &str, disk: &Mem, hold: Duration) -> Core {
     let settings = Settings {
         robot_id: ROBOT.into(),
         topic_prefix: "k8s4r".into(),
         session_id: session.into(),
         template: Register::new(ROBOT, "test", DeviceInfo::default()),
         heartbeat_interval: Duration::from_secs(30),
+        status_hold: hold,
         register_retry: (Duration::from_secs(1), Duration::from_secs(8)),
         max_outstanding: 16,
         jitter: Jitter::with_seed(7),
@@ -203,7 +209,7 @@ fn an_ended_attempt_stays_listed_until_the_server_confirms_its_status() {
     dispatch(&mut c, &mut disk, 1, at(11));
     let mut done = StatusUpdate::new("u1", 1, 0, TaskState::Completed);
     done.reason = Some(k8s4r_api::TaskReason::Completed);
-    let out = c.status(done, &mut disk);
+    let out = c.status(done, at(12), &mut disk);
     assert!(out
         .iter()
         .any(|cmd| matches!(cmd, Command::Publish { topic, .. } if topic == &topics().status(ROBOT, "u1"))));
@@ -243,7 +249,7 @@ fn a_dispatch_while_leaving_is_refused_with_a_status_and_a_retained_command_is_i
     assert!(c
         .message(&topics().dispatch(ROBOT), &encode(&d), true, at(11), &mut disk)
         .is_empty());
-    c.leave();
+    c.leave(&mut disk);
     assert!(starts(&dispatch(&mut c, &mut disk, 1, at(12))).is_empty());
     let refused = disk.outbox.values().next().expect("a status");
     assert_eq!(refused.reason, Some(k8s4r_api::TaskReason::AgentShutdown));
@@ -264,7 +270,7 @@ fn a_copy_of_an_accepted_attempt_during_shutdown_fails_nothing() {
         starts(&dispatch(&mut c, &mut disk, 1, at(11))),
         vec![("u1".into(), 1)]
     );
-    c.leave();
+    c.leave(&mut disk);
     let queued = disk.outbox.len();
     assert!(dispatch(&mut c, &mut disk, 1, at(12)).is_empty());
     assert_eq!(disk.outbox.len(), queued, "no status for the copy");
@@ -282,7 +288,11 @@ fn a_publish_the_client_refused_goes_out_again() {
     let mut disk = Mem::default();
     let mut c = core("s1", &disk);
     approve(&mut c, &mut disk, at(10));
-    let out = c.status(StatusUpdate::new("u1", 1, 0, TaskState::Running), &mut disk);
+    let out = c.status(
+        StatusUpdate::new("u1", 1, 0, TaskState::Running),
+        at(10),
+        &mut disk,
+    );
     assert_eq!(out.len(), 1);
     c.withdraw_last();
     let again = c.tick(at(11), &mut disk);
@@ -345,17 +355,17 @@ fn a_running_tasks_output_is_not_kept_while_the_link_is_down() {
     let mut c = core("s1", &disk);
     approve(&mut c, &mut disk, at(1));
     let mut running = StatusUpdate::new("u1", 1, 0, TaskState::Running);
-    c.status(running.clone(), &mut disk);
+    c.status(running.clone(), at(2), &mut disk);
     let output = |text: &str| {
         let mut update = StatusUpdate::new("u1", 1, 0, TaskState::Running);
         update.output_tail = Some(text.to_owned());
         update
     };
-    c.status(output("at waypoint 3\n"), &mut disk);
+    c.status(output("at waypoint 3\n"), at(2), &mut disk);
     assert_eq!(disk.outbox.len(), 2, "connected: journaled and sent");
     c.disconnected();
-    c.status(output("at waypoint 4\n"), &mut disk);
-    c.status(output("at waypoint 5\n"), &mut disk);
+    c.status(output("at waypoint 4\n"), at(2), &mut disk);
+    c.status(output("at waypoint 5\n"), at(2), &mut disk);
     assert_eq!(disk.outbox.len(), 2, "made while cut off: not journaled");
     // The link is back: the latest goes, once.
     c.connected(at(5), &mut disk);
@@ -366,10 +376,108 @@ fn a_running_tasks_output_is_not_kept_while_the_link_is_down() {
     assert_eq!(disk.outbox.len(), 3, "sent once");
     // Cut off again, then the attempt ends: its late output never goes.
     c.disconnected();
-    c.status(output("at waypoint 6\n"), &mut disk);
+    c.status(output("at waypoint 6\n"), at(2), &mut disk);
     running.state = TaskState::Completed;
-    c.status(running, &mut disk);
+    c.status(running, at(2), &mut disk);
     assert_eq!(disk.outbox.len(), 4, "the end is kept whatever the link");
     c.connected(at(7), &mut disk);
     assert_eq!(disk.outbox.len(), 4, "no running status after the end");
+}
+
+/// The status publishes among `out`.
+fn statuses(out: &[Command]) -> usize {
+    out.iter()
+        .filter(|cmd| matches!(cmd, Command::Publish { topic, .. } if topic == &topics().status(ROBOT, "u1")))
+        .count()
+}
+
+#[test]
+fn an_attempt_that_ends_within_the_hold_is_reported_once_with_its_start() {
+    let mut disk = Mem::default();
+    let mut c = core_holding("s1", &disk, Duration::from_secs(5));
+    approve(&mut c, &mut disk, at(10));
+    assert_eq!(
+        starts(&dispatch(&mut c, &mut disk, 1, at(11))),
+        vec![("u1".into(), 1)]
+    );
+    let mut running = StatusUpdate::new("u1", 1, 0, TaskState::Running);
+    running.start_time = Some(at(11).wall);
+    running.task_name = Some("default/t".into());
+    assert_eq!(statuses(&c.status(running, at(11), &mut disk)), 0, "held");
+    assert!(disk.outbox.is_empty(), "not journaled while held");
+    assert_eq!(statuses(&c.tick(at(12), &mut disk)), 0, "still held");
+    assert!(
+        c.running().to_vec().iter().any(|a| a.uid == "u1"),
+        "the robot lists the attempt as held all along"
+    );
+    let mut done = StatusUpdate::new("u1", 1, 0, TaskState::Completed);
+    done.exit_code = Some(0);
+    done.finish_time = Some(at(13).wall);
+    assert_eq!(
+        statuses(&c.status(done, at(13), &mut disk)),
+        1,
+        "the end goes at once"
+    );
+    let sent: Vec<_> = disk.outbox.values().cloned().collect();
+    assert_eq!(sent.len(), 1, "one report: {sent:?}");
+    assert_eq!(sent[0].state, TaskState::Completed);
+    assert_eq!(sent[0].start_time, Some(at(11).wall), "with the start it merged");
+    assert_eq!(sent[0].exit_code, Some(0));
+    assert_eq!(statuses(&c.tick(at(20), &mut disk)), 0, "nothing left to send");
+    assert_eq!(disk.outbox.len(), 1);
+}
+
+#[test]
+fn a_start_still_running_at_the_hold_s_end_goes_then_with_what_came_meanwhile() {
+    let mut disk = Mem::default();
+    let mut c = core_holding("s1", &disk, Duration::from_secs(5));
+    approve(&mut c, &mut disk, at(10));
+    dispatch(&mut c, &mut disk, 1, at(11));
+    let mut running = StatusUpdate::new("u1", 1, 0, TaskState::Running);
+    running.start_time = Some(at(11).wall);
+    c.status(running, at(11), &mut disk);
+    let output = |text: &str| {
+        let mut update = StatusUpdate::new("u1", 1, 0, TaskState::Running);
+        update.output_tail = Some(text.to_owned());
+        update
+    };
+    assert_eq!(statuses(&c.status(output("loading map\n"), at(12), &mut disk)), 0);
+    assert_eq!(statuses(&c.tick(at(15), &mut disk)), 0, "before the hold's end");
+    assert_eq!(statuses(&c.tick(at(16), &mut disk)), 1, "at its end");
+    let sent: Vec<_> = disk.outbox.values().cloned().collect();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(
+        (sent[0].state, sent[0].start_time, sent[0].output_tail.as_deref()),
+        (TaskState::Running, Some(at(11).wall), Some("loading map\n"))
+    );
+    // Output after the start went is not held.
+    assert_eq!(
+        statuses(&c.status(output("at waypoint 1\n"), at(17), &mut disk)),
+        1
+    );
+}
+
+#[test]
+fn a_held_start_goes_into_the_outbox_when_the_agent_leaves() {
+    let mut disk = Mem::default();
+    let mut c = core_holding("s1", &disk, Duration::from_secs(5));
+    approve(&mut c, &mut disk, at(10));
+    dispatch(&mut c, &mut disk, 1, at(11));
+    c.status(
+        StatusUpdate::new("u1", 1, 0, TaskState::Running),
+        at(11),
+        &mut disk,
+    );
+    assert!(disk.outbox.is_empty());
+    let out = c.leave(&mut disk);
+    assert_eq!(statuses(&out), 1);
+    assert_eq!(
+        disk.outbox.values().map(|u| u.state).collect::<Vec<_>>(),
+        vec![TaskState::Running],
+        "kept for the next process, whatever this one still manages to send"
+    );
+    // While leaving, a report goes at once.
+    let mut again = StatusUpdate::new("u1", 1, 0, TaskState::Running);
+    again.restarts.restart_count = 1;
+    assert_eq!(statuses(&c.status(again, at(12), &mut disk)), 1);
 }

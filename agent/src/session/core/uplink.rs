@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use k8s4r_api::protocol::{encode, Heartbeat, HeldList, Register, StatusUpdate, MAX_HELD_ATTEMPTS};
-use k8s4r_api::{TaskAttempt, TaskReason, TaskState};
+use k8s4r_api::{RestartStatus, TaskAttempt, TaskReason, TaskState};
 
 use super::{Command, Core, Disk, Now, Payload};
 use crate::link::{RegisterAction, Tag};
@@ -17,8 +17,32 @@ use crate::supervisor::outcome::StopCause;
 impl Core {
     /// A status update of an attempt (from the supervisor, or the core's
     /// own for an attempt that never started): journaled, then sent.
-    pub fn status(&mut self, update: StatusUpdate, disk: &mut dyn Disk) -> Vec<Command> {
+    ///
+    /// A report that an attempt runs (its start, a restart, a change of
+    /// configuration) waits `status_hold` first, and what the attempt
+    /// reports meanwhile is merged into it: an attempt that ends within
+    /// the hold is reported once, with its end, which costs the cluster
+    /// one status write instead of two and no Lease renewal (the robot no
+    /// longer holds work when the cluster hears of it). The robot lists
+    /// the attempt as held all along. A held report is no promise anyone
+    /// waits for: to the cluster it is a report the network delayed, which
+    /// the protocol allows for anyway (docs/fencing.md). Only the latest
+    /// output of a running attempt is never held.
+    pub fn status(&mut self, update: StatusUpdate, now: Now, disk: &mut dyn Disk) -> Vec<Command> {
         let mut out = Vec::new();
+        if update.state == TaskState::Running {
+            let key = (update.task_uid.clone(), update.attempt);
+            if let Some((held, due)) = self.held_reports.remove(&key) {
+                self.held_reports.insert(key, (merged(update, held), due));
+                return out;
+            }
+            if !output_only(&update) && !self.status_hold.is_zero() && !self.leaving {
+                self.running.insert(&update.task_uid, update.attempt);
+                self.held_reports
+                    .insert(key, (update, now.mono + self.status_hold));
+                return out;
+            }
+        }
         self.status_into(update, disk, &mut out);
         out
     }
@@ -40,6 +64,10 @@ impl Core {
             return;
         }
         if update.state.is_terminal() {
+            let key = (update.task_uid.clone(), update.attempt);
+            if let Some((start, _)) = self.held_reports.remove(&key) {
+                update = merged(update, start);
+            }
             if !self.unsent_output.is_empty() {
                 self.unsent_output
                     .remove(&(update.task_uid.clone(), update.attempt));
@@ -184,6 +212,17 @@ impl Core {
             self.delivered.clear();
             self.link.rewind();
         }
+        let due: Vec<_> = self
+            .held_reports
+            .iter()
+            .filter(|(_, (_, at))| now.mono >= *at)
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in due {
+            if let Some((update, _)) = self.held_reports.remove(&key) {
+                self.status_into(update, disk, &mut out);
+            }
+        }
         // A full request channel earlier may have left entries behind.
         self.pump(&mut out, disk);
         out
@@ -207,6 +246,20 @@ impl Core {
         let topic = self.topics.heartbeat(&self.robot_id);
         self.publish_control(out, topic, Payload::Heartbeat(Box::new(heartbeat)), false);
     }
+}
+
+/// `newer`, with what it does not say taken from `older`, a report of the
+/// same attempt that never went out.
+fn merged(mut newer: StatusUpdate, older: StatusUpdate) -> StatusUpdate {
+    newer.start_time = newer.start_time.or(older.start_time);
+    newer.message = newer.message.or(older.message);
+    newer.output_tail = newer.output_tail.or(older.output_tail);
+    newer.task_name = newer.task_name.or(older.task_name);
+    newer.config = newer.config.or(older.config);
+    if newer.restarts == RestartStatus::default() {
+        newer.restarts = older.restarts;
+    }
+    newer
 }
 
 /// A status that only carries a running attempt's latest output (the
