@@ -125,7 +125,9 @@ async fn dispatch_reports_running_then_completed_in_order() {
     let _agent = Agent::start(&broker, "rb2", &tmp.path().join("state"), &[]);
     server.approve("rb2").await;
 
-    let dispatch = shell_dispatch("u-ok", 1, "echo hello; sleep 0.3");
+    // Longer than the agent's status_hold (1 s), so its start is reported
+    // on its own.
+    let dispatch = shell_dispatch("u-ok", 1, "echo hello; sleep 2");
     server
         .publish(server.topics.dispatch("rb2"), encode(&dispatch))
         .await;
@@ -150,6 +152,38 @@ async fn dispatch_reports_running_then_completed_in_order() {
     assert!(
         !more.iter().any(|m| m.topic.ends_with("/tasks/u-ok/status")),
         "duplicate ran: {more:?}"
+    );
+}
+
+/// With the default `status_hold` (1 s), a task that ends within it is
+/// reported once: its end, carrying its start time and output.
+#[tokio::test]
+async fn a_task_that_ends_within_the_status_hold_is_reported_once_with_its_start() {
+    let broker = Broker::start();
+    let mut server = Server::connect(&broker, "rb12").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let _agent = Agent::start(&broker, "rb12", &tmp.path().join("state"), &[]);
+    server.approve("rb12").await;
+    let dispatch = shell_dispatch("u-quick", 1, "echo quick; sleep 0.1");
+    server
+        .publish(server.topics.dispatch("rb12"), encode(&dispatch))
+        .await;
+    let updates = server.statuses_until_terminal("u-quick", LONG).await;
+    assert_eq!(updates.len(), 1, "{updates:#?}");
+    let end = &updates[0];
+    assert_eq!(
+        (end.state, end.exit_code),
+        (TaskState::Completed, Some(0)),
+        "{end:#?}"
+    );
+    let (start, finish) = (
+        end.start_time.expect("its start"),
+        end.finish_time.expect("its end"),
+    );
+    assert!(start <= finish, "{end:#?}");
+    assert!(
+        end.output_tail.as_deref().unwrap_or("").contains("quick"),
+        "{end:#?}"
     );
 }
 
@@ -231,7 +265,7 @@ async fn a_status_in_the_outbox_is_delivered_after_sigkill_and_restart() {
     server
         .publish(
             server.topics.dispatch("rb4"),
-            encode(&shell_dispatch("u-kill", 1, "sleep 1")),
+            encode(&shell_dispatch("u-kill", 1, "sleep 3")),
         )
         .await;
     let running: k8s4r_api::protocol::StatusUpdate = server.next("/tasks/u-kill/status", LONG).await.decode();

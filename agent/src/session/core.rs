@@ -343,7 +343,7 @@ impl Core {
         self.next_heartbeat = None;
         let mut out = Vec::new();
         for (_, (update, _)) in std::mem::take(&mut self.held_reports) {
-            self.status_into(update, disk, &mut out);
+            self.record(update, disk, &mut out);
         }
         out
     }

@@ -481,3 +481,27 @@ fn a_held_start_goes_into_the_outbox_when_the_agent_leaves() {
     again.restarts.restart_count = 1;
     assert_eq!(statuses(&c.status(again, at(12), &mut disk)), 1);
 }
+
+#[test]
+fn a_held_start_with_output_merged_is_journaled_even_while_the_link_is_down() {
+    let mut disk = Mem::default();
+    let mut c = core_holding("s1", &disk, Duration::from_secs(5));
+    approve(&mut c, &mut disk, at(10));
+    dispatch(&mut c, &mut disk, 1, at(11));
+    let mut running = StatusUpdate::new("u1", 1, 0, TaskState::Running);
+    running.start_time = Some(at(11).wall);
+    c.status(running, at(11), &mut disk);
+    let mut output = StatusUpdate::new("u1", 1, 0, TaskState::Running);
+    output.output_tail = Some("loading map\n".into());
+    c.status(output.clone(), at(12), &mut disk);
+    c.disconnected();
+    c.tick(at(16), &mut disk);
+    let kept: Vec<_> = disk.outbox.values().cloned().collect();
+    assert_eq!(kept.len(), 1, "the start is on disk, not only in memory");
+    assert_eq!(kept[0].start_time, Some(at(11).wall));
+    // Later output made while cut off does not replace it.
+    output.output_tail = Some("at waypoint 1\n".into());
+    c.status(output, at(17), &mut disk);
+    assert_eq!(disk.outbox.len(), 1);
+    assert_eq!(disk.outbox.values().next().unwrap().start_time, Some(at(11).wall));
+}

@@ -47,12 +47,7 @@ impl Core {
         out
     }
 
-    pub(super) fn status_into(
-        &mut self,
-        mut update: StatusUpdate,
-        disk: &mut dyn Disk,
-        out: &mut Vec<Command>,
-    ) {
+    pub(super) fn status_into(&mut self, update: StatusUpdate, disk: &mut dyn Disk, out: &mut Vec<Command>) {
         // A running attempt's latest output is for the cluster to show
         // while the robot cannot be asked: made while the link is down,
         // only the latest of each attempt is kept, in memory, and goes
@@ -63,6 +58,13 @@ impl Core {
             self.unsent_output.insert(key, update);
             return;
         }
+        self.record(update, disk, out);
+    }
+
+    /// Journals a status and sends what the link has room for. A held
+    /// report comes here straight: it may carry output merged into it, but
+    /// it is an attempt's start and must not be kept only in memory.
+    pub(super) fn record(&mut self, mut update: StatusUpdate, disk: &mut dyn Disk, out: &mut Vec<Command>) {
         if update.state.is_terminal() {
             let key = (update.task_uid.clone(), update.attempt);
             if let Some((start, _)) = self.held_reports.remove(&key) {
@@ -220,7 +222,7 @@ impl Core {
             .collect();
         for key in due {
             if let Some((update, _)) = self.held_reports.remove(&key) {
-                self.status_into(update, disk, &mut out);
+                self.record(update, disk, &mut out);
             }
         }
         // A full request channel earlier may have left entries behind.
