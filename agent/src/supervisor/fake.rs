@@ -6,6 +6,8 @@
 //!   or SIGKILL ends it.
 //! - `stubborn`: like `sleep`, but ignores SIGTERM.
 //! - `missing`: cannot start (command not found).
+//! - `gated`: like `sleep`, but its start (on the supervisor's blocking
+//!   pool) waits until the test calls [`FakeDriver::open_gate`].
 //!
 //! A process writes its arguments, space-separated, to stdout when it
 //! starts. Pids start above any kernel's `pid_max`, so they can never be
@@ -38,6 +40,8 @@ type Key = (String, u32);
 #[derive(Clone, Default)]
 pub(crate) struct FakeDriver {
     state: Arc<Mutex<State>>,
+    /// Whether `gated` starts may go on, and how many are waiting.
+    gate: Arc<(Mutex<(bool, u32)>, std::sync::Condvar)>,
 }
 
 #[derive(Default)]
@@ -101,6 +105,18 @@ impl FakeDriver {
         Some((process.started_at, process.pid))
     }
 
+    /// Lets every `gated` start go on.
+    pub(crate) fn open_gate(&self) {
+        let (lock, opened) = &*self.gate;
+        lock.lock().unwrap_or_else(|p| p.into_inner()).0 = true;
+        opened.notify_all();
+    }
+
+    /// How many `gated` starts wait at the gate.
+    pub(crate) fn at_gate(&self) -> u32 {
+        self.gate.0.lock().unwrap_or_else(|p| p.into_inner()).1
+    }
+
     /// How many processes were started in all.
     pub(crate) fn starts(&self) -> u32 {
         self.state().started
@@ -138,7 +154,16 @@ impl Launcher for FakeDriver {
 
     fn start(&self, launch: Launch<'_>) -> Result<Process, DriverError> {
         let command = launch.template.command.as_str();
-        if !["sleep", "stubborn"].contains(&command) {
+        if command == "gated" {
+            let (lock, opened) = &*self.gate;
+            let mut gate = lock.lock().unwrap_or_else(|p| p.into_inner());
+            gate.1 += 1;
+            while !gate.0 {
+                gate = opened.wait(gate).unwrap_or_else(|p| p.into_inner());
+            }
+            gate.1 -= 1;
+        }
+        if !["sleep", "stubborn", "gated"].contains(&command) {
             return Err(DriverError::CommandNotFound {
                 command: command.to_owned(),
             });

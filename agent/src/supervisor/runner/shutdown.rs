@@ -49,17 +49,21 @@ impl Runner {
         for id in ids {
             // A running task is re-adopted by the next agent (which fences
             // it from this one's last contact); one between runs is started
-            // again from the journal if it restarts on the robot. The rest
-            // (starting, being stopped, fetching) is stopped.
-            let leave = self.config.leave_tasks_running
-                && self.table.get(id).is_some_and(|t| {
-                    t.stop.is_none()
-                        && match t.phase {
-                            Phase::Running(_) => true,
-                            Phase::Launching { .. } => false,
-                            Phase::Preparing { .. } | Phase::Waiting => t.resumable,
-                        }
-                });
+            // again from the journal if it restarts on the robot; one whose
+            // process is being started is left once it runs (its process
+            // may be running already: `on_launched`). The rest (being
+            // stopped, fetching) is stopped.
+            let (leave, launching) = match self.table.get(id) {
+                Some(t) if self.config.leave_tasks_running && t.stop.is_none() => match &t.phase {
+                    Phase::Running(_) => (true, false),
+                    Phase::Launching { stop, .. } => (false, stop.is_none()),
+                    Phase::Preparing { .. } | Phase::Waiting => (t.resumable, false),
+                },
+                _ => (false, false),
+            };
+            if launching {
+                continue;
+            }
             if leave {
                 self.leave_running(id);
             } else {

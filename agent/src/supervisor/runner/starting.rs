@@ -200,6 +200,11 @@ impl Runner {
         self.schedule_first_checks(id);
         if let Some(cause) = stop {
             self.stop(id, cause);
+        } else if self.shutting_down && self.config.leave_tasks_running {
+            // The agent began to stop while this process was being
+            // started: it is left running for the next agent, as the
+            // tasks already running were (`begin_shutdown`).
+            self.leave_running(id);
         }
     }
 

@@ -789,6 +789,66 @@ async fn on_shutdown_running_tasks_are_left_running_for_the_next_agent() {
     }
 }
 
+/// The agent stops while a task's process is being started: once started,
+/// it is left running for the next agent like the tasks already running,
+/// not stopped (its process may be running already: a real-process test
+/// saw a batch task's script write its pid and then die with the agent).
+#[tokio::test(start_paused = true)]
+async fn on_shutdown_a_task_being_started_is_left_running_once_it_runs() {
+    let s = Harness::with(|c| c.leave_tasks_running = true);
+    assert_eq!(s.submit("late", 1, task("gated")).await, Submit::Accepted);
+    // Wait (on the real clock: the start blocks a real thread) until its
+    // start is under way.
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while s.fake.at_gate() == 0 {
+        assert!(std::time::Instant::now() < until, "the start never began");
+        tokio::task::yield_now().await;
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let handle = s.handle.clone();
+    let shutdown = handle.shutdown();
+    tokio::pin!(shutdown);
+    // Polled once, it has sent its command (a zero timeout polls first).
+    assert!(tokio::time::timeout(Duration::ZERO, &mut shutdown).await.is_err());
+    // Commands are taken in order: a task submitted after it is refused,
+    // so the shutdown began while the task was still being started.
+    let probe = TaskRequest {
+        uid: "probe".to_owned(),
+        attempt: 1,
+        name: "probe".to_owned(),
+        spec: task("sleep"),
+        stop_after: None,
+        config: None,
+    };
+    assert!(matches!(
+        s.handle.submit(probe).await,
+        Err(crate::supervisor::SupervisorError::ShuttingDown)
+    ));
+    assert_eq!(s.fake.at_gate(), 1, "still being started");
+    s.fake.open_gate();
+    tokio::time::timeout(PATIENCE, shutdown)
+        .await
+        .expect("the shutdown ended");
+    assert_eq!(s.fake.starts(), 1);
+    assert!(
+        s.fake.signals_while_alive("late", 1).is_empty(),
+        "stopped with the agent"
+    );
+    let journal = std::fs::read_to_string(s._state_dir.path().join("journal.jsonl")).unwrap();
+    assert!(
+        !journal
+            .lines()
+            .any(|l| l.contains("\"ended\"") && l.contains("\"late\"")),
+        "its attempt was ended: {journal}"
+    );
+    assert!(
+        journal
+            .lines()
+            .any(|l| l.contains("\"started\"") && l.contains("\"late\"")),
+        "its start is in the journal for the next agent to re-adopt it: {journal}"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn where_the_process_ends_for_good_shutdown_stops_services_too() {
     let mut s = Harness::start();
