@@ -168,6 +168,8 @@ pub struct BrokerConfig {
     pub credentials: Option<(String, String)>,
     /// MQTT keep-alive.
     pub keep_alive: Duration,
+    /// How long a connection attempt may take.
+    pub connect_timeout: Duration,
 }
 
 /// The resolved configuration, defaults applied and checked.
@@ -521,12 +523,20 @@ fn resolve_broker(s: &Settings, robot_id: &str) -> Result<BrokerConfig, ConfigEr
             reason: "must be at least 1s (MQTT counts it in seconds)".into(),
         });
     }
+    let connect_timeout = s.connect_timeout.unwrap_or(crate::mqtt::DEFAULT_CONNECT_TIMEOUT);
+    if !(Duration::from_secs(1)..=Duration::from_secs(300)).contains(&connect_timeout) {
+        return Err(ConfigError::Invalid {
+            key: "connect_timeout",
+            reason: "must be from 1s to 5m".into(),
+        });
+    }
     Ok(BrokerConfig {
         host,
         port,
         tls,
         credentials,
         keep_alive,
+        connect_timeout,
     })
 }
 

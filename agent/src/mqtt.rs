@@ -3,7 +3,9 @@
 
 use k8s4r_api::protocol::{encode, Online, Topics, MAX_INCOMING_PACKET_BYTES, MAX_PACKET_BYTES};
 pub use k8s4r_mqtt::{install_crypto_provider, TlsError};
-use rumqttc::{LastWill, MqttOptions, QoS};
+use std::time::Duration;
+
+use rumqttc::{AsyncClient, EventLoop, LastWill, MqttOptions, QoS};
 
 use crate::config::Config;
 
@@ -14,6 +16,27 @@ pub const CLIENT_INFLIGHT: u16 = 100;
 pub const MAX_OUTSTANDING: usize = 64;
 /// Capacity of the channel into rumqttc's event loop.
 pub const REQUEST_CHANNEL: usize = 256;
+/// How long a connection attempt (TCP, TLS and the broker's CONNACK) may
+/// take before the agent gives it up and tries again, and how long a write
+/// to the broker may stall. rumqttc's own default is 5 s; Paho's is 30 s.
+/// After a broker restart every robot of it reconnects at once, and a
+/// robot that gives up before the busy broker's CONNACK comes leaves a
+/// connection the broker took, whose last will then says the robot went
+/// away (the 100,000-robot reconnect storm: BENCHMARKS.md).
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The agent's MQTT client and event loop (the scale benches' simulated
+/// robots use it too): small packets sent at once, and `connect_timeout`
+/// (rounded up to whole seconds, as rumqttc counts it).
+pub fn client(options: MqttOptions, connect_timeout: Duration) -> (AsyncClient, EventLoop) {
+    let (client, mut eventloop) = AsyncClient::new(options, REQUEST_CHANNEL);
+    k8s4r_mqtt::send_at_once(&mut eventloop);
+    let mut network = eventloop.network_options();
+    network.set_connection_timeout(connect_timeout.as_secs_f64().ceil().max(1.0) as u64);
+    eventloop.set_network_options(network);
+    (client, eventloop)
+}
+
 /// The MQTT client id: stable per robot, so the broker keeps the session
 /// (and queues dispatches) while the robot is away.
 pub fn client_id(robot_id: &str) -> String {
@@ -49,6 +72,21 @@ pub fn options(config: &Config, topics: &Topics) -> Result<MqttOptions, TlsError
 mod tests {
     use super::*;
     use crate::config::{Config, Settings};
+
+    #[test]
+    fn the_client_connects_with_the_timeout_asked_for_in_whole_seconds() {
+        let config = Config::resolve(Settings {
+            robot_id: Some("rb1".into()),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(config.broker.connect_timeout, DEFAULT_CONNECT_TIMEOUT);
+        let o = options(&config, &Topics::default()).unwrap();
+        let (_, eventloop) = client(o.clone(), DEFAULT_CONNECT_TIMEOUT);
+        assert_eq!(eventloop.network_options().connection_timeout(), 20);
+        let (_, eventloop) = client(o, Duration::from_millis(1500));
+        assert_eq!(eventloop.network_options().connection_timeout(), 2);
+    }
 
     #[test]
     fn options_keep_the_session_and_set_the_will() {

@@ -162,8 +162,7 @@ impl Session {
         supervisor: SupervisorHandle,
         events: mpsc::UnboundedReceiver<TaskEvent>,
     ) -> (Session, watch::Receiver<SessionStatus>) {
-        let (client, mut eventloop) = AsyncClient::new(options, mqtt::REQUEST_CHANNEL);
-        k8s4r_mqtt::send_at_once(&mut eventloop);
+        let (client, eventloop) = mqtt::client(options, config.broker.connect_timeout);
         let (updates_tx, updates) = mpsc::unbounded_channel();
         let (commands, commands_rx) = mpsc::unbounded_channel();
         let offer = supervisor.offer().clone();

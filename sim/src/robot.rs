@@ -363,8 +363,9 @@ impl SimRobot {
             done_tx,
         };
         'connection: loop {
+            // As the agent connects, with its default connect timeout.
             let (client, mut eventloop) =
-                AsyncClient::new(self.options(), k8s4r_agent::mqtt::REQUEST_CHANNEL);
+                k8s4r_agent::mqtt::client(self.options(), k8s4r_agent::mqtt::DEFAULT_CONNECT_TIMEOUT);
             loop {
                 let wake = state
                     .core

@@ -66,6 +66,13 @@ pub struct Settings {
     #[serde(default, deserialize_with = "de_duration")]
     pub keep_alive: Option<Duration>,
 
+    /// How long a connection attempt to the broker (TCP, TLS, its CONNACK)
+    /// may take before the agent gives it up and tries again, and how long
+    /// a write to the broker may stall. Default: 20s.
+    #[arg(long, env = "K8S4R_CONNECT_TIMEOUT", value_name = "DURATION", value_parser = parse_duration)]
+    #[serde(default, deserialize_with = "de_duration")]
+    pub connect_timeout: Option<Duration>,
+
     /// The first level of every MQTT topic. Default: k8s4r.
     #[arg(long, env = "K8S4R_TOPIC_PREFIX", value_name = "PREFIX")]
     pub topic_prefix: Option<String>,
@@ -437,6 +444,7 @@ impl Settings {
             username: self.username.or(file.username),
             password: self.password.or(file.password),
             keep_alive: self.keep_alive.or(file.keep_alive),
+            connect_timeout: self.connect_timeout.or(file.connect_timeout),
             topic_prefix: self.topic_prefix.or(file.topic_prefix),
             state_dir: self.state_dir.or(file.state_dir),
             heartbeat_interval: self.heartbeat_interval.or(file.heartbeat_interval),
