@@ -523,7 +523,7 @@ fn resolve_broker(s: &Settings, robot_id: &str) -> Result<BrokerConfig, ConfigEr
             reason: "must be at least 1s (MQTT counts it in seconds)".into(),
         });
     }
-    let connect_timeout = s.connect_timeout.unwrap_or(crate::mqtt::DEFAULT_CONNECT_TIMEOUT);
+    let connect_timeout = s.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT);
     if !(Duration::from_secs(1)..=Duration::from_secs(300)).contains(&connect_timeout) {
         return Err(ConfigError::Invalid {
             key: "connect_timeout",
@@ -754,6 +754,15 @@ fn positive(key: &'static str, value: Option<Duration>, default: Duration) -> Re
         None => Ok(default),
     }
 }
+
+/// How long a connection attempt (TCP, TLS and the broker's CONNACK) may
+/// take before the agent gives it up and tries again, and how long a write
+/// to the broker may stall. rumqttc's own default is 5 s; Paho's is 30 s.
+/// After a broker restart every robot of it reconnects at once, and a
+/// robot that gives up before the busy broker's CONNACK comes leaves a
+/// connection the broker took, whose last will then says the robot went
+/// away (the 100,000-robot reconnect storm: BENCHMARKS.md).
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// The default of `status_hold`.
 pub const DEFAULT_STATUS_HOLD: Duration = Duration::from_secs(1);

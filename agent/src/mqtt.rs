@@ -1,10 +1,10 @@
 //! The MQTT client's options: persistent session, last will, packet sizes
 //! and TLS.
 
-use k8s4r_api::protocol::{encode, Online, Topics, MAX_INCOMING_PACKET_BYTES, MAX_PACKET_BYTES};
-pub use k8s4r_mqtt::{install_crypto_provider, TlsError};
 use std::time::Duration;
 
+use k8s4r_api::protocol::{encode, Online, Topics, MAX_INCOMING_PACKET_BYTES, MAX_PACKET_BYTES};
+pub use k8s4r_mqtt::{install_crypto_provider, TlsError};
 use rumqttc::{AsyncClient, EventLoop, LastWill, MqttOptions, QoS};
 
 use crate::config::Config;
@@ -16,15 +16,6 @@ pub const CLIENT_INFLIGHT: u16 = 100;
 pub const MAX_OUTSTANDING: usize = 64;
 /// Capacity of the channel into rumqttc's event loop.
 pub const REQUEST_CHANNEL: usize = 256;
-/// How long a connection attempt (TCP, TLS and the broker's CONNACK) may
-/// take before the agent gives it up and tries again, and how long a write
-/// to the broker may stall. rumqttc's own default is 5 s; Paho's is 30 s.
-/// After a broker restart every robot of it reconnects at once, and a
-/// robot that gives up before the busy broker's CONNACK comes leaves a
-/// connection the broker took, whose last will then says the robot went
-/// away (the 100,000-robot reconnect storm: BENCHMARKS.md).
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
-
 /// The agent's MQTT client and event loop (the scale benches' simulated
 /// robots use it too): small packets sent at once, and `connect_timeout`
 /// (rounded up to whole seconds, as rumqttc counts it).
@@ -71,7 +62,7 @@ pub fn options(config: &Config, topics: &Topics) -> Result<MqttOptions, TlsError
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Config, Settings};
+    use crate::config::{Config, Settings, DEFAULT_CONNECT_TIMEOUT};
 
     #[test]
     fn the_client_connects_with_the_timeout_asked_for_in_whole_seconds() {

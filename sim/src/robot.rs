@@ -365,7 +365,7 @@ impl SimRobot {
         'connection: loop {
             // As the agent connects, with its default connect timeout.
             let (client, mut eventloop) =
-                k8s4r_agent::mqtt::client(self.options(), k8s4r_agent::mqtt::DEFAULT_CONNECT_TIMEOUT);
+                k8s4r_agent::mqtt::client(self.options(), k8s4r_agent::config::DEFAULT_CONNECT_TIMEOUT);
             loop {
                 let wake = state
                     .core
