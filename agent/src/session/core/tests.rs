@@ -391,6 +391,18 @@ fn statuses(out: &[Command]) -> usize {
         .count()
 }
 
+/// A core holding starts for 5 s, approved at 10 s, whose attempt 1 of
+/// "u1" started at 11 s: its start report is held.
+fn started_and_held(disk: &mut Mem) -> Core {
+    let mut c = core_holding("s1", disk, Duration::from_secs(5));
+    approve(&mut c, disk, at(10));
+    dispatch(&mut c, disk, 1, at(11));
+    let mut running = StatusUpdate::new("u1", 1, 0, TaskState::Running);
+    running.start_time = Some(at(11).wall);
+    assert_eq!(statuses(&c.status(running, at(11), disk)), 0, "held");
+    c
+}
+
 #[test]
 fn an_attempt_that_ends_within_the_hold_is_reported_once_with_its_start() {
     let mut disk = Mem::default();
@@ -430,12 +442,7 @@ fn an_attempt_that_ends_within_the_hold_is_reported_once_with_its_start() {
 #[test]
 fn a_start_still_running_at_the_hold_s_end_goes_then_with_what_came_meanwhile() {
     let mut disk = Mem::default();
-    let mut c = core_holding("s1", &disk, Duration::from_secs(5));
-    approve(&mut c, &mut disk, at(10));
-    dispatch(&mut c, &mut disk, 1, at(11));
-    let mut running = StatusUpdate::new("u1", 1, 0, TaskState::Running);
-    running.start_time = Some(at(11).wall);
-    c.status(running, at(11), &mut disk);
+    let mut c = started_and_held(&mut disk);
     let output = |text: &str| {
         let mut update = StatusUpdate::new("u1", 1, 0, TaskState::Running);
         update.output_tail = Some(text.to_owned());
@@ -485,12 +492,7 @@ fn a_held_start_goes_into_the_outbox_when_the_agent_leaves() {
 #[test]
 fn a_held_start_with_output_merged_is_journaled_even_while_the_link_is_down() {
     let mut disk = Mem::default();
-    let mut c = core_holding("s1", &disk, Duration::from_secs(5));
-    approve(&mut c, &mut disk, at(10));
-    dispatch(&mut c, &mut disk, 1, at(11));
-    let mut running = StatusUpdate::new("u1", 1, 0, TaskState::Running);
-    running.start_time = Some(at(11).wall);
-    c.status(running, at(11), &mut disk);
+    let mut c = started_and_held(&mut disk);
     let mut output = StatusUpdate::new("u1", 1, 0, TaskState::Running);
     output.output_tail = Some("loading map\n".into());
     c.status(output.clone(), at(12), &mut disk);
