@@ -9,7 +9,7 @@
 //! renewals), measured over a window of the same length just before, is
 //! taken off. The user's creates are not counted (they are the bench's).
 //!
-//!     cargo bench -p k8s4r-e2e --bench scale -- cost [--robots 100] [--jobs 100] [--rate 5]
+//!     cargo bench -p k8s4r-e2e --bench scale -- cost [--robots 100] [--jobs 100] [--rate 5] [--shapes single,group10,every_robot,retries3]
 //!
 //! With `K8S4R_ROUTINE_EVENTS=false` in its environment (which the
 //! cluster's programs inherit, as their `--routine-events=false`) it
@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use k8s4r_api::{Job, WorkState};
 use k8s4r_testbed::bench_arg as arg;
-use kube::api::{ListParams, PostParams};
+use kube::api::PostParams;
 use kube::Api;
 use serde_json::{json, Value};
 
@@ -76,24 +76,47 @@ fn shapes(robots: usize, jobs: usize) -> Vec<Shape> {
 /// Writes the API server made so far, by kind of object: a watch of each
 /// kind counts every object created, changed or deleted after its first
 /// list. (A watch that fell behind lists again; what that list brings is
-/// not counted, so the counts can only be short, never double.)
+/// not counted, so the counts can only be short, never double.) The Job
+/// watch also notes the Jobs that are over, so that waiting for them
+/// costs the API server no lists of its own.
 #[derive(Clone, Default)]
-pub(super) struct Written(std::sync::Arc<std::sync::Mutex<BTreeMap<&'static str, f64>>>);
+pub(super) struct Written {
+    counts: std::sync::Arc<std::sync::Mutex<BTreeMap<&'static str, f64>>>,
+    over: std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
+}
 
 impl Written {
-    fn watch<K>(&self, api: Api<K>, kind: &'static str) -> tokio::task::JoinHandle<()>
+    /// Counts `kind`'s writes; `done` names an object that is over.
+    fn watch<K>(
+        &self,
+        api: Api<K>,
+        kind: &'static str,
+        done: fn(&K) -> Option<String>,
+    ) -> tokio::task::JoinHandle<()>
     where
         K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
     {
         use futures::StreamExt;
         use kube::runtime::watcher::{self, Event};
-        let counts = self.0.clone();
+        let written = self.clone();
         tokio::spawn(async move {
             let mut events = std::pin::pin!(watcher::watcher(api, watcher::Config::default()));
             while let Some(event) = events.next().await {
-                if let Ok(Event::Apply(_) | Event::Delete(_)) = event {
-                    *counts.lock().unwrap().entry(kind).or_insert(0.0) += 1.0;
+                // What the watch lists when it starts (or starts again) is
+                // not a write.
+                let (object, write) = match &event {
+                    Ok(Event::Apply(o)) => (Some(o), true),
+                    Ok(Event::InitApply(o)) => (Some(o), false),
+                    Ok(Event::Delete(_)) => (None, true),
+                    _ => (None, false),
+                };
+                if let Some(name) = object.and_then(done) {
+                    written.over.lock().unwrap().insert(name);
                 }
+                if !write {
+                    continue;
+                }
+                *written.counts.lock().unwrap().entry(kind).or_insert(0.0) += 1.0;
             }
         })
     }
@@ -103,19 +126,22 @@ impl Written {
         use k8s_openapi::api::events::v1::Event;
         let written = Self::default();
         let c = client.clone();
+        fn never<K>(_: &K) -> Option<String> {
+            None
+        }
         let tasks = vec![
-            written.watch(Api::<Job>::all(c.clone()), "Job"),
-            written.watch(Api::<k8s4r_api::TaskGroup>::all(c.clone()), "TaskGroup"),
-            written.watch(Api::<k8s4r_api::Task>::all(c.clone()), "Task"),
-            written.watch(Api::<k8s4r_api::Robot>::all(c.clone()), "Robot"),
-            written.watch(Api::<Lease>::all(c.clone()), "Lease"),
-            written.watch(Api::<Event>::all(c), "Event"),
+            written.watch(Api::<Job>::all(c.clone()), "Job", job_over),
+            written.watch(Api::<k8s4r_api::TaskGroup>::all(c.clone()), "TaskGroup", never),
+            written.watch(Api::<k8s4r_api::Task>::all(c.clone()), "Task", never),
+            written.watch(Api::<k8s4r_api::Robot>::all(c.clone()), "Robot", never),
+            written.watch(Api::<Lease>::all(c.clone()), "Lease", never),
+            written.watch(Api::<Event>::all(c), "Event", never),
         ];
         (written, tasks)
     }
 
     pub(super) fn now(&self) -> BTreeMap<String, f64> {
-        self.0
+        self.counts
             .lock()
             .unwrap()
             .iter()
@@ -185,25 +211,24 @@ async fn create(jobs_api: &Api<Job>, shape: &Shape, rate: u64) -> Vec<String> {
     names
 }
 
-/// Waits until every Job named is over, up to `deadline`; how many are.
-async fn over(jobs_api: &Api<Job>, names: &[String], deadline: Instant) -> usize {
+/// A Job's name once it has completed or failed.
+fn job_over(job: &Job) -> Option<String> {
+    let state = job.status.as_ref()?.state?;
+    matches!(state, WorkState::Completed | WorkState::Failed).then(|| job.metadata.name.clone())?
+}
+
+/// Waits until every Job named is over, as the Job watch saw them, up to
+/// `deadline`; how many are.
+async fn over(written: &Written, names: &[String], deadline: Instant) -> usize {
     loop {
-        let list = jobs_api.list(&ListParams::default()).await.expect("list jobs");
-        let done = list
-            .items
-            .iter()
-            .filter(|j| names.iter().any(|n| Some(n) == j.metadata.name.as_ref()))
-            .filter(|j| {
-                j.status
-                    .as_ref()
-                    .and_then(|s| s.state)
-                    .is_some_and(|s| matches!(s, WorkState::Completed | WorkState::Failed))
-            })
-            .count();
+        let done = {
+            let over = written.over.lock().unwrap();
+            names.iter().filter(|n| over.contains(*n)).count()
+        };
         if done == names.len() || Instant::now() >= deadline {
             return done;
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -218,7 +243,11 @@ pub async fn run(robots: usize) {
     let jobs_api: Api<Job> = Api::namespaced(cluster.client.clone(), "default");
     let (written, watches) = Written::start(&cluster.client);
     tokio::time::sleep(Duration::from_secs(5)).await;
-    for shape in shapes(robots, jobs) {
+    let only = shapes_asked();
+    for shape in shapes(robots, jobs)
+        .into_iter()
+        .filter(|s| only.as_ref().is_none_or(|o| o.iter().any(|n| n == s.name)))
+    {
         // The idle fleet's cost, over a window as long as the last shape's
         // (at least 20 s).
         let idle_from = spent(&cluster, &written).await;
@@ -228,7 +257,7 @@ pub async fn run(robots: usize) {
         let before = spent(&cluster, &written).await;
         let names = create(&jobs_api, &shape, rate).await;
         let deadline = Instant::now() + Duration::from_secs(arg("--deadline", 600));
-        let done = over(&jobs_api, &names, deadline).await;
+        let done = over(&written, &names, deadline).await;
         // The Jobs' last writes (their final status) are in by now; the
         // metrics are read after them.
         let after = spent(&cluster, &written).await;
@@ -248,6 +277,13 @@ pub async fn run(robots: usize) {
         watch.abort();
     }
     fleet.stop().await;
+}
+
+/// `--shapes single,group10`: the shapes to run (all when not given).
+fn shapes_asked() -> Option<Vec<String>> {
+    let args: Vec<String> = std::env::args().collect();
+    let i = args.iter().position(|a| a == "--shapes")?;
+    Some(args.get(i + 1)?.split(',').map(str::to_owned).collect())
 }
 
 /// What the figures' names end with: the cluster's Event setting.
