@@ -956,21 +956,35 @@ async fn a_restart_re_adopts_the_previous_runs_tasks_and_stops_each_whole() {
         handle.cancel(uid, Some(1), "the test is over".to_owned()).await;
     }
     let mut ended = HashMap::new();
+    let mut reported = HashMap::new();
     while ended.len() < 3 {
         let event = tokio::time::timeout(PATIENCE, events.recv())
             .await
             .unwrap()
             .unwrap();
-        if let TaskEvent::Finished {
-            uid,
-            attempt,
-            outcome,
-        } = event
-        {
-            assert_eq!(attempt, 1);
-            ended.insert(uid, outcome);
+        match event {
+            TaskEvent::Finished {
+                uid,
+                attempt,
+                outcome,
+            } => {
+                assert_eq!(attempt, 1);
+                ended.insert(uid, outcome);
+            }
+            // Each re-adopted task's start is reported again (the
+            // previous process may have died before its report left):
+            // the same process, before its end.
+            TaskEvent::Started {
+                uid, attempt, pid, ..
+            } => {
+                assert_eq!(attempt, 1);
+                assert!(!ended.contains_key(&uid), "{uid}: its start came after its end");
+                reported.insert(uid, pid);
+            }
+            _ => {}
         }
     }
+    assert_eq!(reported, pgids, "each re-adopted task's start, reported again");
     for (uid, outcome) in &ended {
         assert_eq!(
             outcome.reason,

@@ -231,6 +231,59 @@ async fn an_agent_restart_leaves_a_batch_task_running_and_it_completes_in_attemp
     env.stop().await;
 }
 
+/// An agent SIGKILLed while it still holds a task's start report (the
+/// `status_hold`) loses that report; the next agent re-adopts the task and
+/// reports its start again, so the Task shows `running` with its start
+/// time while it runs, not `dispatching` until its end. The first agent
+/// holds for 10 s (the most allowed) so that the kill lands within it; the
+/// second runs at the default.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_lost_with_a_killed_agent_is_reported_again_by_the_next() {
+    let mut env = Env::start(&[]).await;
+    env.spawn_agent_with("r1", &["site=lab"], &["--status-hold", "10s"]);
+    env.wait_phase("r1", RobotPhase::Online).await;
+    let (script, pid, go) = until_go(&env, "held");
+    env.create_job(job_json(
+        "held",
+        serde_json::json!([{ "name": "g", "count": 1, "task": sh(&script, "10m") }]),
+    ))
+    .await;
+    let pid: i32 = eventually("the task runs", || async {
+        std::fs::read_to_string(&pid).ok()?.trim().parse().ok()
+    })
+    .await;
+    let state =
+        |tasks: Vec<k8s4r_api::Task>| tasks.first().and_then(|t| t.status.clone()).unwrap_or_default();
+    env.kill_agent("r1");
+    let before = state(env.job_tasks("held").await);
+    assert_ne!(
+        before.state,
+        Some(TaskState::Running),
+        "the start left before the kill, so this test shows nothing: {before:?}"
+    );
+    assert!(alive(pid), "the task died with the agent");
+    env.spawn_agent("r1", &["site=lab"]);
+    let running = eventually("the Task shows running again", || async {
+        let status = state(env.job_tasks("held").await);
+        (status.state == Some(TaskState::Running)).then_some(status)
+    })
+    .await;
+    assert_eq!(running.attempt, 1, "{running:?}");
+    assert!(running.start_time.is_some(), "{running:?}");
+    std::fs::write(&go, "").unwrap();
+    let tasks = env.wait_tasks_final("held", 1).await;
+    let status = tasks[0].status.clone().unwrap_or_default();
+    assert_eq!(
+        (status.state, status.exit_code, status.attempt),
+        (Some(TaskState::Completed), Some(0), 1),
+        "{status:?}"
+    );
+    assert_eq!(status.start_time, running.start_time, "{status:?}");
+    let ran = std::fs::read_to_string(env.scratch.join("held.runs")).unwrap_or_default();
+    assert_eq!(ran.lines().count(), 1, "it ran again: {ran}");
+    env.stop().await;
+}
+
 /// The unit's stop for good (`--stop-left-tasks` after the agent ended)
 /// stops the batch task the agent left, and the next agent reports it
 /// `AgentShutdown`: the task is not failed, its next attempt runs, using no

@@ -261,6 +261,20 @@ impl Runner {
             attempt: task.attempt,
             at: started.clone(),
         };
+        // Its start is reported again: the previous process may have died
+        // before its report left (the session holds a start for
+        // `status_hold`, and a SIGKILL loses what it holds), and without it
+        // the Task would show `dispatching` until its end. The cluster
+        // already holding it costs one status write.
+        let again = TaskEvent::Started {
+            uid: task.uid.clone(),
+            attempt: task.attempt,
+            // The command's, as at its start: it leads its group.
+            pid: u32::try_from(started.pgid).unwrap_or_default(),
+            at: started.started_at,
+            restarted: None,
+            config: None,
+        };
         let running = Running {
             pid,
             pgid: started.pgid,
@@ -273,7 +287,7 @@ impl Runner {
         self.waits.push(Box::pin(async move {
             (id, adopted_exit(pid, pid_start, status_file).await)
         }));
-        self.journal.write(Some(record), Vec::new());
+        self.journal.write(Some(record), vec![again]);
         self.schedule_first_checks(id);
     }
 }

@@ -25,6 +25,8 @@ const TICK: Ms = 500;
 
 #[derive(Debug)]
 struct Proc {
+    /// When it started, by the robot's wall clock (what its report says).
+    started: jiff::Timestamp,
     end: Ms,
     stop: Option<TaskReason>,
     /// Its `stopAfter`, when the robot fences it.
@@ -145,6 +147,18 @@ impl Agent {
             tick_at: net.now(),
             next_pkid: 1,
         });
+        // The supervisor reports each re-adopted attempt's start again
+        // (the killed process may have held it unsent).
+        let starts: Vec<_> = self
+            .procs
+            .iter()
+            .map(|((uid, attempt), p)| (uid.clone(), *attempt, p.started))
+            .collect();
+        for (uid, attempt, started) in starts {
+            let mut update = StatusUpdate::new(&uid, attempt, 0, TaskState::Running);
+            update.start_time = Some(started);
+            self.report(net, update);
+        }
         self.tick(net);
     }
 
@@ -311,6 +325,7 @@ impl Agent {
         let now = self.now(net);
         let end = net.now() + net.rng().u64(10_000..120_000);
         let proc = Proc {
+            started: now.wall,
             end,
             stop: None,
             stop_after,
