@@ -226,9 +226,14 @@ impl Bridge {
                 })
                 .await;
             match written {
-                Ok(_) => {
-                    warn!(task = %decide::task_name(task), robot, "the robot does not hold the attempt the Task shows running: failed it")
-                }
+                // Running, or dispatching past its deadline: the patch says which.
+                Ok(_) => warn!(
+                    task = %decide::task_name(task),
+                    robot,
+                    reason = ?patch.reason,
+                    why = patch.message.as_deref().unwrap_or_default(),
+                    "the robot does not hold the Task's attempt: failed it"
+                ),
                 // Changed meanwhile (a status arrived): the next report decides.
                 Err(e) if e.is_conflict() || e.is_not_found() => {}
                 Err(e) => return Err(e.into()),
