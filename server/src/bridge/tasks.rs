@@ -226,14 +226,7 @@ impl Bridge {
                 })
                 .await;
             match written {
-                // Running, or dispatching past its deadline: the patch says which.
-                Ok(_) => warn!(
-                    task = %decide::task_name(task),
-                    robot,
-                    reason = ?patch.reason,
-                    why = patch.message.as_deref().unwrap_or_default(),
-                    "the robot does not hold the Task's attempt: failed it"
-                ),
+                Ok(_) => failed_as_lost(task, robot, patch),
                 // Changed meanwhile (a status arrived): the next report decides.
                 Err(e) if e.is_conflict() || e.is_not_found() => {}
                 Err(e) => return Err(e.into()),
@@ -445,4 +438,16 @@ fn split_task_name(name: &str) -> Option<(String, String)> {
     // A Task's name is a DNS-1123 subdomain, as a robot id is.
     validate_robot_id(task).ok()?;
     Some((namespace.to_owned(), task.to_owned()))
+}
+
+/// Says that a Task's attempt its robot does not hold was failed: it ran,
+/// or its dispatch was past its deadline (the patch says which).
+fn failed_as_lost(task: &Task, robot: &str, patch: &decide::TaskStatusPatch) {
+    warn!(
+        task = %decide::task_name(task),
+        robot,
+        reason = ?patch.reason,
+        why = patch.message.as_deref().unwrap_or_default(),
+        "the robot does not hold the Task's attempt: failed it"
+    );
 }
