@@ -24,14 +24,24 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+/// The value given after a bench's flag `name` (`--robots 1000`), if any.
+pub fn bench_flag(name: &str) -> Option<String> {
+    std::env::args().skip_while(|a| a != name).nth(1)
+}
+
 /// A bench's numeric flag `name` (`--robots 1000`), else `default`.
 pub fn bench_arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+    bench_flag(name).and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// A bench's comma-separated flag `name` (`--rates 10,20`), if given.
+pub fn bench_list(name: &str) -> Option<Vec<String>> {
+    Some(
+        bench_flag(name)?
+            .split(',')
+            .map(|v| v.trim().to_owned())
+            .collect(),
+    )
 }
 
 /// The API server's resourceVersion now: it moves with every write, so

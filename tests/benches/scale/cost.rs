@@ -243,7 +243,8 @@ pub async fn run(robots: usize) {
     let jobs_api: Api<Job> = Api::namespaced(cluster.client.clone(), "default");
     let (written, watches) = Written::start(&cluster.client);
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let only = shapes_asked();
+    // `--shapes single,group10`: the shapes to run (all when not given).
+    let only = k8s4r_testbed::bench_list("--shapes");
     for shape in shapes(robots, jobs)
         .into_iter()
         .filter(|s| only.as_ref().is_none_or(|o| o.iter().any(|n| n == s.name)))
@@ -277,13 +278,6 @@ pub async fn run(robots: usize) {
         watch.abort();
     }
     fleet.stop().await;
-}
-
-/// `--shapes single,group10`: the shapes to run (all when not given).
-fn shapes_asked() -> Option<Vec<String>> {
-    let args: Vec<String> = std::env::args().collect();
-    let i = args.iter().position(|a| a == "--shapes")?;
-    Some(args.get(i + 1)?.split(',').map(str::to_owned).collect())
 }
 
 /// What the figures' names end with: the cluster's Event setting.

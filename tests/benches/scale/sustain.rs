@@ -19,12 +19,10 @@ use crate::{all_online, all_tasks, arg, cpu_by_part, cpu_spent, create_jobs, lab
 const P99_BAR_MS: f64 = 1000.0;
 
 pub async fn run(robots: usize) {
-    let rates: Vec<u64> = std::env::args()
-        .skip_while(|a| a != "--rates")
-        .nth(1)
-        .unwrap_or_else(|| "10,20,30".to_owned())
-        .split(',')
-        .map(|r| r.trim().parse().expect("--rates: Jobs a second, comma-separated"))
+    let rates: Vec<u64> = k8s4r_testbed::bench_list("--rates")
+        .unwrap_or_else(|| vec!["10".into(), "20".into(), "30".into()])
+        .iter()
+        .map(|r| r.parse().expect("--rates: Jobs a second, comma-separated"))
         .collect();
     let minutes = arg("--minutes", 10);
     let cluster = start_cluster(robots).await;
